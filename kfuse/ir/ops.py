@@ -1,0 +1,425 @@
+"""The op registry: every kfuse op has a type rule and a PyTorch reference implementation.
+
+The reference implementation is the oracle for tests and the implementation the runtime
+uses for ops that no kfuse kernel covers. Type rules run the reference on ``meta`` tensors
+unless an op gives an explicit rule (elementwise ops do: broadcasting plus torch's type
+promotion), so a rule can never disagree with the reference.
+
+Elementwise ops also carry a Triton expression template (``triton``) used by the epilogue
+and pointwise code generators: ``{0}``, ``{1}`` are the operands.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kfuse.ir.graph import TensorType, ValueType
+
+Reference = Callable[[list[torch.Tensor], Mapping[str, Any]], Any]
+TypeRule = Callable[[list[ValueType], Mapping[str, Any]], ValueType]
+
+ELEMENTWISE = "elementwise"
+REDUCTION = "reduction"
+GEMM = "gemm"
+CONV = "conv"
+SHAPE = "shape"
+OTHER = "other"
+FUSED = "fused"
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    kind: str
+    reference: Reference
+    infer: TypeRule | None = None
+    triton: str | None = None  # elementwise only: Triton expression template
+    arity: int | None = None
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(
+    name: str, kind: str, *, infer: TypeRule | None = None, triton: str | None = None, arity: int | None = None
+) -> Callable[[Reference], Reference]:
+    def deco(fn: Reference) -> Reference:
+        REGISTRY[name] = OpDef(name, kind, fn, infer, triton, arity)
+        return fn
+
+    return deco
+
+
+def get(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown kfuse op {name!r}") from None
+
+
+def is_elementwise(op: str) -> bool:
+    d = REGISTRY.get(op)
+    return d is not None and d.kind == ELEMENTWISE
+
+
+def run_reference(op: str, inputs: list[torch.Tensor], attrs: Mapping[str, Any]) -> Any:
+    return get(op).reference(inputs, attrs)
+
+
+def infer_type(op: str, types: Sequence[ValueType], attrs: Mapping[str, Any]) -> ValueType:
+    d = get(op)
+    if d.arity is not None and len(types) != d.arity:
+        raise ValueError(f"op {op} takes {d.arity} inputs, got {len(types)}")
+    if d.infer is not None:
+        return d.infer(list(types), attrs)
+    return _infer_by_meta(d, list(types), attrs)
+
+
+def _meta(t: ValueType) -> Any:
+    if isinstance(t, tuple):
+        return tuple(_meta(x) for x in t)
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
+def _to_type(v: Any) -> ValueType:
+    if isinstance(v, torch.Tensor):
+        return TensorType(tuple(int(s) for s in v.shape), v.dtype)
+    if isinstance(v, list | tuple):
+        return tuple(_to_type(x) for x in v)  # type: ignore[return-value]
+    raise TypeError(f"op returned {type(v).__name__}, expected a tensor")
+
+
+def _infer_by_meta(d: OpDef, types: list[ValueType], attrs: Mapping[str, Any]) -> ValueType:
+    try:
+        out = d.reference([_meta(t) for t in types], attrs)
+    except Exception as e:  # the message names the op and the operand types
+        raise ValueError(f"op {d.name} does not accept inputs {[str(t) for t in types]} with {dict(attrs)}: {e}") from e
+    return _to_type(out)
+
+
+# ---------------------------------------------------------------------------------------
+# elementwise
+# ---------------------------------------------------------------------------------------
+def _broadcast(types: list[ValueType], attrs: Mapping[str, Any], result_dtype: torch.dtype | None = None) -> TensorType:
+    tts = [t for t in types if isinstance(t, TensorType)]
+    shape = tuple(torch.broadcast_shapes(*[t.shape for t in tts]))
+    dtype = result_dtype if result_dtype is not None else _promote(tts)
+    layout = next((t.layout for t in tts if t.shape == shape), "contiguous")
+    return TensorType(shape, dtype, layout)
+
+
+def _promote(tts: list[TensorType]) -> torch.dtype:
+    """torch's type promotion: 0-d operands do not promote dimensioned ones of the same kind."""
+    out = torch.empty((1,) * tts[0].rank, dtype=tts[0].dtype, device="meta")
+    for t in tts[1:]:
+        other = torch.empty((1,) * t.rank, dtype=t.dtype, device="meta")
+        dt = torch.result_type(out, other)
+        out = torch.empty((1,) * max(out.dim(), t.rank), dtype=dt, device="meta")
+    return out.dtype
+
+
+def _unary_rule(types: list[ValueType], attrs: Mapping[str, Any]) -> TensorType:
+    t = types[0]
+    assert isinstance(t, TensorType)
+    return t if t.dtype.is_floating_point else t.with_dtype(torch.get_default_dtype())
+
+
+def _same_rule(types: list[ValueType], attrs: Mapping[str, Any]) -> TensorType:
+    t = types[0]
+    assert isinstance(t, TensorType)
+    return t
+
+
+def _bool_rule(types: list[ValueType], attrs: Mapping[str, Any]) -> TensorType:
+    return _broadcast(types, attrs, torch.bool)
+
+
+def _binary_rule(types: list[ValueType], attrs: Mapping[str, Any]) -> TensorType:
+    return _broadcast(types, attrs)
+
+
+def _where_rule(types: list[ValueType], attrs: Mapping[str, Any]) -> TensorType:
+    out = _broadcast(types, attrs)
+    return TensorType(out.shape, _promote([t for t in types[1:] if isinstance(t, TensorType)]), out.layout)
+
+
+def _cast_rule(types: list[ValueType], attrs: Mapping[str, Any]) -> TensorType:
+    t = types[0]
+    assert isinstance(t, TensorType)
+    return t.with_dtype(attrs["dtype"])
+
+
+def _unary(name: str, fn: Callable[[torch.Tensor], torch.Tensor], triton: str, rule: TypeRule = _unary_rule) -> None:
+    register(name, ELEMENTWISE, infer=rule, triton=triton, arity=1)(lambda xs, a: fn(xs[0]))
+
+
+_unary("relu", torch.relu, "tl.maximum({0}, 0.0)", _same_rule)
+_unary("sigmoid", torch.sigmoid, "tl.sigmoid({0})")
+_unary("tanh", torch.tanh, "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)")
+_unary("silu", F.silu, "({0} * tl.sigmoid({0}))")
+_unary("hardswish", F.hardswish, "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)")
+_unary("hardsigmoid", F.hardsigmoid, "(tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)")
+_unary("neg", torch.neg, "(-{0})", _same_rule)
+_unary("abs", torch.abs, "tl.abs({0})", _same_rule)
+_unary("exp", torch.exp, "tl.exp({0})")
+_unary("log", torch.log, "tl.log({0})")
+_unary("sqrt", torch.sqrt, "tl.sqrt({0})")
+_unary("rsqrt", torch.rsqrt, "tl.rsqrt({0})")
+_unary("erf", torch.erf, "tl.erf({0})")
+_unary("reciprocal", torch.reciprocal, "(1.0 / {0})")
+_unary("identity", lambda x: x, "{0}", _same_rule)
+
+
+@register(
+    "gelu",
+    ELEMENTWISE,
+    infer=_unary_rule,
+    arity=1,
+    triton="(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))",
+)
+def _gelu(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return F.gelu(xs[0], approximate="none")
+
+
+@register(
+    "gelu_tanh",
+    ELEMENTWISE,
+    infer=_unary_rule,
+    arity=1,
+    triton="(0.5 * {0} * (1.0 + (2.0 * tl.sigmoid(2.0 * 0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0})) - 1.0)))",
+)
+def _gelu_tanh(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return F.gelu(xs[0], approximate="tanh")
+
+
+@register("leaky_relu", ELEMENTWISE, infer=_same_rule, arity=1, triton="tl.where({0} >= 0.0, {0}, {0} * {slope})")
+def _leaky_relu(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return F.leaky_relu(xs[0], a.get("slope", 0.01))
+
+
+@register("clamp", ELEMENTWISE, infer=_same_rule, arity=1, triton="tl.minimum(tl.maximum({0}, {lo}), {hi})")
+def _clamp(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.clamp(xs[0], a.get("lo"), a.get("hi"))
+
+
+@register("cast", ELEMENTWISE, infer=_cast_rule, arity=1, triton="{0}")
+def _cast(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return xs[0].to(a["dtype"])
+
+
+def _binary(name: str, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], triton: str, rule: TypeRule = _binary_rule) -> None:
+    register(name, ELEMENTWISE, infer=rule, triton=triton, arity=2)(lambda xs, a: fn(xs[0], xs[1]))
+
+
+_binary("add", torch.add, "({0} + {1})")
+_binary("sub", torch.sub, "({0} - {1})")
+_binary("mul", torch.mul, "({0} * {1})")
+_binary("div", torch.div, "({0} / {1})", lambda ts, a: _div_rule(ts))
+_binary("maximum", torch.maximum, "tl.maximum({0}, {1})")
+_binary("minimum", torch.minimum, "tl.minimum({0}, {1})")
+_binary("pow", torch.pow, "tl.exp({1} * tl.log({0}))")
+_binary("eq", torch.eq, "({0} == {1})", _bool_rule)
+_binary("ne", torch.ne, "({0} != {1})", _bool_rule)
+_binary("lt", torch.lt, "({0} < {1})", _bool_rule)
+_binary("le", torch.le, "({0} <= {1})", _bool_rule)
+_binary("gt", torch.gt, "({0} > {1})", _bool_rule)
+_binary("ge", torch.ge, "({0} >= {1})", _bool_rule)
+_binary("logical_and", torch.logical_and, "({0} & {1})", _bool_rule)
+_binary("logical_or", torch.logical_or, "({0} | {1})", _bool_rule)
+
+
+def _div_rule(types: list[ValueType]) -> TensorType:
+    out = _broadcast(types, {})
+    return out if out.dtype.is_floating_point else out.with_dtype(torch.get_default_dtype())
+
+
+@register("logical_not", ELEMENTWISE, infer=_same_rule, arity=1, triton="({0} == 0)")
+def _lnot(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.logical_not(xs[0])
+
+
+@register("where", ELEMENTWISE, infer=_where_rule, arity=3, triton="tl.where({0}, {1}, {2})")
+def _where(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.where(xs[0], xs[1], xs[2])
+
+
+# ---------------------------------------------------------------------------------------
+# GEMM and convolution
+# ---------------------------------------------------------------------------------------
+@register("matmul", GEMM, arity=2)
+def _matmul(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.matmul(xs[0], xs[1])
+
+
+@register("conv2d", CONV)
+def _conv2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    bias = xs[2] if len(xs) > 2 else None
+    return F.conv2d(xs[0], xs[1], bias, a.get("stride", (1, 1)), a.get("padding", (0, 0)), a.get("dilation", (1, 1)), a.get("groups", 1))
+
+
+@register("batch_norm", OTHER, arity=5)
+def _batch_norm(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    x, w, b, mean, var = xs
+    return F.batch_norm(x, mean, var, w, b, training=False, eps=a.get("eps", 1e-5))
+
+
+# ---------------------------------------------------------------------------------------
+# normalisation, softmax, attention, embedding
+# ---------------------------------------------------------------------------------------
+@register("softmax", REDUCTION, infer=_same_rule, arity=1)
+def _softmax(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.softmax(xs[0], a["dim"])
+
+
+@register("log_softmax", REDUCTION, infer=_same_rule, arity=1)
+def _log_softmax(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.log_softmax(xs[0], a["dim"])
+
+
+@register("layer_norm", REDUCTION)
+def _layer_norm(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    w = xs[1] if len(xs) > 1 else None
+    b = xs[2] if len(xs) > 2 else None
+    return F.layer_norm(xs[0], tuple(a["normalized_shape"]), w, b, a.get("eps", 1e-5))
+
+
+@register("rms_norm", REDUCTION)
+def _rms_norm(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    w = xs[1] if len(xs) > 1 else None
+    return F.rms_norm(xs[0], tuple(a["normalized_shape"]), w, a.get("eps"))
+
+
+@register("sdpa", OTHER)
+def _sdpa(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    q, k, v = xs[:3]
+    mask = xs[3] if len(xs) > 3 else None
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=a.get("is_causal", False), scale=a.get("scale"))
+
+
+@register("embedding", OTHER, arity=2)
+def _embedding(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    weight, idx = xs
+    return F.embedding(idx, weight)
+
+
+# ---------------------------------------------------------------------------------------
+# reductions and pooling
+# ---------------------------------------------------------------------------------------
+@register("sum", REDUCTION, arity=1)
+def _sum(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    dims = a.get("dims")
+    if dims is None:
+        return torch.sum(xs[0], dtype=a.get("dtype"))
+    return torch.sum(xs[0], tuple(dims), keepdim=a.get("keepdim", False), dtype=a.get("dtype"))
+
+
+@register("mean", REDUCTION, arity=1)
+def _mean(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    dims = a.get("dims")
+    if dims is None:
+        return torch.mean(xs[0], dtype=a.get("dtype"))
+    return torch.mean(xs[0], tuple(dims), keepdim=a.get("keepdim", False), dtype=a.get("dtype"))
+
+
+@register("amax", REDUCTION, arity=1)
+def _amax(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.amax(xs[0], tuple(a["dims"]), keepdim=a.get("keepdim", False))
+
+
+@register("var", REDUCTION, arity=1)
+def _var(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.var(xs[0], tuple(a["dims"]), correction=a.get("correction", 1), keepdim=a.get("keepdim", False))
+
+
+@register("max_pool2d", REDUCTION, arity=1)
+def _max_pool2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return F.max_pool2d(xs[0], a["kernel_size"], a.get("stride") or a["kernel_size"], a.get("padding", 0), a.get("dilation", 1), a.get("ceil_mode", False))
+
+
+@register("avg_pool2d", REDUCTION, arity=1)
+def _avg_pool2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return F.avg_pool2d(
+        xs[0],
+        a["kernel_size"],
+        a.get("stride") or a["kernel_size"],
+        a.get("padding", 0),
+        a.get("ceil_mode", False),
+        a.get("count_include_pad", True),
+        a.get("divisor_override"),
+    )
+
+
+@register("adaptive_avg_pool2d", REDUCTION, arity=1)
+def _adaptive_avg_pool2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return F.adaptive_avg_pool2d(xs[0], a["output_size"])
+
+
+# ---------------------------------------------------------------------------------------
+# data movement
+# ---------------------------------------------------------------------------------------
+@register("reshape", SHAPE, arity=1)
+def _reshape(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return xs[0].reshape(a["shape"])
+
+
+@register("permute", SHAPE, arity=1)
+def _permute(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return xs[0].permute(a["dims"])
+
+
+@register("expand", SHAPE, arity=1)
+def _expand(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return xs[0].expand(a["shape"])
+
+
+@register("slice", SHAPE, arity=1)
+def _slice(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    dim = a["dim"]
+    idx = [slice(None)] * xs[0].dim()
+    idx[dim] = slice(a.get("start"), a.get("end"), a.get("step", 1))
+    return xs[0][tuple(idx)]
+
+
+@register("select", SHAPE, arity=1)
+def _select(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return xs[0].select(a["dim"], a["index"])
+
+
+@register("cat", SHAPE)
+def _cat(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.cat(xs, a.get("dim", 0))
+
+
+@register("contiguous", SHAPE, arity=1)
+def _contiguous(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    fmt = torch.channels_last if a.get("layout") == "channels_last" else torch.contiguous_format
+    return xs[0].contiguous(memory_format=fmt)
+
+
+@register("getitem", OTHER, arity=1, infer=lambda ts, a: ts[0][a["index"]])  # type: ignore[index]
+def _getitem(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return xs[0][a["index"]]
+
+
+# ---------------------------------------------------------------------------------------
+# fallback: an op kfuse does not know, run by whoever imported it
+# ---------------------------------------------------------------------------------------
+@register("fallback", OTHER, infer=lambda ts, a: a["out_type"])
+def _fallback(xs: list[torch.Tensor], a: Mapping[str, Any]) -> Any:
+    return a["fn"](xs)
+
+
+def scalar_value(t: torch.Tensor) -> float | int | bool | None:
+    """The Python value of a one-element constant, else None."""
+    if t.numel() != 1 or t.device.type == "meta":
+        return None
+    v = t.reshape(()).item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return v
+    return v
