@@ -1,1 +1,1 @@
-
+"""Frontends: torch.export programs, Dynamo FX graphs (torch.compile backend) and ONNX models."""

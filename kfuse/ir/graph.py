@@ -174,7 +174,7 @@ class Graph:
         lines.append(f") {{  # {len(self.constants)} constants, {len(self.nodes)} nodes")
         for node in self.nodes:
             args = ", ".join(f"%{i}" for i in node.inputs)
-            attrs = ", ".join(f"{k}={_short(v)}" for k, v in node.attrs.items())
+            attrs = ", ".join(f"{k}={_short(v)}" for k, v in node.attrs.items() if k not in _HIDDEN_ATTRS)
             if attrs:
                 args = f"{args}; {attrs}" if args else attrs
             ty = node.type if isinstance(node.type, TensorType) else "(" + ", ".join(map(str, node.type)) + ")"
@@ -182,6 +182,9 @@ class Graph:
         lines.append(f"  return {', '.join('%' + o for o in self.outputs)}")
         lines.append("}")
         return "\n".join(lines)
+
+
+_HIDDEN_ATTRS = {"out_type", "fn", "fused_ops"}
 
 
 def _short(v: Any) -> str:

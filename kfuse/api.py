@@ -1,0 +1,63 @@
+"""``kfuse.compile``: the Python entry point."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from kfuse.compiler import Options
+from kfuse.frontend.torch_export import Imported, import_module
+from kfuse.runtime.compiled_model import CompiledModel
+
+
+def compile(  # noqa: A001 - mirrors torch.compile
+    model: Any,
+    example_inputs: tuple[Any, ...] | list[Any] | torch.Tensor = (),
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    explain: bool = False,
+    options: Options | None = None,
+    **option_overrides: Any,
+) -> CompiledModel:
+    """Compile ``model`` (a ``torch.nn.Module``, an ``ExportedProgram``, an ONNX ``ModelProto``
+    or a path to an ``.onnx`` file) for the example inputs.
+
+    Returns a ``CompiledModel`` that is called like the model. ``explain=True`` prints the graph
+    after each stage and the kernel plan; ``compiled.report`` holds the same as a dict.
+    """
+    opts = replace(options or Options(), explain=explain, **option_overrides)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    args, kwargs = tuple(example_inputs), dict(example_kwargs or {})
+
+    if _is_onnx(model):
+        from kfuse.frontend.onnx import onnx_compiled_model
+
+        return onnx_compiled_model(model, args, kwargs, opts)
+
+    if isinstance(model, torch.export.ExportedProgram):
+        from kfuse.frontend.torch_export import from_exported_program
+
+        ep = model
+
+        def import_ep(a: tuple[Any, ...], k: dict[str, Any]) -> Imported:
+            return from_exported_program(ep, "exported_program")
+
+        return CompiledModel(import_ep, ep.module(), args, kwargs, opts, "exported_program")
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"kfuse.compile takes an nn.Module, an ExportedProgram or an ONNX model, got {type(model).__name__}")
+    name = type(model).__name__
+
+    def import_mod(a: tuple[Any, ...], k: dict[str, Any]) -> Imported:
+        return import_module(model, a, k, name)
+
+    return CompiledModel(import_mod, model, args, kwargs, opts, name)
+
+
+def _is_onnx(model: Any) -> bool:
+    if isinstance(model, str | bytes) or hasattr(model, "__fspath__"):
+        return True
+    return type(model).__name__ == "ModelProto"

@@ -1,0 +1,59 @@
+"""The optimisation pipeline: a list of named stages, each a pure function Graph -> Graph.
+
+``optimize`` runs them in order and keeps every intermediate graph so ``explain`` can show
+what each stage did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kfuse.ir.graph import Graph
+from kfuse.passes.fold import constant_fold, fold_batch_norm
+from kfuse.passes.fuse_epilogue import fuse_epilogues
+from kfuse.passes.simplify import algebraic_simplify, cse, dce
+
+Pass = Callable[[Graph], Graph]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``kfuse.compile`` may do. Every field has a safe default."""
+
+    fuse_epilogue: bool = True
+    cuda_graphs: bool = True
+    explain: bool = False
+    check: bool = True  # compare with the original model on the example inputs
+    backend: str | None = None  # "triton", "triton-interpreter", "torch"; None: by device
+
+
+def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
+    stages: list[tuple[str, Pass]] = [
+        ("dce", dce),
+        ("fold_batch_norm", fold_batch_norm),
+        ("constant_fold", constant_fold),
+        ("algebraic_simplify", algebraic_simplify),
+        ("cse", cse),
+        ("constant_fold_2", constant_fold),
+        ("algebraic_simplify_2", algebraic_simplify),
+    ]
+    if options.fuse_epilogue:
+        stages.append(("fuse_epilogue", fuse_epilogues))
+    return stages
+
+
+@dataclass
+class Optimized:
+    graph: Graph
+    stages: list[tuple[str, Graph]] = field(default_factory=list)
+
+
+def optimize(graph: Graph, options: Options | None = None, pipeline: list[tuple[str, Pass]] | None = None) -> Optimized:
+    options = options or Options()
+    stages = [("import", graph)]
+    for name, fn in pipeline or default_pipeline(options):
+        graph = fn(graph)
+        graph.verify()
+        stages.append((name, graph))
+    return Optimized(graph, stages)

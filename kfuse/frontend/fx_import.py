@@ -1,0 +1,683 @@
+"""Import an ATen-level FX graph (from torch.export or Dynamo) into the kfuse IR.
+
+Each ATen op maps to kfuse ops through a converter. An ATen op without a converter becomes a
+``fallback`` node that calls the original op: the import never fails because of it, and the
+compile report lists it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from kfuse.ir.graph import GraphBuilder, TensorType, ValueType
+
+aten = torch.ops.aten
+
+Converter = Callable[["Ctx", tuple[Any, ...], dict[str, Any]], Any]
+CONVERTERS: dict[Any, Converter] = {}
+
+
+def converts(*packets: Any) -> Callable[[Converter], Converter]:
+    def deco(fn: Converter) -> Converter:
+        for p in packets:
+            CONVERTERS[p] = fn
+        return fn
+
+    return deco
+
+
+@dataclass
+class Ctx:
+    """What a converter sees: the builder and the node being converted."""
+
+    b: GraphBuilder
+    node: torch.fx.Node
+    fallbacks: list[str] = field(default_factory=list)
+
+    def ttype(self, name: str) -> TensorType:
+        t = self.b.type_of(name)
+        assert isinstance(t, TensorType)
+        return t
+
+    def op(self, op: str, inputs: Sequence[str], **attrs: Any) -> str:
+        return self.b.op(op, inputs, attrs, name=self.b.fresh(op))
+
+    def value(self, x: Any, like: str | None = None) -> str:
+        """A graph value for ``x``: a value name stays, a Python number becomes a 0-d constant."""
+        if isinstance(x, str):
+            return x
+        if isinstance(x, bool | int | float):
+            if like is not None and isinstance(x, float) is False and self.ttype(like).dtype.is_floating_point:
+                return self.b.scalar(float(x))
+            return self.b.scalar(x)
+        if isinstance(x, torch.Tensor):
+            return self.b.add_constant(x)
+        raise TypeError(f"cannot use {type(x).__name__} as a tensor operand")
+
+
+def _fx_type(val: Any) -> ValueType | None:
+    if isinstance(val, torch.Tensor):
+        return TensorType(tuple(int(s) for s in val.shape), val.dtype)
+    if isinstance(val, list | tuple):
+        parts = [_fx_type(v) for v in val]
+        if all(isinstance(p, TensorType) for p in parts):
+            return tuple(parts)  # type: ignore[return-value]
+    return None
+
+
+class _Slot:
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+def _make_fallback(ctx: Ctx, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A node that runs ``target`` through PyTorch with the node's tensor operands."""
+    names: list[str] = []
+
+    def lift(a: Any) -> Any:
+        if isinstance(a, str):
+            names.append(a)
+            return _Slot(len(names) - 1)
+        if isinstance(a, list | tuple):
+            return type(a)(lift(x) for x in a)
+        return a
+
+    spec_args, spec_kwargs = lift(args), {k: lift(v) for k, v in kwargs.items()}
+
+    def fn(xs: list[torch.Tensor]) -> Any:
+        def put(a: Any) -> Any:
+            if isinstance(a, _Slot):
+                return xs[a.i]
+            if isinstance(a, list | tuple):
+                return type(a)(put(x) for x in a)
+            if isinstance(a, torch.device) and xs:
+                return xs[0].device
+            return a
+
+        kw = {k: put(v) for k, v in spec_kwargs.items()}
+        if "device" in kw and xs:
+            kw["device"] = xs[0].device
+        return target(*put(spec_args), **kw)
+
+    out_type = _fx_type(ctx.node.meta.get("val"))
+    if out_type is None:
+        raise NotImplementedError(f"op {target} returns a non-tensor value")
+    op_name = str(target)
+    ctx.fallbacks.append(op_name)
+    name = ctx.b.op("fallback", names, {"fn": fn, "target": op_name, "out_type": out_type}, name=ctx.b.fresh("fallback"))
+    if isinstance(out_type, tuple):
+        return [ctx.b.op("getitem", [name], {"index": i}) for i in range(len(out_type))]
+    return name
+
+
+@dataclass(frozen=True)
+class ImportedGraph:
+    builder: GraphBuilder
+    outputs: list[str]
+    fallbacks: list[str]
+
+
+def import_fx(
+    gm: torch.fx.GraphModule,
+    placeholder_values: dict[str, torch.Tensor | TensorType],
+    name: str = "graph",
+) -> ImportedGraph:
+    """Convert ``gm`` into kfuse IR.
+
+    ``placeholder_values`` maps each placeholder name to a constant tensor (weights) or to the
+    TensorType of a runtime input. Inputs keep their placeholder names.
+    """
+    b = GraphBuilder(name)
+    env: dict[str, Any] = {}
+    fallbacks: list[str] = []
+    outputs: list[str] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            v = placeholder_values.get(node.name)
+            if isinstance(v, torch.Tensor):
+                env[node.name] = b.add_constant(v.detach(), name=_clean(node.name))
+            elif isinstance(v, TensorType):
+                env[node.name] = b.add_input(node.name, v)
+            else:
+                env[node.name] = node.meta.get("val")  # a non-tensor input, specialised by export
+        elif node.op == "get_attr":
+            env[node.name] = b.add_constant(_get_attr(gm, node.target).detach(), name=_clean(node.name))
+        elif node.op == "call_function":
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
+            target = node.target
+            if target is operator.getitem:
+                env[node.name] = args[0][args[1]]
+                continue
+            ctx = Ctx(b, node, fallbacks)
+            conv = CONVERTERS.get(getattr(target, "overloadpacket", target))
+            if conv is not None:
+                try:
+                    env[node.name] = conv(ctx, tuple(args), dict(kwargs))
+                    continue
+                except _Unsupported:
+                    pass
+            if _is_metadata_only(target):
+                env[node.name] = None
+                continue
+            env[node.name] = _make_fallback(ctx, target, tuple(args), dict(kwargs))
+        elif node.op == "output":
+            flat = node.args[0]
+            flat = flat if isinstance(flat, list | tuple) else (flat,)
+            for o in flat:
+                v = env[o.name] if isinstance(o, torch.fx.Node) else o
+                if not isinstance(v, str):
+                    raise NotImplementedError(f"graph output {o} is not a tensor")
+                outputs.append(v)
+        else:
+            raise NotImplementedError(f"FX node kind {node.op} ({node.target}) is not supported")
+    return ImportedGraph(b, outputs, fallbacks)
+
+
+def _clean(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def _get_attr(gm: torch.nn.Module, target: str) -> torch.Tensor:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _is_metadata_only(target: Any) -> bool:
+    name = str(target)
+    return any(s in name for s in ("_assert_tensor_metadata", "sym_constrain_range", "_assert_scalar", "sym_size"))
+
+
+class _Unsupported(Exception):
+    """Raised by a converter for a variant it does not handle: the op falls back."""
+
+
+# ---------------------------------------------------------------------------------------
+# converters
+# ---------------------------------------------------------------------------------------
+def _dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+@converts(aten.linear)
+def _linear(c: Ctx, a: tuple, k: dict) -> str:
+    x, w = a[0], a[1]
+    bias = a[2] if len(a) > 2 else k.get("bias")
+    wt = c.op("permute", [w], dims=(1, 0))
+    y = c.op("matmul", [x, wt])
+    return c.op("add", [y, bias]) if bias is not None else y
+
+
+@converts(aten.matmul, aten.mm, aten.bmm)
+def _matmul(c: Ctx, a: tuple, k: dict) -> str:
+    return c.op("matmul", [a[0], a[1]])
+
+
+@converts(aten.addmm)
+def _addmm(c: Ctx, a: tuple, k: dict) -> str:
+    bias, x, w = a[:3]
+    beta, alpha = k.get("beta", 1), k.get("alpha", 1)
+    y = c.op("matmul", [x, w])
+    if alpha != 1:
+        y = c.op("mul", [y, c.value(alpha, y)])
+    if beta != 1:
+        bias = c.op("mul", [bias, c.value(beta, bias)])
+    return c.op("add", [y, bias])
+
+
+@converts(aten.t)
+def _t(c: Ctx, a: tuple, k: dict) -> str:
+    return c.op("permute", [a[0]], dims=(1, 0)) if c.ttype(a[0]).rank == 2 else a[0]
+
+
+@converts(aten.conv2d)
+def _conv2d(c: Ctx, a: tuple, k: dict) -> str:
+    x, w = a[0], a[1]
+    bias = a[2] if len(a) > 2 else k.get("bias")
+    stride, padding, dilation, groups = (list(a[3:]) + [None] * 4)[:4]
+    if isinstance(padding, str):
+        raise _Unsupported()
+    attrs = {
+        "stride": _pair(stride if stride is not None else k.get("stride", 1)),
+        "padding": _pair(padding if padding is not None else k.get("padding", 0)),
+        "dilation": _pair(dilation if dilation is not None else k.get("dilation", 1)),
+        "groups": int(groups if groups is not None else k.get("groups", 1)),
+    }
+    ins = [x, w] + ([bias] if bias is not None else [])
+    return c.op("conv2d", ins, **attrs)
+
+
+@converts(aten.convolution)
+def _convolution(c: Ctx, a: tuple, k: dict) -> str:
+    x, w, bias, stride, padding, dilation, transposed, _out_pad, groups = a[:9]
+    if transposed or c.ttype(x).rank != 4:
+        raise _Unsupported()
+    ins = [x, w] + ([bias] if bias is not None else [])
+    return c.op("conv2d", ins, stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation), groups=int(groups))
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(int(x) for x in v)
+    return v if len(v) == 2 else (v[0], v[0])
+
+
+@converts(aten.batch_norm)
+def _batch_norm(c: Ctx, a: tuple, k: dict) -> str:
+    x, w, bias, mean, var, training, _mom, eps = a[:8]
+    if training or mean is None:
+        raise _Unsupported()
+    return _bn(c, x, w, bias, mean, var, eps)
+
+
+@converts(aten._native_batch_norm_legit_no_training)
+def _bn_legit(c: Ctx, a: tuple, k: dict) -> list:
+    x, w, bias, mean, var, _mom, eps = a[:7]
+    return [_bn(c, x, w, bias, mean, var, eps), None, None]
+
+
+def _bn(c: Ctx, x: str, w: str | None, bias: str | None, mean: str, var: str, eps: float) -> str:
+    ch = c.ttype(x).shape[1]
+    dt = c.ttype(mean).dtype
+    w = w if w is not None else c.b.add_constant(torch.ones(ch, dtype=dt))
+    bias = bias if bias is not None else c.b.add_constant(torch.zeros(ch, dtype=dt))
+    return c.op("batch_norm", [x, w, bias, mean, var], eps=float(eps))
+
+
+def _unary_conv(op: str) -> Converter:
+    return lambda c, a, k: c.op(op, [a[0]])
+
+
+for _packet, _op in [
+    (aten.relu, "relu"),
+    (aten.sigmoid, "sigmoid"),
+    (aten.tanh, "tanh"),
+    (aten.silu, "silu"),
+    (aten.hardswish, "hardswish"),
+    (aten.hardsigmoid, "hardsigmoid"),
+    (aten.neg, "neg"),
+    (aten.abs, "abs"),
+    (aten.exp, "exp"),
+    (aten.log, "log"),
+    (aten.sqrt, "sqrt"),
+    (aten.rsqrt, "rsqrt"),
+    (aten.erf, "erf"),
+    (aten.reciprocal, "reciprocal"),
+    (aten.logical_not, "logical_not"),
+]:
+    CONVERTERS[_packet] = _unary_conv(_op)
+
+
+@converts(aten.gelu)
+def _gelu(c: Ctx, a: tuple, k: dict) -> str:
+    approx = k.get("approximate", a[1] if len(a) > 1 else "none")
+    return c.op("gelu_tanh" if approx == "tanh" else "gelu", [a[0]])
+
+
+@converts(aten.leaky_relu)
+def _leaky(c: Ctx, a: tuple, k: dict) -> str:
+    return c.op("leaky_relu", [a[0]], slope=float(a[1] if len(a) > 1 else k.get("negative_slope", 0.01)))
+
+
+@converts(aten.clamp, aten.hardtanh, aten.clip)
+def _clamp(c: Ctx, a: tuple, k: dict) -> str:
+    lo = a[1] if len(a) > 1 else k.get("min", -1.0 if "hardtanh" in str(c.node.target) else None)
+    hi = a[2] if len(a) > 2 else k.get("max", 1.0 if "hardtanh" in str(c.node.target) else None)
+    if isinstance(lo, str) or isinstance(hi, str):
+        raise _Unsupported()
+    return c.op("clamp", [a[0]], lo=lo, hi=hi)
+
+
+def _binary_conv(op: str, swap: bool = False) -> Converter:
+    def conv(c: Ctx, a: tuple, k: dict) -> str:
+        x, y = a[0], a[1]
+        alpha = k.get("alpha", 1)
+        if not isinstance(x, str):
+            x = c.value(x, y)
+        y = c.value(y, x)
+        if alpha != 1:
+            y = c.op("mul", [y, c.value(alpha, y)])
+        if k.get("rounding_mode") is not None:
+            raise _Unsupported()
+        return c.op(op, [y, x] if swap else [x, y])
+
+    return conv
+
+
+for _packet, _op in [
+    (aten.add, "add"),
+    (aten.sub, "sub"),
+    (aten.mul, "mul"),
+    (aten.div, "div"),
+    (aten.maximum, "maximum"),
+    (aten.minimum, "minimum"),
+    (aten.pow, "pow"),
+    (aten.eq, "eq"),
+    (aten.ne, "ne"),
+    (aten.lt, "lt"),
+    (aten.le, "le"),
+    (aten.gt, "gt"),
+    (aten.ge, "ge"),
+    (aten.logical_and, "logical_and"),
+    (aten.logical_or, "logical_or"),
+    (aten.bitwise_and, "logical_and"),
+    (aten.bitwise_or, "logical_or"),
+]:
+    CONVERTERS[_packet] = _binary_conv(_op)
+CONVERTERS[aten.rsub] = _binary_conv("sub", swap=True)
+
+
+@converts(aten.bitwise_not)
+def _bitwise_not(c: Ctx, a: tuple, k: dict) -> str:
+    if c.ttype(a[0]).dtype != torch.bool:
+        raise _Unsupported()
+    return c.op("logical_not", [a[0]])
+
+
+@converts(aten.where)
+def _where(c: Ctx, a: tuple, k: dict) -> str:
+    if len(a) != 3:
+        raise _Unsupported()
+    cond, x, y = a
+    x = c.value(x, y if isinstance(y, str) else None)
+    y = c.value(y, x)
+    return c.op("where", [cond, x, y])
+
+
+@converts(aten.masked_fill)
+def _masked_fill(c: Ctx, a: tuple, k: dict) -> str:
+    x, mask, val = a
+    val = c.value(val, x) if not isinstance(val, str) else val
+    if c.ttype(val).dtype != c.ttype(x).dtype:
+        val = c.op("cast", [val], dtype=c.ttype(x).dtype)
+    return c.op("where", [mask, val, x])
+
+
+@converts(aten.to, aten._to_copy, aten.type_as)
+def _to(c: Ctx, a: tuple, k: dict) -> str:
+    x = a[0]
+    dtype = k.get("dtype")
+    if c.node.target == aten.type_as.default:
+        dtype = c.ttype(a[1]).dtype
+    for extra in a[1:]:
+        if isinstance(extra, torch.dtype):
+            dtype = extra
+    if dtype is None or dtype == c.ttype(x).dtype:
+        return x
+    return c.op("cast", [x], dtype=dtype)
+
+
+@converts(aten.softmax, aten._softmax)
+def _softmax(c: Ctx, a: tuple, k: dict) -> str:
+    x, dim = a[0], a[1]
+    dtype = a[2] if len(a) > 2 and isinstance(a[2], torch.dtype) else k.get("dtype")
+    if dtype is not None and dtype != c.ttype(x).dtype:
+        x = c.op("cast", [x], dtype=dtype)
+    return c.op("softmax", [x], dim=_dim(dim, c.ttype(x).rank))
+
+
+@converts(aten.log_softmax, aten._log_softmax)
+def _log_softmax(c: Ctx, a: tuple, k: dict) -> str:
+    return c.op("log_softmax", [a[0]], dim=_dim(a[1], c.ttype(a[0]).rank))
+
+
+@converts(aten.layer_norm)
+def _layer_norm(c: Ctx, a: tuple, k: dict) -> str:
+    x, shape = a[0], a[1]
+    w = a[2] if len(a) > 2 else k.get("weight")
+    bias = a[3] if len(a) > 3 else k.get("bias")
+    eps = a[4] if len(a) > 4 else k.get("eps", 1e-5)
+    if w is None and bias is not None:
+        raise _Unsupported()
+    ins = [x] + ([w] if w is not None else []) + ([bias] if bias is not None else [])
+    return c.op("layer_norm", ins, normalized_shape=tuple(shape), eps=float(eps))
+
+
+@converts(aten.native_layer_norm)
+def _native_layer_norm(c: Ctx, a: tuple, k: dict) -> list:
+    x, shape, w, bias, eps = a[:5]
+    if w is None or bias is None:
+        raise _Unsupported()
+    return [c.op("layer_norm", [x, w, bias], normalized_shape=tuple(shape), eps=float(eps)), None, None]
+
+
+@converts(aten.rms_norm)
+def _rms_norm(c: Ctx, a: tuple, k: dict) -> str:
+    x, shape = a[0], a[1]
+    w = a[2] if len(a) > 2 else k.get("weight")
+    eps = a[3] if len(a) > 3 else k.get("eps")
+    return c.op("rms_norm", [x] + ([w] if w is not None else []), normalized_shape=tuple(shape), eps=eps)
+
+
+@converts(aten.scaled_dot_product_attention)
+def _sdpa(c: Ctx, a: tuple, k: dict) -> str:
+    q, kk, v = a[:3]
+    mask = a[3] if len(a) > 3 else k.get("attn_mask")
+    dropout = a[4] if len(a) > 4 else k.get("dropout_p", 0.0)
+    causal = a[5] if len(a) > 5 else k.get("is_causal", False)
+    scale = a[6] if len(a) > 6 else k.get("scale")
+    if dropout or k.get("enable_gqa"):
+        raise _Unsupported()
+    ins = [q, kk, v] + ([mask] if mask is not None else [])
+    return c.op("sdpa", ins, is_causal=bool(causal), scale=scale)
+
+
+@converts(aten.embedding)
+def _embedding(c: Ctx, a: tuple, k: dict) -> str:
+    return c.op("embedding", [a[0], a[1]])
+
+
+@converts(aten.view, aten.reshape, aten._unsafe_view)
+def _reshape(c: Ctx, a: tuple, k: dict) -> str:
+    x = a[0]
+    shape = list(a[1])
+    numel = c.ttype(x).numel
+    if -1 in shape:
+        known = 1
+        for s in shape:
+            if s != -1:
+                known *= s
+        shape[shape.index(-1)] = numel // known if known else 0
+    return _reshape_to(c, x, tuple(int(s) for s in shape))
+
+
+def _reshape_to(c: Ctx, x: str, shape: tuple[int, ...]) -> str:
+    if c.ttype(x).shape == shape:
+        return x
+    return c.op("reshape", [x], shape=shape)
+
+
+@converts(aten.flatten)
+def _flatten(c: Ctx, a: tuple, k: dict) -> str:
+    shape = c.ttype(a[0]).shape
+    r = len(shape)
+    start = _dim(a[1] if len(a) > 1 else k.get("start_dim", 0), r) if r else 0
+    end = _dim(a[2] if len(a) > 2 else k.get("end_dim", -1), r) if r else 0
+    mid = 1
+    for s in shape[start : end + 1]:
+        mid *= s
+    return _reshape_to(c, a[0], tuple(shape[:start]) + (mid,) + tuple(shape[end + 1 :]))
+
+
+@converts(aten.unsqueeze)
+def _unsqueeze(c: Ctx, a: tuple, k: dict) -> str:
+    shape = list(c.ttype(a[0]).shape)
+    d = _dim(a[1], len(shape) + 1)
+    shape.insert(d, 1)
+    return _reshape_to(c, a[0], tuple(shape))
+
+
+@converts(aten.squeeze)
+def _squeeze(c: Ctx, a: tuple, k: dict) -> str:
+    shape = c.ttype(a[0]).shape
+    dims = a[1] if len(a) > 1 else None
+    if dims is None:
+        keep = [s for s in shape if s != 1]
+    else:
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        dims = {_dim(d, len(shape)) for d in dims}
+        keep = [s for i, s in enumerate(shape) if not (i in dims and s == 1)]
+    return _reshape_to(c, a[0], tuple(keep))
+
+
+@converts(aten.permute)
+def _permute(c: Ctx, a: tuple, k: dict) -> str:
+    r = c.ttype(a[0]).rank
+    dims = tuple(_dim(d, r) for d in a[1])
+    return a[0] if dims == tuple(range(r)) else c.op("permute", [a[0]], dims=dims)
+
+
+@converts(aten.transpose)
+def _transpose(c: Ctx, a: tuple, k: dict) -> str:
+    r = c.ttype(a[0]).rank
+    d0, d1 = _dim(a[1], r), _dim(a[2], r)
+    if d0 == d1:
+        return a[0]
+    dims = list(range(r))
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return c.op("permute", [a[0]], dims=tuple(dims))
+
+
+@converts(aten.expand)
+def _expand(c: Ctx, a: tuple, k: dict) -> str:
+    src = c.ttype(a[0]).shape
+    size = list(a[1])
+    off = len(size) - len(src)
+    shape = tuple(src[i - off] if s == -1 else int(s) for i, s in enumerate(size))
+    return a[0] if shape == src else c.op("expand", [a[0]], shape=shape)
+
+
+@converts(aten.slice)
+def _slice(c: Ctx, a: tuple, k: dict) -> str:
+    t = c.ttype(a[0])
+    dim = _dim(a[1] if len(a) > 1 else 0, t.rank)
+    start = a[2] if len(a) > 2 else None
+    end = a[3] if len(a) > 3 else None
+    step = a[4] if len(a) > 4 else 1
+    n = t.shape[dim]
+    start_i, end_i, _ = slice(start, end, step).indices(n)
+    if start_i == 0 and end_i >= n and step == 1:
+        return a[0]
+    return c.op("slice", [a[0]], dim=dim, start=start_i, end=end_i, step=int(step))
+
+
+@converts(aten.select)
+def _select(c: Ctx, a: tuple, k: dict) -> str:
+    t = c.ttype(a[0])
+    dim = _dim(a[1], t.rank)
+    idx = a[2] + t.shape[dim] if a[2] < 0 else a[2]
+    return c.op("select", [a[0]], dim=dim, index=int(idx))
+
+
+@converts(aten.cat, aten.concat)
+def _cat(c: Ctx, a: tuple, k: dict) -> str:
+    xs = [x for x in a[0] if c.ttype(x).numel > 0 or c.ttype(x).rank > 1]
+    dim = a[1] if len(a) > 1 else k.get("dim", 0)
+    if len(xs) == 1:
+        return xs[0]
+    return c.op("cat", xs, dim=_dim(dim, c.ttype(xs[0]).rank))
+
+
+@converts(aten.split, aten.split_with_sizes)
+def _split(c: Ctx, a: tuple, k: dict) -> list:
+    x, sizes = a[0], a[1]
+    t = c.ttype(x)
+    dim = _dim(a[2] if len(a) > 2 else k.get("dim", 0), t.rank)
+    n = t.shape[dim]
+    if isinstance(sizes, int):
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)]
+    out, start = [], 0
+    for s in sizes:
+        out.append(c.op("slice", [x], dim=dim, start=start, end=start + s, step=1))
+        start += s
+    return out
+
+
+@converts(aten.chunk)
+def _chunk(c: Ctx, a: tuple, k: dict) -> list:
+    t = c.ttype(a[0])
+    dim = _dim(a[2] if len(a) > 2 else 0, t.rank)
+    size = -(-t.shape[dim] // a[1])
+    return _split(c, (a[0], size, dim), {})
+
+
+@converts(aten.unbind)
+def _unbind(c: Ctx, a: tuple, k: dict) -> list:
+    t = c.ttype(a[0])
+    dim = _dim(a[1] if len(a) > 1 else 0, t.rank)
+    return [c.op("select", [a[0]], dim=dim, index=i) for i in range(t.shape[dim])]
+
+
+@converts(aten.contiguous, aten.clone, aten.alias, aten.detach, aten.lift_fresh_copy, aten.dropout, aten.feature_dropout)
+def _identity(c: Ctx, a: tuple, k: dict) -> str:
+    if c.node.target in (aten.dropout.default, aten.feature_dropout.default) and (a[2] if len(a) > 2 else k.get("train")):
+        raise _Unsupported()
+    return a[0]
+
+
+@converts(aten.mean)
+def _mean(c: Ctx, a: tuple, k: dict) -> str:
+    return _reduce(c, "mean", a, k)
+
+
+@converts(aten.sum)
+def _sum(c: Ctx, a: tuple, k: dict) -> str:
+    return _reduce(c, "sum", a, k)
+
+
+def _reduce(c: Ctx, op: str, a: tuple, k: dict) -> str:
+    x = a[0]
+    r = c.ttype(x).rank
+    dims = a[1] if len(a) > 1 and not isinstance(a[1], torch.dtype) else k.get("dim")
+    keepdim = a[2] if len(a) > 2 else k.get("keepdim", False)
+    dtype = k.get("dtype")
+    if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
+        dims = tuple(range(r))
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    return c.op(op, [x], dims=tuple(_dim(d, r) for d in dims), keepdim=bool(keepdim), dtype=dtype)
+
+
+@converts(aten.amax)
+def _amax(c: Ctx, a: tuple, k: dict) -> str:
+    r = c.ttype(a[0]).rank
+    dims = a[1] if len(a) > 1 else k.get("dim", ())
+    dims = (dims,) if isinstance(dims, int) else tuple(dims) or tuple(range(r))
+    return c.op("amax", [a[0]], dims=tuple(_dim(d, r) for d in dims), keepdim=bool(a[2] if len(a) > 2 else k.get("keepdim", False)))
+
+
+@converts(aten.max_pool2d, aten.max_pool2d_with_indices)
+def _max_pool(c: Ctx, a: tuple, k: dict) -> Any:
+    ks = _pair(a[1])
+    stride = _pair(a[2]) if len(a) > 2 and a[2] else ks
+    pad = _pair(a[3]) if len(a) > 3 else (0, 0)
+    dil = _pair(a[4]) if len(a) > 4 else (1, 1)
+    ceil = bool(a[5]) if len(a) > 5 else False
+    y = c.op("max_pool2d", [a[0]], kernel_size=ks, stride=stride, padding=pad, dilation=dil, ceil_mode=ceil)
+    if c.node.target == aten.max_pool2d_with_indices.default:
+        return [y, None]
+    return y
+
+
+@converts(aten.avg_pool2d)
+def _avg_pool(c: Ctx, a: tuple, k: dict) -> str:
+    ks = _pair(a[1])
+    stride = _pair(a[2]) if len(a) > 2 and a[2] else ks
+    pad = _pair(a[3]) if len(a) > 3 else (0, 0)
+    ceil = bool(a[4]) if len(a) > 4 else False
+    cip = bool(a[5]) if len(a) > 5 else True
+    div = a[6] if len(a) > 6 else None
+    return c.op("avg_pool2d", [a[0]], kernel_size=ks, stride=stride, padding=pad, ceil_mode=ceil, count_include_pad=cip, divisor_override=div)
+
+
+@converts(aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d)
+def _adaptive_avg(c: Ctx, a: tuple, k: dict) -> str:
+    return c.op("adaptive_avg_pool2d", [a[0]], output_size=_pair(a[1]))

@@ -1,0 +1,76 @@
+"""PyTorch frontend: ``torch.export`` a module (or take an ExportedProgram) and import it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+from torch.utils import _pytree as pytree
+
+from kfuse.frontend.fx_import import import_fx
+from kfuse.ir.graph import Graph, TensorType
+
+
+@dataclass(frozen=True)
+class Imported:
+    """An imported graph plus what is needed to call it like the original model."""
+
+    graph: Graph
+    in_spec: Any  # pytree spec of (args, kwargs)
+    out_spec: Any  # pytree spec of the model's output
+    flat_input_index: tuple[int, ...]  # graph input i is flat user input flat_input_index[i]
+    fallbacks: tuple[str, ...]
+
+
+class FrontendError(RuntimeError):
+    """The model could not be imported; the message says what and where."""
+
+
+def export_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> ExportedProgram:
+    try:
+        return torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+    except Exception as e:
+        raise FrontendError(f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}") from e
+
+
+def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
+    """Import an ExportedProgram; parameters, buffers and constants become graph constants."""
+    sig = ep.graph_signature
+    values: dict[str, torch.Tensor | TensorType] = {}
+    user_names: list[str] = []
+    for spec in sig.input_specs:
+        arg_name = getattr(spec.arg, "name", None)
+        if arg_name is None:
+            continue
+        if spec.kind == InputKind.USER_INPUT:
+            user_names.append(arg_name)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            t = ep.state_dict.get(spec.target)
+            if t is None:
+                t = ep.constants[spec.target]
+            values[arg_name] = t
+        elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+            values[arg_name] = ep.constants[spec.target]
+    placeholders = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
+    flat_index: list[int] = []
+    for i, uname in enumerate(user_names):
+        val = placeholders[uname].meta.get("val")
+        if isinstance(val, torch.Tensor):
+            values[uname] = TensorType(tuple(int(s) for s in val.shape), val.dtype)
+            flat_index.append(i)
+    imported = import_fx(ep.graph_module, values, name)
+    graph = imported.builder.build(imported.outputs)
+    return Imported(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, tuple(flat_index), tuple(imported.fallbacks))
+
+
+def import_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, name: str | None = None) -> Imported:
+    """Export ``model`` on the example inputs and import it."""
+    ep = export_module(model, args, kwargs)
+    return from_exported_program(ep, name or type(model).__name__)
+
+
+def flatten_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
+    return pytree.tree_flatten((tuple(args), dict(kwargs)))

@@ -1,0 +1,40 @@
+"""Loading generated Triton source: Triton's JIT reads kernel source from files, so every
+generated kernel is written once to the kernel cache and imported from there."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+_LOADED: dict[str, ModuleType] = {}
+
+
+def cache_dir() -> Path:
+    """``$KFUSE_CACHE_DIR`` or ``~/.cache/kfuse``."""
+    root = os.environ.get("KFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kfuse")
+    return Path(root)
+
+
+def load_generated(family: str, key: str, source: str) -> ModuleType:
+    """Import ``source`` as module ``kfuse_gen_<family>_<key>`` (written to the cache once)."""
+    digest = hashlib.sha1(source.encode()).hexdigest()[:10]
+    mod_name = f"kfuse_gen_{family}_{key}_{digest}"
+    if mod_name in _LOADED:
+        return _LOADED[mod_name]
+    path = cache_dir() / "kernels" / f"{mod_name}.py"
+    if not path.exists() or path.read_text() != source:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)  # atomic: concurrent compiles never see half a file
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    _LOADED[mod_name] = module
+    return module

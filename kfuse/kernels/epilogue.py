@@ -1,0 +1,136 @@
+"""Epilogue programs: an elementwise chain applied to a kernel's accumulator tile.
+
+A fusion pass turns the elementwise nodes that follow a GEMM or convolution into an
+``Epilogue``: a list of steps in SSA form. Register 0 is the accumulator; step ``i`` writes
+register ``i + 1``; the last register is the result. Operands are registers, extra input
+tensors (loaded at the tile's coordinates, broadcast by strides) or literals.
+
+The same program is rendered to Triton source (``render``) for every template that has an
+epilogue, and evaluated with the op registry's references (``apply_reference``) for tests and
+the CPU path, so a template never hand-writes a bias/activation/residual combination.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kfuse.ir import ops
+
+
+@dataclass(frozen=True)
+class Operand:
+    kind: str  # "reg" | "in" | "lit"
+    index: int = 0
+    value: float | int | bool | None = None
+
+    def describe(self) -> str:
+        if self.kind == "reg":
+            return "acc" if self.index == 0 else f"r{self.index}"
+        if self.kind == "in":
+            return f"in{self.index}"
+        return repr(self.value)
+
+
+@dataclass(frozen=True)
+class EpilogueStep:
+    op: str
+    args: tuple[Operand, ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+    dtype: torch.dtype = torch.float32  # dtype of the value in the unfused graph
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    steps: tuple[EpilogueStep, ...] = ()
+    n_inputs: int = 0
+
+    def describe(self) -> str:
+        if not self.steps:
+            return "none"
+        parts = []
+        for s in self.steps:
+            extra = [a.describe() for a in s.args if not (a.kind == "reg" and a.index == len(parts))]
+            parts.append(s.op + (f"({', '.join(extra)})" if extra else ""))
+        return " -> ".join(parts)
+
+    def key(self) -> str:
+        """A stable hash naming the generated kernel for this epilogue."""
+        text = repr([(s.op, [(a.kind, a.index, a.value) for a in s.args], s.attrs, str(s.dtype)) for s in self.steps])
+        return hashlib.sha1(f"{text}|{self.n_inputs}".encode()).hexdigest()[:12]
+
+
+def _literal(v: float | int | bool | None) -> str:
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if v is None:
+        return "0.0"
+    if isinstance(v, float):
+        if v != v:
+            return "float('nan')"
+        if v in (float("inf"), float("-inf")):
+            return "3.0e38" if v > 0 else "-3.0e38"
+        return repr(v)
+    return f"{v}.0" if isinstance(v, int) else repr(v)
+
+
+_TL_TYPES = {
+    torch.bool: "tl.int1",
+    torch.int32: "tl.int32",
+    torch.int64: "tl.int64",
+}
+
+
+def render(epi: Epilogue, acc: str = "acc", inp: Callable[[int], str] = lambda j: f"x{j}", indent: str = "    ") -> str:
+    """Triton statements that apply ``epi`` to the fp32 tile ``acc`` in place.
+
+    ``inp(j)`` names the already-loaded tile of extra input ``j``. Floating values are kept
+    in fp32 through the chain; casts to integer or bool types are honoured.
+    """
+    lines: list[str] = []
+    regs = [acc]
+    for i, step in enumerate(epi.steps):
+        d = ops.get(step.op)
+        if d.triton is None:
+            raise ValueError(f"op {step.op} has no Triton expression and cannot be in an epilogue")
+        args = []
+        for a in step.args:
+            if a.kind == "reg":
+                args.append(regs[a.index])
+            elif a.kind == "in":
+                args.append(inp(a.index))
+            else:
+                args.append(_literal(a.value))
+        attrs = {k: _literal(v) for k, v in step.attrs}
+        attrs.setdefault("lo", "-3.0e38")
+        attrs.setdefault("hi", "3.0e38")
+        expr = d.triton.format(*args, **attrs)
+        if step.op == "cast":
+            tl_t = _TL_TYPES.get(step.dtype)
+            expr = f"{args[0]}.to({tl_t})" if tl_t else f"{args[0]}.to(tl.float32)"
+        name = f"{acc}_r{i + 1}"
+        lines.append(f"{indent}{name} = {expr}")
+        regs.append(name)
+    if epi.steps:
+        lines.append(f"{indent}{acc} = {regs[-1]}")
+    return "\n".join(lines)
+
+
+def apply_reference(acc: torch.Tensor, inputs: Sequence[torch.Tensor], epi: Epilogue) -> torch.Tensor:
+    """Evaluate ``epi`` with the op registry's PyTorch references."""
+    regs = [acc]
+    for step in epi.steps:
+        args = []
+        for a in step.args:
+            if a.kind == "reg":
+                args.append(regs[a.index])
+            elif a.kind == "in":
+                args.append(inputs[a.index])
+            else:
+                args.append(torch.tensor(a.value, device=acc.device))
+        regs.append(ops.run_reference(step.op, args, dict(step.attrs)))
+    return regs[-1]

@@ -1,0 +1,140 @@
+"""Epilogue fusion: a GEMM followed by elementwise ops (bias, activation, residual, scale,
+casts) becomes one ``gemm_epilogue`` node whose kernel applies the chain to the accumulator
+tile before the single store to global memory (Bolt's epilogue fusion).
+
+A region grows from the GEMM over elementwise consumers whose output has the GEMM's output
+shape and whose other operands do not depend on the region (no cycles). The region is cut to
+the longest prefix (in graph order) whose values escape only through one node: that node's
+value is the fused node's output and keeps its name, so the rest of the graph is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from kfuse.ir import ops
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, ValueType
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference
+from kfuse.passes.simplify import dce
+
+
+def _gemm_epilogue_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    acc = torch.matmul(xs[0], xs[1])
+    return apply_reference(acc, xs[2:], a["epilogue"]).to(a["out_type"].dtype)
+
+
+def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
+    return a["out_type"]
+
+
+ops.register("gemm_epilogue", ops.FUSED, infer=_out_type)(_gemm_epilogue_ref)
+
+
+def _is_gemm_anchor(node: Node, g: Graph) -> bool:
+    if node.op != "matmul":
+        return False
+    a, b = (g.type_of(i) for i in node.inputs)
+    return isinstance(a, TensorType) and isinstance(b, TensorType) and b.rank == 2 and a.rank >= 2
+
+
+def _descendants(start: str, users: dict[str, list[Node]]) -> set[str]:
+    seen, stack = set(), [start]
+    while stack:
+        v = stack.pop()
+        for u in users.get(v, []):
+            if u.name not in seen:
+                seen.add(u.name)
+                stack.append(u.name)
+    return seen
+
+
+def _scalar_literal(g: Graph, name: str) -> float | int | bool | None:
+    t = g.constants.get(name)
+    if t is None or t.dim() != 0:
+        return None
+    return ops.scalar_value(t)
+
+
+def _grow_region(anchor: Node, g: Graph, users: dict[str, list[Node]], order: dict[str, int], taken: set[str]) -> list[Node]:
+    shape = anchor.ttype.shape
+    downstream = _descendants(anchor.name, users)
+    region = {anchor.name}
+    members: list[Node] = []
+    frontier = sorted(users.get(anchor.name, []), key=lambda n: order[n.name])
+    while frontier:
+        u = frontier.pop(0)
+        if u.name in region or u.name in taken or not ops.is_elementwise(u.op) or ops.get(u.op).triton is None:
+            continue
+        if not isinstance(u.type, TensorType) or u.ttype.shape != shape:
+            continue
+        externals = [i for i in u.inputs if i not in region]
+        if any(i in downstream for i in externals):
+            continue  # the operand is computed from the region: fusing would make a cycle
+        region.add(u.name)
+        members.append(u)
+        frontier.extend(x for x in users.get(u.name, []) if x.name not in region)
+        frontier.sort(key=lambda n: order[n.name])
+    members.sort(key=lambda n: order[n.name])
+    # longest prefix whose values escape only through its last member
+    outputs = set(g.outputs)
+    best: list[Node] = []
+    for k in range(1, len(members) + 1):
+        prefix = members[:k]
+        names = {anchor.name} | {m.name for m in prefix}
+        escaping = {v for v in names if v in outputs or any(x.name not in names for x in users.get(v, []))}
+        if escaping == {prefix[-1].name} or (not escaping and k == len(members)):
+            best = prefix
+    return best
+
+
+def fuse_epilogues(graph: Graph) -> Graph:
+    """Replace each GEMM + elementwise-chain region with a ``gemm_epilogue`` node."""
+    users = graph.users()
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    fused_into: dict[str, Node] = {}  # name of the region's last node -> fused node
+    removed: set[str] = set()
+    taken: set[str] = set()
+    for node in graph.nodes:
+        if not _is_gemm_anchor(node, graph) or node.name in taken:
+            continue
+        members = _grow_region(node, graph, users, order, taken)
+        regs = {node.name: 0}
+        extras: list[str] = []
+        steps: list[EpilogueStep] = []
+        for m in members:
+            args = []
+            for i in m.inputs:
+                if i in regs:
+                    args.append(Operand("reg", regs[i]))
+                elif (lit := _scalar_literal(graph, i)) is not None:
+                    args.append(Operand("lit", value=lit))
+                else:
+                    if i not in extras:
+                        extras.append(i)
+                    args.append(Operand("in", extras.index(i)))
+            attrs = tuple((k, v) for k, v in m.attrs.items())
+            steps.append(EpilogueStep(m.op, tuple(args), attrs, m.ttype.dtype))
+            regs[m.name] = len(steps)
+        last = members[-1] if members else node
+        epi = Epilogue(tuple(steps), len(extras))
+        fused = Node(
+            last.name,
+            "gemm_epilogue",
+            tuple(node.inputs) + tuple(extras),
+            last.type,
+            {"epilogue": epi, "out_type": last.type, "fused_ops": tuple([node.op] + [m.op for m in members])},
+        )
+        fused_into[last.name] = fused
+        removed.update({node.name} | {m.name for m in members})
+        taken.update(removed)
+    b = GraphBuilder.from_graph(graph)
+    pending = dict(fused_into)
+    for node in graph.nodes:
+        if node.name in pending:
+            b.add_node(pending.pop(node.name))
+        elif node.name not in removed:
+            b.add_node(node)
+    return dce(b.build(graph.outputs))

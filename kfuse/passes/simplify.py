@@ -1,0 +1,163 @@
+"""Graph clean-up passes: dead code elimination, common subexpression elimination and
+algebraic simplification. Each is a pure function Graph -> Graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.ir.ops import scalar_value
+
+
+def dce(graph: Graph) -> Graph:
+    """Drop nodes and constants that no output depends on."""
+    live = set(graph.outputs)
+    kept: list[Node] = []
+    for node in reversed(graph.nodes):
+        if node.name in live:
+            kept.append(node)
+            live.update(node.inputs)
+    consts = {k: v for k, v in graph.constants.items() if k in live}
+    return graph.replace(nodes=tuple(reversed(kept)), constants=consts)
+
+
+def cse(graph: Graph) -> Graph:
+    """Merge nodes with the same op, inputs and attributes; merge equal scalar constants."""
+    rename: dict[str, str] = {}
+    seen_scalars: dict[tuple, str] = {}
+    consts: dict[str, torch.Tensor] = {}
+    for name, t in graph.constants.items():
+        v = scalar_value(t) if t.dim() == 0 else None
+        if v is not None:
+            key = (v, t.dtype, str(t.device))
+            if key in seen_scalars:
+                rename[name] = seen_scalars[key]
+                continue
+            seen_scalars[key] = name
+        consts[name] = t
+    seen: dict[tuple, str] = {}
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        inputs = tuple(rename.get(i, i) for i in node.inputs)
+        node = Node(node.name, node.op, inputs, node.type, node.attrs)
+        if node.op == "fallback":  # opaque: may be impure
+            nodes.append(node)
+            continue
+        key = node.key()
+        if key in seen:
+            rename[node.name] = seen[key]
+            continue
+        seen[key] = node.name
+        nodes.append(node)
+    outputs = tuple(rename.get(o, o) for o in graph.outputs)
+    return graph.replace(nodes=tuple(nodes), constants=consts, outputs=outputs)
+
+
+Rewrite = Callable[[Node, GraphBuilder], str | None]
+
+
+def _const_scalar(b: GraphBuilder, name: str) -> float | int | bool | None:
+    t = b.constants.get(name)
+    if t is None or t.numel() != 1:
+        return None
+    return scalar_value(t)
+
+
+def _same_type(b: GraphBuilder, node: Node, name: str) -> bool:
+    t = b.type_of(name)
+    return isinstance(t, TensorType) and t.shape == node.ttype.shape and t.dtype == node.ttype.dtype
+
+
+def _identity_rewrite(node: Node, b: GraphBuilder) -> str | None:
+    """x*1, 1*x, x+0, 0+x, x-0, x/1 become x when that changes no type."""
+    if node.op not in ("mul", "add", "sub", "div") or len(node.inputs) != 2:
+        return None
+    x, y = node.inputs
+    unit = 1 if node.op in ("mul", "div") else 0
+    if _const_scalar(b, y) == unit and _same_type(b, node, x):
+        return x
+    if node.op in ("mul", "add") and _const_scalar(b, x) == unit and _same_type(b, node, y):
+        return y
+    return None
+
+
+def _strength_rewrite(node: Node, b: GraphBuilder) -> str | None:
+    """x / c becomes x * (1/c); x ** 2 becomes x * x; x ** 0.5 becomes sqrt(x)."""
+    if node.op == "div" and node.ttype.dtype.is_floating_point:
+        c = _const_scalar(b, node.inputs[1])
+        if isinstance(c, float | int) and not isinstance(c, bool) and c != 0 and b.constants[node.inputs[1]].dim() == 0:
+            recip = b.scalar(1.0 / float(c), dtype=b.constants[node.inputs[1]].dtype if b.constants[node.inputs[1]].is_floating_point() else torch.float32)
+            out = b.op("mul", [node.inputs[0], recip])
+            return out if b.type_of(out) == node.type else None
+    if node.op == "pow":
+        c = _const_scalar(b, node.inputs[1])
+        if c == 2 and _same_type(b, node, node.inputs[0]):
+            return b.op("mul", [node.inputs[0], node.inputs[0]])
+        if c == 0.5 and _same_type(b, node, node.inputs[0]):
+            return b.op("sqrt", [node.inputs[0]])
+    return None
+
+
+def _shape_rewrite(node: Node, b: GraphBuilder) -> str | None:
+    """Collapse permute/reshape chains, drop no-op reshapes, permutes and casts."""
+    if node.op == "identity":
+        return node.inputs[0]
+    if node.op in ("reshape", "permute", "cast", "expand", "contiguous") and _same_type(b, node, node.inputs[0]):
+        if node.op != "permute" or tuple(node.attrs["dims"]) == tuple(range(node.ttype.rank)):
+            if node.op != "contiguous":
+                return node.inputs[0]
+    producer = _producer(b, node.inputs[0]) if node.inputs else None
+    if producer is None:
+        return None
+    if node.op == "reshape" and producer.op == "reshape":
+        return b.op("reshape", [producer.inputs[0]], {"shape": node.attrs["shape"]})
+    if node.op == "permute" and producer.op == "permute":
+        inner, outer = producer.attrs["dims"], node.attrs["dims"]
+        dims = tuple(inner[d] for d in outer)
+        if dims == tuple(range(len(dims))):
+            return producer.inputs[0]
+        return b.op("permute", [producer.inputs[0]], {"dims": dims})
+    if node.op == "cast" and producer.op == "cast":
+        src = b.type_of(producer.inputs[0])
+        mid = producer.ttype.dtype
+        # a round trip through a wider type is exact: cast(cast(x, wide), back) == x
+        if isinstance(src, TensorType) and src.dtype == node.ttype.dtype and _wider(mid, src.dtype):
+            return producer.inputs[0]
+    return None
+
+
+def _wider(a: torch.dtype, b: torch.dtype) -> bool:
+    order = [torch.float16, torch.float32, torch.float64]
+    return a in order and b in order and order.index(a) >= order.index(b) or (a == torch.float32 and b == torch.bfloat16)
+
+
+def _producer(b: GraphBuilder, name: str) -> Node | None:
+    for node in reversed(b.nodes):
+        if node.name == name:
+            return node
+    return None
+
+
+RULES: list[Rewrite] = [_identity_rewrite, _strength_rewrite, _shape_rewrite]
+
+
+def algebraic_simplify(graph: Graph, rules: list[Rewrite] | None = None) -> Graph:
+    """Apply rewrite rules once per node, in order; rewritten values are renamed downstream."""
+    rules = RULES if rules is None else rules
+    b = GraphBuilder.from_graph(graph)
+    rename: dict[str, str] = {}
+    for node in graph.nodes:
+        node = Node(node.name, node.op, tuple(rename.get(i, i) for i in node.inputs), node.type, node.attrs)
+        replacement = None
+        for rule in rules:
+            replacement = rule(node, b)
+            if replacement is not None:
+                break
+        if replacement is None:
+            b.add_node(node)
+        else:
+            rename[node.name] = replacement
+    outputs = [rename.get(o, o) for o in graph.outputs]
+    return dce(b.build(outputs))

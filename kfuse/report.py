@@ -1,0 +1,55 @@
+"""Human-readable compile reports: the graph after each stage and the kernel plan."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from kfuse.runtime.compiled_model import CompiledModel, Variant
+
+
+def plan_table(report: dict[str, Any], title: str = "kernel plan") -> Table:
+    t = Table(title=title)
+    t.add_column("#", justify="right")
+    t.add_column("kernel")
+    t.add_column("template")
+    t.add_column("ops fused")
+    t.add_column("config / epilogue")
+    for i, k in enumerate(report["kernels"]):
+        extra = " ".join(x for x in (k.get("config", ""), k.get("epilogue", "")) if x)
+        style = "green" if k["template"] not in ("torch", "fallback") else ("red" if k["template"] == "fallback" else "")
+        t.add_row(str(i), k["name"], f"[{style}]{k['template']}[/]" if style else k["template"], ", ".join(k["ops"]), extra)
+    return t
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    kernels = report["kernels"]
+    fused = [k for k in kernels if k["template"] not in ("torch", "fallback")]
+    lines = [
+        f"model {report['model']}: {len(kernels)} launches, {len(fused)} kfuse kernels, backend {report['backend']}, "
+        f"CUDA graph {report['cuda_graph']}, compiled in {report['compile_s']:.2f} s",
+        "stages: " + " -> ".join(f"{s['name']}({s['nodes']})" for s in report["stages"]),
+        "fallback to PyTorch: " + (", ".join(report["fallback"]) or "none"),
+    ]
+    if "max_abs_err" in report:
+        lines.append(f"vs PyTorch on the example inputs: max_abs_err {report['max_abs_err']:.3g}, max_rel_err {report['max_rel_err']:.3g}")
+    return lines
+
+
+def print_explain(model: CompiledModel, variant: Variant, console: Console | None = None) -> None:
+    console = console or Console()
+    previous = None
+    for name, graph in variant.stages:
+        text = str(graph)
+        if previous is not None and text == previous:
+            console.print(f"after {name}: unchanged", markup=False)
+            continue
+        console.rule(f"after {name}: {len(graph.nodes)} nodes, {len(graph.constants)} constants")
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+        previous = text
+    console.print(plan_table(variant.report))
+    for line in summary_lines(variant.report):
+        console.print(line, markup=False)

@@ -1,0 +1,181 @@
+"""``CompiledModel``: callable like the original model, one compiled variant per input-shape
+signature, with the compile report."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from kfuse.compiler import Options, optimize
+from kfuse.frontend.torch_export import Imported
+from kfuse.runtime.cuda_graph import CudaGraphRunner
+from kfuse.runtime.executor import Plan, execute, lower
+
+
+class KfuseInputError(TypeError):
+    """A call's inputs do not match what the model was compiled for."""
+
+
+@dataclass
+class Variant:
+    """The compiled form for one input-shape signature."""
+
+    imported: Imported
+    stages: list[tuple[str, Any]]
+    plan: Plan
+    runner: CudaGraphRunner | None
+    compile_s: float
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, flat_inputs: list[Any]) -> list[torch.Tensor]:
+        xs = [flat_inputs[i] for i in self.imported.flat_input_index]
+        if self.runner is not None:
+            return self.runner(xs)
+        return execute(self.plan, xs)
+
+
+def _signature(flat: list[Any]) -> tuple[Any, ...]:
+    return tuple((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else ("py", repr(x)) for x in flat)
+
+
+def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    leaves, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    names = []
+    for path, _ in leaves:
+        key = pytree.keystr(path)
+        if key.startswith("[0]"):
+            key = "args" + key[3:]
+        elif key.startswith("[1]"):
+            key = "kwargs" + key[3:]
+        names.append(key)
+    return names
+
+
+class CompiledModel:
+    """The result of ``kfuse.compile``. Call it like the model."""
+
+    def __init__(
+        self,
+        importer: Callable[[tuple[Any, ...], dict[str, Any]], Imported],
+        reference: Callable[..., Any] | None,
+        example_args: tuple[Any, ...],
+        example_kwargs: dict[str, Any],
+        options: Options,
+        name: str,
+    ) -> None:
+        self._importer = importer
+        self._reference = reference
+        self.options = options
+        self.name = name
+        self.variants: dict[tuple[Any, ...], Variant] = {}
+        flat, self._in_spec = pytree.tree_flatten((tuple(example_args), dict(example_kwargs)))
+        self._paths = _input_paths(example_args, example_kwargs)
+        self._ranks = [(x.dim(), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else None for x in flat]
+        self._compile(tuple(example_args), dict(example_kwargs), flat)
+
+    # ---- compiling -----------------------------------------------------------------------
+    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> Variant:
+        t0 = time.perf_counter()
+        imported = self._importer(args, kwargs)
+        opt = optimize(imported.graph, self.options)
+        device = next((x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu"))
+        plan = lower(opt.graph, device, self.options.backend)
+        xs = [flat[i] for i in imported.flat_input_index]
+        runner = None
+        cuda_graph_note = "off"
+        if self.options.cuda_graphs and device.type == "cuda":
+            runner = CudaGraphRunner(plan, xs)
+            cuda_graph_note = "captured" if runner.captured else f"not captured ({runner.reason})"
+            if not runner.captured:
+                runner = None
+        variant = Variant(imported, opt.stages, plan, runner, time.perf_counter() - t0)
+        variant.report = self._make_report(variant, cuda_graph_note)
+        if self.options.check and self._reference is not None:
+            variant.report.update(self._check(variant, args, kwargs, flat))
+        self.variants[_signature(flat)] = variant
+        if self.options.explain:
+            from kfuse.report import print_explain
+
+            print_explain(self, variant)
+        return variant
+
+    def _make_report(self, v: Variant, cuda_graph_note: str) -> dict[str, Any]:
+        counts = v.plan.graph.op_counts()
+        return {
+            "model": self.name,
+            "backend": v.plan.backend,
+            "compile_s": round(v.compile_s, 3),
+            "cuda_graph": cuda_graph_note,
+            "inputs": [{"name": n, "type": str(t)} for n, t in v.plan.graph.inputs],
+            "stages": [{"name": n, "nodes": len(g.nodes), "constants": len(g.constants)} for n, g in v.stages],
+            "op_counts": counts,
+            "kernels": [k.as_dict() for k in v.plan.kernels],
+            "fallback": sorted(set(v.imported.fallbacks) & {k.ops[0] for k in v.plan.kernels if k.template == "fallback"}),
+            "fallback_at_import": sorted(set(v.imported.fallbacks)),
+        }
+
+    def _check(self, v: Variant, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> dict[str, Any]:
+        with torch.no_grad():
+            ref = self._reference(*args, **kwargs)
+            out = v.run(flat)
+        ref_flat = [r for r in pytree.tree_leaves(ref) if isinstance(r, torch.Tensor)]
+        abs_err, rel_err = 0.0, 0.0
+        for o, r in zip(out, ref_flat, strict=False):
+            if o.shape != r.shape:
+                raise RuntimeError(f"kfuse output shape {tuple(o.shape)} differs from PyTorch's {tuple(r.shape)}")
+            if not o.is_floating_point():
+                abs_err = max(abs_err, float((o != r).sum()))
+                continue
+            d = (o.double() - r.double()).abs().max().item() if o.numel() else 0.0
+            scale = r.double().abs().max().item() if r.numel() else 0.0
+            abs_err = max(abs_err, d)
+            rel_err = max(rel_err, d / max(scale, 1e-12))
+        return {"max_abs_err": abs_err, "max_rel_err": rel_err}
+
+    # ---- calling -------------------------------------------------------------------------
+    def _validate(self, flat: list[Any]) -> None:
+        if len(flat) != len(self._ranks):
+            raise KfuseInputError(f"{self.name}: expected {len(self._ranks)} inputs ({', '.join(self._paths)}), got {len(flat)}")
+        for path, x, want in zip(self._paths, flat, self._ranks, strict=True):
+            if want is None:
+                continue
+            if not isinstance(x, torch.Tensor):
+                raise KfuseInputError(f"{self.name}: input {path} must be a tensor, got {type(x).__name__}")
+            rank, dtype, dev = want
+            if x.dtype != dtype:
+                raise KfuseInputError(f"{self.name}: input {path} has dtype {x.dtype}, compiled for {dtype}")
+            if x.device.type != dev:
+                raise KfuseInputError(f"{self.name}: input {path} is on {x.device}, compiled for {dev}")
+            if x.dim() != rank:
+                raise KfuseInputError(f"{self.name}: input {path} has rank {x.dim()} (shape {tuple(x.shape)}), compiled for rank {rank}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        if spec != self._in_spec:
+            raise KfuseInputError(f"{self.name}: called with inputs structured as {spec}, compiled for {self._in_spec}")
+        self._validate(flat)
+        variant = self.variants.get(_signature(flat))
+        if variant is None:  # a new shape signature: compile once more and cache
+            variant = self._compile(tuple(args), dict(kwargs), flat)
+        out = variant.run(flat)
+        return pytree.tree_unflatten(out, variant.imported.out_spec)
+
+    # ---- reporting -----------------------------------------------------------------------
+    @property
+    def report(self) -> dict[str, Any]:
+        """The report of the most recently compiled variant."""
+        return list(self.variants.values())[-1].report
+
+    @property
+    def plan(self) -> Plan:
+        return list(self.variants.values())[-1].plan
+
+    def save_report(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.report, f, indent=2, default=str)

@@ -1,0 +1,176 @@
+"""Tutorial-style Triton kernels used by the SASS tuner's tests, benchmark and CLI demo.
+
+Also holds `compile_sm90`, which builds an sm_90 cubin on any machine (no GPU needed), even when
+TRITON_INTERPRET=1 turned every `@triton.jit` function into an interpreter object.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import JITFunction
+
+
+def as_jit_function(fn: Any) -> JITFunction:
+    """Return a real JITFunction even under TRITON_INTERPRET=1 (where @triton.jit yields an InterpretedFunction)."""
+    if isinstance(fn, JITFunction):
+        return fn
+    inner = getattr(fn, "fn", None)
+    if inner is None or not callable(inner):
+        raise TypeError(f"expected a @triton.jit kernel, got {type(fn).__name__}")
+    return JITFunction(inner)
+
+
+def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any] | None = None,
+                 num_warps: int = 4, num_stages: int = 3, arch: int = 90, divisible: tuple[str, ...] = ()) -> Any:
+    """Compile a Triton kernel for sm_<arch> without touching a GPU.
+
+    Returns the CompiledKernel; under TRITON_INTERPRET=1 the code generator cannot see through interpreted
+    library functions (tl.max, tl.cdiv, ...), so compilation then runs in a clean child process and only a
+    namespace with `asm`, `name` and `metadata` comes back."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return _compile_in_child(fn, signature, constexprs, num_warps, num_stages, arch, divisible)
+    jf = as_jit_function(fn)
+    sig = dict(signature)
+    for k in (constexprs or {}):
+        sig.setdefault(k, "constexpr")
+    # what the JIT would infer from 16-aligned pointers and sizes: lets Triton vectorise the memory ops
+    names = list(jf.arg_names)
+    hints = set(divisible) | {k for k, v in signature.items() if v.startswith("*")}
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in hints}
+    src = triton.compiler.ASTSource(jf, sig, constexprs=dict(constexprs or {}), attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _compile_in_child(fn: Any, signature: dict[str, str], constexprs: dict[str, Any] | None,
+                      num_warps: int, num_stages: int, arch: int, divisible: tuple[str, ...]) -> SimpleNamespace:
+    inner = getattr(fn, "fn", fn)
+    job = pickle.dumps((inner.__module__, inner.__name__, signature, constexprs, num_warps, num_stages, arch, divisible))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import pickle,sys,importlib;from kfuse.sass.examples import compile_sm90;"
+            "m,n,s,c,w,st,a,d=pickle.loads(sys.stdin.buffer.read());"
+            "ck=compile_sm90(getattr(importlib.import_module(m),n),s,c,w,st,a,d);"
+            "sys.stdout.buffer.write(pickle.dumps((ck.name,{k:v for k,v in ck.asm.items()},ck.metadata._asdict())))")
+    proc = subprocess.run([sys.executable, "-c", code], input=job, capture_output=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling {inner.__name__} for sm_{arch} failed:\n{proc.stderr.decode()[-3000:]}")
+    name, asm, meta = pickle.loads(proc.stdout)
+    return SimpleNamespace(name=name, asm=asm, metadata=SimpleNamespace(**meta))
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(z_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def matmul_leaky_relu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                             stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # grouped ordering as in the Triton matmul tutorial, fp32 accumulation, LeakyReLU(0.01) epilogue
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    size_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % group) % size_m)
+    pid_n = (pid % group) // size_m
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    acc = tl.where(acc >= 0, acc, 0.01 * acc)
+    c = acc.to(tl.float16)
+    cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + stride_cm * cm[:, None] + stride_cn * cn[None, :]
+    tl.store(c_ptrs, c, mask=(cm[:, None] < M) & (cn[None, :] < N))
+
+
+@triton.jit
+def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, stride_qz, stride_qh, stride_qm, stride_qk,
+                         stride_kz, stride_kh, stride_kn, stride_kk, stride_vz, stride_vh, stride_vn, stride_vk,
+                         stride_oz, stride_oh, stride_om, stride_ok, H, N_CTX,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # flash-attention forward in the style of Triton's fused-attention tutorial (non-causal, online softmax)
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = off_hz // H
+    off_h = off_hz % H
+    q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    o_base = o_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale * 1.44269504
+    for start_n in range(0, N_CTX, BLOCK_N):
+        kt = tl.load(k_base + (start_n + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kk)
+        qk = tl.dot(q, kt)
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = tl.load(v_base + (start_n + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vk)
+        acc = tl.dot(p.to(tl.float16), v, acc)
+        m_i = m_ij
+    acc = acc / l_i[:, None]
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok, acc.to(tl.float16))
+
+
+def compile_add(block: int = 1024) -> Any:
+    return compile_sm90(add_kernel, {"x_ptr": "*fp16", "y_ptr": "*fp16", "z_ptr": "*fp16", "n": "i32"}, {"BLOCK": block})
+
+
+def compile_matmul_leaky_relu(block_m: int = 128, block_n: int = 128, block_k: int = 64, group_m: int = 8,
+                              num_warps: int = 8, num_stages: int = 3) -> Any:
+    # row-major A [M,K], B [K,N], C [M,N]: unit strides are constants, as the JIT specialises them
+    sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "M": "i32", "N": "i32", "K": "i32",
+           "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32"}
+    const = {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1,
+             "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m}
+    return compile_sm90(matmul_leaky_relu_kernel, sig, const, num_warps=num_warps, num_stages=num_stages,
+                        divisible=("M", "N", "K", "stride_am", "stride_bk", "stride_cm"))
+
+
+def compile_attention(head_dim: int = 64, block_m: int = 128, block_n: int = 64, num_warps: int = 8,
+                      num_stages: int = 3) -> Any:
+    names = ["q_ptr", "k_ptr", "v_ptr", "o_ptr"]
+    sig: dict[str, str] = {n: "*fp16" for n in names}
+    sig["sm_scale"] = "fp32"
+    const: dict[str, Any] = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    for t in "qkvo":
+        for s in ("z", "h", "m" if t in "qo" else "n"):
+            sig[f"stride_{t}{s}"] = "i32"
+        const[f"stride_{t}k"] = 1  # contiguous head dimension
+    sig["H"] = "i32"
+    sig["N_CTX"] = "i32"
+    div = tuple(k for k in sig if k.startswith("stride_")) + ("N_CTX",)
+    return compile_sm90(attention_fwd_kernel, sig, const, num_warps=num_warps, num_stages=num_stages, divisible=div)
