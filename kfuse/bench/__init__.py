@@ -1,0 +1,1 @@
+"""Benchmark harness: kfuse side by side with PyTorch eager, CUDA graphs and torch.compile."""

@@ -1,0 +1,187 @@
+"""Side-by-side timing against PyTorch, in one process, with correctness checked in the same run.
+
+Baselines (DESIGN.md §5): eager, eager captured in a CUDA graph, ``torch.compile`` default and
+``mode="max-autotune"``. Times are medians of CUDA-event timings after warm-up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+PEAK_FLOPS = 790e12  # fp16/bf16 dense, measured on the H200
+PEAK_BYTES = 4.3e12  # device-to-device copy bandwidth, measured on the H200
+BASELINES = ("eager", "eager_cudagraph", "compile", "max_autotune")
+
+
+def floor_ms(flops: float, bytes_moved: float) -> float:
+    """The roofline floor: max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s), in ms."""
+    return max(flops / PEAK_FLOPS, bytes_moved / PEAK_BYTES) * 1e3
+
+
+_L2_FLUSH: torch.Tensor | None = None
+
+
+def _flush_l2() -> None:
+    global _L2_FLUSH
+    if _L2_FLUSH is None:
+        _L2_FLUSH = torch.empty(64 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")  # > 60 MB L2
+    _L2_FLUSH.zero_()
+
+
+def time_ms(fn: Callable[[], Any], warmup: int = 10, rep: int = 50, flush_l2: bool = False) -> float:
+    """Median time of ``fn()`` in milliseconds (CUDA events on a GPU, wall clock otherwise)."""
+    for _ in range(warmup):
+        fn()
+    if not torch.cuda.is_available():
+        times = []
+        for _ in range(rep):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        if flush_l2:
+            _flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def max_rel_err(out: Any, ref: Any) -> float:
+    """max |out - ref| / max |ref| over all floating tensor leaves (NaN counts as infinite)."""
+    worst = 0.0
+    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    refs = [t for t in pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
+    if len(outs) != len(refs):
+        return float("inf")
+    for o, r in zip(outs, refs, strict=True):
+        if o.shape != r.shape:
+            return float("inf")
+        if not r.is_floating_point() or r.numel() == 0:
+            continue
+        o64, r64 = o.double(), r.double()
+        if torch.isnan(o64).any() and not torch.isnan(r64).any():
+            return float("inf")
+        d = (o64 - r64).abs().nan_to_num(0.0).max().item()
+        worst = max(worst, d / max(r64.abs().max().item(), 1e-12))
+    return worst
+
+
+def cuda_graph_callable(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
+    """Capture ``fn(*args, **kwargs)`` in a CUDA graph; return a replay function."""
+    kwargs = kwargs or {}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn(*args, **kwargs)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn(*args, **kwargs)
+
+    def replay() -> Any:
+        g.replay()
+        return out
+
+    return replay
+
+
+def pytorch_baselines(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    which: Sequence[str] = BASELINES,
+    warmup: int = 10,
+    rep: int = 50,
+    log: Callable[[str], None] = print,
+) -> tuple[dict[str, float], dict[str, Any], dict[str, float]]:
+    """Time ``fn`` under each baseline. Returns (ms per baseline, output per baseline,
+    compile seconds per baseline). A baseline that fails is reported and left out."""
+    kwargs = kwargs or {}
+    times: dict[str, float] = {}
+    outs: dict[str, Any] = {}
+    compile_s: dict[str, float] = {}
+    for name in which:
+        try:
+            t0 = time.perf_counter()
+            if name == "eager":
+                call = lambda: fn(*args, **kwargs)  # noqa: E731
+            elif name == "eager_cudagraph":
+                call = cuda_graph_callable(fn, args, kwargs)
+            elif name in ("compile", "max_autotune"):
+                torch._dynamo.reset()
+                mode = "max-autotune" if name == "max_autotune" else None
+                compiled = torch.compile(fn, mode=mode)
+                call = lambda c=compiled: c(*args, **kwargs)  # noqa: E731
+                call()
+            else:
+                raise ValueError(f"unknown baseline {name}")
+            with torch.no_grad():
+                outs[name] = call()
+                compile_s[name] = time.perf_counter() - t0
+                times[name] = time_ms(call, warmup, rep)
+            log(f"  {name:16s} {times[name]:9.4f} ms")
+        except Exception as e:  # a baseline that cannot run is reported, not fatal
+            log(f"  {name:16s} failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+    return times, outs, compile_s
+
+
+def gpu_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def make_record(
+    benchmark: str,
+    case: str,
+    kfuse_ms: float | None,
+    baselines_ms: dict[str, float],
+    floor: float | None,
+    err: float | None,
+    command: str,
+    dtype: str = "fp16",
+    **extra: Any,
+) -> dict[str, Any]:
+    from kfuse import __version__
+
+    rec: dict[str, Any] = {
+        "benchmark": benchmark,
+        "case": case,
+        "gpu": gpu_name(),
+        "dtype": dtype,
+        "kfuse_ms": kfuse_ms,
+        "baselines_ms": baselines_ms,
+        "floor_ms": floor,
+        "max_rel_err": err,
+        "command": command,
+        "date": datetime.date.today().isoformat(),
+        "kfuse_version": __version__,
+        "torch_version": torch.__version__,
+    }
+    if kfuse_ms and baselines_ms:
+        rec["speedup_vs_best"] = min(baselines_ms.values()) / kfuse_ms
+    rec.update(extra)
+    return rec
+
+
+def write_results(name: str, records: list[dict[str, Any]], out_dir: str | Path) -> Path:
+    """Write ``records`` as ``<out_dir>/<name>.json`` (a list, the latest run of that benchmark)."""
+    path = Path(out_dir) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(records, indent=2, default=str))
+    return path
