@@ -22,6 +22,15 @@ class Options:
     """What ``kfuse.compile`` may do. Every field has a safe default."""
 
     fuse_epilogue: bool = True
+    fuse_b2b: bool = True  # back-to-back GEMM/Conv fusion (issue 5)
+    fuse_attention: bool = True  # attention recognition + fused kernel (issue 4)
+    fuse_pointwise: bool = True  # memory-bound chains -> generated kernels (issue 6)
+    layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
+    varlen: bool | None = None  # padding-free mode; None: when an attention mask is given (issue 4)
+    tune: str = "none"  # "none" | "fast" | "full" (issue 3)
+    memory_plan: bool = True  # static buffer reuse (issue 6)
+    profile: bool = False  # per-kernel timing after compile (issue 6)
+    sass: bool = False  # SASS schedule tuning of the hottest kernels (issue 7)
     cuda_graphs: bool = True
     explain: bool = False
     check: bool = True  # compare with the original model on the example inputs
