@@ -1,0 +1,270 @@
+"""Sync-free sparse triangular solve: one kernel launch per solve, no level barriers.
+
+Public API: :func:`analyze` (preprocessing, timed) returning a :class:`SptrsvPlan` whose
+``solve`` runs the single kernel, and :func:`sptrsv` (analyse + solve in one call).
+
+Kernel (one program = one tile of R consecutive rows in level order):
+  1. take a tile id from a global ticket counter (not ``program_id``: the hardware may start
+     programs in any order, but tickets are only taken by programs already running, and a
+     tile only depends on smaller tickets, so every wait is on a resident program);
+  2. sweep the tile's nonzeros in [R, W] chunks; for dependencies outside the tile, spin on
+     their done flags (volatile loads), fence, gather x and accumulate;
+  3. dependencies inside the tile (a level boundary or a chain inside the tile) are solved in
+     registers: Jacobi sweeps on the tile's dense R x R block, exact after (depth+1) sweeps,
+     where depth = level(last row) - level(first row);
+  4. store x, barrier, release the tile's done flags.
+Done flags hold an epoch number, so successive solves need no reset launch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.sparse.analysis import (
+    MAX_RHS_PER_LAUNCH,
+    LevelOrdered,
+    Tiling,
+    choose_tiling,
+    compute_levels,
+    level_order,
+)
+from kfuse.sparse.inputs import canonicalize, check_rhs
+from kfuse.sparse.sync import acquire_fence, hw_fence_enabled, wait_flags
+
+_INT32_MAX = 2**31 - 1
+
+
+@triton.jit
+def _syncfree_kernel(
+    rowptr, cols, vals, diag, perm, lev,  # level-ordered matrix (positions)
+    b_ptr, x_ptr, xp_ptr,  # b and x in original row order, xp = x in position order
+    done_ptr, ticket_ptr,
+    n, nrhs, stride_b, stride_x, epoch, ticket_base,
+    R: tl.constexpr, W: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr,
+):  # fmt: skip
+    t = tl.atomic_add(ticket_ptr, 1) - ticket_base  # dynamic tile id (see module docstring)
+    base = t * R
+    r = tl.arange(0, R)
+    pos = base + r
+    rmask = pos < n
+    start = tl.load(rowptr + pos, mask=rmask, other=0)
+    end = tl.load(rowptr + pos + 1, mask=rmask, other=0)
+    kk = tl.arange(0, KP)
+    kmask = kk < nrhs
+    w = tl.arange(0, W)
+    q = tl.arange(0, R)
+    last = tl.minimum(base + R - 1, n - 1)
+    niter = tl.load(lev + last) - tl.load(lev + base) + 1  # in-tile dependency depth + 1
+    acc = tl.zeros([R, KP], dtype=vals.dtype.element_ty)
+    lloc = tl.zeros([R, R], dtype=vals.dtype.element_ty)
+    nlen = tl.max(end - start)
+    for off in range(0, nlen, W):
+        idx = start[:, None] + off + w[None, :]
+        m = idx < end[:, None]
+        c = tl.load(cols + idx, mask=m, other=0)
+        v = tl.load(vals + idx, mask=m, other=0.0)
+        ext = m & (c < base)
+        wait_flags(done_ptr, c, ext, epoch)
+        tok = acquire_fence(off, HW_FENCE)
+        xo = c[:, :, None] * nrhs + kk[None, None, :] + (tok - off)  # data-dependent on the fence
+        xg = tl.load(xp_ptr + xo, mask=ext[:, :, None] & kmask[None, None, :], other=0.0, volatile=True)
+        acc += tl.sum(v[:, :, None] * xg, axis=1)
+        if niter > 1:
+            hit = (m & (c >= base))[:, :, None] & ((c - base)[:, :, None] == q[None, None, :])
+            lloc += tl.sum(tl.where(hit, v[:, :, None], 0.0), axis=1)
+    row = tl.load(perm + pos, mask=rmask, other=0)
+    rk = rmask[:, None] & kmask[None, :]
+    rhs = tl.load(b_ptr + row[:, None] * stride_b + kk[None, :], mask=rk, other=0.0) - acc
+    d = tl.load(diag + pos, mask=rmask, other=1.0)
+    xt = rhs / d[:, None]
+    for _ in range(1, niter):
+        xt = (rhs - tl.sum(lloc[:, :, None] * xt[None, :, :], axis=1)) / d[:, None]
+    tl.store(xp_ptr + pos[:, None] * nrhs + kk[None, :], xt, mask=rk)
+    tl.store(x_ptr + row[:, None] * stride_x + kk[None, :], xt, mask=rk)
+    tl.debug_barrier()  # every thread's x stores precede the release below
+    tl.atomic_xchg(done_ptr + pos, epoch, mask=rmask, sem="release", scope="gpu")
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+@dataclass
+class SptrsvPlan:
+    """Result of :func:`analyze`: level-ordered matrix, tiling, workspace, timings."""
+
+    n: int
+    nnz: int
+    dtype: torch.dtype
+    device: torch.device
+    lower: bool
+    unit_diagonal: bool
+    num_levels: int
+    tiling: Tiling
+    lo: LevelOrdered
+    preprocess_ms: dict[str, float]
+    _done: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
+    _ticket: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
+    _epoch: int = 0
+    _tickets_used: int = 0
+
+    def __post_init__(self) -> None:
+        self._done = torch.zeros(max(self.n, 1), dtype=torch.int32, device=self.device)
+        self._ticket = torch.zeros(1, dtype=torch.int32, device=self.device)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Plain summary (for reports): sizes, levels, tiling, preprocessing times."""
+        return {
+            "rows": self.n,
+            "nnz": self.nnz,
+            "levels": self.num_levels,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "mode": self.tiling.mode,
+            "rows_per_program": self.tiling.rows_per_program,
+            "lanes_per_row": self.tiling.lanes_per_row,
+            "num_warps": self.tiling.num_warps,
+            "preprocess_ms": dict(self.preprocess_ms),
+        }
+
+    def tiling_for(self, kp: int) -> Tiling:
+        """Tiling for KP padded right-hand sides: fewer rows per program as KP grows."""
+        t = self.tiling
+        r = t.rows_per_program
+        while r > 1 and r * t.lanes_per_row * kp > 2048:
+            r //= 2
+        return Tiling(r, t.lanes_per_row, t.num_warps if kp == 1 else min(8, max(t.num_warps, 4)))
+
+    def _next_epoch(self, n_tiles: int) -> tuple[int, int]:
+        if self._epoch + 1 >= _INT32_MAX or self._tickets_used + n_tiles >= _INT32_MAX:
+            self._done.zero_()
+            self._ticket.zero_()
+            self._epoch, self._tickets_used = 0, 0
+        self._epoch += 1
+        base = self._tickets_used
+        self._tickets_used += n_tiles
+        return self._epoch, base
+
+    def solve(self, b: Any, out: torch.Tensor | None = None) -> Any:
+        """x with A x = b (sync-free, one launch per group of up to 16 right-hand sides)."""
+        b2, was_1d, was_numpy = check_rhs(b, self.n, self.dtype, self.device)
+        x = _prepare_out(out, b2)
+        k = b2.shape[1]
+        if self.n > 0:
+            fence = hw_fence_enabled(self.device)
+            for g0 in range(0, k, MAX_RHS_PER_LAUNCH):
+                kg = min(MAX_RHS_PER_LAUNCH, k - g0)
+                kp = _pow2_ceil(kg)
+                til = self.tiling_for(kp)
+                n_tiles = triton.cdiv(self.n, til.rows_per_program)
+                epoch, base = self._next_epoch(n_tiles)
+                xp = torch.empty(self.n * kg, dtype=self.dtype, device=self.device)
+                lo = self.lo
+                _syncfree_kernel[(n_tiles,)](
+                    lo.rowptr, lo.cols, lo.vals, lo.diag, lo.perm, lo.levels,
+                    b2[:, g0:], x[:, g0:], xp, self._done, self._ticket,
+                    self.n, kg, b2.stride(0), x.stride(0), epoch, base,
+                    R=til.rows_per_program, W=til.lanes_per_row, KP=kp, HW_FENCE=fence,
+                    num_warps=til.num_warps,
+                )  # fmt: skip
+        return _finish(x, out, was_1d, was_numpy)
+
+
+def _prepare_out(out: torch.Tensor | None, b2: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty_like(b2)
+    if out.dtype != b2.dtype or out.device != b2.device or out.numel() != b2.numel() or not out.is_contiguous():
+        raise ValueError(f"sptrsv: out must be a contiguous {b2.dtype} tensor on {b2.device} with {b2.numel()} elements")
+    return out.view(b2.shape)
+
+
+def _finish(x: torch.Tensor, out: torch.Tensor | None, was_1d: bool, was_numpy: bool) -> Any:
+    if out is not None:
+        return out
+    y = x[:, 0] if was_1d else x
+    return y.cpu().numpy() if was_numpy else y
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def analyze(
+    a: Any,
+    lower: bool = True,
+    unit_diagonal: bool = False,
+    device: torch.device | str | None = None,
+    tiling: Tiling | None = None,
+) -> SptrsvPlan:
+    """Check and preprocess a triangular CSR matrix (torch sparse CSR or scipy.sparse).
+
+    Times (wall clock, device synchronised) go to ``plan.preprocess_ms``: ``check`` (validation
+    and canonical form), ``levels`` (sync-free level kernel), ``reorder`` (level-order
+    renumbering) and ``total``. ``tiling`` overrides the row-length heuristic.
+    """
+    if device is None and not isinstance(a, torch.Tensor):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    tri = canonicalize(a, lower=lower, unit_diagonal=unit_diagonal, device=device)
+    if tri.cols.numel() >= _INT32_MAX or tri.n >= _INT32_MAX // MAX_RHS_PER_LAUNCH:
+        raise ValueError(f"sptrsv: matrix too large for 32-bit indexing (n={tri.n}, nnz={tri.nnz})")
+    til = tiling or choose_tiling(tri.rowptr[1:] - tri.rowptr[:-1])
+    _sync(tri.device)
+    t1 = time.perf_counter()
+    lev = compute_levels(tri, til)
+    _sync(tri.device)
+    t2 = time.perf_counter()
+    lo = level_order(tri, lev)
+    _sync(tri.device)
+    t3 = time.perf_counter()
+    ms = {"check": (t1 - t0) * 1e3, "levels": (t2 - t1) * 1e3, "reorder": (t3 - t2) * 1e3, "total": (t3 - t0) * 1e3}
+    return SptrsvPlan(
+        n=tri.n,
+        nnz=tri.nnz,
+        dtype=tri.dtype,
+        device=tri.device,
+        lower=lower,
+        unit_diagonal=unit_diagonal,
+        num_levels=len(lo.level_ptr) - 1,
+        tiling=til,
+        lo=lo,
+        preprocess_ms=ms,
+    )
+
+
+def sptrsv(
+    a: Any,
+    b: Any,
+    lower: bool = True,
+    unit_diagonal: bool = False,
+    method: str = "syncfree",
+) -> Any:
+    """Solve ``A x = b`` for triangular CSR ``A`` (or an :class:`SptrsvPlan`).
+
+    ``b`` has shape (n,) or (n, k) (torch tensor or numpy array; the result has the same kind
+    and shape). ``method`` is ``"syncfree"`` (one kernel) or ``"levelset"`` (one launch per
+    level, the baseline). For repeated solves with one matrix, call :func:`analyze` once and
+    pass the plan (or call ``plan.solve``).
+    """
+    if method not in ("syncfree", "levelset"):
+        raise ValueError(f"sptrsv: unknown method {method!r}; use 'syncfree' or 'levelset'")
+    if isinstance(a, SptrsvPlan):
+        plan = a
+    else:
+        dev = b.device if isinstance(b, torch.Tensor) and not isinstance(a, torch.Tensor) else None
+        plan = analyze(a, lower=lower, unit_diagonal=unit_diagonal, device=dev)
+    if method == "levelset":
+        from kfuse.sparse.levelset import levelset_solve
+
+        return levelset_solve(plan, b)
+    return plan.solve(b)
+
+
+__all__ = ["SptrsvPlan", "analyze", "sptrsv"]

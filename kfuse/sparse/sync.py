@@ -1,0 +1,50 @@
+"""Memory-ordering helpers shared by the sync-free kernels (flag wait + acquire fence).
+
+A producer publishes with ``store data; debug_barrier; atomic_xchg(flag, sem="release")``.
+A consumer polls the flag with volatile loads (relaxed, served by L2) and, once every flag
+it needs is set, issues ``fence.acq_rel.gpu`` so that its later loads see the producer's
+data (the PTX fence-based acquire pattern). The Triton interpreter has no inline asm, and
+runs programs one after another, so there the fence is compiled out (``HW_FENCE=False``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    """True when kernels run in the Triton interpreter (CPU tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def hw_fence_enabled(device: torch.device) -> bool:
+    """The inline-asm fence is only valid on a real CUDA device."""
+    return device.type == "cuda" and not interpreting()
+
+
+@triton.jit
+def acquire_fence(token, HW_FENCE: tl.constexpr):
+    """fence.acq_rel.gpu after relaxed flag loads; returns ``token`` unchanged.
+
+    ``is_pure=False`` keeps the asm (and its position) in the program; the value dependency
+    through ``token`` ties later index arithmetic to it.
+    """
+    if HW_FENCE:
+        token = tl.inline_asm_elementwise(
+            "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1
+        )
+    return token
+
+
+@triton.jit
+def wait_flags(flag_ptr, idx, mask, target):
+    """Spin until ``flag[idx] >= target`` for every lane in ``mask`` (uniform over the program)."""
+    f = tl.load(flag_ptr + idx, mask=mask, other=target, volatile=True)
+    missing = tl.sum(tl.where(mask & (f < target), 1, 0))
+    while missing > 0:
+        f = tl.load(flag_ptr + idx, mask=mask, other=target, volatile=True)
+        missing = tl.sum(tl.where(mask & (f < target), 1, 0))
