@@ -39,9 +39,11 @@ def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any] 
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return _compile_in_child(fn, signature, constexprs, num_warps, num_stages, arch, divisible)
     jf = as_jit_function(fn)
-    sig = dict(signature)
-    for k in (constexprs or {}):
-        sig.setdefault(k, "constexpr")
+    # the launcher walks the signature in order: it must follow the kernel's parameter order
+    missing = [n for n in jf.arg_names if n not in signature and n not in (constexprs or {})]
+    if missing:
+        raise ValueError(f"{jf.__name__}: no type or constexpr value for {missing}")
+    sig = {n: signature.get(n, "constexpr") for n in jf.arg_names}
     # what the JIT would infer from 16-aligned pointers and sizes: lets Triton vectorise the memory ops
     names = list(jf.arg_names)
     hints = set(divisible) | {k for k, v in signature.items() if v.startswith("*")}

@@ -1,0 +1,205 @@
+"""Public entry points: tune the SASS schedule of a Triton kernel and run the verified result."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import cache
+from .cubin import load_cubin
+from .disasm import disassemble
+from .emit import emit
+from .schedule import DEFAULT_MOVABLE, Schedule
+from .search import SimulatedAnnealing, Strategy, Trial
+from .verify import Evaluator, LaunchSpec, arg_specs
+
+Grid = tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
+
+
+@dataclass
+class SassResult:
+    kernel: str
+    original_sha256: str
+    accepted: bool
+    reason: str
+    triton_ms: float | None = None
+    kfuse_ms: float | None = None
+    verified_samples: int = 0
+    moves_applied: int = 0
+    search_s: float = 0.0
+    from_cache: bool = False
+    tuned_cubin: bytes | None = None
+    trials: list[Trial] = field(default_factory=list)
+    legal_moves_at_start: int = 0
+
+    def trial_summary(self) -> dict[str, Any]:
+        """Distribution of what the search tried (times relative to the original schedule)."""
+        ok = [t.ms for t in self.trials if t.ms is not None]
+        base = self.triton_ms or (min(ok) if ok else 1.0)
+        rel = sorted(m / base for m in ok)
+        q = (lambda p: rel[min(len(rel) - 1, int(p * len(rel)))]) if rel else (lambda p: None)
+        return {"tried": len(self.trials), "failed": sum(t.ms is None for t in self.trials),
+                "rel_time_min": q(0.0), "rel_time_p10": q(0.1), "rel_time_median": q(0.5), "rel_time_max": q(0.999)}
+
+
+def _grid3(grid: Grid, named: dict[str, Any]) -> tuple[int, int, int]:
+    g = grid(named) if callable(grid) else tuple(grid)
+    g = tuple(int(x) for x in g) + (1,) * (3 - len(g))
+    return g[0], g[1], g[2]
+
+
+def launch_spec(ck: Any, args: Sequence[Any], grid: Grid, verify_args: Sequence[Any] | None = None,
+                verify_grid: Grid | None = None, samples_per_launch: int = 1, seed: int = 1234) -> LaunchSpec:
+    """Describe a Triton CompiledKernel launch so that a worker process can repeat it from raw cubin bytes."""
+    src = ck.src
+    names = list(src.fn.arg_names)
+    md = ck.metadata._asdict()
+    t = md["target"]
+    md["target"] = {"backend": t.backend, "arch": t.arch, "warp_size": t.warp_size}
+    named = dict(zip(names, args, strict=False))
+    return LaunchSpec(
+        name=ck.name, cubin=bytes(ck.asm["cubin"]), metadata=md, signature=dict(src.signature),
+        constants=dict(src.constants), arg_names=names, args=arg_specs(args), grid=_grid3(grid, named),
+        verify_args=arg_specs(verify_args) if verify_args is not None else None,
+        verify_grid=_grid3(verify_grid, dict(zip(names, verify_args or args, strict=False))) if verify_grid else None,
+        samples_per_launch=samples_per_launch, extra={"seed": seed})
+
+
+def install_cubin(ck: Any, cubin: bytes) -> None:
+    """Make a Triton CompiledKernel run `cubin` from its next launch on."""
+    ck.kernel = cubin
+    ck.module = ck.function = None
+    ck._run = None
+
+
+def _ab_time(ev: Evaluator, a: bytes, b: bytes, rounds: int = 3) -> tuple[float, float]:
+    ta, tb = [], []
+    for _ in range(rounds):  # interleaved so that clock drift hits both alike
+        x, y = ev.time(a), ev.time(b)
+        if x is not None:
+            ta.append(x)
+        if y is not None:
+            tb.append(y)
+    if not ta or not tb:
+        raise RuntimeError("timing failed for the original or the tuned schedule")
+    return statistics.median(ta), statistics.median(tb)
+
+
+def optimize_compiled_kernel(ck: Any, make_args: Callable[[], Sequence[Any]] | Sequence[Any], grid: Grid, *,
+                             strategy: Strategy | None = None, samples: int = 10_000,
+                             verify_args: Sequence[Any] | None = None, verify_grid: Grid | None = None,
+                             samples_per_launch: int = 1, min_gain: float = 0.01, quick_samples: int = 1,
+                             movable: frozenset[str] = DEFAULT_MOVABLE, use_cache: bool = True,
+                             timeout_s: float = 60.0, progress: bool = False, apply: bool = True,
+                             log: Callable[[str], None] | None = None) -> SassResult:
+    """Search a faster SASS schedule for a Triton CompiledKernel, verify it, cache it and (if `apply`)
+    load it into `ck`.  Never installs a schedule that did not pass `samples` random tests."""
+    say = log or (lambda m: None)
+    original = bytes(ck.asm["cubin"])
+    cub = load_cubin(original)
+    kname = ck.name
+    cub.kernel(kname)
+    if use_cache:
+        hit = cache.lookup(cub.sha256)
+        if hit is not None:
+            tuned, info = hit
+            if apply:
+                install_cubin(ck, tuned)
+            return SassResult(kname, cub.sha256, True, "cache hit", info.get("triton_ms"), info.get("kfuse_ms"),
+                              info.get("verified_samples", 0), info.get("moves_applied", 0), 0.0, True, tuned)
+    args = make_args() if callable(make_args) else make_args
+    spec = launch_spec(ck, args, grid, verify_args, verify_grid, samples_per_launch)
+    start = Schedule.build(disassemble(cub, kname), movable, frozenset(cub.kernel(kname).pinned_offsets()))
+    strategy = strategy or SimulatedAnnealing()
+    t0 = time.time()
+    with Evaluator(spec, timeout_s=timeout_s) as ev:
+        base_ms = ev.time(original)
+        if base_ms is None:
+            raise RuntimeError(f"the original {kname} cubin could not be timed")
+
+        def fitness(s: Schedule) -> float | None:
+            data = emit(cub, kname, s).data
+            ok, _, _ = ev.check(data, quick_samples)
+            return ev.time(data) if ok else None
+
+        bar = _progress(progress, kname)
+        res = strategy.search(start, fitness, base_ms, progress=bar)
+        if bar is not None:
+            bar.close()
+        search_s = time.time() - t0
+        out = SassResult(kname, cub.sha256, False, "", base_ms, res.best_ms, 0, len(res.best.applied), search_s,
+                         trials=res.trials, legal_moves_at_start=len(start.legal_moves()))
+        if not res.best.applied or res.gain < min_gain:
+            out.reason = f"no schedule beat the original by {min_gain:.1%} (best {res.gain:+.2%})"
+            out.kfuse_ms = base_ms
+            return out
+        tuned = emit(cub, kname, res.best).data
+        triton_ms, kfuse_ms = _ab_time(ev, original, tuned)
+        out.triton_ms, out.kfuse_ms = triton_ms, kfuse_ms
+        if 1.0 - kfuse_ms / triton_ms < min_gain:
+            out.reason = f"gain did not hold on re-timing ({1 - kfuse_ms / triton_ms:+.2%})"
+            out.kfuse_ms = triton_ms
+            return out
+        say(f"{kname}: verifying on {samples} random input sets")
+        ok, n, why = ev.check(tuned, samples)
+        out.verified_samples = n
+        if not ok:
+            out.reason = f"verification failed after {n} samples: {why}"
+            out.kfuse_ms = triton_ms
+            return out
+    out.accepted, out.reason, out.tuned_cubin = True, f"verified on {n} random input sets", tuned
+    if use_cache:
+        cache.store(cub.sha256, tuned, {"kernel": kname, "triton_ms": out.triton_ms, "kfuse_ms": out.kfuse_ms,
+                                        "verified_samples": n, "moves_applied": out.moves_applied})
+    if apply:
+        install_cubin(ck, tuned)
+    return out
+
+
+class _Bar:
+    def __init__(self, name: str) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.p = Progress(TextColumn(f"[bold]{name}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                          TextColumn("best {task.fields[best]:.4f} ms"), TimeElapsedColumn())
+        self.p.start()
+        self.task = self.p.add_task(name, total=1, best=0.0)
+
+    def __call__(self, done: int, total: int, best: float) -> None:
+        self.p.update(self.task, completed=done, total=total, best=best)
+
+    def close(self) -> None:
+        self.p.stop()
+
+
+def _progress(enabled: bool, name: str) -> _Bar | None:
+    return _Bar(name) if enabled else None
+
+
+class TunedKernel:
+    """Launcher returned by `optimize`: `tuned(*args)` runs the kernel with the accepted schedule."""
+
+    def __init__(self, ck: Any, grid: Grid, result: SassResult) -> None:
+        self.ck, self.grid, self.result = ck, grid, result
+
+    def __call__(self, *args: Any) -> None:
+        names = list(self.ck.src.fn.arg_names)
+        g = _grid3(self.grid, dict(zip(names, args, strict=False)))
+        self.ck[g](*args)
+
+
+def optimize(triton_kernel: Any, example_args: Sequence[Any], grid: Grid, **kwargs: Any) -> TunedKernel:
+    """Compile `triton_kernel` for `example_args` (one launch), tune its SASS schedule and return a launcher.
+
+    `kwargs` go to `optimize_compiled_kernel` (strategy, samples, verify_args, verify_grid, ...).
+    Constexpr arguments are passed positionally in `example_args`, as for `kernel[grid](...)`."""
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(triton_kernel, JITFunction):
+        raise TypeError("optimize() needs a @triton.jit kernel running on a GPU (TRITON_INTERPRET must be off)")
+    ck = triton_kernel[grid](*example_args)
+    result = optimize_compiled_kernel(ck, list(example_args), grid, **kwargs)
+    return TunedKernel(ck, grid, result)

@@ -1,0 +1,300 @@
+"""Schedule model: basic blocks, register dependencies, scoreboards, fixed-latency hazards, legal moves.
+
+A *move* takes one memory instruction one slot up or down inside its basic block, i.e. swaps it with a
+neighbour.  The model is deliberately conservative: whatever it cannot prove harmless is refused, because
+a wrong schedule either crashes the CUDA context or, worse, computes something else.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .control import NO_BARRIER, Control
+from .disasm import Instr
+
+# memory instructions that may move (configurable per Schedule)
+DEFAULT_MOVABLE = frozenset({"LDG", "STG", "LDS", "STS", "LDSM", "LDGSTS", "LD", "ST", "LDL", "STL"})
+LOADS = frozenset({"LDG", "LDS", "LDSM", "LD", "LDL", "LDC", "ULDC"})
+SHARED_ONLY = frozenset({"LDS", "STS", "LDSM", "STSM"})
+GLOBAL_ONLY = frozenset({"LDG", "STG"})
+# instructions that order memory or threads, or act on state the model does not track: nothing crosses them
+FENCES = frozenset({
+    "BAR", "BARRIER", "MEMBAR", "FENCE", "ERRBAR", "CCTL", "CCTLL", "DEPBAR", "LDGDEPBAR", "WARPSYNC", "BSSY",
+    "BSYNC", "BMOV", "SYNCS", "HGMMA", "IGMMA", "QGMMA", "BGMMA", "WARPGROUP", "UTMALDG", "UTMASTG", "UTMAPF",
+    "UBLKCP", "UBLKPF", "UBLKRED", "UTMACCTL", "UTMACMDFLUSH", "ATOM", "ATOMS", "ATOMG", "RED", "REDUX",
+    "ELECT", "VOTE", "VOTEU", "MATCH", "NANOSLEEP", "ARRIVES", "CALL", "RET", "BRA", "BRX", "JMP", "JMX",
+    "EXIT", "BPT", "KILL", "YIELD", "ACQBULK", "PMTRIG", "CS2R.32", "S2UR", "SETCTAID", "SETLMEMBASE",
+})
+NO_DEST = frozenset({"STG", "STS", "ST", "STL", "STSM", "LDGSTS", "RED", "BAR", "NOP", "MEMBAR", "DEPBAR",
+                     "LDGDEPBAR", "WARPSYNC", "CCTL", "ERRBAR", "FENCE", "EXIT", "BRA", "RET", "CALL", "BSSY",
+                     "BSYNC", "YIELD", "NANOSLEEP", "ARRIVES", "SYNCS", "UTMASTG", "UTMALDG", "UTMAPF"})
+PREDICATES = tuple(f"P{i}" for i in range(7))
+IGNORED = frozenset({"RZ", "PT", "URZ", "UPT", "SRZ"})
+HAZARD_CYCLES = 12  # conservative bound on fixed-latency (ALU) result latency on sm_90
+
+_REG = re.compile(r"(?<![\w.])(UR\d+|URZ|UPT|UP\d|R\d+|RZ|PT|P\d|PR)((?:\.[A-Za-z0-9_]+)*)")
+
+
+def _split_operands(ops: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in ops:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _expand(name: str, width: int) -> set[str]:
+    if name in IGNORED:
+        return set()
+    if name == "PR":  # the whole predicate file (P2R / R2P)
+        return set(PREDICATES)
+    m = re.fullmatch(r"(UR|R)(\d+)", name)
+    if not m:
+        return {name}
+    return {f"{m.group(1)}{int(m.group(2)) + k}" for k in range(width)}
+
+
+def _data_width(opcode: str) -> int:
+    parts = opcode.split(".")
+    if "128" in parts or (parts[0] in ("LDSM", "STSM") and parts[-1] == "4"):
+        return 4
+    wide_ops = ("CS2R", "DADD", "DMUL", "DFMA", "DMNMX")
+    if {"64", "WIDE", "U64", "F64"} & set(parts) or parts[0] in wide_ops or (parts[0] in ("LDSM", "STSM") and parts[-1] == "2"):
+        return 2
+    return 1
+
+
+def defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
+    """Registers (R, UR, P, UP) an instruction writes and reads: a superset where the text is ambiguous."""
+    defs: set[str] = set()
+    uses: set[str] = set()
+    if ins.pred:
+        uses |= _expand(ins.pred.lstrip("@!"), 1)
+    ops = _split_operands(ins.operands)
+    width = _data_width(ins.opcode)
+    wide_src = "WIDE" in ins.opcode.split(".")
+    leading = ins.base not in NO_DEST
+    for pos, op in enumerate(ops):
+        in_mem = "[" in op
+        for m in _REG.finditer(op):
+            name, suffix = m.group(1), m.group(2)
+            inside = in_mem and op.find("[") < m.start()
+            if inside:  # address registers: R2.64 / desc[UR4] (a 64-bit descriptor pair)
+                w = 2 if (".64" in suffix or op[max(0, m.start() - 5): m.start()] == "desc[") else 1
+                uses |= _expand(name, w)
+                continue
+            is_pred = name.startswith(("P", "UP")) or name == "PR"
+            if leading and (pos == 0 or is_pred):
+                w = width if not is_pred else 1
+                defs |= _expand(name, w)
+                if not is_pred and pos == 0 and ins.base not in ("ISETP", "FSETP", "DSETP", "HSETP2", "PLOP3", "UISETP"):
+                    leading = False
+                continue
+            if pos > 0 and leading and not is_pred:
+                # first register after predicate destinations (e.g. SHFL PT, R5, ...): treat as written too
+                defs |= _expand(name, width)
+                uses |= _expand(name, width)
+                leading = False
+                continue
+            leading = False
+            w = width if (ins.base in ("STG", "STS", "ST", "STL") or "64" in suffix or ".64" in ins.opcode) else 1
+            if wide_src and pos == len(ops) - 1:
+                w = 2
+            uses |= _expand(name, max(w, 1))
+    return frozenset(defs), frozenset(uses)
+
+
+@dataclass
+class Node:
+    ins: Instr
+    ctrl: Control
+    defs: frozenset[str]
+    uses: frozenset[str]
+    block: int
+
+    @property
+    def base(self) -> str:
+        return self.ins.base
+
+    @property
+    def fixed_latency(self) -> bool:
+        return self.ctrl.wbar == NO_BARRIER
+
+
+@dataclass(frozen=True)
+class Move:
+    index: int  # current position of the memory instruction
+    direction: int  # -1 = one slot up, +1 = one slot down
+
+    @property
+    def pair(self) -> tuple[int, int]:
+        return (self.index - 1, self.index) if self.direction < 0 else (self.index, self.index + 1)
+
+
+@dataclass
+class Schedule:
+    """A permutation of one kernel's instructions plus any control-code patches."""
+
+    nodes: list[Node]
+    movable: frozenset[str] = DEFAULT_MOVABLE
+    pinned: frozenset[int] = frozenset()  # original offsets that must not move
+    clear_reuse: bool = True
+    applied: list[Move] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, instrs: list[Instr], movable: frozenset[str] = DEFAULT_MOVABLE,
+              pinned: frozenset[int] = frozenset()) -> Schedule:
+        targets = set()
+        for i in instrs:
+            if i.control_flow:
+                for m in re.finditer(r"0x([0-9a-f]+)", i.operands):
+                    targets.add(int(m.group(1), 16))
+        nodes, block = [], 0
+        for k, i in enumerate(instrs):
+            if k > 0 and (i.offset in targets or instrs[k - 1].control_flow):
+                block += 1
+            d, u = defs_uses(i)
+            nodes.append(Node(i, i.ctrl, d, u, block))
+        return cls(nodes, movable, frozenset(pinned))
+
+    def copy(self) -> Schedule:
+        return Schedule(list(self.nodes), self.movable, self.pinned, self.clear_reuse, list(self.applied))
+
+    @property
+    def order(self) -> list[int]:
+        """Original index of the instruction now at each position."""
+        return [n.ins.index for n in self.nodes]
+
+    def has_count_depbar(self) -> bool:
+        return any(n.base == "DEPBAR" for n in self.nodes)
+
+    def is_movable(self, pos: int) -> bool:
+        n = self.nodes[pos]
+        return n.base in self.movable and n.ins.offset not in self.pinned and not n.ins.control_flow
+
+    def candidate_moves(self) -> list[Move]:
+        return [Move(p, d) for p in range(len(self.nodes)) if self.is_movable(p) for d in (-1, 1)]
+
+    def legal_moves(self) -> list[Move]:
+        return [m for m in self.candidate_moves() if self.why_illegal(m) is None]
+
+    # ---- legality -----------------------------------------------------------------------------------
+    def why_illegal(self, move: Move) -> str | None:
+        """None when the move is safe, otherwise a reason a person can read."""
+        i, j = move.pair
+        if i < 0 or j >= len(self.nodes):
+            return "moves past the start or end of the kernel"
+        if not self.is_movable(move.index):
+            return f"{self.nodes[move.index].ins.opcode} is not a movable memory instruction"
+        a, b = self.nodes[i], self.nodes[j]
+        if a.block != b.block:
+            return "crosses a basic-block boundary"
+        for n in (a, b):
+            if n.ins.control_flow or n.base in FENCES or n.ins.opcode.split(".")[0] in FENCES:
+                return f"{n.ins.opcode} is a branch, barrier or fence"
+            if n.ins.offset in self.pinned:
+                return f"instruction at {n.ins.offset:#x} is referenced by an .nv.info table of unknown meaning"
+        if a.defs & b.uses:
+            return f"data dependency (RAW on {sorted(a.defs & b.uses)})"
+        if a.uses & b.defs:
+            return f"data dependency (WAR on {sorted(a.uses & b.defs)})"
+        if a.defs & b.defs:
+            return f"data dependency (WAW on {sorted(a.defs & b.defs)})"
+        if a.base in self.movable and b.base in self.movable and not _memory_commutes(a.base, b.base):
+            return f"{a.ins.opcode} and {b.ins.opcode} may touch the same memory"
+        if any(b.ctrl.waits_on(s) for s in a.ctrl.sets()):
+            return "the second instruction waits on a scoreboard the first one sets"
+        if a.ctrl.sets() & b.ctrl.sets() and self.has_count_depbar():
+            return "both set the same scoreboard and the kernel counts it with DEPBAR"
+        # new order: b at i (moved up), a at i+1 (moved down)
+        new = list(self.nodes)
+        new[i], new[j] = b, a
+        if not _hazard_free_up(new, i, HAZARD_CYCLES):
+            return "fixed-latency hazard: the instruction moving up would read/write a result too early"
+        if not _hazard_free_down(new, j, HAZARD_CYCLES):
+            return "fixed-latency hazard: a later instruction would come too close to the one moving down"
+        return None
+
+    def apply(self, move: Move) -> Schedule:
+        """Return a new schedule with the move applied; raises ValueError for an illegal move."""
+        why = self.why_illegal(move)
+        if why is not None:
+            raise ValueError(f"illegal move of {self.nodes[move.index].ins.text()} "
+                             f"{'up' if move.direction < 0 else 'down'}: {why}")
+        s = self.copy()
+        i, j = move.pair
+        a, b = s.nodes[i], s.nodes[j]
+        # b now issues before a: it must still honour the waits a performed for it
+        b_ctrl = b.ctrl.with_(wait=b.ctrl.wait | a.ctrl.wait)
+        a_ctrl = a.ctrl
+        if self.clear_reuse:  # reuse-cache hints refer to the next instruction, which changed
+            b_ctrl, a_ctrl = b_ctrl.with_(reuse=0), a_ctrl.with_(reuse=0)
+            if i > 0:
+                p = s.nodes[i - 1]
+                s.nodes[i - 1] = Node(p.ins, p.ctrl.with_(reuse=0), p.defs, p.uses, p.block)
+        s.nodes[i] = Node(b.ins, b_ctrl, b.defs, b.uses, b.block)
+        s.nodes[j] = Node(a.ins, a_ctrl, a.defs, a.uses, a.block)
+        s.applied.append(move)
+        return s
+
+    def words(self) -> list[bytes]:
+        from .control import encode
+
+        return [encode(n.ins.word, n.ctrl) for n in self.nodes]
+
+
+def _memory_commutes(x: str, y: str) -> bool:
+    if x in LOADS and y in LOADS:
+        return True
+    if x == y == "LDGSTS":  # async copies of one group complete in no defined order anyway
+        return True
+    return (x in SHARED_ONLY and y in GLOBAL_ONLY) or (x in GLOBAL_ONLY and y in SHARED_ONLY)
+
+
+def _hazard_free_up(seq: list[Node], pos: int, window: int) -> bool:
+    """The instruction now at `pos` issues earlier than before: check fixed-latency producers before it."""
+    me = seq[pos]
+    regs = me.uses | me.defs
+    cycles = 0
+    for k in range(pos - 1, -1, -1):
+        p = seq[k]
+        cycles += p.ctrl.stall
+        if cycles >= window:
+            return True
+        if p.fixed_latency and p.defs & regs:
+            return False
+        if p.ins.control_flow or (k > 0 and seq[k].block != seq[k - 1].block and k != 0 and _is_branch_target(seq, k)):
+            return not regs  # other predecessors are unknown
+    return True
+
+
+def _hazard_free_down(seq: list[Node], pos: int, window: int) -> bool:
+    """The instruction now at `pos` issues later than before: later readers/writers of its registers come closer."""
+    me = seq[pos]
+    cycles = me.ctrl.stall
+    for k in range(pos + 1, len(seq)):
+        c = seq[k]
+        if cycles >= window:
+            return True
+        if me.fixed_latency and me.defs & (c.uses | c.defs):
+            return False
+        if me.ctrl.rbar == NO_BARRIER and me.uses & c.defs:
+            return False
+        if c.ins.control_flow:
+            return not (me.defs or me.uses)
+        cycles += c.ctrl.stall
+    return True
+
+
+def _is_branch_target(seq: list[Node], k: int) -> bool:
+    return not seq[k - 1].ins.control_flow
