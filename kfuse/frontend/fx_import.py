@@ -156,10 +156,18 @@ def import_fx(
                 env[node.name] = args[0][args[1]]
                 continue
             ctx = Ctx(b, node, fallbacks)
-            conv = CONVERTERS.get(getattr(target, "overloadpacket", target))
+            packet = getattr(target, "overloadpacket", target)
+            conv = CONVERTERS.get(packet)
+            inplace = conv is None and _functional_of(packet) is not None
+            if inplace:
+                # x.relu_() etc.: convert as the functional op, then let later readers of x
+                # see the result (the IR is SSA; the mutation becomes a rename)
+                conv = CONVERTERS.get(_functional_of(packet))
             if conv is not None:
                 try:
                     env[node.name] = conv(ctx, tuple(args), dict(kwargs))
+                    if inplace and isinstance(node.args[0], torch.fx.Node):
+                        env[node.args[0].name] = env[node.name]
                     continue
                 except _Unsupported:
                     pass
@@ -178,6 +186,14 @@ def import_fx(
         else:
             raise NotImplementedError(f"FX node kind {node.op} ({node.target}) is not supported")
     return ImportedGraph(b, outputs, fallbacks)
+
+
+def _functional_of(packet: Any) -> Any:
+    """aten.relu_ -> aten.relu (the functional twin of an in-place op), else None."""
+    name = getattr(packet, "__name__", "")
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    return getattr(aten, name[:-1], None)
 
 
 def _clean(name: str) -> str:
@@ -371,6 +387,8 @@ for _packet, _op in [
     (aten.logical_or, "logical_or"),
     (aten.bitwise_and, "logical_and"),
     (aten.bitwise_or, "logical_or"),
+    (aten.__and__, "logical_and"),
+    (aten.__or__, "logical_or"),
 ]:
     CONVERTERS[_packet] = _binary_conv(_op)
 CONVERTERS[aten.rsub] = _binary_conv("sub", swap=True)

@@ -1,0 +1,206 @@
+"""The ``kfuse`` command line: compile, demo, bench, models, and the tools of each subsystem."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="kfuse: a kernel-fusion compiler and tuner for DL inference on NVIDIA GPUs.", no_args_is_help=True)
+console = Console()
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def _device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter("no CUDA device is available", param_hint="--device")
+    return device
+
+
+def _load(model: str, batch: int | None, seq: int | None, dtype: str, device: str, varlen: bool, avg_len_ratio: float | None) -> tuple[Any, tuple, dict]:
+    """An embedded model by name, or an ONNX file with random inputs of its declared shapes."""
+    import torch
+
+    import kfuse.models as zoo
+
+    tdtype = getattr(torch, DTYPES[dtype])
+    if model.endswith(".onnx") or os.path.sep in model:
+        from kfuse.frontend.onnx import random_inputs_for
+
+        if not Path(model).exists():
+            raise typer.BadParameter(f"no such ONNX file: {model}", param_hint="MODEL")
+        return model, random_inputs_for(model, batch=batch, dtype=tdtype, device=device), {}
+    try:
+        zoo.get_spec(model)
+    except KeyError as e:
+        raise typer.BadParameter(str(e).strip("'\""), param_hint="MODEL") from None
+    with_mask = varlen or avg_len_ratio is not None
+    m, args, kwargs = zoo.build(
+        model, batch=batch, seq=seq, dtype=tdtype, device=device, with_mask=with_mask, avg_len_ratio=avg_len_ratio if with_mask else None
+    )
+    return m, args, kwargs
+
+
+@app.command("compile")
+def compile_cmd(
+    model: Annotated[str, typer.Argument(help="an embedded model name (see `kfuse models`) or a path to an .onnx file")],
+    batch: Annotated[int | None, typer.Option(help="batch size (default: the model's)")] = None,
+    seq: Annotated[int | None, typer.Option(help="sequence length for token models")] = None,
+    dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16")] = "fp32",
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    explain: Annotated[bool, typer.Option(help="print the graph after each stage and the kernel plan")] = False,
+    report: Annotated[Path | None, typer.Option(help="write the compile report as JSON to this file")] = None,
+    varlen: Annotated[bool, typer.Option(help="padding-free mode (token models; adds an attention mask)")] = False,
+    avg_len_ratio: Annotated[float | None, typer.Option(help="mean valid length / seq for the generated attention mask")] = None,
+    tune: Annotated[str, typer.Option(help="none | fast | full")] = "none",
+    profile: Annotated[bool, typer.Option(help="time each kernel of the plan (GPU) and write a PNG bar chart")] = False,
+    sass: Annotated[bool, typer.Option(help="tune the SASS schedule of the hottest kernels (GPU)")] = False,
+    cuda_graphs: Annotated[bool, typer.Option(help="launch the whole plan as one CUDA graph (GPU)")] = True,
+) -> None:
+    """Compile MODEL, check it against PyTorch on random inputs and print the kernel plan."""
+    import kfuse
+    from kfuse.report import plan_table, summary_lines
+
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}", param_hint="--dtype")
+    dev = _device(device)
+    m, args, kwargs = _load(model, batch, seq, dtype, dev, varlen, avg_len_ratio)
+    overrides: dict[str, Any] = {"tune": tune, "profile": profile, "sass": sass, "cuda_graphs": cuda_graphs}
+    if varlen:
+        overrides["varlen"] = True
+    with console.status(f"compiling {model} ..."):
+        compiled = kfuse.compile(m, args, kwargs, explain=explain, **overrides)
+    rep = dict(compiled.report)
+    rep["model"] = model
+    rep["command"] = "kfuse " + " ".join(sys.argv[1:])
+    if not explain:
+        console.print(plan_table(rep))
+        for line in summary_lines(rep):
+            console.print(line, markup=False)
+    if report is not None:
+        report.write_text(json.dumps(rep, indent=2, default=str))
+        console.print(f"report written to {report}")
+
+
+@app.command()
+def models() -> None:
+    """List the embedded models."""
+    import kfuse.models as zoo
+
+    t = Table(title="embedded models (random weights, built from configs)")
+    for col in ("name", "family", "default batch", "default seq", "description"):
+        t.add_column(col)
+    for s in zoo.list_models():
+        t.add_row(s.name, s.family, str(s.default_batch), str(s.default_seq or "-"), s.description)
+    console.print(t)
+
+
+@app.command()
+def demo(
+    model: Annotated[str | None, typer.Option(help="embedded model (default: bert-tiny on CPU, bert-base on a GPU)")] = None,
+    batch: Annotated[int | None, typer.Option(help="batch size")] = None,
+    seq: Annotated[int | None, typer.Option(help="sequence length")] = None,
+) -> None:
+    """The main job: compile a built-in model, check it against PyTorch, print the plan;
+    on a GPU also print a speed table against PyTorch eager and eager in a CUDA graph."""
+    import torch
+
+    import kfuse
+    import kfuse.models as zoo
+    from kfuse.report import plan_table, summary_lines
+
+    gpu = torch.cuda.is_available()
+    name = model or ("bert-base" if gpu else "bert-tiny")
+    dtype = torch.float16 if gpu else torch.float32
+    batch = batch or (8 if gpu else 2)
+    seq = seq or (128 if gpu else 16)
+    m, args, kwargs = zoo.build(name, batch=batch, seq=seq, dtype=dtype, device="cuda" if gpu else "cpu")
+    console.print(f"[bold]kfuse demo[/]: {name} batch={batch} seq={seq} {str(dtype)[6:]} on {'the GPU' if gpu else 'the CPU (Triton interpreter)'}")
+    with console.status("compiling ..."):
+        compiled = kfuse.compile(m, args, kwargs)
+    rep = compiled.report
+    console.print(plan_table(rep))
+    for line in summary_lines(rep):
+        console.print(line, markup=False)
+    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    ok = rep["max_rel_err"] <= tol
+    console.print(f"check against PyTorch: {'[green]PASS[/]' if ok else '[red]FAIL[/]'} (max_rel_err {rep['max_rel_err']:.2e}, tolerance {tol:g})")
+    if gpu:
+        from kfuse.bench.harness import pytorch_baselines, time_ms
+
+        with torch.no_grad():
+            base, _, _ = pytorch_baselines(m, args, kwargs, which=("eager", "eager_cudagraph"), log=lambda s: None)
+            t_k = time_ms(lambda: compiled(*args, **kwargs))
+        t = Table(title=f"{name} B={batch} S={seq} fp16 on {torch.cuda.get_device_name()}")
+        t.add_column("implementation")
+        t.add_column("ms", justify="right")
+        t.add_column("speedup of kfuse", justify="right")
+        for k, v in base.items():
+            t.add_row(k, f"{v:.3f}", f"{v / t_k:.2f}x")
+        t.add_row("kfuse", f"{t_k:.3f}", "1.00x")
+        console.print(t)
+    if not ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    model: Annotated[str, typer.Argument(help="embedded model name")],
+    batch: Annotated[int | None, typer.Option(help="batch size")] = None,
+    seq: Annotated[int | None, typer.Option(help="sequence length")] = None,
+    baselines: Annotated[str, typer.Option(help="comma list of eager,eager_cudagraph,compile,max_autotune")] = "eager,eager_cudagraph,compile",
+    out: Annotated[Path | None, typer.Option(help="write the JSON record here")] = None,
+) -> None:
+    """Time a compiled model side by side with PyTorch baselines on the GPU (fp16)."""
+    import torch
+
+    import kfuse
+    import kfuse.models as zoo
+    from kfuse.bench.harness import make_record, max_rel_err, pytorch_baselines, time_ms
+
+    if not torch.cuda.is_available():
+        console.print("[red]kfuse bench needs a CUDA GPU[/]")
+        raise typer.Exit(2)
+    m, args, kwargs = zoo.build(model, batch=batch, seq=seq, dtype=torch.float16, device="cuda")
+    with torch.no_grad():
+        compiled = kfuse.compile(m, args, kwargs)
+        times, outs, _ = pytorch_baselines(m, args, kwargs, which=tuple(baselines.split(",")))
+        t_k = time_ms(lambda: compiled(*args, **kwargs))
+        err = max_rel_err(compiled(*args, **kwargs), outs["eager"]) if "eager" in outs else None
+    rec = make_record(model, f"B{batch}_S{seq}" if seq else f"B{batch}", t_k, times, None, err, "kfuse " + " ".join(sys.argv[1:]))
+    console.print_json(json.dumps(rec, default=str))
+    if out:
+        out.write_text(json.dumps([rec], indent=2, default=str))
+
+
+def _mount_subcommands() -> None:
+    """Each subsystem brings its own typer app; mount the ones that are installed."""
+    for module, name, help_text in [
+        ("kfuse.tune.cli", "tune-db", "the tuning record database"),
+        ("kfuse.sass.cli", "sass", "SASS schedule inspection and tuning"),
+        ("kfuse.sparse.cli", "sparse", "sync-free sparse triangular solve"),
+        ("kfuse.colocate.cli", "colocate", "co-location of LC inference with BE jobs"),
+    ]:
+        try:
+            sub = __import__(module, fromlist=["app"]).app
+        except Exception:  # a subsystem that fails to import does not take the CLI down
+            continue
+        app.add_typer(sub, name=name, help=help_text)
+
+
+def main() -> None:
+    app()
+
+
+_mount_subcommands()
