@@ -1,83 +1,178 @@
 """GEMM template with a generated epilogue: C = epilogue(A @ B, extra inputs...).
 
-A is (M, K) with any strides, B is (K, N) with any strides, accumulation is fp32. The epilogue
-(bias, activation, residual, scale, casts, ...) is rendered from an ``Epilogue`` program into the
-kernel source, so every combination is its own specialised kernel; sources are written to the
-kernel cache and imported (Triton needs kernels to live in files).
+A is (M, K) and B is (K, N), either with any strides (row- or column-major, transposed views
+need no copy), optionally batched (a leading batch dimension, broadcast by a zero stride).
+Accumulation is fp32. The epilogue (bias, activation, residual, scale, casts, ...) is rendered
+from an ``Epilogue`` program into the kernel source, so every combination is its own
+specialised kernel; sources are written to the kernel cache and imported (Triton needs kernels
+to live in files).
 
-Tile parameters (BLOCK_M/N/K, GROUP_M swizzle, num_warps, num_stages) are template parameters
-chosen by the tuner; ``default_config`` gives a shape-based choice when nothing was tuned.
+Three variants share one main loop (``_mainloop``):
+
+* ``gemm_kernel``: one program per output tile, grouped (swizzled) tile order for L2 reuse;
+  with ``SPLIT_K > 1`` each program reduces one slice of K into an fp32 workspace and
+  ``splitk_reduce_kernel`` sums the slices and applies the epilogue (small M*N, large K).
+* ``gemm_persistent_kernel``: a fixed grid of ``NUM_PROGRAMS`` (= number of SMs) programs that
+  loop over tiles, for Hopper where launch/tail effects matter on mid-size problems.
+
+Tile parameters (BLOCK_M/N/K, GROUP_M, num_warps, num_stages, split-K, persistent) are
+template parameters chosen by the tuner (``kfuse.tune``); ``default_config`` gives a
+shape-based choice when nothing was tuned.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
 from kfuse.kernels.codegen import load_generated
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
 
-_TEMPLATE = '''
+_HEADER = '''
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def gemm_kernel(
-    a_ptr, b_ptr, c_ptr, {extra_ptrs}
-    M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, {extra_strides}
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    # grouped ordering: GROUP_M row-blocks share B tiles while they are hot in L2
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % group) % size_m)
-    pid_n = (pid % group) // size_m
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _mainloop(a_ptr, b_ptr, offs_m, offs_n, M, N, k_lo, k_hi,
+              stride_am, stride_ak, stride_bk, stride_bn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    # rows/cols past the edge are clamped to a valid index instead of masked: the loads stay
+    # unmasked (vectorised, pipelined) and the store mask drops the duplicates
+    rm = tl.where(offs_m < M, offs_m, 0)
+    rn = tl.where(offs_n < N, offs_n, 0)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-
+    a_ptrs = a_ptr + rm[:, None] * stride_am + (k_lo + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + (k_lo + offs_k)[:, None] * stride_bk + rn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = k_hi - k
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    return acc
 
-    mask = mask_m[:, None] & mask_n[None, :]
-{load_extras}
-{epilogue}
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+@triton.jit
+def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # grouped ordering: GROUP_M row-blocks share B tiles while they are hot in L2
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (tile // group) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((tile % group) % size_m)
+    pid_n = (tile % group) // size_m
+    return pid_m, pid_n
 '''
+
+_MAIN = '''
+
+@triton.jit
+def gemm_kernel(
+    a_ptr, b_ptr, c_ptr, ws_ptr, {extra_ptrs}
+    M, N, K, k_per_split,
+    stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
+    stride_ws, {extra_strides}
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_b = tl.program_id(1).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT_K == 1:
+        acc = _mainloop(a_ptr + pid_b * stride_ab, b_ptr + pid_b * stride_bb, offs_m, offs_n, M, N, 0, K,
+                        stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INPUT_PRECISION)
+{epilogue_store}
+    else:
+        # one K slice per program; the fp32 partial goes to the workspace, the reduce kernel
+        # sums the slices and applies the epilogue
+        pid_k = tl.program_id(2)
+        k_lo = pid_k * k_per_split
+        k_hi = min(K, k_lo + k_per_split)
+        acc = _mainloop(a_ptr + pid_b * stride_ab, b_ptr + pid_b * stride_bb, offs_m, offs_n, M, N, k_lo, k_hi,
+                        stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INPUT_PRECISION)
+        nb = tl.num_programs(1)
+        w_ptrs = ws_ptr + (pid_k * nb + pid_b) * stride_ws + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(w_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def splitk_reduce_kernel(
+    ws_ptr, c_ptr, {extra_ptrs}
+    M, N, stride_ws, stride_cb, stride_cm, stride_cn, {extra_strides}
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0) // tl.cdiv(N, BLOCK_N)
+    pid_n = tl.program_id(0) % tl.cdiv(N, BLOCK_N)
+    pid_b = tl.program_id(1).to(tl.int64)
+    nb = tl.num_programs(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(ws_ptr + (s * nb + pid_b) * stride_ws + offs_m[:, None] * N + offs_n[None, :], mask=mask, other=0.0)
+{epilogue_store_4}
+
+
+@triton.jit
+def gemm_persistent_kernel(
+    a_ptr, b_ptr, c_ptr, {extra_ptrs}
+    M, N, K, n_batch,
+    stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
+    {extra_strides}
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for t in range(tl.program_id(0), tiles_per_batch * n_batch, NUM_PROGRAMS):
+        pid_b = (t // tiles_per_batch).to(tl.int64)
+        pid_m, pid_n = _tile_coords(t % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        acc = _mainloop(a_ptr + pid_b * stride_ab, b_ptr + pid_b * stride_bb, offs_m, offs_n, M, N, 0, K,
+                        stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INPUT_PRECISION)
+{epilogue_store_8}
+'''
+
+
+def _epilogue_store(epi: Epilogue, indent: str) -> str:
+    """Load the extra inputs at the tile's coordinates, apply the epilogue, store once."""
+    lines = [
+        f"{indent}x{j} = tl.load(x{j}_ptr + pid_b * stride_x{j}b + offs_m[:, None] * stride_x{j}m"
+        f" + offs_n[None, :] * stride_x{j}n, mask=mask)"
+        for j in range(epi.n_inputs)
+    ]
+    body = render(epi, indent=indent)
+    if body:
+        lines.append(body)
+    lines.append(f"{indent}c_ptrs = c_ptr + pid_b * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn")
+    lines.append(f"{indent}tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)")
+    return "\n".join(lines)
 
 
 def kernel_source(epi: Epilogue) -> str:
     n = epi.n_inputs
-    loads = "\n".join(
-        f"    x{j} = tl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)"
-        for j in range(n)
-    )
-    return _TEMPLATE.format(
+    return _HEADER + _MAIN.format(
         extra_ptrs="".join(f"x{j}_ptr, " for j in range(n)),
-        extra_strides="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
-        load_extras=loads,
-        epilogue=render(epi),
+        extra_strides="".join(f"stride_x{j}b, stride_x{j}m, stride_x{j}n, " for j in range(n)),
+        epilogue_store=_epilogue_store(epi, " " * 8),
+        epilogue_store_4=_epilogue_store(epi, " " * 4),
+        epilogue_store_8=_epilogue_store(epi, " " * 8),
     )
 
 
@@ -89,9 +184,19 @@ class GemmConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1
+    persistent: bool = False
 
     def describe(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
+        s = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
+        if self.split_k > 1:
+            s += f" splitk{self.split_k}"
+        if self.persistent:
+            s += " persistent"
+        return s
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def interpreting() -> bool:
@@ -109,8 +214,59 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
     return GemmConfig(32, 64, 64, 8, 4, 3)
 
 
-def _kernel(epi: Epilogue):  # noqa: ANN202 - a triton JITFunction
-    return load_generated("gemm", epi.key(), kernel_source(epi)).gemm_kernel
+def _module(epi: Epilogue):  # noqa: ANN202 - a generated module of triton JITFunctions
+    return load_generated("gemm2", epi.key(), kernel_source(epi))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _as_batched(x: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
+    """``x`` (..., R, C) broadcast to ``batch + (R, C)`` and viewed as 3-D (a copy only when the
+    batch dims cannot be merged by strides)."""
+    x = x.expand(*batch, *x.shape[-2:])
+    if len(batch) == 1:
+        return x
+    return x.reshape(-1, *x.shape[-2:])
+
+
+@dataclass
+class GemmCall:
+    """Operands of one GEMM launch in canonical 3-D form: a (B, M, K), b (B, K, N), c (B, M, N)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    extras: list[torch.Tensor]
+    out_shape: tuple[int, ...]
+
+
+def prepare(
+    a: torch.Tensor, b: torch.Tensor, extras: list[torch.Tensor], out_dtype: torch.dtype, out: torch.Tensor | None = None
+) -> GemmCall:
+    """Normalise operands to 3-D views. ``b`` 2-D: ``a``'s leading dims fold into M; ``b`` with
+    batch dims: batched GEMM with matmul broadcasting of the batch dims."""
+    if a.dim() < 2 or b.dim() < 2:
+        raise ValueError(f"gemm_epilogue: operands must be at least 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"gemm_epilogue: shapes {tuple(a.shape)} and {tuple(b.shape)} do not multiply")
+    k, n = b.shape[-2], b.shape[-1]
+    if b.dim() == 2:
+        out_shape = tuple(a.shape[:-1]) + (n,)
+        a3 = a.reshape(-1, k).unsqueeze(0)
+        b3 = b.unsqueeze(0)
+    else:
+        batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        out_shape = batch + (a.shape[-2], n)
+        a3, b3 = _as_batched(a, batch), _as_batched(b, batch)
+    nb, m = a3.shape[0], a3.shape[1]
+    c = out if out is not None else torch.empty(out_shape, dtype=out_dtype, device=a.device)
+    c3 = c.view(nb, m, n)
+    ex3 = [torch.broadcast_to(e, out_shape).reshape(nb, m, n) for e in extras]
+    return GemmCall(a3, b3, c3, ex3, out_shape)
 
 
 def gemm_epilogue(
@@ -122,44 +278,69 @@ def gemm_epilogue(
     config: GemmConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``epi(a @ b, *extras)`` in one kernel. ``a`` may have leading batch dims (they fold into M);
-    ``b`` is 2-D; extras broadcast to the output shape."""
-    if b.dim() != 2:
-        raise ValueError(f"gemm_epilogue: B must be 2-D, got shape {tuple(b.shape)}")
-    if a.shape[-1] != b.shape[0]:
-        raise ValueError(f"gemm_epilogue: shapes {tuple(a.shape)} and {tuple(b.shape)} do not multiply")
-    k, n = b.shape
-    out_shape = tuple(a.shape[:-1]) + (n,)
-    a2 = a.reshape(-1, k)
-    m = a2.shape[0]
-    c = out if out is not None else torch.empty((m, n), dtype=out_dtype, device=a.device)
-    c2 = c.view(m, n)
-    ex2 = [torch.broadcast_to(e, out_shape).reshape(m, n) for e in extras]
-    if len(ex2) != epi.n_inputs:
-        raise ValueError(f"epilogue expects {epi.n_inputs} extra inputs, got {len(ex2)}")
-    cfg = config or default_config(m, n, k)
-    precision = "ieee" if a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
-    if m == 0 or n == 0:
-        return c.reshape(out_shape)
+    """``epi(a @ b, *extras)`` in one kernel (two with split-K). ``a`` may have leading batch
+    dims (they fold into M when ``b`` is 2-D, else they broadcast against ``b``'s); extras
+    broadcast to the output shape. Operands may be transposed views (any strides)."""
+    g = prepare(a, b, extras, out_dtype, out)
+    if len(g.extras) != epi.n_inputs:
+        raise ValueError(f"epilogue expects {epi.n_inputs} extra inputs, got {len(g.extras)}")
+    nb, m, k = g.a.shape
+    n = g.b.shape[2]
+    if m == 0 or n == 0 or nb == 0:
+        return g.c.view(g.out_shape)
     if k == 0:  # nothing to multiply: the product is zero, the epilogue still applies
-        return apply_reference(torch.zeros(out_shape, device=a.device), extras, epi).to(out_dtype)
-    grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(n, cfg.block_n),)
-    strides: list[int] = []
-    for e in ex2:
-        strides += [e.stride(0), e.stride(1)]
-    _kernel(epi)[grid](
-        a2, b, c2, *ex2,
-        m, n, k,
-        a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c2.stride(0), c2.stride(1), *strides,
+        return apply_reference(torch.zeros(g.out_shape, device=a.device), extras, epi).to(out_dtype)
+    cfg = config or default_config(m, n, k)
+    launch(g, epi, cfg)
+    return g.c.view(g.out_shape)
+
+
+def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig) -> None:
+    """Launch the kernel(s) for a prepared call with config ``cfg``."""
+    nb, m, k = g.a.shape
+    n = g.b.shape[2]
+    a, b, c = g.a, g.b, g.c
+    mod = _module(epi)
+    precision = "ieee" if a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+    ex_strides: list[int] = []
+    for e in g.extras:
+        ex_strides += [e.stride(0), e.stride(1), e.stride(2)]
+    ab = (a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1), c.stride(2))
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+    split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
+    if cfg.persistent and split == 1:
+        n_prog = min(_num_sms(a.device), tiles * nb)
+        mod.gemm_persistent_kernel[(n_prog,)](
+            a, b, c, *g.extras, m, n, k, nb, *ab, *ex_strides,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            NUM_PROGRAMS=n_prog, EVEN_K=k % cfg.block_k == 0, INPUT_PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return
+    # K slices are whole BLOCK_K multiples so every slice but the last is even
+    k_per_split = cdiv(cdiv(k, split), cfg.block_k) * cfg.block_k
+    split = cdiv(k, k_per_split)
+    ws = torch.empty((split, nb, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
+    even_k = k % cfg.block_k == 0
+    mod.gemm_kernel[(tiles, nb, split)](
+        a, b, c, ws, *g.extras, m, n, k, k_per_split, *ab, m * n, *ex_strides,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        INPUT_PRECISION=precision,
+        SPLIT_K=split, EVEN_K=even_k, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return c.reshape(out_shape)
+    if split > 1:
+        rb = (64, 64)
+        mod.splitk_reduce_kernel[(cdiv(m, rb[0]) * cdiv(n, rb[1]), nb)](
+            ws, c, *g.extras, m, n, m * n, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
+            BLOCK_M=rb[0], BLOCK_N=rb[1], SPLIT_K=split, num_warps=4,
+        )  # fmt: skip
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+triton_cdiv = cdiv  # the older name
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, out_dtype: torch.dtype) -> torch.Tensor:

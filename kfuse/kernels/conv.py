@@ -1,0 +1,272 @@
+"""Conv2d as an implicit GEMM on NHWC (channels-last) with a generated epilogue.
+
+The convolution is a GEMM with M = N*OH*OW output pixels, N = OC output channels and
+K = KH*KW*C: the A tile (pixels x taps) is gathered from the input on the fly (never an
+im2col buffer), B is the weight packed once as a (KH*KW*C, OC) matrix. Bias, activation and
+residual are the same generated ``Epilogue`` as the GEMM template, applied to the fp32 tile.
+
+Two K orders (a template parameter):
+
+* ``FLAT_K=False``: the K loop runs over (kh, kw, channel block); every A load is BLOCK_K
+  contiguous channels of one input pixel (coalesced on NHWC). The right choice when C >= 16.
+* ``FLAT_K=True``: K is one flat index decoded into (kh, kw, c) per element; for the few-channel
+  stem (C=3, 7x7) where a channel block would be mostly padding.
+
+groups=1 only: grouped/depthwise convolutions have no template and run through PyTorch
+(cuDNN), reported as a fallback in the kernel plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.epilogue import Epilogue, apply_reference, render
+
+_TEMPLATE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def conv_kernel(
+    x_ptr, w_ptr, bias_ptr, c_ptr, {extra_ptrs}
+    NB, C, H, W, OC, OH, OW,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_cn, stride_cc, stride_ch, stride_cw, {extra_strides}
+    SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+    DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    M = NB * OH * OW
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(OC, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % group) % size_m)
+    pid_n = (pid % group) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < OC
+    rn = tl.where(mask_n, offs_n, 0)
+    # output pixel -> (image, oh, ow) and the top-left input tap of its window
+    n_idx = offs_m // (OH * OW)
+    rem = offs_m % (OH * OW)
+    oh = rem // OW
+    ow = rem % OW
+    ih0 = oh * SH - PH
+    iw0 = ow * SW - PW
+    x_base = x_ptr + n_idx * stride_xn
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if FLAT_K:
+        KTOT = KH * KW * C
+        for k0 in range(0, KTOT, BLOCK_K):
+            kk = k0 + offs_k
+            c = kk % C
+            t = kk // C
+            ih = ih0[:, None] + (t // KW)[None, :] * DH
+            iw = iw0[:, None] + (t % KW)[None, :] * DW
+            ok = mask_m[:, None] & (kk < KTOT)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.load(x_base[:, None] + c[None, :] * stride_xc + ih * stride_xh + iw * stride_xw, mask=ok, other=0.0)
+            b = tl.load(w_ptr + kk[:, None] * OC + rn[None, :], mask=(kk < KTOT)[:, None], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    else:
+        # one flat loop over (kh, kw, channel block) so the compiler pipelines all of it
+        n_cb = tl.cdiv(C, BLOCK_K)
+        for it in range(0, KH * KW * n_cb):
+            cb = it % n_cb
+            tap = it // n_cb
+            kh = tap // KW
+            kw = tap % KW
+            ih = ih0 + kh * DH
+            iw = iw0 + kw * DW
+            ok = mask_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            cc = cb * BLOCK_K + offs_k
+            a_ptrs = x_base[:, None] + (ih * stride_xh + iw * stride_xw)[:, None] + cc[None, :] * stride_xc
+            a = tl.load(a_ptrs, mask=ok[:, None] & (cc < C)[None, :], other=0.0)
+            b_ptrs = w_ptr + (tap * C + cc)[:, None] * OC + rn[None, :]
+            b = tl.load(b_ptrs, mask=(cc < C)[:, None], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+{load_extras}
+{epilogue}
+    c_ptrs = c_ptr + (n_idx * stride_cn + oh * stride_ch + ow * stride_cw)[:, None] + offs_n[None, :] * stride_cc
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+'''
+
+
+def kernel_source(epi: Epilogue) -> str:
+    n = epi.n_inputs
+    loads = "\n".join(
+        f"    x{j} = tl.load(x{j}_ptr + (n_idx * stride_x{j}n + oh * stride_x{j}h + ow * stride_x{j}w)[:, None]"
+        f" + offs_n[None, :] * stride_x{j}c, mask=mask)"
+        for j in range(n)
+    )
+    return _TEMPLATE.format(
+        extra_ptrs="".join(f"x{j}_ptr, " for j in range(n)),
+        extra_strides="".join(f"stride_x{j}n, stride_x{j}c, stride_x{j}h, stride_x{j}w, " for j in range(n)),
+        load_extras=loads,
+        epilogue=render(epi),
+    )
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 32
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    flat_k: bool = False
+
+    def describe(self) -> str:
+        s = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
+        return s + (" flatk" if self.flat_k else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ConvParams:
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    @staticmethod
+    def of(attrs: Mapping[str, Any]) -> ConvParams:
+        def pair(v: Any, d: int) -> tuple[int, int]:
+            if v is None:
+                return (d, d)
+            if isinstance(v, int):
+                return (v, v)
+            return (int(v[0]), int(v[1]))
+
+        return ConvParams(
+            pair(attrs.get("stride"), 1), pair(attrs.get("padding"), 0), pair(attrs.get("dilation"), 1), int(attrs.get("groups", 1))
+        )
+
+
+def out_hw(h: int, w: int, kh: int, kw: int, p: ConvParams) -> tuple[int, int]:
+    oh = (h + 2 * p.padding[0] - p.dilation[0] * (kh - 1) - 1) // p.stride[0] + 1
+    ow = (w + 2 * p.padding[1] - p.dilation[1] * (kw - 1) - 1) // p.stride[1] + 1
+    return oh, ow
+
+
+def supported(weight_shape: tuple[int, ...], p: ConvParams) -> str | None:
+    """None when the template covers the conv, else the reason it falls back."""
+    if p.groups != 1:
+        return f"groups={p.groups}: no grouped/depthwise template, runs in PyTorch (cuDNN)"
+    if len(weight_shape) != 4:
+        return "only 2-D convolutions"
+    return None
+
+
+def default_config(m: int, n: int, k: int, c: int) -> ConvConfig:
+    from kfuse.kernels.gemm import interpreting
+
+    flat = c < 16
+    if interpreting():
+        return ConvConfig(32, 32, 16, 4, 4, 1, flat)
+    if m * n >= 1 << 20:
+        return ConvConfig(128, 128, 32 if flat else 64, 8, 8, 3, flat)
+    return ConvConfig(64, 64, 32 if flat else 64, 8, 4, 3, flat)
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """(OC, C, KH, KW) -> (KH*KW*C, OC) row-major: row (kh*KW + kw)*C + c, column oc."""
+    oc = w.shape[0]
+    return w.permute(2, 3, 1, 0).reshape(-1, oc).contiguous()
+
+
+def _module(epi: Epilogue):  # noqa: ANN202 - a generated module of triton JITFunctions
+    return load_generated("conv", epi.key(), kernel_source(epi))
+
+
+def conv_epilogue(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    extras: list[torch.Tensor],
+    epi: Epilogue,
+    params: ConvParams,
+    out_dtype: torch.dtype,
+    config: ConvConfig | None = None,
+    packed_weight: torch.Tensor | None = None,
+    channels_last: bool = True,
+) -> torch.Tensor:
+    """``epi(conv2d(x, weight) + bias, *extras)`` in one kernel. ``x`` is (N, C, H, W) in any
+    memory format (channels-last is the fast one); the output is channels-last unless asked
+    otherwise. ``packed_weight`` is ``pack_weight(weight)``, computed once by the caller."""
+    why = supported(tuple(weight.shape), params)
+    if why is not None:
+        raise ValueError(f"conv_epilogue: {why}")
+    nb, c, h, w = x.shape
+    oc, cw, kh, kw = weight.shape
+    if cw != c:
+        raise ValueError(f"conv_epilogue: input has {c} channels, weight expects {cw}")
+    oh, ow = out_hw(h, w, kh, kw, params)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty((nb, oc, oh, ow), dtype=out_dtype, device=x.device, memory_format=fmt)
+    if out.numel() == 0:
+        return out
+    if max(x.numel(), out.numel()) >= 2**31:
+        raise ValueError("conv_epilogue: tensors of 2**31 elements or more need 64-bit indexing (not in this template)")
+    if len(extras) != epi.n_inputs:
+        raise ValueError(f"epilogue expects {epi.n_inputs} extra inputs, got {len(extras)}")
+    wp = packed_weight if packed_weight is not None else pack_weight(weight)
+    ex = [torch.broadcast_to(e, out.shape) for e in extras]
+    m, kdim = nb * oh * ow, kh * kw * c
+    cfg = config or default_config(m, oc, kdim, c)
+    ex_strides: list[int] = []
+    for e in ex:
+        ex_strides += [e.stride(0), e.stride(1), e.stride(2), e.stride(3)]
+    precision = "ieee" if x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+    grid = (cdiv(m, cfg.block_m) * cdiv(oc, cfg.block_n),)
+    _module(epi).conv_kernel[grid](
+        x, wp, bias if bias is not None else wp, out, *ex,
+        nb, c, h, w, oc, oh, ow,
+        x.stride(0), x.stride(1), x.stride(2), x.stride(3),
+        out.stride(0), out.stride(1), out.stride(2), out.stride(3), *ex_strides,
+        SH=params.stride[0], SW=params.stride[1], PH=params.padding[0], PW=params.padding[1],
+        DH=params.dilation[0], DW=params.dilation[1], KH=kh, KW=kw,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        FLAT_K=cfg.flat_k, HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    extras: list[torch.Tensor],
+    epi: Epilogue,
+    params: ConvParams,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The oracle: fp32 conv (+ bias) then the epilogue through the op registry."""
+    b = None if bias is None else bias.float()
+    acc = F.conv2d(x.float(), weight.float(), b, params.stride, params.padding, params.dilation, params.groups)
+    return apply_reference(acc, [e.float() if e.is_floating_point() else e for e in extras], epi).to(out_dtype)
