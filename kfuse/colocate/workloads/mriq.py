@@ -1,0 +1,58 @@
+"""mri-q (Parboil): Q = sum_k |phi_k|^2 * exp(i 2 pi k.x) for every voxel x (real and imaginary parts).
+
+A block is BLOCK voxels; it loops over the k-space samples in chunks of KC.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.colocate.ptb import BlockKernel, interpreting
+from kfuse.colocate.workloads import Workload, nan_fill
+
+
+@triton.jit
+def mriq_block(bid, kx, ky, kz, phimag, x, y, z, qr, qi, num_k, num_x, BLOCK: tl.constexpr, KC: tl.constexpr):
+    offs = bid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < num_x
+    px = tl.load(x + offs, mask=m, other=0.0)
+    py = tl.load(y + offs, mask=m, other=0.0)
+    pz = tl.load(z + offs, mask=m, other=0.0)
+    acc_r = tl.zeros((BLOCK,), dtype=tl.float32)
+    acc_i = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, num_k, KC):
+        ko = k0 + tl.arange(0, KC)
+        km = ko < num_k
+        ax = tl.load(kx + ko, mask=km, other=0.0)
+        ay = tl.load(ky + ko, mask=km, other=0.0)
+        az = tl.load(kz + ko, mask=km, other=0.0)
+        ph = tl.load(phimag + ko, mask=km, other=0.0)
+        arg = 6.283185307179586 * (ax[None, :] * px[:, None] + ay[None, :] * py[:, None] + az[None, :] * pz[:, None])
+        acc_r += tl.sum(ph[None, :] * tl.cos(arg), axis=1)
+        acc_i += tl.sum(ph[None, :] * tl.sin(arg), axis=1)
+    tl.store(qr + offs, acc_r, mask=m)
+    tl.store(qi + offs, acc_i, mask=m)
+
+
+def make(small: bool, device: torch.device, g: torch.Generator) -> Workload:
+    num_k, num_x = (37, 53) if small else (2048, 262144)
+    block, kc = (16, 16) if interpreting() else (128, 32)
+    ks = [(torch.rand(num_k, generator=g) - 0.5).to(device) for _ in range(3)]
+    phi = torch.rand(num_k, generator=g).to(device)
+    xs = [(torch.rand(num_x, generator=g) - 0.5).to(device) for _ in range(3)]
+    q = torch.empty(2, num_x, device=device)
+
+    def reference() -> torch.Tensor:
+        arg = 2 * math.pi * sum(k.double()[None, :] * p.double()[:, None] for k, p in zip(ks, xs, strict=True))
+        return torch.stack([(phi.double() * torch.cos(arg)).sum(1), (phi.double() * torch.sin(arg)).sum(1)])
+
+    nb = triton.cdiv(num_x, block)
+    kern = BlockKernel(
+        "mriq", __name__, "mriq_block", [*ks, phi, *xs, q[0], q[1], num_k, num_x], {"BLOCK": block, "KC": kc}, nb,
+        num_warps=4, flops_per_block=14.0 * block * num_k, bytes_per_block=20.0 * block + 16.0 * num_k,
+    )  # fmt: skip
+    return Workload("mriq", kern, reference, lambda: q, lambda: nan_fill(q), "compute", tol=1e-4)
