@@ -1,0 +1,361 @@
+"""Fused multi-head attention (flash-style online softmax) in one Triton template.
+
+One program computes a BLOCK_M tile of query rows for one (batch, head); it streams key/value
+tiles of BLOCK_N rows, keeps the running row max and row sum in registers and never writes the
+score matrix to memory. The same kernel covers:
+
+- dense batches ``[B, H, S, D]`` given as strided views (so a ``[B, S, H*D]`` projection output,
+  or a slice of a merged QKV output, is read in place: no transposes, no copies);
+- **packed variable-length** batches: tokens ``[T, H, D]`` with ``cu_seqlens`` (prefix sums of
+  the lengths, int32 ``[B+1]``); no padded token is ever loaded or computed;
+- masks: none, causal (top-left aligned, as SDPA's ``is_causal``), key padding (``[B, Sk]``,
+  nonzero = attend), a dense boolean mask or a dense additive float mask (``[B|1, H|1, Sq, Sk]``
+  via strides, broadcast dims have stride 0).
+
+Rows whose keys are all masked produce zeros (SDPA's math path gives NaN there).
+Tile parameters are template parameters; on the GPU a small config list is autotuned per
+(sequence length, head dim, mask kind) key; ``reference`` is the PyTorch oracle.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MASK_NONE, MASK_KEY_PADDING, MASK_DENSE_BOOL, MASK_DENSE_ADD = 0, 1, 2, 3
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Out, M, CU,
+    scale_log2,
+    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+    stride_mb, stride_mh, stride_mq, stride_mk,
+    H, SQ, SK, D,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    VARLEN: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    if VARLEN:
+        q_start = tl.load(CU + b)
+        q_len = tl.load(CU + b + 1) - q_start
+        k_start = q_start
+        k_len = q_len
+    else:
+        q_start = 0
+        k_start = 0
+        q_len = SQ
+        k_len = SK
+    # the grid is sized for the longest sequence: tiles past this sequence's end do nothing
+    if pid_m * BLOCK_M < q_len:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < D
+        row_ok = offs_m < q_len
+        q_ptrs = Q + b * stride_qb + h * stride_qh + (q_start + offs_m)[:, None] * stride_qs + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & mask_d[None, :], other=0.0)
+        k_base = K + b * stride_kb + h * stride_kh
+        v_base = V + b * stride_vb + h * stride_vh
+        m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        hi = k_len
+        if CAUSAL:
+            hi = tl.minimum(k_len, (pid_m + 1) * BLOCK_M)
+        for start_n in range(0, hi, BLOCK_N):
+            cols = start_n + offs_n
+            col_ok = cols < k_len
+            k_ptrs = k_base + (k_start + cols)[None, :] * stride_ks + offs_d[:, None]
+            kt = tl.load(k_ptrs, mask=col_ok[None, :] & mask_d[:, None], other=0.0)
+            qk = tl.dot(q, kt, input_precision=PRECISION) * scale_log2
+            allowed = col_ok[None, :] & row_ok[:, None]
+            if CAUSAL:
+                allowed = allowed & (cols[None, :] <= offs_m[:, None])
+            if MASK_KIND == 1:
+                km = tl.load(M + b * stride_mb + cols * stride_mk, mask=col_ok, other=0)
+                allowed = allowed & (km != 0)[None, :]
+            if MASK_KIND == 2:
+                mp = M + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mq + cols[None, :] * stride_mk
+                mm = tl.load(mp, mask=row_ok[:, None] & col_ok[None, :], other=0)
+                allowed = allowed & (mm != 0)
+            if MASK_KIND == 3:
+                mp = M + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mq + cols[None, :] * stride_mk
+                madd = tl.load(mp, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+                qk = qk + madd * 1.4426950408889634
+            qk = tl.where(allowed, qk, -1.0e30)
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.exp2(qk - m_new[:, None])
+            p = tl.where(allowed, p, 0.0)
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            v = tl.load(v_base + (k_start + cols)[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & mask_d[None, :], other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+            m_i = m_new
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_safe[:, None]
+        o_ptrs = Out + b * stride_ob + h * stride_oh + (q_start + offs_m)[:, None] * stride_os + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & mask_d[None, :])
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def describe(self) -> str:
+        return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def config_space(head_dim: int) -> list[AttnConfig]:
+    """Candidate tiles. Hard rule: the Q tile, two K/V tiles per stage and the fp32 accumulator
+    must fit in shared memory and registers, so BLOCK_N shrinks as the head dim grows."""
+    bn = (32, 64) if head_dim > 64 else (32, 64, 128)
+    out = []
+    for bm in (64, 128):
+        for n in bn:
+            for w in (4, 8):
+                if bm * n * max(head_dim, 64) * 2 * 2 > 232 * 1024:  # smem for K+V stages, fp16
+                    continue
+                out.append(AttnConfig(bm, n, w, 3 if head_dim <= 64 else 2))
+    return out
+
+
+def default_config(max_seq: int, batch_heads: int, head_dim: int) -> AttnConfig:
+    """Heuristic tile when nothing was tuned: small grids get short query tiles (more programs)."""
+    if interpreting():
+        return AttnConfig(16, 16, 4, 1)
+    bm = 128 if triton.cdiv(max_seq, 128) * batch_heads >= 132 * 2 else 64
+    bn = 64 if head_dim <= 64 else 32
+    return AttnConfig(bm, bn, 4 if bm == 64 else 8, 3 if head_dim <= 64 else 2)
+
+
+_TUNED: dict[tuple, AttnConfig] = {}
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, what: str) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != rank:
+            raise ValueError(f"{what}: {name} must have rank {rank}, got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{what}: {name} must be contiguous in the head dim (stride {t.stride(-1)})")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"{what}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] > 256:
+        raise ValueError(f"{what}: head dim {q.shape[-1]} > 256 is not supported")
+
+
+def _launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    strides: tuple[tuple[int, int, int], ...],
+    mask: torch.Tensor | None,
+    mask_strides: tuple[int, int, int, int],
+    mask_kind: int,
+    cu: torch.Tensor | None,
+    batch: int,
+    heads: int,
+    sq: int,
+    sk: int,
+    scale: float,
+    causal: bool,
+    config: AttnConfig | None,
+) -> None:
+    d = q.shape[-1]
+    key = (sq, d, mask_kind, causal, cu is not None, batch * heads)
+    cfg = config or _TUNED.get(key)
+    if cfg is None and AUTOTUNE and q.is_cuda and not interpreting() and not torch.cuda.is_current_stream_capturing():
+        # first launch of this problem on the GPU: a warm-up run, before any CUDA graph capture
+        args = (q, k, v, o, strides, mask, mask_strides, mask_kind, cu, batch, heads, sq, sk, scale, causal)
+        cfg = _TUNED[key] = _measure_best(lambda c: _launch(*args, c), d)  # type: ignore[arg-type]
+    cfg = cfg or default_config(sq, batch * heads, d)
+    grid = (triton.cdiv(max(sq, 1), cfg.block_m), batch * heads)
+    dummy = o if mask is None else mask
+    cu_t = cu if cu is not None else o
+    (sqb, sqh, sqs), (skb, skh, sks), (svb, svh, svs), (sob, soh, sos) = strides
+    _attn_fwd[grid](
+        q, k, v, o, dummy, cu_t,
+        scale * _LOG2E,
+        sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
+        *mask_strides,
+        heads, sq, sk, d,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        VARLEN=cu is not None, MASK_KIND=mask_kind, CAUSAL=bool(causal), PRECISION=_precision(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+MaskArgs = tuple[torch.Tensor | None, tuple[int, int, int, int]]
+
+
+def _mask_args(mask: torch.Tensor | None, kind: int, b: int, h: int, sq: int, sk: int) -> MaskArgs:
+    if mask is None or kind == MASK_NONE:
+        return None, (0, 0, 0, 0)
+    if mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)  # same bytes; Triton loads uint8 reliably
+    if kind == MASK_KEY_PADDING:
+        if mask.dim() != 2 or mask.shape[1] != sk or mask.shape[0] not in (1, b):
+            raise ValueError(f"attention: key padding mask must be [B, Sk] = [{b}, {sk}], got {tuple(mask.shape)}")
+        return mask, (mask.stride(0) if mask.shape[0] > 1 else 0, 0, 0, mask.stride(1))
+    m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)) if mask.dim() < 4 else mask
+    try:
+        m4 = m4.expand(b, h, sq, sk)
+    except RuntimeError:
+        raise ValueError(f"attention: mask of shape {tuple(mask.shape)} does not broadcast to [{b}, {h}, {sq}, {sk}]") from None
+    return m4, tuple(m4.stride())  # type: ignore[return-value]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    mask_kind: int = MASK_NONE,
+    causal: bool = False,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    config: AttnConfig | None = None,
+) -> torch.Tensor:
+    """Dense attention on ``[B, H, S, D]`` tensors (any strides with a contiguous head dim).
+
+    ``mask_kind``: MASK_KEY_PADDING with ``mask`` ``[B, Sk]`` (nonzero = attend), MASK_DENSE_BOOL
+    (True = attend) or MASK_DENSE_ADD (added to the scores) with a mask broadcastable to
+    ``[B, H, Sq, Sk]``. Returns ``[B, H, Sq, D]`` (or writes ``out``, any strides)."""
+    _check_qkv(q, k, v, 4, "attention")
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    if k.shape[:2] != (b, h) or v.shape[:3] != k.shape[:3] or k.shape[3] != d:
+        raise ValueError(f"attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    o = out if out is not None else torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
+    m, ms = _mask_args(mask, mask_kind, b, h, sq, sk)
+    if sq == 0 or b * h == 0:
+        return o
+    strides = tuple((t.stride(0), t.stride(1), t.stride(2)) for t in (q, k, v, o))
+    _launch(q, k, v, o, strides, m, ms, mask_kind if m is not None else MASK_NONE, None, b, h, sq, sk, scale, causal, config)  # type: ignore[arg-type]
+    return o
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    config: AttnConfig | None = None,
+) -> torch.Tensor:
+    """Attention on packed tokens: ``q, k, v`` are ``[T, H, D]`` (any token/head strides),
+    sequence ``b`` is rows ``cu_seqlens[b]:cu_seqlens[b+1]``. ``max_seqlen`` bounds the longest
+    sequence (it sizes the grid; it may be larger than the true maximum). Returns ``[T, H, D]``."""
+    _check_qkv(q, k, v, 3, "varlen_attention")
+    t, h, d = q.shape
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"varlen_attention: cu_seqlens must be 1-D int32/int64, got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+    batch = cu_seqlens.shape[0] - 1
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    o = out if out is not None else torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    if t == 0 or batch <= 0:
+        return o
+    strides = tuple((0, x.stride(1), x.stride(0)) for x in (q, k, v, o))
+    _launch(q, k, v, o, strides, None, (0, 0, 0, 0), MASK_NONE, cu_seqlens, batch, h, max_seqlen, max_seqlen, scale, causal, config)  # type: ignore[arg-type]
+    return o
+
+
+AUTOTUNE = os.environ.get("KFUSE_ATTN_AUTOTUNE", "1") == "1"
+
+
+def _measure_best(run, head_dim: int, rep: int = 20) -> AttnConfig:  # noqa: ANN001 - run: AttnConfig -> None
+    """Time every config of the space with ``run`` (GPU) and return the fastest."""
+    from kfuse.bench.harness import time_ms
+
+    best, best_ms = None, float("inf")
+    for c in config_space(head_dim):
+        try:
+            ms = time_ms(lambda c=c: run(c), warmup=3, rep=rep)
+        except Exception:  # a config the compiler rejects (out of resources) is skipped
+            continue
+        if ms < best_ms:
+            best, best_ms = c, ms
+    if best is None:
+        raise RuntimeError("attention: no config of the space ran")
+    return best
+
+
+def tuned_configs() -> dict[tuple, AttnConfig]:
+    """The configs chosen so far, by problem key (max seq, head dim, mask kind, causal, varlen, B*H)."""
+    return dict(_TUNED)
+
+
+def reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    mask_kind: int = MASK_NONE,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The oracle for ``attention`` in float32: softmax(q k^T * scale + mask) v; all-masked rows are 0."""
+    qf, kf, vf = q.float(), k.float(), v.float()
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    allowed = torch.ones((b, h, sq, sk), dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+    if mask is not None and mask_kind == MASK_KEY_PADDING:
+        allowed = allowed & (mask != 0)[:, None, None, :]
+    elif mask is not None and mask_kind == MASK_DENSE_BOOL:
+        allowed = allowed & mask.bool()
+    elif mask is not None and mask_kind == MASK_DENSE_ADD:
+        s = s + mask.float()
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return torch.matmul(p, vf)
+
+
+def varlen_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, causal: bool = False, scale: float | None = None
+) -> torch.Tensor:
+    """The oracle for ``varlen_attention``: each sequence on its own, in float32."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    cu = cu_seqlens.tolist()
+    for i in range(len(cu) - 1):
+        a, e = cu[i], cu[i + 1]
+        if e > a:
+            sl = slice(a, e)
+            qs, ks, vs = (x[sl].transpose(0, 1)[None] for x in (q, k, v))
+            out[sl] = reference(qs, ks, vs, causal=causal, scale=scale)[0].transpose(0, 1)
+    return out
