@@ -1,0 +1,154 @@
+"""LayerNorm / RMSNorm template with fused residual adds: ``norm(x + a1 + a2 ...) * w + b``.
+
+One program normalises ROWS rows of N features held in registers (fp32 statistics). Up to three
+addends are summed into the row first (bias, residual, position embeddings, ...): an addend
+broadcast over the leading dims (``[1, S, N]`` against ``[B, S, N]``, or ``[N]``) is read with
+``row % period`` so nothing is materialised. This is ByteTransformer's fused add-bias + residual +
+LayerNorm; in kfuse the bias and residual usually already sit in the GEMM epilogue, so the usual
+form is the plain LayerNorm of one GEMM output (one read, one write).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ADDENDS = 3
+
+
+@triton.jit
+def _norm_fwd(
+    X, A0, A1, A2, W, Bias, Y,
+    M, N, stride_x, stride_a0, stride_a1, stride_a2, stride_y, per0, per1, per2,
+    eps,
+    N_ADD: tl.constexpr, RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if N_ADD >= 1:
+        x += tl.load(A0 + (rows % per0)[:, None] * stride_a0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if N_ADD >= 2:
+        x += tl.load(A1 + (rows % per1)[:, None] * stride_a1 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if N_ADD >= 3:
+        x += tl.load(A2 + (rows % per2)[:, None] * stride_a2 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if RMS:
+        var = tl.sum(x * x, 1) / N
+        xhat = x * tl.rsqrt(var + eps)[:, None]
+    else:
+        mean = tl.sum(x, 1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        var = tl.sum(xc * xc, 1) / N
+        xhat = xc * tl.rsqrt(var + eps)[:, None]
+    if HAS_W:
+        xhat = xhat * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        xhat = xhat + tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], xhat.to(Y.dtype.element_ty), mask=mask)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _rows2d(t: torch.Tensor, n: int, what: str) -> tuple[torch.Tensor, int]:
+    """A ``[rows, n]`` view of ``t`` with a contiguous feature dim, and its row stride."""
+    if t.shape[-1] != n:
+        raise ValueError(f"norm: {what} has last dim {t.shape[-1]}, expected {n}")
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    try:
+        t2 = t.view(-1, n)
+    except RuntimeError:
+        t2 = t.reshape(-1, n)
+    return t2, (t2.stride(0) if t2.shape[0] > 1 else n)
+
+
+def _period(a: torch.Tensor, out_shape: tuple[int, ...]) -> int:
+    """Rows of ``a`` that repeat over the output rows; ``a`` may only be broadcast over leading dims."""
+    shape = (1,) * (len(out_shape) - a.dim()) + tuple(a.shape)
+    lead = 0
+    while lead < len(shape) - 1 and shape[lead] == 1 and out_shape[lead] != 1:
+        lead += 1
+    if tuple(shape[lead:]) != tuple(out_shape[lead:]):
+        raise ValueError(f"norm: addend of shape {tuple(a.shape)} is not a leading-dim broadcast of {tuple(out_shape)}")
+    period = 1
+    for s in shape[lead:-1]:
+        period *= s
+    return max(period, 1)
+
+
+def norm(
+    x: torch.Tensor,
+    addends: Sequence[torch.Tensor] = (),
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    eps: float = 1e-5,
+    rms: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``layer_norm(x + sum(addends)) * weight + bias`` (or RMSNorm with ``rms=True``) over the last dim."""
+    if len(addends) > MAX_ADDENDS:
+        raise ValueError(f"norm: at most {MAX_ADDENDS} addends, got {len(addends)}")
+    n = x.shape[-1]
+    x2, sx = _rows2d(x, n, "input")
+    m = x2.shape[0]
+    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y2, sy = _rows2d(y, n, "output")
+    if m == 0:
+        return y
+    adds, strides, periods = [], [], []
+    for j, a in enumerate(addends):
+        per = _period(a, tuple(x.shape))
+        a2, sa = _rows2d(a.reshape(per, n) if a.numel() == per * n else a, n, f"addend {j}")
+        adds.append(a2)
+        strides.append(sa)
+        periods.append(per if per < m else m)
+    while len(adds) < MAX_ADDENDS:
+        adds.append(x2)
+        strides.append(0)
+        periods.append(1)
+    block_n = triton.next_power_of_2(n)
+    if _interpreting():
+        rows, warps = 4, 1
+    else:
+        rows = max(1, min(16, 4096 // block_n))
+        warps = 4 if block_n * rows <= 4096 else 8
+    _norm_fwd[(triton.cdiv(m, rows),)](
+        x2, adds[0], adds[1], adds[2],
+        weight if weight is not None else x2, bias if bias is not None else x2, y2,
+        m, n, sx, strides[0], strides[1], strides[2], sy, periods[0], periods[1], periods[2],
+        float(eps),
+        N_ADD=len(addends), RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None,
+        ROWS=rows, BLOCK_N=block_n, num_warps=warps,
+    )  # fmt: skip
+    return y
+
+
+def reference(
+    x: torch.Tensor,
+    addends: Sequence[torch.Tensor] = (),
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    eps: float = 1e-5,
+    rms: bool = False,
+) -> torch.Tensor:
+    """The oracle in float32."""
+    s = x.float()
+    for a in addends:
+        s = s + a.float()
+    n = (x.shape[-1],)
+    w = weight.float() if weight is not None else None
+    if rms:
+        return torch.nn.functional.rms_norm(s, n, w, eps)
+    return torch.nn.functional.layer_norm(s, n, w, bias.float() if bias is not None else None, eps)
