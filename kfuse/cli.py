@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +25,17 @@ def _device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise typer.BadParameter("no CUDA device is available", param_hint="--device")
     return device
+
+
+def _command_line(cmd: str, positional: str, **opts: Any) -> str:
+    """The command that reproduces this run (options that differ from 'unset')."""
+    parts = ["kfuse", cmd, positional]
+    for k, v in opts.items():
+        if v is None or v is False or (k == "tune" and v == "none"):
+            continue
+        flag = "--" + k.replace("_", "-")
+        parts += [flag] if v is True else [flag, str(v)]
+    return " ".join(parts)
 
 
 def _load(model: str, batch: int | None, seq: int | None, dtype: str, device: str, varlen: bool, avg_len_ratio: float | None) -> tuple[Any, tuple, dict]:
@@ -83,7 +93,7 @@ def compile_cmd(
         compiled = kfuse.compile(m, args, kwargs, explain=explain, **overrides)
     rep = dict(compiled.report)
     rep["model"] = model
-    rep["command"] = "kfuse " + " ".join(sys.argv[1:])
+    rep["command"] = _command_line("compile", model, batch=batch, seq=seq, dtype=dtype, varlen=varlen, avg_len_ratio=avg_len_ratio, tune=tune)
     if not explain:
         console.print(plan_table(rep))
         for line in summary_lines(rep):
@@ -178,7 +188,8 @@ def bench(
         times, outs, _ = pytorch_baselines(m, args, kwargs, which=tuple(baselines.split(",")))
         t_k = time_ms(lambda: compiled(*args, **kwargs))
         err = max_rel_err(compiled(*args, **kwargs), outs["eager"]) if "eager" in outs else None
-    rec = make_record(model, f"B{batch}_S{seq}" if seq else f"B{batch}", t_k, times, None, err, "kfuse " + " ".join(sys.argv[1:]))
+    command = _command_line("bench", model, batch=batch, seq=seq, baselines=baselines)
+    rec = make_record(model, f"B{batch}_S{seq}" if seq else f"B{batch}", t_k, times, None, err, command)
     console.print_json(json.dumps(rec, default=str))
     if out:
         out.write_text(json.dumps([rec], indent=2, default=str))

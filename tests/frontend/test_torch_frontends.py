@@ -1,0 +1,108 @@
+"""torch.export and torch.compile(backend="kfuse") on every embedded model: kfuse equals PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kfuse
+import kfuse.models as zoo
+from kfuse.bench.harness import max_rel_err
+
+TINY = ["mlp-tiny", "resnet-tiny", "bert-tiny", "gpt2-tiny", "vit-tiny", "mixer-tiny", "repvgg-tiny"]
+LARGE = ["bert-base", "gpt2-small", "vit-b16", "resnet50", "nerf-mlp"]
+TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
+
+
+def build(name: str, dtype: torch.dtype = torch.float32, **kw: object) -> tuple:
+    size = {"batch": 2, "seq": 12} if name in TINY else {"batch": 1, "seq": 8}
+    if name == "nerf-mlp":
+        size = {"batch": 64}
+    size.update(kw)  # type: ignore[arg-type]
+    return zoo.build(name, dtype=dtype, seed=torch.randint(0, 1000, ()).item(), **size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_export_frontend_tiny_models(name: str) -> None:
+    model, args, kwargs = build(name)
+    compiled = kfuse.compile(model, args, kwargs)
+    # fresh inputs of the same shape, not the example ones
+    _, args2, kwargs2 = build(name)
+    with torch.no_grad():
+        assert max_rel_err(compiled(*args2, **kwargs2), model(*args2, **kwargs2)) < TOL[torch.float32]
+    rep = compiled.report
+    assert rep["fallback"] == [] and rep["max_rel_err"] < TOL[torch.float32]
+    if name not in ("resnet-tiny", "repvgg-tiny"):
+        assert any(k["template"] == "gemm_epilogue" for k in rep["kernels"]), "no GEMM was fused"
+
+
+@pytest.mark.parametrize("name", ["mlp-tiny", "bert-tiny"])
+def test_export_frontend_fp16(name: str) -> None:
+    model, args, kwargs = build(name, dtype=torch.float16)
+    compiled = kfuse.compile(model, args, kwargs)
+    assert compiled.report["max_rel_err"] < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("name", LARGE)
+def test_export_frontend_large_models_graph_level(name: str) -> None:
+    """Import + passes on the full-size models; kernels run as PyTorch to keep the CPU test fast."""
+    model, args, kwargs = build(name)
+    compiled = kfuse.compile(model, args, kwargs, backend="torch")
+    assert compiled.report["max_rel_err"] < TOL[torch.float32]
+    assert compiled.report["fallback"] == []
+
+
+@pytest.mark.parametrize("name", ["mlp-tiny", "resnet-tiny", "bert-tiny", "gpt2-tiny", "vit-tiny"])
+def test_dynamo_backend(name: str) -> None:
+    torch._dynamo.reset()
+    model, args, kwargs = build(name)
+    fast = torch.compile(model, backend="kfuse")
+    with torch.no_grad():
+        assert max_rel_err(fast(*args, **kwargs), model(*args, **kwargs)) < TOL[torch.float32]
+
+
+def test_exported_program_input() -> None:
+    model, args, kwargs = build("mlp-tiny")
+    ep = torch.export.export(model, args, kwargs)
+    compiled = kfuse.compile(ep, args, kwargs)
+    with torch.no_grad():
+        assert max_rel_err(compiled(*args), model(*args)) < 1e-5
+
+
+class WithUnsupportedOp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.lin(x).relu()
+        return {"cum": torch.cumsum(h, dim=1), "sorted": torch.sort(h, dim=-1).values}
+
+
+def test_unsupported_op_falls_back_and_is_reported() -> None:
+    model = WithUnsupportedOp().eval()
+    x = torch.randn(5, 8)
+    compiled = kfuse.compile(model, (x,))
+    out = compiled(x)
+    assert set(out) == {"cum", "sorted"}
+    with torch.no_grad():
+        ref = model(x)
+    torch.testing.assert_close(out["cum"], ref["cum"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["sorted"], ref["sorted"], rtol=1e-5, atol=1e-5)
+    fallback = compiled.report["fallback"]
+    assert any("cumsum" in f for f in fallback) and any("sort" in f for f in fallback)
+    assert any(k["template"] == "fallback" for k in compiled.report["kernels"])
+
+
+class InPlace(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.relu_()
+        return y + 1
+
+
+def test_in_place_ops_are_renamed() -> None:
+    x = torch.randn(3, 4)
+    compiled = kfuse.compile(InPlace(), (x,))
+    torch.testing.assert_close(compiled(x), InPlace()(x))

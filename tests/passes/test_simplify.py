@@ -1,0 +1,144 @@
+"""Clean-up passes: structure before/after, numerics unchanged through the reference executor."""
+
+from __future__ import annotations
+
+import torch
+
+from kfuse.ir import GraphBuilder, TensorType, reference_run
+from kfuse.ir.graph import Graph
+from kfuse.passes.fold import constant_fold, fold_batch_norm
+from kfuse.passes.simplify import algebraic_simplify, cse, dce
+
+X = TensorType((4, 6), torch.float32)
+
+
+def same_numerics(before: Graph, after: Graph, inputs: list[torch.Tensor]) -> None:
+    for a, b in zip(reference_run(before, inputs), reference_run(after, inputs), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_dce_removes_unused_nodes_and_constants() -> None:
+    b = GraphBuilder()
+    x = b.add_input("x", X)
+    c = b.add_constant(torch.randn(6))
+    dead = b.op("mul", [x, c])
+    b.op("exp", [dead])
+    y = b.op("relu", [x])
+    g = b.build([y])
+    out = dce(g)
+    assert out.op_counts() == {"relu": 1} and not out.constants
+    same_numerics(g, out, [torch.randn(4, 6)])
+
+
+def test_cse_merges_identical_nodes_and_scalars() -> None:
+    b = GraphBuilder()
+    x = b.add_input("x", X)
+    a1 = b.op("mul", [x, b.scalar(2.0)])
+    a2 = b.op("mul", [x, b.scalar(2.0)])
+    y = b.op("add", [b.op("exp", [a1]), b.op("exp", [a2])])
+    g = b.build([y])
+    out = dce(cse(g))
+    assert out.op_counts() == {"mul": 1, "exp": 1, "add": 1}
+    assert len(out.constants) == 1
+    same_numerics(g, out, [torch.randn(4, 6)])
+
+
+def test_cse_keeps_fallback_nodes_apart() -> None:
+    b = GraphBuilder()
+    x = b.add_input("x", X)
+    attrs = {"fn": lambda xs: torch.rand_like(xs[0]), "target": "aten.rand_like", "out_type": X}
+    f1 = b.op("fallback", [x], attrs)
+    f2 = b.op("fallback", [x], attrs)
+    g = b.build([b.op("add", [f1, f2])])
+    assert cse(g).op_counts()["fallback"] == 2
+
+
+def test_algebraic_identities() -> None:
+    b = GraphBuilder()
+    x = b.add_input("x", X)
+    y = b.op("mul", [x, b.scalar(1.0)])
+    y = b.op("add", [y, b.scalar(0.0)])
+    y = b.op("div", [y, b.scalar(1.0)])
+    y = b.op("sub", [y, b.scalar(0)])
+    y = b.op("permute", [b.op("permute", [y], {"dims": (1, 0)})], {"dims": (1, 0)})
+    y = b.op("reshape", [b.op("reshape", [y], {"shape": (24,)})], {"shape": (2, 12)})
+    y = b.op("cast", [y], {"dtype": torch.float32})
+    g = b.build([y])
+    out = algebraic_simplify(g)
+    assert out.op_counts() == {"reshape": 1}, str(out)
+    same_numerics(g, out, [torch.randn(4, 6)])
+
+
+def test_identity_not_removed_when_it_broadcasts_or_changes_dtype() -> None:
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((6,), torch.float16))
+    y = b.op("mul", [x, b.add_constant(torch.ones(4, 6, dtype=torch.float16))])  # broadcasts
+    z = b.op("add", [x, b.add_constant(torch.tensor(0.0, dtype=torch.float64))])  # 0-d: keeps fp16
+    g = b.build([y, z])
+    out = algebraic_simplify(g)
+    assert out.op_counts() == {"mul": 1}
+    same_numerics(g, out, [torch.randn(6).half()])
+
+
+def test_strength_reduction() -> None:
+    b = GraphBuilder()
+    x = b.add_input("x", X)
+    y = b.op("div", [x, b.scalar(4.0)])
+    z = b.op("pow", [y, b.scalar(2.0)])
+    w = b.op("pow", [b.op("abs", [z]), b.scalar(0.5)])
+    g = b.build([w])
+    out = algebraic_simplify(g)
+    assert "div" not in out.op_counts() and "pow" not in out.op_counts()
+    assert out.op_counts()["sqrt"] == 1
+    same_numerics(g, out, [torch.randn(4, 6)])
+
+
+def test_constant_fold_pretransposes_weights_and_evaluates_weight_only_math() -> None:
+    b = GraphBuilder()
+    x = b.add_input("x", X)
+    w = torch.randn(5, 6)
+    wt = b.op("permute", [b.add_constant(w)], {"dims": (1, 0)})
+    scale = b.op("mul", [b.add_constant(torch.randn(5)), b.scalar(3.0)])
+    y = b.op("add", [b.op("matmul", [x, wt]), scale])
+    g = b.build([y])
+    out = constant_fold(g)
+    assert out.op_counts() == {"matmul": 1, "add": 1}
+    folded = [c for c in out.constants.values() if c.shape == (6, 5)]
+    assert folded and folded[0].is_contiguous()
+    same_numerics(g, out, [torch.randn(4, 6)])
+
+
+def test_constant_fold_does_not_materialise_large_broadcasts() -> None:
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((512, 512), torch.float32))
+    big = b.op("expand", [b.scalar(1.5)], {"shape": (512, 512)})
+    g = b.build([b.op("add", [x, big])])
+    assert "expand" in constant_fold(g).op_counts()
+
+
+def _conv_bn_graph(with_conv_bias: bool) -> tuple[Graph, torch.Tensor]:
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((2, 3, 8, 8), torch.float32))
+    ins = [x, b.add_constant(torch.randn(4, 3, 3, 3))] + ([b.add_constant(torch.randn(4))] if with_conv_bias else [])
+    c = b.op("conv2d", ins, {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": 1})
+    params = [torch.rand(4) + 0.5, torch.randn(4), torch.randn(4), torch.rand(4) + 0.5]
+    y = b.op("batch_norm", [c] + [b.add_constant(p) for p in params], {"eps": 1e-5})
+    return b.build([b.op("relu", [y])]), torch.randn(2, 3, 8, 8)
+
+
+def test_batch_norm_folds_into_conv() -> None:
+    for bias in (True, False):
+        g, x = _conv_bn_graph(bias)
+        out = algebraic_simplify(fold_batch_norm(g))
+        assert out.op_counts() == {"conv2d": 1, "relu": 1}, str(out)
+        same_numerics(g, out, [x])
+
+
+def test_batch_norm_without_conv_becomes_scale_shift() -> None:
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((2, 4, 5, 5), torch.float32))
+    params = [torch.rand(4) + 0.5, torch.randn(4), torch.randn(4), torch.rand(4) + 0.5]
+    g = b.build([b.op("batch_norm", [x] + [b.add_constant(p) for p in params], {"eps": 1e-3})])
+    out = fold_batch_norm(g)
+    assert out.op_counts() == {"mul": 1, "add": 1}
+    same_numerics(g, out, [torch.randn(2, 4, 5, 5)])

@@ -1,0 +1,81 @@
+"""CompiledModel: output structure, recompilation per shape, clear errors, the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kfuse
+from kfuse import KfuseInputError
+
+
+class TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 24)
+        self.b = nn.Linear(24, 8)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        h = torch.nn.functional.gelu(self.a(x)) * scale
+        return h, {"out": self.b(h) + h[..., :8]}
+
+
+def inputs(m: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(m, 16), torch.rand(24) + 0.5
+
+
+def test_structure_preserved_and_numerics() -> None:
+    model = TwoHeads().eval()
+    compiled = kfuse.compile(model, inputs())
+    x, s = inputs()
+    h, d = compiled(x, s)
+    rh, rd = model(x, s)
+    assert isinstance(d, dict) and set(d) == {"out"}
+    torch.testing.assert_close(h, rh, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(d["out"], rd["out"], rtol=1e-4, atol=1e-5)
+
+
+def test_new_shape_recompiles_once_and_caches() -> None:
+    model = TwoHeads().eval()
+    compiled = kfuse.compile(model, inputs(5))
+    for m in (1, 7, 7, 33):
+        x, s = inputs(m)
+        torch.testing.assert_close(compiled(x, s)[1]["out"], model(x, s)[1]["out"], rtol=1e-4, atol=1e-5)
+    assert len(compiled.variants) == 4  # 5, 1, 7, 33
+
+
+def test_wrong_inputs_give_clear_errors() -> None:
+    compiled = kfuse.compile(TwoHeads().eval(), inputs())
+    x, s = inputs()
+    with pytest.raises(KfuseInputError, match=r"args\[0\].*dtype torch.float16"):
+        compiled(x.half(), s)
+    with pytest.raises(KfuseInputError, match=r"args\[0\].*rank 3"):
+        compiled(x[None], s)
+    with pytest.raises(KfuseInputError, match="structured"):
+        compiled(x)
+    with pytest.raises(KfuseInputError, match="must be a tensor"):
+        compiled(x, 3.0)
+
+
+def test_report_schema_and_explain(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    compiled = kfuse.compile(TwoHeads().eval(), inputs(), explain=True)
+    printed = capsys.readouterr().out
+    assert "after import" in printed and "after fuse_epilogue" in printed and "kernel plan" in printed
+    rep = compiled.report
+    for key in ("model", "kernels", "fallback", "max_abs_err", "max_rel_err", "stages", "backend"):
+        assert key in rep
+    gemms = [k for k in rep["kernels"] if k["template"] == "gemm_epilogue"]
+    assert len(gemms) == 2
+    assert gemms[0]["ops"][:3] == ["matmul", "add", "gelu"]
+    path = tmp_path / "r.json"
+    compiled.save_report(str(path))
+    assert json.loads(path.read_text())["model"] == "TwoHeads"
+
+
+def test_torch_backend_runs_without_triton_kernels() -> None:
+    compiled = kfuse.compile(TwoHeads().eval(), inputs(), backend="torch")
+    assert compiled.report["backend"] == "torch"
+    assert all(k["template"] in ("torch", "fallback") for k in compiled.report["kernels"])

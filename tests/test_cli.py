@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kfuse.cli import app
+
+runner = CliRunner()
+
+
+def test_models_lists_the_zoo() -> None:
+    r = runner.invoke(app, ["models"])
+    assert r.exit_code == 0 and "bert-base" in r.output and "resnet50" in r.output
+
+
+def test_compile_writes_report(tmp_path) -> None:
+    path = tmp_path / "rep.json"
+    r = runner.invoke(app, ["compile", "mlp-tiny", "--batch", "3", "--report", str(path)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(path.read_text())
+    assert rep["model"] == "mlp-tiny" and rep["kernels"] and rep["max_rel_err"] < 1e-4
+    assert rep["command"].startswith("kfuse compile mlp-tiny")
+
+
+def test_compile_unknown_model_is_a_clear_error() -> None:
+    r = runner.invoke(app, ["compile", "no-such-model"])
+    assert r.exit_code != 0 and "no-such-model" in r.output
+
+
+def test_compile_missing_onnx_file() -> None:
+    r = runner.invoke(app, ["compile", "/nope/model.onnx"])
+    assert r.exit_code != 0 and "no such ONNX file" in r.output
+
+
+@pytest.mark.parametrize("cmd", [[], ["compile"], ["demo"], ["bench"], ["models"]])
+def test_help_on_every_command(cmd: list[str]) -> None:
+    r = runner.invoke(app, cmd + ["--help"])
+    assert r.exit_code == 0 and "Usage" in r.output
+
+
+def test_help_on_every_subcommand() -> None:
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name, sub in group.commands.items():  # type: ignore[attr-defined]
+        r = runner.invoke(app, [name, "--help"])
+        assert r.exit_code == 0, name
+        for subname in getattr(sub, "commands", {}):
+            r = runner.invoke(app, [name, subname, "--help"])
+            assert r.exit_code == 0, f"{name} {subname}"
+
+
+def test_demo_runs_on_cpu() -> None:
+    r = runner.invoke(app, ["demo", "--model", "mlp-tiny", "--batch", "2"])
+    assert r.exit_code == 0, r.output
+    assert "PASS" in r.output
