@@ -49,6 +49,10 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
     ]
     if options.fuse_epilogue:
         stages.append(("fuse_epilogue", fuse_epilogues))
+    if options.fuse_pointwise:  # last fusion stage: takes whatever elementwise glue is left
+        from kfuse.passes.fuse_pointwise import fuse_pointwise
+
+        stages.append(("fuse_pointwise", fuse_pointwise))
     return stages
 
 
