@@ -1,0 +1,85 @@
+"""Regenerate BENCHMARKS.md tables from benchmarks/results/h200/*.json.
+
+    python benchmarks/summarize.py            # rewrites the generated part of BENCHMARKS.md
+
+Records in the DESIGN.md §5 schema (with ``kfuse_ms`` and ``baselines_ms``) become one table per
+benchmark with the speedup over the best baseline; other records (tuning, SASS, co-location,
+sparse) are shown with their own fields.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results" / "h200"
+OUT = ROOT.parent / "BENCHMARKS.md"
+BEGIN, END = "<!-- generated:begin -->", "<!-- generated:end -->"
+SKIP = {"benchmark", "gpu", "date", "kfuse_version", "torch_version", "command", "baselines_ms", "notes"}
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_fmt(x)}" for k, x in v.items())
+    return str(v)
+
+
+def table_for(name: str, records: list[dict]) -> str:
+    lines = [f"### {name}", ""]
+    if not records:
+        return ""
+    first = records[0]
+    lines.append(f"GPU {first.get('gpu')}, {first.get('date')}, torch {first.get('torch_version', '?')}. Command: `{first.get('command')}`")
+    lines.append("")
+    if "kfuse_ms" in first and isinstance(first.get("baselines_ms"), dict):
+        bases = sorted({b for r in records for b in (r.get("baselines_ms") or {})})
+        head = ["case", "kfuse ms"] + [f"{b} ms" for b in bases] + ["speedup vs best", "floor ms", "max_rel_err"]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for r in records:
+            bm = r.get("baselines_ms") or {}
+            best = min(bm.values()) if bm else None
+            k = r.get("kfuse_ms")
+            sp = f"{best / k:.2f}x" if best and k else "-"
+            row = [str(r.get("case")), _fmt(k)] + [_fmt(bm.get(b, "-")) for b in bases] + [sp, _fmt(r.get("floor_ms")), _fmt(r.get("max_rel_err"))]
+            lines.append("| " + " | ".join(row) + " |")
+    else:
+        keys = [k for k in first if k not in SKIP]
+        lines.append("| " + " | ".join(keys) + " |")
+        lines.append("|" + "---|" * len(keys))
+        for r in records:
+            lines.append("| " + " | ".join(_fmt(r.get(k, "-")) for k in keys) + " |")
+    notes = sorted({r["notes"] for r in records if r.get("notes")})
+    for n in notes:
+        lines.append(f"\nNote: {n}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parts = []
+    for path in sorted(RESULTS.glob("*.json")):
+        try:
+            records = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            print(f"skipping {path}: {e}", file=sys.stderr)
+            continue
+        if isinstance(records, dict):
+            records = [records]
+        parts.append(table_for(path.stem, records))
+    generated = "\n".join(p for p in parts if p)
+    text = OUT.read_text() if OUT.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text:
+        text += f"\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    OUT.write_text(f"{head}{BEGIN}\n{generated}\n{END}{tail}")
+    print(f"wrote {OUT} ({len(parts)} result files)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
