@@ -1,0 +1,204 @@
+"""Generated pointwise/reduction kernels against the reference executor (Triton interpreter on CPU)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kfuse.ir.graph import Graph, GraphBuilder, TensorType
+from kfuse.ir.interpret import reference_run
+from kfuse.passes.fuse_pointwise import PointwiseLaunch, fuse_pointwise
+from kfuse.runtime.executor import execute, lower
+
+UNARY = ["relu", "sigmoid", "tanh", "silu", "gelu", "gelu_tanh", "neg", "abs", "exp_small", "hardswish", "erf", "sqrt_abs"]
+BINARY = ["add", "sub", "mul", "div_safe", "maximum", "minimum"]
+
+
+def _backend(device: str) -> str:
+    return "triton" if device == "cuda" else "triton-interpreter"
+
+
+def _run_fused(g: Graph, xs: list[torch.Tensor], device: str) -> list[torch.Tensor]:
+    fused = fuse_pointwise(g)
+    assert fused.op_counts().get("pointwise", 0) >= 1, str(fused)
+    plan = lower(fused, torch.device(device), _backend(device))
+    assert any(s.info.template == "pointwise" for s in plan.steps)
+    return execute(plan, xs)
+
+
+def _check(g: Graph, xs: list[torch.Tensor], device: str, tol: float) -> None:
+    ref = reference_run(g, [x.double() if x.is_floating_point() else x for x in xs])
+    out = _run_fused(g, xs, device)
+    for k, (o, r) in enumerate(zip(out, ref, strict=True)):
+        assert o.shape == r.shape and o.dtype == g.type_of(g.outputs[k]).dtype
+        assert not torch.isnan(o).any() or torch.isnan(r).any()
+        torch.testing.assert_close(o.double(), r.double().to(o.device), rtol=tol, atol=tol)
+
+
+def _unary(b: GraphBuilder, op: str, v: str) -> str:
+    if op == "exp_small":
+        return b.op("exp", [b.op("tanh", [v])])
+    if op == "sqrt_abs":
+        return b.op("sqrt", [b.op("abs", [v])])
+    return b.op(op, [v])
+
+
+def _binary(b: GraphBuilder, op: str, x: str, y: str) -> str:
+    if op == "div_safe":  # keep the divisor away from zero
+        return b.op("div", [x, b.op("add", [b.op("abs", [y]), b.scalar(1.0)])])
+    return b.op(op, [x, y])
+
+
+def random_graph(rng: random.Random, shape: tuple[int, ...], dtype: torch.dtype, reduce: str | None, axis: int) -> Graph:
+    """A random chain of elementwise ops over broadcasting inputs, with an optional reduction."""
+    b = GraphBuilder("rand")
+    x = b.add_input("x", TensorType(shape, dtype))
+    bias_shape = shape[-1:]
+    y = b.add_input("bias", TensorType(bias_shape, dtype))
+    vals = [x]
+    for _ in range(rng.randint(2, 5)):
+        if rng.random() < 0.5:
+            vals.append(_unary(b, rng.choice(UNARY), rng.choice(vals)))
+        else:
+            other = rng.choice(vals + [y, b.scalar(rng.choice([0.5, -2.0, 3.0]))])
+            vals.append(_binary(b, rng.choice(BINARY), rng.choice(vals), other))
+    cur = vals[-1]
+    outs = [cur]
+    if reduce is not None:
+        if reduce in ("softmax", "log_softmax"):
+            r = b.op(reduce, [cur], {"dim": axis})
+        elif reduce == "var":
+            r = b.op("var", [cur], {"dims": (axis,), "keepdim": True, "correction": 1 if shape[axis] > 1 else 0})
+        else:
+            r = b.op(reduce, [cur], {"dims": (axis,), "keepdim": True})
+        after = b.op(rng.choice(["mul", "add", "sub"]), [r, cur]) if rng.random() < 0.7 else b.op("sigmoid", [r])
+        outs = [after] if rng.random() < 0.5 else [after, r]
+    return b.build(outs)
+
+
+def _inputs(g: Graph, device: str) -> list[torch.Tensor]:
+    return [torch.randn(t.shape, dtype=t.dtype).to(device) for _, t in g.inputs]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_elementwise_chains(seed: int, device: str) -> None:
+    rng = random.Random(seed)
+    shape = rng.choice([(5,), (3, 7), (2, 3, 33), (4, 1, 5), (1,)])
+    dtype = rng.choice([torch.float32, torch.float16])
+    g = random_graph(rng, shape, dtype, None, 0)
+    _check(g, _inputs(g, device), device, 2e-2 if dtype == torch.float16 else 1e-4)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_reduction_chains(seed: int, device: str) -> None:
+    rng = random.Random(100 + seed)
+    shape = rng.choice([(3, 7), (2, 5, 9), (4, 3)])
+    axis = rng.randrange(len(shape))
+    reduce = rng.choice(["softmax", "log_softmax", "sum", "mean", "amax", "var"])
+    dtype = rng.choice([torch.float32, torch.float16])
+    g = random_graph(rng, shape, dtype, reduce, axis)
+    _check(g, _inputs(g, device), device, 3e-2 if dtype == torch.float16 else 2e-4)
+
+
+@pytest.mark.parametrize("length", [1, 3, 1000, 4097])
+@pytest.mark.parametrize("op", ["softmax", "sum", "mean", "amax", "var"])
+def test_reduction_lengths(length: int, op: str, device: str) -> None:
+    b = GraphBuilder("red")
+    x = b.add_input("x", TensorType((3, length), torch.float32))
+    s = b.op("mul", [x, b.scalar(0.5)])
+    if op == "softmax":
+        r = b.op("softmax", [s], {"dim": 1})
+    else:
+        attrs = {"dims": (1,), "keepdim": False}
+        if op == "var":
+            attrs["correction"] = 1 if length > 1 else 0
+        r = b.op(op, [s], attrs)
+    g = b.build([r])
+    _check(g, _inputs(g, device), device, 1e-4)
+
+
+def test_reduction_middle_axis_and_row_consumers(device: str) -> None:
+    b = GraphBuilder("mid")
+    x = b.add_input("x", TensorType((2, 1000, 3), torch.float32))
+    w = b.add_input("w", TensorType((2, 1, 3), torch.float32))
+    m = b.op("mean", [x], {"dims": (1,), "keepdim": True})
+    d = b.op("sub", [x, m])
+    v = b.op("mean", [b.op("mul", [d, d])], {"dims": (1,), "keepdim": True})
+    y = b.op("mul", [b.op("mul", [d, b.op("rsqrt", [b.op("add", [v, b.scalar(1e-5)])])]), w])
+    g = b.build([y])
+    _check(g, _inputs(g, device), device, 1e-4)
+
+
+def test_broadcasting_and_permuted_inputs(device: str) -> None:
+    b = GraphBuilder("bcast")
+    x = b.add_input("x", TensorType((5, 4, 6), torch.float32))
+    col = b.add_input("col", TensorType((4, 1), torch.float32))
+    s = b.add_input("s", TensorType((), torch.float32))
+    xp = b.op("permute", [x], {"dims": (2, 0, 1)})  # (6, 5, 4): a strided view into the kernel
+    y = b.op("add", [b.op("mul", [xp, b.op("reshape", [col], {"shape": (4,)})]), s])
+    z = b.op("where", [b.op("gt", [y, b.scalar(0.0)]), y, b.op("mul", [y, b.scalar(0.1)])])
+    g = b.build([z])
+    _check(g, _inputs(g, device), device, 1e-5)
+
+
+def test_global_average_pool_channels_last(device: str) -> None:
+    b = GraphBuilder("gap")
+    x = b.add_input("x", TensorType((2, 6, 5, 7), torch.float16))
+    p = b.op("adaptive_avg_pool2d", [b.op("relu", [x])], {"output_size": (1, 1)})
+    g = b.build([p])
+    xs = [torch.randn(2, 6, 5, 7, dtype=torch.float16).to(device).contiguous(memory_format=torch.channels_last)]
+    _check(g, xs, device, 1e-2)
+
+
+def test_multi_output_region_and_bool(device: str) -> None:
+    b = GraphBuilder("multi")
+    x = b.add_input("x", TensorType((3, 9), torch.float32))
+    a = b.op("sigmoid", [x])
+    m = b.op("gt", [a, b.scalar(0.5)])
+    y = b.op("where", [m, a, b.op("neg", [a])])
+    g = b.build([y, a, m])
+    fused = fuse_pointwise(g)
+    assert fused.op_counts()["pointwise"] == 1
+    _check(g, _inputs(g, device), device, 1e-5)
+
+
+def test_out_buffer_poisoned_and_inplace_info(device: str) -> None:
+    b = GraphBuilder("out")
+    x = b.add_input("x", TensorType((4, 33), torch.float32))
+    y = b.op("gelu", [b.op("add", [x, b.scalar(1.0)])])
+    g = b.build([y])
+    fused = fuse_pointwise(g)
+    node = fused.nodes[-1]
+    launch = PointwiseLaunch(node, fused)
+    assert launch.accepts_out and launch.inplace_inputs == (0,)
+    xs = _inputs(g, device)
+    buf = torch.full((4, 33), float("nan"), device=device)
+    out = launch(xs, out=buf)
+    assert out.data_ptr() == buf.data_ptr()
+    torch.testing.assert_close(out, reference_run(g, xs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_leaves_int_and_unsupported_pow(device: str) -> None:
+    b = GraphBuilder("skip")
+    i = b.add_input("i", TensorType((4,), torch.int64))
+    x = b.add_input("x", TensorType((4,), torch.float32))
+    j = b.op("add", [i, b.scalar(1)])
+    p = b.op("pow", [x, b.scalar(2.5)])
+    g = b.build([j, p])
+    fused = fuse_pointwise(g)
+    assert "pointwise" not in fused.op_counts()
+
+
+def test_no_cycle_between_regions(device: str) -> None:
+    """a -> (outside op) -> b must not put a and b in one kernel around the outside op."""
+    b = GraphBuilder("cyc")
+    x = b.add_input("x", TensorType((4, 8), torch.float32))
+    a = b.op("relu", [x])
+    outside = b.op("layer_norm", [a], {"normalized_shape": (8,)})
+    c = b.op("add", [a, outside])
+    g = b.build([c])
+    fused = fuse_pointwise(g)
+    fused.verify()
+    _check(g, _inputs(g, device), device, 1e-5)
