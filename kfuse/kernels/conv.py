@@ -25,8 +25,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kfuse.ir import ops
+from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels.codegen import load_generated
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
+from kfuse.kernels.gemm import _go, interpreting
+from kfuse.runtime.executor import KernelInfo, Step, lowering
 
 _TEMPLATE = '''
 import triton
@@ -179,8 +183,6 @@ def supported(weight_shape: tuple[int, ...], p: ConvParams) -> str | None:
 
 
 def default_config(m: int, n: int, k: int, c: int) -> ConvConfig:
-    from kfuse.kernels.gemm import interpreting
-
     flat = c < 16
     if interpreting():
         return ConvConfig(32, 32, 16, 4, 4, 1, flat)
@@ -210,6 +212,7 @@ def conv_epilogue(
     config: ConvConfig | None = None,
     packed_weight: torch.Tensor | None = None,
     channels_last: bool = True,
+    warmup: bool = False,
 ) -> torch.Tensor:
     """``epi(conv2d(x, weight) + bias, *extras)`` in one kernel. ``x`` is (N, C, H, W) in any
     memory format (channels-last is the fast one); the output is channels-last unless asked
@@ -239,7 +242,7 @@ def conv_epilogue(
         ex_strides += [e.stride(0), e.stride(1), e.stride(2), e.stride(3)]
     precision = "ieee" if x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
     grid = (cdiv(m, cfg.block_m) * cdiv(oc, cfg.block_n),)
-    _module(epi).conv_kernel[grid](
+    _go(_module(epi).conv_kernel, grid, warmup,
         x, wp, bias if bias is not None else wp, out, *ex,
         nb, c, h, w, oc, oh, ow,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
@@ -270,3 +273,60 @@ def reference(
     b = None if bias is None else bias.float()
     acc = F.conv2d(x.float(), weight.float(), b, params.stride, params.padding, params.dilation, params.groups)
     return apply_reference(acc, [e.float() if e.is_floating_point() else e for e in extras], epi).to(out_dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# lowerings: ``conv_epilogue`` nodes, and grouped ``conv2d`` reported as a fallback
+# ---------------------------------------------------------------------------------------
+@lowering("conv_epilogue")
+def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
+    """A Step running the node with the implicit-GEMM template (None: PyTorch reference)."""
+    if backend == "torch":
+        return None
+    x_t, w_t = graph.type_of(node.inputs[0]), graph.type_of(node.inputs[1])
+    assert isinstance(x_t, TensorType) and isinstance(w_t, TensorType)
+    params = ConvParams.of(node.attrs)
+    if supported(w_t.shape, params) is not None:
+        return None
+    epi: Epilogue = node.attrs["epilogue"]
+    has_bias = bool(node.attrs.get("has_bias"))
+    n_conv = 3 if has_bias else 2
+    out_t = node.ttype
+    nb, c, h, w = x_t.shape
+    oc, _, kh, kw = w_t.shape
+    oh, ow = out_hw(h, w, kh, kw, params)
+    cfg = node.attrs.get("config")
+    if cfg is None and options is not None and getattr(options, "tune", "none") != "none" and backend == "triton":
+        from kfuse.tune.tuner import lookup_config, problem_of
+
+        prob = problem_of(node, graph)
+        cfg = lookup_config(prob, options.tune) if prob is not None else None
+    cfg = cfg or default_config(nb * oh * ow, oc, kh * kw * c, c)
+    w_const = graph.constants.get(node.inputs[1])
+    packed: dict[torch.device, torch.Tensor] = {}
+    if w_const is not None:  # pack the constant weight once, at lowering time
+        packed[w_const.device] = pack_weight(w_const)
+    channels_last = out_t.layout == "channels_last"
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        wp = packed.get(xs[0].device)
+        if wp is None:
+            wp = next(iter(packed.values())).to(xs[0].device) if packed else pack_weight(xs[1])
+            if w_const is not None:
+                packed[xs[0].device] = wp
+        bias = xs[2] if has_bias else None
+        return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last)
+
+    info = KernelInfo(node.name, "conv_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
+    return Step(node.name, node.inputs, run, info)
+
+
+@lowering("conv2d")
+def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
+    """conv2d nodes left after epilogue fusion are the ones without a template (grouped,
+    depthwise): they run in PyTorch and the plan says why."""
+    w_t = graph.type_of(node.inputs[1])
+    why = supported(w_t.shape if isinstance(w_t, TensorType) else (), ConvParams.of(node.attrs)) or "not fused"
+    attrs = node.attrs
+    return Step(node.name, node.inputs, lambda xs: ops.run_reference("conv2d", xs, attrs),
+                KernelInfo(node.name, "fallback", ("conv2d",), why))  # fmt: skip

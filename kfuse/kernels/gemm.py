@@ -295,8 +295,16 @@ def gemm_epilogue(
     return g.c.view(g.out_shape)
 
 
-def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig) -> None:
-    """Launch the kernel(s) for a prepared call with config ``cfg``."""
+def _go(kernel: Any, grid: tuple[int, ...], warmup: bool, *args: Any, **kwargs: Any) -> None:
+    """Launch, or with ``warmup`` only compile (the tuner compiles candidates in parallel)."""
+    if not warmup:
+        kernel[grid](*args, **kwargs)
+    elif not interpreting():
+        kernel.warmup(*args, grid=grid, **kwargs)
+
+
+def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) -> None:
+    """Launch the kernel(s) for a prepared call with config ``cfg`` (``warmup``: compile only)."""
     nb, m, k = g.a.shape
     n = g.b.shape[2]
     a, b, c = g.a, g.b, g.c
@@ -310,7 +318,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig) -> None:
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
     if cfg.persistent and split == 1:
         n_prog = min(_num_sms(a.device), tiles * nb)
-        mod.gemm_persistent_kernel[(n_prog,)](
+        _go(mod.gemm_persistent_kernel, (n_prog,), warmup,
             a, b, c, *g.extras, m, n, k, nb, *ab, *ex_strides,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             NUM_PROGRAMS=n_prog, EVEN_K=k % cfg.block_k == 0, INPUT_PRECISION=precision,
@@ -322,7 +330,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig) -> None:
     split = cdiv(k, k_per_split)
     ws = torch.empty((split, nb, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
     even_k = k % cfg.block_k == 0
-    mod.gemm_kernel[(tiles, nb, split)](
+    _go(mod.gemm_kernel, (tiles, nb, split), warmup,
         a, b, c, ws, *g.extras, m, n, k, k_per_split, *ab, m * n, *ex_strides,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         SPLIT_K=split, EVEN_K=even_k, INPUT_PRECISION=precision,
@@ -330,7 +338,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig) -> None:
     )  # fmt: skip
     if split > 1:
         rb = (64, 64)
-        mod.splitk_reduce_kernel[(cdiv(m, rb[0]) * cdiv(n, rb[1]), nb)](
+        _go(mod.splitk_reduce_kernel, (cdiv(m, rb[0]) * cdiv(n, rb[1]), nb), warmup,
             ws, c, *g.extras, m, n, m * n, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
             BLOCK_M=rb[0], BLOCK_N=rb[1], SPLIT_K=split, num_warps=4,
         )  # fmt: skip
@@ -347,3 +355,35 @@ def reference(a: torch.Tensor, b: torch.Tensor, extras: list[torch.Tensor], epi:
     """The oracle: fp32 matmul then the epilogue through the op registry."""
     acc = torch.matmul(a.float(), b.float())
     return apply_reference(acc, [e.float() if e.is_floating_point() else e for e in extras], epi).to(out_dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# lowering of ``gemm_epilogue`` nodes (registered by kfuse.runtime.executor)
+# ---------------------------------------------------------------------------------------
+def lower_gemm_epilogue(node: Any, graph: Any, backend: str, options: Any = None) -> Any:
+    """A Step running the node with this template; None (PyTorch) on the "torch" backend.
+    The config: the node's (set by the tuning stage), else the database's when tuning is
+    on, else ``default_config``."""
+    if backend == "torch":
+        return None
+    from kfuse.ir.graph import TensorType
+    from kfuse.runtime.executor import KernelInfo, Step
+
+    epi = node.attrs["epilogue"]
+    out_t = node.ttype
+    a_t, b_t = graph.type_of(node.inputs[0]), graph.type_of(node.inputs[1])
+    assert isinstance(a_t, TensorType) and isinstance(b_t, TensorType)
+    m = a_t.numel // max(1, a_t.shape[-1]) if b_t.rank == 2 else a_t.shape[-2]
+    cfg = node.attrs.get("config")
+    if cfg is None and options is not None and getattr(options, "tune", "none") != "none" and backend == "triton":
+        from kfuse.tune.tuner import lookup_config, problem_of
+
+        prob = problem_of(node, graph)
+        cfg = lookup_config(prob, options.tune) if prob is not None else None
+    cfg = cfg or default_config(m, b_t.shape[-1], b_t.shape[-2])
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        return gemm_epilogue(xs[0], xs[1], xs[2:], epi, out_t.dtype, cfg)
+
+    info = KernelInfo(node.name, "gemm_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
+    return Step(node.name, node.inputs, run, info)

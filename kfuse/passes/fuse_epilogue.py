@@ -1,6 +1,8 @@
-"""Epilogue fusion: a GEMM followed by elementwise ops (bias, activation, residual, scale,
-casts) becomes one ``gemm_epilogue`` node whose kernel applies the chain to the accumulator
-tile before the single store to global memory (Bolt's epilogue fusion).
+"""Epilogue fusion: a GEMM or a conv2d followed by elementwise ops (bias, activation,
+residual, scale, casts) becomes one ``gemm_epilogue`` / ``conv_epilogue`` node whose kernel
+applies the chain to the accumulator tile before the single store to global memory (Bolt's
+epilogue fusion). Grouped/depthwise convolutions are not anchors (no template): they stay
+``conv2d`` and run in PyTorch, reported as a fallback.
 
 A region grows from the GEMM over elementwise consumers whose output has the GEMM's output
 shape and whose other operands do not depend on the region (no cycles). The region is cut to
@@ -15,10 +17,14 @@ from typing import Any
 
 import torch
 
+import kfuse.kernels.conv as _conv_kernels  # noqa: F401 - registers the conv lowerings
+import kfuse.kernels.gemm as _gemm_kernels  # noqa: F401 - the GEMM lowering lives there
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, ValueType
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference
 from kfuse.passes.simplify import dce
+
+_CONV_ATTRS = ("stride", "padding", "dilation", "groups")
 
 
 def _gemm_epilogue_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
@@ -30,14 +36,24 @@ def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
     return a["out_type"]
 
 
+def _conv_epilogue_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    n_conv = 3 if a["has_bias"] else 2
+    acc = ops.run_reference("conv2d", xs[:n_conv], a)
+    return apply_reference(acc, xs[n_conv:], a["epilogue"]).to(a["out_type"].dtype)
+
+
 ops.register("gemm_epilogue", ops.FUSED, infer=_out_type)(_gemm_epilogue_ref)
+ops.register("conv_epilogue", ops.FUSED, infer=_out_type)(_conv_epilogue_ref)
 
 
 def _is_gemm_anchor(node: Node, g: Graph) -> bool:
+    if node.op == "conv2d":
+        x, w = (g.type_of(i) for i in node.inputs[:2])
+        return isinstance(x, TensorType) and x.rank == 4 and isinstance(w, TensorType) and w.rank == 4 and node.attrs.get("groups", 1) == 1
     if node.op != "matmul":
         return False
     a, b = (g.type_of(i) for i in node.inputs)
-    return isinstance(a, TensorType) and isinstance(b, TensorType) and b.rank == 2 and a.rank >= 2
+    return isinstance(a, TensorType) and isinstance(b, TensorType) and b.rank >= 2 and a.rank >= 2
 
 
 def _descendants(start: str, users: dict[str, list[Node]]) -> set[str]:
@@ -91,7 +107,8 @@ def _grow_region(anchor: Node, g: Graph, users: dict[str, list[Node]], order: di
 
 
 def fuse_epilogues(graph: Graph) -> Graph:
-    """Replace each GEMM + elementwise-chain region with a ``gemm_epilogue`` node."""
+    """Replace each GEMM (conv2d) + elementwise-chain region with a ``gemm_epilogue``
+    (``conv_epilogue``) node."""
     users = graph.users()
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     fused_into: dict[str, Node] = {}  # name of the region's last node -> fused node
@@ -120,13 +137,12 @@ def fuse_epilogues(graph: Graph) -> Graph:
             regs[m.name] = len(steps)
         last = members[-1] if members else node
         epi = Epilogue(tuple(steps), len(extras))
-        fused = Node(
-            last.name,
-            "gemm_epilogue",
-            tuple(node.inputs) + tuple(extras),
-            last.type,
-            {"epilogue": epi, "out_type": last.type, "fused_ops": tuple([node.op] + [m.op for m in members])},
-        )
+        attrs: dict[str, Any] = {"epilogue": epi, "out_type": last.type, "fused_ops": tuple([node.op] + [m.op for m in members])}
+        if node.op == "conv2d":
+            attrs.update({k: node.attrs[k] for k in _CONV_ATTRS if k in node.attrs})
+            attrs["has_bias"] = len(node.inputs) > 2
+        kind = "conv_epilogue" if node.op == "conv2d" else "gemm_epilogue"
+        fused = Node(last.name, kind, tuple(node.inputs) + tuple(extras), last.type, attrs)
         fused_into[last.name] = fused
         removed.update({node.name} | {m.name for m in members})
         taken.update(removed)

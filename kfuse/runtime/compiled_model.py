@@ -85,7 +85,7 @@ class CompiledModel:
         imported = self._importer(args, kwargs)
         opt = optimize(imported.graph, self.options)
         device = next((x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu"))
-        plan = lower(opt.graph, device, self.options.backend)
+        plan = lower(opt.graph, device, self.options.backend, options=self.options)
         xs = [flat[i] for i in imported.flat_input_index]
         runner = None
         cuda_graph_note = "off"

@@ -7,6 +7,7 @@ op, for fallback nodes). Intermediate values are released after their last use.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from kfuse.ir import ops
-from kfuse.ir.graph import Graph, Node, TensorType
+from kfuse.ir.graph import Graph, Node
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def choose_backend(device: torch.device) -> str:
     return "torch"
 
 
-Lowering = Callable[[Node, Graph, str], Step | None]
+Lowering = Callable[..., Step | None]  # (node, graph, backend[, options=])
 LOWERINGS: dict[str, Lowering] = {}
 
 
@@ -79,23 +80,11 @@ def lowering(op: str) -> Callable[[Lowering], Lowering]:
 
 
 @lowering("gemm_epilogue")
-def _lower_gemm(node: Node, graph: Graph, backend: str) -> Step | None:
-    if backend == "torch":
-        return None
-    from kfuse.kernels.gemm import default_config, gemm_epilogue
+def _lower_gemm(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
+    # the template's own lowering (tuned config, batched/transposed operands, split-K)
+    from kfuse.kernels.gemm import lower_gemm_epilogue
 
-    epi = node.attrs["epilogue"]
-    out_t = node.ttype
-    a_t, b_t = graph.type_of(node.inputs[0]), graph.type_of(node.inputs[1])
-    assert isinstance(a_t, TensorType) and isinstance(b_t, TensorType)
-    m = a_t.numel // a_t.shape[-1]
-    cfg = node.attrs.get("config") or default_config(m, b_t.shape[1], b_t.shape[0])
-
-    def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        return gemm_epilogue(xs[0], xs[1], xs[2:], epi, out_t.dtype, cfg)
-
-    info = KernelInfo(node.name, "gemm_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
-    return Step(node.name, node.inputs, run, info)
+    return lower_gemm_epilogue(node, graph, backend, options)
 
 
 def _torch_step(node: Node) -> Step:
@@ -111,14 +100,23 @@ def _torch_step(node: Node) -> Step:
     return Step(node.name, node.inputs, lambda xs: ref(xs, attrs), info)
 
 
-def lower(graph: Graph, device: torch.device, backend: str | None = None) -> Plan:
-    """Turn an optimised graph into a plan of steps for ``device``."""
+def _takes_options(fn: Lowering) -> bool:
+    try:
+        return "options" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def lower(graph: Graph, device: torch.device, backend: str | None = None, options: Any = None) -> Plan:
+    """Turn an optimised graph into a plan of steps for ``device``. ``options`` (the compile
+    ``Options``) is passed to the lowerings that take an ``options`` parameter."""
     backend = backend or choose_backend(device)
     steps: list[Step] = []
     for node in graph.nodes:
         step = None
         if node.op in LOWERINGS:
-            step = LOWERINGS[node.op](node, graph, backend)
+            fn = LOWERINGS[node.op]
+            step = fn(node, graph, backend, options=options) if _takes_options(fn) else fn(node, graph, backend)
         steps.append(step or _torch_step(node))
     constants = {k: v.to(device) for k, v in graph.constants.items()}
     plan = Plan(graph, steps, backend, constants)

@@ -1,0 +1,239 @@
+"""The tuning record database (SQLite).
+
+A record is one measurement: GPU name + Triton/kfuse versions + template + problem signature
++ config + measured time (or the failure status). Every measurement is kept: they are the
+cost model's training data, and the best ``ok`` record of a (GPU, versions, template,
+problem) is the tuned config. Each record is committed as it is measured, so an interrupted
+tuning run resumes where it stopped.
+
+A file that is not a readable kfuse database (corrupt, foreign schema) is reported, moved
+aside to ``<name>.bad-<time>`` and replaced by an empty one: a bad file never fails a compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    gpu TEXT NOT NULL,
+    triton_version TEXT NOT NULL,
+    kfuse_version TEXT NOT NULL,
+    template TEXT NOT NULL,
+    problem TEXT NOT NULL,          -- signature string (the lookup key)
+    problem_json TEXT NOT NULL,     -- the problem's fields, for features / transfer
+    config_json TEXT NOT NULL,
+    time_ms REAL,                   -- NULL unless status = 'ok'
+    status TEXT NOT NULL,           -- ok | failed | wrong | timeout
+    error TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_lookup ON records (gpu, template, problem);
+"""
+
+
+def default_path() -> Path:
+    """``$KFUSE_TUNE_DB`` or ``<kfuse cache>/tune.sqlite``."""
+    env = os.environ.get("KFUSE_TUNE_DB")
+    if env:
+        return Path(env)
+    from kfuse.kernels.codegen import cache_dir
+
+    return cache_dir() / "tune.sqlite"
+
+
+def versions() -> tuple[str, str]:
+    import triton
+
+    from kfuse import __version__
+
+    return triton.__version__, __version__
+
+
+@dataclass(frozen=True)
+class Record:
+    gpu: str
+    template: str
+    problem: str
+    problem_json: str
+    config: dict[str, Any]
+    time_ms: float | None
+    status: str = "ok"
+    error: str = ""
+    triton_version: str = ""
+    kfuse_version: str = ""
+    created: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu, "triton_version": self.triton_version, "kfuse_version": self.kfuse_version,
+            "template": self.template, "problem": self.problem, "problem_json": json.loads(self.problem_json),
+            "config": self.config, "time_ms": self.time_ms, "status": self.status, "error": self.error, "created": self.created,
+        }  # fmt: skip
+
+
+class TuningDB:
+    """A SQLite file of tuning records. ``path=":memory:"`` for a throw-away database."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None and str(path) != ":memory:" else path
+        if self.path is None:
+            self.path = default_path()
+        self.set_aside: Path | None = None
+        self.conn = self._open()
+        self.triton_version, self.kfuse_version = versions()
+
+    # ---- opening, with recovery ----------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self.path == ":memory:":
+            return sqlite3.connect(":memory:")
+        assert isinstance(self.path, Path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return sqlite3.connect(str(self.path), timeout=30)
+
+    def _open(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = self._connect()
+            self._check(conn)
+            return conn
+        except (sqlite3.DatabaseError, ValueError) as e:
+            if self.path == ":memory:":
+                raise
+            assert isinstance(self.path, Path)
+            if conn is not None:
+                conn.close()
+            bad = self.path.with_name(f"{self.path.name}.bad-{int(time.time())}")
+            os.replace(self.path, bad)
+            self.set_aside = bad
+            warnings.warn(f"kfuse tuning database {self.path} is unusable ({e}); moved to {bad}, starting an empty one", stacklevel=3)
+            conn = self._connect()
+            self._check(conn)
+            return conn
+
+    @staticmethod
+    def _check(conn: sqlite3.Connection) -> None:
+        conn.executescript(_SCHEMA)
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            n = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+            if n:
+                raise ValueError("records without a schema version")
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            conn.commit()
+        elif row[0] != str(SCHEMA_VERSION):
+            raise ValueError(f"schema version {row[0]}, this kfuse reads {SCHEMA_VERSION}")
+        conn.execute("SELECT id, gpu, template, problem, config_json, time_ms, status FROM records LIMIT 1").fetchall()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ---- writing -------------------------------------------------------------------------
+    def add(self, gpu: str, template: str, problem: str, problem_json: str, config: dict[str, Any],
+            time_ms: float | None, status: str = "ok", error: str = "") -> None:  # fmt: skip
+        """Store one measurement and commit it at once (resumable tuning)."""
+        self.conn.execute(
+            "INSERT INTO records (gpu, triton_version, kfuse_version, template, problem, problem_json, config_json, time_ms,"
+            " status, error, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (gpu, self.triton_version, self.kfuse_version, template, problem, problem_json,
+             json.dumps(config, sort_keys=True), time_ms if status == "ok" else None, status, error[:500], time.time()),
+        )  # fmt: skip
+        self.conn.commit()
+
+    def add_records(self, records: Iterable[Record]) -> int:
+        n = 0
+        with self.conn:
+            for r in records:
+                self.conn.execute(
+                    "INSERT INTO records (gpu, triton_version, kfuse_version, template, problem, problem_json, config_json, time_ms,"
+                    " status, error, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (r.gpu, r.triton_version or self.triton_version, r.kfuse_version or self.kfuse_version, r.template, r.problem,
+                     r.problem_json, json.dumps(r.config, sort_keys=True), r.time_ms, r.status, r.error, r.created or time.time()),
+                )  # fmt: skip
+                n += 1
+        return n
+
+    def clear(self, gpu: str | None = None) -> int:
+        with self.conn:
+            cur = self.conn.execute("DELETE FROM records" + (" WHERE gpu = ?" if gpu else ""), (gpu,) if gpu else ())
+        return cur.rowcount
+
+    # ---- reading -------------------------------------------------------------------------
+    def _rows(self, where: str, args: tuple[Any, ...]) -> Iterator[Record]:
+        q = ("SELECT gpu, template, problem, problem_json, config_json, time_ms, status, error, triton_version, kfuse_version, created"
+             " FROM records " + where)  # fmt: skip
+        for row in self.conn.execute(q, args):
+            yield Record(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], row[6], row[7], row[8], row[9], row[10])
+
+    def records(self, gpu: str | None = None, template: str | None = None, same_versions: bool = True) -> list[Record]:
+        conds, args = [], []
+        if gpu is not None:
+            conds.append("gpu = ?")
+            args.append(gpu)
+        if template is not None:
+            conds.append("template = ?")
+            args.append(template)
+        if same_versions:
+            conds.append("triton_version = ?")
+            args.append(self.triton_version)
+        where = ("WHERE " + " AND ".join(conds)) if conds else ""
+        return list(self._rows(where + " ORDER BY id", tuple(args)))
+
+    def measured(self, gpu: str, template: str, problem: str) -> list[Record]:
+        """All records (any status) of one problem with this Triton version."""
+        return list(self._rows("WHERE gpu = ? AND template = ? AND problem = ? AND triton_version = ? ORDER BY id",
+                               (gpu, template, problem, self.triton_version)))  # fmt: skip
+
+    def best(self, gpu: str, template: str, problem: str) -> Record | None:
+        """The fastest ``ok`` record of a problem (this GPU, this Triton version)."""
+        rows = list(self._rows(
+            "WHERE gpu = ? AND template = ? AND problem = ? AND triton_version = ? AND status = 'ok' ORDER BY time_ms LIMIT 1",
+            (gpu, template, problem, self.triton_version)))  # fmt: skip
+        return rows[0] if rows else None
+
+    def stats(self) -> dict[str, Any]:
+        c = self.conn
+        total = c.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+        by = c.execute(
+            "SELECT gpu, template, COUNT(*), COUNT(DISTINCT problem), SUM(status = 'ok') FROM records"
+            " GROUP BY gpu, template ORDER BY gpu, template"
+        ).fetchall()
+        status = dict(c.execute("SELECT status, COUNT(*) FROM records GROUP BY status").fetchall())
+        return {
+            "path": str(self.path),
+            "records": total,
+            "by_status": status,
+            "groups": [{"gpu": g, "template": t, "records": n, "problems": p, "ok": ok} for g, t, n, p, ok in by],
+        }
+
+    # ---- exchange ------------------------------------------------------------------------
+    def export(self, path: str | Path) -> int:
+        recs = [r.as_dict() for r in self.records(same_versions=False)]
+        Path(path).write_text(json.dumps({"kfuse_tuning_records": SCHEMA_VERSION, "records": recs}, indent=1))
+        return len(recs)
+
+    def import_(self, path: str | Path) -> int:
+        """Add the records of an exported JSON file; returns how many."""
+        try:
+            data = json.loads(Path(path).read_text())
+            recs = data["records"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a kfuse tuning export: {e}") from None
+        out = []
+        for d in recs:
+            out.append(Record(d["gpu"], d["template"], d["problem"], json.dumps(d["problem_json"]), d["config"], d.get("time_ms"),
+                              d.get("status", "ok"), d.get("error", ""), d.get("triton_version", ""), d.get("kfuse_version", ""),
+                              d.get("created", 0.0)))  # fmt: skip
+        return self.add_records(out)

@@ -1,0 +1,225 @@
+"""Search: which configs of a problem to measure, and which one wins.
+
+1. Candidates are the valid configs of the space (hard rules applied). Small spaces are
+   enumerated; large ones (more than ``enumerate_limit``) are explored by an evolutionary
+   search over the cost model (population, crossover per parameter, mutation to a
+   neighbouring value, invalid children dropped), as in Ansor.
+2. Nearest-problem transfer: the best configs of the most similar already-tuned problems
+   (distance in log-shape features) are measured first, so a new shape starts from its
+   neighbours' winners.
+3. The cost model (learned when the database has data, else the analytic rules) ranks the
+   rest; only the top-k are measured, keeping variety (at most two per tile shape).
+4. ``full`` mode repeats: measured times retrain the model, the next top-k is measured.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kfuse.tune.cost_model import CostModel
+from kfuse.tune.hardware import Hardware
+from kfuse.tune.profiler import Measurement, Profiler, Runner
+from kfuse.tune.space import Config, Problem, axes, hard_reject, valid_configs
+
+
+@dataclass(frozen=True)
+class Budget:
+    top_k: int = 8
+    rounds: int = 1
+    transfer: int = 3
+    enumerate_limit: int = 4096
+    population: int = 96
+    generations: int = 4
+
+    @staticmethod
+    def for_mode(mode: str) -> Budget:
+        if mode == "full":
+            return Budget(top_k=16, rounds=3, transfer=4)
+        if mode == "fast":
+            return Budget(top_k=6, rounds=1, transfer=3)
+        raise ValueError(f"tune mode must be 'none', 'fast' or 'full', got {mode!r}")
+
+
+@dataclass
+class SearchResult:
+    problem: Problem
+    best: Config | None
+    best_ms: float | None
+    considered: int = 0
+    measured: list[Measurement] = field(default_factory=list)
+
+    @property
+    def n_measured(self) -> int:
+        return len(self.measured)
+
+
+def problem_distance(a: Problem, b: Problem) -> float:
+    if a.template != b.template:
+        return math.inf
+    fa, fb = a.features(), b.features()
+    return math.sqrt(sum((x - y) ** 2 for x, y in zip(fa, fb, strict=True)))
+
+
+def transfer_candidates(problem: Problem, tuned: Sequence[tuple[Problem, Config]], hw: Hardware, k: int) -> list[Config]:
+    """Best configs of the ``k`` nearest tuned problems that are valid for ``problem``."""
+    ranked = sorted(tuned, key=lambda pc: problem_distance(problem, pc[0]))
+    out: list[Config] = []
+    for p, cfg in ranked:
+        if len(out) >= k:
+            break
+        if p.signature() == problem.signature() or cfg in out:
+            continue
+        if hard_reject(cfg, problem, hw) is None:
+            out.append(cfg)
+    return out
+
+
+def _mutate(cfg: Config, rng: random.Random) -> Config:
+    ax = axes("gemm" if hasattr(cfg, "split_k") else "conv")
+    name = rng.choice(list(ax))
+    values = ax[name]
+    i = values.index(getattr(cfg, name))
+    j = min(len(values) - 1, max(0, i + rng.choice((-1, 1)))) if len(values) > 2 else 1 - i
+    return replace(cfg, **{name: values[j]})
+
+
+def _crossover(a: Config, b: Config, rng: random.Random) -> Config:
+    ax = axes("gemm" if hasattr(a, "split_k") else "conv")
+    return replace(a, **{n: getattr(b if rng.random() < 0.5 else a, n) for n in ax})
+
+
+def evolve(
+    seeds: Sequence[Config],
+    problem: Problem,
+    hw: Hardware,
+    score: Callable[[Sequence[Config]], Sequence[float]],
+    population: int = 96,
+    generations: int = 4,
+    mutation_p: float = 0.4,
+    seed: int = 0,
+) -> list[Config]:
+    """Evolutionary search over ``score`` (lower is better); returns every valid config seen,
+    best first."""
+    rng = random.Random(seed)
+    seen: dict[Config, float] = {}
+    pop = [c for c in dict.fromkeys(seeds) if hard_reject(c, problem, hw) is None]
+    if not pop:
+        return []
+    for _ in range(generations + 1):
+        new = [c for c in pop if c not in seen]
+        for c, s in zip(new, score(new), strict=True):
+            seen[c] = float(s)
+        ranked = sorted(seen, key=seen.__getitem__)
+        parents = ranked[: max(2, population // 4)]
+        children: list[Config] = []
+        tries = 0
+        while len(children) < population and tries < population * 20:
+            tries += 1
+            a, b = rng.choice(parents), rng.choice(parents)
+            child = _crossover(a, b, rng)
+            if rng.random() < mutation_p:
+                child = _mutate(child, rng)
+            if child not in seen and child not in children and hard_reject(child, problem, hw) is None:
+                children.append(child)
+        if not children:
+            break
+        pop = children
+    return sorted(seen, key=seen.__getitem__)
+
+
+def _varied_top(ranked: Sequence[Config], k: int, skip: set[Config]) -> list[Config]:
+    """The first ``k`` of ``ranked`` not in ``skip``, at most two per tile shape."""
+    out: list[Config] = []
+    per_tile: dict[tuple[int, int, int], int] = {}
+    for c in ranked:
+        if c in skip:
+            continue
+        t = (c.block_m, c.block_n, c.block_k)
+        if per_tile.get(t, 0) >= 2:
+            continue
+        per_tile[t] = per_tile.get(t, 0) + 1
+        out.append(c)
+        if len(out) >= k:
+            return out
+    for c in ranked:  # not enough distinct tiles: fill up in rank order
+        if len(out) >= k:
+            break
+        if c not in skip and c not in out:
+            out.append(c)
+    return out
+
+
+def search(
+    problem: Problem,
+    hw: Hardware,
+    profiler: Profiler,
+    runner: Runner | None,
+    model: CostModel,
+    budget: Budget,
+    tuned_neighbours: Sequence[tuple[Problem, Config]] = (),
+    history: Sequence[tuple[Config, Problem, float]] = (),
+    space: Sequence[Config] | None = None,
+    on_result: Callable[[Measurement], None] | None = None,
+    already: Sequence[Measurement] = (),
+    seed: int = 0,
+) -> SearchResult:
+    """Tune one problem. ``already`` are earlier measurements of it (a resumed run): they are
+    not measured again. ``space`` restricts the candidates (e.g. to compare with exhaustive
+    search of a sub-space)."""
+    valid = [c for c in space if hard_reject(c, problem, hw) is None] if space is not None else None
+    if valid is None:
+        valid = valid_configs(problem, hw)
+    measured: list[Measurement] = list(already)
+    done = {m.config for m in measured}
+    samples = list(history) + [(m.config, problem, m.time_ms) for m in measured if m.ok and m.time_ms is not None]
+    if not model.trained:
+        model.fit(samples)
+    seeds = transfer_candidates(problem, tuned_neighbours, hw, budget.transfer)
+    if space is not None:
+        seeds = [s for s in seeds if s in set(valid)]
+    considered = len(valid)
+    for rnd in range(budget.rounds):
+        if len(valid) > budget.enumerate_limit:
+            start = model.rank(random.Random(seed + rnd).sample(valid, budget.population), problem)
+            ranked = evolve(list(seeds) + start, problem, hw, lambda cs: model.predict(cs, problem),
+                            budget.population, budget.generations, seed=seed + rnd)  # fmt: skip
+            considered = max(considered, len(ranked))
+        else:
+            ranked = model.rank(valid, problem)
+        batch = [s for s in seeds if s not in done] if rnd == 0 else []
+        batch += _varied_top(ranked, max(0, budget.top_k - len(batch)), done | set(batch))
+        if not batch:
+            break
+        results = profiler.profile(problem, batch, runner, on_result)
+        measured += results
+        done |= {m.config for m in results}
+        samples += [(m.config, problem, m.time_ms) for m in results if m.ok and m.time_ms is not None]
+        if rnd + 1 < budget.rounds:
+            model.fit(samples)
+    ok = [m for m in measured if m.ok]
+    best = min(ok, key=lambda m: m.time_ms) if ok else None  # type: ignore[arg-type, return-value]
+    new = [m for m in measured if m not in already]
+    return SearchResult(problem, best.config if best else None, best.time_ms if best else None, considered, new)
+
+
+def exhaustive(problem: Problem, hw: Hardware, profiler: Profiler, runner: Runner | None,
+               space: Sequence[Config] | None = None, on_result: Callable[[Measurement], None] | None = None) -> SearchResult:  # fmt: skip
+    """Measure every valid config (of ``space`` if given): the yardstick for the search."""
+    valid = [c for c in (space if space is not None else valid_configs(problem, hw)) if hard_reject(c, problem, hw) is None]
+    results = profiler.profile(problem, valid, runner, on_result)
+    ok = [m for m in results if m.ok]
+    best = min(ok, key=lambda m: m.time_ms) if ok else None  # type: ignore[arg-type, return-value]
+    return SearchResult(problem, best.config if best else None, best.time_ms if best else None, len(valid), results)
+
+
+def summary(results: Sequence[SearchResult]) -> dict[str, Any]:
+    return {
+        "problems": len(results),
+        "considered": sum(r.considered for r in results),
+        "measured": sum(r.n_measured for r in results),
+        "failed": sum(1 for r in results for m in r.measured if not m.ok),
+    }

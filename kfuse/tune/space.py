@@ -1,0 +1,306 @@
+"""Search spaces of the GEMM and conv templates, hard rules that prune them, soft rules that
+order what is left, and the feature vector the cost model learns from.
+
+A *problem* is what a kernel computes (shapes, dtype, layout); a *config* is how (the
+template's constexpr tile parameters and launch options). Hard rules reject a config that
+cannot run or cannot be fast, always with a reason a person can read:
+
+* shared memory: ``num_stages x (BLOCK_M x BLOCK_K + BLOCK_K x BLOCK_N) x element bytes`` must
+  fit the device's per-block opt-in limit;
+* registers: the fp32 accumulator ``BLOCK_M x BLOCK_N / threads`` may not crowd out the rest
+  (spills), and a tile too small for its warps leaves warps idle;
+* tile vs problem: a tile more than the next power of two of the problem dimension is waste;
+* wgmma (sm_90): 8 warps are two warpgroups and need ``BLOCK_M >= 64``;
+* split-K only when the output tiles do not fill the GPU and each slice keeps >= 2 K blocks;
+  the persistent variant only on sm_90, without split-K, when there are more tiles than SMs.
+
+Soft rules (``estimate_ms``) are an analytic roofline-with-waves estimate used to rank
+candidates before the database has data, and as a feature of the learned cost model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from kfuse.kernels.conv import ConvConfig
+from kfuse.kernels.gemm import GemmConfig
+from kfuse.tune.hardware import Hardware
+
+Config = GemmConfig | ConvConfig
+
+ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def _dt(dtype: str) -> int:
+    return ELEM_BYTES.get(dtype, 2)
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "fp16"
+    a_t: bool = False  # A column-major (stride along M is 1)
+    b_t: bool = False  # B column-major (a transposed weight view)
+    n_extras: int = 0
+
+    template = "gemm"
+
+    def mnk(self) -> tuple[int, int, int]:
+        return self.m, self.n, self.k
+
+    def signature(self) -> str:
+        lay = ("T" if self.a_t else "N") + ("T" if self.b_t else "N")
+        return f"gemm b{self.batch} m{self.m} n{self.n} k{self.k} {self.dtype} {lay} e{self.n_extras}"
+
+    def features(self) -> list[float]:
+        return [math.log2(self.m), math.log2(self.n), math.log2(self.k), math.log2(self.batch), _dt(self.dtype),
+                float(self.a_t), float(self.b_t), 1.0, 1.0, 1.0, 0.0]  # fmt: skip
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"template": "gemm", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    n: int
+    c: int
+    h: int
+    w: int
+    oc: int
+    kh: int
+    kw: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    dtype: str = "fp16"
+    n_extras: int = 0
+
+    template = "conv"
+
+    def out_hw(self) -> tuple[int, int]:
+        oh = (self.h + 2 * self.padding[0] - self.dilation[0] * (self.kh - 1) - 1) // self.stride[0] + 1
+        ow = (self.w + 2 * self.padding[1] - self.dilation[1] * (self.kw - 1) - 1) // self.stride[1] + 1
+        return oh, ow
+
+    def mnk(self) -> tuple[int, int, int]:
+        oh, ow = self.out_hw()
+        return self.n * oh * ow, self.oc, self.kh * self.kw * self.c
+
+    def signature(self) -> str:
+        return (f"conv n{self.n} c{self.c} h{self.h} w{self.w} oc{self.oc} k{self.kh}x{self.kw} s{self.stride[0]}x{self.stride[1]}"
+                f" p{self.padding[0]}x{self.padding[1]} d{self.dilation[0]}x{self.dilation[1]} {self.dtype} e{self.n_extras}")  # fmt: skip
+
+    def features(self) -> list[float]:
+        m, n, k = self.mnk()
+        return [math.log2(m), math.log2(n), math.log2(k), 0.0, _dt(self.dtype), 0.0, 0.0,
+                float(self.kh), float(self.stride[0]), math.log2(self.c), 1.0]  # fmt: skip
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"template": "conv", **asdict(self)}
+
+
+Problem = GemmProblem | ConvProblem
+
+
+def problem_from_dict(d: dict[str, Any]) -> Problem:
+    d = dict(d)
+    t = d.pop("template")
+    if t == "gemm":
+        return GemmProblem(**d)
+    for key in ("stride", "padding", "dilation"):
+        d[key] = tuple(d[key])
+    return ConvProblem(**d)
+
+
+def config_from_dict(template: str, d: dict[str, Any]) -> Config:
+    cls = GemmConfig if template == "gemm" else ConvConfig
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# ---------------------------------------------------------------------------------------
+# the spaces
+# ---------------------------------------------------------------------------------------
+GEMM_AXES: dict[str, tuple[Any, ...]] = {
+    "block_m": (16, 32, 64, 128, 256),
+    "block_n": (32, 64, 128, 256),
+    "block_k": (32, 64, 128),
+    "group_m": (1, 8),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4, 5),
+    "split_k": (1, 2, 4, 8),
+    "persistent": (False, True),
+}
+
+CONV_AXES: dict[str, tuple[Any, ...]] = {
+    "block_m": (32, 64, 128, 256),
+    "block_n": (32, 64, 128, 256),
+    "block_k": (16, 32, 64),
+    "group_m": (1, 8),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+    "flat_k": (False, True),
+}
+
+
+def axes(template: str) -> dict[str, tuple[Any, ...]]:
+    return GEMM_AXES if template == "gemm" else CONV_AXES
+
+
+def all_configs(template: str) -> Iterator[Config]:
+    ax = axes(template)
+    cls = GemmConfig if template == "gemm" else ConvConfig
+    for values in itertools.product(*ax.values()):
+        yield cls(**dict(zip(ax, values, strict=True)))
+
+
+def smem_bytes(cfg: Config, problem: Problem) -> int:
+    e = _dt(problem.dtype)
+    return cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * e
+
+
+def acc_regs(cfg: Config) -> int:
+    """fp32 accumulator registers per thread."""
+    return cfg.block_m * cfg.block_n // (cfg.num_warps * 32)
+
+
+def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
+    """Why ``cfg`` cannot run (or cannot be fast) for ``problem`` on ``hw``; None if valid."""
+    m, n, k = problem.mnk()
+    smem = smem_bytes(cfg, problem)
+    if smem > hw.smem_per_block:
+        return f"shared memory {smem} B (stages x tile bytes) > device limit {hw.smem_per_block} B"
+    regs = acc_regs(cfg)
+    if regs > 128:
+        return f"accumulator needs {regs} registers/thread (> 128 leaves too few; spills)"
+    if regs < 8:
+        return f"{cfg.num_warps} warps on a {cfg.block_m}x{cfg.block_n} tile leave warps idle ({regs} acc values/thread)"
+    if cfg.block_m > max(16, next_pow2(m)):
+        return f"BLOCK_M {cfg.block_m} > problem M {m} (rounded up to {max(16, next_pow2(m))})"
+    if cfg.block_n > max(32, next_pow2(n)):
+        return f"BLOCK_N {cfg.block_n} > problem N {n} (rounded up to {max(32, next_pow2(n))})"
+    if hw.has_wgmma and cfg.num_warps == 8 and cfg.block_m < 64:
+        return "wgmma: 8 warps are two warpgroups and need BLOCK_M >= 64"
+    if cfg.group_m > 1 and cdiv(m, cfg.block_m) <= 1:
+        return "GROUP_M swizzle has no effect with a single row of tiles"
+    if isinstance(cfg, GemmConfig) and isinstance(problem, GemmProblem):
+        split = cfg.split_k
+        tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * problem.batch
+        if split > 1 and tiles >= hw.num_sms:
+            return f"split-K: already {tiles} tiles >= {hw.num_sms} SMs, a K split only adds a reduction"
+        if split > 1 and k // split < 2 * cfg.block_k:
+            return f"split-K {split}: a K slice of {k // split} is shorter than 2 x BLOCK_K"
+        if cfg.block_k > max(32, next_pow2(cdiv(k, split))):
+            return f"BLOCK_K {cfg.block_k} > K slice {cdiv(k, split)}"
+        if cfg.persistent:
+            if not hw.has_wgmma:
+                return "the persistent variant is in the Hopper (sm_90) space only"
+            if split > 1:
+                return "persistent and split-K do not combine"
+            if tiles <= hw.num_sms:
+                return f"only {tiles} tiles <= {hw.num_sms} SMs: the persistent loop has nothing to amortise"
+    if isinstance(cfg, ConvConfig) and isinstance(problem, ConvProblem):
+        k_eff = k if cfg.flat_k else problem.c
+        if cfg.block_k > max(16, next_pow2(k_eff)):
+            return f"BLOCK_K {cfg.block_k} > {'K' if cfg.flat_k else 'channels'} {k_eff}"
+        if cfg.flat_k and problem.c >= 32:
+            return f"flat K order re-decodes every tap: only for few channels (C={problem.c} >= 32)"
+    return None
+
+
+def valid_configs(problem: Problem, hw: Hardware) -> list[Config]:
+    return [c for c in all_configs(problem.template) if hard_reject(c, problem, hw) is None]
+
+
+def is_valid(cfg: Config, problem: Problem, hw: Hardware) -> bool:
+    return hard_reject(cfg, problem, hw) is None
+
+
+# ---------------------------------------------------------------------------------------
+# soft rules: an analytic estimate (roofline per tile, wave quantisation, occupancy)
+# ---------------------------------------------------------------------------------------
+def occupancy(cfg: Config, problem: Problem, hw: Hardware) -> int:
+    threads = cfg.num_warps * 32
+    by_smem = hw.smem_per_block // max(1, smem_bytes(cfg, problem))
+    by_regs = hw.regs_per_sm // (threads * (acc_regs(cfg) + 48))
+    by_threads = hw.max_threads_per_sm // threads
+    return max(1, min(by_smem, by_regs, by_threads, 8))
+
+
+def estimate_ms(cfg: Config, problem: Problem, hw: Hardware) -> float:
+    """Predicted time (ms) from first principles; only its ranking matters."""
+    m, n, k = problem.mnk()
+    e = _dt(problem.dtype)
+    batch = problem.batch if isinstance(problem, GemmProblem) else 1
+    split = cfg.split_k if isinstance(cfg, GemmConfig) else 1
+    k_eff = cdiv(k, split)
+    if isinstance(cfg, ConvConfig) and isinstance(problem, ConvProblem) and not cfg.flat_k:
+        k_eff = problem.kh * problem.kw * cdiv(problem.c, cfg.block_k) * cfg.block_k  # channel padding
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * batch * split
+    occ = occupancy(cfg, problem, hw)
+    slots = hw.num_sms * occ
+    waves = cdiv(tiles, slots)
+    per_sm_flops = hw.peak_tflops_fp16 * 1e12 / hw.num_sms
+    # a tile's work at full rate, slowed when the tile's arithmetic intensity is below the
+    # SM's L2 ridge (~ 160 flop/B per SM at these rates) and when tensor cores idle
+    tile_flops = 2.0 * cfg.block_m * cfg.block_n * k_eff
+    intensity = 2.0 * cfg.block_m * cfg.block_n / ((cfg.block_m + cfg.block_n) * e)
+    eff = min(1.0, intensity / 160.0)
+    if hw.has_wgmma and cfg.block_m < 64:
+        eff *= 0.6  # mma.sync instead of wgmma
+    eff *= {2: 0.8, 3: 0.95, 4: 1.0, 5: 0.98}.get(cfg.num_stages, 0.9)
+    eff *= 1.0 - 4.0 / cfg.block_k  # per-iteration overhead (address math, barriers)
+    if cfg.num_warps == 8 and cfg.block_m * cfg.block_n < 128 * 128:
+        eff *= 0.85
+    t_wave = tile_flops / (per_sm_flops * eff) * occ  # occ tiles share one SM
+    t = waves * t_wave
+    # DRAM floor: operands once, output once (+ split-K workspace round trip)
+    bytes_moved = (m * k + k * n) * e * batch + m * n * e * batch
+    if split > 1:
+        bytes_moved += 2 * split * m * n * 4 * batch
+    t = max(t, bytes_moved / (hw.mem_bw_gbs * 1e9))
+    if cfg.group_m == 1 and cdiv(m, cfg.block_m) > 8:
+        t *= 1.05  # B tiles fall out of L2 without the swizzle
+    if isinstance(cfg, GemmConfig) and cfg.persistent:
+        t *= 0.97
+    t += 4e-6 * (2 if split > 1 else 1)  # launch
+    return t * 1e3
+
+
+def rank_by_rules(configs: list[Config], problem: Problem, hw: Hardware) -> list[Config]:
+    return sorted(configs, key=lambda c: estimate_ms(c, problem, hw))
+
+
+def features(cfg: Config, problem: Problem, hw: Hardware) -> list[float]:
+    """Problem features + config features + derived quantities, for the cost model."""
+    m, n, k = problem.mnk()
+    batch = problem.batch if isinstance(problem, GemmProblem) else 1
+    split = cfg.split_k if isinstance(cfg, GemmConfig) else 1
+    persistent = float(cfg.persistent) if isinstance(cfg, GemmConfig) else 0.0
+    flat = float(cfg.flat_k) if isinstance(cfg, ConvConfig) else 0.0
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * batch * split
+    occ = occupancy(cfg, problem, hw)
+    waves = tiles / (hw.num_sms * occ)
+    wave_eff = waves / math.ceil(waves) if waves > 0 else 0.0
+    pad = (cdiv(m, cfg.block_m) * cfg.block_m * cdiv(n, cfg.block_n) * cfg.block_n) / (m * n)
+    return problem.features() + [
+        math.log2(cfg.block_m), math.log2(cfg.block_n), math.log2(cfg.block_k), float(cfg.group_m),
+        float(cfg.num_warps), float(cfg.num_stages), math.log2(split), persistent, flat,
+        math.log2(tiles), float(occ), wave_eff, pad, smem_bytes(cfg, problem) / 1024.0, float(acc_regs(cfg)),
+        math.log(estimate_ms(cfg, problem, hw)),
+    ]  # fmt: skip

@@ -1,0 +1,275 @@
+"""The tuning entry used at compile time: ``kfuse.compile(..., tune="none"|"fast"|"full")``.
+
+``tune_graph`` (a pipeline stage, after every fusion pass) finds each GEMM / conv kernel of
+the graph, takes its config from the database when the problem was tuned before on this GPU
+(a warm compile measures nothing), tunes the others (search + profiler, every measurement
+committed to the database as it is made, so an interrupted run resumes), and writes the
+chosen config into the node (``attrs["config"]``) for the lowering. A progress bar shows the
+problems being tuned; a one-line summary says what was considered, measured and how long it
+took. Without a GPU (and no injected ``measure``) nothing is measured: the database, the
+nearest tuned neighbour or the template default is used, and the summary says so.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.kernels.epilogue import Epilogue
+from kfuse.tune.cost_model import CostModel
+from kfuse.tune.database import TuningDB
+from kfuse.tune.hardware import Hardware, query
+from kfuse.tune.profiler import Measure, Measurement, Profiler, make_runner
+from kfuse.tune.search import Budget, SearchResult, search, transfer_candidates
+from kfuse.tune.space import Config, ConvProblem, GemmProblem, Problem, config_from_dict, is_valid, problem_from_dict
+
+TUNABLE = ("gemm_epilogue", "conv_epilogue")
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return _DTYPES.get(dt, "fp32")
+
+
+def problem_of(node: Node, graph: Graph) -> Problem | None:
+    """The tuning problem of a ``gemm_epilogue`` / ``conv_epilogue`` node (None otherwise)."""
+    ts = [graph.type_of(i) for i in node.inputs[:2]]
+    if not all(isinstance(t, TensorType) for t in ts):
+        return None
+    a, b = ts
+    assert isinstance(a, TensorType) and isinstance(b, TensorType)
+    epi: Epilogue = node.attrs["epilogue"]
+    if node.op == "gemm_epilogue":
+        k, n = b.shape[-2], b.shape[-1]
+        if b.rank == 2:
+            m, batch = a.numel // max(1, a.shape[-1]), 1
+        else:
+            batch = 1
+            for s in torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]):
+                batch *= s
+            m = a.shape[-2]
+        if min(m, n, k, batch) <= 0:
+            return None
+        return GemmProblem(m, n, k, batch, dtype_name(a.dtype), n_extras=epi.n_inputs)
+    if node.op == "conv_epilogue":
+        nb, c, h, w = a.shape
+        oc, _, kh, kw = b.shape
+
+        def pair(v: Any, d: int) -> tuple[int, int]:
+            v = d if v is None else v
+            return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+        return ConvProblem(nb, c, h, w, oc, kh, kw, pair(node.attrs.get("stride"), 1), pair(node.attrs.get("padding"), 0),
+                           pair(node.attrs.get("dilation"), 1), dtype_name(a.dtype), epi.n_inputs)  # fmt: skip
+    return None
+
+
+def _measurement(rec_config: dict[str, Any], template: str, time_ms: float | None, status: str, error: str) -> Measurement:
+    return Measurement(config_from_dict(template, rec_config), time_ms, status, error)
+
+
+@dataclass
+class TuneStats:
+    problems: int = 0
+    from_db: int = 0
+    tuned: int = 0
+    transferred: int = 0
+    default: int = 0
+    considered: int = 0
+    measured: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    measuring: bool = True
+    results: list[SearchResult] = field(default_factory=list)
+
+    def line(self, mode: str) -> str:
+        s = (f"kfuse tune ({mode}): {self.problems} kernel problems: {self.from_db} from the database, {self.tuned} tuned"
+             f" ({self.considered} candidates considered, {self.measured} measured, {self.failed} failed)"
+             f" in {self.seconds:.1f} s")  # fmt: skip
+        if not self.measuring:
+            s += f"; no GPU: nothing measured, {self.transferred} from nearest tuned problem, {self.default} default"
+        return s
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "results"}
+        return d
+
+
+class Tuner:
+    """Chooses configs for problems: database first, else search + measure."""
+
+    def __init__(
+        self,
+        mode: str = "fast",
+        db: TuningDB | None = None,
+        hw: Hardware | None = None,
+        measure: Measure | None = None,
+        device: torch.device | str | None = None,
+        profiler: Profiler | None = None,
+        progress: bool = True,
+        check: bool = True,
+    ) -> None:
+        self.budget = Budget.for_mode(mode)
+        self.mode = mode
+        self.db = db if db is not None else TuningDB()
+        self.hw = hw or query(device)
+        self.gpu = self.hw.key()
+        self.measure = measure
+        self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.can_measure = measure is not None or self.device.type == "cuda"
+        self.profiler = profiler or Profiler(measure=measure, check=check)
+        self.progress = progress
+        self.model: dict[str, CostModel] = {}
+        self.stats = TuneStats(measuring=self.can_measure)
+
+    # ---- database ------------------------------------------------------------------------
+    def lookup(self, problem: Problem) -> Config | None:
+        """The tuned config of a problem when its tuning finished before (this GPU/Triton)."""
+        for rec in reversed(self.db.measured(self.gpu, problem.template, problem.signature())):
+            if rec.status == "done" and (self.mode != "full" or "mode=full" in rec.error):
+                cfg = config_from_dict(problem.template, rec.config)
+                return cfg if is_valid(cfg, problem, self.hw) else None
+        return None
+
+    def _neighbours(self, template: str) -> list[tuple[Problem, Config]]:
+        out = []
+        for rec in self.db.records(self.gpu, template):
+            if rec.status == "done":
+                out.append((problem_from_dict(json.loads(rec.problem_json)), config_from_dict(template, rec.config)))
+        return out
+
+    def _history(self, template: str) -> list[tuple[Config, Problem, float]]:
+        out = []
+        for rec in self.db.records(self.gpu, template):
+            if rec.status == "ok" and rec.time_ms:
+                out.append((config_from_dict(template, rec.config), problem_from_dict(json.loads(rec.problem_json)), rec.time_ms))
+        return out
+
+    def _model(self, template: str) -> CostModel:
+        if template not in self.model:
+            m = CostModel(self.hw)
+            m.fit(self._history(template))
+            self.model[template] = m
+        return self.model[template]
+
+    # ---- tuning --------------------------------------------------------------------------
+    def tune(self, problem: Problem, epi: Epilogue | None = None, space: Sequence[Config] | None = None) -> SearchResult:
+        """Search + measure one problem (resuming from its earlier measurements)."""
+        tmpl, sig = problem.template, problem.signature()
+        pj = json.dumps(problem.as_dict())
+        already = [_measurement(r.config, tmpl, r.time_ms, r.status, r.error)
+                   for r in self.db.measured(self.gpu, tmpl, sig) if r.status != "done"]  # fmt: skip
+
+        def commit(m: Measurement) -> None:
+            self.db.add(self.gpu, tmpl, sig, pj, m.config.as_dict(), m.time_ms, m.status, m.error)
+
+        runner = None
+        if self.device.type == "cuda" or (self.measure is not None and self.profiler.do_check and self._small(problem)):
+            runner = make_runner(problem, self.device, epi)
+        res = search(problem, self.hw, self.profiler, runner, self._model(tmpl), self.budget,
+                     self._neighbours(tmpl), self._history(tmpl), space=space, on_result=commit, already=already)  # fmt: skip
+        if res.best is not None:
+            self.db.add(self.gpu, tmpl, sig, pj, res.best.as_dict(), res.best_ms, "done", f"mode={self.mode}")
+        return res
+
+    @staticmethod
+    def _small(problem: Problem) -> bool:
+        """Small enough to execute in the Triton interpreter for the correctness check."""
+        m, n, k = problem.mnk()
+        return m * n * k <= 1 << 18
+
+    def choose(self, problems: Sequence[tuple[Problem, Epilogue | None]]) -> dict[str, Config | None]:
+        """A config for each problem (by signature), tuning those the database lacks."""
+        t0 = time.perf_counter()
+        out: dict[str, Config | None] = {}
+        todo: list[tuple[Problem, Epilogue | None]] = []
+        for p, e in problems:
+            sig = p.signature()
+            if sig in out or any(q.signature() == sig for q, _ in todo):
+                continue
+            self.stats.problems += 1
+            cfg = self.lookup(p)
+            if cfg is not None:
+                out[sig] = cfg
+                self.stats.from_db += 1
+            elif self.can_measure:
+                todo.append((p, e))
+            else:
+                near = transfer_candidates(p, self._neighbours(p.template), self.hw, 1)
+                out[sig] = near[0] if near else None
+                if near:
+                    self.stats.transferred += 1
+                else:
+                    self.stats.default += 1
+        if todo:
+            for p, e in self._with_progress(todo):
+                res = self.tune(p, e)
+                out[p.signature()] = res.best
+                self.stats.tuned += 1
+                self.stats.considered += res.considered
+                self.stats.measured += res.n_measured
+                self.stats.failed += sum(1 for m in res.measured if not m.ok)
+                self.stats.results.append(res)
+        self.stats.seconds += time.perf_counter() - t0
+        return out
+
+    def _with_progress(self, todo: list[tuple[Problem, Epilogue | None]]):  # noqa: ANN202 - a generator
+        if not self.progress:
+            yield from todo
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        cols = (TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+        with Progress(*cols, console=Console(file=sys.stderr), transient=True) as prog:
+            task = prog.add_task("", total=len(todo))
+            for p, e in todo:
+                prog.update(task, description=p.signature())
+                yield p, e
+                prog.advance(task)
+
+
+def tune_graph(graph: Graph, options: Any = None, tuner: Tuner | None = None, verbose: bool = True) -> Graph:
+    """Pipeline stage: set ``attrs["config"]`` of every GEMM / conv kernel node from the
+    database or by tuning. ``options.tune`` picks the mode ("none" returns ``graph``)."""
+    mode = getattr(options, "tune", "fast") if tuner is None else tuner.mode
+    if mode == "none":
+        return graph
+    nodes = [n for n in graph.nodes if n.op in TUNABLE]
+    if not nodes:
+        return graph
+    if tuner is None:
+        tuner = Tuner(mode, progress=verbose)
+    probs = {n.name: problem_of(n, graph) for n in nodes}
+    chosen = tuner.choose([(p, n.attrs["epilogue"]) for n in nodes if (p := probs[n.name]) is not None])
+    if verbose:
+        print(tuner.stats.line(mode), file=sys.stderr)
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        p = probs.get(node.name)
+        cfg = chosen.get(p.signature()) if p is not None else None
+        if cfg is not None:
+            node = Node(node.name, node.op, node.inputs, node.type, {**node.attrs, "config": cfg})
+        b.add_node(node)
+    return b.build(graph.outputs)
+
+
+_LOOKUP: dict[str, Tuner] = {}
+
+
+def lookup_config(problem: Problem, mode: str = "fast") -> Config | None:
+    """The database's config for ``problem`` on the live GPU, without tuning (for lowerings
+    of graphs that did not go through the tuning stage)."""
+    try:
+        if mode not in _LOOKUP:
+            _LOOKUP[mode] = Tuner(mode, progress=False)
+        return _LOOKUP[mode].lookup(problem)
+    except Exception:  # noqa: BLE001 - the database is an optimisation, never a failure
+        return None
