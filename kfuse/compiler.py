@@ -47,12 +47,20 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
         ("constant_fold_2", constant_fold),
         ("algebraic_simplify_2", algebraic_simplify),
     ]
+    if options.layout != "nchw":
+        from kfuse.passes.layout import layout_pass
+
+        stages.append(("layout", layout_pass(options)))
     if options.fuse_epilogue:
         stages.append(("fuse_epilogue", fuse_epilogues))
     if options.fuse_pointwise:  # last fusion stage: takes whatever elementwise glue is left
         from kfuse.passes.fuse_pointwise import fuse_pointwise
 
         stages.append(("fuse_pointwise", fuse_pointwise))
+    if options.tune != "none":  # keep last: it tunes the GEMM/conv kernels the fusion stages made
+        from kfuse.tune.tuner import tune_graph
+
+        stages.append(("tune", lambda g: tune_graph(g, options)))
     return stages
 
 

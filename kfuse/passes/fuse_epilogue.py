@@ -137,12 +137,15 @@ def fuse_epilogues(graph: Graph) -> Graph:
             regs[m.name] = len(steps)
         last = members[-1] if members else node
         epi = Epilogue(tuple(steps), len(extras))
-        attrs: dict[str, Any] = {"epilogue": epi, "out_type": last.type, "fused_ops": tuple([node.op] + [m.op for m in members])}
+        out_type = last.type
+        if node.op == "conv2d" and isinstance(out_type, TensorType):  # the kernel writes the conv's layout
+            out_type = TensorType(out_type.shape, out_type.dtype, node.ttype.layout)
+        attrs: dict[str, Any] = {"epilogue": epi, "out_type": out_type, "fused_ops": tuple([node.op] + [m.op for m in members])}
         if node.op == "conv2d":
             attrs.update({k: node.attrs[k] for k in _CONV_ATTRS if k in node.attrs})
             attrs["has_bias"] = len(node.inputs) > 2
         kind = "conv_epilogue" if node.op == "conv2d" else "gemm_epilogue"
-        fused = Node(last.name, kind, tuple(node.inputs) + tuple(extras), last.type, attrs)
+        fused = Node(last.name, kind, tuple(node.inputs) + tuple(extras), out_type, attrs)
         fused_into[last.name] = fused
         removed.update({node.name} | {m.name for m in members})
         taken.update(removed)
