@@ -36,7 +36,8 @@ def random_graph(rng: random.Random) -> Graph:
             v = b.op("layer_norm", [src], {"normalized_shape": (6,)})
         elif r < 0.9:  # a view that keeps its base alive
             t = b.op("permute", [src], {"dims": (1, 0)})
-            v = b.op("reshape", [b.op("contiguous", [t])], {"shape": (4, 6)}) if rng.random() < 0.5 else b.op("reshape", [src], {"shape": (4, 6)})
+            base = b.op("contiguous", [t]) if rng.random() < 0.5 else src
+            v = b.op("reshape", [base], {"shape": (4, 6)})
         else:
             v = b.op("exp", [b.op("reshape", [src], {"shape": (24,)})])
             v = b.op("reshape", [v], {"shape": (4, 6)})
