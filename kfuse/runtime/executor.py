@@ -53,6 +53,11 @@ class Plan:
     backend: str  # "triton" (GPU), "triton-interpreter" (CPU) or "torch"
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     release_after: list[list[str]] = field(default_factory=list)
+    # static memory plan (kfuse.passes.memory_plan): built on the first execute when enabled
+    use_memory_plan: bool = True
+    memory: Any = None  # MemoryPlan
+    arena: torch.Tensor | None = None  # the device bytes planned buffers live in
+    out_buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # value -> its planned tensor
 
     @property
     def kernels(self) -> list[KernelInfo]:
@@ -125,10 +130,12 @@ def lower(graph: Graph, device: torch.device, backend: str | None = None, option
 
 
 def _liveness(graph: Graph, steps: list[Step]) -> list[list[str]]:
-    """For each step, the values whose last reader it is (never inputs, constants or outputs)."""
+    """For each step, the values whose last reader it is (never inputs, constants or outputs);
+    a value nobody reads is released right after the step that makes it."""
     keep = set(graph.outputs) | set(graph.input_names) | set(graph.constants)
     last: dict[str, int] = {}
     for i, s in enumerate(steps):
+        last.setdefault(s.output, i)
         for v in s.inputs:
             last[v] = i
     out: list[list[str]] = [[] for _ in steps]
@@ -138,13 +145,45 @@ def _liveness(graph: Graph, steps: list[Step]) -> list[list[str]]:
     return out
 
 
-def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run ``plan`` on ``inputs`` (in graph input order); returns the graph outputs."""
+def _prepare_memory(plan: Plan, device: torch.device) -> dict[str, torch.Tensor]:
+    """The planned output tensors (arena views) for ``device``; built once per plan."""
+    if not plan.use_memory_plan:
+        return {}
+    if plan.arena is not None and plan.arena.device == device:
+        return plan.out_buffers
+    from kfuse.passes.memory_plan import arena_view, plan_memory
+
+    if plan.memory is None:
+        plan.memory = plan_memory(plan)
+    mp = plan.memory
+    plan.arena = torch.empty(max(mp.arena_bytes, 1), dtype=torch.uint8, device=device)
+    types = {n.name: n.type for n in plan.graph.nodes}
+    plan.out_buffers = {v: arena_view(plan.arena, mp.buffers[b], types[v]) for v, b in mp.value_buffer.items()}
+    return plan.out_buffers
+
+
+def execute(plan: Plan, inputs: Sequence[torch.Tensor], *, poison_dead: bool = False) -> list[torch.Tensor]:
+    """Run ``plan`` on ``inputs`` (in graph input order); returns the graph outputs.
+
+    Steps with a planned buffer write into the arena (``fn(xs, out)``); the others allocate.
+    ``poison_dead`` fills each planned buffer with NaN bytes when its lifetime ends, so a plan
+    that shared storage between live values would show in the numerics (tests use it)."""
     env: dict[str, Any] = dict(plan.constants)
     for (name, _), x in zip(plan.graph.inputs, inputs, strict=True):
         env[name] = x
-    for step, dead in zip(plan.steps, plan.release_after, strict=True):
-        env[step.output] = step.fn([env[i] for i in step.inputs])
+    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None)
+    if device is None:
+        device = next((c.device for c in plan.constants.values()), torch.device("cpu"))
+    outs = _prepare_memory(plan, device)
+    dead_buffers = plan.memory.dead_after if (poison_dead and outs) else None
+    for i, (step, dead) in enumerate(zip(plan.steps, plan.release_after, strict=True)):
+        xs = [env[v] for v in step.inputs]
+        buf = outs.get(step.output)
+        env[step.output] = step.fn(xs) if buf is None else step.fn(xs, buf)
         for v in dead:
             del env[v]
+        if dead_buffers is not None and plan.arena is not None:
+            for k in dead_buffers[i]:
+                b = plan.memory.buffers[k]
+                plan.arena[b.offset : b.offset + b.nbytes].fill_(255)
     return [env[o] for o in plan.graph.outputs]
