@@ -1,0 +1,223 @@
+"""Attention recognition: ``scaled_dot_product_attention`` and the explicit
+matmul -> scale -> (+mask) -> softmax -> matmul chain become one ``fused_attention`` node.
+
+The mask keeps its meaning (``attention_mask.classify`` evaluates the subgraph that builds it):
+an all-allowed mask disappears, a causal one becomes the ``causal`` flag, a key-padding mask
+computed from a ``[B, S]`` input becomes ``mask_kind="padding"`` reading that input directly
+(the mask builder becomes dead code), and anything else stays a dense mask, with a note that
+the report shows.
+
+When Q, K and V are head-split views of ``[B, S, H*D]`` projections
+(``permute(reshape(x, [B, S, H, D]), (0, 2, 1, 3))``) and the output is merged back the same way,
+the node takes the projections and returns ``[B, S, H*D]`` (layout ``bshd``): the kernel reads and
+writes through strides, so no transpose is ever materialised.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kfuse.ir import ops
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.passes.attention_mask import MaskInfo, classify
+from kfuse.passes.simplify import dce
+from kfuse.runtime import transformer_ops  # noqa: F401 - registers the fused ops and lowerings
+
+_HEADS_FIRST = (0, 2, 1, 3)
+
+
+@dataclass
+class _Match:
+    q: str
+    k: str
+    v: str
+    k_transposed: bool  # k is K^T ([B, H, D, Sk]) in the explicit form
+    mask: str | None
+    scale: float | None
+    causal: bool
+    last: Node
+    fused: list[str]
+
+
+def _single_user(users: dict[str, list[Node]], name: str, graph: Graph) -> Node | None:
+    us = users.get(name, [])
+    return us[0] if len(us) == 1 and name not in graph.outputs else None
+
+
+def _scalar(graph: Graph, name: str) -> float | None:
+    t = graph.constants.get(name)
+    if t is None or t.numel() != 1:
+        return None
+    v = ops.scalar_value(t)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _match_sdpa(node: Node) -> _Match:
+    q, k, v = node.inputs[:3]
+    mask = node.inputs[3] if len(node.inputs) > 3 else None
+    return _Match(q, k, v, False, mask, node.attrs.get("scale"), bool(node.attrs.get("is_causal", False)), node, ["sdpa"])
+
+
+def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> _Match | None:
+    """``pv = matmul(softmax(scale * (q @ kT) [+ mask]), v)`` with optional casts around the softmax."""
+    if pv.op != "matmul" or not isinstance(pv.type, TensorType) or pv.ttype.rank != 4:
+        return None
+    fused = ["matmul"]
+    p = nodes.get(pv.inputs[0])
+    if p is not None and p.op == "cast" and _single_user(users, p.name, graph):
+        fused.append("cast")
+        p = nodes.get(p.inputs[0])
+    if p is None or p.op != "softmax" or p.attrs["dim"] != 3 or not _single_user(users, p.name, graph):
+        return None
+    fused.append("softmax")
+    s = nodes.get(p.inputs[0])
+    if s is not None and s.op == "cast" and _single_user(users, s.name, graph):
+        fused.append("cast")
+        s = nodes.get(s.inputs[0])
+    mask = None
+    if s is not None and s.op == "add" and _single_user(users, s.name, graph):
+        a, b = (nodes.get(i) for i in s.inputs)
+        if a is not None and a.op in ("mul", "div", "matmul"):
+            s, mask = a, s.inputs[1]
+        elif b is not None and b.op in ("mul", "div", "matmul"):
+            s, mask = b, s.inputs[0]
+        else:
+            return None
+        fused.append("add")
+    scale = 1.0
+    if s is not None and s.op in ("mul", "div") and _single_user(users, s.name, graph):
+        c = _scalar(graph, s.inputs[1])
+        if c is None or c == 0:
+            return None
+        scale = c if s.op == "mul" else 1.0 / c
+        fused.append(s.op)
+        s = nodes.get(s.inputs[0])
+    if s is None or s.op != "matmul" or not _single_user(users, s.name, graph):
+        return None
+    fused.append("matmul")
+    q, kt = s.inputs
+    qt, ktt = graph.type_of(q), graph.type_of(kt)
+    if not (isinstance(qt, TensorType) and isinstance(ktt, TensorType) and qt.rank == 4 and ktt.rank == 4):
+        return None
+    return _Match(q, kt, pv.inputs[1], True, mask, scale, False, pv, list(reversed(fused)))
+
+
+def _bshd_source(name: str, nodes: dict[str, Node], graph: Graph, dims: tuple[int, ...] = _HEADS_FIRST) -> str | None:
+    """``x`` if ``name`` is ``permute(reshape(x [B, S, H*D] -> [B, S, H, D]), dims)``."""
+    p = nodes.get(name)
+    if p is None or p.op != "permute" or tuple(p.attrs["dims"]) != dims:
+        return None
+    r = nodes.get(p.inputs[0])
+    if r is None or r.op != "reshape":
+        return None
+    src_t, r_t = graph.type_of(r.inputs[0]), r.ttype
+    if not isinstance(src_t, TensorType) or src_t.rank != 3 or r_t.rank != 4:
+        return None
+    if src_t.shape[:2] != r_t.shape[:2] or src_t.shape[2] != r_t.shape[2] * r_t.shape[3]:
+        return None
+    return r.inputs[0]
+
+
+def _merged_output(last: Node, users: dict[str, list[Node]], graph: Graph) -> Node | None:
+    """The reshape that merges the heads back: ``reshape(permute(o, (0, 2, 1, 3)), [B, S, H*D] or [B*S, H*D])``."""
+    p = _single_user(users, last.name, graph)
+    if p is None or p.op != "permute" or tuple(p.attrs["dims"]) != _HEADS_FIRST:
+        return None
+    r = _single_user(users, p.name, graph)
+    if r is None or r.op != "reshape":
+        return None
+    b, s, h, d = p.ttype.shape
+    if r.ttype.shape not in ((b, s, h * d), (b * s, h * d)):
+        return None
+    return r
+
+
+def fuse_attention(graph: Graph) -> Graph:
+    """Replace every recognised attention with a ``fused_attention`` node."""
+    nodes = graph.node_map()
+    users = graph.users()
+    replace: dict[str, list[tuple[str, str, tuple[str, ...], dict]]] = {}  # node name -> new nodes to emit there
+    removed: set[str] = set()
+    for node in graph.nodes:
+        m = _match_sdpa(node) if node.op == "sdpa" else _match_explicit(node, nodes, users, graph) if node.op == "matmul" else None
+        if m is None:
+            continue
+        qt = graph.type_of(m.q)
+        kt = graph.type_of(m.k)
+        assert isinstance(qt, TensorType) and isinstance(kt, TensorType)
+        b, h, sq, d = qt.shape
+        sk = kt.shape[3] if m.k_transposed else kt.shape[2]
+        info = classify(graph, m.mask, qt, sk)
+        scale = float(m.scale) if m.scale is not None else 1.0 / math.sqrt(d)
+        k_dims = (0, 2, 3, 1) if m.k_transposed else _HEADS_FIRST
+        srcs = (_bshd_source(m.q, nodes, graph), _bshd_source(m.k, nodes, graph, k_dims), _bshd_source(m.v, nodes, graph))
+        merged = _merged_output(m.last, users, graph)
+        attrs = {
+            "heads": h,
+            "head_dim": d,
+            "scale": scale,
+            "causal": bool(m.causal or info.causal),
+            "mask_kind": info.kind,
+            "note": info.note,
+            "fused_ops": tuple(m.fused),
+        }
+        mask_in = _mask_input(m, info)
+        emit: list[tuple[str, str, tuple[str, ...], dict]] = []
+        if all(srcs) and merged is not None:
+            attrs["layout"] = "bshd"
+            ins = tuple(s for s in srcs if s is not None) + mask_in
+            if merged.ttype.shape == (b, sq, h * d):
+                emit.append((merged.name, "fused_attention", ins, attrs))
+            else:
+                tmp = f"{m.last.name}_bshd"
+                emit.append((tmp, "fused_attention", ins, attrs))
+                emit.append((merged.name, "reshape", (tmp,), {"shape": merged.ttype.shape}))
+            replace[merged.name] = emit
+            removed.update({m.last.name, merged.inputs[0]})
+        else:
+            attrs["layout"] = "bhsd"
+            k_in = m.k
+            if m.k_transposed:
+                k_in = f"{m.last.name}_k"
+                emit.append((k_in, "permute", (m.k,), {"dims": (0, 1, 3, 2)}))
+            emit.append((m.last.name, "fused_attention", (m.q, k_in, m.v) + mask_in, attrs))
+            replace[m.last.name] = emit
+    if not replace:
+        return graph
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        if node.name in replace:
+            for name, op, ins, attrs in replace[node.name]:
+                if op == "fused_attention":
+                    t = _fused_type(b, ins, attrs)
+                    attrs = dict(attrs, out_type=t)
+                else:
+                    t = _infer(b, op, ins, attrs)
+                b.add_node(Node(name, op, ins, t, attrs))
+        elif node.name not in removed:
+            b.add_node(node)
+    return dce(b.build(graph.outputs))
+
+
+def _mask_input(m: _Match, info: MaskInfo) -> tuple[str, ...]:
+    if info.kind == "padding" and info.source is not None:
+        return (info.source,)
+    if info.kind == "dense" and m.mask is not None:
+        return (m.mask,)
+    return ()
+
+
+def _infer(b: GraphBuilder, op: str, ins: tuple[str, ...], attrs: dict) -> TensorType:
+    t = ops.infer_type(op, [b.type_of(i) for i in ins], attrs)
+    assert isinstance(t, TensorType)
+    return t
+
+
+def _fused_type(b: GraphBuilder, ins: tuple[str, ...], attrs: dict) -> TensorType:
+    q, v = b.type_of(ins[0]), b.type_of(ins[2])
+    k = b.type_of(ins[1])
+    assert isinstance(q, TensorType) and isinstance(v, TensorType) and isinstance(k, TensorType)
+    if attrs["layout"] == "bshd":
+        return TensorType((q.shape[0], q.shape[1], attrs["heads"] * attrs["head_dim"]), q.dtype)
+    return TensorType((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q.dtype)

@@ -1,0 +1,191 @@
+"""The fused transformer ops (``fused_attention``, ``varlen_attention``, ``fused_norm``): their
+PyTorch references (the oracle and the ``torch`` backend) and their lowerings to the Triton
+templates in ``kfuse.kernels.attention`` / ``kfuse.kernels.norm``.
+
+Imported by the passes that create these ops, so registration happens before lowering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kfuse.ir import ops
+from kfuse.ir.graph import Graph, Node, ValueType
+from kfuse.runtime.executor import KernelInfo, Step, lowering
+
+
+def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
+    return a["out_type"]
+
+
+# ---------------------------------------------------------------------------------------
+# fused_attention: q, k, v (, mask)
+#   layout "bshd": q/k/v are [B, S, H*D] (projection outputs, read in place), output [B, Sq, H*D]
+#   layout "bhsd": q/k/v are [B, H, S, D], output [B, H, Sq, D]
+#   mask_kind "none" | "padding" (mask is the [B, Sk] input, nonzero = attend) | "dense"
+#   (bool: True = attend; float: added to the scores), plus ``causal``
+# ---------------------------------------------------------------------------------------
+def to_bhsd(x: torch.Tensor, a: Mapping[str, Any]) -> torch.Tensor:
+    if a["layout"] == "bhsd":
+        return x
+    b, s = x.shape[0], x.shape[1]
+    try:
+        x4 = x.view(b, s, a["heads"], a["head_dim"])
+    except RuntimeError:  # not viewable (a copy in an odd layout): make it so
+        x4 = x.reshape(b, s, a["heads"], a["head_dim"])
+    return x4.permute(0, 2, 1, 3)
+
+
+def _sdpa_mask(mask: torch.Tensor | None, a: Mapping[str, Any], sq: int, sk: int, device: torch.device) -> tuple[Any, bool]:
+    kind, causal = a["mask_kind"], a.get("causal", False)
+    if mask is None or kind == "none":
+        return None, causal
+    m = (mask != 0)[:, None, None, :] if kind == "padding" else mask
+    if causal:
+        tril = torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+        m = (m & tril) if m.dtype == torch.bool else m.masked_fill(~tril, float("-inf"))
+    return m, False
+
+
+def _fused_attention_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    q, k, v = (to_bhsd(x, a) for x in xs[:3])
+    mask, causal = _sdpa_mask(xs[3] if len(xs) > 3 else None, a, q.shape[2], k.shape[2], q.device)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=a["scale"])
+    if a["layout"] == "bshd":
+        return o.permute(0, 2, 1, 3).reshape(q.shape[0], q.shape[2], -1)
+    return o
+
+
+ops.register("fused_attention", ops.FUSED, infer=_out_type)(_fused_attention_ref)
+
+
+def describe_attention(a: Mapping[str, Any]) -> str:
+    parts = [f"{a['layout']} h{a['heads']} d{a['head_dim']} mask={a['mask_kind']}"]
+    if a.get("causal"):
+        parts.append("causal")
+    if a.get("note"):
+        parts.append(f"note: {a['note']}")
+    return " ".join(parts)
+
+
+@lowering("fused_attention")
+def _lower_attention(node: Node, graph: Graph, backend: str) -> Step | None:
+    if backend == "torch":
+        return None
+    from kfuse.kernels import attention as K
+
+    a = dict(node.attrs)
+    kind = a["mask_kind"]
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        q, k, v = (to_bhsd(x, a) for x in xs[:3])
+        mask = xs[3] if len(xs) > 3 else None
+        mk = K.MASK_NONE
+        if mask is not None and kind == "padding":
+            mk = K.MASK_KEY_PADDING
+        elif mask is not None and kind == "dense":
+            mk = K.MASK_DENSE_BOOL if mask.dtype == torch.bool else K.MASK_DENSE_ADD
+        b, h, sq, d = q.shape
+        if a["layout"] == "bshd":
+            out = torch.empty((b, sq, h * d), dtype=q.dtype, device=q.device)
+            o4 = out.view(b, sq, h, d).permute(0, 2, 1, 3)
+            K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], out=o4)
+            return out
+        return K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"])
+
+    info = KernelInfo(node.name, "fused_attention", tuple(a.get("fused_ops", ("sdpa",))), describe_attention(a))
+    return Step(node.name, node.inputs, run, info)
+
+
+# ---------------------------------------------------------------------------------------
+# varlen_attention: q, k, v packed [T, H*D] (any row stride), cu_seqlens int32 [B+1]
+# ---------------------------------------------------------------------------------------
+def _varlen_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    q, k, v, cu = xs
+    t = q.shape[0]
+    h, d = a["heads"], a["head_dim"]
+    seg = torch.zeros(t, dtype=torch.int64, device=q.device)
+    if t:
+        starts = cu[1:-1].long()
+        seg.index_add_(0, starts[starts < t], torch.ones_like(starts[starts < t]))
+        seg = seg.cumsum(0)
+    allowed = seg[:, None] == seg[None, :]
+    if a.get("causal"):
+        allowed = allowed & torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    qh, kh, vh = (x.reshape(t, h, d).permute(1, 0, 2)[None] for x in (q, k, v))
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, scale=a["scale"])
+    return o[0].permute(1, 0, 2).reshape(t, h * d)
+
+
+ops.register("varlen_attention", ops.FUSED, infer=_out_type)(_varlen_ref)
+
+
+@lowering("varlen_attention")
+def _lower_varlen(node: Node, graph: Graph, backend: str) -> Step | None:
+    if backend == "torch":
+        return None
+    from kfuse.kernels import attention as K
+
+    a = dict(node.attrs)
+    h, d = a["heads"], a["head_dim"]
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        q, k, v, cu = xs
+        t = q.shape[0]
+        out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
+        q3, k3, v3 = (x.view(t, h, d) if x.stride(-1) == 1 else x.reshape(t, h, d) for x in (q, k, v))
+        K.varlen_attention(q3, k3, v3, cu, a["max_seqlen"], causal=a["causal"], scale=a["scale"], out=out.view(t, h, d))
+        return out
+
+    desc = f"packed h{h} d{d} max_seqlen={a['max_seqlen']}" + (" causal" if a.get("causal") else "")
+    info = KernelInfo(node.name, "varlen_attention", tuple(a.get("fused_ops", ("sdpa",))), desc)
+    return Step(node.name, node.inputs, run, info)
+
+
+# ---------------------------------------------------------------------------------------
+# fused_norm: x, addends..., (weight), (bias); attrs rms, eps, n_add, has_weight, has_bias
+# ---------------------------------------------------------------------------------------
+def _split_norm_inputs(xs: list[Any], a: Mapping[str, Any]) -> tuple[Any, list[Any], Any, Any]:
+    n_add = a["n_add"]
+    x, adds, rest = xs[0], list(xs[1 : 1 + n_add]), list(xs[1 + n_add :])
+    w = rest.pop(0) if a["has_weight"] else None
+    bias = rest.pop(0) if a["has_bias"] else None
+    return x, adds, w, bias
+
+
+def _fused_norm_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    x, adds, w, bias = _split_norm_inputs(xs, a)
+    for t in adds:
+        x = x + t
+    n = (x.shape[-1],)
+    if a["rms"]:
+        return F.rms_norm(x, n, w, a["eps"])
+    return F.layer_norm(x, n, w, bias, a["eps"])
+
+
+ops.register("fused_norm", ops.FUSED, infer=_out_type)(_fused_norm_ref)
+
+
+@lowering("fused_norm")
+def _lower_norm(node: Node, graph: Graph, backend: str) -> Step | None:
+    if backend == "torch":
+        return None
+    from kfuse.kernels.norm import norm
+
+    a = dict(node.attrs)
+    out_dtype = node.ttype.dtype
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        x, adds, w, bias = _split_norm_inputs(xs, a)
+        y = norm(x, adds, w, bias, eps=a["eps"] if a["eps"] is not None else torch.finfo(x.dtype).eps, rms=a["rms"])
+        return y if y.dtype == out_dtype else y.to(out_dtype)
+
+    what = ("rms_norm" if a["rms"] else "layer_norm") + (f" + {a['n_add']} addends" if a["n_add"] else "")
+    info = KernelInfo(node.name, "fused_norm", tuple(a.get("fused_ops", ("layer_norm",))), what)
+    return Step(node.name, node.inputs, run, info)
