@@ -1,0 +1,144 @@
+"""Horizontal fusion of an LC kernel and a BE kernel into one launch (Aker's static fuser).
+
+Both kernels are PTB block functions (``ptb.BlockKernel``). The fused kernel is generated once per
+pair of block-function signatures; the *ratio* is a runtime choice, so every version of a pair
+shares one compiled kernel:
+
+* ``partition`` (default): program ids ``[0, r1*S)`` run LC blocks, ``[r1*S, (r1+r2)*S)`` BE blocks,
+  with S the number of SMs. The hardware hands out the first wave one program per SM, so every SM
+  gets r1 LC programs first and then r2 BE programs: the two kinds sit on the same SM at once as
+  long as r1 + r2 programs fit on an SM (registers / shared memory / warps of the fused kernel).
+* ``interleave``: in every group of r1 + r2 consecutive program ids the first r1 are LC.
+
+Each side keeps its own persistent loop over its block range, so a fused launch computes exactly
+what the two kernels compute on their own (tests check this for every ratio).
+
+Limits of doing this in Triton rather than CUDA C++: a Triton program has one warp count and its
+register / shared-memory budget is the larger of the two branches (Aker splits one CUDA block
+into warp groups with named barriers instead). The occupancy limit is checked on the GPU through
+the compiled kernel's metadata (``fits``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kfuse.colocate.ptb import BlockKernel, _params, num_sms
+from kfuse.kernels.codegen import load_generated
+
+
+@dataclass(frozen=True)
+class FusedVersion:
+    """A fused kernel version: r1 LC programs and r2 BE programs per SM."""
+
+    r1: int
+    r2: int
+    mode: str = "partition"  # or "interleave"
+
+    def describe(self) -> str:
+        return f"{self.r1}:{self.r2}{'' if self.mode == 'partition' else ' il'}"
+
+    def grid(self, sms: int | None = None) -> int:
+        return (self.r1 + self.r2) * (sms or num_sms())
+
+
+DEFAULT_VERSIONS = (FusedVersion(1, 1), FusedVersion(1, 2), FusedVersion(2, 1), FusedVersion(1, 3))
+
+_FUSED = '''
+import triton
+import triton.language as tl
+from {lc_module} import {lc_fn} as lc_block
+from {be_module} import {be_fn} as be_block
+
+
+@triton.jit
+def fused_kernel({params}):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    # the grid is cut into groups of `period` programs; the first r1 of each group run LC blocks
+    g = pid // period
+    r = pid % period
+    ngroups = nprog // period
+    if r < r1:
+        for bid in range(l_start + g * r1 + r, l_end, ngroups * r1):
+            lc_block(bid, {lc_call})
+    else:
+        r2 = period - r1
+        for bid in range(b_start + g * r2 + (r - r1), b_end, ngroups * r2):
+            be_block(bid, {be_call})
+'''
+
+
+def fused_source(lc: BlockKernel, be: BlockKernel) -> str:
+    la, lcst = _params("l_", lc)
+    ba, bcst = _params("b_", be)
+    params = la + ["l_start", "l_end"] + ba + ["b_start", "b_end", "period", "r1"] + [f"{c}: tl.constexpr" for c in lcst + bcst]
+    return _FUSED.format(
+        lc_module=lc.module, lc_fn=lc.fn, be_module=be.module, be_fn=be.fn,
+        params=", ".join(params), lc_call=", ".join(la + lcst), be_call=", ".join(ba + bcst),
+    )  # fmt: skip
+
+
+def fused_module(lc: BlockKernel, be: BlockKernel) -> Any:
+    return load_generated("fused", f"{lc.signature_key()}__{be.signature_key()}", fused_source(lc, be))
+
+
+def launch_args(
+    lc: BlockKernel, lc_range: tuple[int, int], be: BlockKernel, be_range: tuple[int, int], version: FusedVersion, sms: int | None = None
+) -> tuple[int, list[Any], dict[str, Any]]:
+    """(grid, positional args, launch options) of one fused launch."""
+    s = sms or num_sms()
+    grid = version.grid(s)
+    if version.mode == "partition":
+        period, r1 = grid, version.r1 * s
+    elif version.mode == "interleave":
+        period, r1 = version.r1 + version.r2, version.r1
+    else:
+        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave)")
+    for k, (a, b) in ((lc, lc_range), (be, be_range)):
+        if not 0 <= a <= b <= k.n_blocks:
+            raise ValueError(f"{k.name}: block range [{a}, {b}) is outside [0, {k.n_blocks})")
+    args = [*lc.args, *lc_range, *be.args, *be_range, period, r1, *lc.consts.values(), *be.consts.values()]
+    opts = {"num_warps": max(lc.num_warps, be.num_warps), "num_stages": max(lc.num_stages, be.num_stages)}
+    return grid, args, opts
+
+
+def launch_fused(
+    lc: BlockKernel, be: BlockKernel, version: FusedVersion = DEFAULT_VERSIONS[0],
+    lc_range: tuple[int, int] | None = None, be_range: tuple[int, int] | None = None, sms: int | None = None,
+) -> None:  # fmt: skip
+    """One launch running LC blocks ``lc_range`` and BE blocks ``be_range`` side by side."""
+    lr = lc_range or (0, lc.n_blocks)
+    br = be_range or (0, be.n_blocks)
+    grid, args, opts = launch_args(lc, lr, be, br, version, sms)
+    fused_module(lc, be).fused_kernel[(grid,)](*args, **opts)
+
+
+def overlap(t_lc: float, t_be: float, t_fused: float) -> float:
+    """Share of the serial time saved by running both in one launch: (T_lc + T_be - T_fused) / (T_lc + T_be).
+    0: no co-residency (serial), 0.5: perfect overlap of two equal kernels."""
+    return (t_lc + t_be - t_fused) / (t_lc + t_be)
+
+
+def compiled_resources(lc: BlockKernel, be: BlockKernel) -> dict[str, int] | None:
+    """Registers, spills and shared memory of the fused kernel as compiled for this GPU (None on the CPU)."""
+    if not torch.cuda.is_available():
+        return None
+    mod = fused_module(lc, be)
+    try:
+        kern = next(iter(mod.fused_kernel.device_caches[torch.cuda.current_device()][0].values()))
+    except Exception:  # no compiled variant yet (or a Triton with another cache layout)
+        return None
+    return {"n_regs": int(getattr(kern, "n_regs", 0)), "n_spills": int(getattr(kern, "n_spills", 0)), "shared": int(kern.metadata.shared)}
+
+
+def fits(res: dict[str, int], version: FusedVersion, num_warps: int) -> bool:
+    """Do r1 + r2 programs of the fused kernel fit on one H100/H200 SM at once?"""
+    per_sm = version.r1 + version.r2
+    regs_ok = res["n_regs"] * 32 * num_warps * per_sm <= 65536
+    smem_ok = res["shared"] * per_sm <= 227 * 1024
+    warps_ok = num_warps * per_sm <= 64
+    return regs_ok and smem_ok and warps_ok

@@ -1,0 +1,146 @@
+"""Duration predictor (Aker).
+
+* Per kernel: time linear in the number of blocks it runs, ``t = a + b * n``.
+* Per fused pair and version: fused time two-stage linear in the load ratio ``x = T_be / T_lc``:
+  ``T_fused / T_lc = c0 + c1 * x + c2 * max(0, x - x*)``. Below the inflection ``x*`` the BE
+  blocks hide in the LC kernel's idle resources (co-run stage, small slope); above it the BE part
+  outlasts the LC part and runs alone (solo-run stage, slope near 1). ``x*`` is the *opportune
+  load ratio*: both parts end together and the makespan reduction is largest there.
+* Online: every observation is checked against the prediction; when the error passes 10% the
+  sample joins the training set and the model is refitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+REFIT_ERROR = 0.10
+
+
+@dataclass
+class LinearModel:
+    """t = a + b * n (n: blocks)."""
+
+    a: float = 0.0
+    b: float = 0.0
+
+    @classmethod
+    def fit(cls, ns: Sequence[float], ts: Sequence[float]) -> LinearModel:
+        n, t = np.asarray(ns, float), np.asarray(ts, float)
+        if len(n) == 0:
+            raise ValueError("LinearModel.fit: no samples")
+        if len(set(n.tolist())) < 2:  # one block count: proportional model through the origin
+            return cls(0.0, float(t.mean() / max(n.mean(), 1e-12)))
+        b, a = np.polyfit(n, t, 1)
+        return cls(float(a), float(b))
+
+    def predict(self, n: float) -> float:
+        return self.a + self.b * n
+
+    def blocks_for(self, t: float) -> float:
+        """How many blocks fit in time t (fractional, >= 0)."""
+        return max(0.0, (t - self.a) / self.b) if self.b > 0 else 0.0
+
+
+@dataclass
+class TwoStageModel:
+    """T_fused / T_lc = c0 + c1 x + c2 max(0, x - x_star), continuous at x_star."""
+
+    c0: float
+    c1: float
+    c2: float
+    x_star: float
+
+    def g(self, x: float) -> float:
+        return self.c0 + self.c1 * x + self.c2 * max(0.0, x - self.x_star)
+
+    def predict(self, t_lc: float, t_be: float) -> float:
+        return t_lc * self.g(t_be / t_lc) if t_lc > 0 else t_be
+
+    def reduction(self, x: float) -> float:
+        """Makespan reduction of fusing at load ratio x: (T_lc + T_be - T_fused) / (T_lc + T_be)."""
+        return (1.0 + x - self.g(x)) / (1.0 + x)
+
+    @property
+    def opportune_ratio(self) -> float:
+        return self.x_star
+
+    @property
+    def best_reduction(self) -> float:
+        return self.reduction(self.x_star)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"c0": self.c0, "c1": self.c1, "c2": self.c2, "x_star": self.x_star, "best_reduction": self.best_reduction}
+
+    @classmethod
+    def fit(cls, xs: Sequence[float], ys: Sequence[float]) -> TwoStageModel:
+        """Least squares for every candidate inflection (a fine grid plus the sample points); keep the best."""
+        x, y = np.asarray(xs, float), np.asarray(ys, float)
+        if len(x) < 3:
+            raise ValueError(f"TwoStageModel.fit needs at least 3 samples, got {len(x)}")
+        lo, hi = float(x.min()), float(x.max())
+        cands = np.unique(np.concatenate([np.linspace(lo, hi, 64), x]))
+        best: tuple[float, TwoStageModel] | None = None
+        for xs_ in cands:
+            basis = np.stack([np.ones_like(x), x, np.maximum(0.0, x - xs_)], 1)
+            coef, *_ = np.linalg.lstsq(basis, y, rcond=None)
+            err = float(((basis @ coef - y) ** 2).sum())
+            if best is None or err < best[0] - 1e-15:
+                best = (err, cls(float(coef[0]), float(coef[1]), float(coef[2]), float(xs_)))
+        assert best is not None
+        m = best[1]
+        if abs(m.c2) < 1e-9 or m.x_star <= lo or m.x_star >= hi:  # no visible knee: one line, knee at the edge
+            c1, c0 = np.polyfit(x, y, 1)
+            return cls(float(c0), float(c1), 0.0, hi)
+        return m
+
+
+def relative_errors(pred: Sequence[float], meas: Sequence[float]) -> list[float]:
+    return [abs(p - m) / m for p, m in zip(pred, meas, strict=True) if m > 0]
+
+
+def error_summary(errs: Sequence[float]) -> dict[str, float]:
+    if not errs:
+        return {"n": 0, "mean": math.nan, "max": math.nan, "p90": math.nan}
+    e = np.asarray(errs, float)
+    return {"n": len(e), "mean": float(e.mean()), "max": float(e.max()), "p90": float(np.percentile(e, 90))}
+
+
+@dataclass
+class OnlineTwoStage:
+    """A two-stage model that refits itself when a prediction misses by more than ``threshold``."""
+
+    model: TwoStageModel
+    xs: list[float] = field(default_factory=list)
+    ys: list[float] = field(default_factory=list)
+    threshold: float = REFIT_ERROR
+    refits: int = 0
+    errors: list[float] = field(default_factory=list)
+
+    @classmethod
+    def fit(cls, xs: Sequence[float], ys: Sequence[float], threshold: float = REFIT_ERROR) -> OnlineTwoStage:
+        return cls(TwoStageModel.fit(xs, ys), list(xs), list(ys), threshold)
+
+    def predict(self, t_lc: float, t_be: float) -> float:
+        return self.model.predict(t_lc, t_be)
+
+    def observe(self, t_lc: float, t_be: float, t_fused: float) -> bool:
+        """Record a measured fused run; refit (and return True) if the prediction was off by more than the threshold."""
+        pred = self.predict(t_lc, t_be)
+        err = abs(pred - t_fused) / t_fused if t_fused > 0 else 0.0
+        self.errors.append(err)
+        if err <= self.threshold:
+            return False
+        self.xs.append(t_be / t_lc)
+        self.ys.append(t_fused / t_lc)
+        self.model = TwoStageModel.fit(self.xs, self.ys)
+        self.refits += 1
+        return True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.model.as_dict(), "samples": len(self.xs), "refits": self.refits}

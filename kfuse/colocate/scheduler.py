@@ -1,0 +1,366 @@
+"""QoS-aware co-location scheduler and its baselines, over a pluggable GPU backend.
+
+The GPU runs one launch at a time on a virtual clock: each launch's duration is what the backend
+returns (measured with CUDA events on the real backend, a known function on the simulated one);
+LC queries arrive as a Poisson process on the same clock. Policies:
+
+* ``lc_alone``  — LC queries only (the QoS reference and the max-load search).
+* ``timeshare`` — Baymax-like: whole BE kernels go into the gaps, and between the kernels of an LC
+  query only when the predicted BE time fits every waiting query's QoS slack.
+* ``streams``   — plain concurrent streams: every LC kernel is co-launched with the next whole BE
+  kernel, no QoS awareness.
+* ``aker``      — fusion: each fusible LC kernel runs fused with a BE slice sized to the pair's
+  opportune load ratio, only if ``T_fused - T_lc < T_qos - T_solo - T_queue`` (the minimum slack
+  over waiting queries); leftover headroom beyond what later fusions need is time-shared with BE
+  slices (kernel split); idle gaps run BE slices short enough not to break QoS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, error_summary, relative_errors
+from kfuse.colocate.selector import Selection, fit_slice, select_version, split_be
+
+POLICIES = ("lc_alone", "timeshare", "streams", "aker")
+
+
+@dataclass(frozen=True)
+class LCKernel:
+    name: str
+    fusible: bool  # a PTB GEMM/conv the fuser can pair with a BE kernel
+    key: str  # kernels with one key share one fused-time model (same GEMM problem)
+
+
+class Backend:
+    """What the scheduler needs from a GPU. Times are milliseconds."""
+
+    def lc_kernels(self) -> list[LCKernel]:
+        raise NotImplementedError
+
+    def be_blocks(self, be: str) -> int:
+        raise NotImplementedError
+
+    def run_lc(self, i: int) -> float:
+        raise NotImplementedError
+
+    def run_be(self, be: str, start: int, end: int) -> float:
+        raise NotImplementedError
+
+    def run_fused(self, i: int, be: str, start: int, end: int, version: Any) -> float:
+        raise NotImplementedError
+
+    def run_concurrent(self, i: int, be: str, start: int, end: int) -> float:
+        """LC kernel i and BE blocks [start, end) launched on two streams; time until both are done."""
+        raise NotImplementedError
+
+
+# ---- profile: everything the scheduler predicts with ---------------------------------------------
+
+
+@dataclass
+class Profile:
+    lc_ms: list[float]  # solo time of each LC kernel
+    lc: list[LCKernel]
+    be: dict[str, LinearModel]  # BE time vs blocks
+    be_blocks: dict[str, int]
+    fused: dict[tuple[str, str], dict[Any, OnlineTwoStage]]  # (lc key, be) -> version -> model
+    chosen: dict[tuple[str, str], Selection] = field(default_factory=dict)
+    heldout: dict[str, Any] = field(default_factory=dict)  # predictor errors on held-out runs
+
+    @property
+    def lc_total(self) -> float:
+        return float(sum(self.lc_ms))
+
+    def choose(self) -> None:
+        self.chosen = {}
+        for pair, models in self.fused.items():
+            sel = select_version({v: m.model for v, m in models.items()})
+            if sel is not None:
+                self.chosen[pair] = sel
+
+
+FIT_RATIOS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+HELDOUT_RATIOS = (0.75, 2.5)
+
+
+def build_profile(
+    backend: Backend, be_names: Sequence[str], versions: Sequence[Any], reps: int = 3, min_fuse_ms: float = 0.0,
+    fit_ratios: Sequence[float] = FIT_RATIOS, heldout_ratios: Sequence[float] = HELDOUT_RATIOS, log: Any = None,
+) -> Profile:  # fmt: skip
+    """Measure solo LC times, fit BE linear models and fused two-stage models, then report held-out errors."""
+
+    def med(f: Any) -> float:
+        return float(np.median([f() for _ in range(reps)]))
+
+    lc = backend.lc_kernels()
+    lc_ms = [med(lambda i=i: backend.run_lc(i)) for i in range(len(lc))]
+    be_models: dict[str, LinearModel] = {}
+    be_blocks = {b: backend.be_blocks(b) for b in be_names}
+    lin_err: list[float] = []
+    for b in be_names:
+        nb = be_blocks[b]
+        counts = sorted({max(1, nb * f // 8) for f in (1, 2, 4, 8)})
+        be_models[b] = LinearModel.fit(counts, [med(lambda n=n: backend.run_be(b, 0, n)) for n in counts])
+        for n in {max(1, nb * 3 // 8), max(1, nb * 5 // 8)}:
+            lin_err += relative_errors([be_models[b].predict(n)], [med(lambda n=n: backend.run_be(b, 0, n))])
+    # one representative (the first) LC kernel per fusible key
+    reps_of: dict[str, int] = {}
+    for i, k in enumerate(lc):
+        if k.fusible and lc_ms[i] >= min_fuse_ms and k.key not in reps_of:
+            reps_of[k.key] = i
+    fused: dict[tuple[str, str], dict[Any, OnlineTwoStage]] = {}
+    fused_err: list[float] = []
+    for key, i in reps_of.items():
+        t_lc = lc_ms[i]
+        for b in be_names:
+            models = {}
+            for v in versions:
+
+                def sample(x: float, i: int = i, b: str = b, v: Any = v) -> tuple[float, float] | None:
+                    n = min(be_blocks[b], max(1, int(be_models[b].blocks_for(x * t_lc))))
+                    t_be = med(lambda: backend.run_be(b, 0, n))
+                    t_f = med(lambda: backend.run_fused(i, b, 0, n, v))
+                    return t_be, t_f
+
+                pts = [sample(x) for x in fit_ratios]
+                xs = [p[0] / t_lc for p in pts if p]
+                ys = [p[1] / t_lc for p in pts if p]
+                models[v] = OnlineTwoStage.fit(xs, ys)
+                for x in heldout_ratios:
+                    p = sample(x)
+                    if p:
+                        fused_err += relative_errors([models[v].predict(t_lc, p[0])], [p[1]])
+            fused[(key, b)] = models
+        if log:
+            log(f"  profiled LC kernel {lc[i].name} ({key}, {t_lc:.4f} ms) with {', '.join(be_names)}")
+    prof = Profile(lc_ms, lc, be_models, be_blocks, fused)
+    prof.heldout = {"be_linear": error_summary(lin_err), "fused_two_stage": error_summary(fused_err)}
+    prof.choose()
+    return prof
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+
+def poisson_arrivals(rate_per_s: float, n: int, seed: int = 0) -> list[float]:
+    """n arrival times in ms of a Poisson process with ``rate_per_s`` queries per second."""
+    rng = np.random.default_rng(seed)
+    return np.cumsum(rng.exponential(1000.0 / rate_per_s, n)).tolist()
+
+
+@dataclass
+class RunResult:
+    policy: str
+    latencies_ms: list[float]
+    qos_ms: float
+    elapsed_ms: float
+    be_units: float  # BE kernels completed (fractions count: blocks / blocks per kernel)
+    fused_launches: int = 0
+    be_slices: int = 0
+    refits: int = 0
+    online_errors: list[float] = field(default_factory=list)
+
+    @property
+    def p99(self) -> float:
+        return float(np.percentile(self.latencies_ms, 99)) if self.latencies_ms else math.nan
+
+    @property
+    def violations(self) -> int:
+        return sum(lat > self.qos_ms for lat in self.latencies_ms)
+
+    @property
+    def be_throughput(self) -> float:
+        return self.be_units / (self.elapsed_ms / 1e3) if self.elapsed_ms > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        lat = self.latencies_ms
+        return {
+            "policy": self.policy, "queries": len(lat), "qos_ms": self.qos_ms,
+            "p50_ms": float(np.percentile(lat, 50)) if lat else math.nan, "p99_ms": self.p99, "max_ms": max(lat, default=math.nan),
+            "violations": self.violations, "be_throughput": self.be_throughput, "be_units": self.be_units,
+            "elapsed_ms": self.elapsed_ms, "fused_launches": self.fused_launches, "be_slices": self.be_slices,
+            "refits": self.refits, "online_error": error_summary(self.online_errors),
+        }  # fmt: skip
+
+
+def run_policy(
+    backend: Backend, prof: Profile, policy: str, arrivals: Sequence[float], be_names: Sequence[str], qos_ms: float,
+    margin: float = 0.05, idle_budget: float | None = None, reserve_ms: float = 0.0, extra_per_query_ms: float = math.inf,
+) -> RunResult:  # fmt: skip
+    """Serve the queries arriving at ``arrivals`` (ms) under ``policy``; BE kernels of ``be_names`` queue round-robin.
+
+    ``reserve_ms`` is kept out of every query's headroom for queries that have not arrived yet
+    (``queue_reserve`` estimates it from the load); ``extra_per_query_ms`` caps the BE time any one
+    query absorbs (``extra_budget``: more would push queries still to come past QoS at this load);
+    ``margin`` absorbs prediction error."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    n_lc = len(prof.lc)
+    suffix = np.concatenate([np.cumsum(prof.lc_ms[::-1])[::-1], [0.0]]).tolist()  # remaining solo LC time from kernel i
+    safe_qos = qos_ms * (1.0 - margin) - reserve_ms
+    # the idle gap: a query may arrive the moment a BE launch starts, it must still fit
+    idle_budget = idle_budget if idle_budget is not None else max(0.05 * prof.lc_total, 0.5 * (safe_qos - prof.lc_total))
+    be_queue: deque[list[Any]] = deque([b, 0, prof.be_blocks[b]] for b in be_names)
+    res = RunResult(policy, [], qos_ms, 0.0, 0.0)
+    queries: deque[list[float]] = deque()  # [arrival, next kernel, BE time absorbed]
+    now, ai = 0.0, 0
+    # extra time the fusions of the rest of a query are expected to need (kept out of time-sharing)
+    fuse_extra = [0.0] * (n_lc + 1)
+    for i in range(n_lc - 1, -1, -1):
+        sel = prof.chosen.get((prof.lc[i].key, be_names[0])) if prof.lc[i].fusible and be_names else None
+        extra = prof.lc_ms[i] * (sel.model.g(sel.opportune_ratio) - 1.0) if sel else 0.0
+        fuse_extra[i] = fuse_extra[i + 1] + max(0.0, extra)
+
+    def be_done(item: list[Any], n: int) -> None:
+        res.be_units += n / prof.be_blocks[item[0]]
+        item[1] += n
+        if item[1] >= item[2]:  # kernel finished: the next instance of that BE job joins the back
+            be_queue.popleft()
+            be_queue.append([item[0], 0, prof.be_blocks[item[0]]])
+        elif be_queue[0] is not item:
+            raise AssertionError("BE progress on an item that is not the queue head")
+
+    def headroom() -> float:
+        """min over waiting queries of (deadline - predicted finish if only LC ran): T_qos - T_solo - T_queue,
+        and no more than what is left of the head query's BE allowance."""
+        hr, t = extra_per_query_ms - queries[0][2], now
+        for j, (arr, idx, _) in enumerate(queries):
+            t += suffix[int(idx)] if j == 0 else prof.lc_total
+            hr = min(hr, arr + safe_qos - t)
+        return hr
+
+    while queries or ai < len(arrivals):
+        while ai < len(arrivals) and arrivals[ai] <= now:
+            queries.append([arrivals[ai], 0, 0.0])
+            ai += 1
+        if not queries:
+            if policy == "lc_alone" or not be_queue:
+                now = arrivals[ai]
+                continue
+            item = be_queue[0]
+            b, left = item[0], item[2] - item[1]
+            n = left if policy != "aker" else max(1, fit_slice(prof.be[b], left, min(idle_budget, extra_per_query_ms)))
+            now += backend.run_be(b, item[1], item[1] + n)
+            res.be_slices += 1
+            be_done(item, n)
+            continue
+        q = queries[0]
+        i = int(q[1])
+        k = prof.lc[i]
+        t_lc = prof.lc_ms[i]
+        if not be_queue:
+            policy = "lc_alone"
+        else:
+            item = be_queue[0]
+            b, left = item[0], item[2] - item[1]
+        if policy == "timeshare" and prof.be[b].predict(left) < headroom():
+            t = backend.run_be(b, item[1], item[2])
+            now += t
+            q[2] += t
+            res.be_slices += 1
+            be_done(item, left)
+            continue
+        if policy == "aker":
+            hr = headroom()
+            sel = prof.chosen.get((k.key, b)) if k.fusible else None
+            if sel is not None:
+                online = prof.fused[(k.key, b)][sel.version]
+                sp = split_be(t_lc, prof.be[b], online.model, left, hr, sel.opportune_ratio)
+                if not sp.empty:
+                    t = backend.run_fused(i, b, item[1], item[1] + sp.blocks, sel.version)
+                    t_be = prof.be[b].predict(sp.blocks)
+                    res.online_errors.append(abs(online.predict(t_lc, t_be) - t) / t)
+                    res.refits += online.observe(t_lc, t_be, t)
+                    res.fused_launches += 1
+                    be_done(item, sp.blocks)
+                    now += t
+                    q[2] += max(0.0, t - t_lc)
+                    q[1] += 1
+                    if q[1] == n_lc:
+                        res.latencies_ms.append(now - q[0])
+                        queries.popleft()
+                    continue
+            # time-share a slice, keeping back the headroom the later fusions of this query expect to use
+            spare = hr - fuse_extra[i + 1]
+            n = fit_slice(prof.be[b], left, spare) if spare > 0 else 0
+            if n >= max(1, prof.be_blocks[b] // 64) and prof.be[b].predict(n) < hr:
+                t = backend.run_be(b, item[1], item[1] + n)
+                now += t
+                q[2] += t
+                res.be_slices += 1
+                be_done(item, n)
+                continue
+        if policy == "streams":
+            # the BE stream keeps the GPU shared: each LC kernel overlaps about as much BE work as its own length
+            n = max(1, fit_slice(prof.be[b], left, t_lc))
+            t = backend.run_concurrent(i, b, item[1], item[1] + n)
+            now += t
+            q[2] += t - t_lc
+            be_done(item, n)
+        else:
+            now += backend.run_lc(i)
+        q[1] += 1
+        if q[1] == n_lc:
+            res.latencies_ms.append(now - q[0])
+            queries.popleft()
+    res.elapsed_ms = now
+    return res
+
+
+def max_lc_rate(prof: Profile, qos_ms: float, n_queries: int = 400, seed: int = 0) -> float:
+    """The highest Poisson rate (queries/s) at which LC-alone keeps p99 within QoS, by bisection on
+    the profile's solo times (LC alone is a deterministic-service queue: no GPU needed)."""
+    sim = _ReplayBackend(prof)
+    lo, hi = 0.0, 1000.0 / prof.lc_total
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        # all of several arrival sequences must keep p99 within QoS (one sequence is noisy at high load)
+        ok = all(
+            run_policy(sim, prof, "lc_alone", poisson_arrivals(mid, n_queries, seed + s), [], qos_ms, margin=0.0).p99 <= qos_ms
+            for s in range(3)
+        )
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
+def extra_budget(prof: Profile, qos_ms: float, rate_per_s: float, margin: float = 0.05, n_queries: int = 400, seed: int = 12345) -> float:
+    """The BE time (ms) each query may absorb at this load: the largest stretch of every query's
+    service time for which LC alone still keeps p99 within QoS (several arrival sequences, none the run's)."""
+    lo, hi = 0.0, 4.0
+    target = qos_ms * (1.0 - margin)
+    for _ in range(16):
+        mid = (lo + hi) / 2
+        stretched = Profile([t * (1 + mid) for t in prof.lc_ms], prof.lc, prof.be, prof.be_blocks, prof.fused)
+        sim = _ReplayBackend(stretched)
+        p99s = [run_policy(sim, stretched, "lc_alone", poisson_arrivals(rate_per_s, n_queries, seed + s), [], qos_ms, margin=0.0).p99
+                for s in range(5)]  # fmt: skip
+        ok = float(np.mean(p99s)) <= target
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo * prof.lc_total
+
+
+def queue_reserve(prof: Profile, qos_ms: float, rate_per_s: float, n_queries: int = 400, seed: int = 12345) -> float:
+    """Mean queueing delay of LC queries at this load with LC alone (on arrivals other than the run's):
+    the part of the QoS budget that BE work leaves to queries that have not arrived yet."""
+    r = run_policy(_ReplayBackend(prof), prof, "lc_alone", poisson_arrivals(rate_per_s, n_queries, seed), [], qos_ms, margin=0.0)
+    return max(0.0, float(np.mean(r.latencies_ms)) - prof.lc_total)
+
+
+class _ReplayBackend(Backend):
+    """LC kernels take their profiled solo times (for the LC-alone load search)."""
+
+    def __init__(self, prof: Profile) -> None:
+        self.prof = prof
+
+    def lc_kernels(self) -> list[LCKernel]:
+        return self.prof.lc
+
+    def run_lc(self, i: int) -> float:
+        return self.prof.lc_ms[i]
