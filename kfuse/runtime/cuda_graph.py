@@ -1,51 +1,132 @@
 """Whole-plan CUDA graphs: capture the plan once per input-shape signature, replay on call.
 
 Inputs are copied into static buffers before replay; outputs are the graph's static output
-tensors, cloned so a later call cannot overwrite what the caller holds. If capture fails
-(an op that synchronises, a CPU tensor, ...) the runner says why and runs eagerly.
+tensors, cloned (by default) so a later call cannot overwrite what the caller holds. The plan's
+memory arena (kfuse.passes.memory_plan) is allocated by the warm-up runs, before capture, so
+the captured kernels read and write fixed addresses.
+
+Capture is an optimisation, never a failure: if it is impossible (CPU tensors, an op that
+synchronises or reads a value to the host during capture, ...) the runner records why
+(``reason``), leaves the device usable and runs the plan eagerly. A call whose inputs do not
+match the captured signature also runs eagerly, and is counted.
+
+Everything CUDA-specific goes through ``cuda`` (``torch.cuda`` by default), so the bookkeeping
+is testable on a CPU with a mock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from kfuse.runtime.executor import Plan, execute
 
+Signature = tuple[tuple[tuple[int, ...], torch.dtype, str, tuple[int, ...]], ...]
+
+
+def signature(inputs: Sequence[torch.Tensor]) -> Signature:
+    """Shape, dtype, device type and strides of each input: what a capture is valid for."""
+    return tuple((tuple(x.shape), x.dtype, x.device.type, tuple(x.stride())) for x in inputs)
+
+
+def _why(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg[:300]}"
+
 
 class CudaGraphRunner:
-    def __init__(self, plan: Plan, example_inputs: Sequence[torch.Tensor], warmup: int = 2) -> None:
+    """Runs ``plan`` through one captured CUDA graph (or eagerly, with ``reason`` saying why)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        example_inputs: Sequence[torch.Tensor],
+        warmup: int = 2,
+        cuda: Any = None,
+        pool: Any = None,
+    ) -> None:
         self.plan = plan
-        self.static_inputs = [x.clone() for x in example_inputs]
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.cuda = cuda if cuda is not None else torch.cuda
+        self.graph: Any = None
+        self.static_inputs: list[torch.Tensor] = []
         self.static_outputs: list[torch.Tensor] = []
+        self.signature = signature(example_inputs)
         self.reason = ""
+        self.captures = 0
+        self.replays = 0
+        self.eager_calls = 0
+        reason = self._precheck(example_inputs)
+        if reason:
+            self.reason = reason
+            return
+        self.static_inputs = [x.clone() for x in example_inputs]
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):  # compiles Triton kernels before capture
-                    execute(plan, self.static_inputs)
-            torch.cuda.current_stream().wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self.static_outputs = execute(plan, self.static_inputs)
-            self.graph = g
+            self._capture(warmup, pool)
         except Exception as e:  # capture is an optimisation: report and run eagerly
             self.graph = None
-            self.reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            torch.cuda.synchronize()
+            self.static_outputs = []
+            self.reason = _why(e)
+            self._recover()
+
+    # ---- capture -------------------------------------------------------------------------
+    def _precheck(self, inputs: Sequence[torch.Tensor]) -> str:
+        if not self.cuda.is_available():
+            return "no CUDA device"
+        for i, x in enumerate(inputs):
+            if not isinstance(x, torch.Tensor):
+                return f"input {i} is a {type(x).__name__}, not a tensor"
+            if x.device.type != "cuda" and self.cuda is torch.cuda:
+                return f"input {i} is on {x.device}, not on the GPU"
+        if self.plan.backend not in ("triton", "torch"):
+            return f"backend {self.plan.backend} does not run on the GPU"
+        return ""
+
+    def _capture(self, warmup: int, pool: Any) -> None:
+        cuda = self.cuda
+        stream = cuda.Stream()
+        stream.wait_stream(cuda.current_stream())
+        with cuda.stream(stream):  # compiles Triton kernels, builds the arena, fills caches
+            for _ in range(max(1, warmup)):
+                execute(self.plan, self.static_inputs)
+        cuda.current_stream().wait_stream(stream)
+        cuda.synchronize()
+        g = cuda.CUDAGraph()
+        with cuda.graph(g, pool=pool):
+            outs = execute(self.plan, self.static_inputs)
+        self.static_outputs = list(outs)
+        self.graph = g
+        self.captures += 1
+
+    def _recover(self) -> None:
+        """Leave the device usable after a failed capture (errors here are secondary)."""
+        try:
+            self.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - a sticky error is reported, not raised
+            self.reason += f"; synchronize after the failed capture: {_why(e)}"
 
     @property
     def captured(self) -> bool:
         return self.graph is not None
 
+    # ---- calling -------------------------------------------------------------------------
     def __call__(self, inputs: Sequence[torch.Tensor], clone_outputs: bool = True) -> list[torch.Tensor]:
-        if self.graph is None:
+        if self.graph is None or signature(inputs) != self.signature:
+            self.eager_calls += 1
             return execute(self.plan, inputs)
         for dst, src in zip(self.static_inputs, inputs, strict=True):
             if dst.data_ptr() != src.data_ptr():
                 dst.copy_(src)
         self.graph.replay()
+        self.replays += 1
         return [o.clone() for o in self.static_outputs] if clone_outputs else list(self.static_outputs)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "captured": self.captured,
+            "reason": self.reason,
+            "captures": self.captures,
+            "replays": self.replays,
+            "eager_calls": self.eager_calls,
+        }

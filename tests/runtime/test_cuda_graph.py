@@ -1,0 +1,155 @@
+"""CUDA-graph runner: bookkeeping with a mock on the CPU, real capture on the GPU."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from kfuse.ir.graph import Graph, GraphBuilder, TensorType
+from kfuse.ir.interpret import reference_run
+from kfuse.passes.fuse_pointwise import fuse_pointwise
+from kfuse.runtime.cuda_graph import CudaGraphRunner, signature
+from kfuse.runtime.executor import lower
+
+
+class FakeGraph:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def replay(self) -> None:
+        self.log.append("replay")
+
+
+class FakeCuda:
+    """Records what the runner asks of torch.cuda; capture just runs the plan on the CPU."""
+
+    def __init__(self, fail_capture: bool = False) -> None:
+        self.log: list[str] = []
+        self.fail_capture = fail_capture
+        self.capturing = False
+
+    def is_available(self) -> bool:
+        return True
+
+    def Stream(self) -> Any:  # noqa: N802 - mirrors torch.cuda
+        log = self.log
+
+        class S:
+            def wait_stream(self, other: Any) -> None:
+                log.append("wait_stream")
+
+        return S()
+
+    def current_stream(self) -> Any:
+        return self.Stream()
+
+    @contextlib.contextmanager
+    def stream(self, s: Any) -> Iterator[None]:
+        self.log.append("side_stream")
+        yield
+
+    def synchronize(self) -> None:
+        self.log.append("synchronize")
+
+    def CUDAGraph(self) -> FakeGraph:  # noqa: N802
+        return FakeGraph(self.log)
+
+    @contextlib.contextmanager
+    def graph(self, g: FakeGraph, pool: Any = None) -> Iterator[None]:
+        self.log.append("capture_begin")
+        self.capturing = True
+        try:
+            if self.fail_capture:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            yield
+        finally:
+            self.capturing = False
+            self.log.append("capture_end")
+
+
+def _graph() -> Graph:
+    b = GraphBuilder("cg")
+    x = b.add_input("x", TensorType((4, 5), torch.float32))
+    y = b.op("layer_norm", [b.op("relu", [x])], {"normalized_shape": (5,)})
+    return b.build([b.op("add", [y, b.scalar(1.0)])])
+
+
+def _plan(device: str, backend: str) -> Any:
+    return lower(fuse_pointwise(_graph()), torch.device(device), backend)
+
+
+def test_mock_capture_bookkeeping() -> None:
+    cuda = FakeCuda()
+    plan = _plan("cpu", "torch")
+    x = torch.randn(4, 5)
+    r = CudaGraphRunner(plan, [x], warmup=2, cuda=cuda)
+    assert r.captured and r.reason == "" and r.captures == 1
+    assert cuda.log.count("side_stream") == 1 and "capture_begin" in cuda.log
+    assert cuda.log.index("side_stream") < cuda.log.index("capture_begin")  # warm-up before capture
+    assert plan.arena is not None  # the arena exists before capture: fixed addresses
+    x2 = torch.randn(4, 5)
+    out = r([x2])
+    assert cuda.log[-1] == "replay" and r.replays == 1
+    torch.testing.assert_close(r.static_inputs[0], x2)  # inputs copied into the static buffer
+    assert out[0].data_ptr() != r.static_outputs[0].data_ptr()  # cloned for the caller
+    same = r([x2], clone_outputs=False)
+    assert same[0].data_ptr() == r.static_outputs[0].data_ptr()
+
+
+def test_mock_signature_mismatch_runs_eagerly() -> None:
+    r = CudaGraphRunner(_plan("cpu", "torch"), [torch.randn(4, 5)], cuda=FakeCuda())
+    x = torch.randn(5, 4).t()  # same shape, other strides
+    assert signature([x]) != r.signature
+    out = r([x])
+    assert r.eager_calls == 1 and r.replays == 0
+    torch.testing.assert_close(out[0], reference_run(_graph(), [x])[0])
+
+
+def test_mock_capture_failure_falls_back_with_reason() -> None:
+    cuda = FakeCuda(fail_capture=True)
+    r = CudaGraphRunner(_plan("cpu", "torch"), [torch.randn(4, 5)], cuda=cuda)
+    assert not r.captured and "not permitted when stream is capturing" in r.reason
+    assert cuda.log[-1] == "synchronize" and not cuda.capturing  # device left usable
+    x = torch.randn(4, 5)
+    torch.testing.assert_close(r([x])[0], reference_run(_graph(), [x])[0])
+    assert r.eager_calls == 1 and r.stats()["captured"] is False
+
+
+def test_precheck_reasons() -> None:
+    class NoCuda(FakeCuda):
+        def is_available(self) -> bool:
+            return False
+
+    r = CudaGraphRunner(_plan("cpu", "torch"), [torch.randn(4, 5)], cuda=NoCuda())
+    assert not r.captured and r.reason == "no CUDA device"
+    r2 = CudaGraphRunner(_plan("cpu", "triton-interpreter"), [torch.randn(4, 5)], cuda=FakeCuda())
+    assert "does not run on the GPU" in r2.reason
+
+
+@pytest.mark.gpu
+def test_real_capture_replays_new_inputs() -> None:
+    plan = _plan("cuda", "triton")
+    x = torch.randn(4, 5, device="cuda")
+    r = CudaGraphRunner(plan, [x])
+    assert r.captured, r.reason
+    for _ in range(3):
+        x = torch.randn(4, 5, device="cuda")
+        torch.testing.assert_close(r([x])[0], reference_run(_graph(), [x])[0], rtol=1e-4, atol=1e-4)
+    assert r.replays == 3
+
+
+@pytest.mark.gpu
+def test_real_capture_failure_is_safe() -> None:
+    b = GraphBuilder("sync")
+    x = b.add_input("x", TensorType((4,), torch.float32))
+    attrs = {"fn": lambda xs: xs[0] * float(xs[0].sum().item()), "target": "item", "out_type": TensorType((4,), torch.float32)}
+    bad = b.op("fallback", [x], attrs)
+    g = b.build([bad])
+    r = CudaGraphRunner(lower(g, torch.device("cuda"), "triton"), [torch.randn(4, device="cuda")])
+    assert not r.captured and r.reason
+    x = torch.randn(4, device="cuda")
+    torch.testing.assert_close(r([x])[0], x * x.sum())
