@@ -198,15 +198,17 @@ def _hardsigmoid(c: OnnxCtx) -> str:
 def _clip(c: OnnxCtx) -> str:
     x = c.x(0)
     if c.opset < 11:
-        lo, hi = c.attr("min"), c.attr("max")
-        return c.op("clamp", [x], lo=lo, hi=hi)
-    lo_c = c.const(1) if c.opt(1) is not None else None
-    hi_c = c.const(2) if c.opt(2) is not None else None
+        return c.op("clamp", [x], lo=float(c.attr("min", -3.4028234663852886e38)), hi=float(c.attr("max", 3.4028234663852886e38)))
+    lo, hi = c.opt(1), c.opt(2)
+    lo_c, hi_c = c.const(1), c.const(2)
+    if lo is not None and hi is not None and lo_c is not None and hi_c is not None:
+        return c.op("clamp", [x], lo=lo_c.item(), hi=hi_c.item())
+    # one-sided or tensor bounds: maximum/minimum (no open-ended clamp for the code generators)
     y = x
-    if c.opt(1) is not None:
-        y = c.op("clamp", [y], lo=lo_c.item(), hi=None) if lo_c is not None else c.op("maximum", [y, c.x(1)])
-    if c.opt(2) is not None:
-        y = c.op("clamp", [y], lo=None, hi=hi_c.item()) if hi_c is not None else c.op("minimum", [y, c.x(2)])
+    if lo is not None:
+        y = c.op("maximum", [y, lo])
+    if hi is not None:
+        y = c.op("minimum", [y, hi])
     return y
 
 
@@ -254,6 +256,14 @@ def _pow(c: OnnxCtx) -> str:
     if c.ttype(e).dtype != c.ttype(x).dtype:  # ONNX: the result has the base's type
         e = c.op("cast", [e], dtype=c.ttype(x).dtype)
     return c.op("pow", [x, e])
+
+
+@converts("IsNaN")
+def _isnan(c: OnnxCtx) -> str:
+    x = c.x(0)
+    if not c.ttype(x).dtype.is_floating_point:
+        raise Unsupported("integer operand")
+    return c.op("ne", [x, x])  # NaN is the only value unequal to itself
 
 
 @converts("Not")
