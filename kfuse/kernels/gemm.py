@@ -256,7 +256,10 @@ def prepare(
     k, n = b.shape[-2], b.shape[-1]
     if b.dim() == 2:
         out_shape = tuple(a.shape[:-1]) + (n,)
-        a3 = a.reshape(-1, k).unsqueeze(0)
+        rows = 1
+        for s in a.shape[:-1]:
+            rows *= s
+        a3 = a.reshape(rows, k).unsqueeze(0)
         b3 = b.unsqueeze(0)
     else:
         batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))

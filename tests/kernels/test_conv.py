@@ -1,0 +1,64 @@
+"""Implicit-GEMM conv template on NHWC in the Triton interpreter: 1x1/3x3/7x7, stride, padding,
+dilation, both K orders, bias + residual epilogue, NCHW input, poisoned outputs; grouped
+convs are refused with a reason and reported as a fallback by the lowering."""
+
+import pytest
+import torch
+
+from kfuse.ir import ops  # noqa: F401
+from kfuse.kernels.conv import ConvConfig, ConvParams, conv_epilogue, reference, supported
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+ADD_RELU = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("relu", (Operand("reg", 1),))), 1)
+RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
+
+CASES = [  # (C, OC, H, W, k, params)
+    (3, 8, 13, 11, 7, ConvParams((2, 2), (3, 3))),
+    (20, 12, 9, 10, 3, ConvParams((1, 1), (1, 1))),
+    (17, 9, 6, 7, 1, ConvParams((2, 2))),
+    (8, 16, 9, 9, 3, ConvParams((2, 1), (2, 1), (2, 2))),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"c{c[0]}k{c[4]}")
+@pytest.mark.parametrize("flat", [False, True])
+def test_conv_bias_residual_relu(case, flat):
+    c, oc, h, w, k, p = case
+    x = torch.randn(2, c, h, w).contiguous(memory_format=torch.channels_last)
+    wt, b = torch.randn(oc, c, k, k), torch.randn(oc)
+    shape = reference(x, wt, b, [], Epilogue(), p, torch.float32).shape
+    res = torch.randn(shape)
+    got = conv_epilogue(x, wt, b, [res], ADD_RELU, p, torch.float32, ConvConfig(32, 16, 16, 2, 4, 1, flat))
+    ref = reference(x, wt, b, [res], ADD_RELU, p, torch.float32)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_fp16_nchw_input_no_bias():
+    x = torch.randn(1, 16, 7, 5).half()  # plain NCHW strides: slower, still right
+    wt = (torch.randn(24, 16, 3, 3) / 12).half()
+    p = ConvParams((1, 1), (1, 1))
+    got = conv_epilogue(x, wt, None, [], RELU, p, torch.float16, ConvConfig(16, 32, 16, 1, 4, 1), channels_last=False)
+    ref = reference(x, wt, None, [], RELU, p, torch.float16)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_grouped_is_refused_with_reason():
+    p = ConvParams(groups=4)
+    assert "groups=4" in supported((8, 2, 3, 3), p)
+    with pytest.raises(ValueError, match="groups=4"):
+        conv_epilogue(torch.randn(1, 8, 5, 5), torch.randn(8, 2, 3, 3), None, [], Epilogue(), p, torch.float32)
+
+
+def test_depthwise_conv_model_reports_fallback():
+    import kfuse
+
+    m = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(2, 8, 6, 6)
+    c = kfuse.compile(m, (x,))
+    kinds = {k["template"] for k in c.report["kernels"]}
+    fb = [k for k in c.report["kernels"] if k["template"] == "fallback"]
+    assert "conv_epilogue" in kinds and fb and "groups=8" in fb[0]["config"]
+    torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,63 @@
+"""Layout pass: NHWC once at the boundary, conv outputs channels-last, outputs back to NCHW,
+stem channel padding (numerics unchanged), graphs without convs untouched."""
+
+import torch
+
+from kfuse.ir.graph import GraphBuilder, TensorType
+from kfuse.ir.interpret import reference_run
+from kfuse.passes.fuse_epilogue import fuse_epilogues
+from kfuse.passes.layout import to_nhwc
+
+
+def _conv_graph(c=3):
+    b = GraphBuilder("g")
+    x = b.add_input("x", TensorType((2, c, 10, 9), torch.float32))
+    w1 = b.add_constant(torch.randn(8, c, 3, 3))
+    w2 = b.add_constant(torch.randn(4, 8, 1, 1))
+    y = b.op("conv2d", [x, w1], {"stride": (2, 2), "padding": (1, 1), "dilation": (1, 1), "groups": 1})
+    y = b.op("relu", [y])
+    z = b.op("conv2d", [y, w2], {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1})
+    return b.build([z]), torch.randn(2, c, 10, 9)
+
+
+def test_boundary_conversion_and_outputs():
+    g, x = _conv_graph()
+    g2 = to_nhwc(g, pad="never")
+    assert g2.op_counts()["to_nhwc"] == 1
+    assert all(n.ttype.layout == "channels_last" for n in g2.nodes if n.op == "conv2d")
+    assert g2.node_map()[g2.outputs[0]].op == "contiguous"
+    (ref,) = reference_run(g, [x])
+    (got,) = reference_run(g2, [x])
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, ref)
+
+
+def test_stem_padding_always_keeps_numerics():
+    g, x = _conv_graph(3)
+    g2 = to_nhwc(g, pad="always")
+    nhwc = next(n for n in g2.nodes if n.op == "to_nhwc")
+    assert nhwc.attrs["pad_c"] == 5 and nhwc.ttype.shape[1] == 8
+    conv = next(n for n in g2.nodes if n.op == "conv2d")
+    assert g2.constants[conv.inputs[1]].shape[1] == 8
+    torch.testing.assert_close(reference_run(g2, [x])[0], reference_run(g, [x])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_auto_padding_decision_is_made_and_correct():
+    g, x = _conv_graph(3)
+    g2 = to_nhwc(g, pad="auto")
+    torch.testing.assert_close(reference_run(g2, [x])[0], reference_run(g, [x])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_no_convs_untouched():
+    b = GraphBuilder("g")
+    x = b.add_input("x", TensorType((2, 3, 4, 5), torch.float32))
+    g = b.build([b.op("relu", [x])])
+    assert to_nhwc(g) is g
+
+
+def test_fused_conv_keeps_channels_last():
+    g, x = _conv_graph(4)
+    g2 = fuse_epilogues(to_nhwc(g))
+    convs = [n for n in g2.nodes if n.op == "conv_epilogue"]
+    assert len(convs) == 2 and all(n.ttype.layout == "channels_last" for n in convs)
+    torch.testing.assert_close(reference_run(g2, [x])[0], reference_run(g, [x])[0], rtol=1e-5, atol=1e-5)
