@@ -51,8 +51,21 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
         from kfuse.passes.layout import layout_pass
 
         stages.append(("layout", layout_pass(options)))
+    if options.fuse_attention:  # before fuse_epilogue: the merged QKV GEMM still gets its bias epilogue
+        from kfuse.passes.fuse_attention import fuse_attention
+        from kfuse.passes.merge_gemm import merge_gemms
+
+        stages += [("fuse_attention", fuse_attention), ("merge_gemm", merge_gemms)]
     if options.fuse_epilogue:
         stages.append(("fuse_epilogue", fuse_epilogues))
+    if options.fuse_attention:  # add + LayerNorm after the epilogues took bias and residual
+        from kfuse.passes.fuse_norm import fuse_norms
+
+        stages.append(("fuse_norm", fuse_norms))
+    if options.varlen is not False:  # padding-free: before fuse_pointwise, whose kernels have static shapes
+        from kfuse.passes.varlen import varlen_pass
+
+        stages.append(("varlen", varlen_pass(options)))
     if options.fuse_pointwise:  # last fusion stage: takes whatever elementwise glue is left
         from kfuse.passes.fuse_pointwise import fuse_pointwise
 

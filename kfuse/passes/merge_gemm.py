@@ -1,0 +1,85 @@
+"""Horizontal GEMM merge: GEMMs that read the same activation with constant weights (the Q, K and
+V projections) become one GEMM over the concatenated weight ``[K, N1 + N2 + ...]``, built once at
+compile time. When every branch adds a constant bias, the biases are concatenated too, so the
+epilogue fuser later puts one bias add in the merged GEMM's epilogue.
+
+Each branch's value becomes a ``slice`` of the merged output along the last dim: a strided view,
+never a copy (and the attention kernel reads Q, K and V through those strides).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.passes.simplify import dce
+
+
+def _const_weight(node: Node, graph: Graph) -> torch.Tensor | None:
+    if node.op != "matmul" or node.inputs[1] not in graph.constants:
+        return None
+    w = graph.constants[node.inputs[1]]
+    a = graph.type_of(node.inputs[0])
+    if w.dim() != 2 or not isinstance(a, TensorType) or a.rank < 2:
+        return None
+    return w
+
+
+def _const_bias(node: Node, users: dict[str, list[Node]], graph: Graph) -> tuple[Node, torch.Tensor] | None:
+    """The single ``add(node, bias[N])`` that follows ``node``, if any."""
+    us = users.get(node.name, [])
+    if len(us) != 1 or node.name in graph.outputs:
+        return None
+    add = us[0]
+    if add.op != "add" or add.inputs[0] != node.name or add.inputs[1] not in graph.constants:
+        return None
+    bias = graph.constants[add.inputs[1]]
+    if bias.dim() != 1 or bias.shape[0] != node.ttype.shape[-1] or add.ttype != node.ttype:
+        return None
+    return add, bias
+
+
+def merge_gemms(graph: Graph, min_group: int = 2) -> Graph:
+    """Merge groups of at least ``min_group`` constant-weight GEMMs that share their input."""
+    users = graph.users()
+    groups: dict[tuple, list[Node]] = {}
+    for node in graph.nodes:
+        w = _const_weight(node, graph)
+        if w is not None:
+            groups.setdefault((node.inputs[0], w.shape[0], w.dtype, w.device), []).append(node)
+    plans: dict[str, tuple[list[Node], list[tuple[Node, torch.Tensor] | None]]] = {}
+    for members in groups.values():
+        if len(members) < min_group:
+            continue
+        biases = [_const_bias(m, users, graph) for m in members]
+        if not all(biases) and any(biases):
+            biases = [None] * len(members)  # mixed: merge the GEMMs, leave the bias adds alone
+        plans[members[0].name] = (members, biases)
+    if not plans:
+        return graph
+    b = GraphBuilder.from_graph(graph)
+    emitted: set[str] = set()
+    skip: set[str] = set()
+    for node in graph.nodes:
+        if node.name in skip:
+            continue
+        if node.name not in plans:
+            if node.name not in emitted:
+                b.add_node(node)
+            continue
+        members, biases = plans[node.name]
+        w = torch.cat([graph.constants[m.inputs[1]] for m in members], dim=1).contiguous()
+        y = b.op("matmul", [node.inputs[0], b.add_constant(w, b.fresh("w_merged"))], name=b.fresh("matmul_merged"))
+        if all(biases):
+            bias = torch.cat([bb[1] for bb in biases if bb is not None]).contiguous()
+            y = b.op("add", [y, b.add_constant(bias, b.fresh("b_merged"))], name=b.fresh("add_merged"))
+        rank = node.ttype.rank
+        start = 0
+        for m, bb in zip(members, biases, strict=True):
+            n = m.ttype.shape[-1]
+            out = bb[0] if bb is not None else m  # the value the rest of the graph reads
+            b.add_node(Node(out.name, "slice", (y,), out.type, {"dim": rank - 1, "start": start, "end": start + n, "step": 1}))
+            emitted.add(out.name)
+            skip.add(m.name)
+            start += n
+    return dce(b.build(graph.outputs))

@@ -1,0 +1,179 @@
+"""Padding-free execution: pack the valid tokens, run a packed subgraph, unpack with zero padding.
+
+The ``varlen_region`` op (made by ``kfuse.passes.varlen``) holds a subgraph whose token-wise values
+are ``[T, ...]`` (T valid tokens, rows in batch-major order). At run time:
+
+1. ``valid = mask != 0``; ``lens`` and ``cu_seqlens`` (prefix sums) are computed on the GPU; the
+   row indices of valid tokens come from ``nonzero`` (the one host sync: T sizes the tensors);
+2. token-shaped inputs are gathered to ``[T, ...]`` (inputs broadcast over batch, like position
+   embeddings ``[1, S, H]``, are gathered through the broadcast, never materialised);
+3. the packed subgraph runs (on the GPU: one CUDA graph per bucket of T, captured on first use,
+   so the ~100 launches of a BERT encoder cost one replay);
+4. outputs are scattered back to ``[B, S, ...]`` with zeros at padded positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kfuse.ir.graph import Graph, TensorType
+
+BUCKET = 64  # T is rounded up to a multiple of this for CUDA-graph reuse
+
+
+@dataclass(frozen=True)
+class Region:
+    """The packed subgraph and how its inputs and outputs relate to the padded layout.
+
+    ``modes[i]`` says how outer input ``i + 1`` (input 0 is the mask) enters the subgraph:
+    ``"pack"`` (gather valid tokens; leading dims ``[B|1, S|1]`` or ``[B*S]``), ``"param"`` (as is).
+    ``outputs[j]`` is the padded type of subgraph output ``j`` and ``flat[j]`` whether its token
+    dims are one merged ``B*S`` dim."""
+
+    graph: Graph
+    batch: int
+    seq: int
+    modes: tuple[str, ...]
+    in_flat: tuple[bool, ...]
+    outputs: tuple[TensorType, ...]
+    flat: tuple[bool, ...]
+
+    def describe(self) -> str:
+        counts = self.graph.op_counts()
+        top = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:5])
+        return f"packed subgraph [B={self.batch}, S={self.seq}]: {len(self.graph.nodes)} nodes ({top})"
+
+
+def token_index(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(row indices of valid tokens in the flattened [B*S], cu_seqlens int32 [B+1], T)."""
+    valid = mask != 0
+    lens = valid.sum(1, dtype=torch.int32)
+    cu = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=mask.device)
+    torch.cumsum(lens, 0, out=cu[1:])
+    idx = torch.nonzero(valid.reshape(-1)).squeeze(1)  # the host sync: T is its length
+    return idx, cu, int(idx.shape[0])
+
+
+def pack(x: torch.Tensor, idx: torch.Tensor, batch: int, seq: int, flat: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Gather the rows ``idx`` (indices into the flattened ``B*S`` tokens) of ``x``."""
+    if flat:
+        rows = x
+    elif x.shape[0] == batch and x.shape[1] == seq:
+        rows = x.reshape((batch * seq,) + tuple(x.shape[2:]))
+    else:  # broadcast over batch or sequence: index through the broadcast
+        b_i = idx // seq if x.shape[0] != 1 else torch.zeros_like(idx)
+        s_i = idx % seq if x.shape[1] != 1 else torch.zeros_like(idx)
+        g = x[b_i, s_i]
+        if out is not None:
+            out[: g.shape[0]].copy_(g)
+            return out
+        return g
+    if out is not None:
+        torch.index_select(rows, 0, idx, out=out[: idx.shape[0]])
+        return out
+    return torch.index_select(rows, 0, idx)
+
+
+def unpack(y: torch.Tensor, idx: torch.Tensor, t: TensorType, flat: bool, n_valid: int) -> torch.Tensor:
+    """Scatter the first ``n_valid`` rows of ``y`` to a zero tensor of the padded type ``t``."""
+    rest = tuple(t.shape[1:]) if flat else tuple(t.shape[2:])
+    n_rows = t.shape[0] if flat else t.shape[0] * t.shape[1]
+    out = torch.zeros((n_rows,) + rest, dtype=y.dtype, device=y.device)
+    out.index_copy_(0, idx, y[:n_valid])
+    return out.reshape(t.shape)
+
+
+SubRunner = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+
+
+def run_region(region: Region, xs: Sequence[torch.Tensor], sub: SubRunner) -> tuple[torch.Tensor, ...]:
+    """Pack, run ``sub`` on the packed inputs (+ cu_seqlens last), unpack."""
+    mask, ext = xs[0], xs[1:]
+    idx, cu, n = token_index(mask)
+    packed = [
+        pack(x, idx, region.batch, region.seq, f) if m == "pack" else x for x, m, f in zip(ext, region.modes, region.in_flat, strict=True)
+    ]
+    outs = sub(packed + [cu])
+    return tuple(unpack(y, idx, t, f, n) for y, t, f in zip(outs, region.outputs, region.flat, strict=True))
+
+
+def reference(xs: list[torch.Tensor], attrs: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
+    from kfuse.ir.interpret import reference_run
+
+    region: Region = attrs["region"]
+    return run_region(region, xs, lambda ins: reference_run(region.graph, ins))
+
+
+@dataclass
+class _Bucket:
+    inputs: list[torch.Tensor]
+    graph: torch.cuda.CUDAGraph | None
+    outputs: list[torch.Tensor] = field(default_factory=list)
+
+
+class BucketedRunner:
+    """Runs a packed plan; on the GPU one CUDA graph per bucket of T (captured on first use)."""
+
+    def __init__(self, region: Region, run_plan: SubRunner, use_graphs: bool) -> None:
+        self.region = region
+        self.run_plan = run_plan
+        self.use_graphs = use_graphs
+        self.buckets: dict[int, _Bucket] = {}
+        self.note = ""
+
+    def __call__(self, xs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # T is only known after a host sync, which a whole-plan capture cannot contain
+            raise RuntimeError("varlen region: token count needs a host sync; it replays its own per-bucket CUDA graphs")
+        if not self.use_graphs or not xs[0].is_cuda:
+            return run_region(self.region, xs, self.run_plan)
+        r = self.region
+        mask, ext = xs[0], xs[1:]
+        idx, cu, n = token_index(mask)
+        tb = max(BUCKET, -(-n // BUCKET) * BUCKET)
+        bucket = self.buckets.get(tb)
+        if bucket is None:
+            bucket = self._capture(tb, ext, cu)
+        if bucket.graph is None:
+            return run_region(r, xs, self.run_plan)
+        idx_b = torch.zeros(tb, dtype=idx.dtype, device=idx.device)  # rows past T repeat token 0: finite, ignored
+        idx_b[:n] = idx
+        for x, m, f, dst in zip(ext, r.modes, r.in_flat, bucket.inputs[:-1], strict=True):
+            if m == "pack":
+                pack(x, idx_b, r.batch, r.seq, f, out=dst)
+            elif dst.data_ptr() != x.data_ptr():
+                dst.copy_(x)
+        bucket.inputs[-1].copy_(cu)
+        bucket.graph.replay()
+        return tuple(unpack(y, idx, t, f, n) for y, t, f in zip(bucket.outputs, r.outputs, r.flat, strict=True))
+
+    def _capture(self, tb: int, ext: Sequence[torch.Tensor], cu: torch.Tensor) -> _Bucket:
+        r = self.region
+        inputs: list[torch.Tensor] = []
+        for (_, t), x, m in zip(r.graph.inputs[:-1], ext, r.modes, strict=True):
+            if m == "pack":
+                inputs.append(torch.zeros((tb,) + tuple(t.shape[1:]), dtype=t.dtype, device=x.device))
+            else:
+                inputs.append(x.clone())
+        inputs.append(cu.clone())
+        bucket = _Bucket(inputs, None)
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compiles and tunes the kernels before capture
+                    self.run_plan(inputs)
+            torch.cuda.current_stream().wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                bucket.outputs = self.run_plan(inputs)
+            bucket.graph = g
+        except Exception as e:  # capture is an optimisation: run eagerly
+            self.note = f"bucket graph not captured ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            torch.cuda.synchronize()
+        self.buckets[tb] = bucket
+        return bucket
