@@ -74,3 +74,25 @@ class SimGPU(Backend):
         self.launches.append(("streams", (i, be, start, end)))
         t_lc, t_be = self.lc_ms[i], self.be_time(be, end - start)
         return self._n(t_lc + t_be - self.stream_overlap * min(t_lc, t_be))
+
+
+def from_items(items: Sequence[Any], be: dict[str, Any], seed: int = 0) -> SimGPU:
+    """A simulated GPU for an LC kernel list (``lc.LCItem``) and BE workloads, with roofline-style
+    durations: GEMMs at 400 TFLOP/s, other segments 10 us per op, BE blocks from their FLOPs and bytes."""
+    from kfuse.colocate.workloads import FP32_PEAK_FLOPS, PEAK_BYTES
+
+    lc_ms, fusible, keys = [], [], []
+    for it in items:
+        if it.kernel is not None:
+            m, n, k = it.kernel.meta["M"], it.kernel.meta["N"], it.kernel.meta["K"]
+            lc_ms.append(0.005 + 2.0 * m * n * k / 400e12 * 1e3)
+        else:
+            lc_ms.append(0.01 * max(1, len(it.ops)))
+        fusible.append(it.kernel is not None)
+        keys.append(it.key or it.name)
+    be_models = {}
+    for name, w in be.items():
+        k = w.kernel
+        per_block = max(k.flops_per_block / FP32_PEAK_FLOPS, k.bytes_per_block / PEAK_BYTES) * 1e3 / 0.7
+        be_models[name] = (0.005, per_block, k.n_blocks)
+    return SimGPU(lc_ms, fusible, be_models, keys=keys, seed=seed)

@@ -1,0 +1,164 @@
+"""One co-location experiment: profile, pick versions, find the load, run every policy, plot.
+
+Used by ``kfuse colocate run`` and ``benchmarks/colocate_bench.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kfuse.colocate.fuser import DEFAULT_VERSIONS
+from kfuse.colocate.scheduler import (
+    POLICIES,
+    Backend,
+    Profile,
+    build_profile,
+    extra_budget,
+    max_lc_rate,
+    poisson_arrivals,
+    run_policy,
+)
+
+
+def overlap_rates(backend: Backend, prof: Profile, be: str, top: int = 3) -> list[dict[str, Any]]:
+    """Measured overlap (T_lc + T_be - T_fused) / (T_lc + T_be) of the chosen version at its opportune
+    ratio, for the ``top`` longest fusible LC kernels."""
+    out = []
+    reps: dict[str, int] = {}
+    for i, k in enumerate(prof.lc):
+        if (k.key, be) in prof.chosen and k.key not in reps:
+            reps[k.key] = i
+    for key, i in sorted(reps.items(), key=lambda kv: -prof.lc_ms[kv[1]])[:top]:
+        sel = prof.chosen[(key, be)]
+        t_lc = backend.run_lc(i)
+        n = min(prof.be_blocks[be], max(1, int(prof.be[be].blocks_for(max(sel.opportune_ratio, 0.5) * t_lc))))
+        t_be = backend.run_be(be, 0, n)
+        t_f = backend.run_fused(i, be, 0, n, sel.version)
+        out.append({"lc_kernel": prof.lc[i].name, "key": key, "version": str(sel.version), "t_lc_ms": t_lc, "t_be_ms": t_be,
+                    "t_fused_ms": t_f, "overlap": (t_lc + t_be - t_f) / (t_lc + t_be)})  # fmt: skip
+    return out
+
+
+def run_experiment(
+    backend: Backend, be_names: Sequence[str], qos_ms: float | None = None, qos_factor: float = 5.0, load: float = 0.8,
+    seconds: float = 2.0, min_queries: int = 100, max_queries: int = 2000, versions: Sequence[Any] = DEFAULT_VERSIONS,
+    policies: Sequence[str] = POLICIES, seed: int = 0, reps: int = 2, min_fuse_ms: float = 0.0,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:  # fmt: skip
+    """Profile, then serve the same Poisson arrivals under every policy for every BE kernel."""
+    log(f"profiling {len(backend.lc_kernels())} LC kernels with BE {', '.join(be_names)} ...")
+    prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log)
+    solo = prof.lc_total
+    qos = qos_ms if qos_ms else qos_factor * solo
+    max_rate = max_lc_rate(prof, qos)
+    rate = load * max_rate
+    n = int(min(max_queries, max(min_queries, seconds * rate)))
+    arrivals = poisson_arrivals(rate, n, seed)
+    extra = extra_budget(prof, qos, rate)
+    log(f"solo {solo:.3f} ms, QoS {qos:.3f} ms, max LC-alone rate {max_rate:.1f}/s, load {load} -> {rate:.1f}/s, "
+        f"{n} queries, BE allowance {extra:.3f} ms/query")  # fmt: skip
+    out: dict[str, Any] = {
+        "solo_ms": solo, "qos_ms": qos, "max_rate": max_rate, "rate": rate, "queries": n, "extra_per_query_ms": extra,
+        "predictor_heldout": prof.heldout, "chosen": {f"{k[0]}|{k[1]}": {"version": str(s.version), "opportune_ratio": s.opportune_ratio,
+                                                                      "reduction": s.reduction} for k, s in prof.chosen.items()},
+        "runs": {}, "overlap": {},
+    }  # fmt: skip
+    if "lc_alone" in policies:
+        r = run_policy(backend, prof, "lc_alone", arrivals, [], qos)
+        out["runs"][("-", "lc_alone")] = r
+        log(f"  lc_alone           p99 {r.p99:8.3f} ms  violations {r.violations}")
+    for be in be_names:
+        try:
+            out["overlap"][be] = overlap_rates(backend, prof, be)
+        except Exception as e:  # a measurement that fails is reported, the runs go on
+            log(f"  overlap {be}: {type(e).__name__}: {e}")
+        for pol in policies:
+            if pol == "lc_alone":
+                continue
+            r = run_policy(backend, prof, pol, arrivals, [be], qos, extra_per_query_ms=extra)
+            out["runs"][(be, pol)] = r
+            log(f"  {be:10s} {pol:9s} p99 {r.p99:8.3f} ms  violations {r.violations:3d}  BE {r.be_throughput:9.2f}/s  "
+                f"fused {r.fused_launches} slices {r.be_slices} refits {r.refits}")  # fmt: skip
+    out["profile"] = prof
+    return out
+
+
+def gain(res: dict[str, Any], be: str, policy: str = "aker") -> float:
+    ts = res["runs"].get((be, "timeshare"))
+    r = res["runs"].get((be, policy))
+    if ts is None or r is None or ts.be_throughput <= 0:
+        return math.nan
+    return r.be_throughput / ts.be_throughput - 1.0
+
+
+def plot(res: dict[str, Any], lc_name: str, out_dir: str | Path) -> list[Path]:
+    """LC latency CDF per BE kernel (with the QoS line) and BE throughput per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bes = sorted({be for be, _ in res["runs"] if be != "-"})
+    paths = []
+    fig, axes = plt.subplots(1, max(1, len(bes)), figsize=(4.5 * max(1, len(bes)), 3.6), squeeze=False)
+    for ax, be in zip(axes[0], bes or ["-"], strict=False):
+        for (b, pol), r in res["runs"].items():
+            if b in (be, "-") and r.latencies_ms:
+                lat = np.sort(r.latencies_ms)
+                ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), label=pol)
+        ax.axvline(res["qos_ms"], color="k", ls="--", lw=1, label="QoS")
+        ax.set_title(f"{lc_name} + {be}")
+        ax.set_xlabel("LC latency (ms)")
+        ax.set_ylabel("CDF")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = out_dir / f"colocate_{lc_name}_latency_cdf.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+    pols = [p for p in POLICIES if p != "lc_alone"]
+    fig, ax = plt.subplots(figsize=(1.5 + 1.6 * max(1, len(bes)), 3.4))
+    w = 0.8 / len(pols)
+    for j, pol in enumerate(pols):
+        ys = [res["runs"][(be, pol)].be_throughput if (be, pol) in res["runs"] else 0.0 for be in bes]
+        ax.bar(np.arange(len(bes)) + j * w, ys, w, label=pol)
+    ax.set_xticks(np.arange(len(bes)) + w * (len(pols) - 1) / 2, bes)
+    ax.set_ylabel("BE kernels / s")
+    ax.set_title(f"BE throughput, LC = {lc_name}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = out_dir / f"colocate_{lc_name}_be_throughput.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, Any]]:
+    """One record per LC x BE pair and policy (the issue's fields)."""
+    import datetime
+
+    from kfuse.bench.harness import gpu_name
+
+    out = []
+    for (be, pol), r in res["runs"].items():
+        ts = res["runs"].get((be, "timeshare"))
+        rec = {
+            "benchmark": "colocate", "case": f"{lc_name}+{be}" if be != "-" else lc_name, "policy": pol, "gpu": gpu_name(),
+            "command": command, "date": datetime.date.today().isoformat(), "qos_ms": res["qos_ms"], "p99_ms": r.p99,
+            "violations": r.violations, "queries": len(r.latencies_ms), "be_throughput": r.be_throughput,
+            "be_gain_vs_timesharing": (r.be_throughput / ts.be_throughput - 1.0) if ts and ts.be_throughput > 0 else None,
+            "solo_ms": res["solo_ms"], "rate_per_s": res["rate"], "max_rate_per_s": res["max_rate"],
+            "fused_launches": r.fused_launches, "be_slices": r.be_slices, "refits": r.refits,
+            "online_error": r.summary()["online_error"], "overlap": res["overlap"].get(be),
+            "latencies_ms": [round(x, 4) for x in r.latencies_ms],
+        }  # fmt: skip
+        out.append(rec)
+    return out

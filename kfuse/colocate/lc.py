@@ -1,0 +1,117 @@
+"""LC kernels from a kfuse-compiled model.
+
+The compiled plan's steps are the LC kernel sequence of one query. GEMM-like steps (fused GEMMs,
+linear layers, convolutions as implicit GEMMs) become PTB GEMM kernels with the step's problem
+shape, so they can be fused with BE kernels; the other steps run as they are, grouped into
+segments of consecutive steps (one timed launch group each). Every step reads inputs cached from
+one real run of the plan, so any step can run on its own, in any order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from kfuse.colocate.ptb import BlockKernel, conv_gemm_shape, gemm_kernel
+from kfuse.ir.graph import Graph, Node, TensorType
+
+GEMM_OPS = ("gemm_epilogue", "linear", "matmul", "mm", "addmm")
+
+
+def gemm_shape(node: Node, graph: Graph) -> tuple[int, int, int] | None:
+    """(M, N, K) of a GEMM-like node (convolutions as implicit GEMMs, groups folded into M), else None."""
+    try:
+        ts = [graph.type_of(i) for i in node.inputs]
+        if not ts or not all(isinstance(t, TensorType) for t in ts[:2]):
+            return None
+        if "conv" in node.op and "stride" in node.attrs and len(ts[1].shape) == 4:
+            g = int(node.attrs.get("groups", 1))
+            m, n, k = conv_gemm_shape(ts[0].shape, ts[1].shape, node.attrs["stride"], node.attrs["padding"],
+                                      node.attrs.get("dilation", (1, 1)), g)  # fmt: skip
+            return m * g, n, k
+        if node.op in GEMM_OPS and len(ts[1].shape) == 2:
+            a = ts[0]
+            k = a.shape[-1]
+            w = ts[1].shape
+            n = w[1] if w[0] == k else w[0]  # (K, N) or a linear layer's (N, K)
+            return a.numel // k, n, k
+    except Exception:  # an op kfuse does not know the shape rule of: not fusible
+        return None
+    return None
+
+
+@dataclass
+class LCItem:
+    name: str
+    kernel: BlockKernel | None  # the PTB GEMM, or None for a segment
+    run: Callable[[], Any] | None  # a segment: runs its steps
+    key: str
+    ops: tuple[str, ...]
+
+
+def lc_items(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], min_gemm_flops: float = 0.0) -> list[LCItem]:
+    """The LC kernel sequence of ``compiled`` (a kfuse CompiledModel) for these inputs."""
+    variant = next(iter(compiled.variants.values()))
+    plan = variant.plan
+    flat = pytree.tree_leaves((tuple(args), dict(kwargs)))
+    xs = [flat[i] for i in variant.imported.flat_input_index]
+    env: dict[str, Any] = dict(plan.constants)
+    for (name, _), x in zip(plan.graph.inputs, xs, strict=True):
+        env[name] = x
+    with torch.no_grad():
+        for step in plan.steps:  # one real run: every step's inputs are kept
+            env[step.output] = step.fn([env[i] for i in step.inputs])
+    nodes = {n.name: n for n in plan.graph.nodes}
+    device = xs[0].device if xs else torch.device("cpu")
+    dtype = next((x.dtype for x in env.values() if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() > 1), torch.float32)
+    buffers: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    items: list[LCItem] = []
+    pending: list[Any] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        steps = list(pending)
+
+        def run(steps: list[Any] = steps) -> None:
+            for s in steps:
+                s.fn([env[i] for i in s.inputs])
+
+        items.append(LCItem(f"seg{len(items)}", None, run, "", tuple(o for s in steps for o in s.info.ops)))
+        pending.clear()
+
+    for step in plan.steps:
+        node = nodes.get(step.output)
+        shape = gemm_shape(node, plan.graph) if node is not None else None
+        if shape is None or 2.0 * shape[0] * shape[1] * shape[2] < min_gemm_flops:
+            pending.append(step)
+            continue
+        flush()
+        if shape not in buffers:
+            m, n, k = shape
+            buffers[shape] = (torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype),
+                              torch.empty(m, n, device=device, dtype=dtype))  # fmt: skip
+        a, b, c = buffers[shape]
+        key = "x".join(map(str, shape))
+        items.append(LCItem(step.output, gemm_kernel(a, b, c, name=step.output), None, key, tuple(step.info.ops)))
+    flush()
+    return items
+
+
+SAFE_OPTIONS = {"fuse_b2b": False, "fuse_attention": False, "fuse_pointwise": False, "varlen": False, "layout": "nchw",
+                "memory_plan": False}  # fmt: skip
+
+
+def compile_lc(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], log: Callable[[str], None] = print, **opts: Any) -> Any:
+    """``kfuse.compile`` the LC model; if the full pipeline fails, retry with only the core stages."""
+    import kfuse
+
+    try:
+        return kfuse.compile(model, args, kwargs, **opts)
+    except Exception as e:
+        log(f"kfuse.compile failed ({type(e).__name__}: {str(e)[:200]}); retrying with {SAFE_OPTIONS}")
+        return kfuse.compile(model, args, kwargs, **{**opts, **SAFE_OPTIONS})
