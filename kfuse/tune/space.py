@@ -188,7 +188,7 @@ def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
     regs = acc_regs(cfg)
     if regs > 128:
         return f"accumulator needs {regs} registers/thread (> 128 leaves too few; spills)"
-    if regs < 8:
+    if regs < 4:
         return f"{cfg.num_warps} warps on a {cfg.block_m}x{cfg.block_n} tile leave warps idle ({regs} acc values/thread)"
     if cfg.block_m > max(16, next_pow2(m)):
         return f"BLOCK_M {cfg.block_m} > problem M {m} (rounded up to {max(16, next_pow2(m))})"

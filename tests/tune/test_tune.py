@@ -1,0 +1,240 @@
+"""Tuner logic without a GPU: rules, database (round trip, resume, corrupt file), cost model,
+search (valid configs only, evolutionary), tuner + compile with an injected timing function."""
+
+import json
+import sqlite3
+import warnings
+
+import pytest
+import torch
+
+from kfuse.kernels.conv import ConvConfig
+from kfuse.kernels.gemm import GemmConfig
+from kfuse.tune.cost_model import CostModel
+from kfuse.tune.database import TuningDB
+from kfuse.tune.hardware import DEFAULT, TABLE, lookup
+from kfuse.tune.profiler import Profiler
+from kfuse.tune.search import Budget, evolve, exhaustive, search, transfer_candidates
+from kfuse.tune.space import (
+    ConvProblem,
+    GemmProblem,
+    all_configs,
+    estimate_ms,
+    hard_reject,
+    is_valid,
+    problem_from_dict,
+    valid_configs,
+)  # fmt: skip
+from kfuse.tune.tuner import Tuner
+
+BIG = GemmProblem(4096, 3072, 768)
+CONV = ConvProblem(8, 64, 28, 28, 128, 3, 3, (1, 1), (1, 1))
+
+
+def fake_ms(cfg, problem):
+    """A deterministic synthetic landscape with a known optimum near 128x128x64, 4 stages."""
+    import math
+
+    t = estimate_ms(cfg, problem, DEFAULT)
+    t *= 1 + 0.3 * abs(math.log2(cfg.block_m / 128)) + 0.2 * abs(math.log2(cfg.block_n / 128)) + 0.05 * abs(cfg.num_stages - 4)
+    return t
+
+
+# ---- hardware and rules -------------------------------------------------------------------
+def test_hardware_table_and_lookup():
+    assert lookup("NVIDIA H200").sm == 90 and lookup("NVIDIA A100-SXM4-40GB").num_sms == 108
+    assert set(TABLE) == {"H100", "H200", "A100"}
+    with pytest.raises(KeyError):
+        lookup("GeForce 256")
+
+
+def test_shared_memory_rule_rejects_with_reason():
+    cfg = GemmConfig(256, 256, 128, 8, 8, 5)
+    why = hard_reject(cfg, BIG, DEFAULT)
+    assert why is not None and "shared memory" in why and str(DEFAULT.smem_per_block) in why
+    a100 = TABLE["A100"]
+    cfg2 = GemmConfig(128, 256, 64, 8, 8, 4)  # 196608 B: fits Hopper, not A100
+    assert hard_reject(cfg2, BIG, DEFAULT) is None
+    assert "shared memory" in hard_reject(cfg2, BIG, a100)
+
+
+def test_other_rules():
+    small = GemmProblem(8, 64, 4096)
+    assert "BLOCK_M" in hard_reject(GemmConfig(128, 64, 64, 1, 4, 3), small, DEFAULT)
+    assert "split-K" in hard_reject(GemmConfig(128, 128, 64, 8, 8, 3, split_k=4), BIG, DEFAULT)
+    assert "persistent" in hard_reject(GemmConfig(128, 128, 64, 8, 8, 3, persistent=True), BIG, TABLE["A100"])
+    assert "wgmma" in hard_reject(GemmConfig(32, 256, 64, 8, 8, 3), BIG, DEFAULT)
+    assert "flat K" in hard_reject(ConvConfig(64, 64, 32, 8, 4, 3, True), CONV, DEFAULT)
+    vs = valid_configs(BIG, DEFAULT)
+    assert 0 < len(vs) < len(list(all_configs("gemm")))
+    assert all(hard_reject(c, BIG, DEFAULT) is None for c in vs)
+
+
+def test_problem_round_trip():
+    for p in (BIG, CONV):
+        assert problem_from_dict(json.loads(json.dumps(p.as_dict()))) == p
+
+
+# ---- database -----------------------------------------------------------------------------
+def test_db_round_trip_export_import(tmp_path):
+    db = TuningDB(tmp_path / "a.sqlite")
+    pj = json.dumps(BIG.as_dict())
+    db.add("gpu", "gemm", BIG.signature(), pj, GemmConfig().as_dict(), 0.5)
+    db.add("gpu", "gemm", BIG.signature(), pj, GemmConfig(128).as_dict(), 0.3)
+    db.add("gpu", "gemm", BIG.signature(), pj, GemmConfig(256).as_dict(), None, "failed", "boom")
+    best = db.best("gpu", "gemm", BIG.signature())
+    assert best.time_ms == 0.3 and best.config["block_m"] == 128
+    assert db.stats()["by_status"] == {"ok": 2, "failed": 1}
+    n = db.export(tmp_path / "x.json")
+    db2 = TuningDB(tmp_path / "b.sqlite")
+    assert db2.import_(tmp_path / "x.json") == n == 3
+    assert db2.best("gpu", "gemm", BIG.signature()).time_ms == 0.3
+    assert db2.clear() == 3 and db2.stats()["records"] == 0
+    with pytest.raises(ValueError, match="not a kfuse tuning export"):
+        db2.import_(tmp_path / "a.sqlite")
+
+
+def test_corrupt_database_is_set_aside(tmp_path):
+    p = tmp_path / "t.sqlite"
+    p.write_bytes(b"this is not sqlite" * 100)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        db = TuningDB(p)
+    assert db.set_aside is not None and db.set_aside.exists()
+    assert any("unusable" in str(x.message) for x in w)
+    assert db.stats()["records"] == 0
+
+
+def test_foreign_schema_is_set_aside(tmp_path):
+    p = tmp_path / "t.sqlite"
+    c = sqlite3.connect(p)
+    c.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    c.execute("INSERT INTO meta VALUES ('schema_version', '999')")
+    c.commit()
+    c.close()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        db = TuningDB(p)
+    assert db.set_aside is not None
+
+
+# ---- cost model and search ----------------------------------------------------------------
+def test_cost_model_trains_and_ranks():
+    probs = [GemmProblem(m, n, k) for m, n, k in [(4096, 3072, 768), (4096, 768, 3072), (2048, 2304, 768), (512, 768, 768)]]
+    import random
+
+    rng = random.Random(0)
+    samples = []
+    for p in probs[:3]:
+        for c in rng.sample(valid_configs(p, DEFAULT), 60):
+            samples.append((c, p, fake_ms(c, p)))
+    model = CostModel(DEFAULT)
+    assert model.fit(samples) and model.trained
+    p = probs[3]
+    cands = rng.sample(valid_configs(p, DEFAULT), 80)
+    ranked = model.rank(cands, p)
+    truth = sorted(cands, key=lambda c: fake_ms(c, p))
+    # the model's top-10 holds a config within 10% of the true best
+    assert min(fake_ms(c, p) for c in ranked[:10]) <= 1.10 * fake_ms(truth[0], p)
+
+
+def test_untrained_model_uses_rules():
+    m = CostModel(DEFAULT)
+    assert not m.fit([]) and len(m.predict(valid_configs(CONV, DEFAULT)[:5], CONV)) == 5
+
+
+def test_search_returns_valid_configs_and_beats_rules_alone():
+    prof = Profiler(measure=fake_ms)
+    res = search(BIG, DEFAULT, prof, None, CostModel(DEFAULT), Budget(top_k=12, rounds=2))
+    assert res.best is not None and is_valid(res.best, BIG, DEFAULT)
+    assert all(is_valid(m.config, BIG, DEFAULT) for m in res.measured)
+    assert res.n_measured == 24 and res.considered == len(valid_configs(BIG, DEFAULT))
+    ex = exhaustive(BIG, DEFAULT, prof, None, space=[c for c in valid_configs(BIG, DEFAULT) if c.group_m == 8 and c.split_k == 1][:200])
+    assert ex.best_ms is not None
+
+
+def test_evolutionary_search_valid_only():
+    seeds = valid_configs(CONV, DEFAULT)[:10]
+    out = evolve(seeds, CONV, DEFAULT, lambda cs: [fake_ms(c, CONV) for c in cs], population=32, generations=3)
+    assert len(out) > len(seeds) and all(is_valid(c, CONV, DEFAULT) for c in out)
+    res = search(CONV, DEFAULT, Profiler(measure=fake_ms), None, CostModel(DEFAULT), Budget(top_k=6, enumerate_limit=10, population=32))
+    assert res.best is not None and is_valid(res.best, CONV, DEFAULT)
+
+
+def test_transfer_from_neighbours():
+    near = GemmProblem(4000, 3072, 768)
+    far = GemmProblem(16, 64, 64)
+    c1, c2 = GemmConfig(128, 128, 64, 8, 8, 4), GemmConfig(16, 64, 32, 1, 4, 3)
+    got = transfer_candidates(BIG, [(far, c2), (near, c1)], DEFAULT, 1)
+    assert got == [c1]
+
+
+def test_failed_configs_never_chosen():
+    def flaky(cfg, p):
+        if cfg.block_m == 128:
+            raise RuntimeError("compile error")
+        return fake_ms(cfg, p)
+
+    res = search(BIG, DEFAULT, Profiler(measure=flaky), None, CostModel(DEFAULT), Budget(top_k=10))
+    assert res.best.block_m != 128
+    assert any(m.status == "failed" for m in res.measured) or all(m.config.block_m != 128 for m in res.measured)
+
+
+# ---- tuner: database hits, resume ---------------------------------------------------------
+def test_tuner_db_hit_and_resume(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    calls = []
+
+    def measure(cfg, p):
+        calls.append(cfg)
+        if len(calls) == 4 and not hasattr(measure, "done"):
+            measure.done = True
+            raise KeyboardInterrupt  # an interrupted run
+        return fake_ms(cfg, p)
+
+    t = Tuner("fast", db=db, hw=DEFAULT, measure=measure, progress=False, check=False)
+    with pytest.raises(KeyboardInterrupt):
+        t.choose([(BIG, None)])
+    assert len(db.measured(DEFAULT.key(), "gemm", BIG.signature())) == 3  # committed as measured
+    calls.clear()
+    t2 = Tuner("fast", db=db, hw=DEFAULT, measure=measure, progress=False, check=False)
+    cfg = t2.choose([(BIG, None)])[BIG.signature()]
+    assert cfg is not None and len(calls) == Budget.for_mode("fast").top_k + Budget.for_mode("fast").transfer - 3 or len(calls) <= 6
+    measured_before = {tuple(c.as_dict().items()) for c in calls}
+    assert len(measured_before) == len(calls)  # nothing measured twice
+    calls.clear()
+    t3 = Tuner("fast", db=db, hw=DEFAULT, measure=measure, progress=False, check=False)
+    assert t3.choose([(BIG, None)])[BIG.signature()] == cfg and not calls and t3.stats.from_db == 1
+
+
+def test_tuner_checks_correctness_in_interpreter(tmp_path):
+    """With an injected timing and a small problem, each config also runs in the interpreter."""
+    p = GemmProblem(24, 40, 32, dtype="fp32", n_extras=1)
+    space = [GemmConfig(16, 32, 32, 1, 4, 2), GemmConfig(32, 32, 32, 1, 4, 2)]
+    t = Tuner("fast", db=TuningDB(tmp_path / "t.sqlite"), hw=DEFAULT, measure=fake_ms, progress=False)
+    res = t.tune(p, space=space)
+    assert res.best in space and all(m.status == "ok" for m in res.measured)
+
+
+def test_compile_with_tuning_uses_db(tmp_path, monkeypatch):
+    import kfuse
+    import kfuse.tune.tuner as tuner_mod
+
+    monkeypatch.setenv("KFUSE_TUNE_DB", str(tmp_path / "t.sqlite"))
+    m = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU()).eval()
+    x = torch.randn(5, 16)
+    made = []
+    orig = tuner_mod.Tuner
+
+    class FakeTuner(orig):
+        def __init__(self, mode, **kw):
+            super().__init__(mode, measure=fake_ms, hw=DEFAULT, check=False, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(tuner_mod, "Tuner", FakeTuner)
+    c = kfuse.compile(m, (x,), tune="fast")
+    assert made[0].stats.tuned == 1 and made[0].stats.measured > 0
+    torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)
+    c2 = kfuse.compile(m, (x,), tune="fast")
+    assert made[1].stats.from_db == 1 and made[1].stats.measured == 0
+    assert "gemm_epilogue" in {k["template"] for k in c2.report["kernels"]}
