@@ -38,7 +38,9 @@ def banded(n: int, bandwidth: int = 8, seed: int = 0) -> sp.csr_matrix:
     return _finish(rows, cols, rng.uniform(-1, 1, rows.size), n, rng)
 
 
-def powerlaw(n: int, mean_len: float = 6.0, alpha: float = 1.8, max_len: int = 2000, locality: float = 1e-3, seed: int = 0) -> sp.csr_matrix:
+def powerlaw(
+    n: int, mean_len: float = 6.0, alpha: float = 1.8, max_len: int = 2000, locality: float = 1e-3, seed: int = 0
+) -> sp.csr_matrix:
     rng = np.random.default_rng(seed)
     raw = rng.pareto(alpha, n) + 1.0  # Pareto(alpha) on [1, inf)
     lens = np.minimum(np.floor(raw * mean_len * (alpha - 1) / alpha).astype(np.int64), max_len)

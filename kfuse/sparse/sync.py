@@ -34,9 +34,7 @@ def acquire_fence(token, HW_FENCE: tl.constexpr):
     through ``token`` ties later index arithmetic to it.
     """
     if HW_FENCE:
-        token = tl.inline_asm_elementwise(
-            "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1
-        )
+        token = tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1)
     return token
 
 

@@ -1,0 +1,202 @@
+"""Sync-free and level-set triangular solves against scipy (Triton interpreter on the CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as sla
+import torch
+
+from kfuse.sparse import analyze, sptrsv
+from kfuse.sparse.analysis import Tiling, choose_tiling
+from kfuse.sparse.levelset import levelset_solve
+from kfuse.sparse.matrices import make
+
+# small shapes: odd sizes, each kind keeps its character (chain: every row depends on the previous)
+CASES = [("banded", 97), ("powerlaw", 211), ("laplacian2d", 9), ("laplacian3d", 5), ("chain", 131)]
+TOL = {np.float64: 1e-11, np.float32: 2e-4}
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng()  # fresh inputs every run
+
+
+def _rel_err(x: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(x - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def _levels(a: sp.csr_matrix, lower: bool) -> int:
+    """Number of dependency levels by a plain sequential sweep."""
+    n = a.shape[0]
+    lev = np.zeros(n, dtype=np.int64)
+    order = range(n) if lower else range(n - 1, -1, -1)
+    for i in order:
+        c = a.indices[a.indptr[i] : a.indptr[i + 1]]
+        c = c[(c < i) if lower else (c > i)]
+        lev[i] = 1 + (lev[c].max() if c.size else 0)
+    return int(lev.max()) if n else 0
+
+
+def _solve_and_check(a: sp.csr_matrix, lower: bool, dtype: type, nrhs: int | None, method: str = "syncfree", **kw) -> None:
+    a = a.astype(dtype)
+    n = a.shape[0]
+    shape = (n,) if nrhs is None else (n, nrhs)
+    b = _rng().standard_normal(shape).astype(dtype)
+    plan = analyze(a, lower=lower, device="cpu", **kw)
+    out = torch.full(shape, float("nan"), dtype=torch.from_numpy(b).dtype)  # poisoned output
+    solve = plan.solve if method == "syncfree" else lambda bb, out: levelset_solve(plan, bb, out=out)
+    x = solve(torch.from_numpy(b), out=out).numpy()
+    ref = sla.spsolve_triangular(a.astype(np.float64), b.astype(np.float64), lower=lower)
+    assert np.isfinite(x).all()
+    assert _rel_err(x, ref) < TOL[dtype], (method, lower, dtype, _rel_err(x, ref))
+
+
+@pytest.mark.parametrize("kind,size", CASES)
+@pytest.mark.parametrize("lower", [True, False])
+def test_syncfree_matches_scipy(kind: str, size: int, lower: bool) -> None:
+    a = make(kind, size, seed=int(_rng().integers(1 << 30)))
+    if not lower:
+        a = a.T.tocsr()
+    _solve_and_check(a, lower, np.float64, None)
+    plan = analyze(a, lower=lower, device="cpu")
+    assert plan.num_levels == _levels(a, lower)
+
+
+@pytest.mark.parametrize("kind,size", [("powerlaw", 150), ("laplacian2d", 8)])
+def test_fp32_and_levelset(kind: str, size: int) -> None:
+    a = make(kind, size, seed=3)
+    _solve_and_check(a, True, np.float32, None)
+    _solve_and_check(a, True, np.float64, None, method="levelset")
+    _solve_and_check(a.T.tocsr(), False, np.float32, 2, method="levelset")
+
+
+@pytest.mark.parametrize("nrhs", [1, 3, 18])
+def test_multiple_rhs(nrhs: int) -> None:
+    _solve_and_check(make("laplacian2d", 7, seed=1), True, np.float64, nrhs)
+
+
+@pytest.mark.parametrize(
+    "tiling",
+    [Tiling(1, 256, 4), Tiling(1, 2, 1), Tiling(4, 2, 1), Tiling(32, 4, 2)],
+    ids=["block-per-row", "row-narrow", "chunks", "wide-tile"],
+)
+def test_tilings(tiling: Tiling) -> None:
+    a = make("powerlaw", 64, seed=5)
+    _solve_and_check(a, True, np.float64, None, tiling=tiling)
+    _solve_and_check(make("chain", 37, seed=2), True, np.float32, 2, tiling=tiling)
+
+
+def test_heuristic_picks_rows_vs_blocks() -> None:
+    short = choose_tiling(torch.full((1000,), 3))
+    long = choose_tiling(torch.full((1000,), 500))
+    assert short.mode == "warp-per-row" and short.rows_per_program > 1 and short.lanes_per_row == 4
+    assert long.mode == "block-per-row" and long.rows_per_program == 1
+
+
+def test_unit_diagonal_ignores_stored_diagonal() -> None:
+    a = make("powerlaw", 90, seed=7)
+    a = a.multiply(0.1).tocsr()  # keep the unit-diagonal system well conditioned
+    b = _rng().standard_normal(90)
+    x = sptrsv(a, b, lower=True, unit_diagonal=True)
+    ref = sla.spsolve_triangular(a, b, lower=True, unit_diagonal=True)
+    assert isinstance(x, np.ndarray) and _rel_err(x, ref) < 1e-11
+    strict = sp.tril(a, k=-1).tocsr()  # no stored diagonal at all
+    assert _rel_err(sptrsv(strict, b, unit_diagonal=True), ref) < 1e-11
+
+
+def test_edges_n1_and_diagonal_only() -> None:
+    one = sp.csr_matrix(np.array([[2.5]]))
+    assert np.allclose(sptrsv(one, np.array([5.0])), [2.0])
+    d = _rng().uniform(1, 2, 33)
+    diag = sp.diags(d).tocsr()  # every row empty apart from the diagonal: one level
+    b = _rng().standard_normal((33, 2))
+    plan = analyze(diag, device="cpu")
+    assert plan.num_levels == 1
+    assert np.allclose(plan.solve(b), b / d[:, None])
+    empty = sp.csr_matrix((0, 0))
+    assert sptrsv(empty, np.zeros(0)).shape == (0,)
+
+
+def test_torch_csr_input_and_plan_reuse() -> None:
+    a = make("laplacian3d", 4, seed=9).astype(np.float32)
+    t = torch.sparse_csr_tensor(  # noqa: B950
+        torch.from_numpy(a.indptr.astype(np.int64)), torch.from_numpy(a.indices.astype(np.int64)), torch.from_numpy(a.data), a.shape
+    )
+    plan = analyze(t)
+    for _ in range(2):  # second solve runs with a new epoch and no reset
+        b = torch.randn(a.shape[0])
+        ref = sla.spsolve_triangular(a.astype(np.float64), b.double().numpy(), lower=True)
+        assert _rel_err(sptrsv(plan, b).numpy(), ref) < 2e-4
+    plan._epoch = 2**31 - 3  # force the counter-wraparound reset on the next solves
+    for _ in range(3):
+        b = torch.randn(a.shape[0])
+        ref = sla.spsolve_triangular(a.astype(np.float64), b.double().numpy(), lower=True)
+        assert _rel_err(plan.solve(b).numpy(), ref) < 2e-4
+
+
+@pytest.mark.timeout(120)
+def test_long_chain_no_deadlock() -> None:
+    a = make("chain", 700, seed=4)
+    b = _rng().standard_normal(700)
+    plan = analyze(a, device="cpu")
+    assert plan.num_levels == 700
+    ref = sla.spsolve_triangular(a, b, lower=True)
+    assert _rel_err(plan.solve(b), ref) < 1e-11
+
+
+# ---- clear errors ---------------------------------------------------------------------------
+
+
+def test_error_singular() -> None:
+    a = make("banded", 20, seed=1).tolil()
+    a[7, 7] = 0.0
+    with pytest.raises(ValueError, match="singular.*row 7"):
+        analyze(a.tocsr())
+    missing = sp.tril(make("chain", 10), k=-1).tocsr()
+    with pytest.raises(ValueError, match="singular.*row 0"):
+        sptrsv(missing, np.ones(10))
+
+
+def test_error_not_triangular() -> None:
+    a = make("banded", 20, seed=1).tolil()
+    a[3, 9] = 1.0
+    with pytest.raises(ValueError, match=r"not lower triangular.*\(3, 9\)"):
+        analyze(a.tocsr())
+    with pytest.raises(ValueError, match="not upper triangular"):
+        analyze(make("chain", 5), lower=False)
+
+
+def test_error_shapes() -> None:
+    with pytest.raises(ValueError, match="square"):
+        analyze(sp.random(4, 5, density=0.5, format="csr"))
+    plan = analyze(make("chain", 6), device="cpu")
+    with pytest.raises(ValueError, match="5 rows but the matrix has 6"):
+        plan.solve(np.ones(5))
+    with pytest.raises(ValueError, match=r"shape \(n,\) or \(n, k\)"):
+        plan.solve(np.ones((6, 2, 2)))
+
+
+def test_error_dtypes() -> None:
+    a = make("chain", 6)
+    with pytest.raises(TypeError, match="int64 is not supported"):
+        analyze(a.astype(np.int64))
+    plan = analyze(a, device="cpu")
+    with pytest.raises(TypeError, match="float16 is not supported"):
+        plan.solve(torch.ones(6, dtype=torch.float16))
+    with pytest.raises(TypeError, match="differs from the matrix dtype"):
+        plan.solve(np.ones(6, dtype=np.float32))
+    with pytest.raises(TypeError, match="to_sparse_csr"):
+        analyze(torch.eye(3))
+    with pytest.raises(TypeError, match="scipy.sparse"):
+        analyze([[1.0]])
+    with pytest.raises(ValueError, match="unknown method"):
+        sptrsv(a, np.ones(6), method="magic")
+
+
+@pytest.mark.gpu
+def test_gpu_large_laplacian() -> None:
+    a = make("laplacian2d", 300, seed=0)
+    b = np.random.default_rng().standard_normal(a.shape[0])
+    x = sptrsv(a, torch.from_numpy(b).cuda()).cpu().numpy()
+    assert _rel_err(x, sla.spsolve_triangular(a, b)) < 1e-11
