@@ -177,3 +177,27 @@ class BucketedRunner:
             torch.cuda.synchronize()
         self.buckets[tb] = bucket
         return bucket
+
+
+def zero_padded_reference(graph: Graph, inputs: Sequence[torch.Tensor], refs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The reference outputs as padding-free mode defines them: graph outputs that a
+    ``varlen_region`` unpacks are zero at padded positions (valid positions are unchanged)."""
+    regions = [n for n in graph.nodes if n.op == "varlen_region"]
+    if not regions:
+        return refs
+    by_input = dict(zip(graph.input_names, inputs, strict=False))
+    from_region: dict[str, tuple[torch.Tensor, Region, int]] = {}
+    for node in graph.nodes:
+        if node.op == "getitem" and node.inputs[0] in {r.name for r in regions}:
+            r = next(x for x in regions if x.name == node.inputs[0])
+            from_region[node.name] = (by_input[r.inputs[0]], r.attrs["region"], node.attrs["index"])
+    out = list(refs)
+    for j, name in enumerate(graph.outputs):
+        if name not in from_region or j >= len(out):
+            continue
+        mask, region, k = from_region[name]
+        valid = (mask != 0).reshape(-1) if region.flat[k] else (mask != 0)
+        ref = out[j]
+        keep = valid.reshape(valid.shape + (1,) * (ref.dim() - valid.dim())).to(ref.device)
+        out[j] = torch.where(keep, ref, torch.zeros((), dtype=ref.dtype, device=ref.device))
+    return out
