@@ -29,16 +29,16 @@ def run(
     backend: str = typer.Option("auto", help="cuda | sim | auto (cuda when a GPU is present)"),
     batch: int = typer.Option(0, help="LC batch (0: the model's default here)"),
     seed: int = typer.Option(0),
-    out: Path = typer.Option(Path("colocate_out"), help="output directory"),
+    out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time-sharing, streams and Aker fusion."""
     import torch
 
-    import kfuse
     import kfuse.models
     from kfuse.colocate import experiment, workloads
     from kfuse.colocate.lc import compile_lc, lc_items
 
+    out = Path(out_dir)
     if lc not in LC_MODELS:
         raise typer.BadParameter(f"unknown LC model {lc!r}; known: {', '.join(LC_MODELS)}")
     use_cuda = backend == "cuda" or (backend == "auto" and torch.cuda.is_available())

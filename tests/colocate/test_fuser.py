@@ -1,0 +1,64 @@
+"""A fused launch computes exactly what the LC and BE kernels compute on their own, for every ratio."""
+
+import pytest
+import torch
+
+from kfuse.colocate import fuser, ptb, workloads
+from kfuse.colocate.fuser import FusedVersion
+
+VERSIONS = [*fuser.DEFAULT_VERSIONS, FusedVersion(2, 1, "interleave"), FusedVersion(1, 2, "interleave")]
+
+
+def _lc() -> tuple[ptb.BlockKernel, torch.Tensor]:
+    a, b = torch.randn(40, 24).half(), torch.randn(24, 33).half()
+    c = torch.full((40, 33), float("nan"), dtype=torch.float16)
+    k = ptb.gemm_kernel(a, b, c)
+    ptb.launch_original(k)
+    return k, c
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=lambda v: v.describe())
+@pytest.mark.parametrize("be", ["sgemm", "lbm", "histogram"])
+def test_fused_equals_separate(be: str, version: FusedVersion) -> None:
+    lc, c = _lc()
+    expect_lc = c.clone()
+    w = workloads.make(be, small=True)
+    w.reset()
+    ptb.launch_original(w.kernel)
+    expect_be = w.output().clone()
+    c.fill_(float("nan"))
+    w.reset()
+    fuser.launch_fused(lc, w.kernel, version, sms=2)
+    assert torch.equal(c, expect_lc)
+    assert torch.equal(w.output(), expect_be)
+
+
+@pytest.mark.parametrize("be", ["stencil7", "mriq", "cutcp", "hotspot", "pathfinder"])
+def test_fused_every_workload_with_split(be: str) -> None:
+    lc, c = _lc()
+    expect_lc = c.clone()
+    w = workloads.make(be, small=True)
+    w.reset()
+    ptb.launch_original(w.kernel)
+    expect_be = w.output().clone()
+    c.fill_(float("nan"))
+    w.reset()
+    half = w.kernel.n_blocks // 2
+    # first half of the BE kernel fused with the LC kernel, the rest alone (kernel split)
+    fuser.launch_fused(lc, w.kernel, FusedVersion(1, 2), be_range=(0, half), sms=2)
+    ptb.launch_ptb(w.kernel, half, w.kernel.n_blocks, grid=2)
+    assert torch.equal(c, expect_lc)
+    assert torch.equal(w.output(), expect_be)
+
+
+def test_overlap_and_checks() -> None:
+    assert fuser.overlap(1.0, 1.0, 2.0) == 0.0
+    assert fuser.overlap(1.0, 1.0, 1.0) == 0.5
+    lc, _ = _lc()
+    w = workloads.make("sgemm", small=True)
+    with pytest.raises(ValueError, match="outside"):
+        fuser.launch_fused(lc, w.kernel, be_range=(0, w.kernel.n_blocks + 5), sms=2)
+    with pytest.raises(ValueError, match="unknown fusion mode"):
+        fuser.launch_fused(lc, w.kernel, FusedVersion(1, 1, "zigzag"), sms=2)
+    assert fuser.fits({"n_regs": 128, "shared": 32768, "n_spills": 0}, FusedVersion(1, 1), 8)
+    assert not fuser.fits({"n_regs": 255, "shared": 32768, "n_spills": 0}, FusedVersion(2, 2), 8)

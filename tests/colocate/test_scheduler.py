@@ -1,0 +1,106 @@
+"""Scheduler logic against a simulated GPU with known durations: headroom, selection, split, queueing, bursts."""
+
+import math
+
+import pytest
+
+from kfuse.colocate import scheduler as S
+from kfuse.colocate.sim import SimGPU, two_stage_law
+
+LC = [0.3, 1.0, 0.2, 0.8, 0.5] * 4
+FUS = [False, True, False, True, True] * 4
+KEYS = [f"k{i % 5}" for i in range(len(LC))]
+
+
+def _setup(noise: float = 0.0, blocks: int = 2000) -> tuple[SimGPU, S.Profile]:
+    sim = SimGPU(LC, FUS, {"be": (0.01, 0.002, blocks)}, keys=KEYS, noise=noise)
+    return sim, S.build_profile(sim, ["be"], [(1, 1), (1, 2)], reps=1)
+
+
+def test_profile_selects_the_version_with_the_largest_reduction() -> None:
+    good, bad = two_stage_law(0.1, 1.5), two_stage_law(0.4, 1.0)
+    sim = SimGPU(LC, FUS, {"be": (0.01, 0.002, 4000)}, fused_law={"good": good, "bad": bad}, keys=KEYS)
+    prof = S.build_profile(sim, ["be"], ["bad", "good"], reps=1)
+    assert {k for k, _ in prof.chosen} == {"k1", "k3", "k4"}
+    for sel in prof.chosen.values():
+        assert sel.version == "good"
+        assert sel.opportune_ratio == pytest.approx(1.5, abs=0.05)
+    assert prof.heldout["fused_two_stage"]["mean"] < 0.01
+
+
+def test_lc_alone_queueing_is_fifo_and_exact() -> None:
+    sim, prof = _setup()
+    total = sum(LC)
+    # three queries at once: they finish one solo time apart, in arrival order
+    r = S.run_policy(sim, prof, "lc_alone", [0.0, 0.0, 0.0], [], qos_ms=100.0)
+    assert r.latencies_ms == pytest.approx([total, 2 * total, 3 * total])
+    assert r.be_units == 0
+
+
+def test_aker_fuses_only_within_headroom() -> None:
+    sim, prof = _setup()
+    total = sum(LC)
+    # no headroom at all (QoS = solo): never fuse, never time-share during the query
+    r = S.run_policy(sim, prof, "aker", [0.0], ["be"], qos_ms=total, margin=0.0)
+    assert r.fused_launches == 0 and r.latencies_ms == pytest.approx([total])
+    # generous headroom: every fusible kernel fuses a BE slice at the opportune ratio
+    sim.launches.clear()
+    r = S.run_policy(sim, prof, "aker", [0.0], ["be"], qos_ms=10 * total)
+    assert r.fused_launches == sum(FUS) and r.violations == 0
+    for kind, (i, _, s, e, _) in (x for x in sim.launches if x[0] == "fused"):
+        x = sim.be_time("be", e - s) / LC[i]
+        x_star = prof.chosen[(KEYS[i], "be")].opportune_ratio
+        # at the opportune ratio, unless the BE kernel ran out of blocks (the rest of its range)
+        assert x == pytest.approx(x_star, abs=0.05) or (x < x_star and e == 2000)
+
+
+def test_headroom_counts_queued_queries() -> None:
+    sim, prof = _setup()
+    total = sum(LC)
+    qos = 2.2 * total
+    # the second query waits a whole solo time: only 0.2 x solo of slack is left for it
+    r = S.run_policy(sim, prof, "aker", [0.0, 0.0], ["be"], qos_ms=qos, margin=0.0)
+    assert r.violations == 0
+    assert max(r.latencies_ms) <= qos
+    extra = max(r.latencies_ms) - 2 * total
+    assert 0 < extra <= 0.2 * total + 1e-9
+
+
+def test_split_returns_the_rest_to_the_queue() -> None:
+    sim, prof = _setup(blocks=100_000)
+    sim.launches.clear()
+    r = S.run_policy(sim, prof, "aker", [0.0], ["be"], qos_ms=10 * sum(LC))
+    # fused slices and time-shared slices of one BE kernel: each starts where the previous ended
+    ranges = [x[1][2:4] if x[0] == "fused" else x[1][1:3] for x in sim.launches if x[0] in ("fused", "be")]
+    starts = [s for s, _ in ranges]
+    ends = [e for _, e in ranges]
+    assert r.fused_launches > 0
+    assert starts[0] == 0 and starts[1:] == ends[:-1]
+    assert ends[-1] < 100_000
+    assert r.be_units == pytest.approx(ends[-1] / 100_000)
+
+
+def test_burst_keeps_qos_and_aker_beats_timesharing() -> None:
+    sim, prof = _setup(noise=0.03)
+    total = sum(LC)
+    qos = 5 * total
+    rate = 0.5 * S.max_lc_rate(prof, qos, n_queries=200)
+    # steady arrivals at half the max rate, then a burst: three queries at once (LC alone just copes)
+    period = 1000.0 / rate
+    arrivals = [i * period for i in range(60)] + [30.5 * period] * 3 + [60 * period + i * period for i in range(60)]
+    arrivals.sort()
+    extra = S.extra_budget(prof, qos, rate, n_queries=200)
+    res = {p: S.run_policy(sim, prof, p, arrivals, ["be"], qos, extra_per_query_ms=extra) for p in S.POLICIES}
+    assert res["lc_alone"].violations == 0
+    for p in ("timeshare", "aker"):
+        assert res[p].violations == 0, p
+        assert res[p].p99 <= qos
+    assert res["aker"].be_throughput > res["timeshare"].be_throughput
+    assert res["aker"].fused_launches > 0
+    assert math.isfinite(res["streams"].p99)
+
+
+def test_unknown_policy() -> None:
+    sim, prof = _setup()
+    with pytest.raises(ValueError, match="unknown policy"):
+        S.run_policy(sim, prof, "greedy", [0.0], ["be"], 10.0)
