@@ -67,7 +67,8 @@ def load_model(model: OnnxSource) -> tuple[onnx.ModelProto, str]:
         # protobuf parses many random byte strings as an empty message
         raise OnnxLoadError(f"{where} is not a valid ONNX model: it has no graph")
     try:
-        onnx.checker.check_model(proto)
+        # a path lets the checker read external data and models over 2 GiB
+        onnx.checker.check_model(os.fspath(model) if isinstance(model, str | os.PathLike) else proto)
     except Exception as e:
         raise OnnxLoadError(f"{where} fails the ONNX checker: {e}") from e
     return proto, name

@@ -400,7 +400,9 @@ def test_zoo_export(name: str, device: str) -> None:
     model.eval()
     proto, exporter = _export(model, args, kwargs)
     assert exporter == "dynamo"
-    c = kfuse.compile(proto, args, kwargs)
+    # the frontend is under test here: the bigger models run ops through PyTorch (interpreted convs take minutes)
+    backend = None if name == "mlp-tiny" or device != "cpu" else "torch"
+    c = kfuse.compile(proto, args, kwargs, backend=backend)
     assert c.report["max_rel_err"] < 1e-4
     fresh = tuple(torch.randn_like(a) if a.is_floating_point() else a for a in args)
     if name.startswith("bert"):
