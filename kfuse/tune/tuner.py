@@ -94,7 +94,9 @@ class TuneStats:
              f" ({self.considered} candidates considered, {self.measured} measured, {self.failed} failed)"
              f" in {self.seconds:.1f} s")  # fmt: skip
         if not self.measuring:
-            s += f"; no GPU: nothing measured, {self.transferred} from nearest tuned problem, {self.default} default"
+            s += f"; no GPU: nothing measured, {self.transferred} from nearest tuned problem"
+        if self.default:
+            s += f"; {self.default} with the template default"
         return s
 
     def as_dict(self) -> dict[str, Any]:
@@ -212,6 +214,9 @@ class Tuner:
             for p, e in self._with_progress(todo):
                 res = self.tune(p, e)
                 out[p.signature()] = res.best
+                if res.considered == 0:  # no valid config in the space (tiny problem): template default
+                    self.stats.default += 1
+                    continue
                 self.stats.tuned += 1
                 self.stats.considered += res.considered
                 self.stats.measured += res.n_measured
@@ -247,6 +252,8 @@ def tune_graph(graph: Graph, options: Any = None, tuner: Tuner | None = None, ve
         return graph
     if tuner is None:
         tuner = Tuner(mode, progress=verbose)
+    LAST.clear()
+    LAST.append(tuner)  # the benchmark and the report read the stats of the latest compile
     probs = {n.name: problem_of(n, graph) for n in nodes}
     chosen = tuner.choose([(p, n.attrs["epilogue"]) for n in nodes if (p := probs[n.name]) is not None])
     if verbose:
@@ -262,6 +269,7 @@ def tune_graph(graph: Graph, options: Any = None, tuner: Tuner | None = None, ve
 
 
 _LOOKUP: dict[str, Tuner] = {}
+LAST: list[Tuner] = []
 
 
 def lookup_config(problem: Problem, mode: str = "fast") -> Config | None:
