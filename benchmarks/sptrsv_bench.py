@@ -1,0 +1,65 @@
+"""Sync-free SpTRSV benchmark on the GPU: writes one JSON record per matrix (+ a plot).
+
+    PYTHONPATH=. python benchmarks/sptrsv_bench.py --out $OUT/sptrsv.json --plot $OUT/sptrsv_levels.png
+
+A small correctness sweep runs first (``--smoke``, results in ``smoke.json`` next to --out), then
+the matrices of ``--sizes`` from small to large; the JSON is rewritten after every matrix so a
+run cut short still leaves its finished records. The summary table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # driver test on the CPU: kernels in the Triton interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+warnings.filterwarnings("ignore", message="Sparse (CSR tensor support|invariant checks)")
+
+from kfuse.sparse.bench import SIZES, format_table, plot, run_case, smoke, write_json  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/h200/sptrsv.json")
+    ap.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
+    ap.add_argument("--sizes", default="full", choices=sorted(SIZES))
+    ap.add_argument("--smoke", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() and args.sizes != "tiny":
+        print("sptrsv_bench: needs a CUDA GPU (only --sizes tiny --no-smoke runs on the CPU, to test the driver)", file=sys.stderr)
+        return 2
+    log = lambda s: print(s, flush=True)
+    out = Path(args.out)
+    png = Path(args.plot) if args.plot else out.with_name("sptrsv_levels.png")
+    command = "PYTHONPATH=. python benchmarks/sptrsv_bench.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    t0 = time.perf_counter()
+    if args.smoke:
+        res = smoke(log)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_name("smoke.json").write_text(json.dumps(res, indent=1))
+        if not all(r["ok"] for r in res):
+            log("smoke test failed: not benchmarking")
+            return 1
+        log(f"[{time.perf_counter() - t0:.0f}s] smoke done")
+    records = []
+    for case in SIZES[args.sizes]:
+        log(f"[{time.perf_counter() - t0:.0f}s] {case.name}")
+        records.append(run_case(case, command, log=log))
+        write_json(records, out)
+    plot(records, png)
+    log(f"[{time.perf_counter() - t0:.0f}s] wrote {out} and {png}")
+    log(format_table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
