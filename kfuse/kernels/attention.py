@@ -125,16 +125,17 @@ def interpreting() -> bool:
 
 
 def config_space(head_dim: int) -> list[AttnConfig]:
-    """Candidate tiles. Hard rule: the Q tile, two K/V tiles per stage and the fp32 accumulator
-    must fit in shared memory and registers, so BLOCK_N shrinks as the head dim grows."""
-    bn = (32, 64) if head_dim > 64 else (32, 64, 128)
+    """Candidate tiles. Hard rule: the Q tile plus ``stages`` K and V tiles (fp16) must fit in
+    the 228 KB of shared memory an H100/H200 SM offers; BLOCK_N shrinks as the head dim grows."""
+    d = max(16, triton.next_power_of_2(head_dim))
+    stages = 3 if d <= 64 else 2
     out = []
     for bm in (64, 128):
-        for n in bn:
+        for n in (32, 64, 128):
+            if (bm * d + stages * 2 * n * d) * 2 > 228 * 1024 or (d > 64 and n > 64):
+                continue
             for w in (4, 8):
-                if bm * n * max(head_dim, 64) * 2 * 2 > 232 * 1024:  # smem for K+V stages, fp16
-                    continue
-                out.append(AttnConfig(bm, n, w, 3 if head_dim <= 64 else 2))
+                out.append(AttnConfig(bm, n, w, stages))
     return out
 
 

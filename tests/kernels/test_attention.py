@@ -1,0 +1,109 @@
+"""Fused attention kernel vs the float32 reference: every mask kind, odd lengths, packed varlen."""
+
+import pytest
+import torch
+
+from kfuse.kernels import attention as A
+
+TOL = {torch.float32: 2e-4, torch.float16: 2e-2}
+
+
+def _poisoned(shape, dtype, device):
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _mask(kind, b, h, sq, sk, device, gen):
+    if kind == A.MASK_KEY_PADDING:
+        m = (torch.rand(b, sk, generator=gen) > 0.4).long()
+        m[:, 0] = 1  # no row with every key masked (SDPA's answer there is NaN)
+        return m.to(device)
+    if kind == A.MASK_DENSE_BOOL:
+        m = torch.rand(b, 1, sq, sk, generator=gen) > 0.4
+        m[..., 0] = True
+        return m.to(device)
+    if kind == A.MASK_DENSE_ADD:
+        return torch.randn(1, h, sq, sk, generator=gen).to(device)
+    return None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kind", [A.MASK_NONE, A.MASK_KEY_PADDING, A.MASK_DENSE_BOOL, A.MASK_DENSE_ADD])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_masks(dtype, kind, causal, device):
+    gen = torch.Generator().manual_seed(hash((kind, causal)) % 1000)
+    b, h, s, d = 2, 2, 7, 64
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to(device, dtype) for _ in range(3))
+    mask = _mask(kind, b, h, s, s, device, gen)
+    out = _poisoned((b, h, s, d), dtype, device)
+    A.attention(q, k, v, mask=mask, mask_kind=kind, causal=causal, out=out)
+    ref = A.reference(q, k, v, mask=mask, mask_kind=kind, causal=causal)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("s,d", [(1, 64), (129, 64), (33, 128), (7, 40)])
+def test_odd_lengths_and_head_dims(s, d, device):
+    gen = torch.Generator().manual_seed(s * d)
+    q, k, v = (torch.randn(1, 1, s, d, generator=gen).to(device, torch.float16) for _ in range(3))
+    for causal in (False, True):
+        out = A.attention(q, k, v, causal=causal, scale=0.3)
+        torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal, scale=0.3), atol=2e-2, rtol=2e-2)
+
+
+def test_strided_views_of_merged_qkv(device):
+    """Q, K, V read in place from a [B, S, 3*H*D] projection (no copies)."""
+    gen = torch.Generator().manual_seed(3)
+    b, s, h, d = 2, 9, 2, 64
+    qkv = torch.randn(b, s, 3 * h * d, generator=gen).to(device, torch.float16)
+    q, k, v = (qkv[..., i * h * d : (i + 1) * h * d].view(b, s, h, d).permute(0, 2, 1, 3) for i in range(3))
+    out = torch.full((b, s, h * d), float("nan"), dtype=torch.float16, device=device)
+    A.attention(q, k, v, out=out.view(b, s, h, d).permute(0, 2, 1, 3))
+    ref = A.reference(q, k, v).permute(0, 2, 1, 3).reshape(b, s, h * d)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_mixed_lengths(causal, device):
+    """Empty, length-1, short and full sequences in one packed batch."""
+    gen = torch.Generator().manual_seed(11)
+    lens = torch.tensor([1, 0, 7, 40, 3])
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = lens.cumsum(0)
+    t, h, d = int(lens.sum()), 2, 64
+    qkv = torch.randn(t, 3, h, d, generator=gen).to(device, torch.float16)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    out = _poisoned((t, h, d), torch.float16, device)
+    A.varlen_attention(q, k, v, cu.to(device), 40, causal=causal, out=out)
+    ref = A.varlen_reference(q, k, v, cu, causal=causal)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_varlen_equals_padded_key_mask(device):
+    """Packed varlen attention gives the padded masked attention's values at valid positions."""
+    gen = torch.Generator().manual_seed(5)
+    lens = [5, 1, 8]
+    b, s, h, d = 3, 8, 2, 32
+    x = torch.randn(3, b, h, s, d, generator=gen).to(device, torch.float32)
+    mask = torch.stack([torch.arange(s) < n for n in lens]).long().to(device)
+    dense = A.attention(x[0], x[1], x[2], mask=mask, mask_kind=A.MASK_KEY_PADDING)
+    valid = mask.bool()
+    packed = [x[i].permute(0, 2, 1, 3)[valid] for i in range(3)]  # [T, H, D]
+    cu = torch.tensor([0, 5, 6, 14], dtype=torch.int32, device=device)
+    out = A.varlen_attention(*packed, cu, s)
+    torch.testing.assert_close(out, dense.permute(0, 2, 1, 3)[valid], atol=2e-4, rtol=2e-4)
+
+
+def test_all_masked_rows_are_zero(device):
+    q, k, v = (torch.randn(1, 1, 4, 16).to(device) for _ in range(3))
+    mask = torch.zeros(1, 1, 4, 4, dtype=torch.bool, device=device)
+    mask[0, 0, :2] = True
+    out = A.attention(q, k, v, mask=mask, mask_kind=A.MASK_DENSE_BOOL)
+    assert torch.all(out[0, 0, 2:] == 0) and torch.isfinite(out).all()
+
+
+def test_clear_errors(device):
+    q = torch.randn(1, 1, 4, 16, device=device)
+    with pytest.raises(ValueError, match="rank 4"):
+        A.attention(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match="key padding mask"):
+        A.attention(q, q, q, mask=torch.ones(2, 4, device=device), mask_kind=A.MASK_KEY_PADDING)
+    assert A.config_space(64) and A.config_space(128)

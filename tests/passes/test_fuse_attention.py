@@ -1,0 +1,130 @@
+"""Attention recognition on imported HF graphs (SDPA and explicit forms), QKV merge, norm fusion."""
+
+import pytest
+import torch
+
+import kfuse
+import kfuse.models
+from kfuse.compiler import Options, optimize
+from kfuse.frontend.torch_export import import_module
+from kfuse.ir.interpret import reference_run
+from kfuse.passes.fuse_attention import fuse_attention
+from kfuse.passes.fuse_epilogue import fuse_epilogues
+from kfuse.passes.fuse_norm import fuse_norms
+from kfuse.passes.merge_gemm import merge_gemms
+
+BASE = Options(fuse_attention=False, fuse_epilogue=False, fuse_pointwise=False, varlen=False, layout="nchw")
+
+
+def _imported(model, args, kwargs):
+    g = optimize(import_module(model, args, kwargs).graph, BASE).graph
+    return g, list(args) + list(kwargs.values())
+
+
+def _close(g1, g2, xs, atol=1e-5):
+    for a, b in zip(reference_run(g1, xs), reference_run(g2, xs), strict=True):
+        torch.testing.assert_close(a, b, atol=atol, rtol=1e-4)
+
+
+def _fused(g):
+    return [n for n in g.nodes if n.op == "fused_attention"]
+
+
+@pytest.mark.parametrize(
+    "name,mask,kind,causal",
+    [
+        ("bert-tiny", False, "none", False),
+        ("bert-tiny", True, "padding", False),
+        ("gpt2-tiny", True, "padding", True),
+        ("gpt2-tiny", False, "none", True),
+    ],
+)
+def test_sdpa_models(name, mask, kind, causal):
+    m, a, k = kfuse.models.build(name, batch=2, seq=9, with_mask=mask)
+    g, xs = _imported(m, a, k)
+    g2 = fuse_attention(g)
+    nodes = _fused(g2)
+    assert len(nodes) == 2  # one per layer
+    for n in nodes:
+        assert n.attrs["mask_kind"] == kind and n.attrs["causal"] == causal and n.attrs["layout"] == "bshd"
+    assert "sdpa" not in g2.op_counts()
+    _close(g, g2, xs)
+
+
+def test_vit_sdpa():
+    m, a, k = kfuse.models.build("vit-tiny", batch=2)
+    g, xs = _imported(m, a, k)
+    g2 = fuse_attention(g)
+    assert len(_fused(g2)) == 2 and all(n.attrs["mask_kind"] == "none" for n in _fused(g2))
+    _close(g, g2, xs)
+
+
+def _eager_bert():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, attn_implementation="eager"
+    )
+    return BertModel(cfg).eval()
+
+
+def test_explicit_matmul_softmax_form():
+    m = _eager_bert()
+    ids = torch.randint(0, 64, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+    g, xs = _imported(m, (ids,), {"attention_mask": mask})
+    assert "softmax" in g.op_counts()
+    g2 = fuse_attention(g)
+    nodes = _fused(g2)
+    assert len(nodes) == 2 and all(n.attrs["mask_kind"] == "padding" for n in nodes)
+    assert "softmax" not in g2.op_counts()
+    _close(g, g2, xs)
+
+
+class _ArbitraryMask(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 48)
+
+    def forward(self, x, keep):
+        b, s, _ = x.shape
+        q, k, v = self.proj(x).view(b, s, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        mask = keep[:, None, :, :] > 0.5  # a per-query pattern: not a padding mask
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return o.transpose(1, 2).reshape(b, s, 16)
+
+
+def test_arbitrary_mask_falls_back_to_dense_with_note():
+    torch.manual_seed(1)
+    model = _ArbitraryMask().eval()
+    x = torch.randn(2, 5, 16)
+    keep = torch.rand(2, 5, 5)
+    keep[..., 0] = 1.0
+    compiled = kfuse.compile(model, (x, keep))
+    kernels = [k for k in compiled.report["kernels"] if k["template"] == "fused_attention"]
+    assert len(kernels) == 1
+    assert "mask=dense" in kernels[0]["config"] and "note:" in kernels[0]["config"]
+    torch.testing.assert_close(compiled(x, keep), model(x, keep), atol=1e-4, rtol=1e-4)
+
+
+def test_merge_qkv_and_norm_fusion():
+    m, a, k = kfuse.models.build("bert-tiny", batch=2, seq=5)
+    g, xs = _imported(m, a, k)
+    n_mm = g.op_counts()["matmul"]
+    g2 = merge_gemms(fuse_attention(g))
+    assert g2.op_counts()["matmul"] == n_mm - 2 * 2  # Q, K, V -> one GEMM per layer
+    merged = [c for n, c in g2.constants.items() if n.startswith("w_merged")]
+    assert merged and all(c.shape == (128, 384) for c in merged)
+    g3 = fuse_norms(fuse_epilogues(g2))
+    counts = g3.op_counts()
+    assert "layer_norm" not in counts and counts["fused_norm"] == 5
+    emb = next(n for n in g3.nodes if n.op == "fused_norm")
+    assert emb.attrs["n_add"] == 2  # word + token-type + position embeddings in one kernel
+    _close(g, g3, xs)
+    # the slices are views of the merged output: no copies
+    env = {}
+    y = reference_run(g3.replace(outputs=tuple(n.name for n in g3.nodes if n.op == "slice")[:3]), xs)
+    env["base"] = y[0].untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == env["base"] for t in y)
