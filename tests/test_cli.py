@@ -56,3 +56,24 @@ def test_demo_runs_on_cpu() -> None:
     r = runner.invoke(app, ["demo", "--model", "mlp-tiny", "--batch", "2"])
     assert r.exit_code == 0, r.output
     assert "PASS" in r.output
+
+
+def test_compile_onnx_file(tmp_path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(__import__("numpy").random.rand(8, 5).astype("float32"), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])],
+        [w],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    rep_path = tmp_path / "r.json"
+    r = runner.invoke(app, ["compile", str(path), "--batch", "3", "--report", str(rep_path)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(rep_path.read_text())
+    assert rep["max_rel_err"] < 1e-5 and any(k["template"] == "gemm_epilogue" for k in rep["kernels"])

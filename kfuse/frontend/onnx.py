@@ -504,3 +504,35 @@ def onnx_compiled_model(model: OnnxSource, args: tuple[Any, ...], kwargs: dict[s
         return import_onnx(proto, a, k, name=name)
 
     return CompiledModel(importer, OnnxReference(proto), args, kwargs, options, name)
+
+
+def random_inputs_for(
+    model: OnnxSource, batch: int | None = None, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, ...]:
+    """Random example inputs of the model's declared input types (for the CLI).
+
+    A symbolic leading dim takes ``batch`` (default 1); any other symbolic dim is an error that
+    names the input. Floating inputs are cast to ``dtype`` only when the model declares that type;
+    integer inputs are drawn in [0, 8) (token ids, indices)."""
+    proto, _ = load_model(model)
+    out = []
+    for vi in _runtime_inputs(proto):
+        tt = vi.type.tensor_type
+        dt = ONNX_TO_TORCH.get(tt.elem_type)
+        if dt is None:
+            raise FrontendError(f"ONNX input {vi.name!r} has element type {onnx.TensorProto.DataType.Name(tt.elem_type)}")
+        shape = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(int(d.dim_value))
+            elif i == 0:
+                shape.append(batch or 1)
+            else:
+                raise FrontendError(f"ONNX input {vi.name!r} has a symbolic dim {i} ({d.dim_param or '?'}); kfuse compile needs static shapes")
+        if dt.is_floating_point:
+            out.append(torch.randn(shape, dtype=dt, device=device))
+        elif dt == torch.bool:
+            out.append(torch.rand(shape, device=device) > 0.5)
+        else:
+            out.append(torch.randint(0, 8, shape, dtype=dt, device=device))
+    return tuple(out)
