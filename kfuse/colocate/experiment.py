@@ -25,6 +25,10 @@ from kfuse.colocate.scheduler import (
 )
 
 
+def _vname(v: Any) -> str:
+    return v.describe() if hasattr(v, "describe") else str(v)
+
+
 def overlap_rates(backend: Backend, prof: Profile, be: str, top: int = 3) -> list[dict[str, Any]]:
     """Measured overlap (T_lc + T_be - T_fused) / (T_lc + T_be) of the chosen version at its opportune
     ratio, for the ``top`` longest fusible LC kernels."""
@@ -39,7 +43,7 @@ def overlap_rates(backend: Backend, prof: Profile, be: str, top: int = 3) -> lis
         n = min(prof.be_blocks[be], max(1, int(prof.be[be].blocks_for(max(sel.opportune_ratio, 0.5) * t_lc))))
         t_be = backend.run_be(be, 0, n)
         t_f = backend.run_fused(i, be, 0, n, sel.version)
-        out.append({"lc_kernel": prof.lc[i].name, "key": key, "version": str(sel.version), "t_lc_ms": t_lc, "t_be_ms": t_be,
+        out.append({"lc_kernel": prof.lc[i].name, "key": key, "version": _vname(sel.version), "t_lc_ms": t_lc, "t_be_ms": t_be,
                     "t_fused_ms": t_f, "overlap": (t_lc + t_be - t_f) / (t_lc + t_be)})  # fmt: skip
     return out
 
@@ -48,11 +52,12 @@ def run_experiment(
     backend: Backend, be_names: Sequence[str], qos_ms: float | None = None, qos_factor: float = 5.0, load: float = 0.8,
     seconds: float = 2.0, min_queries: int = 100, max_queries: int = 2000, versions: Sequence[Any] = DEFAULT_VERSIONS,
     policies: Sequence[str] = POLICIES, seed: int = 0, reps: int = 2, min_fuse_ms: float = 0.0,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Profile, then serve the same Poisson arrivals under every policy for every BE kernel."""
     log(f"profiling {len(backend.lc_kernels())} LC kernels with BE {', '.join(be_names)} ...")
-    prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log)
+    kw = {"fit_ratios": fit_ratios} if fit_ratios else {}
+    prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, **kw)
     solo = prof.lc_total
     qos = qos_ms if qos_ms else qos_factor * solo
     max_rate = max_lc_rate(prof, qos)
@@ -64,7 +69,7 @@ def run_experiment(
         f"{n} queries, BE allowance {extra:.3f} ms/query")  # fmt: skip
     out: dict[str, Any] = {
         "solo_ms": solo, "qos_ms": qos, "max_rate": max_rate, "rate": rate, "queries": n, "extra_per_query_ms": extra,
-        "predictor_heldout": prof.heldout, "chosen": {f"{k[0]}|{k[1]}": {"version": str(s.version), "opportune_ratio": s.opportune_ratio,
+        "predictor_heldout": prof.heldout, "chosen": {f"{k[0]}|{k[1]}": {"version": _vname(s.version), "opportune_ratio": s.opportune_ratio,
                                                                       "reduction": s.reduction} for k, s in prof.chosen.items()},
         "runs": {}, "overlap": {},
     }  # fmt: skip

@@ -47,7 +47,7 @@ def test_aker_fuses_only_within_headroom() -> None:
     sim.launches.clear()
     r = S.run_policy(sim, prof, "aker", [0.0], ["be"], qos_ms=10 * total)
     assert r.fused_launches == sum(FUS) and r.violations == 0
-    for kind, (i, _, s, e, _) in (x for x in sim.launches if x[0] == "fused"):
+    for _kind, (i, _, s, e, _) in (x for x in sim.launches if x[0] == "fused"):
         x = sim.be_time("be", e - s) / LC[i]
         x_star = prof.chosen[(KEYS[i], "be")].opportune_ratio
         # at the opportune ratio, unless the BE kernel ran out of blocks (the rest of its range)

@@ -1,0 +1,132 @@
+"""Co-location benchmark (issue 8): LC = ResNet-50 (batch 32) and BERT-base (B=8, S=128) compiled by
+kfuse, BE = sgemm (compute), lbm and stencil7 (memory); policies LC alone, time sharing (Baymax-like),
+concurrent streams and Aker fusion. QoS = 5x the solo latency, load = 80% of the highest Poisson
+rate LC alone serves within QoS.
+
+    PYTHONPATH=. python benchmarks/colocate_bench.py --out $OUT          # H200, ~150 s
+    PYTHONPATH=. python benchmarks/colocate_bench.py --out /tmp/x --smoke  # CPU, interpreter, tiny
+
+Writes colocate.json (one record per LC x BE pair and policy), predictor.json (held-out errors of
+the duration predictor, chosen fused versions, BE workload classification) and PNG plots.
+Budget: the BE subset is 3 kernels and every policy run serves ~1.5 s of GPU time (see docs/colocate.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+CMD = "PYTHONPATH=. python benchmarks/colocate_bench.py --out $OUT"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (Triton interpreter)")
+    ap.add_argument("--seconds", type=float, default=1.5, help="GPU-clock length of each policy run")
+    ap.add_argument("--lc", default="resnet50,bert-base")
+    ap.add_argument("--be", default="sgemm,lbm,stencil7")
+    a = ap.parse_args()
+    if a.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    import kfuse.models
+    from kfuse.bench.harness import pytorch_baselines, time_ms, write_results
+    from kfuse.colocate import experiment, ptb, workloads
+    from kfuse.colocate.cuda_backend import CudaBackend
+    from kfuse.colocate.fuser import FusedVersion
+    from kfuse.colocate.lc import compile_lc, lc_items
+
+    t_start = time.perf_counter()
+    gpu = torch.cuda.is_available() and not a.smoke
+    device = "cuda" if gpu else "cpu"
+    dtype = torch.float16 if gpu else torch.float32
+    cmd = CMD + (" --smoke" if a.smoke else "")
+    be_names = [workloads.resolve(x) for x in a.be.split(",")]
+    if a.smoke:
+        lcs = [("mlp-tiny", 4, None)]
+        be_names = be_names[:1]
+    else:
+        lcs = [{"resnet50": ("resnet50", 32, None), "bert-base": ("bert-base", 8, 128)}[x] for x in a.lc.split(",")]
+
+    # ---- BE workloads: correctness and classification from measured utilisation ----------------
+    pred_records: list[dict] = []
+    classify = workloads.NAMES if gpu else be_names
+    bes = {}
+    for name in classify:
+        try:
+            w = workloads.make(name, small=not gpu, device=device)
+            k = w.kernel
+            w.reset()
+            ptb.launch_ptb(k, grid=4 * ptb.num_sms())
+            err = workloads.error(w)
+            ms = time_ms(lambda k=k: ptb.launch_ptb(k, grid=4 * ptb.num_sms()), warmup=2, rep=5 if gpu else 1)
+            cls, cu, mu = workloads.classify(k.flops_per_block * k.n_blocks / (ms / 1e3), k.bytes_per_block * k.n_blocks / (ms / 1e3))
+            pred_records.append({"benchmark": "colocate_workload", "case": name, "kind": "classification", "ms": ms, "blocks": k.n_blocks,
+                                 "compute_util": cu, "memory_util": mu, "class": cls, "nominal_class": w.nominal_class,
+                                 "max_rel_err": err, "ok": err <= max(w.tol, 1e-6), "command": cmd})  # fmt: skip
+            print(f"BE {name:10s} {ms:8.3f} ms  compute {cu:6.1%}  memory {mu:6.1%}  -> {cls:8s} err {err:.2e}", flush=True)
+            if name in be_names:
+                bes[name] = w
+        except Exception as e:
+            print(f"BE {name}: FAILED {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc()
+
+    records: list[dict] = []
+    for lc_name, batch, seq in lcs:
+        try:
+            t0 = time.perf_counter()
+            model, args, kwargs = kfuse.models.build(lc_name, batch=batch, seq=seq, dtype=dtype, device=device)
+            compiled = compile_lc(model, args, kwargs)
+            items = lc_items(compiled, args, kwargs)
+            n_gemm = sum(it.kernel is not None for it in items)
+            dt = time.perf_counter() - t0
+            print(f"\n{lc_name}: compiled in {dt:.1f} s; {len(items)} LC kernels ({n_gemm} PTB GEMM/conv)", flush=True)
+            base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
+            kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
+            backend = CudaBackend(items, bes)
+            versions = (FusedVersion(1, 1), FusedVersion(1, 2), FusedVersion(2, 1)) if gpu else (FusedVersion(1, 1), FusedVersion(1, 2))
+            res = experiment.run_experiment(
+                backend, list(bes), load=0.8, qos_factor=5.0, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
+                min_queries=100 if gpu else 8, max_queries=600 if gpu else 8,
+                fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0),
+            )  # fmt: skip
+            recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
+            for r in recs:
+                r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
+                          "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
+            records += recs
+            pred_records.append({"benchmark": "colocate_predictor", "case": lc_name, "kind": "predictor", "command": cmd,
+                                 "heldout": res["predictor_heldout"], "chosen": res["chosen"],
+                                 "online_error": {f"{b}|{q}": r.summary()["online_error"]
+                                                  for (b, q), r in res["runs"].items() if q == "aker"},
+                                 "refits": {f"{b}|{p}": r.refits for (b, p), r in res["runs"].items() if p == "aker"},
+                                 "overlap": res["overlap"]})  # fmt: skip
+            experiment.plot(res, lc_name, a.out)
+        except Exception as e:
+            print(f"{lc_name}: FAILED {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc()
+        write_results("colocate", records, a.out)
+        write_results("predictor", pred_records, a.out)
+
+    print(f"\n{'case':22s} {'policy':10s} {'p99 ms':>9s} {'QoS ms':>8s} {'viol':>5s} {'BE/s':>9s} {'vs TS':>7s}")
+    for r in records:
+        g = r["be_gain_vs_timesharing"]
+        print(f"{r['case']:22s} {r['policy']:10s} {r['p99_ms']:9.3f} {r['qos_ms']:8.3f} {r['violations']:5d} "
+              f"{r['be_throughput']:9.2f} {'' if g is None else f'{g:+.1%}':>7s}")  # fmt: skip
+    for p in pred_records:
+        if p["kind"] == "predictor":
+            h = p["heldout"]["fused_two_stage"]
+            print(f"predictor {p['case']}: fused held-out error mean {h['mean']:.1%} max {h['max']:.1%} (n={h['n']})")
+            for be, ov in p["overlap"].items():
+                print(f"  overlap {p['case']}+{be}: " + ", ".join(f"{o['key']} {o['version']} {o['overlap']:.1%}" for o in ov))
+    print(f"total {time.perf_counter() - t_start:.1f} s")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
