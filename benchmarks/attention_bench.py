@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from kfuse.bench.harness import floor_ms, make_record, max_rel_err, time_ms, write_results
 from kfuse.kernels import attention as A
 
+ANCHORS = {"sdpa_padded_mask": 0.098, "varlen_attn": 0.082, "sdpa_dense": 0.054}  # issue 4, H200, torch 2.11
+
 
 def _lengths(b: int, s: int, ratio: float, seed: int = 0) -> torch.Tensor:
     from kfuse.models.zoo import _mask_lengths
@@ -105,11 +107,12 @@ def main() -> None:
             rec_var = make_record(
                 "attention", case + "_varlen", varlen_ms, var_base, floor_ms(flops_var, byt(t)), errs["varlen"], cmd,
                 dtype="fp16" if not smoke else "fp32", kfuse_padded_mask_ms=padded_ms, tokens=t, max_seq=s,
-                anchors_ms={"sdpa_padded_mask": 0.098, "varlen_attn": 0.082, "sdpa_dense": 0.054} if case.startswith("B16_H12_S512_D64") else None,
+                anchors_ms=ANCHORS if case.startswith("B16_H12_S512_D64") else None,
                 target="faster than sdpa_padded_mask (and varlen_attn)",
             )  # fmt: skip
             records += [rec_dense, rec_var]
-            rows.append((case, dense_ms, base.get("sdpa_flash"), varlen_ms, padded_ms, base.get("sdpa_padded_mask"), base.get("varlen_attn")))
+            row = (dense_ms, base.get("sdpa_flash"), varlen_ms, padded_ms, base.get("sdpa_padded_mask"), base.get("varlen_attn"))
+            rows.append((case, *row))
         except Exception as e:  # one case failing must not kill the others
             traceback.print_exc()
             records.append({"benchmark": "attention", "case": case, "error": f"{type(e).__name__}: {e}", "command": cmd})

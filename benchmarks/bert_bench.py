@@ -94,14 +94,15 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
     dev = "cpu" if smoke else "cuda"
     dt = torch.float32 if smoke else torch.float16
     rep = 3 if smoke else 30
-    m, args, kwargs = kfuse.models.build(name, batch=b, seq=s, dtype=dt, device=dev, with_mask=varlen, avg_len_ratio=0.6 if varlen else None)
+    ratio = 0.6 if varlen else None
+    m, args, kwargs = kfuse.models.build(name, batch=b, seq=s, dtype=dt, device=dev, with_mask=varlen, avg_len_ratio=ratio)
     case = f"B{b}_S{s}" + ("_avg0.6" if varlen else "")
     print(f"== {case} ({_left():.0f} s of budget left)", flush=True)
     t0 = time.perf_counter()
     compiled = kfuse.compile(m, args, kwargs)
     compile_s = time.perf_counter() - t0
     rep_ = compiled.report
-    print(f"  kfuse compiled in {compile_s:.1f} s; CUDA graph {rep_['cuda_graph']}; check max_rel_err {rep_.get('max_rel_err')}", flush=True)
+    print(f"  kfuse compiled in {compile_s:.1f} s; CUDA graph {rep_['cuda_graph']}; check rel err {rep_.get('max_rel_err')}", flush=True)
     with torch.no_grad():
         kf_out = compiled(*args, **kwargs)
         kfuse_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=3, rep=rep)
@@ -177,7 +178,8 @@ def main() -> None:
     for bench, recs in results.items():
         print(f"wrote {write_results(bench, recs, a.out)}")
     print(f"total {time.perf_counter() - T0:.0f} s")
-    print(f"{'benchmark':12s} {'case':16s} {'kfuse':>8s} {'eager':>8s} {'eagerCG':>8s} {'compile':>8s} {'varlenT':>8s} {'speedup':>8s} {'rel_err':>8s}")
+    heads = ("kfuse", "eager", "eagerCG", "compile", "varlenT", "speedup", "rel_err")
+    print(f"{'benchmark':12s} {'case':16s} " + " ".join(f"{x:>8s}" for x in heads))
     for bench, recs in results.items():
         for r in recs:
             if "error" in r:
