@@ -55,16 +55,17 @@ SIZES: dict[str, list[Case]] = {
         Case("chain", 20_000),
     ],
 }
-SIZES["full"] = SIZES["small"] + [
+SIZES["full"] = SIZES["small"] + [  # most informative first: a run cut short keeps these
     Case("laplacian3d", 100),
     Case("laplacian2d", 1000),
     Case("powerlaw", 1_000_000),
-    Case("banded", 200_000),
     Case("chain", 200_000),
-    Case("laplacian3d", 160),
     Case("laplacian2d", 2000),
+    Case("laplacian3d", 160),
     Case("powerlaw", 4_000_000),
+    Case("banded", 200_000),
 ]
+_COMPILED: set[tuple] = set()  # (tiling, dtype) whose kernels are already compiled
 
 
 def _device() -> torch.device:
@@ -188,9 +189,13 @@ def run_case(case: Case, command: str, seed: int = 0, log: Callable[[str], None]
     rec["reference"] = "scipy.sparse.linalg.spsolve_triangular (fp64, CPU)"
     rec["reference_s"] = round(time.perf_counter() - t0, 3)
 
-    analyze(a, device=dev)  # first call compiles the kernels; time the second
     plan = analyze(a, device=dev)
+    key = (plan.tiling, plan.dtype)
+    if key not in _COMPILED:  # the first analysis also compiled the level kernel: redo it
+        _COMPILED.add(key)
+        plan = analyze(a, device=dev)
     rec["levels"] = plan.num_levels
+    rec["levelset_launches"] = plan.num_levels
     rec["preprocess_ms"] = round(plan.preprocess_ms["total"], 3)
     rec["preprocess_breakdown_ms"] = {k: round(v, 3) for k, v in plan.preprocess_ms.items()}
     rec["tiling"] = {"mode": plan.tiling.mode, "rows_per_program": plan.tiling.rows_per_program, "lanes_per_row": plan.tiling.lanes_per_row}
@@ -235,7 +240,13 @@ def run_case(case: Case, command: str, seed: int = 0, log: Callable[[str], None]
         sm.solve()
         _sync()
         rec["cusparse_rel_err"] = _rel_err(sm.result(), ref)
-        rec["cusparse_ms"] = time_cuda(sm.solve, budget_s=3.0)
+        sm.solve()  # SpSM is documented to want a zeroed output: check a second solve into it
+        if _rel_err(sm.result(), ref) < 1e-8:
+            rec["cusparse_ms"] = time_cuda(sm.solve, budget_s=3.0)
+        else:
+            rec["cusparse_ms"] = time_cuda(lambda: (sm.c.fill(0), sm.solve()), budget_s=3.0)
+            rec["cusparse_note"] = "timed with a memset of the output before each solve (needed for a correct result)"
+        rec["cusparse_rel_err_after_timing"] = _rel_err(sm.result(), ref)
         rec["cusparse_api"] = "cusparseSpSM_solve (analysis cached), via cupy bindings"
     except Exception as e:
         rec["cusparse_error"] = f"{type(e).__name__}: {e}"[:300]
@@ -265,7 +276,7 @@ def smoke(log: Callable[[str], None] = print) -> list[dict[str, Any]]:
         a64 = make(kind, size, seed=7)
         for lower in (True, False):
             a = a64 if lower else a64.T.tocsr()
-            for dtype, tol in ((np.float64, 1e-10), (np.float32, 1e-3)):
+            for dtype, tol in ((np.float64, 1e-10), (np.float32, 1e-5)):
                 for k in (None, 20):
                     n = a.shape[0]
                     bn = np.random.default_rng(k or 1).standard_normal((n,) if k is None else (n, k))

@@ -84,7 +84,9 @@ def _syncfree_kernel(
     d = tl.load(diag + pos, mask=rmask, other=1.0)
     xt = rhs / d[:, None]
     for _ in range(1, niter):
-        xt = (rhs - tl.sum(lloc[:, :, None] * xt[None, :, :], axis=1)) / d[:, None]
+        # the where() keeps Triton from rewriting sum(a[:, :, None] * b[None]) into a tf32 tl.dot
+        prod = tl.where(lloc[:, :, None] != 0.0, lloc[:, :, None] * xt[None, :, :], 0.0)
+        xt = (rhs - tl.sum(prod, axis=1)) / d[:, None]
     tl.store(xp_ptr + pos[:, None] * nrhs + kk[None, :], xt, mask=rk)
     tl.store(x_ptr + row[:, None] * stride_x + kk[None, :], xt, mask=rk)
     tl.debug_barrier()  # every thread's x stores precede the release below
