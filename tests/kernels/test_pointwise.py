@@ -226,7 +226,8 @@ for prog, var, cn, cv in cases:
             sig[n] = "*fp16"
         else:
             sig[n] = "i64" if var.idx64 else "i32"
-    hint = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items() if v.startswith("*") or k in ("N", "L", "R") or k.startswith("rs")}
+    aligned = [k for k, v in sig.items() if v.startswith("*") or k in ("N", "L", "R") or k.startswith("rs")]
+    hint = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in aligned}
     k = triton.compile(triton.compiler.ASTSource(fn, sig, constexprs=consts, attrs=hint), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
     print(var.mode, sorted(set(re.findall(r"(?:ld|st)\.global[.a-z0-9]*", k.asm["ptx"]))))
