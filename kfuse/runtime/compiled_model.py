@@ -32,6 +32,7 @@ class Variant:
     runner: CudaGraphRunner | None
     compile_s: float
     report: dict[str, Any] = field(default_factory=dict)
+    profile: list[dict[str, Any]] | None = None
 
     def run(self, flat_inputs: list[Any]) -> list[torch.Tensor]:
         xs = [flat_inputs[i] for i in self.imported.flat_input_index]
@@ -86,6 +87,7 @@ class CompiledModel:
         opt = optimize(imported.graph, self.options)
         device = next((x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu"))
         plan = lower(opt.graph, device, self.options.backend, options=self.options)
+        plan.use_memory_plan = self.options.memory_plan
         xs = [flat[i] for i in imported.flat_input_index]
         runner = None
         cuda_graph_note = "off"
@@ -98,6 +100,18 @@ class CompiledModel:
         variant.report = self._make_report(variant, cuda_graph_note)
         if self.options.check and self._reference is not None:
             variant.report.update(self._check(variant, args, kwargs, flat))
+        if plan.memory is not None:
+            variant.report["memory"] = plan.memory.report()
+        if self.options.tune != "none":
+            from kfuse.tune import tuner
+
+            if tuner.LAST:
+                variant.report["tune"] = getattr(tuner.LAST[0], "stats", None)
+        if self.options.profile:
+            from kfuse.runtime.profile import profile_plan, profile_summary
+
+            variant.profile = profile_plan(plan, xs)
+            variant.report["profile_summary"] = profile_summary(variant.profile)
         self.variants[_signature(flat)] = variant
         if self.options.explain:
             from kfuse.report import print_explain
@@ -174,6 +188,11 @@ class CompiledModel:
     def report(self) -> dict[str, Any]:
         """The report of the most recently compiled variant."""
         return list(self.variants.values())[-1].report
+
+    @property
+    def variant(self) -> Variant:
+        """The most recently compiled variant."""
+        return list(self.variants.values())[-1]
 
     @property
     def plan(self) -> Plan:
