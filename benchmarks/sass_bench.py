@@ -72,6 +72,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--samples", type=int, default=100_000, help="random input sets to verify an accepted schedule")
     p.add_argument("--deadline-s", type=float, default=270.0, help="stop starting new work after this many seconds")
+    p.add_argument("--always-verify", action="store_true", help="verify the best candidate even when it is not faster")
     a = p.parse_args()
 
     import torch
@@ -95,6 +96,7 @@ def main() -> None:
         try:
             res = optimize_compiled_kernel(ck, args, grid, strategy=sa, samples=a.samples, verify_args=vargs,
                                            verify_grid=vgrid, samples_per_launch=per, use_cache=False, apply=False,
+                                           always_verify=a.always_verify,
                                            min_gain=0.01, log=lambda m: print(m, flush=True))
             err = None
         except Exception as e:  # keep the other cases
@@ -111,7 +113,9 @@ def main() -> None:
                         "verified_samples": res.verified_samples, "moves_applied": res.moves_applied if res.accepted else 0,
                         "moves_in_best_candidate": res.moves_applied, "search_s": round(res.search_s, 2),
                         "legal_moves_at_start": res.legal_moves_at_start, "tried": res.trial_summary(),
-                        "verify_samples_per_launch": per, "search": {"iterations_per_seed": a.iters, "seeds": a.seeds,
+                        "verify_samples_per_launch": per, "candidate_failures": res.failures[:20],
+                        "best_candidate_verified_samples": res.best_candidate_verified,
+                        "search": {"iterations_per_seed": a.iters, "seeds": a.seeds,
                                                                      "max_seconds": sa.max_seconds, "T": 0.4, "cooling": 0.003}})
         records.append(rec)
         Path(a.out).write_text(json.dumps(records, indent=1))

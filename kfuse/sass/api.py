@@ -34,6 +34,8 @@ class SassResult:
     tuned_cubin: bytes | None = None
     trials: list[Trial] = field(default_factory=list)
     legal_moves_at_start: int = 0
+    failures: list[str] = field(default_factory=list)
+    best_candidate_verified: int = 0  # samples the best candidate passed when verified although not accepted
 
     def trial_summary(self) -> dict[str, Any]:
         """Distribution of what the search tried (times relative to the original schedule)."""
@@ -94,6 +96,7 @@ def optimize_compiled_kernel(ck: Any, make_args: Callable[[], Sequence[Any]] | S
                              samples_per_launch: int = 1, min_gain: float = 0.01, quick_samples: int = 1,
                              movable: frozenset[str] = DEFAULT_MOVABLE, use_cache: bool = True,
                              timeout_s: float = 60.0, progress: bool = False, apply: bool = True,
+                             always_verify: bool = False,
                              log: Callable[[str], None] | None = None) -> SassResult:
     """Search a faster SASS schedule for a Triton CompiledKernel, verify it, cache it and (if `apply`)
     load it into `ck`.  Never installs a schedule that did not pass `samples` random tests."""
@@ -132,17 +135,26 @@ def optimize_compiled_kernel(ck: Any, make_args: Callable[[], Sequence[Any]] | S
         search_s = time.time() - t0
         out = SassResult(kname, cub.sha256, False, "", base_ms, res.best_ms, 0, len(res.best.applied), search_s,
                          trials=res.trials, legal_moves_at_start=len(start.legal_moves()))
-        if not res.best.applied or res.gain < min_gain:
-            out.reason = f"no schedule beat the original by {min_gain:.1%} (best {res.gain:+.2%})"
-            out.kfuse_ms = base_ms
+        out.failures = list(ev.failures)
+
+        def reject(reason: str) -> SassResult:
+            out.reason = reason
+            if always_verify and res.best.applied:  # still exercise the verifier on the best candidate
+                ok, n, why = ev.check(emit(cub, kname, res.best).data, samples)
+                out.best_candidate_verified = n if ok else -n
+                if not ok:
+                    out.reason += f"; best candidate failed verification: {why}"
             return out
+
+        if not res.best.applied or res.gain < min_gain:
+            out.kfuse_ms = base_ms
+            return reject(f"no schedule beat the original by {min_gain:.1%} (best {res.gain:+.2%})")
         tuned = emit(cub, kname, res.best).data
         triton_ms, kfuse_ms = _ab_time(ev, original, tuned)
         out.triton_ms, out.kfuse_ms = triton_ms, kfuse_ms
         if 1.0 - kfuse_ms / triton_ms < min_gain:
-            out.reason = f"gain did not hold on re-timing ({1 - kfuse_ms / triton_ms:+.2%})"
             out.kfuse_ms = triton_ms
-            return out
+            return reject(f"gain did not hold on re-timing ({1 - kfuse_ms / triton_ms:+.2%})")
         say(f"{kname}: verifying on {samples} random input sets")
         ok, n, why = ev.check(tuned, samples)
         out.verified_samples = n

@@ -57,7 +57,7 @@ def _compile_in_child(fn: Any, signature: dict[str, str], constexprs: dict[str, 
                       num_warps: int, num_stages: int, arch: int, divisible: tuple[str, ...]) -> SimpleNamespace:
     inner = getattr(fn, "fn", fn)
     job = pickle.dumps((inner.__module__, inner.__name__, signature, constexprs, num_warps, num_stages, arch, divisible))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {**os.environ, "TRITON_INTERPRET": "0"}  # explicit: kfuse/__init__ would switch the interpreter on again
     code = ("import pickle,sys,importlib;from kfuse.sass.examples import compile_sm90;"
             "m,n,s,c,w,st,a,d=pickle.loads(sys.stdin.buffer.read());"
             "ck=compile_sm90(getattr(importlib.import_module(m),n),s,c,w,st,a,d);"

@@ -212,6 +212,7 @@ class Evaluator:
         self.proc: Any = None
         self.conn: Any = None
         self.restarts = 0
+        self.failures: list[str] = []  # why candidates failed (crash, hang, mismatch)
 
     def _start(self) -> None:
         parent, child = self.ctx.Pipe()
@@ -252,6 +253,7 @@ class Evaluator:
                 self.proc.join(5)
             self.proc = None
             self.restarts += 1
+            self.failures.append(str(val)[:300])
         return kind, val
 
     def time(self, cubin: bytes) -> float | None:
@@ -272,6 +274,8 @@ class Evaluator:
                 return False, done * per, str(val)
             ok, did, why = val
             done += did
+            if not ok:
+                self.failures.append(why)
             if progress is not None:
                 progress(done * per, launches * per, time.time() - t0)
             if not ok:

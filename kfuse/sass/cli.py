@@ -1,0 +1,80 @@
+"""`kfuse sass ...` commands: inspect a cubin's schedule, tune an example kernel's schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="SASS schedule inspection and tuning (SIP on sm_90)", no_args_is_help=True)
+console = Console()
+
+
+@app.command()
+def inspect(cubin: Path, kernel: str = typer.Option(None, help="kernel name (default: the only one)"),
+            deps: bool = typer.Option(True, help="print the dependency graph of movable instructions")) -> None:
+    """Print the annotated schedule (control codes, blocks, legal moves) and dependency graph."""
+    from .cubin import CubinError, load_cubin
+    from .disasm import disassemble
+    from .schedule import Move, Schedule
+
+    try:
+        cub = load_cubin(cubin)
+        k = cub.kernel(kernel)
+        s = Schedule.build(disassemble(cub, k.name), pinned=frozenset(k.pinned_offsets()))
+    except CubinError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from e
+    legal = {(m.index, m.direction) for m in s.legal_moves()}
+    console.print(f"[bold]{k.name}[/bold] sm_{cub.arch}, {len(s.nodes)} instructions, "
+                  f"{len(legal)} legal moves; tables: {[a.name for a, _ in k.offset_tables()]}")
+    block = -1
+    for pos, n in enumerate(s.nodes):
+        if n.block != block:
+            block = n.block
+            console.print(f"[cyan]-- block {block}[/cyan]")
+        mv = ("^" if (pos, -1) in legal else " ") + ("v" if (pos, 1) in legal else " ")
+        console.print(f"{n.ins.offset:06x} {n.ctrl.render()} {mv} {n.ins.text()}", highlight=False)
+    if deps:
+        console.print("[bold]dependencies of movable instructions (neighbours they cannot pass)[/bold]")
+        for pos in range(len(s.nodes)):
+            if s.is_movable(pos):
+                for d in (-1, 1):
+                    why = s.why_illegal(Move(pos, d))
+                    if why:
+                        console.print(f"{s.nodes[pos].ins.offset:06x} {'up' if d < 0 else 'down'}: {why}",
+                                      highlight=False)
+
+
+@app.command()
+def tune(kernel: str = typer.Argument("gemm", help="example kernel: gemm or attention"),
+         m: int = 512, n: int = 512, k: int = 2048, iters: int = 1000, seeds: str = "0,1,2",
+         samples: int = 10_000, max_seconds: float = typer.Option(None, help="wall-clock search budget")) -> None:
+    """Tune an example kernel's schedule on this machine's GPU with a progress bar."""
+    import math
+
+    import torch
+
+    from .api import optimize_compiled_kernel
+    from .search import SimulatedAnnealing
+
+    if not torch.cuda.is_available():
+        console.print("[red]error:[/red] tuning measures kernels and needs a CUDA GPU")
+        raise typer.Exit(1)
+    sa = SimulatedAnnealing(iterations=iters, seeds=tuple(int(x) for x in seeds.split(",")), max_seconds=max_seconds)
+    if kernel == "gemm":
+        from .examples import compile_matmul_leaky_relu
+
+        ck = compile_matmul_leaky_relu()
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        args = [a, b, c, m, n, k, k, 1, n, 1, n, 1, 128, 128, 64, 8]
+        grid = (math.ceil(m / 128) * math.ceil(n / 128),)
+    else:
+        console.print(f"[red]error:[/red] unknown example kernel {kernel!r} (try gemm)")
+        raise typer.Exit(1)
+    res = optimize_compiled_kernel(ck, args, grid, strategy=sa, samples=samples, progress=True)
+    console.print(f"{res.kernel}: {res.reason}; triton {res.triton_ms:.4f} ms, kfuse {res.kfuse_ms:.4f} ms, "
+                  f"{res.verified_samples} samples verified, {res.moves_applied} moves")
