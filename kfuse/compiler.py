@@ -58,6 +58,10 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
         stages += [("fuse_attention", fuse_attention), ("merge_gemm", merge_gemms)]
     if options.fuse_epilogue:
         stages.append(("fuse_epilogue", fuse_epilogues))
+    if options.fuse_b2b and options.fuse_epilogue:  # chains of the epilogue GEMMs/convs just made (issue 5)
+        from kfuse.passes.fuse_b2b import fuse_b2b
+
+        stages.append(("fuse_b2b", fuse_b2b))
     if options.fuse_attention:  # add + LayerNorm after the epilogues took bias and residual
         from kfuse.passes.fuse_norm import fuse_norms
 

@@ -41,6 +41,13 @@ class Variant:
         return execute(self.plan, xs)
 
 
+def _b2b_section(plan: Plan) -> dict[str, Any]:
+    """Back-to-back fusion: which chains fused, with which residence, and why others did not."""
+    from kfuse.passes.fuse_b2b import b2b_report
+
+    return b2b_report(plan)
+
+
 def _signature(flat: list[Any]) -> tuple[Any, ...]:
     return tuple((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else ("py", repr(x)) for x in flat)
 
@@ -132,6 +139,7 @@ class CompiledModel:
             "kernels": [k.as_dict() for k in v.plan.kernels],
             "fallback": sorted(set(v.imported.fallbacks) & {k.ops[0] for k in v.plan.kernels if k.template == "fallback"}),
             "fallback_at_import": sorted(set(v.imported.fallbacks)),
+            "b2b": _b2b_section(v.plan),
         }
 
     def _check(self, v: Variant, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> dict[str, Any]:

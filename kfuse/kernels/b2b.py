@@ -1,0 +1,732 @@
+"""Back-to-back (persistent) GEMM / Conv chains in one kernel (Bolt's persistent kernel fusion).
+
+A chain is ``stage 0 -> stage 1 -> ... -> stage L-1``. Stage 0 is a GEMM ``x (M, K0) @ W0`` or an
+implicit-GEMM convolution (any KxK, stride, padding, on an (N, C, H, W) input of any memory
+format; M = N*OH*OW output pixels). Every later stage is a GEMM whose K is the previous stage's
+N (a Linear, or a 1x1 / stride-1 / unpadded convolution, which is the same GEMM on the pixel
+rows). Each stage has its own generated epilogue (``Epilogue``: bias, activation, residual...).
+
+Threadblock residence: a program owns BLOCK_M rows and computes the *whole* width N_l of every
+intermediate stage (padded to a power of two >= 16), so stage l+1 can start from stage l's tile
+without any other program's data. The intermediate tile is rounded to the intermediate's dtype
+(as the unfused graph would store it), its padded columns are zeroed, and it is fed to the next
+``tl.dot`` directly. Only the last stage is stored to global memory (``tests/kernels/test_b2b.py``
+checks the compiled sm_90 PTX: exactly one global store instruction per kernel).
+
+Where the intermediate lives between the two ``tl.dot`` calls is decided by the tiling, as in
+CUTLASS's b2b example, and is a template parameter here (``residence``):
+
+* ``"register"`` (RF-resident): the warps of a program are stacked along M only (the M tile is
+  ``16 * num_warps`` rows on mma.sync, one 64-row warpgroup per 4 warps on wgmma), so each warp
+  already holds complete rows of the GEMM0 accumulator, which are exactly the A-operand rows it
+  needs for GEMM1. Triton converts the accumulator layout to the dot-operand layout in registers
+  (on sm_90 the second product is a register-A ``wgmma ... {%r..}`` instruction) - no shared
+  memory traffic for the intermediate.
+* ``"smem"`` (shared-memory-resident): the intermediate is written to shared memory and GEMM1
+  reads it from there (``st.shared`` of the tile, then a shared-memory-descriptor ``wgmma`` /
+  ``ldmatrix``). Triton has no explicit shared-memory allocation in the language, so the
+  template expresses it as the product in transposed form, ``out^T = W1^T @ h^T``: ``h^T`` is
+  the B operand, and B operands of tensor-core MMAs always come from shared memory. This frees
+  the intermediate's registers while GEMM1 runs (wide N0, many stages) at the price of a
+  round trip through shared memory.
+
+The launcher takes torch tensors; ``reference`` is the oracle (stage by stage in fp32, rounding
+the intermediates to their dtypes like the unfused graph).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.epilogue import Epilogue, apply_reference, render
+
+MAX_RESIDENT = 256  # widest intermediate a program keeps resident (N0 <= 256, issue 5)
+RESIDENCES = ("register", "smem")
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def pad_width(n: int) -> int:
+    """The resident tile width for an intermediate of width ``n``: a power of two >= 16."""
+    p = 16
+    while p < n:
+        p *= 2
+    return p
+
+
+# ---------------------------------------------------------------------------------------
+# the chain description and the generated source
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a chain: its epilogue, whether it has a separate bias vector (conv nodes
+    carry their bias apart from the epilogue), and the dtype its result is rounded to."""
+
+    epilogue: Epilogue
+    out_dtype: torch.dtype
+    has_bias: bool = False
+
+
+@dataclass(frozen=True)
+class Chain:
+    stages: tuple[Stage, ...]
+    conv: bool = False  # stage 0 is an implicit-GEMM convolution
+
+    def key(self) -> str:
+        parts = [f"{s.epilogue.key()}:{s.has_bias}:{s.out_dtype}" for s in self.stages]
+        return ("conv" if self.conv else "gemm") + "_" + hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
+
+    def describe(self) -> str:
+        return " => ".join(("conv" if (i == 0 and self.conv) else "gemm") + f"[{s.epilogue.describe()}]" for i, s in enumerate(self.stages))
+
+
+@dataclass(frozen=True)
+class B2BConfig:
+    block_m: int = 64
+    block_k: int = 32  # stage 0's K step
+    block_n: int = 64  # last stage's N step
+    num_warps: int = 4
+    num_stages: int = 2
+    residence: str = "register"
+
+    def describe(self) -> str:
+        return f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence")}
+
+
+def _indent(text: str, n: int) -> str:
+    pad = " " * n
+    return "\n".join(pad + line if line.strip() else line for line in text.splitlines())
+
+
+def _stage_tail(chain: Chain, s: int, offs_n: str, mask_n: str, ind: int, acc: str = "acc") -> str:
+    """Bias + extra loads + the generated epilogue of stage ``s`` applied to ``acc``."""
+    st = chain.stages[s]
+    lines = []
+    if st.has_bias:
+        lines.append(f"{acc} += tl.load(bias{s}_ptr + {offs_n}, mask={mask_n}, other=0.0).to(tl.float32)[None, :]")
+    for j in range(st.epilogue.n_inputs):
+        lines.append(
+            f"e{s}_{j} = tl.load(e{s}_{j}_ptr + (n_idx * se{s}_{j}n + oh * se{s}_{j}h + ow * se{s}_{j}w)[:, None]"
+            f" + {offs_n}[None, :] * se{s}_{j}c, mask=mask_m[:, None] & {mask_n}[None, :], other=0.0)"
+        )
+    body = "\n".join(lines)
+    epi = render(st.epilogue, acc=acc, inp=lambda j, s=s: f"e{s}_{j}", indent="")
+    return _indent("\n".join(x for x in (body, epi) if x), ind)
+
+
+def kernel_source(chain: Chain) -> str:
+    """Triton source of ``b2b_kernel`` for ``chain`` (one specialised kernel per chain)."""
+    L = len(chain.stages)
+    if L < 2:
+        raise ValueError("a b2b chain has at least two stages")
+    ptrs = ["x_ptr"] + [f"w{s}_ptr" for s in range(L)] + ["out_ptr"]
+    strides: list[str] = []
+    for s, st in enumerate(chain.stages):
+        if st.has_bias:
+            ptrs.append(f"bias{s}_ptr")
+        for j in range(st.epilogue.n_inputs):
+            ptrs.append(f"e{s}_{j}_ptr")
+            strides += [f"se{s}_{j}n", f"se{s}_{j}c", f"se{s}_{j}h", f"se{s}_{j}w"]
+    dims = ", ".join(f"N{s}" for s in range(L))
+    pads = ", ".join(f"P{s}: tl.constexpr" for s in range(L - 1))
+    src = [
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+        "@triton.jit",
+        "def b2b_kernel(",
+        f"    {', '.join(ptrs)},",
+        f"    NB, C, H, W, OH, OW, {dims},",
+        "    sxn, sxc, sxh, sxw, son, soc, soh, sow,",
+        f"    {', '.join(strides) + ',' if strides else ''}",
+        "    SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,",
+        "    DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,",
+        f"    {pads},",
+        "    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,",
+        "    SMEM: tl.constexpr, PREC: tl.constexpr,",
+        "):",
+        "    M = NB * OH * OW",
+        "    pid = tl.program_id(0)",
+        "    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "    mask_m = offs_m < M",
+        "    offs_m = tl.where(mask_m, offs_m, 0)",
+    ]
+    if chain.conv:
+        src += [
+            "    n_idx = offs_m // (OH * OW)",
+            "    rem = offs_m % (OH * OW)",
+            "    oh = rem // OW",
+            "    ow = rem % OW",
+        ]
+    else:  # a GEMM is the 1x1 conv of an NBx1x1 image: row m is image m
+        src += ["    n_idx = offs_m", "    oh = offs_m * 0", "    ow = offs_m * 0"]
+    # ---- stage 0: the K loop over (kh, kw, channel block) from global memory -----------------
+    src += [
+        "    ih0 = oh * SH - PH",
+        "    iw0 = ow * SW - PW",
+        "    x_base = x_ptr + n_idx * sxn",
+        "    offs_k = tl.arange(0, BLOCK_K)",
+        "    offs_n = tl.arange(0, P0)",
+        "    mask_n = offs_n < N0",
+        "    acc = tl.zeros((BLOCK_M, P0), dtype=tl.float32)",
+        "    n_cb = tl.cdiv(C, BLOCK_K)",
+        "    for it in range(0, KH * KW * n_cb):",
+        "        cb = it % n_cb",
+        "        tap = it // n_cb",
+        "        ih = ih0 + (tap // KW) * DH",
+        "        iw = iw0 + (tap % KW) * DW",
+        "        ok = mask_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)",
+        "        cc = cb * BLOCK_K + offs_k",
+        "        a = tl.load(x_base[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,"
+        " mask=ok[:, None] & (cc < C)[None, :], other=0.0)",
+        "        b = tl.load(w0_ptr + (tap * C + cc)[:, None] * N0 + offs_n[None, :],"
+        " mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)",
+        "        acc = tl.dot(a, b, acc, input_precision=PREC)",
+        _stage_tail(chain, 0, "offs_n", "mask_n", 4),
+    ]
+    # ---- resident stages: the previous tile never leaves the program ----------------------
+    for s in range(1, L):
+        prev_dtype = _tl_dtype(chain.stages[s - 1].out_dtype)
+        src += [
+            f"    # stage {s}: the intermediate of stage {s - 1} stays on chip",
+            f"    h = tl.where(mask_n[None, :], acc.to({prev_dtype}), 0.0).to({prev_dtype})",
+            f"    offs_k = tl.arange(0, P{s - 1})",
+            f"    mask_k = offs_k < N{s - 1}",
+        ]
+        if s < L - 1:
+            src += [
+                f"    offs_n = tl.arange(0, P{s})",
+                f"    mask_n = offs_n < N{s}",
+                f"    b = tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_n[None, :], mask=mask_k[:, None] & mask_n[None, :], other=0.0)",
+                "    if SMEM:",
+                "        acc = tl.trans(tl.dot(tl.trans(b), tl.trans(h), input_precision=PREC))",
+                "    else:",
+                "        acc = tl.dot(h, b, input_precision=PREC)",
+                _stage_tail(chain, s, "offs_n", "mask_n", 4),
+            ]
+        else:  # last stage: loop over N tiles, store each (the only global store)
+            src += [
+                f"    for n0 in range(0, N{s}, BLOCK_N):",
+                "        offs_o = n0 + tl.arange(0, BLOCK_N)",
+                f"        mask_o = offs_o < N{s}",
+                f"        b = tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_o[None, :],"
+                " mask=mask_k[:, None] & mask_o[None, :], other=0.0)",
+                "        if SMEM:",
+                "            acc_o = tl.trans(tl.dot(tl.trans(b), tl.trans(h), input_precision=PREC))",
+                "        else:",
+                "            acc_o = tl.dot(h, b, input_precision=PREC)",
+                _stage_tail(chain, s, "offs_o", "mask_o", 8, acc="acc_o"),
+                "        o_ptrs = out_ptr + (n_idx * son + oh * soh + ow * sow)[:, None] + offs_o[None, :] * soc",
+                "        tl.store(o_ptrs, acc_o.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_o[None, :])",
+            ]
+    return "\n".join(src) + "\n"
+
+
+_TL = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32"}
+
+
+def _tl_dtype(d: torch.dtype) -> str:
+    if d not in _TL:
+        raise ValueError(f"b2b: intermediate dtype {d} is not supported (fp16, bf16, fp32)")
+    return _TL[d]
+
+
+def _module(chain: Chain):  # noqa: ANN202 - a generated module holding a triton JITFunction
+    return load_generated("b2b", chain.key(), kernel_source(chain))
+
+
+# ---------------------------------------------------------------------------------------
+# configs
+# ---------------------------------------------------------------------------------------
+def default_config(m: int, widths: list[int], residence: str | None = None) -> B2BConfig:
+    """A tile for the chain when nothing was measured. Register residence while the widest
+    resident tile is at most 128 columns; wider tiles go through shared memory."""
+    widest = max(pad_width(w) for w in widths[:-1])
+    res = residence or ("register" if widest <= 128 else "smem")
+    last = min(pad_width(widths[-1]), 128)
+    if interpreting():
+        return B2BConfig(16, 32, min(last, 64), 4, 1, res)
+    if widest <= 64:
+        return B2BConfig(128, 64, last, 8 if res == "smem" else 4, 2, res)
+    if widest <= 128:
+        return B2BConfig(64, 64, last, 4, 2, res)
+    return B2BConfig(64, 32, min(last, 64), 8 if res == "smem" else 4, 2, res)
+
+
+def candidate_configs(m: int, widths: list[int]) -> list[B2BConfig]:
+    """The few configs the fused-vs-unfused decision measures on the GPU."""
+    out = [default_config(m, widths, "register"), default_config(m, widths, "smem")]
+    widest = max(pad_width(w) for w in widths[:-1])
+    last = min(pad_width(widths[-1]), 128)
+    if widest <= 128:
+        out += [B2BConfig(128, 64, last, 8, 2, "register"), B2BConfig(64, 64, last, 4, 3, "register")]
+    else:
+        out += [B2BConfig(64, 64, min(last, 64), 4, 2, "register"), B2BConfig(128, 32, min(last, 64), 8, 2, "smem")]
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen:
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+# ---------------------------------------------------------------------------------------
+# launcher
+# ---------------------------------------------------------------------------------------
+@dataclass
+class ConvGeom:
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+
+
+def pack_first(w: torch.Tensor, conv: bool) -> torch.Tensor:
+    """Stage 0's weight as a row-major (KH*KW*C, N0) matrix (GEMM: (K0, N0) made contiguous)."""
+    if conv:
+        return w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]).contiguous()
+    return w.contiguous()
+
+
+def pack_next(w: torch.Tensor) -> torch.Tensor:
+    """A later stage's weight as a row-major (N_{l-1}, N_l) matrix (1x1 conv: (OC, C, 1, 1))."""
+    if w.dim() == 4:
+        return w.reshape(w.shape[0], w.shape[1]).t().contiguous()
+    return w.contiguous()
+
+
+@dataclass
+class B2BArgs:
+    """Everything a launch needs besides the config (built once per call by ``prepare``)."""
+
+    x: torch.Tensor
+    weights: list[torch.Tensor]  # packed
+    biases: list[torch.Tensor | None]
+    extras: list[list[torch.Tensor]]
+    out: torch.Tensor
+    dims: tuple[int, ...] = field(default_factory=tuple)  # NB, C, H, W, OH, OW
+    widths: list[int] = field(default_factory=list)
+    geom: ConvGeom = field(default_factory=ConvGeom)
+    kernel_hw: tuple[int, int] = (1, 1)
+
+
+def _out_hw(h: int, w: int, kh: int, kw: int, g: ConvGeom) -> tuple[int, int]:
+    oh = (h + 2 * g.padding[0] - g.dilation[0] * (kh - 1) - 1) // g.stride[0] + 1
+    ow = (w + 2 * g.padding[1] - g.dilation[1] * (kw - 1) - 1) // g.stride[1] + 1
+    return oh, ow
+
+
+def prepare(
+    chain: Chain,
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    extras: list[list[torch.Tensor]],
+    packed: list[torch.Tensor] | None = None,
+    geom: ConvGeom | None = None,
+    channels_last: bool = True,
+) -> B2BArgs:
+    """Check and normalise the operands. GEMM chains: ``x`` (..., K0) and weights (K, N);
+    conv chains: ``x`` (N, C, H, W) any memory format, weights (OC, C, KH, KW) with every stage
+    after the first 1x1."""
+    L = len(chain.stages)
+    if not (len(weights) == len(biases) == len(extras) == L):
+        raise ValueError(f"b2b: chain has {L} stages, got {len(weights)} weights, {len(biases)} biases, {len(extras)} extra lists")
+    geom = geom or ConvGeom()
+    packed = packed or [pack_first(weights[0], chain.conv)] + [pack_next(w) for w in weights[1:]]
+    widths = [int(p.shape[1]) for p in packed]
+    for s in range(1, L):
+        if packed[s].shape[0] != widths[s - 1]:
+            raise ValueError(f"b2b: stage {s} takes K={packed[s].shape[0]}, stage {s - 1} makes N={widths[s - 1]}")
+        if widths[s - 1] > MAX_RESIDENT:
+            raise ValueError(f"b2b: intermediate width {widths[s - 1]} exceeds the resident limit {MAX_RESIDENT}")
+    for s, st in enumerate(chain.stages):
+        if len(extras[s]) != st.epilogue.n_inputs:
+            raise ValueError(f"b2b: stage {s} epilogue expects {st.epilogue.n_inputs} extra inputs, got {len(extras[s])}")
+        if st.has_bias != (biases[s] is not None):
+            raise ValueError(f"b2b: stage {s} bias presence does not match the chain")
+    if chain.conv:
+        if x.dim() != 4:
+            raise ValueError(f"b2b conv: input must be (N, C, H, W), got {tuple(x.shape)}")
+        nb, c, h, w = x.shape
+        kh, kw = weights[0].shape[2], weights[0].shape[3]
+        if weights[0].shape[1] != c:
+            raise ValueError(f"b2b conv: input has {c} channels, weight expects {weights[0].shape[1]}")
+        oh, ow = _out_hw(h, w, kh, kw, geom)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.empty((nb, widths[-1], oh, ow), dtype=chain.stages[-1].out_dtype, device=x.device, memory_format=fmt)
+        # stage s's extras have stage s's channel count
+        ex = [[torch.broadcast_to(e, (nb, widths[s], oh, ow)) for e in es] for s, es in enumerate(extras)]
+        dims = (nb, c, h, w, oh, ow)
+        return B2BArgs(x, packed, biases, ex, out, dims, widths, geom, (kh, kw))
+    if x.shape[-1] != packed[0].shape[0]:
+        raise ValueError(f"b2b: input has K={x.shape[-1]}, the first weight expects {packed[0].shape[0]}")
+    lead = tuple(x.shape[:-1])
+    m = 1
+    for d in lead:
+        m *= d
+    x2 = x.reshape(m, x.shape[-1])
+    out = torch.empty(lead + (widths[-1],), dtype=chain.stages[-1].out_dtype, device=x.device)
+    ex2 = [[torch.broadcast_to(e, lead + (widths[s],)).reshape(m, widths[s]) for e in es] for s, es in enumerate(extras)]
+    # as an (m, c, 1, 1) "image": only the n and c strides matter
+    x4 = x2[:, :, None, None]
+    ex4 = [[e[:, :, None, None] for e in es] for es in ex2]
+    return B2BArgs(x4, packed, biases, ex4, out, (m, x.shape[-1], 1, 1, 1, 1), widths, geom, (1, 1))
+
+
+def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> torch.Tensor:
+    nb, c, h, w, oh, ow = g.dims
+    m = nb * oh * ow
+    if m == 0:
+        return g.out
+    if max(g.x.numel(), g.out.numel()) >= 2**31:
+        raise ValueError("b2b: tensors of 2**31 elements or more need 64-bit indexing (not in this template)")
+    if cfg.residence not in RESIDENCES:
+        raise ValueError(f"b2b: residence must be one of {RESIDENCES}, got {cfg.residence!r}")
+    out = g.out
+    o4 = out if out.dim() == 4 else out.reshape(m, g.widths[-1])[:, :, None, None]
+    ptrs: list[Any] = [g.x, *g.weights, o4]
+    strides: list[int] = []
+    for s in range(len(chain.stages)):
+        if g.biases[s] is not None:
+            ptrs.append(g.biases[s])
+        for e in g.extras[s]:
+            ptrs.append(e)
+            strides += [e.stride(0), e.stride(1), e.stride(2), e.stride(3)]
+    pads = {f"P{s}": pad_width(g.widths[s]) for s in range(len(chain.stages) - 1)}
+    block_n = min(cfg.block_n, pad_width(g.widths[-1]))
+    precision = "ieee" if g.x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+    kernel = _module(chain).b2b_kernel
+    grid = (-(-m // cfg.block_m),)
+    args = (*ptrs, nb, c, h, w, oh, ow, *g.widths,
+            g.x.stride(0), g.x.stride(1), g.x.stride(2), g.x.stride(3),
+            o4.stride(0), o4.stride(1), o4.stride(2), o4.stride(3), *strides)  # fmt: skip
+    kw = dict(
+        SH=g.geom.stride[0], SW=g.geom.stride[1], PH=g.geom.padding[0], PW=g.geom.padding[1],
+        DH=g.geom.dilation[0], DW=g.geom.dilation[1], KH=g.kernel_hw[0], KW=g.kernel_hw[1], **pads,
+        BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_N=block_n, SMEM=cfg.residence == "smem", PREC=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if warmup:
+        if not interpreting():
+            kernel.warmup(*args, grid=grid, **kw)
+    else:
+        kernel[grid](*args, **kw)
+    return out
+
+
+def b2b_chain(
+    chain: Chain,
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    extras: list[list[torch.Tensor]],
+    config: B2BConfig | None = None,
+    packed: list[torch.Tensor] | None = None,
+    geom: ConvGeom | None = None,
+    channels_last: bool = True,
+) -> torch.Tensor:
+    """Run the whole chain in one kernel; returns the last stage's output."""
+    g = prepare(chain, x, weights, biases, extras, packed, geom, channels_last)
+    cfg = config or default_config(g.dims[0] * g.dims[4] * g.dims[5], g.widths)
+    return launch(chain, g, cfg)
+
+
+def reference(
+    chain: Chain,
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    extras: list[list[torch.Tensor]],
+    geom: ConvGeom | None = None,
+) -> torch.Tensor:
+    """The oracle: each stage in fp32, intermediates rounded to their dtypes (as stored unfused)."""
+    geom = geom or ConvGeom()
+    h = x
+    for s, st in enumerate(chain.stages):
+        b = None if biases[s] is None else biases[s].float()
+        if chain.conv:
+            g = geom if s == 0 else ConvGeom()
+            acc = F.conv2d(h.float(), weights[s].float(), b, g.stride, g.padding, g.dilation)
+        else:
+            acc = torch.matmul(h.float(), weights[s].float())
+            if b is not None:
+                acc = acc + b
+        ex = [e.float() if e.is_floating_point() else e for e in extras[s]]
+        h = apply_reference(acc, ex, st.epilogue).to(st.out_dtype)
+    return h
+
+
+# ---------------------------------------------------------------------------------------
+# inspecting the generated code (no GPU needed)
+# ---------------------------------------------------------------------------------------
+_CONSTEXPRS = ("SH", "SW", "PH", "PW", "DH", "DW", "KH", "KW", "BLOCK_M", "BLOCK_K", "BLOCK_N", "SMEM", "PREC")
+_TT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def compile_asm(
+    chain: Chain, widths: list[int], cfg: B2BConfig, dtype: torch.dtype = torch.float16, arch: int = 90, kernel_hw: tuple[int, int] = (1, 1)
+) -> dict[str, str]:
+    """Compile the chain's kernel for sm_<arch> on any machine and return its ``asm`` dict
+    (``ttgir``, ``ptx``, ``cubin``...). Under ``TRITON_INTERPRET=1`` the compile runs in a child
+    process without it (the interpreter replaces ``@triton.jit`` functions)."""
+    if interpreting():
+        import pickle
+        import subprocess
+        import sys
+
+        env = dict(os.environ, TRITON_INTERPRET="0")  # "0", not unset: kfuse's import would set it again
+        code = (
+            "import pickle,sys;from kfuse.kernels.b2b import compile_asm;"
+            "a=pickle.loads(sys.stdin.buffer.read());"
+            "sys.stdout.buffer.write(pickle.dumps({k:v for k,v in compile_asm(*a).items() if isinstance(v,(str,bytes))}))"
+        )
+        job = pickle.dumps((chain, widths, cfg, dtype, arch, kernel_hw))
+        proc = subprocess.run([sys.executable, "-c", code], input=job, capture_output=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compiling the b2b kernel for sm_{arch} failed:\n{proc.stderr.decode()[-3000:]}")
+        return pickle.loads(proc.stdout)
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    jf = _module(chain).b2b_kernel
+    t = _TT[dtype]
+    sig: dict[str, str] = {}
+    const: dict[str, Any] = {}
+    divisible: list[str] = []
+    for name in jf.arg_names:
+        if name.endswith("_ptr"):
+            sig[name] = f"*{t}"
+            divisible.append(name)
+        elif name in _CONSTEXPRS or (name.startswith("P") and name[1:].isdigit()):
+            sig[name] = "constexpr"
+        else:
+            sig[name] = "i32"
+    const.update(SH=1, SW=1, PH=kernel_hw[0] // 2, PW=kernel_hw[1] // 2, DH=1, DW=1, KH=kernel_hw[0], KW=kernel_hw[1])
+    const.update({f"P{s}": pad_width(widths[s]) for s in range(len(widths) - 1)})
+    const.update(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_N=min(cfg.block_n, pad_width(widths[-1])))
+    const.update(SMEM=cfg.residence == "smem", PREC="tf32" if dtype == torch.float32 else "ieee")
+    names = list(jf.arg_names)
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in divisible}
+    src = triton.compiler.ASTSource(jf, sig, constexprs=const, attrs=attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    return dict(ck.asm)
+
+
+def ptx_summary(ptx: str) -> dict[str, int]:
+    """Counts of the instructions that show where data lives: global stores/loads, shared
+    stores/loads, and tensor-core MMAs (wgmma with A from registers vs from shared memory)."""
+    import re
+
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    wg = [ln for ln in lines if ln.startswith("wgmma.mma_async")]
+    # wgmma's A operand is either a register list "{%r..}" or a 64-bit shared-memory descriptor "%rd.."
+    wg_rs = [ln for ln in wg if re.search(r"\}\s*,\s*\{", ln)]
+    return {
+        "st.global": sum(1 for ln in lines if re.match(r"(@%p\d+\s+)?st\.global", ln)),
+        "ld.global": sum(1 for ln in lines if re.match(r"(@%p\d+\s+)?ld\.global", ln)),
+        "cp.async": sum(1 for ln in lines if ln.startswith("cp.async") and "commit" not in ln and "wait" not in ln),
+        "st.shared": sum(1 for ln in lines if re.match(r"(@%p\d+\s+)?st\.shared", ln) or ln.startswith("stmatrix")),
+        "ld.shared": sum(1 for ln in lines if re.match(r"(@%p\d+\s+)?ld\.shared", ln) or ln.startswith("ldmatrix")),
+        "wgmma": len(wg),
+        "wgmma_a_regs": len(wg_rs),
+        "mma.sync": sum(1 for ln in lines if ln.startswith("mma.sync")),
+    }
+
+
+def ptx_global_store_bases(ptx: str) -> list[set[str]]:
+    """For every ``st.global`` in ``ptx``, the kernel parameters its address is computed from
+    (a forward taint analysis over the PTX registers, iterated to a fixpoint for loops)."""
+    import re
+
+    params: dict[str, int] = {}
+    taint: dict[str, set[str]] = {}
+    body = [ln.strip() for ln in ptx.splitlines()]
+    for ln in body:
+        m = re.match(r"ld\.param\.\w+\s+(%\w+),\s*\[(\w+)\]", ln)
+        if m:
+            taint.setdefault(m.group(1), set()).add(m.group(2))
+            params[m.group(2)] = 1
+    ins = []
+    for ln in body:
+        m = re.match(r"(@!?%p\d+\s+)?([a-z][\w.]*)\s+(.*);", ln)
+        if m:
+            ins.append((m.group(2), m.group(3)))
+    changed = True
+    while changed:
+        changed = False
+        for op, rest in ins:
+            if op.startswith(("st.", "ld.param", "bra", "wgmma", "mma")):
+                continue
+            regs = re.findall(r"%\w+", rest)
+            if len(regs) < 2:
+                continue
+            dst, srcs = regs[0], regs[1:]
+            src_t: set[str] = set()
+            for r in srcs:
+                src_t |= taint.get(r, set())
+            if src_t - taint.get(dst, set()):
+                taint.setdefault(dst, set()).update(src_t)
+                changed = True
+    out = []
+    for op, rest in ins:
+        if op.startswith("st.global"):
+            addr = re.search(r"\[\s*(%\w+)", rest)
+            out.append(set(taint.get(addr.group(1), set())) if addr else set())
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# lowering of ``b2b_chain`` nodes, with the fused-vs-unfused decision
+# ---------------------------------------------------------------------------------------
+from kfuse.runtime.executor import LOWERINGS, KernelInfo, Step, lowering  # noqa: E402
+
+
+def _random_like(t: Any, device: torch.device) -> torch.Tensor:
+    if t.dtype.is_floating_point:
+        return torch.randn(t.shape, dtype=t.dtype, device=device)
+    return torch.ones(t.shape, dtype=t.dtype, device=device)
+
+
+def _time(fn: Any, reps: int = 20) -> float:
+    from kfuse.bench.harness import time_ms
+
+    return time_ms(fn, warmup=3, rep=reps)
+
+
+@lowering("b2b_chain")
+def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) -> Step | None:
+    """The fused chain as one kernel; on a GPU, fused and unfused are measured on random inputs
+    of the right shapes and the faster is kept (``step.b2b`` records the decision)."""
+    if backend == "torch":
+        return None
+    a = node.attrs
+    chain: Chain = a["chain"]
+    stages = a["unfused"]
+    # operand positions of each stage inside the fused node's inputs
+    pos, slices = 0, []
+    for s, n in enumerate(stages):
+        take = len(n.inputs) - (0 if s == 0 else 1)
+        slices.append((pos, pos + take))
+        pos += take
+    packed_cache: dict[torch.device, list[torch.Tensor]] = {}
+    geom = ConvGeom(_pair(a.get("stride"), 1), _pair(a.get("padding"), 0), _pair(a.get("dilation"), 1))
+    channels_last = a["out_type"].layout == "channels_last"
+
+    def split(xs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], list[Any], list[list[torch.Tensor]]]:
+        ws, bs, es = [], [], []
+        for s, (lo, hi) in enumerate(slices):
+            part = xs[lo:hi] if s == 0 else [None, *xs[lo:hi]]
+            nconv = 3 if chain.stages[s].has_bias else 2
+            ws.append(part[1])
+            bs.append(part[2] if chain.stages[s].has_bias else None)
+            es.append(list(part[nconv:]))
+        return xs[0], ws, bs, es
+
+    def fused_with(cfg: B2BConfig) -> Any:
+        def run(xs: list[torch.Tensor]) -> torch.Tensor:
+            x, ws, bs, es = split(xs)
+            pk = packed_cache.get(x.device)
+            if pk is None:
+                pk = packed_cache[x.device] = [pack_first(ws[0], chain.conv)] + [pack_next(w) for w in ws[1:]]
+            return b2b_chain(chain, x, ws, bs, es, cfg, pk, geom, channels_last)
+
+        return run
+
+    m = _rows(graph, node, chain)
+    widths = list(a["widths"])
+    cfg = a.get("config") or default_config(m, widths)
+    decision: dict[str, Any] = {"residence": cfg.residence, "config": cfg.describe(), "decided_by": "rule"}
+    run = fused_with(cfg)
+    template = "b2b_chain"
+    if backend == "triton" and os.environ.get("KFUSE_B2B_DECIDE", "measure") == "measure":
+        try:
+            run, template, decision = _decide(node, graph, backend, options, fused_with, m, widths)
+        except Exception as e:  # a measurement that fails keeps the rule's choice, and says why
+            decision["decided_by"] = f"rule (measurement failed: {type(e).__name__}: {str(e)[:120]})"
+    epis = " => ".join(n.attrs["epilogue"].describe() for n in stages)
+    info = KernelInfo(node.name, template, a["fused_ops"], decision.get("config", ""), epis)
+    step = Step(node.name, node.inputs, run, info)
+    step.b2b = decision  # type: ignore[attr-defined]  # read by kfuse.passes.fuse_b2b.b2b_report
+    return step
+
+
+def _pair(v: Any, d: int) -> tuple[int, int]:
+    if v is None:
+        return (d, d)
+    if isinstance(v, int):
+        return (v, v)
+    return (int(v[0]), int(v[1]))
+
+
+def _rows(graph: Any, node: Any, chain: Chain) -> int:
+    t = node.attrs["out_type"]
+    if chain.conv:
+        return t.shape[0] * t.shape[2] * t.shape[3]
+    return t.numel // max(1, t.shape[-1])
+
+
+def _unfused_run(node: Any, graph: Any, backend: str, options: Any) -> Any:
+    """The chain as its original kernels, one after the other (each with its own lowering)."""
+    from kfuse.runtime.executor import _takes_options, _torch_step
+
+    steps = []
+    for n in node.attrs["unfused"]:
+        fn = LOWERINGS.get(n.op)
+        st = None
+        if fn is not None:
+            st = fn(n, graph, backend, options=options) if _takes_options(fn) else fn(n, graph, backend)
+        steps.append(st or _torch_step(n))
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        env = dict(zip(node.attrs["input_names"], xs, strict=True))
+        out = None
+        for st in steps:
+            out = st.fn([env[i] for i in st.inputs])
+            env[st.output] = out
+        return out
+
+    return run
+
+
+def _decide(
+    node: Any, graph: Any, backend: str, options: Any, fused_with: Any, m: int, widths: list[int]
+) -> tuple[Any, str, dict[str, Any]]:
+    device = torch.device("cuda")
+    xs = []
+    for name in node.inputs:
+        c = graph.constants.get(name)
+        xs.append(c.to(device) if c is not None else _random_like(graph.type_of(name), device))
+    unfused = _unfused_run(node, graph, backend, options)
+    t_unfused = _time(lambda: unfused(xs))
+    best: tuple[float, B2BConfig | None] = (float("inf"), None)
+    tried = {}
+    for cfg in candidate_configs(m, widths):
+        try:
+            run = fused_with(cfg)
+            t = _time(lambda run=run: run(xs))
+        except Exception as e:  # a config that does not compile (registers, smem) is skipped
+            tried[cfg.describe()] = f"failed: {type(e).__name__}"
+            continue
+        tried[cfg.describe()] = round(t, 4)
+        if t < best[0]:
+            best = (t, cfg)
+    t_fused, cfg = best
+    d: dict[str, Any] = {"unfused_ms": round(t_unfused, 4), "fused_ms": round(t_fused, 4), "tried": tried, "decided_by": "measured"}
+    if cfg is not None and t_fused < t_unfused:
+        d.update(residence=cfg.residence, config=cfg.describe(), fused=True)
+        return fused_with(cfg), "b2b_chain", d
+    d.update(residence="none", config="unfused (measured faster)", fused=False)
+    return unfused, "b2b_chain(unfused)", d
