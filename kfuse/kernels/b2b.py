@@ -337,6 +337,7 @@ def prepare(
     packed: list[torch.Tensor] | None = None,
     geom: ConvGeom | None = None,
     channels_last: bool = True,
+    out: torch.Tensor | None = None,
 ) -> B2BArgs:
     """Check and normalise the operands. GEMM chains: ``x`` (..., K0) and weights (K, N);
     conv chains: ``x`` (N, C, H, W) any memory format, weights (OC, C, KH, KW) with every stage
@@ -366,7 +367,10 @@ def prepare(
             raise ValueError(f"b2b conv: input has {c} channels, weight expects {weights[0].shape[1]}")
         oh, ow = _out_hw(h, w, kh, kw, geom)
         fmt = torch.channels_last if channels_last else torch.contiguous_format
-        out = torch.empty((nb, widths[-1], oh, ow), dtype=chain.stages[-1].out_dtype, device=x.device, memory_format=fmt)
+        if out is None:
+            out = torch.empty((nb, widths[-1], oh, ow), dtype=chain.stages[-1].out_dtype, device=x.device, memory_format=fmt)
+        elif tuple(out.shape) != (nb, widths[-1], oh, ow):
+            raise ValueError(f"b2b conv: out has shape {tuple(out.shape)}, expected {(nb, widths[-1], oh, ow)}")
         # stage s's extras have stage s's channel count
         ex = [[torch.broadcast_to(e, (nb, widths[s], oh, ow)) for e in es] for s, es in enumerate(extras)]
         dims = (nb, c, h, w, oh, ow)
@@ -378,7 +382,10 @@ def prepare(
     for d in lead:
         m *= d
     x2 = x.reshape(m, x.shape[-1])
-    out = torch.empty(lead + (widths[-1],), dtype=chain.stages[-1].out_dtype, device=x.device)
+    if out is None:
+        out = torch.empty(lead + (widths[-1],), dtype=chain.stages[-1].out_dtype, device=x.device)
+    elif tuple(out.shape) != lead + (widths[-1],) or not out.is_contiguous():
+        raise ValueError(f"b2b: out must be contiguous with shape {lead + (widths[-1],)}, got {tuple(out.shape)}")
     ex2 = [[torch.broadcast_to(e, lead + (widths[s],)).reshape(m, widths[s]) for e in es] for s, es in enumerate(extras)]
     # as an (m, c, 1, 1) "image": only the n and c strides matter
     x4 = x2[:, :, None, None]
@@ -437,9 +444,11 @@ def b2b_chain(
     packed: list[torch.Tensor] | None = None,
     geom: ConvGeom | None = None,
     channels_last: bool = True,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Run the whole chain in one kernel; returns the last stage's output."""
-    g = prepare(chain, x, weights, biases, extras, packed, geom, channels_last)
+    """Run the whole chain in one kernel; returns the last stage's output (written to ``out``
+    when given)."""
+    g = prepare(chain, x, weights, biases, extras, packed, geom, channels_last, out)
     cfg = config or default_config(g.dims[0] * g.dims[4] * g.dims[5], g.widths)
     return launch(chain, g, cfg)
 

@@ -180,7 +180,14 @@ def fuse_b2b(graph: Graph) -> Graph:
             taken.update(n.name for n in chain)
     if not chains and not reasons:
         return graph
-    fused_at = {ch[-1].name: _fuse(ch, graph) for ch in chains}
+    fused_at = {}
+    for ch in chains:
+        f = _fuse(ch, graph)
+        if ch[-1].name in reasons:  # the chain stopped here: say why it did not grow further
+            attrs = dict(f.attrs)
+            attrs["b2b_stopped"] = reasons.pop(ch[-1].name)
+            f = Node(f.name, f.op, f.inputs, f.type, attrs)
+        fused_at[ch[-1].name] = f
     b = GraphBuilder.from_graph(graph)
     for node in graph.nodes:
         if node.name in fused_at:
@@ -203,7 +210,10 @@ def b2b_report(plan: Any) -> dict[str, Any]:
         if n.op == "b2b_chain":
             step = steps.get(n.name)
             d = dict(getattr(step, "b2b", None) or {})
-            fused.append({"node": n.name, "stages": [s.name for s in n.attrs["unfused"]], "widths": list(n.attrs["widths"]), **d})
+            entry = {"node": n.name, "stages": [s.name for s in n.attrs["unfused"]], "widths": list(n.attrs["widths"]), **d}
+            if "b2b_stopped" in n.attrs:
+                entry["stopped"] = n.attrs["b2b_stopped"]
+            fused.append(entry)
         elif isinstance(n.attrs.get("b2b"), str):
             not_fused.append({"node": n.name, "reason": n.attrs["b2b"].removeprefix("not fused: ")})
     return {"fused": fused, "not_fused": not_fused}
