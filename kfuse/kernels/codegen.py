@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -17,6 +18,18 @@ def cache_dir() -> Path:
     """``$KFUSE_CACHE_DIR`` or ``~/.cache/kfuse``."""
     root = os.environ.get("KFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kfuse")
     return Path(root)
+
+
+_BY_KEY: dict[tuple[str, str], ModuleType] = {}
+
+
+def generated(family: str, key: str, make_source: Callable[[], str]) -> ModuleType:
+    """``load_generated`` with the source rendered only the first time ``(family, key)`` is
+    seen: launchers call this on every launch, so it must be a dict lookup."""
+    mod = _BY_KEY.get((family, key))
+    if mod is None:
+        mod = _BY_KEY[(family, key)] = load_generated(family, key, make_source())
+    return mod
 
 
 def load_generated(family: str, key: str, source: str) -> ModuleType:

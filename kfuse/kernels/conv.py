@@ -18,6 +18,7 @@ groups=1 only: grouped/depthwise convolutions have no template and run through P
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, TensorType
-from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.codegen import generated
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
 from kfuse.kernels.gemm import _go, interpreting
 from kfuse.runtime.executor import KernelInfo, Step, lowering
@@ -198,7 +199,7 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 
 
 def _module(epi: Epilogue):  # noqa: ANN202 - a generated module of triton JITFunctions
-    return load_generated("conv", epi.key(), kernel_source(epi))
+    return generated("conv", epi.key(), lambda: kernel_source(epi))
 
 
 def conv_epilogue(
@@ -317,8 +318,55 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
         bias = xs[2] if has_bias else None
         return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last)
 
+    def run_cudnn(xs: list[torch.Tensor]) -> torch.Tensor:
+        # cuDNN conv (channels-last) + the same epilogue as PyTorch ops: the fallback when the
+        # template loses on this layer (Bolt's rule: keep the template only where it is faster)
+        bias = xs[2] if has_bias else None
+        y = F.conv2d(xs[0], xs[1], bias, params.stride, params.padding, params.dilation)
+        return apply_reference(y, xs[n_conv:], epi).to(out_t.dtype)
+
     info = KernelInfo(node.name, "conv_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
+    if backend == "triton" and torch.cuda.is_available() and os.environ.get("KFUSE_CONV_VS_CUDNN", "1") == "1":
+        choice = _template_or_cudnn(node, graph, run, run_cudnn)
+        if choice == "cudnn":
+            why = "cuDNN was faster than " + cfg.describe()
+            info = KernelInfo(node.name, "cudnn+epilogue", node.attrs["fused_ops"], why, epi.describe())
+            return Step(node.name, node.inputs, run_cudnn, info)
     return Step(node.name, node.inputs, run, info)
+
+
+_CHOICE: dict[tuple, str] = {}
+
+
+def _template_or_cudnn(node: Node, graph: Graph, run: Any, run_cudnn: Any) -> str:
+    """Time the template and cuDNN on random inputs of the node's types; cache per problem."""
+    types = [graph.type_of(i) for i in node.inputs]
+    key = (tuple((t.shape, t.dtype, t.layout) for t in types), tuple(sorted((k, str(v)) for k, v in node.attrs.items() if k != "config")))
+    if key in _CHOICE:
+        return _CHOICE[key]
+    xs = []
+    for name, t in zip(node.inputs, types, strict=True):
+        if name in graph.constants:
+            xs.append(graph.constants[name].cuda())
+            continue
+        x = torch.randn(t.shape, device="cuda").to(t.dtype)
+        xs.append(x.contiguous(memory_format=torch.channels_last) if t.layout == "channels_last" and x.dim() == 4 else x)
+    times = {}
+    for name, fn in (("template", run), ("cudnn", run_cudnn)):
+        try:
+            for _ in range(3):
+                fn(xs)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(10):
+                fn(xs)
+            end.record()
+            end.synchronize()
+            times[name] = start.elapsed_time(end) / 10
+        except Exception:  # a variant that fails to run is never chosen
+            times[name] = float("inf")
+    _CHOICE[key] = min(times, key=lambda k: times[k])
+    return _CHOICE[key]
 
 
 @lowering("conv2d")

@@ -12,6 +12,7 @@ the CPU path, so a template never hand-writes a bias/activation/residual combina
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,10 @@ class Epilogue:
         return " -> ".join(parts)
 
     def key(self) -> str:
+        return self._key
+
+    @functools.cached_property
+    def _key(self) -> str:
         """A stable hash naming the generated kernel for this epilogue."""
         text = repr([(s.op, [(a.kind, a.index, a.value) for a in s.args], s.attrs, str(s.dtype)) for s in self.steps])
         return hashlib.sha1(f"{text}|{self.n_inputs}".encode()).hexdigest()[:12]

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.codegen import generated
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
 
 _HEADER = '''
@@ -216,7 +216,7 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
 
 
 def _module(epi: Epilogue):  # noqa: ANN202 - a generated module of triton JITFunctions
-    return load_generated("gemm2", epi.key(), kernel_source(epi))
+    return generated("gemm2", epi.key(), lambda: kernel_source(epi))
 
 
 def _num_sms(device: torch.device) -> int:

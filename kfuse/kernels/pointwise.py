@@ -21,6 +21,7 @@ nothing: index arithmetic uses the real strides (coalesced at launch).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from kfuse.ir import ops
-from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.codegen import generated
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class PointwiseProgram:
         return " -> ".join(s.op for s in self.steps)
 
     def key(self) -> str:
+        return self._key
+
+    @functools.cached_property
+    def _key(self) -> str:
         text = repr(
             (
                 self.input_row,
@@ -375,7 +380,7 @@ def _next_pow2(n: int) -> int:
 
 def _kernel(prog: PointwiseProgram, var: Variant) -> Any:
     key = f"{prog.key()}_{var.mode}{var.rank}_{''.join('d' if x else 's' for x in var.dense)}{'_64' if var.idx64 else ''}"
-    return load_generated("pointwise", key, kernel_source(prog, var)).pointwise_kernel
+    return generated("pointwise", key, lambda: kernel_source(prog, var)).pointwise_kernel
 
 
 def run_program(
