@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "h200"
 OUT = ROOT.parent / "BENCHMARKS.md"
 BEGIN, END = "<!-- generated:begin -->", "<!-- generated:end -->"
-SKIP = {"benchmark", "gpu", "date", "kfuse_version", "torch_version", "command", "baselines_ms", "notes"}
+SKIP = {"profile_top", "memory", "memory_plan", "profile", "benchmark", "gpu", "date", "kfuse_version", "torch_version", "command", "baselines_ms", "notes"}
 
 
 def _fmt(v: object) -> str:
@@ -53,7 +53,7 @@ def table_for(name: str, records: list[dict]) -> str:
         lines.append("|" + "---|" * len(keys))
         for r in records:
             lines.append("| " + " | ".join(_fmt(r.get(k, "-")) for k in keys) + " |")
-    notes = sorted({r["notes"] for r in records if r.get("notes")})
+    notes = sorted({_fmt(r["notes"]) for r in records if r.get("notes")})
     for n in notes:
         lines.append(f"\nNote: {n}")
     return "\n".join(lines) + "\n"
