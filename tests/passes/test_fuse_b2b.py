@@ -1,0 +1,170 @@
+"""fuse_b2b: eligible GEMM/conv chains become one ``b2b_chain`` node; ineligible ones stay,
+with the reason recorded; fused graphs compute what the original graphs compute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import kfuse
+from kfuse.ir.graph import Graph, GraphBuilder, TensorType
+from kfuse.ir.interpret import reference_run
+from kfuse.passes.fuse_b2b import fuse_b2b
+from kfuse.passes.fuse_epilogue import fuse_epilogues
+from kfuse.runtime.executor import execute, lower
+
+
+def _linear(b: GraphBuilder, x: str, k: int, n: int, act: str | None = "relu") -> str:
+    w = b.add_constant(torch.randn(k, n) / k**0.5)
+    bias = b.add_constant(torch.randn(n))
+    y = b.op("add", [b.op("matmul", [x, w]), bias])
+    return b.op(act, [y]) if act else y
+
+
+def _mlp(widths: list[int], m: int = 13, k0: int = 24, extra_use: int | None = None) -> Graph:
+    b = GraphBuilder("mlp")
+    x = b.add_input("x", TensorType((m, k0), torch.float32))
+    h, k, outs = x, k0, []
+    for i, n in enumerate(widths):
+        h = _linear(b, h, k, n, "relu" if i < len(widths) - 1 else None)
+        if extra_use == i:
+            outs.append(b.op("mul", [h, b.scalar(2.0)]))
+        k = n
+    return b.build([h, *outs])
+
+
+def _conv(b: GraphBuilder, x: str, c: int, oc: int, k: int, stride: int = 1, pad: int = 0) -> str:
+    w = b.add_constant(torch.randn(oc, c, k, k) / (c * k * k) ** 0.5)
+    bias = b.add_constant(torch.randn(oc))
+    return b.op("relu", [b.op("conv2d", [x, w, bias], {"stride": (stride, stride), "padding": (pad, pad)})])
+
+
+def _run(g: Graph) -> tuple[Graph, list[torch.Tensor], list[torch.Tensor]]:
+    fused = fuse_b2b(fuse_epilogues(g))
+    xs = [torch.randn(t.shape) for _, t in g.inputs]
+    return fused, reference_run(g, xs), reference_run(fused, xs)
+
+
+def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+
+
+def _reasons(g: Graph) -> list[str]:
+    return [n.attrs["b2b"] for n in g.nodes if isinstance(n.attrs.get("b2b"), str) and n.attrs["b2b"].startswith("not fused")]
+
+
+@pytest.mark.parametrize("widths", [[16, 32], [64, 128, 48], [256, 256, 256, 4]])
+def test_mlp_chain_fuses_whole(widths: list[int]) -> None:
+    g, ref, got = _run(_mlp(widths))
+    assert g.op_counts() == {"b2b_chain": 1}
+    node = g.nodes[0]
+    assert list(node.attrs["widths"]) == widths
+    assert node.attrs["chain"].stages[0].has_bias is False  # the bias is in the GEMM epilogue
+    _close(ref, got)
+
+
+def test_intermediate_used_twice_is_not_fused() -> None:
+    g, ref, got = _run(_mlp([32, 16], extra_use=0))
+    assert "b2b_chain" not in g.op_counts()
+    assert any("used 2 times" in r for r in _reasons(g))
+    _close(ref, got)
+
+
+def test_wide_intermediate_is_not_fused_and_chain_stops_there() -> None:
+    g, ref, got = _run(_mlp([64, 512, 32]))
+    # 24 -> 64 -> 512 fuses (N0=64 resident); 512 -> 32 would need N0=512 resident
+    assert g.op_counts() == {"b2b_chain": 1, "gemm_epilogue": 1}
+    chain = next(n for n in g.nodes if n.op == "b2b_chain")
+    assert "N0=512" in chain.attrs["b2b_stopped"] and "> 256" in chain.attrs["b2b_stopped"]
+    _close(ref, got)
+    g2, _, _ = _run(_mlp([512, 32]))
+    assert "b2b_chain" not in g2.op_counts()
+    assert any("N0=512" in r for r in _reasons(g2))
+
+
+def test_weight_not_constant_is_not_fused() -> None:
+    b = GraphBuilder("dyn")
+    x = b.add_input("x", TensorType((9, 16), torch.float32))
+    w1 = b.add_input("w1", TensorType((32, 8), torch.float32))
+    h = _linear(b, x, 16, 32)
+    y = b.op("matmul", [h, w1])
+    g, ref, got = _run(b.build([y]))
+    assert "b2b_chain" not in g.op_counts()
+    assert any("not a constant" in r for r in _reasons(g))
+    _close(ref, got)
+
+
+def _convnet(second_k: int, second_pad: int, second_stride: int = 1, c0: int = 16) -> Graph:
+    b = GraphBuilder("convs")
+    x = b.add_input("x", TensorType((2, 8, 7, 6), torch.float32))
+    h = _conv(b, x, 8, c0, 3, 1, 1)
+    y = _conv(b, h, c0, 12, second_k, second_stride, second_pad)
+    return b.build([y])
+
+
+def test_conv3x3_then_1x1_fuses() -> None:
+    g, ref, got = _run(_convnet(1, 0))
+    assert g.op_counts() == {"b2b_chain": 1}
+    chain = g.nodes[0].attrs["chain"]
+    assert chain.conv and all(s.has_bias for s in chain.stages)
+    _close(ref, got)
+
+
+@pytest.mark.parametrize(
+    "k,pad,stride,c0,why",
+    [(3, 1, 1, 16, "is 3x3"), (1, 0, 2, 16, "stride (2, 2)"), (1, 1, 1, 16, "padded (1, 1)"), (1, 0, 1, 320, "N0=320")],
+)
+def test_ineligible_conv_chain_keeps_reason(k: int, pad: int, stride: int, c0: int, why: str) -> None:
+    g, ref, got = _run(_convnet(k, pad, stride, c0))
+    assert "b2b_chain" not in g.op_counts()
+    assert any(why in r for r in _reasons(g)), _reasons(g)
+    _close(ref, got)
+
+
+class _MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(20, 48)
+        self.b = nn.Linear(48, 40)
+        self.c = nn.Linear(40, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.c(torch.nn.functional.gelu(self.b(h))) + h.sum(-1, keepdim=True)
+
+
+def test_compile_end_to_end_report(device: str) -> None:
+    """Through ``kfuse.compile``: the report's b2b section lists the fused chain and the
+    reason the first layer stayed out (its output is read twice)."""
+    m = _MLP().to(device)
+    x = torch.randn(2, 7, 20, device=device)
+    c = kfuse.compile(m, (x,))
+    rep = c.report["b2b"]
+    assert len(rep["fused"]) == 1 and len(rep["fused"][0]["stages"]) == 2
+    assert rep["fused"][0]["residence"] in ("register", "smem")
+    assert any("used 2 times" in r["reason"] for r in rep["not_fused"])
+    assert c.report["max_rel_err"] < 1e-4
+    off = kfuse.compile(m, (x,), fuse_b2b=False)
+    assert off.report["b2b"] == {"fused": [], "not_fused": []}
+    torch.testing.assert_close(c(x), off(x), rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_plan_runs_fused_chain() -> None:
+    """Lowered on the interpreter backend, the chain runs the b2b template."""
+    g = fuse_b2b(fuse_epilogues(_mlp([32, 64, 16], m=11)))
+    plan = lower(g, torch.device("cpu"), "triton-interpreter")
+    assert [k.template for k in plan.kernels] == ["b2b_chain"]
+    xs = [torch.randn(11, 24)]
+    torch.testing.assert_close(execute(plan, xs)[0], reference_run(g, xs)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,batch,n_chains", [("nerf-mlp", 3, 1), ("mlp-tiny", 5, 1), ("repvgg-tiny", 1, 6), ("mixer-tiny", 1, 4)])
+def test_zoo_models_fuse(name: str, batch: int, n_chains: int, device: str) -> None:
+    import kfuse.models
+
+    model, args, kwargs = kfuse.models.build(name, batch=batch, device=device)
+    c = kfuse.compile(model, args, kwargs)
+    assert len(c.report["b2b"]["fused"]) == n_chains
+    assert c.report["max_rel_err"] < 1e-3
