@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kfuse.compiler  # noqa: F401 - registers the ops that passes add (e.g. to_nhwc)
 from kfuse.ir import ops
 from kfuse.ir.graph import TensorType
 
@@ -60,6 +61,7 @@ CASES = [
     ("select", [((5, 9), F32)], {"dim": 0, "index": 4}),
     ("cat", [((2, 3), F32), ((2, 5), F32)], {"dim": 1}),
     ("contiguous", [((2, 3), F32)], {}),
+    ("to_nhwc", [((2, 3, 4, 5), F32)], {"pad_c": 5}),
 ]
 
 
@@ -68,7 +70,9 @@ def test_type_rule_matches_reference(op: str, inputs: list, attrs: dict) -> None
     xs = [rand(s, d) for s, d in inputs]
     out = ops.run_reference(op, xs, attrs)
     t = ops.infer_type(op, [TensorType.of(x) for x in xs], attrs)
-    assert t == TensorType(tuple(out.shape), out.dtype), f"{op}: rule says {t}, reference gives {tuple(out.shape)} {out.dtype}"
+    assert (t.shape, t.dtype) == (tuple(out.shape), out.dtype), f"{op}: rule says {t}, reference gives {tuple(out.shape)} {out.dtype}"
+    if t.layout == "channels_last":
+        assert out.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_every_registered_op_is_covered() -> None:
