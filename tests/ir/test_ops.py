@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kfuse.compiler  # noqa: F401 - registers the ops that passes add (e.g. to_nhwc)
+import kfuse.compiler  # noqa: F401 - registers the ops that passes add
+import kfuse.passes.layout  # noqa: F401 - to_nhwc
 from kfuse.ir import ops
 from kfuse.ir.graph import TensorType
 
