@@ -83,6 +83,10 @@ def _literal(v: float | int | bool | None) -> str:
     return f"{v}.0" if isinstance(v, int) else repr(v)
 
 
+def _small_int(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer() and abs(v) <= 4
+
+
 _TL_TYPES = {
     torch.bool: "tl.int1",
     torch.int32: "tl.int32",
@@ -110,10 +114,16 @@ def render(epi: Epilogue, acc: str = "acc", inp: Callable[[int], str] = lambda j
                 args.append(inp(a.index))
             else:
                 args.append(_literal(a.value))
-        attrs = {k: _literal(v) for k, v in step.attrs}
+        # a missing bound (clamp(x, min=None)) is unbounded, not zero
+        attrs = {k: _literal(v) for k, v in step.attrs if v is not None}
         attrs.setdefault("lo", "-3.0e38")
         attrs.setdefault("hi", "3.0e38")
         expr = d.triton.format(*args, **attrs)
+        if step.op == "pow" and step.args[1].kind == "lit" and _small_int(step.args[1].value):
+            # exp(y*log(x)) is NaN for x < 0; integer powers are exact products
+            e = int(step.args[1].value)  # type: ignore[arg-type]
+            prod = " * ".join([args[0]] * abs(e)) if e else "1.0"
+            expr = f"({prod})" if e >= 0 else f"(1.0 / ({prod}))"
         if step.op == "cast":
             tl_t = _TL_TYPES.get(step.dtype)
             expr = f"{args[0]}.to({tl_t})" if tl_t else f"{args[0]}.to(tl.float32)"

@@ -141,7 +141,7 @@ def _expr(step: PStep, args: list[str]) -> str:
     d = ops.get(step.op)
     if d.triton is None:
         raise ValueError(f"op {step.op} has no Triton expression")
-    attrs = {k: _literal(v) for k, v in step.attrs}
+    attrs = {k: _literal(v) for k, v in step.attrs if v is not None}  # a missing clamp bound is unbounded
     attrs.setdefault("lo", "float('-inf')")
     attrs.setdefault("hi", "float('inf')")
     attrs.setdefault("slope", "0.01")

@@ -120,3 +120,31 @@ def test_sass_uses_hgmma_on_sm90():
         pytest.skip("the triton wheel has no cuobjdump")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().endswith("HGMMA"), r.stdout
+
+
+def test_open_ended_clamp_in_epilogue() -> None:
+    """clamp(x, min=None) must not clamp at zero (a None bound is unbounded)."""
+    import torch
+
+    from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+    from kfuse.kernels.gemm import gemm_epilogue, reference
+
+    for lo, hi in ((None, 0.5), (-0.25, None)):
+        epi = Epilogue((EpilogueStep("clamp", (Operand("reg", 0),), (("lo", lo), ("hi", hi))),), 0)
+        a, b = torch.randn(33, 20), torch.randn(20, 17)
+        out = gemm_epilogue(a, b, [], epi, torch.float32)
+        torch.testing.assert_close(out, reference(a, b, [], epi, torch.float32), rtol=1e-4, atol=1e-4)
+
+
+def test_integer_power_of_negative_values_in_epilogue() -> None:
+    """pow(x, 3) on negative x (GPT-2's gelu_new) must not go through exp(3*log(x))."""
+    import torch
+
+    from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+    from kfuse.kernels.gemm import gemm_epilogue, reference
+
+    epi = Epilogue((EpilogueStep("pow", (Operand("reg", 0), Operand("lit", value=3.0))),), 0)
+    a, b = torch.randn(9, 16), torch.randn(16, 12)
+    out = gemm_epilogue(a, b, [], epi, torch.float32)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, reference(a, b, [], epi, torch.float32), rtol=1e-4, atol=1e-3)
