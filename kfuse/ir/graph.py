@@ -210,11 +210,13 @@ class GraphBuilder:
         self._types: dict[str, ValueType] = {}
         self._counter = 0
         self._const_ids: dict[int, str] = {}
+        self._reserved: set[str] = set()  # names of nodes a pass will still copy in
 
     @staticmethod
     def from_graph(graph: Graph, keep_nodes: bool = False) -> GraphBuilder:
         """A builder that already holds ``graph``'s inputs and constants (and nodes if asked)."""
         b = GraphBuilder(graph.name)
+        b._reserved = {node.name for node in graph.nodes}
         for n, t in graph.inputs:
             b.add_input(n, t)
         for n, c in graph.constants.items():
@@ -230,7 +232,7 @@ class GraphBuilder:
         while True:
             self._counter += 1
             name = f"{hint}_{self._counter}"
-            if name not in self._types:
+            if name not in self._types and name not in self._reserved:
                 return name
 
     def type_of(self, name: str) -> ValueType:

@@ -142,3 +142,17 @@ def test_batch_norm_without_conv_becomes_scale_shift() -> None:
     out = fold_batch_norm(g)
     assert out.op_counts() == {"mul": 1, "add": 1}
     same_numerics(g, out, [torch.randn(2, 4, 5, 5)])
+
+
+def test_fresh_names_never_collide_with_nodes_copied_later() -> None:
+    """A rewrite's new node must not take the name of a node the pass copies afterwards."""
+    b = GraphBuilder()
+    x = b.add_input("x", X)
+    r1 = b.op("reshape", [x], {"shape": (24,)})
+    r2 = b.op("reshape", [r1], {"shape": (2, 12)})
+    # the next nodes are named like the fresh names a rewrite would pick
+    later = [b.op("exp", [r2], name=f"reshape_{i}") for i in range(1, 12)]
+    g = b.build(later)
+    out = algebraic_simplify(g)
+    out.verify()
+    same_numerics(g, out, [torch.randn(4, 6)])
