@@ -264,6 +264,8 @@ class GraphBuilder:
         return self.add_constant(torch.tensor(value, dtype=dtype))
 
     def add_node(self, node: Node) -> str:
+        if node.name in self._types:
+            raise ValueError(f"value {node.name!r} is already defined in graph {self.name!r}")
         for i in node.inputs:
             if i not in self._types:
                 raise ValueError(f"node {node.name} ({node.op}) reads undefined value {i!r}")

@@ -148,8 +148,8 @@ def test_fresh_names_never_collide_with_nodes_copied_later() -> None:
     """A rewrite's new node must not take the name of a node the pass copies afterwards."""
     b = GraphBuilder()
     x = b.add_input("x", X)
-    r1 = b.op("reshape", [x], {"shape": (24,)})
-    r2 = b.op("reshape", [r1], {"shape": (2, 12)})
+    r1 = b.op("reshape", [x], {"shape": (24,)}, name="first")
+    r2 = b.op("reshape", [r1], {"shape": (2, 12)}, name="second")
     # the next nodes are named like the fresh names a rewrite would pick
     later = [b.op("exp", [r2], name=f"reshape_{i}") for i in range(1, 12)]
     g = b.build(later)
