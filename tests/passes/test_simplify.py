@@ -151,7 +151,7 @@ def test_fresh_names_never_collide_with_nodes_copied_later() -> None:
     r1 = b.op("reshape", [x], {"shape": (24,)}, name="first")
     r2 = b.op("reshape", [r1], {"shape": (2, 12)}, name="second")
     # the next nodes are named like the fresh names a rewrite would pick
-    later = [b.op("exp", [r2], name=f"reshape_{i}") for i in range(1, 12)]
+    later = [b.op("exp", [r2], name=f"reshape_{i}") for i in range(1, 40)]
     g = b.build(later)
     out = algebraic_simplify(g)
     out.verify()
