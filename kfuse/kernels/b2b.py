@@ -222,12 +222,12 @@ def kernel_source(chain: Chain) -> str:
                 f"    for n0 in range(0, N{s}, BLOCK_N):",
                 "        offs_o = n0 + tl.arange(0, BLOCK_N)",
                 f"        mask_o = offs_o < N{s}",
-                f"        b = tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_o[None, :],"
+                f"        b_o = tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_o[None, :],"
                 " mask=mask_k[:, None] & mask_o[None, :], other=0.0)",
                 "        if SMEM:",
-                "            acc_o = tl.trans(tl.dot(tl.trans(b), tl.trans(h), input_precision=PREC))",
+                "            acc_o = tl.trans(tl.dot(tl.trans(b_o), tl.trans(h), input_precision=PREC))",
                 "        else:",
-                "            acc_o = tl.dot(h, b, input_precision=PREC)",
+                "            acc_o = tl.dot(h, b_o, input_precision=PREC)",
                 _stage_tail(chain, s, "offs_o", "mask_o", 8, acc="acc_o"),
                 "        o_ptrs = out_ptr + (n_idx * son + oh * soh + ow * sow)[:, None] + offs_o[None, :] * soc",
                 "        tl.store(o_ptrs, acc_o.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_o[None, :])",
@@ -267,10 +267,16 @@ def default_config(m: int, widths: list[int], residence: str | None = None) -> B
 
 
 def candidate_configs(m: int, widths: list[int]) -> list[B2BConfig]:
-    """The few configs the fused-vs-unfused decision measures on the GPU."""
-    out = [default_config(m, widths, "register"), default_config(m, widths, "smem")]
+    """The few configs the fused-vs-unfused decision measures on the GPU. Chains of more than
+    three stages compile slowly (a wide register-resident 9-stage chain takes minutes of ptxas):
+    they try only the default and one smem-resident alternative."""
     widest = max(pad_width(w) for w in widths[:-1])
     last = min(pad_width(widths[-1]), 128)
+    if len(widths) > 3:
+        first = default_config(m, widths)
+        alt = B2BConfig(128, 32, min(last, 64), 8, 2, "smem") if widest > 128 else default_config(m, widths, "smem")
+        return [first] if alt == first else [first, alt]
+    out = [default_config(m, widths, "register"), default_config(m, widths, "smem")]
     if widest <= 128:
         out += [B2BConfig(128, 64, last, 8, 2, "register"), B2BConfig(64, 64, last, 4, 3, "register")]
     else:
