@@ -91,7 +91,9 @@ def test_mlp_gemm_relu(device: str) -> None:
     m = _mlp()
     c = _check_vs_onnx(m, [torch.randn(5, 7, device=device)])
     assert c.report["fallback_at_import"] == []
-    assert c.report["op_counts"].get("gemm_epilogue", 0) + c.report["op_counts"].get("matmul", 0) >= 3
+    counts = c.report["op_counts"]
+    # three GEMMs: fused one by one, or as one back-to-back chain
+    assert counts.get("gemm_epilogue", 0) + counts.get("matmul", 0) >= 3 or counts.get("b2b_chain", 0) >= 1
     # a new batch size resolves the symbolic dim "N" again
     x = torch.randn(3, 7, device=device)
     (y,) = c(x)
