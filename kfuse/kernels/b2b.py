@@ -611,8 +611,12 @@ from kfuse.runtime.executor import LOWERINGS, KernelInfo, Step, lowering  # noqa
 
 def _random_like(t: Any, device: torch.device) -> torch.Tensor:
     if t.dtype.is_floating_point:
-        return torch.randn(t.shape, dtype=t.dtype, device=device)
-    return torch.ones(t.shape, dtype=t.dtype, device=device)
+        x = torch.randn(t.shape, dtype=t.dtype, device=device)
+    else:
+        x = torch.ones(t.shape, dtype=t.dtype, device=device)
+    if getattr(t, "layout", "") == "channels_last" and x.dim() == 4:  # time with the strides the model will use
+        x = x.to(memory_format=torch.channels_last)
+    return x
 
 
 def _time(fn: Any, reps: int = 20) -> float:
@@ -698,11 +702,13 @@ def _unfused_run(node: Any, graph: Any, backend: str, options: Any) -> Any:
     from kfuse.runtime.executor import _takes_options, _torch_step
 
     steps = []
+    # the stage lowerings look up their operand types, intermediates included
+    ctx = graph.replace(nodes=tuple(graph.nodes) + tuple(node.attrs["unfused"]))
     for n in node.attrs["unfused"]:
         fn = LOWERINGS.get(n.op)
         st = None
         if fn is not None:
-            st = fn(n, graph, backend, options=options) if _takes_options(fn) else fn(n, graph, backend)
+            st = fn(n, ctx, backend, options=options) if _takes_options(fn) else fn(n, ctx, backend)
         steps.append(st or _torch_step(n))
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
@@ -719,7 +725,7 @@ def _unfused_run(node: Any, graph: Any, backend: str, options: Any) -> Any:
 def _decide(
     node: Any, graph: Any, backend: str, options: Any, fused_with: Any, m: int, widths: list[int]
 ) -> tuple[Any, str, dict[str, Any]]:
-    device = torch.device("cuda")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     xs = []
     for name in node.inputs:
         c = graph.constants.get(name)

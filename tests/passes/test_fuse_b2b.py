@@ -168,3 +168,33 @@ def test_zoo_models_fuse(name: str, batch: int, n_chains: int, device: str) -> N
     c = kfuse.compile(model, args, kwargs)
     assert len(c.report["b2b"]["fused"]) == n_chains
     assert c.report["max_rel_err"] < 1e-3
+
+
+@pytest.mark.parametrize("fused_faster", [True, False])
+def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster: bool) -> None:
+    """The GPU decision path (timings mocked): the faster of fused / unfused is kept, and the
+    step records both times, the configs tried and the residence."""
+    from kfuse.kernels import b2b as k
+
+    g = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=9)))
+    node = g.nodes[0]
+    calls = iter(range(100))
+
+    def fake_time(fn, reps: int = 20) -> float:  # noqa: ANN001
+        fn()  # every candidate really runs
+        i = next(calls)
+        if i == 0:  # the unfused chain is timed first
+            return 1.0
+        return 0.5 + i * 0.01 if fused_faster else 2.0
+
+    monkeypatch.setattr(k, "_time", fake_time)
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")])
+    step = k.lower_b2b_chain(node, g, "triton-interpreter")
+    run, template, d = k._decide(node, g, "triton-interpreter", None, lambda cfg: step.fn, 9, [32, 16])
+    assert d["decided_by"] == "measured" and d["unfused_ms"] == 1.0 and len(d["tried"]) == 2
+    if fused_faster:
+        assert template == "b2b_chain" and d["fused"] and d["residence"] == "register" and d["fused_ms"] == 0.51
+    else:
+        assert template == "b2b_chain(unfused)" and not d["fused"] and d["residence"] == "none"
+    xs = [torch.randn(9, 24)] + [g.constants[i] for i in node.inputs[1:]]
+    torch.testing.assert_close(run(xs), reference_run(g, xs[:1])[0], rtol=1e-4, atol=1e-4)
