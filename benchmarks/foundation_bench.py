@@ -83,7 +83,11 @@ def main() -> None:
             table.append((name, case, t_k, times, err, len(rep["kernels"]), n_k))
         except Exception as e:  # one failing case must not hide the others
             print(f"{name} failed: {type(e).__name__}: {e}")
-    print("\nmodel       case       kfuse_ms  " + "  ".join(f"{b:>15s}" for b in args.baselines.split(",")) + "  max_rel_err launches kfuse_kernels")
+    print(
+        "\nmodel       case       kfuse_ms  "
+        + "  ".join(f"{b:>15s}" for b in args.baselines.split(","))
+        + "  max_rel_err launches kfuse_kernels"
+    )
     for name, case, t_k, times, err, nl, nk in table:
         cols = "  ".join(f"{times.get(b, float('nan')):15.3f}" for b in args.baselines.split(","))
         print(f"{name:11s} {case:9s} {t_k:9.3f}  {cols}  {err:.2e} {nl:8d} {nk:8d}")

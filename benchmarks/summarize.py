@@ -19,12 +19,45 @@ OUT = ROOT.parent / "BENCHMARKS.md"
 BEGIN, END = "<!-- generated:begin -->", "<!-- generated:end -->"
 # the columns worth a table for records outside the kfuse-vs-baselines schema
 PREFERRED = [
-    "case", "policy", "rows", "nnz", "levels", "kfuse_ms", "levelset_ms", "cusparse_ms", "triton_ms",
-    "verified_samples", "moves_applied", "search_s", "reason", "qos_ms", "p99_ms", "violations",
-    "be_throughput", "be_gain_vs_timesharing", "cold_s", "warm_s", "candidates_measured", "gap_vs_exhaustive",
-    "mean_abs_rel_err", "max_rel_err",
+    "case",
+    "policy",
+    "rows",
+    "nnz",
+    "levels",
+    "kfuse_ms",
+    "levelset_ms",
+    "cusparse_ms",
+    "triton_ms",
+    "verified_samples",
+    "moves_applied",
+    "search_s",
+    "reason",
+    "qos_ms",
+    "p99_ms",
+    "violations",
+    "be_throughput",
+    "be_gain_vs_timesharing",
+    "cold_s",
+    "warm_s",
+    "candidates_measured",
+    "gap_vs_exhaustive",
+    "mean_abs_rel_err",
+    "max_rel_err",
 ]
-SKIP = {"profile_top", "memory", "memory_plan", "profile", "benchmark", "gpu", "date", "kfuse_version", "torch_version", "command", "baselines_ms", "notes"}
+SKIP = {
+    "profile_top",
+    "memory",
+    "memory_plan",
+    "profile",
+    "benchmark",
+    "gpu",
+    "date",
+    "kfuse_version",
+    "torch_version",
+    "command",
+    "baselines_ms",
+    "notes",
+}
 
 
 def _fmt(v: object) -> str:
@@ -52,7 +85,11 @@ def table_for(name: str, records: list[dict]) -> str:
             best = min(bm.values()) if bm else None
             k = r.get("kfuse_ms")
             sp = f"{best / k:.2f}x" if best and k else "-"
-            row = [str(r.get("case")), _fmt(k)] + [_fmt(bm.get(b, "-")) for b in bases] + [sp, _fmt(r.get("floor_ms")), _fmt(r.get("max_rel_err"))]
+            row = (
+                [str(r.get("case")), _fmt(k)]
+                + [_fmt(bm.get(b, "-")) for b in bases]
+                + [sp, _fmt(r.get("floor_ms")), _fmt(r.get("max_rel_err"))]
+            )
             lines.append("| " + " | ".join(row) + " |")
     else:
         keys = [k for k in PREFERRED if any(k in r for r in records)] or [k for k in first if k not in SKIP]

@@ -38,7 +38,9 @@ def _command_line(cmd: str, positional: str, **opts: Any) -> str:
     return " ".join(parts)
 
 
-def _load(model: str, batch: int | None, seq: int | None, dtype: str, device: str, varlen: bool, avg_len_ratio: float | None) -> tuple[Any, tuple, dict]:
+def _load(
+    model: str, batch: int | None, seq: int | None, dtype: str, device: str, varlen: bool, avg_len_ratio: float | None
+) -> tuple[Any, tuple, dict]:
     """An embedded model by name, or an ONNX file with random inputs of its declared shapes."""
     import torch
 
@@ -93,7 +95,9 @@ def compile_cmd(
         compiled = kfuse.compile(m, args, kwargs, explain=explain, **overrides)
     rep = dict(compiled.report)
     rep["model"] = model
-    rep["command"] = _command_line("compile", model, batch=batch, seq=seq, dtype=dtype, varlen=varlen, avg_len_ratio=avg_len_ratio, tune=tune)
+    rep["command"] = _command_line(
+        "compile", model, batch=batch, seq=seq, dtype=dtype, varlen=varlen, avg_len_ratio=avg_len_ratio, tune=tune
+    )
     if not explain:
         console.print(plan_table(rep))
         for line in summary_lines(rep):
@@ -143,7 +147,9 @@ def demo(
     batch = batch or (8 if gpu else 2)
     seq = seq or (128 if gpu else 16)
     m, args, kwargs = zoo.build(name, batch=batch, seq=seq, dtype=dtype, device="cuda" if gpu else "cpu")
-    console.print(f"[bold]kfuse demo[/]: {name} batch={batch} seq={seq} {str(dtype)[6:]} on {'the GPU' if gpu else 'the CPU (Triton interpreter)'}")
+    console.print(
+        f"[bold]kfuse demo[/]: {name} batch={batch} seq={seq} {str(dtype)[6:]} on {'the GPU' if gpu else 'the CPU (Triton interpreter)'}"
+    )
     with console.status("compiling ..."):
         compiled = kfuse.compile(m, args, kwargs)
     rep = compiled.report
@@ -152,7 +158,9 @@ def demo(
         console.print(line, markup=False)
     tol = 2e-2 if dtype == torch.float16 else 1e-4
     ok = rep["max_rel_err"] <= tol
-    console.print(f"check against PyTorch: {'[green]PASS[/]' if ok else '[red]FAIL[/]'} (max_rel_err {rep['max_rel_err']:.2e}, tolerance {tol:g})")
+    console.print(
+        f"check against PyTorch: {'[green]PASS[/]' if ok else '[red]FAIL[/]'} (max_rel_err {rep['max_rel_err']:.2e}, tolerance {tol:g})"
+    )
     if gpu:
         from kfuse.bench.harness import pytorch_baselines, time_ms
 
@@ -176,7 +184,9 @@ def bench(
     model: Annotated[str, typer.Argument(help="embedded model name")],
     batch: Annotated[int | None, typer.Option(help="batch size")] = None,
     seq: Annotated[int | None, typer.Option(help="sequence length")] = None,
-    baselines: Annotated[str, typer.Option(help="comma list of eager,eager_cudagraph,compile,max_autotune")] = "eager,eager_cudagraph,compile",
+    baselines: Annotated[
+        str, typer.Option(help="comma list of eager,eager_cudagraph,compile,max_autotune")
+    ] = "eager,eager_cudagraph,compile",
     out: Annotated[Path | None, typer.Option(help="write the JSON record here")] = None,
 ) -> None:
     """Time a compiled model side by side with PyTorch baselines on the GPU (fp16)."""

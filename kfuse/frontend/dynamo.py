@@ -42,7 +42,9 @@ def kfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs:
     from kfuse.runtime.compiled_model import CompiledModel
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    weights = {i: x for i, (n, x) in enumerate(zip(placeholders, example_inputs, strict=True)) if isinstance(x, torch.Tensor) and _is_weight(n, x)}
+    weights = {
+        i: x for i, (n, x) in enumerate(zip(placeholders, example_inputs, strict=True)) if isinstance(x, torch.Tensor) and _is_weight(n, x)
+    }
     user_idx = [i for i in range(len(example_inputs)) if i not in weights]
     wrapper = _WeightsFrozen(gm, weights, len(example_inputs))
     user_examples = tuple(example_inputs[i] for i in user_idx)

@@ -693,7 +693,9 @@ def _avg_pool(c: Ctx, a: tuple, k: dict) -> str:
     ceil = bool(a[4]) if len(a) > 4 else False
     cip = bool(a[5]) if len(a) > 5 else True
     div = a[6] if len(a) > 6 else None
-    return c.op("avg_pool2d", [a[0]], kernel_size=ks, stride=stride, padding=pad, ceil_mode=ceil, count_include_pad=cip, divisor_override=div)
+    return c.op(
+        "avg_pool2d", [a[0]], kernel_size=ks, stride=stride, padding=pad, ceil_mode=ceil, count_include_pad=cip, divisor_override=div
+    )
 
 
 @converts(aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d)

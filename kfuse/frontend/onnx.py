@@ -528,7 +528,9 @@ def random_inputs_for(
             elif i == 0:
                 shape.append(batch or 1)
             else:
-                raise FrontendError(f"ONNX input {vi.name!r} has a symbolic dim {i} ({d.dim_param or '?'}); kfuse compile needs static shapes")
+                raise FrontendError(
+                    f"ONNX input {vi.name!r} has a symbolic dim {i} ({d.dim_param or '?'}); kfuse compile needs static shapes"
+                )
         if dt.is_floating_point:
             out.append(torch.randn(shape, dtype=dt, device=device))
         elif dt == torch.bool:

@@ -339,7 +339,9 @@ def _var(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
 
 @register("max_pool2d", REDUCTION, arity=1)
 def _max_pool2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
-    return F.max_pool2d(xs[0], a["kernel_size"], a.get("stride") or a["kernel_size"], a.get("padding", 0), a.get("dilation", 1), a.get("ceil_mode", False))
+    return F.max_pool2d(
+        xs[0], a["kernel_size"], a.get("stride") or a["kernel_size"], a.get("padding", 0), a.get("dilation", 1), a.get("ceil_mode", False)
+    )
 
 
 @register("avg_pool2d", REDUCTION, arity=1)

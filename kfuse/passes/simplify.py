@@ -88,7 +88,10 @@ def _strength_rewrite(node: Node, b: GraphBuilder) -> str | None:
     if node.op == "div" and node.ttype.dtype.is_floating_point:
         c = _const_scalar(b, node.inputs[1])
         if isinstance(c, float | int) and not isinstance(c, bool) and c != 0 and b.constants[node.inputs[1]].dim() == 0:
-            recip = b.scalar(1.0 / float(c), dtype=b.constants[node.inputs[1]].dtype if b.constants[node.inputs[1]].is_floating_point() else torch.float32)
+            recip = b.scalar(
+                1.0 / float(c),
+                dtype=b.constants[node.inputs[1]].dtype if b.constants[node.inputs[1]].is_floating_point() else torch.float32,
+            )
             out = b.op("mul", [node.inputs[0], recip])
             return out if b.type_of(out) == node.type else None
     if node.op == "pow":

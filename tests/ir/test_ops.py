@@ -23,8 +23,28 @@ def rand(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 # (op, input (shape, dtype) list, attrs)
 CASES = [
-    *[(u, [((3, 5), F32)], {}) for u in ("relu", "sigmoid", "tanh", "silu", "hardswish", "hardsigmoid", "neg", "abs",
-                                         "exp", "log", "sqrt", "rsqrt", "erf", "reciprocal", "identity", "gelu", "gelu_tanh")],
+    *[
+        (u, [((3, 5), F32)], {})
+        for u in (
+            "relu",
+            "sigmoid",
+            "tanh",
+            "silu",
+            "hardswish",
+            "hardsigmoid",
+            "neg",
+            "abs",
+            "exp",
+            "log",
+            "sqrt",
+            "rsqrt",
+            "erf",
+            "reciprocal",
+            "identity",
+            "gelu",
+            "gelu_tanh",
+        )
+    ],
     ("leaky_relu", [((4, 3), F16)], {"slope": 0.1}),
     ("clamp", [((4, 3), F32)], {"lo": 0.5, "hi": 1.5}),
     ("cast", [((4, 3), F32)], {"dtype": F16}),
@@ -39,7 +59,11 @@ CASES = [
     ("where", [((2, 3), B), ((2, 3), F16), ((), F16)], {}),
     ("matmul", [((2, 3, 5), F32), ((5, 7), F32)], {}),
     ("matmul", [((2, 4, 3, 5), F32), ((2, 4, 5, 6), F32)], {}),
-    ("conv2d", [((2, 3, 9, 7), F32), ((4, 3, 3, 3), F32), ((4,), F32)], {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 1), "groups": 1}),
+    (
+        "conv2d",
+        [((2, 3, 9, 7), F32), ((4, 3, 3, 3), F32), ((4,), F32)],
+        {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 1), "groups": 1},
+    ),
     ("batch_norm", [((2, 3, 4, 4), F32), ((3,), F32), ((3,), F32), ((3,), F32), ((3,), F32)], {"eps": 1e-5}),
     ("softmax", [((2, 5, 7), F32)], {"dim": 2}),
     ("log_softmax", [((2, 5, 7), F32)], {"dim": 1}),
@@ -52,7 +76,11 @@ CASES = [
     ("mean", [((2, 5, 7), F32)], {"dims": (0, 2), "keepdim": False}),
     ("amax", [((2, 5, 7), F32)], {"dims": (2,), "keepdim": False}),
     ("var", [((2, 5, 7), F32)], {"dims": (2,), "correction": 0, "keepdim": True}),
-    ("max_pool2d", [((2, 3, 9, 9), F32)], {"kernel_size": (3, 3), "stride": (2, 2), "padding": (1, 1), "dilation": (1, 1), "ceil_mode": False}),
+    (
+        "max_pool2d",
+        [((2, 3, 9, 9), F32)],
+        {"kernel_size": (3, 3), "stride": (2, 2), "padding": (1, 1), "dilation": (1, 1), "ceil_mode": False},
+    ),
     ("avg_pool2d", [((2, 3, 9, 9), F32)], {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 0), "ceil_mode": True}),
     ("adaptive_avg_pool2d", [((2, 3, 9, 7), F32)], {"output_size": (1, 1)}),
     ("reshape", [((2, 3, 4), F32)], {"shape": (6, 4)}),
