@@ -14,7 +14,8 @@ X = TensorType((4, 6), torch.float32)
 
 def same_numerics(before: Graph, after: Graph, inputs: list[torch.Tensor]) -> None:
     for a, b in zip(reference_run(before, inputs), reference_run(after, inputs), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        # folding reassociates fp32 arithmetic (e.g. BN scale into conv weights): a few ulps
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_dce_removes_unused_nodes_and_constants() -> None:
