@@ -77,7 +77,7 @@ def compile_cmd(
     avg_len_ratio: Annotated[float | None, typer.Option(help="mean valid length / seq for the generated attention mask")] = None,
     tune: Annotated[str, typer.Option(help="none | fast | full")] = "none",
     profile: Annotated[bool, typer.Option(help="time each kernel of the plan (GPU) and write a PNG bar chart")] = False,
-    sass: Annotated[bool, typer.Option(help="tune the SASS schedule of the hottest kernels (GPU)")] = False,
+    sass: Annotated[bool, typer.Option(help="SASS tuning of the hottest kernels (not wired yet: reported as not applied)")] = False,
     cuda_graphs: Annotated[bool, typer.Option(help="launch the whole plan as one CUDA graph (GPU)")] = True,
 ) -> None:
     """Compile MODEL, check it against PyTorch on random inputs and print the kernel plan."""

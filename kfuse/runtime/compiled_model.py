@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +115,13 @@ class CompiledModel:
 
             if tuner.LAST:
                 variant.report["tune"] = getattr(tuner.LAST[0], "stats", None)
+        if self.options.sass:
+            # The SASS tuner (kfuse.sass) works on single Triton kernels (`kfuse sass tune`,
+            # kfuse.sass.optimize_compiled_kernel); applying it to the plan's hottest kernels is
+            # not wired yet. Say so instead of silently ignoring the option.
+            reason = "not applied: SASS tuning of a compiled plan's kernels is not wired into kfuse.compile yet; use `kfuse sass tune`"
+            variant.report["sass"] = {"applied": False, "reason": reason}
+            warnings.warn(f"kfuse: sass=True {reason}", stacklevel=3)
         if self.options.profile:
             from kfuse.runtime.profile import profile_plan, profile_summary
 

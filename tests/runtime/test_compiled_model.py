@@ -79,3 +79,9 @@ def test_torch_backend_runs_without_triton_kernels() -> None:
     compiled = kfuse.compile(TwoHeads().eval(), inputs(), backend="torch")
     assert compiled.report["backend"] == "torch"
     assert all(k["template"] in ("torch", "fallback") for k in compiled.report["kernels"])
+
+
+def test_sass_option_is_reported_not_silently_ignored() -> None:
+    with pytest.warns(UserWarning, match="sass=True not applied"):
+        compiled = kfuse.compile(TwoHeads().eval(), inputs(), sass=True)
+    assert compiled.report["sass"]["applied"] is False
