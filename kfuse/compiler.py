@@ -47,6 +47,10 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
         ("constant_fold_2", constant_fold),
         ("algebraic_simplify_2", algebraic_simplify),
     ]
+    if options.fuse_epilogue:  # reshapes out of GEMM chains, so the epilogue sees bias/GELU/residual
+        from kfuse.passes.sink_reshapes import sink_reshapes
+
+        stages.append(("sink_reshapes", sink_reshapes))
     if options.layout != "nchw":
         from kfuse.passes.layout import layout_pass
 
@@ -57,6 +61,10 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
 
         stages += [("fuse_attention", fuse_attention), ("merge_gemm", merge_gemms)]
     if options.fuse_epilogue:
+        if options.fuse_attention:  # attention fusion leaves reshapes in front of the output projection
+            from kfuse.passes.sink_reshapes import sink_reshapes
+
+            stages.append(("sink_reshapes_2", sink_reshapes))
         stages.append(("fuse_epilogue", fuse_epilogues))
     if options.fuse_b2b and options.fuse_epilogue:  # chains of the epilogue GEMMs/convs just made (issue 5)
         from kfuse.passes.fuse_b2b import fuse_b2b

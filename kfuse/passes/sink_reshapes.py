@@ -1,0 +1,109 @@
+"""Operator sinking: move reshapes that only regroup the leading dims out of GEMM chains.
+
+Imported models often flatten tokens around a linear layer (GPT-2's Conv1D is
+``view(-1, K) -> addmm -> view(B, S, N)``), which puts a reshape between the GEMM and the
+elementwise ops that follow it (bias, GELU, residual add) and stops epilogue fusion. Two
+rewrites, applied to a fixpoint:
+
+* ``reshape(e(x, c...))`` -> ``e(reshape(x), c...)`` for an elementwise ``e`` whose only user is
+  the reshape, when the reshape keeps the last dim and every other operand ``c`` broadcasts
+  along the last dim only (a scalar or a bias vector);
+* ``reshape(matmul(reshape(X), W))`` -> ``matmul(X, W)`` when ``W`` is 2-D and the outer reshape
+  restores ``X``'s leading dims (the GEMM template folds leading dims into M itself).
+
+The rewritten node keeps the reshape's name, so the rest of the graph is unchanged.
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import ops
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.passes.simplify import dce
+
+
+def _tt(graph_types: dict[str, object], name: str) -> TensorType | None:
+    t = graph_types.get(name)
+    return t if isinstance(t, TensorType) else None
+
+
+def _last_dim_broadcast(t: TensorType, last: int) -> bool:
+    """A scalar, or a tensor whose only non-1 dim is the last one (and equals ``last``)."""
+    if t.rank == 0:
+        return True
+    return t.shape[-1] in (1, last) and all(s == 1 for s in t.shape[:-1])
+
+
+def _rewrite_once(graph: Graph) -> Graph | None:
+    types: dict[str, object] = {n: t for n, t in graph.inputs}
+    types.update({n: TensorType.of(c) for n, c in graph.constants.items()})
+    types.update({n.name: n.type for n in graph.nodes})
+    users = graph.users()
+    producer = graph.node_map()
+    outputs = set(graph.outputs)
+    for r in graph.nodes:
+        if r.op != "reshape":
+            continue
+        src = producer.get(r.inputs[0])
+        if src is None or len(users.get(src.name, [])) != 1 or src.name in outputs:
+            continue
+        out_t = r.ttype
+        src_t = src.ttype if isinstance(src.type, TensorType) else None
+        if src_t is None or src_t.shape[-1:] != out_t.shape[-1:] or out_t.rank == 0:
+            continue
+        if ops.is_elementwise(src.op):
+            main = [i for i in src.inputs if (t := _tt(types, i)) is not None and t.shape == src_t.shape]
+            if len(main) != 1:
+                continue
+            others = [i for i in src.inputs if i != main[0]]
+            if not all((t := _tt(types, i)) is not None and _last_dim_broadcast(t, out_t.shape[-1]) for i in others):
+                continue
+            return _replace(graph, r, src, main[0])
+        if src.op == "matmul":
+            a, w = (producer.get(src.inputs[0]), _tt(types, src.inputs[1]))
+            if a is None or a.op != "reshape" or w is None or w.rank != 2:
+                continue
+            x_t = _tt(types, a.inputs[0])
+            if x_t is None or x_t.rank < 2 or x_t.shape[:-1] != out_t.shape[:-1] or x_t.shape[-1] != w.shape[0]:
+                continue
+            return _replace_matmul(graph, r, src, a.inputs[0])
+    return None
+
+
+def _replace(graph: Graph, r: Node, e: Node, main: str) -> Graph:
+    """reshape(e(main, others)) -> e(reshape(main), others), named like the old reshape."""
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        if node.name == e.name:
+            moved = b.op("reshape", [main], {"shape": r.attrs["shape"]})
+            new_inputs = tuple(moved if i == main else i for i in e.inputs)
+            types = [b.type_of(i) for i in new_inputs]
+            new_t = ops.infer_type(e.op, types, e.attrs)
+            pending = Node(r.name, e.op, new_inputs, new_t, e.attrs)
+            continue
+        if node.name == r.name:
+            b.add_node(pending)
+            continue
+        b.add_node(node)
+    return dce(b.build(graph.outputs))
+
+
+def _replace_matmul(graph: Graph, r: Node, mm: Node, x: str) -> Graph:
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        if node.name == mm.name:
+            continue
+        if node.name == r.name:
+            b.op("matmul", [x, mm.inputs[1]], {}, name=r.name)
+            continue
+        b.add_node(node)
+    return dce(b.build(graph.outputs))
+
+
+def sink_reshapes(graph: Graph, max_rewrites: int = 10_000) -> Graph:
+    """Apply both rewrites until none applies."""
+    for _ in range(max_rewrites):
+        new = _rewrite_once(graph)
+        if new is None:
+            return graph
+        graph = new
+    return graph
