@@ -63,7 +63,9 @@ def conv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < OC
-    rn = tl.where(mask_n, offs_n, 0)
+    # weight columns past OC are masked, not clamped: offs_n stays provably contiguous, so the
+    # weight tiles load as 16-byte vectors (cp.async) instead of 2-byte scalars (see perf-notes)
+    rn = offs_n
     # output pixel -> (image, oh, ow) and the top-left input tap of its window
     n_idx = offs_m // (OH * OW)
     rem = offs_m % (OH * OW)
@@ -84,7 +86,7 @@ def conv_kernel(
             iw = iw0[:, None] + (t % KW)[None, :] * DW
             ok = mask_m[:, None] & (kk < KTOT)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             a = tl.load(x_base[:, None] + c[None, :] * stride_xc + ih * stride_xh + iw * stride_xw, mask=ok, other=0.0)
-            b = tl.load(w_ptr + kk[:, None] * OC + rn[None, :], mask=(kk < KTOT)[:, None], other=0.0)
+            b = tl.load(w_ptr + kk[:, None] * OC + rn[None, :], mask=(kk < KTOT)[:, None] & mask_n[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     else:
         # one flat loop over (kh, kw, channel block) so the compiler pipelines all of it
@@ -101,11 +103,11 @@ def conv_kernel(
             a_ptrs = x_base[:, None] + (ih * stride_xh + iw * stride_xw)[:, None] + cc[None, :] * stride_xc
             a = tl.load(a_ptrs, mask=ok[:, None] & (cc < C)[None, :], other=0.0)
             b_ptrs = w_ptr + (tap * C + cc)[:, None] * OC + rn[None, :]
-            b = tl.load(b_ptrs, mask=(cc < C)[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
 {load_extras}
 {epilogue}
