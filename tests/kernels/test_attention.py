@@ -107,3 +107,16 @@ def test_clear_errors(device):
     with pytest.raises(ValueError, match="key padding mask"):
         A.attention(q, q, q, mask=torch.ones(2, 4, device=device), mask_kind=A.MASK_KEY_PADDING)
     assert A.config_space(64) and A.config_space(128)
+
+
+@pytest.mark.parametrize("cfg", A.config_space(64), ids=lambda c: c.describe())
+def test_every_config_of_the_space(cfg, device):
+    """The autotuner may pick any config of the space on the GPU: each must be right."""
+    gen = torch.Generator().manual_seed(7)
+    b, h, s, d = 1, 2, 77, 64
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to(device, torch.float32) for _ in range(3))
+    mask = _mask(A.MASK_KEY_PADDING, b, h, s, s, device, gen)
+    out = _poisoned((b, h, s, d), torch.float32, device)
+    A.attention(q, k, v, mask=mask, mask_kind=A.MASK_KEY_PADDING, causal=True, out=out, config=cfg)
+    ref = A.reference(q, k, v, mask=mask, mask_kind=A.MASK_KEY_PADDING, causal=True)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=TOL[torch.float32])
