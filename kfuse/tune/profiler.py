@@ -177,8 +177,10 @@ class Profiler:
         compile_timeout_s: float = 120.0,
         workers: int = 8,
         check: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         self.measure = measure
+        self.cuda_graphs = cuda_graphs
         self.warmup, self.rep, self.flush = warmup, rep, flush_l2
         self.timeout_ms, self.compile_timeout_s = timeout_ms, compile_timeout_s
         self.workers, self.do_check = workers, check
@@ -256,6 +258,10 @@ class Profiler:
                 runner.run(cfg, i)
                 times.append((time.perf_counter() - t0) * 1e3)
             return Measurement(cfg, statistics.median(times), "ok")
+        if self.cuda_graphs:
+            ms = self._graph_time(cfg, runner, torch.device(dev))
+            if ms is not None:
+                return Measurement(cfg, ms, "ok")
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.rep)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.rep)]
         for i in range(self.rep):
@@ -266,6 +272,38 @@ class Profiler:
             ends[i].record()
         torch.cuda.synchronize()
         return Measurement(cfg, statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)), "ok")
+
+
+    GRAPH_LAUNCHES = 4
+
+    def _graph_time(self, cfg: Config, runner: Runner, dev: torch.device) -> float | None:
+        """Kernel time per launch from CUDA-graph replays (None if capture fails).
+
+        Compiled models run their kernels inside one CUDA graph, so the tuner ranks configs by
+        GPU time alone: timing Python launches would add 30-200 us of launch overhead that
+        swamps the differences between configs of a small GEMM."""
+        if not torch.cuda.is_available():
+            return None
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for i in range(self.GRAPH_LAUNCHES):
+                    runner.run(cfg, i)
+            g.replay()
+            torch.cuda.synchronize()
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.rep)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.rep)]
+            for i in range(self.rep):
+                if self.flush:
+                    _flush_l2(dev)
+                starts[i].record()
+                g.replay()
+                ends[i].record()
+            torch.cuda.synchronize()
+            return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) / self.GRAPH_LAUNCHES
+        except Exception:  # capture is an optimisation of the measurement: fall back to events
+            torch.cuda.synchronize()
+            return None
 
 
 def _first_line(e: BaseException) -> str:
