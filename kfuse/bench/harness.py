@@ -102,6 +102,20 @@ def cuda_graph_callable(fn: Callable[..., Any], args: Sequence[Any], kwargs: dic
     return replay
 
 
+def gpu_time_ms(fn: Callable[[], Any], warmup: int = 2, rep: int = 10) -> float:
+    """Median GPU time of ``fn()`` replayed from a CUDA graph (launch overhead excluded, as in a
+    compiled model's plan); plain CUDA-event timing where capture fails or there is no GPU.
+    Used by compile-time decisions (template vs cuDNN, fused vs unfused)."""
+    if torch.cuda.is_available():
+        try:
+            fn()  # compile / warm up outside the capture
+            call = cuda_graph_callable(fn, ())
+            return time_ms(call, warmup, rep)
+        except Exception:
+            torch.cuda.synchronize()
+    return time_ms(fn, warmup, rep)
+
+
 def pytorch_baselines(
     fn: Callable[..., Any],
     args: Sequence[Any],
