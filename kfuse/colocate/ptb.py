@@ -16,7 +16,6 @@ GEMMs (implicit-GEMM shapes ``M = N*OH*OW, N = C_out, K = C_in/groups*KH*KW``), 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.codegen import interpreting, load_generated
 
 
 @dataclass
@@ -49,10 +48,6 @@ class BlockKernel:
 
     def signature_key(self) -> str:
         return f"{self.fn}_{len(self.args)}_{'_'.join(self.consts)}"
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def num_sms(device: torch.device | str | None = None) -> int:

@@ -53,7 +53,7 @@ class Ctx:
         if isinstance(x, str):
             return x
         if isinstance(x, bool | int | float):
-            if like is not None and isinstance(x, float) is False and self.ttype(like).dtype.is_floating_point:
+            if like is not None and not isinstance(x, float) and self.ttype(like).dtype.is_floating_point:
                 return self.b.scalar(float(x))
             return self.b.scalar(x)
         if isinstance(x, torch.Tensor):

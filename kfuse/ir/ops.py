@@ -11,7 +11,6 @@ and pointwise code generators: ``{0}``, ``{1}`` are the operands.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -421,7 +420,4 @@ def scalar_value(t: torch.Tensor) -> float | int | bool | None:
     """The Python value of a one-element constant, else None."""
     if t.numel() != 1 or t.device.type == "meta":
         return None
-    v = t.reshape(()).item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return v
-    return v
+    return t.reshape(()).item()

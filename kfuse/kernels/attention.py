@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.kernels.codegen import interpreting
+
 MASK_NONE, MASK_KEY_PADDING, MASK_DENSE_BOOL, MASK_DENSE_ADD = 0, 1, 2, 3
 _LOG2E = 1.4426950408889634
 
@@ -118,10 +120,6 @@ class AttnConfig:
 
     def describe(self) -> str:
         return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def config_space(head_dim: int) -> list[AttnConfig]:

@@ -44,15 +44,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.codegen import interpreting, load_generated
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
 
 MAX_RESIDENT = 256  # widest intermediate a program keeps resident (N0 <= 256, issue 5)
 RESIDENCES = ("register", "smem")
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def pad_width(n: int) -> int:

@@ -14,6 +14,16 @@ from types import ModuleType
 _LOADED: dict[str, ModuleType] = {}
 
 
+def interpreting() -> bool:
+    """Whether Triton kernels run in the interpreter (TRITON_INTERPRET=1, the CPU path)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division on host integers (grid sizes)."""
+    return -(-a // b)
+
+
 def cache_dir() -> Path:
     """``$KFUSE_CACHE_DIR`` or ``~/.cache/kfuse``."""
     root = os.environ.get("KFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kfuse")

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, TensorType
-from kfuse.kernels.codegen import generated
+from kfuse.kernels.codegen import cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
-from kfuse.kernels.gemm import _go, interpreting
+from kfuse.kernels.gemm import _go
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 
 _TEMPLATE = '''
@@ -257,10 +257,6 @@ def conv_epilogue(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def reference(

@@ -22,13 +22,12 @@ shape-based choice when nothing was tuned.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from kfuse.kernels.codegen import generated
+from kfuse.kernels.codegen import cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
 
 _HEADER = '''
@@ -200,10 +199,6 @@ class GemmConfig:
         return asdict(self)
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def default_config(m: int, n: int, k: int) -> GemmConfig:
     """A reasonable tile for the problem when no tuning record exists."""
     if interpreting():
@@ -346,13 +341,6 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
             ws, c, *g.extras, m, n, m * n, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
             BLOCK_M=rb[0], BLOCK_N=rb[1], SPLIT_K=split, num_warps=4,
         )  # fmt: skip
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-triton_cdiv = cdiv  # the older name
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, out_dtype: torch.dtype) -> torch.Tensor:

@@ -10,12 +10,13 @@ form is the plain LayerNorm of one GEMM output (one read, one write).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
+
+from kfuse.kernels.codegen import interpreting
 
 MAX_ADDENDS = 3
 
@@ -53,10 +54,6 @@ def _norm_fwd(
     if HAS_B:
         xhat = xhat + tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], xhat.to(Y.dtype.element_ty), mask=mask)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _rows2d(t: torch.Tensor, n: int, what: str) -> tuple[torch.Tensor, int]:
@@ -118,7 +115,7 @@ def norm(
         strides.append(0)
         periods.append(1)
     block_n = triton.next_power_of_2(n)
-    if _interpreting():
+    if interpreting():
         rows, warps = 4, 1
     else:
         rows = max(1, min(16, 4096 // block_n))

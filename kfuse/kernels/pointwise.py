@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 
 from kfuse.ir import ops
-from kfuse.kernels.codegen import generated
+from kfuse.kernels.codegen import cdiv, generated, interpreting
 
 
 @dataclass(frozen=True)
@@ -350,9 +349,6 @@ def _direct_inputs(prog: PointwiseProgram, reds: list[int]) -> set[int]:
 # ---------------------------------------------------------------------------------------
 # launch
 # ---------------------------------------------------------------------------------------
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 
 MAX_ROW_TILE = 8192  # longest axis kept in registers in one tile
 
@@ -430,7 +426,7 @@ def _launch_ew(prog: PointwiseProgram, ins: list[torch.Tensor], result: list[tor
     var = Variant("ew", len(sizes), dense, idx64)
     block = 1024 if not interpreting() else 128
     warps = 4
-    grid = (triton_cdiv(numel, block),)
+    grid = (cdiv(numel, block),)
     flat = [s for st in strides for s in st]
     _kernel(prog, var)[grid](*ins, *result, numel, *sizes, *flat, BLOCK=block, num_warps=warps)
     return result
@@ -482,7 +478,7 @@ def _launch_row(prog: PointwiseProgram, ins: list[torch.Tensor], result: list[to
     block_r = max(1, min(_next_pow2(rows), budget // block_c, 64))
     warps = 4 if block_r * block_c <= 2048 else 8 if block_r * block_c <= 8192 else 16
     var = Variant(mode, len(sizes), tuple(dense), idx64)
-    grid = (triton_cdiv(rows, block_r),)
+    grid = (cdiv(rows, block_r),)
     flat = [s for st in strides for s in st]
     _kernel(prog, var)[grid](
         *ins, *result, rows, length, *sizes, *flat, *row_strides, *col_strides,
@@ -494,10 +490,6 @@ def _launch_row(prog: PointwiseProgram, ins: list[torch.Tensor], result: list[to
 def _merged_stride(o: torch.Tensor, axis: tuple[int, ...], domain: tuple[int, ...]) -> int:
     real = [a for a in axis if domain[a] != 1]
     return o.stride(real[-1]) if real else 0
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ---------------------------------------------------------------------------------------

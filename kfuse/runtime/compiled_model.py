@@ -203,7 +203,7 @@ class CompiledModel:
     @property
     def report(self) -> dict[str, Any]:
         """The report of the most recently compiled variant."""
-        return list(self.variants.values())[-1].report
+        return self.variant.report
 
     @property
     def variant(self) -> Variant:
@@ -212,7 +212,7 @@ class CompiledModel:
 
     @property
     def plan(self) -> Plan:
-        return list(self.variants.values())[-1].plan
+        return self.variant.plan
 
     def save_report(self, path: str) -> None:
         with open(path, "w") as f:

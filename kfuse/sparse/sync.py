@@ -9,16 +9,11 @@ runs programs one after another, so there the fence is compiled out (``HW_FENCE=
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-
-def interpreting() -> bool:
-    """True when kernels run in the Triton interpreter (CPU tests)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from kfuse.kernels.codegen import interpreting
 
 
 def hw_fence_enabled(device: torch.device) -> bool:
