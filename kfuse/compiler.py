@@ -28,6 +28,9 @@ class Options:
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
     varlen: bool | None = None  # padding-free mode; None: when an attention mask is given (issue 4)
     tune: str = "none"  # "none" | "fast" | "full" (issue 3)
+    # GEMMs: "auto" times the template against cuBLAS(Lt) + the rest of the epilogue on the GPU and
+    # keeps the faster; "never": always the template; "always": always the library (tests, A/B runs)
+    gemm_library: str = "auto"
     memory_plan: bool = True  # static buffer reuse (issue 6)
     profile: bool = False  # per-kernel timing after compile (issue 6)
     sass: bool = False  # SASS schedule tuning of the hottest kernels (issue 7)

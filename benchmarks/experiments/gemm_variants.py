@@ -54,21 +54,48 @@ def _bias_gelu_store(acc, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm):
 
 
 @triton.jit
-def tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, stride_cm,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def tma_kernel(
+    a_desc,
+    b_desc,
+    c_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    stride_cm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     pid_m, pid_n = _coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
         a = a_desc.load([pid_m * BLOCK_M, k])
         b = b_desc.load([k, pid_n * BLOCK_N])
         acc = tl.dot(a, b, acc)
-    _bias_gelu_store(acc, c_ptr, bias_ptr, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), M, N, stride_cm)
+    _bias_gelu_store(
+        acc, c_ptr, bias_ptr, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), M, N, stride_cm
+    )
 
 
 @triton.jit
-def tma_persistent_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, stride_cm,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                          NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr):
+def tma_persistent_kernel(
+    a_desc,
+    b_desc,
+    c_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    stride_cm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    FLATTEN: tl.constexpr,
+):
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=FLATTEN):
@@ -78,7 +105,9 @@ def tma_persistent_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, stride_cm,
             a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
             b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
-        _bias_gelu_store(acc, c_ptr, bias_ptr, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), M, N, stride_cm)
+        _bias_gelu_store(
+            acc, c_ptr, bias_ptr, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), M, N, stride_cm
+        )
 
 
 def graph_time_ms(fn, inner: int = 20, rep: int = 15) -> float:
@@ -107,7 +136,14 @@ def graph_time_ms(fn, inner: int = 20, rep: int = 15) -> float:
     return statistics.median(ts)
 
 
-CONFIGS = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 32, 8, 4), (64, 256, 64, 4, 4)]
+CONFIGS = [
+    (128, 256, 64, 8, 3),
+    (128, 256, 64, 8, 4),
+    (128, 128, 64, 8, 4),
+    (128, 128, 64, 4, 4),
+    (128, 256, 32, 8, 4),
+    (64, 256, 64, 4, 4),
+]
 SHAPES = [(4096, 3072, 768), (4096, 2304, 768), (4096, 768, 3072), (4096, 768, 768), (16384, 3072, 768), (8192, 768, 3072)]
 
 
@@ -145,11 +181,14 @@ def main() -> None:
             a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
             b_desc = TensorDescriptor.from_tensor(b, [bk, bn])
             grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-            variants["tma"] = lambda: tma_kernel[grid](a_desc, b_desc, out, bias, m, n, k, out.stride(0), bm, bn, bk, 8, num_warps=w, num_stages=st)
+            variants["tma"] = lambda: tma_kernel[grid](
+                a_desc, b_desc, out, bias, m, n, k, out.stride(0), bm, bn, bk, 8, num_warps=w, num_stages=st
+            )
             for flat in (False, True):
                 pg = (min(n_sms, grid[0]),)
                 variants[f"tma_persistent{'_flat' if flat else ''}"] = lambda pg=pg, flat=flat: tma_persistent_kernel[pg](
-                    a_desc, b_desc, out, bias, m, n, k, out.stride(0), bm, bn, bk, 8, n_sms, flat, num_warps=w, num_stages=st)
+                    a_desc, b_desc, out, bias, m, n, k, out.stride(0), bm, bn, bk, 8, n_sms, flat, num_warps=w, num_stages=st
+                )
             for name, fn in variants.items():
                 try:
                     out.fill_(float("nan"))
@@ -170,12 +209,39 @@ def main() -> None:
             res[f"best_{name}_tflops"] = flops / t / 1e9
         res["mm_tflops"] = flops / res["mm"] / 1e9
         rows.append(res)
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k.startswith(("shape", "mm", "addmm", "best", "err"))}), flush=True)
+        print(
+            json.dumps(
+                {
+                    k: (round(v, 4) if isinstance(v, float) else v)
+                    for k, v in res.items()
+                    if k.startswith(("shape", "mm", "addmm", "best", "err"))
+                }
+            ),
+            flush=True,
+        )
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gemm_variants.json"), "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                   "command": "PYTHONPATH=. python benchmarks/experiments/gemm_variants.py " + " ".join(sys.argv[1:]), "rows": rows}, f, indent=1)
-    names = ["mm", "addmm", "addmm_gelu_lt", "best_kfuse", "best_kfuse_persistent", "best_tma", "best_tma_persistent", "best_tma_persistent_flat"]
+        json.dump(
+            {
+                "gpu": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "triton": triton.__version__,
+                "command": "PYTHONPATH=. python benchmarks/experiments/gemm_variants.py " + " ".join(sys.argv[1:]),
+                "rows": rows,
+            },
+            f,
+            indent=1,
+        )
+    names = [
+        "mm",
+        "addmm",
+        "addmm_gelu_lt",
+        "best_kfuse",
+        "best_kfuse_persistent",
+        "best_tma",
+        "best_tma_persistent",
+        "best_tma_persistent_flat",
+    ]
     print("shape              " + " ".join(f"{x[:14]:>14s}" for x in names))
     for r in rows:
         print(f"{r['shape']:18s} " + " ".join(f"{r.get(x, float('nan')):14.4f}" for x in names))

@@ -74,6 +74,18 @@ def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
     pid_m = first_m + ((tile % group) % size_m)
     pid_n = (tile % group) // size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def _tma_tile(desc, bat, row, col, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BATCHED: tl.constexpr):
+    # a (BLOCK_R, BLOCK_C) tile through a host-side tensor descriptor; out-of-bounds rows and
+    # columns read zeros (the descriptor has the operand's exact shape), batched operands use a
+    # 3-D descriptor so a ragged tile never reads into the next batch
+    if BATCHED:
+        t = desc.load([bat, row, col]).reshape(BLOCK_R, BLOCK_C)
+    else:
+        t = desc.load([row, col])
+    return t
 '''
 
 _MAIN = '''

@@ -1,0 +1,206 @@
+"""cuBLAS / cuBLASLt as a second candidate for every ``gemm_epilogue`` node.
+
+Measured on the H200 (``benchmarks/experiments/gemm_variants.py``, docs/perf-notes.md): on the
+K=768 GEMMs of BERT and GPT-2, cuBLAS reaches ~610 TFLOP/s where the best Triton template
+(TMA loads, wgmma) reaches 330-390, and cuBLASLt's fused bias+GELU epilogue costs only 3-15%
+over the bare GEMM. A fused epilogue does not pay for a 1.6x slower main loop, so, like
+TensorRT's tactic selection and like the conv template-or-cuDNN choice, each GEMM node gets two
+candidates timed at compile time from CUDA graphs (launch overhead excluded, as in the plan):
+
+* the template: the whole epilogue fused into the Triton GEMM;
+* the library: cuBLAS(Lt) with the part of the epilogue it can fuse (a bias vector, then ReLU or
+  GELU: ``torch.addmm`` / ``torch._addmm_activation``), the rest of the epilogue applied by one
+  generated elementwise kernel (the split-K reduce kernel of the template with one slice).
+
+cuBLASLt's GELU epilogue is the tanh form; exact (erf) GELU differs from it by < 5e-4 absolute,
+below fp16 resolution for |x| > 0.5. ``KFUSE_EXACT_GELU=1`` keeps exact GELU in the generated
+kernel instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kfuse.kernels.codegen import cdiv
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+_ACTIVATIONS = {"relu": "relu", "gelu_tanh": "gelu", "gelu": "gelu"}
+
+
+@dataclass(frozen=True)
+class LibrarySplit:
+    """Which part of an epilogue the library call absorbs."""
+
+    bias: int | None  # extra input consumed as the bias vector (checked again at run time)
+    activation: str | None  # "relu" | "gelu" fused by cuBLASLt (2-D GEMMs with a bias only)
+    rest: Epilogue  # what is left, register 0 = the library's output
+
+    def describe(self) -> str:
+        fused = ["gemm"] + (["bias"] if self.bias is not None else []) + ([self.activation] if self.activation else [])
+        tail = f" + kernel[{self.rest.describe()}]" if self.rest.steps else ""
+        return "cuBLAS(" + "+".join(fused) + ")" + tail
+
+
+def _shift(epi: Epilogue, p: int) -> Epilogue | None:
+    """``epi`` without its first ``p`` steps (register p becomes the accumulator); None when a
+    later step still reads a register the library consumed."""
+    steps = []
+    for s in epi.steps[p:]:
+        args = []
+        for a in s.args:
+            if a.kind == "reg":
+                if a.index < p:
+                    return None
+                a = Operand("reg", a.index - p)
+            args.append(a)
+        steps.append(EpilogueStep(s.op, tuple(args), s.attrs, s.dtype))
+    return Epilogue(tuple(steps), epi.n_inputs)
+
+
+def split_epilogue(epi: Epilogue, batched: bool, exact_gelu: bool | None = None) -> LibrarySplit:
+    """The longest prefix of ``epi`` that cuBLAS(Lt) can fuse: ``add(acc, in_j)`` (a bias when
+    ``in_j`` turns out to be a row vector), then ``relu``/``gelu`` (2-D GEMMs only)."""
+    if exact_gelu is None:
+        exact_gelu = os.environ.get("KFUSE_EXACT_GELU", "0") == "1"
+    steps = epi.steps
+    bias = act = None
+    p = 0
+    if steps and steps[0].op == "add" and len(steps[0].args) == 2:
+        kinds = {(a.kind, a.index) for a in steps[0].args}
+        ins = [a.index for a in steps[0].args if a.kind == "in"]
+        if ("reg", 0) in kinds and len(ins) == 1:
+            bias, p = ins[0], 1
+    if bias is not None and not batched and len(steps) > p:
+        s = steps[p]
+        name = _ACTIVATIONS.get(s.op)
+        if name and not (s.op == "gelu" and exact_gelu) and len(s.args) == 1 and s.args[0] == Operand("reg", p):
+            act, p = name, p + 1
+    while p > 0:
+        rest = _shift(epi, p)
+        if rest is not None:
+            return LibrarySplit(bias, act if p >= 2 else None, rest)
+        p -= 1
+        act = None
+        if p == 0:
+            bias = None
+    return LibrarySplit(None, None, epi)
+
+
+def gemm_library(
+    a: torch.Tensor, b: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, split: LibrarySplit, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``epi(a @ b, *extras)`` with cuBLAS(Lt) for the GEMM and the fusable prefix of the epilogue,
+    one generated elementwise kernel for the rest."""
+    from kfuse.kernels.gemm import _module, prepare
+
+    g = prepare(a, b, extras, out_dtype)
+    nb, m, k = g.a.shape
+    n = g.b.shape[2]
+    if a.dtype != b.dtype or not a.dtype.is_floating_point:
+        raise TypeError(f"library GEMM needs matching floating operands, got {a.dtype} and {b.dtype}")
+    bias = None
+    rest = split.rest
+    act = split.activation
+    if split.bias is not None:
+        e = g.extras[split.bias]
+        if e.stride(0) == 0 and e.stride(1) == 0 and e.dtype == g.a.dtype:
+            bias = e[0, 0]
+        else:  # not a bias vector after all: the whole epilogue goes to the kernel
+            rest, act = epi, None
+    if nb == 1:
+        a2, b2 = g.a[0], g.b[0]
+        if bias is not None and act is not None:
+            y = torch._addmm_activation(bias, a2, b2, use_gelu=act == "gelu")
+        elif bias is not None:
+            y = torch.addmm(bias, a2, b2)
+        else:
+            y = torch.mm(a2, b2)
+        y = y.unsqueeze(0)
+    else:
+        y = torch.baddbmm(bias, g.a, g.b) if bias is not None else torch.bmm(g.a, g.b)
+    if not rest.steps:
+        return (y if y.dtype == out_dtype else y.to(out_dtype)).view(g.out_shape)
+    y = y.contiguous()
+    ex_strides: list[int] = []
+    for e in g.extras:
+        ex_strides += [e.stride(0), e.stride(1), e.stride(2)]
+    c = g.c
+    bm, bn = 64, 64
+    _module(rest).splitk_reduce_kernel[(cdiv(m, bm) * cdiv(n, bn), nb)](
+        y, c, *g.extras, m, n, m * n, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
+        BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=1, num_warps=4,
+    )  # fmt: skip
+    return c.view(g.out_shape)
+
+
+# ---------------------------------------------------------------------------------------
+# the lowering's choice between the template and the library
+# ---------------------------------------------------------------------------------------
+_CHOICE: dict[tuple, tuple[str, dict[str, float]]] = {}
+
+
+def _random_inputs(node: Any, graph: Any) -> list[torch.Tensor]:
+    xs = []
+    for name in node.inputs:
+        if name in graph.constants:
+            xs.append(graph.constants[name].cuda())
+            continue
+        t = graph.type_of(name)
+        xs.append(torch.randn(t.shape, device="cuda").to(t.dtype))
+    return xs
+
+
+def choose(node: Any, graph: Any, run_template: Any, run_library: Any) -> tuple[str, dict[str, float]]:
+    """Time both candidates on the node's types (random activations, real constants), cached
+    per problem. A candidate that fails is never chosen."""
+    from kfuse.bench.harness import gpu_time_ms
+
+    types = [graph.type_of(i) for i in node.inputs]
+    key = (tuple((t.shape, t.dtype) for t in types), node.attrs["epilogue"].key(), str(node.attrs.get("config")))
+    if key not in _CHOICE:
+        xs = _random_inputs(node, graph)
+        times: dict[str, float] = {}
+        for name, fn in (("template", run_template), ("library", run_library)):
+            try:
+                times[name] = gpu_time_ms(lambda fn=fn: fn(xs))
+            except Exception:  # noqa: BLE001 - a candidate that cannot run loses
+                times[name] = float("inf")
+        _CHOICE[key] = (min(times, key=lambda k: times[k]), times)
+    return _CHOICE[key]
+
+
+def maybe_library_step(node: Any, graph: Any, backend: str, run_template: Any, info: Any, options: Any = None) -> Any:
+    """The Step to use instead of the template when the library is the better (or the forced)
+    choice; None keeps the template."""
+    from kfuse.runtime.executor import KernelInfo, Step
+
+    mode = getattr(options, "gemm_library", "auto") if options is not None else "auto"
+    mode = os.environ.get("KFUSE_GEMM_LIBRARY", mode)
+    if backend == "torch" or mode == "never":
+        return None
+    a_t, b_t = graph.type_of(node.inputs[0]), graph.type_of(node.inputs[1])
+    if a_t.dtype != b_t.dtype or a_t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return None
+    epi: Epilogue = node.attrs["epilogue"]
+    split = split_epilogue(epi, batched=b_t.rank > 2)
+    out_dtype = node.ttype.dtype
+
+    def run_library(xs: list[torch.Tensor]) -> torch.Tensor:
+        return gemm_library(xs[0], xs[1], xs[2:], epi, split, out_dtype)
+
+    if mode == "always":
+        why = "forced (gemm_library='always')"
+    elif mode == "auto" and backend == "triton" and torch.cuda.is_available():
+        choice, times = choose(node, graph, run_template, run_library)
+        if choice != "library":
+            return None
+        why = f"{times['library'] * 1e3:.1f} us vs template {info.config} {times['template'] * 1e3:.1f} us"
+    else:
+        return None
+    return Step(
+        node.name, node.inputs, run_library, KernelInfo(node.name, "library_gemm", info.ops, f"{split.describe()}: {why}", epi.describe())
+    )

@@ -1,0 +1,96 @@
+"""The library candidate of GEMM nodes: which epilogue prefix cuBLAS(Lt) absorbs, and that the
+library path (cuBLAS + the generated rest-of-epilogue kernel, in the interpreter on the CPU)
+equals the reference for every split."""
+
+import pytest
+import torch
+
+import kfuse
+from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue references
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+from kfuse.kernels.gemm import reference
+from kfuse.kernels.gemm_library import gemm_library, split_epilogue
+
+R0, R1, R2 = Operand("reg", 0), Operand("reg", 1), Operand("reg", 2)
+IN0, IN1 = Operand("in", 0), Operand("in", 1)
+BIAS_GELU = Epilogue((EpilogueStep("add", (R0, IN0)), EpilogueStep("gelu", (R1,))), 1)
+BIAS_RELU_RES = Epilogue((EpilogueStep("add", (IN0, R0)), EpilogueStep("relu", (R1,)), EpilogueStep("add", (R2, IN1))), 2)
+SCALE_FIRST = Epilogue((EpilogueStep("mul", (R0, Operand("lit", value=0.125))), EpilogueStep("add", (R1, IN0))), 1)
+ACC_REUSED = Epilogue((EpilogueStep("add", (R0, IN0)), EpilogueStep("mul", (R1, R0))), 1)
+
+
+def test_split_absorbs_bias_and_activation() -> None:
+    s = split_epilogue(BIAS_GELU, batched=False, exact_gelu=False)
+    assert (s.bias, s.activation, s.rest.steps) == (0, "gelu", ())
+    assert s.describe() == "cuBLAS(gemm+bias+gelu)"
+
+
+def test_exact_gelu_and_batched_keep_the_activation_in_the_kernel() -> None:
+    for s in (split_epilogue(BIAS_GELU, batched=False, exact_gelu=True), split_epilogue(BIAS_GELU, batched=True, exact_gelu=False)):
+        assert s.bias == 0 and s.activation is None
+        assert [st.op for st in s.rest.steps] == ["gelu"] and s.rest.steps[0].args == (R0,)
+
+
+def test_rest_is_renumbered() -> None:
+    s = split_epilogue(BIAS_RELU_RES, batched=False)
+    assert (s.bias, s.activation) == (0, "relu")
+    assert s.rest.steps == (EpilogueStep("add", (R0, IN1)),) and s.rest.n_inputs == 2
+
+
+def test_nothing_absorbed_when_not_a_leading_bias_or_acc_is_reused() -> None:
+    for epi in (SCALE_FIRST, ACC_REUSED):
+        s = split_epilogue(epi, batched=False)
+        assert s.bias is None and s.activation is None and s.rest == epi
+
+
+CASES = [
+    ("bias_gelu", BIAS_GELU, lambda m, n: [torch.randn(n)]),
+    ("bias_relu_res", BIAS_RELU_RES, lambda m, n: [torch.randn(n), torch.randn(m, n)]),
+    ("scale_first", SCALE_FIRST, lambda m, n: [torch.randn(m, n)]),
+    ("acc_reused", ACC_REUSED, lambda m, n: [torch.randn(n)]),
+    ("not_a_vector", BIAS_GELU, lambda m, n: [torch.randn(m, n)]),  # add(acc, matrix): no bias after all
+]
+
+
+@pytest.mark.parametrize("name,epi,extras", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_library_path_equals_reference(name: str, epi: Epilogue, extras, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    m, n, k = 37, 45, 70
+    a, b = torch.randn(m, k).to(dtype), (torch.randn(k, n) / 8).to(dtype)
+    xs = [e.to(dtype) for e in extras(m, n)]
+    split = split_epilogue(epi, batched=False)
+    got = gemm_library(a, b, xs, epi, split, dtype)
+    ref = reference(a, b, xs, epi, dtype)
+    assert got.shape == ref.shape and not torch.isnan(got).any()
+    tol = 2e-2 if dtype == torch.float16 else 2e-3  # fp32: tanh-GELU vs erf-GELU differ by < 5e-4
+    err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    assert err < tol, err
+
+
+def test_batched_library_path() -> None:
+    torch.manual_seed(1)
+    a, b = torch.randn(3, 21, 24), torch.randn(3, 24, 19)
+    bias = torch.randn(19)
+    split = split_epilogue(BIAS_GELU, batched=True)
+    got = gemm_library(a, b, [bias], BIAS_GELU, split, torch.float32)
+    torch.testing.assert_close(got, reference(a, b, [bias], BIAS_GELU, torch.float32), rtol=1e-4, atol=1e-4)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(24, 40), torch.nn.Linear(40, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x))) + x
+
+
+@pytest.mark.parametrize("mode,template", [("always", "library_gemm"), ("never", "gemm_epilogue")])
+def test_compiled_model_uses_the_chosen_path(mode: str, template: str) -> None:
+    torch.manual_seed(2)
+    model, x = Mlp().eval(), torch.randn(5, 24)
+    compiled = kfuse.compile(model, (x,), gemm_library=mode, fuse_b2b=False)
+    gemms = [k for k in compiled.report["kernels"] if k["template"] in ("library_gemm", "gemm_epilogue")]
+    assert gemms and all(k["template"] == template for k in gemms)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
