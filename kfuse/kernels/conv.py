@@ -333,32 +333,11 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
     return Step(node.name, node.inputs, run, info)
 
 
-_CHOICE: dict[tuple, str] = {}
-
-
 def _template_or_cudnn(node: Node, graph: Graph, run: Any, run_cudnn: Any) -> str:
-    """Time the template and cuDNN on random inputs of the node's types; cache per problem."""
-    types = [graph.type_of(i) for i in node.inputs]
-    key = (tuple((t.shape, t.dtype, t.layout) for t in types), tuple(sorted((k, str(v)) for k, v in node.attrs.items() if k != "config")))
-    if key in _CHOICE:
-        return _CHOICE[key]
-    xs = []
-    for name, t in zip(node.inputs, types, strict=True):
-        if name in graph.constants:
-            xs.append(graph.constants[name].cuda())
-            continue
-        x = torch.randn(t.shape, device="cuda").to(t.dtype)
-        xs.append(x.contiguous(memory_format=torch.channels_last) if t.layout == "channels_last" and x.dim() == 4 else x)
-    from kfuse.bench.harness import gpu_time_ms
+    """Time the template and cuDNN on inputs of the node's types (cached per problem)."""
+    from kfuse.runtime.choice import choose, problem_key
 
-    times = {}
-    for name, fn in (("template", run), ("cudnn", run_cudnn)):
-        try:  # GPU time only, as inside the model's CUDA graph (no Python launch overhead)
-            times[name] = gpu_time_ms(lambda fn=fn: fn(xs))
-        except Exception:  # a variant that fails to run is never chosen
-            times[name] = float("inf")
-    _CHOICE[key] = min(times, key=lambda k: times[k])
-    return _CHOICE[key]
+    return choose(node, graph, {"template": run, "cudnn": run_cudnn}, problem_key(node, graph))[0]
 
 
 @lowering("conv2d")

@@ -140,39 +140,6 @@ def gemm_library(
 # ---------------------------------------------------------------------------------------
 # the lowering's choice between the template and the library
 # ---------------------------------------------------------------------------------------
-_CHOICE: dict[tuple, tuple[str, dict[str, float]]] = {}
-
-
-def _random_inputs(node: Any, graph: Any) -> list[torch.Tensor]:
-    xs = []
-    for name in node.inputs:
-        if name in graph.constants:
-            xs.append(graph.constants[name].cuda())
-            continue
-        t = graph.type_of(name)
-        xs.append(torch.randn(t.shape, device="cuda").to(t.dtype))
-    return xs
-
-
-def choose(node: Any, graph: Any, run_template: Any, run_library: Any) -> tuple[str, dict[str, float]]:
-    """Time both candidates on the node's types (random activations, real constants), cached
-    per problem. A candidate that fails is never chosen."""
-    from kfuse.bench.harness import gpu_time_ms
-
-    types = [graph.type_of(i) for i in node.inputs]
-    key = (tuple((t.shape, t.dtype) for t in types), node.attrs["epilogue"].key(), str(node.attrs.get("config")))
-    if key not in _CHOICE:
-        xs = _random_inputs(node, graph)
-        times: dict[str, float] = {}
-        for name, fn in (("template", run_template), ("library", run_library)):
-            try:
-                times[name] = gpu_time_ms(lambda fn=fn: fn(xs))
-            except Exception:  # noqa: BLE001 - a candidate that cannot run loses
-                times[name] = float("inf")
-        _CHOICE[key] = (min(times, key=lambda k: times[k]), times)
-    return _CHOICE[key]
-
-
 def maybe_library_step(node: Any, graph: Any, backend: str, run_template: Any, info: Any, options: Any = None) -> Any:
     """The Step to use instead of the template when the library is the better (or the forced)
     choice; None keeps the template."""
@@ -195,7 +162,10 @@ def maybe_library_step(node: Any, graph: Any, backend: str, run_template: Any, i
     if mode == "always":
         why = "forced (gemm_library='always')"
     elif mode == "auto" and backend == "triton" and torch.cuda.is_available():
-        choice, times = choose(node, graph, run_template, run_library)
+        from kfuse.runtime.choice import choose, problem_key
+
+        key = problem_key(node, graph, str(node.attrs.get("config")))
+        choice, times = choose(node, graph, {"template": run_template, "library": run_library}, key)
         if choice != "library":
             return None
         why = f"{times['library'] * 1e3:.1f} us vs template {info.config} {times['template'] * 1e3:.1f} us"

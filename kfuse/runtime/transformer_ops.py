@@ -75,7 +75,7 @@ def describe_attention(a: Mapping[str, Any]) -> str:
 
 
 @lowering("fused_attention")
-def _lower_attention(node: Node, graph: Graph, backend: str) -> Step | None:
+def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
     if backend == "torch":
         return None
     from kfuse.kernels import attention as K
@@ -99,8 +99,40 @@ def _lower_attention(node: Node, graph: Graph, backend: str) -> Step | None:
             return out
         return K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"])
 
-    info = KernelInfo(node.name, "fused_attention", tuple(a.get("fused_ops", ("sdpa",))), describe_attention(a))
+    ops_ = tuple(a.get("fused_ops", ("sdpa",)))
+    info = KernelInfo(node.name, "fused_attention", ops_, describe_attention(a))
+    library = _attention_library_choice(node, graph, backend, options, run)
+    if library is not None:
+        run_sdpa, why = library
+        return Step(node.name, node.inputs, run_sdpa, KernelInfo(node.name, "library_attention", ops_, f"{describe_attention(a)}; {why}"))
     return Step(node.name, node.inputs, run, info)
+
+
+def _attention_library_choice(node: Node, graph: Graph, backend: str, options: Any, run_kernel: Any) -> tuple[Any, str] | None:
+    """PyTorch's SDPA (flash / memory-efficient kernels) as a measured second candidate of dense
+    attention: the lowering keeps whichever is faster on the GPU (the padded-mask and varlen cases
+    stay with kfuse's kernel when it wins, see BENCHMARKS.md ``attention``). ``gemm_library`` in
+    the options ("never" / "always" / "auto") governs library candidates in general."""
+    import os
+
+    mode = getattr(options, "gemm_library", "auto") if options is not None else "auto"
+    mode = os.environ.get("KFUSE_GEMM_LIBRARY", mode)
+    if backend == "torch" or mode == "never":
+        return None
+
+    def run_sdpa(xs: list[torch.Tensor]) -> torch.Tensor:
+        return _fused_attention_ref(xs, node.attrs)
+
+    if mode == "always":
+        return run_sdpa, "SDPA (forced)"
+    if mode != "auto" or backend != "triton" or not torch.cuda.is_available():
+        return None
+    from kfuse.runtime.choice import choose, problem_key
+
+    choice, times = choose(node, graph, {"kernel": run_kernel, "sdpa": run_sdpa}, problem_key(node, graph))
+    if choice != "sdpa":
+        return None
+    return run_sdpa, f"PyTorch SDPA {times['sdpa'] * 1e3:.1f} us vs kfuse kernel {times['kernel'] * 1e3:.1f} us"
 
 
 # ---------------------------------------------------------------------------------------

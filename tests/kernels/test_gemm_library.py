@@ -94,3 +94,15 @@ def test_compiled_model_uses_the_chosen_path(mode: str, template: str) -> None:
     gemms = [k for k in compiled.report["kernels"] if k["template"] in ("library_gemm", "gemm_epilogue")]
     assert gemms and all(k["template"] == template for k in gemms)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
+
+
+def test_bert_tiny_with_library_candidates_forced() -> None:
+    """Every GEMM through cuBLAS and attention through SDPA still equals the model (CPU)."""
+    import kfuse.models as zoo
+
+    model, args, kwargs = zoo.build("bert-tiny", batch=2, seq=8)
+    compiled = kfuse.compile(model, args, kwargs, gemm_library="always")
+    templates = {k["template"] for k in compiled.report["kernels"]}
+    assert {"library_gemm", "library_attention"} <= templates, templates
+    assert "gemm_epilogue" not in templates and "fused_attention" not in templates
+    assert compiled.report["max_rel_err"] < 1e-3
