@@ -33,6 +33,9 @@ T0 = time.perf_counter()
 SKIPPED = {"max_autotune": "not run for whole models: 138 s of compiling per model on the H200 (issue 4 anchor: 3.54 ms at B32_S128)"}
 
 
+# tuning is part of a real compile ("fast": seconds per model, see tuning.json); KFUSE_BENCH_TUNE=none to skip
+TUNE = os.environ.get("KFUSE_BENCH_TUNE", "fast")
+
 def _left() -> float:
     return BUDGET_S - (time.perf_counter() - T0)
 
@@ -90,6 +93,13 @@ def _leaves(o):  # noqa: ANN001, ANN202
     return (o[0], o[1]) if not hasattr(o, "last_hidden_state") else (o.last_hidden_state, o.pooler_output)
 
 
+def _count_templates(report: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k in report["kernels"]:
+        out[k["template"]] = out.get(k["template"], 0) + 1
+    return out
+
+
 def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> dict:
     dev = "cpu" if smoke else "cuda"
     dt = torch.float32 if smoke else torch.float16
@@ -99,7 +109,7 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
     case = f"B{b}_S{s}" + ("_avg0.6" if varlen else "")
     print(f"== {case} ({_left():.0f} s of budget left)", flush=True)
     t0 = time.perf_counter()
-    compiled = kfuse.compile(m, args, kwargs)
+    compiled = kfuse.compile(m, args, kwargs, tune=TUNE)
     compile_s = time.perf_counter() - t0
     rep_ = compiled.report
     print(f"  kfuse compiled in {compile_s:.1f} s; CUDA graph {rep_['cuda_graph']}; check rel err {rep_.get('max_rel_err')}", flush=True)
@@ -120,7 +130,8 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
     mask = kwargs.get("attention_mask")
     tokens = int(mask.sum()) if mask is not None else b * s
     lens = mask.sum(1).double() if mask is not None else torch.full((b,), float(s), dtype=torch.float64)
-    extra: dict = {"skipped_baselines": skipped, "kfuse_compile_s": round(compile_s, 2), "baseline_compile_s": comp_s}
+    extra: dict = {"skipped_baselines": skipped, "kfuse_compile_s": round(compile_s, 2), "baseline_compile_s": comp_s, "tune": TUNE,
+                   "kernels_by_template": _count_templates(rep_)}
     kf = _leaves(kf_out)
     if mask is not None:
         v = mask.bool()

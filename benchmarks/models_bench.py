@@ -49,6 +49,9 @@ NOTES = {
 }
 
 
+# tuning is part of a real compile ("fast": seconds per model, see tuning.json); KFUSE_BENCH_TUNE=none to skip
+TUNE = os.environ.get("KFUSE_BENCH_TUNE", "fast")
+
 def _mb(n: float) -> float:
     return round(n / 2**20, 3)
 
@@ -98,7 +101,7 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
     print(f"== {bench} {case} ({model_name}, batch {batch}{f', seq {seq}' if seq else ''}, {dtype}, {device})", flush=True)
     with torch.no_grad():
         t0 = time.perf_counter()
-        compiled = kfuse.compile(m, a, kw)
+        compiled = kfuse.compile(m, a, kw, tune=TUNE)
         compile_s = time.perf_counter() - t0
         rep = compiled.report
         print(f"  kfuse compile {compile_s:.1f} s, cuda graph: {rep['cuda_graph']}, launches {len(rep['kernels'])}", flush=True)
@@ -136,7 +139,7 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
         dtype="fp16" if dtype == torch.float16 else "fp32",
         model=model_name, batch=batch, seq=seq, channels_last=cl,
         peak_mem_mb=peak_k, peak_mem_mb_eager=peak_e, memory_plan=mem_report,
-        flops=flops, min_bytes=nbytes, kfuse_compile_s=round(compile_s, 2),
+        flops=flops, min_bytes=nbytes, kfuse_compile_s=round(compile_s, 2), tune=TUNE,
         baseline_compile_s={k: round(s, 2) for k, s in base_compile_s.items()},
         cuda_graph=rep["cuda_graph"], launches=len(rep["kernels"]), kernels_by_template=templates,
         fallback=rep.get("fallback", []), profile_summary=prof_sum, profile_top=prof_top,
