@@ -7,7 +7,7 @@ from an ``Epilogue`` program into the kernel source, so every combination is its
 specialised kernel; sources are written to the kernel cache and imported (Triton needs kernels
 to live in files).
 
-Three variants share one main loop (``_mainloop``):
+Three pointer-based variants share one main loop (``_mainloop``, cp.async loads on sm_80+):
 
 * ``gemm_kernel``: one program per output tile, grouped (swizzled) tile order for L2 reuse;
   with ``SPLIT_K > 1`` each program reduces one slice of K into an fp32 workspace and
@@ -15,7 +15,15 @@ Three variants share one main loop (``_mainloop``):
 * ``gemm_persistent_kernel``: a fixed grid of ``NUM_PROGRAMS`` (= number of SMs) programs that
   loop over tiles, for Hopper where launch/tail effects matter on mid-size problems.
 
-Tile parameters (BLOCK_M/N/K, GROUP_M, num_warps, num_stages, split-K, persistent) are
+and one for Hopper that loads the A and B tiles by TMA (host-side tensor descriptors, made per
+call), with the same generated epilogue:
+
+* ``gemm_tma_kernel``: one program per output tile (``GemmConfig.tma``); 10-18% faster than
+  ``gemm_kernel`` on the H200. Used only when TMA can describe the operands (``tma_operands``:
+  A K-contiguous, B row- or column-major, 16-byte aligned base and leading strides, fp16/bf16/
+  fp32), without split-K and not persistent; otherwise ``launch`` runs the pointer kernel.
+
+Tile parameters (BLOCK_M/N/K, GROUP_M, num_warps, num_stages, split-K, persistent, tma) are
 template parameters chosen by the tuner (``kfuse.tune``); ``default_config`` gives a
 shape-based choice when nothing was tuned.
 """
@@ -30,7 +38,7 @@ import torch
 from kfuse.kernels.codegen import cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
 
-_HEADER = '''
+_HEADER = """
 import triton
 import triton.language as tl
 
@@ -86,9 +94,9 @@ def _tma_tile(desc, bat, row, col, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     else:
         t = desc.load([row, col])
     return t
-'''
+"""
 
-_MAIN = '''
+_MAIN = """
 
 @triton.jit
 def gemm_kernel(
@@ -159,7 +167,36 @@ def gemm_persistent_kernel(
         acc = _mainloop(a_ptr + pid_b * stride_ab, b_ptr + pid_b * stride_bb, offs_m, offs_n, M, N, 0, K,
                         stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INPUT_PRECISION)
 {epilogue_store_8}
-'''
+
+
+@triton.jit
+def gemm_tma_kernel(
+    a_desc, b_desc, c_ptr, {extra_ptrs}
+    M, N, K,
+    stride_cb, stride_cm, stride_cn, {extra_strides}
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    # A and B tiles come in by TMA (Hopper's bulk tensor copies, zero-filled past the edges,
+    # so no masks and no K tail), the epilogue is the pointer-based one of gemm_kernel
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    bat = tl.program_id(1)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = _tma_tile(a_desc, bat, off_m, k, BLOCK_M, BLOCK_K, A_BATCHED)
+        if B_KMAJOR:  # B column-major: the descriptor is B^T (N, K)
+            b = _tma_tile(b_desc, bat, off_n, k, BLOCK_N, BLOCK_K, B_BATCHED).T
+        else:
+            b = _tma_tile(b_desc, bat, k, off_n, BLOCK_K, BLOCK_N, B_BATCHED)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    pid_b = bat.to(tl.int64)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+{epilogue_store_4}
+"""
 
 
 def _epilogue_store(epi: Epilogue, indent: str) -> str:
@@ -198,6 +235,7 @@ class GemmConfig:
     num_stages: int = 3
     split_k: int = 1
     persistent: bool = False
+    tma: bool = False  # A/B tiles by TMA descriptors (sm_90; falls back to pointers when ineligible)
 
     def describe(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
@@ -205,6 +243,8 @@ class GemmConfig:
             s += f" splitk{self.split_k}"
         if self.persistent:
             s += " persistent"
+        if self.tma:
+            s += " tma"
         return s
 
     def as_dict(self) -> dict[str, Any]:
@@ -314,6 +354,52 @@ def _go(kernel: Any, grid: tuple[int, ...], warmup: bool, *args: Any, **kwargs: 
         kernel.warmup(*args, grid=grid, **kwargs)
 
 
+_TMA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _tma_ok(t: torch.Tensor, batched: bool) -> bool:
+    """Can a TMA descriptor describe the 3-D view ``t`` (2-D: ``t[0]``)? The last dimension must
+    be contiguous, the base address and the other strides 16-byte aligned."""
+    e = t.element_size()
+    return t.stride(2) == 1 and t.data_ptr() % 16 == 0 and (t.stride(1) * e) % 16 == 0 and (not batched or (t.stride(0) * e) % 16 == 0)
+
+
+def _descriptor(t: torch.Tensor, batched: bool, block: tuple[int, int]) -> Any:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if batched:
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, *block])
+    return TensorDescriptor(t[0], list(t.shape[1:]), list(t.stride()[1:]), list(block))
+
+
+def tma_operands(a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig) -> tuple[Any, Any, dict[str, bool]] | None:
+    """Descriptors of the 3-D operands ``a`` (B, M, K) and ``b`` (B, K, N) for ``gemm_tma_kernel``
+    and its layout constexprs, or None when TMA cannot load them (A not K-contiguous, B neither
+    row- nor column-major, misaligned base or strides, other dtypes, a GPU before Hopper).
+    A column-major B is described as B^T (N, K). An operand broadcast along the batch (batch
+    stride 0) or with one batch gets a 2-D descriptor; others a 3-D one of the exact shape, so
+    ragged tiles read zeros, never the next batch."""
+    if a.dtype not in _TMA_DTYPES or b.dtype != a.dtype:
+        return None
+    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] < 9:
+        return None
+    nb = a.shape[0]
+    a_batched = nb > 1 and a.stride(0) != 0
+    b_batched = nb > 1 and b.stride(0) != 0
+    if not _tma_ok(a, a_batched):
+        return None
+    bt = b.transpose(1, 2)
+    if _tma_ok(b, b_batched):
+        b_kmajor, b_view, b_block = False, b, (cfg.block_k, cfg.block_n)
+    elif _tma_ok(bt, b_batched):
+        b_kmajor, b_view, b_block = True, bt, (cfg.block_n, cfg.block_k)
+    else:
+        return None
+    a_desc = _descriptor(a, a_batched, (cfg.block_m, cfg.block_k))
+    b_desc = _descriptor(b_view, b_batched, b_block)
+    return a_desc, b_desc, {"A_BATCHED": a_batched, "B_BATCHED": b_batched, "B_KMAJOR": b_kmajor}
+
+
 def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) -> None:
     """Launch the kernel(s) for a prepared call with config ``cfg`` (``warmup``: compile only)."""
     nb, m, k = g.a.shape
@@ -327,6 +413,15 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
     ab = (a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1), c.stride(2))
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
+    tma = tma_operands(a, b, cfg) if cfg.tma and split == 1 and not cfg.persistent else None
+    if tma is not None:
+        a_desc, b_desc, layout = tma
+        _go(mod.gemm_tma_kernel, (tiles, nb), warmup,
+            a_desc, b_desc, c, *g.extras, m, n, k, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            **layout, INPUT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return
     if cfg.persistent and split == 1:
         n_prog = min(_num_sms(a.device), tiles * nb)
         _go(mod.gemm_persistent_kernel, (n_prog,), warmup,

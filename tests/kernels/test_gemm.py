@@ -1,5 +1,6 @@
-"""GEMM template: odd shapes, transposed and batched operands, split-K, persistent, NaN-poisoned
-outputs, in the Triton interpreter (CPU); the sm_90 SASS check compiles a real cubin."""
+"""GEMM template: odd shapes, transposed and batched operands, split-K, persistent, TMA (and its
+fallback for operands TMA cannot describe), NaN-poisoned outputs, in the Triton interpreter
+(CPU); the sm_90 SASS check compiles a real cubin."""
 
 import os
 import subprocess
@@ -69,6 +70,78 @@ def test_split_k_batched_residual():
 def test_persistent():
     a, b = torch.randn(70, 40).half(), torch.randn(40, 50).half()
     _check(a, b, [torch.randn(50).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 16, 2, 4, 1, persistent=True), (70, 50))
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The names of the kernels ``launch`` runs."""
+    import kfuse.kernels.gemm as G
+
+    names, go = [], G._go
+
+    def spy(kernel, *args, **kwargs):
+        names.append(getattr(kernel, "fn", kernel).__name__)
+        return go(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(G, "_go", spy)
+    return names
+
+
+TMA = GemmConfig(32, 32, 32, 2, 4, 1, tma=True)
+
+
+@pytest.mark.parametrize(
+    "shape_a,shape_b,b_t,dtype",
+    [
+        ((100, 96), (96, 72), False, torch.float16),  # ragged M and N
+        ((100, 80), (80, 72), False, torch.float16),  # K tail: 80 is not a multiple of BLOCK_K
+        ((100, 80), (80, 72), True, torch.float16),  # column-major B: a B^T descriptor
+        ((3, 40, 56), (3, 56, 40), False, torch.float16),  # batched: 3-D descriptors, ragged M and K per batch
+        ((3, 40, 56), (3, 56, 40), True, torch.float32),
+        ((40, 56), (3, 56, 40), False, torch.float32),  # A broadcast over B's batch: a 2-D A descriptor
+    ],
+)  # fmt: skip
+def test_tma_matches_reference(launched, shape_a, shape_b, b_t, dtype):
+    a = torch.randn(shape_a).to(dtype)
+    b = torch.randn(*shape_b[:-2], shape_b[-1], shape_b[-2]).transpose(-1, -2).to(dtype) if b_t else torch.randn(shape_b).to(dtype)
+    out_shape = tuple(torch.broadcast_shapes(shape_a[:-2], shape_b[:-2])) + (shape_a[-2], shape_b[-1])
+    _check(a, b, [torch.randn(shape_b[-1]).to(dtype)], BIAS_GELU, dtype, TMA, out_shape)
+    assert launched == ["gemm_tma_kernel"]
+
+
+def _misaligned(m, k):
+    return torch.randn(m * k + 1).half()[1:].view(m, k)  # base 2 bytes past a 16-byte boundary
+
+
+@pytest.mark.parametrize(
+    "make_a,make_b",
+    [
+        (lambda: torch.randn(96, 100).half().t(), lambda: torch.randn(96, 72).half()),  # A column-major (stride_ak != 1)
+        (lambda: _misaligned(100, 96), lambda: torch.randn(96, 72).half()),  # A's base misaligned
+        (lambda: torch.randn(100, 52).half(), lambda: torch.randn(52, 72).half()),  # A's row stride 104 B
+        (lambda: torch.randn(100, 96).half(), lambda: torch.randn(96, 144).half()[:, ::2]),  # B strided both ways
+        (lambda: torch.randn(100, 96).half(), lambda: torch.randn(96, 36).half()),  # B's row stride 72 B
+    ],
+)  # fmt: skip
+def test_tma_ineligible_operands_fall_back(launched, make_a, make_b):
+    a, b = make_a(), make_b()
+    _check(a, b, [torch.randn(b.shape[-1]).half()], BIAS_GELU, torch.float16, TMA, (a.shape[0], b.shape[-1]))
+    assert launched == ["gemm_kernel"]
+
+
+def test_tma_not_with_split_k_or_persistent(launched):
+    a, b = torch.randn(16, 256).half(), torch.randn(256, 32).half()
+    _check(a, b, [torch.randn(32).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 32, 1, 4, 1, split_k=2, tma=True), (16, 32))
+    assert launched == ["gemm_kernel", "splitk_reduce_kernel"]
+    launched.clear()
+    _check(a, b, [torch.randn(32).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 32, 1, 4, 1, persistent=True, tma=True), (16, 32))
+    assert launched == ["gemm_persistent_kernel"]
+
+
+def test_config_describe_and_dict():
+    cfg = GemmConfig(128, 256, 64, 8, 8, 3, tma=True)
+    assert cfg.describe() == "128x256x64 g8 w8 s3 tma" and cfg.as_dict()["tma"] is True
+    assert "tma" not in GemmConfig().describe()
 
 
 def test_no_epilogue_and_k_zero():

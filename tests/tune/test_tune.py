@@ -19,7 +19,9 @@ from kfuse.tune.space import (
     ConvProblem,
     GemmProblem,
     all_configs,
+    config_from_dict,
     estimate_ms,
+    features,
     hard_reject,
     is_valid,
     problem_from_dict,
@@ -68,6 +70,37 @@ def test_other_rules():
     vs = valid_configs(BIG, DEFAULT)
     assert 0 < len(vs) < len(list(all_configs("gemm")))
     assert all(hard_reject(c, BIG, DEFAULT) is None for c in vs)
+
+
+def test_tma_only_on_hopper_and_not_with_split_k_or_persistent():
+    assert any(c.tma for c in valid_configs(BIG, DEFAULT))
+    assert not any(c.tma for c in valid_configs(BIG, TABLE["A100"]))
+    tma = GemmConfig(128, 128, 64, 8, 8, 3, tma=True)
+    assert hard_reject(tma, BIG, DEFAULT) is None
+    assert "Hopper" in hard_reject(tma, BIG, TABLE["A100"])
+    small = GemmProblem(64, 64, 4096)  # split-K itself is valid here
+    assert hard_reject(GemmConfig(64, 64, 64, 1, 4, 3, split_k=4), small, DEFAULT) is None
+    assert "split-K" in hard_reject(GemmConfig(64, 64, 64, 1, 4, 3, split_k=4, tma=True), small, DEFAULT)
+    assert "persistent" in hard_reject(GemmConfig(128, 128, 64, 8, 8, 3, persistent=True, tma=True), BIG, DEFAULT)
+    # operands TMA cannot describe: the launch would run the pointer kernel, a duplicate config
+    assert "column-major" in hard_reject(tma, GemmProblem(4096, 3072, 768, a_t=True), DEFAULT)
+    assert "16-byte" in hard_reject(tma, GemmProblem(4096, 3070, 768), DEFAULT)
+    assert hard_reject(tma, GemmProblem(4096, 3070, 768, b_t=True), DEFAULT) is None
+
+
+def test_tma_features_and_estimate():
+    plain, tma = GemmConfig(128, 128, 64, 8, 8, 3), GemmConfig(128, 128, 64, 8, 8, 3, tma=True)
+    f0, f1 = features(plain, BIG, DEFAULT), features(tma, BIG, DEFAULT)
+    assert len(f0) == len(f1) == len(features(valid_configs(CONV, DEFAULT)[0], CONV, DEFAULT))
+    assert [i for i, (x, y) in enumerate(zip(f0, f1, strict=True)) if x != y] == [len(BIG.features()) + 9, len(f0) - 1]
+    assert estimate_ms(tma, BIG, DEFAULT) < estimate_ms(plain, BIG, DEFAULT)
+
+
+def test_config_dict_without_tma_loads():
+    old = {k: v for k, v in GemmConfig(128, 128, 64, 8, 8, 3).as_dict().items() if k != "tma"}
+    assert config_from_dict("gemm", old) == GemmConfig(128, 128, 64, 8, 8, 3)
+    cfg = GemmConfig(128, 256, 64, 8, 8, 3, tma=True)
+    assert config_from_dict("gemm", json.loads(json.dumps(cfg.as_dict()))) == cfg
 
 
 def test_problem_round_trip():
