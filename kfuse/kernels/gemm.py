@@ -485,4 +485,6 @@ def lower_gemm_epilogue(node: Any, graph: Any, backend: str, options: Any = None
         return gemm_epilogue(xs[0], xs[1], xs[2:], epi, out_t.dtype, cfg)
 
     info = KernelInfo(node.name, "gemm_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
-    return Step(node.name, node.inputs, run, info)
+    from kfuse.kernels.gemm_library import maybe_library_step
+
+    return maybe_library_step(node, graph, backend, run, info, options) or Step(node.name, node.inputs, run, info)
