@@ -63,6 +63,14 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
         from kfuse.passes.merge_gemm import merge_gemms
 
         stages += [("fuse_attention", fuse_attention), ("merge_gemm", merge_gemms)]
+    # bias + residual + LayerNorm in the norm kernel (before epilogue fusion), leaving a plain GEMM
+    # that cuBLAS runs at full speed: the norm reads one more tensor, the GEMM loses its 1.6x
+    # slower fused-epilogue main loop (docs/perf-notes.md, "GEMM: library vs template")
+    norm_first = options.fuse_attention and options.gemm_library != "never"
+    if norm_first:
+        from kfuse.passes.fuse_norm import fuse_norms
+
+        stages.append(("fuse_norm", fuse_norms))
     if options.fuse_epilogue:
         if options.fuse_attention:  # attention fusion leaves reshapes in front of the output projection
             from kfuse.passes.sink_reshapes import sink_reshapes
@@ -73,7 +81,7 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
         from kfuse.passes.fuse_b2b import fuse_b2b
 
         stages.append(("fuse_b2b", fuse_b2b))
-    if options.fuse_attention:  # add + LayerNorm after the epilogues took bias and residual
+    if options.fuse_attention and not norm_first:  # add + LayerNorm after the epilogues took bias and residual
         from kfuse.passes.fuse_norm import fuse_norms
 
         stages.append(("fuse_norm", fuse_norms))
