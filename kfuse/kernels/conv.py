@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels.codegen import cdiv, generated, interpreting
-from kfuse.kernels.epilogue import Epilogue, apply_reference, render
+from kfuse.kernels.epilogue import Epilogue, Operand, apply_reference, render
 from kfuse.kernels.gemm import _go
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 
-_TEMPLATE = '''
+_TEMPLATE = """
 import triton
 import triton.language as tl
 
@@ -113,7 +113,7 @@ def conv_kernel(
 {epilogue}
     c_ptrs = c_ptr + (n_idx * stride_cn + oh * stride_ch + ow * stride_cw)[:, None] + offs_n[None, :] * stride_cc
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-'''
+"""
 
 
 def kernel_source(epi: Epilogue) -> str:
@@ -316,28 +316,93 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
         bias = xs[2] if has_bias else None
         return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last)
 
-    def run_cudnn(xs: list[torch.Tensor]) -> torch.Tensor:
-        # cuDNN conv (channels-last) + the same epilogue as PyTorch ops: the fallback when the
-        # template loses on this layer (Bolt's rule: keep the template only where it is faster)
-        bias = xs[2] if has_bias else None
-        y = F.conv2d(xs[0], xs[1], bias, params.stride, params.padding, params.dilation)
-        return apply_reference(y, xs[n_conv:], epi).to(out_t.dtype)
-
     info = KernelInfo(node.name, "conv_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
     if backend == "triton" and torch.cuda.is_available() and os.environ.get("KFUSE_CONV_VS_CUDNN", "1") == "1":
-        choice = _template_or_cudnn(node, graph, run, run_cudnn)
-        if choice == "cudnn":
-            why = "cuDNN was faster than " + cfg.describe()
+        cands = {"template": run, **cudnn_candidates(node, graph, epi, params, has_bias, out_t.dtype)}
+        from kfuse.runtime.choice import choose, problem_key
+
+        choice, times = choose(node, graph, cands, problem_key(node, graph))
+        if choice != "template":
+            why = f"{choice} {times[choice] * 1e3:.1f} us vs template {cfg.describe()} {times['template'] * 1e3:.1f} us"
             info = KernelInfo(node.name, "cudnn+epilogue", node.attrs["fused_ops"], why, epi.describe())
-            return Step(node.name, node.inputs, run_cudnn, info)
+            return Step(node.name, node.inputs, cands[choice], info)
     return Step(node.name, node.inputs, run, info)
 
 
-def _template_or_cudnn(node: Node, graph: Graph, run: Any, run_cudnn: Any) -> str:
-    """Time the template and cuDNN on inputs of the node's types (cached per problem)."""
-    from kfuse.runtime.choice import choose, problem_key
+def cudnn_fusable(epi: Epilogue) -> str | None:
+    """The cuDNN fused call that covers ``epi`` (after conv + bias): "relu" (conv+bias+ReLU) or
+    "add_relu" (ReLU(conv + bias + z), ResNet's residual block end); None otherwise."""
+    st = epi.steps
+    if len(st) == 1 and epi.n_inputs == 0 and st[0].op == "relu" and st[0].args == (Operand("reg", 0),):
+        return "relu"
+    if (
+        len(st) == 2
+        and epi.n_inputs == 1
+        and st[0].op == "add"
+        and {(a.kind, a.index) for a in st[0].args} == {("reg", 0), ("in", 0)}
+        and st[1].op == "relu"
+        and st[1].args == (Operand("reg", 1),)
+    ):
+        return "add_relu"
+    return None
 
-    return choose(node, graph, {"template": run, "cudnn": run_cudnn}, problem_key(node, graph))[0]
+
+def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams, has_bias: bool, out_dtype: torch.dtype) -> dict[str, Any]:
+    """cuDNN variants of a conv node, each measured against the template (Bolt's rule: keep the
+    template only where it is faster):
+
+    * ``cudnn``: ``F.conv2d`` then the epilogue as PyTorch ops;
+    * ``cudnn_fused``: ``cudnn_convolution_relu`` / ``cudnn_convolution_add_relu`` (bias, residual
+      and ReLU inside cuDNN's kernel) when the epilogue is one of those;
+    * ``cudnn_pad8`` (and fused): input channels zero-padded to a multiple of 8 (weights padded once),
+      because NHWC cuDNN kernels with few channels (the 3-channel RGB stem) are far from tensor-core
+      speed; the padding copy is inside the measured time."""
+    n_conv = 3 if has_bias else 2
+    fused = cudnn_fusable(epi)
+    c = graph.type_of(node.inputs[0]).shape[1]
+    pad = -c % 8
+    w_const = graph.constants.get(node.inputs[1])
+    w_pad: dict[torch.device, torch.Tensor] = {}
+
+    def padded(xs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = xs[0], xs[1]
+        if w.device not in w_pad:
+            wp = F.pad(w, (0, 0, 0, 0, 0, pad)).contiguous(memory_format=torch.channels_last)
+            if w_const is None:
+                return _pad_input(x, pad), wp
+            w_pad[w.device] = wp
+        return _pad_input(x, pad), w_pad[w.device]
+
+    def make(use_pad: bool, use_fused: str | None) -> Any:
+        def run_cudnn(xs: list[torch.Tensor]) -> torch.Tensor:
+            x, w = padded(xs) if use_pad else (xs[0], xs[1])
+            bias = xs[2] if has_bias else None
+            st, pd, dl = list(params.stride), list(params.padding), list(params.dilation)
+            if use_fused == "relu":
+                return torch.cudnn_convolution_relu(x, w, bias, st, pd, dl, 1).to(out_dtype)
+            if use_fused == "add_relu":
+                return torch.cudnn_convolution_add_relu(x, w, xs[n_conv], 1.0, bias, st, pd, dl, 1).to(out_dtype)
+            y = F.conv2d(x, w, bias, params.stride, params.padding, params.dilation)
+            return apply_reference(y, xs[n_conv:], epi).to(out_dtype)
+
+        return run_cudnn
+
+    cands = {"cudnn": make(False, None)}
+    if fused:
+        cands["cudnn_fused"] = make(False, fused)
+    if pad and c < 64:
+        cands["cudnn_pad8"] = make(True, None)
+        if fused:
+            cands["cudnn_pad8_fused"] = make(True, fused)
+    return cands
+
+
+def _pad_input(x: torch.Tensor, pad: int) -> torch.Tensor:
+    n, c, h, w = x.shape
+    xp = torch.empty((n, c + pad, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    xp[:, :c].copy_(x)
+    xp[:, c:].zero_()
+    return xp
 
 
 @lowering("conv2d")

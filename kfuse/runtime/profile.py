@@ -1,4 +1,4 @@
-"""Operator-level profile of a plan: per step time (CUDA events on a GPU), share of the total,
+"""Operator-level profile of a plan: per step GPU time (each step replayed alone from a CUDA graph), share of the total,
 achieved TFLOP/s or GB/s, and the roofline floor of that step (DESIGN.md §5), plus a PNG chart.
 
 FLOPs are counted for GEMMs, convolutions and attention (from the node's operand types);
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kfuse.bench.harness import PEAK_BYTES, PEAK_FLOPS, floor_ms
+from kfuse.bench.harness import PEAK_BYTES, PEAK_FLOPS, floor_ms, gpu_time_ms
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.runtime.executor import Plan, _prepare_memory
 
@@ -76,16 +76,16 @@ def profile_plan(plan: Plan, inputs: Sequence[torch.Tensor], warmup: int = 3, re
         env: dict[str, Any] = dict(plan.constants)
         for (name, _), x in zip(graph.inputs, inputs, strict=True):
             env[name] = x
-        events = []
         for i, (step, dead) in enumerate(zip(plan.steps, plan.release_after, strict=True)):
             xs = [env[v] for v in step.inputs]
             buf = outs.get(step.output)
             if on_gpu:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+                # each step alone, replayed from a CUDA graph: its GPU time without the Python launch
+                # (events around eager launches overstate every kernel shorter than its launch)
                 env[step.output] = step.fn(xs) if buf is None else step.fn(xs, buf)
-                end.record()
-                events.append((start, end))
+                if it == 0:
+                    call = (lambda s=step, a=xs: s.fn(a)) if buf is None else (lambda s=step, a=xs, b=buf: s.fn(a, b))
+                    times[i] = [gpu_time_ms(call, warmup=1, rep=max(3, rep))]
             else:
                 t0 = time.perf_counter()
                 env[step.output] = step.fn(xs) if buf is None else step.fn(xs, buf)
@@ -97,9 +97,7 @@ def profile_plan(plan: Plan, inputs: Sequence[torch.Tensor], warmup: int = 3, re
                 del env[v]
         if on_gpu:
             torch.cuda.synchronize()
-            if it >= warmup:
-                for i, (s, e) in enumerate(events):
-                    times[i].append(s.elapsed_time(e))
+            break  # timed in the first pass
     total = sum(statistics.median(t) for t in times) or 1e-12
     rows = []
     for i, step in enumerate(plan.steps):

@@ -62,3 +62,44 @@ def test_depthwise_conv_model_reports_fallback():
     fb = [k for k in c.report["kernels"] if k["template"] == "fallback"]
     assert "conv_epilogue" in kinds and fb and "groups=8" in fb[0]["config"]
     torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_cudnn_fusable_epilogues() -> None:
+    from kfuse.kernels.conv import cudnn_fusable
+    from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+    r0, r1, in0 = Operand("reg", 0), Operand("reg", 1), Operand("in", 0)
+    assert cudnn_fusable(Epilogue((EpilogueStep("relu", (r0,)),))) == "relu"
+    assert cudnn_fusable(Epilogue((EpilogueStep("add", (in0, r0)), EpilogueStep("relu", (r1,))), 1)) == "add_relu"
+    assert cudnn_fusable(Epilogue((EpilogueStep("add", (r0, in0)),), 1)) is None  # no ReLU after the residual
+    assert cudnn_fusable(Epilogue((EpilogueStep("gelu", (r0,)),))) is None
+    assert cudnn_fusable(Epilogue()) is None
+
+
+def test_cudnn_candidates_cover_padding_and_fusion() -> None:
+    """The candidate set (measured on a GPU) includes the fused and channel-padded cuDNN calls; the
+    padded unfused candidate equals the reference on the CPU (cuDNN's fused calls need a GPU)."""
+    import torch.nn.functional as F
+
+    from kfuse.ir.graph import GraphBuilder, TensorType
+    from kfuse.kernels.conv import ConvParams, cudnn_candidates
+    from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+    from kfuse.ir.graph import Node
+
+    gb = GraphBuilder("stem")
+    x = gb.add_input("x", TensorType((2, 3, 9, 9), torch.float32, "channels_last"))
+    w = gb.add_constant(torch.randn(8, 3, 3, 3), "w")
+    b = gb.add_constant(torch.randn(8), "b")
+    epi = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),))
+    attrs = dict(epilogue=epi, has_bias=True, stride=(1, 1), padding=(1, 1), dilation=(1, 1), fused_ops=("conv2d", "relu"))
+    y = gb.add_node(Node("y", "conv_epilogue", (x, w, b), TensorType((2, 8, 9, 9), torch.float32, "channels_last"), attrs))
+    g = gb.build([y])
+    node = g.nodes[-1]
+    params = ConvParams.of(node.attrs)
+    cands = cudnn_candidates(node, g, epi, params, True, torch.float32)
+    assert set(cands) == {"cudnn", "cudnn_fused", "cudnn_pad8", "cudnn_pad8_fused"}
+    xs = [torch.randn(2, 3, 9, 9).contiguous(memory_format=torch.channels_last), g.constants["w"], g.constants["b"]]
+    ref = F.relu(F.conv2d(xs[0], xs[1], xs[2], padding=1))
+    for name in ("cudnn", "cudnn_pad8"):
+        torch.testing.assert_close(cands[name](xs), ref, rtol=1e-4, atol=1e-4)
