@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.5, help="GPU-clock length of each policy run")
     ap.add_argument("--lc", default="resnet50,bert-base")
     ap.add_argument("--be", default="sgemm,lbm,stencil7")
+    ap.add_argument("--versions", default="1:1,1:2,2:1", help="fused LC:BE block ratios to profile")
+    ap.add_argument("--max-keys", type=int, default=8, help="fuse only the LC GEMM/conv shapes with the most time")
     a = ap.parse_args()
     if a.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -89,11 +91,12 @@ def main() -> None:
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
             backend = CudaBackend(items, bes)
-            versions = (FusedVersion(1, 1), FusedVersion(1, 2), FusedVersion(2, 1)) if gpu else (FusedVersion(1, 1), FusedVersion(1, 2))
+            versions = tuple(FusedVersion(*map(int, v.split(":"))) for v in a.versions.split(","))
+            versions = versions if gpu else versions[:2]
             res = experiment.run_experiment(
                 backend, list(bes), load=0.8, qos_factor=5.0, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
                 min_queries=100 if gpu else 8, max_queries=600 if gpu else 8,
-                fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0),
+                fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys,
             )  # fmt: skip
             recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
             for r in recs:

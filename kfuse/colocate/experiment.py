@@ -52,12 +52,12 @@ def run_experiment(
     backend: Backend, be_names: Sequence[str], qos_ms: float | None = None, qos_factor: float = 5.0, load: float = 0.8,
     seconds: float = 2.0, min_queries: int = 100, max_queries: int = 2000, versions: Sequence[Any] = DEFAULT_VERSIONS,
     policies: Sequence[str] = POLICIES, seed: int = 0, reps: int = 2, min_fuse_ms: float = 0.0,
-    log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None,
+    log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None, max_fuse_keys: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Profile, then serve the same Poisson arrivals under every policy for every BE kernel."""
     log(f"profiling {len(backend.lc_kernels())} LC kernels with BE {', '.join(be_names)} ...")
     kw = {"fit_ratios": fit_ratios} if fit_ratios else {}
-    prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, **kw)
+    prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, max_fuse_keys=max_fuse_keys, **kw)
     solo = prof.lc_total
     qos = qos_ms if qos_ms else qos_factor * solo
     max_rate = max_lc_rate(prof, qos)

@@ -93,10 +93,14 @@ HELDOUT_RATIOS = (0.75, 2.5)
 def build_profile(
     backend: Backend, be_names: Sequence[str], versions: Sequence[Any], reps: int = 3, min_fuse_ms: float = 0.0,
     fit_ratios: Sequence[float] = FIT_RATIOS, heldout_ratios: Sequence[float] = HELDOUT_RATIOS, log: Any = None,
+    max_fuse_keys: int | None = None,
 ) -> Profile:  # fmt: skip
-    """Measure solo LC times, fit BE linear models and fused two-stage models, then report held-out errors."""
+    """Measure solo LC times, fit BE linear models and fused two-stage models, then report held-out errors.
+    ``max_fuse_keys``: profile fused versions only for the LC kernel shapes with the most total time
+    (each profiled shape x BE x version is one more kernel to compile); the others run unfused."""
 
     def med(f: Any) -> float:
+        f()  # untimed first call: JIT compilation of a new kernel must not count as its duration
         return float(np.median([f() for _ in range(reps)]))
 
     lc = backend.lc_kernels()
@@ -112,9 +116,14 @@ def build_profile(
             lin_err += relative_errors([be_models[b].predict(n)], [med(lambda n=n: backend.run_be(b, 0, n))])
     # one representative (the first) LC kernel per fusible key
     reps_of: dict[str, int] = {}
+    total_of: dict[str, float] = {}
     for i, k in enumerate(lc):
-        if k.fusible and lc_ms[i] >= min_fuse_ms and k.key not in reps_of:
-            reps_of[k.key] = i
+        if k.fusible and lc_ms[i] >= min_fuse_ms:
+            reps_of.setdefault(k.key, i)
+            total_of[k.key] = total_of.get(k.key, 0.0) + lc_ms[i]
+    if max_fuse_keys is not None:
+        keep = sorted(total_of, key=lambda key: -total_of[key])[:max_fuse_keys]
+        reps_of = {key: i for key, i in reps_of.items() if key in keep}
     fused: dict[tuple[str, str], dict[Any, OnlineTwoStage]] = {}
     fused_err: list[float] = []
     for key, i in reps_of.items():

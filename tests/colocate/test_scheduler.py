@@ -28,6 +28,26 @@ def test_profile_selects_the_version_with_the_largest_reduction() -> None:
     assert prof.heldout["fused_two_stage"]["mean"] < 0.01
 
 
+def test_max_fuse_keys_keeps_the_shapes_with_the_most_time() -> None:
+    sim = SimGPU(LC, FUS, {"be": (0.01, 0.002, 2000)}, keys=KEYS)
+    prof = S.build_profile(sim, ["be"], [(1, 1)], reps=1, max_fuse_keys=2)
+    assert {k for k, _ in prof.fused} == {"k1", "k3"}  # 4 x 1.0 ms and 4 x 0.8 ms beat 4 x 0.5 ms
+
+
+def test_first_call_is_not_timed() -> None:
+    """A JIT compile on the first launch of a kernel must not count as its duration."""
+    calls = {"n": 0}
+
+    class FirstSlow(SimGPU):
+        def run_lc(self, i: int) -> float:
+            calls["n"] += 1
+            return 500.0 if calls["n"] == 1 else super().run_lc(i)
+
+    sim = FirstSlow(LC, FUS, {"be": (0.01, 0.002, 2000)}, keys=KEYS)
+    prof = S.build_profile(sim, ["be"], [(1, 1)], reps=1)
+    assert prof.lc_ms[0] == pytest.approx(LC[0])
+
+
 def test_lc_alone_queueing_is_fifo_and_exact() -> None:
     sim, prof = _setup()
     total = sum(LC)
