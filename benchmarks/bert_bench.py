@@ -35,6 +35,8 @@ SKIPPED = {"max_autotune": "not run for whole models: 138 s of compiling per mod
 
 # tuning is part of a real compile ("fast": seconds per model, see tuning.json); KFUSE_BENCH_TUNE=none to skip
 TUNE = os.environ.get("KFUSE_BENCH_TUNE", "fast")
+PROFILE = False
+
 
 def _left() -> float:
     return BUDGET_S - (time.perf_counter() - T0)
@@ -130,8 +132,23 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
     mask = kwargs.get("attention_mask")
     tokens = int(mask.sum()) if mask is not None else b * s
     lens = mask.sum(1).double() if mask is not None else torch.full((b,), float(s), dtype=torch.float64)
-    extra: dict = {"skipped_baselines": skipped, "kfuse_compile_s": round(compile_s, 2), "baseline_compile_s": comp_s, "tune": TUNE,
-                   "kernels_by_template": _count_templates(rep_)}
+    extra: dict = {
+        "skipped_baselines": skipped,
+        "kfuse_compile_s": round(compile_s, 2),
+        "baseline_compile_s": comp_s,
+        "tune": TUNE,
+        "kernels_by_template": _count_templates(rep_),
+    }
+    if PROFILE and not smoke:
+        from kfuse.runtime.profile import profile_plan, profile_summary
+
+        v = list(compiled.variants.values())[-1]
+        flat = torch.utils._pytree.tree_leaves((tuple(args), dict(kwargs)))
+        rows = profile_plan(v.plan, [flat[i] for i in v.imported.flat_input_index], warmup=1, rep=5)
+        extra["profile_summary"] = profile_summary(rows)
+        top = sorted(rows, key=lambda r: -r["time_ms"])[:10]
+        extra["profile_top"] = [{k: r[k] for k in ("kernel", "template", "ops", "time_ms", "share")} for r in top]
+        print(f"  profile by template (ms): {extra['profile_summary'].get('by_template_ms')}", flush=True)
     kf = _leaves(kf_out)
     if mask is not None:
         v = mask.bool()
@@ -164,8 +181,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--cases", default="", help="comma list of cases to run (e.g. B32_S128_avg0.6); default all")
+    ap.add_argument("--profile", action="store_true", help="per-kernel GPU profile of each case (top kernels in the record)")
     a = ap.parse_args()
-    cmd = "PYTHONPATH=. python benchmarks/bert_bench.py --out $OUT" + (" --smoke" if a.smoke else "")
+    global PROFILE
+    PROFILE = a.profile
+    cmd = "PYTHONPATH=. python benchmarks/bert_bench.py " + " ".join(sys.argv[1:])
     if a.smoke:
         dense, var, name = [(1, 16), (2, 16)], [(2, 16)], "bert-tiny"
     else:
@@ -175,6 +196,8 @@ def main() -> None:
     for b, s, varlen in plan:
         bench = "bert_varlen" if varlen else "bert_base"
         case = f"B{b}_S{s}" + ("_avg0.6" if varlen else "")
+        if a.cases and case not in a.cases.split(","):
+            continue
         if not a.smoke and _left() < 15:
             results[bench].append({"benchmark": bench, "case": case, "error": "skipped: 180 s GPU budget spent", "command": cmd})
             continue
@@ -187,7 +210,8 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     for bench, recs in results.items():
-        print(f"wrote {write_results(bench, recs, a.out)}")
+        if recs:  # a --cases run leaves the other file alone
+            print(f"wrote {write_results(bench, recs, a.out)}")
     print(f"total {time.perf_counter() - T0:.0f} s")
     heads = ("kfuse", "eager", "eagerCG", "compile", "varlenT", "speedup", "rel_err")
     print(f"{'benchmark':12s} {'case':16s} " + " ".join(f"{x:>8s}" for x in heads))

@@ -96,7 +96,7 @@ def main() -> None:
             res = experiment.run_experiment(
                 backend, list(bes), load=0.8, qos_factor=5.0, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
                 min_queries=100 if gpu else 8, max_queries=600 if gpu else 8,
-                fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys,
+                fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
             )  # fmt: skip
             recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
             for r in recs:

@@ -20,6 +20,7 @@ from kfuse.colocate.scheduler import (
     build_profile,
     extra_budget,
     max_lc_rate,
+    measured_max_lc_rate,
     poisson_arrivals,
     run_policy,
 )
@@ -53,6 +54,7 @@ def run_experiment(
     seconds: float = 2.0, min_queries: int = 100, max_queries: int = 2000, versions: Sequence[Any] = DEFAULT_VERSIONS,
     policies: Sequence[str] = POLICIES, seed: int = 0, reps: int = 2, min_fuse_ms: float = 0.0,
     log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None, max_fuse_keys: int | None = None,
+    calibrate: bool = False, warmup_queries: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """Profile, then serve the same Poisson arrivals under every policy for every BE kernel."""
     log(f"profiling {len(backend.lc_kernels())} LC kernels with BE {', '.join(be_names)} ...")
@@ -61,6 +63,10 @@ def run_experiment(
     solo = prof.lc_total
     qos = qos_ms if qos_ms else qos_factor * solo
     max_rate = max_lc_rate(prof, qos)
+    if calibrate:  # the replay estimate assumes median kernel times; real launches vary
+        replay_rate = max_rate
+        max_rate = measured_max_lc_rate(backend, prof, qos, replay_rate)
+        log(f"max LC-alone rate: replay estimate {replay_rate:.1f}/s, measured {max_rate:.1f}/s")
     rate = load * max_rate
     n = int(min(max_queries, max(min_queries, seconds * rate)))
     arrivals = poisson_arrivals(rate, n, seed)
@@ -85,6 +91,8 @@ def run_experiment(
         for pol in policies:
             if pol == "lc_alone":
                 continue
+            if warmup_queries:  # untimed: kernels a policy launches first (JIT compiles) must not stall its clock
+                run_policy(backend, prof, pol, arrivals[:warmup_queries], [be], qos, extra_per_query_ms=extra)
             r = run_policy(backend, prof, pol, arrivals, [be], qos, extra_per_query_ms=extra)
             out["runs"][(be, pol)] = r
             log(f"  {be:10s} {pol:9s} p99 {r.p99:8.3f} ms  violations {r.violations:3d}  BE {r.be_throughput:9.2f}/s  "

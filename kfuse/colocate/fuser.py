@@ -47,7 +47,7 @@ class FusedVersion:
 
 DEFAULT_VERSIONS = (FusedVersion(1, 1), FusedVersion(1, 2), FusedVersion(2, 1), FusedVersion(1, 3))
 
-_FUSED = '''
+_FUSED = """
 import triton
 import triton.language as tl
 from {lc_module} import {lc_fn} as lc_block
@@ -69,7 +69,7 @@ def fused_kernel({params}):
         r2 = period - r1
         for bid in range(b_start + g * r2 + (r - r1), b_end, ngroups * r2):
             be_block(bid, {be_call})
-'''
+"""
 
 
 def fused_source(lc: BlockKernel, be: BlockKernel) -> str:

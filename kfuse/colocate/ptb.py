@@ -62,7 +62,7 @@ def _params(prefix: str, k: BlockKernel) -> tuple[list[str], list[str]]:
     return args, consts
 
 
-_ORIG = '''
+_ORIG = """
 import triton
 import triton.language as tl
 from {module} import {fn} as block_fn
@@ -80,7 +80,7 @@ def ptb_kernel({params_ptb}):
     nprog = tl.num_programs(0)
     for bid in range(start + pid, end, nprog):
         block_fn(bid, {call})
-'''
+"""
 
 
 def _module_for(k: BlockKernel) -> Any:

@@ -373,3 +373,19 @@ class _ReplayBackend(Backend):
 
     def run_lc(self, i: int) -> float:
         return self.prof.lc_ms[i]
+
+
+def measured_max_lc_rate(backend: Backend, prof: Profile, qos_ms: float, start: float, n_queries: int = 80, iters: int = 6) -> float:
+    """The highest rate at which LC alone keeps p99 within QoS *on the backend* (real launches vary
+    more than the profile's medians): bisection below ``start`` (the replay estimate)."""
+
+    def ok(rate: float) -> bool:
+        return run_policy(backend, prof, "lc_alone", poisson_arrivals(rate, n_queries, 7), [], qos_ms, margin=0.0).p99 <= qos_ms
+
+    if ok(start):
+        return start
+    lo, hi = 0.0, start
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo

@@ -113,10 +113,7 @@ def _attention_library_choice(node: Node, graph: Graph, backend: str, options: A
     attention: the lowering keeps whichever is faster on the GPU (the padded-mask and varlen cases
     stay with kfuse's kernel when it wins, see BENCHMARKS.md ``attention``). ``gemm_library`` in
     the options ("never" / "always" / "auto") governs library candidates in general."""
-    import os
-
-    mode = getattr(options, "gemm_library", "auto") if options is not None else "auto"
-    mode = os.environ.get("KFUSE_GEMM_LIBRARY", mode)
+    mode = _library_mode(options)
     if backend == "torch" or mode == "never":
         return None
 
@@ -159,7 +156,7 @@ ops.register("varlen_attention", ops.FUSED, infer=_out_type)(_varlen_ref)
 
 
 @lowering("varlen_attention")
-def _lower_varlen(node: Node, graph: Graph, backend: str) -> Step | None:
+def _lower_varlen(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
     if backend == "torch":
         return None
     from kfuse.kernels import attention as K
@@ -176,8 +173,36 @@ def _lower_varlen(node: Node, graph: Graph, backend: str) -> Step | None:
         return out
 
     desc = f"packed h{h} d{d} max_seqlen={a['max_seqlen']}" + (" causal" if a.get("causal") else "")
-    info = KernelInfo(node.name, "varlen_attention", tuple(a.get("fused_ops", ("sdpa",))), desc)
-    return Step(node.name, node.inputs, run, info)
+    ops_ = tuple(a.get("fused_ops", ("sdpa",)))
+    if backend == "triton" and torch.cuda.is_available() and _library_mode(options) == "auto":
+        from kfuse.runtime.choice import choose, problem_key
+
+        def run_fa2(xs: list[torch.Tensor]) -> torch.Tensor:
+            # PyTorch's FlashAttention-2 variable-length kernel (the one nested tensors use)
+            q, k, v, cu = xs
+            t = q.shape[0]
+            q3, k3, v3 = (x.view(t, h, d) if x.stride(-1) == 1 else x.reshape(t, h, d) for x in (q, k, v))
+            m = a["max_seqlen"]
+            o = torch.ops.aten._flash_attention_forward(q3, k3, v3, cu, cu, m, m, 0.0, bool(a["causal"]), False, scale=a["scale"])[0]
+            return o.reshape(t, h * d)
+
+        from kfuse.runtime.choice import example_inputs
+
+        xs = example_inputs(node, graph)  # cu_seqlens: the tokens split evenly (ones would be no prefix sum)
+        n_seq = xs[3].shape[0] - 1
+        xs[3] = torch.linspace(0, xs[0].shape[0], n_seq + 1, device="cuda").round().to(torch.int32)
+        choice, times = choose(node, graph, {"kernel": run, "fa2_varlen": run_fa2}, problem_key(node, graph), xs)
+        if choice == "fa2_varlen":
+            why = f"; FlashAttention-2 varlen {times['fa2_varlen'] * 1e3:.1f} us vs kfuse kernel {times['kernel'] * 1e3:.1f} us"
+            return Step(node.name, node.inputs, run_fa2, KernelInfo(node.name, "library_varlen_attention", ops_, desc + why))
+    return Step(node.name, node.inputs, run, KernelInfo(node.name, "varlen_attention", ops_, desc))
+
+
+def _library_mode(options: Any) -> str:
+    import os
+
+    mode = getattr(options, "gemm_library", "auto") if options is not None else "auto"
+    return os.environ.get("KFUSE_GEMM_LIBRARY", mode)
 
 
 # ---------------------------------------------------------------------------------------

@@ -124,3 +124,17 @@ def test_unknown_policy() -> None:
     sim, prof = _setup()
     with pytest.raises(ValueError, match="unknown policy"):
         S.run_policy(sim, prof, "greedy", [0.0], ["be"], 10.0)
+
+
+def test_measured_max_rate_is_below_the_replay_estimate_when_launches_vary() -> None:
+    """Real launches vary around the profile's medians: the measured rate must keep LC-alone's p99
+    within QoS on the backend itself, so it is lower than the replay estimate under noise."""
+    sim, prof = _setup()
+    qos = 5 * prof.lc_total
+    est = S.max_lc_rate(prof, qos)
+    assert S.measured_max_lc_rate(sim, prof, qos, est) == pytest.approx(est)  # no noise: the estimate holds
+    noisy = SimGPU([x * 10 if i % 7 == 0 else x for i, x in enumerate(LC)], FUS, {"be": (0.01, 0.002, 2000)}, keys=KEYS)
+    measured = S.measured_max_lc_rate(noisy, prof, qos, est)
+    assert measured < est
+    arrivals = S.poisson_arrivals(measured, 80, 7)
+    assert S.run_policy(noisy, prof, "lc_alone", arrivals, [], qos, margin=0.0).p99 <= qos
