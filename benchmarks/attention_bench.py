@@ -129,6 +129,8 @@ def main() -> None:
                 fa2_varlen_err=errs.get("fa2_varlen"),
             )  # fmt: skip
             records += [rec_dense, rec_var]
+            write_results("attention", records, args.out)  # after every case: a time-out keeps what was measured
+            print(f"  kfuse dense {dense_ms:.4f} ms vs flash {base['sdpa_flash']:.4f}; varlen {varlen_ms:.4f} vs {var_base}", flush=True)
             row = (dense_ms, base.get("sdpa_flash"), varlen_ms, padded_ms, base.get("sdpa_padded_mask"), base.get("varlen_attn"))
             rows.append((case, *row))
         except Exception as e:  # one case failing must not kill the others
