@@ -20,6 +20,11 @@ BEGIN, END = "<!-- generated:begin -->", "<!-- generated:end -->"
 # the columns worth a table for records outside the kfuse-vs-baselines schema
 PREFERRED = [
     "case",
+    "kind",
+    "class",
+    "compute_util",
+    "memory_util",
+    "heldout",
     "policy",
     "rows",
     "nnz",
@@ -75,7 +80,7 @@ def table_for(name: str, records: list[dict]) -> str:
     first = records[0]
     lines.append(f"GPU {first.get('gpu')}, {first.get('date')}, torch {first.get('torch_version', '?')}. Command: `{first.get('command')}`")
     lines.append("")
-    if "kfuse_ms" in first and isinstance(first.get("baselines_ms"), dict):
+    if "kfuse_ms" in first and isinstance(first.get("baselines_ms"), dict) and "policy" not in first:
         bases = sorted({b for r in records for b in (r.get("baselines_ms") or {})})
         head = ["case", "kfuse ms"] + [f"{b} ms" for b in bases] + ["speedup vs best", "floor ms", "max_rel_err"]
         lines.append("| " + " | ".join(head) + " |")

@@ -81,11 +81,9 @@ def test_cudnn_candidates_cover_padding_and_fusion() -> None:
     padded unfused candidate equals the reference on the CPU (cuDNN's fused calls need a GPU)."""
     import torch.nn.functional as F
 
-    from kfuse.ir.graph import GraphBuilder, TensorType
+    from kfuse.ir.graph import GraphBuilder, Node, TensorType
     from kfuse.kernels.conv import ConvParams, cudnn_candidates
     from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
-
-    from kfuse.ir.graph import Node
 
     gb = GraphBuilder("stem")
     x = gb.add_input("x", TensorType((2, 3, 9, 9), torch.float32, "channels_last"))
