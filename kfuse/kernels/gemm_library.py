@@ -113,8 +113,11 @@ def gemm_library(
             rest, act = epi, None
     if nb == 1:
         a2, b2 = g.a[0], g.b[0]
-        if bias is not None and act is not None:
+        if bias is not None and act is not None and a2.is_cuda:  # cuBLASLt's epilogue: GELU in the tanh form
             y = torch._addmm_activation(bias, a2, b2, use_gelu=act == "gelu")
+        elif bias is not None and act is not None:  # elsewhere the same maths, unfused
+            y = torch.addmm(bias, a2, b2)
+            y = torch.nn.functional.gelu(y, approximate="tanh") if act == "gelu" else torch.relu(y)
         elif bias is not None:
             y = torch.addmm(bias, a2, b2)
         else:

@@ -3,6 +3,7 @@ algebraic simplification. Each is a pure function Graph -> Graph."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -143,7 +144,61 @@ def _producer(b: GraphBuilder, name: str) -> Node | None:
     return None
 
 
-RULES: list[Rewrite] = [_identity_rewrite, _strength_rewrite, _shape_rewrite]
+def _split_const(b: GraphBuilder, node: Node | None, op: str) -> tuple[str, float] | None:
+    """``node`` = op(v, c) or op(c, v) with a scalar constant c: (v, c)."""
+    if node is None or node.op != op or len(node.inputs) != 2:
+        return None
+    for v, c in (node.inputs, node.inputs[::-1]):
+        k = _const_scalar(b, c)
+        if isinstance(k, float | int) and not isinstance(k, bool):
+            return v, float(k)
+    return None
+
+
+def _is_cube_of(b: GraphBuilder, name: str, x: str) -> bool:
+    p = _producer(b, name)
+    if p is None:
+        return False
+    if p.op == "pow":
+        return p.inputs[0] == x and _const_scalar(b, p.inputs[1]) == 3
+    if p.op == "mul":  # x * x * x in either association
+        a, c = p.inputs
+        sq = lambda n: (q := _producer(b, n)) is not None and q.op == "mul" and q.inputs == (x, x)  # noqa: E731
+        return (a == x and sq(c)) or (c == x and sq(a))
+    return False
+
+
+def _gelu_tanh_rewrite(node: Node, b: GraphBuilder) -> str | None:
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))) (GPT-2's ``gelu_new``, written out
+    op by op) becomes one ``gelu_tanh``: an epilogue step cuBLASLt and the templates fuse."""
+    if node.op != "mul" or len(node.inputs) != 2 or not node.ttype.dtype.is_floating_point:
+        return None
+    for half_x, one_plus in (node.inputs, node.inputs[::-1]):
+        hx = _split_const(b, _producer(b, half_x), "mul")
+        g = _split_const(b, _producer(b, one_plus), "add")
+        if hx is None or g is None or abs(hx[1] - 0.5) > 1e-6 or abs(g[1] - 1.0) > 1e-6:
+            continue
+        x = hx[0]
+        t = _producer(b, g[0])
+        if t is None or t.op != "tanh":
+            continue
+        e = _split_const(b, _producer(b, t.inputs[0]), "mul")
+        if e is None or abs(e[1] - math.sqrt(2 / math.pi)) > 1e-4:
+            continue
+        d = _producer(b, e[0])
+        if d is None or d.op != "add" or x not in d.inputs:
+            continue
+        other = d.inputs[1] if d.inputs[0] == x else d.inputs[0]
+        c = _split_const(b, _producer(b, other), "mul")
+        if c is None or abs(c[1] - 0.044715) > 1e-6 or not _is_cube_of(b, c[0], x):
+            continue
+        if not _same_type(b, node, x):
+            continue
+        return b.op("gelu_tanh", [x])
+    return None
+
+
+RULES: list[Rewrite] = [_identity_rewrite, _strength_rewrite, _shape_rewrite, _gelu_tanh_rewrite]
 
 
 def algebraic_simplify(graph: Graph, rules: list[Rewrite] | None = None) -> Graph:

@@ -9,7 +9,10 @@ rewrites, applied to a fixpoint:
   the reshape, when the reshape keeps the last dim and every other operand ``c`` broadcasts
   along the last dim only (a scalar or a bias vector);
 * ``reshape(matmul(reshape(X), W))`` -> ``matmul(X, W)`` when ``W`` is 2-D and the outer reshape
-  restores ``X``'s leading dims (the GEMM template folds leading dims into M itself).
+  restores ``X``'s leading dims (the GEMM template folds leading dims into M itself), and
+  ``reshape(matmul(X, W))`` -> ``matmul(reshape(X), W)`` otherwise (the reshape moves to the input).
+
+Reshapes only ever move towards the producers, so the fixpoint is reached.
 
 The rewritten node keeps the reshape's name, so the rest of the graph is unchanged.
 """
@@ -60,12 +63,16 @@ def _rewrite_once(graph: Graph) -> Graph | None:
             return _replace(graph, r, src, main[0])
         if src.op == "matmul":
             a, w = (producer.get(src.inputs[0]), _tt(types, src.inputs[1]))
-            if a is None or a.op != "reshape" or w is None or w.rank != 2:
+            if w is None or w.rank != 2:
                 continue
-            x_t = _tt(types, a.inputs[0])
-            if x_t is None or x_t.rank < 2 or x_t.shape[:-1] != out_t.shape[:-1] or x_t.shape[-1] != w.shape[0]:
+            if a is not None and a.op == "reshape":
+                x_t = _tt(types, a.inputs[0])
+                if x_t is not None and x_t.rank >= 2 and x_t.shape[:-1] == out_t.shape[:-1] and x_t.shape[-1] == w.shape[0]:
+                    return _replace_matmul(graph, r, src, a.inputs[0])
                 continue
-            return _replace_matmul(graph, r, src, a.inputs[0])
+            # reshape(matmul(X, W)) -> matmul(reshape(X), W): the reshape moves to the GEMM's input,
+            # so it never sits between the GEMM and its epilogue (reshapes only ever move upwards)
+            return _reshape_into_matmul(graph, r, src, w.shape[0])
     return None
 
 
@@ -93,6 +100,19 @@ def _replace_matmul(graph: Graph, r: Node, mm: Node, x: str) -> Graph:
         if node.name == mm.name:
             continue
         if node.name == r.name:
+            b.op("matmul", [x, mm.inputs[1]], {}, name=r.name)
+            continue
+        b.add_node(node)
+    return dce(b.build(graph.outputs))
+
+
+def _reshape_into_matmul(graph: Graph, r: Node, mm: Node, k: int) -> Graph:
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        if node.name == mm.name:
+            continue
+        if node.name == r.name:
+            x = b.op("reshape", [mm.inputs[0]], {"shape": tuple(r.ttype.shape[:-1]) + (k,)})
             b.op("matmul", [x, mm.inputs[1]], {}, name=r.name)
             continue
         b.add_node(node)

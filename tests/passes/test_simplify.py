@@ -157,3 +157,29 @@ def test_fresh_names_never_collide_with_nodes_copied_later() -> None:
     out = algebraic_simplify(g)
     out.verify()
     same_numerics(g, out, [torch.randn(4, 6)])
+
+
+def _gelu_new_graph(coef: float = 0.044715, cube: str = "pow"):
+    import math
+
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((3, 16), torch.float32))
+    half = b.op("mul", [b.scalar(0.5), x])
+    x3 = b.op("pow", [x, b.scalar(3.0)]) if cube == "pow" else b.op("mul", [b.op("mul", [x, x]), x])
+    inner = b.op("add", [x, b.op("mul", [x3, b.scalar(coef)])])
+    t = b.op("tanh", [b.op("mul", [inner, b.scalar(math.sqrt(2 / math.pi))])])
+    return b.build([b.op("mul", [half, b.op("add", [t, b.scalar(1.0)])])])
+
+
+def test_gelu_new_becomes_gelu_tanh() -> None:
+    for cube in ("pow", "mul"):
+        g = _gelu_new_graph(cube=cube)
+        s = algebraic_simplify(g)
+        assert s.op_counts() == {"gelu_tanh": 1}, s.op_counts()
+        x = torch.randn(3, 16) * 3
+        torch.testing.assert_close(reference_run(s, [x])[0], reference_run(g, [x])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_near_miss_is_not_gelu_tanh() -> None:
+    s = algebraic_simplify(_gelu_new_graph(coef=0.05))
+    assert "gelu_tanh" not in s.op_counts()

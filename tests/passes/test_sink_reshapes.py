@@ -80,7 +80,26 @@ def test_gpt2_chains_fuse_into_gemm_epilogues() -> None:
     compiled = kfuse.compile(model, args, kwargs)
     counts = compiled.report["op_counts"]
     assert counts.get("reshape", 0) == 0 and counts.get("pointwise", 0) <= 1, counts
-    # fc + bias + gelu_new (pow/tanh chain) in one GEMM epilogue, per layer
-    fc = [k for k in compiled.report["kernels"] if k["template"] == "gemm_epilogue" and "tanh" in k["ops"]]
+    # fc + bias + gelu_new (recognised as gelu_tanh) in one GEMM epilogue, per layer
+    fc = [k for k in compiled.report["kernels"] if k["template"] == "gemm_epilogue" and "gelu_tanh" in k["ops"]]
     assert len(fc) == 2
     assert compiled.report["max_rel_err"] < 1e-4
+
+
+def test_flatten_below_a_plain_matmul_moves_to_its_input() -> None:
+    """A flatten that reached a 3-D GEMM's output (GPT-2's c_proj input view, moved up through the
+    GELU) moves on into the GEMM's input, so it never splits the GEMM from its epilogue."""
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((B, S, K), torch.float32))
+    m = b.op("matmul", [x, b.add_constant(torch.randn(K, N))])
+    flat = b.op("reshape", [m], {"shape": (B * S, N)})
+    y = b.op("gelu_tanh", [b.op("add", [flat, b.add_constant(torch.randn(N))])])
+    g = b.build([y])
+    sunk = sink_reshapes(g)
+    order = [n.op for n in sunk.nodes]
+    assert order.index("reshape") < order.index("matmul"), order
+    fused = fuse_epilogues(sunk)
+    gemm = next(n for n in fused.nodes if n.op == "gemm_epilogue")
+    assert list(gemm.attrs["fused_ops"]) == ["matmul", "add", "gelu_tanh"]
+    xs = [torch.randn(B, S, K)]
+    torch.testing.assert_close(reference_run(fused, xs)[0], reference_run(g, xs)[0])
