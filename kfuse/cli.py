@@ -79,6 +79,9 @@ def compile_cmd(
     profile: Annotated[bool, typer.Option(help="time each kernel of the plan (GPU) and write a PNG bar chart")] = False,
     sass: Annotated[bool, typer.Option(help="SASS tuning of the hottest kernels (not wired yet: reported as not applied)")] = False,
     cuda_graphs: Annotated[bool, typer.Option(help="launch the whole plan as one CUDA graph (GPU)")] = True,
+    library: Annotated[
+        str, typer.Option(help="auto (time kfuse kernels vs cuBLAS/cuDNN/SDPA per node on the GPU, keep the faster) | never | always")
+    ] = "auto",
 ) -> None:
     """Compile MODEL, check it against PyTorch on random inputs and print the kernel plan."""
     import kfuse
@@ -88,7 +91,9 @@ def compile_cmd(
         raise typer.BadParameter(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}", param_hint="--dtype")
     dev = _device(device)
     m, args, kwargs = _load(model, batch, seq, dtype, dev, varlen, avg_len_ratio)
-    overrides: dict[str, Any] = {"tune": tune, "profile": profile, "sass": sass, "cuda_graphs": cuda_graphs}
+    if library not in ("auto", "never", "always"):
+        raise typer.BadParameter(f"unknown choice {library!r}; choose auto, never or always", param_hint="--library")
+    overrides: dict[str, Any] = {"tune": tune, "profile": profile, "sass": sass, "cuda_graphs": cuda_graphs, "gemm_library": library}
     if varlen:
         overrides["varlen"] = True
     with console.status(f"compiling {model} ..."):

@@ -24,6 +24,18 @@ def test_compile_writes_report(tmp_path) -> None:
     assert rep["command"].startswith("kfuse compile mlp-tiny")
 
 
+def test_compile_library_choice(tmp_path) -> None:
+    path = tmp_path / "rep.json"
+    r = runner.invoke(app, ["compile", "bert-tiny", "--batch", "2", "--seq", "8", "--library", "always", "--report", str(path)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(path.read_text())
+    templates = {k["template"] for k in rep["kernels"]}
+    assert {"library_gemm", "library_attention"} <= templates and "gemm_epilogue" not in templates, templates
+    assert rep["max_rel_err"] < 1e-4
+    r = runner.invoke(app, ["compile", "mlp-tiny", "--library", "sometimes"])
+    assert r.exit_code != 0 and "sometimes" in r.output
+
+
 def test_compile_unknown_model_is_a_clear_error() -> None:
     r = runner.invoke(app, ["compile", "no-such-model"])
     assert r.exit_code != 0 and "no-such-model" in r.output
