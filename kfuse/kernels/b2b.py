@@ -188,8 +188,7 @@ def kernel_source(chain: Chain) -> str:
         "        cc = cb * BLOCK_K + offs_k",
         "        a = tl.load(x_base[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,"
         " mask=ok[:, None] & (cc < C)[None, :], other=0.0)",
-        "        b = tl.load(w0_ptr + (tap * C + cc)[:, None] * N0 + offs_n[None, :],"
-        " mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)",
+        "        b = tl.load(w0_ptr + (tap * C + cc)[:, None] * N0 + offs_n[None, :], mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)",
         "        acc = tl.dot(a, b, acc, input_precision=PREC)",
         _stage_tail(chain, 0, "offs_n", "mask_n", 4),
     ]

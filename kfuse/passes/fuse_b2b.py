@@ -217,4 +217,3 @@ def b2b_report(plan: Any) -> dict[str, Any]:
         elif isinstance(n.attrs.get("b2b"), str):
             not_fused.append({"node": n.name, "reason": n.attrs["b2b"].removeprefix("not fused: ")})
     return {"fused": fused, "not_fused": not_fused}
-

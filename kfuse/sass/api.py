@@ -43,8 +43,14 @@ class SassResult:
         base = self.triton_ms or (min(ok) if ok else 1.0)
         rel = sorted(m / base for m in ok)
         q = (lambda p: rel[min(len(rel) - 1, int(p * len(rel)))]) if rel else (lambda p: None)
-        return {"tried": len(self.trials), "failed": sum(t.ms is None for t in self.trials),
-                "rel_time_min": q(0.0), "rel_time_p10": q(0.1), "rel_time_median": q(0.5), "rel_time_max": q(0.999)}
+        return {
+            "tried": len(self.trials),
+            "failed": sum(t.ms is None for t in self.trials),
+            "rel_time_min": q(0.0),
+            "rel_time_p10": q(0.1),
+            "rel_time_median": q(0.5),
+            "rel_time_max": q(0.999),
+        }
 
 
 def _grid3(grid: Grid, named: dict[str, Any]) -> tuple[int, int, int]:
@@ -53,8 +59,15 @@ def _grid3(grid: Grid, named: dict[str, Any]) -> tuple[int, int, int]:
     return g[0], g[1], g[2]
 
 
-def launch_spec(ck: Any, args: Sequence[Any], grid: Grid, verify_args: Sequence[Any] | None = None,
-                verify_grid: Grid | None = None, samples_per_launch: int = 1, seed: int = 1234) -> LaunchSpec:
+def launch_spec(
+    ck: Any,
+    args: Sequence[Any],
+    grid: Grid,
+    verify_args: Sequence[Any] | None = None,
+    verify_grid: Grid | None = None,
+    samples_per_launch: int = 1,
+    seed: int = 1234,
+) -> LaunchSpec:
     """Describe a Triton CompiledKernel launch so that a worker process can repeat it from raw cubin bytes."""
     src = ck.src
     names = list(src.fn.arg_names)
@@ -63,11 +76,19 @@ def launch_spec(ck: Any, args: Sequence[Any], grid: Grid, verify_args: Sequence[
     md["target"] = {"backend": t.backend, "arch": t.arch, "warp_size": t.warp_size}
     named = dict(zip(names, args, strict=False))
     return LaunchSpec(
-        name=ck.name, cubin=bytes(ck.asm["cubin"]), metadata=md, signature=dict(src.signature),
-        constants=dict(src.constants), arg_names=names, args=arg_specs(args), grid=_grid3(grid, named),
+        name=ck.name,
+        cubin=bytes(ck.asm["cubin"]),
+        metadata=md,
+        signature=dict(src.signature),
+        constants=dict(src.constants),
+        arg_names=names,
+        args=arg_specs(args),
+        grid=_grid3(grid, named),
         verify_args=arg_specs(verify_args) if verify_args is not None else None,
         verify_grid=_grid3(verify_grid, dict(zip(names, verify_args or args, strict=False))) if verify_grid else None,
-        samples_per_launch=samples_per_launch, extra={"seed": seed})
+        samples_per_launch=samples_per_launch,
+        extra={"seed": seed},
+    )
 
 
 def install_cubin(ck: Any, cubin: bytes) -> None:
@@ -90,14 +111,26 @@ def _ab_time(ev: Evaluator, a: bytes, b: bytes, rounds: int = 3) -> tuple[float,
     return statistics.median(ta), statistics.median(tb)
 
 
-def optimize_compiled_kernel(ck: Any, make_args: Callable[[], Sequence[Any]] | Sequence[Any], grid: Grid, *,
-                             strategy: Strategy | None = None, samples: int = 10_000,
-                             verify_args: Sequence[Any] | None = None, verify_grid: Grid | None = None,
-                             samples_per_launch: int = 1, min_gain: float = 0.01, quick_samples: int = 1,
-                             movable: frozenset[str] = DEFAULT_MOVABLE, use_cache: bool = True,
-                             timeout_s: float = 60.0, progress: bool = False, apply: bool = True,
-                             always_verify: bool = False,
-                             log: Callable[[str], None] | None = None) -> SassResult:
+def optimize_compiled_kernel(
+    ck: Any,
+    make_args: Callable[[], Sequence[Any]] | Sequence[Any],
+    grid: Grid,
+    *,
+    strategy: Strategy | None = None,
+    samples: int = 10_000,
+    verify_args: Sequence[Any] | None = None,
+    verify_grid: Grid | None = None,
+    samples_per_launch: int = 1,
+    min_gain: float = 0.01,
+    quick_samples: int = 1,
+    movable: frozenset[str] = DEFAULT_MOVABLE,
+    use_cache: bool = True,
+    timeout_s: float = 60.0,
+    progress: bool = False,
+    apply: bool = True,
+    always_verify: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> SassResult:
     """Search a faster SASS schedule for a Triton CompiledKernel, verify it, cache it and (if `apply`)
     load it into `ck`.  Never installs a schedule that did not pass `samples` random tests."""
     say = log or (lambda m: None)
@@ -111,8 +144,19 @@ def optimize_compiled_kernel(ck: Any, make_args: Callable[[], Sequence[Any]] | S
             tuned, info = hit
             if apply:
                 install_cubin(ck, tuned)
-            return SassResult(kname, cub.sha256, True, "cache hit", info.get("triton_ms"), info.get("kfuse_ms"),
-                              info.get("verified_samples", 0), info.get("moves_applied", 0), 0.0, True, tuned)
+            return SassResult(
+                kname,
+                cub.sha256,
+                True,
+                "cache hit",
+                info.get("triton_ms"),
+                info.get("kfuse_ms"),
+                info.get("verified_samples", 0),
+                info.get("moves_applied", 0),
+                0.0,
+                True,
+                tuned,
+            )
     args = make_args() if callable(make_args) else make_args
     spec = launch_spec(ck, args, grid, verify_args, verify_grid, samples_per_launch)
     start = Schedule.build(disassemble(cub, kname), movable, frozenset(cub.kernel(kname).pinned_offsets()))
@@ -133,8 +177,19 @@ def optimize_compiled_kernel(ck: Any, make_args: Callable[[], Sequence[Any]] | S
         if bar is not None:
             bar.close()
         search_s = time.time() - t0
-        out = SassResult(kname, cub.sha256, False, "", base_ms, res.best_ms, 0, len(res.best.applied), search_s,
-                         trials=res.trials, legal_moves_at_start=len(start.legal_moves()))
+        out = SassResult(
+            kname,
+            cub.sha256,
+            False,
+            "",
+            base_ms,
+            res.best_ms,
+            0,
+            len(res.best.applied),
+            search_s,
+            trials=res.trials,
+            legal_moves_at_start=len(start.legal_moves()),
+        )
         out.failures = list(ev.failures)
 
         def reject(reason: str) -> SassResult:
@@ -164,8 +219,17 @@ def optimize_compiled_kernel(ck: Any, make_args: Callable[[], Sequence[Any]] | S
             return out
     out.accepted, out.reason, out.tuned_cubin = True, f"verified on {n} random input sets", tuned
     if use_cache:
-        cache.store(cub.sha256, tuned, {"kernel": kname, "triton_ms": out.triton_ms, "kfuse_ms": out.kfuse_ms,
-                                        "verified_samples": n, "moves_applied": out.moves_applied})
+        cache.store(
+            cub.sha256,
+            tuned,
+            {
+                "kernel": kname,
+                "triton_ms": out.triton_ms,
+                "kfuse_ms": out.kfuse_ms,
+                "verified_samples": n,
+                "moves_applied": out.moves_applied,
+            },
+        )
     if apply:
         install_cubin(ck, tuned)
     return out
@@ -175,8 +239,13 @@ class _Bar:
     def __init__(self, name: str) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.p = Progress(TextColumn(f"[bold]{name}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                          TextColumn("best {task.fields[best]:.4f} ms"), TimeElapsedColumn())
+        self.p = Progress(
+            TextColumn(f"[bold]{name}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("best {task.fields[best]:.4f} ms"),
+            TimeElapsedColumn(),
+        )
         self.p.start()
         self.task = self.p.add_task(name, total=1, best=0.0)
 

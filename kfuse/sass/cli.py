@@ -12,8 +12,11 @@ console = Console()
 
 
 @app.command()
-def inspect(cubin: Path, kernel: str = typer.Option(None, help="kernel name (default: the only one)"),
-            deps: bool = typer.Option(True, help="print the dependency graph of movable instructions")) -> None:
+def inspect(
+    cubin: Path,
+    kernel: str = typer.Option(None, help="kernel name (default: the only one)"),
+    deps: bool = typer.Option(True, help="print the dependency graph of movable instructions"),
+) -> None:
     """Print the annotated schedule (control codes, blocks, legal moves) and dependency graph."""
     from .cubin import CubinError, load_cubin
     from .disasm import disassemble
@@ -27,8 +30,10 @@ def inspect(cubin: Path, kernel: str = typer.Option(None, help="kernel name (def
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from e
     legal = {(m.index, m.direction) for m in s.legal_moves()}
-    console.print(f"[bold]{k.name}[/bold] sm_{cub.arch}, {len(s.nodes)} instructions, "
-                  f"{len(legal)} legal moves; tables: {[a.name for a, _ in k.offset_tables()]}")
+    console.print(
+        f"[bold]{k.name}[/bold] sm_{cub.arch}, {len(s.nodes)} instructions, "
+        f"{len(legal)} legal moves; tables: {[a.name for a, _ in k.offset_tables()]}"
+    )
     block = -1
     for pos, n in enumerate(s.nodes):
         if n.block != block:
@@ -43,14 +48,20 @@ def inspect(cubin: Path, kernel: str = typer.Option(None, help="kernel name (def
                 for d in (-1, 1):
                     why = s.why_illegal(Move(pos, d))
                     if why:
-                        console.print(f"{s.nodes[pos].ins.offset:06x} {'up' if d < 0 else 'down'}: {why}",
-                                      highlight=False)
+                        console.print(f"{s.nodes[pos].ins.offset:06x} {'up' if d < 0 else 'down'}: {why}", highlight=False)
 
 
 @app.command()
-def tune(kernel: str = typer.Argument("gemm", help="example kernel: gemm or attention"),
-         m: int = 512, n: int = 512, k: int = 2048, iters: int = 1000, seeds: str = "0,1,2",
-         samples: int = 10_000, max_seconds: float = typer.Option(None, help="wall-clock search budget")) -> None:
+def tune(
+    kernel: str = typer.Argument("gemm", help="example kernel: gemm or attention"),
+    m: int = 512,
+    n: int = 512,
+    k: int = 2048,
+    iters: int = 1000,
+    seeds: str = "0,1,2",
+    samples: int = 10_000,
+    max_seconds: float = typer.Option(None, help="wall-clock search budget"),
+) -> None:
     """Tune an example kernel's schedule on this machine's GPU with a progress bar."""
     import math
 
@@ -76,5 +87,7 @@ def tune(kernel: str = typer.Argument("gemm", help="example kernel: gemm or atte
         console.print(f"[red]error:[/red] unknown example kernel {kernel!r} (try gemm)")
         raise typer.Exit(1)
     res = optimize_compiled_kernel(ck, args, grid, strategy=sa, samples=samples, progress=True)
-    console.print(f"{res.kernel}: {res.reason}; triton {res.triton_ms:.4f} ms, kfuse {res.kfuse_ms:.4f} ms, "
-                  f"{res.verified_samples} samples verified, {res.moves_applied} moves")
+    console.print(
+        f"{res.kernel}: {res.reason}; triton {res.triton_ms:.4f} ms, kfuse {res.kfuse_ms:.4f} ms, "
+        f"{res.verified_samples} samples verified, {res.moves_applied} moves"
+    )

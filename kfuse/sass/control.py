@@ -57,17 +57,22 @@ def _word_int(word: bytes) -> int:
 def decode(word: bytes) -> Control:
     """Control fields of one 16-byte instruction word."""
     c = _word_int(word) >> CTRL_SHIFT
-    return Control(stall=c & 0xF, yield_bit=c >> 4 & 1, wbar=c >> 5 & 7, rbar=c >> 8 & 7,
-                   wait=c >> 11 & 0x3F, reuse=c >> 17 & 0xF)
+    return Control(stall=c & 0xF, yield_bit=c >> 4 & 1, wbar=c >> 5 & 7, rbar=c >> 8 & 7, wait=c >> 11 & 0x3F, reuse=c >> 17 & 0xF)
 
 
 def encode(word: bytes, ctrl: Control) -> bytes:
     """Return `word` with its control fields replaced by `ctrl`; all other bits untouched."""
-    for name, value, width in (("stall", ctrl.stall, 4), ("yield", ctrl.yield_bit, 1), ("wbar", ctrl.wbar, 3),
-                               ("rbar", ctrl.rbar, 3), ("wait", ctrl.wait, 6), ("reuse", ctrl.reuse, 4)):
+    for name, value, width in (
+        ("stall", ctrl.stall, 4),
+        ("yield", ctrl.yield_bit, 1),
+        ("wbar", ctrl.wbar, 3),
+        ("rbar", ctrl.rbar, 3),
+        ("wait", ctrl.wait, 6),
+        ("reuse", ctrl.reuse, 4),
+    ):
         if not 0 <= value < (1 << width):
             raise ValueError(f"control field {name}={value} does not fit in {width} bits")
-    c = (ctrl.stall | ctrl.yield_bit << 4 | ctrl.wbar << 5 | ctrl.rbar << 8 | ctrl.wait << 11 | ctrl.reuse << 17)
+    c = ctrl.stall | ctrl.yield_bit << 4 | ctrl.wbar << 5 | ctrl.rbar << 8 | ctrl.wait << 11 | ctrl.reuse << 17
     mask = ((1 << CTRL_BITS) - 1) << CTRL_SHIFT
     w = (_word_int(word) & ~mask) | (c << CTRL_SHIFT)
     return w.to_bytes(16, "little")

@@ -161,8 +161,8 @@ def load_cubin(src: bytes | str | Path, archs: tuple[int, ...] = SUPPORTED_ARCHS
         if s.name.startswith(".nv.info.") and s.name[9:] in kernels:
             kernels[s.name[9:]].info_attrs = _parse_nv_info(s.data(), s["sh_offset"])
         for prefix in (".rela.text.", ".rel.text."):
-            if s.name.startswith(prefix) and s.name[len(prefix):] in kernels:
-                k = kernels[s.name[len(prefix):]]
+            if s.name.startswith(prefix) and s.name[len(prefix) :] in kernels:
+                k = kernels[s.name[len(prefix) :]]
                 for j, r in enumerate(s.iter_relocations()):
                     k.relocations.append(Relocation(s["sh_offset"] + j * s["sh_entsize"], r["r_offset"], s.name))
     if not kernels:

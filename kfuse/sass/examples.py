@@ -29,8 +29,15 @@ def as_jit_function(fn: Any) -> JITFunction:
     return JITFunction(inner)
 
 
-def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any] | None = None,
-                 num_warps: int = 4, num_stages: int = 3, arch: int = 90, divisible: tuple[str, ...] = ()) -> Any:
+def compile_sm90(
+    fn: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any] | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    arch: int = 90,
+    divisible: tuple[str, ...] = (),
+) -> Any:
     """Compile a Triton kernel for sm_<arch> without touching a GPU.
 
     Returns the CompiledKernel; under TRITON_INTERPRET=1 the code generator cannot see through interpreted
@@ -49,19 +56,27 @@ def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any] 
     hints = set(divisible) | {k for k, v in signature.items() if v.startswith("*")}
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in hints}
     src = triton.compiler.ASTSource(jf, sig, constexprs=dict(constexprs or {}), attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def _compile_in_child(fn: Any, signature: dict[str, str], constexprs: dict[str, Any] | None,
-                      num_warps: int, num_stages: int, arch: int, divisible: tuple[str, ...]) -> SimpleNamespace:
+def _compile_in_child(
+    fn: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any] | None,
+    num_warps: int,
+    num_stages: int,
+    arch: int,
+    divisible: tuple[str, ...],
+) -> SimpleNamespace:
     inner = getattr(fn, "fn", fn)
     job = pickle.dumps((inner.__module__, inner.__name__, signature, constexprs, num_warps, num_stages, arch, divisible))
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # explicit: kfuse/__init__ would switch the interpreter on again
-    code = ("import pickle,sys,importlib;from kfuse.sass.examples import compile_sm90;"
-            "m,n,s,c,w,st,a,d=pickle.loads(sys.stdin.buffer.read());"
-            "ck=compile_sm90(getattr(importlib.import_module(m),n),s,c,w,st,a,d);"
-            "sys.stdout.buffer.write(pickle.dumps((ck.name,{k:v for k,v in ck.asm.items()},ck.metadata._asdict())))")
+    code = (
+        "import pickle,sys,importlib;from kfuse.sass.examples import compile_sm90;"
+        "m,n,s,c,w,st,a,d=pickle.loads(sys.stdin.buffer.read());"
+        "ck=compile_sm90(getattr(importlib.import_module(m),n),s,c,w,st,a,d);"
+        "sys.stdout.buffer.write(pickle.dumps((ck.name,{k:v for k,v in ck.asm.items()},ck.metadata._asdict())))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], input=job, capture_output=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"compiling {inner.__name__} for sm_{arch} failed:\n{proc.stderr.decode()[-3000:]}")
@@ -78,9 +93,24 @@ def add_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def matmul_leaky_relu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                             stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def matmul_leaky_relu_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     # grouped ordering as in the Triton matmul tutorial, fp32 accumulation, LeakyReLU(0.01) epilogue
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -111,10 +141,34 @@ def matmul_leaky_relu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak,
 
 
 @triton.jit
-def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, sm_scale, stride_qz, stride_qh, stride_qm, stride_qk,
-                         stride_kz, stride_kh, stride_kn, stride_kk, stride_vz, stride_vh, stride_vn, stride_vk,
-                         stride_oz, stride_oh, stride_om, stride_ok, H, N_CTX,
-                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def attention_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    sm_scale,
+    stride_qz,
+    stride_qh,
+    stride_qm,
+    stride_qk,
+    stride_kz,
+    stride_kh,
+    stride_kn,
+    stride_kk,
+    stride_vz,
+    stride_vh,
+    stride_vn,
+    stride_vk,
+    stride_oz,
+    stride_oh,
+    stride_om,
+    stride_ok,
+    H,
+    N_CTX,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     # flash-attention forward in the style of Triton's fused-attention tutorial (non-causal, online softmax)
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
@@ -151,19 +205,33 @@ def compile_add(block: int = 1024) -> Any:
     return compile_sm90(add_kernel, {"x_ptr": "*fp16", "y_ptr": "*fp16", "z_ptr": "*fp16", "n": "i32"}, {"BLOCK": block})
 
 
-def compile_matmul_leaky_relu(block_m: int = 128, block_n: int = 128, block_k: int = 64, group_m: int = 8,
-                              num_warps: int = 8, num_stages: int = 3) -> Any:
+def compile_matmul_leaky_relu(
+    block_m: int = 128, block_n: int = 128, block_k: int = 64, group_m: int = 8, num_warps: int = 8, num_stages: int = 3
+) -> Any:
     # row-major A [M,K], B [K,N], C [M,N]: unit strides are constants, as the JIT specialises them
-    sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "M": "i32", "N": "i32", "K": "i32",
-           "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32"}
-    const = {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1,
-             "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m}
-    return compile_sm90(matmul_leaky_relu_kernel, sig, const, num_warps=num_warps, num_stages=num_stages,
-                        divisible=("M", "N", "K", "stride_am", "stride_bk", "stride_cm"))
+    sig = {
+        "a_ptr": "*fp16",
+        "b_ptr": "*fp16",
+        "c_ptr": "*fp16",
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        "stride_am": "i32",
+        "stride_bk": "i32",
+        "stride_cm": "i32",
+    }
+    const = {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m}
+    return compile_sm90(
+        matmul_leaky_relu_kernel,
+        sig,
+        const,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        divisible=("M", "N", "K", "stride_am", "stride_bk", "stride_cm"),
+    )
 
 
-def compile_attention(head_dim: int = 64, block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                      num_stages: int = 3) -> Any:
+def compile_attention(head_dim: int = 64, block_m: int = 128, block_n: int = 64, num_warps: int = 8, num_stages: int = 3) -> Any:
     names = ["q_ptr", "k_ptr", "v_ptr", "o_ptr"]
     sig: dict[str, str] = {n: "*fp16" for n in names}
     sig["sm_scale"] = "fp32"

@@ -19,16 +19,97 @@ LOADS = frozenset({"LDG", "LDS", "LDSM", "LD", "LDL", "LDC", "ULDC"})
 SHARED_ONLY = frozenset({"LDS", "STS", "LDSM", "STSM"})
 GLOBAL_ONLY = frozenset({"LDG", "STG"})
 # instructions that order memory or threads, or act on state the model does not track: nothing crosses them
-FENCES = frozenset({
-    "BAR", "BARRIER", "MEMBAR", "FENCE", "ERRBAR", "CCTL", "CCTLL", "DEPBAR", "LDGDEPBAR", "WARPSYNC", "BSSY",
-    "BSYNC", "BMOV", "SYNCS", "HGMMA", "IGMMA", "QGMMA", "BGMMA", "WARPGROUP", "UTMALDG", "UTMASTG", "UTMAPF",
-    "UBLKCP", "UBLKPF", "UBLKRED", "UTMACCTL", "UTMACMDFLUSH", "ATOM", "ATOMS", "ATOMG", "RED", "REDUX",
-    "ELECT", "VOTE", "VOTEU", "MATCH", "NANOSLEEP", "ARRIVES", "CALL", "RET", "BRA", "BRX", "JMP", "JMX",
-    "EXIT", "BPT", "KILL", "YIELD", "ACQBULK", "PMTRIG", "CS2R.32", "S2UR", "SETCTAID", "SETLMEMBASE",
-})
-NO_DEST = frozenset({"STG", "STS", "ST", "STL", "STSM", "LDGSTS", "RED", "BAR", "NOP", "MEMBAR", "DEPBAR",
-                     "LDGDEPBAR", "WARPSYNC", "CCTL", "ERRBAR", "FENCE", "EXIT", "BRA", "RET", "CALL", "BSSY",
-                     "BSYNC", "YIELD", "NANOSLEEP", "ARRIVES", "SYNCS", "UTMASTG", "UTMALDG", "UTMAPF"})
+FENCES = frozenset(
+    {
+        "BAR",
+        "BARRIER",
+        "MEMBAR",
+        "FENCE",
+        "ERRBAR",
+        "CCTL",
+        "CCTLL",
+        "DEPBAR",
+        "LDGDEPBAR",
+        "WARPSYNC",
+        "BSSY",
+        "BSYNC",
+        "BMOV",
+        "SYNCS",
+        "HGMMA",
+        "IGMMA",
+        "QGMMA",
+        "BGMMA",
+        "WARPGROUP",
+        "UTMALDG",
+        "UTMASTG",
+        "UTMAPF",
+        "UBLKCP",
+        "UBLKPF",
+        "UBLKRED",
+        "UTMACCTL",
+        "UTMACMDFLUSH",
+        "ATOM",
+        "ATOMS",
+        "ATOMG",
+        "RED",
+        "REDUX",
+        "ELECT",
+        "VOTE",
+        "VOTEU",
+        "MATCH",
+        "NANOSLEEP",
+        "ARRIVES",
+        "CALL",
+        "RET",
+        "BRA",
+        "BRX",
+        "JMP",
+        "JMX",
+        "EXIT",
+        "BPT",
+        "KILL",
+        "YIELD",
+        "ACQBULK",
+        "PMTRIG",
+        "CS2R.32",
+        "S2UR",
+        "SETCTAID",
+        "SETLMEMBASE",
+    }
+)
+NO_DEST = frozenset(
+    {
+        "STG",
+        "STS",
+        "ST",
+        "STL",
+        "STSM",
+        "LDGSTS",
+        "RED",
+        "BAR",
+        "NOP",
+        "MEMBAR",
+        "DEPBAR",
+        "LDGDEPBAR",
+        "WARPSYNC",
+        "CCTL",
+        "ERRBAR",
+        "FENCE",
+        "EXIT",
+        "BRA",
+        "RET",
+        "CALL",
+        "BSSY",
+        "BSYNC",
+        "YIELD",
+        "NANOSLEEP",
+        "ARRIVES",
+        "SYNCS",
+        "UTMASTG",
+        "UTMALDG",
+        "UTMAPF",
+    }
+)
 PREDICATES = tuple(f"P{i}" for i in range(7))
 IGNORED = frozenset({"RZ", "PT", "URZ", "UPT", "SRZ"})
 HAZARD_CYCLES = 12  # conservative bound on fixed-latency (ALU) result latency on sm_90
@@ -90,7 +171,7 @@ def defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
             name, suffix = m.group(1), m.group(2)
             inside = in_mem and op.find("[") < m.start()
             if inside:  # address registers: R2.64 / desc[UR4] (a 64-bit descriptor pair)
-                w = 2 if (".64" in suffix or op[max(0, m.start() - 5): m.start()] == "desc[") else 1
+                w = 2 if (".64" in suffix or op[max(0, m.start() - 5) : m.start()] == "desc[") else 1
                 uses |= _expand(name, w)
                 continue
             is_pred = name.startswith(("P", "UP")) or name == "PR"
@@ -152,8 +233,7 @@ class Schedule:
     applied: list[Move] = field(default_factory=list)
 
     @classmethod
-    def build(cls, instrs: list[Instr], movable: frozenset[str] = DEFAULT_MOVABLE,
-              pinned: frozenset[int] = frozenset()) -> Schedule:
+    def build(cls, instrs: list[Instr], movable: frozenset[str] = DEFAULT_MOVABLE, pinned: frozenset[int] = frozenset()) -> Schedule:
         targets = set()
         for i in instrs:
             if i.control_flow:
@@ -229,8 +309,7 @@ class Schedule:
         """Return a new schedule with the move applied; raises ValueError for an illegal move."""
         why = self.why_illegal(move)
         if why is not None:
-            raise ValueError(f"illegal move of {self.nodes[move.index].ins.text()} "
-                             f"{'up' if move.direction < 0 else 'down'}: {why}")
+            raise ValueError(f"illegal move of {self.nodes[move.index].ins.text()} {'up' if move.direction < 0 else 'down'}: {why}")
         s = self.copy()
         i, j = move.pair
         a, b = s.nodes[i], s.nodes[j]

@@ -38,8 +38,9 @@ class SearchResult:
 
 
 class Strategy(Protocol):
-    def search(self, start: Schedule, fitness: Fitness, start_ms: float,
-               progress: Callable[[int, int, float], None] | None = None) -> SearchResult: ...
+    def search(
+        self, start: Schedule, fitness: Fitness, start_ms: float, progress: Callable[[int, int, float], None] | None = None
+    ) -> SearchResult: ...
 
 
 @dataclass
@@ -53,8 +54,9 @@ class SimulatedAnnealing:
     seeds: tuple[int, ...] = (0, 1, 2)
     max_seconds: float | None = None
 
-    def search(self, start: Schedule, fitness: Fitness, start_ms: float,
-               progress: Callable[[int, int, float], None] | None = None) -> SearchResult:
+    def search(
+        self, start: Schedule, fitness: Fitness, start_ms: float, progress: Callable[[int, int, float], None] | None = None
+    ) -> SearchResult:
         t_start = time.time()
         best, best_ms = start, start_ms
         trials: list[Trial] = []
@@ -99,8 +101,9 @@ class RandomWalk:
     steps: int = 10
     seed: int = 0
 
-    def search(self, start: Schedule, fitness: Fitness, start_ms: float,
-               progress: Callable[[int, int, float], None] | None = None) -> SearchResult:
+    def search(
+        self, start: Schedule, fitness: Fitness, start_ms: float, progress: Callable[[int, int, float], None] | None = None
+    ) -> SearchResult:
         t0 = time.time()
         rng = random.Random(self.seed)
         best, best_ms, trials = start, start_ms, []

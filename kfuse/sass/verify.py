@@ -67,8 +67,7 @@ class _Runner:
         md["target"] = GPUTarget(t["backend"], t["arch"], t["warp_size"])
         self.md = collections.namedtuple("KernelMetadata", sorted(md))(**md)
         self.packed = make_backend(self.md.target).pack_metadata(self.md)
-        src = SimpleNamespace(constants=spec.constants, signature=spec.signature,
-                              fn=SimpleNamespace(arg_names=spec.arg_names))
+        src = SimpleNamespace(constants=spec.constants, signature=spec.signature, fn=SimpleNamespace(arg_names=spec.arg_names))
         self.launcher = driver.active.launcher_cls(src, self.md)
         self.device = driver.active.get_current_device()
         self.stream = driver.active.get_current_stream(self.device)
@@ -138,7 +137,7 @@ class _Runner:
             if fill == "randn":
                 flat.normal_(generator=self.gen)
             for i, a in enumerate(sets):
-                t = flat[i * n:(i + 1) * n].as_strided(shape, stride)
+                t = flat[i * n : (i + 1) * n].as_strided(shape, stride)
                 if fill != "randn" and data is not None:
                     t.copy_(data)
                 a.append(t)
@@ -170,7 +169,7 @@ class _Runner:
                         row.append(x)
                     else:
                         n = flats_a[k].numel() // count
-                        row.append(flats_b[k][i * n:(i + 1) * n].as_strided(x.shape, x.stride()))
+                        row.append(flats_b[k][i * n : (i + 1) * n].as_strided(x.shape, x.stride()))
                 sets_b.append(row)
             for i in range(count):
                 self.launch(self.ref, grid, sets_a[i])
@@ -260,8 +259,7 @@ class Evaluator:
         kind, val = self._call(("time", cubin), self.timeout_s)
         return val if kind == "ok" else None
 
-    def check(self, cubin: bytes, samples: int, chunk_launches: int = 2000,
-              progress: Any = None) -> tuple[bool, int, str]:
+    def check(self, cubin: bytes, samples: int, chunk_launches: int = 2000, progress: Any = None) -> tuple[bool, int, str]:
         """Test `samples` random input sets (rounded up to whole launches); returns (ok, samples tested, why)."""
         per = max(1, self.spec.samples_per_launch)
         launches = math.ceil(samples / per)

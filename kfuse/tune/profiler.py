@@ -273,7 +273,6 @@ class Profiler:
         torch.cuda.synchronize()
         return Measurement(cfg, statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)), "ok")
 
-
     GRAPH_LAUNCHES = 4
 
     def _graph_time(self, cfg: Config, runner: Runner, dev: torch.device) -> float | None:

@@ -18,8 +18,7 @@ from kfuse.sass.schedule import Move, Schedule, defs_uses
 
 @pytest.fixture(scope="module")
 def cubins() -> dict[str, object]:
-    return {"add": examples.compile_add(), "gemm": examples.compile_matmul_leaky_relu(),
-            "attention": examples.compile_attention()}
+    return {"add": examples.compile_add(), "gemm": examples.compile_matmul_leaky_relu(), "attention": examples.compile_attention()}
 
 
 def _load(ck):
@@ -72,8 +71,14 @@ def test_dependency_analysis_snippets():
 
 
 def test_illegal_moves_refused_on_snippet():
-    seq = [_ins("LDG.E R4, desc[UR4][R2.64]", 0), _ins("IADD3 R5, R4, 0x1, RZ", 1),
-           _ins("STG.E desc[UR4][R2.64], R5", 2), _ins("EXIT", 3), _ins("LDS R7, [R1]", 4), _ins("IADD3 R8, R9, 0x1, RZ", 5)]
+    seq = [
+        _ins("LDG.E R4, desc[UR4][R2.64]", 0),
+        _ins("IADD3 R5, R4, 0x1, RZ", 1),
+        _ins("STG.E desc[UR4][R2.64], R5", 2),
+        _ins("EXIT", 3),
+        _ins("LDS R7, [R1]", 4),
+        _ins("IADD3 R8, R9, 0x1, RZ", 5),
+    ]
     s = Schedule.build(seq)
     assert "RAW" in s.why_illegal(Move(0, 1))  # the load feeds the add
     assert "RAW" in s.why_illegal(Move(2, -1))  # the store needs the add
@@ -130,9 +135,13 @@ def test_bad_inputs(cubins, tmp_path):
         load_cubin(p)
     with pytest.raises(CubinError, match="cannot read"):
         load_cubin(tmp_path / "missing.cubin")
-    old = examples.compile_add.__wrapped__(arch=80) if hasattr(examples.compile_add, "__wrapped__") else \
-        examples.compile_sm90(examples.add_kernel, {"x_ptr": "*fp16", "y_ptr": "*fp16", "z_ptr": "*fp16", "n": "i32"},
-                              {"BLOCK": 256}, arch=80)
+    old = (
+        examples.compile_add.__wrapped__(arch=80)
+        if hasattr(examples.compile_add, "__wrapped__")
+        else examples.compile_sm90(
+            examples.add_kernel, {"x_ptr": "*fp16", "y_ptr": "*fp16", "z_ptr": "*fp16", "n": "i32"}, {"BLOCK": 256}, arch=80
+        )
+    )
     with pytest.raises(CubinError, match="sm_80"):
         load_cubin(old.asm["cubin"])
     cub = load_cubin(cubins["add"].asm["cubin"])
