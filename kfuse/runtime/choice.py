@@ -2,12 +2,17 @@
 
 Every candidate runs on inputs of the node's types (graph constants as they are, activations
 random; integer inputs such as masks all ones) and is timed from CUDA-graph replays, i.e. GPU
-time without Python launch overhead, as inside the compiled model's plan. Results are cached per
-problem; a candidate that fails to run is never chosen.
+time without Python launch overhead, as inside the compiled model's plan. A candidate that fails
+to run is never chosen. Results are cached per problem in the process and, on a GPU, in the
+tuning database (``choices`` table, keyed by GPU, Triton/kfuse versions, problem and candidate
+list), so a later compile in a new process does not measure again. ``KFUSE_CHOICE_DB=0`` turns the
+database off.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -42,6 +47,16 @@ def choose(
     from kfuse.bench.harness import gpu_time_ms
 
     full_key = (key, tuple(candidates))
+    db = _persistent_db()
+    problem = hashlib.sha1(repr(key).encode()).hexdigest()
+    names = ",".join(candidates)
+    if full_key not in _CACHE and db is not None:
+        try:
+            hit = db.get_choice(_gpu_name(), problem, names)
+        except Exception:  # noqa: BLE001 - a database problem never fails a compile
+            hit = None
+        if hit is not None and hit[0] in candidates:
+            _CACHE[full_key] = hit
     if full_key not in _CACHE:
         xs = inputs if inputs is not None else example_inputs(node, graph)
         times: dict[str, float] = {}
@@ -51,7 +66,33 @@ def choose(
             except Exception:  # noqa: BLE001 - a candidate that cannot run loses
                 times[name] = float("inf")
         _CACHE[full_key] = (min(times, key=lambda k: times[k]), times)
+        if db is not None:
+            try:
+                db.put_choice(_gpu_name(), problem, names, *_CACHE[full_key])
+            except Exception:  # noqa: BLE001
+                pass
     return _CACHE[full_key]
+
+
+_DB: list[Any] = []
+
+
+def _persistent_db() -> Any:
+    """The tuning database for choices (GPU only; None when off or unusable)."""
+    if os.environ.get("KFUSE_CHOICE_DB", "1") == "0" or not torch.cuda.is_available():
+        return None
+    if not _DB:
+        try:
+            from kfuse.tune.database import TuningDB
+
+            _DB.append(TuningDB())
+        except Exception:  # noqa: BLE001 - no database: measure every time
+            _DB.append(None)
+    return _DB[0]
+
+
+def _gpu_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 def problem_key(node: Any, graph: Any, *extra: Hashable) -> tuple:

@@ -41,6 +41,17 @@ CREATE TABLE IF NOT EXISTS records (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS records_lookup ON records (gpu, template, problem);
+CREATE TABLE IF NOT EXISTS choices (   -- measured lowering choices (kernel vs library), per problem
+    gpu TEXT NOT NULL,
+    triton_version TEXT NOT NULL,
+    kfuse_version TEXT NOT NULL,
+    problem TEXT NOT NULL,          -- hash of the node's problem key
+    candidates TEXT NOT NULL,       -- comma list, in the order they were measured
+    choice TEXT NOT NULL,
+    times_json TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (gpu, triton_version, kfuse_version, problem, candidates)
+);
 """
 
 
@@ -165,8 +176,30 @@ class TuningDB:
                 n += 1
         return n
 
+    def put_choice(self, gpu: str, problem: str, candidates: str, choice: str, times: dict[str, float]) -> None:
+        """Store a measured lowering choice (replacing an older one for the same key)."""
+        finite = {k: (v if v != float("inf") else None) for k, v in times.items()}
+        with self.conn:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO choices VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (gpu, self.triton_version, self.kfuse_version, problem, candidates, choice, json.dumps(finite), time.time()),
+            )
+
+    def get_choice(self, gpu: str, problem: str, candidates: str) -> tuple[str, dict[str, float]] | None:
+        """The stored choice for this GPU, these versions, problem and candidate list."""
+        row = self.conn.execute(
+            "SELECT choice, times_json FROM choices WHERE gpu = ? AND triton_version = ? AND kfuse_version = ? AND problem = ?"
+            " AND candidates = ?",
+            (gpu, self.triton_version, self.kfuse_version, problem, candidates),
+        ).fetchone()
+        if row is None:
+            return None
+        times = {k: (float("inf") if v is None else float(v)) for k, v in json.loads(row[1]).items()}
+        return row[0], times
+
     def clear(self, gpu: str | None = None) -> int:
         with self.conn:
+            self.conn.execute("DELETE FROM choices" + (" WHERE gpu = ?" if gpu else ""), (gpu,) if gpu else ())
             cur = self.conn.execute("DELETE FROM records" + (" WHERE gpu = ?" if gpu else ""), (gpu,) if gpu else ())
         return cur.rowcount
 
@@ -214,6 +247,7 @@ class TuningDB:
         return {
             "path": str(self.path),
             "records": total,
+            "choices": c.execute("SELECT COUNT(*) FROM choices").fetchone()[0],
             "by_status": status,
             "groups": [{"gpu": g, "template": t, "records": n, "problems": p, "ok": ok} for g, t, n, p, ok in by],
         }

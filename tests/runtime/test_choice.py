@@ -51,3 +51,37 @@ def test_given_inputs_are_used() -> None:
 
     choice.choose(node, g, {"only": cand}, ("k", 2), [cu])
     assert seen and all(x is cu for x in seen)
+
+
+def test_choices_persist_in_the_tuning_database(monkeypatch, tmp_path) -> None:
+    """A second process (a cleared in-process cache) reads the choice back instead of measuring."""
+    from kfuse.tune.database import TuningDB
+
+    db = TuningDB(tmp_path / "t.sqlite")
+    monkeypatch.setattr(choice, "_persistent_db", lambda: db)
+    monkeypatch.setattr(choice, "example_inputs", lambda node, graph, device="cuda": [torch.randn(4, 8)])
+    g, node = _graph()
+    calls = {"n": 0}
+
+    def a(xs):
+        calls["n"] += 1
+        time.sleep(0.002)
+        return xs[0]
+
+    def b(xs):
+        calls["n"] += 1
+        return xs[0]
+
+    first = choice.choose(node, g, {"a": a, "b": b}, ("persist", 1))
+    assert first[0] == "b" and calls["n"] > 0
+    choice._CACHE.clear()
+    calls["n"] = 0
+    again = choice.choose(node, g, {"a": a, "b": b}, ("persist", 1))
+    assert again[0] == "b" and calls["n"] == 0
+    assert again[1]["a"] == first[1]["a"]
+    assert db.stats()["choices"] == 1
+    # a different candidate list is a different question: measured again
+    choice.choose(node, g, {"a": a, "b": b, "c": b}, ("persist", 1))
+    assert calls["n"] > 0 and db.stats()["choices"] == 2
+    db.clear()
+    assert db.stats()["choices"] == 0
