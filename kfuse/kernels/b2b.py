@@ -93,12 +93,15 @@ class B2BConfig:
     num_warps: int = 4
     num_stages: int = 2
     residence: str = "register"
+    persistent: bool = False  # fixed grid looping over row tiles, pipelined across tiles
 
     def describe(self) -> str:
-        return f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
+        d = f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
+        return d + (" persistent" if self.persistent else "")
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence")}
+        keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent")
+        return {k: getattr(self, k) for k in keys}
 
 
 def _indent(text: str, n: int) -> str:
@@ -123,7 +126,8 @@ def _stage_tail(chain: Chain, s: int, offs_n: str, mask_n: str, ind: int, acc: s
 
 
 def kernel_source(chain: Chain) -> str:
-    """Triton source of ``b2b_kernel`` for ``chain`` (one specialised kernel per chain)."""
+    """Triton source of ``b2b_kernel`` (one program per row tile) and ``b2b_persistent_kernel``
+    (a fixed grid looping over row tiles, software-pipelined across tiles) for ``chain``."""
     L = len(chain.stages)
     if L < 2:
         raise ValueError("a b2b chain has at least two stages")
@@ -137,13 +141,7 @@ def kernel_source(chain: Chain) -> str:
             strides += [f"se{s}_{j}n", f"se{s}_{j}c", f"se{s}_{j}h", f"se{s}_{j}w"]
     dims = ", ".join(f"N{s}" for s in range(L))
     pads = ", ".join(f"P{s}: tl.constexpr" for s in range(L - 1))
-    src = [
-        "import triton",
-        "import triton.language as tl",
-        "",
-        "",
-        "@triton.jit",
-        "def b2b_kernel(",
+    params = [
         f"    {', '.join(ptrs)},",
         f"    NB, C, H, W, OH, OW, {dims},",
         "    sxn, sxc, sxh, sxw, son, soc, soh, sow,",
@@ -152,11 +150,29 @@ def kernel_source(chain: Chain) -> str:
         "    DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,",
         f"    {pads},",
         "    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,",
-        "    SMEM: tl.constexpr, PREC: tl.constexpr,",
-        "):",
+        "    SMEM: tl.constexpr, PREC: tl.constexpr, SINGLE_K: tl.constexpr, SINGLE_N: tl.constexpr,",
+    ]
+    body = _body(chain)
+    src = ["import triton", "import triton.language as tl", "", "", "@triton.jit", "def b2b_kernel(", *params, "):"]
+    src += ["    M = NB * OH * OW", "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)", *body]
+    # persistent: the loop over row tiles is what Triton's software pipeliner overlaps (the next
+    # tiles' loads are in flight while this tile's GEMMs and store run); with a single K step there
+    # is no inner loop, so the tile loop is the innermost one and is pipelined
+    src += ["", "", "@triton.jit", "def b2b_persistent_kernel(", *params]
+    src += ["    NUM_PROGRAMS: tl.constexpr, TILE_STAGES: tl.constexpr,", "):"]
+    src += [
         "    M = NB * OH * OW",
-        "    pid = tl.program_id(0)",
-        "    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "    for tile in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), NUM_PROGRAMS, num_stages=TILE_STAGES):",
+        "        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)",
+        *[("    " + ln) if ln.strip() else ln for ln in body],
+    ]
+    return "\n".join(src) + "\n"
+
+
+def _body(chain: Chain) -> list[str]:
+    """The kernel body for the row tile ``offs_m`` (function-level indentation)."""
+    L = len(chain.stages)
+    src = [
         "    mask_m = offs_m < M",
         "    offs_m = tl.where(mask_m, offs_m, 0)",
     ]
@@ -177,19 +193,27 @@ def kernel_source(chain: Chain) -> str:
         "    offs_k = tl.arange(0, BLOCK_K)",
         "    offs_n = tl.arange(0, P0)",
         "    mask_n = offs_n < N0",
-        "    acc = tl.zeros((BLOCK_M, P0), dtype=tl.float32)",
-        "    n_cb = tl.cdiv(C, BLOCK_K)",
-        "    for it in range(0, KH * KW * n_cb):",
-        "        cb = it % n_cb",
-        "        tap = it // n_cb",
-        "        ih = ih0 + (tap // KW) * DH",
-        "        iw = iw0 + (tap % KW) * DW",
-        "        ok = mask_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)",
-        "        cc = cb * BLOCK_K + offs_k",
-        "        a = tl.load(x_base[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,"
+        "    if SINGLE_K:  # one tap, all channels in one step: no K loop",
+        "        ok = mask_m & (ih0 >= 0) & (ih0 < H) & (iw0 >= 0) & (iw0 < W)",
+        "        a = tl.load(x_base[:, None] + (ih0 * sxh + iw0 * sxw)[:, None] + offs_k[None, :] * sxc,"
+        " mask=ok[:, None] & (offs_k < C)[None, :], other=0.0)",
+        "        b = tl.load(w0_ptr + offs_k[:, None] * N0 + offs_n[None, :], mask=(offs_k < C)[:, None] & mask_n[None, :], other=0.0)",
+        "        acc = tl.dot(a, b, input_precision=PREC)",
+        "    else:",
+        "        acc = tl.zeros((BLOCK_M, P0), dtype=tl.float32)",
+        "        n_cb = tl.cdiv(C, BLOCK_K)",
+        "        for it in range(0, KH * KW * n_cb):",
+        "            cb = it % n_cb",
+        "            tap = it // n_cb",
+        "            ih = ih0 + (tap // KW) * DH",
+        "            iw = iw0 + (tap % KW) * DW",
+        "            ok = mask_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)",
+        "            cc = cb * BLOCK_K + offs_k",
+        "            a = tl.load(x_base[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,"
         " mask=ok[:, None] & (cc < C)[None, :], other=0.0)",
-        "        b = tl.load(w0_ptr + (tap * C + cc)[:, None] * N0 + offs_n[None, :], mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)",
-        "        acc = tl.dot(a, b, acc, input_precision=PREC)",
+        "            b = tl.load(w0_ptr + (tap * C + cc)[:, None] * N0 + offs_n[None, :],"
+        " mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)",
+        "            acc = tl.dot(a, b, acc, input_precision=PREC)",
         _stage_tail(chain, 0, "offs_n", "mask_n", 4),
     ]
     # ---- resident stages: the previous tile never leaves the program ----------------------
@@ -212,22 +236,29 @@ def kernel_source(chain: Chain) -> str:
                 "        acc = tl.dot(h, b, input_precision=PREC)",
                 _stage_tail(chain, s, "offs_n", "mask_n", 4),
             ]
-        else:  # last stage: loop over N tiles, store each (the only global store)
-            src += [
-                f"    for n0 in range(0, N{s}, BLOCK_N):",
-                "        offs_o = n0 + tl.arange(0, BLOCK_N)",
-                f"        mask_o = offs_o < N{s}",
-                f"        b_o = tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_o[None, :],"
-                " mask=mask_k[:, None] & mask_o[None, :], other=0.0)",
-                "        if SMEM:",
-                "            acc_o = tl.trans(tl.dot(tl.trans(b_o), tl.trans(h), input_precision=PREC))",
-                "        else:",
-                "            acc_o = tl.dot(h, b_o, input_precision=PREC)",
-                _stage_tail(chain, s, "offs_o", "mask_o", 8, acc="acc_o"),
-                "        o_ptrs = out_ptr + (n_idx * son + oh * soh + ow * sow)[:, None] + offs_o[None, :] * soc",
-                "        tl.store(o_ptrs, acc_o.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_o[None, :])",
+        else:  # last stage: N tiles (one, or a loop), each stored (the only global store)
+            last = [
+                f"mask_o = offs_o < N{s}",
+                f"b_o = tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_o[None, :], mask=mask_k[:, None] & mask_o[None, :], other=0.0)",
+                "if SMEM:",
+                "    acc_o = tl.trans(tl.dot(tl.trans(b_o), tl.trans(h), input_precision=PREC))",
+                "else:",
+                "    acc_o = tl.dot(h, b_o, input_precision=PREC)",
+                _stage_tail(chain, s, "offs_o", "mask_o", 0, acc="acc_o"),
+                "o_ptrs = out_ptr + (n_idx * son + oh * soh + ow * sow)[:, None] + offs_o[None, :] * soc",
+                "tl.store(o_ptrs, acc_o.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_o[None, :])",
             ]
-    return "\n".join(src) + "\n"
+            text = "\n".join(x for x in last if x)
+            src += [
+                "    if SINGLE_N:  # the whole last width in one tile: no N loop",
+                "        offs_o = tl.arange(0, BLOCK_N)",
+                _indent(text, 8),
+                "    else:",
+                f"        for n0 in range(0, N{s}, BLOCK_N):",
+                "            offs_o = n0 + tl.arange(0, BLOCK_N)",
+                _indent(text, 12),
+            ]
+    return [ln for chunk in src for ln in chunk.split("\n")]
 
 
 _TL = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32"}
@@ -261,12 +292,21 @@ def default_config(m: int, widths: list[int], residence: str | None = None) -> B
     return B2BConfig(64, 32, min(last, 64), 8 if res == "smem" else 4, 2, res)
 
 
-def candidate_configs(m: int, widths: list[int]) -> list[B2BConfig]:
+def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[B2BConfig]:
     """The few configs the fused-vs-unfused decision measures on the GPU. Chains of more than
     three stages compile slowly (a wide register-resident 9-stage chain takes minutes of ptxas):
-    they try only the default and one smem-resident alternative."""
+    they try only the default and one smem-resident alternative. GEMM chains whose first K
+    (``k0``) fits one K step also try the persistent kernel pipelined across row tiles, the form
+    for memory-bound chains (small widths, large M): the next tiles' loads are in flight while
+    a tile's GEMMs and store run."""
     widest = max(pad_width(w) for w in widths[:-1])
     last = min(pad_width(widths[-1]), 128)
+    persistent: list[B2BConfig] = []
+    if k0 is not None and k0 <= 128 and widths[-1] <= 128 and len(widths) <= 3:
+        bk = max(16, pad_width(k0))
+        res = "register" if widest <= 128 else "smem"
+        persistent = [B2BConfig(128, bk, last, 4 if res == "register" else 8, 3, res, True),
+                      B2BConfig(64, bk, last, 4, 4, res, True)]  # fmt: skip
     if len(widths) > 3:
         first = default_config(m, widths)
         alt = B2BConfig(128, 32, min(last, 64), 8, 2, "smem") if widest > 128 else default_config(m, widths, "smem")
@@ -276,6 +316,7 @@ def candidate_configs(m: int, widths: list[int]) -> list[B2BConfig]:
         out += [B2BConfig(128, 64, last, 8, 2, "register"), B2BConfig(64, 64, last, 4, 3, "register")]
     else:
         out += [B2BConfig(64, 64, min(last, 64), 4, 2, "register"), B2BConfig(128, 32, min(last, 64), 8, 2, "smem")]
+    out += persistent
     seen, uniq = set(), []
     for c in out:
         if c not in seen:
@@ -416,8 +457,16 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     pads = {f"P{s}": pad_width(g.widths[s]) for s in range(len(chain.stages) - 1)}
     block_n = min(cfg.block_n, pad_width(g.widths[-1]))
     precision = "ieee" if g.x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
-    kernel = _module(chain).b2b_kernel
-    grid = (-(-m // cfg.block_m),)
+    tiles = -(-m // cfg.block_m)
+    single = {"SINGLE_K": g.kernel_hw[0] * g.kernel_hw[1] == 1 and c <= cfg.block_k, "SINGLE_N": g.widths[-1] <= block_n}
+    if cfg.persistent:
+        kernel = _module(chain).b2b_persistent_kernel
+        n_prog = min(tiles, 2 * _num_sms(g.x.device))
+        grid: tuple[int, ...] = (n_prog,)
+        single.update(NUM_PROGRAMS=n_prog, TILE_STAGES=cfg.num_stages)
+    else:
+        kernel = _module(chain).b2b_kernel
+        grid = (tiles,)
     args = (*ptrs, nb, c, h, w, oh, ow, *g.widths,
             g.x.stride(0), g.x.stride(1), g.x.stride(2), g.x.stride(3),
             o4.stride(0), o4.stride(1), o4.stride(2), o4.stride(3), *strides)  # fmt: skip
@@ -425,7 +474,7 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         SH=g.geom.stride[0], SW=g.geom.stride[1], PH=g.geom.padding[0], PW=g.geom.padding[1],
         DH=g.geom.dilation[0], DW=g.geom.dilation[1], KH=g.kernel_hw[0], KW=g.kernel_hw[1], **pads,
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_N=block_n, SMEM=cfg.residence == "smem", PREC=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **single,
     )  # fmt: skip
     if warmup:
         if not interpreting():
@@ -433,6 +482,12 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     else:
         kernel[grid](*args, **kw)
     return out
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2  # the interpreter: a few programs, so the tile loop really loops
 
 
 def b2b_chain(
@@ -482,13 +537,32 @@ def reference(
 # ---------------------------------------------------------------------------------------
 # inspecting the generated code (no GPU needed)
 # ---------------------------------------------------------------------------------------
-_CONSTEXPRS = ("SH", "SW", "PH", "PW", "DH", "DW", "KH", "KW", "BLOCK_M", "BLOCK_K", "BLOCK_N", "SMEM", "PREC")
+_CONSTEXPRS = (
+    "SH",
+    "SW",
+    "PH",
+    "PW",
+    "DH",
+    "DW",
+    "KH",
+    "KW",
+    "BLOCK_M",
+    "BLOCK_K",
+    "BLOCK_N",
+    "SMEM",
+    "PREC",
+    "SINGLE_K",
+    "SINGLE_N",
+    "NUM_PROGRAMS",
+    "TILE_STAGES",
+)
 _TT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def compile_asm(
-    chain: Chain, widths: list[int], cfg: B2BConfig, dtype: torch.dtype = torch.float16, arch: int = 90, kernel_hw: tuple[int, int] = (1, 1)
-) -> dict[str, str]:
+    chain: Chain, widths: list[int], cfg: B2BConfig, dtype: torch.dtype = torch.float16, arch: int = 90,
+    kernel_hw: tuple[int, int] = (1, 1), widths_k0: int = 1 << 30, jit_like: bool = False,
+) -> dict[str, str]:  # fmt: skip
     """Compile the chain's kernel for sm_<arch> on any machine and return its ``asm`` dict
     (``ttgir``, ``ptx``, ``cubin``...). Under ``TRITON_INTERPRET=1`` the compile runs in a child
     process without it (the interpreter replaces ``@triton.jit`` functions)."""
@@ -503,7 +577,7 @@ def compile_asm(
             "a=pickle.loads(sys.stdin.buffer.read());"
             "sys.stdout.buffer.write(pickle.dumps({k:v for k,v in compile_asm(*a).items() if isinstance(v,(str,bytes))}))"
         )
-        job = pickle.dumps((chain, widths, cfg, dtype, arch, kernel_hw))
+        job = pickle.dumps((chain, widths, cfg, dtype, arch, kernel_hw, widths_k0, jit_like))
         proc = subprocess.run([sys.executable, "-c", code], input=job, capture_output=True, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling the b2b kernel for sm_{arch} failed:\n{proc.stderr.decode()[-3000:]}")
@@ -511,7 +585,7 @@ def compile_asm(
     import triton
     from triton.backends.compiler import GPUTarget
 
-    jf = _module(chain).b2b_kernel
+    jf = _module(chain).b2b_persistent_kernel if cfg.persistent else _module(chain).b2b_kernel
     t = _TT[dtype]
     sig: dict[str, str] = {}
     const: dict[str, Any] = {}
@@ -528,6 +602,17 @@ def compile_asm(
     const.update({f"P{s}": pad_width(widths[s]) for s in range(len(widths) - 1)})
     const.update(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_N=min(cfg.block_n, pad_width(widths[-1])))
     const.update(SMEM=cfg.residence == "smem", PREC="tf32" if dtype == torch.float32 else "ieee")
+    # the launcher's specialisations for a GEMM chain whose K0 and last width fit one tile each
+    const.update(SINGLE_K=kernel_hw == (1, 1) and widths_k0 <= cfg.block_k, SINGLE_N=widths[-1] <= const["BLOCK_N"])
+    if cfg.persistent:
+        const.update(NUM_PROGRAMS=264, TILE_STAGES=cfg.num_stages)
+    if jit_like and not chain.conv:
+        # what the JIT sees for a GEMM chain on contiguous tensors: the unit strides and the 1x1
+        # "image" sizes are specialised to 1, the other integers are multiples of 16
+        for name in ("sxc", "sxh", "sxw", "soc", "soh", "sow", "H", "W", "OH", "OW"):
+            sig[name] = "constexpr"
+            const[name] = 1
+        divisible += [k for k, v in sig.items() if v == "i32"]
     names = list(jf.arg_names)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in divisible}
     src = triton.compiler.ASTSource(jf, sig, constexprs=const, attrs=attrs)
@@ -731,7 +816,9 @@ def _decide(
     t_unfused = _time(lambda: unfused(xs))
     best: tuple[float, B2BConfig | None] = (float("inf"), None)
     tried = {}
-    for cfg in candidate_configs(m, widths):
+    x_t = graph.type_of(node.inputs[0])
+    k0 = None if node.attrs["chain"].conv or x_t.rank < 2 else int(x_t.shape[-1])
+    for cfg in candidate_configs(m, widths, k0):
         try:
             run = fused_with(cfg)
             t = _time(lambda run=run: run(xs))

@@ -191,3 +191,46 @@ def test_store_base_analysis_sees_other_buffers() -> None:
     @%p1 st.global.b32 [ %rd2 + 0 ], { %r1 };
     """
     assert b2b.ptx_global_store_bases(ptx) == [{"k_param_0"}, {"k_param_1"}]
+
+
+# ---- the persistent variant: a fixed grid looping over row tiles ------------------------------
+PERSISTENT_CASES = [
+    # m, k0, widths, config (block_k >= k0: one K step; else the K loop inside the tile loop)
+    (203, 32, [48, 40], b2b.B2BConfig(16, 32, 64, 4, 3, "register", True)),
+    (77, 24, [64, 100], b2b.B2BConfig(16, 32, 32, 4, 2, "smem", True)),  # last width in N tiles
+    (130, 40, [32, 16, 24], b2b.B2BConfig(32, 16, 32, 4, 3, "register", True)),  # K loop
+]
+
+
+@pytest.mark.parametrize("m,k0,widths,cfg", PERSISTENT_CASES)
+def test_persistent_equals_reference(m: int, k0: int, widths: list[int], cfg: b2b.B2BConfig) -> None:
+    torch.manual_seed(3)
+    kinds = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
+    chain = b2b.Chain(tuple(b2b.Stage(_epi(k), torch.float32) for k in kinds))
+    x = torch.randn(m, k0)
+    dims = [k0, *widths]
+    ws = [torch.randn(dims[i], dims[i + 1]) / dims[i] ** 0.5 for i in range(len(widths))]
+    extras = [_extras(k, (m,), widths[i], torch.float32) for i, k in enumerate(kinds)]
+    out = torch.full((m, widths[-1]), float("nan"))
+    got = b2b.b2b_chain(chain, x, ws, [None] * len(widths), extras, cfg, out=out)
+    _check(got, b2b.reference(chain, x, ws, [None] * len(widths), extras), torch.float32)
+
+
+def test_candidates_include_persistent_for_small_k0_gemm_chains() -> None:
+    cands = b2b.candidate_configs(262144, [128, 64], k0=64)
+    assert any(c.persistent for c in cands) and all(c.block_k >= 64 for c in cands if c.persistent)
+    assert not any(c.persistent for c in b2b.candidate_configs(262144, [128, 64]))  # conv / unknown K0
+    assert not any(c.persistent for c in b2b.candidate_configs(262144, [128, 512], k0=64))  # last width in N tiles
+
+
+def test_sm90_persistent_kernel_pipelines_across_tiles() -> None:
+    """Compiled as the JIT specialises a GEMM chain (unit strides, 1x1 "images"), the persistent
+    kernel's tile loop is software-pipelined: the row tiles arrive by cp.async into multi-buffered
+    shared memory, and the output is still the only global store."""
+    import re
+
+    chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
+    asm = b2b.compile_asm(chain, [64, 64], b2b.B2BConfig(128, 64, 64, 4, 3, "register", True), torch.float16, 90, (1, 1), 64, True)
+    assert asm["ttgir"].count("tt.store") == 1
+    ptx = asm["ptx"]
+    assert b2b.ptx_summary(ptx)["cp.async"] >= 8 and ptx.count("cp.async.commit_group") >= 2, re.findall(r"cp\.async\S*", ptx)[:5]

@@ -188,7 +188,7 @@ def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster
         return 0.5 + i * 0.01 if fused_faster else 2.0
 
     monkeypatch.setattr(k, "_time", fake_time)
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")])
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")])
     step = k.lower_b2b_chain(node, g, "triton-interpreter")
     run, template, d = k._decide(node, g, "triton-interpreter", None, lambda cfg: step.fn, 9, [32, 16])
     assert d["decided_by"] == "measured" and d["unfused_ms"] == 1.0 and len(d["tried"]) == 2
