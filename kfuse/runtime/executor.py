@@ -92,6 +92,13 @@ def _lower_gemm(node: Node, graph: Graph, backend: str, options: Any = None) -> 
     return lower_gemm_epilogue(node, graph, backend, options)
 
 
+@lowering("max_pool2d")
+def _lower_max_pool(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
+    from kfuse.kernels.pool import lower_max_pool2d
+
+    return lower_max_pool2d(node, graph, backend, options)
+
+
 def _torch_step(node: Node) -> Step:
     d = ops.get(node.op)
     attrs = node.attrs

@@ -1,0 +1,126 @@
+"""Max pooling on channels-last (NHWC) tensors.
+
+ResNet-50's stem pool (3x3, stride 2, on 64x112x112x64 fp16 at batch 64) took 0.224 ms in
+PyTorch's channels-last ``max_pool2d`` on the H200, 10% of the whole model, against a 0.030 ms
+floor (read 103 MB, write 26 MB). This kernel reads each window tap as a [pixels, channels] tile
+whose channel dimension is contiguous, so the loads are 16-byte vectors and every input byte is
+read about once from DRAM (the overlapping taps hit L2). Any strides work (NCHW too), vectorised
+when the channel stride is 1. Like every kfuse kernel that has a PyTorch twin, the lowering times
+both on the GPU and keeps the faster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.kernels.codegen import cdiv, interpreting
+
+
+@triton.jit
+def _max_pool2d_kernel(
+    x_ptr, y_ptr, N, C, H, W, OH, OW,
+    sxn, sxc, sxh, sxw, syn, syc, syh, syw,
+    KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat output pixel n*OH*OW + oh*OW + ow
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_p = offs_p < N * OH * OW
+    mask_c = offs_c < C
+    n = (offs_p // (OH * OW)).to(tl.int64)
+    rem = offs_p % (OH * OW)
+    oh = rem // OW
+    ow = rem % OW
+    acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
+    for kh in tl.static_range(KH):
+        for kw in tl.static_range(KW):
+            ih = oh * SH - PH + kh * DH
+            iw = ow * SW - PW + kw * DW
+            ok = mask_p & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            ptrs = x_ptr + (n * sxn + ih * sxh + iw * sxw)[:, None] + offs_c[None, :] * sxc
+            v = tl.load(ptrs, mask=ok[:, None] & mask_c[None, :], other=float("-inf"))
+            acc = tl.maximum(acc, v.to(tl.float32), propagate_nan=tl.PropagateNan.ALL)  # NaN wins, as in PyTorch
+    y_ptrs = y_ptr + (n * syn + oh * syh + ow * syw)[:, None] + offs_c[None, :] * syc
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_p[:, None] & mask_c[None, :])
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(int(x) for x in v)
+    return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
+
+
+def out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """PyTorch's output length (with its ceil_mode rule: the last window starts inside the input)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    o = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (o - 1) * s >= size + p:
+        o -= 1
+    return o
+
+
+def max_pool2d(
+    x: torch.Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``F.max_pool2d`` for a 4-D tensor of any memory format; the output keeps the input's
+    format (channels-last in, channels-last out)."""
+    if x.dim() != 4:
+        raise ValueError(f"max_pool2d: expected an (N, C, H, W) tensor, got shape {tuple(x.shape)}")
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride if stride not in (None, (), []) else kernel_size)
+    ph, pw = _pair(padding)
+    dh, dw = _pair(dilation)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(f"max_pool2d: padding {(ph, pw)} must be at most half the kernel {(kh, kw)}")
+    nb, c, h, w = x.shape
+    oh, ow = out_size(h, kh, sh, ph, dh, ceil_mode), out_size(w, kw, sw, pw, dw, ceil_mode)
+    if out is None:
+        nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        fmt = torch.channels_last if nhwc else torch.contiguous_format
+        out = torch.empty((nb, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=fmt)
+    if out.numel() == 0:
+        return out
+    block_p, block_c = (16, 16) if interpreting() else (32, min(128, triton.next_power_of_2(c)))
+    grid = (cdiv(nb * oh * ow, block_p), cdiv(c, block_c))
+    _max_pool2d_kernel[grid](
+        x, out, nb, c, h, w, oh, ow, *x.stride(), *out.stride(),
+        KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, BLOCK_P=block_p, BLOCK_C=block_c,
+        num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def lower_max_pool2d(node: Any, graph: Any, backend: str, options: Any = None) -> Any:
+    """A Step running the kernel; on a GPU only where it is measured faster than PyTorch."""
+    if backend == "torch":
+        return None
+    from kfuse.ir import ops
+    from kfuse.runtime.executor import KernelInfo, Step
+
+    a = dict(node.attrs)
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        return max_pool2d(xs[0], a["kernel_size"], a.get("stride"), a.get("padding", 0), a.get("dilation", 1), a.get("ceil_mode", False))
+
+    desc = f"k{tuple(_pair(a['kernel_size']))} s{a.get('stride')} p{a.get('padding', 0)}"
+    if backend == "triton" and torch.cuda.is_available():
+        from kfuse.runtime.choice import choose, problem_key
+
+        ref = ops.get("max_pool2d").reference
+        choice, times = choose(node, graph, {"kernel": run, "torch": lambda xs: ref(xs, a)}, problem_key(node, graph))
+        if choice != "kernel":
+            return None
+        desc += f"; {times['kernel'] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"
+    return Step(node.name, node.inputs, run, KernelInfo(node.name, "pool", ("max_pool2d",), desc))
