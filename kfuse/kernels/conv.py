@@ -394,7 +394,38 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
         cands["cudnn_pad8"] = make(True, None)
         if fused:
             cands["cudnn_pad8_fused"] = make(True, fused)
+    kh, kw = graph.type_of(node.inputs[1]).shape[2:]
+    if params.stride == (kh, kw) and params.padding == (0, 0) and params.dilation == (1, 1) and params.groups == 1:
+        cands["patch_gemm"] = _patch_gemm(node, graph, epi, has_bias, out_dtype)
     return cands
+
+
+def _patch_gemm(node: Node, graph: Graph, epi: Epilogue, has_bias: bool, out_dtype: torch.dtype) -> Any:
+    """A convolution whose windows do not overlap (stride = kernel, no padding: ViT's patch
+    embedding) is a reshape of the input into patches and one GEMM: no implicit-GEMM gather,
+    cuBLAS's speed for the (N*OH*OW, C*KH*KW) x (C*KH*KW, OC) product."""
+    n_conv = 3 if has_bias else 2
+    channels_last = node.ttype.layout == "channels_last"
+    w_mat: dict[torch.device, torch.Tensor] = {}
+    w_const = graph.constants.get(node.inputs[1])
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        x, w = xs[0], xs[1]
+        nb, c, h, wd = x.shape
+        oc, _, kh, kw = w.shape
+        oh, ow = h // kh, wd // kw
+        wm = w_mat.get(w.device)
+        if wm is None:
+            wm = w.reshape(oc, c * kh * kw).t().contiguous()
+            if w_const is not None:
+                w_mat[w.device] = wm
+        patches = x[:, :, : oh * kh, : ow * kw].reshape(nb, c, oh, kh, ow, kw).permute(0, 2, 4, 1, 3, 5).reshape(nb * oh * ow, -1)
+        y = torch.addmm(xs[2], patches, wm) if has_bias else patches @ wm
+        y = y.view(nb, oh, ow, oc).permute(0, 3, 1, 2)  # NHWC storage, NCHW logical: channels-last
+        y = apply_reference(y, xs[n_conv:], epi).to(out_dtype)
+        return y if channels_last else y.contiguous()
+
+    return run
 
 
 def _pad_input(x: torch.Tensor, pad: int) -> torch.Tensor:

@@ -101,3 +101,38 @@ def test_cudnn_candidates_cover_padding_and_fusion() -> None:
     ref = F.relu(F.conv2d(xs[0], xs[1], xs[2], padding=1))
     for name in ("cudnn", "cudnn_pad8"):
         torch.testing.assert_close(cands[name](xs), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_patch_gemm_candidate_for_non_overlapping_windows(channels_last: bool) -> None:
+    """ViT's patch embedding (stride = kernel, no padding) gets a reshape + GEMM candidate, equal
+    to the convolution (also with sizes that do not divide by the patch)."""
+    import torch.nn.functional as F
+
+    from kfuse.ir.graph import GraphBuilder, Node, TensorType
+    from kfuse.kernels.conv import ConvParams, cudnn_candidates
+    from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+    layout = "channels_last" if channels_last else "contiguous"
+    gb = GraphBuilder("patch")
+    x = gb.add_input("x", TensorType((2, 3, 18, 17), torch.float32, layout))
+    w = gb.add_constant(torch.randn(8, 3, 4, 4), "w")
+    b = gb.add_constant(torch.randn(8), "b")
+    epi = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),))
+    attrs = dict(epilogue=epi, has_bias=True, stride=(4, 4), padding=(0, 0), dilation=(1, 1), fused_ops=("conv2d", "relu"))
+    y = gb.add_node(Node("y", "conv_epilogue", (x, w, b), TensorType((2, 8, 4, 4), torch.float32, layout), attrs))
+    g = gb.build([y])
+    node = g.nodes[-1]
+    cands = cudnn_candidates(node, g, epi, ConvParams.of(node.attrs), True, torch.float32)
+    assert "patch_gemm" in cands
+    xt = torch.randn(2, 3, 18, 17)
+    if channels_last:
+        xt = xt.contiguous(memory_format=torch.channels_last)
+    got = cands["patch_gemm"]([xt, g.constants["w"], g.constants["b"]])
+    torch.testing.assert_close(got, F.relu(F.conv2d(xt, g.constants["w"], g.constants["b"], stride=4)), rtol=1e-4, atol=1e-4)
+    assert got.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    # overlapping windows: no patch candidate
+    attrs3 = dict(attrs, stride=(2, 2))
+    y3 = Node("y3", "conv_epilogue", (x, w, b), TensorType((2, 8, 8, 7), torch.float32, layout), attrs3)
+    g3 = g.replace(nodes=(y3,), outputs=("y3",))
+    assert "patch_gemm" not in cudnn_candidates(y3, g3, epi, ConvParams.of(attrs3), True, torch.float32)
