@@ -22,6 +22,8 @@ _CACHE: dict[Hashable, tuple[str, dict[str, float]]] = {}
 
 
 def example_inputs(node: Any, graph: Any, device: str = "cuda") -> list[torch.Tensor]:
+    """Inputs of the node's types on ``device``: constants as they are, the rest random (ones for
+    integer inputs), channels-last where the type says so."""
     xs = []
     for name in node.inputs:
         if name in graph.constants:
@@ -66,7 +68,7 @@ def choose(
             except Exception:  # noqa: BLE001 - a candidate that cannot run loses
                 times[name] = float("inf")
         _CACHE[full_key] = (min(times, key=lambda k: times[k]), times)
-        if db is not None:
+        if db is not None and any(t != float("inf") for t in times.values()):  # never store a failure
             try:
                 db.put_choice(_gpu_name(), problem, names, *_CACHE[full_key])
             except Exception:  # noqa: BLE001
