@@ -19,7 +19,7 @@ if "--smoke" in sys.argv:
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import cuda_graph_callable, floor_ms, make_record, max_rel_err, time_ms, write_results
+from kfuse.bench.harness import floor_ms, graph_or_plain, make_record, max_rel_err, time_ms, write_results
 from kfuse.kernels import attention as A
 
 ANCHORS = {"sdpa_padded_mask": 0.098, "varlen_attn": 0.082, "sdpa_dense": 0.054}  # issue 4, H200, torch 2.11
@@ -62,7 +62,7 @@ def main() -> None:
     rep = 3 if smoke else 100
 
     def timed(fn) -> float:  # noqa: ANN001 - every kernel replayed from a CUDA graph: GPU time, no launch overhead
-        return time_ms(fn if smoke else cuda_graph_callable(fn, ()), rep=rep)
+        return time_ms(graph_or_plain(fn), rep=rep)
 
     cmd = "PYTHONPATH=. python benchmarks/attention_bench.py --out $OUT" + (" --smoke" if smoke else "")
     cases = [(2, 2, 16, 64, 0.6)] if smoke else [(16, 12, 512, 64, 0.6), (32, 12, 128, 64, 0.6), (8, 12, 512, 128, 1.0)]

@@ -23,20 +23,10 @@ if "--smoke" in sys.argv:
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import floor_ms, make_record, max_rel_err, time_ms, write_results
+from kfuse.bench.harness import floor_ms, graph_or_plain, make_record, max_rel_err, time_ms, write_results
 from kfuse.ir import ops  # noqa: F401
 from kfuse.kernels.conv import ConvParams, conv_epilogue, pack_weight
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
-
-
-def graph_or_plain(fn):  # noqa: ANN001, ANN201
-    """A CUDA-graph replay of ``fn`` on the GPU; ``fn`` itself on the CPU."""
-    if not torch.cuda.is_available():
-        return fn
-    from kfuse.bench.harness import cuda_graph_callable
-
-    return cuda_graph_callable(lambda: fn(), ())
-
 
 RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
 

@@ -26,7 +26,7 @@ if "--smoke" in sys.argv:
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import floor_ms, make_record, max_rel_err, pytorch_baselines, time_ms, write_results
+from kfuse.bench.harness import floor_ms, graph_or_plain, make_record, max_rel_err, pytorch_baselines, time_ms, write_results
 from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 from kfuse.kernels.gemm import gemm_epilogue
@@ -46,15 +46,6 @@ def shapes(smoke: bool) -> list[tuple[str, int, int, int]]:
             for name, (k, n) in LAYERS.items():
                 out.append((f"{model}_T{t}_{name}", t, n, k))
     return out
-
-
-def graph_or_plain(fn):  # noqa: ANN001, ANN201
-    """A CUDA-graph replay of ``fn`` on the GPU; ``fn`` itself on the CPU."""
-    if not torch.cuda.is_available():
-        return fn
-    from kfuse.bench.harness import cuda_graph_callable
-
-    return cuda_graph_callable(lambda: fn(), ())
 
 
 def main() -> None:

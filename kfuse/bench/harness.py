@@ -102,6 +102,14 @@ def cuda_graph_callable(fn: Callable[..., Any], args: Sequence[Any], kwargs: dic
     return replay
 
 
+def graph_or_plain(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """A CUDA-graph replay of ``fn`` on the GPU (kernel time without launch overhead, as inside a
+    compiled model); ``fn`` itself without a GPU."""
+    if not torch.cuda.is_available():
+        return fn
+    return cuda_graph_callable(lambda: fn(), ())
+
+
 def gpu_time_ms(fn: Callable[[], Any], warmup: int = 2, rep: int = 10) -> float:
     """Median GPU time of ``fn()`` replayed from a CUDA graph (launch overhead excluded, as in a
     compiled model's plan); plain CUDA-event timing where capture fails or there is no GPU.

@@ -16,6 +16,7 @@ import torch
 import torch.fx
 
 from kfuse.ir.graph import GraphBuilder, TensorType, ValueType
+from kfuse.kernels.codegen import as_pair
 
 aten = torch.ops.aten
 
@@ -262,9 +263,9 @@ def _conv2d(c: Ctx, a: tuple, k: dict) -> str:
     if isinstance(padding, str):
         raise _Unsupported()
     attrs = {
-        "stride": _pair(stride if stride is not None else k.get("stride", 1)),
-        "padding": _pair(padding if padding is not None else k.get("padding", 0)),
-        "dilation": _pair(dilation if dilation is not None else k.get("dilation", 1)),
+        "stride": as_pair(k.get("stride") if stride is None else stride, 1),
+        "padding": as_pair(k.get("padding") if padding is None else padding, 0),
+        "dilation": as_pair(k.get("dilation") if dilation is None else dilation, 1),
         "groups": int(groups if groups is not None else k.get("groups", 1)),
     }
     ins = [x, w] + ([bias] if bias is not None else [])
@@ -277,14 +278,7 @@ def _convolution(c: Ctx, a: tuple, k: dict) -> str:
     if transposed or c.ttype(x).rank != 4:
         raise _Unsupported()
     ins = [x, w] + ([bias] if bias is not None else [])
-    return c.op("conv2d", ins, stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation), groups=int(groups))
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    v = tuple(int(x) for x in v)
-    return v if len(v) == 2 else (v[0], v[0])
+    return c.op("conv2d", ins, stride=as_pair(stride, 1), padding=as_pair(padding, 0), dilation=as_pair(dilation, 1), groups=int(groups))
 
 
 @converts(aten.batch_norm)
@@ -674,10 +668,10 @@ def _amax(c: Ctx, a: tuple, k: dict) -> str:
 
 @converts(aten.max_pool2d, aten.max_pool2d_with_indices)
 def _max_pool(c: Ctx, a: tuple, k: dict) -> Any:
-    ks = _pair(a[1])
-    stride = _pair(a[2]) if len(a) > 2 and a[2] else ks
-    pad = _pair(a[3]) if len(a) > 3 else (0, 0)
-    dil = _pair(a[4]) if len(a) > 4 else (1, 1)
+    ks = as_pair(a[1], 1)
+    stride = as_pair(a[2], 1) if len(a) > 2 and a[2] else ks
+    pad = as_pair(a[3], 0) if len(a) > 3 else (0, 0)
+    dil = as_pair(a[4], 1) if len(a) > 4 else (1, 1)
     ceil = bool(a[5]) if len(a) > 5 else False
     y = c.op("max_pool2d", [a[0]], kernel_size=ks, stride=stride, padding=pad, dilation=dil, ceil_mode=ceil)
     if c.node.target == aten.max_pool2d_with_indices.default:
@@ -687,9 +681,9 @@ def _max_pool(c: Ctx, a: tuple, k: dict) -> Any:
 
 @converts(aten.avg_pool2d)
 def _avg_pool(c: Ctx, a: tuple, k: dict) -> str:
-    ks = _pair(a[1])
-    stride = _pair(a[2]) if len(a) > 2 and a[2] else ks
-    pad = _pair(a[3]) if len(a) > 3 else (0, 0)
+    ks = as_pair(a[1], 1)
+    stride = as_pair(a[2], 1) if len(a) > 2 and a[2] else ks
+    pad = as_pair(a[3], 0) if len(a) > 3 else (0, 0)
     ceil = bool(a[4]) if len(a) > 4 else False
     cip = bool(a[5]) if len(a) > 5 else True
     div = a[6] if len(a) > 6 else None
@@ -700,4 +694,4 @@ def _avg_pool(c: Ctx, a: tuple, k: dict) -> str:
 
 @converts(aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d)
 def _adaptive_avg(c: Ctx, a: tuple, k: dict) -> str:
-    return c.op("adaptive_avg_pool2d", [a[0]], output_size=_pair(a[1]))
+    return c.op("adaptive_avg_pool2d", [a[0]], output_size=as_pair(a[1], 1))

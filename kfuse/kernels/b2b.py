@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kfuse.kernels.codegen import interpreting, load_generated
+from kfuse.kernels.codegen import as_pair, interpreting, load_generated
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
 
 MAX_RESIDENT = 256  # widest intermediate a program keeps resident (N0 <= 256, issue 5)
@@ -723,7 +723,7 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
         slices.append((pos, pos + take))
         pos += take
     packed_cache: dict[torch.device, list[torch.Tensor]] = {}
-    geom = ConvGeom(_pair(a.get("stride"), 1), _pair(a.get("padding"), 0), _pair(a.get("dilation"), 1))
+    geom = ConvGeom(as_pair(a.get("stride"), 1), as_pair(a.get("padding"), 0), as_pair(a.get("dilation"), 1))
     channels_last = a["out_type"].layout == "channels_last"
 
     def split(xs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], list[Any], list[list[torch.Tensor]]]:
@@ -762,14 +762,6 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
     step = Step(node.name, node.inputs, run, info)
     step.b2b = decision  # type: ignore[attr-defined]  # read by kfuse.passes.fuse_b2b.b2b_report
     return step
-
-
-def _pair(v: Any, d: int) -> tuple[int, int]:
-    if v is None:
-        return (d, d)
-    if isinstance(v, int):
-        return (v, v)
-    return (int(v[0]), int(v[1]))
 
 
 def _rows(graph: Any, node: Any, chain: Chain) -> int:

@@ -1,5 +1,6 @@
 """Loading generated Triton source: Triton's JIT reads kernel source from files, so every
-generated kernel is written once to the kernel cache and imported from there."""
+generated kernel is written once to the kernel cache and imported from there. Also the small
+host-side helpers every kernel launcher uses (interpreter check, ceiling division, 2-D pairs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 _LOADED: dict[str, ModuleType] = {}
 
@@ -22,6 +24,16 @@ def interpreting() -> bool:
 def cdiv(a: int, b: int) -> int:
     """Ceiling division on host integers (grid sizes)."""
     return -(-a // b)
+
+
+def as_pair(v: Any, default: int) -> tuple[int, int]:
+    """A 2-D window attribute (stride, padding, kernel size...) as (h, w): None -> the default,
+    an int or a 1-tuple -> repeated."""
+    if v is None:
+        return (default, default)
+    if isinstance(v, int):
+        return (v, v)
+    return (int(v[0]), int(v[-1]))
 
 
 def cache_dir() -> Path:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, TensorType
-from kfuse.kernels.codegen import cdiv, generated, interpreting
+from kfuse.kernels.codegen import as_pair, cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, Operand, apply_reference, render
 from kfuse.kernels.gemm import _go
 from kfuse.runtime.executor import KernelInfo, Step, lowering
@@ -158,16 +158,8 @@ class ConvParams:
 
     @staticmethod
     def of(attrs: Mapping[str, Any]) -> ConvParams:
-        def pair(v: Any, d: int) -> tuple[int, int]:
-            if v is None:
-                return (d, d)
-            if isinstance(v, int):
-                return (v, v)
-            return (int(v[0]), int(v[1]))
-
-        return ConvParams(
-            pair(attrs.get("stride"), 1), pair(attrs.get("padding"), 0), pair(attrs.get("dilation"), 1), int(attrs.get("groups", 1))
-        )
+        stride, padding, dilation = as_pair(attrs.get("stride"), 1), as_pair(attrs.get("padding"), 0), as_pair(attrs.get("dilation"), 1)
+        return ConvParams(stride, padding, dilation, int(attrs.get("groups", 1)))
 
 
 def out_hw(h: int, w: int, kh: int, kw: int, p: ConvParams) -> tuple[int, int]:

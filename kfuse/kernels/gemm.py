@@ -443,11 +443,21 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if split > 1:
-        rb = (64, 64)
-        _go(mod.splitk_reduce_kernel, (cdiv(m, rb[0]) * cdiv(n, rb[1]), nb), warmup,
-            ws, c, *g.extras, m, n, m * n, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
-            BLOCK_M=rb[0], BLOCK_N=rb[1], SPLIT_K=split, num_warps=4,
-        )  # fmt: skip
+        epilogue_pass(g, epi, ws, split, warmup)
+
+
+def epilogue_pass(g: GemmCall, epi: Epilogue, ws: torch.Tensor, slices: int = 1, warmup: bool = False) -> None:
+    """Sum the ``slices`` contiguous (B, M, N) partial products in ``ws`` (fp32 split-K partials,
+    or one GEMM result of any float dtype), apply ``epi`` and store into ``g.c``: the split-K
+    reduce, also the rest-of-epilogue kernel after a library GEMM."""
+    nb, m, n = g.c.shape
+    c = g.c
+    ex_strides = [s for e in g.extras for s in (e.stride(0), e.stride(1), e.stride(2))]
+    rb = (64, 64)
+    _go(_module(epi).splitk_reduce_kernel, (cdiv(m, rb[0]) * cdiv(n, rb[1]), nb), warmup,
+        ws, c, *g.extras, m, n, m * n, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
+        BLOCK_M=rb[0], BLOCK_N=rb[1], SPLIT_K=slices, num_warps=4,
+    )  # fmt: skip
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, out_dtype: torch.dtype) -> torch.Tensor:

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from kfuse.kernels.codegen import cdiv
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+from kfuse.runtime.choice import choose, library_mode, problem_key
 
 _ACTIVATIONS = {"relu": "relu", "gelu_tanh": "gelu", "gelu": "gelu"}
 
@@ -95,11 +95,10 @@ def gemm_library(
 ) -> torch.Tensor:
     """``epi(a @ b, *extras)`` with cuBLAS(Lt) for the GEMM and the fusable prefix of the epilogue,
     one generated elementwise kernel for the rest."""
-    from kfuse.kernels.gemm import _module, prepare
+    from kfuse.kernels.gemm import epilogue_pass, prepare
 
     g = prepare(a, b, extras, out_dtype)
-    nb, m, k = g.a.shape
-    n = g.b.shape[2]
+    nb = g.a.shape[0]
     if a.dtype != b.dtype or not a.dtype.is_floating_point:
         raise TypeError(f"library GEMM needs matching floating operands, got {a.dtype} and {b.dtype}")
     bias = None
@@ -127,17 +126,8 @@ def gemm_library(
         y = torch.baddbmm(bias, g.a, g.b) if bias is not None else torch.bmm(g.a, g.b)
     if not rest.steps:
         return (y if y.dtype == out_dtype else y.to(out_dtype)).view(g.out_shape)
-    y = y.contiguous()
-    ex_strides: list[int] = []
-    for e in g.extras:
-        ex_strides += [e.stride(0), e.stride(1), e.stride(2)]
-    c = g.c
-    bm, bn = 64, 64
-    _module(rest).splitk_reduce_kernel[(cdiv(m, bm) * cdiv(n, bn), nb)](
-        y, c, *g.extras, m, n, m * n, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
-        BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=1, num_warps=4,
-    )  # fmt: skip
-    return c.view(g.out_shape)
+    epilogue_pass(g, rest, y.contiguous())
+    return g.c.view(g.out_shape)
 
 
 # ---------------------------------------------------------------------------------------
@@ -148,8 +138,7 @@ def maybe_library_step(node: Any, graph: Any, backend: str, run_template: Any, i
     choice; None keeps the template."""
     from kfuse.runtime.executor import KernelInfo, Step
 
-    mode = getattr(options, "gemm_library", "auto") if options is not None else "auto"
-    mode = os.environ.get("KFUSE_GEMM_LIBRARY", mode)
+    mode = library_mode(options)
     if backend == "torch" or mode == "never":
         return None
     a_t, b_t = graph.type_of(node.inputs[0]), graph.type_of(node.inputs[1])
@@ -165,8 +154,6 @@ def maybe_library_step(node: Any, graph: Any, backend: str, run_template: Any, i
     if mode == "always":
         why = "forced (gemm_library='always')"
     elif mode == "auto" and backend == "triton" and torch.cuda.is_available():
-        from kfuse.runtime.choice import choose, problem_key
-
         key = problem_key(node, graph, str(node.attrs.get("config")))
         choice, times = choose(node, graph, {"template": run_template, "library": run_library}, key)
         if choice != "library":

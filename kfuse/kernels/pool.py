@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.codegen import cdiv, interpreting
+from kfuse.kernels.codegen import as_pair, cdiv, interpreting
 
 
 @triton.jit
@@ -49,13 +49,6 @@ def _max_pool2d_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_p[:, None] & mask_c[None, :])
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    v = tuple(int(x) for x in v)
-    return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
-
-
 def out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
     """PyTorch's output length (with its ceil_mode rule: the last window starts inside the input)."""
     span = size + 2 * p - d * (k - 1) - 1
@@ -78,10 +71,10 @@ def max_pool2d(
     format (channels-last in, channels-last out)."""
     if x.dim() != 4:
         raise ValueError(f"max_pool2d: expected an (N, C, H, W) tensor, got shape {tuple(x.shape)}")
-    kh, kw = _pair(kernel_size)
-    sh, sw = _pair(stride if stride not in (None, (), []) else kernel_size)
-    ph, pw = _pair(padding)
-    dh, dw = _pair(dilation)
+    kh, kw = as_pair(kernel_size, 1)
+    sh, sw = as_pair(stride if stride not in (None, (), []) else kernel_size, 1)
+    ph, pw = as_pair(padding, 0)
+    dh, dw = as_pair(dilation, 1)
     if ph > kh // 2 or pw > kw // 2:
         raise ValueError(f"max_pool2d: padding {(ph, pw)} must be at most half the kernel {(kh, kw)}")
     nb, c, h, w = x.shape
@@ -114,7 +107,7 @@ def lower_max_pool2d(node: Any, graph: Any, backend: str, options: Any = None) -
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
         return max_pool2d(xs[0], a["kernel_size"], a.get("stride"), a.get("padding", 0), a.get("dilation", 1), a.get("ceil_mode", False))
 
-    desc = f"k{tuple(_pair(a['kernel_size']))} s{a.get('stride')} p{a.get('padding', 0)}"
+    desc = f"k{as_pair(a['kernel_size'], 1)} s{a.get('stride')} p{a.get('padding', 0)}"
     if backend == "triton" and torch.cuda.is_available():
         from kfuse.runtime.choice import choose, problem_key
 

@@ -28,6 +28,7 @@ import torch
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, ValueType
 from kfuse.kernels.b2b import MAX_RESIDENT, Chain, Stage
+from kfuse.kernels.codegen import as_pair
 
 STAGE_OPS = ("gemm_epilogue", "conv_epilogue")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -50,14 +51,6 @@ def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
 ops.register("b2b_chain", ops.FUSED, infer=_out_type)(_b2b_ref)
 
 
-def _pair(v: Any, d: int) -> tuple[int, int]:
-    if v is None:
-        return (d, d)
-    if isinstance(v, int):
-        return (v, v)
-    return (int(v[0]), int(v[1]))
-
-
 def _stage_reason(node: Node, g: Graph, first: bool) -> str | None:
     """Why ``node`` cannot be a stage of a chain (None: it can)."""
     if "epilogue" not in node.attrs:
@@ -78,10 +71,10 @@ def _stage_reason(node: Node, g: Graph, first: bool) -> str | None:
             kh, kw = w.shape[2], w.shape[3]
             if (kh, kw) != (1, 1):
                 return f"second conv {node.name} is {kh}x{kw} (only 1x1 convs can consume a resident tile)"
-            if _pair(node.attrs.get("stride"), 1) != (1, 1):
-                return f"second conv {node.name} has stride {_pair(node.attrs.get('stride'), 1)}"
-            if _pair(node.attrs.get("padding"), 0) != (0, 0):
-                return f"second conv {node.name} is padded {_pair(node.attrs.get('padding'), 0)}"
+            if as_pair(node.attrs.get("stride"), 1) != (1, 1):
+                return f"second conv {node.name} has stride {as_pair(node.attrs.get('stride'), 1)}"
+            if as_pair(node.attrs.get("padding"), 0) != (0, 0):
+                return f"second conv {node.name} is padded {as_pair(node.attrs.get('padding'), 0)}"
     return None
 
 

@@ -72,7 +72,7 @@ def _rewrite_once(graph: Graph) -> Graph | None:
                 continue
             # reshape(matmul(X, W)) -> matmul(reshape(X), W): the reshape moves to the GEMM's input,
             # so it never sits between the GEMM and its epilogue (reshapes only ever move upwards)
-            return _reshape_into_matmul(graph, r, src, w.shape[0])
+            return _replace_matmul(graph, r, src, src.inputs[0], tuple(out_t.shape[:-1]) + (w.shape[0],))
     return None
 
 
@@ -94,26 +94,16 @@ def _replace(graph: Graph, r: Node, e: Node, main: str) -> Graph:
     return dce(b.build(graph.outputs))
 
 
-def _replace_matmul(graph: Graph, r: Node, mm: Node, x: str) -> Graph:
+def _replace_matmul(graph: Graph, r: Node, mm: Node, x: str, reshape_to: tuple[int, ...] | None = None) -> Graph:
+    """``r = reshape(matmul(..., W))`` becomes ``r = matmul(x, W)``, with ``x`` first reshaped to
+    ``reshape_to`` when given."""
     b = GraphBuilder.from_graph(graph)
     for node in graph.nodes:
         if node.name == mm.name:
             continue
         if node.name == r.name:
-            b.op("matmul", [x, mm.inputs[1]], {}, name=r.name)
-            continue
-        b.add_node(node)
-    return dce(b.build(graph.outputs))
-
-
-def _reshape_into_matmul(graph: Graph, r: Node, mm: Node, k: int) -> Graph:
-    b = GraphBuilder.from_graph(graph)
-    for node in graph.nodes:
-        if node.name == mm.name:
-            continue
-        if node.name == r.name:
-            x = b.op("reshape", [mm.inputs[0]], {"shape": tuple(r.ttype.shape[:-1]) + (k,)})
-            b.op("matmul", [x, mm.inputs[1]], {}, name=r.name)
+            a = b.op("reshape", [x], {"shape": reshape_to}) if reshape_to is not None else x
+            b.op("matmul", [a, mm.inputs[1]], {}, name=r.name)
             continue
         b.add_node(node)
     return dce(b.build(graph.outputs))

@@ -21,6 +21,13 @@ import torch
 _CACHE: dict[Hashable, tuple[str, dict[str, float]]] = {}
 
 
+def library_mode(options: Any) -> str:
+    """ "auto" | "never" | "always": the compile option ``gemm_library`` (kfuse kernel vs vendor
+    library per node), overridden by ``$KFUSE_GEMM_LIBRARY``."""
+    mode = getattr(options, "gemm_library", "auto") if options is not None else "auto"
+    return os.environ.get("KFUSE_GEMM_LIBRARY", mode)
+
+
 def example_inputs(node: Any, graph: Any, device: str = "cuda") -> list[torch.Tensor]:
     """Inputs of the node's types on ``device``: constants as they are, the rest random (ones for
     integer inputs), channels-last where the type says so."""

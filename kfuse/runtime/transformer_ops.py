@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, ValueType
+from kfuse.runtime.choice import choose, example_inputs, library_mode, problem_key
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 
 
@@ -113,7 +114,7 @@ def _attention_library_choice(node: Node, graph: Graph, backend: str, options: A
     attention: the lowering keeps whichever is faster on the GPU (the padded-mask and varlen cases
     stay with kfuse's kernel when it wins, see BENCHMARKS.md ``attention``). ``gemm_library`` in
     the options ("never" / "always" / "auto") governs library candidates in general."""
-    mode = _library_mode(options)
+    mode = library_mode(options)
     if backend == "torch" or mode == "never":
         return None
 
@@ -124,8 +125,6 @@ def _attention_library_choice(node: Node, graph: Graph, backend: str, options: A
         return run_sdpa, "SDPA (forced)"
     if mode != "auto" or backend != "triton" or not torch.cuda.is_available():
         return None
-    from kfuse.runtime.choice import choose, problem_key
-
     choice, times = choose(node, graph, {"kernel": run_kernel, "sdpa": run_sdpa}, problem_key(node, graph))
     if choice != "sdpa":
         return None
@@ -155,6 +154,11 @@ def _varlen_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
 ops.register("varlen_attention", ops.FUSED, infer=_out_type)(_varlen_ref)
 
 
+def _heads(xs: tuple[torch.Tensor, ...], t: int, h: int, d: int) -> tuple[torch.Tensor, ...]:
+    """Packed [T, H*D] projections (any row stride) as [T, H, D] views (copies only if not viewable)."""
+    return tuple(x.view(t, h, d) if x.stride(-1) == 1 else x.reshape(t, h, d) for x in xs)
+
+
 @lowering("varlen_attention")
 def _lower_varlen(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
     if backend == "torch":
@@ -168,25 +172,22 @@ def _lower_varlen(node: Node, graph: Graph, backend: str, options: Any = None) -
         q, k, v, cu = xs
         t = q.shape[0]
         out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
-        q3, k3, v3 = (x.view(t, h, d) if x.stride(-1) == 1 else x.reshape(t, h, d) for x in (q, k, v))
+        q3, k3, v3 = _heads((q, k, v), t, h, d)
         K.varlen_attention(q3, k3, v3, cu, a["max_seqlen"], causal=a["causal"], scale=a["scale"], out=out.view(t, h, d))
         return out
 
     desc = f"packed h{h} d{d} max_seqlen={a['max_seqlen']}" + (" causal" if a.get("causal") else "")
     ops_ = tuple(a.get("fused_ops", ("sdpa",)))
-    if backend == "triton" and torch.cuda.is_available() and _library_mode(options) == "auto":
-        from kfuse.runtime.choice import choose, problem_key
+    if backend == "triton" and torch.cuda.is_available() and library_mode(options) == "auto":
 
         def run_fa2(xs: list[torch.Tensor]) -> torch.Tensor:
             # PyTorch's FlashAttention-2 variable-length kernel (the one nested tensors use)
             q, k, v, cu = xs
             t = q.shape[0]
-            q3, k3, v3 = (x.view(t, h, d) if x.stride(-1) == 1 else x.reshape(t, h, d) for x in (q, k, v))
+            q3, k3, v3 = _heads((q, k, v), t, h, d)
             m = a["max_seqlen"]
             o = torch.ops.aten._flash_attention_forward(q3, k3, v3, cu, cu, m, m, 0.0, bool(a["causal"]), False, scale=a["scale"])[0]
             return o.reshape(t, h * d)
-
-        from kfuse.runtime.choice import example_inputs
 
         xs = example_inputs(node, graph)  # cu_seqlens: the tokens split evenly (ones would be no prefix sum)
         n_seq = xs[3].shape[0] - 1
@@ -196,13 +197,6 @@ def _lower_varlen(node: Node, graph: Graph, backend: str, options: Any = None) -
             why = f"; FlashAttention-2 varlen {times['fa2_varlen'] * 1e3:.1f} us vs kfuse kernel {times['kernel'] * 1e3:.1f} us"
             return Step(node.name, node.inputs, run_fa2, KernelInfo(node.name, "library_varlen_attention", ops_, desc + why))
     return Step(node.name, node.inputs, run, KernelInfo(node.name, "varlen_attention", ops_, desc))
-
-
-def _library_mode(options: Any) -> str:
-    import os
-
-    mode = getattr(options, "gemm_library", "auto") if options is not None else "auto"
-    return os.environ.get("KFUSE_GEMM_LIBRARY", mode)
 
 
 # ---------------------------------------------------------------------------------------

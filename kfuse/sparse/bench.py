@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kfuse.bench.harness import time_ms
 from kfuse.sparse.levelset import levelset_solve
 from kfuse.sparse.matrices import make
 from kfuse.sparse.sptrsv import analyze
@@ -88,20 +88,7 @@ def time_cuda(fn: Callable[[], Any], warmup: int = 2, reps: int = 10, budget_s: 
     _sync()
     one = time.perf_counter() - t0
     reps = max(1, min(reps, int(budget_s / max(one, 1e-6))))
-    times = []
-    for _ in range(reps):
-        if not torch.cuda.is_available():
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_ms(fn, warmup=0, rep=reps)
 
 
 def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
