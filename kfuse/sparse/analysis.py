@@ -80,7 +80,7 @@ def _levels_kernel(rowptr, cols, lev_ptr, ticket_ptr, n, R: tl.constexpr, W: tl.
         m = idx < end[:, None]
         c = tl.load(cols + idx, mask=m, other=0)
         ext = m & (c < base)
-        wait_flags(lev_ptr, c, ext, 1)  # level 0 = not done yet
+        wait_flags(lev_ptr, c, ext, 1, 0, HW_FENCE)  # level 0 = not done yet
         tok = acquire_fence(off, HW_FENCE)
         lv = tl.load(lev_ptr + c + (tok - off), mask=ext, other=0, volatile=True)
         ext_max = tl.maximum(ext_max, tl.max(lv, axis=1))

@@ -3,17 +3,19 @@
 Public API: :func:`analyze` (preprocessing, timed) returning a :class:`SptrsvPlan` whose
 ``solve`` runs the single kernel, and :func:`sptrsv` (analyse + solve in one call).
 
-Kernel (one program = one tile of R consecutive rows in level order):
+Kernel (one tile = R consecutive rows in level order):
   1. take a tile id from a global ticket counter (not ``program_id``: the hardware may start
      programs in any order, but tickets are only taken by programs already running, and a
      tile only depends on smaller tickets, so every wait is on a resident program);
-  2. sweep the tile's nonzeros in [R, W] chunks; for dependencies outside the tile, spin on
-     their done flags (volatile loads), fence, gather x and accumulate;
+  2. sweep the tile's nonzeros in [R, W] chunks; for dependencies outside the tile, wait on
+     done flags (volatile loads), fence, gather x and accumulate;
   3. dependencies inside the tile (a level boundary or a chain inside the tile) are solved in
      registers: Jacobi sweeps on the tile's dense R x R block, exact after (depth+1) sweeps,
      where depth = level(last row) - level(first row);
-  4. store x, barrier, release the tile's done flags.
-Done flags hold an epoch number, so successive solves need no reset launch.
+  4. store x, barrier, release the tile's done flag(s).
+Done flags hold an epoch number, so successive solves need no reset launch. How a program
+waits (per-row or per-tile flags, poll backoff) and whether it loops over tickets (persistent
+grid) are the :class:`~kfuse.sparse.variants.SyncOptions` of the plan or of one solve.
 """
 
 from __future__ import annotations
@@ -36,19 +38,20 @@ from kfuse.sparse.analysis import (
 )
 from kfuse.sparse.inputs import canonicalize, check_rhs
 from kfuse.sparse.sync import acquire_fence, hw_fence_enabled, wait_flags
+from kfuse.sparse.tiledeps import tile_dependencies
+from kfuse.sparse.variants import SyncOptions, persistent_grid
 
 _INT32_MAX = 2**31 - 1
+DEP_LANES = 32  # producing tiles polled at once (tile-flag variant)
 
 
 @triton.jit
-def _syncfree_kernel(
-    rowptr, cols, vals, diag, perm, lev,  # level-ordered matrix (positions)
-    b_ptr, x_ptr, xp_ptr,  # b and x in original row order, xp = x in position order
-    done_ptr, ticket_ptr,
-    n, nrhs, stride_b, stride_x, epoch, ticket_base,
+def _solve_tile(
+    t, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, done_ptr, tdep_ptr, tdeps,
+    n, nrhs, stride_b, stride_x, epoch,
     R: tl.constexpr, W: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr,
+    TILE_FLAGS: tl.constexpr, DW: tl.constexpr, BACKOFF_NS: tl.constexpr,
 ):  # fmt: skip
-    t = tl.atomic_add(ticket_ptr, 1) - ticket_base  # dynamic tile id (see module docstring)
     base = t * R
     r = tl.arange(0, R)
     pos = base + r
@@ -63,6 +66,15 @@ def _syncfree_kernel(
     niter = tl.load(lev + last) - tl.load(lev + base) + 1  # in-tile dependency depth + 1
     acc = tl.zeros([R, KP], dtype=vals.dtype.element_ty)
     lloc = tl.zeros([R, R], dtype=vals.dtype.element_ty)
+    shift = 0
+    if TILE_FLAGS:  # wait once on the producing tiles' flags, fence once, then gather freely
+        d0 = tl.load(tdep_ptr + t)
+        d1 = tl.load(tdep_ptr + t + 1)
+        for doff in range(d0, d1, DW):
+            j = doff + tl.arange(0, DW)
+            dm = j < d1
+            wait_flags(done_ptr, tl.load(tdeps + j, mask=dm, other=0), dm, epoch, BACKOFF_NS, HW_FENCE)
+        shift = acquire_fence(d0, HW_FENCE) - d0  # 0, but opaque: the gathers below stay after the fence
     nlen = tl.max(end - start)
     for off in range(0, nlen, W):
         idx = start[:, None] + off + w[None, :]
@@ -70,9 +82,12 @@ def _syncfree_kernel(
         c = tl.load(cols + idx, mask=m, other=0)
         v = tl.load(vals + idx, mask=m, other=0.0)
         ext = m & (c < base)
-        wait_flags(done_ptr, c, ext, epoch)
-        tok = acquire_fence(off, HW_FENCE)
-        xo = c[:, :, None] * nrhs + kk[None, None, :] + (tok - off)  # data-dependent on the fence
+        if TILE_FLAGS:
+            xo = c[:, :, None] * nrhs + kk[None, None, :] + shift
+        else:  # one flag per dependency, polled and fenced chunk by chunk
+            wait_flags(done_ptr, c, ext, epoch, BACKOFF_NS, HW_FENCE)
+            tok = acquire_fence(off, HW_FENCE)
+            xo = c[:, :, None] * nrhs + kk[None, None, :] + (tok - off)  # data-dependent on the fence
         xg = tl.load(xp_ptr + xo, mask=ext[:, :, None] & kmask[None, None, :], other=0.0, volatile=True)
         acc += tl.sum(v[:, :, None] * xg, axis=1)
         if niter > 1:
@@ -90,7 +105,35 @@ def _syncfree_kernel(
     tl.store(xp_ptr + pos[:, None] * nrhs + kk[None, :], xt, mask=rk)
     tl.store(x_ptr + row[:, None] * stride_x + kk[None, :], xt, mask=rk)
     tl.debug_barrier()  # every thread's x stores precede the release below
-    tl.atomic_xchg(done_ptr + pos, epoch, mask=rmask, sem="release", scope="gpu")
+    if TILE_FLAGS:
+        tl.atomic_xchg(done_ptr + t, epoch, sem="release", scope="gpu")
+    else:
+        tl.atomic_xchg(done_ptr + pos, epoch, mask=rmask, sem="release", scope="gpu")
+
+
+@triton.jit
+def _syncfree_kernel(
+    rowptr, cols, vals, diag, perm, lev,  # level-ordered matrix (positions)
+    b_ptr, x_ptr, xp_ptr,  # b and x in original row order, xp = x in position order
+    done_ptr, ticket_ptr,  # done flags (per row, or per tile with TILE_FLAGS), ticket counter
+    tdep_ptr, tdeps,  # per-tile producing tiles (CSR), read only with TILE_FLAGS
+    n, nrhs, stride_b, stride_x, epoch, ticket_base, n_tiles,
+    R: tl.constexpr, W: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr,
+    TILE_FLAGS: tl.constexpr, DW: tl.constexpr, BACKOFF_NS: tl.constexpr, PERSISTENT: tl.constexpr,
+):  # fmt: skip
+    t = tl.atomic_add(ticket_ptr, 1) - ticket_base  # dynamic tile id (see module docstring)
+    if PERSISTENT:  # a tile only waits on smaller tickets, held by programs that are running
+        while t < n_tiles:
+            _solve_tile(
+                t, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, done_ptr, tdep_ptr, tdeps,
+                n, nrhs, stride_b, stride_x, epoch, R, W, KP, HW_FENCE, TILE_FLAGS, DW, BACKOFF_NS,
+            )  # fmt: skip
+            t = tl.atomic_add(ticket_ptr, 1) - ticket_base
+    else:
+        _solve_tile(
+            t, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, done_ptr, tdep_ptr, tdeps,
+            n, nrhs, stride_b, stride_x, epoch, R, W, KP, HW_FENCE, TILE_FLAGS, DW, BACKOFF_NS,
+        )  # fmt: skip
 
 
 def _pow2_ceil(x: int) -> int:
@@ -111,6 +154,8 @@ class SptrsvPlan:
     tiling: Tiling
     lo: LevelOrdered
     preprocess_ms: dict[str, float]
+    sync: SyncOptions = field(default_factory=SyncOptions)
+    _tile_deps: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(repr=False, default_factory=dict)  # R -> CSR
     _done: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
     _ticket: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
     _epoch: int = 0
@@ -132,6 +177,7 @@ class SptrsvPlan:
             "rows_per_program": self.tiling.rows_per_program,
             "lanes_per_row": self.tiling.lanes_per_row,
             "num_warps": self.tiling.num_warps,
+            "sync": self.sync.name,
             "preprocess_ms": dict(self.preprocess_ms),
         }
 
@@ -143,36 +189,52 @@ class SptrsvPlan:
             r //= 2
         return Tiling(r, t.lanes_per_row, t.num_warps if kp == 1 else min(8, max(t.num_warps, 4)))
 
-    def _next_epoch(self, n_tiles: int) -> tuple[int, int]:
-        if self._epoch + 1 >= _INT32_MAX or self._tickets_used + n_tiles >= _INT32_MAX:
+    def tile_deps(self, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Producing tiles of every tile for R = ``r`` (computed once per R, then cached)."""
+        if r not in self._tile_deps:
+            self._tile_deps[r] = tile_dependencies(self.lo.rowptr, self.lo.cols, self.n, r)
+        return self._tile_deps[r]
+
+    def _next_epoch(self, n_tickets: int) -> tuple[int, int]:
+        """Epoch and ticket base of the next launch; ``n_tickets`` = tickets that launch takes."""
+        if self._epoch + 1 >= _INT32_MAX or self._tickets_used + n_tickets >= _INT32_MAX:
             self._done.zero_()
             self._ticket.zero_()
             self._epoch, self._tickets_used = 0, 0
         self._epoch += 1
         base = self._tickets_used
-        self._tickets_used += n_tiles
+        self._tickets_used += n_tickets
         return self._epoch, base
 
-    def solve(self, b: Any, out: torch.Tensor | None = None) -> Any:
-        """x with A x = b (sync-free, one launch per group of up to 16 right-hand sides)."""
+    def solve(self, b: Any, out: torch.Tensor | None = None, sync: SyncOptions | None = None) -> Any:
+        """x with A x = b (sync-free, one launch per group of up to 16 right-hand sides).
+
+        ``sync`` overrides the plan's :class:`SyncOptions` for this solve (variant comparisons).
+        """
         b2, was_1d, was_numpy = check_rhs(b, self.n, self.dtype, self.device)
         x = _prepare_out(out, b2)
         k = b2.shape[1]
+        opts = sync or self.sync
         if self.n > 0:
             fence = hw_fence_enabled(self.device)
             for g0 in range(0, k, MAX_RHS_PER_LAUNCH):
                 kg = min(MAX_RHS_PER_LAUNCH, k - g0)
                 kp = _pow2_ceil(kg)
                 til = self.tiling_for(kp)
-                n_tiles = triton.cdiv(self.n, til.rows_per_program)
-                epoch, base = self._next_epoch(n_tiles)
+                r = til.rows_per_program
+                n_tiles = triton.cdiv(self.n, r)
+                grid = persistent_grid(self.device, n_tiles, opts) if opts.persistent else n_tiles
+                # a persistent program also takes the one ticket past the end that stops it
+                epoch, base = self._next_epoch(n_tiles + grid if opts.persistent else n_tiles)
+                tdep_ptr, tdeps = self.tile_deps(r) if opts.tile_flags else (self._ticket, self._ticket)
                 xp = torch.empty(self.n * kg, dtype=self.dtype, device=self.device)
                 lo = self.lo
-                _syncfree_kernel[(n_tiles,)](
+                _syncfree_kernel[(grid,)](
                     lo.rowptr, lo.cols, lo.vals, lo.diag, lo.perm, lo.levels,
-                    b2[:, g0:], x[:, g0:], xp, self._done, self._ticket,
-                    self.n, kg, b2.stride(0), x.stride(0), epoch, base,
-                    R=til.rows_per_program, W=til.lanes_per_row, KP=kp, HW_FENCE=fence,
+                    b2[:, g0:], x[:, g0:], xp, self._done, self._ticket, tdep_ptr, tdeps,
+                    self.n, kg, b2.stride(0), x.stride(0), epoch, base, n_tiles,
+                    R=r, W=til.lanes_per_row, KP=kp, HW_FENCE=fence,
+                    TILE_FLAGS=opts.tile_flags, DW=DEP_LANES, BACKOFF_NS=opts.backoff_ns, PERSISTENT=opts.persistent,
                     num_warps=til.num_warps,
                 )  # fmt: skip
         return _finish(x, out, was_1d, was_numpy)
@@ -204,13 +266,17 @@ def analyze(
     unit_diagonal: bool = False,
     device: torch.device | str | None = None,
     tiling: Tiling | None = None,
+    sync: SyncOptions | None = None,
 ) -> SptrsvPlan:
     """Check and preprocess a triangular CSR matrix (torch sparse CSR or scipy.sparse).
 
     Times (wall clock, device synchronised) go to ``plan.preprocess_ms``: ``check`` (validation
     and canonical form), ``levels`` (sync-free level kernel), ``reorder`` (level-order
-    renumbering) and ``total``. ``tiling`` overrides the row-length heuristic.
+    renumbering), ``tile_deps`` (producing tiles, only with ``sync.tile_flags``) and ``total``.
+    ``tiling`` overrides the row-length heuristic; ``sync`` picks the kernel variant
+    (default :class:`SyncOptions`; ``kfuse.sparse.variants.LEGACY`` is the original kernel).
     """
+    sync = sync or SyncOptions()
     if device is None and not isinstance(a, torch.Tensor):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
@@ -226,8 +292,8 @@ def analyze(
     lo = level_order(tri, lev)
     _sync(tri.device)
     t3 = time.perf_counter()
-    ms = {"check": (t1 - t0) * 1e3, "levels": (t2 - t1) * 1e3, "reorder": (t3 - t2) * 1e3, "total": (t3 - t0) * 1e3}
-    return SptrsvPlan(
+    ms = {"check": (t1 - t0) * 1e3, "levels": (t2 - t1) * 1e3, "reorder": (t3 - t2) * 1e3}
+    plan = SptrsvPlan(
         n=tri.n,
         nnz=tri.nnz,
         dtype=tri.dtype,
@@ -238,7 +304,15 @@ def analyze(
         tiling=til,
         lo=lo,
         preprocess_ms=ms,
+        sync=sync,
     )
+    if sync.tile_flags and plan.n > 0:  # the one-RHS tiling's lists; other R are built on first use
+        plan.tile_deps(til.rows_per_program)
+        _sync(tri.device)
+    t4 = time.perf_counter()
+    ms["tile_deps"] = (t4 - t3) * 1e3
+    ms["total"] = (t4 - t0) * 1e3
+    return plan
 
 
 def sptrsv(
@@ -269,4 +343,4 @@ def sptrsv(
     return plan.solve(b)
 
 
-__all__ = ["SptrsvPlan", "analyze", "sptrsv"]
+__all__ = ["SptrsvPlan", "SyncOptions", "analyze", "sptrsv"]

@@ -4,7 +4,8 @@ A producer publishes with ``store data; debug_barrier; atomic_xchg(flag, sem="re
 A consumer polls the flag with volatile loads (relaxed, served by L2) and, once every flag
 it needs is set, issues ``fence.acq_rel.gpu`` so that its later loads see the producer's
 data (the PTX fence-based acquire pattern). The Triton interpreter has no inline asm, and
-runs programs one after another, so there the fence is compiled out (``HW_FENCE=False``).
+runs programs one after another, so there the fence is compiled out (``HW_FENCE=False``),
+and so is the optional poll backoff (``nanosleep``), which is inline asm as well.
 """
 
 from __future__ import annotations
@@ -34,10 +35,26 @@ def acquire_fence(token, HW_FENCE: tl.constexpr):
 
 
 @triton.jit
-def wait_flags(flag_ptr, idx, mask, target):
+def backoff(token, BACKOFF_NS: tl.constexpr, HW_ASM: tl.constexpr):
+    """``nanosleep.u32 BACKOFF_NS`` (when both are on); returns ``token`` unchanged.
+
+    The sleep leaves L2 to the producers while a program waits; the token keeps the next poll
+    after it.
+    """
+    if BACKOFF_NS > 0:
+        if HW_ASM:
+            token = tl.inline_asm_elementwise(
+                "nanosleep.u32 $2;\n\tmov.b32 $0, $1;", "=r,r,r", [token, token * 0 + BACKOFF_NS], dtype=tl.int32, is_pure=False, pack=1
+            )
+    return token
+
+
+@triton.jit
+def wait_flags(flag_ptr, idx, mask, target, BACKOFF_NS: tl.constexpr, HW_ASM: tl.constexpr):
     """Spin until ``flag[idx] >= target`` for every lane in ``mask`` (uniform over the program)."""
     f = tl.load(flag_ptr + idx, mask=mask, other=target, volatile=True)
     missing = tl.sum(tl.where(mask & (f < target), 1, 0))
     while missing > 0:
-        f = tl.load(flag_ptr + idx, mask=mask, other=target, volatile=True)
+        slept = backoff(missing, BACKOFF_NS, HW_ASM)  # opaque copy of missing: the poll stays after the sleep
+        f = tl.load(flag_ptr + idx + (slept - missing), mask=mask, other=target, volatile=True)
         missing = tl.sum(tl.where(mask & (f < target), 1, 0))
