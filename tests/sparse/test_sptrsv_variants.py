@@ -1,0 +1,112 @@
+"""Every synchronisation variant of the sync-free solve against scipy (Triton interpreter).
+
+The interpreter runs programs in id order and never spins, so it checks the arithmetic, the
+tile-dependency lists (a missing or later producer would give wrong x or spin forever), the
+persistent loop's termination and the ticket/epoch accounting across solves. The backoff is
+compiled out here (it is inline asm); test_sptrsv_ptx.py checks it in the sm_90 PTX.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as sla
+import torch
+
+from kfuse.sparse import SptrsvPlan, SyncOptions, analyze
+from kfuse.sparse.analysis import Tiling
+from kfuse.sparse.matrices import make
+from kfuse.sparse.tiledeps import tile_dependencies
+from kfuse.sparse.variants import LEGACY, VARIANTS, persistent_grid
+
+# the variants that differ in the interpreter (backoff/programs-per-SM only change timing there)
+DISTINCT = ["legacy", "tileflags", "persistent", "default"]
+CASES = [("banded", 61), ("powerlaw", 151), ("laplacian2d", 7), ("laplacian3d", 4), ("chain", 83)]
+TOL = {np.float64: 1e-11, np.float32: 2e-4}
+
+
+def _check(plan: SptrsvPlan, a: sp.csr_matrix, lower: bool, dtype: type, nrhs: int | None, sync: SyncOptions) -> None:
+    n = a.shape[0]
+    shape = (n,) if nrhs is None else (n, nrhs)
+    b = np.random.default_rng().standard_normal(shape).astype(dtype)
+    out = torch.full(shape, float("nan"), dtype=torch.from_numpy(b).dtype)  # poisoned output
+    x = plan.solve(torch.from_numpy(b), out=out, sync=sync).numpy()
+    ref = sla.spsolve_triangular(a.astype(np.float64), b.astype(np.float64), lower=lower)
+    err = float(np.abs(x - ref).max() / max(np.abs(ref).max(), 1e-30))
+    assert np.isfinite(x).all() and err < TOL[dtype], (sync.name, lower, dtype, nrhs, err)
+
+
+@pytest.mark.parametrize("variant", DISTINCT)
+@pytest.mark.parametrize("kind,size", CASES)
+def test_variant_matches_scipy(kind: str, size: int, variant: str) -> None:
+    sync = VARIANTS[variant]
+    a64 = make(kind, size, seed=int(np.random.default_rng().integers(1 << 30)))
+    for lower in (True, False):
+        a = a64 if lower else a64.T.tocsr()
+        for dtype, nrhs in ((np.float64, None), (np.float32, 3)):
+            plan = analyze(a.astype(dtype), lower=lower, device="cpu", sync=sync)
+            _check(plan, a.astype(dtype), lower, dtype, nrhs, sync)
+
+
+@pytest.mark.parametrize("variant", DISTINCT)
+def test_variant_many_rhs_and_tilings(variant: str) -> None:
+    sync = VARIANTS[variant]
+    a = make("laplacian2d", 6, seed=2)
+    _check(analyze(a, device="cpu"), a, True, np.float64, 18, sync)  # two launches, R shrinks with K
+    p = make("powerlaw", 64, seed=5)
+    for til in (Tiling(1, 256, 4), Tiling(4, 2, 1)):  # block-per-row (tile = row), chunked rows
+        _check(analyze(p, device="cpu", tiling=til), p, True, np.float64, None, sync)
+
+
+def test_all_named_variants_once() -> None:
+    a = make("laplacian3d", 4, seed=3)
+    plan = analyze(a, device="cpu")
+    for sync in VARIANTS.values():
+        _check(plan, a, True, np.float64, None, sync)
+
+
+def test_tile_dependencies_match_brute_force() -> None:
+    a = make("powerlaw", 120, seed=11)
+    plan = analyze(a, device="cpu")
+    lo = plan.lo
+    for r in (1, 4, 8, 32):
+        ptr, deps = tile_dependencies(lo.rowptr, lo.cols, plan.n, r)
+        for t in range(-(-plan.n // r)):
+            lo_p, hi_p = t * r, min(plan.n, (t + 1) * r)
+            cols = lo.cols[lo.rowptr[lo_p] : lo.rowptr[hi_p]].tolist()
+            want = sorted({c // r for c in cols if c < lo_p})
+            assert deps[ptr[t] : ptr[t + 1]].tolist() == want, (r, t)
+
+
+def test_mixed_variants_on_one_plan_and_counter_reset() -> None:
+    a = make("chain", 90, seed=6)
+    plan = analyze(a, device="cpu", sync=LEGACY)
+    order = ["persistent", "legacy", "default", "tileflags", "persistent", "default"]
+    for name in order:  # tickets of a persistent launch include one stop ticket per program
+        _check(plan, a, True, np.float64, None, VARIANTS[name])
+    plan._tickets_used = 2**31 - 5  # the next launch would overflow the ticket counter: reset
+    for name in order[:3]:
+        _check(plan, a, True, np.float64, 2, VARIANTS[name])
+    assert plan._tickets_used < 1000
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("variant", ["tileflags", "default"])
+def test_long_chain_no_deadlock(variant: str) -> None:
+    a = make("chain", 700, seed=4)
+    plan = analyze(a, device="cpu", sync=VARIANTS[variant])
+    assert plan.num_levels == 700
+    _check(plan, a, True, np.float64, None, plan.sync)
+
+
+def test_sync_options() -> None:
+    assert SyncOptions().tile_flags and SyncOptions().persistent and SyncOptions().backoff_ns > 0
+    assert LEGACY.name == "grid-rowflag" and VARIANTS["default"].name == "persistent-tileflag-sleep64-ppsm8"
+    assert persistent_grid(torch.device("cpu"), 5, SyncOptions(programs_per_sm=32)) == 5  # never more programs than tiles
+    with pytest.raises(ValueError, match="backoff_ns"):
+        SyncOptions(backoff_ns=-1)
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        SyncOptions(programs_per_sm=0)
+    info = analyze(make("chain", 10), device="cpu").info
+    assert info["sync"] == SyncOptions().name
