@@ -1,0 +1,271 @@
+"""Experiment: which sync-free variant beats the level-set baseline on wide matrices (issue 9)?
+
+For each matrix (fp64, one right-hand side, one analysis shared by all variants) this times
+every :data:`kfuse.sparse.variants.VARIANTS` entry (poll backoff, per-tile flags, persistent
+grid, combinations; ``legacy`` = the kernel of the H200 results in docs/sparse.md), the
+level-set baseline replayed as one CUDA graph (eager above 20k levels), and cuSPARSE SpSM when
+cupy is present. Times are CUDA-event medians after warm-up (``kfuse.sparse.bench.time_cuda``).
+Every variant's output is poisoned with NaN first and checked against the level-set result
+and by its fp64 residual; the level-set result itself is checked against scipy up to 200k rows.
+Writes ``DIR/sptrsv_variants.json`` after every matrix (a run cut short keeps what it did) and
+prints a table last. Cases run in the order below; none starts once ``--budget-s`` is spent.
+
+    PYTHONPATH=. python benchmarks/experiments/sptrsv_variants.py --out DIR --budget-s 100
+    PYTHONPATH=. python benchmarks/experiments/sptrsv_variants.py --out DIR --smoke   # CPU, interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if not torch.cuda.is_available():  # --smoke on the CPU: kernels in the Triton interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+warnings.filterwarnings("ignore", message="Sparse (CSR tensor support|invariant checks)")
+sys.path.insert(0, os.getcwd())
+
+from kfuse.sparse.bench import GRAPH_MAX_LEVELS, Case, CusparseSpSM, time_cuda  # noqa: E402
+from kfuse.sparse.levelset import levelset_solve  # noqa: E402
+from kfuse.sparse.matrices import make  # noqa: E402
+from kfuse.sparse.sptrsv import SptrsvPlan, analyze  # noqa: E402
+from kfuse.sparse.tiledeps import tile_dependencies  # noqa: E402
+from kfuse.sparse.variants import LEGACY, VARIANTS, persistent_grid  # noqa: E402
+
+CASES = [  # wide matrices first (the ones kfuse loses on), the sequential ones as controls
+    Case("laplacian3d", 40),
+    Case("laplacian2d", 256),
+    Case("powerlaw", 100_000),
+    Case("laplacian3d", 100),
+    Case("laplacian2d", 1000),
+    Case("powerlaw", 1_000_000),
+    Case("chain", 20_000),
+    Case("banded", 20_000),
+]
+SMOKE_CASES = [Case("laplacian2d", 7), Case("chain", 70), Case("powerlaw", 120)]
+SCIPY_MAX_ROWS = 200_000  # scipy's reference solve stays short up to here
+ERR_TOL = 1e-10  # fp64
+
+
+def _log(s: str) -> None:
+    print(s, flush=True)
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(((x - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item())
+
+
+def _residual(a_t: torch.Tensor, x: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a_t @ x.reshape(-1, 1) - b.reshape(-1, 1)).norm() / b.norm()).item())
+
+
+def _levelset(plan: SptrsvPlan, b: torch.Tensor, rec: dict[str, Any], smoke: bool) -> torch.Tensor:
+    """Time the level-set baseline (a graph when it fits); returns its result."""
+    xl = torch.full_like(b, float("nan"))
+    levelset_solve(plan, b, out=xl)
+    if b.is_cuda and plan.num_levels <= GRAPH_MAX_LEVELS:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            levelset_solve(plan, b, out=xl)
+        rec["levelset_mode"] = "graph"
+        rec["levelset_ms"] = time_cuda(g.replay, warmup=1, reps=10, budget_s=1.0)
+    else:
+        rec["levelset_mode"] = "eager"
+        reps = 1 if smoke else 5
+        rec["levelset_ms"] = time_cuda(lambda: levelset_solve(plan, b, out=xl), warmup=0 if smoke else 1, reps=reps, budget_s=1.0)
+    return xl.clone()
+
+
+def _cusparse(a: Any, b: torch.Tensor, ref: torch.Tensor, rec: dict[str, Any]) -> None:
+    """cuSPARSE SpSM solve phase (analysis done once beforehand); optional, needs cupy."""
+    try:
+        sm = CusparseSpSM(a, b)
+        sm.analysis()
+        sm.solve()
+        torch.cuda.synchronize()
+        rec["cusparse_rel_err"] = _rel_err(sm.result(), ref)
+        if rec["cusparse_rel_err"] < ERR_TOL:  # a second solve into the same output stays right
+            rec["cusparse_ms"] = time_cuda(sm.solve, reps=10, budget_s=1.0)
+        else:
+            rec["cusparse_ms"] = time_cuda(lambda: (sm.c.fill(0), sm.solve()), reps=10, budget_s=1.0)
+            rec["cusparse_note"] = "timed with a memset of the output before each solve"
+    except Exception as e:  # cupy is optional on the GPU machine
+        rec["cusparse_error"] = f"{type(e).__name__}: {e}"[:200]
+
+
+def run_case(case: Case, names: list[str], smoke: bool, deadline: float, save: Any) -> dict[str, Any]:
+    """Analyse one matrix once, then time the baseline and every variant; returns its record."""
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    a = make(case.kind, case.size, seed=0)
+    n = a.shape[0]
+    b = torch.from_numpy(np.random.default_rng(1).standard_normal(n)).to(dev)
+    rec: dict[str, Any] = {"case": case.name, "rows": n, "nnz": int(a.nnz), "variants": {}}
+    plan = analyze(a, device=dev, sync=LEGACY)
+    rec.update(levels=plan.num_levels, preprocess_ms=round(plan.preprocess_ms["total"], 3))
+    r = plan.tiling.rows_per_program
+    rec["tiling"] = {"R": r, "W": plan.tiling.lanes_per_row, "num_warps": plan.tiling.num_warps}
+    t0 = time.perf_counter()
+    ptr, deps = tile_dependencies(plan.lo.rowptr, plan.lo.cols, n, r)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    rec["tile_deps_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+    rec["tiles"] = int(ptr.numel() - 1)
+    rec["producers_per_tile"] = round(deps.numel() / max(1, rec["tiles"]), 2)
+    a_t = torch.sparse_csr_tensor(
+        torch.from_numpy(a.indptr.astype(np.int64)), torch.from_numpy(a.indices.astype(np.int64)), torch.from_numpy(a.data), a.shape
+    ).to(dev)
+
+    ref = _levelset(plan, b, rec, smoke)
+    rec["levelset_residual"] = _residual(a_t, ref, b)
+    if n <= SCIPY_MAX_ROWS:
+        import scipy.sparse.linalg as sla
+
+        x_sp = torch.from_numpy(sla.spsolve_triangular(a, b.cpu().numpy(), lower=True)).to(dev)
+        rec["levelset_vs_scipy"] = _rel_err(ref, x_sp)
+    _log(f"  {rec['levels']} levels, R={r}: level-set {rec['levelset_ms']:.3f} ms ({rec['levelset_mode']})")
+    if dev.type == "cuda":
+        _cusparse(a, b, ref, rec)
+        _log(f"  cusparse {rec.get('cusparse_ms')} ms {rec.get('cusparse_error', '')}")
+
+    for name in names:
+        if time.perf_counter() > deadline:
+            rec["variants"][name] = {"skipped": "hard deadline"}
+            continue
+        opts = VARIANTS[name]
+        _log(f"  {name} ...")  # printed before the launch: a hang names its variant
+        v: dict[str, Any] = {"options": opts.name}
+        x = torch.full_like(b, float("nan"))
+        t1 = time.perf_counter()
+        try:
+            plan.solve(b, out=x, sync=opts)  # first call compiles
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            v["first_call_s"] = round(time.perf_counter() - t1, 3)
+            v["rel_err"] = _rel_err(x, ref)
+            v["residual"] = _residual(a_t, x, b)
+            x.fill_(float("nan"))
+            reps = 1 if smoke else 20
+            v["ms"] = time_cuda(lambda o=opts: plan.solve(b, out=x, sync=o), warmup=0 if smoke else 3, reps=reps, budget_s=0.5)
+            v["rel_err_after_timing"] = _rel_err(x, ref)
+            v["ok"] = bool(max(v["rel_err"], v["rel_err_after_timing"]) < ERR_TOL)
+            v["us_per_level"] = round(v["ms"] * 1e3 / max(1, rec["levels"]), 3)
+            v["speedup_vs_levelset"] = rec["levelset_ms"] / v["ms"]
+            if rec.get("cusparse_ms"):
+                v["speedup_vs_cusparse"] = rec["cusparse_ms"] / v["ms"]
+            if opts.persistent:
+                v["grid"] = persistent_grid(dev, rec["tiles"], opts)
+            verdict = "ok" if v["ok"] else "WRONG"
+            _log(f"    {v['ms']:.3f} ms  x{v['speedup_vs_levelset']:.2f} vs level-set  err {v['rel_err']:.1e}  {verdict}")
+        except Exception as e:  # one failing variant must not lose the others
+            v["error"] = f"{type(e).__name__}: {e}"[:300]
+            _log(f"    FAILED {v['error']}")
+        rec["variants"][name] = v
+        save(rec)
+    return rec
+
+
+def _abbrev(case: str) -> str:
+    return case.replace("laplacian", "lap").replace("powerlaw", "pl")
+
+
+def format_table(records: list[dict[str, Any]], names: list[str]) -> str:
+    """One column per case, one row per method: ms and the speedup over level-set; best variants last."""
+    width = max(15, *(len(_abbrev(r["case"])) + 2 for r in records)) if records else 15
+    head = max(22, *(len(nm) + 1 for nm in names))
+    lines = [f"{'':<{head}}" + "".join(f"{_abbrev(r['case']):>{width}}" for r in records)]
+    lines.append("-" * len(lines[0]))
+    lines.append(f"{'levels':<{head}}" + "".join(f"{r['levels']:>{width}}" for r in records))
+    lines.append(f"{'level-set ms':<{head}}" + "".join(f"{r['levelset_ms']:>{width}.3f}" for r in records))
+    cus = [f"{r['cusparse_ms']:.3f}" if r.get("cusparse_ms") else "-" for r in records]
+    lines.append(f"{'cuSPARSE ms':<{head}}" + "".join(f"{c:>{width}}" for c in cus))
+    best: dict[str, tuple[str, float]] = {}
+    for nm in names:
+        row = f"{nm:<{head}}"
+        for r in records:
+            v = r["variants"].get(nm, {})
+            cell = "-"
+            if "ms" in v:
+                cell = f"{v['ms']:.3f} x{v['speedup_vs_levelset']:.2f}" + ("" if v.get("ok") else "!")
+                if v.get("ok") and (r["case"] not in best or v["ms"] < best[r["case"]][1]):
+                    best[r["case"]] = (nm, v["ms"])
+            row += f"{cell:>{width}}"
+        lines.append(row)
+    lines.append("ms = CUDA-event medians (wall clock under --smoke); xS = speedup over level-set; ! = wrong result")
+    for r in records:
+        if r["case"] in best:
+            nm, ms = best[r["case"]]
+            vs_cus = f", x{r['cusparse_ms'] / ms:.2f} vs cuSPARSE" if r.get("cusparse_ms") else ""
+            lines.append(f"best {r['case']}: {nm} {ms:.3f} ms (x{r['levelset_ms'] / ms:.2f} vs level-set{vs_cus})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="directory for sptrsv_variants.json")
+    ap.add_argument("--budget-s", type=float, default=100.0, help="start no new matrix after this many seconds")
+    ap.add_argument("--smoke", action="store_true", help="tiny matrices (runs on the CPU in the interpreter)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of kfuse.sparse.variants.VARIANTS")
+    ap.add_argument("--cases", default=None, help="comma-separated case names (default: all, in order)")
+    args = ap.parse_args(argv)
+    names = [s for s in args.variants.split(",") if s]
+    unknown = [s for s in names if s not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    cases = SMOKE_CASES if args.smoke else CASES
+    if args.cases:
+        cases = [c for c in cases if c.name in args.cases.split(",")]
+    if not torch.cuda.is_available() and not args.smoke:
+        print("sptrsv_variants: needs a CUDA GPU (or --smoke, which runs tiny matrices in the interpreter)", file=sys.stderr)
+        return 2
+    out = Path(args.out) / "sptrsv_variants.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    meta = {
+        "benchmark": "sptrsv_variants",
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (interpreter)",
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "command": "PYTHONPATH=. python benchmarks/experiments/sptrsv_variants.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "dtype": "fp64",
+        "variants": {nm: VARIANTS[nm].__dict__ for nm in names},
+    }
+    records: list[dict[str, Any]] = []
+
+    def save(partial: dict[str, Any] | None = None) -> None:
+        recs = records + ([partial] if partial is not None and partial not in records else [])
+        out.write_text(json.dumps({"meta": meta, "records": recs}, indent=1, default=float))
+
+    for case in cases:
+        spent = time.perf_counter() - t0
+        if spent > args.budget_s:
+            _log(f"time budget of {args.budget_s:.0f}s spent: skipping {case.name}")
+            meta.setdefault("skipped", []).append(case.name)
+            continue
+        _log(f"[{spent:.0f}s] {case.name}")
+        deadline = t0 + 1.5 * args.budget_s  # a slow case still stops before the caller's timeout
+        try:
+            records.append(run_case(case, names, args.smoke, deadline, save))
+        except Exception as e:  # one failing matrix must not lose the others
+            _log(f"  FAILED {case.name}: {type(e).__name__}: {e}")
+            records.append({"case": case.name, "error": f"{type(e).__name__}: {e}"[:300]})
+        save()
+    meta["total_s"] = round(time.perf_counter() - t0, 1)
+    save()
+    done = [r for r in records if "levelset_ms" in r]
+    bad = [(r["case"], nm) for r in done for nm, v in r["variants"].items() if "ms" in v and not v.get("ok")]
+    _log(f"wrote {out}; {'all results correct' if not bad else f'WRONG results: {bad}'}")
+    _log(format_table(done, names))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""benchmarks/experiments/sptrsv_variants.py --smoke: the GPU experiment's driver on the CPU.
+
+Runs in a subprocess (the script decides about the interpreter before importing triton) and
+checks that every variant of every smoke matrix was timed, correct, and written to the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kfuse.sparse.variants import VARIANTS
+
+
+def test_variants_script_smoke(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), TRITON_INTERPRET="1")
+    script = root / "benchmarks" / "experiments" / "sptrsv_variants.py"
+    cmd = [sys.executable, str(script), "--out", str(tmp_path), "--smoke", "--budget-s", "60"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads((tmp_path / "sptrsv_variants.json").read_text())
+    assert data["meta"]["benchmark"] == "sptrsv_variants" and len(data["records"]) == 3
+    for rec in data["records"]:
+        assert rec["levelset_vs_scipy"] < 1e-12 and rec["levelset_residual"] < 1e-12
+        assert set(rec["variants"]) == set(VARIANTS)
+        for name, v in rec["variants"].items():
+            assert v["ok"] and v["ms"] > 0 and v["residual"] < 1e-12, (rec["case"], name, v)
+    assert "best " in res.stdout.splitlines()[-1]  # the table is printed last
