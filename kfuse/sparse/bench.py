@@ -186,6 +186,7 @@ def run_case(case: Case, command: str, seed: int = 0, log: Callable[[str], None]
     rec["preprocess_ms"] = round(plan.preprocess_ms["total"], 3)
     rec["preprocess_breakdown_ms"] = {k: round(v, 3) for k, v in plan.preprocess_ms.items()}
     rec["tiling"] = {"mode": plan.tiling.mode, "rows_per_program": plan.tiling.rows_per_program, "lanes_per_row": plan.tiling.lanes_per_row}
+    rec["sync"] = plan.sync.name  # the kernel variant timed as kfuse_ms (kfuse.sparse.variants)
 
     x = torch.full_like(b, float("nan"))
     plan.solve(b, out=x)
