@@ -9,6 +9,12 @@ shares one compiled kernel:
   gets r1 LC programs first and then r2 BE programs: the two kinds sit on the same SM at once as
   long as r1 + r2 programs fit on an SM (registers / shared memory / warps of the fused kernel).
 * ``interleave``: in every group of r1 + r2 consecutive program ids the first r1 are LC.
+* ``tail`` (tail fill): the LC kernel keeps its own persistent grid of r1*S programs (r2 = 0). The
+  LC blocks rarely divide the grid: the programs of the LC's last partial round have one LC block
+  fewer (or none, when the GEMM has fewer tiles than the grid), and their SM slots would idle while
+  the others finish. Exactly those programs then run BE blocks. Nothing competes with the LC blocks
+  for a slot, so LC occupancy is the solo kernel's; the BE slice should be about one LC block time
+  per idle program (the profile's load-ratio sweep finds it).
 
 Each side keeps its own persistent loop over its block range, so a fused launch computes exactly
 what the two kernels compute on their own (tests check this for every ratio).
@@ -39,13 +45,27 @@ class FusedVersion:
     mode: str = "partition"  # or "interleave"
 
     def describe(self) -> str:
-        return f"{self.r1}:{self.r2}{'' if self.mode == 'partition' else ' il'}"
+        if self.mode == "tail":
+            return "tail"
+        return f"{self.r1}:{self.r2}{'' if self.mode == 'partition' else 'il'}"
 
     def grid(self, sms: int | None = None) -> int:
         return (self.r1 + self.r2) * (sms or num_sms())
 
 
 DEFAULT_VERSIONS = (FusedVersion(1, 1), FusedVersion(1, 2), FusedVersion(2, 1), FusedVersion(1, 3))
+TAIL = FusedVersion(2, 0, "tail")  # the LC's solo grid (CudaBackend: 2 programs per SM) with its idle tail filled
+
+
+def parse_version(text: str, lc_programs_per_sm: int = 2) -> FusedVersion:
+    """``"1:2"`` (partition), ``"1:2il"`` (interleave) or ``"tail"``."""
+    t = text.strip()
+    if t == "tail":
+        return FusedVersion(lc_programs_per_sm, 0, "tail")
+    mode = "interleave" if t.endswith("il") else "partition"
+    r1, r2 = (int(x) for x in t.removesuffix("il").split(":"))
+    return FusedVersion(r1, r2, mode)
+
 
 _FUSED = """
 import triton
@@ -54,7 +74,9 @@ from {lc_module} import {lc_fn} as lc_block
 from {be_module} import {be_fn} as be_block
 
 
-@triton.jit
+# range bounds and ratios are not specialised: a split launches arbitrary [b_start, b_end), and each
+# new ==1 / %16 class would be a JIT compile (hundreds of ms) timed as part of a launch mid-run
+@triton.jit(do_not_specialize=["l_start", "l_end", "b_start", "b_end", "period", "r1"])
 def fused_kernel({params}):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -68,6 +90,20 @@ def fused_kernel({params}):
     else:
         r2 = period - r1
         for bid in range(b_start + g * r2 + (r - r1), b_end, ngroups * r2):
+            be_block(bid, {be_call})
+
+
+@triton.jit(do_not_specialize=["l_start", "l_end", "b_start", "b_end", "period", "r1"])
+def tail_kernel({params}):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for bid in range(l_start + pid, l_end, nprog):
+        lc_block(bid, {lc_call})
+    # programs [rem, nprog) ran one LC block fewer (all of them when the blocks divide the grid):
+    # they would idle through the LC's last round, so they take the BE blocks
+    rem = (l_end - l_start) % nprog
+    if pid >= rem:
+        for bid in range(b_start + pid - rem, b_end, nprog - rem):
             be_block(bid, {be_call})
 """
 
@@ -94,10 +130,12 @@ def launch_args(
     grid = version.grid(s)
     if version.mode == "partition":
         period, r1 = grid, version.r1 * s
+    elif version.mode == "tail":
+        period, r1 = grid, grid  # unused by tail_kernel
     elif version.mode == "interleave":
         period, r1 = version.r1 + version.r2, version.r1
     else:
-        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave)")
+        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave | tail)")
     for k, (a, b) in ((lc, lc_range), (be, be_range)):
         if not 0 <= a <= b <= k.n_blocks:
             raise ValueError(f"{k.name}: block range [{a}, {b}) is outside [0, {k.n_blocks})")
@@ -114,7 +152,8 @@ def launch_fused(
     lr = lc_range or (0, lc.n_blocks)
     br = be_range or (0, be.n_blocks)
     grid, args, opts = launch_args(lc, lr, be, br, version, sms)
-    fused_module(lc, be).fused_kernel[(grid,)](*args, **opts)
+    mod = fused_module(lc, be)
+    (mod.tail_kernel if version.mode == "tail" else mod.fused_kernel)[(grid,)](*args, **opts)
 
 
 def overlap(t_lc: float, t_be: float, t_fused: float) -> float:

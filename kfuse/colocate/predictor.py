@@ -7,7 +7,10 @@
   outlasts the LC part and runs alone (solo-run stage, slope near 1). ``x*`` is the *opportune
   load ratio*: both parts end together and the makespan reduction is largest there.
 * Online: every observation is checked against the prediction; when the error passes 10% the
-  sample joins the training set and the model is refitted.
+  sample joins the training set and the model is refitted. A single sample far off the prediction
+  (a stall: a JIT compile or a preempted launch timed with the kernel) is held back; it joins the
+  fit only when the next observation is far off too (then the law has really changed). The scheduler
+  plans with ``upper`` = prediction x (1 + ``error_bound``), the recent p90 relative error.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from typing import Any
 import numpy as np
 
 REFIT_ERROR = 0.10
+OUTLIER = 3.0  # a measurement beyond 3x (or below 1/3 of) the prediction is a stall until repeated
+ERROR_WINDOW = 32  # recent observations that set the error bound
+MIN_ERROR_BOUND = 0.02
 
 
 @dataclass
@@ -120,7 +126,9 @@ class OnlineTwoStage:
     ys: list[float] = field(default_factory=list)
     threshold: float = REFIT_ERROR
     refits: int = 0
-    errors: list[float] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)  # relative errors, held-out ones first
+    outliers: int = 0
+    _held: tuple[float, float] | None = None  # the last outlier sample, fitted only if the next one is off too
 
     @classmethod
     def fit(cls, xs: Sequence[float], ys: Sequence[float], threshold: float = REFIT_ERROR) -> OnlineTwoStage:
@@ -129,18 +137,38 @@ class OnlineTwoStage:
     def predict(self, t_lc: float, t_be: float) -> float:
         return self.model.predict(t_lc, t_be)
 
+    @property
+    def error_bound(self) -> float:
+        """p90 of the recent relative errors (the held-out ones before any online observation)."""
+        recent = self.errors[-ERROR_WINDOW:]
+        return max(MIN_ERROR_BOUND, float(np.percentile(recent, 90))) if recent else REFIT_ERROR
+
+    def upper(self, t_lc: float, t_be: float) -> float:
+        """A fused time the measurement stays below about 9 times in 10."""
+        return self.predict(t_lc, t_be) * (1.0 + self.error_bound)
+
     def observe(self, t_lc: float, t_be: float, t_fused: float) -> bool:
         """Record a measured fused run; refit (and return True) if the prediction was off by more than the threshold."""
         pred = self.predict(t_lc, t_be)
         err = abs(pred - t_fused) / t_fused if t_fused > 0 else 0.0
+        sample = (t_be / t_lc, t_fused / t_lc)
+        if pred > 0 and not 1.0 / OUTLIER <= t_fused / pred <= OUTLIER:
+            self.outliers += 1
+            if self._held is None:  # one stall must not wreck the fit (or the error bound)
+                self._held = sample
+                return False
+            self.xs.append(self._held[0])
+            self.ys.append(self._held[1])
+        self._held = None
         self.errors.append(err)
         if err <= self.threshold:
             return False
-        self.xs.append(t_be / t_lc)
-        self.ys.append(t_fused / t_lc)
+        self.xs.append(sample[0])
+        self.ys.append(sample[1])
         self.model = TwoStageModel.fit(self.xs, self.ys)
         self.refits += 1
         return True
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.model.as_dict(), "samples": len(self.xs), "refits": self.refits}
+        return {**self.model.as_dict(), "samples": len(self.xs), "refits": self.refits, "outliers": self.outliers,
+                "error_bound": self.error_bound}  # fmt: skip

@@ -73,7 +73,9 @@ def orig_kernel({params}):
     block_fn(tl.program_id(0), {call})
 
 
-@triton.jit
+# no specialisation of the range: Triton would compile a new variant for start/end == 1 or % 16 != 0,
+# and a kernel split launches arbitrary ranges, so a compile (hundreds of ms) would land mid-run
+@triton.jit(do_not_specialize=["start", "end"])
 def ptb_kernel({params_ptb}):
     # persistent: a fixed grid, each program loops over original block ids in [start, end)
     pid = tl.program_id(0)

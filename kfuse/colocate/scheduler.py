@@ -9,14 +9,19 @@ LC queries arrive as a Poisson process on the same clock. Policies:
   query only when the predicted BE time fits every waiting query's QoS slack.
 * ``streams``   — plain concurrent streams: every LC kernel is co-launched with the next whole BE
   kernel, no QoS awareness.
-* ``aker``      — fusion: each fusible LC kernel runs fused with a BE slice sized to the pair's
-  opportune load ratio, only if ``T_fused - T_lc < T_qos - T_solo - T_queue`` (the minimum slack
-  over waiting queries); leftover headroom beyond what later fusions need is time-shared with BE
-  slices (kernel split); idle gaps run BE slices short enough not to break QoS.
+* ``aker``      — time sharing plus fusion. A fusible LC kernel runs fused with a BE slice sized to
+  the pair's opportune load ratio only where fusing beats time sharing those blocks: the pair's
+  *measured* overlap passes ``min_overlap`` and the pessimistic fused extra time (prediction x
+  (1 + recent p90 error)) fits ``T_qos - T_solo - T_queue`` (the minimum slack over waiting queries)
+  and stays below the blocks' solo time. Everything else is exactly ``timeshare``: whole (rest of)
+  BE kernels under the same headroom test, less the extra time this query's remaining trusted
+  fusions are predicted to take; idle gaps run whole kernels. So where no pair overlaps, Aker *is*
+  time sharing, and each fusion buys BE blocks for less headroom than time sharing pays for them.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -26,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, error_summary, relative_errors
-from kfuse.colocate.selector import Selection, fit_slice, select_version, split_be
+from kfuse.colocate.selector import MIN_OVERLAP, Selection, plan_fusion, select_version
 
 POLICIES = ("lc_alone", "timeshare", "streams", "aker")
 
@@ -73,15 +78,27 @@ class Profile:
     fused: dict[tuple[str, str], dict[Any, OnlineTwoStage]]  # (lc key, be) -> version -> model
     chosen: dict[tuple[str, str], Selection] = field(default_factory=dict)
     heldout: dict[str, Any] = field(default_factory=dict)  # predictor errors on held-out runs
+    # measured (x = T_be/T_lc, T_fused/T_lc) of every profiled launch, fit and held-out: what selection trusts
+    samples: dict[tuple[str, str], dict[Any, list[tuple[float, float]]]] = field(default_factory=dict)
+    min_overlap: float = MIN_OVERLAP
 
     @property
     def lc_total(self) -> float:
         return float(sum(self.lc_ms))
 
+    def measured_overlap(self, pair: tuple[str, str], version: Any, x: float) -> float:
+        """Overlap (1 + x - y) / (1 + x) of the profiled launch whose load ratio is nearest ``x`` (nan: none)."""
+        pts = self.samples.get(pair, {}).get(version, [])
+        if not pts:
+            return math.nan
+        px, py = min(pts, key=lambda p: abs(p[0] - x))
+        return (1.0 + px - py) / (1.0 + px)
+
     def choose(self) -> None:
         self.chosen = {}
         for pair, models in self.fused.items():
-            sel = select_version({v: m.model for v, m in models.items()})
+            meas = {v: self.measured_overlap(pair, v, m.model.opportune_ratio) for v, m in models.items()}
+            sel = select_version({v: m.model for v, m in models.items()}, meas, self.min_overlap)
             if sel is not None:
                 self.chosen[pair] = sel
 
@@ -93,7 +110,7 @@ HELDOUT_RATIOS = (0.75, 2.5)
 def build_profile(
     backend: Backend, be_names: Sequence[str], versions: Sequence[Any], reps: int = 3, min_fuse_ms: float = 0.0,
     fit_ratios: Sequence[float] = FIT_RATIOS, heldout_ratios: Sequence[float] = HELDOUT_RATIOS, log: Any = None,
-    max_fuse_keys: int | None = None,
+    max_fuse_keys: int | None = None, min_overlap: float = MIN_OVERLAP,
 ) -> Profile:  # fmt: skip
     """Measure solo LC times, fit BE linear models and fused two-stage models, then report held-out errors.
     ``max_fuse_keys``: profile fused versions only for the LC kernel shapes with the most total time
@@ -125,11 +142,13 @@ def build_profile(
         keep = sorted(total_of, key=lambda key: -total_of[key])[:max_fuse_keys]
         reps_of = {key: i for key, i in reps_of.items() if key in keep}
     fused: dict[tuple[str, str], dict[Any, OnlineTwoStage]] = {}
+    samples: dict[tuple[str, str], dict[Any, list[tuple[float, float]]]] = {}
     fused_err: list[float] = []
     for key, i in reps_of.items():
         t_lc = lc_ms[i]
         for b in be_names:
             models = {}
+            samples[(key, b)] = {}
             for v in versions:
 
                 def sample(x: float, i: int = i, b: str = b, v: Any = v) -> tuple[float, float] | None:
@@ -142,14 +161,18 @@ def build_profile(
                 xs = [p[0] / t_lc for p in pts if p]
                 ys = [p[1] / t_lc for p in pts if p]
                 models[v] = OnlineTwoStage.fit(xs, ys)
+                samples[(key, b)][v] = list(zip(xs, ys, strict=True))
                 for x in heldout_ratios:
                     p = sample(x)
                     if p:
-                        fused_err += relative_errors([models[v].predict(t_lc, p[0])], [p[1]])
+                        err = relative_errors([models[v].predict(t_lc, p[0])], [p[1]])
+                        fused_err += err
+                        models[v].errors += err  # the online error bound starts from the held-out errors
+                        samples[(key, b)][v].append((p[0] / t_lc, p[1] / t_lc))
             fused[(key, b)] = models
         if log:
             log(f"  profiled LC kernel {lc[i].name} ({key}, {t_lc:.4f} ms) with {', '.join(be_names)}")
-    prof = Profile(lc_ms, lc, be_models, be_blocks, fused)
+    prof = Profile(lc_ms, lc, be_models, be_blocks, fused, samples=samples, min_overlap=min_overlap)
     prof.heldout = {"be_linear": error_summary(lin_err), "fused_two_stage": error_summary(fused_err)}
     prof.choose()
     return prof
@@ -175,6 +198,7 @@ class RunResult:
     be_slices: int = 0
     refits: int = 0
     online_errors: list[float] = field(default_factory=list)
+    fused_gain_ms: float = 0.0  # measured: sum of (solo time of the fused BE blocks - fused extra time)
 
     @property
     def p99(self) -> float:
@@ -195,7 +219,7 @@ class RunResult:
             "p50_ms": float(np.percentile(lat, 50)) if lat else math.nan, "p99_ms": self.p99, "max_ms": max(lat, default=math.nan),
             "violations": self.violations, "be_throughput": self.be_throughput, "be_units": self.be_units,
             "elapsed_ms": self.elapsed_ms, "fused_launches": self.fused_launches, "be_slices": self.be_slices,
-            "refits": self.refits, "online_error": error_summary(self.online_errors),
+            "refits": self.refits, "online_error": error_summary(self.online_errors), "fused_gain_ms": self.fused_gain_ms,
         }  # fmt: skip
 
 
@@ -208,24 +232,41 @@ def run_policy(
     ``reserve_ms`` is kept out of every query's headroom for queries that have not arrived yet
     (``queue_reserve`` estimates it from the load); ``extra_per_query_ms`` caps the BE time any one
     query absorbs (``extra_budget``: more would push queries still to come past QoS at this load);
-    ``margin`` absorbs prediction error."""
+    ``margin`` absorbs prediction error. ``idle_budget`` is kept for callers; idle gaps run whole
+    BE kernels in every policy (as time sharing does). The profile is not modified: Aker's online
+    models are copies, so warm-up runs and earlier policies do not leak into this run."""
+    del idle_budget
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     n_lc = len(prof.lc)
     suffix = np.concatenate([np.cumsum(prof.lc_ms[::-1])[::-1], [0.0]]).tolist()  # remaining solo LC time from kernel i
     safe_qos = qos_ms * (1.0 - margin) - reserve_ms
-    # the idle gap: a query may arrive the moment a BE launch starts, it must still fit
-    idle_budget = idle_budget if idle_budget is not None else max(0.05 * prof.lc_total, 0.5 * (safe_qos - prof.lc_total))
     be_queue: deque[list[Any]] = deque([b, 0, prof.be_blocks[b]] for b in be_names)
     res = RunResult(policy, [], qos_ms, 0.0, 0.0)
     queries: deque[list[float]] = deque()  # [arrival, next kernel, BE time absorbed]
     now, ai = 0.0, 0
-    # extra time the fusions of the rest of a query are expected to need (kept out of time-sharing)
-    fuse_extra = [0.0] * (n_lc + 1)
-    for i in range(n_lc - 1, -1, -1):
-        sel = prof.chosen.get((prof.lc[i].key, be_names[0])) if prof.lc[i].fusible and be_names else None
-        extra = prof.lc_ms[i] * (sel.model.g(sel.opportune_ratio) - 1.0) if sel else 0.0
-        fuse_extra[i] = fuse_extra[i + 1] + max(0.0, extra)
+    online = {pair: {v: copy.deepcopy(m) for v, m in ms.items()} for pair, ms in prof.fused.items()} if policy == "aker" else {}
+    reserve_cache: dict[tuple[str, int], list[float]] = {}
+
+    def reserve(b: str, i: int) -> float:
+        """Pessimistic extra time of the trusted fusions from LC kernel i to the end of the query: time
+        sharing leaves it to them, since they buy more BE blocks per ms of headroom (recomputed after refits)."""
+        key = (b, res.refits)
+        if key not in reserve_cache:
+            acc = [0.0] * (n_lc + 1)
+            for j in range(n_lc - 1, -1, -1):
+                sel = prof.chosen.get((prof.lc[j].key, b)) if prof.lc[j].fusible else None
+                ex = 0.0
+                if sel is not None:
+                    om = online[(prof.lc[j].key, b)][sel.version]
+                    t = prof.lc_ms[j]
+                    x = om.model.opportune_ratio
+                    ex = max(0.0, om.upper(t, x * t) - t)
+                    if ex > (1.0 - prof.min_overlap) * x * t:  # this fusion would be declined: reserve nothing
+                        ex = 0.0
+                acc[j] = acc[j + 1] + ex
+            reserve_cache[key] = acc
+        return reserve_cache[key][i]
 
     def be_done(item: list[Any], n: int) -> None:
         res.be_units += n / prof.be_blocks[item[0]]
@@ -245,6 +286,22 @@ def run_policy(
             hr = min(hr, arr + safe_qos - t)
         return hr
 
+    def run_rest(item: list[Any], q: list[float] | None) -> None:
+        """Time sharing: the rest of the head BE kernel in one launch (whole kernels amortise the launch)."""
+        nonlocal now
+        t = backend.run_be(item[0], item[1], item[2])
+        now += t
+        if q is not None:
+            q[2] += t
+        res.be_slices += 1
+        be_done(item, item[2] - item[1])
+
+    def lc_done(q: list[float]) -> None:
+        q[1] += 1
+        if q[1] == n_lc:
+            res.latencies_ms.append(now - q[0])
+            queries.popleft()
+
     while queries or ai < len(arrivals):
         while ai < len(arrivals) and arrivals[ai] <= now:
             queries.append([arrivals[ai], 0, 0.0])
@@ -253,12 +310,7 @@ def run_policy(
             if policy == "lc_alone" or not be_queue:
                 now = arrivals[ai]
                 continue
-            item = be_queue[0]
-            b, left = item[0], item[2] - item[1]
-            n = left if policy != "aker" else max(1, fit_slice(prof.be[b], left, min(idle_budget, extra_per_query_ms)))
-            now += backend.run_be(b, item[1], item[1] + n)
-            res.be_slices += 1
-            be_done(item, n)
+            run_rest(be_queue[0], None)
             continue
         q = queries[0]
         i = int(q[1])
@@ -269,56 +321,40 @@ def run_policy(
         else:
             item = be_queue[0]
             b, left = item[0], item[2] - item[1]
-        if policy == "timeshare" and prof.be[b].predict(left) < headroom():
-            t = backend.run_be(b, item[1], item[2])
-            now += t
-            q[2] += t
-            res.be_slices += 1
-            be_done(item, left)
-            continue
         if policy == "aker":
             hr = headroom()
             sel = prof.chosen.get((k.key, b)) if k.fusible else None
             if sel is not None:
-                online = prof.fused[(k.key, b)][sel.version]
-                sp = split_be(t_lc, prof.be[b], online.model, left, hr, sel.opportune_ratio)
+                om = online[(k.key, b)][sel.version]
+                sp = plan_fusion(t_lc, prof.be[b], om, left, hr, prof.min_overlap)
                 if not sp.empty:
                     t = backend.run_fused(i, b, item[1], item[1] + sp.blocks, sel.version)
-                    t_be = prof.be[b].predict(sp.blocks)
-                    res.online_errors.append(abs(online.predict(t_lc, t_be) - t) / t)
-                    res.refits += online.observe(t_lc, t_be, t)
+                    res.online_errors.append(abs(om.predict(t_lc, sp.t_be) - t) / t)
+                    res.refits += om.observe(t_lc, sp.t_be, t)
                     res.fused_launches += 1
+                    res.fused_gain_ms += prof.be[b].b * sp.blocks - (t - t_lc)
                     be_done(item, sp.blocks)
                     now += t
                     q[2] += max(0.0, t - t_lc)
-                    q[1] += 1
-                    if q[1] == n_lc:
-                        res.latencies_ms.append(now - q[0])
-                        queries.popleft()
+                    lc_done(q)
                     continue
-            # time-share a slice, keeping back the headroom the later fusions of this query expect to use
-            spare = hr - fuse_extra[i + 1]
-            n = fit_slice(prof.be[b], left, spare) if spare > 0 else 0
-            if n >= max(1, prof.be_blocks[b] // 64) and prof.be[b].predict(n) < hr:
-                t = backend.run_be(b, item[1], item[1] + n)
-                now += t
-                q[2] += t
-                res.be_slices += 1
-                be_done(item, n)
+            # exactly time sharing, less the headroom this query's remaining trusted fusions will use
+            if prof.be[b].predict(left) < hr - reserve(b, i + 1):
+                run_rest(item, q)
                 continue
+        if policy == "timeshare" and prof.be[b].predict(left) < headroom():
+            run_rest(item, q)
+            continue
         if policy == "streams":
             # the BE stream keeps the GPU shared: each LC kernel overlaps about as much BE work as its own length
-            n = max(1, fit_slice(prof.be[b], left, t_lc))
+            n = max(1, min(left, int(prof.be[b].blocks_for(t_lc))))
             t = backend.run_concurrent(i, b, item[1], item[1] + n)
             now += t
             q[2] += t - t_lc
             be_done(item, n)
         else:
             now += backend.run_lc(i)
-        q[1] += 1
-        if q[1] == n_lc:
-            res.latencies_ms.append(now - q[0])
-            queries.popleft()
+        lc_done(q)
     res.elapsed_ms = now
     return res
 

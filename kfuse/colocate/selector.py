@@ -5,15 +5,24 @@
 * ``split_be``: how many BE blocks to fuse with an LC kernel so the load ratio lands on the
   opportune ratio, shrunk until the predicted extra time fits the QoS headroom; the rest of the
   BE kernel goes back to the queue (PTB kernels run any block range, so a split is just a range).
+* ``plan_fusion``: ``split_be`` on the error-inflated prediction, kept only if fusing beats time
+  sharing the same blocks: the fused extra time must stay below their marginal solo time.
+
+A version is trusted only on *measured* overlap: the model's reduction at x* is an extrapolation
+of a least-squares fit (on the H200 it promised 78% where the launch measured 21%), so selection
+takes the smaller of the model's and the nearest measured sample's reduction, against ``min_overlap``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kfuse.colocate.predictor import LinearModel, TwoStageModel
+from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, TwoStageModel
+
+MIN_OVERLAP = 0.05  # below this measured overlap, fusion is within noise of time sharing: do not fuse
 
 
 @dataclass(frozen=True)
@@ -21,17 +30,24 @@ class Selection:
     version: Any
     model: TwoStageModel
     opportune_ratio: float
-    reduction: float
+    reduction: float  # the model's, at the opportune ratio
+    measured: float = math.nan  # measured overlap of the profile sample nearest the opportune ratio
 
 
-def select_version(models: Mapping[Any, TwoStageModel]) -> Selection | None:
-    """The version with the largest makespan reduction at its opportune ratio (None if none helps)."""
+def select_version(
+    models: Mapping[Any, TwoStageModel], measured: Mapping[Any, float] | None = None, min_overlap: float = 0.0
+) -> Selection | None:
+    """The version with the largest makespan reduction at its opportune ratio (None if none helps by
+    more than ``min_overlap``); with ``measured`` overlaps, a version counts the smaller of the two."""
     best: Selection | None = None
+    score = -math.inf
     for v, m in models.items():
         r = m.best_reduction
-        if best is None or r > best.reduction:
-            best = Selection(v, m, m.opportune_ratio, r)
-    if best is None or best.reduction <= 0.0:
+        meas = measured.get(v, math.nan) if measured is not None else math.nan
+        s = r if math.isnan(meas) else min(r, meas)
+        if s > score:
+            best, score = Selection(v, m, m.opportune_ratio, r, meas), s
+    if best is None or score <= max(0.0, min_overlap):
         return None
     return best
 
@@ -66,3 +82,26 @@ def split_be(
 def fit_slice(be_model: LinearModel, blocks_left: int, budget: float) -> int:
     """BE blocks that run alone within ``budget`` (time sharing a gap with a split kernel)."""
     return min(blocks_left, int(be_model.blocks_for(budget)))
+
+
+def plan_fusion(
+    t_lc: float, be_model: LinearModel, online: OnlineTwoStage, blocks_left: int, headroom: float, min_gain: float = MIN_OVERLAP
+) -> Split:
+    """BE blocks to fuse, or an empty split where time sharing does as well: the pessimistic fused
+    extra time (prediction x (1 + recent p90 error)) must fit ``headroom`` and stay below
+    (1 - ``min_gain``) x the blocks' marginal solo time (a time-shared launch would take that)."""
+    if headroom <= 0.0:
+        return Split(0, 0.0, t_lc)
+    m = online.model
+    n = min(blocks_left, int(be_model.blocks_for(m.opportune_ratio * t_lc)))
+
+    def extra(n: int) -> float:
+        # a fit can dip below T_lc near its knee; the LC blocks still take T_lc, so extra is never negative
+        return max(0.0, online.upper(t_lc, be_model.predict(n)) - t_lc)
+
+    while n > 0 and extra(n) >= headroom:
+        n = n // 2 if n > 8 else n - 1
+    if n <= 0 or extra(n) > (1.0 - min_gain) * be_model.b * n:
+        return Split(0, 0.0, t_lc)
+    t_be = be_model.predict(n)
+    return Split(n, t_be, online.predict(t_lc, t_be))

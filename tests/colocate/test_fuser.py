@@ -7,6 +7,7 @@ from kfuse.colocate import fuser, ptb, workloads
 from kfuse.colocate.fuser import FusedVersion
 
 VERSIONS = [*fuser.DEFAULT_VERSIONS, FusedVersion(2, 1, "interleave"), FusedVersion(1, 2, "interleave")]
+VERSIONS += [fuser.TAIL, FusedVersion(4, 0, "tail")]
 
 
 def _lc() -> tuple[ptb.BlockKernel, torch.Tensor]:
@@ -49,6 +50,14 @@ def test_fused_every_workload_with_split(be: str) -> None:
     ptb.launch_ptb(w.kernel, half, w.kernel.n_blocks, grid=2)
     assert torch.equal(c, expect_lc)
     assert torch.equal(w.output(), expect_be)
+    # the same split with tail fill, the BE range starting off a multiple of 16 (not specialised)
+    c.fill_(float("nan"))
+    w.reset()
+    ptb.launch_ptb(w.kernel, 0, 1, grid=2)
+    fuser.launch_fused(lc, w.kernel, fuser.TAIL, be_range=(1, half), sms=3)
+    ptb.launch_ptb(w.kernel, half, w.kernel.n_blocks, grid=2)
+    assert torch.equal(c, expect_lc)
+    assert torch.equal(w.output(), expect_be)
 
 
 def test_overlap_and_checks() -> None:
@@ -60,5 +69,8 @@ def test_overlap_and_checks() -> None:
         fuser.launch_fused(lc, w.kernel, be_range=(0, w.kernel.n_blocks + 5), sms=2)
     with pytest.raises(ValueError, match="unknown fusion mode"):
         fuser.launch_fused(lc, w.kernel, FusedVersion(1, 1, "zigzag"), sms=2)
+    assert fuser.parse_version("tail") == fuser.TAIL and fuser.parse_version("1:2") == FusedVersion(1, 2)
+    assert fuser.parse_version("2:1il") == FusedVersion(2, 1, "interleave")
+    assert fuser.parse_version("1:2il").describe() == "1:2il" and fuser.TAIL.describe() == "tail"
     assert fuser.fits({"n_regs": 128, "shared": 32768, "n_spills": 0}, FusedVersion(1, 1), 8)
     assert not fuser.fits({"n_regs": 255, "shared": 32768, "n_spills": 0}, FusedVersion(2, 2), 8)
