@@ -3,7 +3,7 @@ kfuse, BE = sgemm (compute), lbm and stencil7 (memory); policies LC alone, time 
 concurrent streams and Aker fusion. QoS = 5x the solo latency, load = 80% of the highest Poisson
 rate LC alone serves within QoS.
 
-    PYTHONPATH=. python benchmarks/colocate_bench.py --out $OUT          # H200, ~150 s
+    PYTHONPATH=. python benchmarks/colocate_bench.py --out $OUT --lc resnet50 --be sgemm,lbm --max-keys 6 --seconds 1.0  # H200, ~120 s
     PYTHONPATH=. python benchmarks/colocate_bench.py --out /tmp/x --smoke  # CPU, interpreter, tiny
 
 Writes colocate.json (one record per LC x BE pair and policy), predictor.json (held-out errors of
@@ -29,7 +29,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.5, help="GPU-clock length of each policy run")
     ap.add_argument("--lc", default="resnet50,bert-base")
     ap.add_argument("--be", default="sgemm,lbm,stencil7")
-    ap.add_argument("--versions", default="1:1,1:2,2:1", help="fused LC:BE block ratios to profile")
+    ap.add_argument(
+        "--versions", default="tail,1:1,1:2", help="fused versions to profile: LC:BE ratios (1:2, 1:2il interleaved) or tail (tail fill)"
+    )
     ap.add_argument("--max-keys", type=int, default=8, help="fuse only the LC GEMM/conv shapes with the most time")
     a = ap.parse_args()
     if a.smoke:
@@ -40,7 +42,7 @@ def main() -> None:
     from kfuse.bench.harness import pytorch_baselines, time_ms, write_results
     from kfuse.colocate import experiment, ptb, workloads
     from kfuse.colocate.cuda_backend import CudaBackend
-    from kfuse.colocate.fuser import FusedVersion
+    from kfuse.colocate.fuser import parse_version
     from kfuse.colocate.lc import compile_lc, lc_items
 
     t_start = time.perf_counter()
@@ -91,7 +93,7 @@ def main() -> None:
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
             backend = CudaBackend(items, bes)
-            versions = tuple(FusedVersion(*map(int, v.split(":"))) for v in a.versions.split(","))
+            versions = tuple(parse_version(v, backend.lc_grid // backend.sms) for v in a.versions.split(","))
             versions = versions if gpu else versions[:2]
             res = experiment.run_experiment(
                 backend, list(bes), load=0.8, qos_factor=5.0, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
@@ -108,7 +110,7 @@ def main() -> None:
                                  "online_error": {f"{b}|{q}": r.summary()["online_error"]
                                                   for (b, q), r in res["runs"].items() if q == "aker"},
                                  "refits": {f"{b}|{p}": r.refits for (b, p), r in res["runs"].items() if p == "aker"},
-                                 "overlap": res["overlap"]})  # fmt: skip
+                                 "overlap": res["overlap"], "measured_overlap": res["measured_overlap"]})  # fmt: skip
             experiment.plot(res, lc_name, a.out)
         except Exception as e:
             print(f"{lc_name}: FAILED {type(e).__name__}: {e}", flush=True)
@@ -127,6 +129,8 @@ def main() -> None:
             print(f"predictor {p['case']}: fused held-out error mean {h['mean']:.1%} max {h['max']:.1%} (n={h['n']})")
             for be, ov in p["overlap"].items():
                 print(f"  overlap {p['case']}+{be}: " + ", ".join(f"{o['key']} {o['version']} {o['overlap']:.1%}" for o in ov))
+            for pair, per_v in p["measured_overlap"].items():
+                print(f"  best measured overlap {pair}: " + ", ".join(f"{v} {o:+.1%}" for v, o in per_v.items()))
     print(f"total {time.perf_counter() - t_start:.1f} s")
     sys.stdout.flush()
 

@@ -49,6 +49,15 @@ def overlap_rates(backend: Backend, prof: Profile, be: str, top: int = 3) -> lis
     return out
 
 
+def measured_overlaps(prof: Profile) -> dict[str, dict[str, float]]:
+    """Per (LC shape, BE) and version: the best overlap any profiled launch measured (what a GPU run
+    reads to see which layout, ratio or tail fill pays; selection uses the one nearest x*)."""
+    out: dict[str, dict[str, float]] = {}
+    for (key, be), per_v in prof.samples.items():
+        out[f"{key}|{be}"] = {_vname(v): max(((1.0 + x - y) / (1.0 + x) for x, y in pts), default=math.nan) for v, pts in per_v.items()}
+    return out
+
+
 def run_experiment(
     backend: Backend, be_names: Sequence[str], qos_ms: float | None = None, qos_factor: float = 5.0, load: float = 0.8,
     seconds: float = 2.0, min_queries: int = 100, max_queries: int = 2000, versions: Sequence[Any] = DEFAULT_VERSIONS,
@@ -76,8 +85,9 @@ def run_experiment(
     out: dict[str, Any] = {
         "solo_ms": solo, "qos_ms": qos, "max_rate": max_rate, "rate": rate, "queries": n, "extra_per_query_ms": extra,
         "predictor_heldout": prof.heldout, "chosen": {f"{k[0]}|{k[1]}": {"version": _vname(s.version), "opportune_ratio": s.opportune_ratio,
-                                                                      "reduction": s.reduction} for k, s in prof.chosen.items()},
-        "runs": {}, "overlap": {},
+                                                                      "reduction": s.reduction, "measured": s.measured}
+                                                   for k, s in prof.chosen.items()},
+        "runs": {}, "overlap": {}, "measured_overlap": measured_overlaps(prof),
     }  # fmt: skip
     if "lc_alone" in policies:
         r = run_policy(backend, prof, "lc_alone", arrivals, [], qos)
@@ -96,7 +106,7 @@ def run_experiment(
             r = run_policy(backend, prof, pol, arrivals, [be], qos, extra_per_query_ms=extra)
             out["runs"][(be, pol)] = r
             log(f"  {be:10s} {pol:9s} p99 {r.p99:8.3f} ms  violations {r.violations:3d}  BE {r.be_throughput:9.2f}/s  "
-                f"fused {r.fused_launches} slices {r.be_slices} refits {r.refits}")  # fmt: skip
+                f"fused {r.fused_launches} (gain {r.fused_gain_ms:.2f} ms) slices {r.be_slices} refits {r.refits}")  # fmt: skip
     out["profile"] = prof
     return out
 
@@ -169,7 +179,7 @@ def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, A
             "violations": r.violations, "queries": len(r.latencies_ms), "be_throughput": r.be_throughput,
             "be_gain_vs_timesharing": (r.be_throughput / ts.be_throughput - 1.0) if ts and ts.be_throughput > 0 else None,
             "solo_ms": res["solo_ms"], "rate_per_s": res["rate"], "max_rate_per_s": res["max_rate"],
-            "fused_launches": r.fused_launches, "be_slices": r.be_slices, "refits": r.refits,
+            "fused_launches": r.fused_launches, "fused_gain_ms": r.fused_gain_ms, "be_slices": r.be_slices, "refits": r.refits,
             "online_error": r.summary()["online_error"], "overlap": res["overlap"].get(be),
             "latencies_ms": [round(x, 4) for x in r.latencies_ms],
         }  # fmt: skip
