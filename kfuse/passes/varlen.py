@@ -358,4 +358,4 @@ def _lower_region(node: Node, graph: Graph, backend: str) -> Step:
         return runner(xs)
 
     info = KernelInfo(node.name, "varlen_region", tuple(sorted(region.graph.op_counts())), region.describe())
-    return Step(node.name, node.inputs, run, info)
+    return Step(node.name, node.inputs, run, info, host_sync=True)

@@ -17,6 +17,7 @@ from kfuse.compiler import Options, optimize
 from kfuse.frontend.torch_export import Imported
 from kfuse.runtime.cuda_graph import CudaGraphRunner
 from kfuse.runtime.executor import Plan, execute, lower
+from kfuse.runtime.piecewise_graph import PiecewiseGraphRunner
 
 
 class KfuseInputError(TypeError):
@@ -30,7 +31,7 @@ class Variant:
     imported: Imported
     stages: list[tuple[str, Any]]
     plan: Plan
-    runner: CudaGraphRunner | None
+    runner: CudaGraphRunner | PiecewiseGraphRunner | None
     compile_s: float
     report: dict[str, Any] = field(default_factory=dict)
     profile: list[dict[str, Any]] | None = None
@@ -100,8 +101,14 @@ class CompiledModel:
         runner = None
         cuda_graph_note = "off"
         if self.options.cuda_graphs and device.type == "cuda":
-            runner = CudaGraphRunner(plan, xs)
-            cuda_graph_note = "captured" if runner.captured else f"not captured ({runner.reason})"
+            if any(s.host_sync for s in plan.steps):
+                runner = PiecewiseGraphRunner(plan, xs)
+                n_sync = runner.stats()["host_sync_steps"]
+                ok = f"captured piecewise: {runner.graphs} graphs around {n_sync} host-sync step(s)"
+            else:
+                runner = CudaGraphRunner(plan, xs)
+                ok = "captured"
+            cuda_graph_note = ok if runner.captured else f"not captured ({runner.reason})"
             if not runner.captured:
                 runner = None
         variant = Variant(imported, opt.stages, plan, runner, time.perf_counter() - t0)

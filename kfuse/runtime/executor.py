@@ -44,6 +44,7 @@ class Step:
     inputs: tuple[str, ...]
     fn: Callable[[list[torch.Tensor]], Any]
     info: KernelInfo
+    host_sync: bool = False  # reads a device value on the host (no CUDA-graph capture around it)
 
 
 @dataclass
@@ -175,15 +176,28 @@ def execute(plan: Plan, inputs: Sequence[torch.Tensor], *, poison_dead: bool = F
     Steps with a planned buffer write into the arena (``fn(xs, out)``); the others allocate.
     ``poison_dead`` fills each planned buffer with NaN bytes when its lifetime ends, so a plan
     that shared storage between live values would show in the numerics (tests use it)."""
+    env = initial_env(plan, inputs)
+    run_steps(plan, env, 0, len(plan.steps), poison_dead=poison_dead)
+    return [env[o] for o in plan.graph.outputs]
+
+
+def initial_env(plan: Plan, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """Constants and graph inputs by name: the values a plan starts from."""
     env: dict[str, Any] = dict(plan.constants)
     for (name, _), x in zip(plan.graph.inputs, inputs, strict=True):
         env[name] = x
-    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None)
-    if device is None:
-        device = next((c.device for c in plan.constants.values()), torch.device("cpu"))
+    return env
+
+
+def run_steps(plan: Plan, env: dict[str, Any], lo: int, hi: int, *, poison_dead: bool = False) -> None:
+    """Run steps ``[lo, hi)`` of ``plan`` on ``env`` in place (values are released after their
+    last use). Split out so a runner can capture a run of steps as one CUDA graph."""
+    tensors = [env.get(n) for n, _ in plan.graph.inputs] + list(plan.constants.values())
+    device = next((x.device for x in tensors if isinstance(x, torch.Tensor)), torch.device("cpu"))
     outs = _prepare_memory(plan, device)
     dead_buffers = plan.memory.dead_after if (poison_dead and outs) else None
-    for i, (step, dead) in enumerate(zip(plan.steps, plan.release_after, strict=True)):
+    for i in range(lo, hi):
+        step, dead = plan.steps[i], plan.release_after[i]
         xs = [env[v] for v in step.inputs]
         buf = outs.get(step.output)
         env[step.output] = step.fn(xs) if buf is None else step.fn(xs, buf)
@@ -193,4 +207,3 @@ def execute(plan: Plan, inputs: Sequence[torch.Tensor], *, poison_dead: bool = F
             for k in dead_buffers[i]:
                 b = plan.memory.buffers[k]
                 plan.arena[b.offset : b.offset + b.nbytes].fill_(255)
-    return [env[o] for o in plan.graph.outputs]
