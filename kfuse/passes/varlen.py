@@ -357,5 +357,6 @@ def _lower_region(node: Node, graph: Graph, backend: str) -> Step:
             state["plan"] = plan
         return runner(xs)
 
+    run.region_state = state  # type: ignore[attr-defined]  # the runner and packed plan, for diagnostics
     info = KernelInfo(node.name, "varlen_region", tuple(sorted(region.graph.op_counts())), region.describe())
     return Step(node.name, node.inputs, run, info, host_sync=True)

@@ -31,6 +31,22 @@ def signature(inputs: Sequence[torch.Tensor]) -> Signature:
     return tuple((tuple(x.shape), x.dtype, x.device.type, tuple(x.stride())) for x in inputs)
 
 
+def save_rng(cuda: Any) -> list[tuple[Any, Any]]:
+    """Copies of the CUDA generators' states, taken before a capture (see ``restore_rng``)."""
+    if cuda is not torch.cuda or not torch.cuda.is_initialized():
+        return []
+    gens = [g for g in torch.cuda.default_generators if hasattr(g, "clone_state") and hasattr(g, "graphsafe_set_state")]
+    return [(g, g.clone_state()) for g in gens]
+
+
+def restore_rng(saved: list[tuple[Any, Any]]) -> None:
+    """A capture that fails leaves each CUDA generator marked as capturing (its epilogue never ran),
+    and every later ``torch.randn`` on the GPU then fails with "Offset increment outside graph
+    capture". Putting back the copies taken before the capture clears that."""
+    for g, state in saved:
+        g.graphsafe_set_state(state)
+
+
 def _why(e: BaseException) -> str:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{type(e).__name__}: {msg[:300]}"
@@ -62,6 +78,7 @@ class CudaGraphRunner:
             self.reason = reason
             return
         self.static_inputs = [x.clone() for x in example_inputs]
+        rng = save_rng(self.cuda)
         try:
             self._capture(warmup, pool)
         except Exception as e:  # capture is an optimisation: report and run eagerly
@@ -69,6 +86,10 @@ class CudaGraphRunner:
             self.static_outputs = []
             self.reason = _why(e)
             self._recover()
+            try:
+                restore_rng(rng)
+            except Exception as e2:  # noqa: BLE001 - secondary; the capture failure is what matters
+                self.reason += f"; restoring the CUDA RNG state: {_why(e2)}"
 
     # ---- capture -------------------------------------------------------------------------
     def _precheck(self, inputs: Sequence[torch.Tensor]) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kfuse.runtime.cuda_graph import Signature, signature
+from kfuse.runtime.cuda_graph import Signature, restore_rng, save_rng, signature
 from kfuse.runtime.executor import Plan, execute, initial_env, run_steps
 
 
@@ -88,6 +88,7 @@ class PiecewiseGraphRunner:
         if not any(s.sync for s in self.segments):
             self.reason = "no host-sync step: use the whole-plan CUDA graph"
             return
+        rng = save_rng(self.cuda)
         try:
             self._capture(example_inputs, warmup)
             self._captured = True
@@ -97,8 +98,9 @@ class PiecewiseGraphRunner:
                 s.graph = None
             try:
                 self.cuda.synchronize()
+                restore_rng(rng)
             except Exception as e2:  # noqa: BLE001 - a sticky error is reported, not raised
-                self.reason += f"; synchronize after the failed capture: {type(e2).__name__}"
+                self.reason += f"; recovering after the failed capture: {type(e2).__name__}"
 
     @property
     def captured(self) -> bool:
