@@ -299,13 +299,14 @@ AUTOTUNE = os.environ.get("KFUSE_ATTN_AUTOTUNE", "1") == "1"
 
 
 def _measure_best(run, head_dim: int, rep: int = 20) -> AttnConfig:  # noqa: ANN001 - run: AttnConfig -> None
-    """Time every config of the space with ``run`` (GPU) and return the fastest."""
-    from kfuse.bench.harness import time_ms
+    """Time every config of the space with ``run`` (GPU, replayed from a CUDA graph: a short
+    kernel's launch would otherwise dominate the comparison) and return the fastest."""
+    from kfuse.bench.harness import gpu_time_ms
 
     best, best_ms = None, float("inf")
     for c in config_space(head_dim):
         try:
-            ms = time_ms(lambda c=c: run(c), warmup=3, rep=rep)
+            ms = gpu_time_ms(lambda c=c: run(c), warmup=3, rep=rep)
         except Exception:  # a config the compiler rejects (out of resources) is skipped
             continue
         if ms < best_ms:
