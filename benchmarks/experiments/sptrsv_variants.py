@@ -1,8 +1,10 @@
 """Experiment: which sync-free variant beats the level-set baseline on wide matrices (issue 9)?
 
 For each matrix (fp64, one right-hand side, one analysis shared by all variants) this times
-every :data:`kfuse.sparse.variants.VARIANTS` entry (poll backoff, per-tile flags, persistent
-grid, combinations; ``legacy`` = the kernel of the H200 results in docs/sparse.md), the
+the :data:`kfuse.sparse.variants.EXPERIMENT_DEFAULT` variants (``legacy`` = the kernel of the
+H200 results in docs/sparse.md, ``default-v1`` = the first run's default, then the latency
+variants: prefetch, acquire polls, st.release, value flags), ``--tiling-variants`` again under
+each single-warp ``--tilings`` entry (key ``name@RxWwN``), the
 level-set baseline replayed as one CUDA graph (eager above 20k levels), and cuSPARSE SpSM when
 cupy is present. Times are CUDA-event medians after warm-up (``kfuse.sparse.bench.time_cuda``).
 Every variant's output is poisoned with NaN first and checked against scipy's fp64 solve (the
@@ -22,6 +24,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +36,13 @@ if not torch.cuda.is_available():  # --smoke on the CPU: kernels in the Triton i
 warnings.filterwarnings("ignore", message="Sparse (CSR tensor support|invariant checks)")
 sys.path.insert(0, os.getcwd())
 
+from kfuse.sparse.analysis import Tiling  # noqa: E402
 from kfuse.sparse.bench import GRAPH_MAX_LEVELS, Case, CusparseSpSM, time_cuda  # noqa: E402
 from kfuse.sparse.levelset import levelset_solve  # noqa: E402
 from kfuse.sparse.matrices import make  # noqa: E402
 from kfuse.sparse.sptrsv import SptrsvPlan, analyze  # noqa: E402
 from kfuse.sparse.tiledeps import tile_dependencies  # noqa: E402
-from kfuse.sparse.variants import LEGACY, VARIANTS, persistent_grid  # noqa: E402
+from kfuse.sparse.variants import EXPERIMENT_DEFAULT, LEGACY, VARIANTS, persistent_grid  # noqa: E402
 
 CASES = [  # wide matrices first (the ones kfuse loses on), the sequential ones as controls
     Case("laplacian3d", 40),
@@ -53,6 +57,26 @@ CASES = [  # wide matrices first (the ones kfuse loses on), the sequential ones 
 SMOKE_CASES = [Case("laplacian2d", 7), Case("chain", 70), Case("powerlaw", 120)]
 SCIPY_MAX_ROWS = 2_000_000  # scipy's reference solve stays under ~1 s up to here (0.57 s at 1M rows, 6.5M nonzeros)
 ERR_TOL = 1e-10  # fp64
+TILINGS = "16x2w1,8x4w1"  # single-warp tilings swept besides the heuristic one (R x W lanes, num_warps)
+TILING_VARIANTS = "default-v1,default"  # what runs under each extra tiling
+
+
+def parse_tiling(s: str) -> Tiling:
+    """``"16x2w1"`` -> Tiling(16, 2, 1) (R rows x W lanes per row, num_warps)."""
+    try:
+        rw, warps = s.split("w")
+        r, w = rw.split("x")
+        til = Tiling(int(r), int(w), int(warps))
+    except ValueError as e:
+        raise ValueError(f"tiling {s!r}: expected RxWwN, e.g. 16x2w1") from e
+    for v in (til.rows_per_program, til.lanes_per_row, til.num_warps):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"tiling {s!r}: R, W and num_warps must be powers of two")
+    return til
+
+
+def tiling_tag(t: Tiling) -> str:
+    return f"{t.rows_per_program}x{t.lanes_per_row}w{t.num_warps}"
 
 
 def _log(s: str) -> None:
@@ -101,8 +125,14 @@ def _cusparse(a: Any, b: torch.Tensor, ref: torch.Tensor, rec: dict[str, Any]) -
         rec["cusparse_error"] = f"{type(e).__name__}: {e}"[:200]
 
 
-def run_case(case: Case, names: list[str], smoke: bool, deadline: float, save: Any) -> dict[str, Any]:
-    """Analyse one matrix once, then time the baseline and every variant; returns its record."""
+def run_case(
+    case: Case, names: list[str], smoke: bool, deadline: float, save: Any, tilings: Sequence[Tiling] = (), tiling_names: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Analyse one matrix once, then time the baseline and every variant; returns its record.
+
+    Variants run under the plan's heuristic tiling (key = name), then ``tiling_names`` under each
+    of ``tilings`` that differs from it (key = ``name@RxWwN``).
+    """
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     a = make(case.kind, case.size, seed=0)
     n = a.shape[0]
@@ -137,17 +167,21 @@ def run_case(case: Case, names: list[str], smoke: bool, deadline: float, save: A
         _cusparse(a, b, ref, rec)
         _log(f"  cusparse {rec.get('cusparse_ms')} ms {rec.get('cusparse_error', '')}")
 
-    for name in names:
+    runs: list[tuple[str, str, Tiling | None]] = [(nm, nm, None) for nm in names]
+    for til in tilings:
+        if til != plan.tiling:
+            runs += [(f"{nm}@{tiling_tag(til)}", nm, til) for nm in tiling_names]
+    for key, name, til in runs:
         if time.perf_counter() > deadline:
-            rec["variants"][name] = {"skipped": "hard deadline"}
+            rec["variants"][key] = {"skipped": "hard deadline"}
             continue
         opts = VARIANTS[name]
-        _log(f"  {name} ...")  # printed before the launch: a hang names its variant
-        v: dict[str, Any] = {"options": opts.name}
+        _log(f"  {key} ...")  # printed before the launch: a hang names its variant
+        v: dict[str, Any] = {"options": opts.name, "tiling": tiling_tag(til or plan.tiling)}
         x = torch.full_like(b, float("nan"))
         t1 = time.perf_counter()
         try:
-            plan.solve(b, out=x, sync=opts)  # first call compiles
+            plan.solve(b, out=x, sync=opts, tiling=til)  # first call compiles
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             v["first_call_s"] = round(time.perf_counter() - t1, 3)
@@ -155,7 +189,9 @@ def run_case(case: Case, names: list[str], smoke: bool, deadline: float, save: A
             v["residual"] = _residual(a_t, x, b)
             x.fill_(float("nan"))
             reps = 1 if smoke else 20
-            v["ms"] = time_cuda(lambda o=opts: plan.solve(b, out=x, sync=o), warmup=0 if smoke else 3, reps=reps, budget_s=0.5)
+            v["ms"] = time_cuda(
+                lambda o=opts, t=til: plan.solve(b, out=x, sync=o, tiling=t), warmup=0 if smoke else 3, reps=reps, budget_s=0.5
+            )
             v["rel_err_after_timing"] = _rel_err(x, ref)
             v["ok"] = bool(max(v["rel_err"], v["rel_err_after_timing"]) < ERR_TOL)
             v["us_per_level"] = round(v["ms"] * 1e3 / max(1, rec["levels"]), 3)
@@ -163,13 +199,13 @@ def run_case(case: Case, names: list[str], smoke: bool, deadline: float, save: A
             if rec.get("cusparse_ms"):
                 v["speedup_vs_cusparse"] = rec["cusparse_ms"] / v["ms"]
             if opts.persistent:
-                v["grid"] = persistent_grid(dev, rec["tiles"], opts)
+                v["grid"] = persistent_grid(dev, -(-n // (til or plan.tiling).rows_per_program), opts)
             verdict = "ok" if v["ok"] else "WRONG"
             _log(f"    {v['ms']:.3f} ms  x{v['speedup_vs_levelset']:.2f} vs level-set  err {v['rel_err']:.1e}  {verdict}")
         except Exception as e:  # one failing variant must not lose the others
             v["error"] = f"{type(e).__name__}: {e}"[:300]
             _log(f"    FAILED {v['error']}")
-        rec["variants"][name] = v
+        rec["variants"][key] = v
         save(rec)
     return rec
 
@@ -214,11 +250,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory for sptrsv_variants.json")
     ap.add_argument("--budget-s", type=float, default=100.0, help="start no new matrix after this many seconds")
     ap.add_argument("--smoke", action="store_true", help="tiny matrices (runs on the CPU in the interpreter)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of kfuse.sparse.variants.VARIANTS")
+    ap.add_argument("--variants", default=",".join(EXPERIMENT_DEFAULT), help="comma-separated names from kfuse.sparse.variants.VARIANTS")
+    ap.add_argument("--tilings", default=TILINGS, help="extra tilings RxWwN (comma-separated; '' = heuristic only)")
+    ap.add_argument("--tiling-variants", default=TILING_VARIANTS, help="variants run under each extra tiling")
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all, in order)")
     args = ap.parse_args(argv)
     names = [s for s in args.variants.split(",") if s]
-    unknown = [s for s in names if s not in VARIANTS]
+    tiling_names = [s for s in args.tiling_variants.split(",") if s]
+    try:
+        tilings = [parse_tiling(s) for s in args.tilings.split(",") if s]
+    except ValueError as e:
+        ap.error(str(e))
+    unknown = [s for s in names + tiling_names if s not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
     cases = SMOKE_CASES if args.smoke else CASES
@@ -238,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "PYTHONPATH=. python benchmarks/experiments/sptrsv_variants.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
         "dtype": "fp64",
-        "variants": {nm: VARIANTS[nm].__dict__ for nm in names},
+        "variants": {nm: VARIANTS[nm].__dict__ for nm in dict.fromkeys(names + tiling_names)},
+        "tilings": [tiling_tag(t) for t in tilings],
     }
     records: list[dict[str, Any]] = []
 
@@ -255,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"[{spent:.0f}s] {case.name}")
         deadline = t0 + 1.5 * args.budget_s  # a slow case still stops before the caller's timeout
         try:
-            records.append(run_case(case, names, args.smoke, deadline, save))
+            records.append(run_case(case, names, args.smoke, deadline, save, tilings, tiling_names))
         except Exception as e:  # one failing matrix must not lose the others
             _log(f"  FAILED {case.name}: {type(e).__name__}: {e}")
             records.append({"case": case.name, "error": f"{type(e).__name__}: {e}"[:300]})
@@ -265,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     done = [r for r in records if "levelset_ms" in r]
     bad = [(r["case"], nm) for r in done for nm, v in r["variants"].items() if "ms" in v and not v.get("ok")]
     _log(f"wrote {out}; {'all results correct' if not bad else f'WRONG results: {bad}'}")
-    _log(format_table(done, names))
+    keys = list(dict.fromkeys(names + [k for r in done for k in r["variants"] if k not in names]))
+    _log(format_table(done, keys))
     return 1 if bad else 0
 
 

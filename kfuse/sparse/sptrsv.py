@@ -37,12 +37,17 @@ from kfuse.sparse.analysis import (
     level_order,
 )
 from kfuse.sparse.inputs import canonicalize, check_rhs
-from kfuse.sparse.sync import acquire_fence, hw_fence_enabled, wait_flags
+from kfuse.sparse.sync import acquire_fence, backoff, hw_fence_enabled, st_release, wait_flags, wait_flags_acquire
 from kfuse.sparse.tiledeps import tile_dependencies
-from kfuse.sparse.variants import SyncOptions, persistent_grid
+from kfuse.sparse.variants import DEFAULT, SyncOptions, persistent_grid
 
 _INT32_MAX = 2**31 - 1
 DEP_LANES = 32  # producing tiles polled at once (tile-flag variant)
+# value flags: x (position order) starts as a signalling NaN; arithmetic never yields one (any
+# NaN it produces is quiet), so "bits == sentinel" means "not solved yet"
+SENTINEL = {torch.float64: 0x7FF4A5A5A5A5A5A5, torch.float32: 0x7FA5A5A5}
+_INT_OF = {torch.float64: torch.int64, torch.float32: torch.int32}
+_FLAG_CODE = {"tile": 0, "row": 1, "value": 2}
 
 
 @triton.jit
@@ -136,6 +141,143 @@ def _syncfree_kernel(
         )  # fmt: skip
 
 
+@triton.jit
+def _solve_tile_fast(
+    t, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, done_ptr, tdep_ptr, tdeps,
+    n, nrhs, stride_b, stride_x, epoch, SENTINEL,
+    R: tl.constexpr, W: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr,
+    FLAGS: tl.constexpr, DW: tl.constexpr, BACKOFF_NS: tl.constexpr, ACQUIRE: tl.constexpr, ST_RELEASE: tl.constexpr,
+):  # fmt: skip
+    """One tile with every load that does not need x issued before the wait (``prefetch``).
+
+    FLAGS: 0 = per-tile flags, 1 = per-row flags, 2 = value flags (x itself, sentinel = not yet).
+    Before waiting: rowptr, level span, perm, b, diag, the first chunk's cols/vals, and the
+    in-tile block ``lloc`` (all chunks). After: only the x gather (and later chunks), the
+    in-tile sweeps, the store and the release remain on the dependency chain.
+    """
+    base = t * R
+    r = tl.arange(0, R)
+    pos = base + r
+    rmask = pos < n
+    start = tl.load(rowptr + pos, mask=rmask, other=0)
+    end = tl.load(rowptr + pos + 1, mask=rmask, other=0)
+    kk = tl.arange(0, KP)
+    kmask = kk < nrhs
+    w = tl.arange(0, W)
+    q = tl.arange(0, R)
+    last = tl.minimum(base + R - 1, n - 1)
+    niter = tl.load(lev + last) - tl.load(lev + base) + 1
+    row = tl.load(perm + pos, mask=rmask, other=0)
+    rk = rmask[:, None] & kmask[None, :]
+    bt = tl.load(b_ptr + row[:, None] * stride_b + kk[None, :], mask=rk, other=0.0)
+    d = tl.load(diag + pos, mask=rmask, other=1.0)
+    nlen = tl.max(end - start)
+    idx0 = start[:, None] + w[None, :]
+    m0 = idx0 < end[:, None]
+    c0 = tl.load(cols + idx0, mask=m0, other=0)
+    v0 = tl.load(vals + idx0, mask=m0, other=0.0)
+    lloc = tl.zeros([R, R], dtype=vals.dtype.element_ty)
+    if niter > 1:  # the in-tile block needs no x: build it before waiting
+        for off in range(0, nlen, W):
+            idx = start[:, None] + off + w[None, :]
+            m = idx < end[:, None]
+            c = tl.load(cols + idx, mask=m, other=0)
+            v = tl.load(vals + idx, mask=m, other=0.0)
+            hit = (m & (c >= base))[:, :, None] & ((c - base)[:, :, None] == q[None, None, :])
+            lloc += tl.sum(tl.where(hit, v[:, :, None], 0.0), axis=1)
+    shift = 0
+    if FLAGS == 0:  # per-tile flags: wait on the producer tiles, then order every lane's gathers
+        d0 = tl.load(tdep_ptr + t)
+        d1 = tl.load(tdep_ptr + t + 1)
+        for doff in range(d0, d1, DW):
+            j = doff + tl.arange(0, DW)
+            dm = j < d1
+            dep = tl.load(tdeps + j, mask=dm, other=0)
+            if ACQUIRE:
+                shift += tl.sum(wait_flags_acquire(done_ptr, dep, dm, epoch, BACKOFF_NS, HW_FENCE))
+            else:
+                wait_flags(done_ptr, dep, dm, epoch, BACKOFF_NS, HW_FENCE)
+        if ACQUIRE:  # the lanes that acquired are not the lanes that gather: a CTA barrier passes it on
+            tl.debug_barrier()
+        else:
+            shift = acquire_fence(d0, HW_FENCE) - d0
+    acc = tl.zeros([R, KP], dtype=vals.dtype.element_ty)
+    c = c0
+    v = v0
+    for off in range(0, nlen, W):
+        idx = start[:, None] + off + w[None, :]
+        m = idx < end[:, None]
+        if off > 0:
+            c = tl.load(cols + idx, mask=m, other=0)
+            v = tl.load(vals + idx, mask=m, other=0.0)
+        ext = m & (c < base)
+        emask = ext[:, :, None] & kmask[None, None, :]
+        if FLAGS == 2:  # value flags: poll x itself until no gathered value is the sentinel
+            xo = c[:, :, None] * nrhs + kk[None, None, :]
+            xg = tl.load(xp_ptr + xo, mask=emask, other=0.0, volatile=True)
+            missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
+            while missing > 0:
+                slept = backoff(missing, BACKOFF_NS, HW_FENCE)
+                xg = tl.load(xp_ptr + xo + (slept - missing), mask=emask, other=0.0, volatile=True)
+                missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
+        else:
+            if FLAGS == 1:  # per-row flags: each lane acquires the flag of the column it gathers
+                if ACQUIRE:
+                    lane = wait_flags_acquire(done_ptr, c, ext, epoch, BACKOFF_NS, HW_FENCE)
+                    xo = (c + lane)[:, :, None] * nrhs + kk[None, None, :]
+                else:
+                    wait_flags(done_ptr, c, ext, epoch, BACKOFF_NS, HW_FENCE)
+                    tok = acquire_fence(off, HW_FENCE)
+                    xo = c[:, :, None] * nrhs + kk[None, None, :] + (tok - off)
+            else:
+                xo = c[:, :, None] * nrhs + kk[None, None, :] + shift
+            xg = tl.load(xp_ptr + xo, mask=emask, other=0.0, volatile=True)
+        acc += tl.sum(v[:, :, None] * xg, axis=1)
+    rhs = bt - acc
+    xt = rhs / d[:, None]
+    for _ in range(1, niter):
+        prod = tl.where(lloc[:, :, None] != 0.0, lloc[:, :, None] * xt[None, :, :], 0.0)
+        xt = (rhs - tl.sum(prod, axis=1)) / d[:, None]
+    tl.store(x_ptr + row[:, None] * stride_x + kk[None, :], xt, mask=rk)
+    if FLAGS == 2:  # the value is the flag: a relaxed gpu-scope exchange, no fence, no barrier
+        xbits = xp_ptr.to(tl.pointer_type(SENTINEL.dtype), bitcast=True)  # a relaxed store of the bits
+        tl.atomic_xchg(xbits + pos[:, None] * nrhs + kk[None, :], xt.to(SENTINEL.dtype, bitcast=True), mask=rk, sem="relaxed", scope="gpu")
+    else:
+        tl.store(xp_ptr + pos[:, None] * nrhs + kk[None, :], xt, mask=rk)
+        tl.debug_barrier()  # every thread's x stores precede the release below
+        if FLAGS == 0:
+            if ST_RELEASE:
+                st_release(done_ptr + t, epoch, HW_FENCE)
+            else:
+                tl.atomic_xchg(done_ptr + t, epoch, sem="release", scope="gpu")
+        else:
+            tl.atomic_xchg(done_ptr + pos, epoch, mask=rmask, sem="release", scope="gpu")
+
+
+@triton.jit
+def _syncfree_fast_kernel(
+    rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, done_ptr, ticket_ptr, tdep_ptr, tdeps,
+    n, nrhs, stride_b, stride_x, epoch, ticket_base, n_tiles, SENTINEL,
+    R: tl.constexpr, W: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr,
+    FLAGS: tl.constexpr, DW: tl.constexpr, BACKOFF_NS: tl.constexpr, ACQUIRE: tl.constexpr, ST_RELEASE: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+):  # fmt: skip
+    """The ``prefetch`` variants; tickets are relaxed atomics (they carry no data)."""
+    t = tl.atomic_add(ticket_ptr, 1, sem="relaxed") - ticket_base
+    if PERSISTENT:
+        while t < n_tiles:
+            _solve_tile_fast(
+                t, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, done_ptr, tdep_ptr, tdeps,
+                n, nrhs, stride_b, stride_x, epoch, SENTINEL, R, W, KP, HW_FENCE, FLAGS, DW, BACKOFF_NS, ACQUIRE, ST_RELEASE,
+            )  # fmt: skip
+            t = tl.atomic_add(ticket_ptr, 1, sem="relaxed") - ticket_base
+    else:
+        _solve_tile_fast(
+            t, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, done_ptr, tdep_ptr, tdeps,
+            n, nrhs, stride_b, stride_x, epoch, SENTINEL, R, W, KP, HW_FENCE, FLAGS, DW, BACKOFF_NS, ACQUIRE, ST_RELEASE,
+        )  # fmt: skip
+
+
 def _pow2_ceil(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
@@ -154,7 +296,7 @@ class SptrsvPlan:
     tiling: Tiling
     lo: LevelOrdered
     preprocess_ms: dict[str, float]
-    sync: SyncOptions = field(default_factory=SyncOptions)
+    sync: SyncOptions = DEFAULT
     _tile_deps: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(repr=False, default_factory=dict)  # R -> CSR
     _done: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
     _ticket: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
@@ -181,9 +323,9 @@ class SptrsvPlan:
             "preprocess_ms": dict(self.preprocess_ms),
         }
 
-    def tiling_for(self, kp: int) -> Tiling:
+    def tiling_for(self, kp: int, tiling: Tiling | None = None) -> Tiling:
         """Tiling for KP padded right-hand sides: fewer rows per program as KP grows."""
-        t = self.tiling
+        t = tiling or self.tiling
         r = t.rows_per_program
         while r > 1 and r * t.lanes_per_row * kp > 2048:
             r //= 2
@@ -206,10 +348,11 @@ class SptrsvPlan:
         self._tickets_used += n_tickets
         return self._epoch, base
 
-    def solve(self, b: Any, out: torch.Tensor | None = None, sync: SyncOptions | None = None) -> Any:
+    def solve(self, b: Any, out: torch.Tensor | None = None, sync: SyncOptions | None = None, tiling: Tiling | None = None) -> Any:
         """x with A x = b (sync-free, one launch per group of up to 16 right-hand sides).
 
-        ``sync`` overrides the plan's :class:`SyncOptions` for this solve (variant comparisons).
+        ``sync`` overrides the plan's :class:`SyncOptions` and ``tiling`` the plan's tiling for
+        this solve (variant and tiling sweeps; the level order does not depend on the tiling).
         """
         b2, was_1d, was_numpy = check_rhs(b, self.n, self.dtype, self.device)
         x = _prepare_out(out, b2)
@@ -220,21 +363,38 @@ class SptrsvPlan:
             for g0 in range(0, k, MAX_RHS_PER_LAUNCH):
                 kg = min(MAX_RHS_PER_LAUNCH, k - g0)
                 kp = _pow2_ceil(kg)
-                til = self.tiling_for(kp)
+                til = self.tiling_for(kp, tiling)
                 r = til.rows_per_program
                 n_tiles = triton.cdiv(self.n, r)
                 grid = persistent_grid(self.device, n_tiles, opts) if opts.persistent else n_tiles
                 # a persistent program also takes the one ticket past the end that stops it
                 epoch, base = self._next_epoch(n_tiles + grid if opts.persistent else n_tiles)
-                tdep_ptr, tdeps = self.tile_deps(r) if opts.tile_flags else (self._ticket, self._ticket)
-                xp = torch.empty(self.n * kg, dtype=self.dtype, device=self.device)
+                tile = opts.flag_kind == "tile"
+                tdep_ptr, tdeps = self.tile_deps(r) if tile else (self._ticket, self._ticket)
                 lo = self.lo
+                if opts.prefetch:
+                    kind = opts.flag_kind
+                    sent = SENTINEL[self.dtype]
+                    if kind == "value":  # x starts as the sentinel: "not solved yet"
+                        xp = torch.full((self.n * kg,), sent, dtype=_INT_OF[self.dtype], device=self.device).view(self.dtype)
+                    else:
+                        xp = torch.empty(self.n * kg, dtype=self.dtype, device=self.device)
+                    _syncfree_fast_kernel[(grid,)](
+                        lo.rowptr, lo.cols, lo.vals, lo.diag, lo.perm, lo.levels,
+                        b2[:, g0:], x[:, g0:], xp, self._done, self._ticket, tdep_ptr, tdeps,
+                        self.n, kg, b2.stride(0), x.stride(0), epoch, base, n_tiles, sent,
+                        R=r, W=til.lanes_per_row, KP=kp, HW_FENCE=fence, FLAGS=_FLAG_CODE[kind], DW=DEP_LANES,
+                        BACKOFF_NS=opts.backoff_ns, ACQUIRE=opts.acquire, ST_RELEASE=opts.st_release, PERSISTENT=opts.persistent,
+                        num_warps=til.num_warps,
+                    )  # fmt: skip
+                    continue
+                xp = torch.empty(self.n * kg, dtype=self.dtype, device=self.device)
                 _syncfree_kernel[(grid,)](
                     lo.rowptr, lo.cols, lo.vals, lo.diag, lo.perm, lo.levels,
                     b2[:, g0:], x[:, g0:], xp, self._done, self._ticket, tdep_ptr, tdeps,
                     self.n, kg, b2.stride(0), x.stride(0), epoch, base, n_tiles,
                     R=r, W=til.lanes_per_row, KP=kp, HW_FENCE=fence,
-                    TILE_FLAGS=opts.tile_flags, DW=DEP_LANES, BACKOFF_NS=opts.backoff_ns, PERSISTENT=opts.persistent,
+                    TILE_FLAGS=tile, DW=DEP_LANES, BACKOFF_NS=opts.backoff_ns, PERSISTENT=opts.persistent,
                     num_warps=til.num_warps,
                 )  # fmt: skip
         return _finish(x, out, was_1d, was_numpy)
@@ -272,11 +432,11 @@ def analyze(
 
     Times (wall clock, device synchronised) go to ``plan.preprocess_ms``: ``check`` (validation
     and canonical form), ``levels`` (sync-free level kernel), ``reorder`` (level-order
-    renumbering), ``tile_deps`` (producing tiles, only with ``sync.tile_flags``) and ``total``.
+    renumbering), ``tile_deps`` (producing tiles, only with tile flags) and ``total``.
     ``tiling`` overrides the row-length heuristic; ``sync`` picks the kernel variant
     (default :class:`SyncOptions`; ``kfuse.sparse.variants.LEGACY`` is the original kernel).
     """
-    sync = sync or SyncOptions()
+    sync = sync or DEFAULT
     if device is None and not isinstance(a, torch.Tensor):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
@@ -306,7 +466,7 @@ def analyze(
         preprocess_ms=ms,
         sync=sync,
     )
-    if sync.tile_flags and plan.n > 0:  # the one-RHS tiling's lists; other R are built on first use
+    if sync.flag_kind == "tile" and plan.n > 0:  # the one-RHS tiling's lists; other R are built on first use
         plan.tile_deps(til.rows_per_program)
         _sync(tri.device)
     t4 = time.perf_counter()

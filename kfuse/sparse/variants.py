@@ -7,8 +7,19 @@
   once, then fences once, before its gathers; the per-nonzero poll and the per-chunk fence go.
 * ``persistent``: about resident-capacity programs (SM count x ``programs_per_sm``) loop,
   taking tickets until the tiles run out, instead of one program per tile.
-The defaults are the predicted best combination (docs/sparse.md); ``LEGACY`` is the original
-kernel: a per-row flag polled in a tight loop, one program per tile.
+* ``prefetch`` (the second kernel, ``_syncfree_fast_kernel``): every load that does not need
+  x (rowptr, level span, perm, b, diag, the first chunk's cols/vals, the in-tile block) is
+  issued before the wait, so only the gather, the in-tile sweeps, the store and the release
+  remain on the dependency chain; tickets become relaxed atomics.
+* ``flags`` (with prefetch): ``"tile"`` / ``"row"`` as above, or ``"value"``: no done flags at
+  all; x (in position order) starts as a signalling-NaN sentinel and a consumer polls the x
+  values it gathers until none is the sentinel. The producer's store is the publication.
+* ``acquire`` (with prefetch): poll with ``ld.acquire.gpu`` instead of volatile loads plus
+  ``fence.acq_rel.gpu``.
+* ``st_release`` (with prefetch, tile flags): publish with ``st.release.gpu``.
+``DEFAULT`` is the predicted best combination (docs/sparse.md), ``DEFAULT_V1`` the default of the
+first variants run; ``LEGACY`` is the original kernel: a per-row flag polled in a tight loop,
+one program per tile.
 """
 
 from __future__ import annotations
@@ -28,16 +39,37 @@ class SyncOptions:
     tile_flags: bool = True
     persistent: bool = True
     programs_per_sm: int = 8  # persistent grid = SM count x this (capped at the tile count)
+    prefetch: bool = False  # the fast kernel: loads that need no x before the wait
+    flags: str = ""  # with prefetch: "tile", "row" or "value" ("" = from tile_flags)
+    acquire: bool = False  # with prefetch: ld.acquire.gpu polls, no fence.acq_rel.gpu
+    st_release: bool = False  # with prefetch and tile flags: st.release.gpu instead of atom.exch.release
 
     def __post_init__(self) -> None:
+        if self.flags not in ("", "tile", "row", "value"):
+            raise ValueError(f"SyncOptions: flags={self.flags!r} must be 'tile', 'row' or 'value'")
+        if not self.prefetch and (self.flags or self.acquire or self.st_release):
+            raise ValueError("SyncOptions: flags/acquire/st_release need prefetch=True (the fast kernel)")
+        if self.flags and self.flags != ("tile" if self.tile_flags else "row") and self.flags != "value":
+            raise ValueError(f"SyncOptions: flags={self.flags!r} contradicts tile_flags={self.tile_flags}")
         if not 0 <= self.backoff_ns < 1 << 20:
             raise ValueError(f"SyncOptions: backoff_ns={self.backoff_ns} must be in [0, 2**20)")
         if self.programs_per_sm < 1:
             raise ValueError(f"SyncOptions: programs_per_sm={self.programs_per_sm} must be >= 1")
 
     @property
+    def flag_kind(self) -> str:
+        """The flag scheme: tile, row or value."""
+        return self.flags or ("tile" if self.tile_flags else "row")
+
+    @property
     def name(self) -> str:
-        parts = ["persistent" if self.persistent else "grid", "tileflag" if self.tile_flags else "rowflag"]
+        parts = ["persistent" if self.persistent else "grid", self.flag_kind + "flag"]
+        if self.prefetch:
+            parts.append("prefetch")
+        if self.acquire:
+            parts.append("acq")
+        if self.st_release:
+            parts.append("strel")
         if self.backoff_ns:
             parts.append(f"sleep{self.backoff_ns}")
         if self.persistent:
@@ -46,21 +78,38 @@ class SyncOptions:
 
 
 LEGACY = SyncOptions(backoff_ns=0, tile_flags=False, persistent=False)
-DEFAULT = SyncOptions()
+DEFAULT_V1 = SyncOptions()  # the default of the first variants run (docs/sparse.md)
+FAST = SyncOptions(backoff_ns=0, prefetch=True)  # persistent, tile flags, prefetch
+DEFAULT = SyncOptions(backoff_ns=0, tile_flags=False, prefetch=True, flags="value")  # predicted best (docs/sparse.md)
 
 # what benchmarks/experiments/sptrsv_variants.py measures side by side (one idea at a time, then combined)
 VARIANTS: dict[str, SyncOptions] = {
     "legacy": LEGACY,
     "backoff": SyncOptions(backoff_ns=64, tile_flags=False, persistent=False),
     "tileflags": SyncOptions(backoff_ns=0, tile_flags=True, persistent=False),
-    "tileflags+backoff": SyncOptions(backoff_ns=64, tile_flags=True, persistent=False),
+    "tileflags+backoff": SyncOptions(backoff_ns=64, tile_flags=True, persistent=False),  # pathological above ~4k tiles
     "persistent": SyncOptions(backoff_ns=0, tile_flags=False, persistent=True),
     "persistent+tileflags": SyncOptions(backoff_ns=0, tile_flags=True, persistent=True),
+    "default-v1": DEFAULT_V1,
+    "default-v1-ppsm2": SyncOptions(programs_per_sm=2),
+    "default-v1-ppsm32": SyncOptions(programs_per_sm=32),
+    "default-v1-sleep256": SyncOptions(backoff_ns=256),
+    # the latency variants (second run): one change at a time on top of FAST, then combined
+    "prefetch": FAST,
+    "prefetch+acquire": SyncOptions(backoff_ns=0, prefetch=True, acquire=True),
+    "prefetch+acquire+strel": SyncOptions(backoff_ns=0, prefetch=True, acquire=True, st_release=True),
+    "rowflags+prefetch+acquire": SyncOptions(backoff_ns=0, tile_flags=False, prefetch=True, flags="row", acquire=True),
     "default": DEFAULT,
-    "default-ppsm2": SyncOptions(programs_per_sm=2),
-    "default-ppsm32": SyncOptions(programs_per_sm=32),
-    "default-sleep256": SyncOptions(backoff_ns=256),
+    "default-ppsm2": SyncOptions(backoff_ns=0, tile_flags=False, prefetch=True, flags="value", programs_per_sm=2),
+    "default-grid": SyncOptions(backoff_ns=0, tile_flags=False, persistent=False, prefetch=True, flags="value"),
 }
+
+# what the experiment script runs unless told otherwise: drops the dominated first-run variants
+# (tileflags+backoff blew up on the 1M-row matrices; the other knobs moved times by < 15%)
+EXPERIMENT_DEFAULT = [
+    "legacy", "default-v1", "default-v1-ppsm2", "prefetch", "prefetch+acquire", "prefetch+acquire+strel",
+    "rowflags+prefetch+acquire", "default", "default-ppsm2", "default-grid",
+]  # fmt: skip
 
 
 def persistent_grid(device: torch.device, n_tiles: int, opts: SyncOptions) -> int:

@@ -25,6 +25,38 @@ CONFIGS = [
     ("fp64", 0, True, False),
 ]
 
+# the prefetch kernel: (dtype, flags code 0/1/2 = tile/row/value, acquire, st_release, R, W, num_warps)
+FAST_CONFIGS = [
+    ("fp64", 0, False, False, 32, 4, 2),
+    ("fp64", 0, True, False, 16, 2, 1),
+    ("fp32", 0, True, True, 8, 4, 1),
+    ("fp64", 1, True, False, 16, 2, 1),
+    ("fp64", 2, False, False, 16, 2, 1),
+    ("fp32", 2, False, False, 32, 4, 2),
+]
+
+FAST_SCRIPT = r"""
+import json, sys, triton
+from triton.backends.compiler import GPUTarget
+from kfuse.sparse.sptrsv import _syncfree_fast_kernel
+out = []
+for dt, flags, acq, strel, r, w, warps in json.loads(sys.argv[1]):
+    sig = {k: "*i32" for k in ["rowptr", "cols", "perm", "lev", "done_ptr", "ticket_ptr", "tdep_ptr", "tdeps"]}
+    sig.update({k: f"*{dt}" for k in ["vals", "diag", "b_ptr", "x_ptr", "xp_ptr"]})
+    sig.update({k: "i32" for k in ["n", "nrhs", "stride_b", "stride_x", "epoch", "ticket_base", "n_tiles"]})
+    sig["SENTINEL"] = "i64" if dt == "fp64" else "i32"
+    cx = {"R": r, "W": w, "KP": 1, "HW_FENCE": True, "FLAGS": flags, "DW": 32, "BACKOFF_NS": 0, "ACQUIRE": acq,
+          "ST_RELEASE": strel, "PERSISTENT": True}
+    sig.update({k: "constexpr" for k in cx})
+    src = triton.compiler.ASTSource(_syncfree_fast_kernel, sig, constexprs=cx)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    keys = ("mma", "tf32", "fence.acq_rel.gpu", "ld.acquire.gpu.global.b32", "ld.volatile.global", "st.release.gpu.global.b32",
+            "atom.global.gpu.release.exch", "atom.global.gpu.relaxed.add", "atom.global.gpu.acq_rel.add", "nanosleep.u32",
+            "atom.global.gpu.relaxed.exch")
+    out.append({k: (k in ptx) for k in keys} | {"bar.sync": ptx.count("bar.sync")})
+print(json.dumps(out))
+"""
+
 SCRIPT = r"""
 import json, sys, triton
 from triton.backends.compiler import GPUTarget
@@ -45,13 +77,34 @@ print(json.dumps(out))
 """
 
 
-def test_kernel_ptx_for_sm90() -> None:
+def _compile(script: str, configs: list) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(CONFIGS)], capture_output=True, text=True, env=env, timeout=600)
+    res = subprocess.run([sys.executable, "-c", script, json.dumps(configs)], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    results = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_fast_kernel_ptx_for_sm90() -> None:
+    """Acquire polls replace the fence; value flags have neither fence nor release; tickets are relaxed."""
+    for cfg, f in zip(FAST_CONFIGS, _compile(FAST_SCRIPT, FAST_CONFIGS), strict=True):
+        _, flags, acq, strel, _, _, warps = cfg
+        assert not f["mma"] and not f["tf32"], f"{cfg}: the in-tile sweep became a tensor-core dot"
+        assert f["atom.global.gpu.relaxed.add"] and not f["atom.global.gpu.acq_rel.add"], f"{cfg}: ticket atomic not relaxed"
+        assert f["ld.acquire.gpu.global.b32"] == acq and f["fence.acq_rel.gpu"] == (flags != 2 and not acq), cfg
+        assert f["st.release.gpu.global.b32"] == strel, cfg
+        assert f["atom.global.gpu.release.exch"] == (flags != 2 and not strel), f"{cfg}: release exchange"
+        assert f["atom.global.gpu.relaxed.exch"] == (flags == 2), f"{cfg}: value-flag store"
+        if flags == 2:
+            assert f["ld.volatile.global"], f"{cfg}: value flags poll x with volatile loads"
+        assert not f["nanosleep.u32"], cfg
+        if warps == 1:  # one warp: a few cheap barriers, not the ~40 of the [32, 4] two-warp tile
+            assert f["bar.sync"] <= 10, (cfg, f["bar.sync"])
+
+
+def test_kernel_ptx_for_sm90() -> None:
+    results = _compile(SCRIPT, CONFIGS)
     for cfg, f in zip(CONFIGS, results, strict=True):
         assert not f["mma"] and not f["tf32"], f"{cfg}: the in-tile sweep became a tensor-core dot"
         assert f["fence.acq_rel.gpu"] and f["ld.volatile.global"], f"{cfg}: acquire side missing"

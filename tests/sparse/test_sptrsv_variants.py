@@ -18,10 +18,12 @@ from kfuse.sparse import SptrsvPlan, SyncOptions, analyze
 from kfuse.sparse.analysis import Tiling
 from kfuse.sparse.matrices import make
 from kfuse.sparse.tiledeps import tile_dependencies
-from kfuse.sparse.variants import LEGACY, VARIANTS, persistent_grid
+from kfuse.sparse.variants import DEFAULT, EXPERIMENT_DEFAULT, LEGACY, VARIANTS, persistent_grid
 
 # the variants that differ in the interpreter (backoff/programs-per-SM only change timing there)
-DISTINCT = ["legacy", "tileflags", "persistent", "default"]
+DISTINCT = ["legacy", "tileflags", "persistent", "default-v1", "prefetch", "prefetch+acquire+strel", "rowflags+prefetch+acquire", "default"]
+FAST = ["prefetch", "prefetch+acquire", "prefetch+acquire+strel", "rowflags+prefetch+acquire", "default", "default-grid"]
+SINGLE_WARP = [Tiling(16, 2, 1), Tiling(8, 4, 1), Tiling(32, 1, 1)]
 CASES = [("banded", 61), ("powerlaw", 151), ("laplacian2d", 7), ("laplacian3d", 4), ("chain", 83)]
 TOL = {np.float64: 1e-11, np.float32: 2e-4}
 
@@ -59,6 +61,35 @@ def test_variant_many_rhs_and_tilings(variant: str) -> None:
         _check(analyze(p, device="cpu", tiling=til), p, True, np.float64, None, sync)
 
 
+@pytest.mark.parametrize("variant", FAST)
+def test_single_warp_tilings(variant: str) -> None:
+    """R x W = 32 lanes, one warp: the tilings the experiment sweeps (plus W=1, rows of 3 chunks)."""
+    sync = VARIANTS[variant]
+    for kind, size in (("laplacian3d", 4), ("powerlaw", 90)):
+        a = make(kind, size, seed=7)
+        for lower in (True, False):
+            al = a if lower else a.T.tocsr()
+            plan = analyze(al, lower=lower, device="cpu", sync=sync)
+            for til in SINGLE_WARP:
+                n = al.shape[0]
+                b = np.random.default_rng(3).standard_normal(n)
+                out = torch.full((n,), float("nan"), dtype=torch.float64)
+                x = plan.solve(torch.from_numpy(b), out=out, sync=sync, tiling=til).numpy()
+                ref = sla.spsolve_triangular(al, b, lower=lower)
+                assert np.abs(x - ref).max() / np.abs(ref).max() < 1e-11, (variant, kind, lower, til)
+
+
+def test_value_flag_sentinel_is_a_signalling_nan() -> None:
+    """The sentinel must be a NaN that arithmetic never produces (quiet bit clear, payload set)."""
+    from kfuse.sparse.sptrsv import SENTINEL
+
+    assert np.isnan(np.array([SENTINEL[torch.float64]], dtype=np.int64).view(np.float64)[0])
+    assert np.isnan(np.array([SENTINEL[torch.float32]], dtype=np.int32).view(np.float32)[0])
+    assert not SENTINEL[torch.float64] >> 51 & 1 and not SENTINEL[torch.float32] >> 22 & 1  # quiet bit clear
+    q = np.array([np.nan, np.inf - np.inf, np.float64(0.0) / np.float64(0.0)])
+    assert SENTINEL[torch.float64] not in q.view(np.int64).tolist()
+
+
 def test_all_named_variants_once() -> None:
     a = make("laplacian3d", 4, seed=3)
     plan = analyze(a, device="cpu")
@@ -82,7 +113,7 @@ def test_tile_dependencies_match_brute_force() -> None:
 def test_mixed_variants_on_one_plan_and_counter_reset() -> None:
     a = make("chain", 90, seed=6)
     plan = analyze(a, device="cpu", sync=LEGACY)
-    order = ["persistent", "legacy", "default", "tileflags", "persistent", "default"]
+    order = ["persistent", "legacy", "default", "tileflags", "prefetch+acquire", "default-v1", "rowflags+prefetch+acquire", "default"]
     for name in order:  # tickets of a persistent launch include one stop ticket per program
         _check(plan, a, True, np.float64, None, VARIANTS[name])
     plan._tickets_used = 2**31 - 5  # the next launch would overflow the ticket counter: reset
@@ -92,7 +123,7 @@ def test_mixed_variants_on_one_plan_and_counter_reset() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("variant", ["tileflags", "default"])
+@pytest.mark.parametrize("variant", ["tileflags", "default-v1", "prefetch+acquire", "rowflags+prefetch+acquire", "default"])
 def test_long_chain_no_deadlock(variant: str) -> None:
     a = make("chain", 700, seed=4)
     plan = analyze(a, device="cpu", sync=VARIANTS[variant])
@@ -102,11 +133,22 @@ def test_long_chain_no_deadlock(variant: str) -> None:
 
 def test_sync_options() -> None:
     assert SyncOptions().tile_flags and SyncOptions().persistent and SyncOptions().backoff_ns > 0
-    assert LEGACY.name == "grid-rowflag" and VARIANTS["default"].name == "persistent-tileflag-sleep64-ppsm8"
+    assert LEGACY.name == "grid-rowflag" and VARIANTS["default-v1"].name == "persistent-tileflag-sleep64-ppsm8"
+    assert VARIANTS["default"] is DEFAULT and DEFAULT.name == "persistent-valueflag-prefetch-ppsm8"
+    assert VARIANTS["prefetch+acquire+strel"].name == "persistent-tileflag-prefetch-acq-strel-ppsm8"
+    assert set(EXPERIMENT_DEFAULT) <= set(VARIANTS) and {"legacy", "default-v1", "default"} <= set(EXPERIMENT_DEFAULT)
+    for bad in (
+        dict(acquire=True),
+        dict(flags="value"),
+        dict(prefetch=True, flags="x"),
+        dict(prefetch=True, tile_flags=False, flags="tile"),
+    ):
+        with pytest.raises(ValueError, match="SyncOptions"):
+            SyncOptions(**bad)
     assert persistent_grid(torch.device("cpu"), 5, SyncOptions(programs_per_sm=32)) == 5  # never more programs than tiles
     with pytest.raises(ValueError, match="backoff_ns"):
         SyncOptions(backoff_ns=-1)
     with pytest.raises(ValueError, match="programs_per_sm"):
         SyncOptions(programs_per_sm=0)
     info = analyze(make("chain", 10), device="cpu").info
-    assert info["sync"] == SyncOptions().name
+    assert info["sync"] == DEFAULT.name
