@@ -24,7 +24,8 @@ def test_profile_selects_the_version_with_the_largest_reduction() -> None:
     assert {k for k, _ in prof.chosen} == {"k1", "k3", "k4"}
     for sel in prof.chosen.values():
         assert sel.version == "good"
-        assert sel.opportune_ratio == pytest.approx(1.5, abs=0.05)
+        # the planning model aims at the largest measured ratio where a ms of extra buys >= 3 ms of BE: the knee (1.5) or just past it
+        assert 1.45 <= sel.opportune_ratio <= 2.1
     assert prof.heldout["fused_two_stage"]["mean"] < 0.01
 
 
