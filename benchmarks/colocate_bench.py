@@ -127,6 +127,9 @@ def main() -> None:
         if p["kind"] == "predictor":
             h = p["heldout"]["fused_two_stage"]
             print(f"predictor {p['case']}: fused held-out error mean {h['mean']:.1%} max {h['max']:.1%} (n={h['n']})")
+            lo = p["heldout"].get("fused_samples_loo", {})
+            if lo.get("n"):
+                print(f"  planning model leave-one-out error mean {lo['mean']:.1%} p90 {lo['p90']:.1%} max {lo['max']:.1%}")
             for be, ov in p["overlap"].items():
                 print(f"  overlap {p['case']}+{be}: " + ", ".join(f"{o['key']} {o['version']} {o['overlap']:.1%}" for o in ov))
             for pair, per_v in p["measured_overlap"].items():
