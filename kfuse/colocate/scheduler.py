@@ -12,7 +12,7 @@ LC queries arrive as a Poisson process on the same clock. Policies:
 * ``aker``      — time sharing plus fusion. A fusible LC kernel runs fused with a BE slice sized to
   the pair's opportune load ratio only where fusing beats time sharing those blocks: the pair's
   *measured* overlap passes ``min_overlap`` and the pessimistic fused extra time (prediction x
-  (1 + recent p90 error)) fits ``T_qos - T_solo - T_queue`` (the minimum slack over waiting queries)
+  (1 + recent p75 error)) fits ``T_qos - T_solo - T_queue`` (the minimum slack over waiting queries)
   and stays below the blocks' solo time. Everything else is exactly ``timeshare``: whole (rest of)
   BE kernels under the same headroom test, less the extra time this query's remaining trusted
   fusions are predicted to take; idle gaps run whole kernels. So where no pair overlaps, Aker *is*
