@@ -40,7 +40,7 @@ def main() -> None:
 
     import kfuse.models
     from kfuse.bench.harness import pytorch_baselines, time_ms, write_results
-    from kfuse.colocate import experiment, ptb, workloads
+    from kfuse.colocate import cuda_backend, experiment, ptb, workloads
     from kfuse.colocate.cuda_backend import CudaBackend
     from kfuse.colocate.fuser import parse_version
     from kfuse.colocate.lc import compile_lc, lc_items
@@ -110,7 +110,11 @@ def main() -> None:
                                  "online_error": {f"{b}|{q}": r.summary()["online_error"]
                                                   for (b, q), r in res["runs"].items() if q == "aker"},
                                  "refits": {f"{b}|{p}": r.refits for (b, p), r in res["runs"].items() if p == "aker"},
-                                 "overlap": res["overlap"], "measured_overlap": res["measured_overlap"]})  # fmt: skip
+                                 "overlap": res["overlap"], "measured_overlap": res["measured_overlap"],
+                                 "be_fit": res["be_fit"], "plans": res["plans"], "error_bounds": res["error_bounds"],
+                                 "samples": res["samples"], "decisions": {f"{b}|{q}": r.decisions for (b, q), r in res["runs"].items()
+                                                                           if q == "aker"},
+                                 "preroll": dict(cuda_backend.PREROLL)})  # fmt: skip
             experiment.plot(res, lc_name, a.out)
         except Exception as e:
             print(f"{lc_name}: FAILED {type(e).__name__}: {e}", flush=True)
@@ -132,6 +136,19 @@ def main() -> None:
                 print(f"  planning model leave-one-out error mean {lo['mean']:.1%} p90 {lo['p90']:.1%} max {lo['max']:.1%}")
             for be, ov in p["overlap"].items():
                 print(f"  overlap {p['case']}+{be}: " + ", ".join(f"{o['key']} {o['version']} {o['overlap']:.1%}" for o in ov))
+            for be, fit in p.get("be_fit", {}).items():
+                print(f"  BE fit {be}: launch cost a {fit['a_ms']:.4f} ms, {fit['b_ms_per_block'] * 1e6:.1f} ns/block, "
+                      f"kernel {fit['kernel_ms']:.4f} ms")  # fmt: skip
+            for be, plans in p.get("plans", {}).items():
+                for key, pl in plans.items():
+                    print(f"  plan {key}|{be}: {pl['reason']}" + (f" blocks {pl['blocks']} extra {pl['extra_ms']:.4f} ms saving "
+                          f"{pl['saving_ms']:.4f} ms error bound {pl['error_bound']:.1%}" if "blocks" in pl else ""))  # fmt: skip
+            for run, dec in p.get("decisions", {}).items():
+                print(f"  decisions {run}: {dec}")
+            pr = p.get("preroll", {})
+            if pr:
+                print(f"  timing pre-roll {pr.get('ms', 0):.3f} ms, max enqueue {pr.get('max_enqueue_ms', 0):.3f} ms, "
+                      f"uncovered {int(pr.get('uncovered', 0))}")  # fmt: skip
             for pair, per_v in p["measured_overlap"].items():
                 print(f"  best measured overlap {pair}: " + ", ".join(f"{v} {o:+.1%}" for v, o in per_v.items()))
     print(f"total {time.perf_counter() - t_start:.1f} s")

@@ -19,6 +19,7 @@ from kfuse.colocate.scheduler import (
     Profile,
     build_profile,
     extra_budget,
+    fusion_plans,
     max_lc_rate,
     measured_max_lc_rate,
     poisson_arrivals,
@@ -63,7 +64,7 @@ def run_experiment(
     seconds: float = 2.0, min_queries: int = 100, max_queries: int = 2000, versions: Sequence[Any] = DEFAULT_VERSIONS,
     policies: Sequence[str] = POLICIES, seed: int = 0, reps: int = 2, min_fuse_ms: float = 0.0,
     log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None, max_fuse_keys: int | None = None,
-    calibrate: bool = False, warmup_queries: int = 0,
+    calibrate: bool = False, warmup_queries: int = 0, control: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Profile, then serve the same Poisson arrivals under every policy for every BE kernel."""
     log(f"profiling {len(backend.lc_kernels())} LC kernels with BE {', '.join(be_names)} ...")
@@ -88,6 +89,14 @@ def run_experiment(
                                                                       "reduction": s.reduction, "measured": s.measured}
                                                    for k, s in prof.chosen.items()},
         "runs": {}, "overlap": {}, "measured_overlap": measured_overlaps(prof),
+        # what the next GPU run needs to see why a fusion is (not) accepted: BE launch-cost fits, the plan per shape
+        # with a whole query's allowance (reason, blocks, pessimistic extra vs time-sharing saving, error bound), samples
+        "be_fit": {b: {"a_ms": m.a, "b_ms_per_block": m.b, "blocks": prof.be_blocks[b], "kernel_ms": m.predict(prof.be_blocks[b])}
+                   for b, m in prof.be.items()},
+        "plans": {b: fusion_plans(prof, b, min(extra, qos)) for b in be_names},
+        "samples": {f"{k}|{b}": {_vname(v): [[round(x, 4), round(y, 4)] for x, y in pts] for v, pts in per_v.items()}
+                    for (k, b), per_v in prof.samples.items()},
+        "error_bounds": {f"{k}|{b}": {_vname(v): m.error_bound for v, m in ms.items()} for (k, b), ms in prof.fused.items()},
     }  # fmt: skip
     if "lc_alone" in policies:
         r = run_policy(backend, prof, "lc_alone", arrivals, [], qos)
@@ -105,10 +114,25 @@ def run_experiment(
                 run_policy(backend, prof, pol, arrivals[:warmup_queries], [be], qos, extra_per_query_ms=extra)
             r = run_policy(backend, prof, pol, arrivals, [be], qos, extra_per_query_ms=extra)
             out["runs"][(be, pol)] = r
-            log(f"  {be:10s} {pol:9s} p99 {r.p99:8.3f} ms  violations {r.violations:3d}  BE {r.be_throughput:9.2f}/s  "
-                f"fused {r.fused_launches} (gain {r.fused_gain_ms:.2f} ms) slices {r.be_slices} refits {r.refits}")  # fmt: skip
+            _log_run(log, be, pol, r)
+        if control and "timeshare" in policies and "aker" in policies:
+            # time sharing again, after Aker: the run-to-run drift of launch times on this GPU (a policy's gain must beat it)
+            r = run_policy(backend, prof, "timeshare", arrivals, [be], qos, extra_per_query_ms=extra)
+            out["runs"][(be, "timeshare_rerun")] = r
+            _log_run(log, be, "ts_rerun", r)
     out["profile"] = prof
     return out
+
+
+def _log_run(log: Callable[[str], None], be: str, pol: str, r: Any) -> None:
+    d = r.summary()
+    log(f"  {be:10s} {pol:9s} p99 {r.p99:8.3f} ms  violations {r.violations:3d}  BE {r.be_throughput:9.2f}/s  "
+        f"fused {r.fused_launches} (gain {r.fused_gain_ms:.2f} ms) slices {r.be_slices} refits {r.refits}")  # fmt: skip
+    if pol == "lc_alone":
+        return
+    dec = f", decisions {d['decisions']}" + (" (delegated to time sharing)" if r.delegated else "") if pol == "aker" else ""
+    log(f"  {'':10s} {'':9s} LC {d['lc_ms_per_query']:.3f} ms/query, BE {d['be_ms_per_launch'] * 1e3:.1f} us/launch "
+        f"({r.be_query_launches} in queries, {r.be_idle_launches} idle), host {r.host_ms:.0f} ms{dec}")  # fmt: skip
 
 
 def gain(res: dict[str, Any], be: str, policy: str = "aker") -> float:
@@ -181,6 +205,9 @@ def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, A
             "solo_ms": res["solo_ms"], "rate_per_s": res["rate"], "max_rate_per_s": res["max_rate"],
             "fused_launches": r.fused_launches, "fused_gain_ms": r.fused_gain_ms, "be_slices": r.be_slices, "refits": r.refits,
             "online_error": r.summary()["online_error"], "overlap": res["overlap"].get(be),
+            **{k: r.summary()[k] for k in ("decisions", "delegated", "lc_ms", "lc_launches", "lc_ms_per_query", "be_ms",
+                                           "be_ms_per_launch", "be_query_launches", "be_idle_launches", "fused_ms", "host_ms",
+                                           "elapsed_ms", "be_units")},
             "latencies_ms": [round(x, 4) for x in r.latencies_ms],
         }  # fmt: skip
         out.append(rec)

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -142,7 +143,10 @@ class SampleModel:
     def g(self, x: float) -> float:
         if x >= self.xs[-1]:
             return self.ys[-1] + (x - self.xs[-1])
-        return float(np.interp(x, (0.0, *self.xs), (1.0, *self.ys)))
+        k = bisect.bisect_right(self.xs, x)  # piecewise linear through (0, 1) and the samples (np.interp, without its host cost)
+        x0, y0 = (self.xs[k - 1], self.ys[k - 1]) if k else (0.0, 1.0)
+        x1, y1 = self.xs[k], self.ys[k]
+        return y0 + (y1 - y0) * (max(x, 0.0) - x0) / (x1 - x0) if x1 > x0 else y1
 
     def predict(self, t_lc: float, t_be: float) -> float:
         return t_lc * self.g(t_be / t_lc) if t_lc > 0 else t_be
@@ -234,9 +238,16 @@ class OnlineTwoStage:
 
     @property
     def error_bound(self) -> float:
-        """p75 of the recent relative errors (the held-out ones before any online observation)."""
+        """p75 of the recent relative errors (the held-out ones before any online observation); cached until the
+        errors change (the planner asks for it several times per LC kernel: host time the GPU idles through)."""
+        key = (len(self.errors), self.errors[-1] if self.errors else None)
+        cached = self.__dict__.get("_bound")
+        if cached is not None and cached[0] == key:
+            return cached[1]
         recent = self.errors[-ERROR_WINDOW:]
-        return max(MIN_ERROR_BOUND, float(np.percentile(recent, ERROR_QUANTILE))) if recent else REFIT_ERROR
+        bound = max(MIN_ERROR_BOUND, float(np.percentile(recent, ERROR_QUANTILE))) if recent else REFIT_ERROR
+        self.__dict__["_bound"] = (key, bound)
+        return bound
 
     def upper(self, t_lc: float, t_be: float) -> float:
         """A fused time the measurement stays below about 3 times in 4."""

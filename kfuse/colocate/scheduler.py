@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -212,6 +213,16 @@ class RunResult:
     refits: int = 0
     online_errors: list[float] = field(default_factory=list)
     fused_gain_ms: float = 0.0  # measured: sum of (solo time of the fused BE blocks - fused extra time)
+    # why each LC kernel of an Aker query ran unfused (not_fusible, not_chosen, no_blocks, headroom, efficiency) or fused
+    decisions: dict[str, int] = field(default_factory=dict)
+    delegated: bool = False  # Aker found no fusion plan_fusion could accept for any profiled pair: it ran time sharing itself
+    lc_ms: float = 0.0  # measured GPU time of the LC kernel launches (unfused), and their count
+    lc_launches: int = 0
+    be_ms: float = 0.0  # measured GPU time of the time-shared BE launches: inside queries / in idle gaps
+    be_query_launches: int = 0
+    be_idle_launches: int = 0
+    fused_ms: float = 0.0
+    host_ms: float = 0.0  # CPU wall time of the policy between launches (the GPU idles then: each launch is synchronised)
 
     @property
     def p99(self) -> float:
@@ -233,7 +244,31 @@ class RunResult:
             "violations": self.violations, "be_throughput": self.be_throughput, "be_units": self.be_units,
             "elapsed_ms": self.elapsed_ms, "fused_launches": self.fused_launches, "be_slices": self.be_slices,
             "refits": self.refits, "online_error": error_summary(self.online_errors), "fused_gain_ms": self.fused_gain_ms,
+            "decisions": dict(self.decisions), "delegated": self.delegated, "lc_ms": self.lc_ms, "lc_launches": self.lc_launches,
+            "lc_ms_per_query": self.lc_ms / len(lat) if lat else math.nan, "be_ms": self.be_ms,
+            "be_ms_per_launch": self.be_ms / max(1, self.be_query_launches + self.be_idle_launches),
+            "be_query_launches": self.be_query_launches, "be_idle_launches": self.be_idle_launches, "fused_ms": self.fused_ms,
+            "host_ms": self.host_ms,
         }  # fmt: skip
+
+
+def fusion_plans(prof: Profile, be: str, headroom: float) -> dict[str, dict[str, Any]]:
+    """Per profiled LC shape: what ``plan_fusion`` does with the chosen version on a whole BE kernel and
+    ``headroom`` (the per-query allowance): blocks, predicted BE time, pessimistic extra, time-sharing
+    saving, error bound and the reason (``not_chosen`` where selection trusted no version)."""
+    out: dict[str, dict[str, Any]] = {}
+    for j, k in enumerate(prof.lc):
+        if not k.fusible or (k.key, be) not in prof.fused or out.get(k.key, {}).get("reason") in ("fused", "not_chosen"):
+            continue  # per shape: the first kernel plan_fusion accepts, else the last one's reason
+        sel = prof.chosen.get((k.key, be))
+        if sel is None:
+            out[k.key] = {"reason": "not_chosen"}
+            continue
+        om = prof.fused[(k.key, be)][sel.version]
+        sp = plan_fusion(prof.lc_ms[j], prof.be[be], om, prof.be_blocks[be], headroom, prof.min_overlap)
+        out[k.key] = {"reason": sp.reason, "t_lc_ms": prof.lc_ms[j], "x_star": sel.opportune_ratio, "blocks": sp.blocks or sp.tried,
+                      "t_be_ms": sp.t_be, "extra_ms": sp.extra, "saving_ms": sp.saving, "error_bound": om.error_bound}  # fmt: skip
+    return out
 
 
 def run_policy(
@@ -247,10 +282,29 @@ def run_policy(
     query absorbs (``extra_budget``: more would push queries still to come past QoS at this load);
     ``margin`` absorbs prediction error. ``idle_budget`` is kept for callers; idle gaps run whole
     BE kernels in every policy (as time sharing does). The profile is not modified: Aker's online
-    models are copies, so warm-up runs and earlier policies do not leak into this run."""
+    models are copies, so warm-up runs and earlier policies do not leak into this run.
+
+    Aker where ``plan_fusion`` accepts no fusion of any profiled pair, even with a whole query's allowance
+    (``fusion_plans``), *is* the time-sharing run: it calls it (``delegated``), so not one decision, launch or
+    line of host code differs. Otherwise every step it does not fuse goes through the same time-sharing step."""
     del idle_budget
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    if policy == "aker" and be_names:
+        hr0 = min(extra_per_query_ms, qos_ms)
+        plans = {b: fusion_plans(prof, b, hr0) for b in be_names}
+        if not any(p["reason"] == "fused" for pl in plans.values() for p in pl.values()):
+            res = run_policy(backend, prof, "timeshare", arrivals, be_names, qos_ms, margin, None, reserve_ms, extra_per_query_ms)
+            res.policy, res.delegated = "aker", True
+            # what each fusible LC kernel would have been told, once per query (the plans are static without fusions)
+            dec: dict[str, int] = {}
+            for b in be_names:
+                for k in prof.lc:
+                    r = "not_fusible" if not k.fusible else plans[b].get(k.key, {"reason": "not_chosen"})["reason"]
+                    dec[r] = dec.get(r, 0) + len(res.latencies_ms)
+            res.decisions = dec
+            return res
+    t_host0 = time.perf_counter()
     n_lc = len(prof.lc)
     suffix = np.concatenate([np.cumsum(prof.lc_ms[::-1])[::-1], [0.0]]).tolist()  # remaining solo LC time from kernel i
     safe_qos = qos_ms * (1.0 - margin) - reserve_ms
@@ -259,25 +313,33 @@ def run_policy(
     queries: deque[list[float]] = deque()  # [arrival, next kernel, BE time absorbed]
     now, ai = 0.0, 0
     online = {pair: {v: copy.deepcopy(m) for v, m in ms.items()} for pair, ms in prof.fused.items()} if policy == "aker" else {}
-    reserve_cache: dict[tuple[str, int], list[float]] = {}
+    reserve_cache: dict[tuple[str, int, int], list[float]] = {}
+    in_backend = 0.0
+
+    def timed_call(f: Any, *args: Any) -> float:
+        nonlocal in_backend
+        t0 = time.perf_counter()
+        t = f(*args)
+        in_backend += time.perf_counter() - t0
+        return t
+
+    def decide(reason: str) -> None:
+        res.decisions[reason] = res.decisions.get(reason, 0) + 1
 
     def reserve(b: str, i: int) -> float:
-        """Pessimistic extra time of the trusted fusions from LC kernel i to the end of the query: time
-        sharing leaves it to them, since they buy more BE blocks per ms of headroom (recomputed after refits)."""
-        key = (b, res.refits, res.fused_launches)  # the error bounds move with every fused launch
+        """Pessimistic extra time of the fusions plan_fusion accepts (with a whole query's allowance) from LC kernel i
+        to the end of the query: time sharing leaves it to them, since they buy more BE blocks per ms of headroom
+        (recomputed after refits). A fusion plan_fusion would decline reserves nothing."""
+        key = (b, res.refits, len(res.latencies_ms))  # error bounds move with every fused launch: refresh once per query
         if key not in reserve_cache:
             acc = [0.0] * (n_lc + 1)
             for j in range(n_lc - 1, -1, -1):
                 sel = prof.chosen.get((prof.lc[j].key, b)) if prof.lc[j].fusible else None
                 ex = 0.0
                 if sel is not None:
-                    # plan_fusion's own rule (a fusion it would decline reserves nothing: session 3 reserved by a
-                    # looser rule, so time sharing was held back for fusions that never ran, -14% BE on the H200)
                     om = online[(prof.lc[j].key, b)][sel.version]
-                    t = prof.lc_ms[j]
-                    sp = plan_fusion(t, prof.be[b], om, prof.be_blocks[b], math.inf, prof.min_overlap)
-                    if not sp.empty:
-                        ex = max(0.0, om.upper(t, sp.t_be) - t)
+                    sp = plan_fusion(prof.lc_ms[j], prof.be[b], om, prof.be_blocks[b], min(extra_per_query_ms, qos_ms), prof.min_overlap)
+                    ex = sp.extra
                 acc[j] = acc[j + 1] + ex
             reserve_cache[key] = acc
         return reserve_cache[key][i]
@@ -303,10 +365,14 @@ def run_policy(
     def run_rest(item: list[Any], q: list[float] | None) -> None:
         """Time sharing: the rest of the head BE kernel in one launch (whole kernels amortise the launch)."""
         nonlocal now
-        t = backend.run_be(item[0], item[1], item[2])
+        t = timed_call(backend.run_be, item[0], item[1], item[2])
         now += t
+        res.be_ms += t
         if q is not None:
             q[2] += t
+            res.be_query_launches += 1
+        else:
+            res.be_idle_launches += 1
         res.be_slices += 1
         be_done(item, item[2] - item[1])
 
@@ -335,41 +401,48 @@ def run_policy(
         else:
             item = be_queue[0]
             b, left = item[0], item[2] - item[1]
+        hold = 0.0  # headroom the time-sharing step leaves to this query's later fusions (Aker only)
         if policy == "aker":
             hr = headroom()
             sel = prof.chosen.get((k.key, b)) if k.fusible else None
-            if sel is not None:
+            if sel is None:
+                decide("not_fusible" if not k.fusible or (k.key, b) not in prof.fused else "not_chosen")
+            else:
                 om = online[(k.key, b)][sel.version]
                 sp = plan_fusion(t_lc, prof.be[b], om, left, hr, prof.min_overlap)
+                decide(sp.reason)
                 if not sp.empty:
-                    t = backend.run_fused(i, b, item[1], item[1] + sp.blocks, sel.version)
+                    t = timed_call(backend.run_fused, i, b, item[1], item[1] + sp.blocks, sel.version)
                     res.online_errors.append(abs(om.predict(t_lc, sp.t_be) - t) / t)
                     res.refits += om.observe(t_lc, sp.t_be, t)
                     res.fused_launches += 1
+                    res.fused_ms += t
                     res.fused_gain_ms += prof.be[b].b * sp.blocks - (t - t_lc)
                     be_done(item, sp.blocks)
                     now += t
                     q[2] += max(0.0, t - t_lc)
                     lc_done(q)
                     continue
-            # exactly time sharing, less the headroom this query's remaining trusted fusions will use
-            if prof.be[b].predict(left) < hr - reserve(b, i + 1):
-                run_rest(item, q)
-                continue
-        if policy == "timeshare" and prof.be[b].predict(left) < headroom():
+            hold = reserve(b, i + 1)
+        # the time-sharing step (Aker's too): the rest of the head BE kernel if its predicted time fits the headroom
+        if policy in ("timeshare", "aker") and prof.be[b].predict(left) < headroom() - hold:
             run_rest(item, q)
             continue
         if policy == "streams":
             # the BE stream keeps the GPU shared: each LC kernel overlaps about as much BE work as its own length
             n = max(1, min(left, int(prof.be[b].blocks_for(t_lc))))
-            t = backend.run_concurrent(i, b, item[1], item[1] + n)
+            t = timed_call(backend.run_concurrent, i, b, item[1], item[1] + n)
             now += t
             q[2] += t - t_lc
             be_done(item, n)
         else:
-            now += backend.run_lc(i)
+            t = timed_call(backend.run_lc, i)
+            now += t
+            res.lc_ms += t
+            res.lc_launches += 1
         lc_done(q)
     res.elapsed_ms = now
+    res.host_ms = (time.perf_counter() - t_host0 - in_backend) * 1e3
     return res
 
 

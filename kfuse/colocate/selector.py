@@ -60,6 +60,10 @@ class Split:
     blocks: int  # BE blocks fused with this LC kernel (from the head of the BE kernel's remaining range)
     t_be: float  # predicted BE time of those blocks alone
     t_fused: float  # predicted fused time
+    saving: float = 0.0  # time-sharing time of those blocks (what fusing them saves later)
+    extra: float = 0.0  # pessimistic fused extra time over T_lc
+    reason: str = ""  # why a plan is empty (``REASONS``), "fused" otherwise
+    tried: int = 0  # declined for efficiency: the blocks of the candidate (its extra and saving are kept above)
 
     @property
     def empty(self) -> bool:
@@ -87,24 +91,59 @@ def fit_slice(be_model: LinearModel, blocks_left: int, budget: float) -> int:
     return min(blocks_left, int(be_model.blocks_for(budget)))
 
 
+REASONS = ("fused", "no_blocks", "headroom", "efficiency")
+
+
 def plan_fusion(
     t_lc: float, be_model: LinearModel, online: OnlineTwoStage, blocks_left: int, headroom: float, min_gain: float = MIN_OVERLAP
 ) -> Split:
-    """BE blocks to fuse, or an empty split where time sharing does as well: the pessimistic fused
-    extra time (prediction x (1 + recent p75 error)) must fit ``headroom`` and stay below
-    (1 - ``min_gain``) x the blocks' marginal solo time (a time-shared launch would take that)."""
-    if headroom <= 0.0:
-        return Split(0, 0.0, t_lc)
+    """BE blocks to fuse, or an empty split (``reason`` says why) where time sharing does as well.
+
+    Candidates: the blocks at the opportune ratio, and the whole rest of the BE kernel. Each is kept only if
+    its pessimistic fused extra time (prediction x (1 + recent p75 error)) fits ``headroom`` and stays below
+    (1 - ``min_gain``) x what time sharing would pay for those blocks: ``T_be(left) - T_be(left - n)``, which is
+    ``a + b n`` when the fusion finishes the kernel (time sharing launches whole kernels, so it pays the launch
+    cost and the partial last wave too) and ``b n`` otherwise. Session 4 only had the first candidate and only
+    its slope ``b n``: on the H200, sgemm's linear fit over 128..1024 blocks on a 528-program grid has a 0.072 ms
+    intercept (one wave costs the same for 128 or 512 blocks) and a slope half the mean per-block cost, so every
+    fusion looked worse than time sharing (0 fused launches); x* T_lc below the intercept gave no blocks at all.
+    Of those that pass, the one that saves most time-sharing time per ms of extra wins (the per-query
+    allowance binds, so BE time bought per ms of headroom matters, as for the opportune ratio)."""
+    if headroom <= 0.0 or blocks_left <= 0:
+        return Split(0, 0.0, t_lc, reason="headroom" if blocks_left > 0 else "no_blocks")
     m = online.model
-    n = min(blocks_left, int(be_model.blocks_for(m.opportune_ratio * t_lc)))
 
     def extra(n: int) -> float:
         # a fit can dip below T_lc near its knee; the LC blocks still take T_lc, so extra is never negative
         return max(0.0, online.upper(t_lc, be_model.predict(n)) - t_lc)
 
-    while n > 0 and extra(n) >= headroom:
-        n = n // 2 if n > 8 else n - 1
-    if n <= 0 or extra(n) > (1.0 - min_gain) * be_model.b * n:
-        return Split(0, 0.0, t_lc)
+    def saving(n: int) -> float:
+        return be_model.predict(blocks_left) - (be_model.predict(blocks_left - n) if n < blocks_left else 0.0)
+
+    best: tuple[float, int] | None = None
+    probe: tuple[int, float, float] | None = None  # the most efficient candidate declined for efficiency
+    failed: set[str] = set()  # the reason reported is the last stage a candidate reached: efficiency > headroom > no_blocks
+    for n in (min(blocks_left, int(be_model.blocks_for(m.opportune_ratio * t_lc))), blocks_left):
+        shrunk = False
+        while n > 0 and extra(n) >= headroom:
+            shrunk = True
+            n = n // 2 if n > 8 else n - 1
+        if n <= 0:
+            failed.add("headroom" if shrunk else "no_blocks")
+            continue
+        e, s = extra(n), saving(n)
+        if e > (1.0 - min_gain) * s:
+            failed.add("efficiency")
+            if probe is None or s / max(e, 1e-9) > probe[2] / max(probe[1], 1e-9):
+                probe = (n, e, s)
+            continue
+        if best is None or s / max(e, 1e-9) > best[0]:
+            best = (s / max(e, 1e-9), n)
+    reason = next((r for r in ("efficiency", "headroom", "no_blocks") if r in failed), "no_blocks")
+    if best is None:
+        if reason == "efficiency" and probe is not None:
+            return Split(0, 0.0, t_lc, saving=probe[2], extra=probe[1], reason=reason, tried=probe[0])
+        return Split(0, 0.0, t_lc, reason=reason)
+    n = best[1]
     t_be = be_model.predict(n)
-    return Split(n, t_be, online.predict(t_lc, t_be))
+    return Split(n, t_be, online.predict(t_lc, t_be), saving=saving(n), extra=extra(n), reason="fused")

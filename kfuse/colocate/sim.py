@@ -6,7 +6,9 @@ of the shorter kernel. Optional multiplicative noise checks robustness to predic
 ``stall_ms`` adds a one-off stall to the first launch of every new (kernel, range-bound class) with
 the classes Triton specialised integers on (== 1, % 16 == 0, other): the JIT compiles the H200 run
 timed into Aker's split launches before the range bounds were marked ``do_not_specialize``.
-``h200_like`` builds a GPU shaped like the measured ResNet-50 B32 + sgemm/lbm case.
+``h200_like`` builds a GPU shaped like the measured ResNet-50 B32 + sgemm/lbm case; ``h200_round2`` one
+from the numbers of the second H200 re-run (profiled LC kernel times, wave-quantised BE kernels on the
+528-program PTB grid, measured best overlap per LC shape and version).
 """
 
 from __future__ import annotations
@@ -79,8 +81,11 @@ class SimGPU(Backend):
         return self.be[be][2]
 
     def be_time(self, be: str, n: int) -> float:
-        a, b, _ = self.be[be]
-        return a + b * n if n > 0 else 0.0
+        """``a + b n``; with a 4th entry W (programs of the PTB grid) the blocks run in whole waves: ``a + b W ceil(n / W)``."""
+        a, b, *rest = self.be[be]
+        if n <= 0:
+            return 0.0
+        return a + b * (rest[1] * -(-n // rest[1]) if len(rest) > 1 else n)
 
     def run_lc(self, i: int) -> float:
         self.launches.append(("lc", i))
@@ -94,7 +99,7 @@ class SimGPU(Backend):
         if not self.fusible[i]:
             raise ValueError(f"LC kernel {i} is not fusible")
         self.launches.append(("fused", (i, be, start, end, version)))
-        law = self.law[version] if isinstance(self.law, dict) else self.law
+        law = (self.law.get((self.keys[i], version)) or self.law[version]) if isinstance(self.law, dict) else self.law
         return self._n(law(self.lc_ms[i], self.be_time(be, end - start), version)) + self._stall("fused", be, version, start, end)
 
     def run_concurrent(self, i: int, be: str, start: int, end: int) -> float:
@@ -126,7 +131,7 @@ def from_items(items: Sequence[Any], be: dict[str, Any], seed: int = 0) -> SimGP
 
 
 def h200_like(
-    overlap: float | dict[Any, float], noise: float = 0.1, seed: int = 3, stall_ms: float = 0.0, lc_overlap_keys: int = 6
+    overlap: float | dict[Any, Any], noise: float = 0.1, seed: int = 3, stall_ms: float = 0.0, lc_overlap_keys: int = 6
 ) -> SimGPU:
     """ResNet-50 B32 on the H200 as measured: 44 LC kernels, 4.24 ms solo, 28 PTB GEMM/conv kernels over
     ``lc_overlap_keys`` shapes, 16 segments; BE ``sgemm`` (1024 blocks, 0.18 ms) and ``lbm`` (8192
@@ -137,7 +142,44 @@ def h200_like(
     keys = [f"g{i % lc_overlap_keys}" for i in range(28)] + [f"seg{i}" for i in range(16)]
     order = rng.permutation(44)
     scale = 4.24 / sum(lc)
-    law: Any = {v: overlap_law(o) for v, o in overlap.items()} if isinstance(overlap, dict) else overlap_law(overlap)
+    law: Any = {v: o if callable(o) else overlap_law(o) for v, o in overlap.items()} if isinstance(overlap, dict) else overlap_law(overlap)
     return SimGPU([lc[j] * scale for j in order], [fus[j] for j in order],
                   {"sgemm": (0.03, 0.15 / 1024, 1024), "lbm": (0.03, 0.31 / 8192, 8192)},
                   fused_law=law, noise=noise, seed=seed, keys=[keys[j] for j in order], stall_ms=stall_ms)  # fmt: skip
+
+
+# The second H200 re-run (benchmarks/results/h200/predictor.json, logs/s3_colocate_bench_round2.log)
+H200_R2_LC = {"401408x64x147": 0.2578, "100352x64x256": 0.0956, "25088x128x512": 0.0848, "6272x256x1024": 0.0826,
+              "1568x512x4608": 0.0975, "1568x2048x512": 0.0650}  # fmt: skip
+H200_R2_OVERLAP = {  # best measured overlap per LC shape and version ("measured_overlap")
+    "401408x64x147": {"tail": -0.063, "1:1": 0.075, "1:2": 0.238}, "100352x64x256": {"tail": 0.298, "1:1": 0.348, "1:2": 0.366},
+    "25088x128x512": {"tail": 0.332, "1:1": 0.293, "1:2": 0.299}, "6272x256x1024": {"tail": 0.307, "1:1": 0.331, "1:2": 0.360},
+    "1568x512x4608": {"tail": 0.320, "1:1": 0.340, "1:2": 0.355}, "1568x2048x512": {"tail": 0.214, "1:1": 0.272, "1:2": 0.285},
+}  # fmt: skip
+H200_R2_OVERLAP_LBM = {
+    "401408x64x147": {"tail": -0.588, "1:1": -0.041, "1:2": 0.098}, "100352x64x256": {"tail": 0.248, "1:1": 0.214, "1:2": 0.228},
+    "25088x128x512": {"tail": 0.326, "1:1": 0.348, "1:2": 0.334}, "6272x256x1024": {"tail": 0.351, "1:1": 0.319, "1:2": 0.380},
+    "1568x512x4608": {"tail": 0.341, "1:1": 0.353, "1:2": 0.271}, "1568x2048x512": {"tail": 0.252, "1:1": 0.364, "1:2": 0.179},
+}  # fmt: skip
+H200_R2_SOLO_MS = 5.259
+PTB_GRID = 528  # 4 programs x 132 SMs: the BE kernels' persistent grid
+
+
+def h200_round2(be: str, noise: float = 0.1, seed: int = 3, overlap_scale: float = 1.0) -> SimGPU:
+    """The second H200 re-run as measured: 44 LC kernels, 5.26 ms solo; 28 PTB GEMM/conv kernels over the 6
+    profiled shapes at their profiled times, 16 segments with the rest; BE kernels in whole waves of 528 blocks:
+    sgemm 1024 blocks, 0.097 ms for one wave and 0.179 ms for two (the overlap records' t_be and the
+    classification run); lbm 8192 blocks, 0.345 ms in 16 waves; fused launches overlapping by the best overlap
+    measured for that shape and version (x ``overlap_scale``), at every load ratio. Versions: "tail", "1:1", "1:2"."""
+    shapes = list(H200_R2_LC)
+    keys = [shapes[i % 6] for i in range(28)]
+    lc = [H200_R2_LC[k] for k in keys]
+    seg = (H200_R2_SOLO_MS - sum(lc)) / 16
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(44)
+    all_lc, all_f, all_k = lc + [seg] * 16, [True] * 28 + [False] * 16, keys + [f"seg{i}" for i in range(16)]
+    table = H200_R2_OVERLAP if be == "sgemm" else H200_R2_OVERLAP_LBM
+    law: dict[Any, Any] = {(k, v): overlap_law(o * overlap_scale) for k, per_v in table.items() for v, o in per_v.items()}
+    bes = {"sgemm": (0.015, 0.082 / PTB_GRID, 1024, PTB_GRID), "lbm": (0.02, 0.0203 / PTB_GRID, 8192, PTB_GRID)}
+    return SimGPU([all_lc[j] for j in order], [all_f[j] for j in order], {be: bes[be]}, fused_law=law, noise=noise, seed=seed,
+                  keys=[all_k[j] for j in order])  # fmt: skip
