@@ -4,7 +4,17 @@
 
 A small correctness sweep runs first (``--smoke``, results in ``smoke.json`` next to --out), then
 the matrices of ``--sizes`` from small to large; the JSON is rewritten after every matrix so a
-run cut short still leaves its finished records. The summary table is printed last.
+run cut short still leaves its finished records. The summary table is printed last. kfuse is
+timed with the automatic choice of ``analyze`` (tiling and kernel per matrix regime).
+
+On the H200 (docs/sparse.md), about 150 s of a 180 s window:
+
+    mkdir -p $OUT && timeout 228 env PYTHONPATH=. python benchmarks/sptrsv_bench.py --out $OUT/sptrsv.json \
+        --plot $OUT/sptrsv_levels.png --budget-s 150
+
+On the CPU (Triton interpreter, tests the driver and the smoke sweep, about 1.5 minutes):
+
+    python benchmarks/sptrsv_bench.py --sizes tiny --out /tmp/sptrsv/sptrsv.json
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=170.0, help="start no new matrix after this many seconds")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() and args.sizes != "tiny":
-        print("sptrsv_bench: needs a CUDA GPU (only --sizes tiny --no-smoke runs on the CPU, to test the driver)", file=sys.stderr)
+        print("sptrsv_bench: needs a CUDA GPU (only --sizes tiny runs on the CPU, to test the driver)", file=sys.stderr)
         return 2
     log = lambda s: print(s, flush=True)
     out = Path(args.out)

@@ -1,10 +1,12 @@
 """Experiment: which sync-free variant beats the level-set baseline on wide matrices (issue 9)?
 
 For each matrix (fp64, one right-hand side, one analysis shared by all variants) this times
-the :data:`kfuse.sparse.variants.EXPERIMENT_DEFAULT` variants (``legacy`` = the kernel of the
+``auto`` (what ``analyze`` picks for the matrix: tiling and variant by regime), then the
+:data:`kfuse.sparse.variants.EXPERIMENT_DEFAULT` variants (``legacy`` = the kernel of the
 H200 results in docs/sparse.md, ``default-v1`` = the first run's default, then the latency
-variants: prefetch, acquire polls, st.release, value flags), ``--tiling-variants`` again under
-each single-warp ``--tilings`` entry (key ``name@RxWwN``), the
+variants: prefetch, acquire polls, st.release, value flags) under the row-length tiling of the
+first two runs (``kfuse.sparse.analysis.row_length_tiling``; key = name),
+``--tiling-variants`` again under each single-warp ``--tilings`` entry (key ``name@RxWwN``), the
 level-set baseline replayed as one CUDA graph (eager above 20k levels), and cuSPARSE SpSM when
 cupy is present. Times are CUDA-event medians after warm-up (``kfuse.sparse.bench.time_cuda``).
 Every variant's output is poisoned with NaN first and checked against scipy's fp64 solve (the
@@ -42,7 +44,7 @@ from kfuse.sparse.levelset import levelset_solve  # noqa: E402
 from kfuse.sparse.matrices import make  # noqa: E402
 from kfuse.sparse.sptrsv import SptrsvPlan, analyze  # noqa: E402
 from kfuse.sparse.tiledeps import tile_dependencies  # noqa: E402
-from kfuse.sparse.variants import EXPERIMENT_DEFAULT, LEGACY, VARIANTS, persistent_grid  # noqa: E402
+from kfuse.sparse.variants import EXPERIMENT_DEFAULT, VARIANTS, SyncOptions, persistent_grid  # noqa: E402
 
 CASES = [  # wide matrices first (the ones kfuse loses on), the sequential ones as controls
     Case("laplacian3d", 40),
@@ -57,7 +59,7 @@ CASES = [  # wide matrices first (the ones kfuse loses on), the sequential ones 
 SMOKE_CASES = [Case("laplacian2d", 7), Case("chain", 70), Case("powerlaw", 120)]
 SCIPY_MAX_ROWS = 2_000_000  # scipy's reference solve stays under ~1 s up to here (0.57 s at 1M rows, 6.5M nonzeros)
 ERR_TOL = 1e-10  # fp64
-TILINGS = "16x2w1,8x4w1"  # single-warp tilings swept besides the heuristic one (R x W lanes, num_warps)
+TILINGS = "16x2w1,8x4w1"  # single-warp tilings swept besides the row-length one (R x W lanes, num_warps)
 TILING_VARIANTS = "default-v1,default"  # what runs under each extra tiling
 
 
@@ -130,18 +132,21 @@ def run_case(
 ) -> dict[str, Any]:
     """Analyse one matrix once, then time the baseline and every variant; returns its record.
 
-    Variants run under the plan's heuristic tiling (key = name), then ``tiling_names`` under each
-    of ``tilings`` that differs from it (key = ``name@RxWwN``).
+    ``auto`` runs analyze()'s own choice (tiling and variant); the named variants run under the
+    row-length tiling (key = name), then ``tiling_names`` under each of ``tilings`` that differs
+    from it (key = ``name@RxWwN``).
     """
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     a = make(case.kind, case.size, seed=0)
     n = a.shape[0]
     b = torch.from_numpy(np.random.default_rng(1).standard_normal(n)).to(dev)
     rec: dict[str, Any] = {"case": case.name, "rows": n, "nnz": int(a.nnz), "variants": {}}
-    plan = analyze(a, device=dev, sync=LEGACY)
+    plan = analyze(a, device=dev)  # the automatic choice: plan.tiling, plan.sync
     rec.update(levels=plan.num_levels, preprocess_ms=round(plan.preprocess_ms["total"], 3))
-    r = plan.tiling.rows_per_program
-    rec["tiling"] = {"R": r, "W": plan.tiling.lanes_per_row, "num_warps": plan.tiling.num_warps}
+    base = plan.level_tiling or plan.tiling  # the row-length tiling of the first two runs
+    r = base.rows_per_program
+    rec["tiling"] = {"R": r, "W": base.lanes_per_row, "num_warps": base.num_warps}
+    rec["auto"] = {"regime": plan.info["regime"], "tiling": tiling_tag(plan.tiling), "options": plan.sync.name}
     t0 = time.perf_counter()
     ptr, deps = tile_dependencies(plan.lo.rowptr, plan.lo.cols, n, r)
     if dev.type == "cuda":
@@ -167,17 +172,17 @@ def run_case(
         _cusparse(a, b, ref, rec)
         _log(f"  cusparse {rec.get('cusparse_ms')} ms {rec.get('cusparse_error', '')}")
 
-    runs: list[tuple[str, str, Tiling | None]] = [(nm, nm, None) for nm in names]
+    runs: list[tuple[str, SyncOptions, Tiling]] = [("auto", plan.sync, plan.tiling)]
+    runs += [(nm, VARIANTS[nm], base) for nm in names]
     for til in tilings:
-        if til != plan.tiling:
-            runs += [(f"{nm}@{tiling_tag(til)}", nm, til) for nm in tiling_names]
-    for key, name, til in runs:
+        if til != base:
+            runs += [(f"{nm}@{tiling_tag(til)}", VARIANTS[nm], til) for nm in tiling_names]
+    for key, opts, til in runs:
         if time.perf_counter() > deadline:
             rec["variants"][key] = {"skipped": "hard deadline"}
             continue
-        opts = VARIANTS[name]
         _log(f"  {key} ...")  # printed before the launch: a hang names its variant
-        v: dict[str, Any] = {"options": opts.name, "tiling": tiling_tag(til or plan.tiling)}
+        v: dict[str, Any] = {"options": opts.name, "tiling": tiling_tag(til)}
         x = torch.full_like(b, float("nan"))
         t1 = time.perf_counter()
         try:
@@ -199,7 +204,7 @@ def run_case(
             if rec.get("cusparse_ms"):
                 v["speedup_vs_cusparse"] = rec["cusparse_ms"] / v["ms"]
             if opts.persistent:
-                v["grid"] = persistent_grid(dev, -(-n // (til or plan.tiling).rows_per_program), opts)
+                v["grid"] = persistent_grid(dev, -(-n // til.rows_per_program), opts)
             verdict = "ok" if v["ok"] else "WRONG"
             _log(f"    {v['ms']:.3f} ms  x{v['speedup_vs_levelset']:.2f} vs level-set  err {v['rel_err']:.1e}  {verdict}")
         except Exception as e:  # one failing variant must not lose the others
@@ -251,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=100.0, help="start no new matrix after this many seconds")
     ap.add_argument("--smoke", action="store_true", help="tiny matrices (runs on the CPU in the interpreter)")
     ap.add_argument("--variants", default=",".join(EXPERIMENT_DEFAULT), help="comma-separated names from kfuse.sparse.variants.VARIANTS")
-    ap.add_argument("--tilings", default=TILINGS, help="extra tilings RxWwN (comma-separated; '' = heuristic only)")
+    ap.add_argument("--tilings", default=TILINGS, help="extra tilings RxWwN (comma-separated; '' = row-length tiling only)")
     ap.add_argument("--tiling-variants", default=TILING_VARIANTS, help="variants run under each extra tiling")
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all, in order)")
     args = ap.parse_args(argv)
@@ -282,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "dtype": "fp64",
         "variants": {nm: VARIANTS[nm].__dict__ for nm in dict.fromkeys(names + tiling_names)},
+        "auto": "analyze()'s choice per matrix (record['auto']: regime, tiling, options)",
         "tilings": [tiling_tag(t) for t in tilings],
     }
     records: list[dict[str, Any]] = []
@@ -309,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     done = [r for r in records if "levelset_ms" in r]
     bad = [(r["case"], nm) for r in done for nm, v in r["variants"].items() if "ms" in v and not v.get("ok")]
     _log(f"wrote {out}; {'all results correct' if not bad else f'WRONG results: {bad}'}")
-    keys = list(dict.fromkeys(names + [k for r in done for k in r["variants"] if k not in names]))
+    keys = list(dict.fromkeys(["auto", *names] + [k for r in done for k in r["variants"] if k not in names]))
     _log(format_table(done, keys))
     return 1 if bad else 0
 

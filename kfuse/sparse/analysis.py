@@ -6,15 +6,22 @@
   for the sync-free solve, and level order keeps every row of the current wavefront inside
   the window of resident programs. In natural order a 2D/3D Laplacian's wavefront is spread
   over the whole matrix and only ~#resident-programs rows can be in flight.
-* Tiling heuristic: lanes per row (W) from the row-length distribution, rows per program (R)
-  so that a program holds about 128 nonzeros: "warp-per-row"-like tiles for short rows,
-  one wide row per program ("block-per-row") when rows are long.
+* Tiling and kernel choice (measured on the H200, docs/sparse.md "Round 2"): the matrix falls in
+  one of three regimes by its off-diagonal row lengths and its level count (:class:`RowStats`):
+  ``short`` rows on a wide matrix (Laplacian-like) get one-warp 8x4 tiles and the value-flag
+  kernel; ``long`` rows (power-law) the row-length tiling (:func:`row_length_tiling`) and the
+  value-flag kernel with 2 programs per SM; ``narrow`` matrices (chains, bands: a few rows per
+  level) keep the row-length tiling and the original kernel, the only one measured on them.
+* :func:`row_length_tiling` (the heuristic of the first two GPU runs, also the level kernel's
+  tiling): lanes per row (W) from the row-length distribution, rows per program (R) so that a
+  program holds about 128 nonzeros: "warp-per-row"-like tiles for short rows, one wide row
+  per program ("block-per-row") when rows are long.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -22,6 +29,7 @@ import triton.language as tl
 
 from kfuse.sparse.inputs import TriangularCSR
 from kfuse.sparse.sync import acquire_fence, hw_fence_enabled, wait_flags
+from kfuse.sparse.variants import DEFAULT, DEFAULT_LONG_ROWS, LEGACY, SyncOptions
 
 MAX_RHS_PER_LAUNCH = 16
 
@@ -41,22 +49,84 @@ def _pow2_ceil(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
-def choose_tiling(row_lengths: torch.Tensor, nrhs_pad: int = 1) -> Tiling:
-    """Pick (R, W, warps) from off-diagonal row lengths; ~128 nonzero lanes per program."""
-    if row_lengths.numel() == 0:
-        return Tiling(1, 2, 1)
+SHORT_ROWS = 4.0  # off-diagonal row length: p90 and mean at or below -> "short" (Laplacians: p90 2-3)
+NARROW_ROWS_PER_LEVEL = 4.0  # mean rows per level below -> "narrow" (chains and bands: 1)
+SHORT_ROW_TILING = Tiling(8, 4, 1)  # one warp: 7 barriers instead of ~40, 8x8 in-tile block
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """What the tiling and kernel choice look at: off-diagonal row lengths and the level count."""
+
+    rows: int
+    p90: float  # 90th percentile of off-diagonal row lengths
+    mean: float
+    levels: int | None = None  # None before the level analysis: the matrix counts as wide
+
+    @property
+    def rows_per_level(self) -> float | None:
+        return self.rows / self.levels if self.levels else None
+
+    @property
+    def regime(self) -> str:
+        """``"narrow"`` (a few rows per level), ``"short"`` (short rows), else ``"long"``."""
+        rpl = self.rows_per_level
+        if rpl is not None and rpl < NARROW_ROWS_PER_LEVEL:
+            return "narrow"
+        return "short" if self.p90 <= SHORT_ROWS and self.mean <= SHORT_ROWS else "long"
+
+
+def row_stats(row_lengths: torch.Tensor, num_levels: int | None = None) -> RowStats:
+    """p90 and mean of the off-diagonal row lengths (and the level count, once known)."""
+    n = row_lengths.numel()
+    if n == 0:
+        return RowStats(0, 0.0, 0.0, num_levels)
     lens = row_lengths.to(torch.float64)
-    p90 = float(torch.quantile(lens[: 1 << 24], 0.9)) if lens.numel() > 1 else float(lens[0])
-    mean = float(lens.mean())
-    if mean > 48:  # long rows: a whole program sweeps one row in wide chunks
+    p90 = float(torch.quantile(lens[: 1 << 24], 0.9)) if n > 1 else float(lens[0])
+    return RowStats(n, p90, float(lens.mean()), num_levels)
+
+
+def row_length_tiling(row_lengths: torch.Tensor | RowStats, nrhs_pad: int = 1) -> Tiling:
+    """Pick (R, W, warps) from off-diagonal row lengths; ~128 nonzero lanes per program.
+
+    The heuristic of the first two GPU runs; the level kernel always uses it.
+    """
+    st = row_lengths if isinstance(row_lengths, RowStats) else row_stats(row_lengths)
+    if st.rows == 0:
+        return Tiling(1, 2, 1)
+    if st.mean > 48:  # long rows: a whole program sweeps one row in wide chunks
         return Tiling(1, 256, 4)
-    w = min(64, max(2, _pow2_ceil(math.ceil(p90))))
-    r = min(32, max(1, 128 // w))
+    w = min(64, max(2, _pow2_ceil(math.ceil(st.p90))))
+    return _fit(min(32, max(1, 128 // w)), w, nrhs_pad)
+
+
+def _fit(r: int, w: int, nrhs_pad: int) -> Tiling:
     while r > 1 and r * w * nrhs_pad > 1024:  # keep the [R, W, K] gather within registers
         r //= 2
     lanes = r * w * nrhs_pad
     warps = 4 if lanes >= 512 else 2 if lanes >= 128 else 1
     return Tiling(r, w, warps)
+
+
+def choose_tiling(row_lengths: torch.Tensor | RowStats, nrhs_pad: int = 1, num_levels: int | None = None) -> Tiling:
+    """The solve's tiling: one-warp 8x4 tiles for short rows on a wide matrix, else the row-length tiling.
+
+    ``row_lengths`` are the off-diagonal row lengths (or their :class:`RowStats`); without a
+    level count the matrix counts as wide.
+    """
+    st = row_lengths if isinstance(row_lengths, RowStats) else row_stats(row_lengths, num_levels)
+    if num_levels is not None:
+        st = replace(st, levels=num_levels)
+    if st.rows and st.regime == "short":
+        t = SHORT_ROW_TILING
+        return _fit(t.rows_per_program, t.lanes_per_row, nrhs_pad) if nrhs_pad > 1 else t
+    return row_length_tiling(st, nrhs_pad)
+
+
+def choose_sync(stats: RowStats) -> SyncOptions:
+    """The kernel variant: value flags (2 programs per SM for long rows), the original kernel when narrow."""
+    regime = stats.regime
+    return LEGACY if regime == "narrow" else DEFAULT_LONG_ROWS if regime == "long" else DEFAULT
 
 
 @triton.jit

@@ -1,6 +1,7 @@
 """Level-set baseline: one kernel launch per dependency level (what sync-free replaces).
 
-Uses the same analysis as the sync-free solve (levels, level-ordered matrix, tiling); inside
+Uses the same analysis as the sync-free solve (levels, level-ordered matrix; the tiling is the
+level kernel's, i.e. the row-length tiling of the recorded baselines, not the sync-free one); inside
 a level all rows are independent, so each launch is a plain gather-multiply-divide over the
 rows of that level. The launch count equals the number of levels, which is what dominates
 for matrices with thousands of levels.
@@ -58,7 +59,7 @@ def levelset_solve(plan: SptrsvPlan, b: Any, out: torch.Tensor | None = None) ->
     for g0 in range(0, k, MAX_RHS_PER_LAUNCH):
         kg = min(MAX_RHS_PER_LAUNCH, k - g0)
         kp = _pow2_ceil(kg)
-        til = plan.tiling_for(kp)
+        til = plan.tiling_for(kp, plan.level_tiling)
         r = til.rows_per_program
         xp = torch.empty(max(plan.n, 1) * kg, dtype=plan.dtype, device=plan.device)
         for first, last in zip(lo.level_ptr[:-1], lo.level_ptr[1:], strict=True):

@@ -21,7 +21,7 @@ grid) are the :class:`~kfuse.sparse.variants.SyncOptions` of the plan or of one 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -31,10 +31,14 @@ import triton.language as tl
 from kfuse.sparse.analysis import (
     MAX_RHS_PER_LAUNCH,
     LevelOrdered,
+    RowStats,
     Tiling,
+    choose_sync,
     choose_tiling,
     compute_levels,
     level_order,
+    row_length_tiling,
+    row_stats,
 )
 from kfuse.sparse.inputs import canonicalize, check_rhs
 from kfuse.sparse.sync import acquire_fence, backoff, hw_fence_enabled, st_release, wait_flags, wait_flags_acquire
@@ -297,6 +301,8 @@ class SptrsvPlan:
     lo: LevelOrdered
     preprocess_ms: dict[str, float]
     sync: SyncOptions = DEFAULT
+    stats: RowStats | None = None  # row lengths and levels: what the automatic choice looked at
+    level_tiling: Tiling | None = None  # the level kernel's tiling
     _tile_deps: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(repr=False, default_factory=dict)  # R -> CSR
     _done: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
     _ticket: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
@@ -320,6 +326,7 @@ class SptrsvPlan:
             "lanes_per_row": self.tiling.lanes_per_row,
             "num_warps": self.tiling.num_warps,
             "sync": self.sync.name,
+            "regime": self.stats.regime if self.stats else None,
             "preprocess_ms": dict(self.preprocess_ms),
         }
 
@@ -433,26 +440,33 @@ def analyze(
     Times (wall clock, device synchronised) go to ``plan.preprocess_ms``: ``check`` (validation
     and canonical form), ``levels`` (sync-free level kernel), ``reorder`` (level-order
     renumbering), ``tile_deps`` (producing tiles, only with tile flags) and ``total``.
-    ``tiling`` overrides the row-length heuristic; ``sync`` picks the kernel variant
-    (default :class:`SyncOptions`; ``kfuse.sparse.variants.LEGACY`` is the original kernel).
+    ``tiling`` overrides the tiling and ``sync`` the kernel variant
+    (``kfuse.sparse.variants``; ``LEGACY`` is the original kernel). Left out, both follow the
+    matrix's regime (:class:`~kfuse.sparse.analysis.RowStats`, measured choice in docs/sparse.md):
+    short rows -> one-warp 8x4 tiles + value flags; long rows -> the row-length tiling + value
+    flags with 2 programs per SM; chains and bands (under 4 rows per level) -> the row-length
+    tiling + ``LEGACY``. The level kernel uses ``tiling`` or the row-length tiling.
     """
-    sync = sync or DEFAULT
     if device is None and not isinstance(a, torch.Tensor):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
     tri = canonicalize(a, lower=lower, unit_diagonal=unit_diagonal, device=device)
     if tri.cols.numel() >= _INT32_MAX or tri.n >= _INT32_MAX // MAX_RHS_PER_LAUNCH:
         raise ValueError(f"sptrsv: matrix too large for 32-bit indexing (n={tri.n}, nnz={tri.nnz})")
-    til = tiling or choose_tiling(tri.rowptr[1:] - tri.rowptr[:-1])
+    stats = row_stats(tri.rowptr[1:] - tri.rowptr[:-1])
+    lev_til = tiling or row_length_tiling(stats)
     _sync(tri.device)
     t1 = time.perf_counter()
-    lev = compute_levels(tri, til)
+    lev = compute_levels(tri, lev_til)
     _sync(tri.device)
     t2 = time.perf_counter()
     lo = level_order(tri, lev)
     _sync(tri.device)
     t3 = time.perf_counter()
     ms = {"check": (t1 - t0) * 1e3, "levels": (t2 - t1) * 1e3, "reorder": (t3 - t2) * 1e3}
+    stats = replace(stats, levels=len(lo.level_ptr) - 1)
+    til = tiling or choose_tiling(stats)
+    sync = sync or choose_sync(stats)
     plan = SptrsvPlan(
         n=tri.n,
         nnz=tri.nnz,
@@ -465,6 +479,8 @@ def analyze(
         lo=lo,
         preprocess_ms=ms,
         sync=sync,
+        stats=stats,
+        level_tiling=lev_til,
     )
     if sync.flag_kind == "tile" and plan.n > 0:  # the one-RHS tiling's lists; other R are built on first use
         plan.tile_deps(til.rows_per_program)

@@ -17,9 +17,11 @@
 * ``acquire`` (with prefetch): poll with ``ld.acquire.gpu`` instead of volatile loads plus
   ``fence.acq_rel.gpu``.
 * ``st_release`` (with prefetch, tile flags): publish with ``st.release.gpu``.
-``DEFAULT`` is the predicted best combination (docs/sparse.md), ``DEFAULT_V1`` the default of the
-first variants run; ``LEGACY`` is the original kernel: a per-row flag polled in a tight loop,
-one program per tile.
+``DEFAULT`` (value flags, 8 programs per SM) is the best measured variant on short-row matrices,
+``DEFAULT_LONG_ROWS`` (the same with 2 programs per SM) on power-law rows, ``DEFAULT_V1`` the
+default of the first variants run; ``LEGACY`` is the original kernel: a per-row flag polled in
+a tight loop, one program per tile (still the choice on chains and bands, the only kernel
+measured there). ``kfuse.sparse.analysis.choose_sync`` picks among them per matrix.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ class SyncOptions:
 LEGACY = SyncOptions(backoff_ns=0, tile_flags=False, persistent=False)
 DEFAULT_V1 = SyncOptions()  # the default of the first variants run (docs/sparse.md)
 FAST = SyncOptions(backoff_ns=0, prefetch=True)  # persistent, tile flags, prefetch
-DEFAULT = SyncOptions(backoff_ns=0, tile_flags=False, prefetch=True, flags="value")  # predicted best (docs/sparse.md)
+DEFAULT = SyncOptions(backoff_ns=0, tile_flags=False, prefetch=True, flags="value")  # best on the Laplacians (round 2)
+DEFAULT_LONG_ROWS = SyncOptions(backoff_ns=0, tile_flags=False, prefetch=True, flags="value", programs_per_sm=2)  # power-law
 
 # what benchmarks/experiments/sptrsv_variants.py measures side by side (one idea at a time, then combined)
 VARIANTS: dict[str, SyncOptions] = {
@@ -100,7 +103,7 @@ VARIANTS: dict[str, SyncOptions] = {
     "prefetch+acquire+strel": SyncOptions(backoff_ns=0, prefetch=True, acquire=True, st_release=True),
     "rowflags+prefetch+acquire": SyncOptions(backoff_ns=0, tile_flags=False, prefetch=True, flags="row", acquire=True),
     "default": DEFAULT,
-    "default-ppsm2": SyncOptions(backoff_ns=0, tile_flags=False, prefetch=True, flags="value", programs_per_sm=2),
+    "default-ppsm2": DEFAULT_LONG_ROWS,
     "default-grid": SyncOptions(backoff_ns=0, tile_flags=False, persistent=False, prefetch=True, flags="value"),
 }
 

@@ -9,9 +9,10 @@ import scipy.sparse.linalg as sla
 import torch
 
 from kfuse.sparse import analyze, sptrsv
-from kfuse.sparse.analysis import Tiling, choose_tiling
+from kfuse.sparse.analysis import Tiling, choose_sync, choose_tiling, row_length_tiling, row_stats
 from kfuse.sparse.levelset import levelset_solve
 from kfuse.sparse.matrices import make
+from kfuse.sparse.variants import DEFAULT, DEFAULT_LONG_ROWS, LEGACY, VARIANTS
 
 # small shapes: odd sizes, each kind keeps its character (chain: every row depends on the previous)
 CASES = [("banded", 97), ("powerlaw", 211), ("laplacian2d", 9), ("laplacian3d", 5), ("chain", 131)]
@@ -88,10 +89,65 @@ def test_tilings(tiling: Tiling) -> None:
 
 
 def test_heuristic_picks_rows_vs_blocks() -> None:
-    short = choose_tiling(torch.full((1000,), 3))
+    short = row_length_tiling(torch.full((1000,), 3))
     long = choose_tiling(torch.full((1000,), 500))
     assert short.mode == "warp-per-row" and short.rows_per_program > 1 and short.lanes_per_row == 4
     assert long.mode == "block-per-row" and long.rows_per_program == 1
+    assert choose_tiling(torch.full((1000,), 3)) == Tiling(8, 4, 1)  # short rows, no level count: wide
+    assert choose_tiling(torch.full((1000,), 3), num_levels=1000) == short  # a chain-like level count: narrow
+    assert choose_tiling(torch.zeros(0, dtype=torch.int64)) == Tiling(1, 2, 1)
+
+
+# the bench matrices (benchmarks/sptrsv_bench.py --sizes small, plus the level counts of the
+# larger ones from the H200 records) -> (tiling, kernel) the automatic choice must give
+BENCH_CHOICES = [
+    ("laplacian3d", 40, None, Tiling(8, 4, 1), DEFAULT),
+    ("laplacian2d", 256, None, Tiling(8, 4, 1), DEFAULT),
+    ("powerlaw", 100_000, None, Tiling(8, 16, 2), DEFAULT_LONG_ROWS),
+    ("banded", 20_000, None, Tiling(16, 8, 2), LEGACY),
+    ("chain", 20_000, None, Tiling(32, 2, 1), LEGACY),
+    ("laplacian3d", 60, 178, Tiling(8, 4, 1), DEFAULT),  # stands in for laplacian3d_100/160 (298/478 levels)
+    ("laplacian2d", 500, 999, Tiling(8, 4, 1), DEFAULT),  # laplacian2d_1000/2000
+    ("powerlaw", 300_000, 20499 * 3 // 40, Tiling(8, 16, 2), DEFAULT_LONG_ROWS),  # powerlaw_1M/4M: ~195 rows per level
+]
+
+
+@pytest.mark.parametrize("kind,size,levels,tiling,sync", BENCH_CHOICES, ids=[f"{k}_{s}" for k, s, *_ in BENCH_CHOICES])
+def test_choice_on_bench_matrices(kind: str, size: int, levels: int | None, tiling: Tiling, sync: object) -> None:
+    """Short rows: one-warp 8x4 + value flags; power-law: row-length tiling + 2 programs/SM; chain/band: legacy."""
+    a = make(kind, size, seed=0)
+    lens = torch.from_numpy(np.diff(a.indptr) - 1)
+    stats = row_stats(lens, levels or _levels(a, True))
+    assert choose_tiling(stats) == tiling, stats
+    assert choose_sync(stats) == sync, stats
+    if stats.regime != "short":  # the tiling of the first two GPU runs
+        assert tiling == row_length_tiling(stats)
+
+
+REGIMES = [
+    ("laplacian2d", 9, "short"),
+    ("laplacian3d", 5, "short"),
+    ("powerlaw", 211, "long"),
+    ("banded", 97, "narrow"),
+    ("chain", 131, "narrow"),
+]
+
+
+@pytest.mark.parametrize("kind,size,regime", REGIMES)
+def test_analyze_follows_the_choice(kind: str, size: int, regime: str) -> None:
+    """analyze() without overrides applies the choice; tiling= and sync= still override it."""
+    a = make(kind, size, seed=1)
+    plan = analyze(a, device="cpu")
+    assert plan.stats is not None and plan.stats.regime == regime and plan.info["regime"] == regime
+    assert plan.tiling == choose_tiling(plan.stats) and plan.sync == choose_sync(plan.stats)
+    assert plan.level_tiling == row_length_tiling(plan.stats)
+    want = {"short": (Tiling(8, 4, 1), DEFAULT), "long": (plan.level_tiling, DEFAULT_LONG_ROWS), "narrow": (plan.level_tiling, LEGACY)}
+    assert (plan.tiling, plan.sync) == want[regime]
+    forced = analyze(a, device="cpu", tiling=Tiling(4, 2, 1), sync=VARIANTS["default-v1"])
+    assert forced.tiling == forced.level_tiling == Tiling(4, 2, 1) and forced.sync == VARIANTS["default-v1"]
+    b = _rng().standard_normal(a.shape[0])
+    ref = sla.spsolve_triangular(a, b, lower=True)
+    assert _rel_err(plan.solve(b), ref) < 1e-11 and _rel_err(forced.solve(b), ref) < 1e-11
 
 
 def test_unit_diagonal_ignores_stored_diagonal() -> None:

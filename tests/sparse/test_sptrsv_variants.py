@@ -18,7 +18,7 @@ from kfuse.sparse import SptrsvPlan, SyncOptions, analyze
 from kfuse.sparse.analysis import Tiling
 from kfuse.sparse.matrices import make
 from kfuse.sparse.tiledeps import tile_dependencies
-from kfuse.sparse.variants import DEFAULT, EXPERIMENT_DEFAULT, LEGACY, VARIANTS, persistent_grid
+from kfuse.sparse.variants import DEFAULT, DEFAULT_LONG_ROWS, EXPERIMENT_DEFAULT, LEGACY, VARIANTS, persistent_grid
 
 # the variants that differ in the interpreter (backoff/programs-per-SM only change timing there)
 DISTINCT = ["legacy", "tileflags", "persistent", "default-v1", "prefetch", "prefetch+acquire+strel", "rowflags+prefetch+acquire", "default"]
@@ -150,5 +150,6 @@ def test_sync_options() -> None:
         SyncOptions(backoff_ns=-1)
     with pytest.raises(ValueError, match="programs_per_sm"):
         SyncOptions(programs_per_sm=0)
-    info = analyze(make("chain", 10), device="cpu").info
-    assert info["sync"] == DEFAULT.name
+    assert VARIANTS["default-ppsm2"] is DEFAULT_LONG_ROWS and DEFAULT_LONG_ROWS.name == "persistent-valueflag-prefetch-ppsm2"
+    assert analyze(make("chain", 10), device="cpu").info["sync"] == LEGACY.name  # chains keep the measured kernel
+    assert analyze(make("laplacian2d", 9), device="cpu").info["sync"] == DEFAULT.name

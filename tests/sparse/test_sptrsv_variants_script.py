@@ -28,7 +28,10 @@ def test_variants_script_smoke(tmp_path: Path) -> None:
         assert rec["levelset_vs_scipy"] < 1e-12 and rec["levelset_residual"] < 1e-12
         heur = "{R}x{W}w{num_warps}".format(**rec["tiling"])
         extra = {f"{nm}@{t}" for nm in ("default-v1", "default") for t in ("16x2w1", "8x4w1") if t != heur}
-        assert set(rec["variants"]) == set(EXPERIMENT_DEFAULT) | extra, sorted(rec["variants"])
+        assert set(rec["variants"]) == set(EXPERIMENT_DEFAULT) | extra | {"auto"}, sorted(rec["variants"])
+        auto = rec["variants"]["auto"]  # analyze()'s own choice, under its own tiling
+        assert (auto["tiling"], auto["options"]) == (rec["auto"]["tiling"], rec["auto"]["options"])
+        assert rec["variants"]["legacy"]["tiling"] == heur
         for name, v in rec["variants"].items():
             assert v["ok"] and v["ms"] > 0 and v["residual"] < 1e-12, (rec["case"], name, v)
     assert "best " in res.stdout.splitlines()[-1]  # the table is printed last

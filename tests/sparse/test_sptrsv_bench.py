@@ -1,0 +1,45 @@
+"""The SpTRSV benchmark driver (kfuse.sparse.bench) on the CPU: smoke sweep and one record per regime."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kfuse.sparse import bench
+from kfuse.sparse.bench import Case, format_table, plot, run_case, smoke, write_json
+
+
+def test_smoke_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The smoke sweep used to ask for CUDA; it now runs on the bench's device."""
+    monkeypatch.setitem(bench.SMOKE_CASES, "cpu", [("chain", 20), ("laplacian3d", 4)])
+    res = smoke(log=lambda s: None)
+    assert len(res) == 16 and all(r["ok"] for r in res), [r for r in res if not r["ok"]]
+    assert {(r["kind"], r["regime"]) for r in res} == {("chain", "narrow"), ("laplacian3d", "short")}
+
+
+def _once(fn: Callable[[], Any], **_: Any) -> float:
+    """One call, wall clock: the interpreter's times mean nothing, only the driver is tested."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+@pytest.mark.timeout(300)
+def test_run_case_records_the_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "time_cuda", _once)
+    recs = [run_case(c, "test", log=lambda s: None) for c in (Case("laplacian2d", 12), Case("chain", 60), Case("powerlaw", 400))]
+    got = {r["case"]: (r["regime"], r["sync"], "{rows_per_program}x{lanes_per_row}w{num_warps}".format(**r["tiling"])) for r in recs}
+    assert got["laplacian2d_12"] == ("short", "persistent-valueflag-prefetch-ppsm8", "8x4w1")
+    assert got["chain_60"] == ("narrow", "grid-rowflag", "32x2w1")
+    assert got["powerlaw_400"][:2] == ("long", "persistent-valueflag-prefetch-ppsm2")
+    for r in recs:
+        assert r["max_rel_err"] < 1e-12 and r["kfuse_rel_err_after_timing"] < 1e-12 and r["levelset_rel_err"] < 1e-12
+        assert r["kfuse_ms"] > 0 and r["speedup_vs_levelset"] > 0
+    write_json(recs, tmp_path / "sptrsv.json")
+    plot(recs, tmp_path / "sptrsv_levels.png")
+    assert (tmp_path / "sptrsv_levels.png").stat().st_size > 0
+    assert "laplacian2d_12" in format_table(recs)
