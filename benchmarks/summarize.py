@@ -97,7 +97,9 @@ def table_for(name: str, records: list[dict]) -> str:
             )
             lines.append("| " + " | ".join(row) + " |")
     else:
-        keys = [k for k in PREFERRED if any(k in r for r in records)] or [k for k in first if k not in SKIP]
+        keys = [k for k in PREFERRED if any(k in r for r in records)]
+        if len(keys) < 3:  # records of another shape (e.g. smoke checks): show their own fields
+            keys = [k for k in first if k not in SKIP]
         lines.append("| " + " | ".join(keys) + " |")
         lines.append("|" + "---|" * len(keys))
         for r in records:
