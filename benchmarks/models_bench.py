@@ -52,6 +52,7 @@ NOTES = {
 # tuning is part of a real compile ("fast": seconds per model, see tuning.json); KFUSE_BENCH_TUNE=none to skip
 TUNE = os.environ.get("KFUSE_BENCH_TUNE", "fast")
 
+
 def _mb(n: float) -> float:
     return round(n / 2**20, 3)
 

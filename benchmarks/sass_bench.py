@@ -90,33 +90,59 @@ def main() -> None:
             print(f"skipping {name}: deadline", flush=True)
             continue
         ck, args, grid, vargs, vgrid, per = CASES[name]()
-        sa = SimulatedAnnealing(iterations=a.iters, seeds=tuple(int(s) for s in a.seeds.split(",")),
-                                max_seconds=min(a.search_s, left - 25))
+        sa = SimulatedAnnealing(iterations=a.iters, seeds=tuple(int(s) for s in a.seeds.split(",")), max_seconds=min(a.search_s, left - 25))
         t0 = time.time()
         try:
-            res = optimize_compiled_kernel(ck, args, grid, strategy=sa, samples=a.samples, verify_args=vargs,
-                                           verify_grid=vgrid, samples_per_launch=per, use_cache=False, apply=False,
-                                           always_verify=a.always_verify,
-                                           min_gain=0.01, log=lambda m: print(m, flush=True))
+            res = optimize_compiled_kernel(
+                ck,
+                args,
+                grid,
+                strategy=sa,
+                samples=a.samples,
+                verify_args=vargs,
+                verify_grid=vgrid,
+                samples_per_launch=per,
+                use_cache=False,
+                apply=False,
+                always_verify=a.always_verify,
+                min_gain=0.01,
+                log=lambda m: print(m, flush=True),
+            )
             err = None
         except Exception as e:  # keep the other cases
             res, err = None, f"{type(e).__name__}: {e}"
-        rec = {"benchmark": "sass_sip", "case": name, "gpu": gpu, "command": " ".join(sys.argv),
-               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-               "kfuse_version": __version__}
+        rec = {
+            "benchmark": "sass_sip",
+            "case": name,
+            "gpu": gpu,
+            "command": " ".join(sys.argv),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "kfuse_version": __version__,
+        }
         if res is None:
-            rec.update({"error": err, "triton_ms": None, "kfuse_ms": None, "verified_samples": 0,
-                        "moves_applied": 0, "search_s": time.time() - t0})
+            rec.update(
+                {"error": err, "triton_ms": None, "kfuse_ms": None, "verified_samples": 0, "moves_applied": 0, "search_s": time.time() - t0}
+            )
         else:
-            rec.update({"triton_ms": res.triton_ms, "kfuse_ms": res.kfuse_ms if res.accepted else res.triton_ms,
-                        "best_candidate_ms": res.kfuse_ms, "accepted": res.accepted, "reason": res.reason,
-                        "verified_samples": res.verified_samples, "moves_applied": res.moves_applied if res.accepted else 0,
-                        "moves_in_best_candidate": res.moves_applied, "search_s": round(res.search_s, 2),
-                        "legal_moves_at_start": res.legal_moves_at_start, "tried": res.trial_summary(),
-                        "verify_samples_per_launch": per, "candidate_failures": res.failures[:20],
-                        "best_candidate_verified_samples": res.best_candidate_verified,
-                        "search": {"iterations_per_seed": a.iters, "seeds": a.seeds,
-                                                                     "max_seconds": sa.max_seconds, "T": 0.4, "cooling": 0.003}})
+            rec.update(
+                {
+                    "triton_ms": res.triton_ms,
+                    "kfuse_ms": res.kfuse_ms if res.accepted else res.triton_ms,
+                    "best_candidate_ms": res.kfuse_ms,
+                    "accepted": res.accepted,
+                    "reason": res.reason,
+                    "verified_samples": res.verified_samples,
+                    "moves_applied": res.moves_applied if res.accepted else 0,
+                    "moves_in_best_candidate": res.moves_applied,
+                    "search_s": round(res.search_s, 2),
+                    "legal_moves_at_start": res.legal_moves_at_start,
+                    "tried": res.trial_summary(),
+                    "verify_samples_per_launch": per,
+                    "candidate_failures": res.failures[:20],
+                    "best_candidate_verified_samples": res.best_candidate_verified,
+                    "search": {"iterations_per_seed": a.iters, "seeds": a.seeds, "max_seconds": sa.max_seconds, "T": 0.4, "cooling": 0.003},
+                }
+            )
         records.append(rec)
         Path(a.out).write_text(json.dumps(records, indent=1))
         print(json.dumps(rec), flush=True)
@@ -125,8 +151,10 @@ def main() -> None:
         t, k = r.get("triton_ms"), r.get("kfuse_ms")
         g = f"{(1 - k / t) * 100:+.1f}%" if t and k else "n/a"
         tried = r.get("tried", {}).get("tried", 0)
-        print(f"{r['case']:40s} {t or float('nan'):10.4f} {k or float('nan'):10.4f} {g:>7s} "
-              f"{r['verified_samples']:9d} {r['moves_applied']:5d} {tried:5d}")
+        print(
+            f"{r['case']:40s} {t or float('nan'):10.4f} {k or float('nan'):10.4f} {g:>7s} "
+            f"{r['verified_samples']:9d} {r['moves_applied']:5d} {tried:5d}"
+        )
 
 
 if __name__ == "__main__":
