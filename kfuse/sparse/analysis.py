@@ -229,3 +229,35 @@ def level_order(tri: TriangularCSR, lev: torch.Tensor) -> LevelOrdered:
         levels=lev_sorted.contiguous(),
         level_ptr=level_ptr,
     )
+
+
+def mixed_tiles(rowptr: torch.Tensor, n: int, r: int, long_row_min: int) -> torch.Tensor:
+    """Tile boundaries of the mixed tiling: int32 ``tile_ptr`` [T+1], tile t = positions [ptr[t], ptr[t+1]).
+
+    Positions are in level order, and the tiles are contiguous, increasing position ranges, so a
+    tile only depends on tiles with a smaller index (= smaller ticket): the ticket protocol holds
+    unchanged. A row with more than ``long_row_min`` off-diagonal nonzeros is a tile of its own
+    (kind "long": the kernel recognises it as a one-row tile whose row is longer than the
+    threshold). The short rows between two long ones are cut into tiles of up to ``r`` rows, from
+    the first short row on; such a run may span levels (solved in the tile, as before).
+    """
+    dev = rowptr.device
+    if n == 0:
+        return torch.zeros(1, dtype=torch.int32, device=dev)
+    lens = (rowptr[1 : n + 1] - rowptr[:n]).to(torch.int64)
+    long = lens > long_row_min
+    p = torch.arange(n, device=dev)
+    prev_long = torch.zeros(n, dtype=torch.bool, device=dev)
+    prev_long[1:] = long[:-1]
+    run_head = torch.where((p == 0) | prev_long, p, torch.zeros_like(p))  # first row of a short run
+    run_start = torch.cummax(run_head, 0).values
+    starts = long | ((p - run_start) % r == 0)
+    ptr = torch.nonzero(starts).flatten()
+    return torch.cat([ptr, torch.tensor([n], device=dev)]).to(torch.int32)
+
+
+def tile_kinds(tile_ptr: torch.Tensor, rowptr: torch.Tensor, long_row_min: int) -> torch.Tensor:
+    """Per tile: 1 = long (one row above the threshold, swept by the whole program), 0 = packed short rows."""
+    first = tile_ptr[:-1].to(torch.int64)
+    one = (tile_ptr[1:] - tile_ptr[:-1]) == 1
+    return (one & ((rowptr[first + 1] - rowptr[first]) > long_row_min)).to(torch.int32)

@@ -37,6 +37,7 @@ from kfuse.sparse.analysis import (
     choose_tiling,
     compute_levels,
     level_order,
+    mixed_tiles,
     row_length_tiling,
     row_stats,
 )
@@ -52,6 +53,7 @@ DEP_LANES = 32  # producing tiles polled at once (tile-flag variant)
 SENTINEL = {torch.float64: 0x7FF4A5A5A5A5A5A5, torch.float32: 0x7FA5A5A5}
 _INT_OF = {torch.float64: torch.int64, torch.float32: torch.int32}
 _FLAG_CODE = {"tile": 0, "row": 1, "value": 2}
+MIXED_LONG_ELEMS = 2048  # mixed tiling: long-row lanes x padded RHS per chunk (256 lanes up to 8 RHS)
 
 
 @triton.jit
@@ -282,6 +284,166 @@ def _syncfree_fast_kernel(
         )  # fmt: skip
 
 
+@triton.jit
+def _value_gather(xp_ptr, xo, emask, SENTINEL, BACKOFF_NS: tl.constexpr, HW_FENCE: tl.constexpr):
+    """Gather x (volatile) and poll until no gathered value is the sentinel (value flags)."""
+    xg = tl.load(xp_ptr + xo, mask=emask, other=0.0, volatile=True)
+    missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
+    while missing > 0:
+        slept = backoff(missing, BACKOFF_NS, HW_FENCE)
+        xg = tl.load(xp_ptr + xo + (slept - missing), mask=emask, other=0.0, volatile=True)
+        missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
+    return xg
+
+
+@triton.jit
+def _solve_short_value(
+    base, cnt, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, nrhs, stride_b, stride_x, SENTINEL,
+    R: tl.constexpr, W: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr, BACKOFF_NS: tl.constexpr,
+):  # fmt: skip
+    """Mixed tiling, packed tile: ``cnt`` <= R consecutive short rows from ``base``, value flags.
+
+    The value-flag path of :func:`_solve_tile_fast` with a variable row count.
+    """
+    r = tl.arange(0, R)
+    pos = base + r
+    rmask = r < cnt
+    start = tl.load(rowptr + pos, mask=rmask, other=0)
+    end = tl.load(rowptr + pos + 1, mask=rmask, other=0)
+    kk = tl.arange(0, KP)
+    kmask = kk < nrhs
+    w = tl.arange(0, W)
+    q = tl.arange(0, R)
+    niter = tl.load(lev + base + cnt - 1) - tl.load(lev + base) + 1
+    row = tl.load(perm + pos, mask=rmask, other=0)
+    rk = rmask[:, None] & kmask[None, :]
+    bt = tl.load(b_ptr + row[:, None] * stride_b + kk[None, :], mask=rk, other=0.0)
+    d = tl.load(diag + pos, mask=rmask, other=1.0)
+    nlen = tl.max(end - start)
+    idx0 = start[:, None] + w[None, :]
+    m0 = idx0 < end[:, None]
+    c0 = tl.load(cols + idx0, mask=m0, other=0)
+    v0 = tl.load(vals + idx0, mask=m0, other=0.0)
+    lloc = tl.zeros([R, R], dtype=vals.dtype.element_ty)
+    if niter > 1:  # the in-tile block needs no x: build it before waiting
+        for off in range(0, nlen, W):
+            idx = start[:, None] + off + w[None, :]
+            m = idx < end[:, None]
+            c = tl.load(cols + idx, mask=m, other=0)
+            v = tl.load(vals + idx, mask=m, other=0.0)
+            hit = (m & (c >= base))[:, :, None] & ((c - base)[:, :, None] == q[None, None, :])
+            lloc += tl.sum(tl.where(hit, v[:, :, None], 0.0), axis=1)
+    acc = tl.zeros([R, KP], dtype=vals.dtype.element_ty)
+    c = c0
+    v = v0
+    for off in range(0, nlen, W):
+        idx = start[:, None] + off + w[None, :]
+        m = idx < end[:, None]
+        if off > 0:
+            c = tl.load(cols + idx, mask=m, other=0)
+            v = tl.load(vals + idx, mask=m, other=0.0)
+        emask = (m & (c < base))[:, :, None] & kmask[None, None, :]
+        xg = _value_gather(xp_ptr, c[:, :, None] * nrhs + kk[None, None, :], emask, SENTINEL, BACKOFF_NS, HW_FENCE)
+        acc += tl.sum(v[:, :, None] * xg, axis=1)
+    rhs = bt - acc
+    xt = rhs / d[:, None]
+    for _ in range(1, niter):
+        prod = tl.where(lloc[:, :, None] != 0.0, lloc[:, :, None] * xt[None, :, :], 0.0)
+        xt = (rhs - tl.sum(prod, axis=1)) / d[:, None]
+    tl.store(x_ptr + row[:, None] * stride_x + kk[None, :], xt, mask=rk)
+    xbits = xp_ptr.to(tl.pointer_type(SENTINEL.dtype), bitcast=True)  # the value is the flag
+    tl.atomic_xchg(xbits + pos[:, None] * nrhs + kk[None, :], xt.to(SENTINEL.dtype, bitcast=True), mask=rk, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _solve_long_row(
+    p, start, end, cols, vals, diag, perm, b_ptr, x_ptr, xp_ptr, nrhs, stride_b, stride_x, SENTINEL,
+    WL: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr, BACKOFF_NS: tl.constexpr,
+):  # fmt: skip
+    """Mixed tiling, long tile: the whole program sweeps row ``p`` (entries [start, end)) in chunks of WL lanes.
+
+    Every column is an earlier position (strictly lower, level order): all entries are external.
+    The next chunk's cols/vals are loaded before this chunk's gather and poll, so once the
+    producers are done a chunk costs one memory round trip (the x gather), not two.
+    """
+    kk = tl.arange(0, KP)
+    kmask = kk < nrhs
+    w = tl.arange(0, WL)
+    row = tl.load(perm + p)
+    bt = tl.load(b_ptr + row * stride_b + kk, mask=kmask, other=0.0)
+    d = tl.load(diag + p)
+    idx = start + w
+    m = idx < end
+    c = tl.load(cols + idx, mask=m, other=0)
+    v = tl.load(vals + idx, mask=m, other=0.0)
+    acc = tl.zeros([WL, KP], dtype=vals.dtype.element_ty)  # reduced once, after the sweep
+    for off in range(start, end, WL):
+        idn = off + WL + w
+        mn = idn < end
+        cn = tl.load(cols + idn, mask=mn, other=0)
+        vn = tl.load(vals + idn, mask=mn, other=0.0)
+        emask = m[:, None] & kmask[None, :]
+        xg = _value_gather(xp_ptr, c[:, None] * nrhs + kk[None, :], emask, SENTINEL, BACKOFF_NS, HW_FENCE)
+        acc += v[:, None] * xg
+        c = cn
+        v = vn
+        m = mn
+    xt = (bt - tl.sum(acc, axis=0)) / d
+    tl.store(x_ptr + row * stride_x + kk, xt, mask=kmask)
+    xbits = xp_ptr.to(tl.pointer_type(SENTINEL.dtype), bitcast=True)
+    tl.atomic_xchg(xbits + p * nrhs + kk, xt.to(SENTINEL.dtype, bitcast=True), mask=kmask, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _solve_mixed_tile(
+    t, tile_ptr, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, nrhs, stride_b, stride_x, SENTINEL, LONG_MIN,
+    R: tl.constexpr, W: tl.constexpr, WL: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr, BACKOFF_NS: tl.constexpr,
+):  # fmt: skip
+    """Tile ``t`` of the mixed tiling: a one-row tile whose row is longer than LONG_MIN is long, else packed."""
+    base = tl.load(tile_ptr + t)
+    cnt = tl.load(tile_ptr + t + 1) - base
+    s0 = tl.load(rowptr + base)
+    s1 = tl.load(rowptr + base + 1)
+    if (cnt == 1) & (s1 - s0 > LONG_MIN):
+        _solve_long_row(
+            base, s0, s1, cols, vals, diag, perm, b_ptr, x_ptr, xp_ptr, nrhs, stride_b, stride_x, SENTINEL, WL, KP, HW_FENCE, BACKOFF_NS
+        )
+    else:
+        _solve_short_value(
+            base, cnt, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, nrhs, stride_b, stride_x, SENTINEL,
+            R, W, KP, HW_FENCE, BACKOFF_NS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _syncfree_mixed_kernel(
+    rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, ticket_ptr, tile_ptr,
+    nrhs, stride_b, stride_x, ticket_base, n_tiles, SENTINEL, LONG_MIN,
+    R: tl.constexpr, W: tl.constexpr, WL: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr,
+    BACKOFF_NS: tl.constexpr, PERSISTENT: tl.constexpr,
+):  # fmt: skip
+    """Mixed tiling (``SyncOptions.long_row_min``): variable-size tiles from ``tile_ptr``, value flags.
+
+    One kernel, one ticket counter, a runtime branch on the tile kind. Tiles are increasing
+    position ranges in level order, so ticket t only waits on tiles with smaller tickets, held
+    by programs of this same launch that are already running (two kernels sharing the counter
+    would need both to be resident for that argument). Tickets are relaxed (they carry no data).
+    """
+    t = tl.atomic_add(ticket_ptr, 1, sem="relaxed") - ticket_base
+    if PERSISTENT:
+        while t < n_tiles:
+            _solve_mixed_tile(
+                t, tile_ptr, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, nrhs, stride_b, stride_x, SENTINEL, LONG_MIN,
+                R, W, WL, KP, HW_FENCE, BACKOFF_NS,
+            )  # fmt: skip
+            t = tl.atomic_add(ticket_ptr, 1, sem="relaxed") - ticket_base
+    else:
+        _solve_mixed_tile(
+            t, tile_ptr, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, nrhs, stride_b, stride_x, SENTINEL, LONG_MIN,
+            R, W, WL, KP, HW_FENCE, BACKOFF_NS,
+        )  # fmt: skip
+
+
 def _pow2_ceil(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
@@ -304,6 +466,7 @@ class SptrsvPlan:
     stats: RowStats | None = None  # row lengths and levels: what the automatic choice looked at
     level_tiling: Tiling | None = None  # the level kernel's tiling
     _tile_deps: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(repr=False, default_factory=dict)  # R -> CSR
+    _mixed_tiles: dict[tuple[int, int], torch.Tensor] = field(repr=False, default_factory=dict)  # (R, threshold) -> tile_ptr
     _done: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
     _ticket: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
     _epoch: int = 0
@@ -344,6 +507,13 @@ class SptrsvPlan:
             self._tile_deps[r] = tile_dependencies(self.lo.rowptr, self.lo.cols, self.n, r)
         return self._tile_deps[r]
 
+    def mixed_tiles(self, r: int, long_row_min: int) -> torch.Tensor:
+        """Tile boundaries of the mixed tiling (``analysis.mixed_tiles``; computed once per R and threshold)."""
+        key = (r, long_row_min)
+        if key not in self._mixed_tiles:
+            self._mixed_tiles[key] = mixed_tiles(self.lo.rowptr, self.n, r, long_row_min)
+        return self._mixed_tiles[key]
+
     def _next_epoch(self, n_tickets: int) -> tuple[int, int]:
         """Epoch and ticket base of the next launch; ``n_tickets`` = tickets that launch takes."""
         if self._epoch + 1 >= _INT32_MAX or self._tickets_used + n_tickets >= _INT32_MAX:
@@ -372,6 +542,9 @@ class SptrsvPlan:
                 kp = _pow2_ceil(kg)
                 til = self.tiling_for(kp, tiling)
                 r = til.rows_per_program
+                if opts.long_row_min:
+                    self._solve_mixed(b2[:, g0:], x[:, g0:], kg, kp, til, opts, fence)
+                    continue
                 n_tiles = triton.cdiv(self.n, r)
                 grid = persistent_grid(self.device, n_tiles, opts) if opts.persistent else n_tiles
                 # a persistent program also takes the one ticket past the end that stops it
@@ -405,6 +578,23 @@ class SptrsvPlan:
                     num_warps=til.num_warps,
                 )  # fmt: skip
         return _finish(x, out, was_1d, was_numpy)
+
+    def _solve_mixed(self, b2: torch.Tensor, x: torch.Tensor, kg: int, kp: int, til: Tiling, opts: SyncOptions, fence: bool) -> None:
+        """One launch of the mixed-tiling kernel for ``kg`` right-hand sides (padded to ``kp``)."""
+        tile_ptr = self.mixed_tiles(til.rows_per_program, opts.long_row_min)
+        n_tiles = tile_ptr.numel() - 1
+        grid = persistent_grid(self.device, n_tiles, opts) if opts.persistent else n_tiles
+        _, base = self._next_epoch(n_tiles + grid if opts.persistent else n_tiles)  # value flags: no epoch
+        sent = SENTINEL[self.dtype]
+        xp = torch.full((self.n * kg,), sent, dtype=_INT_OF[self.dtype], device=self.device).view(self.dtype)
+        wl = max(1, min(opts.long_lanes, MIXED_LONG_ELEMS // kp))  # [WL, KP] long-row gather
+        lo = self.lo
+        _syncfree_mixed_kernel[(grid,)](
+            lo.rowptr, lo.cols, lo.vals, lo.diag, lo.perm, lo.levels, b2, x, xp, self._ticket, tile_ptr,
+            kg, b2.stride(0), x.stride(0), base, n_tiles, sent, opts.long_row_min,
+            R=til.rows_per_program, W=til.lanes_per_row, WL=wl, KP=kp, HW_FENCE=fence, BACKOFF_NS=opts.backoff_ns,
+            PERSISTENT=opts.persistent, num_warps=opts.long_warps,
+        )  # fmt: skip
 
 
 def _prepare_out(out: torch.Tensor | None, b2: torch.Tensor) -> torch.Tensor:
