@@ -8,6 +8,8 @@ bounded and relative errors are meaningful in fp32 and fp64.
 * ``laplacian2d`` lower triangle of the 5-point Laplacian on a g x g grid (IC(0)-like pattern).
 * ``laplacian3d`` lower triangle of the 7-point Laplacian on a g^3 grid.
 * ``chain``       each row depends on the previous one only: the worst case, levels = n.
+* ``heavyrows``   power-law plus a few very long rows (5/6 of all earlier columns, >= 64 entries):
+                  small stand-ins for the ~2000-entry power-law rows (mixed-tiling tests).
 """
 
 from __future__ import annotations
@@ -85,12 +87,32 @@ def chain(n: int, seed: int = 0) -> sp.csr_matrix:
     return _finish(rows, rows - 1, rng.uniform(-1, 1, rows.size), n, rng)
 
 
+def heavyrows(n: int, n_long: int = 5, seed: int = 0) -> sp.csr_matrix:
+    """``powerlaw(n)`` with ``n_long`` rows (two of them adjacent, one the last) made very long."""
+    rng = np.random.default_rng(seed)
+    base = sp.tril(powerlaw(n, seed=seed), -1).tocoo()
+    lo = min(n - 1, 80)
+    picks = rng.choice(np.arange(lo, n), size=min(n - lo, max(0, n_long - 2)), replace=False) if n > lo else np.array([], dtype=np.int64)
+    heavy = np.unique(np.concatenate([picks, [lo, min(lo + 1, n - 1), n - 1]])).astype(np.int64)
+    heavy = heavy[heavy > 0]
+    rows, cols = [base.row], [base.col]
+    for r in heavy:
+        c = rng.choice(r, size=max(1, 5 * r // 6), replace=False)
+        rows.append(np.full(c.size, r))
+        cols.append(c)
+    r_all, c_all = np.concatenate(rows), np.concatenate(cols)
+    key = np.unique(r_all.astype(np.int64) * n + c_all)  # drop duplicate entries
+    r_all, c_all = key // n, key % n
+    return _finish(r_all, c_all, rng.uniform(-1, 1, r_all.size), n, rng)
+
+
 GENERATORS: dict[str, Callable[..., sp.csr_matrix]] = {
     "banded": banded,
     "powerlaw": powerlaw,
     "laplacian2d": laplacian2d,
     "laplacian3d": laplacian3d,
     "chain": chain,
+    "heavyrows": heavyrows,
 }
 
 

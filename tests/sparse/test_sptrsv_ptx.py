@@ -110,3 +110,44 @@ def test_kernel_ptx_for_sm90() -> None:
         assert f["fence.acq_rel.gpu"] and f["ld.volatile.global"], f"{cfg}: acquire side missing"
         assert f["atom.global.gpu.release.exch"] and f["atom.global.gpu.acq_rel.add"], f"{cfg}: release/ticket atomics missing"
         assert f["nanosleep.u32"] == (cfg[1] > 0), f"{cfg}: poll backoff (nanosleep) present={f['nanosleep.u32']}"
+
+
+# the mixed-tiling kernel: (dtype, R, W, WL, KP, num_warps, persistent)
+MIXED_CONFIGS = [
+    ("fp64", 8, 16, 256, 1, 4, True),
+    ("fp32", 8, 16, 256, 1, 8, True),
+    ("fp64", 8, 16, 256, 1, 2, False),
+    ("fp64", 4, 16, 128, 16, 4, True),
+]
+
+MIXED_SCRIPT = r"""
+import json, sys, triton
+from triton.backends.compiler import GPUTarget
+from kfuse.sparse.sptrsv import _syncfree_mixed_kernel
+out = []
+for dt, r, w, wl, kp, warps, pers in json.loads(sys.argv[1]):
+    sig = {k: "*i32" for k in ["rowptr", "cols", "perm", "lev", "ticket_ptr", "tile_ptr"]}
+    sig.update({k: f"*{dt}" for k in ["vals", "diag", "b_ptr", "x_ptr", "xp_ptr"]})
+    sig.update({k: "i32" for k in ["nrhs", "stride_b", "stride_x", "ticket_base", "n_tiles", "LONG_MIN"]})
+    sig["SENTINEL"] = "i64" if dt == "fp64" else "i32"
+    cx = {"R": r, "W": w, "WL": wl, "KP": kp, "HW_FENCE": True, "BACKOFF_NS": 0, "PERSISTENT": pers}
+    sig.update({k: "constexpr" for k in cx})
+    src = triton.compiler.ASTSource(_syncfree_mixed_kernel, sig, constexprs=cx)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    keys = ("mma", "tf32", "fence.acq_rel.gpu", "ld.volatile.global", "atom.global.gpu.release.exch", "atom.global.gpu.relaxed.add",
+            "atom.global.gpu.acq_rel.add", "nanosleep.u32", "atom.global.gpu.relaxed.exch")
+    out.append({k: (k in ptx) for k in keys} | {"bar.sync": ptx.count("bar.sync"), "ticket_adds": ptx.count("atom.global.gpu.relaxed.add")})
+print(json.dumps(out))
+"""
+
+
+def test_mixed_kernel_ptx_for_sm90() -> None:
+    """Mixed tiling: value flags in both tile kinds (volatile polls, relaxed exchange), no fence, relaxed tickets, no tf32."""
+    for cfg, f in zip(MIXED_CONFIGS, _compile(MIXED_SCRIPT, MIXED_CONFIGS), strict=True):
+        pers = cfg[-1]
+        assert not f["mma"] and not f["tf32"], f"{cfg}: the in-tile sweep became a tensor-core dot"
+        assert f["ld.volatile.global"] and f["atom.global.gpu.relaxed.exch"], f"{cfg}: value-flag poll/publication missing"
+        assert not f["fence.acq_rel.gpu"] and not f["atom.global.gpu.release.exch"], f"{cfg}: value flags need no fence or release"
+        assert f["atom.global.gpu.relaxed.add"] and not f["atom.global.gpu.acq_rel.add"], f"{cfg}: ticket atomic not relaxed"
+        assert f["ticket_adds"] == (2 if pers else 1), (cfg, f["ticket_adds"])  # first ticket + the loop's next ticket
+        assert not f["nanosleep.u32"], cfg
