@@ -16,6 +16,12 @@ prints a table last. Cases run in the order below; none starts once ``--budget-s
 
     PYTHONPATH=. python benchmarks/experiments/sptrsv_variants.py --out DIR --budget-s 100
     PYTHONPATH=. python benchmarks/experiments/sptrsv_variants.py --out DIR --smoke   # CPU, interpreter
+    PYTHONPATH=. python benchmarks/experiments/sptrsv_variants.py --out DIR --mixed --budget-s 60   # mixed tiling, power-law
+
+``--mixed`` is a preset: the power-law cases (100k, 1M, 4M rows; under ``--smoke`` the small
+``heavyrows`` stand-in), the variants of :data:`kfuse.sparse.variants.MIXED_EXPERIMENT`
+(``default-ppsm2``, the current power-law choice, against the mixed-tiling variants), no extra
+tilings. Each record then also has ``long_rows`` (rows above each threshold) and ``mixed_tiles``.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from kfuse.sparse.levelset import levelset_solve  # noqa: E402
 from kfuse.sparse.matrices import make  # noqa: E402
 from kfuse.sparse.sptrsv import SptrsvPlan, analyze  # noqa: E402
 from kfuse.sparse.tiledeps import tile_dependencies  # noqa: E402
-from kfuse.sparse.variants import EXPERIMENT_DEFAULT, VARIANTS, SyncOptions, persistent_grid  # noqa: E402
+from kfuse.sparse.variants import EXPERIMENT_DEFAULT, MIXED_EXPERIMENT, VARIANTS, SyncOptions, persistent_grid  # noqa: E402
 
 CASES = [  # wide matrices first (the ones kfuse loses on), the sequential ones as controls
     Case("laplacian3d", 40),
@@ -56,7 +62,10 @@ CASES = [  # wide matrices first (the ones kfuse loses on), the sequential ones 
     Case("chain", 20_000),
     Case("banded", 20_000),
 ]
+EXTRA_CASES = [Case("powerlaw", 4_000_000)]  # only when named in --cases, or with --mixed
 SMOKE_CASES = [Case("laplacian2d", 7), Case("chain", 70), Case("powerlaw", 120)]
+MIXED_CASES = [Case("powerlaw", 100_000), Case("powerlaw", 1_000_000), Case("powerlaw", 4_000_000)]
+MIXED_SMOKE_CASES = [Case("heavyrows", 120)]
 SCIPY_MAX_ROWS = 2_000_000  # scipy's reference solve stays under ~1 s up to here (0.57 s at 1M rows, 6.5M nonzeros)
 ERR_TOL = 1e-10  # fp64
 TILINGS = "16x2w1,8x4w1"  # single-warp tilings swept besides the row-length one (R x W lanes, num_warps)
@@ -154,6 +163,12 @@ def run_case(
     rec["tile_deps_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
     rec["tiles"] = int(ptr.numel() - 1)
     rec["producers_per_tile"] = round(deps.numel() / max(1, rec["tiles"]), 2)
+    lens = plan.lo.rowptr[1:] - plan.lo.rowptr[:-1]
+    thresholds = sorted({VARIANTS[nm].long_row_min for nm in names if VARIANTS[nm].long_row_min})
+    if thresholds:  # mixed tiling: how many rows get their own program, and the tile count
+        rec["row_len_max"] = int(lens.max()) if n else 0
+        rec["long_rows"] = {str(t): int((lens > t).sum()) for t in thresholds}
+        rec["mixed_tiles"] = {str(t): int(plan.mixed_tiles(r, t).numel() - 1) for t in thresholds}
     a_t = torch.sparse_csr_tensor(
         torch.from_numpy(a.indptr.astype(np.int64)), torch.from_numpy(a.indices.astype(np.int64)), torch.from_numpy(a.data), a.shape
     ).to(dev)
@@ -204,7 +219,10 @@ def run_case(
             if rec.get("cusparse_ms"):
                 v["speedup_vs_cusparse"] = rec["cusparse_ms"] / v["ms"]
             if opts.persistent:
-                v["grid"] = persistent_grid(dev, -(-n // til.rows_per_program), opts)
+                n_tiles = -(-n // til.rows_per_program)
+                if opts.long_row_min:
+                    n_tiles = int(plan.mixed_tiles(til.rows_per_program, opts.long_row_min).numel() - 1)
+                v["grid"] = persistent_grid(dev, n_tiles, opts)
             verdict = "ok" if v["ok"] else "WRONG"
             _log(f"    {v['ms']:.3f} ms  x{v['speedup_vs_levelset']:.2f} vs level-set  err {v['rel_err']:.1e}  {verdict}")
         except Exception as e:  # one failing variant must not lose the others
@@ -259,7 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tilings", default=TILINGS, help="extra tilings RxWwN (comma-separated; '' = row-length tiling only)")
     ap.add_argument("--tiling-variants", default=TILING_VARIANTS, help="variants run under each extra tiling")
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all, in order)")
+    ap.add_argument("--mixed", action="store_true", help="preset: power-law cases, MIXED_EXPERIMENT variants, no extra tilings")
     args = ap.parse_args(argv)
+    if args.mixed:
+        args.variants = ",".join(MIXED_EXPERIMENT)
+        args.tilings = ""
     names = [s for s in args.variants.split(",") if s]
     tiling_names = [s for s in args.tiling_variants.split(",") if s]
     try:
@@ -270,8 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
     cases = SMOKE_CASES if args.smoke else CASES
+    if args.mixed:
+        cases = MIXED_SMOKE_CASES if args.smoke else MIXED_CASES
     if args.cases:
-        cases = [c for c in cases if c.name in args.cases.split(",")]
+        pool = cases if args.mixed else cases + ([] if args.smoke else EXTRA_CASES)
+        cases = [c for c in pool if c.name in args.cases.split(",")]
     if not torch.cuda.is_available() and not args.smoke:
         print("sptrsv_variants: needs a CUDA GPU (or --smoke, which runs tiny matrices in the interpreter)", file=sys.stderr)
         return 2

@@ -35,3 +35,23 @@ def test_variants_script_smoke(tmp_path: Path) -> None:
         for name, v in rec["variants"].items():
             assert v["ok"] and v["ms"] > 0 and v["residual"] < 1e-12, (rec["case"], name, v)
     assert "best " in res.stdout.splitlines()[-1]  # the table is printed last
+
+
+def test_variants_script_mixed_smoke(tmp_path: Path) -> None:
+    """--mixed --smoke: the mixed-tiling preset on the small heavy-row stand-in, every variant correct."""
+    from kfuse.sparse.variants import MIXED_EXPERIMENT
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), TRITON_INTERPRET="1")
+    script = root / "benchmarks" / "experiments" / "sptrsv_variants.py"
+    cmd = [sys.executable, str(script), "--out", str(tmp_path), "--smoke", "--mixed", "--budget-s", "60"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads((tmp_path / "sptrsv_variants.json").read_text())
+    (rec,) = data["records"]
+    assert rec["case"] == "heavyrows_120" and set(rec["variants"]) == set(MIXED_EXPERIMENT) | {"auto"}
+    assert rec["long_rows"]["64"] >= 4 and rec["long_rows"]["32"] >= rec["long_rows"]["64"]
+    assert rec["mixed_tiles"]["64"] > rec["tiles"]  # cutting at long rows adds tiles
+    for name, v in rec["variants"].items():
+        assert v["ok"] and v["ms"] > 0 and v["residual"] < 1e-12, (name, v)
+    assert data["meta"]["variants"]["mixed"]["long_row_min"] == 64
