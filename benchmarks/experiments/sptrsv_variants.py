@@ -20,8 +20,9 @@ prints a table last. Cases run in the order below; none starts once ``--budget-s
 
 ``--mixed`` is a preset: the power-law cases (100k, 1M, 4M rows; under ``--smoke`` the small
 ``heavyrows`` stand-in), the variants of :data:`kfuse.sparse.variants.MIXED_EXPERIMENT`
-(``default-ppsm2``, the current power-law choice, against the mixed-tiling variants), no extra
-tilings. Each record then also has ``long_rows`` (rows above each threshold) and ``mixed_tiles``.
+(``default-ppsm2``, the current power-law choice, against the mixed-tiling variants) under the
+row-length tiling, then ``MIXED_EXPERIMENT_TILED`` (``mixed-t16-w1``, ``mixed-t32`` under 8x4w1).
+Each record then also has ``long_rows`` (rows above each threshold) and ``mixed_tiles``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from kfuse.sparse.levelset import levelset_solve  # noqa: E402
 from kfuse.sparse.matrices import make  # noqa: E402
 from kfuse.sparse.sptrsv import SptrsvPlan, analyze  # noqa: E402
 from kfuse.sparse.tiledeps import tile_dependencies  # noqa: E402
-from kfuse.sparse.variants import EXPERIMENT_DEFAULT, MIXED_EXPERIMENT, VARIANTS, SyncOptions, persistent_grid  # noqa: E402
+from kfuse.sparse.variants import EXPERIMENT_DEFAULT, MIXED_EXPERIMENT, MIXED_EXPERIMENT_TILED, VARIANTS, SyncOptions, persistent_grid  # noqa: E402
 
 CASES = [  # wide matrices first (the ones kfuse loses on), the sequential ones as controls
     Case("laplacian3d", 40),
@@ -164,7 +165,7 @@ def run_case(
     rec["tiles"] = int(ptr.numel() - 1)
     rec["producers_per_tile"] = round(deps.numel() / max(1, rec["tiles"]), 2)
     lens = plan.lo.rowptr[1:] - plan.lo.rowptr[:-1]
-    thresholds = sorted({VARIANTS[nm].long_row_min for nm in names if VARIANTS[nm].long_row_min})
+    thresholds = sorted({VARIANTS[nm].long_row_min for nm in [*names, *tiling_names] if VARIANTS[nm].long_row_min})
     if thresholds:  # mixed tiling: how many rows get their own program, and the tile count
         rec["row_len_max"] = int(lens.max()) if n else 0
         rec["long_rows"] = {str(t): int((lens > t).sum()) for t in thresholds}
@@ -277,11 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tilings", default=TILINGS, help="extra tilings RxWwN (comma-separated; '' = row-length tiling only)")
     ap.add_argument("--tiling-variants", default=TILING_VARIANTS, help="variants run under each extra tiling")
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all, in order)")
-    ap.add_argument("--mixed", action="store_true", help="preset: power-law cases, MIXED_EXPERIMENT variants, no extra tilings")
+    ap.add_argument("--mixed", action="store_true", help="preset: power-law cases, MIXED_EXPERIMENT variants (+ MIXED_EXPERIMENT_TILED)")
     args = ap.parse_args(argv)
     if args.mixed:
         args.variants = ",".join(MIXED_EXPERIMENT)
-        args.tilings = ""
+        args.tilings, tv = MIXED_EXPERIMENT_TILED
+        args.tiling_variants = ",".join(tv)
     names = [s for s in args.variants.split(",") if s]
     tiling_names = [s for s in args.tiling_variants.split(",") if s]
     try:

@@ -105,6 +105,7 @@ DEFAULT_LONG_ROWS = SyncOptions(backoff_ns=0, tile_flags=False, prefetch=True, f
 MIXED = replace(DEFAULT_LONG_ROWS, long_row_min=64, long_lanes=256, long_warps=4)
 # what the mixed-tiling experiment compares on the power-law matrices (docs/sparse.md "Mixed tiling")
 MIXED_EXPERIMENT = ["default-ppsm2", "mixed", "mixed-w8", "mixed-t32", "mixed-ppsm4"]
+MIXED_EXPERIMENT_TILED = ("8x4w1", ["mixed-t16-w1", "mixed-t32"])  # ... and these under one-warp 8x4 short tiles
 
 # what benchmarks/experiments/sptrsv_variants.py measures side by side (one idea at a time, then combined)
 VARIANTS: dict[str, SyncOptions] = {
@@ -131,6 +132,7 @@ VARIANTS: dict[str, SyncOptions] = {
     "mixed-w8": replace(MIXED, long_warps=8),
     "mixed-t32": replace(MIXED, long_row_min=32),
     "mixed-ppsm4": replace(MIXED, programs_per_sm=4),
+    "mixed-t16-w1": replace(MIXED, long_row_min=16, long_warps=1),  # for one-warp short tiles (8x4w1)
 }
 
 # what the experiment script runs unless told otherwise: drops the dominated first-run variants

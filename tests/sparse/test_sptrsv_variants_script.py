@@ -39,7 +39,7 @@ def test_variants_script_smoke(tmp_path: Path) -> None:
 
 def test_variants_script_mixed_smoke(tmp_path: Path) -> None:
     """--mixed --smoke: the mixed-tiling preset on the small heavy-row stand-in, every variant correct."""
-    from kfuse.sparse.variants import MIXED_EXPERIMENT
+    from kfuse.sparse.variants import MIXED_EXPERIMENT, MIXED_EXPERIMENT_TILED
 
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), TRITON_INTERPRET="1")
@@ -49,8 +49,10 @@ def test_variants_script_mixed_smoke(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads((tmp_path / "sptrsv_variants.json").read_text())
     (rec,) = data["records"]
-    assert rec["case"] == "heavyrows_120" and set(rec["variants"]) == set(MIXED_EXPERIMENT) | {"auto"}
-    assert rec["long_rows"]["64"] >= 4 and rec["long_rows"]["32"] >= rec["long_rows"]["64"]
+    til, tnames = MIXED_EXPERIMENT_TILED
+    extra = {f"{nm}@{til}" for nm in tnames} if "{R}x{W}w{num_warps}".format(**rec["tiling"]) != til else set()
+    assert rec["case"] == "heavyrows_120" and set(rec["variants"]) == set(MIXED_EXPERIMENT) | extra | {"auto"}
+    assert rec["long_rows"]["64"] >= 4 and rec["long_rows"]["16"] >= rec["long_rows"]["32"] >= rec["long_rows"]["64"]
     assert rec["mixed_tiles"]["64"] > rec["tiles"]  # cutting at long rows adds tiles
     for name, v in rec["variants"].items():
         assert v["ok"] and v["ms"] > 0 and v["residual"] < 1e-12, (name, v)
