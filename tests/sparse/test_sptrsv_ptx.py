@@ -38,7 +38,7 @@ FAST_CONFIGS = [
 FAST_SCRIPT = r"""
 import json, sys, triton
 from triton.backends.compiler import GPUTarget
-from kfuse.sparse.sptrsv import _syncfree_fast_kernel
+from kfuse.sparse.kernels import _syncfree_fast_kernel
 out = []
 for dt, flags, acq, strel, r, w, warps in json.loads(sys.argv[1]):
     sig = {k: "*i32" for k in ["rowptr", "cols", "perm", "lev", "done_ptr", "ticket_ptr", "tdep_ptr", "tdeps"]}
@@ -60,7 +60,7 @@ print(json.dumps(out))
 SCRIPT = r"""
 import json, sys, triton
 from triton.backends.compiler import GPUTarget
-from kfuse.sparse.sptrsv import _syncfree_kernel
+from kfuse.sparse.kernels import _syncfree_kernel
 out = []
 for dt, ns, tile, pers in json.loads(sys.argv[1]):
     sig = {k: "*i32" for k in ["rowptr", "cols", "perm", "lev", "done_ptr", "ticket_ptr", "tdep_ptr", "tdeps"]}
@@ -123,7 +123,7 @@ MIXED_CONFIGS = [
 MIXED_SCRIPT = r"""
 import json, sys, triton
 from triton.backends.compiler import GPUTarget
-from kfuse.sparse.sptrsv import _syncfree_mixed_kernel
+from kfuse.sparse.kernels import _syncfree_mixed_kernel
 out = []
 for dt, r, w, wl, kp, warps, pers in json.loads(sys.argv[1]):
     sig = {k: "*i32" for k in ["rowptr", "cols", "perm", "lev", "ticket_ptr", "tile_ptr"]}
