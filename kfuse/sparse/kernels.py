@@ -26,6 +26,46 @@ from kfuse.sparse.sync import acquire_fence, backoff, st_release, wait_flags, wa
 
 
 @triton.jit
+def _in_tile_block(cols, vals, start, end, base, nlen, niter, R: tl.constexpr, W: tl.constexpr):
+    """The tile's own R x R block (dependencies between its rows); zeros when it holds one level."""
+    w = tl.arange(0, W)
+    q = tl.arange(0, R)
+    lloc = tl.zeros([R, R], dtype=vals.dtype.element_ty)
+    if niter > 1:
+        for off in range(0, nlen, W):
+            idx = start[:, None] + off + w[None, :]
+            m = idx < end[:, None]
+            c = tl.load(cols + idx, mask=m, other=0)
+            v = tl.load(vals + idx, mask=m, other=0.0)
+            hit = (m & (c >= base))[:, :, None] & ((c - base)[:, :, None] == q[None, None, :])
+            lloc += tl.sum(tl.where(hit, v[:, :, None], 0.0), axis=1)
+    return lloc
+
+
+@triton.jit
+def _in_tile_sweeps(rhs, d, lloc, niter):
+    """Jacobi sweeps x = (rhs - L_tile x) / d, exact after ``niter`` = in-tile depth + 1 sweeps."""
+    xt = rhs / d[:, None]
+    for _ in range(1, niter):
+        # the where() keeps Triton from rewriting sum(a[:, :, None] * b[None]) into a tf32 tl.dot
+        prod = tl.where(lloc[:, :, None] != 0.0, lloc[:, :, None] * xt[None, :, :], 0.0)
+        xt = (rhs - tl.sum(prod, axis=1)) / d[:, None]
+    return xt
+
+
+@triton.jit
+def _value_gather(xp_ptr, xo, emask, SENTINEL, BACKOFF_NS: tl.constexpr, HW_FENCE: tl.constexpr):
+    """Gather x (volatile) and poll until no gathered value is the sentinel (value flags)."""
+    xg = tl.load(xp_ptr + xo, mask=emask, other=0.0, volatile=True)
+    missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
+    while missing > 0:
+        slept = backoff(missing, BACKOFF_NS, HW_FENCE)
+        xg = tl.load(xp_ptr + xo + (slept - missing), mask=emask, other=0.0, volatile=True)
+        missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
+    return xg
+
+
+@triton.jit
 def _solve_tile(
     t, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, done_ptr, tdep_ptr, tdeps,
     n, nrhs, stride_b, stride_x, epoch,
@@ -77,11 +117,7 @@ def _solve_tile(
     rk = rmask[:, None] & kmask[None, :]
     rhs = tl.load(b_ptr + row[:, None] * stride_b + kk[None, :], mask=rk, other=0.0) - acc
     d = tl.load(diag + pos, mask=rmask, other=1.0)
-    xt = rhs / d[:, None]
-    for _ in range(1, niter):
-        # the where() keeps Triton from rewriting sum(a[:, :, None] * b[None]) into a tf32 tl.dot
-        prod = tl.where(lloc[:, :, None] != 0.0, lloc[:, :, None] * xt[None, :, :], 0.0)
-        xt = (rhs - tl.sum(prod, axis=1)) / d[:, None]
+    xt = _in_tile_sweeps(rhs, d, lloc, niter)
     tl.store(xp_ptr + pos[:, None] * nrhs + kk[None, :], xt, mask=rk)
     tl.store(x_ptr + row[:, None] * stride_x + kk[None, :], xt, mask=rk)
     tl.debug_barrier()  # every thread's x stores precede the release below
@@ -139,7 +175,6 @@ def _solve_tile_fast(
     kk = tl.arange(0, KP)
     kmask = kk < nrhs
     w = tl.arange(0, W)
-    q = tl.arange(0, R)
     last = tl.minimum(base + R - 1, n - 1)
     niter = tl.load(lev + last) - tl.load(lev + base) + 1
     row = tl.load(perm + pos, mask=rmask, other=0)
@@ -151,15 +186,7 @@ def _solve_tile_fast(
     m0 = idx0 < end[:, None]
     c0 = tl.load(cols + idx0, mask=m0, other=0)
     v0 = tl.load(vals + idx0, mask=m0, other=0.0)
-    lloc = tl.zeros([R, R], dtype=vals.dtype.element_ty)
-    if niter > 1:  # the in-tile block needs no x: build it before waiting
-        for off in range(0, nlen, W):
-            idx = start[:, None] + off + w[None, :]
-            m = idx < end[:, None]
-            c = tl.load(cols + idx, mask=m, other=0)
-            v = tl.load(vals + idx, mask=m, other=0.0)
-            hit = (m & (c >= base))[:, :, None] & ((c - base)[:, :, None] == q[None, None, :])
-            lloc += tl.sum(tl.where(hit, v[:, :, None], 0.0), axis=1)
+    lloc = _in_tile_block(cols, vals, start, end, base, nlen, niter, R, W)  # needs no x: built before waiting
     shift = 0
     if FLAGS == 0:  # per-tile flags: wait on the producer tiles, then order every lane's gathers
         d0 = tl.load(tdep_ptr + t)
@@ -188,13 +215,7 @@ def _solve_tile_fast(
         ext = m & (c < base)
         emask = ext[:, :, None] & kmask[None, None, :]
         if FLAGS == 2:  # value flags: poll x itself until no gathered value is the sentinel
-            xo = c[:, :, None] * nrhs + kk[None, None, :]
-            xg = tl.load(xp_ptr + xo, mask=emask, other=0.0, volatile=True)
-            missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
-            while missing > 0:
-                slept = backoff(missing, BACKOFF_NS, HW_FENCE)
-                xg = tl.load(xp_ptr + xo + (slept - missing), mask=emask, other=0.0, volatile=True)
-                missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
+            xg = _value_gather(xp_ptr, c[:, :, None] * nrhs + kk[None, None, :], emask, SENTINEL, BACKOFF_NS, HW_FENCE)
         else:
             if FLAGS == 1:  # per-row flags: each lane acquires the flag of the column it gathers
                 if ACQUIRE:
@@ -209,10 +230,7 @@ def _solve_tile_fast(
             xg = tl.load(xp_ptr + xo, mask=emask, other=0.0, volatile=True)
         acc += tl.sum(v[:, :, None] * xg, axis=1)
     rhs = bt - acc
-    xt = rhs / d[:, None]
-    for _ in range(1, niter):
-        prod = tl.where(lloc[:, :, None] != 0.0, lloc[:, :, None] * xt[None, :, :], 0.0)
-        xt = (rhs - tl.sum(prod, axis=1)) / d[:, None]
+    xt = _in_tile_sweeps(rhs, d, lloc, niter)
     tl.store(x_ptr + row[:, None] * stride_x + kk[None, :], xt, mask=rk)
     if FLAGS == 2:  # the value is the flag: a relaxed gpu-scope exchange, no fence, no barrier
         xbits = xp_ptr.to(tl.pointer_type(SENTINEL.dtype), bitcast=True)  # a relaxed store of the bits
@@ -254,18 +272,6 @@ def _syncfree_fast_kernel(
 
 
 @triton.jit
-def _value_gather(xp_ptr, xo, emask, SENTINEL, BACKOFF_NS: tl.constexpr, HW_FENCE: tl.constexpr):
-    """Gather x (volatile) and poll until no gathered value is the sentinel (value flags)."""
-    xg = tl.load(xp_ptr + xo, mask=emask, other=0.0, volatile=True)
-    missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
-    while missing > 0:
-        slept = backoff(missing, BACKOFF_NS, HW_FENCE)
-        xg = tl.load(xp_ptr + xo + (slept - missing), mask=emask, other=0.0, volatile=True)
-        missing = tl.sum(tl.where(emask & (xg.to(SENTINEL.dtype, bitcast=True) == SENTINEL), 1, 0))
-    return xg
-
-
-@triton.jit
 def _solve_short_value(
     base, cnt, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, nrhs, stride_b, stride_x, SENTINEL,
     R: tl.constexpr, W: tl.constexpr, KP: tl.constexpr, HW_FENCE: tl.constexpr, BACKOFF_NS: tl.constexpr,
@@ -282,7 +288,6 @@ def _solve_short_value(
     kk = tl.arange(0, KP)
     kmask = kk < nrhs
     w = tl.arange(0, W)
-    q = tl.arange(0, R)
     niter = tl.load(lev + base + cnt - 1) - tl.load(lev + base) + 1
     row = tl.load(perm + pos, mask=rmask, other=0)
     rk = rmask[:, None] & kmask[None, :]
@@ -293,15 +298,7 @@ def _solve_short_value(
     m0 = idx0 < end[:, None]
     c0 = tl.load(cols + idx0, mask=m0, other=0)
     v0 = tl.load(vals + idx0, mask=m0, other=0.0)
-    lloc = tl.zeros([R, R], dtype=vals.dtype.element_ty)
-    if niter > 1:  # the in-tile block needs no x: build it before waiting
-        for off in range(0, nlen, W):
-            idx = start[:, None] + off + w[None, :]
-            m = idx < end[:, None]
-            c = tl.load(cols + idx, mask=m, other=0)
-            v = tl.load(vals + idx, mask=m, other=0.0)
-            hit = (m & (c >= base))[:, :, None] & ((c - base)[:, :, None] == q[None, None, :])
-            lloc += tl.sum(tl.where(hit, v[:, :, None], 0.0), axis=1)
+    lloc = _in_tile_block(cols, vals, start, end, base, nlen, niter, R, W)  # needs no x: built before waiting
     acc = tl.zeros([R, KP], dtype=vals.dtype.element_ty)
     c = c0
     v = v0
@@ -315,10 +312,7 @@ def _solve_short_value(
         xg = _value_gather(xp_ptr, c[:, :, None] * nrhs + kk[None, None, :], emask, SENTINEL, BACKOFF_NS, HW_FENCE)
         acc += tl.sum(v[:, :, None] * xg, axis=1)
     rhs = bt - acc
-    xt = rhs / d[:, None]
-    for _ in range(1, niter):
-        prod = tl.where(lloc[:, :, None] != 0.0, lloc[:, :, None] * xt[None, :, :], 0.0)
-        xt = (rhs - tl.sum(prod, axis=1)) / d[:, None]
+    xt = _in_tile_sweeps(rhs, d, lloc, niter)
     tl.store(x_ptr + row[:, None] * stride_x + kk[None, :], xt, mask=rk)
     xbits = xp_ptr.to(tl.pointer_type(SENTINEL.dtype), bitcast=True)  # the value is the flag
     tl.atomic_xchg(xbits + pos[:, None] * nrhs + kk[None, :], xt.to(SENTINEL.dtype, bitcast=True), mask=rk, sem="relaxed", scope="gpu")
