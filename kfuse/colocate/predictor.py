@@ -63,8 +63,22 @@ class LinearModel:
         return max(0.0, (t - self.a) / self.b) if self.b > 0 else 0.0
 
 
+class FusedTimeModel:
+    """T_fused / T_lc as a function ``g`` of the load ratio x = T_be / T_lc; what follows from it."""
+
+    def g(self, x: float) -> float:
+        raise NotImplementedError
+
+    def predict(self, t_lc: float, t_be: float) -> float:
+        return t_lc * self.g(t_be / t_lc) if t_lc > 0 else t_be
+
+    def reduction(self, x: float) -> float:
+        """Makespan reduction of fusing at load ratio x: (T_lc + T_be - T_fused) / (T_lc + T_be)."""
+        return (1.0 + x - self.g(x)) / (1.0 + x)
+
+
 @dataclass
-class TwoStageModel:
+class TwoStageModel(FusedTimeModel):
     """T_fused / T_lc = c0 + c1 x + c2 max(0, x - x_star), continuous at x_star."""
 
     c0: float
@@ -74,13 +88,6 @@ class TwoStageModel:
 
     def g(self, x: float) -> float:
         return self.c0 + self.c1 * x + self.c2 * max(0.0, x - self.x_star)
-
-    def predict(self, t_lc: float, t_be: float) -> float:
-        return t_lc * self.g(t_be / t_lc) if t_lc > 0 else t_be
-
-    def reduction(self, x: float) -> float:
-        """Makespan reduction of fusing at load ratio x: (T_lc + T_be - T_fused) / (T_lc + T_be)."""
-        return (1.0 + x - self.g(x)) / (1.0 + x)
 
     @property
     def opportune_ratio(self) -> float:
@@ -117,7 +124,7 @@ class TwoStageModel:
 
 
 @dataclass(frozen=True)
-class SampleModel:
+class SampleModel(FusedTimeModel):
     """T_fused / T_lc interpolated piecewise linearly between measured samples (x, y), with (0, 1)
     below the first (no BE blocks: the LC kernel's time) and slope 1 past the last (the BE part runs
     alone). Same interface as ``TwoStageModel``; the opportune ratio is a measured sample."""
@@ -147,12 +154,6 @@ class SampleModel:
         x0, y0 = (self.xs[k - 1], self.ys[k - 1]) if k else (0.0, 1.0)
         x1, y1 = self.xs[k], self.ys[k]
         return y0 + (y1 - y0) * (max(x, 0.0) - x0) / (x1 - x0) if x1 > x0 else y1
-
-    def predict(self, t_lc: float, t_be: float) -> float:
-        return t_lc * self.g(t_be / t_lc) if t_lc > 0 else t_be
-
-    def reduction(self, x: float) -> float:
-        return (1.0 + x - self.g(x)) / (1.0 + x)
 
     @property
     def opportune_ratio(self) -> float:
