@@ -47,7 +47,23 @@ def restore_rng(saved: list[tuple[Any, Any]]) -> None:
         g.graphsafe_set_state(state)
 
 
-def _why(e: BaseException) -> str:
+def recover_after_failed_capture(cuda: Any, rng: list[tuple[Any, Any]]) -> str:
+    """Leave the device usable after a failed capture: synchronise, put the RNG states back.
+    Returns what went wrong doing so ("" if nothing), to append to the capture's reason; errors
+    here are secondary to the capture failure, so they are reported, not raised."""
+    notes = ""
+    try:
+        cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - a sticky error is reported, not raised
+        notes += f"; synchronize after the failed capture: {why(e)}"
+    try:
+        restore_rng(rng)
+    except Exception as e:  # noqa: BLE001
+        notes += f"; restoring the CUDA RNG state: {why(e)}"
+    return notes
+
+
+def why(e: BaseException) -> str:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{type(e).__name__}: {msg[:300]}"
 
@@ -84,12 +100,7 @@ class CudaGraphRunner:
         except Exception as e:  # capture is an optimisation: report and run eagerly
             self.graph = None
             self.static_outputs = []
-            self.reason = _why(e)
-            self._recover()
-            try:
-                restore_rng(rng)
-            except Exception as e2:  # noqa: BLE001 - secondary; the capture failure is what matters
-                self.reason += f"; restoring the CUDA RNG state: {_why(e2)}"
+            self.reason = why(e) + recover_after_failed_capture(self.cuda, rng)
 
     # ---- capture -------------------------------------------------------------------------
     def _precheck(self, inputs: Sequence[torch.Tensor]) -> str:
@@ -119,13 +130,6 @@ class CudaGraphRunner:
         self.static_outputs = list(outs)
         self.graph = g
         self.captures += 1
-
-    def _recover(self) -> None:
-        """Leave the device usable after a failed capture (errors here are secondary)."""
-        try:
-            self.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - a sticky error is reported, not raised
-            self.reason += f"; synchronize after the failed capture: {_why(e)}"
 
     @property
     def captured(self) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kfuse.runtime.cuda_graph import Signature, restore_rng, save_rng, signature
+from kfuse.runtime.cuda_graph import Signature, recover_after_failed_capture, save_rng, signature, why
 from kfuse.runtime.executor import Plan, execute, initial_env, run_steps
 
 
@@ -93,14 +93,9 @@ class PiecewiseGraphRunner:
             self._capture(example_inputs, warmup)
             self._captured = True
         except Exception as e:  # capture is an optimisation: report and run eagerly
-            self.reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
             for s in self.segments:
                 s.graph = None
-            try:
-                self.cuda.synchronize()
-                restore_rng(rng)
-            except Exception as e2:  # noqa: BLE001 - a sticky error is reported, not raised
-                self.reason += f"; recovering after the failed capture: {type(e2).__name__}"
+            self.reason = why(e) + recover_after_failed_capture(self.cuda, rng)
 
     @property
     def captured(self) -> bool:
