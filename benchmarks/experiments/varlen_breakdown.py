@@ -21,6 +21,7 @@ import kfuse
 import kfuse.models
 from kfuse.bench.harness import time_ms
 from kfuse.runtime.profile import profile_plan, profile_summary
+from kfuse.runtime.varlen import device_token_index, pack
 
 
 def main() -> None:
@@ -60,7 +61,14 @@ def main() -> None:
             rec["bucket_replay_ms"] = time_ms(lambda: bucket.graph.replay(), warmup=3, rep=a.rep)
         inner = state["plan"]
         rec["inner_steps"] = len(inner.steps)
-        rows = profile_plan(inner, bucket.inputs, warmup=1, rep=5)
+        r = br.region
+        tb = rec["buckets"][0]
+        gather, _, cu = device_token_index(bucket.inputs[0], tb)
+        ins = [
+            pack(x, gather, r.batch, r.seq, f) if md == "pack" else x
+            for x, md, f in zip(bucket.inputs[1:], r.modes, r.in_flat, strict=True)
+        ]
+        rows = profile_plan(inner, ins + [cu], warmup=1, rep=5)
         rec["inner_profile_summary"] = profile_summary(rows)
         rec["inner_profile_top"] = [
             {k2: r[k2] for k2 in ("kernel", "template", "ops", "time_ms")} for r in sorted(rows, key=lambda r: -r["time_ms"])[:15]

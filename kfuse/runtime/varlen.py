@@ -8,7 +8,8 @@ are ``[T, ...]`` (T valid tokens, rows in batch-major order). At run time:
 2. token-shaped inputs are gathered to ``[T, ...]`` (inputs broadcast over batch, like position
    embeddings ``[1, S, H]``, are gathered through the broadcast, never materialised);
 3. the packed subgraph runs (on the GPU: one CUDA graph per bucket of T, captured on first use,
-   so the ~100 launches of a BERT encoder cost one replay);
+   so the ~100 launches of a BERT encoder cost one replay; the bucket's graph also holds steps 1,
+   2 and 4, computed without a host sync, so only reading T stays on the host);
 4. outputs are scattered back to ``[B, S, ...]`` with zeros at padded positions.
 """
 
@@ -108,15 +109,54 @@ def reference(xs: list[torch.Tensor], attrs: Mapping[str, Any]) -> tuple[torch.T
     return run_region(region, xs, lambda ins: reference_run(region.graph, ins))
 
 
+def device_token_index(mask: torch.Tensor, tb: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token indices for a bucket of ``tb >= T`` rows, computed without a host sync (so it can sit
+    inside a CUDA graph): ``gather`` [tb] (row ``i < T`` = the i-th valid token; rows past T read
+    some token, finite and ignored), ``scatter`` [tb] (the same, but rows past T point at the dummy
+    row ``B*S``, so they never land on a real position), ``cu_seqlens`` int32 [B+1]."""
+    valid = mask != 0
+    lens = valid.sum(1, dtype=torch.int32)
+    cu = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=mask.device)
+    torch.cumsum(lens, 0, out=cu[1:])
+    flat = valid.reshape(-1)
+    n_rows = flat.shape[0]
+    slot = torch.where(flat, torch.cumsum(flat, 0) - 1, tb)  # valid token -> its packed row; padding -> slot tb
+    slots = torch.full((tb + 1,), n_rows, dtype=torch.long, device=mask.device)
+    slots.scatter_(0, slot.clamp(max=tb), torch.arange(n_rows, device=mask.device))
+    scatter = slots[:tb]
+    return scatter.clamp(max=n_rows - 1), scatter, cu
+
+
+def scatter_unpack(y: torch.Tensor, scatter: torch.Tensor, t: TensorType, flat: bool) -> torch.Tensor:
+    """``unpack`` for a bucket: rows of ``y`` go to ``scatter`` positions of a zero tensor with one
+    dummy row at the end (where the rows past T land), returned without it."""
+    rest = tuple(t.shape[1:]) if flat else tuple(t.shape[2:])
+    n_rows = t.shape[0] if flat else t.shape[0] * t.shape[1]
+    out = torch.zeros((n_rows + 1,) + rest, dtype=y.dtype, device=y.device)
+    out.index_copy_(0, scatter, y[: scatter.shape[0]])
+    return out[:n_rows].reshape(t.shape)
+
+
 @dataclass
 class _Bucket:
-    inputs: list[torch.Tensor]
+    """One bucket's graph and every tensor it reads or writes outside its own memory pool: the
+    graph holds raw addresses, so a buffer it writes that nothing else keeps alive would go back to
+    the caching allocator and each replay would write into whoever got that memory next (this is
+    what crashed session 3's first in-graph version at S=512: ``packed`` was a local of
+    ``_capture``)."""
+
+    inputs: list[torch.Tensor]  # static copies of the region's inputs (mask first)
+    packed: list[torch.Tensor | None]  # the packed inputs the graph writes, allocated before capture
     graph: torch.cuda.CUDAGraph | None
     outputs: list[torch.Tensor] = field(default_factory=list)
 
 
 class BucketedRunner:
-    """Runs a packed plan; on the GPU one CUDA graph per bucket of T (captured on first use)."""
+    """Runs a packed plan; on the GPU one CUDA graph per bucket of T (captured on first use).
+
+    The only host work per call is reading T (one reduction and a sync) to pick the bucket; the
+    token indices, the packing, the packed plan and the unpacking are all inside the bucket's graph
+    (``device_token_index``, ``scatter_unpack``)."""
 
     def __init__(self, region: Region, run_plan: SubRunner, use_graphs: bool) -> None:
         self.region = region
@@ -131,46 +171,46 @@ class BucketedRunner:
             raise RuntimeError("varlen region: token count needs a host sync; it replays its own per-bucket CUDA graphs")
         if not self.use_graphs or not xs[0].is_cuda:
             return run_region(self.region, xs, self.run_plan)
-        r = self.region
-        mask, ext = xs[0], xs[1:]
-        idx, cu, n = token_index(mask)
+        n = int((xs[0] != 0).sum())  # the one host sync: T picks the bucket
         tb = max(BUCKET, -(-n // BUCKET) * BUCKET)
         bucket = self.buckets.get(tb)
         if bucket is None:
-            bucket = self._capture(tb, ext, cu)
+            bucket = self._capture(tb, xs)
         if bucket.graph is None:
-            return run_region(r, xs, self.run_plan)
-        idx_b = torch.zeros(tb, dtype=idx.dtype, device=idx.device)  # rows past T repeat token 0: finite, ignored
-        idx_b[:n] = idx
-        for x, m, f, dst in zip(ext, r.modes, r.in_flat, bucket.inputs[:-1], strict=True):
-            if m == "pack":
-                pack(x, idx_b, r.batch, r.seq, f, out=dst)
-            elif dst.data_ptr() != x.data_ptr():
+            return run_region(self.region, xs, self.run_plan)
+        for dst, x in zip(bucket.inputs, xs, strict=True):
+            if dst.data_ptr() != x.data_ptr():
                 dst.copy_(x)
-        bucket.inputs[-1].copy_(cu)
         bucket.graph.replay()
-        return tuple(unpack(y, idx, t, f, n) for y, t, f in zip(bucket.outputs, r.outputs, r.flat, strict=True))
+        return tuple(o.clone() for o in bucket.outputs)  # the next replay overwrites the static outputs
 
-    def _capture(self, tb: int, ext: Sequence[torch.Tensor], cu: torch.Tensor) -> _Bucket:
+    def _body(self, tb: int, xs: list[torch.Tensor], packed: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """Index, pack, run, unpack: everything one bucket's graph holds."""
         r = self.region
-        inputs: list[torch.Tensor] = []
-        for (_, t), x, m in zip(r.graph.inputs[:-1], ext, r.modes, strict=True):
-            if m == "pack":
-                inputs.append(torch.zeros((tb,) + tuple(t.shape[1:]), dtype=t.dtype, device=x.device))
-            else:
-                inputs.append(x.clone())
-        inputs.append(cu.clone())
-        bucket = _Bucket(inputs, None)
+        gather, scatter, cu = device_token_index(xs[0], tb)
+        ins: list[torch.Tensor] = []
+        for x, m, f, dst in zip(xs[1:], r.modes, r.in_flat, packed, strict=True):
+            ins.append(pack(x, gather, r.batch, r.seq, f, out=dst) if m == "pack" else x)
+        outs = self.run_plan(ins + [cu])
+        return [scatter_unpack(y, scatter, t, f) for y, t, f in zip(outs, r.outputs, r.flat, strict=True)]
+
+    def _capture(self, tb: int, xs: Sequence[torch.Tensor]) -> _Bucket:
+        r = self.region
+        inputs = [x.clone() for x in xs]
+        packed: list[torch.Tensor | None] = []
+        for (_, t), x, m in zip(r.graph.inputs[:-1], xs[1:], r.modes, strict=True):
+            packed.append(torch.empty((tb,) + tuple(t.shape[1:]), dtype=t.dtype, device=x.device) if m == "pack" else None)
+        bucket = _Bucket(inputs, packed, None)
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                for _ in range(2):  # compiles and tunes the kernels before capture
-                    self.run_plan(inputs)
+                for _ in range(2):  # compiles and tunes the kernels, builds the packed plan's arena
+                    self._body(tb, bucket.inputs, bucket.packed)
             torch.cuda.current_stream().wait_stream(stream)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                bucket.outputs = self.run_plan(inputs)
+                bucket.outputs = self._body(tb, bucket.inputs, bucket.packed)
             bucket.graph = g
         except Exception as e:  # capture is an optimisation: run eagerly
             self.note = f"bucket graph not captured ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
