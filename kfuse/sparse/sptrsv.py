@@ -129,6 +129,44 @@ class SptrsvPlan:
         self._tickets_used += n_tickets
         return self._epoch, base
 
+    def capture(self, b: torch.Tensor, sync: SyncOptions | None = None, tiling: Tiling | None = None) -> CapturedSolve:
+        """The solve of ``b``'s shape as one CUDA graph: :meth:`CapturedSolve.replay` re-solves
+        for whatever ``.b`` holds into ``.x`` with one graph launch (what a caller that solves
+        with one matrix many times, or a whole-model graph, runs).
+
+        The graph cannot take the host's epoch and ticket base (they would be frozen at capture),
+        so it works on its own done flags and ticket counter and resets them inside the graph
+        (two memsets before the kernel); the plan's own workspace is untouched."""
+        if self.device.type != "cuda":
+            raise RuntimeError("sptrsv: capture needs a CUDA device (a CUDA graph)")
+        b2, _, _ = check_rhs(b, self.n, self.dtype, self.device)
+        priv = self.graph_twin()
+        static_b = b2.clone()
+        static_x = torch.empty_like(static_b)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # compiles the kernel outside the capture
+            priv.solve(static_b, out=static_x, sync=sync, tiling=tiling)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            priv.solve(static_b, out=static_x, sync=sync, tiling=tiling)
+        return CapturedSolve(graph, static_b, static_x, priv)
+
+    def graph_twin(self) -> SptrsvPlan:
+        """A plan sharing this one's matrix and cached tile lists, with its own done flags and
+        ticket counter, that resets them before every launch instead of advancing an epoch: each
+        solve is the same launch sequence, so a CUDA graph of it can be replayed."""
+        twin = replace(self)  # __post_init__ gives it new done flags and a new ticket counter
+        twin._next_epoch = twin._graph_epoch  # type: ignore[method-assign]
+        return twin
+
+    def _graph_epoch(self, n_tickets: int) -> tuple[int, int]:
+        """``_next_epoch`` inside a captured solve: the reset is part of the graph."""
+        self._done.zero_()
+        self._ticket.zero_()
+        return 1, 0
+
     def solve(self, b: Any, out: torch.Tensor | None = None, sync: SyncOptions | None = None, tiling: Tiling | None = None) -> Any:
         """x with A x = b (sync-free, one launch per group of up to 16 right-hand sides).
 
@@ -199,6 +237,26 @@ class SptrsvPlan:
             R=til.rows_per_program, W=til.lanes_per_row, WL=wl, KP=kp, HW_FENCE=fence, BACKOFF_NS=opts.backoff_ns,
             PERSISTENT=opts.persistent, num_warps=opts.long_warps,
         )  # fmt: skip
+
+
+@dataclass
+class CapturedSolve:
+    """A solve captured as a CUDA graph (:meth:`SptrsvPlan.capture`): write the right-hand side
+    into ``b`` (shape (n, k)), ``replay()``, read ``x``. ``plan`` keeps the graph's workspace alive."""
+
+    graph: torch.cuda.CUDAGraph
+    b: torch.Tensor
+    x: torch.Tensor
+    plan: SptrsvPlan
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.x
+
+    def __call__(self, b: torch.Tensor) -> torch.Tensor:
+        """Copy ``b`` in, replay, return a copy of x (the next replay overwrites ``x``)."""
+        self.b.copy_(b.reshape(self.b.shape))
+        return self.replay().clone()
 
 
 def _prepare_out(out: torch.Tensor | None, b2: torch.Tensor) -> torch.Tensor:

@@ -256,3 +256,40 @@ def test_gpu_large_laplacian() -> None:
     b = np.random.default_rng().standard_normal(a.shape[0])
     x = sptrsv(a, torch.from_numpy(b).cuda()).cpu().numpy()
     assert _rel_err(x, sla.spsolve_triangular(a, b)) < 1e-11
+
+
+@pytest.mark.parametrize("variant", ["default", "legacy", "tile", "mixed"])
+def test_graph_twin_resets_its_workspace_every_solve(variant: str) -> None:
+    """What a CUDA-graph replay of ``plan.capture`` runs: every solve is the same launch sequence
+    (reset the flags and the ticket, epoch 1, ticket base 0), so repeated solves must stay right,
+    and the plan's own workspace and epoch must not move."""
+    from kfuse.sparse.variants import MIXED, VARIANTS
+
+    sync = {"default": DEFAULT, "legacy": LEGACY, "tile": VARIANTS["default-v1"], "mixed": MIXED}[variant]
+    a = make("powerlaw", 157, seed=5)
+    plan = analyze(a, device="cpu", sync=sync)
+    twin = plan.graph_twin()
+    assert twin._done is not plan._done and twin._ticket is not plan._ticket and twin.lo is plan.lo
+    for _ in range(3):
+        b = _rng().standard_normal((a.shape[0], 2))
+        out = torch.full(b.shape, float("nan"), dtype=torch.float64)
+        x = twin.solve(torch.from_numpy(b), out=out).numpy()
+        assert _rel_err(x, sla.spsolve_triangular(a, b, lower=True)) < 1e-11
+    assert plan._epoch == 0 and int(plan._ticket[0]) == 0 and twin._epoch == 0
+
+
+def test_capture_needs_cuda() -> None:
+    plan = analyze(make("laplacian2d", 5, seed=1), device="cpu")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        plan.capture(torch.ones(plan.n, dtype=torch.float64))
+
+
+@pytest.mark.gpu
+def test_gpu_captured_solve_replays() -> None:
+    a = make("laplacian3d", 12, seed=0)
+    plan = analyze(a, device="cuda")
+    cap = plan.capture(torch.zeros(a.shape[0], dtype=torch.float64, device="cuda"))
+    for _ in range(3):
+        b = np.random.default_rng().standard_normal(a.shape[0])
+        x = cap(torch.from_numpy(b).cuda()).cpu().numpy().reshape(-1)
+        assert _rel_err(x, sla.spsolve_triangular(a, b)) < 1e-11
