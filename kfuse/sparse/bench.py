@@ -198,6 +198,7 @@ def run_case(case: Case, command: str, seed: int = 0, log: Callable[[str], None]
     rec["tiling"] = {"mode": til.mode, "rows_per_program": til.rows_per_program, "lanes_per_row": til.lanes_per_row}
     rec["tiling"]["num_warps"] = til.num_warps
     rec["sync"] = plan.sync.name  # the kernel variant timed as kfuse_ms (kfuse.sparse.variants)
+    rec["tuned"] = plan.tuned  # the candidates analyze() timed on this GPU (kfuse.sparse.tune), if any
     st = plan.stats
     if st is not None:  # what the automatic choice looked at (kfuse.sparse.analysis.RowStats)
         rec["regime"] = st.regime

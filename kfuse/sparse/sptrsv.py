@@ -69,6 +69,7 @@ class SptrsvPlan:
     sync: SyncOptions = DEFAULT
     stats: RowStats | None = None  # row lengths and levels: what the automatic choice looked at
     level_tiling: Tiling | None = None  # the level kernel's tiling
+    tuned: dict[str, Any] = field(default_factory=dict)  # candidate -> measured ms ("failed: ..."), when tuned
     _tile_deps: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(repr=False, default_factory=dict)  # R -> CSR
     _mixed_tiles: dict[tuple[int, int], torch.Tensor] = field(repr=False, default_factory=dict)  # (R, threshold) -> tile_ptr
     _done: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]
@@ -286,6 +287,7 @@ def analyze(
     device: torch.device | str | None = None,
     tiling: Tiling | None = None,
     sync: SyncOptions | None = None,
+    tune: bool | None = None,
 ) -> SptrsvPlan:
     """Check and preprocess a triangular CSR matrix (torch sparse CSR or scipy.sparse).
 
@@ -298,6 +300,11 @@ def analyze(
     short rows -> one-warp 8x4 tiles + value flags; long rows -> the row-length tiling + value
     flags with 2 programs per SM; chains and bands (under 4 rows per level) -> the row-length
     tiling + ``LEGACY``. The level kernel uses ``tiling`` or the row-length tiling.
+
+    ``tune`` (default: on a CUDA device when neither ``tiling`` nor ``sync`` is given) times that
+    choice against the regime's alternatives on this GPU and keeps the fastest correct one
+    (:mod:`kfuse.sparse.tune`); the times are in ``plan.tuned`` and the cost in
+    ``preprocess_ms["tune"]``.
     """
     if device is None and not isinstance(a, torch.Tensor):
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -339,7 +346,16 @@ def analyze(
         _sync(tri.device)
     t4 = time.perf_counter()
     ms["tile_deps"] = (t4 - t3) * 1e3
-    ms["total"] = (t4 - t0) * 1e3
+    if tune is None:
+        tune = plan.device.type == "cuda" and tiling is None and sync is None
+    if tune and plan.n > 0:
+        from kfuse.sparse.tune import tune as _tune
+
+        plan.tuned = _tune(plan)
+        _sync(tri.device)
+    t5 = time.perf_counter()
+    ms["tune"] = (t5 - t4) * 1e3
+    ms["total"] = (t5 - t0) * 1e3
     return plan
 
 

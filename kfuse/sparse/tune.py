@@ -1,0 +1,110 @@
+"""Measured choice of the solve's kernel variant and tiling, on the GPU it will run on.
+
+The regime heuristic (:func:`~kfuse.sparse.analysis.choose_sync` and ``choose_tiling``) is the
+first candidate; each regime adds the alternatives that won somewhere in the variants runs
+(docs/sparse.md): other tilings for short rows, mixed tiling for power-law rows. Each candidate
+solves one random right-hand side: a warm-up (compiles the kernel), then the median of a few
+CUDA-event timed solves. A candidate whose solution differs from the heuristic's is recorded as
+failed and never chosen; one far slower than the best so far stops after one timed solve.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from kfuse.sparse.analysis import RowStats, Tiling, choose_sync, choose_tiling, row_length_tiling
+from kfuse.sparse.variants import DEFAULT, MIXED, SyncOptions
+
+if TYPE_CHECKING:
+    from kfuse.sparse.sptrsv import SptrsvPlan
+
+Candidate = tuple[SyncOptions, Tiling]
+ONE_WARP_8X4 = Tiling(8, 4, 1)
+TOL = {torch.float64: 1e-9, torch.float32: 1e-3}
+REPS = 3
+CUTOFF = 3.0  # a candidate this many times slower than the best after one solve is not repeated
+
+
+def candidates(stats: RowStats) -> list[Candidate]:
+    """The heuristic's (variant, tiling) first, then the regime's alternatives (no duplicates)."""
+    first = (choose_sync(stats), choose_tiling(stats))
+    rl = row_length_tiling(stats)
+    if stats.regime == "short":
+        alts = [(DEFAULT, rl), (replace(DEFAULT, persistent=False), ONE_WARP_8X4)]
+    elif stats.regime == "long":
+        alts = [(MIXED, rl), (MIXED, ONE_WARP_8X4), (replace(MIXED, long_row_min=32), rl)]
+    else:  # chains and bands: the original kernel is the only one measured there
+        alts = []
+    out: list[Candidate] = []
+    for c in [first, *alts]:
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def label(c: Candidate) -> str:
+    s, t = c
+    return f"{s.name}@{t.rows_per_program}x{t.lanes_per_row}w{t.num_warps}"
+
+
+def _event_ms(fn: Callable[[], object]) -> float:
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+Timer = Callable[[Callable[[], object]], float]
+
+
+def tune(plan: SptrsvPlan, cands: list[Candidate] | None = None, timer: Timer = _event_ms) -> dict[str, float | str]:
+    """Time ``cands`` (default: :func:`candidates` of the plan's stats) on the plan's device and
+    set ``plan.sync`` / ``plan.tiling`` to the fastest correct one. Returns label -> median ms
+    (or ``"failed: ..."``); the plan's own workspace is used, so the plan stays consistent."""
+    if cands is None:
+        if plan.stats is None:
+            raise ValueError("sptrsv tune: the plan has no row statistics")
+        cands = candidates(plan.stats)
+    if len(cands) == 1:  # nothing to compare (chains and bands): no solve spent
+        plan.sync, plan.tiling = cands[0]
+        return {}
+    b = torch.randn(plan.n, 1, dtype=plan.dtype, device=plan.device)
+    ref: torch.Tensor | None = None
+    results: dict[str, float | str] = {}
+    best: tuple[float, Candidate] | None = None
+    for c in cands:
+        sync, til = c
+        x = torch.full_like(b, float("nan"))
+        try:
+            plan.solve(b, out=x, sync=sync, tiling=til)  # warm-up: compiles this variant
+        except Exception as e:  # a variant that cannot compile here is skipped, never chosen
+            results[label(c)] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            continue
+        if ref is None:
+            ref = x.clone()
+        err = float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-300))
+        if not err <= TOL.get(plan.dtype, 1e-6):  # NaN fails too
+            results[label(c)] = f"failed: differs from the first candidate by {err:.1e}"
+            continue
+        times = [timer(lambda s=sync, t=til: plan.solve(b, out=x, sync=s, tiling=t))]
+        if best is None or times[0] < CUTOFF * best[0]:
+            times += [timer(lambda s=sync, t=til: plan.solve(b, out=x, sync=s, tiling=t)) for _ in range(REPS - 1)]
+        ms = statistics.median(times)
+        results[label(c)] = round(ms, 4)
+        if best is None or ms < best[0]:
+            best = (ms, c)
+    if best is not None:
+        plan.sync, plan.tiling = best[1]
+    return results

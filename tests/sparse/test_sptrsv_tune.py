@@ -1,0 +1,73 @@
+"""The measured choice of variant and tiling (``kfuse.sparse.tune``), in the interpreter.
+
+Times on the CPU mean nothing, so a fake timer decides which candidate is fastest; the tests
+check that the fastest *correct* candidate is kept, a wrong or failing one never is, and that
+the tuned plan still solves right."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse.linalg as sla
+import torch
+
+from kfuse.sparse import analyze
+from kfuse.sparse.analysis import row_stats
+from kfuse.sparse.matrices import make
+from kfuse.sparse.tune import candidates, label, tune
+
+
+def _plan(kind: str, size: int):  # noqa: ANN202
+    a = make(kind, size, seed=2)
+    return a, analyze(a, device="cpu")
+
+
+@pytest.mark.parametrize("kind,size,regime,n", [("laplacian2d", 9, "short", 3), ("powerlaw", 300, "long", 4), ("chain", 40, "narrow", 1)])
+def test_candidates_per_regime(kind: str, size: int, regime: str, n: int) -> None:
+    _, plan = _plan(kind, size)
+    assert plan.stats.regime == regime and plan.tuned == {}  # no tuning on the CPU by default
+    cands = candidates(plan.stats)
+    assert len(cands) == n and cands[0] == (plan.sync, plan.tiling)  # the heuristic comes first
+    assert len({label(c) for c in cands}) == n
+
+
+def test_fastest_correct_candidate_is_kept() -> None:
+    a, plan = _plan("powerlaw", 300)
+    cands = candidates(plan.stats)
+    order = iter([5.0, 5.0, 5.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 9.0])  # the second candidate is fastest
+    got = tune(plan, cands, timer=lambda fn: (fn(), next(order))[1])
+    assert got[label(cands[1])] == 1.0 and (plan.sync, plan.tiling) == cands[1]
+    assert got[label(cands[3])] == 9.0  # 3x slower than the best after one solve: not repeated
+    b = np.random.default_rng().standard_normal(a.shape[0])
+    x = plan.solve(torch.from_numpy(b)).numpy()
+    assert np.abs(x - sla.spsolve_triangular(a, b)).max() / np.abs(x).max() < 1e-11
+
+
+def test_wrong_or_failing_candidate_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, plan = _plan("laplacian2d", 9)
+    cands = candidates(plan.stats)
+    solve = plan.solve
+
+    def broken(b, out=None, sync=None, tiling=None):  # noqa: ANN001, ANN202
+        if tiling == cands[1][1] and sync == cands[1][0]:
+            y = solve(b, out=out, sync=sync, tiling=tiling)
+            y.add_(1.0)  # a wrong answer
+            return y
+        if sync == cands[2][0]:
+            raise RuntimeError("no such kernel here")
+        return solve(b, out=out, sync=sync, tiling=tiling)
+
+    monkeypatch.setattr(plan, "solve", broken)
+    times = iter([4.0, 4.0, 4.0])
+    got = tune(plan, cands, timer=lambda fn: (fn(), next(times))[1])
+    assert str(got[label(cands[1])]).startswith("failed: differs")
+    assert str(got[label(cands[2])]).startswith("failed: RuntimeError")
+    assert (plan.sync, plan.tiling) == cands[0]
+
+
+def test_tune_flag_in_analyze_records_times() -> None:
+    a = make("laplacian2d", 9, seed=1)
+    plan = analyze(a, device="cpu", tune=True)
+    stats = row_stats(plan.lo.rowptr[1:] - plan.lo.rowptr[:-1], plan.num_levels)
+    assert stats.regime == "short" and set(plan.tuned) == {label(c) for c in candidates(stats)}
+    assert all(isinstance(v, float) for v in plan.tuned.values()) and plan.preprocess_ms["tune"] > 0
