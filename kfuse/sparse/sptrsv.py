@@ -308,6 +308,8 @@ def analyze(
     """
     if device is None and not isinstance(a, torch.Tensor):
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    # decided here: ``sync`` is filled in with the heuristic's choice below
+    tune_on_gpu = tune is None and tiling is None and sync is None
     t0 = time.perf_counter()
     tri = canonicalize(a, lower=lower, unit_diagonal=unit_diagonal, device=device)
     if tri.cols.numel() >= _INT32_MAX or tri.n >= _INT32_MAX // MAX_RHS_PER_LAUNCH:
@@ -346,9 +348,7 @@ def analyze(
         _sync(tri.device)
     t4 = time.perf_counter()
     ms["tile_deps"] = (t4 - t3) * 1e3
-    if tune is None:
-        tune = plan.device.type == "cuda" and tiling is None and sync is None
-    if tune and plan.n > 0:
+    if (tune or (tune_on_gpu and plan.device.type == "cuda")) and plan.n > 0:
         from kfuse.sparse.tune import tune as _tune
 
         plan.tuned = _tune(plan)

@@ -293,3 +293,11 @@ def test_gpu_captured_solve_replays() -> None:
         b = np.random.default_rng().standard_normal(a.shape[0])
         x = cap(torch.from_numpy(b).cuda()).cpu().numpy().reshape(-1)
         assert _rel_err(x, sla.spsolve_triangular(a, b)) < 1e-11
+
+
+@pytest.mark.gpu
+def test_gpu_analyze_tunes_by_default() -> None:
+    a = make("powerlaw", 3000, seed=0)
+    plan = analyze(a, device="cuda")
+    assert len(plan.tuned) > 1 and plan.preprocess_ms["tune"] > 0
+    assert analyze(a, device="cuda", sync=DEFAULT).tuned == {}  # an explicit choice is kept
