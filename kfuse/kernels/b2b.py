@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -94,13 +94,16 @@ class B2BConfig:
     num_stages: int = 2
     residence: str = "register"
     persistent: bool = False  # fixed grid looping over row tiles, pipelined across tiles
+    # the resident stages' weights are loaded before stage 0's GEMM (when the last width fits one
+    # N tile), so their latency overlaps stage 0's loads instead of following its GEMM
+    preload: bool = False
 
     def describe(self) -> str:
         d = f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
-        return d + (" persistent" if self.persistent else "")
+        return d + (" persistent" if self.persistent else "") + (" preload" if self.preload else "")
 
     def as_dict(self) -> dict[str, Any]:
-        keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent")
+        keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -151,6 +154,7 @@ def kernel_source(chain: Chain) -> str:
         f"    {pads},",
         "    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,",
         "    SMEM: tl.constexpr, PREC: tl.constexpr, SINGLE_K: tl.constexpr, SINGLE_N: tl.constexpr,",
+        "    PRELOAD: tl.constexpr,",
     ]
     body = _body(chain)
     src = ["import triton", "import triton.language as tl", "", "", "@triton.jit", "def b2b_kernel(", *params, "):"]
@@ -185,6 +189,16 @@ def _body(chain: Chain) -> list[str]:
         ]
     else:  # a GEMM is the 1x1 conv of an NBx1x1 image: row m is image m
         src += ["    n_idx = offs_m", "    oh = offs_m * 0", "    ow = offs_m * 0"]
+    # ---- preload: the resident stages' weights, in flight while stage 0 loads and multiplies ----
+    src += ["    if PRELOAD:  # only with SINGLE_N (the launcher): every weight is one tile"]
+    for s in range(1, L):
+        n_range = f"P{s}" if s < L - 1 else "BLOCK_N"
+        src += [
+            f"        wk{s} = tl.arange(0, P{s - 1})",
+            f"        wn{s} = tl.arange(0, {n_range})",
+            f"        wpre{s} = tl.load(w{s}_ptr + wk{s}[:, None] * N{s} + wn{s}[None, :],"
+            f" mask=(wk{s} < N{s - 1})[:, None] & (wn{s} < N{s})[None, :], other=0.0)",
+        ]
     # ---- stage 0: the K loop over (kh, kw, channel block) from global memory -----------------
     src += [
         "    ih0 = oh * SH - PH",
@@ -229,7 +243,11 @@ def _body(chain: Chain) -> list[str]:
             src += [
                 f"    offs_n = tl.arange(0, P{s})",
                 f"    mask_n = offs_n < N{s}",
-                f"    b = tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_n[None, :], mask=mask_k[:, None] & mask_n[None, :], other=0.0)",
+                "    if PRELOAD:",
+                f"        b = wpre{s}",
+                "    else:",
+                f"        b = tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_n[None, :],"
+                " mask=mask_k[:, None] & mask_n[None, :], other=0.0)",
                 "    if SMEM:",
                 "        acc = tl.trans(tl.dot(tl.trans(b), tl.trans(h), input_precision=PREC))",
                 "    else:",
@@ -237,9 +255,10 @@ def _body(chain: Chain) -> list[str]:
                 _stage_tail(chain, s, "offs_n", "mask_n", 4),
             ]
         else:  # last stage: N tiles (one, or a loop), each stored (the only global store)
+            load_o = f"tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_o[None, :], mask=mask_k[:, None] & mask_o[None, :], other=0.0)"
             last = [
                 f"mask_o = offs_o < N{s}",
-                f"b_o = tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_o[None, :], mask=mask_k[:, None] & mask_o[None, :], other=0.0)",
+                "B_O",
                 "if SMEM:",
                 "    acc_o = tl.trans(tl.dot(tl.trans(b_o), tl.trans(h), input_precision=PREC))",
                 "else:",
@@ -249,14 +268,15 @@ def _body(chain: Chain) -> list[str]:
                 "tl.store(o_ptrs, acc_o.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_o[None, :])",
             ]
             text = "\n".join(x for x in last if x)
+            one_tile = text.replace("B_O", f"if PRELOAD:\n    b_o = wpre{s}\nelse:\n    b_o = {load_o}")
             src += [
                 "    if SINGLE_N:  # the whole last width in one tile: no N loop",
                 "        offs_o = tl.arange(0, BLOCK_N)",
-                _indent(text, 8),
+                _indent(one_tile, 8),
                 "    else:",
                 f"        for n0 in range(0, N{s}, BLOCK_N):",
                 "            offs_o = n0 + tl.arange(0, BLOCK_N)",
-                _indent(text, 12),
+                _indent(text.replace("B_O", f"b_o = {load_o}"), 12),
             ]
     return [ln for chunk in src for ln in chunk.split("\n")]
 
@@ -314,6 +334,13 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[
     out = [default_config(m, widths, "register"), default_config(m, widths, "smem")]
     if widest <= 128:
         out += [B2BConfig(128, 64, last, 8, 2, "register"), B2BConfig(64, 64, last, 4, 3, "register")]
+        if k0 is not None and k0 <= 128 and widths[-1] <= 128 and len(widths) <= 3:
+            # the first K in one step (no K loop: on sm_90 a 128-wide chain then needs ~150
+            # registers instead of ~235, so more programs fit an SM), and the same with the
+            # resident weights preloaded; the default tile with preload too
+            bk = max(16, pad_width(k0))
+            out += [B2BConfig(64, bk, last, 4, 2, "register"), B2BConfig(64, bk, last, 4, 2, "register", preload=True)]
+            out += [replace(default_config(m, widths, "register"), preload=True)]
     else:
         out += [B2BConfig(64, 64, min(last, 64), 4, 2, "register"), B2BConfig(128, 32, min(last, 64), 8, 2, "smem")]
     out += persistent
@@ -459,6 +486,7 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     precision = "ieee" if g.x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
     tiles = -(-m // cfg.block_m)
     single = {"SINGLE_K": g.kernel_hw[0] * g.kernel_hw[1] == 1 and c <= cfg.block_k, "SINGLE_N": g.widths[-1] <= block_n}
+    single["PRELOAD"] = cfg.preload and single["SINGLE_N"]
     if cfg.persistent:
         kernel = _module(chain).b2b_persistent_kernel
         n_prog = min(tiles, 2 * _num_sms(g.x.device))
@@ -553,6 +581,7 @@ _CONSTEXPRS = (
     "PREC",
     "SINGLE_K",
     "SINGLE_N",
+    "PRELOAD",
     "NUM_PROGRAMS",
     "TILE_STAGES",
 )
@@ -604,6 +633,7 @@ def compile_asm(
     const.update(SMEM=cfg.residence == "smem", PREC="tf32" if dtype == torch.float32 else "ieee")
     # the launcher's specialisations for a GEMM chain whose K0 and last width fit one tile each
     const.update(SINGLE_K=kernel_hw == (1, 1) and widths_k0 <= cfg.block_k, SINGLE_N=widths[-1] <= const["BLOCK_N"])
+    const.update(PRELOAD=cfg.preload and const["SINGLE_N"])
     if cfg.persistent:
         const.update(NUM_PROGRAMS=264, TILE_STAGES=cfg.num_stages)
     if jit_like and not chain.conv:

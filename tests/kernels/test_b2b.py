@@ -73,6 +73,24 @@ def test_gemm_chain(m: int, k0: int, widths: list[int], residence: str, epis: li
     _check(got, b2b.reference(chain, x, ws, [None] * len(ws), ex), dtype)
 
 
+@pytest.mark.parametrize("residence", ["register", "smem"])
+@pytest.mark.parametrize("widths,block_n", [([40, 24, 20], 32), ([32, 48], 16)])
+def test_preload_matches_reference(residence: str, widths: list[int], block_n: int) -> None:
+    """Preloaded weights on a 3-stage chain (one N tile: preloaded) and on a chain whose last
+    width needs an N loop (preload falls back to the loads in the loop); odd M and K."""
+    dtype = torch.float32
+    m, k0 = 37, 23
+    epis = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
+    chain = b2b.Chain(tuple(b2b.Stage(_epi(e), dtype) for e in epis))
+    x = torch.randn(m, k0, dtype=dtype)
+    ws = [(torch.randn(k, n) / k**0.5).to(dtype) for k, n in zip([k0] + widths[:-1], widths, strict=True)]
+    ex = [_extras(e, (m,), n, dtype) for e, n in zip(epis, widths, strict=True)]
+    cfg = b2b.B2BConfig(16, 32, block_n, 4, 1, residence, preload=True)
+    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype)
+    got = b2b.b2b_chain(chain, x, ws, [None] * len(ws), ex, cfg, out=out)
+    _check(got, b2b.reference(chain, x, ws, [None] * len(ws), ex), dtype)
+
+
 def test_gemm_chain_batched_rows_and_transposed_weight() -> None:
     """Leading dims fold into M; a transposed (Linear-style) weight view works."""
     chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float32), b2b.Stage(_epi("none"), torch.float32)))
@@ -138,6 +156,9 @@ PTX_CASES = [
     ("conv", [128, 64], b2b.B2BConfig(64, 64, 64, 4, 2, "register"), True),
     # 3 stages: the interpreter does not check loop-carried types, the sm_90 compile does
     ("gemm", [64, 32, 48], b2b.B2BConfig(64, 64, 64, 4, 2, "register"), True),
+    # preloaded weights (every resident stage's weight loaded before stage 0's GEMM)
+    ("gemm", [128, 128], b2b.B2BConfig(64, 128, 128, 4, 2, "register", preload=True), True),
+    ("gemm", [64, 32, 48], b2b.B2BConfig(64, 64, 64, 4, 2, "smem", preload=True), False),
 ]
 
 
