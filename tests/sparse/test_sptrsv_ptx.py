@@ -151,3 +151,17 @@ def test_mixed_kernel_ptx_for_sm90() -> None:
         assert f["atom.global.gpu.relaxed.add"] and not f["atom.global.gpu.acq_rel.add"], f"{cfg}: ticket atomic not relaxed"
         assert f["ticket_adds"] == (2 if pers else 1), (cfg, f["ticket_adds"])  # first ticket + the loop's next ticket
         assert not f["nanosleep.u32"], cfg
+
+
+def test_per_launch_integers_are_not_specialised() -> None:
+    """``epoch`` and ``ticket_base`` change every launch: no recompiles for their divisibility."""
+    import subprocess
+    import sys
+
+    code = (
+        "import kfuse.sparse.kernels as K;"
+        "print([sorted(getattr(K, k).do_not_specialize) for k in ('_syncfree_kernel', '_syncfree_fast_kernel', '_syncfree_mixed_kernel')])"
+    )
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "[['epoch', 'ticket_base'], ['epoch', 'ticket_base'], ['ticket_base']]"
