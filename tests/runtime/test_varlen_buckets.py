@@ -125,3 +125,14 @@ def test_capture_keeps_every_buffer_the_graph_writes(monkeypatch: pytest.MonkeyP
     assert written and all(w() is not None for w in written), "a buffer the graph writes was freed after capture"
     owned = {id(t) for t in bucket.inputs} | {id(p) for p in bucket.packed if p is not None}
     assert all(id(w()) in owned for w in written)
+
+
+def test_refresh_copies_changed_inputs_in_one_call() -> None:
+    from kfuse.runtime.varlen import _refresh
+
+    dst = [torch.zeros(3, 4, dtype=torch.long), torch.zeros(2, dtype=torch.float16)]
+    src = [torch.arange(12).reshape(3, 4), torch.randn(2).half()]
+    _refresh(dst, src)
+    assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
+    _refresh(dst, dst)  # the same tensors: nothing to copy, nothing breaks
+    assert torch.equal(dst[0], src[0])
