@@ -340,6 +340,9 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[
             # resident weights preloaded; the default tile with preload too
             bk = max(16, pad_width(k0))
             out += [B2BConfig(64, bk, last, 4, 2, "register"), B2BConfig(64, bk, last, 4, 2, "register", preload=True)]
+            # twice the rows per program: half the weight traffic from L2, which bounds 128-wide
+            # chains at M = 1M (16384 programs x 64 KB of weights each with 64-row tiles)
+            out += [B2BConfig(128, bk, last, 8, 2, "register")]
             out += [replace(default_config(m, widths, "register"), preload=True)]
     else:
         out += [B2BConfig(64, 64, min(last, 64), 4, 2, "register"), B2BConfig(128, 32, min(last, 64), 8, 2, "smem")]
