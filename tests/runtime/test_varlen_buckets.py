@@ -51,7 +51,9 @@ def test_scatter_unpack_drops_rows_past_t(flat: bool) -> None:
     assert torch.equal(got, want) and not torch.isnan(got).any()
 
 
-def test_bucket_body_equals_run_region_on_bert_tiny() -> None:
+def _bert_tiny_region() -> tuple[list[torch.Tensor], object]:
+    """A compiled padding-free bert-tiny: the region step's outer inputs, as the plan passes them
+    on a call, and the region's bucket runner."""
     m, a, kw = kfuse.models.build("bert-tiny", batch=3, seq=9, with_mask=True, avg_len_ratio=0.6)
     compiled = kfuse.compile(m, a, kw, check=False)
     plan = next(iter(compiled.variants.values())).plan
@@ -61,8 +63,12 @@ def test_bucket_body_equals_run_region_on_bert_tiny() -> None:
     step.fn = lambda xs, *rest: seen.append([x.clone() for x in xs]) or inner(xs, *rest)
     with torch.no_grad():
         compiled(*a, **kw)
-    xs = seen[-1]
-    runner = inner.region_state["runner"]
+    step.fn = inner
+    return seen[-1], inner.region_state["runner"]
+
+
+def test_bucket_body_equals_run_region_on_bert_tiny() -> None:
+    xs, runner = _bert_tiny_region()
     r = runner.region
     n = int((xs[0] != 0).sum())
     tb = n + 6
@@ -100,17 +106,7 @@ def test_capture_keeps_every_buffer_the_graph_writes(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
     monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
-    m, a, kw = kfuse.models.build("bert-tiny", batch=3, seq=9, with_mask=True, avg_len_ratio=0.6)
-    compiled = kfuse.compile(m, a, kw, check=False)
-    plan = next(iter(compiled.variants.values())).plan
-    step = next(s for s in plan.steps if s.info.template == "varlen_region")
-    seen: list[list[torch.Tensor]] = []
-    inner = step.fn
-    step.fn = lambda ins, *rest: seen.append([x.clone() for x in ins]) or inner(ins, *rest)
-    with torch.no_grad():
-        compiled(*a, **kw)  # the region's outer inputs, as the plan passes them
-    xs = seen[-1]
-    runner = inner.region_state["runner"]
+    xs, runner = _bert_tiny_region()
     written: list[weakref.ref] = []
     body = runner._body
 
