@@ -371,7 +371,8 @@ def sptrsv(
     ``b`` has shape (n,) or (n, k) (torch tensor or numpy array; the result has the same kind
     and shape). ``method`` is ``"syncfree"`` (one kernel) or ``"levelset"`` (one launch per
     level, the baseline). For repeated solves with one matrix, call :func:`analyze` once and
-    pass the plan (or call ``plan.solve``).
+    pass the plan (or call ``plan.solve``): a one-off call does not tune (timing the candidates
+    costs more than one solve can win back), ``analyze`` on a GPU does.
     """
     if method not in ("syncfree", "levelset"):
         raise ValueError(f"sptrsv: unknown method {method!r}; use 'syncfree' or 'levelset'")
@@ -379,7 +380,7 @@ def sptrsv(
         plan = a
     else:
         dev = b.device if isinstance(b, torch.Tensor) and not isinstance(a, torch.Tensor) else None
-        plan = analyze(a, lower=lower, unit_diagonal=unit_diagonal, device=dev)
+        plan = analyze(a, lower=lower, unit_diagonal=unit_diagonal, device=dev, tune=False)
     if method == "levelset":
         from kfuse.sparse.levelset import levelset_solve
 
