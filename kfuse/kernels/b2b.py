@@ -594,10 +594,14 @@ _TT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 def compile_asm(
     chain: Chain, widths: list[int], cfg: B2BConfig, dtype: torch.dtype = torch.float16, arch: int = 90,
     kernel_hw: tuple[int, int] = (1, 1), widths_k0: int = 1 << 30, jit_like: bool = False,
+    int_args: dict[str, int] | None = None,
 ) -> dict[str, str]:  # fmt: skip
     """Compile the chain's kernel for sm_<arch> on any machine and return its ``asm`` dict
     (``ttgir``, ``ptx``, ``cubin``...). Under ``TRITON_INTERPRET=1`` the compile runs in a child
-    process without it (the interpreter replaces ``@triton.jit`` functions)."""
+    process without it (the interpreter replaces ``@triton.jit`` functions). ``jit_like``: a GEMM
+    chain on contiguous tensors as the JIT specialises it; ``int_args``: integer arguments' values
+    (e.g. a conv chain's sizes and strides), specialised as the JIT would (1 -> constant, multiples
+    of 16 -> divisible)."""
     if interpreting():
         import pickle
         import subprocess
@@ -609,7 +613,7 @@ def compile_asm(
             "a=pickle.loads(sys.stdin.buffer.read());"
             "sys.stdout.buffer.write(pickle.dumps({k:v for k,v in compile_asm(*a).items() if isinstance(v,(str,bytes))}))"
         )
-        job = pickle.dumps((chain, widths, cfg, dtype, arch, kernel_hw, widths_k0, jit_like))
+        job = pickle.dumps((chain, widths, cfg, dtype, arch, kernel_hw, widths_k0, jit_like, int_args))
         proc = subprocess.run([sys.executable, "-c", code], input=job, capture_output=True, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling the b2b kernel for sm_{arch} failed:\n{proc.stderr.decode()[-3000:]}")
@@ -646,6 +650,14 @@ def compile_asm(
             sig[name] = "constexpr"
             const[name] = 1
         divisible += [k for k, v in sig.items() if v == "i32"]
+    for name, v in (int_args or {}).items():  # what the JIT sees for these values: 1 is a constant,
+        if name not in sig or sig[name] != "i32":  # multiples of 16 are marked divisible
+            raise ValueError(f"compile_asm: {name!r} is not an integer argument of the kernel")
+        if v == 1:
+            sig[name] = "constexpr"
+            const[name] = 1
+        elif v % 16 == 0:
+            divisible.append(name)
     names = list(jf.arg_names)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in divisible}
     src = triton.compiler.ASTSource(jf, sig, constexprs=const, attrs=attrs)

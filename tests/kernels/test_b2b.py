@@ -255,3 +255,18 @@ def test_sm90_persistent_kernel_pipelines_across_tiles() -> None:
     assert asm["ttgir"].count("tt.store") == 1
     ptx = asm["ptx"]
     assert b2b.ptx_summary(ptx)["cp.async"] >= 8 and ptx.count("cp.async.commit_group") >= 2, re.findall(r"cp\.async\S*", ptx)[:5]
+
+
+def test_compile_asm_specialises_integer_arguments_like_the_jit() -> None:
+    """A conv chain compiled with its NHWC sizes (unit channel strides, multiples of 16) gets the
+    pipelined cp.async loads the JIT gives it; without them the offline code would mislead."""
+    stages = (b2b.Stage(_epi("bias_relu"), torch.float16, True), b2b.Stage(_epi("none"), torch.float16, True))
+    chain = b2b.Chain(stages, conv=True)
+    cfg = b2b.B2BConfig(64, 64, 64, 4, 3, "register")
+    h, c, n = 56, 64, 64
+    ints = dict(NB=64, C=c, H=h, W=h, OH=h, OW=h, N0=n, N1=n)
+    ints.update(sxn=h * h * c, sxc=1, sxh=h * c, sxw=c, son=h * h * n, soc=1, soh=h * n, sow=n)
+    ptx = b2b.compile_asm(chain, [n, n], cfg, torch.float16, 90, (3, 3), c, False, ints)["ptx"]
+    assert "cp.async" in ptx
+    with pytest.raises((ValueError, RuntimeError), match="not an integer argument"):  # RuntimeError: from the compile process
+        b2b.compile_asm(chain, [n, n], cfg, torch.float16, 90, (3, 3), c, False, {"BLOCK_M": 64})
