@@ -33,7 +33,13 @@ def main() -> None:
         "--versions", default="tail,1:1,1:2", help="fused versions to profile: LC:BE ratios (1:2, 1:2il interleaved) or tail (tail fill)"
     )
     ap.add_argument("--max-keys", type=int, default=8, help="fuse only the LC GEMM/conv shapes with the most time")
+    ap.add_argument(
+        "--load", type=float, default=0.8, help="LC arrival rate as a fraction of the highest rate at which LC alone meets QoS at p99"
+    )
+    ap.add_argument("--qos-factor", type=float, default=5.0, help="QoS target = this x the LC query's solo time")
     a = ap.parse_args()
+    if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
+        ap.error("--load must be in (0, 1] and --qos-factor above 1")
     if a.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
@@ -49,7 +55,8 @@ def main() -> None:
     gpu = torch.cuda.is_available() and not a.smoke
     device = "cuda" if gpu else "cpu"
     dtype = torch.float16 if gpu else torch.float32
-    cmd = CMD + (" --smoke" if a.smoke else "")
+    cmd = CMD + (" --smoke" if a.smoke else "") + (f" --load {a.load}" if a.load != 0.8 else "")
+    cmd += f" --qos-factor {a.qos_factor}" if a.qos_factor != 5.0 else ""
     be_names = [workloads.resolve(x) for x in a.be.split(",")]
     if a.smoke:
         lcs = [("mlp-tiny", 4, None)]
@@ -96,13 +103,14 @@ def main() -> None:
             versions = tuple(parse_version(v, backend.lc_grid // backend.sms) for v in a.versions.split(","))
             versions = versions if gpu else versions[:2]
             res = experiment.run_experiment(
-                backend, list(bes), load=0.8, qos_factor=5.0, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
+                backend, list(bes), load=a.load, qos_factor=a.qos_factor, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
                 min_queries=100 if gpu else 8, max_queries=600 if gpu else 8,
                 fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
             )  # fmt: skip
             recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
             for r in recs:
                 r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
+                          "load": a.load, "qos_factor": a.qos_factor,
                           "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
             records += recs
             pred_records.append({"benchmark": "colocate_predictor", "case": lc_name, "kind": "predictor", "command": cmd,
