@@ -3,8 +3,10 @@
 The ``varlen_region`` op (made by ``kfuse.passes.varlen``) holds a subgraph whose token-wise values
 are ``[T, ...]`` (T valid tokens, rows in batch-major order). At run time:
 
-1. ``valid = mask != 0``; ``lens`` and ``cu_seqlens`` (prefix sums) are computed on the GPU; the
-   row indices of valid tokens come from ``nonzero`` (the one host sync: T sizes the tensors);
+1. ``valid = mask != 0``; ``lens`` and ``cu_seqlens`` (prefix sums) are computed on the GPU; T is
+   read on the host (the one sync: it sizes the tensors, or picks the bucket). Eagerly the row
+   indices of valid tokens come from ``nonzero`` (``token_index``); in a bucket's graph from
+   prefix sums and a scatter (``device_token_index``);
 2. token-shaped inputs are gathered to ``[T, ...]`` (inputs broadcast over batch, like position
    embeddings ``[1, S, H]``, are gathered through the broadcast, never materialised);
 3. the packed subgraph runs (on the GPU: one CUDA graph per bucket of T, captured on first use,
