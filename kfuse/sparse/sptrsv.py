@@ -255,9 +255,9 @@ class CapturedSolve:
         return self.x
 
     def __call__(self, b: torch.Tensor) -> torch.Tensor:
-        """Copy ``b`` in, replay, return a copy of x (the next replay overwrites ``x``)."""
+        """Copy ``b`` in, replay, return a copy of x shaped like ``b`` (the next replay overwrites ``x``)."""
         self.b.copy_(b.reshape(self.b.shape))
-        return self.replay().clone()
+        return self.replay().clone().reshape(b.shape)
 
 
 def _prepare_out(out: torch.Tensor | None, b2: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,8 @@ def tune(plan: SptrsvPlan, cands: list[Candidate] | None = None, timer: Timer = 
         if plan.stats is None:
             raise ValueError("sptrsv tune: the plan has no row statistics")
         cands = candidates(plan.stats)
+        current = (plan.sync, plan.tiling)  # an explicit choice given to analyze() is measured first
+        cands = [current] + [c for c in cands if c != current]
     if len(cands) == 1:  # nothing to compare (chains and bands): no solve spent
         plan.sync, plan.tiling = cands[0]
         return {}

@@ -291,7 +291,8 @@ def test_gpu_captured_solve_replays() -> None:
     cap = plan.capture(torch.zeros(a.shape[0], dtype=torch.float64, device="cuda"))
     for _ in range(3):
         b = np.random.default_rng().standard_normal(a.shape[0])
-        x = cap(torch.from_numpy(b).cuda()).cpu().numpy().reshape(-1)
+        x = cap(torch.from_numpy(b).cuda()).cpu().numpy()
+        assert x.shape == b.shape
         assert _rel_err(x, sla.spsolve_triangular(a, b)) < 1e-11
 
 

@@ -71,3 +71,12 @@ def test_tune_flag_in_analyze_records_times() -> None:
     stats = row_stats(plan.lo.rowptr[1:] - plan.lo.rowptr[:-1], plan.num_levels)
     assert stats.regime == "short" and set(plan.tuned) == {label(c) for c in candidates(stats)}
     assert all(isinstance(v, float) for v in plan.tuned.values()) and plan.preprocess_ms["tune"] > 0
+
+
+def test_an_explicit_choice_is_measured_first() -> None:
+    from kfuse.sparse.variants import LEGACY
+
+    a = make("laplacian2d", 9, seed=4)
+    plan = analyze(a, device="cpu", sync=LEGACY, tune=True)
+    first = next(iter(plan.tuned))
+    assert first.startswith(LEGACY.name + "@") and len(plan.tuned) == 4  # LEGACY, then the regime's three
