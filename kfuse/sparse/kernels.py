@@ -158,6 +158,33 @@ def _syncfree_kernel(
 
 
 @triton.jit
+def _prefetch_tile(
+    rowptr, cols, vals, diag, perm, lev, b_ptr, base, pos, rmask, last, nrhs, stride_b,
+    R: tl.constexpr, W: tl.constexpr, KP: tl.constexpr,
+):  # fmt: skip
+    """Every load of a tile (rows ``pos`` where ``rmask``; ``last`` its last row) that needs no x,
+    issued before the wait: row spans, in-tile depth, perm, b, diag, the first chunk's cols/vals
+    and the in-tile block ``lloc``."""
+    start = tl.load(rowptr + pos, mask=rmask, other=0)
+    end = tl.load(rowptr + pos + 1, mask=rmask, other=0)
+    kk = tl.arange(0, KP)
+    kmask = kk < nrhs
+    w = tl.arange(0, W)
+    niter = tl.load(lev + last) - tl.load(lev + base) + 1
+    row = tl.load(perm + pos, mask=rmask, other=0)
+    rk = rmask[:, None] & kmask[None, :]
+    bt = tl.load(b_ptr + row[:, None] * stride_b + kk[None, :], mask=rk, other=0.0)
+    d = tl.load(diag + pos, mask=rmask, other=1.0)
+    nlen = tl.max(end - start)
+    idx0 = start[:, None] + w[None, :]
+    m0 = idx0 < end[:, None]
+    c0 = tl.load(cols + idx0, mask=m0, other=0)
+    v0 = tl.load(vals + idx0, mask=m0, other=0.0)
+    lloc = _in_tile_block(cols, vals, start, end, base, nlen, niter, R, W)
+    return start, end, kk, kmask, w, niter, row, rk, bt, d, nlen, c0, v0, lloc
+
+
+@triton.jit
 def _solve_tile_fast(
     t, rowptr, cols, vals, diag, perm, lev, b_ptr, x_ptr, xp_ptr, done_ptr, tdep_ptr, tdeps,
     n, nrhs, stride_b, stride_x, epoch, SENTINEL,
@@ -172,26 +199,11 @@ def _solve_tile_fast(
     in-tile sweeps, the store and the release remain on the dependency chain.
     """
     base = t * R
-    r = tl.arange(0, R)
-    pos = base + r
+    pos = base + tl.arange(0, R)
     rmask = pos < n
-    start = tl.load(rowptr + pos, mask=rmask, other=0)
-    end = tl.load(rowptr + pos + 1, mask=rmask, other=0)
-    kk = tl.arange(0, KP)
-    kmask = kk < nrhs
-    w = tl.arange(0, W)
-    last = tl.minimum(base + R - 1, n - 1)
-    niter = tl.load(lev + last) - tl.load(lev + base) + 1
-    row = tl.load(perm + pos, mask=rmask, other=0)
-    rk = rmask[:, None] & kmask[None, :]
-    bt = tl.load(b_ptr + row[:, None] * stride_b + kk[None, :], mask=rk, other=0.0)
-    d = tl.load(diag + pos, mask=rmask, other=1.0)
-    nlen = tl.max(end - start)
-    idx0 = start[:, None] + w[None, :]
-    m0 = idx0 < end[:, None]
-    c0 = tl.load(cols + idx0, mask=m0, other=0)
-    v0 = tl.load(vals + idx0, mask=m0, other=0.0)
-    lloc = _in_tile_block(cols, vals, start, end, base, nlen, niter, R, W)  # needs no x: built before waiting
+    start, end, kk, kmask, w, niter, row, rk, bt, d, nlen, c0, v0, lloc = _prefetch_tile(
+        rowptr, cols, vals, diag, perm, lev, b_ptr, base, pos, rmask, tl.minimum(base + R - 1, n - 1), nrhs, stride_b, R, W, KP
+    )
     shift = 0
     if FLAGS == 0:  # per-tile flags: wait on the producer tiles, then order every lane's gathers
         d0 = tl.load(tdep_ptr + t)
@@ -288,22 +300,9 @@ def _solve_short_value(
     r = tl.arange(0, R)
     pos = base + r
     rmask = r < cnt
-    start = tl.load(rowptr + pos, mask=rmask, other=0)
-    end = tl.load(rowptr + pos + 1, mask=rmask, other=0)
-    kk = tl.arange(0, KP)
-    kmask = kk < nrhs
-    w = tl.arange(0, W)
-    niter = tl.load(lev + base + cnt - 1) - tl.load(lev + base) + 1
-    row = tl.load(perm + pos, mask=rmask, other=0)
-    rk = rmask[:, None] & kmask[None, :]
-    bt = tl.load(b_ptr + row[:, None] * stride_b + kk[None, :], mask=rk, other=0.0)
-    d = tl.load(diag + pos, mask=rmask, other=1.0)
-    nlen = tl.max(end - start)
-    idx0 = start[:, None] + w[None, :]
-    m0 = idx0 < end[:, None]
-    c0 = tl.load(cols + idx0, mask=m0, other=0)
-    v0 = tl.load(vals + idx0, mask=m0, other=0.0)
-    lloc = _in_tile_block(cols, vals, start, end, base, nlen, niter, R, W)  # needs no x: built before waiting
+    start, end, kk, kmask, w, niter, row, rk, bt, d, nlen, c0, v0, lloc = _prefetch_tile(
+        rowptr, cols, vals, diag, perm, lev, b_ptr, base, pos, rmask, base + cnt - 1, nrhs, stride_b, R, W, KP
+    )
     acc = tl.zeros([R, KP], dtype=vals.dtype.element_ty)
     c = c0
     v = v0

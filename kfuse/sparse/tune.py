@@ -11,13 +11,13 @@ failed and never chosen; one far slower than the best so far stops after one tim
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from kfuse.bench.harness import time_ms
 from kfuse.sparse.analysis import RowStats, Tiling, choose_sync, choose_tiling, row_length_tiling
 from kfuse.sparse.variants import DEFAULT, MIXED, SyncOptions
 
@@ -54,16 +54,8 @@ def label(c: Candidate) -> str:
 
 
 def _event_ms(fn: Callable[[], object]) -> float:
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+    """One solve's time: CUDA events on a GPU, wall clock otherwise (the harness's timer, no warm-up)."""
+    return time_ms(fn, warmup=0, rep=1)
 
 
 Timer = Callable[[Callable[[], object]], float]
