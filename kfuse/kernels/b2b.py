@@ -97,13 +97,20 @@ class B2BConfig:
     # the resident stages' weights are loaded before stage 0's GEMM (when the last width fits one
     # N tile), so their latency overlaps stage 0's loads instead of following its GEMM
     preload: bool = False
+    # with ``persistent``: GEMM chains whose K0 and last width fit one tile read x and write the
+    # output by TMA (``b2b_tma_kernel``); the pipeliner keeps TILE_STAGES row tiles in flight
+    tma: bool = False
+    programs_per_sm: int = 2  # persistent grid = programs_per_sm x SMs (capped at the tile count)
 
     def describe(self) -> str:
         d = f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
-        return d + (" persistent" if self.persistent else "") + (" preload" if self.preload else "")
+        d += (" persistent" if self.persistent else "") + (" preload" if self.preload else "")
+        if self.tma:
+            d += f" tma x{self.programs_per_sm}"
+        return d
 
     def as_dict(self) -> dict[str, Any]:
-        keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload")
+        keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload", "tma", "programs_per_sm")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -170,7 +177,65 @@ def kernel_source(chain: Chain) -> str:
         "        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)",
         *[("    " + ln) if ln.strip() else ln for ln in body],
     ]
+    if not chain.conv:
+        src += ["", "", *_tma_kernel(chain, ptrs, params)]
     return "\n".join(src) + "\n"
+
+
+def _tma_kernel(chain: Chain, ptrs: list[str], params: list[str]) -> list[str]:
+    """``b2b_tma_kernel``: the persistent GEMM chain with x tiles loaded and output tiles stored
+    by TMA (host tensor descriptors ``x_desc`` (M, K0) and ``out_desc`` (M, N_last)). Memory-bound
+    chains (small widths, large M) need many row tiles in flight per SM: descriptor loads in the
+    tile loop are what Triton's pipeliner multi-buffers (TILE_STAGES deep), where the pointer
+    kernel's masked gathers were not overlapped (its persistent form measured 3x slower than one
+    program per tile). Only for K0 and the last width in one tile each (SINGLE_K, SINGLE_N)."""
+    L = len(chain.stages)
+    sig = [p.replace("x_ptr", "x_desc").replace("out_ptr", "out_desc") for p in params]
+    out_t = _tl_dtype(chain.stages[-1].out_dtype)
+    src = ["@triton.jit", "def b2b_tma_kernel(", *sig, "    NUM_PROGRAMS: tl.constexpr, TILE_STAGES: tl.constexpr,", "):"]
+    src += ["    M = NB", "    oh = 0", "    ow = 0"]
+    # the weights: loop-invariant; with PRELOAD loaded once per program, before the tile loop
+    wload = []
+    for s in range(L):
+        k_pad, k_dim = ("BLOCK_K", "C") if s == 0 else (f"P{s - 1}", f"N{s - 1}")
+        n_pad = f"P{s}" if s < L - 1 else "BLOCK_N"
+        wload.append(
+            f"tl.load(w{s}_ptr + tl.arange(0, {k_pad})[:, None] * N{s} + tl.arange(0, {n_pad})[None, :],"
+            f" mask=(tl.arange(0, {k_pad}) < {k_dim})[:, None] & (tl.arange(0, {n_pad}) < N{s})[None, :], other=0.0)"
+        )
+    src += ["    if PRELOAD:"] + [f"        wt{s} = {wload[s]}" for s in range(L)]
+    src += [
+        "    for tile in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), NUM_PROGRAMS, num_stages=TILE_STAGES):",
+        "        off = tile * BLOCK_M",
+        "        offs_m = off + tl.arange(0, BLOCK_M)",
+        "        mask_m = offs_m < M",
+        "        n_idx = tl.where(mask_m, offs_m, 0)",
+        "        a = x_desc.load([off, 0])",
+    ]
+    for s in range(L):
+        n_pad = f"P{s}" if s < L - 1 else "BLOCK_N"
+        src += [
+            f"        offs_n = tl.arange(0, {n_pad})",
+            f"        mask_n = offs_n < N{s}",
+            "        if PRELOAD:",
+            f"            b = wt{s}",
+            "        else:",
+            f"            b = {wload[s]}",
+        ]
+        if s == 0:
+            src += ["        acc = tl.dot(a, b, input_precision=PREC)"]
+        else:
+            prev_dtype = _tl_dtype(chain.stages[s - 1].out_dtype)
+            src += [
+                f"        h = tl.where(prev_mask[None, :], acc.to({prev_dtype}), 0.0).to({prev_dtype})",
+                "        if SMEM:",
+                "            acc = tl.trans(tl.dot(tl.trans(b), tl.trans(h), input_precision=PREC))",
+                "        else:",
+                "            acc = tl.dot(h, b, input_precision=PREC)",
+            ]
+        src += [_stage_tail(chain, s, "offs_n", "mask_n", 8), "        prev_mask = mask_n"]
+    src += [f"        out_desc.store([off, 0], acc.to({out_t}))"]
+    return [ln for chunk in src for ln in chunk.split("\n")]
 
 
 def _body(chain: Chain) -> list[str]:
@@ -327,6 +392,17 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[
         res = "register" if widest <= 128 else "smem"
         persistent = [B2BConfig(128, bk, last, 4 if res == "register" else 8, 3, res, True),
                       B2BConfig(64, bk, last, 4, 4, res, True)]  # fmt: skip
+        # the same loop with x and the output moved by TMA (b2b_tma_kernel): deeper pipelines for
+        # the narrow chains, more programs per SM where registers allow (~115 regs at 32 wide,
+        # 230-255 at 64-128 wide on sm_90)
+        if widest <= 64:
+            persistent += [B2BConfig(128, bk, last, 4, 4, res, True, tma=True, programs_per_sm=2),
+                           B2BConfig(128, bk, last, 4, 3, res, True, preload=True, tma=True, programs_per_sm=2),
+                           B2BConfig(64, bk, last, 4, 4, res, True, tma=True, programs_per_sm=4)]  # fmt: skip
+        else:
+            persistent += [B2BConfig(64, bk, last, 4, 3, res, True, tma=True, programs_per_sm=2),
+                           B2BConfig(64, bk, last, 4, 2, res, True, preload=True, tma=True, programs_per_sm=2),
+                           B2BConfig(128, bk, last, 8, 2, res, True, tma=True, programs_per_sm=1)]  # fmt: skip
     if len(widths) > 3:
         first = default_config(m, widths)
         alt = B2BConfig(128, 32, min(last, 64), 8, 2, "smem") if widest > 128 else default_config(m, widths, "smem")
@@ -490,10 +566,17 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     tiles = -(-m // cfg.block_m)
     single = {"SINGLE_K": g.kernel_hw[0] * g.kernel_hw[1] == 1 and c <= cfg.block_k, "SINGLE_N": g.widths[-1] <= block_n}
     single["PRELOAD"] = cfg.preload and single["SINGLE_N"]
-    if cfg.persistent:
+    descs = _tma_descriptors(chain, g, cfg, block_n) if cfg.persistent and cfg.tma and single["SINGLE_K"] and single["SINGLE_N"] else None
+    if descs is not None:
+        kernel = _module(chain).b2b_tma_kernel
+        ptrs[0], ptrs[len(chain.stages) + 1] = descs
+        n_prog = min(tiles, max(1, cfg.programs_per_sm) * _num_sms(g.x.device))
+        grid: tuple[int, ...] = (n_prog,)
+        single.update(NUM_PROGRAMS=n_prog, TILE_STAGES=cfg.num_stages)
+    elif cfg.persistent:
         kernel = _module(chain).b2b_persistent_kernel
         n_prog = min(tiles, 2 * _num_sms(g.x.device))
-        grid: tuple[int, ...] = (n_prog,)
+        grid = (n_prog,)
         single.update(NUM_PROGRAMS=n_prog, TILE_STAGES=cfg.num_stages)
     else:
         kernel = _module(chain).b2b_kernel
@@ -513,6 +596,29 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     else:
         kernel[grid](*args, **kw)
     return out
+
+
+def _tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> tuple[Any, Any] | None:
+    """Host tensor descriptors of x (M, K0) and out (M, N_last) for ``b2b_tma_kernel``, or None
+    when TMA cannot describe them (a conv chain, non-contiguous rows, 16-byte misalignment, a GPU
+    before Hopper): the launcher then runs the pointer-based persistent kernel."""
+    if chain.conv or g.x.dtype not in _TL:
+        return None
+    if g.x.is_cuda and torch.cuda.get_device_capability(g.x.device)[0] < 9:
+        return None
+    m, k0 = g.dims[0], g.dims[1]
+    n_last = g.widths[-1]
+    x2 = g.x[:, :, 0, 0]
+    out2 = g.out.reshape(m, n_last)
+    e = x2.element_size()
+    for t, cols in ((x2, k0), (out2, n_last)):
+        if t.stride(1) != 1 or t.stride(0) != cols or (cols * e) % 16 or t.data_ptr() % 16:
+            return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x_desc = TensorDescriptor(x2, [m, k0], [k0, 1], [cfg.block_m, cfg.block_k])
+    out_desc = TensorDescriptor(out2, [m, n_last], [n_last, 1], [cfg.block_m, block_n])
+    return x_desc, out_desc
 
 
 def _num_sms(device: torch.device) -> int:
@@ -621,13 +727,17 @@ def compile_asm(
     import triton
     from triton.backends.compiler import GPUTarget
 
-    jf = _module(chain).b2b_persistent_kernel if cfg.persistent else _module(chain).b2b_kernel
+    tma = cfg.persistent and cfg.tma and not chain.conv
+    jf = _module(chain).b2b_tma_kernel if tma else _module(chain).b2b_persistent_kernel if cfg.persistent else _module(chain).b2b_kernel
     t = _TT[dtype]
     sig: dict[str, str] = {}
     const: dict[str, Any] = {}
     divisible: list[str] = []
+    block_n = min(cfg.block_n, pad_width(widths[-1]))
     for name in jf.arg_names:
-        if name.endswith("_ptr"):
+        if name in ("x_desc", "out_desc"):
+            sig[name] = f"tensordesc<{t}[{cfg.block_m}, {cfg.block_k if name == 'x_desc' else block_n}]>"
+        elif name.endswith("_ptr"):
             sig[name] = f"*{t}"
             divisible.append(name)
         elif name in _CONSTEXPRS or (name.startswith("P") and name[1:].isdigit()):
@@ -643,10 +753,14 @@ def compile_asm(
     const.update(PRELOAD=cfg.preload and const["SINGLE_N"])
     if cfg.persistent:
         const.update(NUM_PROGRAMS=264, TILE_STAGES=cfg.num_stages)
+    if tma:
+        const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, TILE_STAGES=cfg.num_stages)
     if jit_like and not chain.conv:
         # what the JIT sees for a GEMM chain on contiguous tensors: the unit strides and the 1x1
         # "image" sizes are specialised to 1, the other integers are multiples of 16
         for name in ("sxc", "sxh", "sxw", "soc", "soh", "sow", "H", "W", "OH", "OW"):
+            if name not in sig:
+                continue
             sig[name] = "constexpr"
             const[name] = 1
         divisible += [k for k, v in sig.items() if v == "i32"]

@@ -270,3 +270,65 @@ def test_compile_asm_specialises_integer_arguments_like_the_jit() -> None:
     assert "cp.async" in ptx
     with pytest.raises((ValueError, RuntimeError), match="not an integer argument"):  # RuntimeError: from the compile process
         b2b.compile_asm(chain, [n, n], cfg, torch.float16, 90, (3, 3), c, False, {"BLOCK_M": 64})
+
+
+# ---- the TMA persistent variant: x tiles in and output tiles out by tensor descriptors ---------
+TMA_CASES = [
+    # m, k0, widths, config, dtype (K0 and the last width in one tile each; 16-byte aligned rows)
+    (203, 32, [48, 40], b2b.B2BConfig(16, 32, 64, 4, 3, "register", True, tma=True), torch.float32),
+    (77, 24, [64, 104], b2b.B2BConfig(32, 32, 128, 4, 2, "smem", True, preload=True, tma=True), torch.float16),
+    (130, 40, [32, 16, 24], b2b.B2BConfig(32, 64, 32, 4, 3, "register", True, tma=True, programs_per_sm=3), torch.float16),
+    (9, 16, [16, 16], b2b.B2BConfig(16, 16, 16, 4, 2, "register", True, preload=True, tma=True), torch.float16),  # M < one tile
+]
+
+
+@pytest.mark.parametrize("m,k0,widths,cfg,dtype", TMA_CASES)
+def test_tma_persistent_equals_reference(monkeypatch, m: int, k0: int, widths: list[int], cfg: b2b.B2BConfig, dtype: torch.dtype) -> None:
+    used = []
+    real = b2b._tma_descriptors
+    monkeypatch.setattr(b2b, "_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
+    torch.manual_seed(5)
+    kinds = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
+    chain = b2b.Chain(tuple(b2b.Stage(_epi(k), dtype) for k in kinds))
+    x = torch.randn(m, k0).to(dtype)
+    dims = [k0, *widths]
+    ws = [(torch.randn(dims[i], dims[i + 1]) / dims[i] ** 0.5).to(dtype) for i in range(len(widths))]
+    extras = [_extras(k, (m,), widths[i], dtype) for i, k in enumerate(kinds)]
+    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype)
+    got = b2b.b2b_chain(chain, x, ws, [None] * len(widths), extras, cfg, out=out)
+    assert len(used) == 1 and used[0] is not None, "the TMA kernel was not used"
+    _check(got, b2b.reference(chain, x, ws, [None] * len(widths), extras), dtype)
+
+
+def test_tma_persistent_falls_back_when_rows_are_misaligned(monkeypatch) -> None:
+    """K0 = 20 fp16 columns (40-byte rows) cannot be a TMA operand: the pointer kernel runs."""
+    used = []
+    real = b2b._tma_descriptors
+    monkeypatch.setattr(b2b, "_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
+    chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
+    x = torch.randn(45, 20).half()
+    ws = [torch.randn(20, 32).half() / 5, torch.randn(32, 16).half() / 6]
+    ex = [_extras("bias_relu", (45,), 32, torch.float16), []]
+    cfg = b2b.B2BConfig(16, 32, 16, 4, 2, "register", True, tma=True)
+    got = b2b.b2b_chain(chain, x, ws, [None, None], ex, cfg, out=torch.full((45, 16), float("nan")).half())
+    assert used == [None]
+    _check(got, b2b.reference(chain, x, ws, [None, None], ex), torch.float16)
+
+
+def test_candidates_include_tma_persistent_for_narrow_gemm_chains() -> None:
+    cands = b2b.candidate_configs(1 << 20, [64, 64], k0=64)
+    assert sum(c.tma and c.persistent for c in cands) >= 2
+    assert not any(c.tma for c in b2b.candidate_configs(1 << 20, [256, 256], k0=256))
+
+
+def test_sm90_tma_kernel_moves_rows_by_tma_only() -> None:
+    """Compiled for sm_90: the row tiles come in and go out as bulk tensor copies (TMA), the
+    tile loop is pipelined (several TMA loads in flight), there is no st.global at all, and the
+    second GEMM takes the intermediate from registers."""
+    chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
+    cfg = b2b.B2BConfig(128, 64, 64, 4, 3, "register", True, tma=True)
+    ptx = b2b.compile_asm(chain, [128, 64], cfg, torch.float16, 90, (1, 1), 64, True)["ptx"]
+    summary = b2b.ptx_summary(ptx)
+    assert summary["st.global"] == 0 and summary["wgmma_a_regs"] > 0, summary
+    assert "cp.async.bulk.tensor.2d.global.shared" in ptx  # the output store
+    assert ptx.count("cp.async.bulk.tensor.2d.shared") >= 2  # row-tile loads, multi-buffered
