@@ -111,7 +111,9 @@ def graph_ms_per_call(fn: Callable[..., Any], args: Sequence[Any], calls: int = 
     the median replay time divided by ``calls`` (as Triton's ``do_bench_cudagraph``). The fixed
     cost of launching a graph (~4-8 us with the events on the H200) is then spread over the calls
     instead of being charged to each, which is what a call inside a larger captured model pays.
-    Returns (ms per call, output)."""
+    Returns (ms per call, output); without a GPU, plain wall-clock timing of single calls."""
+    if not torch.cuda.is_available():
+        return time_ms(lambda: fn(*args), 1, max(1, rep // 10)), fn(*args)
     replay = cuda_graph_callable(fn, args, calls=calls)
     out = replay()
     return time_ms(replay, warmup, rep) / calls, out

@@ -1,0 +1,201 @@
+"""Issue 5 exploration on the GPU: a wider config sweep of the fused b2b kernels than the
+compile-time decision measures (``candidate_configs``), on the chains that miss their targets:
+the conv3x3 -> conv1x1 chains (fused slower than cuDNN) and the 128-wide GEMM chains (M = 1M
+above 2x the memory floor). Each config and the PyTorch reference (the unfused pair, cuDNN /
+cuBLAS, in one CUDA graph) is timed as 20 back-to-back calls per graph replay (ms per call);
+every config's output is checked against the reference in the same run. Prints, per case, the
+best configs and the reference; writes all timings as JSON.
+
+    PYTHONPATH=. python benchmarks/experiments/b2b_sweep.py --out $OUT/r   # H200, ~120 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+if "--smoke" in sys.argv:  # tiny shapes in the interpreter on the CPU (wiring check)
+    import os
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+import torch.nn.functional as F
+
+from kfuse.bench.harness import floor_ms, gpu_name, graph_ms_per_call, max_rel_err
+from kfuse.kernels import b2b
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+SMOKE = "--smoke" in sys.argv
+RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
+CONV_CASES = [("B64_56x56_64-64-64", 64, 64, 56, 64, 64), ("B64_56x56_64-64-256", 64, 64, 56, 64, 256),
+              ("B64_28x28_128-128-128", 64, 128, 28, 128, 128), ("B64_28x28_128-128-512", 64, 128, 28, 128, 512)]  # fmt: skip
+GEMM_CASES = [(1 << 20, (128, 128, 128)), (1 << 20, (64, 128, 64)), (262144, (128, 128, 128)), (65536, (64, 64, 64))]
+
+
+def conv_configs(c1: int) -> list[b2b.B2BConfig]:
+    """24 per chain: register residence over BM 64/128, BK 32/64, warps, stages; smem at 2 stages."""
+    out = []
+    for bm, bk, w, s in itertools.product((64, 128), (32, 64), (4, 8), (2, 3, 4)):
+        if bm == 64 and w == 8:
+            continue
+        out.append(b2b.B2BConfig(bm, bk, min(128, c1), w, s, "register"))
+        if s == 2:
+            out.append(b2b.B2BConfig(bm, bk, min(128, c1), w, s, "smem"))
+    return out
+
+
+def gemm_configs(widths: tuple[int, int, int]) -> list[b2b.B2BConfig]:
+    """~40 per chain: one program per tile (BM 64-256, with and without preload) and the TMA
+    persistent kernel (BM 64/128, 2-4 tile stages, 1-2 programs per SM)."""
+    k0, n0, n1 = widths
+    bk = min(128, max(16, b2b.pad_width(k0)))
+    last = min(b2b.pad_width(n1), 128)
+    res = "register" if n0 <= 128 else "smem"
+    out = []
+    for bm, w, s in itertools.product((64, 128, 256), (4, 8), (2, 3)):
+        if bm == 256 and w == 4 or bm == 64 and w == 8:
+            continue
+        out.append(b2b.B2BConfig(bm, bk, last, w, s, res))
+        if s == 2:
+            out.append(b2b.B2BConfig(bm, bk, last, w, s, res, preload=True))
+    if k0 <= 128 and n1 <= 128:
+        for bm, w, s, per in itertools.product((64, 128), (4, 8), (2, 3, 4), (1, 2)):
+            if bm == 64 and w == 8:
+                continue
+            out.append(b2b.B2BConfig(bm, bk, last, w, s, res, True, tma=True, programs_per_sm=per))
+            if s == 2:
+                out.append(b2b.B2BConfig(bm, bk, last, w, s, res, True, preload=True, tma=True, programs_per_sm=per))
+    return out
+
+
+def _sweep(chain: b2b.Chain, args_of: Any, cfgs: list[b2b.B2BConfig], ref: torch.Tensor, deadline: float) -> dict[str, Any]:
+    g = args_of()
+
+    def compile_one(cfg: b2b.B2BConfig) -> str | None:
+        if time.perf_counter() > deadline:
+            return "skipped: time budget"
+        try:
+            b2b.launch(chain, args_of(), cfg, warmup=True)
+            return None
+        except Exception as e:  # noqa: BLE001 - reported per config
+            return f"{type(e).__name__}: {str(e)[:80]}"
+
+    if SMOKE:
+        cfgs = [c for c in cfgs if c.block_m == 64][:3]
+    with ThreadPoolExecutor(8) as pool:
+        errs = list(pool.map(compile_one, cfgs))
+    res: dict[str, Any] = {}
+    if not torch.cuda.is_available():
+        errs = [None] * len(cfgs)  # the interpreter compiles nothing
+    for cfg, err in zip(cfgs, errs, strict=True):
+        if time.perf_counter() > deadline:
+            res[cfg.describe()] = "skipped: time budget"
+            continue
+        if err:
+            res[cfg.describe()] = f"failed to compile: {err}"
+            continue
+        try:
+            g.out.fill_(float("nan"))
+            ms, out = graph_ms_per_call(lambda cfg=cfg: b2b.launch(chain, g, cfg), (), calls=20, rep=15)
+            err_v = max_rel_err(g.out, ref)
+            res[cfg.describe()] = {"ms": ms, "max_rel_err": err_v, "ok": err_v < 2e-2}
+            if not res[cfg.describe()]["ok"]:
+                print(f"  WRONG {cfg.describe()}: max rel err {err_v:.3g}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            torch.cuda.synchronize()
+            res[cfg.describe()] = f"failed: {type(e).__name__}: {str(e)[:80]}"
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--only", default="conv,gemm")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, a few configs, on the CPU")
+    a = ap.parse_args()
+    dev, dt = ("cpu", torch.float32) if a.smoke else ("cuda", torch.float16)
+    global CONV_CASES, GEMM_CASES
+    if a.smoke:
+        CONV_CASES, GEMM_CASES = [("B2_6x6_8-16-16", 2, 8, 6, 16, 16)], [(50, (32, 32, 32))]
+    t_end = time.perf_counter() + a.budget_s
+    recs = []
+    sections = a.only.split(",")
+    torch.manual_seed(0)
+    todo: list[tuple[str, Any]] = []
+    if "gemm" in sections:
+        todo += [("gemm", c) for c in GEMM_CASES]
+    if "conv" in sections:
+        todo += [("conv", c) for c in CONV_CASES]
+    for i, (kind, case) in enumerate(todo):
+        deadline = time.perf_counter() + (t_end - time.perf_counter()) / (len(todo) - i)
+        if kind == "conv":
+            name, nb, cin, hw, c0, c1 = case
+            chain = b2b.Chain((b2b.Stage(RELU, dt, True), b2b.Stage(RELU, dt, True)), conv=True)
+            x = torch.randn(nb, cin, hw, hw, device=dev, dtype=dt).to(memory_format=torch.channels_last)
+            w0 = torch.randn(c0, cin, 3, 3, device=dev, dtype=dt) / (9 * cin) ** 0.5
+            w1 = torch.randn(c1, c0, 1, 1, device=dev, dtype=dt) / c0**0.5
+            b0, b1 = torch.randn(c0, device=dev, dtype=dt), torch.randn(c1, device=dev, dtype=dt)
+            w0c, w1c = w0.to(memory_format=torch.channels_last), w1.to(memory_format=torch.channels_last)
+
+            def ref_fn(x=x, w0c=w0c, w1c=w1c, b0=b0, b1=b1) -> torch.Tensor:
+                return F.relu(F.conv2d(F.relu(F.conv2d(x, w0c, b0, padding=1)), w1c, b1))
+
+            packed = [b2b.pack_first(w0, True), b2b.pack_next(w1)]
+
+            def args_of(chain=chain, x=x, w0=w0, w1=w1, b0=b0, b1=b1, packed=packed) -> b2b.B2BArgs:
+                return b2b.prepare(chain, x, [w0, w1], [b0, b1], [[], []], packed, b2b.ConvGeom((1, 1), (1, 1)))
+
+            cfgs = conv_configs(c1)
+            pix = nb * hw * hw
+            flops, nbytes = 2.0 * pix * (9 * cin * c0 + c0 * c1), 2.0 * pix * (cin + c1)
+        else:
+            m, (k0, n0, n1) = case
+            name = f"M{m}_{k0}x{n0}x{n1}"
+            chain = b2b.Chain((b2b.Stage(RELU, dt, True), b2b.Stage(Epilogue(), dt, True)))
+            x = torch.randn(m, k0, device=dev, dtype=dt)
+            w0 = torch.randn(k0, n0, device=dev, dtype=dt) / k0**0.5
+            w1 = torch.randn(n0, n1, device=dev, dtype=dt) / n0**0.5
+            b0, b1 = torch.randn(n0, device=dev, dtype=dt), torch.randn(n1, device=dev, dtype=dt)
+
+            def ref_fn(x=x, w0=w0, w1=w1, b0=b0, b1=b1) -> torch.Tensor:
+                return torch.addmm(b1, F.relu(torch.addmm(b0, x, w0)), w1)
+
+            def args_of(chain=chain, x=x, w0=w0, w1=w1, b0=b0, b1=b1) -> b2b.B2BArgs:
+                return b2b.prepare(chain, x, [w0, w1], [b0, b1], [[], []])
+
+            cfgs = gemm_configs((k0, n0, n1))
+            flops, nbytes = 2.0 * m * (k0 * n0 + n0 * n1), 2.0 * m * (k0 + n1)
+        with torch.no_grad():
+            ref_ms, ref = graph_ms_per_call(ref_fn, (), calls=20, rep=15)
+            ref = ref.clone()
+            res = _sweep(chain, args_of, cfgs, ref, deadline)
+        ok = {k: v["ms"] for k, v in res.items() if isinstance(v, dict) and v["ok"]}
+        best = sorted(ok.items(), key=lambda kv: kv[1])[:5]
+        rec = {"case": name, "kind": kind, "reference_ms": ref_ms, "floor_ms": floor_ms(flops, nbytes), "configs": res, "best": best}
+        recs.append(rec)
+        bad = [k for k, v in res.items() if isinstance(v, dict) and not v["ok"]]
+        print(f"[{kind}] {name}: reference {ref_ms:.4f} ms, floor {rec['floor_ms']:.4f}; {len(ok)}/{len(cfgs)} ok, "
+              f"{len(bad)} wrong; best {best[:3]}", flush=True)  # fmt: skip
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv)}
+    (out / "b2b_sweep.json").write_text(json.dumps({**meta, "records": recs}, indent=1))
+    print(f"{'case':26s} {'reference':>10s} {'best':>10s} {'ratio':>7s} {'floor':>8s}  best config")
+    for r in recs:
+        if r["best"]:
+            cfg, ms = r["best"][0]
+            print(f"{r['case']:26s} {r['reference_ms']:10.4f} {ms:10.4f} {r['reference_ms'] / ms:7.2f} {r['floor_ms']:8.4f}  {cfg}")
+        else:
+            print(f"{r['case']:26s} {r['reference_ms']:10.4f}  (no config ran)")
+
+
+if __name__ == "__main__":
+    main()
