@@ -182,17 +182,21 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             model = _convs(cin, c0, c1, dtype, device)
             x = torch.randn(nb, cin, hw, hw, device=device, dtype=dtype).to(memory_format=torch.channels_last)
             base, outs, notes = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
-            k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls)
+            k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, profile=not args.smoke)
             k1_ms = _one_call_graph_ms(c, x, args.rep)
             u_ms, _, u_out, _ = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
             ref = outs.get("eager")
+            # where the plan's time goes (each step replayed alone from a CUDA graph)
+            steps = [{k: r[k] for k in ("kernel", "template", "ops", "time_ms")} for r in (c.variant.profile or [])]
+            if steps:
+                _log("  plan: " + ", ".join(f"{r['kernel']} [{r['template']}] {r['time_ms']:.4f}" for r in steps))
             pix = nb * hw * hw
             flops = 2.0 * pix * (9 * cin * c0 + c0 * c1)
             nbytes = 2.0 * (pix * (cin + c1) + 9 * cin * c0 + c0 * c1)
             rec = make_record(
                 "b2b_conv", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
                 kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
-                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls,
+                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, plan_profile=steps,
                 baseline_note="eager = cuDNN (channels-last); kfuse_unfused_ms = two conv_epilogue kernels (fuse_b2b=False)",
                 notes=notes + ["max_autotune skipped for conv chains"], **_b2b_fields(c),
             )  # fmt: skip

@@ -31,6 +31,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     args, kwargs = tuple(example_inputs), dict(example_kwargs or {})
+    if opts.output_layout == "auto":
+        opts = replace(opts, output_layout="channels_last" if any(_channels_last(a) for a in args) else "nchw")
 
     if _is_onnx(model):
         from kfuse.frontend.onnx import onnx_compiled_model
@@ -55,6 +57,13 @@ def compile(  # noqa: A001 - mirrors torch.compile
         return import_module(model, a, k, name)
 
     return CompiledModel(import_mod, model, args, kwargs, opts, name)
+
+
+def _channels_last(x: Any) -> bool:
+    """A 4-D tensor stored channels-last (and not also contiguous, as 1x1 maps or C=1 are)."""
+    return (
+        isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    )
 
 
 def _is_onnx(model: Any) -> bool:

@@ -4,7 +4,9 @@ The implicit-GEMM conv template reads BLOCK_K consecutive channels of one pixel 
 is coalesced only in NHWC. The pass converts each 4-D graph input that feeds a convolution to
 channels-last **once**, at the graph boundary (a ``to_nhwc`` node), marks every conv's output
 as channels-last (the kernels write NHWC, and PyTorch ops between convs keep the memory format),
-and converts 4-D graph outputs back to the standard layout. Shapes in the IR stay NCHW; only
+and converts 4-D graph outputs back to the standard layout, unless ``Options.output_layout`` is
+"channels_last" (``kfuse.compile`` sets it when the example input is channels-last, as eager
+PyTorch then returns channels-last outputs too). Shapes in the IR stay NCHW; only
 ``TensorType.layout`` and the physical strides change, so every other pass is unaffected.
 
 Channel padding: a few-channel input (the 3-channel RGB stem) can be zero-padded to a multiple
@@ -71,9 +73,10 @@ def _pad_weight(w: torch.Tensor, pad: int) -> torch.Tensor:
     return F.pad(w, (0, 0, 0, 0, 0, pad)).contiguous()
 
 
-def to_nhwc(graph: Graph, pad: str = "auto", multiple: int = 8) -> Graph:
+def to_nhwc(graph: Graph, pad: str = "auto", multiple: int = 8, keep_outputs: bool = False) -> Graph:
     """Convert conv graphs to channels-last at the boundary (see the module docstring).
-    ``pad``: "auto" (where the cost estimate says it pays), "always" or "never"."""
+    ``pad``: "auto" (where the cost estimate says it pays), "always" or "never".
+    ``keep_outputs``: 4-D outputs stay channels-last (no copy back to the standard layout)."""
     convs = [n for n in graph.nodes if n.op == "conv2d"]
     if not convs:
         return graph
@@ -111,7 +114,7 @@ def to_nhwc(graph: Graph, pad: str = "auto", multiple: int = 8) -> Graph:
         t = b.type_of(o)
         if o in rename:
             outputs.append(o)  # an input returned as is
-        elif isinstance(t, TensorType) and t.rank == 4:
+        elif isinstance(t, TensorType) and t.rank == 4 and not keep_outputs:
             outputs.append(b.op("contiguous", [o], {}, name=b.fresh(f"{o}_nchw")))
         else:
             outputs.append(o)
@@ -121,8 +124,9 @@ def to_nhwc(graph: Graph, pad: str = "auto", multiple: int = 8) -> Graph:
 def layout_pass(options: Any = None) -> Any:
     """The pipeline stage for ``Options.layout``: "auto"/"nhwc" convert, "nchw" leaves as is."""
     mode = getattr(options, "layout", "auto")
+    keep = getattr(options, "output_layout", "nchw") == "channels_last"
 
     def stage(graph: Graph) -> Graph:
-        return graph if mode == "nchw" else to_nhwc(graph)
+        return graph if mode == "nchw" else to_nhwc(graph, keep_outputs=keep)
 
     return stage

@@ -61,3 +61,32 @@ def test_fused_conv_keeps_channels_last():
     convs = [n for n in g2.nodes if n.op == "conv_epilogue"]
     assert len(convs) == 2 and all(n.ttype.layout == "channels_last" for n in convs)
     torch.testing.assert_close(reference_run(g2, [x])[0], reference_run(g, [x])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_keep_outputs_channels_last_skips_the_copy_back():
+    g, x = _conv_graph(4)
+    g2 = to_nhwc(g, pad="never", keep_outputs=True)
+    assert "contiguous" not in g2.op_counts()
+    (got,) = reference_run(g2, [x])
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
+    torch.testing.assert_close(got, reference_run(g, [x])[0])
+
+
+def test_compile_returns_the_memory_format_eager_returns():
+    """A channels-last example input gives channels-last outputs (as eager does), with no copy-back
+    step in the plan; a contiguous input gives contiguous outputs."""
+    import kfuse
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    for cl in (True, False):
+        x = torch.randn(2, 4, 6, 5)
+        if cl:
+            x = x.to(memory_format=torch.channels_last)
+        c = kfuse.compile(model, (x,), cuda_graphs=False)
+        out = c(x)
+        ref = model(x)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        assert out.is_contiguous(memory_format=torch.channels_last) == ref.is_contiguous(memory_format=torch.channels_last)
+        assert out.is_contiguous() == ref.is_contiguous()
+        assert any(k["ops"] == ["contiguous"] for k in c.report["kernels"]) != cl
