@@ -15,17 +15,28 @@ Three pointer-based variants share one main loop (``_mainloop``, cp.async loads 
 * ``gemm_persistent_kernel``: a fixed grid of ``NUM_PROGRAMS`` (= number of SMs) programs that
   loop over tiles, for Hopper where launch/tail effects matter on mid-size problems.
 
-and one for Hopper that loads the A and B tiles by TMA (host-side tensor descriptors, made per
+and two for Hopper that load the A and B tiles by TMA (host-side tensor descriptors, made per
 call), with the same generated epilogue:
 
 * ``gemm_tma_kernel``: one program per output tile (``GemmConfig.tma``); 10-18% faster than
-  ``gemm_kernel`` on the H200. Used only when TMA can describe the operands (``tma_operands``:
-  A K-contiguous, B row- or column-major, 16-byte aligned base and leading strides, fp16/bf16/
-  fp32), without split-K and not persistent; otherwise ``launch`` runs the pointer kernel.
+  ``gemm_kernel`` on the H200.
+* ``gemm_tma_persistent_kernel`` (``tma`` and ``persistent``): ``NUM_PROGRAMS`` (= number of
+  SMs) programs loop over the (batch, tile) space with ``tl.range(flatten=, warp_specialize=)``
+  so that, with K only a few blocks (BERT/GPT-2: K=768), the next tile's loads overlap this
+  tile's epilogue. Its options are compile hints (``flatten``, ``warp_specialize``,
+  ``epilogue_subtile``). On the H200 (one run of ``benchmarks/experiments/gemm_ws_probe.py``)
+  the flattened loop is 5-15% faster than ``gemm_tma_kernel`` at K=768; Triton 3.6's Hopper warp
+  specialisation takes effect only with num_warps=4 and without ``flatten``, deadlocks with
+  BLOCK_M > 64 and is 1.7-2x slower than the flattened loop on 64-row tiles (the limits are hard
+  rules in ``kfuse.tune.space``).
 
-Tile parameters (BLOCK_M/N/K, GROUP_M, num_warps, num_stages, split-K, persistent, tma) are
-template parameters chosen by the tuner (``kfuse.tune``); ``default_config`` gives a
-shape-based choice when nothing was tuned.
+Both are used only when TMA can describe the operands (``tma_operands``: A K-contiguous, B row-
+or column-major, 16-byte aligned base and leading strides, fp16/bf16/fp32) and without split-K;
+otherwise ``launch`` runs the matching pointer kernel.
+
+Tile parameters (BLOCK_M/N/K, GROUP_M, num_warps, num_stages, split-K, persistent, tma and the
+persistent TMA kernel's hints) are template parameters chosen by the tuner (``kfuse.tune``);
+``default_config`` gives a shape-based choice when nothing was tuned.
 """
 
 from __future__ import annotations
@@ -196,6 +207,61 @@ def gemm_tma_kernel(
     offs_n = off_n + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
 {epilogue_store_4}
+
+
+@triton.jit
+def gemm_tma_persistent_kernel(
+    a_desc, b_desc, c_ptr, {extra_ptrs}
+    M, N, K, n_batch,
+    stride_cb, stride_cm, stride_cn, {extra_strides}
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+):
+    # gemm_tma_kernel's tile, but NUM_PROGRAMS programs walk the (batch, tile) space; the tile
+    # loop and the K loop form one nest that the compiler can flatten (FLATTEN: the next tile's
+    # first TMA loads are issued while this tile's epilogue runs, which matters when K is only a
+    # few blocks) or split into load and MMA/epilogue warp groups (WARP_SPECIALIZE). Both are
+    # compile hints: the interpreter runs the plain nest.
+    # The descriptors are host-side (tma_operands, as for gemm_tma_kernel), not built in the
+    # kernel by tl.make_tensor_descriptor: those need a scratch buffer per launch from
+    # triton.set_allocator, a per-thread (ContextVar) setting a library cannot make for its
+    # caller's threads without replacing the caller's allocator. Host-side ones need nothing
+    # global, run in the interpreter and compile warp-specialised for sm_90.
+    tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    for t in tl.range(tl.program_id(0), tiles_per_batch * n_batch, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        bat = t // tiles_per_batch
+        pid_m, pid_n = _tile_coords(t % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(k_blocks):
+            k = kb * BLOCK_K
+            a = _tma_tile(a_desc, bat, off_m, k, BLOCK_M, BLOCK_K, A_BATCHED)
+            if B_KMAJOR:
+                b = _tma_tile(b_desc, bat, off_n, k, BLOCK_N, BLOCK_K, B_BATCHED).T
+            else:
+                b = _tma_tile(b_desc, bat, k, off_n, BLOCK_K, BLOCK_N, B_BATCHED)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        pid_b = bat.to(tl.int64)
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        if EPILOGUE_SUBTILE:
+            # the epilogue on two (BLOCK_M, BLOCK_N / 2) halves: the extra inputs' tiles and the
+            # epilogue's temporaries are live for half the tile at a time (big tiles spill)
+            acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            offs_n = off_n + tl.arange(0, BLOCK_N // 2)
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            acc = acc_lo
+{epilogue_store_12}
+            offs_n += BLOCK_N // 2
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            acc = acc_hi
+{epilogue_store_12}
+        else:
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+{epilogue_store_12}
 """
 
 
@@ -222,6 +288,7 @@ def kernel_source(epi: Epilogue) -> str:
         epilogue_store=_epilogue_store(epi, " " * 8),
         epilogue_store_4=_epilogue_store(epi, " " * 4),
         epilogue_store_8=_epilogue_store(epi, " " * 8),
+        epilogue_store_12=_epilogue_store(epi, " " * 12),
     )
 
 
@@ -236,6 +303,10 @@ class GemmConfig:
     split_k: int = 1
     persistent: bool = False
     tma: bool = False  # A/B tiles by TMA descriptors (sm_90; falls back to pointers when ineligible)
+    # compile hints of the persistent TMA kernel (persistent and tma), ignored by the others
+    warp_specialize: bool = False  # load and MMA/epilogue warp groups (sm_90: num_warps 4, BLOCK_M 64 only)
+    flatten: bool = False  # the tile loop and the K loop pipelined as one loop
+    epilogue_subtile: bool = False  # the epilogue on two half tiles (fewer live registers)
 
     def describe(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
@@ -245,6 +316,12 @@ class GemmConfig:
             s += " persistent"
         if self.tma:
             s += " tma"
+        if self.warp_specialize:
+            s += " ws"
+        if self.flatten:
+            s += " flat"
+        if self.epilogue_subtile:
+            s += " sub"
         return s
 
     def as_dict(self) -> dict[str, Any]:
@@ -413,7 +490,17 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
     ab = (a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1), c.stride(2))
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
-    tma = tma_operands(a, b, cfg) if cfg.tma and split == 1 and not cfg.persistent else None
+    tma = tma_operands(a, b, cfg) if cfg.tma and split == 1 else None
+    if tma is not None and cfg.persistent:
+        a_desc, b_desc, layout = tma
+        n_prog = min(_num_sms(a.device), tiles * nb)
+        _go(mod.gemm_tma_persistent_kernel, (n_prog,), warmup,
+            a_desc, b_desc, c, *g.extras, m, n, k, nb, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_PROGRAMS=n_prog,
+            **layout, INPUT_PRECISION=precision, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
+            EPILOGUE_SUBTILE=cfg.epilogue_subtile, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return
     if tma is not None:
         a_desc, b_desc, layout = tma
         _go(mod.gemm_tma_kernel, (tiles, nb), warmup,

@@ -13,10 +13,17 @@ cannot run or cannot be fast, always with a reason a person can read:
 * wgmma (sm_90): 8 warps are two warpgroups and need ``BLOCK_M >= 64``;
 * split-K only when the output tiles do not fill the GPU and each slice keeps >= 2 K blocks;
   the persistent variant only on sm_90, without split-K, when there are more tiles than SMs;
-* TMA (``tma``: A/B tiles by tensor descriptors) only on sm_90, without split-K, not with the
-  persistent loop (persistent TMA measured slower than one program per tile on the H200), and
-  only when TMA can describe the operands (A K-contiguous, 16-byte aligned leading strides),
-  since otherwise the launch falls back to the pointer kernel and the config is a duplicate.
+* TMA (``tma``: A/B tiles by tensor descriptors) only on sm_90, without split-K, and only when
+  TMA can describe the operands (A K-contiguous, 16-byte aligned leading strides), since
+  otherwise the launch falls back to the pointer kernel and the config is a duplicate. With
+  ``persistent`` it is the persistent TMA kernel;
+* that kernel's compile hints (``warp_specialize``, ``flatten``, ``epilogue_subtile``) only with
+  persistent + tma, and only where Triton 3.6 builds what they ask for on sm_90 (compiled
+  offline, run on the H200): warp specialisation needs num_warps=4 and BLOCK_M >= 64
+  (otherwise the hint is dropped and the config duplicates another), is dropped on a flattened
+  loop, fails to compile with the subtiled epilogue and on 64x256 tiles, and deadlocks on the
+  H200 with BLOCK_M > 64, so it is kept to 64x32..64x128 tiles; the subtiled epilogue only where
+  the accumulator is big enough (128 registers/thread) for the full-tile epilogue to spill.
 
 Soft rules (``estimate_ms``) are an analytic roofline-with-waves estimate used to rank
 candidates before the database has data, and as a feature of the learned cost model.
@@ -150,7 +157,13 @@ GEMM_AXES: dict[str, tuple[Any, ...]] = {
     "split_k": (1, 2, 4, 8),
     "persistent": (False, True),
     "tma": (False, True),
+    "warp_specialize": (False, True),
+    "flatten": (False, True),
+    "epilogue_subtile": (False, True),
 }
+
+# compile hints of the persistent TMA kernel: enumerated only where that kernel runs
+_HINTS = ("warp_specialize", "flatten", "epilogue_subtile")
 
 CONV_AXES: dict[str, tuple[Any, ...]] = {
     "block_m": (32, 64, 128, 256),
@@ -168,20 +181,48 @@ def axes(template: str) -> dict[str, tuple[Any, ...]]:
 
 
 def all_configs(template: str) -> Iterator[Config]:
+    """The product of the axes, except that the persistent TMA kernel's hints are combined only
+    with persistent + tma without split-K (elsewhere they are rejected anyway): 1.2x, not 8x."""
     ax = axes(template)
     cls = GemmConfig if template == "gemm" else ConvConfig
-    for values in itertools.product(*ax.values()):
-        yield cls(**dict(zip(ax, values, strict=True)))
+    hints = [h for h in _HINTS if h in ax]
+    base = {k: v for k, v in ax.items() if k not in hints}
+    for values in itertools.product(*base.values()):
+        d = dict(zip(base, values, strict=True))
+        if not hints or not (d["persistent"] and d["tma"] and d["split_k"] == 1):
+            yield cls(**d)
+            continue
+        for hv in itertools.product(*(ax[h] for h in hints)):
+            h = dict(zip(hints, hv, strict=True))
+            if h["warp_specialize"] and (d["num_warps"] != 4 or h["flatten"] or h["epilogue_subtile"]):
+                continue
+            yield cls(**d, **h)
 
 
 def smem_bytes(cfg: Config, problem: Problem) -> int:
     e = _dt(problem.dtype)
-    return cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * e
+    pipeline = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * e
+    if isinstance(cfg, GemmConfig) and cfg.epilogue_subtile:
+        # splitting the accumulator goes through shared memory (a half tile of fp32), on top
+        # of the pipeline buffers, which the next tile's loads keep live (H200: 128x256x64 s4
+        # asked for 262176 B)
+        pipeline += cfg.block_m * cfg.block_n * 2
+    return pipeline
+
+
+def _ws(cfg: Config) -> bool:
+    return isinstance(cfg, GemmConfig) and cfg.warp_specialize
 
 
 def acc_regs(cfg: Config) -> int:
-    """fp32 accumulator registers per thread."""
-    return cfg.block_m * cfg.block_n // (cfg.num_warps * 32)
+    """fp32 accumulator registers per thread (warp-specialised: the tile is split over two
+    consumer warp groups of ``num_warps`` warps)."""
+    return cfg.block_m * cfg.block_n // (cfg.num_warps * 32 * (2 if _ws(cfg) else 1))
+
+
+def threads(cfg: Config) -> int:
+    """Threads of one program; warp specialisation adds a producer and a second consumer group."""
+    return cfg.num_warps * 32 * (3 if _ws(cfg) else 1)
 
 
 def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
@@ -206,6 +247,9 @@ def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
     if isinstance(cfg, GemmConfig) and isinstance(problem, GemmProblem):
         split = cfg.split_k
         tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * problem.batch
+        why = _hint_reject(cfg)
+        if why:
+            return why
         if split > 1 and tiles >= hw.num_sms:
             return f"split-K: already {tiles} tiles >= {hw.num_sms} SMs, a K split only adds a reduction"
         if split > 1 and k // split < 2 * cfg.block_k:
@@ -232,13 +276,42 @@ def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
     return None
 
 
+def _hint_reject(cfg: GemmConfig) -> str | None:
+    """The persistent TMA kernel's compile hints; the limits are Triton 3.6's on sm_90, found by
+    compiling offline (tests/kernels/test_gemm.py checks the warp-specialised SASS)."""
+    hints = [h for h in _HINTS if getattr(cfg, h)]
+    if not hints:
+        return None
+    if not (cfg.persistent and cfg.tma):
+        return f"{'/'.join(hints)}: hints of the persistent TMA kernel only (needs persistent and tma)"
+    if cfg.warp_specialize:
+        if cfg.num_warps != 4:
+            return "warp_specialize needs num_warps=4 (Triton 3.6 on sm_90 ignores it with 8 warps: a duplicate config)"
+        if cfg.block_m < 64:
+            return "warp_specialize needs BLOCK_M >= 64 (wgmma consumer groups; smaller tiles are not specialised)"
+        if cfg.block_m > 64:
+            # the pass then splits BLOCK_M over the two consumer groups; measured on the H200:
+            # 128x64, 128x128, 256x128 never finish (one tile per program or many, with or
+            # without an epilogue), 64x64 and 64x128 (split along N) are correct
+            return "warp_specialize with BLOCK_M > 64: Triton 3.6's Hopper kernel deadlocks on the H200 (64-row tiles only)"
+        if cfg.flatten:
+            return "warp_specialize with flatten: Triton 3.6 does not specialise a flattened loop (a duplicate of flatten alone)"
+        if cfg.epilogue_subtile:
+            return "warp_specialize with epilogue_subtile: Triton 3.6's Hopper data partitioning fails on the split epilogue"
+        if cfg.block_m == 64 and cfg.block_n >= 256:
+            return "warp_specialize on a 64x256 tile: Triton 3.6 fails to compile it (wgmma operand layout assertion)"
+    if cfg.epilogue_subtile and acc_regs(cfg) < 128:
+        # ptxas, offline: the bias+GELU epilogue of a 128-register accumulator spills ~2 KB, 10x
+        # less subtiled; at 64 registers it spills ~20 B either way
+        return f"epilogue_subtile only pays on big tiles (accumulator {acc_regs(cfg)} < 128 registers/thread)"
+    return None
+
+
 def _tma_reject(cfg: GemmConfig, problem: GemmProblem, hw: Hardware) -> str | None:
     if not hw.has_wgmma:
         return "TMA (tensor descriptors) is in the Hopper (sm_90) space only"
     if cfg.split_k > 1:
         return "TMA and split-K do not combine (the split-K kernel loads by pointer)"
-    if cfg.persistent:
-        return "TMA and persistent do not combine (persistent TMA measured slower than one program per tile)"
     if problem.a_t:
         return "TMA needs A K-contiguous (A is column-major): the launch would fall back to pointers"
     e = _dt(problem.dtype)
@@ -261,10 +334,10 @@ def is_valid(cfg: Config, problem: Problem, hw: Hardware) -> bool:
 # soft rules: an analytic estimate (roofline per tile, wave quantisation, occupancy)
 # ---------------------------------------------------------------------------------------
 def occupancy(cfg: Config, problem: Problem, hw: Hardware) -> int:
-    threads = cfg.num_warps * 32
+    n = threads(cfg)
     by_smem = hw.smem_per_block // max(1, smem_bytes(cfg, problem))
-    by_regs = hw.regs_per_sm // (threads * (acc_regs(cfg) + 48))
-    by_threads = hw.max_threads_per_sm // threads
+    by_regs = hw.regs_per_sm // (n * (acc_regs(cfg) + 48))
+    by_threads = hw.max_threads_per_sm // n
     return max(1, min(by_smem, by_regs, by_threads, 8))
 
 
@@ -303,11 +376,27 @@ def estimate_ms(cfg: Config, problem: Problem, hw: Hardware) -> float:
     if cfg.group_m == 1 and cdiv(m, cfg.block_m) > 8:
         t *= 1.05  # B tiles fall out of L2 without the swizzle
     if isinstance(cfg, GemmConfig) and cfg.persistent:
-        t *= 0.97
+        t *= _persistent_tma_factor(cfg, k, tiles, hw) if cfg.tma else 0.97
     if isinstance(cfg, GemmConfig) and cfg.tma:
         t *= 0.88  # TMA loads: 10-18% faster than cp.async on the H200 (GEMM+bias+GELU, K=768)
     t += 4e-6 * (2 if split > 1 else 1)  # launch
     return t * 1e3
+
+
+def _persistent_tma_factor(cfg: GemmConfig, k: int, tiles: int, hw: Hardware) -> float:
+    """The persistent TMA kernel against one TMA program per tile, from one H200 run of
+    benchmarks/experiments/gemm_ws_probe.py (12 BERT/GPT-2 shapes, bias+GELU): the flattened
+    loop hides a tile's prologue/epilogue behind the next tile's loads, 5-15% faster where K is a
+    few blocks and each program gets several tiles (K=768), even at K=3072; without a hint the
+    persistent loop gains nothing; warp specialisation (64-row tiles, the only ones that do not
+    deadlock) is 1.7-2x slower than the flattened loop; the subtiled epilogue is mixed (+3%/-12%)."""
+    short_k = cdiv(k, cfg.block_k) <= 16 and tiles >= 2 * hw.num_sms
+    f = 1.02
+    if cfg.warp_specialize:
+        f *= 1.8
+    elif cfg.flatten:
+        f *= 0.9 if short_k else 0.98
+    return f
 
 
 def rank_by_rules(configs: list[Config], problem: Problem, hw: Hardware) -> list[Config]:
@@ -322,6 +411,7 @@ def features(cfg: Config, problem: Problem, hw: Hardware) -> list[float]:
     persistent = float(cfg.persistent) if isinstance(cfg, GemmConfig) else 0.0
     flat = float(cfg.flat_k) if isinstance(cfg, ConvConfig) else 0.0
     tma = float(cfg.tma) if isinstance(cfg, GemmConfig) else 0.0
+    hints = [float(getattr(cfg, h)) if isinstance(cfg, GemmConfig) else 0.0 for h in _HINTS]
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * batch * split
     occ = occupancy(cfg, problem, hw)
     waves = tiles / (hw.num_sms * occ)
@@ -329,7 +419,7 @@ def features(cfg: Config, problem: Problem, hw: Hardware) -> list[float]:
     pad = (cdiv(m, cfg.block_m) * cfg.block_m * cdiv(n, cfg.block_n) * cfg.block_n) / (m * n)
     return problem.features() + [
         math.log2(cfg.block_m), math.log2(cfg.block_n), math.log2(cfg.block_k), float(cfg.group_m),
-        float(cfg.num_warps), float(cfg.num_stages), math.log2(split), persistent, flat, tma,
+        float(cfg.num_warps), float(cfg.num_stages), math.log2(split), persistent, flat, tma, *hints,
         math.log2(tiles), float(occ), wave_eff, pad, smem_bytes(cfg, problem) / 1024.0, float(acc_regs(cfg)),
         math.log(estimate_ms(cfg, problem, hw)),
     ]  # fmt: skip

@@ -1,7 +1,8 @@
 """GEMM template: odd shapes, transposed and batched operands, split-K, persistent, TMA (and its
-fallback for operands TMA cannot describe), NaN-poisoned outputs, in the Triton interpreter
-(CPU); the sm_90 SASS check compiles a real cubin."""
+fallback for operands TMA cannot describe), the persistent TMA kernel with its compile hints,
+NaN-poisoned outputs, in the Triton interpreter (CPU); the sm_90 SASS checks compile real cubins."""
 
+import json
 import os
 import subprocess
 import sys
@@ -129,12 +130,95 @@ def test_tma_ineligible_operands_fall_back(launched, make_a, make_b):
     assert launched == ["gemm_kernel"]
 
 
-def test_tma_not_with_split_k_or_persistent(launched):
+def test_tma_not_with_split_k(launched):
     a, b = torch.randn(16, 256).half(), torch.randn(256, 32).half()
-    _check(a, b, [torch.randn(32).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 32, 1, 4, 1, split_k=2, tma=True), (16, 32))
-    assert launched == ["gemm_kernel", "splitk_reduce_kernel"]
-    launched.clear()
-    _check(a, b, [torch.randn(32).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 32, 1, 4, 1, persistent=True, tma=True), (16, 32))
+    for persistent in (False, True):
+        launched.clear()
+        cfg = GemmConfig(16, 32, 32, 1, 4, 1, split_k=2, persistent=persistent, tma=True)
+        _check(a, b, [torch.randn(32).half()], BIAS_GELU, torch.float16, cfg, (16, 32))
+        assert launched == ["gemm_kernel", "splitk_reduce_kernel"]
+
+
+# ---- the persistent TMA kernel (persistent + tma) ------------------------------------------
+BIAS_GELU_RES = Epilogue(
+    (
+        EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))),
+        EpilogueStep("gelu", (Operand("reg", 1),)),
+        EpilogueStep("add", (Operand("reg", 2), Operand("in", 1))),
+    ),
+    2,
+)  # fmt: skip
+HINTS = {
+    "plain": {},
+    "flatten": {"flatten": True},
+    "ws": {"warp_specialize": True},
+    "flatten+subtile": {"flatten": True, "epilogue_subtile": True},
+    "subtile": {"epilogue_subtile": True},
+}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """(kernel name, grid, constexprs) of every kernel ``launch`` runs."""
+    import kfuse.kernels.gemm as G
+
+    seen, go = [], G._go
+
+    def spy(kernel, grid, warmup, *args, **kwargs):
+        seen.append((getattr(kernel, "fn", kernel).__name__, grid, kwargs))
+        return go(kernel, grid, warmup, *args, **kwargs)
+
+    monkeypatch.setattr(G, "_go", spy)
+    return seen
+
+
+def _operand_b(shape_b, b_t, dtype):
+    if b_t:  # column-major B, as a transposed nn.Linear weight
+        return torch.randn(*shape_b[:-2], shape_b[-1], shape_b[-2]).transpose(-1, -2).to(dtype)
+    return torch.randn(shape_b).to(dtype)
+
+
+@pytest.mark.parametrize("hints", list(HINTS.values()), ids=list(HINTS))
+@pytest.mark.parametrize(
+    "shape_a,shape_b,b_t,dtype",
+    [
+        ((101, 72), (72, 88), False, torch.float16),  # ragged M, N and K (72 = 2 x 32 + 8)
+        ((101, 72), (72, 45), True, torch.float16),  # column-major B (a B^T descriptor), odd N
+        ((77, 36), (36, 72), False, torch.float32),
+        ((77, 36), (36, 75), True, torch.float32),
+        ((3, 40, 56), (3, 56, 40), False, torch.float16),  # batched: the tile loop walks the batches
+        ((40, 56), (3, 56, 40), True, torch.float16),  # A broadcast over B's batch
+    ],
+)  # fmt: skip
+def test_tma_persistent_matches_reference(launches, shape_a, shape_b, b_t, dtype, hints):
+    """bias + GELU + residual, NaN-poisoned output; more tiles than programs, so every program
+    runs the tile loop more than once (the interpreter's 'GPU' has 4 SMs)."""
+    a, b = torch.randn(shape_a).to(dtype), _operand_b(shape_b, b_t, dtype)
+    out_shape = tuple(torch.broadcast_shapes(shape_a[:-2], shape_b[:-2])) + (shape_a[-2], shape_b[-1])
+    extras = [torch.randn(shape_b[-1]).to(dtype), torch.randn(out_shape).to(dtype)]
+    cfg = GemmConfig(32, 32, 32, 2, 4, 1, persistent=True, tma=True, **hints)
+    _check(a, b, extras, BIAS_GELU_RES, dtype, cfg, out_shape)
+    [(name, grid, kw)] = launches
+    tiles = -(-out_shape[-2] // 32) * -(-out_shape[-1] // 32) * (out_shape[0] if len(out_shape) == 3 else 1)
+    assert name == "gemm_tma_persistent_kernel" and grid == (kw["NUM_PROGRAMS"],) and 2 * grid[0] <= tiles
+    assert kw["B_KMAJOR"] == b_t and kw["FLATTEN"] == cfg.flatten and kw["WARP_SPECIALIZE"] == cfg.warp_specialize
+    assert kw["EPILOGUE_SUBTILE"] == cfg.epilogue_subtile
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_tma_persistent_bias_gelu_and_big_tile(launches, dtype):
+    a, b = torch.randn(150, 64).to(dtype), torch.randn(72, 64).t().to(dtype)
+    for cfg in (GemmConfig(64, 64, 32, 8, 4, 1, persistent=True, tma=True, warp_specialize=True),
+                GemmConfig(64, 128, 64, 8, 4, 1, persistent=True, tma=True, flatten=True, epilogue_subtile=True)):  # fmt: skip
+        _check(a, b, [torch.randn(72).to(dtype)], BIAS_GELU, dtype, cfg, (150, 72))
+    assert [x[0] for x in launches] == ["gemm_tma_persistent_kernel"] * 2
+
+
+def test_tma_persistent_falls_back_to_pointer_persistent(launched):
+    """Operands TMA cannot describe (A column-major): the pointer persistent kernel, hints ignored."""
+    a, b = torch.randn(96, 100).half().t(), torch.randn(96, 72).half()
+    cfg = GemmConfig(32, 32, 32, 2, 4, 1, persistent=True, tma=True, warp_specialize=True)
+    _check(a, b, [torch.randn(72).half()], BIAS_GELU, torch.float16, cfg, (100, 72))
     assert launched == ["gemm_persistent_kernel"]
 
 
@@ -142,6 +226,10 @@ def test_config_describe_and_dict():
     cfg = GemmConfig(128, 256, 64, 8, 8, 3, tma=True)
     assert cfg.describe() == "128x256x64 g8 w8 s3 tma" and cfg.as_dict()["tma"] is True
     assert "tma" not in GemmConfig().describe()
+    ws = GemmConfig(128, 128, 64, 8, 4, 3, persistent=True, tma=True, warp_specialize=True)
+    assert ws.describe() == "128x128x64 g8 w4 s3 persistent tma ws" and ws.as_dict()["warp_specialize"] is True
+    flat = GemmConfig(128, 256, 64, 8, 8, 4, persistent=True, tma=True, flatten=True, epilogue_subtile=True)
+    assert flat.describe() == "128x256x64 g8 w8 s4 persistent tma flat sub"
 
 
 def test_no_epilogue_and_k_zero():
@@ -193,6 +281,49 @@ def test_sass_uses_hgmma_on_sm90():
         pytest.skip("the triton wheel has no cuobjdump")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().endswith("HGMMA"), r.stdout
+
+
+_SASS_WS_SCRIPT = r"""
+import json, os, subprocess, sys, tempfile
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from kfuse.ir import ops
+from kfuse.kernels.gemm import _module
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+epi = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("gelu", (Operand("reg", 1),))), 1)
+fn = _module(epi).gemm_tma_persistent_kernel
+# column-major B (a transposed nn.Linear weight): host descriptors of A (M, K) and B^T (N, K)
+sig = {"a_desc": "tensordesc<fp16[64, 64]>", "b_desc": "tensordesc<fp16[128, 64]>", "c_ptr": "*fp16", "x0_ptr": "*fp16"}
+consts = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "NUM_PROGRAMS": 132, "A_BATCHED": False,
+          "B_BATCHED": False, "B_KMAJOR": True, "INPUT_PRECISION": "tf32", "FLATTEN": False, "WARP_SPECIALIZE": True,
+          "EPILOGUE_SUBTILE": False}
+for name in fn.arg_names:
+    sig.setdefault(name, "constexpr" if name in consts else "i32")
+src = triton.compiler.ASTSource(fn, sig, constexprs=consts)
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+    f.write(k.asm["cubin"])
+sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+print(json.dumps({"HGMMA": sass.count("HGMMA"), "UTMALDG": sass.count("UTMALDG"), "USETMAXREG": sass.count("USETMAXREG"),
+                  "num_warps": k.metadata.num_warps}))
+"""
+
+
+def test_sass_warp_specialized_persistent_tma_on_sm90():
+    """Triton 3.6 warp-specialises the persistent TMA kernel for sm_90 with num_warps=4: 12 warps
+    (a producer group issuing the TMA loads, two consumer groups running wgmma), register
+    budgets moved between them by setmaxnreg. 64x128 is a tile the space allows (64-row tiles
+    only: with BLOCK_M > 64 the specialised kernel deadlocks on the H200)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _SASS_WS_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    if r.returncode != 0 and "cuobjdump" in r.stderr and "No such file" in r.stderr:
+        pytest.skip("the triton wheel has no cuobjdump")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["HGMMA"] > 0 and got["UTMALDG"] > 0 and got["USETMAXREG"] > 0 and got["num_warps"] == 12, got
 
 
 def test_open_ended_clamp_in_epilogue() -> None:
