@@ -104,9 +104,10 @@ def _b2b_fields(c: Any) -> dict[str, Any]:
 
 def _baselines(
     fn: nn.Module, x: torch.Tensor, autotune: bool, rep: int, smoke: bool, calls: int = 1
-) -> tuple[dict[str, float], dict[str, Any], list[str]]:
+) -> tuple[dict[str, float], dict[str, Any], list[str], dict[str, float]]:
     """PyTorch baselines; eager_cudagraph is re-timed with ``calls`` calls per graph (the single
-    replay time is kept as ``eager_cudagraph_1call`` in the notes), on the footing of kfuse_ms."""
+    replay time is returned as ``eager_cudagraph_1call_ms``), on the footing of kfuse_ms."""
+    extra: dict[str, float] = {}
     which = ["eager"] if smoke else ["eager", "eager_cudagraph", "compile"] + (["max_autotune"] if autotune else [])
     notes = [] if autotune or smoke else ["max_autotune skipped for this case (compile time within the 180 s budget)"]
     with torch.no_grad():
@@ -114,11 +115,13 @@ def _baselines(
         if calls > 1 and "eager_cudagraph" in times:
             one = times["eager_cudagraph"]
             times["eager_cudagraph"], _ = graph_ms_per_call(fn, (x,), calls=calls, rep=rep)
+            extra["eager_cudagraph_1call_ms"] = one
             notes.append(
-                f"eager_cudagraph and kfuse_ms: {calls} calls per CUDA graph, ms per call; one call per graph: eager_cudagraph {one:.4f} ms"
+                f"eager_cudagraph and kfuse_ms: {calls} calls per CUDA graph, ms per call"
+                " (one-call times: eager_cudagraph_1call_ms, kfuse_1call_graph_ms)"
             )
             _log(f"  eager_cudagraph x{calls} {times['eager_cudagraph']:9.4f} ms per call")
-    return times, outs, notes
+    return times, outs, notes, extra
 
 
 def _mlp2(k0: int, n0: int, n1: int, dtype: torch.dtype, device: str) -> nn.Module:
@@ -145,7 +148,7 @@ def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                 model = _mlp2(k0, n0, n1, dtype, device)
                 x = torch.randn(m, k0, device=device, dtype=dtype)
                 autotune = (m, (k0, n0, n1)) in AUTOTUNE_CASES and not args.no_autotune
-                base, outs, notes = _baselines(model, x, autotune, args.rep, args.smoke, args.graph_calls)
+                base, outs, notes, extra = _baselines(model, x, autotune, args.rep, args.smoke, args.graph_calls)
                 k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls)
                 k1_ms = _one_call_graph_ms(c, x, args.rep)
                 u_ms, _, u_out, _ = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
@@ -155,7 +158,8 @@ def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                 rec = make_record(
                     "b2b_gemm", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
                     kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
-                    kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c),
+                    kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra,
+                    m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c),
                 )  # fmt: skip
                 recs.append(rec)
                 _log(f"  kfuse {k_ms:.4f} ms (call {call_ms:.4f}), unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
@@ -181,7 +185,7 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
         try:
             model = _convs(cin, c0, c1, dtype, device)
             x = torch.randn(nb, cin, hw, hw, device=device, dtype=dtype).to(memory_format=torch.channels_last)
-            base, outs, notes = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
+            base, outs, notes, extra = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
             k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, profile=not args.smoke)
             k1_ms = _one_call_graph_ms(c, x, args.rep)
             u_ms, _, u_out, _ = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
@@ -196,7 +200,7 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             rec = make_record(
                 "b2b_conv", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
                 kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
-                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, plan_profile=steps,
+                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra, plan_profile=steps,
                 baseline_note="eager = cuDNN (channels-last); kfuse_unfused_ms = two conv_epilogue kernels (fuse_b2b=False)",
                 notes=notes + ["max_autotune skipped for conv chains"], **_b2b_fields(c),
             )  # fmt: skip
@@ -221,7 +225,7 @@ def bench_mlp(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list
         try:
             model, margs, _ = zoo.build("nerf-mlp", batch=batch, dtype=dtype, device=device)
             x = margs[0]
-            base, outs, notes = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
+            base, outs, notes, extra = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
             k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls)
             k1_ms = _one_call_graph_ms(c, x, args.rep)
             u_ms, _, u_out, _ = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
@@ -231,7 +235,7 @@ def bench_mlp(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list
             rec = make_record(
                 "mlp_model", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
                 kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
-                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, notes=notes, **_b2b_fields(c),
+                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra, notes=notes, **_b2b_fields(c),
             )  # fmt: skip
             recs.append(rec)
             _log(f"  kfuse {k_ms:.4f} ms, unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
