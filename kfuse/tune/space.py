@@ -22,8 +22,10 @@ cannot run or cannot be fast, always with a reason a person can read:
   offline, run on the H200): warp specialisation needs num_warps=4 and BLOCK_M >= 64
   (otherwise the hint is dropped and the config duplicates another), is dropped on a flattened
   loop, fails to compile with the subtiled epilogue and on 64x256 tiles, and deadlocks on the
-  H200 with BLOCK_M > 64, so it is kept to 64x32..64x128 tiles; the subtiled epilogue only where
-  the accumulator is big enough (128 registers/thread) for the full-tile epilogue to spill.
+  H200 with BLOCK_M > 64, so it is kept to 64x32..64x128 tiles, and it is not searched at all
+  (``GEMM_AXES``: 2.9-3.5x slower than the flattened loop where it ran; valid only when a config
+  asks for it); the subtiled epilogue only where the accumulator is big enough (128
+  registers/thread) for the full-tile epilogue to spill.
 
 Soft rules (``estimate_ms``) are an analytic roofline-with-waves estimate used to rank
 candidates before the database has data, and as a feature of the learned cost model.
@@ -157,7 +159,10 @@ GEMM_AXES: dict[str, tuple[Any, ...]] = {
     "split_k": (1, 2, 4, 8),
     "persistent": (False, True),
     "tma": (False, True),
-    "warp_specialize": (False, True),
+    # warp specialisation is a config knob but not searched: on the H200 (Triton 3.6) it hung the
+    # GPU on 128-row tiles and was 2.9-3.5x slower than the flattened loop on the 64-row tiles
+    # that ran (benchmarks/results/h200/experiments/gemm_ws_probe.json); a tuner must never hang
+    "warp_specialize": (False,),
     "flatten": (False, True),
     "epilogue_subtile": (False, True),
 }
