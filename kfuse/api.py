@@ -61,9 +61,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
 def _channels_last(x: Any) -> bool:
     """A 4-D tensor stored channels-last (and not also contiguous, as 1x1 maps or C=1 are)."""
-    return (
-        isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    )
+    return isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
 def _is_onnx(model: Any) -> bool:
