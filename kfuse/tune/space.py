@@ -23,7 +23,7 @@ cannot run or cannot be fast, always with a reason a person can read:
   (otherwise the hint is dropped and the config duplicates another), is dropped on a flattened
   loop, fails to compile with the subtiled epilogue and on 64x256 tiles, and deadlocks on the
   H200 with BLOCK_M > 64, so it is kept to 64x32..64x128 tiles, and it is not searched at all
-  (``GEMM_AXES``: 2.9-3.5x slower than the flattened loop where it ran; valid only when a config
+  (``GEMM_AXES``: 1.7-2x slower than the flattened loop where it ran; valid only when a config
   asks for it); the subtiled epilogue only where the accumulator is big enough (128
   registers/thread) for the full-tile epilogue to spill.
 
@@ -160,7 +160,7 @@ GEMM_AXES: dict[str, tuple[Any, ...]] = {
     "persistent": (False, True),
     "tma": (False, True),
     # warp specialisation is a config knob but not searched: on the H200 (Triton 3.6) it hung the
-    # GPU on 128-row tiles and was 2.9-3.5x slower than the flattened loop on the 64-row tiles
+    # GPU on 128-row tiles and was 1.7-2x slower than the flattened loop on the 64-row tiles
     # that ran (benchmarks/results/h200/experiments/gemm_ws_probe.json); a tuner must never hang
     "warp_specialize": (False,),
     "flatten": (False, True),
