@@ -140,7 +140,14 @@ def main() -> None:
                     "verify_samples_per_launch": per,
                     "candidate_failures": res.failures[:20],
                     "best_candidate_verified_samples": res.best_candidate_verified,
-                    "search": {"iterations_per_seed": a.iters, "seeds": a.seeds, "max_seconds": sa.max_seconds, "T": 0.4, "cooling": 0.003},
+                    "search": {
+                        "iterations_per_seed": a.iters,
+                        "seeds": a.seeds,
+                        "max_seconds": sa.max_seconds,
+                        "T": 0.4,
+                        "cooling": 0.003,
+                        "fitness": "paired (candidate / original timed next to it)",
+                    },
                 }
             )
         records.append(rec)

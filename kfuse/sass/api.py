@@ -111,6 +111,30 @@ def _ab_time(ev: Evaluator, a: bytes, b: bytes, rounds: int = 3) -> tuple[float,
     return statistics.median(ta), statistics.median(tb)
 
 
+def make_fitness(
+    ev: Any, cubin_of: Callable[[Schedule], bytes], original: bytes, base_ms: float, quick_samples: int = 1, paired: bool = True
+) -> Callable[[Schedule], float | None]:
+    """The search's fitness: a candidate's time in ms, or None when it computes something else.
+    ``paired``: the original is timed right after each candidate and the candidate reported as
+    ``base_ms * t_candidate / t_original``. GPU clocks drift over a search (the H200 run of
+    session 1 had the median candidate of one GEMM 3% "faster" than the original measured once at
+    the start, and every apparent gain vanished on interleaved re-timing); a ratio of neighbours
+    does not drift. Costs one more timing per candidate."""
+
+    def fitness(s: Schedule) -> float | None:
+        data = cubin_of(s)
+        ok, _, _ = ev.check(data, quick_samples)
+        if not ok:
+            return None
+        t = ev.time(data)
+        if t is None or not paired:
+            return t
+        t0 = ev.time(original)
+        return None if t0 is None else base_ms * t / t0
+
+    return fitness
+
+
 def optimize_compiled_kernel(
     ck: Any,
     make_args: Callable[[], Sequence[Any]] | Sequence[Any],
@@ -130,6 +154,7 @@ def optimize_compiled_kernel(
     apply: bool = True,
     always_verify: bool = False,
     log: Callable[[str], None] | None = None,
+    paired: bool = True,
 ) -> SassResult:
     """Search a faster SASS schedule for a Triton CompiledKernel, verify it, cache it and (if `apply`)
     load it into `ck`.  Never installs a schedule that did not pass `samples` random tests."""
@@ -167,10 +192,7 @@ def optimize_compiled_kernel(
         if base_ms is None:
             raise RuntimeError(f"the original {kname} cubin could not be timed")
 
-        def fitness(s: Schedule) -> float | None:
-            data = emit(cub, kname, s).data
-            ok, _, _ = ev.check(data, quick_samples)
-            return ev.time(data) if ok else None
+        fitness = make_fitness(ev, lambda s: emit(cub, kname, s).data, original, base_ms, quick_samples, paired)
 
         bar = _progress(progress, kname)
         res = strategy.search(start, fitness, base_ms, progress=bar)
