@@ -115,7 +115,7 @@ def gemm_kernel(
     M, N, K, k_per_split,
     stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
     stride_ws, {extra_strides}
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -144,7 +144,7 @@ def gemm_kernel(
 def splitk_reduce_kernel(
     ws_ptr, c_ptr, {extra_ptrs}
     M, N, stride_ws, stride_cb, stride_cm, stride_cn, {extra_strides}
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0) // tl.cdiv(N, BLOCK_N)
     pid_n = tl.program_id(0) % tl.cdiv(N, BLOCK_N)
@@ -165,7 +165,7 @@ def gemm_persistent_kernel(
     M, N, K, n_batch,
     stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
     {extra_strides}
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -185,7 +185,7 @@ def gemm_tma_kernel(
     a_desc, b_desc, c_ptr, {extra_ptrs}
     M, N, K,
     stride_cb, stride_cm, stride_cn, {extra_strides}
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # A and B tiles come in by TMA (Hopper's bulk tensor copies, zero-filled past the edges,
@@ -214,7 +214,7 @@ def gemm_tma_persistent_kernel(
     a_desc, b_desc, c_ptr, {extra_ptrs}
     M, N, K, n_batch,
     stride_cb, stride_cm, stride_cn, {extra_strides}
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
 ):
@@ -266,12 +266,19 @@ def gemm_tma_persistent_kernel(
 
 
 def _epilogue_store(epi: Epilogue, indent: str) -> str:
-    """Load the extra inputs at the tile's coordinates, apply the epilogue, store once."""
-    lines = [
-        f"{indent}x{j} = tl.load(x{j}_ptr + pid_b * stride_x{j}b + offs_m[:, None] * stride_x{j}m"
-        f" + offs_n[None, :] * stride_x{j}n, mask=mask)"
-        for j in range(epi.n_inputs)
-    ]
+    """Load the extra inputs at the tile's coordinates, apply the epilogue, store once. An extra
+    broadcast along the rows (a bias: row stride 0, flag ``XB<j>`` set by the launcher) is loaded
+    once per tile as a (1, BLOCK_N) vector: as a full tile it costs BLOCK_M x BLOCK_N / threads
+    registers and loads of repeated values (in the b2b template that spilled; docs/perf-notes.md)."""
+    lines = []
+    for j in range(epi.n_inputs):
+        lines += [
+            f"{indent}if XB{j}:",
+            f"{indent}    x{j} = tl.load(x{j}_ptr + pid_b * stride_x{j}b + offs_n * stride_x{j}n, mask=offs_n < N)[None, :]",
+            f"{indent}else:",
+            f"{indent}    x{j} = tl.load(x{j}_ptr + pid_b * stride_x{j}b + offs_m[:, None] * stride_x{j}m"
+            f" + offs_n[None, :] * stride_x{j}n, mask=mask)",
+        ]
     body = render(epi, indent=indent)
     if body:
         lines.append(body)
@@ -285,6 +292,7 @@ def kernel_source(epi: Epilogue) -> str:
     return _HEADER + _MAIN.format(
         extra_ptrs="".join(f"x{j}_ptr, " for j in range(n)),
         extra_strides="".join(f"stride_x{j}b, stride_x{j}m, stride_x{j}n, " for j in range(n)),
+        extra_flags="".join(f"XB{j}: tl.constexpr, " for j in range(n)),
         epilogue_store=_epilogue_store(epi, " " * 8),
         epilogue_store_4=_epilogue_store(epi, " " * 4),
         epilogue_store_8=_epilogue_store(epi, " " * 8),
@@ -477,6 +485,11 @@ def tma_operands(a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig) -> tuple[Any
     return a_desc, b_desc, {"A_BATCHED": a_batched, "B_BATCHED": b_batched, "B_KMAJOR": b_kmajor}
 
 
+def _row_broadcast_flags(extras: list[torch.Tensor]) -> dict[str, bool]:
+    """``XB<j>``: extra j is the same for every row (row stride 0, e.g. a bias broadcast to (B, M, N))."""
+    return {f"XB{j}": e.stride(1) == 0 for j, e in enumerate(extras)}
+
+
 def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) -> None:
     """Launch the kernel(s) for a prepared call with config ``cfg`` (``warmup``: compile only)."""
     nb, m, k = g.a.shape
@@ -487,6 +500,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
     ex_strides: list[int] = []
     for e in g.extras:
         ex_strides += [e.stride(0), e.stride(1), e.stride(2)]
+    xb = _row_broadcast_flags(g.extras)
     ab = (a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1), c.stride(2))
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
@@ -497,7 +511,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
         _go(mod.gemm_tma_persistent_kernel, (n_prog,), warmup,
             a_desc, b_desc, c, *g.extras, m, n, k, nb, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_PROGRAMS=n_prog,
-            **layout, INPUT_PRECISION=precision, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
+            **layout, INPUT_PRECISION=precision, **xb, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
             EPILOGUE_SUBTILE=cfg.epilogue_subtile, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return
@@ -506,7 +520,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
         _go(mod.gemm_tma_kernel, (tiles, nb), warmup,
             a_desc, b_desc, c, *g.extras, m, n, k, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            **layout, INPUT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **layout, INPUT_PRECISION=precision, **xb, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return
     if cfg.persistent and split == 1:
@@ -514,7 +528,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
         _go(mod.gemm_persistent_kernel, (n_prog,), warmup,
             a, b, c, *g.extras, m, n, k, nb, *ab, *ex_strides,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            NUM_PROGRAMS=n_prog, EVEN_K=k % cfg.block_k == 0, INPUT_PRECISION=precision,
+            NUM_PROGRAMS=n_prog, EVEN_K=k % cfg.block_k == 0, INPUT_PRECISION=precision, **xb,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return
@@ -526,7 +540,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
     _go(mod.gemm_kernel, (tiles, nb, split), warmup,
         a, b, c, ws, *g.extras, m, n, k, k_per_split, *ab, m * n, *ex_strides,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        SPLIT_K=split, EVEN_K=even_k, INPUT_PRECISION=precision,
+        SPLIT_K=split, EVEN_K=even_k, INPUT_PRECISION=precision, **xb,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if split > 1:
@@ -540,10 +554,11 @@ def epilogue_pass(g: GemmCall, epi: Epilogue, ws: torch.Tensor, slices: int = 1,
     nb, m, n = g.c.shape
     c = g.c
     ex_strides = [s for e in g.extras for s in (e.stride(0), e.stride(1), e.stride(2))]
+    xb = _row_broadcast_flags(g.extras)
     rb = (64, 64)
     _go(_module(epi).splitk_reduce_kernel, (cdiv(m, rb[0]) * cdiv(n, rb[1]), nb), warmup,
         ws, c, *g.extras, m, n, m * n, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
-        BLOCK_M=rb[0], BLOCK_N=rb[1], SPLIT_K=slices, num_warps=4,
+        BLOCK_M=rb[0], BLOCK_N=rb[1], SPLIT_K=slices, **xb, num_warps=4,
     )  # fmt: skip
 
 

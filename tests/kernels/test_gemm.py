@@ -258,9 +258,10 @@ epi = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), Epil
 fn = _module(epi).gemm_kernel
 sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "ws_ptr": "*fp32", "x0_ptr": "*fp16"}
 for name in fn.arg_names:
-    if name not in sig and name not in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "EVEN_K", "INPUT_PRECISION"):
+    if name not in sig and name not in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "EVEN_K", "INPUT_PRECISION", "XB0"):
         sig[name] = "i32"
-consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "EVEN_K": True, "INPUT_PRECISION": "tf32"}
+consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "EVEN_K": True, "INPUT_PRECISION": "tf32",
+          "XB0": True}
 for k in consts:
     sig[k] = "constexpr"
 src = triton.compiler.ASTSource(fn, sig, constexprs=consts)
@@ -297,7 +298,7 @@ fn = _module(epi).gemm_tma_persistent_kernel
 sig = {"a_desc": "tensordesc<fp16[64, 64]>", "b_desc": "tensordesc<fp16[128, 64]>", "c_ptr": "*fp16", "x0_ptr": "*fp16"}
 consts = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "NUM_PROGRAMS": 132, "A_BATCHED": False,
           "B_BATCHED": False, "B_KMAJOR": True, "INPUT_PRECISION": "tf32", "FLATTEN": False, "WARP_SPECIALIZE": True,
-          "EPILOGUE_SUBTILE": False}
+          "EPILOGUE_SUBTILE": False, "XB0": True}
 for name in fn.arg_names:
     sig.setdefault(name, "constexpr" if name in consts else "i32")
 src = triton.compiler.ASTSource(fn, sig, constexprs=consts)
