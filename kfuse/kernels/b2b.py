@@ -30,6 +30,12 @@ CUTLASS's b2b example, and is a template parameter here (``residence``):
   the intermediate's registers while GEMM1 runs (wide N0, many stages) at the price of a
   round trip through shared memory.
 
+Hopper conv chains also have ``b2b_conv_tma_kernel`` (configs with ``tma`` and a spatial tile
+``tile_h``): a program owns a tile_h x (BLOCK_M / tile_h) pixel tile of one image, and stage 0's
+A tiles are TMA boxes of the NHWC input shifted by each filter tap (TMA's zero fill of the
+out-of-bounds part is the padding), as in CUTLASS's Hopper implicit-GEMM convs; the output
+tiles leave by TMA stores. Stride 1, NHWC, 16-byte aligned rows; else ``b2b_kernel`` runs.
+
 The launcher takes torch tensors; ``reference`` is the oracle (stage by stage in fp32, rounding
 the intermediates to their dtypes like the unfused graph).
 """
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -101,16 +108,22 @@ class B2BConfig:
     # output by TMA (``b2b_tma_kernel``); the pipeliner keeps TILE_STAGES row tiles in flight
     tma: bool = False
     programs_per_sm: int = 2  # persistent grid = programs_per_sm x SMs (capped at the tile count)
+    # with ``tma`` on a conv chain: the spatial tile of ``b2b_conv_tma_kernel``, tile_h x
+    # (block_m // tile_h) output pixels of one image (powers of two); 0: not that kernel
+    tile_h: int = 0
 
     def describe(self) -> str:
         d = f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
         d += (" persistent" if self.persistent else "") + (" preload" if self.preload else "")
-        if self.tma:
+        if self.tma and self.tile_h:
+            d += f" tma {self.tile_h}x{self.block_m // self.tile_h}"
+        elif self.tma:
             d += f" tma x{self.programs_per_sm}"
         return d
 
     def as_dict(self) -> dict[str, Any]:
-        keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload", "tma", "programs_per_sm")
+        keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload", "tma", "programs_per_sm",
+                "tile_h")  # fmt: skip
         return {k: getattr(self, k) for k in keys}
 
 
@@ -182,7 +195,9 @@ def kernel_source(chain: Chain) -> str:
         "        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)",
         *[("    " + ln) if ln.strip() else ln for ln in body],
     ]
-    if not chain.conv:
+    if chain.conv:
+        src += ["", "", *_conv_tma_kernel(chain, params)]
+    else:
         src += ["", "", *_tma_kernel(chain, ptrs, params)]
     return "\n".join(src) + "\n"
 
@@ -250,7 +265,6 @@ def _rowbcast_names(chain: Chain) -> list[str]:
 
 def _body(chain: Chain) -> list[str]:
     """The kernel body for the row tile ``offs_m`` (function-level indentation)."""
-    L = len(chain.stages)
     src = [
         "    mask_m = offs_m < M",
         "    offs_m = tl.where(mask_m, offs_m, 0)",
@@ -264,16 +278,7 @@ def _body(chain: Chain) -> list[str]:
         ]
     else:  # a GEMM is the 1x1 conv of an NBx1x1 image: row m is image m
         src += ["    n_idx = offs_m", "    oh = offs_m * 0", "    ow = offs_m * 0"]
-    # ---- preload: the resident stages' weights, in flight while stage 0 loads and multiplies ----
-    src += ["    if PRELOAD:  # only with SINGLE_N (the launcher): every weight is one tile"]
-    for s in range(1, L):
-        n_range = f"P{s}" if s < L - 1 else "BLOCK_N"
-        src += [
-            f"        wk{s} = tl.arange(0, P{s - 1})",
-            f"        wn{s} = tl.arange(0, {n_range})",
-            f"        wpre{s} = tl.load(w{s}_ptr + wk{s}[:, None] * N{s} + wn{s}[None, :],"
-            f" mask=(wk{s} < N{s - 1})[:, None] & (wn{s} < N{s})[None, :], other=0.0)",
-        ]
+    src += _preload(chain)
     # ---- stage 0: the K loop over (kh, kw, channel block) from global memory -----------------
     src += [
         "    ih0 = oh * SH - PH",
@@ -305,7 +310,34 @@ def _body(chain: Chain) -> list[str]:
         "            acc = tl.dot(a, b, acc, input_precision=PREC)",
         _stage_tail(chain, 0, "offs_n", "mask_n", 4),
     ]
-    # ---- resident stages: the previous tile never leaves the program ----------------------
+    store = [
+        "o_ptrs = out_ptr + (n_idx * son + oh * soh + ow * sow)[:, None] + offs_o[None, :] * soc",
+        "tl.store(o_ptrs, acc_o.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_o[None, :])",
+    ]
+    src += _later_stages(chain, lambda n0: store)
+    return [ln for chunk in src for ln in chunk.split("\n")]
+
+
+def _preload(chain: Chain) -> list[str]:
+    """With PRELOAD, the resident stages' weights: in flight while stage 0 loads and multiplies."""
+    src = ["    if PRELOAD:  # only with SINGLE_N (the launcher): every weight is one tile"]
+    for s in range(1, len(chain.stages)):
+        n_range = f"P{s}" if s < len(chain.stages) - 1 else "BLOCK_N"
+        src += [
+            f"        wk{s} = tl.arange(0, P{s - 1})",
+            f"        wn{s} = tl.arange(0, {n_range})",
+            f"        wpre{s} = tl.load(w{s}_ptr + wk{s}[:, None] * N{s} + wn{s}[None, :],"
+            f" mask=(wk{s} < N{s - 1})[:, None] & (wn{s} < N{s})[None, :], other=0.0)",
+        ]
+    return src
+
+
+def _later_stages(chain: Chain, store: Callable[[str], list[str]]) -> list[str]:
+    """Stages 1..L-1 from stage 0's ``acc`` (``mask_n`` its columns): each resident intermediate
+    feeds the next ``tl.dot``; the last stage runs in N tiles (one, or a loop), each written by
+    ``store(first column)`` (the kernel's only global store)."""
+    L = len(chain.stages)
+    src: list[str] = []
     for s in range(1, L):
         prev_dtype = _tl_dtype(chain.stages[s - 1].out_dtype)
         src += [
@@ -329,30 +361,77 @@ def _body(chain: Chain) -> list[str]:
                 "        acc = tl.dot(h, b, input_precision=PREC)",
                 _stage_tail(chain, s, "offs_n", "mask_n", 4),
             ]
-        else:  # last stage: N tiles (one, or a loop), each stored (the only global store)
-            load_o = f"tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_o[None, :], mask=mask_k[:, None] & mask_o[None, :], other=0.0)"
-            last = [
-                f"mask_o = offs_o < N{s}",
-                "B_O",
-                "if SMEM:",
-                "    acc_o = tl.trans(tl.dot(tl.trans(b_o), tl.trans(h), input_precision=PREC))",
-                "else:",
-                "    acc_o = tl.dot(h, b_o, input_precision=PREC)",
-                _stage_tail(chain, s, "offs_o", "mask_o", 0, acc="acc_o"),
-                "o_ptrs = out_ptr + (n_idx * son + oh * soh + ow * sow)[:, None] + offs_o[None, :] * soc",
-                "tl.store(o_ptrs, acc_o.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_o[None, :])",
-            ]
-            text = "\n".join(x for x in last if x)
-            one_tile = text.replace("B_O", f"if PRELOAD:\n    b_o = wpre{s}\nelse:\n    b_o = {load_o}")
-            src += [
-                "    if SINGLE_N:  # the whole last width in one tile: no N loop",
-                "        offs_o = tl.arange(0, BLOCK_N)",
-                _indent(one_tile, 8),
-                "    else:",
-                f"        for n0 in range(0, N{s}, BLOCK_N):",
-                "            offs_o = n0 + tl.arange(0, BLOCK_N)",
-                _indent(text.replace("B_O", f"b_o = {load_o}"), 12),
-            ]
+            continue
+        load_o = f"tl.load(w{s}_ptr + offs_k[:, None] * N{s} + offs_o[None, :], mask=mask_k[:, None] & mask_o[None, :], other=0.0)"
+        head = [f"mask_o = offs_o < N{s}"]
+        mma = [
+            "if SMEM:",
+            "    acc_o = tl.trans(tl.dot(tl.trans(b_o), tl.trans(h), input_precision=PREC))",
+            "else:",
+            "    acc_o = tl.dot(h, b_o, input_precision=PREC)",
+            _stage_tail(chain, s, "offs_o", "mask_o", 0, acc="acc_o"),
+        ]
+        one_tile = [*head, "if PRELOAD:", f"    b_o = wpre{s}", "else:", f"    b_o = {load_o}", *mma, *store("0")]
+        loop = [*head, f"b_o = {load_o}", *mma, *store("n0")]
+        src += [
+            "    if SINGLE_N:  # the whole last width in one tile: no N loop",
+            "        offs_o = tl.arange(0, BLOCK_N)",
+            _indent("\n".join(x for x in one_tile if x), 8),
+            "    else:",
+            f"        for n0 in range(0, N{s}, BLOCK_N):",
+            "            offs_o = n0 + tl.arange(0, BLOCK_N)",
+            _indent("\n".join(x for x in loop if x), 12),
+        ]
+    return src
+
+
+def _conv_tma_kernel(chain: Chain, params: list[str]) -> list[str]:
+    """``b2b_conv_tma_kernel``: the conv chain for Hopper with stage 0's A tiles and the output
+    tiles moved by TMA, as CUTLASS's Hopper implicit-GEMM convs do. A program owns a BH x BW
+    spatial tile of one image (BLOCK_M = BH * BW output pixels); for each filter tap and channel
+    block it loads the input box [1, BH, BW, BLOCK_K] of the NHWC input shifted by the tap
+    (host descriptor ``x_desc`` over (N, H, W, C)). TMA zero-fills the box's out-of-bounds part,
+    negative coordinates included, which is exactly the convolution's zero padding (stride 1
+    only: the launcher falls back to ``b2b_kernel`` otherwise). The last stage's tiles are stored
+    through ``out_desc`` over the NHWC output (N, OH, OW, N_last), which clips the rows past the
+    image's right / bottom edge."""
+    sig = [p.replace("x_ptr", "x_desc").replace("out_ptr", "out_desc") for p in params]
+    out_t = _tl_dtype(chain.stages[-1].out_dtype)
+    src = ["@triton.jit", "def b2b_conv_tma_kernel(", *sig, "    BH: tl.constexpr, BW: tl.constexpr,", "):"]
+    src += [
+        "    tiles_w = tl.cdiv(OW, BW)",
+        "    per_image = tl.cdiv(OH, BH) * tiles_w",
+        "    n_idx = tl.program_id(0) // per_image",
+        "    tile = tl.program_id(0) % per_image",
+        "    oh0 = (tile // tiles_w) * BH",
+        "    ow0 = (tile % tiles_w) * BW",
+        "    oh = oh0 + tl.arange(0, BLOCK_M) // BW",
+        "    ow = ow0 + tl.arange(0, BLOCK_M) % BW",
+        "    # rows past the right / bottom edge are computed (on whatever the boxes hold) but never",
+        "    # stored (TMA clips them); the extras' loads are masked with them",
+        "    mask_m = (oh < OH) & (ow < OW)",
+        *_preload(chain),
+        "    offs_k = tl.arange(0, BLOCK_K)",
+        "    offs_n = tl.arange(0, P0)",
+        "    mask_n = offs_n < N0",
+        "    # stage 0: one box per (tap, channel block); channels past C are zero-filled like the padding.",
+        "    # The product in transposed form, acc^T = W0^T @ A^T: A^T is the MMA's B operand, which is read",
+        "    # from shared memory, so the box's reshape folds into a view of the TMA buffer and wgmma reads",
+        "    # it there (as the A operand the reshaped box is copied to registers, ldmatrix every K step)",
+        "    acc_t = tl.zeros((P0, BLOCK_M), dtype=tl.float32)",
+        "    n_cb = tl.cdiv(C, BLOCK_K)",
+        "    for it in range(0, KH * KW * n_cb):",
+        "        cb = it % n_cb",
+        "        tap = it // n_cb",
+        "        box = x_desc.load([n_idx, oh0 + (tap // KW) * DH - PH, ow0 + (tap % KW) * DW - PW, cb * BLOCK_K])",
+        "        a = box.reshape(BLOCK_M, BLOCK_K)",
+        "        cc = cb * BLOCK_K + offs_k",
+        "        b = tl.load(w0_ptr + (tap * C + cc)[:, None] * N0 + offs_n[None, :], mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)",
+        "        acc_t = tl.dot(tl.trans(b), tl.trans(a), acc_t, input_precision=PREC)",
+        "    acc = tl.trans(acc_t)",
+        _stage_tail(chain, 0, "offs_n", "mask_n", 4),
+    ]
+    src += _later_stages(chain, lambda n0: [f"out_desc.store([n_idx, oh0, ow0, {n0}], acc_o.to({out_t}).reshape(1, BH, BW, BLOCK_N))"])
     return [ln for chunk in src for ln in chunk.split("\n")]
 
 
@@ -439,6 +518,18 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[
     else:
         out += [B2BConfig(64, 64, min(last, 64), 4, 2, "register"), B2BConfig(128, 32, min(last, 64), 8, 2, "smem")]
     out += persistent
+    if k0 is None:
+        # conv chains: the Hopper kernel with TMA boxes (b2b_conv_tma_kernel; stride-1 NHWC
+        # convs, else these run b2b_kernel): 8x16 and 16x8 pixel tiles of 128 rows, 8x8 of 64.
+        # Register-resident up to 128 wide (no spills on sm_90: 124 / 76 registers at 64 wide,
+        # 218 / 122 at 128), 8 warps through shared memory above
+        if widest <= 128:
+            out += [B2BConfig(128, 64, last, 4, 3, "register", tma=True, tile_h=8),
+                    B2BConfig(128, 64, last, 4, 3, "register", tma=True, tile_h=16),
+                    B2BConfig(64, 64, last, 4, 3, "register", tma=True, tile_h=8)]  # fmt: skip
+        else:
+            out += [B2BConfig(128, 64, min(last, 64), 8, 2, "smem", tma=True, tile_h=8),
+                    B2BConfig(64, 64, min(last, 64), 4, 2, "smem", tma=True, tile_h=8)]  # fmt: skip
     seen, uniq = set(), []
     for c in out:
         if c not in seen:
@@ -566,6 +657,7 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         raise ValueError("b2b: tensors of 2**31 elements or more need 64-bit indexing (not in this template)")
     if cfg.residence not in RESIDENCES:
         raise ValueError(f"b2b: residence must be one of {RESIDENCES}, got {cfg.residence!r}")
+    grid: tuple[int, ...]
     out = g.out
     o4 = out if out.dim() == 4 else out.reshape(m, g.widths[-1])[:, :, None, None]
     ptrs: list[Any] = [g.x, *g.weights, o4]
@@ -585,12 +677,25 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     tiles = -(-m // cfg.block_m)
     single = {"SINGLE_K": g.kernel_hw[0] * g.kernel_hw[1] == 1 and c <= cfg.block_k, "SINGLE_N": g.widths[-1] <= block_n}
     single["PRELOAD"] = cfg.preload and single["SINGLE_N"]
+    if cfg.tile_h and (cfg.tile_h & (cfg.tile_h - 1) or cfg.block_m % cfg.tile_h or cfg.block_m & (cfg.block_m - 1)):
+        raise ValueError(f"b2b: tile_h {cfg.tile_h} must be a power of two dividing block_m {cfg.block_m} (a power of two)")
+    conv_descs = None
+    if chain.conv and cfg.tma and cfg.tile_h:
+        narrow = replace(cfg, block_k=conv_tma_block_k(cfg, c))
+        conv_descs = _conv_tma_descriptors(chain, g, narrow, block_n)
+        cfg = narrow if conv_descs is not None else cfg
     descs = _tma_descriptors(chain, g, cfg, block_n) if cfg.persistent and cfg.tma and single["SINGLE_K"] and single["SINGLE_N"] else None
-    if descs is not None:
+    if conv_descs is not None:
+        kernel = _module(chain).b2b_conv_tma_kernel
+        ptrs[0], ptrs[len(chain.stages) + 1] = conv_descs
+        bh, bw = cfg.tile_h, cfg.block_m // cfg.tile_h
+        grid = (nb * -(-oh // bh) * -(-ow // bw),)
+        single.update(BH=bh, BW=bw)
+    elif descs is not None:
         kernel = _module(chain).b2b_tma_kernel
         ptrs[0], ptrs[len(chain.stages) + 1] = descs
         n_prog = min(tiles, max(1, cfg.programs_per_sm) * _num_sms(g.x.device))
-        grid: tuple[int, ...] = (n_prog,)
+        grid = (n_prog,)
         single.update(NUM_PROGRAMS=n_prog, TILE_STAGES=cfg.num_stages)
     elif cfg.persistent:
         kernel = _module(chain).b2b_persistent_kernel
@@ -637,6 +742,40 @@ def _tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> 
 
     x_desc = TensorDescriptor(x2, [m, k0], [k0, 1], [cfg.block_m, cfg.block_k])
     out_desc = TensorDescriptor(out2, [m, n_last], [n_last, 1], [cfg.block_m, block_n])
+    return x_desc, out_desc
+
+
+def conv_tma_block_k(cfg: B2BConfig, c: int) -> int:
+    """The conv TMA kernel's channel step: the config's, or less for narrow inputs (C = 16 or 32
+    would otherwise move and multiply boxes that are half or more zero-filled channels)."""
+    return min(cfg.block_k, pad_width(c))
+
+
+def _conv_tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> tuple[Any, Any] | None:
+    """Host tensor descriptors of the NHWC input (N, H, W, C) with box [1, BH, BW, BLOCK_K] and
+    of the NHWC output (N, OH, OW, N_last) with box [1, BH, BW, BLOCK_N] for
+    ``b2b_conv_tma_kernel``, or None when TMA cannot do the conv: stride other than 1 (a box is a
+    dense window; any dilation is fine, it only shifts the taps), channels not the unit-stride dim,
+    pixel strides or bases not 16-byte aligned, a GPU before Hopper. The launcher then runs
+    ``b2b_kernel``. Any C: the last channel block's box is zero-filled past C."""
+    if g.geom.stride != (1, 1) or g.x.dtype not in _TL or g.out.dtype != chain.stages[-1].out_dtype:
+        return None
+    if g.x.is_cuda and torch.cuda.get_device_capability(g.x.device)[0] < 9:
+        return None
+    bh, bw = cfg.tile_h, cfg.block_m // cfg.tile_h
+    x, out = g.x, g.out
+    for t, box_c in ((x, cfg.block_k), (out, block_n)):
+        e = t.element_size()
+        # TMA: 16-byte aligned base and strides, an inner box of >= 16 bytes, box dims <= 256
+        if t.stride(1) != 1 or t.data_ptr() % 16 or any(t.stride(d) * e % 16 for d in (0, 2, 3)):
+            return None
+        if box_c * e % 16 or max(bh, bw, box_c) > 256:
+            return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    nb, c, h, w, oh, ow = g.dims
+    x_desc = TensorDescriptor(x, [nb, h, w, c], [x.stride(0), x.stride(2), x.stride(3), 1], [1, bh, bw, cfg.block_k])
+    out_desc = TensorDescriptor(out, [nb, oh, ow, g.widths[-1]], [out.stride(0), out.stride(2), out.stride(3), 1], [1, bh, bw, block_n])
     return x_desc, out_desc
 
 
@@ -712,6 +851,8 @@ _CONSTEXPRS = (
     "PRELOAD",
     "NUM_PROGRAMS",
     "TILE_STAGES",
+    "BH",
+    "BW",
 )
 _TT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -726,7 +867,10 @@ def compile_asm(
     process without it (the interpreter replaces ``@triton.jit`` functions). ``jit_like``: a GEMM
     chain on contiguous tensors as the JIT specialises it; ``int_args``: integer arguments' values
     (e.g. a conv chain's sizes and strides), specialised as the JIT would (1 -> constant, multiples
-    of 16 -> divisible); ``rowbcast``: every epilogue extra is a row-broadcast vector (a bias)."""
+    of 16 -> divisible); ``rowbcast``: every epilogue extra is a row-broadcast vector (a bias).
+    A conv chain's config with ``tma`` and ``tile_h`` compiles ``b2b_conv_tma_kernel`` (descriptors
+    ``tensordesc<t[1, BH, BW, BLOCK_K]>`` for x, ``[1, BH, BW, BLOCK_N]`` for the output; C =
+    ``widths_k0`` narrows BLOCK_K as the launcher does)."""
     if interpreting():
         import pickle
         import subprocess
@@ -747,7 +891,12 @@ def compile_asm(
     from triton.backends.compiler import GPUTarget
 
     tma = cfg.persistent and cfg.tma and not chain.conv
-    jf = _module(chain).b2b_tma_kernel if tma else _module(chain).b2b_persistent_kernel if cfg.persistent else _module(chain).b2b_kernel
+    conv_tma = chain.conv and cfg.tma and cfg.tile_h > 0  # b2b_conv_tma_kernel: 4-D NHWC boxes
+    if conv_tma and widths_k0 < 1 << 30:  # the launcher's channel step for C = widths_k0
+        cfg = replace(cfg, block_k=conv_tma_block_k(cfg, widths_k0))
+    mod = _module(chain)
+    jf = mod.b2b_persistent_kernel if cfg.persistent else mod.b2b_kernel
+    jf = mod.b2b_conv_tma_kernel if conv_tma else mod.b2b_tma_kernel if tma else jf
     t = _TT[dtype]
     sig: dict[str, str] = {}
     const: dict[str, Any] = {}
@@ -755,7 +904,9 @@ def compile_asm(
     block_n = min(cfg.block_n, pad_width(widths[-1]))
     for name in jf.arg_names:
         if name in ("x_desc", "out_desc"):
-            sig[name] = f"tensordesc<{t}[{cfg.block_m}, {cfg.block_k if name == 'x_desc' else block_n}]>"
+            inner = cfg.block_k if name == "x_desc" else block_n
+            rows = f"1, {cfg.tile_h}, {cfg.block_m // cfg.tile_h}" if conv_tma else f"{cfg.block_m}"
+            sig[name] = f"tensordesc<{t}[{rows}, {inner}]>"
         elif name.endswith("_ptr"):
             sig[name] = f"*{t}"
             divisible.append(name)
@@ -775,6 +926,8 @@ def compile_asm(
         const.update(NUM_PROGRAMS=264, TILE_STAGES=cfg.num_stages)
     if tma:
         const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, TILE_STAGES=cfg.num_stages)
+    if conv_tma:
+        const.update(BH=cfg.tile_h, BW=cfg.block_m // cfg.tile_h)
     if jit_like and not chain.conv:
         # what the JIT sees for a GEMM chain on contiguous tensors: the unit strides and the 1x1
         # "image" sizes are specialised to 1, the other integers are multiples of 16
@@ -793,6 +946,7 @@ def compile_asm(
         elif v % 16 == 0:
             divisible.append(name)
     names = list(jf.arg_names)
+    const = {k: v for k, v in const.items() if k in names}  # e.g. the tile loop's constexprs of another kernel
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in divisible}
     src = triton.compiler.ASTSource(jf, sig, constexprs=const, attrs=attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})

@@ -1,0 +1,205 @@
+"""The Hopper conv chain kernel (``b2b_conv_tma_kernel``): stage 0's A tiles are TMA boxes of the
+NHWC input shifted by each filter tap (the out-of-bounds part zero-filled: the padding), the
+output tiles are TMA stores of BH x BW pixel tiles. In the interpreter on the CPU against the
+stage-by-stage reference (the interpreter implements descriptor loads / stores with the same
+out-of-bounds rules, checked first); and compiled offline for sm_90."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from test_b2b import _check, _epi
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kfuse.kernels import b2b
+
+
+# ---- the interpreter's TMA: 4-D boxes at negative / past-the-end coordinates --------------------
+@triton.jit
+def _box_copy(x_desc, out_ptr, h0, w0, BH: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr):
+    a = x_desc.load([1, h0, w0, 0]).reshape(BH * BW, BK)
+    tl.store(out_ptr + tl.arange(0, BH * BW)[:, None] * BK + tl.arange(0, BK)[None, :], a)
+
+
+@triton.jit
+def _box_store(out_desc, v_ptr, h0, w0, BH: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr):
+    v = tl.load(v_ptr + tl.arange(0, BH * BW)[:, None] * BK + tl.arange(0, BK)[None, :])
+    out_desc.store([1, h0, w0, 0], v.reshape(1, BH, BW, BK))
+
+
+def _nhwc_desc(t: torch.Tensor, box: list[int]) -> TensorDescriptor:
+    n, c, h, w = t.shape
+    return TensorDescriptor(t, [n, h, w, c], [t.stride(0), t.stride(2), t.stride(3), 1], box)
+
+
+@pytest.mark.parametrize("h0,w0", [(-1, -1), (-2, 3), (3, 4), (4, -8)])
+def test_tma_box_zero_fills_out_of_bounds_and_store_clips(h0: int, w0: int) -> None:
+    """What the kernel relies on: a box at negative or past-the-end coordinates reads zeros there
+    (the convolution's padding), and a box stored over the edge writes only the in-bounds part."""
+    x = torch.randn(2, 16, 5, 7).half().to(memory_format=torch.channels_last)
+    got = torch.full((32, 16), float("nan")).half()
+    _box_copy[(1,)](_nhwc_desc(x, [1, 4, 8, 16]), got, h0, w0, BH=4, BW=8, BK=16)
+    want = torch.zeros(4, 8, 16).half()
+    xn = x.permute(0, 2, 3, 1)
+    for i in range(4):
+        for j in range(8):
+            if 0 <= h0 + i < 5 and 0 <= w0 + j < 7:
+                want[i, j] = xn[1, h0 + i, w0 + j]
+    assert torch.equal(got.view(4, 8, 16), want)
+    out = torch.full((2, 16, 5, 7), float("nan")).half().to(memory_format=torch.channels_last)
+    v = torch.randn(32, 16).half()
+    _box_store[(1,)](_nhwc_desc(out, [1, 4, 8, 16]), v, h0, w0, BH=4, BW=8, BK=16)
+    on = out.permute(0, 2, 3, 1)
+    written = ~torch.isnan(on).all(-1)
+    for hh in range(5):
+        for ww in range(7):
+            inside = 0 <= hh - h0 < 4 and 0 <= ww - w0 < 8
+            assert bool(written[1, hh, ww]) == inside
+            if inside:
+                assert torch.equal(on[1, hh, ww], v.view(4, 8, 16)[hh - h0, ww - w0])
+    assert not written[0].any()
+
+
+# ---- the fused chain against the reference --------------------------------------------------
+def _run(
+    monkeypatch: pytest.MonkeyPatch, c: int, hw: tuple[int, int], k: int, pad: int, widths: list[int], cfg: b2b.B2BConfig,
+    dtype: torch.dtype, stride: int = 1, dilation: int = 1, x_cl: bool = True, out_cl: bool = True, res_cl: bool = True,
+) -> list[object]:  # fmt: skip
+    """Run the chain (batch 2, bias + relu on the inner stages, bias + residual on the last)
+    into a NaN-filled output, check it against the reference; return the descriptor helper's results."""
+    used: list[object] = []
+    real = b2b._conv_tma_descriptors
+    monkeypatch.setattr(b2b, "_conv_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
+    torch.manual_seed(7)
+    n = 2
+    kinds = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
+    chain = b2b.Chain(tuple(b2b.Stage(_epi(e), dtype, True) for e in kinds), conv=True)
+    x = torch.randn(n, c, *hw).to(dtype)
+    x = x.to(memory_format=torch.channels_last) if x_cl else x.contiguous()
+    ws = [(torch.randn(widths[0], c, k, k) / (c * k * k) ** 0.5).to(dtype)]
+    ws += [(torch.randn(widths[i], widths[i - 1], 1, 1) / widths[i - 1] ** 0.5).to(dtype) for i in range(1, len(widths))]
+    bs = [torch.randn(w).to(dtype) for w in widths]
+    geom = b2b.ConvGeom((stride, stride), (pad, pad), (dilation, dilation))
+    oh, ow = b2b._out_hw(hw[0], hw[1], k, k, geom)
+    res = torch.randn(n, widths[-1], oh, ow).to(dtype)
+    res = res.to(memory_format=torch.channels_last) if res_cl else res
+    ex = [[torch.randn(w, 1, 1).to(dtype)] for w in widths[:-1]] + [[res]]
+    fmt = torch.channels_last if out_cl else torch.contiguous_format
+    out = torch.full((n, widths[-1], oh, ow), float("nan"), dtype=dtype).to(memory_format=fmt)
+    got = b2b.b2b_chain(chain, x, ws, bs, ex, cfg, geom=geom, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    _check(got, b2b.reference(chain, x, ws, bs, ex, geom), dtype)
+    return used
+
+
+def _cfg(bm: int, bk: int, bn: int, res: str, tile_h: int, preload: bool = False) -> b2b.B2BConfig:
+    return b2b.B2BConfig(bm, bk, bn, 4, 2, res, preload=preload, tma=True, tile_h=tile_h)
+
+
+CASES = [
+    # c, (h, w), kernel, pad, widths, config, dtype, dilation. Odd images, not multiples of the tile
+    (8, (7, 9), 3, 1, [16, 24], _cfg(32, 16, 32, "register", 4), torch.float32, 1),
+    (16, (5, 6), 3, 1, [32, 16], _cfg(32, 16, 16, "smem", 2), torch.float16, 1),  # 2x16 tiles
+    (24, (7, 9), 3, 1, [16, 24], _cfg(16, 16, 32, "register", 4), torch.float16, 1),  # C % BLOCK_K != 0
+    (16, (7, 9), 3, 0, [16, 40], _cfg(32, 16, 16, "register", 8), torch.float32, 1),  # no padding; N loop (40 > 16)
+    (8, (7, 9), 5, 2, [16, 16, 24], _cfg(16, 16, 32, "smem", 2), torch.float16, 1),  # 5x5, three stages
+    (8, (6, 7), 3, 2, [24, 16], _cfg(32, 16, 16, "register", 4, preload=True), torch.float32, 2),  # dilation 2, preloaded weights
+    (32, (5, 5), 3, 1, [32, 48], _cfg(16, 64, 64, "smem", 4), torch.float32, 1),  # BLOCK_K 64 narrowed to C = 32
+]
+
+
+@pytest.mark.parametrize("c,hw,k,pad,widths,cfg,dtype,dil", CASES)
+def test_conv_tma_chain_equals_reference(
+    monkeypatch: pytest.MonkeyPatch, c: int, hw: tuple[int, int], k: int, pad: int, widths: list[int], cfg: b2b.B2BConfig,
+    dtype: torch.dtype, dil: int,
+) -> None:  # fmt: skip
+    used = _run(monkeypatch, c, hw, k, pad, widths, cfg, dtype, dilation=dil, res_cl=c != 8)
+    assert len(used) == 1 and used[0] is not None, "the TMA conv kernel was not used"
+    if c == 32:
+        assert used[0][0].block_shape[-1] == 32  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "why,kw",
+    [
+        ("NCHW input", dict(x_cl=False)),
+        ("NCHW output", dict(out_cl=False)),
+        ("stride 2", dict(stride=2)),
+        ("C * 2 bytes not a multiple of 16", dict(c=12)),
+    ],
+)
+def test_ineligible_inputs_fall_back_to_b2b_kernel(monkeypatch: pytest.MonkeyPatch, why: str, kw: dict) -> None:
+    args = dict(c=16, hw=(7, 9), k=3, pad=1, widths=[16, 24], cfg=_cfg(32, 16, 32, "register", 4), dtype=torch.float16)
+    args.update(kw)
+    used = _run(monkeypatch, **args)
+    assert used == [None], why
+
+
+def test_bad_spatial_tile_is_an_error() -> None:
+    chain = b2b.Chain((b2b.Stage(_epi("none"), torch.float32), b2b.Stage(_epi("none"), torch.float32)), conv=True)
+    x = torch.randn(1, 8, 5, 5).to(memory_format=torch.channels_last)
+    ws = [torch.randn(16, 8, 3, 3), torch.randn(16, 16, 1, 1)]
+    with pytest.raises(ValueError, match="tile_h"):
+        b2b.b2b_chain(chain, x, ws, [None, None], [[], []], _cfg(32, 16, 16, "register", 3), geom=b2b.ConvGeom((1, 1), (1, 1)))
+
+
+def test_candidates_include_spatial_tiles_for_conv_chains() -> None:
+    for widths in ([64, 64], [128, 64], [256, 64]):
+        tma = [c for c in b2b.candidate_configs(64 * 56 * 56, widths) if c.tma and c.tile_h]
+        assert len(tma) >= 2, widths
+        assert all(c.block_m % c.tile_h == 0 and not c.persistent for c in tma)
+        assert all(c.residence == ("register" if widths[0] <= 128 else "smem") for c in tma)
+        assert "tma 8x" in tma[0].describe() and tma[0].as_dict()["tile_h"] == 8
+    assert not any(c.tile_h for c in b2b.candidate_configs(1 << 20, [64, 64], k0=64))  # GEMM chains
+
+
+# ---- compiled for sm_90 --------------------------------------------------------------------------
+def _sass_facts(cubin: bytes) -> dict[str, int]:
+    """Registers, stack and local memory (spills) from cuobjdump's resource usage, and the counts
+    of the SASS instructions that matter here (TMA loads / stores, wgmma, local loads / stores)."""
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        pytest.skip("the triton wheel has no cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in usage.splitlines() if "REG:" in ln)
+    facts = {k: int(v) for k, v in (kv.split(":") for kv in line.split() if kv.split(":")[0] in ("REG", "STACK", "LOCAL"))}
+    for op in ("UTMALDG.4D", "UTMASTG.4D", "HGMMA", "STL", "LDL"):
+        facts[op] = sass.count(op + " ") + sass.count(op + ".")
+    return facts
+
+
+@pytest.mark.parametrize("cfg", [_cfg(128, 64, 64, "register", 8), _cfg(64, 64, 64, "register", 8)])
+def test_sm90_conv_tma_kernel_moves_tiles_by_tma(cfg: b2b.B2BConfig) -> None:
+    """64 -> 64 -> 64 (3x3 then 1x1) on a 56x56 NHWC batch, as the JIT specialises it: stage 0's
+    boxes are 4-D TMA loads, multi-buffered (the prologue has two in flight before the K loop's
+    own), read by wgmma straight from shared memory (the box reshape is a view of the TMA buffer);
+    the output is one bulk tensor store and there is no st.global; no spills (no stack)."""
+    cfg = b2b.replace(cfg, num_stages=3)
+    stages = (b2b.Stage(_epi("bias_relu"), torch.float16, True), b2b.Stage(_epi("bias_relu"), torch.float16, True))
+    chain = b2b.Chain(stages, conv=True)
+    h, c, n = 56, 64, 64
+    ints = dict(NB=64, C=c, H=h, W=h, OH=h, OW=h, N0=n, N1=n)
+    ints.update(sxn=h * h * c, sxc=1, sxh=h * c, sxw=c, son=h * h * n, soc=1, soh=h * n, sow=n)
+    asm = b2b.compile_asm(chain, [n, n], cfg, torch.float16, 90, (3, 3), c, False, ints, True)
+    ptx, ttgir = asm["ptx"], asm["ttgir"]
+    assert ptx.count("cp.async.bulk.tensor.4d.shared::cluster.global") >= 3  # 2 in the prologue + the loop's
+    assert ptx.count("cp.async.bulk.tensor.4d.global.shared") == 1  # the output tile
+    assert "ttg.memdesc_reshape" in ttgir and "ttng.async_tma_copy_global_to_local" in ttgir
+    s = b2b.ptx_summary(ptx)
+    assert s["st.global"] == 0, s
+    assert s["wgmma"] > s["wgmma_a_regs"] > 0, s  # stage 0 from shared memory; stage 1 from registers
+    sass = _sass_facts(asm["cubin"])
+    assert sass["STACK"] == 0 and sass["LOCAL"] == 0 and sass["STL"] == sass["LDL"] == 0, sass
+    assert sass["UTMALDG.4D"] >= 3 and sass["UTMASTG.4D"] == 1 and sass["HGMMA"] > 0, sass
+    # 124 / 76 with Triton 3.6 (4 / 6 programs per SM by registers); at least 3 / 4 programs
+    assert sass["REG"] <= (168 if cfg.block_m == 128 else 128), sass
