@@ -285,8 +285,8 @@ TMA_CASES = [
 @pytest.mark.parametrize("m,k0,widths,cfg,dtype", TMA_CASES)
 def test_tma_persistent_equals_reference(monkeypatch, m: int, k0: int, widths: list[int], cfg: b2b.B2BConfig, dtype: torch.dtype) -> None:
     used = []
-    real = b2b._tma_descriptors
-    monkeypatch.setattr(b2b, "_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
+    real = b2b.launcher._tma_descriptors
+    monkeypatch.setattr(b2b.launcher, "_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
     torch.manual_seed(5)
     kinds = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
     chain = b2b.Chain(tuple(b2b.Stage(_epi(k), dtype) for k in kinds))
@@ -303,8 +303,8 @@ def test_tma_persistent_equals_reference(monkeypatch, m: int, k0: int, widths: l
 def test_tma_persistent_falls_back_when_rows_are_misaligned(monkeypatch) -> None:
     """K0 = 20 fp16 columns (40-byte rows) cannot be a TMA operand: the pointer kernel runs."""
     used = []
-    real = b2b._tma_descriptors
-    monkeypatch.setattr(b2b, "_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
+    real = b2b.launcher._tma_descriptors
+    monkeypatch.setattr(b2b.launcher, "_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
     chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
     x = torch.randn(45, 20).half()
     ws = [torch.randn(20, 32).half() / 5, torch.randn(32, 16).half() / 6]

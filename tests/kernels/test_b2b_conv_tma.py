@@ -6,6 +6,7 @@ out-of-bounds rules, checked first); and compiled offline for sm_90."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import tempfile
@@ -74,8 +75,8 @@ def _run(
     """Run the chain (batch 2, bias + relu on the inner stages, bias + residual on the last)
     into a NaN-filled output, check it against the reference; return the descriptor helper's results."""
     used: list[object] = []
-    real = b2b._conv_tma_descriptors
-    monkeypatch.setattr(b2b, "_conv_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
+    real = b2b.launcher._conv_tma_descriptors
+    monkeypatch.setattr(b2b.launcher, "_conv_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
     torch.manual_seed(7)
     n = 2
     kinds = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
@@ -86,7 +87,7 @@ def _run(
     ws += [(torch.randn(widths[i], widths[i - 1], 1, 1) / widths[i - 1] ** 0.5).to(dtype) for i in range(1, len(widths))]
     bs = [torch.randn(w).to(dtype) for w in widths]
     geom = b2b.ConvGeom((stride, stride), (pad, pad), (dilation, dilation))
-    oh, ow = b2b._out_hw(hw[0], hw[1], k, k, geom)
+    oh, ow = b2b.launcher._out_hw(hw[0], hw[1], k, k, geom)
     res = torch.randn(n, widths[-1], oh, ow).to(dtype)
     res = res.to(memory_format=torch.channels_last) if res_cl else res
     ex = [[torch.randn(w, 1, 1).to(dtype)] for w in widths[:-1]] + [[res]]
@@ -184,7 +185,7 @@ def test_sm90_conv_tma_kernel_moves_tiles_by_tma(cfg: b2b.B2BConfig) -> None:
     boxes are 4-D TMA loads, multi-buffered (the prologue has two in flight before the K loop's
     own), read by wgmma straight from shared memory (the box reshape is a view of the TMA buffer);
     the output is one bulk tensor store and there is no st.global; no spills (no stack)."""
-    cfg = b2b.replace(cfg, num_stages=3)
+    cfg = dataclasses.replace(cfg, num_stages=3)
     stages = (b2b.Stage(_epi("bias_relu"), torch.float16, True), b2b.Stage(_epi("bias_relu"), torch.float16, True))
     chain = b2b.Chain(stages, conv=True)
     h, c, n = 56, 64, 64

@@ -174,7 +174,7 @@ def test_zoo_models_fuse(name: str, batch: int, n_chains: int, device: str) -> N
 def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster: bool) -> None:
     """The GPU decision path (timings mocked): the faster of fused / unfused is kept, and the
     step records both times, the configs tried and the residence."""
-    from kfuse.kernels import b2b as k
+    from kfuse.kernels.b2b import lower as k
 
     g = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=9)))
     node = g.nodes[0]

@@ -1,0 +1,80 @@
+"""The chain description (stages, epilogues, dtypes) and the kernel configuration."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kfuse.kernels.epilogue import Epilogue
+
+MAX_RESIDENT = 256  # widest intermediate a program keeps resident (N0 <= 256, issue 5)
+RESIDENCES = ("register", "smem")
+
+
+def pad_width(n: int) -> int:
+    """The resident tile width for an intermediate of width ``n``: a power of two >= 16."""
+    p = 16
+    while p < n:
+        p *= 2
+    return p
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a chain: its epilogue, whether it has a separate bias vector (conv nodes
+    carry their bias apart from the epilogue), and the dtype its result is rounded to."""
+
+    epilogue: Epilogue
+    out_dtype: torch.dtype
+    has_bias: bool = False
+
+
+@dataclass(frozen=True)
+class Chain:
+    stages: tuple[Stage, ...]
+    conv: bool = False  # stage 0 is an implicit-GEMM convolution
+
+    def key(self) -> str:
+        parts = [f"{s.epilogue.key()}:{s.has_bias}:{s.out_dtype}" for s in self.stages]
+        return ("conv" if self.conv else "gemm") + "_" + hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
+
+    def describe(self) -> str:
+        return " => ".join(("conv" if (i == 0 and self.conv) else "gemm") + f"[{s.epilogue.describe()}]" for i, s in enumerate(self.stages))
+
+
+@dataclass(frozen=True)
+class B2BConfig:
+    block_m: int = 64
+    block_k: int = 32  # stage 0's K step
+    block_n: int = 64  # last stage's N step
+    num_warps: int = 4
+    num_stages: int = 2
+    residence: str = "register"
+    persistent: bool = False  # fixed grid looping over row tiles, pipelined across tiles
+    # the resident stages' weights are loaded before stage 0's GEMM (when the last width fits one
+    # N tile), so their latency overlaps stage 0's loads instead of following its GEMM
+    preload: bool = False
+    # with ``persistent``: GEMM chains whose K0 and last width fit one tile read x and write the
+    # output by TMA (``b2b_tma_kernel``); the pipeliner keeps TILE_STAGES row tiles in flight
+    tma: bool = False
+    programs_per_sm: int = 2  # persistent grid = programs_per_sm x SMs (capped at the tile count)
+    # with ``tma`` on a conv chain: the spatial tile of ``b2b_conv_tma_kernel``, tile_h x
+    # (block_m // tile_h) output pixels of one image (powers of two); 0: not that kernel
+    tile_h: int = 0
+
+    def describe(self) -> str:
+        d = f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
+        d += (" persistent" if self.persistent else "") + (" preload" if self.preload else "")
+        if self.tma and self.tile_h:
+            d += f" tma {self.tile_h}x{self.block_m // self.tile_h}"
+        elif self.tma:
+            d += f" tma x{self.programs_per_sm}"
+        return d
+
+    def as_dict(self) -> dict[str, Any]:
+        keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload", "tma", "programs_per_sm",
+                "tile_h")  # fmt: skip
+        return {k: getattr(self, k) for k in keys}

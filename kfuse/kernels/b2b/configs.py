@@ -1,0 +1,95 @@
+"""The tilings a chain runs with: the rule-based default and the candidates the decision measures."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kfuse.kernels.b2b.chain import B2BConfig, pad_width
+from kfuse.kernels.codegen import interpreting
+
+
+def default_config(m: int, widths: list[int], residence: str | None = None) -> B2BConfig:
+    """A tile for the chain when nothing was measured. Register residence while the widest
+    resident tile is at most 128 columns; wider tiles go through shared memory."""
+    widest = max(pad_width(w) for w in widths[:-1])
+    res = residence or ("register" if widest <= 128 else "smem")
+    last = min(pad_width(widths[-1]), 128)
+    if interpreting():
+        return B2BConfig(16, 32, min(last, 64), 4, 1, res)
+    if widest <= 64:
+        return B2BConfig(128, 64, last, 8 if res == "smem" else 4, 2, res)
+    if widest <= 128:
+        return B2BConfig(64, 64, last, 4, 2, res)
+    return B2BConfig(64, 32, min(last, 64), 8 if res == "smem" else 4, 2, res)
+
+
+def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[B2BConfig]:
+    """The few configs the fused-vs-unfused decision measures on the GPU. Chains of more than
+    three stages compile slowly (a wide register-resident 9-stage chain takes minutes of ptxas):
+    they try only the default and one smem-resident alternative. GEMM chains whose first K
+    (``k0``) fits one K step also try the persistent kernel pipelined across row tiles, the form
+    for memory-bound chains (small widths, large M): the next tiles' loads are in flight while
+    a tile's GEMMs and store run."""
+    widest = max(pad_width(w) for w in widths[:-1])
+    last = min(pad_width(widths[-1]), 128)
+    persistent: list[B2BConfig] = []
+    if k0 is not None and k0 <= 128 and widths[-1] <= 128 and len(widths) <= 3:
+        bk = max(16, pad_width(k0))
+        res = "register" if widest <= 128 else "smem"
+        persistent = [B2BConfig(128, bk, last, 4 if res == "register" else 8, 3, res, True),
+                      B2BConfig(64, bk, last, 4, 4, res, True)]  # fmt: skip
+        # the same loop with x and the output moved by TMA (b2b_tma_kernel): deeper pipelines for
+        # the narrow chains, more programs per SM where registers allow (~115 regs at 32 wide,
+        # 230-255 at 64-128 wide on sm_90)
+        if widest <= 64:
+            persistent += [B2BConfig(128, bk, last, 4, 4, res, True, tma=True, programs_per_sm=2),
+                           B2BConfig(128, bk, last, 4, 3, res, True, preload=True, tma=True, programs_per_sm=2),
+                           B2BConfig(64, bk, last, 4, 4, res, True, tma=True, programs_per_sm=4)]  # fmt: skip
+        else:
+            persistent += [B2BConfig(64, bk, last, 4, 3, res, True, tma=True, programs_per_sm=2),
+                           B2BConfig(64, bk, last, 4, 2, res, True, preload=True, tma=True, programs_per_sm=2),
+                           B2BConfig(128, bk, last, 8, 2, res, True, tma=True, programs_per_sm=1)]  # fmt: skip
+            if bk <= 64:  # 64 -> 128 -> 64: the best two of the session-5 sweep at M = 1M (0.110 ms vs 0.120)
+                persistent += [B2BConfig(128, bk, last, 8, 2, res, True, preload=True, tma=True, programs_per_sm=2),
+                               B2BConfig(128, bk, last, 4, 2, res, True, tma=True, programs_per_sm=2)]  # fmt: skip
+    if len(widths) > 3:
+        first = default_config(m, widths)
+        alt = B2BConfig(128, 32, min(last, 64), 8, 2, "smem") if widest > 128 else default_config(m, widths, "smem")
+        return [first] if alt == first else [first, alt]
+    out = [default_config(m, widths, "register"), default_config(m, widths, "smem")]
+    if widest <= 128:
+        out += [B2BConfig(128, 64, last, 8, 2, "register"), B2BConfig(64, 64, last, 4, 3, "register")]
+        if k0 is None:  # conv chains: the best of the session-5 sweep on the H200 (3x3 -> 1x1 at 64/128 wide)
+            out += [B2BConfig(128, 64, last, 4, 3, "register"), B2BConfig(128, 64, last, 4, 2, "smem"),
+                    B2BConfig(64, 64, last, 4, 2, "smem")]  # fmt: skip
+        if k0 is not None and k0 <= 128 and widths[-1] <= 128 and len(widths) <= 3:
+            # the first K in one step (no K loop: on sm_90 a 128-wide chain then needs ~150
+            # registers instead of ~235, so more programs fit an SM), and the same with the
+            # resident weights preloaded; the default tile with preload too
+            bk = max(16, pad_width(k0))
+            out += [B2BConfig(64, bk, last, 4, 2, "register"), B2BConfig(64, bk, last, 4, 2, "register", preload=True)]
+            # twice the rows per program: half the weight traffic from L2, which bounds 128-wide
+            # chains at M = 1M (16384 programs x 64 KB of weights each with 64-row tiles)
+            out += [B2BConfig(128, bk, last, 8, 2, "register")]
+            out += [replace(default_config(m, widths, "register"), preload=True)]
+    else:
+        out += [B2BConfig(64, 64, min(last, 64), 4, 2, "register"), B2BConfig(128, 32, min(last, 64), 8, 2, "smem")]
+    out += persistent
+    if k0 is None:
+        # conv chains: the Hopper kernel with TMA boxes (b2b_conv_tma_kernel; stride-1 NHWC
+        # convs, else these run b2b_kernel): 8x16 and 16x8 pixel tiles of 128 rows, 8x8 of 64.
+        # Register-resident up to 128 wide (no spills on sm_90: 124 / 76 registers at 64 wide,
+        # 218 / 122 at 128), 8 warps through shared memory above
+        if widest <= 128:
+            out += [B2BConfig(128, 64, last, 4, 3, "register", tma=True, tile_h=8),
+                    B2BConfig(128, 64, last, 4, 3, "register", tma=True, tile_h=16),
+                    B2BConfig(64, 64, last, 4, 3, "register", tma=True, tile_h=8)]  # fmt: skip
+        else:
+            out += [B2BConfig(128, 64, min(last, 64), 8, 2, "smem", tma=True, tile_h=8),
+                    B2BConfig(64, 64, min(last, 64), 4, 2, "smem", tma=True, tile_h=8)]  # fmt: skip
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen:
+            seen.add(c)
+            uniq.append(c)
+    return uniq

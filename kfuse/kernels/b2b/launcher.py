@@ -1,0 +1,303 @@
+"""Operands in, kernel launched: packing, checking, TMA descriptors, the launch, and the oracle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, pad_width
+from kfuse.kernels.b2b.configs import default_config
+from kfuse.kernels.b2b.source import _TL, _module
+from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.epilogue import apply_reference
+
+
+@dataclass
+class ConvGeom:
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+
+
+def pack_first(w: torch.Tensor, conv: bool) -> torch.Tensor:
+    """Stage 0's weight as a row-major (KH*KW*C, N0) matrix (GEMM: (K0, N0) made contiguous)."""
+    if conv:
+        return w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]).contiguous()
+    return w.contiguous()
+
+
+def pack_next(w: torch.Tensor) -> torch.Tensor:
+    """A later stage's weight as a row-major (N_{l-1}, N_l) matrix (1x1 conv: (OC, C, 1, 1))."""
+    if w.dim() == 4:
+        return w.reshape(w.shape[0], w.shape[1]).t().contiguous()
+    return w.contiguous()
+
+
+@dataclass
+class B2BArgs:
+    """Everything a launch needs besides the config (built once per call by ``prepare``)."""
+
+    x: torch.Tensor
+    weights: list[torch.Tensor]  # packed
+    biases: list[torch.Tensor | None]
+    extras: list[list[torch.Tensor]]
+    out: torch.Tensor
+    dims: tuple[int, ...] = field(default_factory=tuple)  # NB, C, H, W, OH, OW
+    widths: list[int] = field(default_factory=list)
+    geom: ConvGeom = field(default_factory=ConvGeom)
+    kernel_hw: tuple[int, int] = (1, 1)
+
+
+def _out_hw(h: int, w: int, kh: int, kw: int, g: ConvGeom) -> tuple[int, int]:
+    oh = (h + 2 * g.padding[0] - g.dilation[0] * (kh - 1) - 1) // g.stride[0] + 1
+    ow = (w + 2 * g.padding[1] - g.dilation[1] * (kw - 1) - 1) // g.stride[1] + 1
+    return oh, ow
+
+
+def prepare(
+    chain: Chain,
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    extras: list[list[torch.Tensor]],
+    packed: list[torch.Tensor] | None = None,
+    geom: ConvGeom | None = None,
+    channels_last: bool = True,
+    out: torch.Tensor | None = None,
+) -> B2BArgs:
+    """Check and normalise the operands. GEMM chains: ``x`` (..., K0) and weights (K, N);
+    conv chains: ``x`` (N, C, H, W) any memory format, weights (OC, C, KH, KW) with every stage
+    after the first 1x1."""
+    L = len(chain.stages)
+    if not (len(weights) == len(biases) == len(extras) == L):
+        raise ValueError(f"b2b: chain has {L} stages, got {len(weights)} weights, {len(biases)} biases, {len(extras)} extra lists")
+    geom = geom or ConvGeom()
+    packed = packed or [pack_first(weights[0], chain.conv)] + [pack_next(w) for w in weights[1:]]
+    widths = [int(p.shape[1]) for p in packed]
+    for s in range(1, L):
+        if packed[s].shape[0] != widths[s - 1]:
+            raise ValueError(f"b2b: stage {s} takes K={packed[s].shape[0]}, stage {s - 1} makes N={widths[s - 1]}")
+        if widths[s - 1] > MAX_RESIDENT:
+            raise ValueError(f"b2b: intermediate width {widths[s - 1]} exceeds the resident limit {MAX_RESIDENT}")
+    for s, st in enumerate(chain.stages):
+        if len(extras[s]) != st.epilogue.n_inputs:
+            raise ValueError(f"b2b: stage {s} epilogue expects {st.epilogue.n_inputs} extra inputs, got {len(extras[s])}")
+        if st.has_bias != (biases[s] is not None):
+            raise ValueError(f"b2b: stage {s} bias presence does not match the chain")
+    if chain.conv:
+        if x.dim() != 4:
+            raise ValueError(f"b2b conv: input must be (N, C, H, W), got {tuple(x.shape)}")
+        nb, c, h, w = x.shape
+        kh, kw = weights[0].shape[2], weights[0].shape[3]
+        if weights[0].shape[1] != c:
+            raise ValueError(f"b2b conv: input has {c} channels, weight expects {weights[0].shape[1]}")
+        oh, ow = _out_hw(h, w, kh, kw, geom)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        if out is None:
+            out = torch.empty((nb, widths[-1], oh, ow), dtype=chain.stages[-1].out_dtype, device=x.device, memory_format=fmt)
+        elif tuple(out.shape) != (nb, widths[-1], oh, ow):
+            raise ValueError(f"b2b conv: out has shape {tuple(out.shape)}, expected {(nb, widths[-1], oh, ow)}")
+        # stage s's extras have stage s's channel count
+        ex = [[torch.broadcast_to(e, (nb, widths[s], oh, ow)) for e in es] for s, es in enumerate(extras)]
+        dims = (nb, c, h, w, oh, ow)
+        return B2BArgs(x, packed, biases, ex, out, dims, widths, geom, (kh, kw))
+    if x.shape[-1] != packed[0].shape[0]:
+        raise ValueError(f"b2b: input has K={x.shape[-1]}, the first weight expects {packed[0].shape[0]}")
+    lead = tuple(x.shape[:-1])
+    m = 1
+    for d in lead:
+        m *= d
+    x2 = x.reshape(m, x.shape[-1])
+    if out is None:
+        out = torch.empty(lead + (widths[-1],), dtype=chain.stages[-1].out_dtype, device=x.device)
+    elif tuple(out.shape) != lead + (widths[-1],) or not out.is_contiguous():
+        raise ValueError(f"b2b: out must be contiguous with shape {lead + (widths[-1],)}, got {tuple(out.shape)}")
+    ex2 = [[torch.broadcast_to(e, lead + (widths[s],)).reshape(m, widths[s]) for e in es] for s, es in enumerate(extras)]
+    # as an (m, c, 1, 1) "image": only the n and c strides matter
+    x4 = x2[:, :, None, None]
+    ex4 = [[e[:, :, None, None] for e in es] for es in ex2]
+    return B2BArgs(x4, packed, biases, ex4, out, (m, x.shape[-1], 1, 1, 1, 1), widths, geom, (1, 1))
+
+
+def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> torch.Tensor:
+    nb, c, h, w, oh, ow = g.dims
+    m = nb * oh * ow
+    if m == 0:
+        return g.out
+    if max(g.x.numel(), g.out.numel()) >= 2**31:
+        raise ValueError("b2b: tensors of 2**31 elements or more need 64-bit indexing (not in this template)")
+    if cfg.residence not in RESIDENCES:
+        raise ValueError(f"b2b: residence must be one of {RESIDENCES}, got {cfg.residence!r}")
+    grid: tuple[int, ...]
+    out = g.out
+    o4 = out if out.dim() == 4 else out.reshape(m, g.widths[-1])[:, :, None, None]
+    ptrs: list[Any] = [g.x, *g.weights, o4]
+    strides: list[int] = []
+    rowbcast: dict[str, bool] = {}
+    for s in range(len(chain.stages)):
+        if g.biases[s] is not None:
+            ptrs.append(g.biases[s])
+        for j, e in enumerate(g.extras[s]):
+            ptrs.append(e)
+            strides += [e.stride(0), e.stride(1), e.stride(2), e.stride(3)]
+            # GEMM chains index extras by row only (oh = ow = 0): the pixel strides do not matter
+            rowbcast[f"ROWBCAST_{s}_{j}"] = e.stride(0) == 0 and (not chain.conv or e.stride(2) == e.stride(3) == 0)
+    pads = {f"P{s}": pad_width(g.widths[s]) for s in range(len(chain.stages) - 1)}
+    block_n = min(cfg.block_n, pad_width(g.widths[-1]))
+    precision = "ieee" if g.x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+    tiles = -(-m // cfg.block_m)
+    single = {"SINGLE_K": g.kernel_hw[0] * g.kernel_hw[1] == 1 and c <= cfg.block_k, "SINGLE_N": g.widths[-1] <= block_n}
+    single["PRELOAD"] = cfg.preload and single["SINGLE_N"]
+    if cfg.tile_h and (cfg.tile_h & (cfg.tile_h - 1) or cfg.block_m % cfg.tile_h or cfg.block_m & (cfg.block_m - 1)):
+        raise ValueError(f"b2b: tile_h {cfg.tile_h} must be a power of two dividing block_m {cfg.block_m} (a power of two)")
+    conv_descs = None
+    if chain.conv and cfg.tma and cfg.tile_h:
+        narrow = replace(cfg, block_k=conv_tma_block_k(cfg, c))
+        conv_descs = _conv_tma_descriptors(chain, g, narrow, block_n)
+        cfg = narrow if conv_descs is not None else cfg
+    descs = _tma_descriptors(chain, g, cfg, block_n) if cfg.persistent and cfg.tma and single["SINGLE_K"] and single["SINGLE_N"] else None
+    if conv_descs is not None:
+        kernel = _module(chain).b2b_conv_tma_kernel
+        ptrs[0], ptrs[len(chain.stages) + 1] = conv_descs
+        bh, bw = cfg.tile_h, cfg.block_m // cfg.tile_h
+        grid = (nb * -(-oh // bh) * -(-ow // bw),)
+        single.update(BH=bh, BW=bw)
+    elif descs is not None:
+        kernel = _module(chain).b2b_tma_kernel
+        ptrs[0], ptrs[len(chain.stages) + 1] = descs
+        n_prog = min(tiles, max(1, cfg.programs_per_sm) * _num_sms(g.x.device))
+        grid = (n_prog,)
+        single.update(NUM_PROGRAMS=n_prog, TILE_STAGES=cfg.num_stages)
+    elif cfg.persistent:
+        kernel = _module(chain).b2b_persistent_kernel
+        n_prog = min(tiles, 2 * _num_sms(g.x.device))
+        grid = (n_prog,)
+        single.update(NUM_PROGRAMS=n_prog, TILE_STAGES=cfg.num_stages)
+    else:
+        kernel = _module(chain).b2b_kernel
+        grid = (tiles,)
+    args = (*ptrs, nb, c, h, w, oh, ow, *g.widths,
+            g.x.stride(0), g.x.stride(1), g.x.stride(2), g.x.stride(3),
+            o4.stride(0), o4.stride(1), o4.stride(2), o4.stride(3), *strides)  # fmt: skip
+    kw = dict(
+        SH=g.geom.stride[0], SW=g.geom.stride[1], PH=g.geom.padding[0], PW=g.geom.padding[1],
+        DH=g.geom.dilation[0], DW=g.geom.dilation[1], KH=g.kernel_hw[0], KW=g.kernel_hw[1], **pads, **rowbcast,
+        BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_N=block_n, SMEM=cfg.residence == "smem", PREC=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **single,
+    )  # fmt: skip
+    if warmup:
+        if not interpreting():
+            kernel.warmup(*args, grid=grid, **kw)
+    else:
+        kernel[grid](*args, **kw)
+    return out
+
+
+def _tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> tuple[Any, Any] | None:
+    """Host tensor descriptors of x (M, K0) and out (M, N_last) for ``b2b_tma_kernel``, or None
+    when TMA cannot describe them (a conv chain, non-contiguous rows, 16-byte misalignment, a GPU
+    before Hopper): the launcher then runs the pointer-based persistent kernel."""
+    if chain.conv or g.x.dtype not in _TL:
+        return None
+    if g.x.is_cuda and torch.cuda.get_device_capability(g.x.device)[0] < 9:
+        return None
+    m, k0 = g.dims[0], g.dims[1]
+    n_last = g.widths[-1]
+    x2 = g.x[:, :, 0, 0]
+    out2 = g.out.reshape(m, n_last)
+    e = x2.element_size()
+    for t, cols in ((x2, k0), (out2, n_last)):
+        if t.stride(1) != 1 or t.stride(0) != cols or (cols * e) % 16 or t.data_ptr() % 16:
+            return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x_desc = TensorDescriptor(x2, [m, k0], [k0, 1], [cfg.block_m, cfg.block_k])
+    out_desc = TensorDescriptor(out2, [m, n_last], [n_last, 1], [cfg.block_m, block_n])
+    return x_desc, out_desc
+
+
+def conv_tma_block_k(cfg: B2BConfig, c: int) -> int:
+    """The conv TMA kernel's channel step: the config's, or less for narrow inputs (C = 16 or 32
+    would otherwise move and multiply boxes that are half or more zero-filled channels)."""
+    return min(cfg.block_k, pad_width(c))
+
+
+def _conv_tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> tuple[Any, Any] | None:
+    """Host tensor descriptors of the NHWC input (N, H, W, C) with box [1, BH, BW, BLOCK_K] and
+    of the NHWC output (N, OH, OW, N_last) with box [1, BH, BW, BLOCK_N] for
+    ``b2b_conv_tma_kernel``, or None when TMA cannot do the conv: stride other than 1 (a box is a
+    dense window; any dilation is fine, it only shifts the taps), channels not the unit-stride dim,
+    pixel strides or bases not 16-byte aligned, a GPU before Hopper. The launcher then runs
+    ``b2b_kernel``. Any C: the last channel block's box is zero-filled past C."""
+    if g.geom.stride != (1, 1) or g.x.dtype not in _TL or g.out.dtype != chain.stages[-1].out_dtype:
+        return None
+    if g.x.is_cuda and torch.cuda.get_device_capability(g.x.device)[0] < 9:
+        return None
+    bh, bw = cfg.tile_h, cfg.block_m // cfg.tile_h
+    x, out = g.x, g.out
+    for t, box_c in ((x, cfg.block_k), (out, block_n)):
+        e = t.element_size()
+        # TMA: 16-byte aligned base and strides, an inner box of >= 16 bytes, box dims <= 256
+        if t.stride(1) != 1 or t.data_ptr() % 16 or any(t.stride(d) * e % 16 for d in (0, 2, 3)):
+            return None
+        if box_c * e % 16 or max(bh, bw, box_c) > 256:
+            return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    nb, c, h, w, oh, ow = g.dims
+    x_desc = TensorDescriptor(x, [nb, h, w, c], [x.stride(0), x.stride(2), x.stride(3), 1], [1, bh, bw, cfg.block_k])
+    out_desc = TensorDescriptor(out, [nb, oh, ow, g.widths[-1]], [out.stride(0), out.stride(2), out.stride(3), 1], [1, bh, bw, block_n])
+    return x_desc, out_desc
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2  # the interpreter: a few programs, so the tile loop really loops
+
+
+def b2b_chain(
+    chain: Chain,
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    extras: list[list[torch.Tensor]],
+    config: B2BConfig | None = None,
+    packed: list[torch.Tensor] | None = None,
+    geom: ConvGeom | None = None,
+    channels_last: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run the whole chain in one kernel; returns the last stage's output (written to ``out``
+    when given)."""
+    g = prepare(chain, x, weights, biases, extras, packed, geom, channels_last, out)
+    cfg = config or default_config(g.dims[0] * g.dims[4] * g.dims[5], g.widths)
+    return launch(chain, g, cfg)
+
+
+def reference(
+    chain: Chain,
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    extras: list[list[torch.Tensor]],
+    geom: ConvGeom | None = None,
+) -> torch.Tensor:
+    """The oracle: each stage in fp32, intermediates rounded to their dtypes (as stored unfused)."""
+    geom = geom or ConvGeom()
+    h = x
+    for s, st in enumerate(chain.stages):
+        b = None if biases[s] is None else biases[s].float()
+        if chain.conv:
+            g = geom if s == 0 else ConvGeom()
+            acc = F.conv2d(h.float(), weights[s].float(), b, g.stride, g.padding, g.dilation)
+        else:
+            acc = torch.matmul(h.float(), weights[s].float())
+            if b is not None:
+                acc = acc + b
+        ex = [e.float() if e.is_floating_point() else e for e in extras[s]]
+        h = apply_reference(acc, ex, st.epilogue).to(st.out_dtype)
+    return h

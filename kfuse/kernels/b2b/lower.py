@@ -1,0 +1,162 @@
+"""Lowering of ``b2b_chain`` nodes, with the fused-vs-unfused decision measured on the GPU."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from kfuse.kernels.b2b.chain import B2BConfig, Chain
+from kfuse.kernels.b2b.configs import candidate_configs, default_config
+from kfuse.kernels.b2b.launcher import ConvGeom, b2b_chain, pack_first, pack_next
+from kfuse.kernels.codegen import as_pair
+from kfuse.runtime.executor import LOWERINGS, KernelInfo, Step, lowering
+
+
+def _random_like(t: Any, device: torch.device) -> torch.Tensor:
+    if t.dtype.is_floating_point:
+        x = torch.randn(t.shape, dtype=t.dtype, device=device)
+    else:
+        x = torch.ones(t.shape, dtype=t.dtype, device=device)
+    if getattr(t, "layout", "") == "channels_last" and x.dim() == 4:  # time with the strides the model will use
+        x = x.to(memory_format=torch.channels_last)
+    return x
+
+
+def _time(fn: Any, reps: int = 15) -> float:
+    # GPU time from CUDA-graph replays: the plan runs in a CUDA graph, so the unfused chain's
+    # extra launches cost GPU time only, not Python launch overhead. Ten calls per graph: one
+    # replay's fixed ~5 us would otherwise be a third of a small chain's time and hide a 10% gap
+    from kfuse.bench.harness import gpu_time_ms, graph_ms_per_call
+
+    if not torch.cuda.is_available():
+        return gpu_time_ms(fn, warmup=1, rep=2)
+    fn()  # compile outside the capture
+    try:
+        return graph_ms_per_call(fn, (), calls=10, warmup=2, rep=reps)[0]
+    except Exception:  # capture failed: plain timing
+        torch.cuda.synchronize()
+        return gpu_time_ms(fn, warmup=3, rep=reps)
+
+
+@lowering("b2b_chain")
+def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) -> Step | None:
+    """The fused chain as one kernel; on a GPU, fused and unfused are measured on random inputs
+    of the right shapes and the faster is kept (``step.b2b`` records the decision)."""
+    if backend == "torch":
+        return None
+    a = node.attrs
+    chain: Chain = a["chain"]
+    stages = a["unfused"]
+    # operand positions of each stage inside the fused node's inputs
+    pos, slices = 0, []
+    for s, n in enumerate(stages):
+        take = len(n.inputs) - (0 if s == 0 else 1)
+        slices.append((pos, pos + take))
+        pos += take
+    packed_cache: dict[torch.device, list[torch.Tensor]] = {}
+    geom = ConvGeom(as_pair(a.get("stride"), 1), as_pair(a.get("padding"), 0), as_pair(a.get("dilation"), 1))
+    channels_last = a["out_type"].layout == "channels_last"
+
+    def split(xs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], list[Any], list[list[torch.Tensor]]]:
+        ws, bs, es = [], [], []
+        for s, (lo, hi) in enumerate(slices):
+            part = xs[lo:hi] if s == 0 else [None, *xs[lo:hi]]
+            nconv = 3 if chain.stages[s].has_bias else 2
+            ws.append(part[1])
+            bs.append(part[2] if chain.stages[s].has_bias else None)
+            es.append(list(part[nconv:]))
+        return xs[0], ws, bs, es
+
+    def fused_with(cfg: B2BConfig) -> Any:
+        def run(xs: list[torch.Tensor]) -> torch.Tensor:
+            x, ws, bs, es = split(xs)
+            pk = packed_cache.get(x.device)
+            if pk is None:
+                pk = packed_cache[x.device] = [pack_first(ws[0], chain.conv)] + [pack_next(w) for w in ws[1:]]
+            return b2b_chain(chain, x, ws, bs, es, cfg, pk, geom, channels_last)
+
+        return run
+
+    m = _rows(graph, node, chain)
+    widths = list(a["widths"])
+    cfg = a.get("config") or default_config(m, widths)
+    decision: dict[str, Any] = {"residence": cfg.residence, "config": cfg.describe(), "decided_by": "rule"}
+    run = fused_with(cfg)
+    template = "b2b_chain"
+    if backend == "triton" and os.environ.get("KFUSE_B2B_DECIDE", "measure") == "measure":
+        try:
+            run, template, decision = _decide(node, graph, backend, options, fused_with, m, widths)
+        except Exception as e:  # a measurement that fails keeps the rule's choice, and says why
+            decision["decided_by"] = f"rule (measurement failed: {type(e).__name__}: {str(e)[:120]})"
+    epis = " => ".join(n.attrs["epilogue"].describe() for n in stages)
+    info = KernelInfo(node.name, template, a["fused_ops"], decision.get("config", ""), epis)
+    step = Step(node.name, node.inputs, run, info)
+    step.b2b = decision  # type: ignore[attr-defined]  # read by kfuse.passes.fuse_b2b.b2b_report
+    return step
+
+
+def _rows(graph: Any, node: Any, chain: Chain) -> int:
+    t = node.attrs["out_type"]
+    if chain.conv:
+        return t.shape[0] * t.shape[2] * t.shape[3]
+    return t.numel // max(1, t.shape[-1])
+
+
+def _unfused_run(node: Any, graph: Any, backend: str, options: Any) -> Any:
+    """The chain as its original kernels, one after the other (each with its own lowering)."""
+    from kfuse.runtime.executor import _takes_options, _torch_step
+
+    steps = []
+    # the stage lowerings look up their operand types, intermediates included
+    ctx = graph.replace(nodes=tuple(graph.nodes) + tuple(node.attrs["unfused"]))
+    for n in node.attrs["unfused"]:
+        fn = LOWERINGS.get(n.op)
+        st = None
+        if fn is not None:
+            st = fn(n, ctx, backend, options=options) if _takes_options(fn) else fn(n, ctx, backend)
+        steps.append(st or _torch_step(n))
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        env = dict(zip(node.attrs["input_names"], xs, strict=True))
+        out = None
+        for st in steps:
+            out = st.fn([env[i] for i in st.inputs])
+            env[st.output] = out
+        return out
+
+    return run
+
+
+def _decide(
+    node: Any, graph: Any, backend: str, options: Any, fused_with: Any, m: int, widths: list[int]
+) -> tuple[Any, str, dict[str, Any]]:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    xs = []
+    for name in node.inputs:
+        c = graph.constants.get(name)
+        xs.append(c.to(device) if c is not None else _random_like(graph.type_of(name), device))
+    unfused = _unfused_run(node, graph, backend, options)
+    t_unfused = _time(lambda: unfused(xs))
+    best: tuple[float, B2BConfig | None] = (float("inf"), None)
+    tried = {}
+    x_t = graph.type_of(node.inputs[0])
+    k0 = None if node.attrs["chain"].conv or x_t.rank < 2 else int(x_t.shape[-1])
+    for cfg in candidate_configs(m, widths, k0):
+        try:
+            run = fused_with(cfg)
+            t = _time(lambda run=run: run(xs))
+        except Exception as e:  # a config that does not compile (registers, smem) is skipped
+            tried[cfg.describe()] = f"failed: {type(e).__name__}"
+            continue
+        tried[cfg.describe()] = round(t, 4)
+        if t < best[0]:
+            best = (t, cfg)
+    t_fused, cfg = best
+    d: dict[str, Any] = {"unfused_ms": round(t_unfused, 4), "fused_ms": round(t_fused, 4), "tried": tried, "decided_by": "measured"}
+    if cfg is not None and t_fused < t_unfused:
+        d.update(residence=cfg.residence, config=cfg.describe(), fused=True)
+        return fused_with(cfg), "b2b_chain", d
+    d.update(residence="none", config="unfused (measured faster)", fused=False)
+    return unfused, "b2b_chain(unfused)", d
