@@ -198,3 +198,27 @@ def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster
         assert template == "b2b_chain(unfused)" and not d["fused"] and d["residence"] == "none"
     xs = [torch.randn(9, 24)] + [g.constants[i] for i in node.inputs[1:]]
     torch.testing.assert_close(run(xs), reference_run(g, xs[:1])[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_tma_conv_candidates_only_when_enabled(monkeypatch: pytest.MonkeyPatch, enabled: bool) -> None:
+    """The TMA conv-chain kernel has not run on a GPU yet: the decision measures its candidates
+    only with ``Options.b2b_conv_tma`` (a hardware fault would poison the compile's CUDA context)."""
+    from kfuse.compiler import Options
+    from kfuse.kernels.b2b import lower as k
+
+    g = fuse_b2b(fuse_epilogues(_convnet(1, 0)))
+    node = g.nodes[0]
+    tried: list[object] = []
+
+    def fake_time(fn, reps: int = 20) -> float:  # noqa: ANN001
+        return 1.0
+
+    monkeypatch.setattr(k, "_time", fake_time)
+    real = k.candidate_configs
+    cands = real(84, [16, 12])
+    assert any(c.tile_h > 0 for c in cands)  # the list itself has them
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None: cands)
+    k._decide(node, g, "triton-interpreter", Options(b2b_conv_tma=enabled), lambda cfg: tried.append(cfg) or (lambda xs: None), 84, [16, 12])
+    assert any(c.tile_h > 0 for c in tried) == enabled
+    assert len(tried) == sum(1 for c in cands if enabled or c.tile_h == 0)

@@ -143,7 +143,10 @@ def _decide(
     tried = {}
     x_t = graph.type_of(node.inputs[0])
     k0 = None if node.attrs["chain"].conv or x_t.rank < 2 else int(x_t.shape[-1])
-    for cfg in candidate_configs(m, widths, k0):
+    cands = candidate_configs(m, widths, k0)
+    if not getattr(options, "b2b_conv_tma", False):  # Options.b2b_conv_tma: not yet run on a GPU
+        cands = [c for c in cands if not (node.attrs["chain"].conv and c.tile_h > 0)]
+    for cfg in cands:
         try:
             run = fused_with(cfg)
             t = _time(lambda run=run: run(xs))
