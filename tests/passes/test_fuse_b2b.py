@@ -219,6 +219,7 @@ def test_tma_conv_candidates_only_when_enabled(monkeypatch: pytest.MonkeyPatch, 
     cands = real(84, [16, 12])
     assert any(c.tile_h > 0 for c in cands)  # the list itself has them
     monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None: cands)
-    k._decide(node, g, "triton-interpreter", Options(b2b_conv_tma=enabled), lambda cfg: tried.append(cfg) or (lambda xs: None), 84, [16, 12])
+    fused_with = lambda cfg: tried.append(cfg) or (lambda xs: None)  # noqa: E731
+    k._decide(node, g, "triton-interpreter", Options(b2b_conv_tma=enabled), fused_with, 84, [16, 12])
     assert any(c.tile_h > 0 for c in tried) == enabled
     assert len(tried) == sum(1 for c in cands if enabled or c.tile_h == 0)
