@@ -73,6 +73,38 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
+def plot_for(name: str, records: list[dict]) -> Path | None:
+    """For kfuse-vs-baselines records: one PNG per benchmark with, per case, kfuse's time as a
+    fraction of the best baseline's (bars; < 1 is faster) and of the floor's (dots; 1 = at the
+    roofline). Returns the path, or None for other record shapes or fewer than two cases."""
+    rows = [r for r in records if isinstance(r.get("baselines_ms"), dict) and r["baselines_ms"] and r.get("kfuse_ms")]
+    if len(rows) < 2 or "policy" in rows[0]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [str(r["case"]) for r in rows]
+    rel = [r["kfuse_ms"] / min(r["baselines_ms"].values()) for r in rows]
+    floor = [r["floor_ms"] / r["kfuse_ms"] if r.get("floor_ms") else float("nan") for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.6))
+    y = list(range(len(rows)))
+    ax.barh(y, rel, color=["#2a9d8f" if v <= 1 else "#e76f51" for v in rel], label="kfuse / best PyTorch baseline")
+    ax.scatter(floor, y, color="black", s=14, zorder=3, label="floor / kfuse (1 = at the roofline)")
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(y, cases, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("fraction (lower bars are faster)")
+    ax.set_title(f"{name}: kfuse against the best baseline and the floor (H200)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35 / (0.32 * len(rows) + 1.2) - 0.06), ncol=2, frameon=False)
+    fig.tight_layout()
+    path = RESULTS / f"summary_{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def table_for(name: str, records: list[dict]) -> str:
     lines = [f"### {name}", ""]
     if not records:
@@ -120,7 +152,11 @@ def main() -> int:
             continue
         if isinstance(records, dict):
             records = [records]
-        parts.append(table_for(path.stem, records))
+        part = table_for(path.stem, records)
+        png = plot_for(path.stem, records)
+        if part and png is not None:
+            part += f"\n![{path.stem}]({png.relative_to(ROOT.parent).as_posix()})\n"
+        parts.append(part)
     generated = "\n".join(p for p in parts if p)
     text = OUT.read_text() if OUT.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text:
