@@ -12,6 +12,10 @@ Two K orders (a template parameter):
 * ``FLAT_K=True``: K is one flat index decoded into (kh, kw, c) per element; for the few-channel
   stem (C=3, 7x7) where a channel block would be mostly padding.
 
+``conv_tma_kernel`` (Hopper, stride 1, opt-in by ``ConvConfig.tile_h``; not yet run on a GPU) is
+the same GEMM over BH x BW pixel tiles of one image: A is a TMA box of the NHWC input per (tap,
+channel block), zero-filled outside the image (the padding), the output a TMA box store.
+
 groups=1 only: grouped/depthwise convolutions have no template and run through PyTorch
 (cuDNN), reported as a fallback in the kernel plan.
 """
@@ -113,6 +117,62 @@ def conv_kernel(
 {epilogue}
     c_ptrs = c_ptr + (n_idx * stride_cn + oh * stride_ch + ow * stride_cw)[:, None] + offs_n[None, :] * stride_cc
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def conv_tma_kernel(
+    x_desc, w_ptr, bias_ptr, c_ptr, c_desc, {extra_ptrs}
+    NB, C, H, W, OC, OH, OW,
+    stride_cn, stride_cc, stride_ch, stride_cw, {extra_strides}
+    PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    BH: tl.constexpr, BW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    # the channel tiles of one spatial tile are launch neighbours: they read the same input boxes (L2)
+    num_n = tl.cdiv(OC, BLOCK_N)
+    pid_n = pid % num_n
+    pid_s = pid // num_n
+    tiles_w = tl.cdiv(OW, BW)
+    per_image = tl.cdiv(OH, BH) * tiles_w
+    n_idx = pid_s // per_image
+    tile = pid_s % per_image
+    oh0 = (tile // tiles_w) * BH
+    ow0 = (tile % tiles_w) * BW
+    oh = oh0 + tl.arange(0, BLOCK_M) // BW
+    ow = ow0 + tl.arange(0, BLOCK_M) % BW
+    # pixels past the right / bottom edge are computed on zero-filled boxes but never stored
+    mask_m = (oh < OH) & (ow < OW)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < OC
+    rn = offs_n
+    offs_k = tl.arange(0, BLOCK_K)
+    # one box [1, BH, BW, BLOCK_K] per (tap, channel block): TMA zero-fills what lies outside the
+    # image (negative coordinates too), the convolution's padding, and the channels past C.
+    # acc^T = W^T @ A^T: A^T is the MMA's B operand, read from shared memory, so the box reshape is
+    # a view of the TMA buffer (as the A operand it would be copied to registers every K step)
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    n_cb = tl.cdiv(C, BLOCK_K)
+    for it in range(0, KH * KW * n_cb):
+        cb = it % n_cb
+        tap = it // n_cb
+        box = x_desc.load([n_idx, oh0 + (tap // KW) * DH - PH, ow0 + (tap % KW) * DW - PW, cb * BLOCK_K])
+        a = box.reshape(BLOCK_M, BLOCK_K)
+        cc = cb * BLOCK_K + offs_k
+        b = tl.load(w_ptr + (tap * C + cc)[:, None] * OC + rn[None, :], mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)
+        acc_t = tl.dot(tl.trans(b), tl.trans(a), acc_t, input_precision=INPUT_PRECISION)
+    acc = tl.trans(acc_t)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+{load_extras}
+{epilogue}
+    if TMA_STORE:  # the box store clips the pixels past the edges and the channels past OC
+        c_desc.store([n_idx, oh0, ow0, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty).reshape(1, BH, BW, BLOCK_N))
+    else:
+        c_ptrs = c_ptr + (n_idx * stride_cn + oh * stride_ch + ow * stride_cw)[:, None] + offs_n[None, :] * stride_cc
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 """
 
 
@@ -140,10 +200,14 @@ class ConvConfig:
     num_warps: int = 4
     num_stages: int = 3
     flat_k: bool = False
+    # > 0: conv_tma_kernel on tile_h x (block_m // tile_h) pixel tiles (Hopper, stride 1; the
+    # launcher falls back to conv_kernel where TMA cannot do the conv). Never searched by the tuner
+    tile_h: int = 0
 
     def describe(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
-        return s + (" flatk" if self.flat_k else "")
+        s += " flatk" if self.flat_k else ""
+        return s + (f" tma {self.tile_h}x{self.block_m // self.tile_h}" if self.tile_h else "")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -236,6 +300,21 @@ def conv_epilogue(
     for e in ex:
         ex_strides += [e.stride(0), e.stride(1), e.stride(2), e.stride(3)]
     precision = "ieee" if x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+    tma = tma_descriptors(x, out, cfg, params) if cfg.tile_h else None
+    if tma is not None:
+        x_desc, c_desc, block_k = tma
+        bh, bw = cfg.tile_h, cfg.block_m // cfg.tile_h
+        grid = (nb * cdiv(oh, bh) * cdiv(ow, bw) * cdiv(oc, cfg.block_n),)
+        _go(_module(epi).conv_tma_kernel, grid, warmup,
+            x_desc, wp, bias if bias is not None else wp, out, c_desc if c_desc is not None else out, *ex,
+            nb, c, h, w, oc, oh, ow,
+            out.stride(0), out.stride(1), out.stride(2), out.stride(3), *ex_strides,
+            PH=params.padding[0], PW=params.padding[1], DH=params.dilation[0], DW=params.dilation[1], KH=kh, KW=kw,
+            BH=bh, BW=bw, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+            HAS_BIAS=bias is not None, TMA_STORE=c_desc is not None, INPUT_PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return out
     grid = (cdiv(m, cfg.block_m) * cdiv(oc, cfg.block_n),)
     _go(_module(epi).conv_kernel, grid, warmup,
         x, wp, bias if bias is not None else wp, out, *ex,
@@ -249,6 +328,52 @@ def conv_epilogue(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
+
+
+_TMA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _nhwc_box_ok(t: torch.Tensor, box_c: int, bh: int, bw: int) -> bool:
+    """Can a TMA descriptor over ``t`` viewed as (N, H, W, C) move [1, bh, bw, box_c] boxes?
+    Channels the unit-stride dim, a 16-byte aligned base and pixel strides, an inner box of
+    16 bytes or more, every box dim <= 256."""
+    e = t.element_size()
+    if t.dtype not in _TMA_DTYPES or t.stride(1) != 1 or t.data_ptr() % 16:
+        return False
+    return not any(t.stride(d) * e % 16 for d in (0, 2, 3)) and box_c * e % 16 == 0 and max(bh, bw, box_c) <= 256
+
+
+def tma_descriptors(x: torch.Tensor, out: torch.Tensor, cfg: ConvConfig, params: ConvParams) -> tuple[Any, Any, int] | None:
+    """For ``conv_tma_kernel``: the descriptor of the NHWC input (box [1, BH, BW, BLOCK_K]), of
+    the NHWC output (box [1, BH, BW, BLOCK_N]; None: the kernel stores through pointers) and the
+    channel step; None when TMA cannot do the conv (stride other than 1: a box is a dense window,
+    while dilation only shifts the taps; an NCHW or misaligned input; another dtype; a GPU before
+    Hopper). The channel step is the config's, or less for narrow inputs (C = 16 or 32 would
+    otherwise move and multiply boxes that are mostly zero-filled channels)."""
+    bh = cfg.tile_h
+    if not (_pow2(cfg.block_m) and _pow2(bh) and cfg.block_m % bh == 0):
+        raise ValueError(f"conv: tile_h {bh} must be a power of two dividing block_m {cfg.block_m} (a power of two)")
+    if params.stride != (1, 1) or x.dtype not in _TMA_DTYPES:
+        return None
+    if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return None
+    bw = cfg.block_m // bh
+    c = x.shape[1]
+    block_k = max(16, min(cfg.block_k, 1 << (c - 1).bit_length()))
+    if not _nhwc_box_ok(x, block_k, bh, bw):
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t: torch.Tensor, box_c: int) -> Any:
+        n, ch, hh, ww = t.shape
+        return TensorDescriptor(t, [n, hh, ww, ch], [t.stride(0), t.stride(2), t.stride(3), 1], [1, bh, bw, box_c])
+
+    c_desc = desc(out, cfg.block_n) if _nhwc_box_ok(out, cfg.block_n, bh, bw) else None
+    return desc(x, block_k), c_desc, block_k
 
 
 def reference(
