@@ -35,6 +35,7 @@ from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels.codegen import as_pair, cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, Operand, apply_reference, render
 from kfuse.kernels.gemm import _go
+from kfuse.kernels.tma import nhwc_box_descriptor, spatial_tile, tma_device
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 
 _TEMPLATE = """
@@ -330,23 +331,6 @@ def conv_epilogue(
     return out
 
 
-_TMA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def _nhwc_box_ok(t: torch.Tensor, box_c: int, bh: int, bw: int) -> bool:
-    """Can a TMA descriptor over ``t`` viewed as (N, H, W, C) move [1, bh, bw, box_c] boxes?
-    Channels the unit-stride dim, a 16-byte aligned base and pixel strides, an inner box of
-    16 bytes or more, every box dim <= 256."""
-    e = t.element_size()
-    if t.dtype not in _TMA_DTYPES or t.stride(1) != 1 or t.data_ptr() % 16:
-        return False
-    return not any(t.stride(d) * e % 16 for d in (0, 2, 3)) and box_c * e % 16 == 0 and max(bh, bw, box_c) <= 256
-
-
 def tma_descriptors(x: torch.Tensor, out: torch.Tensor, cfg: ConvConfig, params: ConvParams) -> tuple[Any, Any, int] | None:
     """For ``conv_tma_kernel``: the descriptor of the NHWC input (box [1, BH, BW, BLOCK_K]), of
     the NHWC output (box [1, BH, BW, BLOCK_N]; None: the kernel stores through pointers) and the
@@ -354,26 +338,15 @@ def tma_descriptors(x: torch.Tensor, out: torch.Tensor, cfg: ConvConfig, params:
     while dilation only shifts the taps; an NCHW or misaligned input; another dtype; a GPU before
     Hopper). The channel step is the config's, or less for narrow inputs (C = 16 or 32 would
     otherwise move and multiply boxes that are mostly zero-filled channels)."""
-    bh = cfg.tile_h
-    if not (_pow2(cfg.block_m) and _pow2(bh) and cfg.block_m % bh == 0):
-        raise ValueError(f"conv: tile_h {bh} must be a power of two dividing block_m {cfg.block_m} (a power of two)")
-    if params.stride != (1, 1) or x.dtype not in _TMA_DTYPES:
+    bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "conv")
+    if params.stride != (1, 1) or not tma_device(x):
         return None
-    if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] < 9:
-        return None
-    bw = cfg.block_m // bh
     c = x.shape[1]
     block_k = max(16, min(cfg.block_k, 1 << (c - 1).bit_length()))
-    if not _nhwc_box_ok(x, block_k, bh, bw):
+    x_desc = nhwc_box_descriptor(x, bh, bw, block_k)
+    if x_desc is None:
         return None
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    def desc(t: torch.Tensor, box_c: int) -> Any:
-        n, ch, hh, ww = t.shape
-        return TensorDescriptor(t, [n, hh, ww, ch], [t.stride(0), t.stride(2), t.stride(3), 1], [1, bh, bw, box_c])
-
-    c_desc = desc(out, cfg.block_n) if _nhwc_box_ok(out, cfg.block_n, bh, bw) else None
-    return desc(x, block_k), c_desc, block_k
+    return x_desc, nhwc_box_descriptor(out, bh, bw, cfg.block_n), block_k
 
 
 def reference(

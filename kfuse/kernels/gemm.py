@@ -48,6 +48,7 @@ import torch
 
 from kfuse.kernels.codegen import cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
+from kfuse.kernels.tma import TMA_DTYPES, tma_device
 
 _HEADER = """
 import triton
@@ -439,9 +440,6 @@ def _go(kernel: Any, grid: tuple[int, ...], warmup: bool, *args: Any, **kwargs: 
         kernel.warmup(*args, grid=grid, **kwargs)
 
 
-_TMA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
 def _tma_ok(t: torch.Tensor, batched: bool) -> bool:
     """Can a TMA descriptor describe the 3-D view ``t`` (2-D: ``t[0]``)? The last dimension must
     be contiguous, the base address and the other strides 16-byte aligned."""
@@ -464,9 +462,9 @@ def tma_operands(a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig) -> tuple[Any
     A column-major B is described as B^T (N, K). An operand broadcast along the batch (batch
     stride 0) or with one batch gets a 2-D descriptor; others a 3-D one of the exact shape, so
     ragged tiles read zeros, never the next batch."""
-    if a.dtype not in _TMA_DTYPES or b.dtype != a.dtype:
+    if a.dtype not in TMA_DTYPES or b.dtype != a.dtype:
         return None
-    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] < 9:
+    if not tma_device(a):
         return None
     nb = a.shape[0]
     a_batched = nb > 1 and a.stride(0) != 0

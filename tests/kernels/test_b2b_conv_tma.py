@@ -7,14 +7,12 @@ out-of-bounds rules, checked first); and compiled offline for sm_90."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import tempfile
 
 import pytest
 import torch
 import triton
 import triton.language as tl
+from cubin_facts import sass_facts
 from test_b2b import _check, _epi
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -161,24 +159,6 @@ def test_candidates_include_spatial_tiles_for_conv_chains() -> None:
 
 
 # ---- compiled for sm_90 --------------------------------------------------------------------------
-def _sass_facts(cubin: bytes) -> dict[str, int]:
-    """Registers, stack and local memory (spills) from cuobjdump's resource usage, and the counts
-    of the SASS instructions that matter here (TMA loads / stores, wgmma, local loads / stores)."""
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.path.exists(cuobjdump):
-        pytest.skip("the triton wheel has no cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    line = next(ln for ln in usage.splitlines() if "REG:" in ln)
-    facts = {k: int(v) for k, v in (kv.split(":") for kv in line.split() if kv.split(":")[0] in ("REG", "STACK", "LOCAL"))}
-    for op in ("UTMALDG.4D", "UTMASTG.4D", "HGMMA", "STL", "LDL"):
-        facts[op] = sass.count(op + " ") + sass.count(op + ".")
-    return facts
-
-
 @pytest.mark.parametrize("cfg", [_cfg(128, 64, 64, "register", 8), _cfg(64, 64, 64, "register", 8)])
 def test_sm90_conv_tma_kernel_moves_tiles_by_tma(cfg: b2b.B2BConfig) -> None:
     """64 -> 64 -> 64 (3x3 then 1x1) on a 56x56 NHWC batch, as the JIT specialises it: stage 0's
@@ -199,7 +179,7 @@ def test_sm90_conv_tma_kernel_moves_tiles_by_tma(cfg: b2b.B2BConfig) -> None:
     s = b2b.ptx_summary(ptx)
     assert s["st.global"] == 0, s
     assert s["wgmma"] > s["wgmma_a_regs"] > 0, s  # stage 0 from shared memory; stage 1 from registers
-    sass = _sass_facts(asm["cubin"])
+    sass = sass_facts(asm["cubin"])
     assert sass["STACK"] == 0 and sass["LOCAL"] == 0 and sass["STL"] == sass["LDL"] == 0, sass
     assert sass["UTMALDG.4D"] >= 3 and sass["UTMASTG.4D"] == 1 and sass["HGMMA"] > 0, sass
     # 124 / 76 with Triton 3.6 (4 / 6 programs per SM by registers); at least 3 / 4 programs

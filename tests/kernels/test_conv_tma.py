@@ -11,13 +11,12 @@ import os
 import pickle
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import triton
+from cubin_facts import sass_facts
 
 from kfuse.ir import ops  # noqa: F401
 from kfuse.kernels import conv
@@ -200,24 +199,6 @@ def _compile_sm90(cfg: ConvConfig, nb: int, c: int, oc: int, hw: int, k: int) ->
     return pickle.loads(proc.stdout)
 
 
-def _sass_facts(cubin: bytes) -> dict[str, int]:
-    """Registers, stack and local memory (spills) from cuobjdump's resource usage, and the counts
-    of the SASS instructions that matter here (TMA loads / stores, wgmma, local loads / stores)."""
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.path.exists(cuobjdump):
-        pytest.skip("the triton wheel has no cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    line = next(ln for ln in usage.splitlines() if "REG:" in ln)
-    facts = {k: int(v) for k, v in (kv.split(":") for kv in line.split() if kv.split(":")[0] in ("REG", "STACK", "LOCAL"))}
-    for op in ("UTMALDG.4D", "UTMASTG.4D", "HGMMA", "STL", "LDL", "LDSM"):
-        facts[op] = sass.count(op + " ") + sass.count(op + ".")
-    return facts
-
-
 SM90_CONFIGS = [ConvConfig(128, 64, 64, 1, 4, 3, tile_h=8), ConvConfig(64, 64, 64, 1, 4, 3, tile_h=8)]
 
 
@@ -237,7 +218,7 @@ def test_sm90_conv_tma_kernel_moves_boxes_by_tma(cfg: ConvConfig) -> None:
     assert "ttg.memdesc_reshape" in ttgir and "ttng.async_tma_copy_global_to_local" in ttgir
     s = ptx_summary(ptx)
     assert s["st.global"] == 0 and s["wgmma"] > 0 and s["wgmma_a_regs"] == 0 and s["cp.async"] > 0, s
-    sass = _sass_facts(asm["cubin"])
+    sass = sass_facts(asm["cubin"])
     assert sass["STACK"] == 0 and sass["LOCAL"] == 0 and sass["STL"] == sass["LDL"] == 0, sass
     assert sass["UTMALDG.4D"] >= 3 and sass["UTMASTG.4D"] == 1 and sass["HGMMA"] > 0 and sass["LDSM"] == 0, sass
     # 90 / 58 with Triton 3.6: accumulator (64 / 32 fp32 a thread) plus addressing, far below 255

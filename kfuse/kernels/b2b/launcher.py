@@ -13,6 +13,7 @@ from kfuse.kernels.b2b.configs import default_config
 from kfuse.kernels.b2b.source import _TL, _module
 from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.epilogue import apply_reference
+from kfuse.kernels.tma import nhwc_box_descriptor, spatial_tile, tma_device
 
 
 @dataclass
@@ -151,8 +152,8 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     tiles = -(-m // cfg.block_m)
     single = {"SINGLE_K": g.kernel_hw[0] * g.kernel_hw[1] == 1 and c <= cfg.block_k, "SINGLE_N": g.widths[-1] <= block_n}
     single["PRELOAD"] = cfg.preload and single["SINGLE_N"]
-    if cfg.tile_h and (cfg.tile_h & (cfg.tile_h - 1) or cfg.block_m % cfg.tile_h or cfg.block_m & (cfg.block_m - 1)):
-        raise ValueError(f"b2b: tile_h {cfg.tile_h} must be a power of two dividing block_m {cfg.block_m} (a power of two)")
+    if cfg.tile_h:
+        spatial_tile(cfg.block_m, cfg.tile_h, "b2b")
     conv_descs = None
     if chain.conv and cfg.tma and cfg.tile_h:
         narrow = replace(cfg, block_k=conv_tma_block_k(cfg, c))
@@ -200,9 +201,7 @@ def _tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> 
     """Host tensor descriptors of x (M, K0) and out (M, N_last) for ``b2b_tma_kernel``, or None
     when TMA cannot describe them (a conv chain, non-contiguous rows, 16-byte misalignment, a GPU
     before Hopper): the launcher then runs the pointer-based persistent kernel."""
-    if chain.conv or g.x.dtype not in _TL:
-        return None
-    if g.x.is_cuda and torch.cuda.get_device_capability(g.x.device)[0] < 9:
+    if chain.conv or g.x.dtype not in _TL or not tma_device(g.x):
         return None
     m, k0 = g.dims[0], g.dims[1]
     n_last = g.widths[-1]
@@ -232,24 +231,13 @@ def _conv_tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int
     dense window; any dilation is fine, it only shifts the taps), channels not the unit-stride dim,
     pixel strides or bases not 16-byte aligned, a GPU before Hopper. The launcher then runs
     ``b2b_kernel``. Any C: the last channel block's box is zero-filled past C."""
-    if g.geom.stride != (1, 1) or g.x.dtype not in _TL or g.out.dtype != chain.stages[-1].out_dtype:
-        return None
-    if g.x.is_cuda and torch.cuda.get_device_capability(g.x.device)[0] < 9:
+    if g.geom.stride != (1, 1) or g.out.dtype != chain.stages[-1].out_dtype or not tma_device(g.x):
         return None
     bh, bw = cfg.tile_h, cfg.block_m // cfg.tile_h
-    x, out = g.x, g.out
-    for t, box_c in ((x, cfg.block_k), (out, block_n)):
-        e = t.element_size()
-        # TMA: 16-byte aligned base and strides, an inner box of >= 16 bytes, box dims <= 256
-        if t.stride(1) != 1 or t.data_ptr() % 16 or any(t.stride(d) * e % 16 for d in (0, 2, 3)):
-            return None
-        if box_c * e % 16 or max(bh, bw, box_c) > 256:
-            return None
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    nb, c, h, w, oh, ow = g.dims
-    x_desc = TensorDescriptor(x, [nb, h, w, c], [x.stride(0), x.stride(2), x.stride(3), 1], [1, bh, bw, cfg.block_k])
-    out_desc = TensorDescriptor(out, [nb, oh, ow, g.widths[-1]], [out.stride(0), out.stride(2), out.stride(3), 1], [1, bh, bw, block_n])
+    x_desc = nhwc_box_descriptor(g.x, bh, bw, cfg.block_k)
+    out_desc = nhwc_box_descriptor(g.out, bh, bw, block_n)
+    if x_desc is None or out_desc is None:
+        return None
     return x_desc, out_desc
 
 
