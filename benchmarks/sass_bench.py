@@ -65,7 +65,7 @@ CASES = {
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", default="sass.json")
+    p.add_argument("--out", default="sass.json", help="a JSON file, or a directory to write sass.json in")
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--search-s", type=float, default=20.0, help="wall-clock budget of each search")
     p.add_argument("--iters", type=int, default=120, help="annealing iterations per seed")
@@ -74,6 +74,7 @@ def main() -> None:
     p.add_argument("--deadline-s", type=float, default=270.0, help="stop starting new work after this many seconds")
     p.add_argument("--always-verify", action="store_true", help="verify the best candidate even when it is not faster")
     a = p.parse_args()
+    out_path = Path(a.out) / "sass.json" if Path(a.out).is_dir() else Path(a.out)
 
     import torch
 
@@ -151,7 +152,7 @@ def main() -> None:
                 }
             )
         records.append(rec)
-        Path(a.out).write_text(json.dumps(records, indent=1))
+        out_path.write_text(json.dumps(records, indent=1))
         print(json.dumps(rec), flush=True)
     print(f"\n{'case':40s} {'triton ms':>10s} {'kfuse ms':>10s} {'gain':>7s} {'verified':>9s} {'moves':>5s} {'tried':>5s}")
     for r in records:

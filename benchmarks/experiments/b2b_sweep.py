@@ -39,6 +39,24 @@ CONV_CASES = [("B64_56x56_64-64-64", 64, 64, 56, 64, 64), ("B64_56x56_64-64-256"
 GEMM_CASES = [(1 << 20, (128, 128, 128)), (1 << 20, (64, 128, 64)), (262144, (128, 128, 128)), (65536, (64, 64, 64))]
 
 
+def conv_tma_configs(c0: int, c1: int) -> list[b2b.B2BConfig]:
+    """~20-40 per chain of ``b2b_conv_tma_kernel``: pixel tiles of 64-256 rows shaped from 4 rows
+    high to 32 (4 x 32 wastes 14% of a 28-wide image where 8 x 16 wastes 31%), 4 / 8 warps, 2-4
+    stages, and for outputs wider than 128 last-stage tiles of 128 and 256 columns."""
+    res = "register" if c0 <= 128 else "smem"
+    bns = [b2b.pad_width(c1)] if c1 <= 128 else [128, 256]
+    out = []
+    for th, s in itertools.product((4, 8), (3, 4)):
+        out.append(b2b.B2BConfig(64, 64, min(bns[0], 128), 4, s, res, tma=True, tile_h=th))
+    for th, w, s, bn in itertools.product((4, 8, 16, 32), (4, 8), (3, 4), bns):
+        if bn <= 128 or w == 8:
+            out.append(b2b.B2BConfig(128, 64, bn, w, s, res, tma=True, tile_h=th))
+    for th, s in itertools.product((8, 16), (2, 3)):
+        out.append(b2b.B2BConfig(256, 64, min(bns[0], 128), 8, s, res, tma=True, tile_h=th))
+    out.append(b2b.B2BConfig(128, 32, min(bns[0], 128), 4, 4, res, tma=True, tile_h=8))
+    return out
+
+
 def conv_configs(c1: int) -> list[b2b.B2BConfig]:
     """24 per chain: register residence over BM 64/128, BK 32/64, warps, stages; smem at 2 stages."""
     out = []
@@ -119,10 +137,14 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--only", default="conv,gemm")
+    ap.add_argument("--tma-only", action="store_true", help="conv chains: only the TMA kernel's configs")
+    ap.add_argument("--gemm-cases", default="", help="e.g. 262144:64x128x64,1048576:128x128x128 (default: the built-in four)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, a few configs, on the CPU")
     a = ap.parse_args()
     dev, dt = ("cpu", torch.float32) if a.smoke else ("cuda", torch.float16)
     global CONV_CASES, GEMM_CASES
+    if a.gemm_cases:
+        GEMM_CASES = [(int(m), tuple(int(v) for v in w.split("x"))) for m, w in (c.split(":") for c in a.gemm_cases.split(","))]
     if a.smoke:
         CONV_CASES, GEMM_CASES = [("B2_6x6_8-16-16", 2, 8, 6, 16, 16)], [(50, (32, 32, 32))]
     t_end = time.perf_counter() + a.budget_s
@@ -153,7 +175,7 @@ def main() -> None:
             def args_of(chain=chain, x=x, w0=w0, w1=w1, b0=b0, b1=b1, packed=packed) -> b2b.B2BArgs:
                 return b2b.prepare(chain, x, [w0, w1], [b0, b1], [[], []], packed, b2b.ConvGeom((1, 1), (1, 1)))
 
-            cfgs = conv_configs(c1)
+            cfgs = conv_tma_configs(c0, c1) + ([] if a.tma_only else conv_configs(c1))
             pix = nb * hw * hw
             flops, nbytes = 2.0 * pix * (9 * cin * c0 + c0 * c1), 2.0 * pix * (cin + c1)
         else:
