@@ -8,11 +8,13 @@ import hashlib
 import importlib.util
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+_LOAD_LOCK = threading.Lock()
 _LOADED: dict[str, ModuleType] = {}
 
 
@@ -58,18 +60,20 @@ def load_generated(family: str, key: str, source: str) -> ModuleType:
     """Import ``source`` as module ``kfuse_gen_<family>_<key>`` (written to the cache once)."""
     digest = hashlib.sha1(source.encode()).hexdigest()[:10]
     mod_name = f"kfuse_gen_{family}_{key}_{digest}"
-    if mod_name in _LOADED:
-        return _LOADED[mod_name]
-    path = cache_dir() / "kernels" / f"{mod_name}.py"
-    if not path.exists() or path.read_text() != source:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)  # atomic: concurrent compiles never see half a file
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-    _LOADED[mod_name] = module
-    return module
+    with _LOAD_LOCK:  # compile threads (the b2b decision, the tuner) load the same module at once
+        if mod_name in _LOADED:
+            return _LOADED[mod_name]
+        path = cache_dir() / "kernels" / f"{mod_name}.py"
+        if not path.exists() or path.read_text() != source:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # a name per process and thread: another process may write the same module
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(source)
+            os.replace(tmp, path)  # atomic: concurrent compiles never see half a file
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+        _LOADED[mod_name] = module
+        return module
