@@ -186,7 +186,6 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             model = _convs(cin, c0, c1, dtype, device)
             x = torch.randn(nb, cin, hw, hw, device=device, dtype=dtype).to(memory_format=torch.channels_last)
             base, outs, notes, extra = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
-            # the TMA conv-chain kernel is measured here first (Options.b2b_conv_tma, off by default)
             k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, profile=not args.smoke, b2b_conv_tma=True)
             k1_ms = _one_call_graph_ms(c, x, args.rep)
             u_ms, _, u_out, _ = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)

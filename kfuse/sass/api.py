@@ -99,38 +99,34 @@ def install_cubin(ck: Any, cubin: bytes) -> None:
 
 
 def _ab_time(ev: Evaluator, a: bytes, b: bytes, rounds: int = 3) -> tuple[float, float]:
-    ta, tb = [], []
-    for _ in range(rounds):  # interleaved so that clock drift hits both alike
-        x, y = ev.time(a), ev.time(b)
-        if x is not None:
-            ta.append(x)
-        if y is not None:
-            tb.append(y)
-    if not ta or not tb:
+    """(ms of a, ms of b): b's time is a's times the median A B B A ratio of ``rounds`` pairings."""
+    pairs = [p for p in (ev.time_pair(a, b) for _ in range(rounds)) if p is not None]
+    if not pairs:
         raise RuntimeError("timing failed for the original or the tuned schedule")
-    return statistics.median(ta), statistics.median(tb)
+    ta = statistics.median(p[0] for p in pairs)
+    return ta, ta / statistics.median(p[2] for p in pairs)
 
 
 def make_fitness(
     ev: Any, cubin_of: Callable[[Schedule], bytes], original: bytes, base_ms: float, quick_samples: int = 1, paired: bool = True
 ) -> Callable[[Schedule], float | None]:
     """The search's fitness: a candidate's time in ms, or None when it computes something else.
-    ``paired``: the original is timed right after each candidate and the candidate reported as
-    ``base_ms * t_candidate / t_original``. GPU clocks drift over a search (the H200 run of
-    session 1 had the median candidate of one GEMM 3% "faster" than the original measured once at
-    the start, and every apparent gain vanished on interleaved re-timing); a ratio of neighbours
-    does not drift. Costs one more timing per candidate."""
+    ``paired``: the candidate and the original are timed interleaved, A B B A (``abba_ratio``),
+    and the candidate reported as ``base_ms * t_candidate / t_original``. GPU clocks drift over a
+    search (session 1: the median candidate of one GEMM 3% "faster" than the original measured
+    once at the start), and on the H200 whichever of two heavy kernels runs first is 3-10%
+    faster (session 6: candidate-then-original made every attention candidate look 6-12%
+    faster); the A B B A ratio cancels both. Costs the original's timing again per candidate."""
 
     def fitness(s: Schedule) -> float | None:
         data = cubin_of(s)
         ok, _, _ = ev.check(data, quick_samples)
         if not ok:
             return None
-        t = ev.time(data)
-        if t is None or not paired:
-            return t
-        t0 = ev.time(original)
-        return None if t0 is None else base_ms * t / t0
+        if not paired:
+            return ev.time(data)
+        pair = ev.time_pair(data, original)
+        return None if pair is None else base_ms * pair[2]
 
     return fitness
 

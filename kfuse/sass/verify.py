@@ -50,6 +50,23 @@ def arg_specs(args: tuple | list) -> list[ArgSpec]:
     return out
 
 
+def abba_ratio(time_a: Any, time_b: Any, rounds: int = 8) -> tuple[float, float, float]:
+    """Time two kernels in A B B A order, ``rounds`` times; returns (ms of A, ms of B, A / B), each
+    the median over rounds. A linear drift of the clock within a round cancels exactly, and neither
+    kernel always runs first: the H200 ran whichever of a heavy pair went first 3-10% faster
+    (power and clocks settle over ~100 ms), so candidate-then-original made every attention and
+    large-GEMM candidate look 6-12% faster and original-then-candidate made it look slower
+    (session 6). ``time_a`` / ``time_b`` return ms per launch of one short chunk of launches."""
+    ta, tb, ratios = [], [], []
+    for _ in range(rounds):
+        a1, b1, b2, a2 = time_a(), time_b(), time_b(), time_a()
+        ta.append((a1 + a2) / 2)
+        tb.append((b1 + b2) / 2)
+        ratios.append((a1 + a2) / (b1 + b2))
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    return med(ta), med(tb), med(ratios)
+
+
 # ---------------------------------------------------------------------------------------------- worker side
 class _Runner:
     def __init__(self, spec: LaunchSpec) -> None:
@@ -120,6 +137,31 @@ class _Runner:
             e.synchronize()
             samples.append(s.elapsed_time(e) / reps)
         return sorted(samples)[len(samples) // 2]
+
+    def time_pair(self, a: bytes, b: bytes, chunk_ms: float = 2.0, rounds: int = 8) -> tuple[float, float, float]:
+        """``abba_ratio`` of cubins ``a`` and ``b`` on one set of arguments, in chunks of ~2 ms."""
+        torch = self.torch
+        fa, fb = self.load(a), self.load(b)
+        args = self.make(self.spec.args)
+        for fn in (fa, fb, fa, fb):
+            self.launch(fn, self.spec.grid, args)
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        self.launch(fb, self.spec.grid, args)
+        e.record()
+        e.synchronize()
+        reps = max(2, min(1000, int(chunk_ms / max(s.elapsed_time(e), 1e-3))))
+
+        def chunk(fn: Any) -> float:
+            s.record()
+            for _ in range(reps):
+                self.launch(fn, self.spec.grid, args)
+            e.record()
+            e.synchronize()
+            return s.elapsed_time(e) / reps
+
+        return abba_ratio(lambda: chunk(fa), lambda: chunk(fb), rounds)
 
     def make_batch(self, specs: list[ArgSpec], count: int) -> tuple[list[Any], list[list[Any]]]:
         """`count` independent argument sets carved from one flat buffer per tensor (one RNG call each)."""
@@ -194,6 +236,8 @@ def _worker(conn: Any, spec: LaunchSpec) -> None:
         try:
             if msg[0] == "time":
                 conn.send(("ok", runner.time(msg[1])))
+            elif msg[0] == "time_pair":
+                conn.send(("ok", runner.time_pair(msg[1], msg[2])))
             elif msg[0] == "check":
                 conn.send(("ok", runner.check(msg[1], msg[2])))
         except Exception as e:  # a failing candidate; the context may be dead, so the worker exits
@@ -258,6 +302,11 @@ class Evaluator:
     def time(self, cubin: bytes) -> float | None:
         kind, val = self._call(("time", cubin), self.timeout_s)
         return val if kind == "ok" else None
+
+    def time_pair(self, a: bytes, b: bytes) -> tuple[float, float, float] | None:
+        """(ms of a, ms of b, a / b) timed interleaved A B B A (``abba_ratio``); None if either failed."""
+        kind, val = self._call(("time_pair", a, b), self.timeout_s)
+        return tuple(val) if kind == "ok" else None
 
     def check(self, cubin: bytes, samples: int, chunk_launches: int = 2000, progress: Any = None) -> tuple[bool, int, str]:
         """Test `samples` random input sets (rounded up to whole launches); returns (ok, samples tested, why)."""

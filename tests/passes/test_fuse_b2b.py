@@ -202,8 +202,8 @@ def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster
 
 @pytest.mark.parametrize("enabled", [False, True])
 def test_tma_conv_candidates_only_when_enabled(monkeypatch: pytest.MonkeyPatch, enabled: bool) -> None:
-    """The TMA conv-chain kernel has not run on a GPU yet: the decision measures its candidates
-    only with ``Options.b2b_conv_tma`` (a hardware fault would poison the compile's CUDA context)."""
+    """``Options.b2b_conv_tma`` (on by default) puts the TMA conv-chain kernel's candidates in the
+    decision; off, only the pointer-based kernels are measured."""
     from kfuse.compiler import Options
     from kfuse.kernels.b2b import lower as k
 
@@ -223,3 +223,4 @@ def test_tma_conv_candidates_only_when_enabled(monkeypatch: pytest.MonkeyPatch, 
     k._decide(node, g, "triton-interpreter", Options(b2b_conv_tma=enabled), fused_with, 84, [16, 12])
     assert any(c.tile_h > 0 for c in tried) == enabled
     assert len(tried) == sum(1 for c in cands if enabled or c.tile_h == 0)
+    assert Options().b2b_conv_tma

@@ -49,6 +49,11 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[
             persistent += [B2BConfig(64, bk, last, 4, 3, res, True, tma=True, programs_per_sm=2),
                            B2BConfig(64, bk, last, 4, 2, res, True, preload=True, tma=True, programs_per_sm=2),
                            B2BConfig(128, bk, last, 8, 2, res, True, tma=True, programs_per_sm=1)]  # fmt: skip
+            # 64-row tiles hold a 128-wide intermediate in 64 registers a thread: 3-4 programs per
+            # SM hide each other's epilogues (M = 262144, 64 -> 128 -> 64 was 2.07x its memory
+            # floor with the best 2-program tiling, session 6)
+            persistent += [B2BConfig(64, bk, last, 4, 3, res, True, tma=True, programs_per_sm=4),
+                           B2BConfig(64, bk, last, 4, 4, res, True, tma=True, programs_per_sm=3)]  # fmt: skip
             if bk <= 64:  # 64 -> 128 -> 64: the best two of the session-5 sweep at M = 1M (0.110 ms vs 0.120)
                 persistent += [B2BConfig(128, bk, last, 8, 2, res, True, preload=True, tma=True, programs_per_sm=2),
                                B2BConfig(128, bk, last, 4, 2, res, True, tma=True, programs_per_sm=2)]  # fmt: skip
@@ -77,13 +82,21 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[
     out += persistent
     if k0 is None:
         # conv chains: the Hopper kernel with TMA boxes (b2b_conv_tma_kernel; stride-1 NHWC
-        # convs, else these run b2b_kernel): 8x16 and 16x8 pixel tiles of 128 rows, 8x8 of 64.
-        # Register-resident up to 128 wide (no spills on sm_90: 124 / 76 registers at 64 wide,
-        # 218 / 122 at 128), 8 warps through shared memory above
+        # convs, else these run b2b_kernel). The best of the session-6 H200 sweep: 128-pixel tiles
+        # in three shapes (a 28-wide image wastes 14% of a 4x32 / 32x4 tile, 31% of an 8x16 one)
+        # and 8x8, register-resident up to 128 wide (124 / 76 registers at 64 wide, 218 / 122 at
+        # 128, no spills); for outputs wider than 128, 4 stages and 256-pixel tiles with 8 warps
+        # (128 -> 128 -> 512: 0.0615 ms against 0.0696 for the best 128-pixel tile), and the same
+        # through shared memory; 8 warps through shared memory above 128 wide
         if widest <= 128:
-            out += [B2BConfig(128, 64, last, 4, 3, "register", tma=True, tile_h=8),
-                    B2BConfig(128, 64, last, 4, 3, "register", tma=True, tile_h=16),
-                    B2BConfig(64, 64, last, 4, 3, "register", tma=True, tile_h=8)]  # fmt: skip
+            out += [B2BConfig(128, 64, last, 4, 3, "register", tma=True, tile_h=th) for th in (8, 32, 4)]
+            out += [B2BConfig(64, 64, last, 4, 3, "register", tma=True, tile_h=8)]
+            if widths[-1] > 128:
+                out += [B2BConfig(128, 64, last, 4, 4, "register", tma=True, tile_h=32),
+                        B2BConfig(256, 64, last, 8, 3, "register", tma=True, tile_h=8),
+                        B2BConfig(256, 64, last, 8, 3, "register", tma=True, tile_h=16),
+                        B2BConfig(256, 64, last, 8, 3, "smem", tma=True, tile_h=8),
+                        B2BConfig(128, 64, last, 8, 3, "smem", tma=True, tile_h=8)]  # fmt: skip
         else:
             out += [B2BConfig(128, 64, min(last, 64), 8, 2, "smem", tma=True, tile_h=8),
                     B2BConfig(64, 64, min(last, 64), 4, 2, "smem", tma=True, tile_h=8)]  # fmt: skip

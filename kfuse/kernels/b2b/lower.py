@@ -144,7 +144,7 @@ def _decide(
     x_t = graph.type_of(node.inputs[0])
     k0 = None if node.attrs["chain"].conv or x_t.rank < 2 else int(x_t.shape[-1])
     cands = candidate_configs(m, widths, k0)
-    if not getattr(options, "b2b_conv_tma", False):  # Options.b2b_conv_tma: not yet run on a GPU
+    if not getattr(options, "b2b_conv_tma", True):  # Options.b2b_conv_tma=False: without the TMA conv kernel
         cands = [c for c in cands if not (node.attrs["chain"].conv and c.tile_h > 0)]
     for cfg in cands:
         try:
