@@ -15,6 +15,14 @@ from kfuse.passes.fuse_epilogue import fuse_epilogues
 from kfuse.runtime.executor import execute, lower
 
 
+@pytest.fixture(autouse=True)
+def _fresh_decisions() -> None:
+    """Each test measures its own decisions (the lowering caches them per process)."""
+    from kfuse.kernels.b2b import lower as k
+
+    k._DECIDED.clear()
+
+
 def _linear(b: GraphBuilder, x: str, k: int, n: int, act: str | None = "relu") -> str:
     w = b.add_constant(torch.randn(k, n) / k**0.5)
     bias = b.add_constant(torch.randn(n))
@@ -224,3 +232,29 @@ def test_tma_conv_candidates_only_when_enabled(monkeypatch: pytest.MonkeyPatch, 
     assert any(c.tile_h > 0 for c in tried) == enabled
     assert len(tried) == sum(1 for c in cands if enabled or c.tile_h == 0)
     assert Options().b2b_conv_tma
+
+
+def test_identical_chains_reuse_the_measured_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second chain with the same stages and operand shapes takes the first one's decision
+    without measuring (ResNet-50 repeats its bottlenecks); another shape measures again."""
+    from kfuse.kernels.b2b import lower as k
+
+    timed: list[int] = []
+
+    def fake_time(fn, reps: int = 20) -> float:  # noqa: ANN001
+        timed.append(1)
+        return 1.0 if len(timed) == 1 else 0.5
+
+    monkeypatch.setattr(k, "_time", fake_time)
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None: [k.default_config(m, w, "register")])
+    g = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=9)))
+    node = g.nodes[0]
+    step = k.lower_b2b_chain(node, g, "triton-interpreter")
+    _, t1, d1 = k._decide(node, g, "triton-interpreter", None, lambda cfg: step.fn, 9, [32, 16])
+    assert len(timed) == 2 and t1 == "b2b_chain" and d1["decided_by"] == "measured"
+    _, t2, d2 = k._decide(node, g, "triton-interpreter", None, lambda cfg: step.fn, 9, [32, 16])
+    assert len(timed) == 2, "the identical chain was measured again"
+    assert t2 == t1 and d2["config"] == d1["config"] and "identical chain" in d2["decided_by"]
+    g2 = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=11)))
+    k._decide(g2.nodes[0], g2, "triton-interpreter", None, lambda cfg: step.fn, 11, [32, 16])
+    assert len(timed) == 4  # another M: measured

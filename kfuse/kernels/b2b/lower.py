@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -129,15 +130,53 @@ def _unfused_run(node: Any, graph: Any, backend: str, options: Any) -> Any:
     return run
 
 
+# decisions already measured in this process, by chain and operand types: a model repeats its
+# blocks (ResNet-50 has 16 bottlenecks of 8 distinct shapes), and each decision measures 10-20
+# candidates. The chosen config (None: unfused) and the measured decision.
+_DECIDED: dict[tuple, tuple[B2BConfig | None, dict[str, Any]]] = {}
+
+
+def _decision_key(node: Any, graph: Any, options: Any) -> tuple:
+    a = node.attrs
+    types = tuple((tuple(t.shape), str(t.dtype), getattr(t, "layout", "")) for t in map(graph.type_of, node.inputs))
+    geom = tuple(as_pair(a.get(k), d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1)))
+    return (a["chain"].key(), types, geom, a["out_type"].layout, bool(getattr(options, "b2b_conv_tma", True)))
+
+
+def _first_calls(runs: list[Any], xs: list[torch.Tensor]) -> list[str | None]:
+    """Each candidate's first call, in parallel threads: that call compiles its kernel (Triton's
+    frontend and ptxas, seconds each), and compiles of different configs are independent.
+    Returns the error of each candidate that does not compile or run (registers, smem), else None."""
+
+    def first(run: Any) -> str | None:
+        try:
+            run(xs)
+            return None
+        except Exception as e:  # noqa: BLE001 - recorded per candidate
+            return f"failed: {type(e).__name__}"
+
+    workers = max(1, min(8, len(runs), (os.cpu_count() or 2) - 1))
+    with ThreadPoolExecutor(workers) as pool:
+        errs = list(pool.map(first, runs))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return errs
+
+
 def _decide(
     node: Any, graph: Any, backend: str, options: Any, fused_with: Any, m: int, widths: list[int]
 ) -> tuple[Any, str, dict[str, Any]]:
+    key = _decision_key(node, graph, options)
+    unfused = _unfused_run(node, graph, backend, options)
+    if key in _DECIDED:
+        cfg, d = _DECIDED[key]
+        d = {**d, "decided_by": "measured (an identical chain earlier in this process)"}
+        return (fused_with(cfg), "b2b_chain", d) if cfg is not None else (unfused, "b2b_chain(unfused)", d)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     xs = []
     for name in node.inputs:
         c = graph.constants.get(name)
         xs.append(c.to(device) if c is not None else _random_like(graph.type_of(name), device))
-    unfused = _unfused_run(node, graph, backend, options)
     t_unfused = _time(lambda: unfused(xs))
     best: tuple[float, B2BConfig | None] = (float("inf"), None)
     tried = {}
@@ -146,9 +185,13 @@ def _decide(
     cands = candidate_configs(m, widths, k0)
     if not getattr(options, "b2b_conv_tma", True):  # Options.b2b_conv_tma=False: without the TMA conv kernel
         cands = [c for c in cands if not (node.attrs["chain"].conv and c.tile_h > 0)]
-    for cfg in cands:
+    runs = [fused_with(cfg) for cfg in cands]
+    errs = _first_calls(runs, xs) if torch.cuda.is_available() else [None] * len(runs)
+    for cfg, run, err in zip(cands, runs, errs, strict=True):
+        if err is not None:
+            tried[cfg.describe()] = err
+            continue
         try:
-            run = fused_with(cfg)
             t = _time(lambda run=run: run(xs))
         except Exception as e:  # a config that does not compile (registers, smem) is skipped
             tried[cfg.describe()] = f"failed: {type(e).__name__}"
@@ -160,6 +203,8 @@ def _decide(
     d: dict[str, Any] = {"unfused_ms": round(t_unfused, 4), "fused_ms": round(t_fused, 4), "tried": tried, "decided_by": "measured"}
     if cfg is not None and t_fused < t_unfused:
         d.update(residence=cfg.residence, config=cfg.describe(), fused=True)
+        _DECIDED[key] = (cfg, d)
         return fused_with(cfg), "b2b_chain", d
     d.update(residence="none", config="unfused (measured faster)", fused=False)
+    _DECIDED[key] = (None, d)
     return unfused, "b2b_chain(unfused)", d
