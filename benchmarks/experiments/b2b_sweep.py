@@ -57,6 +57,23 @@ def conv_tma_configs(c0: int, c1: int) -> list[b2b.B2BConfig]:
     return out
 
 
+def conv_multi_image_configs(nb: int, hw: int, c0: int, c1: int) -> list[b2b.B2BConfig]:
+    """~14 per chain: the TMA kernel's least-waste tiles of several images (``least_waste_tile``:
+    8 x 4 x 4 at 28 x 28, 2 x 8 x 8 at 56 x 56) over BM 64-256, warps, stages, residence."""
+    from kfuse.kernels.tma import least_waste_tile
+
+    bns = [b2b.pad_width(c1)] if c1 <= 128 else [128]
+    out = []
+    for bm, w, s, res in itertools.product((64, 128, 256), (4, 8), (2, 3, 4), ("register", "smem")):
+        if (bm == 64 and w == 8) or (bm == 256 and (w == 4 or s == 4)) or (bm != 256 and s == 2):
+            continue
+        if res == "smem" and (c1 <= 128 or w == 4) or (res == "register" and c0 > 128):
+            continue
+        tn, th, _ = least_waste_tile(bm, nb, hw, hw)
+        out += [b2b.B2BConfig(bm, 64, bn, w, s, res, tma=True, tile_h=th, tile_n=tn) for bn in bns]
+    return out
+
+
 def conv_configs(c1: int) -> list[b2b.B2BConfig]:
     """24 per chain: register residence over BM 64/128, BK 32/64, warps, stages; smem at 2 stages."""
     out = []
@@ -138,6 +155,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--only", default="conv,gemm")
     ap.add_argument("--tma-only", action="store_true", help="conv chains: only the TMA kernel's configs")
+    ap.add_argument("--multi-image-only", action="store_true", help="conv chains: only the TMA kernel's tiles of several images")
     ap.add_argument("--gemm-cases", default="", help="e.g. 262144:64x128x64,1048576:128x128x128 (default: the built-in four)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, a few configs, on the CPU")
     a = ap.parse_args()
@@ -175,7 +193,9 @@ def main() -> None:
             def args_of(chain=chain, x=x, w0=w0, w1=w1, b0=b0, b1=b1, packed=packed) -> b2b.B2BArgs:
                 return b2b.prepare(chain, x, [w0, w1], [b0, b1], [[], []], packed, b2b.ConvGeom((1, 1), (1, 1)))
 
-            cfgs = conv_tma_configs(c0, c1) + ([] if a.tma_only else conv_configs(c1))
+            cfgs = conv_multi_image_configs(nb, hw, c0, c1)
+            if not a.multi_image_only:
+                cfgs += conv_tma_configs(c0, c1) + ([] if a.tma_only else conv_configs(c1))
             pix = nb * hw * hw
             flops, nbytes = 2.0 * pix * (9 * cin * c0 + c0 * c1), 2.0 * pix * (cin + c1)
         else:

@@ -69,14 +69,14 @@ def test_tma_box_zero_fills_out_of_bounds_and_store_clips(h0: int, w0: int) -> N
 def _run(
     monkeypatch: pytest.MonkeyPatch, c: int, hw: tuple[int, int], k: int, pad: int, widths: list[int], cfg: b2b.B2BConfig,
     dtype: torch.dtype, stride: int = 1, dilation: int = 1, x_cl: bool = True, out_cl: bool = True, res_cl: bool = True,
+    n: int = 2,
 ) -> list[object]:  # fmt: skip
-    """Run the chain (batch 2, bias + relu on the inner stages, bias + residual on the last)
+    """Run the chain (batch ``n``, bias + relu on the inner stages, bias + residual on the last)
     into a NaN-filled output, check it against the reference; return the descriptor helper's results."""
     used: list[object] = []
     real = b2b.launcher._conv_tma_descriptors
     monkeypatch.setattr(b2b.launcher, "_conv_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
     torch.manual_seed(7)
-    n = 2
     kinds = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
     chain = b2b.Chain(tuple(b2b.Stage(_epi(e), dtype, True) for e in kinds), conv=True)
     x = torch.randn(n, c, *hw).to(dtype)
@@ -97,8 +97,8 @@ def _run(
     return used
 
 
-def _cfg(bm: int, bk: int, bn: int, res: str, tile_h: int, preload: bool = False) -> b2b.B2BConfig:
-    return b2b.B2BConfig(bm, bk, bn, 4, 2, res, preload=preload, tma=True, tile_h=tile_h)
+def _cfg(bm: int, bk: int, bn: int, res: str, tile_h: int, preload: bool = False, tile_n: int = 1) -> b2b.B2BConfig:
+    return b2b.B2BConfig(bm, bk, bn, 4, 2, res, preload=preload, tma=True, tile_h=tile_h, tile_n=tile_n)
 
 
 CASES = [
@@ -122,6 +122,23 @@ def test_conv_tma_chain_equals_reference(
     assert len(used) == 1 and used[0] is not None, "the TMA conv kernel was not used"
     if c == 32:
         assert used[0][0].block_shape[-1] == 32  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "hw,cfg,n",
+    [
+        ((4, 4), _cfg(32, 16, 32, "register", 4, tile_n=2), 3),  # 2 images of 4x4 per tile: the last tile has 1
+        ((5, 6), _cfg(32, 16, 16, "smem", 2, tile_n=4), 3),  # 4 images of 2x4: ragged edges and 1 image missing
+        ((7, 9), _cfg(16, 16, 32, "register", 1, tile_n=8), 5),  # 8 images x 1 x 2 pixels
+    ],
+)
+def test_several_images_per_tile(monkeypatch: pytest.MonkeyPatch, hw: tuple[int, int], cfg: b2b.B2BConfig, n: int) -> None:
+    """``tile_n`` images per program (boxes [tile_n, BH, BW, C]): rows past the batch are computed
+    but never stored, and the residual extra is addressed per row's image."""
+    used = _run(monkeypatch, 16, hw, 3, 1, [16, 24], cfg, torch.float32, n=n)
+    assert len(used) == 1 and used[0] is not None, "the TMA conv kernel was not used"
+    assert used[0][0].block_shape[:3] == [cfg.tile_n, cfg.tile_h, cfg.block_m // (cfg.tile_h * cfg.tile_n)]  # type: ignore[index]
+    assert f"tma {cfg.tile_n}x" in cfg.describe() and cfg.as_dict()["tile_n"] == cfg.tile_n
 
 
 @pytest.mark.parametrize(
@@ -156,6 +173,22 @@ def test_candidates_include_spatial_tiles_for_conv_chains() -> None:
         assert all(c.residence == ("register" if widths[0] <= 128 else "smem") for c in tma)
         assert "tma 8x" in tma[0].describe() and tma[0].as_dict()["tile_h"] == 8
     assert not any(c.tile_h for c in b2b.candidate_configs(1 << 20, [64, 64], k0=64))  # GEMM chains
+
+
+def test_candidates_tile_small_images_without_waste() -> None:
+    """Given the output's (batch, OH, OW), the candidates include tiles of several images that
+    cover it exactly: 8 x 4 x 4 for 28 x 28 at batch 64 (and 16 x 4 x 4 of 256 pixels for a
+    512-wide output), 2 x 8 x 8 for 56 x 56; at batch 1 no multi-image tile."""
+
+    def multi(widths: list[int], image: tuple[int, int, int]) -> list[str]:
+        return [c.describe() for c in b2b.candidate_configs(image[0] * image[1] * image[2], widths, None, image) if c.tile_n > 1]
+
+    assert "register m128 k64 n128 w4 s3 tma 8x4x4" in multi([128, 128], (64, 28, 28))
+    wide = multi([128, 512], (64, 28, 28))
+    assert "smem m256 k64 n128 w8 s3 tma 16x4x4" in wide and "smem m128 k64 n128 w8 s3 tma 8x4x4" in wide
+    assert "register m128 k64 n64 w4 s3 tma 2x8x8" in multi([64, 64], (64, 56, 56))
+    assert multi([64, 64], (1, 56, 56)) == []
+    assert all(c.tile_n == 1 for c in b2b.candidate_configs(64 * 28 * 28, [128, 128]))  # no image: none
 
 
 # ---- compiled for sm_90 --------------------------------------------------------------------------

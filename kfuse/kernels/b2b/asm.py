@@ -32,6 +32,7 @@ _CONSTEXPRS = (
     "PRELOAD",
     "NUM_PROGRAMS",
     "TILE_STAGES",
+    "BNI",
     "BH",
     "BW",
 )
@@ -50,7 +51,7 @@ def compile_asm(
     (e.g. a conv chain's sizes and strides), specialised as the JIT would (1 -> constant, multiples
     of 16 -> divisible); ``rowbcast``: every epilogue extra is a row-broadcast vector (a bias).
     A conv chain's config with ``tma`` and ``tile_h`` compiles ``b2b_conv_tma_kernel`` (descriptors
-    ``tensordesc<t[1, BH, BW, BLOCK_K]>`` for x, ``[1, BH, BW, BLOCK_N]`` for the output; C =
+    ``tensordesc<t[BNI, BH, BW, BLOCK_K]>`` for x, ``[BNI, BH, BW, BLOCK_N]`` for the output; C =
     ``widths_k0`` narrows BLOCK_K as the launcher does)."""
     if interpreting():
         import pickle
@@ -86,7 +87,7 @@ def compile_asm(
     for name in jf.arg_names:
         if name in ("x_desc", "out_desc"):
             inner = cfg.block_k if name == "x_desc" else block_n
-            rows = f"1, {cfg.tile_h}, {cfg.block_m // cfg.tile_h}" if conv_tma else f"{cfg.block_m}"
+            rows = f"{cfg.tile_n}, {cfg.tile_h}, {cfg.block_m // (cfg.tile_h * cfg.tile_n)}" if conv_tma else f"{cfg.block_m}"
             sig[name] = f"tensordesc<{t}[{rows}, {inner}]>"
         elif name.endswith("_ptr"):
             sig[name] = f"*{t}"
@@ -108,7 +109,7 @@ def compile_asm(
     if tma:
         const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, TILE_STAGES=cfg.num_stages)
     if conv_tma:
-        const.update(BH=cfg.tile_h, BW=cfg.block_m // cfg.tile_h)
+        const.update(BNI=cfg.tile_n, BH=cfg.tile_h, BW=cfg.block_m // (cfg.tile_h * cfg.tile_n))
     if jit_like and not chain.conv:
         # what the JIT sees for a GEMM chain on contiguous tensors: the unit strides and the 1x1
         # "image" sizes are specialised to 1, the other integers are multiples of 16

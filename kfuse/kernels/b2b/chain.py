@@ -61,20 +61,24 @@ class B2BConfig:
     # output by TMA (``b2b_tma_kernel``); the pipeliner keeps TILE_STAGES row tiles in flight
     tma: bool = False
     programs_per_sm: int = 2  # persistent grid = programs_per_sm x SMs (capped at the tile count)
-    # with ``tma`` on a conv chain: the spatial tile of ``b2b_conv_tma_kernel``, tile_h x
-    # (block_m // tile_h) output pixels of one image (powers of two); 0: not that kernel
+    # with ``tma`` on a conv chain: the spatial tile of ``b2b_conv_tma_kernel``, tile_n images x
+    # tile_h x (block_m // (tile_h * tile_n)) output pixels (powers of two); 0: not that kernel.
+    # Several images per tile let small images tile without waste (28 x 28 in 8 x 4 x 4 tiles of
+    # 128 pixels, where one image's 4 x 32 tile computes 14% of its pixels in vain)
     tile_h: int = 0
+    tile_n: int = 1
 
     def describe(self) -> str:
         d = f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
         d += (" persistent" if self.persistent else "") + (" preload" if self.preload else "")
         if self.tma and self.tile_h:
-            d += f" tma {self.tile_h}x{self.block_m // self.tile_h}"
+            n = f"{self.tile_n}x" if self.tile_n > 1 else ""
+            d += f" tma {n}{self.tile_h}x{self.block_m // (self.tile_h * self.tile_n)}"
         elif self.tma:
             d += f" tma x{self.programs_per_sm}"
         return d
 
     def as_dict(self) -> dict[str, Any]:
         keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload", "tma", "programs_per_sm",
-                "tile_h")  # fmt: skip
+                "tile_h", "tile_n")  # fmt: skip
         return {k: getattr(self, k) for k in keys}

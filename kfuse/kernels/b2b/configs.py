@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from kfuse.kernels.b2b.chain import B2BConfig, pad_width
 from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.tma import least_waste_tile
 
 
 def default_config(m: int, widths: list[int], residence: str | None = None) -> B2BConfig:
@@ -23,13 +24,14 @@ def default_config(m: int, widths: list[int], residence: str | None = None) -> B
     return B2BConfig(64, 32, min(last, 64), 8 if res == "smem" else 4, 2, res)
 
 
-def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[B2BConfig]:
+def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: tuple[int, int, int] | None = None) -> list[B2BConfig]:
     """The few configs the fused-vs-unfused decision measures on the GPU. Chains of more than
     three stages compile slowly (a wide register-resident 9-stage chain takes minutes of ptxas):
     they try only the default and one smem-resident alternative. GEMM chains whose first K
     (``k0``) fits one K step also try the persistent kernel pipelined across row tiles, the form
     for memory-bound chains (small widths, large M): the next tiles' loads are in flight while
-    a tile's GEMMs and store run."""
+    a tile's GEMMs and store run. ``image`` (batch, OH, OW) of a conv chain's output adds the TMA
+    kernel's tiles of several images that cover it with the least waste (``least_waste_tile``)."""
     widest = max(pad_width(w) for w in widths[:-1])
     last = min(pad_width(widths[-1]), 128)
     persistent: list[B2BConfig] = []
@@ -100,9 +102,31 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None) -> list[
         else:
             out += [B2BConfig(128, 64, min(last, 64), 8, 2, "smem", tma=True, tile_h=8),
                     B2BConfig(64, 64, min(last, 64), 4, 2, "smem", tma=True, tile_h=8)]  # fmt: skip
+        if image is not None:
+            out += _exact_tiles(image, widest, widths[-1], last)
     seen, uniq = set(), []
     for c in out:
         if c not in seen:
             seen.add(c)
             uniq.append(c)
     return uniq
+
+
+def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: int) -> list[B2BConfig]:
+    """The TMA conv kernel's tiles of several images with the least waste for an (nb, OH, OW)
+    output (28 x 28 at batch 64: 8 images x 4 x 4, where one image's best 128-pixel tile computes
+    14% more pixels than needed, and 31% for the 256-pixel tile the widest outputs want), in the
+    configs that won the session-6 sweep with single-image tiles."""
+    nb, oh, ow = image
+
+    def tile(bm: int, bn: int, w: int, s: int, res: str) -> B2BConfig | None:
+        tn, th, waste = least_waste_tile(bm, nb, oh, ow)
+        return B2BConfig(bm, 64, bn, w, s, res, tma=True, tile_h=th, tile_n=tn) if tn > 1 else None
+
+    if widest <= 128:
+        cands = [tile(128, last, 4, 3, "register"), tile(64, last, 4, 3, "register")]
+        if n_last > 128:
+            cands += [tile(256, last, 8, 3, "smem"), tile(256, last, 8, 3, "register"), tile(128, last, 8, 3, "smem")]
+    else:
+        cands = [tile(128, min(last, 64), 8, 2, "smem")]
+    return [c for c in cands if c is not None]

@@ -153,7 +153,7 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     single = {"SINGLE_K": g.kernel_hw[0] * g.kernel_hw[1] == 1 and c <= cfg.block_k, "SINGLE_N": g.widths[-1] <= block_n}
     single["PRELOAD"] = cfg.preload and single["SINGLE_N"]
     if cfg.tile_h:
-        spatial_tile(cfg.block_m, cfg.tile_h, "b2b")
+        spatial_tile(cfg.block_m, cfg.tile_h, "b2b", cfg.tile_n)
     conv_descs = None
     if chain.conv and cfg.tma and cfg.tile_h:
         narrow = replace(cfg, block_k=conv_tma_block_k(cfg, c))
@@ -163,9 +163,9 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     if conv_descs is not None:
         kernel = _module(chain).b2b_conv_tma_kernel
         ptrs[0], ptrs[len(chain.stages) + 1] = conv_descs
-        bh, bw = cfg.tile_h, cfg.block_m // cfg.tile_h
-        grid = (nb * -(-oh // bh) * -(-ow // bw),)
-        single.update(BH=bh, BW=bw)
+        bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "b2b", cfg.tile_n)
+        grid = (-(-nb // cfg.tile_n) * -(-oh // bh) * -(-ow // bw),)
+        single.update(BNI=cfg.tile_n, BH=bh, BW=bw)
     elif descs is not None:
         kernel = _module(chain).b2b_tma_kernel
         ptrs[0], ptrs[len(chain.stages) + 1] = descs
@@ -225,17 +225,17 @@ def conv_tma_block_k(cfg: B2BConfig, c: int) -> int:
 
 
 def _conv_tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> tuple[Any, Any] | None:
-    """Host tensor descriptors of the NHWC input (N, H, W, C) with box [1, BH, BW, BLOCK_K] and
-    of the NHWC output (N, OH, OW, N_last) with box [1, BH, BW, BLOCK_N] for
+    """Host tensor descriptors of the NHWC input (N, H, W, C) with box [BNI, BH, BW, BLOCK_K] and
+    of the NHWC output (N, OH, OW, N_last) with box [BNI, BH, BW, BLOCK_N] (BNI = tile_n) for
     ``b2b_conv_tma_kernel``, or None when TMA cannot do the conv: stride other than 1 (a box is a
     dense window; any dilation is fine, it only shifts the taps), channels not the unit-stride dim,
     pixel strides or bases not 16-byte aligned, a GPU before Hopper. The launcher then runs
     ``b2b_kernel``. Any C: the last channel block's box is zero-filled past C."""
     if g.geom.stride != (1, 1) or g.out.dtype != chain.stages[-1].out_dtype or not tma_device(g.x):
         return None
-    bh, bw = cfg.tile_h, cfg.block_m // cfg.tile_h
-    x_desc = nhwc_box_descriptor(g.x, bh, bw, cfg.block_k)
-    out_desc = nhwc_box_descriptor(g.out, bh, bw, block_n)
+    bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "b2b", cfg.tile_n)
+    x_desc = nhwc_box_descriptor(g.x, bh, bw, cfg.block_k, cfg.tile_n)
+    out_desc = nhwc_box_descriptor(g.out, bh, bw, block_n, cfg.tile_n)
     if x_desc is None or out_desc is None:
         return None
     return x_desc, out_desc

@@ -182,7 +182,9 @@ def _decide(
     tried = {}
     x_t = graph.type_of(node.inputs[0])
     k0 = None if node.attrs["chain"].conv or x_t.rank < 2 else int(x_t.shape[-1])
-    cands = candidate_configs(m, widths, k0)
+    out_shape = node.attrs["out_type"].shape
+    image = (int(out_shape[0]), int(out_shape[2]), int(out_shape[3])) if node.attrs["chain"].conv and len(out_shape) == 4 else None
+    cands = candidate_configs(m, widths, k0, image)
     if not getattr(options, "b2b_conv_tma", True):  # Options.b2b_conv_tma=False: without the TMA conv kernel
         cands = [c for c in cands if not (node.attrs["chain"].conv and c.tile_h > 0)]
     runs = [fused_with(cfg) for cfg in cands]

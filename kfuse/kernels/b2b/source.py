@@ -283,19 +283,22 @@ def _conv_tma_kernel(chain: Chain, params: list[str]) -> list[str]:
     image's right / bottom edge."""
     sig = [p.replace("x_ptr", "x_desc").replace("out_ptr", "out_desc") for p in params]
     out_t = _tl_dtype(chain.stages[-1].out_dtype)
-    src = ["@triton.jit", "def b2b_conv_tma_kernel(", *sig, "    BH: tl.constexpr, BW: tl.constexpr,", "):"]
+    src = ["@triton.jit", "def b2b_conv_tma_kernel(", *sig, "    BNI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,", "):"]
     src += [
+        "    # a program owns BNI images x BH x BW output pixels; row r is image r // (BH * BW)",
         "    tiles_w = tl.cdiv(OW, BW)",
-        "    per_image = tl.cdiv(OH, BH) * tiles_w",
-        "    n_idx = tl.program_id(0) // per_image",
-        "    tile = tl.program_id(0) % per_image",
+        "    per_group = tl.cdiv(OH, BH) * tiles_w",
+        "    img0 = (tl.program_id(0) // per_group) * BNI",
+        "    tile = tl.program_id(0) % per_group",
         "    oh0 = (tile // tiles_w) * BH",
         "    ow0 = (tile % tiles_w) * BW",
-        "    oh = oh0 + tl.arange(0, BLOCK_M) // BW",
-        "    ow = ow0 + tl.arange(0, BLOCK_M) % BW",
-        "    # rows past the right / bottom edge are computed (on whatever the boxes hold) but never",
-        "    # stored (TMA clips them); the extras' loads are masked with them",
-        "    mask_m = (oh < OH) & (ow < OW)",
+        "    rows = tl.arange(0, BLOCK_M)",
+        "    n_idx = img0 + rows // (BH * BW)",
+        "    oh = oh0 + (rows % (BH * BW)) // BW",
+        "    ow = ow0 + rows % BW",
+        "    # rows past the right / bottom edge or the last image are computed (on whatever the boxes",
+        "    # hold) but never stored (TMA clips them); the extras' loads are masked with them",
+        "    mask_m = (oh < OH) & (ow < OW) & (n_idx < NB)",
         *_preload(chain),
         "    offs_k = tl.arange(0, BLOCK_K)",
         "    offs_n = tl.arange(0, P0)",
@@ -309,7 +312,7 @@ def _conv_tma_kernel(chain: Chain, params: list[str]) -> list[str]:
         "    for it in range(0, KH * KW * n_cb):",
         "        cb = it % n_cb",
         "        tap = it // n_cb",
-        "        box = x_desc.load([n_idx, oh0 + (tap // KW) * DH - PH, ow0 + (tap % KW) * DW - PW, cb * BLOCK_K])",
+        "        box = x_desc.load([img0, oh0 + (tap // KW) * DH - PH, ow0 + (tap % KW) * DW - PW, cb * BLOCK_K])",
         "        a = box.reshape(BLOCK_M, BLOCK_K)",
         "        cc = cb * BLOCK_K + offs_k",
         "        b = tl.load(w0_ptr + (tap * C + cc)[:, None] * N0 + offs_n[None, :], mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)",
@@ -317,7 +320,7 @@ def _conv_tma_kernel(chain: Chain, params: list[str]) -> list[str]:
         "    acc = tl.trans(acc_t)",
         _stage_tail(chain, 0, "offs_n", "mask_n", 4),
     ]
-    src += _later_stages(chain, lambda n0: [f"out_desc.store([n_idx, oh0, ow0, {n0}], acc_o.to({out_t}).reshape(1, BH, BW, BLOCK_N))"])
+    src += _later_stages(chain, lambda c0: [f"out_desc.store([img0, oh0, ow0, {c0}], acc_o.to({out_t}).reshape(BNI, BH, BW, BLOCK_N))"])
     return [ln for chunk in src for ln in chunk.split("\n")]
 
 
