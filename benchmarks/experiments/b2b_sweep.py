@@ -33,6 +33,7 @@ from kfuse.kernels import b2b
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 
 SMOKE = "--smoke" in sys.argv
+WIDE_N = "--wide-n" in sys.argv
 RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
 CONV_CASES = [("B64_56x56_64-64-64", 64, 64, 56, 64, 64), ("B64_56x56_64-64-256", 64, 64, 56, 64, 256),
               ("B64_28x28_128-128-128", 64, 128, 28, 128, 128), ("B64_28x28_128-128-512", 64, 128, 28, 128, 512)]  # fmt: skip
@@ -71,6 +72,12 @@ def conv_multi_image_configs(nb: int, hw: int, c0: int, c1: int) -> list[b2b.B2B
             continue
         tn, th, _ = least_waste_tile(bm, nb, hw, hw)
         out += [b2b.B2BConfig(bm, 64, bn, w, s, res, tma=True, tile_h=th, tile_n=tn) for bn in bns]
+    if WIDE_N and c1 > 128:  # 256-wide last tiles: half the N loop's trips (smem-bound: 2 stages)
+        for bm, w, s, res, bk in itertools.product((64, 128), (4, 8), (2, 3), ("register", "smem"), (32, 64)):
+            if (bm == 64 and w == 8) or (res == "smem" and w == 4):
+                continue
+            tn, th, _ = least_waste_tile(bm, nb, hw, hw)
+            out.append(b2b.B2BConfig(bm, bk, 256, w, s, res, tma=True, tile_h=th, tile_n=tn))
     return out
 
 
@@ -156,11 +163,15 @@ def main() -> None:
     ap.add_argument("--only", default="conv,gemm")
     ap.add_argument("--tma-only", action="store_true", help="conv chains: only the TMA kernel's configs")
     ap.add_argument("--multi-image-only", action="store_true", help="conv chains: only the TMA kernel's tiles of several images")
+    ap.add_argument("--wide-n", action="store_true", help="conv chains wider than 128: also 256-wide last tiles")
+    ap.add_argument("--conv-cases", default="", help="comma list of conv case names to keep")
     ap.add_argument("--gemm-cases", default="", help="e.g. 262144:64x128x64,1048576:128x128x128 (default: the built-in four)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, a few configs, on the CPU")
     a = ap.parse_args()
     dev, dt = ("cpu", torch.float32) if a.smoke else ("cuda", torch.float16)
     global CONV_CASES, GEMM_CASES
+    if a.conv_cases:
+        CONV_CASES = [c for c in CONV_CASES if c[0] in a.conv_cases.split(",")]
     if a.gemm_cases:
         GEMM_CASES = [(int(m), tuple(int(v) for v in w.split("x"))) for m, w in (c.split(":") for c in a.gemm_cases.split(","))]
     if a.smoke:
