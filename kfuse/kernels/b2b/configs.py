@@ -125,8 +125,9 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
 
     if widest <= 128:
         cands = [tile(128, last, 4, 3, "register"), tile(64, last, 4, 3, "register")]
-        if n_last > 128:
-            cands += [tile(256, last, 8, 3, "smem"), tile(256, last, 8, 3, "register"), tile(128, last, 8, 3, "smem")]
+        if n_last > 128:  # the best four of the session-6 sweep (128 -> 128 -> 512, 64 -> 64 -> 256)
+            cands += [tile(128, last, 4, 4, "register"), tile(128, last, 8, 4, "smem"), tile(128, last, 8, 3, "smem"),
+                      tile(256, last, 8, 3, "smem")]  # fmt: skip
     else:
         cands = [tile(128, min(last, 64), 8, 2, "smem")]
     return [c for c in cands if c is not None]
