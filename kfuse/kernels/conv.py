@@ -12,8 +12,8 @@ Two K orders (a template parameter):
 * ``FLAT_K=True``: K is one flat index decoded into (kh, kw, c) per element; for the few-channel
   stem (C=3, 7x7) where a channel block would be mostly padding.
 
-``conv_tma_kernel`` (Hopper, stride 1, opt-in by ``ConvConfig.tile_h``; not yet run on a GPU) is
-the same GEMM over BH x BW pixel tiles of one image: A is a TMA box of the NHWC input per (tap,
+``conv_tma_kernel`` (Hopper, stride 1, configs with ``ConvConfig.tile_h``) is
+the same GEMM over tile_n x BH x BW pixel tiles of one or more images: A is a TMA box of the NHWC input per (tap,
 channel block), zero-filled outside the image (the padding), the output a TMA box store.
 
 groups=1 only: grouped/depthwise convolutions have no template and run through PyTorch
@@ -126,7 +126,7 @@ def conv_tma_kernel(
     NB, C, H, W, OC, OH, OW,
     stride_cn, stride_cc, stride_ch, stride_cw, {extra_strides}
     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
-    BH: tl.constexpr, BW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BNI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -134,21 +134,24 @@ def conv_tma_kernel(
     num_n = tl.cdiv(OC, BLOCK_N)
     pid_n = pid % num_n
     pid_s = pid // num_n
+    # a spatial tile is BNI images x BH x BW pixels (several small images fill a tile without waste)
     tiles_w = tl.cdiv(OW, BW)
-    per_image = tl.cdiv(OH, BH) * tiles_w
-    n_idx = pid_s // per_image
-    tile = pid_s % per_image
+    per_group = tl.cdiv(OH, BH) * tiles_w
+    img0 = (pid_s // per_group) * BNI
+    tile = pid_s % per_group
     oh0 = (tile // tiles_w) * BH
     ow0 = (tile % tiles_w) * BW
-    oh = oh0 + tl.arange(0, BLOCK_M) // BW
-    ow = ow0 + tl.arange(0, BLOCK_M) % BW
-    # pixels past the right / bottom edge are computed on zero-filled boxes but never stored
-    mask_m = (oh < OH) & (ow < OW)
+    rows = tl.arange(0, BLOCK_M)
+    n_idx = img0 + rows // (BH * BW)
+    oh = oh0 + (rows % (BH * BW)) // BW
+    ow = ow0 + rows % BW
+    # pixels past the right / bottom edge or the batch are computed on zero-filled boxes, never stored
+    mask_m = (oh < OH) & (ow < OW) & (n_idx < NB)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < OC
     rn = offs_n
     offs_k = tl.arange(0, BLOCK_K)
-    # one box [1, BH, BW, BLOCK_K] per (tap, channel block): TMA zero-fills what lies outside the
+    # one box [BNI, BH, BW, BLOCK_K] per (tap, channel block): TMA zero-fills what lies outside the
     # image (negative coordinates too), the convolution's padding, and the channels past C.
     # acc^T = W^T @ A^T: A^T is the MMA's B operand, read from shared memory, so the box reshape is
     # a view of the TMA buffer (as the A operand it would be copied to registers every K step)
@@ -157,7 +160,7 @@ def conv_tma_kernel(
     for it in range(0, KH * KW * n_cb):
         cb = it % n_cb
         tap = it // n_cb
-        box = x_desc.load([n_idx, oh0 + (tap // KW) * DH - PH, ow0 + (tap % KW) * DW - PW, cb * BLOCK_K])
+        box = x_desc.load([img0, oh0 + (tap // KW) * DH - PH, ow0 + (tap % KW) * DW - PW, cb * BLOCK_K])
         a = box.reshape(BLOCK_M, BLOCK_K)
         cc = cb * BLOCK_K + offs_k
         b = tl.load(w_ptr + (tap * C + cc)[:, None] * OC + rn[None, :], mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)
@@ -170,7 +173,7 @@ def conv_tma_kernel(
 {load_extras}
 {epilogue}
     if TMA_STORE:  # the box store clips the pixels past the edges and the channels past OC
-        c_desc.store([n_idx, oh0, ow0, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty).reshape(1, BH, BW, BLOCK_N))
+        c_desc.store([img0, oh0, ow0, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty).reshape(BNI, BH, BW, BLOCK_N))
     else:
         c_ptrs = c_ptr + (n_idx * stride_cn + oh * stride_ch + ow * stride_cw)[:, None] + offs_n[None, :] * stride_cc
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
@@ -201,14 +204,19 @@ class ConvConfig:
     num_warps: int = 4
     num_stages: int = 3
     flat_k: bool = False
-    # > 0: conv_tma_kernel on tile_h x (block_m // tile_h) pixel tiles (Hopper, stride 1; the
-    # launcher falls back to conv_kernel where TMA cannot do the conv). Never searched by the tuner
+    # > 0: conv_tma_kernel on tile_n images x tile_h x (block_m // (tile_h * tile_n)) pixel tiles
+    # (Hopper, stride 1; the launcher falls back to conv_kernel where TMA cannot do the conv). The
+    # tuner searches it with the tile of least waste for the problem (``least_waste_tile``)
     tile_h: int = 0
+    tile_n: int = 1
 
     def describe(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
         s += " flatk" if self.flat_k else ""
-        return s + (f" tma {self.tile_h}x{self.block_m // self.tile_h}" if self.tile_h else "")
+        if not self.tile_h:
+            return s
+        n = f"{self.tile_n}x" if self.tile_n > 1 else ""
+        return s + f" tma {n}{self.tile_h}x{self.block_m // (self.tile_h * self.tile_n)}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -304,14 +312,14 @@ def conv_epilogue(
     tma = tma_descriptors(x, out, cfg, params) if cfg.tile_h else None
     if tma is not None:
         x_desc, c_desc, block_k = tma
-        bh, bw = cfg.tile_h, cfg.block_m // cfg.tile_h
-        grid = (nb * cdiv(oh, bh) * cdiv(ow, bw) * cdiv(oc, cfg.block_n),)
+        bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "conv", cfg.tile_n)
+        grid = (cdiv(nb, cfg.tile_n) * cdiv(oh, bh) * cdiv(ow, bw) * cdiv(oc, cfg.block_n),)
         _go(_module(epi).conv_tma_kernel, grid, warmup,
             x_desc, wp, bias if bias is not None else wp, out, c_desc if c_desc is not None else out, *ex,
             nb, c, h, w, oc, oh, ow,
             out.stride(0), out.stride(1), out.stride(2), out.stride(3), *ex_strides,
             PH=params.padding[0], PW=params.padding[1], DH=params.dilation[0], DW=params.dilation[1], KH=kh, KW=kw,
-            BH=bh, BW=bw, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+            BNI=cfg.tile_n, BH=bh, BW=bw, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
             HAS_BIAS=bias is not None, TMA_STORE=c_desc is not None, INPUT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
@@ -332,21 +340,21 @@ def conv_epilogue(
 
 
 def tma_descriptors(x: torch.Tensor, out: torch.Tensor, cfg: ConvConfig, params: ConvParams) -> tuple[Any, Any, int] | None:
-    """For ``conv_tma_kernel``: the descriptor of the NHWC input (box [1, BH, BW, BLOCK_K]), of
-    the NHWC output (box [1, BH, BW, BLOCK_N]; None: the kernel stores through pointers) and the
+    """For ``conv_tma_kernel``: the descriptor of the NHWC input (box [tile_n, BH, BW, BLOCK_K]),
+    of the NHWC output (box [tile_n, BH, BW, BLOCK_N]; None: the kernel stores through pointers) and the
     channel step; None when TMA cannot do the conv (stride other than 1: a box is a dense window,
     while dilation only shifts the taps; an NCHW or misaligned input; another dtype; a GPU before
     Hopper). The channel step is the config's, or less for narrow inputs (C = 16 or 32 would
     otherwise move and multiply boxes that are mostly zero-filled channels)."""
-    bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "conv")
+    bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "conv", cfg.tile_n)
     if params.stride != (1, 1) or not tma_device(x):
         return None
     c = x.shape[1]
     block_k = max(16, min(cfg.block_k, 1 << (c - 1).bit_length()))
-    x_desc = nhwc_box_descriptor(x, bh, bw, block_k)
+    x_desc = nhwc_box_descriptor(x, bh, bw, block_k, cfg.tile_n)
     if x_desc is None:
         return None
-    return x_desc, nhwc_box_descriptor(out, bh, bw, cfg.block_n), block_k
+    return x_desc, nhwc_box_descriptor(out, bh, bw, cfg.block_n, cfg.tile_n), block_k
 
 
 def reference(

@@ -36,11 +36,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from kfuse.kernels.conv import ConvConfig
 from kfuse.kernels.gemm import GemmConfig
+from kfuse.kernels.tma import least_waste_tile
 from kfuse.tune.hardware import Hardware
 
 Config = GemmConfig | ConvConfig
@@ -207,6 +208,8 @@ def all_configs(template: str) -> Iterator[Config]:
 def smem_bytes(cfg: Config, problem: Problem) -> int:
     e = _dt(problem.dtype)
     pipeline = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * e
+    if isinstance(cfg, ConvConfig) and cfg.tile_h:
+        pipeline += cfg.block_m * cfg.block_n * e  # the output box staged for the TMA store
     if isinstance(cfg, GemmConfig) and cfg.epilogue_subtile:
         # splitting the accumulator goes through shared memory (a half tile of fp32), on top
         # of the pipeline buffers, which the next tile's loads keep live (H200: 128x256x64 s4
@@ -278,6 +281,27 @@ def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
             return f"BLOCK_K {cfg.block_k} > {'K' if cfg.flat_k else 'channels'} {k_eff}"
         if cfg.flat_k and problem.c >= 32:
             return f"flat K order re-decodes every tap: only for few channels (C={problem.c} >= 32)"
+        if cfg.tile_h:
+            why = _conv_tma_reject(cfg, problem, hw)
+            if why:
+                return why
+    return None
+
+
+def _conv_tma_reject(cfg: ConvConfig, problem: ConvProblem, hw: Hardware) -> str | None:
+    """Where ``conv_tma_kernel`` (TMA boxes of tile_n x tile_h x BW pixels) cannot run or only
+    duplicates another config."""
+    if not hw.has_wgmma:
+        return "the TMA conv kernel is in the Hopper (sm_90) space only"
+    if problem.stride != (1, 1):
+        return f"a TMA box is a dense window: stride 1 only (stride {problem.stride})"
+    if cfg.flat_k or cfg.group_m != 1:
+        return "the TMA conv kernel has no flat-K order and no GROUP_M swizzle (a duplicate of g1)"
+    # the product is computed transposed (acc^T = W^T A^T): wgmma's M is BLOCK_N, 64 per warpgroup
+    if cfg.block_n < 64 * (cfg.num_warps // 4):
+        return f"TMA conv: the transposed product needs BLOCK_N >= 64 per warpgroup ({cfg.block_n} with {cfg.num_warps} warps)"
+    if cfg.block_m < 32:
+        return "TMA conv: a spatial tile under 32 pixels"
     return None
 
 
@@ -328,7 +352,20 @@ def _tma_reject(cfg: GemmConfig, problem: GemmProblem, hw: Hardware) -> str | No
 
 
 def valid_configs(problem: Problem, hw: Hardware) -> list[Config]:
-    return [c for c in all_configs(problem.template) if hard_reject(c, problem, hw) is None]
+    """Every config of the template's space that can run ``problem`` on ``hw``. For a stride-1
+    conv on Hopper, each pointer-kernel config also comes as ``conv_tma_kernel`` on the spatial
+    tile of least waste for the problem (``least_waste_tile``): the tile shape is derived, not
+    searched, so the space grows by the valid TMA configs only."""
+    out = [c for c in all_configs(problem.template) if hard_reject(c, problem, hw) is None]
+    if isinstance(problem, ConvProblem) and hw.has_wgmma and problem.stride == (1, 1):
+        oh, ow = problem.out_hw()
+        for c in list(out):
+            if isinstance(c, ConvConfig) and c.group_m == 1 and not c.flat_k:
+                tn, th, _ = least_waste_tile(c.block_m, problem.n, oh, ow)
+                v = replace(c, tile_h=th, tile_n=tn)
+                if hard_reject(v, problem, hw) is None:
+                    out.append(v)
+    return out
 
 
 def is_valid(cfg: Config, problem: Problem, hw: Hardware) -> bool:
@@ -384,6 +421,15 @@ def estimate_ms(cfg: Config, problem: Problem, hw: Hardware) -> float:
         t *= _persistent_tma_factor(cfg, k, tiles, hw) if cfg.tma else 0.97
     if isinstance(cfg, GemmConfig) and cfg.tma:
         t *= 0.88  # TMA loads: 10-18% faster than cp.async on the H200 (GEMM+bias+GELU, K=768)
+    if isinstance(cfg, ConvConfig) and cfg.tile_h and isinstance(problem, ConvProblem):
+        # conv_tma_kernel: 1.06-1.46x faster than the tuned pointer kernel on every stride-1
+        # ResNet-50 layer (H200, session 6, conv_layers.json kfuse_tma_ms), times the pixels its
+        # spatial tile computes in vain
+        oh, ow = problem.out_hw()
+        nb = problem.n
+        bw = cfg.block_m // (cfg.tile_h * cfg.tile_n)
+        waste = cdiv(nb, cfg.tile_n) * cfg.tile_n * cdiv(oh, cfg.tile_h) * cfg.tile_h * cdiv(ow, bw) * bw / (nb * oh * ow)
+        t *= 0.82 * waste
     t += 4e-6 * (2 if split > 1 else 1)  # launch
     return t * 1e3
 
@@ -415,7 +461,7 @@ def features(cfg: Config, problem: Problem, hw: Hardware) -> list[float]:
     split = cfg.split_k if isinstance(cfg, GemmConfig) else 1
     persistent = float(cfg.persistent) if isinstance(cfg, GemmConfig) else 0.0
     flat = float(cfg.flat_k) if isinstance(cfg, ConvConfig) else 0.0
-    tma = float(cfg.tma) if isinstance(cfg, GemmConfig) else 0.0
+    tma = float(cfg.tma) if isinstance(cfg, GemmConfig) else float(cfg.tile_h > 0)
     hints = [float(getattr(cfg, h)) if isinstance(cfg, GemmConfig) else 0.0 for h in _HINTS]
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * batch * split
     occ = occupancy(cfg, problem, hw)

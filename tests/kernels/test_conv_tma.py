@@ -42,18 +42,18 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
 
 def _run(
     c: int, oc: int, hw: tuple[int, int], k: int, pad: int, dil: int, stride: int, dtype: torch.dtype, epi: Epilogue,
-    cfg: ConvConfig, x_cl: bool = True, out_cl: bool = True,
+    cfg: ConvConfig, x_cl: bool = True, out_cl: bool = True, nb: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """conv + bias + epilogue (batch 2; residual NCHW so its strides differ from the output's)
+    """conv + bias + epilogue (batch ``nb``; residual NCHW so its strides differ from the output's)
     into a NaN-poisoned output; returns (kernel output, reference)."""
     torch.manual_seed(3)
     p = ConvParams((stride, stride), (pad, pad), (dil, dil))
-    x = torch.randn(2, c, *hw).to(dtype)
+    x = torch.randn(nb, c, *hw).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last) if x_cl else x.contiguous()
     wt = (torch.randn(oc, c, k, k) / (c * k * k) ** 0.5).to(dtype)
     b = torch.randn(oc).to(dtype)
     oh, ow = conv.out_hw(hw[0], hw[1], k, k, p)
-    ex = [torch.randn(2, oc, oh, ow).to(dtype)] if epi.n_inputs else []
+    ex = [torch.randn(nb, oc, oh, ow).to(dtype)] if epi.n_inputs else []
     # the launcher allocates the output: poison the allocation so unwritten pixels show as NaN
     real_empty = torch.empty
 
@@ -74,8 +74,8 @@ def _check(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
     torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
 
 
-def _cfg(bm: int, bn: int, bk: int, tile_h: int) -> ConvConfig:
-    return ConvConfig(bm, bn, bk, 1, 4, 1, tile_h=tile_h)
+def _cfg(bm: int, bn: int, bk: int, tile_h: int, tile_n: int = 1) -> ConvConfig:
+    return ConvConfig(bm, bn, bk, 1, 4, 1, tile_h=tile_h, tile_n=tile_n)
 
 
 CASES = [
@@ -100,10 +100,30 @@ def test_conv_tma_equals_reference(
     got, ref = _run(c, oc, hw, k, pad, dil, 1, dtype, epi, cfg)
     assert [name for name, _ in calls] == ["conv_tma_kernel"]
     kw = calls[0][1]
-    assert kw["TMA_STORE"] and (kw["BH"], kw["BW"]) == (cfg.tile_h, cfg.block_m // cfg.tile_h)
+    assert kw["TMA_STORE"] and (kw["BNI"], kw["BH"], kw["BW"]) == (1, cfg.tile_h, cfg.block_m // cfg.tile_h)
     assert kw["BLOCK_K"] == min(cfg.block_k, max(16, 1 << (c - 1).bit_length()))
     assert got.is_contiguous(memory_format=torch.channels_last)
     _check(got, ref, dtype)
+
+
+@pytest.mark.parametrize(
+    "hw,cfg,nb",
+    [
+        ((4, 4), _cfg(32, 16, 16, 4, tile_n=2), 3),  # 2 images of 4x4 per tile; the last tile has one
+        ((5, 6), _cfg(32, 32, 16, 2, tile_n=4), 3),  # 4 images of 2x4: ragged edges and a missing image
+        ((3, 3), _cfg(16, 16, 16, 1, tile_n=8), 5),  # 8 images x 1 x 2 pixels
+    ],
+)
+def test_several_images_per_tile(monkeypatch: pytest.MonkeyPatch, hw: tuple[int, int], cfg: ConvConfig, nb: int) -> None:
+    """``tile_n`` images per program: boxes [tile_n, BH, BW, C]; rows past the batch are computed
+    and never stored; the residual is addressed per row's image."""
+    calls = _spy(monkeypatch)
+    got, ref = _run(24, 40, hw, 3, 1, 1, 1, torch.float32, ADD_RELU, cfg, nb=nb)
+    assert [name for name, _ in calls] == ["conv_tma_kernel"]
+    kw = calls[0][1]
+    assert (kw["BNI"], kw["BH"], kw["BW"]) == (cfg.tile_n, cfg.tile_h, cfg.block_m // (cfg.tile_h * cfg.tile_n)) and kw["TMA_STORE"]
+    assert f"tma {cfg.tile_n}x" in cfg.describe()
+    _check(got, ref, torch.float32)
 
 
 @pytest.mark.parametrize("oc,out_cl", [(20, True), (16, False)], ids=["OC*2 bytes not a multiple of 16", "NCHW output"])
@@ -135,14 +155,29 @@ def test_ineligible_convs_fall_back_to_conv_kernel(monkeypatch: pytest.MonkeyPat
     _check(got, ref, torch.float16)
 
 
-def test_config_tile_h_is_opt_in() -> None:
-    from kfuse.tune.space import CONV_AXES, all_configs
+def test_config_tile_h_and_the_tuner_space() -> None:
+    """``tile_h`` is not an axis: the tuner's space for a stride-1 conv on Hopper holds each g1
+    pointer config once more as the TMA kernel on the problem's least-waste tile; stride 2 and
+    pre-Hopper GPUs get none, and a hand-made TMA config there is rejected with the reason."""
+    from kfuse.tune.hardware import TABLE
+    from kfuse.tune.space import CONV_AXES, ConvProblem, all_configs, hard_reject, valid_configs
 
     cfg = ConvConfig(128, 64, 64, 1, 4, 3, tile_h=8)
     assert cfg.describe().endswith(" tma 8x16") and cfg.as_dict()["tile_h"] == 8
     assert "tma" not in ConvConfig().describe() and ConvConfig().tile_h == 0
     assert conv.default_config(1 << 20, 64, 576, 64).tile_h == 0
     assert "tile_h" not in CONV_AXES and not any(c.tile_h for c in all_configs("conv"))
+    h200, a100 = TABLE["H200"], TABLE["A100"]
+    p28 = ConvProblem(64, 128, 28, 28, 128, 3, 3, (1, 1), (1, 1))
+    tma = [c for c in valid_configs(p28, h200) if c.tile_h]
+    assert tma and all((c.tile_n, c.tile_h) == ((8, 4) if c.block_m == 128 else (c.tile_n, c.tile_h)) for c in tma)
+    assert any(c.describe().endswith("tma 8x4x4") for c in tma) and all(c.group_m == 1 and not c.flat_k for c in tma)
+    assert not any(c.tile_h for c in valid_configs(p28, a100))
+    p_s2 = ConvProblem(64, 128, 56, 56, 128, 3, 3, (2, 2), (1, 1))
+    assert not any(c.tile_h for c in valid_configs(p_s2, h200))
+    assert "stride 1 only" in (hard_reject(cfg, p_s2, h200) or "")
+    assert "Hopper" in (hard_reject(cfg, p28, a100) or "")
+    assert "BLOCK_N >= 64" in (hard_reject(ConvConfig(128, 32, 64, 1, 4, 3, tile_h=8), p28, h200) or "")
     x = torch.randn(1, 16, 5, 5).contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match="tile_h"):
         conv_epilogue(x, torch.randn(16, 16, 3, 3), None, [], RELU, ConvParams(padding=(1, 1)), torch.float32, _cfg(32, 16, 16, 3))
@@ -186,11 +221,12 @@ def _compile_sm90(cfg: ConvConfig, nb: int, c: int, oc: int, hw: int, k: int) ->
     """``conv_tma_kernel`` for an fp16 NHWC ``nb x c x hw x hw`` input, k x k 'same' conv to
     ``oc`` channels, bias + ReLU, as the JIT specialises it; compiled in a child process without
     the interpreter (which replaces ``@triton.jit`` functions)."""
-    bh, bw, bk = cfg.tile_h, cfg.block_m // cfg.tile_h, max(16, min(cfg.block_k, 1 << (c - 1).bit_length()))
+    bh, bw = cfg.tile_h, cfg.block_m // (cfg.tile_h * cfg.tile_n)
+    bk, tn = max(16, min(cfg.block_k, 1 << (c - 1).bit_length())), cfg.tile_n
     ints = dict(NB=nb, C=c, H=hw, W=hw, OC=oc, OH=hw, OW=hw, stride_cn=hw * hw * oc, stride_cc=1, stride_ch=hw * oc, stride_cw=oc)
-    const = dict(PH=k // 2, PW=k // 2, DH=1, DW=1, KH=k, KW=k, BH=bh, BW=bw, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk)
+    const = dict(PH=k // 2, PW=k // 2, DH=1, DW=1, KH=k, KW=k, BNI=tn, BH=bh, BW=bw, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk)
     const.update(HAS_BIAS=True, TMA_STORE=True, INPUT_PRECISION="tf32")
-    descs = {"x_desc": f"tensordesc<fp16[1, {bh}, {bw}, {bk}]>", "c_desc": f"tensordesc<fp16[1, {bh}, {bw}, {cfg.block_n}]>"}
+    descs = {"x_desc": f"tensordesc<fp16[{tn}, {bh}, {bw}, {bk}]>", "c_desc": f"tensordesc<fp16[{tn}, {bh}, {bw}, {cfg.block_n}]>"}
     job = dict(ints=ints, const=const, descs=descs, warps=cfg.num_warps, stages=cfg.num_stages)
     root = str(Path(conv.__file__).resolve().parents[2])
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
@@ -199,7 +235,11 @@ def _compile_sm90(cfg: ConvConfig, nb: int, c: int, oc: int, hw: int, k: int) ->
     return pickle.loads(proc.stdout)
 
 
-SM90_CONFIGS = [ConvConfig(128, 64, 64, 1, 4, 3, tile_h=8), ConvConfig(64, 64, 64, 1, 4, 3, tile_h=8)]
+SM90_CONFIGS = [
+    ConvConfig(128, 64, 64, 1, 4, 3, tile_h=8),
+    ConvConfig(64, 64, 64, 1, 4, 3, tile_h=8),
+    ConvConfig(128, 64, 64, 1, 4, 3, tile_h=8, tile_n=2),  # 2 images x 8 x 8: 56 x 56 without waste
+]
 
 
 @pytest.mark.parametrize("cfg", SM90_CONFIGS, ids=lambda c: c.describe())
