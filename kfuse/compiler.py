@@ -27,6 +27,10 @@ class Options:
     # ran on the H200 (session 6: every config of a 110-config sweep correct; fused beats the
     # unfused pair on three of the four bench chains)
     b2b_conv_tma: bool = True
+    # programmatic dependent launch candidates for the persistent TMA GEMM chains (B2BConfig.pdl):
+    # off until measured on the H200 (compiled for sm_90 only; whether torch's CUDA graph capture
+    # keeps the programmatic edges is unverified, and a plan that fails capture runs without a graph)
+    b2b_pdl: bool = False
     fuse_attention: bool = True  # attention recognition + fused kernel (issue 4)
     fuse_pointwise: bool = True  # memory-bound chains -> generated kernels (issue 6)
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)

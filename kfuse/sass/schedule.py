@@ -75,8 +75,15 @@ FENCES = frozenset(
         "S2UR",
         "SETCTAID",
         "SETLMEMBASE",
+        "UCGABAR_ARV",
+        "UCGABAR_WAIT",
+        "CGAERRBAR",
+        "USETMAXREG",
+        "PREEXIT",
     }
 )
+# everything that reads or writes memory (movable or not): two of them only swap when _memory_commutes says so
+MEMORY_OPS = DEFAULT_MOVABLE | frozenset({"STSM", "LDC", "ULDC", "ATOM", "ATOMS", "ATOMG", "RED", "SULD", "SUST", "SUATOM", "SURED"})
 NO_DEST = frozenset(
     {
         "STG",
@@ -113,6 +120,10 @@ NO_DEST = frozenset(
 PREDICATES = tuple(f"P{i}" for i in range(7))
 IGNORED = frozenset({"RZ", "PT", "URZ", "UPT", "SRZ"})
 HAZARD_CYCLES = 12  # conservative bound on fixed-latency (ALU) result latency on sm_90
+# a scoreboard set by one instruction is never waited on fewer than 2 cycles later in ptxas output (checked on the
+# example kernels); a set takes effect a cycle after issue, so a closer waiter could miss it and read a stale register
+MIN_SET_TO_WAIT = 2
+_BARE_PRED = re.compile(r"U?P[0-6]")
 
 _REG = re.compile(r"(?<![\w.])(UR\d+|URZ|UPT|UP\d|R\d+|RZ|PT|P\d|PR)((?:\.[A-Za-z0-9_]+)*)")
 
@@ -165,7 +176,16 @@ def defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
     width = _data_width(ins.opcode)
     wide_src = "WIDE" in ins.opcode.split(".")
     leading = ins.base not in NO_DEST
+    carry = False  # right after a register destination: bare predicates are carry-outs (IADD3 R6, P1, ...)
     for pos, op in enumerate(ops):
+        if carry and (_BARE_PRED.fullmatch(op) or op == "PR"):
+            # `IADD3 R6, P1, R88, R109, RZ` and `LEA R109, P2, R92, R109, 0x1` write P1 / P2 (carry out). Read
+            # as uses, an LDGSTS whose zero-fill predicate is P1 could swap below the IADD3 and copy or zero-fill
+            # by the carry bit (the GEMM failures on the H200). Kept as uses too (P2R R16, PR reads PR).
+            defs |= _expand(op, 1)
+            uses |= _expand(op, 1)
+            continue
+        carry = False
         in_mem = "[" in op
         for m in _REG.finditer(op):
             name, suffix = m.group(1), m.group(2)
@@ -180,6 +200,7 @@ def defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
                 defs |= _expand(name, w)
                 if not is_pred and pos == 0 and ins.base not in ("ISETP", "FSETP", "DSETP", "HSETP2", "PLOP3", "UISETP"):
                     leading = False
+                    carry = not in_mem
                 continue
             if pos > 0 and leading and not is_pred:
                 # first register after predicate destinations (e.g. SHFL PT, R5, ...): treat as written too
@@ -260,7 +281,7 @@ class Schedule:
 
     def is_movable(self, pos: int) -> bool:
         n = self.nodes[pos]
-        return n.base in self.movable and n.ins.offset not in self.pinned and not n.ins.control_flow
+        return n.base in self.movable and n.ins.offset not in self.pinned and not n.ins.control_flow and not _never_runs(n)
 
     def candidate_moves(self) -> list[Move]:
         return [Move(p, d) for p in range(len(self.nodes)) if self.is_movable(p) for d in (-1, 1)]
@@ -284,21 +305,35 @@ class Schedule:
                 return f"{n.ins.opcode} is a branch, barrier or fence"
             if n.ins.offset in self.pinned:
                 return f"instruction at {n.ins.offset:#x} is referenced by an .nv.info table of unknown meaning"
+            if _never_runs(n):
+                # `@!PT LDS RZ, [RZ]`: ptxas pads each LDGSTS burst after a BAR.SYNC with three of these. They never
+                # execute, so moving them gains nothing (swapping two is a no-op); their role is undocumented: keep them.
+                return f"{n.ins.text()} never executes (ptxas padding of unknown purpose)"
         if a.defs & b.uses:
             return f"data dependency (RAW on {sorted(a.defs & b.uses)})"
         if a.uses & b.defs:
             return f"data dependency (WAR on {sorted(a.uses & b.defs)})"
         if a.defs & b.defs:
             return f"data dependency (WAW on {sorted(a.defs & b.defs)})"
-        if a.base in self.movable and b.base in self.movable and not _memory_commutes(a.base, b.base):
+        # memory dependencies are not register dependencies: a store and any other access of the same space keep
+        # their order unless the spaces differ (shared vs global) or both only read. Checked for every memory
+        # instruction, movable or not (an LDG must not pass a pinned STG).
+        if a.base in MEMORY_OPS and b.base in MEMORY_OPS and not _memory_commutes(a.base, b.base):
             return f"{a.ins.opcode} and {b.ins.opcode} may touch the same memory"
         if any(b.ctrl.waits_on(s) for s in a.ctrl.sets()):
             return "the second instruction waits on a scoreboard the first one sets"
         if a.ctrl.sets() & b.ctrl.sets() and self.has_count_depbar():
             return "both set the same scoreboard and the kernel counts it with DEPBAR"
+        if a.base in MEMORY_OPS and a.ctrl.rbar == NO_BARRIER and _reads_registers(a) and b.ctrl.rbar != NO_BARRIER:
+            # memory instructions read their sources in issue order; ptxas lets a load/store without a read
+            # scoreboard rely on a later one's (wait on it, then overwrite both's sources). Passing it breaks that.
+            return "a memory instruction without a read scoreboard would pass one that sets one (in-order operand reads)"
         # new order: b at i (moved up), a at i+1 (moved down)
         new = list(self.nodes)
         new[i], new[j] = b, a
+        for k, before in ((i - 1, i - 1), (i, j), (j, i)):  # positions whose next instructions changed
+            if k >= 0 and _set_to_wait_cycles(new, k) < min(MIN_SET_TO_WAIT, _set_to_wait_cycles(self.nodes, before)):
+                return f"scoreboard hazard: {new[k].ins.opcode} sets a scoreboard waited on fewer than {MIN_SET_TO_WAIT} cycles later"
         if not _hazard_free_up(new, i, HAZARD_CYCLES):
             return "fixed-latency hazard: the instruction moving up would read/write a result too early"
         if not _hazard_free_down(new, j, HAZARD_CYCLES):
@@ -330,6 +365,29 @@ class Schedule:
         from .control import encode
 
         return [encode(n.ins.word, n.ctrl) for n in self.nodes]
+
+
+def _never_runs(n: Node) -> bool:
+    return n.ins.pred == "@!PT"
+
+
+def _reads_registers(n: Node) -> bool:
+    return any(r.startswith(("R", "UR")) for r in n.uses)
+
+
+def _set_to_wait_cycles(seq: list[Node], pos: int) -> int:
+    """Cycles from the instruction at `pos` to the first later one that waits on a scoreboard it sets (large if none)."""
+    sets = seq[pos].ctrl.sets()
+    if not sets:
+        return 1 << 30
+    cycles = seq[pos].ctrl.stall
+    for k in range(pos + 1, min(pos + 16, len(seq))):
+        if any(seq[k].ctrl.waits_on(s) for s in sets):
+            return cycles
+        if seq[k].ins.control_flow or cycles >= MIN_SET_TO_WAIT:
+            break
+        cycles += seq[k].ctrl.stall
+    return 1 << 30
 
 
 def _memory_commutes(x: str, y: str) -> bool:

@@ -4,6 +4,8 @@ global memory."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -279,6 +281,8 @@ TMA_CASES = [
     (77, 24, [64, 104], b2b.B2BConfig(32, 32, 128, 4, 2, "smem", True, preload=True, tma=True), torch.float16),
     (130, 40, [32, 16, 24], b2b.B2BConfig(32, 64, 32, 4, 3, "register", True, tma=True, programs_per_sm=3), torch.float16),
     (9, 16, [16, 16], b2b.B2BConfig(16, 16, 16, 4, 2, "register", True, preload=True, tma=True), torch.float16),  # M < one tile
+    # programmatic dependent launch: a no-op in the interpreter (no grid dependencies there)
+    (203, 32, [48, 40], b2b.B2BConfig(16, 32, 64, 4, 3, "register", True, tma=True, pdl=True), torch.float32),
 ]
 
 
@@ -332,3 +336,21 @@ def test_sm90_tma_kernel_moves_rows_by_tma_only() -> None:
     assert summary["st.global"] == 0 and summary["wgmma_a_regs"] > 0, summary
     assert "cp.async.bulk.tensor.2d.global.shared" in ptx  # the output store
     assert ptx.count("cp.async.bulk.tensor.2d.shared") >= 2  # row-tile loads, multi-buffered
+
+
+def test_sm90_tma_kernel_with_pdl_waits_before_touching_activations() -> None:
+    """With ``pdl`` the preloaded weights (constants) are loaded, then ``griddepcontrol.wait``
+    (the previous kernel has finished and its writes are visible), then the dependents may launch;
+    every TMA load of x and every store comes after the wait. Without ``pdl`` neither appears."""
+    chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
+    cfg = b2b.B2BConfig(128, 64, 64, 4, 2, "register", True, preload=True, tma=True, pdl=True)
+    assert cfg.describe().endswith(" tma x2 pdl") and cfg.as_dict()["pdl"]
+    ptx = b2b.compile_asm(chain, [128, 64], cfg, torch.float16, 90, (1, 1), 64, True)["ptx"]
+    wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    assert 0 < wait < launch, "no grid dependency control, or in the wrong order"
+    first_x = ptx.find("cp.async.bulk.tensor.2d.shared")
+    first_store = ptx.find("cp.async.bulk.tensor.2d.global.shared")
+    assert wait < first_x and wait < first_store, "an activation is touched before the wait"
+    assert ptx.find("ld.global") < wait  # the preloaded weights come first
+    plain = b2b.compile_asm(chain, [128, 64], dataclasses.replace(cfg, pdl=False), torch.float16, 90, (1, 1), 64, True)["ptx"]
+    assert "griddepcontrol" not in plain

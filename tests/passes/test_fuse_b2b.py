@@ -259,3 +259,21 @@ def test_identical_chains_reuse_the_measured_decision(monkeypatch: pytest.Monkey
     g2 = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=11)))
     k._decide(g2.nodes[0], g2, "triton-interpreter", None, lambda cfg: step.fn, 11, [32, 16])
     assert len(timed) == 4  # another M: measured
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_pdl_candidates_only_with_the_option(monkeypatch: pytest.MonkeyPatch, enabled: bool) -> None:
+    """Programmatic dependent launch is opt-in (``Options.b2b_pdl``) until measured on the H200."""
+    from kfuse.compiler import Options
+    from kfuse.kernels.b2b import lower as k
+
+    monkeypatch.setattr(k, "_time", lambda fn, reps=20: 1.0)
+    g = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=9)))
+    node = g.nodes[0]
+    cands = k.candidate_configs(262144, [64, 64], 64)
+    assert any(c.pdl for c in cands)
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None: cands)
+    tried: list[object] = []
+    fused_with = lambda cfg: tried.append(cfg) or (lambda xs: None)  # noqa: E731
+    k._decide(node, g, "triton-interpreter", Options(b2b_pdl=enabled), fused_with, 9, [32, 16])
+    assert any(c.pdl for c in tried) == enabled and not Options().b2b_pdl

@@ -32,6 +32,7 @@ _CONSTEXPRS = (
     "PRELOAD",
     "NUM_PROGRAMS",
     "TILE_STAGES",
+    "PDL",
     "BNI",
     "BH",
     "BW",
@@ -107,7 +108,7 @@ def compile_asm(
     if cfg.persistent:
         const.update(NUM_PROGRAMS=264, TILE_STAGES=cfg.num_stages)
     if tma:
-        const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, TILE_STAGES=cfg.num_stages)
+        const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, TILE_STAGES=cfg.num_stages, PDL=cfg.pdl)
     if conv_tma:
         const.update(BNI=cfg.tile_n, BH=cfg.tile_h, BW=cfg.block_m // (cfg.tile_h * cfg.tile_n))
     if jit_like and not chain.conv:

@@ -67,6 +67,9 @@ class B2BConfig:
     # 128 pixels, where one image's 4 x 32 tile computes 14% of its pixels in vain)
     tile_h: int = 0
     tile_n: int = 1
+    # with ``tma`` on a GEMM chain: launch with programmatic dependent launch (Hopper), so the
+    # persistent grid's prologue (weights, descriptors) overlaps the previous kernel's tail
+    pdl: bool = False
 
     def describe(self) -> str:
         d = f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
@@ -75,10 +78,10 @@ class B2BConfig:
             n = f"{self.tile_n}x" if self.tile_n > 1 else ""
             d += f" tma {n}{self.tile_h}x{self.block_m // (self.tile_h * self.tile_n)}"
         elif self.tma:
-            d += f" tma x{self.programs_per_sm}"
+            d += f" tma x{self.programs_per_sm}" + (" pdl" if self.pdl else "")
         return d
 
     def as_dict(self) -> dict[str, Any]:
         keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload", "tma", "programs_per_sm",
-                "tile_h", "tile_n")  # fmt: skip
+                "tile_h", "tile_n", "pdl")  # fmt: skip
         return {k: getattr(self, k) for k in keys}

@@ -59,6 +59,12 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: t
             if bk <= 64:  # 64 -> 128 -> 64: the best two of the session-5 sweep at M = 1M (0.110 ms vs 0.120)
                 persistent += [B2BConfig(128, bk, last, 8, 2, res, True, preload=True, tma=True, programs_per_sm=2),
                                B2BConfig(128, bk, last, 4, 2, res, True, tma=True, programs_per_sm=2)]  # fmt: skip
+        # the two best TMA tilings again with programmatic dependent launch: a ~30 us chain pays
+        # ~5 us a call for its grid's ramp and tail (M = 262144 vs 1M, session 6), which PDL
+        # overlaps with the neighbouring kernels
+        # (the session-6 winners: first two of the list, or the last two for 64 -> 128 -> 64)
+        tma = [c for c in persistent if c.tma]
+        persistent += [replace(c, pdl=True) for c in (tma[-2:] if widest > 64 and bk <= 64 else tma[:2])]
     if len(widths) > 3:
         first = default_config(m, widths)
         alt = B2BConfig(128, 32, min(last, 64), 8, 2, "smem") if widest > 128 else default_config(m, widths, "smem")

@@ -171,7 +171,11 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         ptrs[0], ptrs[len(chain.stages) + 1] = descs
         n_prog = min(tiles, max(1, cfg.programs_per_sm) * _num_sms(g.x.device))
         grid = (n_prog,)
-        single.update(NUM_PROGRAMS=n_prog, TILE_STAGES=cfg.num_stages)
+        # programmatic dependent launch only on the GPU: the interpreter has no grid dependencies
+        pdl = cfg.pdl and not interpreting()
+        single.update(NUM_PROGRAMS=n_prog, TILE_STAGES=cfg.num_stages, PDL=pdl)
+        if pdl:
+            single["launch_pdl"] = True
     elif cfg.persistent:
         kernel = _module(chain).b2b_persistent_kernel
         n_prog = min(tiles, 2 * _num_sms(g.x.device))

@@ -140,7 +140,8 @@ def _decision_key(node: Any, graph: Any, options: Any) -> tuple:
     a = node.attrs
     types = tuple((tuple(t.shape), str(t.dtype), getattr(t, "layout", "")) for t in map(graph.type_of, node.inputs))
     geom = tuple(as_pair(a.get(k), d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1)))
-    return (a["chain"].key(), types, geom, a["out_type"].layout, bool(getattr(options, "b2b_conv_tma", True)))
+    flags = (bool(getattr(options, "b2b_conv_tma", True)), bool(getattr(options, "b2b_pdl", False)))
+    return (a["chain"].key(), types, geom, a["out_type"].layout, flags)
 
 
 def _first_calls(runs: list[Any], xs: list[torch.Tensor]) -> list[str | None]:
@@ -187,6 +188,8 @@ def _decide(
     cands = candidate_configs(m, widths, k0, image)
     if not getattr(options, "b2b_conv_tma", True):  # Options.b2b_conv_tma=False: without the TMA conv kernel
         cands = [c for c in cands if not (node.attrs["chain"].conv and c.tile_h > 0)]
+    if not getattr(options, "b2b_pdl", False):  # Options.b2b_pdl: programmatic dependent launch, opt-in
+        cands = [c for c in cands if not c.pdl]
     runs = [fused_with(cfg) for cfg in cands]
     errs = _first_calls(runs, xs) if torch.cuda.is_available() else [None] * len(runs)
     for cfg, run, err in zip(cands, runs, errs, strict=True):

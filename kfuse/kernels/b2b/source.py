@@ -68,7 +68,8 @@ def kernel_source(chain: Chain) -> str:
         "    PRELOAD: tl.constexpr,",
     ]
     body = _body(chain)
-    src = ["import triton", "import triton.language as tl", "", "", "@triton.jit", "def b2b_kernel(", *params, "):"]
+    src = ["import triton", "import triton.language as tl", "import triton.language.extra.cuda", "", ""]
+    src += ["@triton.jit", "def b2b_kernel(", *params, "):"]
     src += ["    M = NB * OH * OW", "    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)", *body]
     # persistent: the loop over row tiles is what Triton's software pipeliner overlaps (the next
     # tiles' loads are in flight while this tile's GEMMs and store run); with a single K step there
@@ -98,7 +99,8 @@ def _tma_kernel(chain: Chain, ptrs: list[str], params: list[str]) -> list[str]:
     L = len(chain.stages)
     sig = [p.replace("x_ptr", "x_desc").replace("out_ptr", "out_desc") for p in params]
     out_t = _tl_dtype(chain.stages[-1].out_dtype)
-    src = ["@triton.jit", "def b2b_tma_kernel(", *sig, "    NUM_PROGRAMS: tl.constexpr, TILE_STAGES: tl.constexpr,", "):"]
+    consts = "    NUM_PROGRAMS: tl.constexpr, TILE_STAGES: tl.constexpr, PDL: tl.constexpr,"
+    src = ["@triton.jit", "def b2b_tma_kernel(", *sig, consts, "):"]
     src += ["    M = NB", "    oh = 0", "    ow = 0"]
     # the weights: loop-invariant; with PRELOAD loaded once per program, before the tile loop
     wload = []
@@ -110,6 +112,15 @@ def _tma_kernel(chain: Chain, ptrs: list[str], params: list[str]) -> list[str]:
             f" mask=(tl.arange(0, {k_pad}) < {k_dim})[:, None] & (tl.arange(0, {n_pad}) < N{s})[None, :], other=0.0)"
         )
     src += ["    if PRELOAD:"] + [f"        wt{s} = {wload[s]}" for s in range(L)]
+    src += [
+        "    if PDL:",
+        "        # programmatic dependent launch (launch_pdl): this grid started while the previous",
+        "        # kernel drained; the weights above (constants) loaded meanwhile. Nothing a previous",
+        "        # kernel writes is read or written before the wait. Then the next kernel may start",
+        "        # its own prologue as soon as SM room frees up (it waits for this grid the same way)",
+        "        tl.extra.cuda.gdc_wait()",
+        "        tl.extra.cuda.gdc_launch_dependents()",
+    ]
     src += [
         "    for tile in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), NUM_PROGRAMS, num_stages=TILE_STAGES):",
         "        off = tile * BLOCK_M",
