@@ -296,6 +296,8 @@ class Schedule:
         if i < 0 or j >= len(self.nodes):
             return "moves past the start or end of the kernel"
         if not self.is_movable(move.index):
+            if _never_runs(self.nodes[move.index]):
+                return f"{self.nodes[move.index].ins.text()} never executes (ptxas padding of unknown purpose)"
             return f"{self.nodes[move.index].ins.opcode} is not a movable memory instruction"
         a, b = self.nodes[i], self.nodes[j]
         if a.block != b.block:
@@ -331,7 +333,9 @@ class Schedule:
         # new order: b at i (moved up), a at i+1 (moved down)
         new = list(self.nodes)
         new[i], new[j] = b, a
-        for k, before in ((i - 1, i - 1), (i, j), (j, i)):  # positions whose next instructions changed
+        # setters now closer to a waiter that depends on them: the one before the pair (b came closer) and a (moved
+        # down). b now precedes a, but a never depended on b, so a waiting on b's scoreboard early is harmless.
+        for k, before in ((i - 1, i - 1), (j, i)):
             if k >= 0 and _set_to_wait_cycles(new, k) < min(MIN_SET_TO_WAIT, _set_to_wait_cycles(self.nodes, before)):
                 return f"scoreboard hazard: {new[k].ins.opcode} sets a scoreboard waited on fewer than {MIN_SET_TO_WAIT} cycles later"
         if not _hazard_free_up(new, i, HAZARD_CYCLES):
@@ -393,6 +397,8 @@ def _set_to_wait_cycles(seq: list[Node], pos: int) -> int:
 def _memory_commutes(x: str, y: str) -> bool:
     if x in LOADS and y in LOADS:
         return True
+    if x in ("LDC", "ULDC") or y in ("LDC", "ULDC"):  # the constant bank is read-only: no store reaches it
+        return True
     if x == y == "LDGSTS":  # async copies of one group complete in no defined order anyway
         return True
     return (x in SHARED_ONLY and y in GLOBAL_ONLY) or (x in GLOBAL_ONLY and y in SHARED_ONLY)
@@ -419,13 +425,15 @@ def _hazard_free_down(seq: list[Node], pos: int, window: int) -> bool:
     """The instruction now at `pos` issues later than before: later readers/writers of its registers come closer."""
     me = seq[pos]
     cycles = me.ctrl.stall
+    # predicates (guards, LDGSTS zero-fill operands) are read at issue: ptxas overwrites them 1 cycle later
+    preds = {r for r in me.uses if r.startswith(("P", "UP"))}
     for k in range(pos + 1, len(seq)):
         c = seq[k]
         if cycles >= window:
             return True
         if me.fixed_latency and me.defs & (c.uses | c.defs):
             return False
-        if me.ctrl.rbar == NO_BARRIER and me.uses & c.defs:
+        if me.ctrl.rbar == NO_BARRIER and (me.uses - preds) & c.defs:
             return False
         if c.ins.control_flow:
             return not (me.defs or me.uses)
