@@ -217,3 +217,29 @@ def test_sm90_conv_tma_kernel_moves_tiles_by_tma(cfg: b2b.B2BConfig) -> None:
     assert sass["UTMALDG.4D"] >= 3 and sass["UTMASTG.4D"] == 1 and sass["HGMMA"] > 0, sass
     # 124 / 76 with Triton 3.6 (4 / 6 programs per SM by registers); at least 3 / 4 programs
     assert sass["REG"] <= (168 if cfg.block_m == 128 else 128), sass
+
+
+@pytest.mark.parametrize(
+    "cfg,programs",
+    [
+        (b2b.B2BConfig(128, 64, 128, 8, 4, "smem", tma=True, tile_h=4, tile_n=8), 1),  # the session-6 winner: 192 KB
+        (b2b.B2BConfig(128, 32, 64, 8, 4, "smem", tma=True, tile_h=4, tile_n=8), 2),
+        (b2b.B2BConfig(128, 64, 64, 4, 3, "register", tma=True, tile_h=4, tile_n=8), 2),
+    ],
+    ids=lambda v: v.describe() if isinstance(v, b2b.B2BConfig) else str(v),
+)
+def test_sm90_wide_chain_tiles_fit_programs_per_sm(cfg: b2b.B2BConfig, programs: int) -> None:
+    """128 -> 128 -> 512 at 28x28 (batch 64) in tiles of 8 images x 4 x 4: the 128-wide last
+    tiles need ~192 KB of shared memory (one program per SM), the 64-wide ones fit two per SM
+    (by shared memory and by registers), with no spills."""
+    stages = (b2b.Stage(_epi("bias_relu"), torch.float16, True), b2b.Stage(_epi("bias_relu"), torch.float16, True))
+    chain = b2b.Chain(stages, conv=True)
+    h, c, n0, n1 = 28, 128, 128, 512
+    ints = dict(NB=64, C=c, H=h, W=h, OH=h, OW=h, N0=n0, N1=n1)
+    ints.update(sxn=h * h * c, sxc=1, sxh=h * c, sxw=c, son=h * h * n1, soc=1, soh=h * n1, sow=n1)
+    asm = b2b.compile_asm(chain, [n0, n1], cfg, torch.float16, 90, (3, 3), c, False, ints, True)
+    sass = sass_facts(asm["cubin"])
+    assert sass["STACK"] == 0 and sass["STL"] == 0, sass
+    by_smem = 232448 // asm["shared"]
+    by_regs = 65536 // (cfg.num_warps * 32 * -(-sass["REG"] // 8) * 8)
+    assert min(by_smem, by_regs) == programs, (asm["shared"], sass["REG"])

@@ -63,7 +63,7 @@ def compile_asm(
         code = (
             "import pickle,sys;from kfuse.kernels.b2b import compile_asm;"
             "a=pickle.loads(sys.stdin.buffer.read());"
-            "sys.stdout.buffer.write(pickle.dumps({k:v for k,v in compile_asm(*a).items() if isinstance(v,(str,bytes))}))"
+            "sys.stdout.buffer.write(pickle.dumps({k:v for k,v in compile_asm(*a).items() if isinstance(v,(str,bytes,int))}))"
         )
         job = pickle.dumps((chain, widths, cfg, dtype, arch, kernel_hw, widths_k0, jit_like, int_args, rowbcast))
         proc = subprocess.run([sys.executable, "-c", code], input=job, capture_output=True, env=env)
@@ -133,7 +133,7 @@ def compile_asm(
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in divisible}
     src = triton.compiler.ASTSource(jf, sig, constexprs=const, attrs=attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-    return dict(ck.asm)
+    return {**ck.asm, "shared": ck.metadata.shared}  # bytes of shared memory a program needs
 
 
 def ptx_summary(ptx: str) -> dict[str, int]:

@@ -125,15 +125,19 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
     configs that won the session-6 sweep with single-image tiles."""
     nb, oh, ow = image
 
-    def tile(bm: int, bn: int, w: int, s: int, res: str) -> B2BConfig | None:
+    def tile(bm: int, bn: int, w: int, s: int, res: str, bk: int = 64) -> B2BConfig | None:
         tn, th, waste = least_waste_tile(bm, nb, oh, ow)
-        return B2BConfig(bm, 64, bn, w, s, res, tma=True, tile_h=th, tile_n=tn) if tn > 1 else None
+        return B2BConfig(bm, bk, bn, w, s, res, tma=True, tile_h=th, tile_n=tn) if tn > 1 else None
 
     if widest <= 128:
         cands = [tile(128, last, 4, 3, "register"), tile(64, last, 4, 3, "register")]
         if n_last > 128:  # the best four of the session-6 sweep (128 -> 128 -> 512, 64 -> 64 -> 256)
             cands += [tile(128, last, 4, 4, "register"), tile(128, last, 8, 4, "smem"), tile(128, last, 8, 3, "smem"),
                       tile(256, last, 8, 3, "smem")]  # fmt: skip
+            # not yet measured: those need 196 KB of shared memory (one program per SM, so a
+            # program's last-stage N loop overlaps nothing); 64-wide last tiles fit two programs
+            # per SM (98-115 KB, 96-210 registers, no spills; offline sm_90, 128 -> 128 -> 512)
+            cands += [tile(128, 64, 4, 3, "register"), tile(128, 64, 8, 4, "smem", bk=32), tile(128, 64, 4, 4, "register", bk=32)]
     else:
         cands = [tile(128, min(last, 64), 8, 2, "smem")]
     return [c for c in cands if c is not None]
