@@ -140,8 +140,9 @@ def _decision_key(node: Any, graph: Any, options: Any) -> tuple:
     a = node.attrs
     types = tuple((tuple(t.shape), str(t.dtype), getattr(t, "layout", "")) for t in map(graph.type_of, node.inputs))
     geom = tuple(as_pair(a.get(k), d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1)))
-    flags = (bool(getattr(options, "b2b_conv_tma", True)), bool(getattr(options, "b2b_pdl", False)))
-    return (a["chain"].key(), types, geom, a["out_type"].layout, flags)
+    # every option, not only the b2b ones: the unfused side's lowering (library or template,
+    # tuning mode) is part of what was measured
+    return (a["chain"].key(), types, geom, a["out_type"].layout, repr(options))
 
 
 def _first_calls(runs: list[Any], xs: list[torch.Tensor]) -> list[str | None]:
