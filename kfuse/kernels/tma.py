@@ -37,7 +37,7 @@ def least_waste_tile(block_m: int, nb: int, oh: int, ow: int) -> tuple[int, int,
     def cover(n: int, t: int) -> int:
         return -(-n // t) * t
 
-    best: tuple[float, int, int, int] | None = None
+    best: tuple[tuple[float, int, int, int], float] | None = None
     tn = 1
     while tn <= block_m:
         th = 1
@@ -45,13 +45,14 @@ def least_waste_tile(block_m: int, nb: int, oh: int, ow: int) -> tuple[int, int,
             bw = block_m // (tn * th)
             if max(tn, th, bw) <= 256:
                 waste = cover(nb, tn) * cover(oh, th) * cover(ow, bw) / (nb * oh * ow)
-                key = (round(waste, 9), tn, -bw, th)
-                if best is None or key < best[:4]:
-                    best = (*key,)
+                key = (round(waste, 9), tn, -bw, th)  # rounded: equal wastes tie exactly
+                if best is None or key < best[0]:
+                    best = (key, waste)
             th *= 2
         tn *= 2
     assert best is not None
-    return best[1], best[3], best[0]
+    (_, tn, _, th), waste = best
+    return tn, th, waste
 
 
 def nhwc_box_descriptor(t: torch.Tensor, bh: int, bw: int, box_c: int, bn: int = 1) -> Any | None:
