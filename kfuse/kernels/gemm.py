@@ -106,6 +106,18 @@ def _tma_tile(desc, bat, row, col, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     else:
         t = desc.load([row, col])
     return t
+
+
+@triton.jit
+def _tma_operands(a_desc, b_desc, bat, off_m, off_n, k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr):
+    # one K step's A (BLOCK_M, BLOCK_K) and B (BLOCK_K, BLOCK_N) tiles by TMA
+    a = _tma_tile(a_desc, bat, off_m, k, BLOCK_M, BLOCK_K, A_BATCHED)
+    if B_KMAJOR:  # B column-major: the descriptor is B^T (N, K)
+        b = _tma_tile(b_desc, bat, off_n, k, BLOCK_N, BLOCK_K, B_BATCHED).T
+    else:
+        b = _tma_tile(b_desc, bat, k, off_n, BLOCK_K, BLOCK_N, B_BATCHED)
+    return a, b
 """
 
 _MAIN = """
@@ -197,11 +209,7 @@ def gemm_tma_kernel(
     off_n = pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
-        a = _tma_tile(a_desc, bat, off_m, k, BLOCK_M, BLOCK_K, A_BATCHED)
-        if B_KMAJOR:  # B column-major: the descriptor is B^T (N, K)
-            b = _tma_tile(b_desc, bat, off_n, k, BLOCK_N, BLOCK_K, B_BATCHED).T
-        else:
-            b = _tma_tile(b_desc, bat, k, off_n, BLOCK_K, BLOCK_N, B_BATCHED)
+        a, b = _tma_operands(a_desc, b_desc, bat, off_m, off_n, k, BLOCK_M, BLOCK_N, BLOCK_K, A_BATCHED, B_BATCHED, B_KMAJOR)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     pid_b = bat.to(tl.int64)
     offs_m = off_m + tl.arange(0, BLOCK_M)
@@ -238,12 +246,7 @@ def gemm_tma_persistent_kernel(
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(k_blocks):
-            k = kb * BLOCK_K
-            a = _tma_tile(a_desc, bat, off_m, k, BLOCK_M, BLOCK_K, A_BATCHED)
-            if B_KMAJOR:
-                b = _tma_tile(b_desc, bat, off_n, k, BLOCK_N, BLOCK_K, B_BATCHED).T
-            else:
-                b = _tma_tile(b_desc, bat, k, off_n, BLOCK_K, BLOCK_N, B_BATCHED)
+            a, b = _tma_operands(a_desc, b_desc, bat, off_m, off_n, kb * BLOCK_K, BLOCK_M, BLOCK_N, BLOCK_K, A_BATCHED, B_BATCHED, B_KMAJOR)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         pid_b = bat.to(tl.int64)
         offs_m = off_m + tl.arange(0, BLOCK_M)

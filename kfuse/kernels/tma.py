@@ -27,16 +27,23 @@ def spatial_tile(block_m: int, tile_h: int, who: str, tile_n: int = 1) -> tuple[
     return tile_h, block_m // (tile_h * tile_n)
 
 
-def least_waste_tile(block_m: int, nb: int, oh: int, ow: int) -> tuple[int, int, float]:
-    """(tile_n, tile_h, waste) of the ``block_m``-pixel tile of tile_n images x tile_h rows x the
-    rest columns that covers an (nb, oh, ow) output with the fewest pixels computed in vain;
-    ``waste`` = pixels computed / pixels needed. Ties go to fewer images per tile, then wider rows
-    (longer contiguous TMA rows). 28 x 28 at batch 64: 8 x 4 x 4 (waste 1.0; one image's 4 x 32
-    or 32 x 4 tile computes 1.14x, 8 x 16 1.31x)."""
+def tile_waste(block_m: int, tile_n: int, tile_h: int, nb: int, oh: int, ow: int) -> float:
+    """Pixels a tile of tile_n images x tile_h rows x the rest columns computes over an (nb, oh,
+    ow) output, divided by the pixels needed (1.0: no waste)."""
 
     def cover(n: int, t: int) -> int:
         return -(-n // t) * t
 
+    bw = block_m // (tile_n * tile_h)
+    return cover(nb, tile_n) * cover(oh, tile_h) * cover(ow, bw) / (nb * oh * ow)
+
+
+def least_waste_tile(block_m: int, nb: int, oh: int, ow: int) -> tuple[int, int, float]:
+    """(tile_n, tile_h, waste) of the ``block_m``-pixel tile of tile_n images x tile_h rows x the
+    rest columns that covers an (nb, oh, ow) output with the fewest pixels computed in vain
+    (``tile_waste``). Ties go to fewer images per tile, then wider rows (longer contiguous TMA
+    rows). 28 x 28 at batch 64: 8 x 4 x 4 (waste 1.0; one image's 4 x 32 or 32 x 4 tile computes
+    1.14x, 8 x 16 1.31x)."""
     best: tuple[tuple[float, int, int, int], float] | None = None
     tn = 1
     while tn <= block_m:
@@ -44,7 +51,7 @@ def least_waste_tile(block_m: int, nb: int, oh: int, ow: int) -> tuple[int, int,
         while tn * th <= block_m:
             bw = block_m // (tn * th)
             if max(tn, th, bw) <= 256:
-                waste = cover(nb, tn) * cover(oh, th) * cover(ow, bw) / (nb * oh * ow)
+                waste = tile_waste(block_m, tn, th, nb, oh, ow)
                 key = (round(waste, 9), tn, -bw, th)  # rounded: equal wastes tie exactly
                 if best is None or key < best[0]:
                     best = (key, waste)

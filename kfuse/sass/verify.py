@@ -115,52 +115,43 @@ class _Runner:
     def launch(self, fn: Any, grid: tuple[int, int, int], args: list[Any]) -> None:
         self.launcher(grid[0], grid[1], grid[2], self.stream, fn, self.packed, None, None, None, *args)
 
-    def time(self, cubin: bytes, target_ms: float = 25.0) -> float:
-        torch = self.torch
-        fn = self.load(cubin)
-        args = self.make(self.spec.args)
-        for _ in range(3):
-            self.launch(fn, self.spec.grid, args)
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    def _chunk_timer(self, fn: Any, args: list[Any], chunk_ms: float, min_reps: int, max_reps: int) -> Any:
+        """A function timing one chunk of launches of any kernel on ``args`` (ms per launch); the
+        chunk's launch count is sized from one timed launch of ``fn`` to take about ``chunk_ms``."""
+        s, e = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
         s.record()
         self.launch(fn, self.spec.grid, args)
         e.record()
         e.synchronize()
-        reps = max(3, min(500, int(target_ms / max(s.elapsed_time(e), 1e-3))))
-        samples = []
-        for _ in range(5):
+        reps = max(min_reps, min(max_reps, int(chunk_ms / max(s.elapsed_time(e), 1e-3))))
+
+        def chunk(kernel: Any) -> float:
             s.record()
             for _ in range(reps):
-                self.launch(fn, self.spec.grid, args)
-            e.record()
-            e.synchronize()
-            samples.append(s.elapsed_time(e) / reps)
-        return sorted(samples)[len(samples) // 2]
-
-    def time_pair(self, a: bytes, b: bytes, chunk_ms: float = 2.0, rounds: int = 8) -> tuple[float, float, float]:
-        """``abba_ratio`` of cubins ``a`` and ``b`` on one set of arguments, in chunks of ~2 ms."""
-        torch = self.torch
-        fa, fb = self.load(a), self.load(b)
-        args = self.make(self.spec.args)
-        for fn in (fa, fb, fa, fb):
-            self.launch(fn, self.spec.grid, args)
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        self.launch(fb, self.spec.grid, args)
-        e.record()
-        e.synchronize()
-        reps = max(2, min(1000, int(chunk_ms / max(s.elapsed_time(e), 1e-3))))
-
-        def chunk(fn: Any) -> float:
-            s.record()
-            for _ in range(reps):
-                self.launch(fn, self.spec.grid, args)
+                self.launch(kernel, self.spec.grid, args)
             e.record()
             e.synchronize()
             return s.elapsed_time(e) / reps
 
+        return chunk
+
+    def time(self, cubin: bytes, target_ms: float = 25.0) -> float:
+        fn = self.load(cubin)
+        args = self.make(self.spec.args)
+        for _ in range(3):
+            self.launch(fn, self.spec.grid, args)
+        self.torch.cuda.synchronize()
+        chunk = self._chunk_timer(fn, args, target_ms, 3, 500)
+        return sorted(chunk(fn) for _ in range(5))[2]
+
+    def time_pair(self, a: bytes, b: bytes, chunk_ms: float = 2.0, rounds: int = 8) -> tuple[float, float, float]:
+        """``abba_ratio`` of cubins ``a`` and ``b`` on one set of arguments, in chunks of ~2 ms."""
+        fa, fb = self.load(a), self.load(b)
+        args = self.make(self.spec.args)
+        for fn in (fa, fb, fa, fb):
+            self.launch(fn, self.spec.grid, args)
+        self.torch.cuda.synchronize()
+        chunk = self._chunk_timer(fb, args, chunk_ms, 2, 1000)
         return abba_ratio(lambda: chunk(fa), lambda: chunk(fb), rounds)
 
     def make_batch(self, specs: list[ArgSpec], count: int) -> tuple[list[Any], list[list[Any]]]:

@@ -41,7 +41,7 @@ from typing import Any
 
 from kfuse.kernels.conv import ConvConfig
 from kfuse.kernels.gemm import GemmConfig
-from kfuse.kernels.tma import least_waste_tile
+from kfuse.kernels.tma import least_waste_tile, tile_waste
 from kfuse.tune.hardware import Hardware
 
 Config = GemmConfig | ConvConfig
@@ -426,10 +426,7 @@ def estimate_ms(cfg: Config, problem: Problem, hw: Hardware) -> float:
         # ResNet-50 layer (H200, session 6, conv_layers.json kfuse_tma_ms), times the pixels its
         # spatial tile computes in vain
         oh, ow = problem.out_hw()
-        nb = problem.n
-        bw = cfg.block_m // (cfg.tile_h * cfg.tile_n)
-        waste = cdiv(nb, cfg.tile_n) * cfg.tile_n * cdiv(oh, cfg.tile_h) * cfg.tile_h * cdiv(ow, bw) * bw / (nb * oh * ow)
-        t *= 0.82 * waste
+        t *= 0.82 * tile_waste(cfg.block_m, cfg.tile_n, cfg.tile_h, problem.n, oh, ow)
     t += 4e-6 * (2 if split > 1 else 1)  # launch
     return t * 1e3
 

@@ -1,4 +1,4 @@
-"""``least_waste_tile``: the spatial tile of several images that covers an (nb, oh, ow) output with
+"""``least_waste_tile`` / ``tile_waste``: the spatial tile of several images that covers an (nb, oh, ow) output with
 the fewest pixels computed in vain, and ``spatial_tile``'s checks."""
 
 from __future__ import annotations
@@ -7,13 +7,7 @@ import itertools
 
 import pytest
 
-from kfuse.kernels.tma import least_waste_tile, spatial_tile
-
-
-def _waste(bm: int, tn: int, th: int, nb: int, oh: int, ow: int) -> float:
-    bw = bm // (tn * th)
-    cover = lambda n, t: -(-n // t) * t  # noqa: E731
-    return cover(nb, tn) * cover(oh, th) * cover(ow, bw) / (nb * oh * ow)
+from kfuse.kernels.tma import least_waste_tile, spatial_tile, tile_waste
 
 
 @pytest.mark.parametrize(
@@ -35,11 +29,11 @@ def test_exact_tilings(bm: int, nb: int, oh: int, ow: int, want: tuple[int, int]
 def test_no_tiling_wastes_less(bm: int, nb: int, oh: int, ow: int) -> None:
     """Exhaustively: no power-of-two tile of ``bm`` pixels (box dims <= 256) wastes less."""
     tn, th, waste = least_waste_tile(bm, nb, oh, ow)
-    assert waste == pytest.approx(_waste(bm, tn, th, nb, oh, ow))
+    assert waste == pytest.approx(tile_waste(bm, tn, th, nb, oh, ow))
     pows = [1 << i for i in range(9)]
     for n, h in itertools.product(pows, pows):
         if n * h <= bm and bm // (n * h) <= 256:
-            assert _waste(bm, n, h, nb, oh, ow) >= waste - 1e-12
+            assert tile_waste(bm, n, h, nb, oh, ow) >= waste - 1e-12
     assert tn <= max(1, nb) or waste == 1.0  # batch 1 never stacks images it does not have
 
 

@@ -126,7 +126,7 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
     nb, oh, ow = image
 
     def tile(bm: int, bn: int, w: int, s: int, res: str, bk: int = 64) -> B2BConfig | None:
-        tn, th, waste = least_waste_tile(bm, nb, oh, ow)
+        tn, th, _ = least_waste_tile(bm, nb, oh, ow)
         return B2BConfig(bm, bk, bn, w, s, res, tma=True, tile_h=th, tile_n=tn) if tn > 1 else None
 
     if widest <= 128:
