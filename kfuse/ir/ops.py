@@ -159,9 +159,9 @@ def _unary(name: str, fn: Callable[[torch.Tensor], torch.Tensor], triton: str, r
 
 
 _unary("relu", torch.relu, "tl.maximum({0}, 0.0)", _same_rule)
-_unary("sigmoid", torch.sigmoid, "tl.sigmoid({0})")
-_unary("tanh", torch.tanh, "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)")
-_unary("silu", F.silu, "({0} * tl.sigmoid({0}))")
+_unary("sigmoid", torch.sigmoid, "tl.fdiv(1.0, 1.0 + tl.exp(-{0}))")
+_unary("tanh", torch.tanh, "(2.0 * tl.fdiv(1.0, 1.0 + tl.exp(-2.0 * {0})) - 1.0)")
+_unary("silu", F.silu, "tl.fdiv({0}, 1.0 + tl.exp(-{0}))")
 _unary("hardswish", F.hardswish, "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)")
 _unary("hardsigmoid", F.hardsigmoid, "(tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)")
 _unary("neg", torch.neg, "(-{0})", _same_rule)
@@ -175,24 +175,29 @@ _unary("reciprocal", torch.reciprocal, "(1.0 / {0})")
 _unary("identity", lambda x: x, "{0}", _same_rule)
 
 
-@register(
-    "gelu",
-    ELEMENTWISE,
-    infer=_unary_rule,
-    arity=1,
-    triton="(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))",
+# Exact GELU = x * Phi(x), with erfc from Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7) on
+# MUFU.RCP / MUFU.EX2: ~20 SASS instructions a value on sm_90 where tl.erf (libdevice) took ~60
+# and made 128x256 GEMM tiles spill (docs/perf-notes.md, session 7). The repeated t and erfc
+# subexpressions are computed once: Triton's compiler CSEs them.
+_AS_T = "tl.fdiv(1.0, 1.0 + 0.3275911 * tl.abs(X * 0.7071067811865476))"
+_AS_ERFC = (
+    f"({_AS_T} * (0.254829592 + {_AS_T} * (-0.284496736 + {_AS_T} * (1.421413741 + {_AS_T} * (-1.453152027 + {_AS_T} * 1.061405429))))"
+    " * tl.exp(-0.5 * X * X))"
 )
+GELU_ERF = f"(X * tl.where(X >= 0.0, 1.0 - 0.5 * {_AS_ERFC}, 0.5 * {_AS_ERFC}))".replace("X", "{0}")
+# sigmoid(z) = 1 / (1 + exp(-z)) with the fast (2-ulp) division: tl.sigmoid's IEEE division is a
+# ~10-instruction sequence with a slow path
+_SIGMOID = "tl.fdiv(1.0, 1.0 + tl.exp(-(Z)))"
+GELU_TANH = "({0} * " + _SIGMOID.replace("Z", "1.5957691216057308 * ({0} + 0.044715 * {0} * {0} * {0})") + ")"
+
+
+@register("gelu", ELEMENTWISE, infer=_unary_rule, arity=1, triton=GELU_ERF)
 def _gelu(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return F.gelu(xs[0], approximate="none")
 
 
-@register(
-    "gelu_tanh",
-    ELEMENTWISE,
-    infer=_unary_rule,
-    arity=1,
-    triton="(0.5 * {0} * (1.0 + (2.0 * tl.sigmoid(2.0 * 0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0})) - 1.0)))",
-)
+# tanh-form GELU = x * sigmoid(2 * sqrt(2 / pi) * (x + 0.044715 x^3))
+@register("gelu_tanh", ELEMENTWISE, infer=_unary_rule, arity=1, triton=GELU_TANH)
 def _gelu_tanh(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return F.gelu(xs[0], approximate="tanh")
 
