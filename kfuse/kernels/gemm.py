@@ -32,7 +32,14 @@ call), with the same generated epilogue:
 
 Both are used only when TMA can describe the operands (``tma_operands``: A K-contiguous, B row-
 or column-major, 16-byte aligned base and leading strides, fp16/bf16/fp32) and without split-K;
-otherwise ``launch`` runs the matching pointer kernel.
+otherwise ``launch`` runs the matching pointer kernel. Both also store the output tile by TMA
+(``TMA_STORE``: ``c_desc.store``, a host descriptor of C's exact shape, 3-D for batched C; TMA
+clips ragged tiles, so no mask) when TMA can describe C (``tma_output``: the same checks), else
+by pointers. The extra inputs are loaded by pointers either way. The persistent kernel stages the
+stored tile in shared memory next to its live pipeline buffers (``kfuse.tune.space`` counts it);
+offline sm_90 compiles (``benchmarks/experiments/gemm_store_sass.py``) show 1-3% fewer hot-loop
+instructions than the (vectorised) pointer store and, on 128-row tiles without the subtiled
+epilogue, 38-64 fewer registers/thread; not yet timed on a GPU.
 
 Tile parameters (BLOCK_M/N/K, GROUP_M, num_warps, num_stages, split-K, persistent, tma and the
 persistent TMA kernel's hints) are template parameters chosen by the tuner (``kfuse.tune``);
@@ -118,6 +125,17 @@ def _tma_operands(a_desc, b_desc, bat, off_m, off_n, k, BLOCK_M: tl.constexpr, B
     else:
         b = _tma_tile(b_desc, bat, k, off_n, BLOCK_K, BLOCK_N, B_BATCHED)
     return a, b
+
+
+@triton.jit
+def _tma_store(desc, bat, row, col, tile, BATCHED: tl.constexpr):
+    # the output tile through a host-side descriptor of C's exact shape: TMA clips the rows and
+    # columns past M and N (no mask); batched C has a 3-D descriptor, so a ragged tile never
+    # writes into the next batch. The tile is staged in shared memory (kfuse.tune.space counts it)
+    if BATCHED:
+        desc.store([bat, row, col], tile.reshape(1, tile.shape[0], tile.shape[1]))
+    else:
+        desc.store([row, col], tile)
 """
 
 _MAIN = """
@@ -195,14 +213,16 @@ def gemm_persistent_kernel(
 
 @triton.jit
 def gemm_tma_kernel(
-    a_desc, b_desc, c_ptr, {extra_ptrs}
+    a_desc, b_desc, c_ptr, c_desc, {extra_ptrs}
     M, N, K,
     stride_cb, stride_cm, stride_cn, {extra_strides}
     {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    TMA_STORE: tl.constexpr, C_BATCHED: tl.constexpr,
 ):
     # A and B tiles come in by TMA (Hopper's bulk tensor copies, zero-filled past the edges,
-    # so no masks and no K tail), the epilogue is the pointer-based one of gemm_kernel
+    # so no masks and no K tail); the epilogue loads its extra inputs by pointers as gemm_kernel
+    # does and stores C by TMA (TMA_STORE, c_desc) or, when TMA cannot describe C, by pointers
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     bat = tl.program_id(1)
     off_m = pid_m * BLOCK_M
@@ -215,17 +235,19 @@ def gemm_tma_kernel(
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-{epilogue_store_4}
+    col_n = off_n
+{epilogue_store_tma_4}
 
 
 @triton.jit
 def gemm_tma_persistent_kernel(
-    a_desc, b_desc, c_ptr, {extra_ptrs}
+    a_desc, b_desc, c_ptr, c_desc, {extra_ptrs}
     M, N, K, n_batch,
     stride_cb, stride_cm, stride_cn, {extra_strides}
     {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    TMA_STORE: tl.constexpr, C_BATCHED: tl.constexpr,
 ):
     # gemm_tma_kernel's tile, but NUM_PROGRAMS programs walk the (batch, tile) space; the tile
     # loop and the K loop form one nest that the compiler can flatten (FLATTEN: the next tile's
@@ -252,28 +274,34 @@ def gemm_tma_persistent_kernel(
         offs_m = off_m + tl.arange(0, BLOCK_M)
         if EPILOGUE_SUBTILE:
             # the epilogue on two (BLOCK_M, BLOCK_N / 2) halves: the extra inputs' tiles and the
-            # epilogue's temporaries are live for half the tile at a time (big tiles spill)
+            # epilogue's temporaries are live for half the tile at a time (big tiles spill); with
+            # TMA_STORE c_desc's block is the half tile
             acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
             offs_n = off_n + tl.arange(0, BLOCK_N // 2)
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
             acc = acc_lo
-{epilogue_store_12}
+            col_n = off_n
+{epilogue_store_tma_12}
             offs_n += BLOCK_N // 2
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
             acc = acc_hi
-{epilogue_store_12}
+            col_n = off_n + BLOCK_N // 2
+{epilogue_store_tma_12}
         else:
             offs_n = off_n + tl.arange(0, BLOCK_N)
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-{epilogue_store_12}
+            col_n = off_n
+{epilogue_store_tma_12}
 """
 
 
-def _epilogue_store(epi: Epilogue, indent: str) -> str:
+def _epilogue_store(epi: Epilogue, indent: str, tma: bool = False) -> str:
     """Load the extra inputs at the tile's coordinates, apply the epilogue, store once. An extra
     broadcast along the rows (a bias: row stride 0, flag ``XB<j>`` set by the launcher) is loaded
     once per tile as a (1, BLOCK_N) vector: as a full tile it costs BLOCK_M x BLOCK_N / threads
-    registers and loads of repeated values (in the b2b template that spilled; docs/perf-notes.md)."""
+    registers and loads of repeated values (in the b2b template that spilled; docs/perf-notes.md).
+    ``tma``: the TMA kernels' store, by ``c_desc`` at (``bat``, ``off_m``, ``col_n``) when the
+    kernel's ``TMA_STORE`` is set, else by pointers."""
     lines = []
     for j in range(epi.n_inputs):
         lines += [
@@ -286,9 +314,16 @@ def _epilogue_store(epi: Epilogue, indent: str) -> str:
     body = render(epi, indent=indent)
     if body:
         lines.append(body)
-    lines.append(f"{indent}c_ptrs = c_ptr + pid_b * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn")
-    lines.append(f"{indent}tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)")
-    return "\n".join(lines)
+    store = [
+        f"{indent}c_ptrs = c_ptr + pid_b * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn",
+        f"{indent}tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)",
+    ]
+    if tma:
+        lines.append(f"{indent}if TMA_STORE:  # one asynchronous bulk copy of the tile; TMA clips it at M and N (no mask)")
+        lines.append(f"{indent}    _tma_store(c_desc, bat, off_m, col_n, acc.to(c_ptr.dtype.element_ty), C_BATCHED)")
+        lines.append(f"{indent}else:")
+        store = [" " * 4 + line for line in store]
+    return "\n".join(lines + store)
 
 
 def kernel_source(epi: Epilogue) -> str:
@@ -300,7 +335,8 @@ def kernel_source(epi: Epilogue) -> str:
         epilogue_store=_epilogue_store(epi, " " * 8),
         epilogue_store_4=_epilogue_store(epi, " " * 4),
         epilogue_store_8=_epilogue_store(epi, " " * 8),
-        epilogue_store_12=_epilogue_store(epi, " " * 12),
+        epilogue_store_tma_4=_epilogue_store(epi, " " * 4, tma=True),
+        epilogue_store_tma_12=_epilogue_store(epi, " " * 12, tma=True),
     )
 
 
@@ -314,7 +350,7 @@ class GemmConfig:
     num_stages: int = 3
     split_k: int = 1
     persistent: bool = False
-    tma: bool = False  # A/B tiles by TMA descriptors (sm_90; falls back to pointers when ineligible)
+    tma: bool = False  # A/B tiles (and C, where describable) by TMA descriptors (sm_90; pointers when ineligible)
     # compile hints of the persistent TMA kernel (persistent and tma), ignored by the others
     warp_specialize: bool = False  # load and MMA/epilogue warp groups (sm_90: num_warps 4, BLOCK_M 64 only)
     flatten: bool = False  # the tile loop and the K loop pipelined as one loop
@@ -486,6 +522,22 @@ def tma_operands(a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig) -> tuple[Any
     return a_desc, b_desc, {"A_BATCHED": a_batched, "B_BATCHED": b_batched, "B_KMAJOR": b_kmajor}
 
 
+def tma_output(c: torch.Tensor, cfg: GemmConfig) -> tuple[Any, dict[str, bool]]:
+    """The C operand of the TMA kernels: ``(c_desc, constexprs)``. ``c_desc`` describes the 3-D
+    output ``c`` (B, M, N) with C's exact shape (a 2-D descriptor of ``c[0]`` for one batch, else
+    3-D) and the block the kernel stores (``(BLOCK_M, BLOCK_N)``; the persistent kernel's subtiled
+    epilogue stores half tiles, ``(BLOCK_M, BLOCK_N // 2)``). When TMA cannot describe C (last
+    dim not contiguous, base or leading strides not 16-byte aligned, another dtype, a GPU before
+    Hopper) ``c_desc`` is ``c`` itself, an unused placeholder, and ``TMA_STORE`` is False: the
+    kernels store by pointers."""
+    batched = c.shape[0] > 1
+    if c.dtype not in TMA_DTYPES or not tma_device(c) or not _tma_ok(c, batched):
+        return c, {"TMA_STORE": False, "C_BATCHED": False}
+    sub = cfg.persistent and cfg.epilogue_subtile
+    block = (cfg.block_m, cfg.block_n // 2 if sub else cfg.block_n)
+    return _descriptor(c, batched, block), {"TMA_STORE": True, "C_BATCHED": batched}
+
+
 def _row_broadcast_flags(extras: list[torch.Tensor]) -> dict[str, bool]:
     """``XB<j>``: extra j is the same for every row (row stride 0, e.g. a bias broadcast to (B, M, N))."""
     return {f"XB{j}": e.stride(1) == 0 for j, e in enumerate(extras)}
@@ -508,20 +560,22 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
     tma = tma_operands(a, b, cfg) if cfg.tma and split == 1 else None
     if tma is not None and cfg.persistent:
         a_desc, b_desc, layout = tma
+        c_desc, store = tma_output(c, cfg)
         n_prog = min(_num_sms(a.device), tiles * nb)
         _go(mod.gemm_tma_persistent_kernel, (n_prog,), warmup,
-            a_desc, b_desc, c, *g.extras, m, n, k, nb, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
+            a_desc, b_desc, c, c_desc, *g.extras, m, n, k, nb, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_PROGRAMS=n_prog,
             **layout, INPUT_PRECISION=precision, **xb, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
-            EPILOGUE_SUBTILE=cfg.epilogue_subtile, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            EPILOGUE_SUBTILE=cfg.epilogue_subtile, **store, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return
     if tma is not None:
         a_desc, b_desc, layout = tma
+        c_desc, store = tma_output(c, cfg)
         _go(mod.gemm_tma_kernel, (tiles, nb), warmup,
-            a_desc, b_desc, c, *g.extras, m, n, k, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
+            a_desc, b_desc, c, c_desc, *g.extras, m, n, k, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            **layout, INPUT_PRECISION=precision, **xb, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **layout, INPUT_PRECISION=precision, **xb, **store, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return
     if cfg.persistent and split == 1:

@@ -6,7 +6,8 @@ template's constexpr tile parameters and launch options). Hard rules reject a co
 cannot run or cannot be fast, always with a reason a person can read:
 
 * shared memory: ``num_stages x (BLOCK_M x BLOCK_K + BLOCK_K x BLOCK_N) x element bytes`` must
-  fit the device's per-block opt-in limit;
+  fit the device's per-block opt-in limit, plus in the persistent TMA kernel the output tile staged
+  for its TMA store (``tma_store_bytes``);
 * registers: the fp32 accumulator ``BLOCK_M x BLOCK_N / threads`` may not crowd out the rest
   (spills), and a tile too small for its warps leaves warps idle;
 * tile vs problem: a tile more than the next power of two of the problem dimension is waste;
@@ -205,17 +206,39 @@ def all_configs(template: str) -> Iterator[Config]:
             yield cls(**d, **h)
 
 
+def tma_store_bytes(cfg: Config, problem: Problem) -> int:
+    """Shared memory for the output tile the persistent TMA GEMM kernel stages for its TMA store
+    (``BLOCK_M x BLOCK_N`` output elements, half with ``epilogue_subtile``); 0 where the kernel
+    stores by pointers or needs nothing extra. ``launch`` stores by TMA when C can be described:
+    output dtype = input dtype assumed, C contiguous, so N x bytes must be 16-byte aligned. The
+    buffer outlives the tile (the store is asynchronous), so it adds to the pipeline buffers the
+    next tile's loads keep live; ``gemm_tma_kernel`` (one tile per program) reuses the dead
+    pipeline buffers for it (sm_90 offline compiles, benchmarks/experiments/gemm_store_sass.py:
+    the persistent kernel asks for pipeline + this + <= 1.3 KB of barriers, the other for the
+    pipeline alone)."""
+    if not (isinstance(cfg, GemmConfig) and isinstance(problem, GemmProblem) and cfg.tma and cfg.persistent and cfg.split_k == 1):
+        return 0
+    e = _dt(problem.dtype)
+    if problem.n * e % 16:
+        return 0
+    return cfg.block_m * cfg.block_n * e // (2 if cfg.epilogue_subtile else 1)
+
+
 def smem_bytes(cfg: Config, problem: Problem) -> int:
     e = _dt(problem.dtype)
     pipeline = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * e
     if isinstance(cfg, ConvConfig) and cfg.tile_h:
         pipeline += cfg.block_m * cfg.block_n * e  # the output box staged for the TMA store
+    extra = 0
     if isinstance(cfg, GemmConfig) and cfg.epilogue_subtile:
         # splitting the accumulator goes through shared memory (a half tile of fp32), on top
         # of the pipeline buffers, which the next tile's loads keep live (H200: 128x256x64 s4
         # asked for 262176 B)
-        pipeline += cfg.block_m * cfg.block_n * 2
-    return pipeline
+        extra = cfg.block_m * cfg.block_n * 2
+    # the TMA store's staged tile; with the subtiled epilogue it is a half tile of the output
+    # dtype (<= the split's half tile of fp32), and sm_90 offline compiles of every subtile config
+    # the space allows ask for pipeline + the staged half tile only: the larger of the two bounds
+    return pipeline + max(extra, tma_store_bytes(cfg, problem))
 
 
 def _ws(cfg: Config) -> bool:
@@ -238,7 +261,8 @@ def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
     m, n, k = problem.mnk()
     smem = smem_bytes(cfg, problem)
     if smem > hw.smem_per_block:
-        return f"shared memory {smem} B (stages x tile bytes) > device limit {hw.smem_per_block} B"
+        what = "stages x tile bytes" + (" + the output tile staged for the TMA store" if tma_store_bytes(cfg, problem) else "")
+        return f"shared memory {smem} B ({what}) > device limit {hw.smem_per_block} B"
     regs = acc_regs(cfg)
     if regs > 128:
         return f"accumulator needs {regs} registers/thread (> 128 leaves too few; spills)"

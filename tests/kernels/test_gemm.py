@@ -1,6 +1,7 @@
 """GEMM template: odd shapes, transposed and batched operands, split-K, persistent, TMA (and its
-fallback for operands TMA cannot describe), the persistent TMA kernel with its compile hints,
-NaN-poisoned outputs, in the Triton interpreter (CPU); the sm_90 SASS checks compile real cubins."""
+fallback for operands TMA cannot describe), the persistent TMA kernel with its compile hints, the
+TMA store of C (and its pointer fallback), NaN-poisoned outputs, in the Triton interpreter (CPU);
+the sm_90 SASS checks compile real cubins."""
 
 import json
 import os
@@ -222,6 +223,107 @@ def test_tma_persistent_falls_back_to_pointer_persistent(launched):
     assert launched == ["gemm_persistent_kernel"]
 
 
+# ---- the output tile stored by TMA (both TMA kernels, C describable) -----------------------
+STORE_CFGS = {
+    "tma": GemmConfig(64, 32, 32, 2, 4, 1, tma=True),
+    "persistent": GemmConfig(64, 32, 32, 2, 4, 1, persistent=True, tma=True),
+    "persistent+flatten": GemmConfig(64, 32, 32, 2, 4, 1, persistent=True, tma=True, flatten=True),
+    "persistent+subtile": GemmConfig(64, 32, 32, 2, 4, 1, persistent=True, tma=True, epilogue_subtile=True),
+}
+
+
+def _padded_out(out_shape, dtype, pad=(3, 8)):
+    """A NaN-filled buffer with ``pad`` extra rows / columns and the output as its top-left view
+    (row stride N + 8: still 16-byte aligned, so TMA describes the view). Whatever lands in the
+    padding was written past M or N."""
+    *batch, m, n = out_shape
+    buf = torch.full((*batch, m + pad[0], n + pad[1]), float("nan"), dtype=dtype)
+    return buf, buf[..., :m, :n]
+
+
+@pytest.mark.parametrize("name", list(STORE_CFGS))
+@pytest.mark.parametrize(
+    "shape_a,shape_b,b_t,dtype",
+    [
+        ((77, 48), (48, 40), False, torch.float16),  # M, N not tile multiples (64 x 32), K tail
+        ((77, 48), (48, 40), True, torch.float32),  # column-major B
+        ((3, 45, 40), (3, 40, 24), True, torch.float16),  # batched C: a 3-D descriptor, ragged M per batch
+    ],
+)  # fmt: skip
+def test_tma_store_matches_reference(launches, name, shape_a, shape_b, b_t, dtype):
+    """C by c_desc.store: bias + GELU + residual (a full-tile extra input, loaded by pointers),
+    into a view of a NaN-poisoned buffer: every output element written, nothing past M or N
+    (TMA clips the ragged tiles; batched, nothing into the next batch's rows)."""
+    cfg = STORE_CFGS[name]
+    a, b = torch.randn(shape_a).to(dtype), _operand_b(shape_b, b_t, dtype)
+    out_shape = tuple(torch.broadcast_shapes(shape_a[:-2], shape_b[:-2])) + (shape_a[-2], shape_b[-1])
+    extras = [torch.randn(shape_b[-1]).to(dtype), torch.randn(out_shape).to(dtype)]
+    buf, out = _padded_out(out_shape, dtype)
+    got = gemm_epilogue(a, b, extras, BIAS_GELU_RES, dtype, cfg, out=out)
+    ref = reference(a, b, extras, BIAS_GELU_RES, dtype)
+    assert got.data_ptr() == out.data_ptr() and not torch.isnan(got).any()
+    err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    assert err < TOL[dtype], err
+    pad = torch.ones_like(buf, dtype=torch.bool)
+    pad[..., : out_shape[-2], : out_shape[-1]] = False
+    assert torch.isnan(buf[pad]).all(), "written past M or N"
+    [(kernel, _, kw)] = launches
+    assert kernel == ("gemm_tma_persistent_kernel" if cfg.persistent else "gemm_tma_kernel")
+    assert kw["TMA_STORE"] and kw["C_BATCHED"] == (len(out_shape) == 3)
+
+
+def _view_at(flat, offset, shape):
+    return flat[offset : offset + shape[0] * shape[1]].view(shape)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize(
+    "n,make_out",
+    [
+        (36, lambda m, n: None),  # N x 2 B = 72 B: C's row stride is not 16-byte aligned
+        (40, lambda m, n: _view_at(torch.full((m * n + 8,), float("nan")).half(), 1, (m, n))),  # C's base 2 B off
+        (40, lambda m, n: torch.full((n, m), float("nan")).half().t()),  # C column-major
+    ],
+    ids=["row_stride", "base", "column_major"],
+)  # fmt: skip
+def test_tma_store_falls_back_to_pointer_store(launches, persistent, n, make_out):
+    """C that TMA cannot describe: the same TMA kernel (A and B still by TMA; column-major B, so
+    an odd N leaves the operands describable) stores by pointers, and is still right."""
+    m, k = 77, 48
+    a, b = torch.randn(m, k).half(), torch.randn(n, k).half().t()
+    extras = [torch.randn(n).half(), torch.randn(m, n).half()]
+    out = make_out(m, n)
+    out = torch.full((m, n), float("nan")).half() if out is None else out
+    cfg = GemmConfig(64, 32, 32, 2, 4, 1, persistent=persistent, tma=True, epilogue_subtile=persistent)
+    got = gemm_epilogue(a, b, extras, BIAS_GELU_RES, torch.float16, cfg, out=out)
+    ref = reference(a, b, extras, BIAS_GELU_RES, torch.float16)
+    assert not torch.isnan(got).any() and torch.equal(got, out)
+    assert ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item() < TOL[torch.float16]
+    [(kernel, _, kw)] = launches
+    assert kernel == ("gemm_tma_persistent_kernel" if persistent else "gemm_tma_kernel") and not kw["TMA_STORE"]
+
+
+def test_tma_store_shared_memory_rule():
+    """The persistent TMA kernel keeps the staged output tile next to its live pipeline buffers:
+    128x256x64 s4 no longer fits the H200 when C is stored by TMA (sm_90 compile: 263200 B), and
+    is still valid where launch stores by pointers (C's row stride not 16-byte aligned) or for
+    gemm_tma_kernel (its staging reuses the dead pipeline buffers)."""
+    from kfuse.tune.hardware import DEFAULT
+    from kfuse.tune.space import GemmProblem, hard_reject, smem_bytes, tma_store_bytes
+
+    cfg = GemmConfig(128, 256, 64, 8, 8, 4, persistent=True, tma=True, flatten=True)
+    aligned, odd = GemmProblem(4096, 3072, 768, b_t=True), GemmProblem(4096, 3070, 768, b_t=True)
+    assert tma_store_bytes(cfg, aligned) == 128 * 256 * 2 and smem_bytes(cfg, aligned) == 4 * 24576 * 2 + 65536
+    why = hard_reject(cfg, aligned, DEFAULT)
+    assert why is not None and "shared memory 262144 B" in why and "TMA store" in why
+    assert tma_store_bytes(cfg, odd) == 0 and hard_reject(cfg, odd, DEFAULT) is None
+    assert hard_reject(GemmConfig(128, 256, 64, 8, 8, 4, tma=True), aligned, DEFAULT) is None
+    assert hard_reject(GemmConfig(128, 256, 64, 8, 8, 3, persistent=True, tma=True, flatten=True), aligned, DEFAULT) is None
+    # the subtiled epilogue stages a half tile, within the split's bound the rule already counted
+    sub = GemmConfig(128, 256, 64, 8, 8, 3, persistent=True, tma=True, flatten=True, epilogue_subtile=True)
+    assert tma_store_bytes(sub, aligned) == 128 * 128 * 2 and smem_bytes(sub, aligned) == smem_bytes(sub, odd)
+
+
 def test_config_describe_and_dict():
     cfg = GemmConfig(128, 256, 64, 8, 8, 3, tma=True)
     assert cfg.describe() == "128x256x64 g8 w8 s3 tma" and cfg.as_dict()["tma"] is True
@@ -284,47 +386,71 @@ def test_sass_uses_hgmma_on_sm90():
     assert r.stdout.strip().endswith("HGMMA"), r.stdout
 
 
-_SASS_WS_SCRIPT = r"""
+_SASS_PERSISTENT_SCRIPT = r"""
 import json, os, subprocess, sys, tempfile
 os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
 from kfuse.ir import ops
-from kfuse.kernels.gemm import _module
+from kfuse.kernels.gemm import GemmConfig, _module
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+from kfuse.tune.space import GemmProblem, smem_bytes
+bm, bn, warps, stages, ws, flat, tma_store = json.loads(sys.argv[1])
 epi = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 fn = _module(epi).gemm_tma_persistent_kernel
-# column-major B (a transposed nn.Linear weight): host descriptors of A (M, K) and B^T (N, K)
-sig = {"a_desc": "tensordesc<fp16[64, 64]>", "b_desc": "tensordesc<fp16[128, 64]>", "c_ptr": "*fp16", "x0_ptr": "*fp16"}
-consts = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "NUM_PROGRAMS": 132, "A_BATCHED": False,
-          "B_BATCHED": False, "B_KMAJOR": True, "INPUT_PRECISION": "tf32", "FLATTEN": False, "WARP_SPECIALIZE": True,
-          "EPILOGUE_SUBTILE": False, "XB0": True}
+# column-major B (a transposed nn.Linear weight): host descriptors of A (M, K) and B^T (N, K), and
+# of C (M, N) with TMA_STORE (otherwise c_desc is an unused pointer placeholder)
+sig = {"a_desc": f"tensordesc<fp16[{bm}, 64]>", "b_desc": f"tensordesc<fp16[{bn}, 64]>", "c_ptr": "*fp16",
+       "c_desc": f"tensordesc<fp16[{bm}, {bn}]>" if tma_store else "*fp16", "x0_ptr": "*fp16"}
+consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_PROGRAMS": 132, "A_BATCHED": False,
+          "B_BATCHED": False, "B_KMAJOR": True, "INPUT_PRECISION": "tf32", "FLATTEN": flat, "WARP_SPECIALIZE": ws,
+          "EPILOGUE_SUBTILE": False, "TMA_STORE": tma_store, "C_BATCHED": False, "XB0": True}
 for name in fn.arg_names:
     sig.setdefault(name, "constexpr" if name in consts else "i32")
 src = triton.compiler.ASTSource(fn, sig, constexprs=consts)
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
     f.write(k.asm["cubin"])
 sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+cfg = GemmConfig(bm, bn, 64, 8, warps, stages, persistent=True, tma=True, warp_specialize=ws, flatten=flat)
 print(json.dumps({"HGMMA": sass.count("HGMMA"), "UTMALDG": sass.count("UTMALDG"), "USETMAXREG": sass.count("USETMAXREG"),
-                  "num_warps": k.metadata.num_warps}))
+                  "UTMASTG": sass.count("UTMASTG"), "STG": sass.count(" STG"), "num_warps": k.metadata.num_warps,
+                  "shared": k.metadata.shared, "estimate": smem_bytes(cfg, GemmProblem(4096, 3072, 768, b_t=True))}))
 """
 
 
-def test_sass_warp_specialized_persistent_tma_on_sm90():
-    """Triton 3.6 warp-specialises the persistent TMA kernel for sm_90 with num_warps=4: 12 warps
-    (a producer group issuing the TMA loads, two consumer groups running wgmma), register
-    budgets moved between them by setmaxnreg. 64x128 is a tile the space allows (64-row tiles
-    only: with BLOCK_M > 64 the specialised kernel deadlocks on the H200)."""
+def _sass_persistent(bm, bn, warps, stages, ws, flat, tma_store):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", _SASS_WS_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    args = json.dumps([bm, bn, warps, stages, ws, flat, tma_store])
+    r = subprocess.run([sys.executable, "-c", _SASS_PERSISTENT_SCRIPT, args], capture_output=True, text=True, env=env, timeout=300)
     if r.returncode != 0 and "cuobjdump" in r.stderr and "No such file" in r.stderr:
         pytest.skip("the triton wheel has no cuobjdump")
     assert r.returncode == 0, r.stderr[-2000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("tma_store", [False, True], ids=["pointer_store", "tma_store"])
+def test_sass_warp_specialized_persistent_tma_on_sm90(tma_store):
+    """Triton 3.6 warp-specialises the persistent TMA kernel for sm_90 with num_warps=4: 12 warps
+    (a producer group issuing the TMA loads, two consumer groups running wgmma), register
+    budgets moved between them by setmaxnreg. 64x128 is a tile the space allows (64-row tiles
+    only: with BLOCK_M > 64 the specialised kernel deadlocks on the H200). With the TMA store
+    the output leaves by bulk tensor stores, no STG."""
+    got = _sass_persistent(64, 128, 4, 3, True, False, tma_store)
     assert got["HGMMA"] > 0 and got["UTMALDG"] > 0 and got["USETMAXREG"] > 0 and got["num_warps"] == 12, got
+    assert (got["UTMASTG"] > 0 and got["STG"] == 0) if tma_store else got["UTMASTG"] == 0, got
+
+
+def test_sass_tma_store_flattened_persistent_on_sm90():
+    """The flattened persistent loop (the tuner's usual pick) stores C by TMA: bulk tensor stores,
+    no STG, and the shared memory it asks for is the tuner's estimate (pipeline + the staged
+    128x256 output tile, 212992 B) plus at most 2 KB of barriers."""
+    got = _sass_persistent(128, 256, 8, 3, False, True, True)
+    assert got["HGMMA"] > 0 and got["UTMASTG"] > 0 and got["STG"] == 0, got
+    assert got["estimate"] == 3 * (128 * 64 + 64 * 256) * 2 + 128 * 256 * 2
+    assert got["estimate"] <= got["shared"] <= got["estimate"] + 2048, got
 
 
 def test_open_ended_clamp_in_epilogue() -> None:
