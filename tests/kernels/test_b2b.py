@@ -345,12 +345,14 @@ def test_sm90_tma_kernel_with_pdl_waits_before_touching_activations() -> None:
     chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
     cfg = b2b.B2BConfig(128, 64, 64, 4, 2, "register", True, preload=True, tma=True, pdl=True)
     assert cfg.describe().endswith(" tma x2 pdl") and cfg.as_dict()["pdl"]
-    ptx = b2b.compile_asm(chain, [128, 64], cfg, torch.float16, 90, (1, 1), 64, True)["ptx"]
+    ptx = b2b.compile_asm(chain, [128, 64], cfg, torch.float16, 90, (1, 1), 64, True, None, True)["ptx"]  # a bias vector
     wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
     assert 0 < wait < launch, "no grid dependency control, or in the wrong order"
     first_x = ptx.find("cp.async.bulk.tensor.2d.shared")
     first_store = ptx.find("cp.async.bulk.tensor.2d.global.shared")
     assert wait < first_x and wait < first_store, "an activation is touched before the wait"
     assert ptx.find("ld.global") < wait  # the preloaded weights come first
+    # and the bias vectors with them: none is reloaded per tile inside the tile loop
+    assert ptx.rfind("ld.global") < wait, "a global load (a bias vector) after the wait, i.e. in the tile loop"
     plain = b2b.compile_asm(chain, [128, 64], dataclasses.replace(cfg, pdl=False), torch.float16, 90, (1, 1), 64, True)["ptx"]
     assert "griddepcontrol" not in plain

@@ -18,8 +18,10 @@ def _indent(text: str, n: int) -> str:
     return "\n".join(pad + line if line.strip() else line for line in text.splitlines())
 
 
-def _stage_tail(chain: Chain, s: int, offs_n: str, mask_n: str, ind: int, acc: str = "acc") -> str:
-    """Bias + extra loads + the generated epilogue of stage ``s`` applied to ``acc``."""
+def _stage_tail(chain: Chain, s: int, offs_n: str, mask_n: str, ind: int, acc: str = "acc", preloaded: bool = False) -> str:
+    """Bias + extra loads + the generated epilogue of stage ``s`` applied to ``acc``.
+    ``preloaded``: under PRELOAD the row-broadcast extras were loaded before the tile loop
+    (``_vector_preloads``) and are used from registers."""
     st = chain.stages[s]
     lines = []
     if st.has_bias:
@@ -27,9 +29,12 @@ def _stage_tail(chain: Chain, s: int, offs_n: str, mask_n: str, ind: int, acc: s
     for j in range(st.epilogue.n_inputs):
         # an extra broadcast along the rows (a Linear's bias: strides 0 but the channel's) is
         # loaded once per tile as a vector, not as a BLOCK_M x N tile of repeated values
+        vector = f"tl.load(e{s}_{j}_ptr + {offs_n} * se{s}_{j}c, mask={mask_n}, other=0.0)[None, :]"
+        if preloaded:
+            vector = f"ev{s}_{j} if PRELOAD else {vector}"
         lines += [
             f"if ROWBCAST_{s}_{j}:",
-            f"    e{s}_{j} = tl.load(e{s}_{j}_ptr + {offs_n} * se{s}_{j}c, mask={mask_n}, other=0.0)[None, :]",
+            f"    e{s}_{j} = {vector}",
             "else:",
             f"    e{s}_{j} = tl.load(e{s}_{j}_ptr + (n_idx * se{s}_{j}n + oh * se{s}_{j}h + ow * se{s}_{j}w)[:, None]"
             f" + {offs_n}[None, :] * se{s}_{j}c, mask=mask_m[:, None] & {mask_n}[None, :], other=0.0)",
@@ -111,7 +116,7 @@ def _tma_kernel(chain: Chain, ptrs: list[str], params: list[str]) -> list[str]:
             f"tl.load(w{s}_ptr + tl.arange(0, {k_pad})[:, None] * N{s} + tl.arange(0, {n_pad})[None, :],"
             f" mask=(tl.arange(0, {k_pad}) < {k_dim})[:, None] & (tl.arange(0, {n_pad}) < N{s})[None, :], other=0.0)"
         )
-    src += ["    if PRELOAD:"] + [f"        wt{s} = {wload[s]}" for s in range(L)]
+    src += ["    if PRELOAD:"] + [f"        wt{s} = {wload[s]}" for s in range(L)] + _vector_preloads(chain)
     src += [
         "    if PDL:",
         "        # programmatic dependent launch (launch_pdl): this grid started while the previous",
@@ -150,9 +155,24 @@ def _tma_kernel(chain: Chain, ptrs: list[str], params: list[str]) -> list[str]:
                 "        else:",
                 "            acc = tl.dot(h, b, input_precision=PREC)",
             ]
-        src += [_stage_tail(chain, s, "offs_n", "mask_n", 8), "        prev_mask = mask_n"]
+        src += [_stage_tail(chain, s, "offs_n", "mask_n", 8, preloaded=True), "        prev_mask = mask_n"]
     src += [f"        out_desc.store([off, 0], acc.to({out_t}))"]
     return [ln for chunk in src for ln in chunk.split("\n")]
+
+
+def _vector_preloads(chain: Chain) -> list[str]:
+    """Under PRELOAD, the row-broadcast extras (biases) loaded once per program like the weights:
+    per tile they were ~48 scalar 16-bit loads a thread (sm_90 SASS of the 128->64 chain)."""
+    lines = []
+    for s, st in enumerate(chain.stages):
+        n_pad = f"P{s}" if s < len(chain.stages) - 1 else "BLOCK_N"
+        for j in range(st.epilogue.n_inputs):
+            offs = f"tl.arange(0, {n_pad})"
+            lines += [
+                f"        if ROWBCAST_{s}_{j}:",
+                f"            ev{s}_{j} = tl.load(e{s}_{j}_ptr + {offs} * se{s}_{j}c, mask={offs} < N{s}, other=0.0)[None, :]",
+            ]
+    return lines
 
 
 def _rowbcast_names(chain: Chain) -> list[str]:
