@@ -461,6 +461,20 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
     pad = -c % 8
     w_const = graph.constants.get(node.inputs[1])
     w_pad: dict[torch.device, torch.Tensor] = {}
+    w_nhwc: dict[torch.device, torch.Tensor] = {}
+    channels_last = node.ttype.layout == "channels_last"
+
+    def weight(w: torch.Tensor) -> torch.Tensor:
+        # cuDNN's NHWC kernels take the weight channels-last too; F.conv2d converts a contiguous
+        # one on every call (a strided copy kernel before each conv: 2-8 us each, ~15% of
+        # ResNet-50 B1 on the H200, experiments/graph_timeline.py). A constant converts once.
+        if not channels_last or w.is_contiguous(memory_format=torch.channels_last):
+            return w
+        if w_const is None:
+            return w.contiguous(memory_format=torch.channels_last)
+        if w.device not in w_nhwc:
+            w_nhwc[w.device] = w.contiguous(memory_format=torch.channels_last)
+        return w_nhwc[w.device]
 
     def padded(xs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         x, w = xs[0], xs[1]
@@ -473,7 +487,7 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
 
     def make(use_pad: bool, use_fused: str | None) -> Any:
         def run_cudnn(xs: list[torch.Tensor]) -> torch.Tensor:
-            x, w = padded(xs) if use_pad else (xs[0], xs[1])
+            x, w = padded(xs) if use_pad else (xs[0], weight(xs[1]))
             bias = xs[2] if has_bias else None
             st, pd, dl = list(params.stride), list(params.padding), list(params.dilation)
             if use_fused == "relu":

@@ -103,6 +103,34 @@ def test_cudnn_candidates_cover_padding_and_fusion() -> None:
         torch.testing.assert_close(cands[name](xs), ref, rtol=1e-4, atol=1e-4)
 
 
+def test_cudnn_candidate_converts_a_constant_weight_to_channels_last_once(monkeypatch) -> None:
+    """On a channels-last conv the cuDNN call gets a channels-last weight, converted from the
+    (contiguous) constant on the first call only: F.conv2d would otherwise copy it every call."""
+    import torch.nn.functional as F
+
+    from kfuse.ir.graph import GraphBuilder, Node, TensorType
+    from kfuse.kernels import conv as conv_mod
+    from kfuse.kernels.epilogue import Epilogue
+
+    gb = GraphBuilder("c3")
+    x = gb.add_input("x", TensorType((2, 16, 7, 7), torch.float32, "channels_last"))
+    w = gb.add_constant(torch.randn(24, 16, 3, 3), "w")
+    attrs = dict(epilogue=Epilogue(), has_bias=False, stride=(1, 1), padding=(1, 1), dilation=(1, 1), fused_ops=("conv2d",))
+    y = gb.add_node(Node("y", "conv_epilogue", (x, w), TensorType((2, 24, 7, 7), torch.float32, "channels_last"), attrs))
+    g = gb.build([y])
+    node = g.nodes[-1]
+    cands = conv_mod.cudnn_candidates(node, g, Epilogue(), conv_mod.ConvParams.of(node.attrs), False, torch.float32)
+    seen = []
+    real = F.conv2d
+    monkeypatch.setattr(conv_mod.F, "conv2d", lambda x, w, *a: seen.append(w) or real(x, w, *a))
+    xs = [torch.randn(2, 16, 7, 7).contiguous(memory_format=torch.channels_last), g.constants["w"]]
+    ref = real(xs[0], xs[1], None, 1, 1)
+    for _ in range(2):
+        torch.testing.assert_close(cands["cudnn"](xs), ref, rtol=1e-4, atol=1e-4)
+    assert len(seen) == 2 and seen[0] is seen[1], "the weight was converted again on the second call"
+    assert seen[0].is_contiguous(memory_format=torch.channels_last) and not xs[1].is_contiguous(memory_format=torch.channels_last)
+
+
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_patch_gemm_candidate_for_non_overlapping_windows(channels_last: bool) -> None:
     """ViT's patch embedding (stride = kernel, no padding) gets a reshape + GEMM candidate, equal
