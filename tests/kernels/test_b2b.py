@@ -338,6 +338,19 @@ def test_sm90_tma_kernel_moves_rows_by_tma_only() -> None:
     assert ptx.count("cp.async.bulk.tensor.2d.shared") >= 2  # row-tile loads, multi-buffered
 
 
+def test_sm90_intermediate_is_masked_only_when_its_width_is_padded() -> None:
+    """The intermediate's padded columns are zeroed (a select per value, ~150 of the tile loop's
+    ~460 sm_90 instructions on the 128->64 chain) only when its width is below its power-of-two
+    pad: 128 is exact, 120 is padded to 128."""
+    chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
+    cfg = b2b.B2BConfig(128, 64, 64, 4, 2, "register", True, preload=True, tma=True)
+    selects = {}
+    for width in (128, 120):
+        ptx = b2b.compile_asm(chain, [width, 64], cfg, torch.float16, 90, (1, 1), 64, True, None, True)["ptx"]
+        selects[width] = ptx.count("selp")
+    assert selects[128] < 10 and selects[120] > 100, selects
+
+
 def test_sm90_tma_kernel_with_pdl_waits_before_touching_activations() -> None:
     """With ``pdl`` the preloaded weights (constants) are loaded, then ``griddepcontrol.wait``
     (the previous kernel has finished and its writes are visible), then the dependents may launch;

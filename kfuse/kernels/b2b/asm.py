@@ -93,12 +93,13 @@ def compile_asm(
         elif name.endswith("_ptr"):
             sig[name] = f"*{t}"
             divisible.append(name)
-        elif name in _CONSTEXPRS or (name.startswith("P") and name[1:].isdigit()) or name.startswith("ROWBCAST_"):
+        elif name in _CONSTEXPRS or (name.startswith("P") and name[1:].isdigit()) or name.startswith(("ROWBCAST_", "PADDED")):
             sig[name] = "constexpr"
         else:
             sig[name] = "i32"
     const.update(SH=1, SW=1, PH=kernel_hw[0] // 2, PW=kernel_hw[1] // 2, DH=1, DW=1, KH=kernel_hw[0], KW=kernel_hw[1])
     const.update({f"P{s}": pad_width(widths[s]) for s in range(len(widths) - 1)})
+    const.update({f"PADDED{s}": pad_width(widths[s]) != widths[s] for s in range(len(widths) - 1)})
     const.update({b: rowbcast for b in _rowbcast_names(chain)})
     const.update(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_N=min(cfg.block_n, pad_width(widths[-1])))
     const.update(SMEM=cfg.residence == "smem", PREC="tf32" if dtype == torch.float32 else "ieee")

@@ -147,6 +147,7 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
             # GEMM chains index extras by row only (oh = ow = 0): the pixel strides do not matter
             rowbcast[f"ROWBCAST_{s}_{j}"] = e.stride(0) == 0 and (not chain.conv or e.stride(2) == e.stride(3) == 0)
     pads = {f"P{s}": pad_width(g.widths[s]) for s in range(len(chain.stages) - 1)}
+    pads.update({f"PADDED{s}": pad_width(g.widths[s]) != g.widths[s] for s in range(len(chain.stages) - 1)})
     block_n = min(cfg.block_n, pad_width(g.widths[-1]))
     precision = "ieee" if g.x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
     tiles = -(-m // cfg.block_m)
