@@ -158,9 +158,15 @@ def _unary(name: str, fn: Callable[[torch.Tensor], torch.Tensor], triton: str, r
     register(name, ELEMENTWISE, infer=rule, triton=triton, arity=1)(lambda xs, a: fn(xs[0]))
 
 
+def _sigmoid_of(z: str) -> str:
+    """sigmoid(z) = 1 / (1 + exp(-z)) with the fast (2-ulp) division: tl.sigmoid's IEEE division is
+    a ~10-instruction sequence with a slow path."""
+    return f"tl.fdiv(1.0, 1.0 + tl.exp(-({z})))"
+
+
 _unary("relu", torch.relu, "tl.maximum({0}, 0.0)", _same_rule)
-_unary("sigmoid", torch.sigmoid, "tl.fdiv(1.0, 1.0 + tl.exp(-{0}))")
-_unary("tanh", torch.tanh, "(2.0 * tl.fdiv(1.0, 1.0 + tl.exp(-2.0 * {0})) - 1.0)")
+_unary("sigmoid", torch.sigmoid, _sigmoid_of("{0}"))
+_unary("tanh", torch.tanh, f"(2.0 * {_sigmoid_of('2.0 * {0}')} - 1.0)")
 _unary("silu", F.silu, "tl.fdiv({0}, 1.0 + tl.exp(-{0}))")
 _unary("hardswish", F.hardswish, "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)")
 _unary("hardsigmoid", F.hardsigmoid, "(tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)")
@@ -176,7 +182,7 @@ _unary("identity", lambda x: x, "{0}", _same_rule)
 
 
 # Exact GELU = x * Phi(x), with erfc from Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7) on
-# MUFU.RCP / MUFU.EX2: ~20 SASS instructions a value on sm_90 where tl.erf (libdevice) took ~60
+# MUFU.RCP / MUFU.EX2: ~28 SASS instructions a value on sm_90 where tl.erf (libdevice) took ~62
 # and made 128x256 GEMM tiles spill (docs/perf-notes.md, session 7). The repeated t and erfc
 # subexpressions are computed once: Triton's compiler CSEs them.
 _AS_T = "tl.fdiv(1.0, 1.0 + 0.3275911 * tl.abs(X * 0.7071067811865476))"
@@ -185,10 +191,7 @@ _AS_ERFC = (
     " * tl.exp(-0.5 * X * X))"
 )
 GELU_ERF = f"(X * tl.where(X >= 0.0, 1.0 - 0.5 * {_AS_ERFC}, 0.5 * {_AS_ERFC}))".replace("X", "{0}")
-# sigmoid(z) = 1 / (1 + exp(-z)) with the fast (2-ulp) division: tl.sigmoid's IEEE division is a
-# ~10-instruction sequence with a slow path
-_SIGMOID = "tl.fdiv(1.0, 1.0 + tl.exp(-(Z)))"
-GELU_TANH = "({0} * " + _SIGMOID.replace("Z", "1.5957691216057308 * ({0} + 0.044715 * {0} * {0} * {0})") + ")"
+GELU_TANH = f"({{0}} * {_sigmoid_of('1.5957691216057308 * ({0} + 0.044715 * {0} * {0} * {0})')})"
 
 
 @register("gelu", ELEMENTWISE, infer=_unary_rule, arity=1, triton=GELU_ERF)

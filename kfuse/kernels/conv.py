@@ -23,7 +23,7 @@ groups=1 only: grouped/depthwise convolutions have no template and run through P
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -460,30 +460,35 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
     c = graph.type_of(node.inputs[0]).shape[1]
     pad = -c % 8
     w_const = graph.constants.get(node.inputs[1])
-    w_pad: dict[torch.device, torch.Tensor] = {}
-    w_nhwc: dict[torch.device, torch.Tensor] = {}
     channels_last = node.ttype.layout == "channels_last"
 
+    def once_per_device(convert: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        # a constant weight is converted on its first call per device; a weight computed in the
+        # graph, every call
+        cache: dict[torch.device, torch.Tensor] = {}
+
+        def get(w: torch.Tensor) -> torch.Tensor:
+            if w_const is None:
+                return convert(w)
+            if w.device not in cache:
+                cache[w.device] = convert(w)
+            return cache[w.device]
+
+        return get
+
+    padded_weight = once_per_device(lambda w: F.pad(w, (0, 0, 0, 0, 0, pad)).contiguous(memory_format=torch.channels_last))
+    # cuDNN's NHWC kernels take the weight channels-last too; F.conv2d converts a contiguous one
+    # on every call (a strided copy kernel before each conv: 2-8 us each, ~15% of ResNet-50 B1 on
+    # the H200, experiments/graph_timeline.py)
+    nhwc_weight = once_per_device(lambda w: w.contiguous(memory_format=torch.channels_last))
+
     def weight(w: torch.Tensor) -> torch.Tensor:
-        # cuDNN's NHWC kernels take the weight channels-last too; F.conv2d converts a contiguous
-        # one on every call (a strided copy kernel before each conv: 2-8 us each, ~15% of
-        # ResNet-50 B1 on the H200, experiments/graph_timeline.py). A constant converts once.
         if not channels_last or w.is_contiguous(memory_format=torch.channels_last):
             return w
-        if w_const is None:
-            return w.contiguous(memory_format=torch.channels_last)
-        if w.device not in w_nhwc:
-            w_nhwc[w.device] = w.contiguous(memory_format=torch.channels_last)
-        return w_nhwc[w.device]
+        return nhwc_weight(w)
 
     def padded(xs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        x, w = xs[0], xs[1]
-        if w.device not in w_pad:
-            wp = F.pad(w, (0, 0, 0, 0, 0, pad)).contiguous(memory_format=torch.channels_last)
-            if w_const is None:
-                return _pad_input(x, pad), wp
-            w_pad[w.device] = wp
-        return _pad_input(x, pad), w_pad[w.device]
+        return _pad_input(xs[0], pad), padded_weight(xs[1])
 
     def make(use_pad: bool, use_fused: str | None) -> Any:
         def run_cudnn(xs: list[torch.Tensor]) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kfuse.kernels.b2b.chain import B2BConfig, Chain, pad_width
+from kfuse.kernels.b2b.chain import B2BConfig, Chain, pad_constexprs, pad_width
 from kfuse.kernels.b2b.launcher import conv_tma_block_k
 from kfuse.kernels.b2b.source import _module, _rowbcast_names
 from kfuse.kernels.codegen import interpreting
@@ -98,8 +98,7 @@ def compile_asm(
         else:
             sig[name] = "i32"
     const.update(SH=1, SW=1, PH=kernel_hw[0] // 2, PW=kernel_hw[1] // 2, DH=1, DW=1, KH=kernel_hw[0], KW=kernel_hw[1])
-    const.update({f"P{s}": pad_width(widths[s]) for s in range(len(widths) - 1)})
-    const.update({f"PADDED{s}": pad_width(widths[s]) != widths[s] for s in range(len(widths) - 1)})
+    const.update(pad_constexprs(widths))
     const.update({b: rowbcast for b in _rowbcast_names(chain)})
     const.update(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_N=min(cfg.block_n, pad_width(widths[-1])))
     const.update(SMEM=cfg.residence == "smem", PREC="tf32" if dtype == torch.float32 else "ieee")

@@ -22,6 +22,16 @@ def pad_width(n: int) -> int:
     return p
 
 
+def pad_constexprs(widths: list[int]) -> dict[str, int | bool]:
+    """The kernels' constexprs for the intermediates (every width but the last): ``P<s>``, the
+    resident tile width, and ``PADDED<s>``, whether it exceeds the width (padded columns to zero)."""
+    pads: dict[str, int | bool] = {}
+    for s, w in enumerate(widths[:-1]):
+        pads[f"P{s}"] = pad_width(w)
+        pads[f"PADDED{s}"] = pad_width(w) != w
+    return pads
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage of a chain: its epilogue, whether it has a separate bias vector (conv nodes

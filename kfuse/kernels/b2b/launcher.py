@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, pad_width
+from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, pad_constexprs, pad_width
 from kfuse.kernels.b2b.configs import default_config
 from kfuse.kernels.b2b.source import _TL, _module
 from kfuse.kernels.codegen import interpreting
@@ -146,8 +146,7 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
             strides += [e.stride(0), e.stride(1), e.stride(2), e.stride(3)]
             # GEMM chains index extras by row only (oh = ow = 0): the pixel strides do not matter
             rowbcast[f"ROWBCAST_{s}_{j}"] = e.stride(0) == 0 and (not chain.conv or e.stride(2) == e.stride(3) == 0)
-    pads = {f"P{s}": pad_width(g.widths[s]) for s in range(len(chain.stages) - 1)}
-    pads.update({f"PADDED{s}": pad_width(g.widths[s]) != g.widths[s] for s in range(len(chain.stages) - 1)})
+    pads = pad_constexprs(g.widths)
     block_n = min(cfg.block_n, pad_width(g.widths[-1]))
     precision = "ieee" if g.x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
     tiles = -(-m // cfg.block_m)
