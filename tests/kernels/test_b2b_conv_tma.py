@@ -110,6 +110,8 @@ CASES = [
     (8, (7, 9), 5, 2, [16, 16, 24], _cfg(16, 16, 32, "smem", 2), torch.float16, 1),  # 5x5, three stages
     (8, (6, 7), 3, 2, [24, 16], _cfg(32, 16, 16, "register", 4, preload=True), torch.float32, 2),  # dilation 2, preloaded weights
     (32, (5, 5), 3, 1, [32, 48], _cfg(16, 64, 64, "smem", 4), torch.float32, 1),  # BLOCK_K 64 narrowed to C = 32
+    # the N loop (72 > 16, ragged last tile) with a single-buffered weight pipeline (n_stages=1)
+    (16, (7, 9), 3, 1, [16, 72], dataclasses.replace(_cfg(32, 16, 16, "register", 4), n_stages=1), torch.float16, 1),
 ]
 
 
@@ -225,6 +227,9 @@ def test_sm90_conv_tma_kernel_moves_tiles_by_tma(cfg: b2b.B2BConfig) -> None:
         (b2b.B2BConfig(128, 64, 128, 8, 4, "smem", tma=True, tile_h=4, tile_n=8), 1),  # the session-6 winner: 192 KB
         (b2b.B2BConfig(128, 32, 64, 8, 4, "smem", tma=True, tile_h=4, tile_n=8), 2),
         (b2b.B2BConfig(128, 64, 64, 4, 3, "register", tma=True, tile_h=4, tile_n=8), 2),
+        # 128-wide last tiles with one weight buffer in the N loop instead of four: 64-96 KB
+        (b2b.B2BConfig(128, 32, 128, 4, 3, "register", tma=True, tile_h=4, tile_n=8, n_stages=1), 2),
+        (b2b.B2BConfig(128, 64, 128, 4, 3, "register", tma=True, tile_h=4, tile_n=8, n_stages=1), 2),
     ],
     ids=lambda v: v.describe() if isinstance(v, b2b.B2BConfig) else str(v),
 )

@@ -80,6 +80,10 @@ class B2BConfig:
     # with ``tma`` on a GEMM chain: launch with programmatic dependent launch (Hopper), so the
     # persistent grid's prologue (weights, descriptors) overlaps the previous kernel's tail
     pdl: bool = False
+    # software-pipelining depth of the last stage's N loop (outputs wider than BLOCK_N); 0: the
+    # kernel's num_stages. Each stage buffers a P x BLOCK_N weight tile: at 128 -> 128 -> 512 the
+    # default 4 buffers (128 KB) hold a program per SM, 1-2 let two programs share an SM
+    n_stages: int = 0
 
     def describe(self) -> str:
         d = f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
@@ -89,9 +93,11 @@ class B2BConfig:
             d += f" tma {n}{self.tile_h}x{self.block_m // (self.tile_h * self.tile_n)}"
         elif self.tma:
             d += f" tma x{self.programs_per_sm}" + (" pdl" if self.pdl else "")
+        if self.n_stages:
+            d += f" ns{self.n_stages}"
         return d
 
     def as_dict(self) -> dict[str, Any]:
         keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload", "tma", "programs_per_sm",
-                "tile_h", "tile_n", "pdl")  # fmt: skip
+                "tile_h", "tile_n", "pdl", "n_stages")  # fmt: skip
         return {k: getattr(self, k) for k in keys}

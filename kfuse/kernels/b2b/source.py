@@ -72,7 +72,7 @@ def kernel_source(chain: Chain) -> str:
         f"    {pads},",
         "    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,",
         "    SMEM: tl.constexpr, PREC: tl.constexpr, SINGLE_K: tl.constexpr, SINGLE_N: tl.constexpr,",
-        "    PRELOAD: tl.constexpr,",
+        "    PRELOAD: tl.constexpr, N_STAGES: tl.constexpr,",
     ]
     body = _body(chain)
     src = ["import triton", "import triton.language as tl", "import triton.language.extra.cuda", "", ""]
@@ -305,7 +305,7 @@ def _later_stages(chain: Chain, store: Callable[[str], list[str]]) -> list[str]:
             "        offs_o = tl.arange(0, BLOCK_N)",
             _indent("\n".join(x for x in one_tile if x), 8),
             "    else:",
-            f"        for n0 in range(0, N{s}, BLOCK_N):",
+            f"        for n0 in tl.range(0, N{s}, BLOCK_N, num_stages=N_STAGES):",
             "            offs_o = n0 + tl.arange(0, BLOCK_N)",
             _indent("\n".join(x for x in loop if x), 12),
         ]
