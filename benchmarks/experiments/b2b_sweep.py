@@ -81,7 +81,8 @@ def conv_multi_image_configs(nb: int, hw: int, c0: int, c1: int) -> list[b2b.B2B
             out.append(b2b.B2BConfig(bm, bk, 256, w, s, res, tma=True, tile_h=th, tile_n=tn))
     if N_LOOP and c1 > 128:  # the last stage's N loop less deeply pipelined (fewer weight buffers)
         tn, th, _ = least_waste_tile(128, nb, hw, hw)
-        for bk, (w, res), st, bn, ns in itertools.product((32, 64), ((4, "register"), (8, "smem"), (8, "register")), (3, 4), (128, 256), (1, 2)):
+        warps_res = ((4, "register"), (8, "smem"), (8, "register"))
+        for bk, (w, res), st, bn, ns in itertools.product((32, 64), warps_res, (3, 4), (128, 256), (1, 2)):
             if bn == 256 and w == 4:
                 continue
             out.append(b2b.B2BConfig(128, bk, bn, w, st, res, tma=True, tile_h=th, tile_n=tn, n_stages=ns))
