@@ -109,6 +109,15 @@ def gemm_configs(widths: tuple[int, int, int]) -> list[b2b.B2BConfig]:
     last = min(b2b.pad_width(n1), 128)
     res = "register" if n0 <= 128 else "smem"
     out = []
+    if n0 > 128:  # 256-wide intermediates: 128-row tiles with two warpgroups (the 128 x 256 fp32
+        # accumulator is 128 registers a thread), K steps of 32-64, the last stage in 64-128 column
+        # steps with 2-3 weight buffers (offline sm_90: 230-254 registers, no spills, 112-224 KB)
+        for bk, bn, s, ns in itertools.product((32, 64), (64, 128), (2, 3), (0, 2)):
+            if ns and ns >= s:
+                continue
+            out.append(b2b.B2BConfig(128, bk, bn, 8, s, "register", n_stages=ns))
+        out += [b2b.B2BConfig(128, 64, 128, 8, 2, "smem"), b2b.B2BConfig(128, 64, 64, 8, 3, "smem")]
+        return out
     for bm, w, s in itertools.product((64, 128, 256), (4, 8), (2, 3)):
         if bm == 256 and w == 4 or bm == 64 and w == 8:
             continue
