@@ -57,6 +57,10 @@ CONV_CASES = [  # (case, batch, cin, hw, c0, c1)
     ("B64_28x28_128-128-128", 64, 128, 28, 128, 128),
 ]
 MLP_BATCHES = [65536, 262144]
+# kfuse.compile's tune mode for every kfuse compile of the bench (``--tune``): with "fast" the
+# unfused plan's GEMM / conv kernels are tuned as well, so fused is decided against unfused
+# with both tuned (issue 5); "none" was the bench's mode before session 8
+TUNE = "none"
 SMOKE_GEMM = ([37], [(32, 32, 32), (16, 64, 24)])
 SMOKE_CONV = [("B2_7x7_8-16-24", 2, 8, 7, 16, 24)]
 SMOKE_MLP = [5]
@@ -69,7 +73,7 @@ def _log(msg: str) -> None:
 def _kfuse_times(model: nn.Module, x: torch.Tensor, rep: int, calls: int = 1, **opts: Any) -> tuple[float, float, Any, Any]:
     """(graph-captured plan ms per call, plain call ms, output, compiled model). The graph holds
     ``calls`` back-to-back calls (``graph_ms_per_call``), as the eager_cudagraph baseline."""
-    c = kfuse.compile(model, (x,), cuda_graphs=False, **opts)
+    c = kfuse.compile(model, (x,), cuda_graphs=False, tune=TUNE, **opts)
     with torch.no_grad():
         out = c(x)
         call_ms = time_ms(lambda: c(x), warmup=3, rep=rep)
@@ -95,6 +99,7 @@ def _b2b_fields(c: Any) -> dict[str, Any]:
     fused = rep["fused"]
     used = [f for f in fused if f.get("fused", True)]
     return {
+        "tune": TUNE,
         "fused": bool(used),
         "residence": used[0]["residence"] if used else "none",
         "b2b_chains": fused,
@@ -263,6 +268,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (interpreter), eager baseline only")
     ap.add_argument("--only", default="gemm,conv,mlp", help="comma list of gemm, conv, mlp")
+    ap.add_argument("--tune", default="none", choices=["none", "fast", "full"], help="kfuse.compile's tune mode (both plans)")
     ap.add_argument("--no-autotune", action="store_true", help="skip max-autotune everywhere")
     ap.add_argument("--rep", type=int, default=30)
     ap.add_argument("--pdl", action="store_true", help="GEMM chains: also measure programmatic dependent launch (Options.b2b_pdl)")
@@ -270,6 +276,8 @@ def main() -> None:
     ap.add_argument("--budget-scale", type=float, default=1.0, help="scale the per-section time budgets (default 175 s in all)")
     args = ap.parse_args()
     args.command = "PYTHONPATH=. python benchmarks/b2b_bench.py " + " ".join(sys.argv[1:])
+    global TUNE
+    TUNE = args.tune
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if device == "cuda" else torch.float32  # the interpreter: fp32 on the CPU
     if args.smoke:
