@@ -1,0 +1,136 @@
+"""Issue 3 / 5 exploration on the GPU: how fast can the GEMM template's space run a shape, and
+does the fast tuner find it? For the unfused 256-wide b2b chains (M x 256 x 256 GEMMs + bias +
+ReLU, M = 262144 and 1M) the two GEMMs run at ~0.086 ms each at M = 262144, ~72% of the memory
+bandwidth (floor: 268 MB / 4.3 TB/s = 0.062 ms a GEMM); the chain sits at 1.96-2.02x its floor.
+
+Times, 20 calls per CUDA graph (ms per call), every output checked against eager PyTorch:
+the first ``--top`` valid configs of the rule ranking (persistent TMA ones first among equals),
+the fast tuner's choice from an empty database, and cuBLAS ``mm`` alone. Candidates compile in
+parallel threads first; anything past ``--budget-s`` is recorded as skipped.
+
+    PYTHONPATH=. python benchmarks/experiments/gemm_space_probe.py --out $OUT     # H200, ~150 s
+    PYTHONPATH=. python benchmarks/experiments/gemm_space_probe.py --out /tmp/x --smoke  # CPU wiring
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+if "--smoke" in sys.argv:
+    import os
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+import torch.nn.functional as F
+
+from kfuse.bench.harness import gpu_name, graph_ms_per_call, max_rel_err
+from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+from kfuse.kernels.gemm import GemmConfig, gemm_epilogue, launch, prepare
+from kfuse.tune.database import TuningDB
+from kfuse.tune.hardware import query
+from kfuse.tune.profiler import Profiler
+from kfuse.tune.space import GemmProblem, rank_by_rules, valid_configs
+from kfuse.tune.tuner import Tuner
+
+EPI = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("relu", (Operand("reg", 1),))), 1)
+
+
+def _tma_tile(c: GemmConfig) -> bool:
+    """The part of the space a memory-bound GEMM with N = 256 is expected to run best in."""
+    tiles = c.block_m in (64, 128, 256) and c.block_n in (128, 256) and c.block_k in (64, 128)
+    return tiles and c.split_k == 1 and c.tma and c.group_m == 8 and not c.epilogue_subtile and (not c.persistent or c.flatten)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="262144x256x256,1048576x256x256", help="MxNxK list")
+    ap.add_argument("--top", type=int, default=90, help="rule-ranked configs timed per shape")
+    ap.add_argument(
+        "--tma-tiles", action="store_true", help="only TMA configs, 64-256 x 128-256 tiles, K steps 64-128, flattened if persistent"
+    )
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (interpreter): wiring only")
+    a = ap.parse_args()
+    device = "cpu" if a.smoke else "cuda"
+    dtype = torch.float32 if a.smoke else torch.float16
+    shapes = [(40, 24, 32)] if a.smoke else [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
+    top = 3 if a.smoke else a.top
+    hw = query(device)
+    t_end = time.perf_counter() + a.budget_s
+    recs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as db_dir:
+        for i, (m, n, k) in enumerate(shapes):
+            deadline = time.perf_counter() + (t_end - time.perf_counter()) / (len(shapes) - i)
+            torch.manual_seed(0)
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            w = (torch.randn(k, n, device=device) / k**0.5).to(dtype)
+            bias = torch.randn(n, device=device, dtype=dtype)
+            ref = F.relu(x.float() @ w.float() + bias.float())
+            problem = GemmProblem(m, n, k, 1, "fp16" if dtype == torch.float16 else "fp32", n_extras=1)
+            ranked = rank_by_rules(valid_configs(problem, hw), problem, hw)
+            if a.tma_tiles and not a.smoke:
+                ranked = [c for c in ranked if _tma_tile(c)]
+            tuner = Tuner("fast", db=TuningDB(Path(db_dir) / f"t{i}.sqlite"), device=device, profiler=Profiler(check=True), progress=False)
+            t0 = time.perf_counter()
+            chosen = tuner.choose([(problem, EPI)])[problem.signature()]
+            rec: dict[str, Any] = {"case": f"M{m}_N{n}_K{k}", "m": m, "n": n, "k": k, "tune_s": round(time.perf_counter() - t0, 2)}
+            rec["tuner_choice"] = chosen.describe() if chosen else "default"
+            mm_out = torch.empty(m, n, device=device, dtype=dtype)
+            rec["cublas_mm_ms"] = graph_ms_per_call(lambda: torch.mm(x, w, out=mm_out), (), calls=20)[0]
+            cfgs: list[GemmConfig] = ([chosen] if chosen else []) + [c for c in ranked[:top] if c != chosen]  # type: ignore[misc]
+
+            def compile_one(cfg: GemmConfig, m: int = m) -> str | None:
+                if time.perf_counter() > deadline or a.smoke:
+                    return None
+                try:
+                    launch(prepare(x, w, [bias], dtype, None), EPI, cfg, warmup=True)
+                    return None
+                except Exception as e:  # noqa: BLE001 - reported per config
+                    return f"{type(e).__name__}: {str(e)[:80]}"
+
+            with ThreadPoolExecutor(8) as pool:
+                errs = list(pool.map(compile_one, cfgs))
+            res: dict[str, Any] = {}
+            for cfg, err in zip(cfgs, errs, strict=True):
+                if time.perf_counter() > deadline:
+                    res[cfg.describe()] = "skipped: time budget"
+                    continue
+                if err:
+                    res[cfg.describe()] = f"failed to compile: {err}"
+                    continue
+                out = torch.full((m, n), float("nan"), device=device, dtype=dtype)
+                try:
+                    ms, _ = graph_ms_per_call(lambda cfg=cfg, out=out: gemm_epilogue(x, w, [bias], EPI, dtype, cfg, out=out), (), calls=20)
+                    res[cfg.describe()] = {"ms": ms, "max_rel_err": max_rel_err(out, ref)}
+                except Exception as e:  # noqa: BLE001
+                    res[cfg.describe()] = f"failed: {type(e).__name__}: {str(e)[:80]}"
+            rec["configs"] = res
+            ok = sorted((v["ms"], c) for c, v in res.items() if isinstance(v, dict) and v["max_rel_err"] < 2e-2)
+            rec["best"] = ok[:5]
+            recs.append(rec)
+            choice_ms = (
+                res.get(rec["tuner_choice"], {}).get("ms", float("nan")) if isinstance(res.get(rec["tuner_choice"]), dict) else float("nan")
+            )
+            print(
+                f"{rec['case']}: cuBLAS mm {rec['cublas_mm_ms']:.4f}; tuner {rec['tuner_choice']} {choice_ms:.4f}; best {ok[:3]}",
+                flush=True,
+            )
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv),
+            "timing": "20 calls per CUDA graph, ms per call"}  # fmt: skip
+    (out / "gemm_space_probe.json").write_text(json.dumps({**meta, "records": recs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
