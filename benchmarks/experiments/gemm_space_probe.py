@@ -50,6 +50,23 @@ def _tma_tile(c: GemmConfig) -> bool:
     return tiles and c.split_k == 1 and c.tma and c.group_m == 8 and not c.epilogue_subtile and (not c.persistent or c.flatten)
 
 
+def _unfused_plan(m: int, k: int, n: int) -> dict[str, Any]:
+    """What kfuse compiles Linear(k, n) -> ReLU -> Linear(n, n) into with b2b fusion off and fast
+    tuning (the unfused plan of b2b_bench's chain), and its time (20 calls per graph)."""
+    import kfuse
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.ReLU(), torch.nn.Linear(n, n)).cuda().half().eval()
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    c = kfuse.compile(model, (x,), cuda_graphs=False, fuse_b2b=False, tune="fast")
+    with torch.no_grad():
+        ms, y = graph_ms_per_call(c, (x,), calls=20)
+        err = max_rel_err(y, model(x))
+    kernels = c.report["kernels"]
+    print(f"unfused plan M{m} {k}x{n}x{n}: {ms:.4f} ms; " + "; ".join(f"{kk['template']} {kk.get('config', '')}" for kk in kernels), flush=True)
+    return {"case": f"unfused_plan_M{m}_{k}x{n}x{n}", "ms": ms, "max_rel_err": err, "kernels": kernels}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -87,6 +104,14 @@ def main() -> None:
             rec["tuner_choice"] = chosen.describe() if chosen else "default"
             mm_out = torch.empty(m, n, device=device, dtype=dtype)
             rec["cublas_mm_ms"] = graph_ms_per_call(lambda: torch.mm(x, w, out=mm_out), (), calls=20)[0]
+            # the library candidates kfuse's lowering times against the template (gemm_library):
+            # cuBLASLt with the bias (and ReLU) in its epilogue
+            if not a.smoke:
+                for name, fn in (("cublaslt_addmm_ms", lambda: torch.addmm(bias, x, w)),
+                                 ("cublaslt_addmm_relu_ms", lambda: torch._addmm_activation(bias, x, w))):  # fmt: skip
+                    ms, y = graph_ms_per_call(fn, (), calls=20)
+                    rec[name] = ms
+                    rec[name.replace("_ms", "_max_rel_err")] = max_rel_err(y if "relu" in name else torch.relu(y), ref)
             cfgs: list[GemmConfig] = ([chosen] if chosen else []) + [c for c in ranked[:top] if c != chosen]  # type: ignore[misc]
 
             def compile_one(cfg: GemmConfig, m: int = m) -> str | None:
@@ -121,10 +146,13 @@ def main() -> None:
             choice_ms = (
                 res.get(rec["tuner_choice"], {}).get("ms", float("nan")) if isinstance(res.get(rec["tuner_choice"]), dict) else float("nan")
             )
+            lt = {k: round(v, 4) for k, v in rec.items() if k.startswith("cublaslt") and k.endswith("_ms")}
             print(
-                f"{rec['case']}: cuBLAS mm {rec['cublas_mm_ms']:.4f}; tuner {rec['tuner_choice']} {choice_ms:.4f}; best {ok[:3]}",
+                f"{rec['case']}: cuBLAS mm {rec['cublas_mm_ms']:.4f} {lt}; tuner {rec['tuner_choice']} {choice_ms:.4f}; best {ok[:3]}",
                 flush=True,
             )
+    if not a.smoke:
+        recs += [_unfused_plan(m, k, n) for m, n, k in shapes if n == k]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv),
