@@ -63,7 +63,8 @@ def _unfused_plan(m: int, k: int, n: int) -> dict[str, Any]:
         ms, y = graph_ms_per_call(c, (x,), calls=20)
         err = max_rel_err(y, model(x))
     kernels = c.report["kernels"]
-    print(f"unfused plan M{m} {k}x{n}x{n}: {ms:.4f} ms; " + "; ".join(f"{kk['template']} {kk.get('config', '')}" for kk in kernels), flush=True)
+    desc = "; ".join(f"{kk['template']} {kk.get('config', '')}" for kk in kernels)
+    print(f"unfused plan M{m} {k}x{n}x{n}: {ms:.4f} ms; {desc}", flush=True)
     return {"case": f"unfused_plan_M{m}_{k}x{n}x{n}", "ms": ms, "max_rel_err": err, "kernels": kernels}
 
 
