@@ -35,7 +35,6 @@ from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 SMOKE = "--smoke" in sys.argv
 WIDE_N = "--wide-n" in sys.argv
 N_LOOP = "--n-stages" in sys.argv
-PRELOAD = "--preload" in sys.argv
 RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
 CONV_CASES = [("B64_56x56_64-64-64", 64, 64, 56, 64, 64), ("B64_56x56_64-64-256", 64, 64, 56, 64, 256),
               ("B64_28x28_128-128-128", 64, 128, 28, 128, 128), ("B64_28x28_128-128-512", 64, 128, 28, 128, 512)]  # fmt: skip
@@ -80,11 +79,6 @@ def conv_multi_image_configs(nb: int, hw: int, c0: int, c1: int) -> list[b2b.B2B
                 continue
             tn, th, _ = least_waste_tile(bm, nb, hw, hw)
             out.append(b2b.B2BConfig(bm, bk, 256, w, s, res, tma=True, tile_h=th, tile_n=tn))
-    if PRELOAD and c1 > 128:  # the N loop's first weight tile loaded before stage 0 (its first trip peeled)
-        for bm, bk, bn, w, st, res in ((128, 64, 128, 8, 4, "smem"), (128, 64, 128, 8, 3, "smem"), (128, 32, 64, 8, 4, "smem"),
-                                       (128, 64, 128, 4, 3, "register"), (256, 64, 128, 8, 3, "smem")):  # fmt: skip
-            tn, th, _ = least_waste_tile(bm, nb, hw, hw)
-            out.append(b2b.B2BConfig(bm, bk, bn, w, st, res, preload=True, tma=True, tile_h=th, tile_n=tn))
     if N_LOOP and c1 > 128:  # the last stage's N loop less deeply pipelined (fewer weight buffers)
         tn, th, _ = least_waste_tile(128, nb, hw, hw)
         warps_res = ((4, "register"), (8, "smem"), (8, "register"))
@@ -188,7 +182,6 @@ def main() -> None:
     ap.add_argument("--multi-image-only", action="store_true", help="conv chains: only the TMA kernel's tiles of several images")
     ap.add_argument("--wide-n", action="store_true", help="conv chains wider than 128: also 256-wide last tiles")
     ap.add_argument("--n-stages", action="store_true", help="conv chains wider than 128: the N loop with 1-2 weight buffers")
-    ap.add_argument("--preload", action="store_true", help="conv chains wider than 128: the first N tile's weights preloaded")
     ap.add_argument("--conv-cases", default="", help="comma list of conv case names to keep")
     ap.add_argument("--gemm-cases", default="", help="e.g. 262144:64x128x64,1048576:128x128x128 (default: the built-in four)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, a few configs, on the CPU")

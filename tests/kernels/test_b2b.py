@@ -79,7 +79,7 @@ def test_gemm_chain(m: int, k0: int, widths: list[int], residence: str, epis: li
 @pytest.mark.parametrize("widths,block_n", [([40, 24, 20], 32), ([32, 48], 16)])
 def test_preload_matches_reference(residence: str, widths: list[int], block_n: int) -> None:
     """Preloaded weights on a 3-stage chain (one N tile: preloaded) and on a chain whose last
-    width needs an N loop (its first tile preloaded, the loop's first trip peeled); odd M and K."""
+    width needs an N loop (preload falls back to the loads in the loop); odd M and K."""
     dtype = torch.float32
     m, k0 = 37, 23
     epis = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]

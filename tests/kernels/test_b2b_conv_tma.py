@@ -112,9 +112,6 @@ CASES = [
     (32, (5, 5), 3, 1, [32, 48], _cfg(16, 64, 64, "smem", 4), torch.float32, 1),  # BLOCK_K 64 narrowed to C = 32
     # the N loop (72 > 16, ragged last tile) with a single-buffered weight pipeline (n_stages=1)
     (16, (7, 9), 3, 1, [16, 72], dataclasses.replace(_cfg(32, 16, 16, "register", 4), n_stages=1), torch.float16, 1),
-    # the N loop with its first tile's weights preloaded before stage 0 (the loop's first trip peeled)
-    (16, (7, 9), 3, 1, [16, 72], _cfg(32, 16, 16, "smem", 4, preload=True), torch.float32, 1),
-    (8, (6, 7), 3, 1, [16, 24, 40], _cfg(16, 16, 16, "register", 2, preload=True), torch.float16, 1),  # three stages
 ]
 
 

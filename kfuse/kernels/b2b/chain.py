@@ -64,9 +64,8 @@ class B2BConfig:
     num_stages: int = 2
     residence: str = "register"
     persistent: bool = False  # fixed grid looping over row tiles, pipelined across tiles
-    # the resident stages' weights and the last stage's first N tile are loaded before stage 0's
-    # GEMM, so their latency overlaps stage 0's loads instead of following its GEMM (with an N
-    # loop, its first trip is peeled and uses the preloaded tile)
+    # the resident stages' weights are loaded before stage 0's GEMM (when the last width fits one
+    # N tile), so their latency overlaps stage 0's loads instead of following its GEMM
     preload: bool = False
     # with ``persistent``: GEMM chains whose K0 and last width fit one tile read x and write the
     # output by TMA (``b2b_tma_kernel``); the pipeliner keeps TILE_STAGES row tiles in flight

@@ -151,7 +151,7 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     precision = "ieee" if g.x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
     tiles = -(-m // cfg.block_m)
     single = {"SINGLE_K": g.kernel_hw[0] * g.kernel_hw[1] == 1 and c <= cfg.block_k, "SINGLE_N": g.widths[-1] <= block_n}
-    single["PRELOAD"] = cfg.preload
+    single["PRELOAD"] = cfg.preload and single["SINGLE_N"]
     single["N_STAGES"] = cfg.n_stages or cfg.num_stages
     if cfg.tile_h:
         spatial_tile(cfg.block_m, cfg.tile_h, "b2b", cfg.tile_n)

@@ -244,10 +244,7 @@ def _body(chain: Chain) -> list[str]:
 
 def _preload(chain: Chain) -> list[str]:
     """With PRELOAD, the resident stages' weights: in flight while stage 0 loads and multiplies."""
-    # the last stage's first BLOCK_N columns: with SINGLE_N its whole weight; else the first tile
-    # of its N loop, which is then peeled (the wide conv chains' stage 1 otherwise waited for it
-    # after stage 0, one program per SM with nothing else to overlap)
-    src = ["    if PRELOAD:"]
+    src = ["    if PRELOAD:  # only with SINGLE_N (the launcher): every weight is one tile"]
     for s in range(1, len(chain.stages)):
         n_range = f"P{s}" if s < len(chain.stages) - 1 else "BLOCK_N"
         src += [
@@ -302,17 +299,13 @@ def _later_stages(chain: Chain, store: Callable[[str], list[str]]) -> list[str]:
             _stage_tail(chain, s, "offs_o", "mask_o", 0, acc="acc_o"),
         ]
         one_tile = [*head, "if PRELOAD:", f"    b_o = wpre{s}", "else:", f"    b_o = {load_o}", *mma, *store("0")]
-        first = [*head, f"b_o = wpre{s}", *mma, *store("0")]
         loop = [*head, f"b_o = {load_o}", *mma, *store("n0")]
         src += [
             "    if SINGLE_N:  # the whole last width in one tile: no N loop",
             "        offs_o = tl.arange(0, BLOCK_N)",
             _indent("\n".join(x for x in one_tile if x), 8),
             "    else:",
-            "        if PRELOAD:  # the first N tile's weights were loaded before stage 0 (_preload): peeled",
-            "            offs_o = tl.arange(0, BLOCK_N)",
-            _indent("\n".join(x for x in first if x), 12),
-            f"        for n0 in tl.range(BLOCK_N if PRELOAD else 0, N{s}, BLOCK_N, num_stages=N_STAGES):",
+            f"        for n0 in tl.range(0, N{s}, BLOCK_N, num_stages=N_STAGES):",
             "            offs_o = n0 + tl.arange(0, BLOCK_N)",
             _indent("\n".join(x for x in loop if x), 12),
         ]
