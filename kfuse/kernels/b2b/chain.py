@@ -82,7 +82,9 @@ class B2BConfig:
     pdl: bool = False
     # software-pipelining depth of the last stage's N loop (outputs wider than BLOCK_N); 0: the
     # kernel's num_stages. Each stage buffers a P x BLOCK_N weight tile: at 128 -> 128 -> 512 the
-    # default 4 buffers (128 KB) hold a program per SM, 1-2 let two programs share an SM
+    # default 4 buffers (128 KB) hold a program per SM, 1-2 let two programs share an SM, but
+    # measured 7-40% slower on the H200 (session 8), so the candidates keep the default; a knob
+    # for experiments/b2b_sweep.py --n-stages
     n_stages: int = 0
 
     def describe(self) -> str:

@@ -125,9 +125,9 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
     configs that won the session-6 sweep with single-image tiles."""
     nb, oh, ow = image
 
-    def tile(bm: int, bn: int, w: int, s: int, res: str, bk: int = 64, ns: int = 0) -> B2BConfig | None:
+    def tile(bm: int, bn: int, w: int, s: int, res: str, bk: int = 64) -> B2BConfig | None:
         tn, th, _ = least_waste_tile(bm, nb, oh, ow)
-        return B2BConfig(bm, bk, bn, w, s, res, tma=True, tile_h=th, tile_n=tn, n_stages=ns) if tn > 1 else None
+        return B2BConfig(bm, bk, bn, w, s, res, tma=True, tile_h=th, tile_n=tn) if tn > 1 else None
 
     if widest <= 128:
         cands = [tile(128, last, 4, 3, "register"), tile(64, last, 4, 3, "register")]
@@ -135,13 +135,11 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
             cands += [tile(128, last, 4, 4, "register"), tile(128, last, 8, 4, "smem"), tile(128, last, 8, 3, "smem"),
                       tile(256, last, 8, 3, "smem")]  # fmt: skip
             # those need 160-192 KB of shared memory, most of it the N loop's 4 pipelined weight
-            # tiles: one program per SM, whose last stage overlaps nothing. 64-wide last tiles
-            # fit two (session 7: 0.0532 ms at best, no gain); so does a single-buffered N loop
-            # with 128-wide tiles (64-96 KB, no spills; offline sm_90, 128 -> 128 -> 512), and
-            # 256-wide tiles halve the loop's trips (96 KB, one program by registers)
-            cands += [tile(128, 64, 8, 4, "smem", bk=32), tile(128, 128, 4, 3, "register", bk=32, ns=1),
-                      tile(128, 128, 8, 3, "smem", bk=32, ns=1), tile(128, 128, 4, 3, "register", ns=1),
-                      tile(128, 256, 8, 3, "smem", ns=1)]  # fmt: skip
+            # tiles: one program per SM, whose last stage overlaps nothing. Two programs per SM
+            # measured no faster (H200, 128 -> 128 -> 512): 64-wide last tiles (session 7, the
+            # one kept here: 0.0532-0.0537 ms), single- or double-buffered N loops (n_stages 1-2,
+            # 64-128 KB: 0.0579-0.0766 against 0.0541 for the 4-deep loop, session 8)
+            cands += [tile(128, 64, 8, 4, "smem", bk=32)]
     else:
         cands = [tile(128, min(last, 64), 8, 2, "smem")]
     return [c for c in cands if c is not None]
