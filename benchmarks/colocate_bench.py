@@ -19,8 +19,6 @@ import sys
 import time
 import traceback
 
-CMD = "PYTHONPATH=. python benchmarks/colocate_bench.py --out $OUT"
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -55,8 +53,11 @@ def main() -> None:
     gpu = torch.cuda.is_available() and not a.smoke
     device = "cuda" if gpu else "cpu"
     dtype = torch.float16 if gpu else torch.float32
-    cmd = CMD + (" --smoke" if a.smoke else "") + (f" --load {a.load}" if a.load != 0.8 else "")
-    cmd += f" --qos-factor {a.qos_factor}" if a.qos_factor != 5.0 else ""
+    # the command as run, with $OUT for the output folder (session 7 and 8 records lacked --lc / --be)
+    argv = list(sys.argv[1:])
+    if "--out" in argv:
+        argv[argv.index("--out") + 1] = "$OUT"
+    cmd = "PYTHONPATH=. python benchmarks/colocate_bench.py " + " ".join(argv)
     be_names = [workloads.resolve(x) for x in a.be.split(",")]
     if a.smoke:
         lcs = [("mlp-tiny", 4, None)]
