@@ -462,11 +462,16 @@ def max_lc_rate(prof: Profile, qos_ms: float, n_queries: int = 400, seed: int = 
     return lo
 
 
-def extra_budget(prof: Profile, qos_ms: float, rate_per_s: float, margin: float = 0.05, n_queries: int = 400, seed: int = 12345) -> float:
+def extra_budget(
+    prof: Profile, qos_ms: float, rate_per_s: float, margin: float = 0.05, n_queries: int = 400, seed: int = 12345,
+    p99_gap_ms: float = 0.0,
+) -> float:  # fmt: skip
     """The BE time (ms) each query may absorb at this load: the largest stretch of every query's
-    service time for which LC alone still keeps p99 within QoS (several arrival sequences, none the run's)."""
+    service time for which LC alone still keeps p99 within QoS (several arrival sequences, none the run's).
+    ``p99_gap_ms``: how much the GPU's measured LC-alone p99 exceeds the replay of the profile's median
+    kernel times on the same arrivals (``p99_gap``); the replayed p99 must then stay that much lower."""
     lo, hi = 0.0, 4.0
-    target = qos_ms * (1.0 - margin)
+    target = qos_ms * (1.0 - margin) - max(0.0, p99_gap_ms)
     for _ in range(16):
         mid = (lo + hi) / 2
         stretched = Profile([t * (1 + mid) for t in prof.lc_ms], prof.lc, prof.be, prof.be_blocks, prof.fused)
@@ -476,6 +481,15 @@ def extra_budget(prof: Profile, qos_ms: float, rate_per_s: float, margin: float 
         ok = float(np.mean(p99s)) <= target
         lo, hi = (mid, hi) if ok else (lo, mid)
     return lo * prof.lc_total
+
+
+def p99_gap(prof: Profile, measured: RunResult, arrivals: Sequence[float], qos_ms: float) -> float:
+    """Measured LC-alone p99 minus the p99 of the same arrivals replayed with the profile's median
+    kernel times (>= 0): real launches vary, and queueing amplifies the variation into the tail. On the
+    H200 (session 8, BERT-base, hotspot) an allowance sized on the replay alone let Aker's fusions push
+    p99 to 5.99 ms against a 5.61 ms QoS."""
+    replay = run_policy(_ReplayBackend(prof), prof, "lc_alone", arrivals, [], qos_ms, margin=0.0)
+    return max(0.0, measured.p99 - replay.p99)
 
 
 def queue_reserve(prof: Profile, qos_ms: float, rate_per_s: float, n_queries: int = 400, seed: int = 12345) -> float:
