@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument(
         "--load", type=float, default=0.8, help="LC arrival rate as a fraction of the highest rate at which LC alone meets QoS at p99"
     )
+    ap.add_argument("--sequences", type=int, default=1, help="arrival sequences per policy (p99 pooled, each reported)")
     ap.add_argument("--qos-factor", type=float, default=5.0, help="QoS target = this x the LC query's solo time")
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
@@ -107,6 +108,7 @@ def main() -> None:
                 backend, list(bes), load=a.load, qos_factor=a.qos_factor, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
                 min_queries=100 if gpu else 8, max_queries=600 if gpu else 8,
                 fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
+                sequences=a.sequences,
             )  # fmt: skip
             recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
             for r in recs:

@@ -29,6 +29,7 @@ def run(
     backend: str = typer.Option("auto", help="cuda | sim | auto (cuda when a GPU is present)"),
     batch: int = typer.Option(0, help="LC batch (0: the model's default here)"),
     seed: int = typer.Option(0),
+    sequences: int = typer.Option(1, help="arrival sequences per policy (p99 pooled; each sequence's p99 reported)"),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time-sharing, streams and Aker fusion."""
@@ -60,8 +61,11 @@ def run(
         from kfuse.colocate.sim import from_items
 
         gpu = from_items(items, bes, seed)
-    res = experiment.run_experiment(gpu, be_names, qos_ms or None, qos_factor, load, seconds, seed=seed)
+    if sequences < 1:
+        raise typer.BadParameter("--sequences must be at least 1")
+    res = experiment.run_experiment(gpu, be_names, qos_ms or None, qos_factor, load, seconds, seed=seed, sequences=sequences)
     cmd = f"kfuse colocate run --lc {lc} --be {be} --qos-ms {qos_ms} --load {load} --seconds {seconds} --backend {backend}"
+    cmd += f" --sequences {sequences}" if sequences > 1 else ""
     recs = experiment.records(res, lc, cmd)
     for r in recs:
         r["backend"] = "cuda" if use_cuda else "sim"

@@ -22,6 +22,7 @@ from kfuse.colocate.scheduler import (
     fusion_plans,
     max_lc_rate,
     measured_max_lc_rate,
+    merge_runs,
     p99_gap,
     poisson_arrivals,
     run_policy,
@@ -65,9 +66,14 @@ def run_experiment(
     seconds: float = 2.0, min_queries: int = 100, max_queries: int = 2000, versions: Sequence[Any] = DEFAULT_VERSIONS,
     policies: Sequence[str] = POLICIES, seed: int = 0, reps: int = 2, min_fuse_ms: float = 0.0,
     log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None, max_fuse_keys: int | None = None,
-    calibrate: bool = False, warmup_queries: int = 0, control: bool = True,
+    calibrate: bool = False, warmup_queries: int = 0, control: bool = True, sequences: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    """Profile, then serve the same Poisson arrivals under every policy for every BE kernel."""
+    """Profile, then serve the same Poisson arrivals under every policy for every BE kernel.
+    ``sequences``: that many arrival sequences (seeds ``seed``, ``seed + 1``, ...), every policy
+    on each; a run's result is their merge (``merge_runs``: pooled p99 and violations, each
+    sequence's p99 and BE throughput kept, so a gain can be paired sequence by sequence)."""
+    if sequences < 1:
+        raise ValueError(f"sequences must be >= 1, got {sequences}")
     log(f"profiling {len(backend.lc_kernels())} LC kernels with BE {', '.join(be_names)} ...")
     kw = {"fit_ratios": fit_ratios} if fit_ratios else {}
     prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, max_fuse_keys=max_fuse_keys, **kw)
@@ -80,21 +86,24 @@ def run_experiment(
         log(f"max LC-alone rate: replay estimate {replay_rate:.1f}/s, measured {max_rate:.1f}/s")
     rate = load * max_rate
     n = int(min(max_queries, max(min_queries, seconds * rate)))
-    arrivals = poisson_arrivals(rate, n, seed)
+    seqs = [poisson_arrivals(rate, n, seed + s) for s in range(sequences)]
+    arrivals = seqs[0]
     extra = extra_uncalibrated = extra_budget(prof, qos, rate)
     log(f"solo {solo:.3f} ms, QoS {qos:.3f} ms, max LC-alone rate {max_rate:.1f}/s, load {load} -> {rate:.1f}/s, "
         f"{n} queries, BE allowance {extra:.3f} ms/query")  # fmt: skip
     lc_alone, gap = None, 0.0
     if "lc_alone" in policies:
-        lc_alone = run_policy(backend, prof, "lc_alone", arrivals, [], qos)
-        log(f"  lc_alone           p99 {lc_alone.p99:8.3f} ms  violations {lc_alone.violations}")
+        alone = [run_policy(backend, prof, "lc_alone", a, [], qos) for a in seqs]
+        lc_alone = merge_runs(alone)
+        log(f"  lc_alone           p99 {lc_alone.p99:8.3f} ms  violations {lc_alone.violations}{_per_seq(lc_alone)}")
         # the allowance again, with the measured tail: replayed medians understate it
-        gap = p99_gap(prof, lc_alone, arrivals, qos)
+        gap = p99_gap(prof, alone, seqs, qos)
         if gap > 0.0:
             extra = extra_budget(prof, qos, rate, p99_gap_ms=gap)
             log(f"  LC-alone p99 {gap:.3f} ms above its replay: BE allowance {extra_uncalibrated:.3f} -> {extra:.3f} ms/query")
     out: dict[str, Any] = {
-        "solo_ms": solo, "qos_ms": qos, "max_rate": max_rate, "rate": rate, "queries": n, "extra_per_query_ms": extra,
+        "solo_ms": solo, "qos_ms": qos, "max_rate": max_rate, "rate": rate, "queries": n, "sequences": sequences,
+        "extra_per_query_ms": extra,
         "extra_uncalibrated_ms": extra_uncalibrated, "p99_gap_ms": gap,
         "predictor_heldout": prof.heldout, "chosen": {f"{k[0]}|{k[1]}": {"version": _vname(s.version), "opportune_ratio": s.opportune_ratio,
                                                                       "reduction": s.reduction, "measured": s.measured}
@@ -121,22 +130,28 @@ def run_experiment(
                 continue
             if warmup_queries:  # untimed: kernels a policy launches first (JIT compiles) must not stall its clock
                 run_policy(backend, prof, pol, arrivals[:warmup_queries], [be], qos, extra_per_query_ms=extra)
-            r = run_policy(backend, prof, pol, arrivals, [be], qos, extra_per_query_ms=extra)
+            r = merge_runs([run_policy(backend, prof, pol, a, [be], qos, extra_per_query_ms=extra) for a in seqs])
             out["runs"][(be, pol)] = r
             _log_run(log, be, pol, r)
         if control and "timeshare" in policies and "aker" in policies:
             # time sharing again, after Aker: the run-to-run drift of launch times on this GPU (a policy's gain must beat it)
-            r = run_policy(backend, prof, "timeshare", arrivals, [be], qos, extra_per_query_ms=extra)
+            r = merge_runs([run_policy(backend, prof, "timeshare", a, [be], qos, extra_per_query_ms=extra) for a in seqs])
             out["runs"][(be, "timeshare_rerun")] = r
             _log_run(log, be, "ts_rerun", r)
     out["profile"] = prof
     return out
 
 
+def _per_seq(r: Any) -> str:
+    """Each arrival sequence's p99, where there are several."""
+    ps = r.p99_per_sequence
+    return f"  (p99 per sequence: {', '.join(f'{p:.3f}' for p in ps)})" if len(ps) > 1 else ""
+
+
 def _log_run(log: Callable[[str], None], be: str, pol: str, r: Any) -> None:
     d = r.summary()
     log(f"  {be:10s} {pol:9s} p99 {r.p99:8.3f} ms  violations {r.violations:3d}  BE {r.be_throughput:9.2f}/s  "
-        f"fused {r.fused_launches} (gain {r.fused_gain_ms:.2f} ms) slices {r.be_slices} refits {r.refits}")  # fmt: skip
+        f"fused {r.fused_launches} (gain {r.fused_gain_ms:.2f} ms) slices {r.be_slices} refits {r.refits}{_per_seq(r)}")  # fmt: skip
     if pol == "lc_alone":
         return
     dec = f", decisions {d['decisions']}" + (" (delegated to time sharing)" if r.delegated else "") if pol == "aker" else ""
@@ -197,6 +212,13 @@ def plot(res: dict[str, Any], lc_name: str, out_dir: str | Path) -> list[Path]:
     return paths
 
 
+def _paired_gains(r: Any, ts: Any) -> list[float] | None:
+    """BE throughput over time sharing's, sequence by sequence (same arrivals, so paired)."""
+    if ts is None or len(r.be_throughput_per_sequence) != len(ts.be_throughput_per_sequence):
+        return None
+    return [a / b - 1.0 if b > 0 else math.nan for a, b in zip(r.be_throughput_per_sequence, ts.be_throughput_per_sequence, strict=True)]
+
+
 def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, Any]]:
     """One record per LC x BE pair and policy (the issue's fields)."""
     import datetime
@@ -217,6 +239,8 @@ def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, A
             **{k: r.summary()[k] for k in ("decisions", "delegated", "lc_ms", "lc_launches", "lc_ms_per_query", "be_ms",
                                            "be_ms_per_launch", "be_query_launches", "be_idle_launches", "fused_ms", "host_ms",
                                            "elapsed_ms", "be_units")},
+            "sequences": res.get("sequences", 1), "p99_per_sequence_ms": list(r.p99_per_sequence),
+            "be_gain_per_sequence": _paired_gains(r, ts),
             "latencies_ms": [round(x, 4) for x in r.latencies_ms],
         }  # fmt: skip
         out.append(rec)
