@@ -112,6 +112,9 @@ CASES = [
     (32, (5, 5), 3, 1, [32, 48], _cfg(16, 64, 64, "smem", 4), torch.float32, 1),  # BLOCK_K 64 narrowed to C = 32
     # the N loop (72 > 16, ragged last tile) with a single-buffered weight pipeline (n_stages=1)
     (16, (7, 9), 3, 1, [16, 72], dataclasses.replace(_cfg(32, 16, 16, "register", 4), n_stages=1), torch.float16, 1),
+    # persistent: 2 programs (the interpreter's "SMs") x 1 loop over 4 spatial tiles, with an N loop
+    (16, (7, 9), 3, 1, [16, 40], dataclasses.replace(_cfg(32, 16, 16, "smem", 4), persistent=True, programs_per_sm=1), torch.float32, 1),
+    (8, (6, 7), 3, 1, [16, 24], dataclasses.replace(_cfg(16, 16, 32, "register", 2, tile_n=2), persistent=True), torch.float16, 1),
 ]
 
 
@@ -230,6 +233,8 @@ def test_sm90_conv_tma_kernel_moves_tiles_by_tma(cfg: b2b.B2BConfig) -> None:
         # 128-wide last tiles with one weight buffer in the N loop instead of four: 64-96 KB
         (b2b.B2BConfig(128, 32, 128, 4, 3, "register", tma=True, tile_h=4, tile_n=8, n_stages=1), 2),
         (b2b.B2BConfig(128, 64, 128, 4, 3, "register", tma=True, tile_h=4, tile_n=8, n_stages=1), 2),
+        # the persistent form of the session-7 winner: the same 192 KB, one program per SM
+        (b2b.B2BConfig(128, 64, 128, 8, 4, "smem", persistent=True, tma=True, programs_per_sm=1, tile_h=4, tile_n=8), 1),
     ],
     ids=lambda v: v.describe() if isinstance(v, b2b.B2BConfig) else str(v),
 )

@@ -80,7 +80,10 @@ def compile_asm(
         cfg = replace(cfg, block_k=conv_tma_block_k(cfg, widths_k0))
     mod = _module(chain)
     jf = mod.b2b_persistent_kernel if cfg.persistent else mod.b2b_kernel
-    jf = mod.b2b_conv_tma_kernel if conv_tma else mod.b2b_tma_kernel if tma else jf
+    if conv_tma:
+        jf = mod.b2b_conv_tma_persistent_kernel if cfg.persistent else mod.b2b_conv_tma_kernel
+    elif tma:
+        jf = mod.b2b_tma_kernel
     t = _TT[dtype]
     sig: dict[str, str] = {}
     const: dict[str, Any] = {}
@@ -112,6 +115,8 @@ def compile_asm(
         const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, TILE_STAGES=cfg.num_stages, PDL=cfg.pdl)
     if conv_tma:
         const.update(BNI=cfg.tile_n, BH=cfg.tile_h, BW=cfg.block_m // (cfg.tile_h * cfg.tile_n))
+        if cfg.persistent:
+            const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm)
     if jit_like and not chain.conv:
         # what the JIT sees for a GEMM chain on contiguous tensors: the unit strides and the 1x1
         # "image" sizes are specialised to 1, the other integers are multiples of 16

@@ -77,6 +77,8 @@ class B2BConfig:
     # 128 pixels, where one image's 4 x 32 tile computes 14% of its pixels in vain)
     tile_h: int = 0
     tile_n: int = 1
+    # (``persistent`` with a conv chain's ``tile_h``: ``b2b_conv_tma_persistent_kernel``, a fixed
+    # grid of programs_per_sm x SMs looping over the spatial tiles)
     # with ``tma`` on a GEMM chain: launch with programmatic dependent launch (Hopper), so the
     # persistent grid's prologue (weights, descriptors) overlaps the previous kernel's tail
     pdl: bool = False
@@ -93,6 +95,7 @@ class B2BConfig:
         if self.tma and self.tile_h:
             n = f"{self.tile_n}x" if self.tile_n > 1 else ""
             d += f" tma {n}{self.tile_h}x{self.block_m // (self.tile_h * self.tile_n)}"
+            d += f" x{self.programs_per_sm}" if self.persistent else ""
         elif self.tma:
             d += f" tma x{self.programs_per_sm}" + (" pdl" if self.pdl else "")
         if self.n_stages:

@@ -162,11 +162,18 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         cfg = narrow if conv_descs is not None else cfg
     descs = _tma_descriptors(chain, g, cfg, block_n) if cfg.persistent and cfg.tma and single["SINGLE_K"] and single["SINGLE_N"] else None
     if conv_descs is not None:
-        kernel = _module(chain).b2b_conv_tma_kernel
         ptrs[0], ptrs[len(chain.stages) + 1] = conv_descs
         bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "b2b", cfg.tile_n)
-        grid = (-(-nb // cfg.tile_n) * -(-oh // bh) * -(-ow // bw),)
+        n_sp = -(-nb // cfg.tile_n) * -(-oh // bh) * -(-ow // bw)
         single.update(BNI=cfg.tile_n, BH=bh, BW=bw)
+        if cfg.persistent:  # a fixed grid of programs_per_sm x SMs looping over the spatial tiles
+            kernel = _module(chain).b2b_conv_tma_persistent_kernel
+            n_prog = min(n_sp, max(1, cfg.programs_per_sm) * _num_sms(g.x.device))
+            grid = (n_prog,)
+            single["NUM_PROGRAMS"] = n_prog
+        else:
+            kernel = _module(chain).b2b_conv_tma_kernel
+            grid = (n_sp,)
     elif descs is not None:
         kernel = _module(chain).b2b_tma_kernel
         ptrs[0], ptrs[len(chain.stages) + 1] = descs

@@ -91,6 +91,7 @@ def kernel_source(chain: Chain) -> str:
     ]
     if chain.conv:
         src += ["", "", *_conv_tma_kernel(chain, params)]
+        src += ["", "", *_conv_tma_kernel(chain, params, persistent=True)]
     else:
         src += ["", "", *_tma_kernel(chain, ptrs, params)]
     return "\n".join(src) + "\n"
@@ -312,7 +313,7 @@ def _later_stages(chain: Chain, store: Callable[[str], list[str]]) -> list[str]:
     return src
 
 
-def _conv_tma_kernel(chain: Chain, params: list[str]) -> list[str]:
+def _conv_tma_kernel(chain: Chain, params: list[str], persistent: bool = False) -> list[str]:
     """``b2b_conv_tma_kernel``: the conv chain for Hopper with stage 0's A tiles and the output
     tiles moved by TMA, as CUTLASS's Hopper implicit-GEMM convs do. A program owns a BH x BW
     spatial tile of one image (BLOCK_M = BH * BW output pixels); for each filter tap and channel
@@ -324,13 +325,15 @@ def _conv_tma_kernel(chain: Chain, params: list[str]) -> list[str]:
     image's right / bottom edge."""
     sig = [p.replace("x_ptr", "x_desc").replace("out_ptr", "out_desc") for p in params]
     out_t = _tl_dtype(chain.stages[-1].out_dtype)
-    src = ["@triton.jit", "def b2b_conv_tma_kernel(", *sig, "    BNI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,", "):"]
-    src += [
+    name = "b2b_conv_tma_persistent_kernel" if persistent else "b2b_conv_tma_kernel"
+    consts = "    BNI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr," + (" NUM_PROGRAMS: tl.constexpr," if persistent else "")
+    head = ["@triton.jit", f"def {name}(", *sig, consts, "):"]
+    src = [
         "    # a program owns BNI images x BH x BW output pixels; row r is image r // (BH * BW)",
         "    tiles_w = tl.cdiv(OW, BW)",
         "    per_group = tl.cdiv(OH, BH) * tiles_w",
-        "    img0 = (tl.program_id(0) // per_group) * BNI",
-        "    tile = tl.program_id(0) % per_group",
+        "    img0 = (sp // per_group) * BNI",
+        "    tile = sp % per_group",
         "    oh0 = (tile // tiles_w) * BH",
         "    ow0 = (tile % tiles_w) * BW",
         "    rows = tl.arange(0, BLOCK_M)",
@@ -362,7 +365,15 @@ def _conv_tma_kernel(chain: Chain, params: list[str]) -> list[str]:
         _stage_tail(chain, 0, "offs_n", "mask_n", 4),
     ]
     src += _later_stages(chain, lambda c0: [f"out_desc.store([img0, oh0, ow0, {c0}], acc_o.to({out_t}).reshape(BNI, BH, BW, BLOCK_N))"])
-    return [ln for chunk in src for ln in chunk.split("\n")]
+    body = [ln for chunk in src for ln in chunk.split("\n")]
+    if not persistent:
+        return head + ["    sp = tl.program_id(0)", *body]
+    # persistent: a fixed grid loops over the spatial tiles, so a program's last output stores
+    # drain while it starts the next tile's stage 0 (one program per SM at 192 KB otherwise exits,
+    # waits for its stores and hands the SM to a new program that reloads its prologue)
+    n_tiles = "tl.cdiv(NB, BNI) * tl.cdiv(OH, BH) * tl.cdiv(OW, BW)"
+    loop = [f"    for sp in tl.range(tl.program_id(0), {n_tiles}, NUM_PROGRAMS, num_stages=1):"]
+    return head + loop + [("    " + ln) if ln.strip() else ln for ln in body]
 
 
 _TL = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32"}
