@@ -17,7 +17,6 @@ import itertools
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ if "--smoke" in sys.argv:  # tiny shapes in the interpreter on the CPU (wiring c
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import floor_ms, gpu_name, graph_ms_per_call, max_rel_err
+from kfuse.bench.harness import floor_ms, gpu_name, graph_ms_per_call, max_rel_err, sweep_configs
 from kfuse.kernels import b2b
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 
@@ -141,40 +140,19 @@ def gemm_configs(widths: tuple[int, int, int]) -> list[b2b.B2BConfig]:
 def _sweep(chain: b2b.Chain, args_of: Any, cfgs: list[b2b.B2BConfig], ref: torch.Tensor, deadline: float) -> dict[str, Any]:
     g = args_of()
 
-    def compile_one(cfg: b2b.B2BConfig) -> str | None:
-        if time.perf_counter() > deadline:
-            return "skipped: time budget"
-        try:
-            b2b.launch(chain, args_of(), cfg, warmup=True)
-            return None
-        except Exception as e:  # noqa: BLE001 - reported per config
-            return f"{type(e).__name__}: {str(e)[:80]}"
+    def time_one(cfg: b2b.B2BConfig) -> dict[str, Any]:
+        g.out.fill_(float("nan"))
+        ms, _ = graph_ms_per_call(lambda: b2b.launch(chain, g, cfg), (), calls=20, rep=15)
+        err_v = max_rel_err(g.out, ref)
+        if err_v >= 2e-2:
+            print(f"  WRONG {cfg.describe()}: max rel err {err_v:.3g}", flush=True)
+        return {"ms": ms, "max_rel_err": err_v, "ok": err_v < 2e-2}
 
     if SMOKE:
         cfgs = [c for c in cfgs if c.block_m == 64][:3]
-    with ThreadPoolExecutor(8) as pool:
-        errs = list(pool.map(compile_one, cfgs))
-    res: dict[str, Any] = {}
-    if not torch.cuda.is_available():
-        errs = [None] * len(cfgs)  # the interpreter compiles nothing
-    for cfg, err in zip(cfgs, errs, strict=True):
-        if time.perf_counter() > deadline:
-            res[cfg.describe()] = "skipped: time budget"
-            continue
-        if err:
-            res[cfg.describe()] = f"failed to compile: {err}"
-            continue
-        try:
-            g.out.fill_(float("nan"))
-            ms, out = graph_ms_per_call(lambda cfg=cfg: b2b.launch(chain, g, cfg), (), calls=20, rep=15)
-            err_v = max_rel_err(g.out, ref)
-            res[cfg.describe()] = {"ms": ms, "max_rel_err": err_v, "ok": err_v < 2e-2}
-            if not res[cfg.describe()]["ok"]:
-                print(f"  WRONG {cfg.describe()}: max rel err {err_v:.3g}", flush=True)
-        except Exception as e:  # noqa: BLE001
-            torch.cuda.synchronize()
-            res[cfg.describe()] = f"failed: {type(e).__name__}: {str(e)[:80]}"
-    return res
+    # the interpreter compiles nothing ahead
+    compile_one = (lambda cfg: b2b.launch(chain, args_of(), cfg, warmup=True)) if torch.cuda.is_available() else None
+    return sweep_configs(cfgs, compile_one, time_one, deadline)
 
 
 def main() -> None:

@@ -19,7 +19,6 @@ import json
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ if "--smoke" in sys.argv:
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import gpu_name, graph_ms_per_call, max_rel_err
+from kfuse.bench.harness import gpu_name, graph_ms_per_call, max_rel_err, sweep_configs
 from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 from kfuse.kernels.gemm import GemmConfig, gemm_epilogue, launch, prepare
@@ -115,38 +114,21 @@ def main() -> None:
                     rec[name.replace("_ms", "_max_rel_err")] = max_rel_err(y if "relu" in name else torch.relu(y), ref)
             cfgs: list[GemmConfig] = ([chosen] if chosen else []) + [c for c in ranked[:top] if c != chosen]  # type: ignore[misc]
 
-            def compile_one(cfg: GemmConfig, m: int = m) -> str | None:
-                if time.perf_counter() > deadline or a.smoke:
-                    return None
-                try:
-                    launch(prepare(x, w, [bias], dtype, None), EPI, cfg, warmup=True)
-                    return None
-                except Exception as e:  # noqa: BLE001 - reported per config
-                    return f"{type(e).__name__}: {str(e)[:80]}"
-
-            with ThreadPoolExecutor(8) as pool:
-                errs = list(pool.map(compile_one, cfgs))
-            res: dict[str, Any] = {}
-            for cfg, err in zip(cfgs, errs, strict=True):
-                if time.perf_counter() > deadline:
-                    res[cfg.describe()] = "skipped: time budget"
-                    continue
-                if err:
-                    res[cfg.describe()] = f"failed to compile: {err}"
-                    continue
+            def time_one(cfg: GemmConfig, m: int = m, n: int = n) -> dict[str, Any]:
                 out = torch.full((m, n), float("nan"), device=device, dtype=dtype)
-                try:
-                    ms, _ = graph_ms_per_call(lambda cfg=cfg, out=out: gemm_epilogue(x, w, [bias], EPI, dtype, cfg, out=out), (), calls=20)
-                    res[cfg.describe()] = {"ms": ms, "max_rel_err": max_rel_err(out, ref)}
-                except Exception as e:  # noqa: BLE001
-                    res[cfg.describe()] = f"failed: {type(e).__name__}: {str(e)[:80]}"
+                ms, _ = graph_ms_per_call(lambda: gemm_epilogue(x, w, [bias], EPI, dtype, cfg, out=out), (), calls=20)
+                return {"ms": ms, "max_rel_err": max_rel_err(out, ref)}
+
+            def compile_one(cfg: GemmConfig) -> None:
+                launch(prepare(x, w, [bias], dtype, None), EPI, cfg, warmup=True)
+
+            res = sweep_configs(cfgs, None if a.smoke else compile_one, time_one, deadline)
             rec["configs"] = res
             ok = sorted((v["ms"], c) for c, v in res.items() if isinstance(v, dict) and v["max_rel_err"] < 2e-2)
             rec["best"] = ok[:5]
             recs.append(rec)
-            choice_ms = (
-                res.get(rec["tuner_choice"], {}).get("ms", float("nan")) if isinstance(res.get(rec["tuner_choice"]), dict) else float("nan")
-            )
+            got = res.get(rec["tuner_choice"])
+            choice_ms = got["ms"] if isinstance(got, dict) else float("nan")
             lt = {k: round(v, 4) for k, v in rec.items() if k.startswith("cublaslt") and k.endswith("_ms")}
             print(
                 f"{rec['case']}: cuBLAS mm {rec['cublas_mm_ms']:.4f} {lt}; tuner {rec['tuner_choice']} {choice_ms:.4f}; best {ok[:3]}",

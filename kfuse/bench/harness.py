@@ -119,6 +119,44 @@ def graph_ms_per_call(fn: Callable[..., Any], args: Sequence[Any], calls: int = 
     return time_ms(replay, warmup, rep) / calls, out
 
 
+def sweep_configs(
+    cfgs: Sequence[Any], compile_one: Callable[[Any], Any] | None, time_one: Callable[[Any], dict[str, Any]], deadline: float,
+    workers: int = 8,
+) -> dict[str, Any]:  # fmt: skip
+    """The experiments' config sweep, keyed by ``cfg.describe()``: every config compiled first in
+    parallel threads (``compile_one``; None where nothing compiles, as in the interpreter), then
+    timed one by one with ``time_one`` (its record). Configs past ``deadline`` are recorded as
+    skipped, and one that fails to compile or run as the error text."""
+
+    def compile_err(cfg: Any) -> str | None:
+        if compile_one is None or time.perf_counter() > deadline:
+            return None
+        try:
+            compile_one(cfg)
+            return None
+        except Exception as e:  # noqa: BLE001 - reported per config
+            return f"{type(e).__name__}: {str(e)[:80]}"
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        errs = list(pool.map(compile_err, cfgs))
+    res: dict[str, Any] = {}
+    for cfg, err in zip(cfgs, errs, strict=True):
+        if time.perf_counter() > deadline:
+            res[cfg.describe()] = "skipped: time budget"
+        elif err:
+            res[cfg.describe()] = f"failed to compile: {err}"
+        else:
+            try:
+                res[cfg.describe()] = time_one(cfg)
+            except Exception as e:  # noqa: BLE001 - reported per config
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                res[cfg.describe()] = f"failed: {type(e).__name__}: {str(e)[:80]}"
+    return res
+
+
 def graph_or_plain(fn: Callable[[], Any]) -> Callable[[], Any]:
     """A CUDA-graph replay of ``fn`` on the GPU (kernel time without launch overhead, as inside a
     compiled model); ``fn`` itself without a GPU."""

@@ -512,20 +512,15 @@ def extra_budget(
     return lo * prof.lc_total
 
 
-def p99_gap(prof: Profile, measured: RunResult | Sequence[RunResult], arrivals: Sequence[float] | Sequence[Sequence[float]],
-            qos_ms: float) -> float:  # fmt: skip
+def p99_gap(prof: Profile, measured: Sequence[RunResult], arrivals: Sequence[Sequence[float]], qos_ms: float) -> float:
     """Measured LC-alone p99 minus the p99 of the same arrivals replayed with the profile's median
-    kernel times (>= 0; the mean over several sequences when given lists): real launches vary, and
-    queueing amplifies the variation into the tail. On the H200 (session 8, BERT-base, hotspot) the
-    gap was 1.04 ms of a 5.85 ms QoS."""
-    if isinstance(measured, RunResult):
-        runs, seqs = [measured], [list(arrivals)]  # type: ignore[arg-type]
-    else:
-        runs, seqs = list(measured), [list(a) for a in arrivals]  # type: ignore[union-attr]
-    if len(seqs) != len(runs):
-        raise ValueError(f"p99_gap: {len(runs)} measured runs for {len(seqs)} arrival sequences")
+    kernel times, averaged over the arrival sequences (``measured[i]`` served ``arrivals[i]``), >= 0:
+    real launches vary, and queueing amplifies the variation into the tail. On the H200 (session 8,
+    BERT-base, hotspot) the gap was 1.04 ms of a 5.85 ms QoS."""
+    if len(arrivals) != len(measured):
+        raise ValueError(f"p99_gap: {len(measured)} measured runs for {len(arrivals)} arrival sequences")
     replay = _ReplayBackend(prof)
-    gaps = [r.p99 - run_policy(replay, prof, "lc_alone", a, [], qos_ms, margin=0.0).p99 for r, a in zip(runs, seqs, strict=True)]
+    gaps = [r.p99 - run_policy(replay, prof, "lc_alone", a, [], qos_ms, margin=0.0).p99 for r, a in zip(measured, arrivals, strict=True)]
     return max(0.0, float(np.mean(gaps)))
 
 

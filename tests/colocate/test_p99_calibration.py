@@ -40,7 +40,7 @@ def test_a_slow_launch_tail_widens_p99_and_shrinks_the_allowance() -> None:
     prof, arrivals, qos, rate = _setup(sim)
     assert np.median(np.array(prof.lc_ms) / np.array(sim.lc_ms)) == pytest.approx(1.0)  # most medians miss the stalls
     measured = S.run_policy(sim, prof, "lc_alone", arrivals, [], qos)
-    gap = S.p99_gap(prof, measured, arrivals, qos)
+    gap = S.p99_gap(prof, [measured], [arrivals], qos)
     assert gap > 0.01 * prof.lc_total
     plain = S.extra_budget(prof, qos, rate, n_queries=200)
     calibrated = S.extra_budget(prof, qos, rate, n_queries=200, p99_gap_ms=gap)
@@ -51,7 +51,7 @@ def test_exact_launch_times_leave_the_allowance_as_it_was() -> None:
     sim = h200_like({(1, 1): 0.3}, noise=0.0)
     prof, arrivals, qos, rate = _setup(sim)
     measured = S.run_policy(sim, prof, "lc_alone", arrivals, [], qos)
-    assert S.p99_gap(prof, measured, arrivals, qos) == pytest.approx(0.0, abs=1e-9)
+    assert S.p99_gap(prof, [measured], [arrivals], qos) == pytest.approx(0.0, abs=1e-9)
     assert S.extra_budget(prof, qos, rate, n_queries=200, p99_gap_ms=0.0) == S.extra_budget(prof, qos, rate, n_queries=200)
 
 

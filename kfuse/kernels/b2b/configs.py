@@ -132,8 +132,8 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
     if widest <= 128:
         cands = [tile(128, last, 4, 3, "register"), tile(64, last, 4, 3, "register")]
         if n_last > 128:  # the best four of the session-6 sweep (128 -> 128 -> 512, 64 -> 64 -> 256)
-            cands += [tile(128, last, 4, 4, "register"), tile(128, last, 8, 4, "smem"), tile(128, last, 8, 3, "smem"),
-                      tile(256, last, 8, 3, "smem")]  # fmt: skip
+            best = [tile(128, last, 4, 4, "register"), tile(128, last, 8, 4, "smem")]
+            cands += [*best, tile(128, last, 8, 3, "smem"), tile(256, last, 8, 3, "smem")]
             # those need 160-192 KB of shared memory, most of it the N loop's 4 pipelined weight
             # tiles: one program per SM, whose last stage overlaps nothing. Two programs per SM
             # measured no faster (H200, 128 -> 128 -> 512): 64-wide last tiles (session 7, the
@@ -142,7 +142,7 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
             cands += [tile(128, 64, 8, 4, "smem", bk=32)]
             # not yet measured: the two best in persistent form (one program per SM looping over
             # the tiles, so a tile's last stores drain while the next tile's stage 0 starts)
-            cands += [replace(c, persistent=True, programs_per_sm=1) for c in cands[2:4] if c is not None]
+            cands += [replace(c, persistent=True, programs_per_sm=1) for c in best if c is not None]
     else:
         cands = [tile(128, min(last, 64), 8, 2, "smem")]
     return [c for c in cands if c is not None]
