@@ -102,6 +102,7 @@ def main() -> None:
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
             backend = CudaBackend(items, bes)
+            print(f"  {backend.graphed_segments} of {len(backend.segments)} segments replay from CUDA graphs", flush=True)
             versions = tuple(parse_version(v, backend.lc_grid // backend.sms) for v in a.versions.split(","))
             versions = versions if gpu else versions[:2]
             res = experiment.run_experiment(
@@ -125,6 +126,7 @@ def main() -> None:
                                  "be_fit": res["be_fit"], "plans": res["plans"], "error_bounds": res["error_bounds"],
                                  "samples": res["samples"], "decisions": {f"{b}|{q}": r.decisions for (b, q), r in res["runs"].items()
                                                                            if q == "aker"},
+                                 "graphed_segments": backend.graphed_segments,
                                  "preroll": dict(cuda_backend.PREROLL)})  # fmt: skip
             experiment.plot(res, lc_name, a.out)
         except Exception as e:
@@ -159,7 +161,7 @@ def main() -> None:
             pr = p.get("preroll", {})
             if pr:
                 print(f"  timing pre-roll {pr.get('ms', 0):.3f} ms, max enqueue {pr.get('max_enqueue_ms', 0):.3f} ms, "
-                      f"uncovered {int(pr.get('uncovered', 0))}")  # fmt: skip
+                      f"uncovered {int(pr.get('uncovered', 0))}, retimed {int(pr.get('retimed', 0))}")  # fmt: skip
             for pair, per_v in p["measured_overlap"].items():
                 print(f"  best measured overlap {pair}: " + ", ".join(f"{v} {o:+.1%}" for v, o in per_v.items()))
     print(f"total {time.perf_counter() - t_start:.1f} s")

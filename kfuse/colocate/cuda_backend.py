@@ -15,7 +15,8 @@ from kfuse.colocate.ptb import launch_ptb, num_sms
 from kfuse.colocate.scheduler import Backend, LCKernel
 from kfuse.colocate.workloads import Workload
 
-PREROLL: dict[str, float] = {"cycles": 0, "ms": 0.1, "max_enqueue_ms": 0.0, "uncovered": 0, "cycles_per_ms": 0.0}  # see ``timed``
+# see ``timed``
+PREROLL: dict[str, float] = {"cycles": 0, "ms": 0.1, "max_enqueue_ms": 0.0, "uncovered": 0, "retimed": 0, "cycles_per_ms": 0.0}
 MAX_PREROLL_MS = 0.5
 
 
@@ -31,20 +32,8 @@ def _calibrate_preroll() -> None:
     PREROLL["cycles"] = int(PREROLL["ms"] * PREROLL["cycles_per_ms"])
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    """Milliseconds of the GPU work ``fn`` launches (CPU wall clock without a GPU).
-
-    The start event sits behind a short GPU spin (``torch.cuda._sleep``, ``PREROLL["ms"]``), so ``fn``'s kernels are
-    already enqueued when it fires: the window holds GPU time only. Sessions 3-4 recorded the start event on an idle
-    GPU, so every duration on the scheduler's clock also held the host's launch path (Triton's Python launcher,
-    tens of us per launch for 44 LC kernels of 50-260 us), which varies with what the host did in between
-    (Aker plans between launches; time sharing does not). If enqueueing took longer than the spin, the spin grows."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    if not PREROLL["cycles"]:
-        _calibrate_preroll()
+def _window(fn: Callable[[], Any]) -> tuple[float, float]:
+    """(GPU ms between the events around ``fn``, host ms spent enqueueing ``fn``), behind the pre-roll spin."""
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(int(PREROLL["cycles"]))
     s.record()
@@ -53,18 +42,65 @@ def timed(fn: Callable[[], Any]) -> float:
     enq = (time.perf_counter() - t0) * 1e3
     e.record()
     e.synchronize()
+    return s.elapsed_time(e), enq
+
+
+def timed(fn: Callable[[], Any], retime: bool = True) -> float:
+    """Milliseconds of the GPU work ``fn`` launches (CPU wall clock without a GPU).
+
+    The start event sits behind a short GPU spin (``torch.cuda._sleep``, ``PREROLL["ms"]``), so ``fn``'s kernels are
+    already enqueued when it fires: the window holds GPU time only. Sessions 3-4 recorded the start event on an idle
+    GPU, so every duration on the scheduler's clock also held the host's launch path (Triton's Python launcher,
+    tens of us per launch for 44 LC kernels of 50-260 us), which varies with what the host did in between
+    (Aker plans between launches; time sharing does not). If enqueueing took longer than the spin, the GPU may have
+    idled inside the window (session 8: 2,638-7,437 such windows a run, one of 852 ms): the spin grows, and with
+    ``retime`` the work runs once more and that window is the one returned (every launch here is idempotent GPU
+    work; the scheduler counts its blocks once)."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    if not PREROLL["cycles"]:
+        _calibrate_preroll()
+    ms, enq = _window(fn)
     PREROLL["max_enqueue_ms"] = max(PREROLL["max_enqueue_ms"], enq)
     if enq > 0.8 * PREROLL["ms"]:  # the GPU may have idled inside the window
         PREROLL["uncovered"] += 1
         if enq <= MAX_PREROLL_MS:  # a longer spin from now on (not for a JIT compile: first calls are untimed anyway)
             PREROLL["ms"] = min(MAX_PREROLL_MS, 1.5 * enq)
             PREROLL["cycles"] = int(PREROLL["ms"] * PREROLL["cycles_per_ms"])
-    return s.elapsed_time(e)
+        if retime:
+            PREROLL["retimed"] += 1
+            ms2, enq2 = _window(fn)
+            if enq2 <= 0.8 * PREROLL["ms"] or ms2 < ms:  # covered this time, or at least less idle inside
+                ms = ms2
+    return ms
+
+
+def graphed(run: Callable[[], Any]) -> Callable[[], Any]:
+    """``run`` (a segment of several LC steps on fixed, cached inputs) captured in one CUDA graph: one
+    launch to enqueue instead of one Python launch per step, so its timing window is covered by the
+    pre-roll (a deployed kfuse model runs in a CUDA graph too). ``run`` itself if capture fails."""
+    if not torch.cuda.is_available():
+        return run
+    from kfuse.bench.harness import cuda_graph_callable
+
+    try:
+        return cuda_graph_callable(run, ())
+    except Exception:  # noqa: BLE001 - a step that cannot be captured runs eagerly
+        torch.cuda.synchronize()
+        return run
 
 
 class CudaBackend(Backend):
-    def __init__(self, items: Sequence[LCItem], be: dict[str, Workload], lc_programs_per_sm: int = 2, be_programs_per_sm: int = 4) -> None:
+    def __init__(
+        self, items: Sequence[LCItem], be: dict[str, Workload], lc_programs_per_sm: int = 2, be_programs_per_sm: int = 4,
+        graph_segments: bool = True,
+    ) -> None:  # fmt: skip
         self.items = list(items)
+        # segments (several non-GEMM steps) replay from CUDA graphs: see ``graphed``
+        self.segments = {i: graphed(it.run) if graph_segments else it.run for i, it in enumerate(self.items) if it.run is not None}
+        self.graphed_segments = sum(1 for i, it in enumerate(self.items) if it.run is not None and self.segments[i] is not it.run)
         self.be = be
         self.sms = num_sms()
         self.lc_grid = lc_programs_per_sm * self.sms
@@ -84,8 +120,7 @@ class CudaBackend(Backend):
         if it.kernel is not None:
             k = it.kernel
             return lambda: launch_ptb(k, 0, k.n_blocks, self.lc_grid)
-        assert it.run is not None
-        return it.run
+        return self.segments[i]
 
     def run_lc(self, i: int) -> float:
         self.launches += 1

@@ -1,0 +1,56 @@
+"""The real backend's timing rules, with the GPU window replaced by a script (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kfuse.colocate import cuda_backend as cb
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
+    windows: list[tuple[float, float]] = []
+    monkeypatch.setattr(cb.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cb, "_window", lambda fn: (fn(), windows.pop(0))[1])
+    monkeypatch.setattr(cb, "PREROLL", {**cb.PREROLL, "cycles": 1000, "ms": 0.1, "cycles_per_ms": 10_000.0, "uncovered": 0, "retimed": 0})
+    return windows
+
+
+def test_covered_window_is_returned_as_is(fake_gpu: list[tuple[float, float]]) -> None:
+    fake_gpu += [(0.25, 0.01)]
+    calls = []
+    assert cb.timed(lambda: calls.append(1)) == 0.25
+    assert len(calls) == 1 and cb.PREROLL["uncovered"] == 0 and cb.PREROLL["retimed"] == 0
+
+
+def test_uncovered_window_is_retimed_and_the_spin_grows(fake_gpu: list[tuple[float, float]]) -> None:
+    # the host took 0.3 ms to enqueue behind a 0.1 ms spin: the GPU idled inside the first window
+    fake_gpu += [(0.9, 0.3), (0.4, 0.02)]
+    calls = []
+    assert cb.timed(lambda: calls.append(1)) == 0.4
+    assert len(calls) == 2
+    assert cb.PREROLL["uncovered"] == 1 and cb.PREROLL["retimed"] == 1
+    assert cb.PREROLL["ms"] == pytest.approx(0.45) and cb.PREROLL["cycles"] == 4500
+
+
+def test_a_host_stall_beyond_the_longest_spin_keeps_the_spin_and_the_shorter_window(fake_gpu: list[tuple[float, float]]) -> None:
+    fake_gpu += [(850.0, 849.0), (2.0, 1.5)]  # a GC pause, then a window still uncovered but far less idle
+    assert cb.timed(lambda: None) == 2.0
+    assert cb.PREROLL["ms"] == 0.1  # a stall longer than MAX_PREROLL_MS does not lengthen every later window
+
+
+def test_without_retime_the_first_window_stands(fake_gpu: list[tuple[float, float]]) -> None:
+    fake_gpu += [(0.9, 0.3)]
+    assert cb.timed(lambda: None, retime=False) == 0.9
+    assert cb.PREROLL["uncovered"] == 1 and cb.PREROLL["retimed"] == 0
+
+
+def test_segments_run_eagerly_without_a_gpu() -> None:
+    from kfuse.colocate.lc import LCItem
+
+    ran = []
+    items = [LCItem("seg0", None, lambda: ran.append(0), "", ("layer_norm",))]
+    backend = cb.CudaBackend(items, {})
+    assert backend.graphed_segments == 0
+    backend.run_lc(0)
+    assert ran == [0]
