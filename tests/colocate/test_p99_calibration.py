@@ -65,3 +65,58 @@ def test_experiment_uses_the_calibrated_allowance() -> None:
     assert out["extra_per_query_ms"] < out["extra_uncalibrated_ms"]
     assert any("above its replay" in ln for ln in logs)
     assert ("-", "lc_alone") in out["runs"] and ("sgemm", "timeshare") in out["runs"]
+
+
+class SlowerGPU(SimGPU):
+    """Every LC launch takes ``factor`` x the profile's time (the clock's per-launch overhead)."""
+
+    def __init__(self, base: SimGPU, factor: float) -> None:
+        super().__init__(base.lc_ms, base.fusible, base.be, base.law, keys=base.keys)
+        self.factor = factor
+        self.slow = False
+
+    def run_lc(self, i: int) -> float:
+        return super().run_lc(i) * (self.factor if self.slow else 1.0)
+
+
+def test_measured_solo_is_a_lone_query_on_the_backend() -> None:
+    sim = SlowerGPU(h200_like({(1, 1): 0.3}, noise=0.0), 1.2)
+    prof = S.build_profile(sim, ["sgemm"], [(1, 1)], reps=3)
+    sim.slow = True
+    assert S.measured_solo_ms(sim, prof) == pytest.approx(1.2 * prof.lc_total, rel=1e-6)
+
+
+def test_calibrated_experiment_scales_the_profile_to_the_measured_solo(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kfuse.colocate.experiment as E
+
+    sim = SlowerGPU(h200_like({(1, 1): 0.3}, noise=0.0), 1.2)
+
+    def quiet_profile(*args: object, **kwargs: object) -> S.Profile:  # profiled on quiet launches, served on the slower clock
+        sim.slow = False
+        try:
+            return S.build_profile(*args, **kwargs)
+        finally:
+            sim.slow = True
+
+    monkeypatch.setattr(E, "build_profile", quiet_profile)
+    logs: list[str] = []
+    out = run_experiment(
+        sim, ["sgemm"], versions=[(1, 1)], policies=("lc_alone",), seconds=0.2, min_queries=100, reps=3, log=logs.append,
+        calibrate=True,
+    )  # fmt: skip
+    assert out["solo_ms"] == pytest.approx(1.2 * out["solo_profile_ms"], rel=1e-6)
+    assert out["qos_ms"] == pytest.approx(5.0 * out["solo_ms"])
+    assert any("LC kernel times x1.200" in ln for ln in logs)
+    # served with the slower launches, LC alone at 0.8 of the calibrated max rate keeps QoS
+    assert out["runs"][("-", "lc_alone")].violations == 0
+
+
+def test_max_rate_check_pools_several_sequences() -> None:
+    sim = h200_like({(1, 1): 0.3}, noise=0.0)
+    prof = S.build_profile(sim, ["sgemm"], [(1, 1)], reps=3)
+    qos = 5 * prof.lc_total
+    start = 1.5 * S.max_lc_rate(prof, qos)  # far above what LC alone can serve within QoS
+    pooled = S.measured_max_lc_rate(sim, prof, qos, start, n_queries=150, sequences=3)
+    assert pooled < start
+    lat = [x for s in range(3) for x in S.run_policy(sim, prof, "lc_alone", S.poisson_arrivals(pooled, 150, 7 + s), [], qos).latencies_ms]
+    assert np.percentile(lat, 99) <= qos
