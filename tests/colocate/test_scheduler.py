@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from kfuse.colocate import scheduler as S
@@ -133,9 +134,11 @@ def test_measured_max_rate_is_below_the_replay_estimate_when_launches_vary() -> 
     sim, prof = _setup()
     qos = 5 * prof.lc_total
     est = S.max_lc_rate(prof, qos)
-    assert S.measured_max_lc_rate(sim, prof, qos, est) == pytest.approx(est)  # no noise: the estimate holds
+    # no noise: the estimate holds up to the arrival sequences (the check's are not the estimate's)
+    assert 0.9 * est <= S.measured_max_lc_rate(sim, prof, qos, est) <= est
     noisy = SimGPU([x * 10 if i % 7 == 0 else x for i, x in enumerate(LC)], FUS, {"be": (0.01, 0.002, 2000)}, keys=KEYS)
     measured = S.measured_max_lc_rate(noisy, prof, qos, est)
     assert measured < est
-    arrivals = S.poisson_arrivals(measured, 80, 7)
-    assert S.run_policy(noisy, prof, "lc_alone", arrivals, [], qos, margin=0.0).p99 <= qos
+    runs = [S.run_policy(noisy, prof, "lc_alone", S.poisson_arrivals(measured, 150, 7 + s), [], qos) for s in range(3)]
+    lat = [x for r in runs for x in r.latencies_ms]
+    assert np.percentile(lat, 99) <= qos  # pooled over the check's three sequences
