@@ -63,7 +63,9 @@ def run(
         gpu = from_items(items, bes, seed)
     if sequences < 1:
         raise typer.BadParameter("--sequences must be at least 1")
-    res = experiment.run_experiment(gpu, be_names, qos_ms or None, qos_factor, load, seconds, seed=seed, sequences=sequences)
+    # on the GPU, solo and the max rate are measured on the backend's own clock (calibrate)
+    res = experiment.run_experiment(gpu, be_names, qos_ms or None, qos_factor, load, seconds, seed=seed, sequences=sequences,
+                                    calibrate=use_cuda)  # fmt: skip
     cmd = f"kfuse colocate run --lc {lc} --be {be} --qos-ms {qos_ms} --load {load} --seconds {seconds} --backend {backend}"
     cmd += f" --sequences {sequences}" if sequences > 1 else ""
     recs = experiment.records(res, lc, cmd)
