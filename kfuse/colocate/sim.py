@@ -183,3 +183,60 @@ def h200_round2(be: str, noise: float = 0.1, seed: int = 3, overlap_scale: float
     bes = {"sgemm": (0.015, 0.082 / PTB_GRID, 1024, PTB_GRID), "lbm": (0.02, 0.0203 / PTB_GRID, 8192, PTB_GRID)}
     return SimGPU([all_lc[j] for j in order], [all_f[j] for j in order], {be: bes[be]}, fused_law=law, noise=noise, seed=seed,
                   keys=[all_k[j] for j in order])  # fmt: skip
+
+
+# Session 9's H200 run of BERT-base B8 S128 + hotspot (benchmarks/results/h200/predictor.json, "bert-base
+# (hotspot run, session 9)"): profiled LC GEMM times (ms) and the measured (x = T_be/T_lc, T_fused/T_lc)
+# samples of the tail-fill version, per GEMM shape.
+H200_S9_BERT_GEMMS = {"1024x2304x768": 0.0178, "1024x768x768": 0.0102, "1024x3072x768": 0.0183, "1024x768x3072": 0.0264}
+H200_S9_BERT_POOLER = ("8x768x768", 0.0096)
+H200_S9_BERT_SOLO_MS = 1.101  # sum of the profile's median kernel times (86 kernels: 49 GEMMs, 37 segments)
+H200_S9_HOTSPOT_TAIL = {
+    "1024x2304x768": [(0.33, 1.03), (0.55, 1.03), (0.75, 1.35), (0.94, 1.79), (1.4, 2.71), (2.1, 3.69), (2.61, 4.5), (3.09, 5.25)],
+    "1024x768x768": [(0.44, 1.05), (0.56, 1.05), (0.85, 1.26), (1.04, 1.54), (1.41, 1.92), (1.82, 2.71), (2.31, 3.83), (2.89, 5.04)],
+    "1024x3072x768": [(0.32, 1.01), (0.53, 1.35), (0.72, 1.87), (0.93, 2.54), (1.4, 4.24), (2.08, 5.57), (2.61, 6.89), (3.06, 8.15)],
+    "1024x768x3072": [(0.28, 1.05), (0.49, 1.05), (0.7, 1.64), (0.92, 1.92), (1.58, 2.75), (2.08, 3.78), (2.55, 4.74), (3.04, 5.73)],
+    "8x768x768": [(0.48, 1.03), (0.59, 1.04), (0.77, 1.04), (1.01, 1.44), (1.49, 1.72), (1.84, 2.28), (2.29, 3.09), (2.82, 4.05)],
+}  # fmt: skip
+H200_S9_HOTSPOT = (0.0031, 8.1e-6, 16400)  # launch cost (ms), ms per block, blocks of one kernel (0.136 ms)
+
+
+def sample_law(points: Sequence[tuple[float, float]]) -> Callable[[float, float, Any], float]:
+    """T_fused / T_lc interpolated in the measured (x, y) samples, anchored at (0, 1), slope 1 past the last."""
+    xs, ys = zip(*sorted([(0.0, 1.0), *points]), strict=True)
+
+    def law(t_lc: float, t_be: float, version: Any) -> float:
+        x = t_be / t_lc
+        y = float(np.interp(x, xs, ys)) if x <= xs[-1] else ys[-1] + (x - xs[-1])
+        return t_lc * max(1.0, y)
+
+    return law
+
+
+def h200_bert_s9(noise: float = 0.05, seed: int = 5) -> SimGPU:
+    """BERT-base + hotspot as measured in session 9: 12 layers of QKV, attention-out, FFN-up and FFN-down GEMMs
+    (the profiled medians) with the other 37 LC steps as equal segments, the pooler GEMM last; hotspot as its linear
+    fit; fused launches ("tail" version) following the measured samples of their shape."""
+    names = list(H200_S9_BERT_GEMMS)
+    lc: list[float] = []
+    fus: list[bool] = []
+    keys: list[str] = []
+    gemm_total = 12 * sum(H200_S9_BERT_GEMMS.values()) + H200_S9_BERT_POOLER[1]
+    seg = (H200_S9_BERT_SOLO_MS - gemm_total) / 37
+    for layer in range(12):
+        for j, k in enumerate(names):  # QKV, seg (attention), out-proj, seg (norm), FFN-up, FFN-down, seg (norm)
+            lc.append(H200_S9_BERT_GEMMS[k])
+            fus.append(True)
+            keys.append(k)
+            if j != 2:
+                lc.append(seg)
+                fus.append(False)
+                keys.append(f"seg{layer}_{j}")
+    lc.append(seg)
+    fus.append(False)
+    keys.append("seg_pool")
+    lc.append(H200_S9_BERT_POOLER[1])
+    fus.append(True)
+    keys.append(H200_S9_BERT_POOLER[0])
+    law: dict[Any, Any] = {(k, "tail"): sample_law(pts) for k, pts in H200_S9_HOTSPOT_TAIL.items()}
+    return SimGPU(lc, fus, {"hotspot": H200_S9_HOTSPOT}, fused_law=law, noise=noise, seed=seed, keys=keys)
