@@ -77,7 +77,7 @@ def compile_cmd(
     avg_len_ratio: Annotated[float | None, typer.Option(help="mean valid length / seq for the generated attention mask")] = None,
     tune: Annotated[str, typer.Option(help="none | fast | full")] = "none",
     profile: Annotated[bool, typer.Option(help="time each kernel of the plan (GPU) and write a PNG bar chart")] = False,
-    sass: Annotated[bool, typer.Option(help="SASS tuning of the hottest kernels (not wired yet: reported as not applied)")] = False,
+    sass: Annotated[bool, typer.Option(help="SASS schedule tuning of the 2 hottest Triton kernels, verified before use (GPU)")] = False,
     cuda_graphs: Annotated[bool, typer.Option(help="launch the whole plan as one CUDA graph (GPU)")] = True,
     library: Annotated[
         str, typer.Option(help="auto (time kfuse kernels vs cuBLAS/cuDNN/SDPA per node on the GPU, keep the faster) | never | always")

@@ -45,7 +45,10 @@ class Options:
     gemm_library: str = "auto"
     memory_plan: bool = True  # static buffer reuse (issue 6)
     profile: bool = False  # per-kernel timing after compile (issue 6)
-    sass: bool = False  # SASS schedule tuning of the hottest kernels (issue 7)
+    sass: bool = False  # SASS schedule tuning of the hottest kernels (issue 7; kfuse.runtime.sass_plan)
+    sass_kernels: int = 2  # how many of the hottest tunable Triton kernels to tune
+    sass_samples: int = 10_000  # random input sets a schedule must pass before it is installed
+    sass_iterations: int = 1000  # simulated-annealing steps per seed (3 seeds)
     cuda_graphs: bool = True
     explain: bool = False
     check: bool = True  # compare with the original model on the example inputs

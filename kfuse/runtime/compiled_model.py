@@ -98,6 +98,8 @@ class CompiledModel:
         plan = lower(opt.graph, device, self.options.backend, options=self.options)
         plan.use_memory_plan = self.options.memory_plan
         xs = [flat[i] for i in imported.flat_input_index]
+        # before the CUDA graph is captured: a tuned cubin replaces the kernel the graph would record
+        sass_report = self._sass(plan, xs, device) if self.options.sass else None
         runner = None
         cuda_graph_note = "off"
         if self.options.cuda_graphs and device.type == "cuda":
@@ -122,13 +124,8 @@ class CompiledModel:
 
             if tuner.LAST:
                 variant.report["tune"] = getattr(tuner.LAST[0], "stats", None)
-        if self.options.sass:
-            # The SASS tuner (kfuse.sass) works on single Triton kernels (`kfuse sass tune`,
-            # kfuse.sass.optimize_compiled_kernel); applying it to the plan's hottest kernels is
-            # not wired yet. Say so instead of silently ignoring the option.
-            reason = "not applied: SASS tuning of a compiled plan's kernels is not wired into kfuse.compile yet; use `kfuse sass tune`"
-            variant.report["sass"] = {"applied": False, "reason": reason}
-            warnings.warn(f"kfuse: sass=True {reason}", stacklevel=3)
+        if sass_report is not None:
+            variant.report["sass"] = sass_report
         if self.options.profile:
             from kfuse.runtime.profile import profile_plan, profile_summary
 
@@ -140,6 +137,18 @@ class CompiledModel:
 
             print_explain(self, variant)
         return variant
+
+    def _sass(self, plan: Any, xs: list[Any], device: torch.device) -> dict[str, Any]:
+        """SASS schedule tuning of the plan's hottest Triton kernels (``kfuse.runtime.sass_plan``)."""
+        if device.type != "cuda" or not torch.cuda.is_available():
+            reason = "not applied: SASS tuning times and verifies candidate schedules on a CUDA GPU"
+            warnings.warn(f"kfuse: sass=True {reason}", stacklevel=4)
+            return {"applied": False, "reason": reason, "kernels": [], "skipped": []}
+        from kfuse.runtime.sass_plan import tune_plan
+
+        o = self.options
+        return tune_plan(plan, xs, kernels=o.sass_kernels, samples=o.sass_samples, iterations=o.sass_iterations,
+                         log=print if o.explain else None)  # fmt: skip
 
     def _make_report(self, v: Variant, cuda_graph_note: str) -> dict[str, Any]:
         counts = v.plan.graph.op_counts()

@@ -81,7 +81,8 @@ def test_torch_backend_runs_without_triton_kernels() -> None:
     assert all(k["template"] in ("torch", "fallback") for k in compiled.report["kernels"])
 
 
-def test_sass_option_is_reported_not_silently_ignored() -> None:
-    with pytest.warns(UserWarning, match="sass=True not applied"):
+def test_sass_option_without_a_gpu_is_reported_not_silently_ignored() -> None:
+    with pytest.warns(UserWarning, match="sass=True not applied: SASS tuning .* on a CUDA GPU"):
         compiled = kfuse.compile(TwoHeads().eval(), inputs(), sass=True)
     assert compiled.report["sass"]["applied"] is False
+    assert "CUDA GPU" in compiled.report["sass"]["reason"]
