@@ -155,13 +155,20 @@ class PtbGemmConfig:
     num_stages: int = 3
 
 
-def default_ptb_config(dtype: torch.dtype) -> PtbGemmConfig:
-    """One tile for every LC GEMM, so all share one compiled kernel (M, N, K are runtime values)."""
-    if interpreting():
+# the fp16 LC tile on the GPU: 128 x 128 x 32, 8 warps, 3 stages takes 124 registers a thread and 48 KB of
+# shared memory on sm_90, so two programs fit an SM, as CudaBackend's 2-programs-per-SM grid and the tail-fill
+# fused kernel assume. The 128 x 128 x 64 tile used through session 9 takes 167 registers: one program per SM,
+# and half of every tail-fill grid waited (``kfuse.colocate.occupancy``, tests/colocate/test_occupancy.py)
+GPU_FP16_CONFIG = PtbGemmConfig(128, 128, 32, 8, 8, 3)
+GPU_FP32_CONFIG = PtbGemmConfig(64, 64, 32, 8, 4, 2)
+
+
+def default_ptb_config(dtype: torch.dtype, gpu: bool | None = None) -> PtbGemmConfig:
+    """One tile for every LC GEMM, so all share one compiled kernel (M, N, K are runtime values).
+    ``gpu``: the GPU's tile even under the interpreter (default: the interpreter's small tile there)."""
+    if not (gpu if gpu is not None else not interpreting()):
         return PtbGemmConfig(16, 16, 16, 2, 4, 1)
-    if dtype == torch.float32:
-        return PtbGemmConfig(64, 64, 32, 8, 4, 2)
-    return PtbGemmConfig(128, 128, 64, 8, 8, 3)
+    return GPU_FP32_CONFIG if dtype == torch.float32 else GPU_FP16_CONFIG
 
 
 def gemm_kernel(

@@ -1,0 +1,114 @@
+"""Programs per SM of the PTB and fused kernels, from an offline sm_90 compile (no GPU needed).
+
+The co-location design assumes that the LC GEMM's persistent grid (``CudaBackend``: 2 programs per
+SM) and the tail-fill fused kernel really hold two programs per SM: the tail's BE blocks run in the
+SM slots the LC's last round leaves free. Session 9 found offline that the PTB GEMM tile used until
+then (128x128x64, 8 warps, 3 stages) takes 167 registers a thread, so one program fits an SM. Its
+tail-fill kernel with hotspot takes the same, so half the grid waited for the other half. This
+module compiles a kernel the way the JIT specialises it at launch: integer arguments equal to 1
+become constants, and those divisible by 16 get the divisibility hint. It then reads registers
+(``cuobjdump -res-usage``) and shared memory and returns how many programs fit an H100/H200 SM.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kfuse.colocate.fuser import FusedVersion, fused_module, launch_args
+from kfuse.colocate.ptb import BlockKernel, _module_for, _params
+
+REGS_PER_SM = 65536
+SMEM_PER_SM = 227 * 1024
+WARPS_PER_SM = 64
+
+
+def cubin_resources(cubin: bytes) -> dict[str, int]:
+    """Registers per thread and stack bytes of the (single) kernel in ``cubin``."""
+    from kfuse.sass.disasm import tool
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        out = subprocess.run([tool("cuobjdump"), "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in out.splitlines() if "REG:" in ln)
+    return {"regs": int(line.split("REG:")[1].split()[0]), "stack": int(line.split("STACK:")[1].split()[0])}
+
+
+def programs_per_sm(regs: int, shared: int, num_warps: int) -> int:
+    """Programs of one kernel resident on an SM at once (registers rounded up to 8 a thread)."""
+    per_program_regs = ((regs + 7) // 8 * 8) * 32 * num_warps
+    return max(0, min(REGS_PER_SM // per_program_regs, SMEM_PER_SM // max(shared, 1), WARPS_PER_SM // num_warps))
+
+
+def _type_of(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}[v.dtype]
+    if isinstance(v, float):
+        return "fp32"
+    return "i32" if abs(int(v)) < 2**31 else "i64"
+
+
+_CHILD = """
+import importlib.util, pickle, sys
+from kfuse.sass.examples import compile_sm90
+path, mod_name, fn_name, sig, consts, warps, stages, div = pickle.loads(sys.stdin.buffer.read())
+spec = importlib.util.spec_from_file_location(mod_name, path)
+mod = importlib.util.module_from_spec(spec)
+sys.modules[mod_name] = mod
+spec.loader.exec_module(mod)
+ck = compile_sm90(getattr(mod, fn_name), sig, consts, warps, stages, divisible=div)
+sys.stdout.buffer.write(pickle.dumps((bytes(ck.asm["cubin"]), int(ck.metadata.shared))))
+"""
+
+
+def _compile(fn: Any, named: list[tuple[str, Any]], consts: dict[str, Any], num_warps: int, num_stages: int) -> tuple[bytes, int]:
+    """(cubin, shared bytes) of generated kernel ``fn`` for sm_90. Always in a child process without the
+    interpreter: under ``TRITON_INTERPRET=1`` (the tests) the code generator cannot see through the
+    interpreter's patched ``tl`` functions, and a generated module is imported from its file."""
+    ones = {n: 1 for n, v in named if isinstance(v, int) and not isinstance(v, bool) and v == 1}
+    sig = {n: _type_of(v) for n, v in named if n not in ones}
+    div = tuple(n for n, v in named if isinstance(v, int) and not isinstance(v, bool) and v != 0 and v % 16 == 0)
+    inner = getattr(fn, "fn", fn)
+    mod = sys.modules[inner.__module__]
+    job = pickle.dumps((mod.__file__, mod.__name__, inner.__name__, sig, {**consts, **ones}, num_warps, num_stages, div))
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-c", _CHILD], input=job, capture_output=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling {inner.__name__} for sm_90 failed:\n{proc.stderr.decode()[-2000:]}")
+    return pickle.loads(proc.stdout)
+
+
+def _report(compiled: tuple[bytes, int], num_warps: int) -> dict[str, int]:
+    cubin, shared = compiled
+    res = cubin_resources(cubin)
+    return {**res, "shared": shared, "num_warps": num_warps, "programs_per_sm": programs_per_sm(res["regs"], shared, num_warps)}
+
+
+def ptb_occupancy(k: BlockKernel) -> dict[str, int]:
+    """Resources and programs per SM of ``k``'s PTB kernel, compiled for sm_90."""
+    names, consts = _params("", k)
+    named = [*zip(names, k.args, strict=True), ("start", 0), ("end", k.n_blocks)]
+    ck = _compile(_module_for(k).ptb_kernel, named, dict(zip(consts, k.consts.values(), strict=True)), k.num_warps, k.num_stages)
+    return _report(ck, k.num_warps)
+
+
+def fused_occupancy(lc: BlockKernel, be: BlockKernel, version: FusedVersion) -> dict[str, int]:
+    """Resources and programs per SM of the fused LC + BE kernel of ``version``, compiled for sm_90."""
+    la, lcst = _params("l_", lc)
+    ba, bcst = _params("b_", be)
+    _, args, opts = launch_args(lc, (0, lc.n_blocks), be, (0, be.n_blocks), version, sms=132)
+    names = la + ["l_start", "l_end"] + ba + ["b_start", "b_end", "period", "r1"]
+    runtime = args[: len(names)]
+    consts = dict(zip(lcst + bcst, args[len(names) :], strict=True))
+    mod = fused_module(lc, be)
+    fn = mod.tail_kernel if version.mode == "tail" else mod.fused_kernel
+    ck = _compile(fn, list(zip(names, runtime, strict=True)), consts, opts["num_warps"], opts["num_stages"])
+    return _report(ck, opts["num_warps"])
