@@ -50,7 +50,8 @@ def programs_per_sm(regs: int, shared: int, num_warps: int) -> int:
 
 def _type_of(v: Any) -> str:
     if isinstance(v, torch.Tensor):
-        return {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}[v.dtype]
+        return {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
+                torch.uint8: "*u8", torch.int8: "*i8"}[v.dtype]  # fmt: skip
     if isinstance(v, float):
         return "fp32"
     return "i32" if abs(int(v)) < 2**31 else "i64"
