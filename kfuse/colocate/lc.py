@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from kfuse.colocate.ptb import BlockKernel, conv_gemm_shape, gemm_kernel
 from kfuse.ir.graph import Graph, Node, TensorType
+from kfuse.runtime.executor import plan_values
 
 GEMM_OPS = ("gemm_epilogue", "linear", "matmul", "mm", "addmm")
 
@@ -59,12 +60,7 @@ def lc_items(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], min_g
     plan = variant.plan
     flat = pytree.tree_leaves((tuple(args), dict(kwargs)))
     xs = [flat[i] for i in variant.imported.flat_input_index]
-    env: dict[str, Any] = dict(plan.constants)
-    for (name, _), x in zip(plan.graph.inputs, xs, strict=True):
-        env[name] = x
-    with torch.no_grad():
-        for step in plan.steps:  # one real run: every step's inputs are kept
-            env[step.output] = step.fn([env[i] for i in step.inputs])
+    env = plan_values(plan, xs)  # one real run: every step's inputs are kept
     nodes = {n.name: n for n in plan.graph.nodes}
     device = xs[0].device if xs else torch.device("cpu")
     dtype = next((x.dtype for x in env.values() if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() > 1), torch.float32)

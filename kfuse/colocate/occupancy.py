@@ -12,10 +12,7 @@ become constants, and those divisible by 16 get the divisibility hint. It then r
 
 from __future__ import annotations
 
-import os
-import pickle
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,39 +54,19 @@ def _type_of(v: Any) -> str:
     return "i32" if abs(int(v)) < 2**31 else "i64"
 
 
-_CHILD = """
-import importlib.util, pickle, sys
-from kfuse.sass.examples import compile_sm90
-path, mod_name, fn_name, sig, consts, warps, stages, div = pickle.loads(sys.stdin.buffer.read())
-spec = importlib.util.spec_from_file_location(mod_name, path)
-mod = importlib.util.module_from_spec(spec)
-sys.modules[mod_name] = mod
-spec.loader.exec_module(mod)
-ck = compile_sm90(getattr(mod, fn_name), sig, consts, warps, stages, divisible=div)
-sys.stdout.buffer.write(pickle.dumps((bytes(ck.asm["cubin"]), int(ck.metadata.shared))))
-"""
+def _compile(fn: Any, named: list[tuple[str, Any]], consts: dict[str, Any], num_warps: int, num_stages: int) -> Any:
+    """Generated kernel ``fn`` compiled for sm_90, specialised as the JIT does at launch."""
+    from kfuse.sass.examples import compile_sm90
 
-
-def _compile(fn: Any, named: list[tuple[str, Any]], consts: dict[str, Any], num_warps: int, num_stages: int) -> tuple[bytes, int]:
-    """(cubin, shared bytes) of generated kernel ``fn`` for sm_90. Always in a child process without the
-    interpreter: under ``TRITON_INTERPRET=1`` (the tests) the code generator cannot see through the
-    interpreter's patched ``tl`` functions, and a generated module is imported from its file."""
     ones = {n: 1 for n, v in named if isinstance(v, int) and not isinstance(v, bool) and v == 1}
     sig = {n: _type_of(v) for n, v in named if n not in ones}
     div = tuple(n for n, v in named if isinstance(v, int) and not isinstance(v, bool) and v != 0 and v % 16 == 0)
-    inner = getattr(fn, "fn", fn)
-    mod = sys.modules[inner.__module__]
-    job = pickle.dumps((mod.__file__, mod.__name__, inner.__name__, sig, {**consts, **ones}, num_warps, num_stages, div))
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, "-c", _CHILD], input=job, capture_output=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"compiling {inner.__name__} for sm_90 failed:\n{proc.stderr.decode()[-2000:]}")
-    return pickle.loads(proc.stdout)
+    return compile_sm90(fn, sig, {**consts, **ones}, num_warps=num_warps, num_stages=num_stages, divisible=div)
 
 
-def _report(compiled: tuple[bytes, int], num_warps: int) -> dict[str, int]:
-    cubin, shared = compiled
-    res = cubin_resources(cubin)
+def _report(ck: Any, num_warps: int) -> dict[str, int]:
+    res = cubin_resources(bytes(ck.asm["cubin"]))
+    shared = int(ck.metadata.shared)
     return {**res, "shared": shared, "num_warps": num_warps, "programs_per_sm": programs_per_sm(res["regs"], shared, num_warps)}
 
 

@@ -189,6 +189,18 @@ def initial_env(plan: Plan, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
     return env
 
 
+def plan_values(plan: Plan, inputs: Sequence[Any]) -> dict[str, Any]:
+    """Every value of one run of ``plan`` on ``inputs``, by name (no memory plan, nothing released):
+    what a tool needs to run any single step again on its real inputs."""
+    env: dict[str, Any] = dict(plan.constants)
+    for (name, _), x in zip(plan.graph.inputs, inputs, strict=True):
+        env[name] = x
+    with torch.no_grad():
+        for step in plan.steps:
+            env[step.output] = step.fn([env[v] for v in step.inputs])
+    return env
+
+
 def run_steps(plan: Plan, env: dict[str, Any], lo: int, hi: int, *, poison_dead: bool = False) -> None:
     """Run steps ``[lo, hi)`` of ``plan`` on ``env`` in place (values are released after their
     last use). Split out so a runner can capture a run of steps as one CUDA graph."""

@@ -94,20 +94,6 @@ def unsupported_reason(launches: Sequence[Launch]) -> str | None:
     return None
 
 
-def step_inputs(plan: Any, xs: Sequence[torch.Tensor]) -> list[list[Any]]:
-    """Each step's input values, from one run of the plan (no memory plan: every value kept)."""
-    env: dict[str, Any] = dict(plan.constants)
-    for (name, _), x in zip(plan.graph.inputs, xs, strict=True):
-        env[name] = x
-    out = []
-    with torch.no_grad():
-        for step in plan.steps:
-            ins = [env[v] for v in step.inputs]
-            out.append(ins)
-            env[step.output] = step.fn(ins)
-    return out
-
-
 def tune_plan(
     plan: Any, xs: Sequence[torch.Tensor], kernels: int = 2, samples: int = 10_000, iterations: int = 1000,
     max_seconds: float | None = None, log: Callable[[str], None] | None = None,
@@ -118,6 +104,8 @@ def tune_plan(
 
     ``profile`` / ``optimize`` default to ``kfuse.runtime.profile.profile_plan`` and
     ``kfuse.sass.optimize_compiled_kernel`` (replaceable for tests)."""
+    from kfuse.runtime.executor import plan_values
+
     say = log or (lambda m: None)
     if profile is None:
         from kfuse.runtime.profile import profile_plan as profile
@@ -127,7 +115,8 @@ def tune_plan(
 
     t0 = time.perf_counter()
     rows = profile(plan, xs)
-    inputs = step_inputs(plan, xs)
+    env = plan_values(plan, xs)
+    inputs = [[env[v] for v in step.inputs] for step in plan.steps]
     order = sorted(range(len(plan.steps)), key=lambda i: -float(rows[i].get("ms", 0.0)))
     report: dict[str, Any] = {"applied": False, "kernels": [], "skipped": []}
     for i in order:

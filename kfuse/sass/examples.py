@@ -69,12 +69,17 @@ def _compile_in_child(
     divisible: tuple[str, ...],
 ) -> SimpleNamespace:
     inner = getattr(fn, "fn", fn)
-    job = pickle.dumps((inner.__module__, inner.__name__, signature, constexprs, num_warps, num_stages, arch, divisible))
+    # a generated kernel module (kfuse.kernels.codegen.load_generated) is not importable by name: the child loads its file
+    path = getattr(sys.modules.get(inner.__module__), "__file__", None)
+    job = pickle.dumps((inner.__module__, path, inner.__name__, signature, constexprs, num_warps, num_stages, arch, divisible))
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # explicit: kfuse/__init__ would switch the interpreter on again
     code = (
-        "import pickle,sys,importlib;from kfuse.sass.examples import compile_sm90;"
-        "m,n,s,c,w,st,a,d=pickle.loads(sys.stdin.buffer.read());"
-        "ck=compile_sm90(getattr(importlib.import_module(m),n),s,c,w,st,a,d);"
+        "import pickle,sys,importlib,importlib.util;from kfuse.sass.examples import compile_sm90;"
+        "m,p,n,s,c,w,st,a,d=pickle.loads(sys.stdin.buffer.read());"
+        "spec=importlib.util.find_spec(m) if not m.startswith('kfuse_gen_') else None;"
+        "spec=spec or importlib.util.spec_from_file_location(m,p);"
+        "mod=importlib.util.module_from_spec(spec);sys.modules[m]=mod;spec.loader.exec_module(mod);"
+        "ck=compile_sm90(getattr(mod,n),s,c,w,st,a,d);"
         "sys.stdout.buffer.write(pickle.dumps((ck.name,{k:v for k,v in ck.asm.items()},ck.metadata._asdict())))"
     )
     proc = subprocess.run([sys.executable, "-c", code], input=job, capture_output=True, env=env)
