@@ -15,6 +15,14 @@ shares one compiled kernel:
   the others finish. Exactly those programs then run BE blocks. Nothing competes with the LC blocks
   for a slot, so LC occupancy is the solo kernel's; the BE slice should be about one LC block time
   per idle program (the profile's load-ratio sweep finds it).
+* ``tailx`` (tail fill, LC blocks alone on their SMs): as ``tail``, but when the LC has fewer blocks
+  than SMs, the programs that share an SM with an LC block stay idle. In the first wave the hardware
+  gives every SM one program before any SM gets a second, so with a grid of two programs per SM,
+  program ``p`` and ``p + S`` share an SM (``benchmarks/experiments/tail_placement_probe.py`` reads
+  ``%smid`` to check this). BERT-base's N=768 GEMMs have 48 tiles of 128x128 at 1024 tokens: under
+  ``tail`` each of them shares its SM with a BE program, and the measured fused time grows before the
+  BE slice could fill the 84 idle SMs (session 10). Placement is a performance assumption only:
+  every program still runs exactly its blocks, wherever it lands.
 
 Each side keeps its own persistent loop over its block range, so a fused launch computes exactly
 what the two kernels compute on their own (tests check this for every ratio).
@@ -45,8 +53,8 @@ class FusedVersion:
     mode: str = "partition"  # or "interleave"
 
     def describe(self) -> str:
-        if self.mode == "tail":
-            return "tail"
+        if self.mode in TAIL_MODES:
+            return self.mode
         return f"{self.r1}:{self.r2}{'' if self.mode == 'partition' else 'il'}"
 
     def grid(self, sms: int | None = None) -> int:
@@ -55,13 +63,15 @@ class FusedVersion:
 
 DEFAULT_VERSIONS = (FusedVersion(1, 1), FusedVersion(1, 2), FusedVersion(2, 1), FusedVersion(1, 3))
 TAIL = FusedVersion(2, 0, "tail")  # the LC's solo grid (CudaBackend: 2 programs per SM) with its idle tail filled
+TAILX = FusedVersion(2, 0, "tailx")  # the same, LC blocks alone on their SMs
+TAIL_MODES = ("tail", "tailx")
 
 
 def parse_version(text: str, lc_programs_per_sm: int = 2) -> FusedVersion:
-    """``"1:2"`` (partition), ``"1:2il"`` (interleave) or ``"tail"``."""
+    """``"1:2"`` (partition), ``"1:2il"`` (interleave), ``"tail"`` or ``"tailx"``."""
     t = text.strip()
-    if t == "tail":
-        return FusedVersion(lc_programs_per_sm, 0, "tail")
+    if t in TAIL_MODES:
+        return FusedVersion(lc_programs_per_sm, 0, t)
     mode = "interleave" if t.endswith("il") else "partition"
     r1, r2 = (int(x) for x in t.removesuffix("il").split(":"))
     return FusedVersion(r1, r2, mode)
@@ -105,6 +115,30 @@ def tail_kernel({params}):
     if pid >= rem:
         for bid in range(b_start + pid - rem, b_end, nprog - rem):
             be_block(bid, {be_call})
+
+
+@triton.jit(do_not_specialize=["l_start", "l_end", "b_start", "b_end", "period", "r1"])
+def tailx_kernel({params}):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for bid in range(l_start + pid, l_end, nprog):
+        lc_block(bid, {lc_call})
+    rem = (l_end - l_start) % nprog
+    # fewer LC blocks than SMs (half the grid): programs [half, half + rem) share an SM with an LC
+    # block (the first wave gives each SM one program first) and stay idle, so LC blocks run alone
+    half = nprog // 2
+    skip_lo = half
+    skip_hi = half
+    if l_end - l_start < half:
+        skip_hi = half + rem
+    n_be = nprog - rem - (skip_hi - skip_lo)
+    if pid >= rem:
+        if pid < skip_lo:
+            for bid in range(b_start + pid - rem, b_end, n_be):
+                be_block(bid, {be_call})
+        elif pid >= skip_hi:
+            for bid in range(b_start + pid - rem - (skip_hi - skip_lo), b_end, n_be):
+                be_block(bid, {be_call})
 """
 
 
@@ -130,12 +164,12 @@ def launch_args(
     grid = version.grid(s)
     if version.mode == "partition":
         period, r1 = grid, version.r1 * s
-    elif version.mode == "tail":
-        period, r1 = grid, grid  # unused by tail_kernel
+    elif version.mode in TAIL_MODES:
+        period, r1 = grid, grid  # unused by tail_kernel / tailx_kernel
     elif version.mode == "interleave":
         period, r1 = version.r1 + version.r2, version.r1
     else:
-        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave | tail)")
+        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave | tail | tailx)")
     for k, (a, b) in ((lc, lc_range), (be, be_range)):
         if not 0 <= a <= b <= k.n_blocks:
             raise ValueError(f"{k.name}: block range [{a}, {b}) is outside [0, {k.n_blocks})")
@@ -153,7 +187,12 @@ def launch_fused(
     br = be_range or (0, be.n_blocks)
     grid, args, opts = launch_args(lc, lr, be, br, version, sms)
     mod = fused_module(lc, be)
-    (mod.tail_kernel if version.mode == "tail" else mod.fused_kernel)[(grid,)](*args, **opts)
+    kernel_fn(mod, version)[(grid,)](*args, **opts)
+
+
+def kernel_fn(mod: Any, version: FusedVersion) -> Any:
+    """The generated kernel of ``mod`` that runs ``version``."""
+    return {"tail": mod.tail_kernel, "tailx": mod.tailx_kernel}.get(version.mode, mod.fused_kernel)
 
 
 def overlap(t_lc: float, t_be: float, t_fused: float) -> float:

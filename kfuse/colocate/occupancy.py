@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kfuse.colocate.fuser import FusedVersion, fused_module, launch_args
+from kfuse.colocate.fuser import FusedVersion, fused_module, kernel_fn, launch_args
 from kfuse.colocate.ptb import BlockKernel, _module_for, _params
 
 REGS_PER_SM = 65536
@@ -87,6 +87,6 @@ def fused_occupancy(lc: BlockKernel, be: BlockKernel, version: FusedVersion) -> 
     runtime = args[: len(names)]
     consts = dict(zip(lcst + bcst, args[len(names) :], strict=True))
     mod = fused_module(lc, be)
-    fn = mod.tail_kernel if version.mode == "tail" else mod.fused_kernel
+    fn = kernel_fn(mod, version)
     ck = _compile(fn, list(zip(names, runtime, strict=True)), consts, opts["num_warps"], opts["num_stages"])
     return _report(ck, opts["num_warps"])

@@ -7,7 +7,7 @@ from kfuse.colocate import fuser, ptb, workloads
 from kfuse.colocate.fuser import FusedVersion
 
 VERSIONS = [*fuser.DEFAULT_VERSIONS, FusedVersion(2, 1, "interleave"), FusedVersion(1, 2, "interleave")]
-VERSIONS += [fuser.TAIL, FusedVersion(4, 0, "tail")]
+VERSIONS += [fuser.TAIL, FusedVersion(4, 0, "tail"), fuser.TAILX, FusedVersion(4, 0, "tailx")]
 
 
 def _lc() -> tuple[ptb.BlockKernel, torch.Tensor]:
@@ -60,6 +60,28 @@ def test_fused_every_workload_with_split(be: str) -> None:
     assert torch.equal(w.output(), expect_be)
 
 
+@pytest.mark.parametrize("sms", [2, 3, 5, 9])
+@pytest.mark.parametrize("m", [8, 40, 80])
+def test_tailx_every_block_once_for_any_lc_size(m: int, sms: int) -> None:
+    """tailx leaves the partners of LC programs idle only when the LC has fewer blocks than half the
+    grid; whichever case, every LC and BE block is computed (fewer, equal and more LC blocks than SMs)."""
+    a, b = torch.randn(m, 24).half(), torch.randn(24, 70).half()
+    c = torch.full((m, 70), float("nan"), dtype=torch.float16)
+    lc = ptb.gemm_kernel(a, b, c)
+    ptb.launch_original(lc)
+    expect_lc = c.clone()
+    w = workloads.make("stencil7", small=True)
+    w.reset()
+    ptb.launch_original(w.kernel)
+    expect_be = w.output().clone()
+    c.fill_(float("nan"))
+    w.reset()
+    ptb.launch_ptb(w.kernel, 0, 3, grid=2)
+    fuser.launch_fused(lc, w.kernel, fuser.TAILX, be_range=(3, w.kernel.n_blocks), sms=sms)
+    assert torch.equal(c, expect_lc)
+    assert torch.equal(w.output(), expect_be)
+
+
 def test_overlap_and_checks() -> None:
     assert fuser.overlap(1.0, 1.0, 2.0) == 0.0
     assert fuser.overlap(1.0, 1.0, 1.0) == 0.5
@@ -72,5 +94,6 @@ def test_overlap_and_checks() -> None:
     assert fuser.parse_version("tail") == fuser.TAIL and fuser.parse_version("1:2") == FusedVersion(1, 2)
     assert fuser.parse_version("2:1il") == FusedVersion(2, 1, "interleave")
     assert fuser.parse_version("1:2il").describe() == "1:2il" and fuser.TAIL.describe() == "tail"
+    assert fuser.parse_version("tailx") == fuser.TAILX and fuser.TAILX.describe() == "tailx"
     assert fuser.fits({"n_regs": 128, "shared": 32768, "n_spills": 0}, FusedVersion(1, 1), 8)
     assert not fuser.fits({"n_regs": 255, "shared": 32768, "n_spills": 0}, FusedVersion(2, 2), 8)

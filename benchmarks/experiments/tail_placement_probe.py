@@ -1,0 +1,142 @@
+"""Issue 8 on the GPU: do tail-fill BE programs slow the LC GEMM blocks they share an SM with?
+
+Session 10 measured BERT-base's N=768 GEMMs (1024 x 768, 48 tiles of 128 x 128 on a grid of 264
+persistent programs) fused with hotspot in ``tail`` mode: at a load ratio x = T_be / T_lc of 1.0 the
+fused launch took 1.38 T_lc, although the 84 SMs without an LC tile could have run that BE slice
+in T_lc or less. If the first wave places program p and p + 132 on one SM, each LC tile shares its
+SM with a BE program under ``tail``; ``tailx`` leaves those partners idle. This probe
+
+1. reads ``%smid`` in a grid of two programs per SM (32 warps each: two fill an SM's 64 warps) and
+   counts how often programs p and p + S share an SM;
+2. times each BERT-base GEMM shape alone, each BE slice alone, and the fused launch in ``tail`` and
+   ``tailx`` mode at x in {0.25, 0.5, 0.75, 1, 1.5}, with outputs checked against the separate runs;
+3. times the BE slice inside the fused kernel with an empty LC range: the fused kernel's own BE rate
+   (8 warps, two programs per SM) against the BE kernel's (4 warps, four per SM).
+
+Prediction: p and p + S share an SM in >= 95% of pairs; on the 48-tile shapes ``tailx`` cuts the
+fused time at x = 0.5-1.0 by 10-25% against ``tail`` (toward T_lc at x <= 0.6); on the 144/192-tile
+shapes the two are the same kernel path (no program is skipped) and agree within noise.
+
+    PYTHONPATH=. python benchmarks/experiments/tail_placement_probe.py --out $OUT    # H200, ~60 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.bench.harness import gpu_name
+from kfuse.colocate import workloads
+from kfuse.colocate.cuda_backend import timed
+from kfuse.colocate.fuser import TAIL, TAILX, launch_fused, overlap
+from kfuse.colocate.predictor import LinearModel
+from kfuse.colocate.ptb import gemm_kernel, launch_ptb, num_sms
+
+SHAPES = ((1024, 768, 768), (1024, 768, 3072), (1024, 2304, 768), (1024, 3072, 768), (8, 768, 768))
+RATIOS = (0.25, 0.5, 0.75, 1.0, 1.5)
+
+
+@triton.jit
+def smid_kernel(out_ptr, spin):
+    pid = tl.program_id(0)
+    smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    # hold the slot so that the whole first wave is resident before any program exits
+    t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    t = t0
+    while t - t0 < spin:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    tl.store(out_ptr + pid, smid)
+
+
+def placement(sms: int) -> dict[str, Any]:
+    out = torch.full((2 * sms,), -1, dtype=torch.int32, device="cuda")
+    smid_kernel[(2 * sms,)](out, 200_000, num_warps=32)  # 200 us of spin
+    torch.cuda.synchronize()
+    s = out.cpu().tolist()
+    same = sum(s[p] == s[p + sms] for p in range(sms))
+    return {"smid": s, "pairs_same_sm": same, "pairs": sms, "distinct_in_first_half": len(set(s[:sms]))}
+
+
+def med(f: Any, reps: int = 9) -> float:
+    f()
+    return float(np.median([timed(f) for _ in range(reps)]))
+
+
+def probe_shape(m: int, n: int, k: int, be_name: str, sms: int) -> list[dict[str, Any]]:
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16) / k**0.5
+    c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    lc = gemm_kernel(a, b, c)
+    w = workloads.make(be_name, device="cuda")
+    be = w.kernel
+    lc_grid, be_grid = 2 * sms, 4 * sms
+    t_lc = med(lambda: launch_ptb(lc, 0, lc.n_blocks, lc_grid))
+    counts = sorted({max(1, be.n_blocks * f // 8) for f in (1, 2, 4, 8)})
+    be_fit = LinearModel.fit(counts, [med(lambda n_=n_: launch_ptb(be, 0, n_, be_grid)) for n_ in counts])
+    launch_ptb(lc, 0, lc.n_blocks, lc_grid)
+    expect_lc = c.clone()
+    rows = []
+    for x in RATIOS:
+        nb = min(be.n_blocks, max(1, int(be_fit.blocks_for(x * t_lc))))
+        w.reset()
+        launch_ptb(be, 0, nb, be_grid)
+        expect_be = w.output().clone()
+        t_be = med(lambda nb=nb: launch_ptb(be, 0, nb, be_grid))
+        row: dict[str, Any] = {"shape": f"{m}x{n}x{k}", "be": be_name, "x": x, "lc_blocks": lc.n_blocks, "be_blocks": nb,
+                               "t_lc_ms": t_lc, "t_be_ms": t_be}  # fmt: skip
+        for v in (TAIL, TAILX):
+            c.fill_(float("nan"))
+            w.reset()
+            launch_fused(lc, be, v, be_range=(0, nb), sms=sms)
+            torch.cuda.synchronize()
+            ok = bool(torch.equal(c, expect_lc)) and bool(torch.allclose(w.output(), expect_be, rtol=1e-5, atol=1e-6))
+            t_f = med(lambda v=v, nb=nb: launch_fused(lc, be, v, be_range=(0, nb), sms=sms))
+            row[v.mode] = {"t_fused_ms": t_f, "y": t_f / t_lc, "overlap": overlap(t_lc, t_be, t_f), "ok": ok}
+        # the BE slice alone inside the fused kernel (empty LC range): its rate at 8 warps, 2 programs per SM
+        row["be_in_fused_ms"] = med(lambda nb=nb: launch_fused(lc, be, TAIL, lc_range=(0, 0), be_range=(0, nb), sms=sms))
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--be", default="hotspot,stencil7")
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("tail_placement_probe needs a CUDA GPU")
+    sms = num_sms()
+    t0 = time.time()
+    try:
+        place = placement(sms)
+    except Exception as e:  # noqa: BLE001 - the timing part does not depend on it
+        place = {"error": repr(e)}
+    rows = [r for m, n, k in SHAPES for be in a.be.split(",") for r in probe_shape(m, n, k, be, sms)]
+    res = {"experiment": "tail_placement_probe", "gpu": gpu_name(), "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+           "sms": sms, "placement": place, "rows": rows, "seconds": time.time() - t0}  # fmt: skip
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "tail_placement_probe.json").write_text(json.dumps(res, indent=1))
+    if "error" in place:
+        print(f"placement probe failed: {place['error']}")
+    else:
+        print(f"placement: programs p and p+{sms} on one SM in {place['pairs_same_sm']}/{sms} pairs; "
+              f"{place['distinct_in_first_half']} distinct SMs among programs 0..{sms - 1}")  # fmt: skip
+    head = ("shape", "be", "x", "t_lc", "t_be", "be_in_f", "tail y", "tailx y", "ov tail", "ov tailx")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(head, (16, 9, 5, 7, 7, 7, 7, 7, 7, 8), strict=True)) + " ok")
+    for r in rows:
+        print(f"{r['shape']:>16} {r['be']:>9} {r['x']:5.2f} {r['t_lc_ms']:7.4f} {r['t_be_ms']:7.4f} {r['be_in_fused_ms']:7.4f} "
+              f"{r['tail']['y']:7.3f} {r['tailx']['y']:7.3f} {r['tail']['overlap']:+7.1%} {r['tailx']['overlap']:+8.1%} "
+              f"{r['tail']['ok'] and r['tailx']['ok']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
