@@ -117,7 +117,10 @@ def tune_plan(
     rows = profile(plan, xs)
     env = plan_values(plan, xs)
     inputs = [[env[v] for v in step.inputs] for step in plan.steps]
-    order = sorted(range(len(plan.steps)), key=lambda i: -float(rows[i].get("ms", 0.0)))
+    # profile_plan's rows carry "time_ms"; session 10 on the H200 found this read "ms" (absent: every step 0 ms, so
+    # the "hottest" steps were taken in plan order). A missing key now fails instead of ranking by zero
+    step_times = [float(r["time_ms"]) for r in rows]
+    order = sorted(range(len(plan.steps)), key=lambda i: -step_times[i])
     report: dict[str, Any] = {"applied": False, "kernels": [], "skipped": []}
     for i in order:
         if len(report["kernels"]) >= kernels:
@@ -128,7 +131,7 @@ def tune_plan(
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         why = unsupported_reason(launches)
-        step_ms = float(rows[i].get("ms", 0.0))
+        step_ms = step_times[i]
         if why is not None:
             report["skipped"].append({"step": step.output, "ms": step_ms, "reason": why})
             continue
