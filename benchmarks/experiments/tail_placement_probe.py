@@ -16,6 +16,9 @@ SM with a BE program under ``tail``; ``tailx`` leaves those partners idle. This 
 Prediction: p and p + S share an SM in >= 95% of pairs; on the 48-tile shapes ``tailx`` cuts the
 fused time at x = 0.5-1.0 by 10-25% against ``tail`` (toward T_lc at x <= 0.6); on the 144/192-tile
 shapes the two are the same kernel path (no program is skipped) and agree within noise.
+Measured (session 10, `experiments/s10_tail_placement_probe.json`): 24 of 132 pairs share an SM;
+``tailx`` is slower on the 48-tile shapes (1.56 vs 1.46 T_lc at x = 1); the 144/192-tile shapes agree
+within 1%; the BE slice in the fused kernel runs at its solo rate. Refuted.
 
     PYTHONPATH=. python benchmarks/experiments/tail_placement_probe.py --out $OUT    # H200, ~60 s
 """

@@ -15,14 +15,13 @@ shares one compiled kernel:
   the others finish. Exactly those programs then run BE blocks. Nothing competes with the LC blocks
   for a slot, so LC occupancy is the solo kernel's; the BE slice should be about one LC block time
   per idle program (the profile's load-ratio sweep finds it).
-* ``tailx`` (tail fill, LC blocks alone on their SMs): as ``tail``, but when the LC has fewer blocks
-  than SMs, the programs that share an SM with an LC block stay idle. In the first wave the hardware
-  gives every SM one program before any SM gets a second, so with a grid of two programs per SM,
-  program ``p`` and ``p + S`` share an SM (``benchmarks/experiments/tail_placement_probe.py`` reads
-  ``%smid`` to check this). BERT-base's N=768 GEMMs have 48 tiles of 128x128 at 1024 tokens: under
-  ``tail`` each of them shares its SM with a BE program, and the measured fused time grows before the
-  BE slice could fill the 84 idle SMs (session 10). Placement is a performance assumption only:
-  every program still runs exactly its blocks, wherever it lands.
+* ``tailx`` (tail fill, LC blocks alone on their SMs; **measured slower, not profiled by default**):
+  as ``tail``, but when the LC has fewer blocks than half the grid, programs ``[S, S + rem)`` stay
+  idle, on the premise that the first wave gives every SM one program before any gets a second (so
+  ``p`` and ``p + S`` share an SM). Session 10 read ``%smid`` on the H200
+  (``benchmarks/experiments/tail_placement_probe.py``): only 24 of 132 such pairs share an SM, and
+  ``tailx`` took 1.56-1.62 T_lc against ``tail``'s 1.46-1.49 at x = 1 on a 48-tile GEMM. Kept for
+  that probe. Placement is a performance premise only: every program still runs exactly its blocks.
 
 Each side keeps its own persistent loop over its block range, so a fused launch computes exactly
 what the two kernels compute on their own (tests check this for every ratio).
@@ -63,7 +62,7 @@ class FusedVersion:
 
 DEFAULT_VERSIONS = (FusedVersion(1, 1), FusedVersion(1, 2), FusedVersion(2, 1), FusedVersion(1, 3))
 TAIL = FusedVersion(2, 0, "tail")  # the LC's solo grid (CudaBackend: 2 programs per SM) with its idle tail filled
-TAILX = FusedVersion(2, 0, "tailx")  # the same, LC blocks alone on their SMs
+TAILX = FusedVersion(2, 0, "tailx")  # the same, partners of LC programs idle (measured slower: see above)
 TAIL_MODES = ("tail", "tailx")
 
 
