@@ -20,6 +20,11 @@ Measured (session 10, `experiments/s10_tail_placement_probe.json`): 24 of 132 pa
 ``tailx`` is slower on the 48-tile shapes (1.56 vs 1.46 T_lc at x = 1); the 144/192-tile shapes agree
 within 1%; the BE slice in the fused kernel runs at its solo rate. Refuted.
 
+``tailsm`` (added after that run, not yet measured) places by ``%smid`` and work tickets instead.
+Prediction: on the 48-tile shapes (1024x768xK, 8x768x768) fused time <= 1.05 T_lc up to x = 0.5 and
+<= 1.25 T_lc at x = 1 (``tail``: 1.19-1.23 and 1.46-1.49 on 1024x768x768); on the 144/192-tile shapes
+slower than ``tail`` (its BE work waits for the LC blocks), close to serial (y ~ 1 + 0.9 x).
+
     PYTHONPATH=. python benchmarks/experiments/tail_placement_probe.py --out $OUT    # H200, ~60 s
 """
 
@@ -40,12 +45,13 @@ import triton.language as tl
 from kfuse.bench.harness import gpu_name
 from kfuse.colocate import workloads
 from kfuse.colocate.cuda_backend import timed
-from kfuse.colocate.fuser import TAIL, TAILX, launch_fused, overlap
+from kfuse.colocate.fuser import TAIL, TAILSM, TAILX, launch_fused, overlap
 from kfuse.colocate.predictor import LinearModel
 from kfuse.colocate.ptb import gemm_kernel, launch_ptb, num_sms
 
 SHAPES = ((1024, 768, 768), (1024, 768, 3072), (1024, 2304, 768), (1024, 3072, 768), (8, 768, 768))
 RATIOS = (0.25, 0.5, 0.75, 1.0, 1.5)
+MODES = (TAIL, TAILX, TAILSM)
 
 
 @triton.jit
@@ -96,7 +102,7 @@ def probe_shape(m: int, n: int, k: int, be_name: str, sms: int) -> list[dict[str
         t_be = med(lambda nb=nb: launch_ptb(be, 0, nb, be_grid))
         row: dict[str, Any] = {"shape": f"{m}x{n}x{k}", "be": be_name, "x": x, "lc_blocks": lc.n_blocks, "be_blocks": nb,
                                "t_lc_ms": t_lc, "t_be_ms": t_be}  # fmt: skip
-        for v in (TAIL, TAILX):
+        for v in MODES:
             c.fill_(float("nan"))
             w.reset()
             launch_fused(lc, be, v, be_range=(0, nb), sms=sms)
@@ -134,12 +140,14 @@ def main() -> None:
     else:
         print(f"placement: programs p and p+{sms} on one SM in {place['pairs_same_sm']}/{sms} pairs; "
               f"{place['distinct_in_first_half']} distinct SMs among programs 0..{sms - 1}")  # fmt: skip
-    head = ("shape", "be", "x", "t_lc", "t_be", "be_in_f", "tail y", "tailx y", "ov tail", "ov tailx")
-    print(" ".join(f"{h:>{w}}" for h, w in zip(head, (16, 9, 5, 7, 7, 7, 7, 7, 7, 8), strict=True)) + " ok")
+    head = ("shape", "be", "x", "t_lc", "t_be", "be_in_f", *(f"{v.mode} y" for v in MODES), *(f"ov {v.mode}" for v in MODES))
+    widths = (16, 9, 5, 7, 7, 7, *(8,) * (2 * len(MODES)))
+    print(" ".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)) + " ok")
     for r in rows:
-        print(f"{r['shape']:>16} {r['be']:>9} {r['x']:5.2f} {r['t_lc_ms']:7.4f} {r['t_be_ms']:7.4f} {r['be_in_fused_ms']:7.4f} "
-              f"{r['tail']['y']:7.3f} {r['tailx']['y']:7.3f} {r['tail']['overlap']:+7.1%} {r['tailx']['overlap']:+8.1%} "
-              f"{r['tail']['ok'] and r['tailx']['ok']}")  # fmt: skip
+        cells = [f"{r['shape']:>16}", f"{r['be']:>9}", f"{r['x']:5.2f}"]
+        cells += [f"{r[k]:7.4f}" for k in ("t_lc_ms", "t_be_ms", "be_in_fused_ms")]
+        cells += [f"{r[v.mode]['y']:8.3f}" for v in MODES] + [f"{r[v.mode]['overlap']:+8.1%}" for v in MODES]
+        print(" ".join(cells), all(r[v.mode]["ok"] for v in MODES))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,18 @@ shares one compiled kernel:
   ``tailx`` took 1.56-1.62 T_lc against ``tail``'s 1.46-1.49 at x = 1 on a 48-tile GEMM. Kept for
   that probe. Placement is a performance premise only: every program still runs exactly its blocks.
 
+* ``tailsm`` (tail fill, SM-exclusive by ``%smid``): the LC's solo grid, work handed out by ticket.
+  Every program first takes LC blocks from a ticket counter; a program that finds the LC tickets gone
+  waits until no LC block runs on *its* SM (a per-SM count, read by ``%smid``), then takes BE blocks
+  in chunks from a second counter. So LC blocks never share an SM with BE work, whatever the
+  hardware's placement, and the SMs without an LC block run BE work from the start. Session 10's
+  probe showed the placement ``tailx`` assumed does not hold, and that BE code inside a fused kernel
+  runs at its solo rate, so the cost of ``tail`` is contention on shared SMs; ``tailsm`` removes it
+  where the LC leaves SMs idle (BERT-base's 48-tile GEMMs) and costs overlap where it does not (LC
+  blocks > SMs: the BE work then waits for the LC), which is why it is a version the profile
+  measures, not a replacement. The counters live in a per-(device, stream) buffer that the last
+  program to finish resets, so launches on one stream need no memset between them.
+
 Each side keeps its own persistent loop over its block range, so a fused launch computes exactly
 what the two kernels compute on their own (tests check this for every ratio).
 
@@ -40,7 +52,7 @@ from typing import Any
 import torch
 
 from kfuse.colocate.ptb import BlockKernel, _params, num_sms
-from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.codegen import interpreting, load_generated
 
 
 @dataclass(frozen=True)
@@ -63,11 +75,14 @@ class FusedVersion:
 DEFAULT_VERSIONS = (FusedVersion(1, 1), FusedVersion(1, 2), FusedVersion(2, 1), FusedVersion(1, 3))
 TAIL = FusedVersion(2, 0, "tail")  # the LC's solo grid (CudaBackend: 2 programs per SM) with its idle tail filled
 TAILX = FusedVersion(2, 0, "tailx")  # the same, partners of LC programs idle (measured slower: see above)
-TAIL_MODES = ("tail", "tailx")
+TAILSM = FusedVersion(2, 0, "tailsm")  # the same, SM-exclusive by %smid and work tickets
+TAIL_MODES = ("tail", "tailx", "tailsm")
+SMID_SLOTS = 256  # per-SM counters (%smid < 256 on every NVIDIA GPU so far)
+BE_CHUNK = 4  # BE blocks per ticket: amortises the atomic over ~1-4 us blocks
 
 
 def parse_version(text: str, lc_programs_per_sm: int = 2) -> FusedVersion:
-    """``"1:2"`` (partition), ``"1:2il"`` (interleave), ``"tail"`` or ``"tailx"``."""
+    """``"1:2"`` (partition), ``"1:2il"`` (interleave), ``"tail"``, ``"tailx"`` or ``"tailsm"``."""
     t = text.strip()
     if t in TAIL_MODES:
         return FusedVersion(lc_programs_per_sm, 0, t)
@@ -138,16 +153,55 @@ def tailx_kernel({params}):
         elif pid >= skip_hi:
             for bid in range(b_start + pid - rem - (skip_hi - skip_lo), b_end, n_be):
                 be_block(bid, {be_call})
+
+
+@triton.jit(do_not_specialize=["l_start", "l_end", "b_start", "b_end", "period", "r1"])
+def tailsm_kernel({params_sm}):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    if EMULATE_SMID:  # the interpreter has no %smid: programs p and p + nprog/2 play one SM
+        sm = pid % (nprog // 2)
+    else:
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+    lc_on_sm = ctr + 4 + (sm % SMID_SLOTS)
+    # counted on the SM *before* the ticket: a program that finds the tickets gone then sees every LC block
+    # that got one (acq_rel atomics order the two through the ticket counter)
+    tl.atomic_add(lc_on_sm, 1)
+    t = tl.atomic_add(ctr, 1)
+    while t < l_end - l_start:
+        lc_block(l_start + t, {lc_call})
+        t = tl.atomic_add(ctr, 1)
+    tl.atomic_add(lc_on_sm, -1)
+    # BE work only once no LC block runs on this SM (the LC blocks are all handed out by now)
+    busy = tl.atomic_add(lc_on_sm, 0)
+    while busy > 0:
+        busy = tl.atomic_add(lc_on_sm, 0)
+    n_be = b_end - b_start
+    c = tl.atomic_add(ctr + 1, BE_CHUNK, sem="relaxed")
+    while c < n_be:
+        nxt = tl.atomic_add(ctr + 1, BE_CHUNK, sem="relaxed")  # in flight while this chunk runs
+        for j in tl.static_range(BE_CHUNK):
+            if c + j < n_be:
+                be_block(b_start + c + j, {be_call})
+        c = nxt
+    # the last program out resets the tickets for the next launch (launches on one stream do not overlap)
+    done = tl.atomic_add(ctr + 2, 1)
+    if done == nprog - 1:
+        tl.atomic_xchg(ctr, 0)
+        tl.atomic_xchg(ctr + 1, 0)
+        tl.atomic_xchg(ctr + 2, 0)
 """
 
 
 def fused_source(lc: BlockKernel, be: BlockKernel) -> str:
     la, lcst = _params("l_", lc)
     ba, bcst = _params("b_", be)
-    params = la + ["l_start", "l_end"] + ba + ["b_start", "b_end", "period", "r1"] + [f"{c}: tl.constexpr" for c in lcst + bcst]
+    runtime = la + ["l_start", "l_end"] + ba + ["b_start", "b_end", "period", "r1"]
+    consts = [f"{c}: tl.constexpr" for c in lcst + bcst]
+    sm_consts = [f"{c}: tl.constexpr" for c in ("EMULATE_SMID", "SMID_SLOTS", "BE_CHUNK")]
     return _FUSED.format(
-        lc_module=lc.module, lc_fn=lc.fn, be_module=be.module, be_fn=be.fn,
-        params=", ".join(params), lc_call=", ".join(la + lcst), be_call=", ".join(ba + bcst),
+        lc_module=lc.module, lc_fn=lc.fn, be_module=be.module, be_fn=be.fn, params=", ".join(runtime + consts),
+        params_sm=", ".join(runtime + ["ctr"] + sm_consts + consts), lc_call=", ".join(la + lcst), be_call=", ".join(ba + bcst),
     )  # fmt: skip
 
 
@@ -168,11 +222,14 @@ def launch_args(
     elif version.mode == "interleave":
         period, r1 = version.r1 + version.r2, version.r1
     else:
-        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave | tail | tailx)")
+        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave | tail | tailx | tailsm)")
     for k, (a, b) in ((lc, lc_range), (be, be_range)):
         if not 0 <= a <= b <= k.n_blocks:
             raise ValueError(f"{k.name}: block range [{a}, {b}) is outside [0, {k.n_blocks})")
-    args = [*lc.args, *lc_range, *be.args, *be_range, period, r1, *lc.consts.values(), *be.consts.values()]
+    args = [*lc.args, *lc_range, *be.args, *be_range, period, r1]
+    if version.mode == "tailsm":
+        args += [ticket_counters(lc.args), interpreting(), SMID_SLOTS, BE_CHUNK]
+    args += [*lc.consts.values(), *be.consts.values()]
     opts = {"num_warps": max(lc.num_warps, be.num_warps), "num_stages": max(lc.num_stages, be.num_stages)}
     return grid, args, opts
 
@@ -191,7 +248,22 @@ def launch_fused(
 
 def kernel_fn(mod: Any, version: FusedVersion) -> Any:
     """The generated kernel of ``mod`` that runs ``version``."""
-    return {"tail": mod.tail_kernel, "tailx": mod.tailx_kernel}.get(version.mode, mod.fused_kernel)
+    return {"tail": mod.tail_kernel, "tailx": mod.tailx_kernel, "tailsm": mod.tailsm_kernel}.get(version.mode, mod.fused_kernel)
+
+
+_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def ticket_counters(args: list[Any]) -> torch.Tensor:
+    """The ``tailsm`` kernel's counters (LC ticket, BE ticket, programs done, one spare, then LC blocks running
+    per SM), one zeroed buffer per (device, stream): the kernel leaves them zeroed, and two launches sharing a
+    buffer must not overlap, which holds within one stream."""
+    dev = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+    key = (str(dev), stream)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(4 + SMID_SLOTS, dtype=torch.int32, device=dev)
+    return _COUNTERS[key]
 
 
 def overlap(t_lc: float, t_be: float, t_fused: float) -> float:

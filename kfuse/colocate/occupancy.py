@@ -84,8 +84,13 @@ def fused_occupancy(lc: BlockKernel, be: BlockKernel, version: FusedVersion) -> 
     ba, bcst = _params("b_", be)
     _, args, opts = launch_args(lc, (0, lc.n_blocks), be, (0, be.n_blocks), version, sms=132)
     names = la + ["l_start", "l_end"] + ba + ["b_start", "b_end", "period", "r1"]
+    const_names = lcst + bcst
+    if version.mode == "tailsm":  # its counter buffer, then the %smid path as the GPU runs it (not the interpreter's)
+        names.append("ctr")
+        const_names = ["EMULATE_SMID", "SMID_SLOTS", "BE_CHUNK", *const_names]
+        args = [*args[: len(names) - 1], args[len(names) - 1], False, *args[len(names) + 1 :]]
     runtime = args[: len(names)]
-    consts = dict(zip(lcst + bcst, args[len(names) :], strict=True))
+    consts = dict(zip(const_names, args[len(names) :], strict=True))
     mod = fused_module(lc, be)
     fn = kernel_fn(mod, version)
     ck = _compile(fn, list(zip(names, runtime, strict=True)), consts, opts["num_warps"], opts["num_stages"])

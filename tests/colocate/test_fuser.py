@@ -7,7 +7,7 @@ from kfuse.colocate import fuser, ptb, workloads
 from kfuse.colocate.fuser import FusedVersion
 
 VERSIONS = [*fuser.DEFAULT_VERSIONS, FusedVersion(2, 1, "interleave"), FusedVersion(1, 2, "interleave")]
-VERSIONS += [fuser.TAIL, FusedVersion(4, 0, "tail"), fuser.TAILX, FusedVersion(4, 0, "tailx")]
+VERSIONS += [fuser.TAIL, FusedVersion(4, 0, "tail"), fuser.TAILX, FusedVersion(4, 0, "tailx"), fuser.TAILSM]
 
 
 def _lc() -> tuple[ptb.BlockKernel, torch.Tensor]:
@@ -82,6 +82,30 @@ def test_tailx_every_block_once_for_any_lc_size(m: int, sms: int) -> None:
     assert torch.equal(w.output(), expect_be)
 
 
+@pytest.mark.parametrize("sms", [2, 3, 9])
+@pytest.mark.parametrize("m", [8, 40, 80])
+def test_tailsm_every_block_once_and_counters_reset(m: int, sms: int) -> None:
+    """tailsm hands out LC and BE blocks by ticket: every block runs once for fewer, equal and more LC blocks
+    than programs, and the last program leaves the counters zeroed, so the next launch starts from zero."""
+    a, b = torch.randn(m, 24).half(), torch.randn(24, 70).half()
+    c = torch.full((m, 70), float("nan"), dtype=torch.float16)
+    lc = ptb.gemm_kernel(a, b, c)
+    ptb.launch_original(lc)
+    expect_lc = c.clone()
+    w = workloads.make("hotspot", small=True)
+    w.reset()
+    ptb.launch_original(w.kernel)
+    expect_be = w.output().clone()
+    for _ in range(2):  # a second launch on the same counters
+        c.fill_(float("nan"))
+        w.reset()
+        ptb.launch_ptb(w.kernel, 0, 5, grid=2)
+        fuser.launch_fused(lc, w.kernel, fuser.TAILSM, be_range=(5, w.kernel.n_blocks), sms=sms)
+        assert torch.equal(c, expect_lc)
+        assert torch.equal(w.output(), expect_be)
+        assert int(fuser.ticket_counters(lc.args).abs().sum()) == 0
+
+
 def test_overlap_and_checks() -> None:
     assert fuser.overlap(1.0, 1.0, 2.0) == 0.0
     assert fuser.overlap(1.0, 1.0, 1.0) == 0.5
@@ -95,5 +119,6 @@ def test_overlap_and_checks() -> None:
     assert fuser.parse_version("2:1il") == FusedVersion(2, 1, "interleave")
     assert fuser.parse_version("1:2il").describe() == "1:2il" and fuser.TAIL.describe() == "tail"
     assert fuser.parse_version("tailx") == fuser.TAILX and fuser.TAILX.describe() == "tailx"
+    assert fuser.parse_version("tailsm") == fuser.TAILSM and fuser.TAILSM.describe() == "tailsm"
     assert fuser.fits({"n_regs": 128, "shared": 32768, "n_spills": 0}, FusedVersion(1, 1), 8)
     assert not fuser.fits({"n_regs": 255, "shared": 32768, "n_spills": 0}, FusedVersion(2, 2), 8)

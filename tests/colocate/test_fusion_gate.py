@@ -80,5 +80,5 @@ def test_range_bounds_are_not_specialised() -> None:
     a = ptb.gemm_kernel(*(torch.zeros(16, 16) for _ in range(3)))
     assert {"start", "end"} <= _not_specialised(ptb._ORIG.format(module="m", fn="f", params="x", params_ptb="x", call="x"))["ptb_kernel"]
     fused = _not_specialised(fuser.fused_source(a, a))
-    for fn in ("fused_kernel", "tail_kernel", "tailx_kernel"):
+    for fn in ("fused_kernel", "tail_kernel", "tailx_kernel", "tailsm_kernel"):
         assert {"l_start", "l_end", "b_start", "b_end", "period", "r1"} <= fused[fn]

@@ -35,7 +35,7 @@ def test_lc_gemm_and_its_tail_fill_kernels_hold_two_programs_per_sm() -> None:
     lc = _lc(default_ptb_config(torch.float16, gpu=True))
     occ = ptb_occupancy(lc)
     assert occ["stack"] == 0 and occ["programs_per_sm"] >= 2, occ
-    for mode in ("tail", "tailx"):
+    for mode in ("tail", "tailx", "tailsm"):
         for be in (_be(hotspot), _be(stencil7)):
             f = fused_occupancy(lc, be, FusedVersion(TAIL.r1, 0, mode))
             assert f["stack"] == 0 and f["programs_per_sm"] >= TAIL.r1, (mode, be.name, f)
