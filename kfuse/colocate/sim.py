@@ -217,15 +217,26 @@ def h200_bert_s9(noise: float = 0.05, seed: int = 5) -> SimGPU:
     """BERT-base + hotspot as measured in session 9: 12 layers of QKV, attention-out, FFN-up and FFN-down GEMMs
     (the profiled medians) with the other 37 LC steps as equal segments, the pooler GEMM last; hotspot as its linear
     fit; fused launches ("tail" version) following the measured samples of their shape."""
-    names = list(H200_S9_BERT_GEMMS)
+    return bert_replay(H200_S9_BERT_GEMMS, H200_S9_BERT_POOLER, H200_S9_BERT_SOLO_MS, {"tail": H200_S9_HOTSPOT_TAIL}, noise, seed)
+
+
+def bert_replay(
+    gemms: dict[str, float], pooler: tuple[str, float], solo_ms: float,
+    samples: dict[str, dict[str, Sequence[tuple[float, float]]]], noise: float = 0.05, seed: int = 5,
+) -> SimGPU:  # fmt: skip
+    """BERT-base + hotspot on the simulated GPU from measured numbers: ``gemms`` (QKV, attention-out, FFN-up,
+    FFN-down: shape key -> solo ms) repeated over 12 layers, the other 37 LC steps as equal segments filling
+    ``solo_ms``, the ``pooler`` GEMM last; hotspot as session 9's linear fit; fused launches of each version
+    following ``samples[version][shape]`` ((x, T_fused / T_lc) points, ``sample_law``)."""
+    names = list(gemms)
     lc: list[float] = []
     fus: list[bool] = []
     keys: list[str] = []
-    gemm_total = 12 * sum(H200_S9_BERT_GEMMS.values()) + H200_S9_BERT_POOLER[1]
-    seg = (H200_S9_BERT_SOLO_MS - gemm_total) / 37
+    gemm_total = 12 * sum(gemms.values()) + pooler[1]
+    seg = (solo_ms - gemm_total) / 37
     for layer in range(12):
         for j, k in enumerate(names):  # QKV, seg (attention), out-proj, seg (norm), FFN-up, FFN-down, seg (norm)
-            lc.append(H200_S9_BERT_GEMMS[k])
+            lc.append(gemms[k])
             fus.append(True)
             keys.append(k)
             if j != 2:
@@ -235,8 +246,8 @@ def h200_bert_s9(noise: float = 0.05, seed: int = 5) -> SimGPU:
     lc.append(seg)
     fus.append(False)
     keys.append("seg_pool")
-    lc.append(H200_S9_BERT_POOLER[1])
+    lc.append(pooler[1])
     fus.append(True)
-    keys.append(H200_S9_BERT_POOLER[0])
-    law: dict[Any, Any] = {(k, "tail"): sample_law(pts) for k, pts in H200_S9_HOTSPOT_TAIL.items()}
+    keys.append(pooler[0])
+    law: dict[Any, Any] = {(k, v): sample_law(pts) for v, per_shape in samples.items() for k, pts in per_shape.items()}
     return SimGPU(lc, fus, {"hotspot": H200_S9_HOTSPOT}, fused_law=law, noise=noise, seed=seed, keys=keys)
