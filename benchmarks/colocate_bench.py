@@ -150,8 +150,10 @@ def main() -> None:
             for be, ov in p["overlap"].items():
                 print(f"  overlap {p['case']}+{be}: " + ", ".join(f"{o['key']} {o['version']} {o['overlap']:.1%}" for o in ov))
             for be, fit in p.get("be_fit", {}).items():
-                print(f"  BE fit {be}: launch cost a {fit['a_ms']:.4f} ms, {fit['b_ms_per_block'] * 1e6:.1f} ns/block, "
-                      f"kernel {fit['kernel_ms']:.4f} ms")  # fmt: skip
+                # a block's own duration on the BE grid (4 programs per SM): a slice fits in an LC kernel only if this is shorter
+                block_us = fit["b_ms_per_block"] * 4 * ptb.num_sms() * 1e3
+                print(f"  BE fit {be}: launch cost a {fit['a_ms']:.4f} ms, {fit['b_ms_per_block'] * 1e6:.1f} ns/block "
+                      f"(~{block_us:.1f} us a block on its grid), kernel {fit['kernel_ms']:.4f} ms")  # fmt: skip
             for be, plans in p.get("plans", {}).items():
                 for key, pl in plans.items():
                     print(f"  plan {key}|{be}: {pl['reason']}" + (f" blocks {pl['blocks']} extra {pl['extra_ms']:.4f} ms saving "

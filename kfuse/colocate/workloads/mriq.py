@@ -1,6 +1,11 @@
 """mri-q (Parboil): Q = sum_k |phi_k|^2 * exp(i 2 pi k.x) for every voxel x (real and imaginary parts).
 
 A block is BLOCK voxels; it loops over the k-space samples in chunks of KC.
+
+Block grain: a BE block must be shorter than the LC kernels it is fused into (BERT-base's GEMMs:
+10-29 us). Through session 10 a block was 128 voxels x 2048 samples (3.8 ms for 2048 blocks at two
+programs per SM: ~1 ms a block). Since then a block is 32 voxels x 64 samples (128x less work, ~8 us
+predicted) over 2^20 voxels, so the kernel still runs a few hundred us.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ def mriq_block(bid, kx, ky, kz, phimag, x, y, z, qr, qi, num_k, num_x, BLOCK: tl
 
 
 def make(small: bool, device: torch.device, g: torch.Generator) -> Workload:
-    num_k, num_x = (37, 53) if small else (2048, 262144)
-    block, kc = (16, 16) if interpreting() else (128, 32)
+    num_k, num_x = (37, 53) if small else (64, 1 << 20)
+    block, kc = (16, 16) if interpreting() else (32, 32)
     ks = [(torch.rand(num_k, generator=g) - 0.5).to(device) for _ in range(3)]
     phi = torch.rand(num_k, generator=g).to(device)
     xs = [(torch.rand(num_x, generator=g) - 0.5).to(device) for _ in range(3)]
