@@ -175,6 +175,8 @@ def tailsm_kernel({params_sm}):
     # BE work only once no LC block runs on this SM (the LC blocks are all handed out by now)
     busy = tl.atomic_add(lc_on_sm, 0)
     while busy > 0:
+        if not EMULATE_SMID:  # back off: the LC block on this SM keeps the issue slots
+            tl.inline_asm_elementwise("nanosleep.u32 500; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
         busy = tl.atomic_add(lc_on_sm, 0)
     n_be = b_end - b_start
     c = tl.atomic_add(ctr + 1, BE_CHUNK, sem="relaxed")
