@@ -170,14 +170,16 @@ def tailsm_kernel({params_sm}):
     t = tl.atomic_add(ctr, 1)
     while t < l_end - l_start:
         lc_block(l_start + t, {lc_call})
-        t = tl.atomic_add(ctr, 1)
+        # relaxed: the ordering above needs only the first ticket (later RMWs continue its release sequence),
+        # and an acq_rel fence here would wait for this block's stores before the next block starts
+        t = tl.atomic_add(ctr, 1, sem="relaxed")
     tl.atomic_add(lc_on_sm, -1)
     # BE work only once no LC block runs on this SM (the LC blocks are all handed out by now)
     busy = tl.atomic_add(lc_on_sm, 0)
     while busy > 0:
         if not EMULATE_SMID:  # back off: the LC block on this SM keeps the issue slots
             tl.inline_asm_elementwise("nanosleep.u32 500; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-        busy = tl.atomic_add(lc_on_sm, 0)
+        busy = tl.atomic_add(lc_on_sm, 0, sem="relaxed")
     n_be = b_end - b_start
     c = tl.atomic_add(ctr + 1, BE_CHUNK, sem="relaxed")
     while c < n_be:
