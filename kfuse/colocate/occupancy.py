@@ -88,7 +88,7 @@ def fused_occupancy(lc: BlockKernel, be: BlockKernel, version: FusedVersion) -> 
     if version.mode == "tailsm":  # its counter buffer, then the %smid path as the GPU runs it (not the interpreter's)
         names.append("ctr")
         const_names = ["EMULATE_SMID", "SMID_SLOTS", "BE_CHUNK", *const_names]
-        args = [*args[: len(names) - 1], args[len(names) - 1], False, *args[len(names) + 1 :]]
+        args[len(names)] = False
     runtime = args[: len(names)]
     consts = dict(zip(const_names, args[len(names) :], strict=True))
     mod = fused_module(lc, be)

@@ -10,12 +10,21 @@ VERSIONS = [*fuser.DEFAULT_VERSIONS, FusedVersion(2, 1, "interleave"), FusedVers
 VERSIONS += [fuser.TAIL, FusedVersion(4, 0, "tail"), fuser.TAILX, FusedVersion(4, 0, "tailx"), fuser.TAILSM]
 
 
-def _lc() -> tuple[ptb.BlockKernel, torch.Tensor]:
-    a, b = torch.randn(40, 24).half(), torch.randn(24, 33).half()
-    c = torch.full((40, 33), float("nan"), dtype=torch.float16)
+def _lc(m: int = 40, n: int = 33) -> tuple[ptb.BlockKernel, torch.Tensor]:
+    """An m x 24 @ 24 x n LC GEMM and its output, holding the original kernel's result."""
+    a, b = torch.randn(m, 24).half(), torch.randn(24, n).half()
+    c = torch.full((m, n), float("nan"), dtype=torch.float16)
     k = ptb.gemm_kernel(a, b, c)
     ptb.launch_original(k)
     return k, c
+
+
+def _be(name: str) -> tuple[workloads.Workload, torch.Tensor]:
+    """A small BE workload and the output of its original kernel."""
+    w = workloads.make(name, small=True)
+    w.reset()
+    ptb.launch_original(w.kernel)
+    return w, w.output().clone()
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=lambda v: v.describe())
@@ -23,10 +32,7 @@ def _lc() -> tuple[ptb.BlockKernel, torch.Tensor]:
 def test_fused_equals_separate(be: str, version: FusedVersion) -> None:
     lc, c = _lc()
     expect_lc = c.clone()
-    w = workloads.make(be, small=True)
-    w.reset()
-    ptb.launch_original(w.kernel)
-    expect_be = w.output().clone()
+    w, expect_be = _be(be)
     c.fill_(float("nan"))
     w.reset()
     fuser.launch_fused(lc, w.kernel, version, sms=2)
@@ -38,10 +44,7 @@ def test_fused_equals_separate(be: str, version: FusedVersion) -> None:
 def test_fused_every_workload_with_split(be: str) -> None:
     lc, c = _lc()
     expect_lc = c.clone()
-    w = workloads.make(be, small=True)
-    w.reset()
-    ptb.launch_original(w.kernel)
-    expect_be = w.output().clone()
+    w, expect_be = _be(be)
     c.fill_(float("nan"))
     w.reset()
     half = w.kernel.n_blocks // 2
@@ -65,15 +68,9 @@ def test_fused_every_workload_with_split(be: str) -> None:
 def test_tailx_every_block_once_for_any_lc_size(m: int, sms: int) -> None:
     """tailx leaves the partners of LC programs idle only when the LC has fewer blocks than half the
     grid; whichever case, every LC and BE block is computed (fewer, equal and more LC blocks than SMs)."""
-    a, b = torch.randn(m, 24).half(), torch.randn(24, 70).half()
-    c = torch.full((m, 70), float("nan"), dtype=torch.float16)
-    lc = ptb.gemm_kernel(a, b, c)
-    ptb.launch_original(lc)
+    lc, c = _lc(m, 70)
     expect_lc = c.clone()
-    w = workloads.make("stencil7", small=True)
-    w.reset()
-    ptb.launch_original(w.kernel)
-    expect_be = w.output().clone()
+    w, expect_be = _be("stencil7")
     c.fill_(float("nan"))
     w.reset()
     ptb.launch_ptb(w.kernel, 0, 3, grid=2)
@@ -87,15 +84,9 @@ def test_tailx_every_block_once_for_any_lc_size(m: int, sms: int) -> None:
 def test_tailsm_every_block_once_and_counters_reset(m: int, sms: int) -> None:
     """tailsm hands out LC and BE blocks by ticket: every block runs once for fewer, equal and more LC blocks
     than programs, and the last program leaves the counters zeroed, so the next launch starts from zero."""
-    a, b = torch.randn(m, 24).half(), torch.randn(24, 70).half()
-    c = torch.full((m, 70), float("nan"), dtype=torch.float16)
-    lc = ptb.gemm_kernel(a, b, c)
-    ptb.launch_original(lc)
+    lc, c = _lc(m, 70)
     expect_lc = c.clone()
-    w = workloads.make("hotspot", small=True)
-    w.reset()
-    ptb.launch_original(w.kernel)
-    expect_be = w.output().clone()
+    w, expect_be = _be("hotspot")
     for _ in range(2):  # a second launch on the same counters
         c.fill_(float("nan"))
         w.reset()
