@@ -50,8 +50,8 @@ from kfuse.colocate.predictor import LinearModel
 from kfuse.colocate.ptb import gemm_kernel, launch_ptb, num_sms
 
 SHAPES = ((1024, 768, 768), (1024, 768, 3072), (1024, 2304, 768), (1024, 3072, 768), (8, 768, 768))
-RATIOS = (0.25, 0.5, 0.75, 1.0, 1.5)
-MODES = (TAIL, TAILX, TAILSM)
+RATIOS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5)  # x = 0: one BE block, the mode's own overhead
+MODES = (TAIL, TAILSM)  # tailx: refuted in session 10, run with --modes tail,tailx,tailsm
 
 
 @triton.jit
@@ -111,6 +111,11 @@ def probe_shape(m: int, n: int, k: int, be_name: str, sms: int) -> list[dict[str
             ok = bool(torch.equal(c, expect_lc)) and bool(torch.allclose(w.output(), expect_be, rtol=1e-5, atol=1e-6, equal_nan=True))
             t_f = med(lambda v=v, nb=nb: launch_fused(lc, be, v, be_range=(0, nb), sms=sms))
             row[v.mode] = {"t_fused_ms": t_f, "y": t_f / t_lc, "overlap": overlap(t_lc, t_be, t_f), "ok": ok}
+            if v.mode == "tailsm":  # where the LC blocks ran: spread over as many SMs as they need?
+                trace = torch.full((lc.n_blocks,), -1, dtype=torch.int32, device="cuda")
+                launch_fused(lc, be, v, be_range=(0, nb), sms=sms, trace=trace)
+                per_sm = np.bincount(trace.cpu().numpy().clip(0))
+                row[v.mode] |= {"lc_sms": int((per_sm > 0).sum()), "lc_max_per_sm": int(per_sm.max())}
         # the BE slice alone inside the fused kernel (empty LC range): its rate at 8 warps, 2 programs per SM
         row["be_in_fused_ms"] = med(lambda nb=nb: launch_fused(lc, be, TAIL, lc_range=(0, 0), be_range=(0, nb), sms=sms))
         rows.append(row)
@@ -118,10 +123,13 @@ def probe_shape(m: int, n: int, k: int, be_name: str, sms: int) -> list[dict[str
 
 
 def main() -> None:
+    global MODES
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--be", default="hotspot,stencil7")
+    p.add_argument("--modes", default=",".join(v.mode for v in MODES), help="fused modes to time (tail, tailx, tailsm)")
     a = p.parse_args()
+    MODES = tuple({"tail": TAIL, "tailx": TAILX, "tailsm": TAILSM}[m] for m in a.modes.split(","))
     if not torch.cuda.is_available():
         sys.exit("tail_placement_probe needs a CUDA GPU")
     sms = num_sms()
@@ -147,7 +155,9 @@ def main() -> None:
         cells = [f"{r['shape']:>16}", f"{r['be']:>9}", f"{r['x']:5.2f}"]
         cells += [f"{r[k]:7.4f}" for k in ("t_lc_ms", "t_be_ms", "be_in_fused_ms")]
         cells += [f"{r[v.mode]['y']:8.3f}" for v in MODES] + [f"{r[v.mode]['overlap']:+8.1%}" for v in MODES]
-        print(" ".join(cells), all(r[v.mode]["ok"] for v in MODES))
+        sm = r.get("tailsm", {})
+        spread = f" LC on {sm['lc_sms']} SMs, <= {sm['lc_max_per_sm']} an SM" if "lc_sms" in sm else ""
+        print(" ".join(cells), all(r[v.mode]["ok"] for v in MODES), spread)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,13 @@ shares one compiled kernel:
   blocks > SMs: the BE work then waits for the LC), which is why it is a version the profile
   measures, not a replacement. The counters live in a per-(device, stream) buffer that the last
   program to finish resets, so launches on one stream need no memset between them.
+  Session 11 measured the first version at 1.67-1.84 T_lc on the 48-tile GEMMs already at x = 0.25
+  (``tail``: 1.04-1.11), for both BE kernels alike, so the LC blocks themselves ran slower: the
+  first programs to reach the ticket counter come in pairs from the same SMs, so LC tiles doubled
+  up where the solo kernel spreads them, and a chunk of four 4 us hotspot blocks outlasted a
+  10 us GEMM. Now at most ``ceil(LC blocks / SMs)`` LC programs run on an SM, the second only
+  once every SM got one tile, and the BE chunk is 1 until each free program would draw four
+  tickets (``tailsm_plan``); ``trace`` records each LC block's SM for the probe.
 
 Each side keeps its own persistent loop over its block range, so a fused launch computes exactly
 what the two kernels compute on their own (tests check this for every ratio).
@@ -78,7 +85,19 @@ TAILX = FusedVersion(2, 0, "tailx")  # the same, partners of LC programs idle (m
 TAILSM = FusedVersion(2, 0, "tailsm")  # the same, SM-exclusive by %smid and work tickets
 TAIL_MODES = ("tail", "tailx", "tailsm")
 SMID_SLOTS = 256  # per-SM counters (%smid < 256 on every NVIDIA GPU so far)
-BE_CHUNK = 4  # BE blocks per ticket: amortises the atomic over ~1-4 us blocks
+BE_CHUNK_MAX = 4  # BE blocks per ticket at most: amortises the atomic over ~1-4 us blocks
+
+
+def tailsm_plan(n_lc: int, n_be: int, sms: int, programs_per_sm: int) -> tuple[int, int]:
+    """(LC programs allowed per SM, BE blocks per ticket) of a ``tailsm`` launch. The cap spreads the LC
+    blocks over as many SMs as they need and no fewer; the chunk stays 1 until every program that is free
+    for BE work would draw four tickets or more, so chunking never makes a short slice run longer."""
+    if sms < 1 or programs_per_sm < 1:
+        raise ValueError(f"tailsm_plan: need sms >= 1 and programs_per_sm >= 1, got {sms}, {programs_per_sm}")
+    cap = max(1, -(-n_lc // sms))
+    free = max(1, sms * programs_per_sm - min(n_lc, cap * sms))
+    chunk = max(1, min(BE_CHUNK_MAX, n_be // (4 * free)))
+    return cap, chunk
 
 
 def parse_version(text: str, lc_programs_per_sm: int = 2) -> FusedVersion:
@@ -155,7 +174,7 @@ def tailx_kernel({params}):
                 be_block(bid, {be_call})
 
 
-@triton.jit(do_not_specialize=["l_start", "l_end", "b_start", "b_end", "period", "r1"])
+@triton.jit(do_not_specialize=["l_start", "l_end", "b_start", "b_end", "period", "r1", "lc_cap", "n_sm", "be_chunk"])
 def tailsm_kernel({params_sm}):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -165,14 +184,26 @@ def tailsm_kernel({params_sm}):
         sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
     lc_on_sm = ctr + 4 + (sm % SMID_SLOTS)
     # counted on the SM *before* the ticket: a program that finds the tickets gone then sees every LC block
-    # that got one (acq_rel atomics order the two through the ticket counter)
-    tl.atomic_add(lc_on_sm, 1)
-    t = tl.atomic_add(ctr, 1)
-    while t < l_end - l_start:
-        lc_block(l_start + t, {lc_call})
-        # relaxed: the ordering above needs only the first ticket (later RMWs continue its release sequence),
-        # and an acq_rel fence here would wait for this block's stores before the next block starts
-        t = tl.atomic_add(ctr, 1, sem="relaxed")
+    # that got one (acq_rel atomics order the two through the ticket counter). At most lc_cap LC programs
+    # an SM (ceil(LC blocks / SMs)), and the k-th of them draws only once k * n_sm tickets are out: the
+    # first programs to reach the counter come in pairs from the same SMs, and two LC tiles on one SM
+    # ran 1.7-1.8x T_lc (session 11). The wait ends: the first program of every SM never waits and draws
+    # until the tickets are gone, and (lc_cap - 1) * n_sm < LC blocks
+    here = tl.atomic_add(lc_on_sm, 1)
+    if here < lc_cap:
+        out = tl.atomic_add(ctr, 0, sem="relaxed")
+        while out < here * n_sm:
+            if not EMULATE_SMID:
+                tl.inline_asm_elementwise("nanosleep.u32 200; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+            out = tl.atomic_add(ctr, 0, sem="relaxed")
+        t = tl.atomic_add(ctr, 1)
+        while t < l_end - l_start:
+            if TRACE:  # which SM ran LC block t (the probe checks the placement)
+                tl.store(trace + t, sm)
+            lc_block(l_start + t, {lc_call})
+            # relaxed: the ordering above needs only the first ticket (later RMWs continue its release sequence),
+            # and an acq_rel fence here would wait for this block's stores before the next block starts
+            t = tl.atomic_add(ctr, 1, sem="relaxed")
     tl.atomic_add(lc_on_sm, -1)
     # BE work only once no LC block runs on this SM (the LC blocks are all handed out by now)
     busy = tl.atomic_add(lc_on_sm, 0)
@@ -180,11 +211,13 @@ def tailsm_kernel({params_sm}):
         if not EMULATE_SMID:  # back off: the LC block on this SM keeps the issue slots
             tl.inline_asm_elementwise("nanosleep.u32 500; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
         busy = tl.atomic_add(lc_on_sm, 0, sem="relaxed")
+    # be_chunk blocks a ticket: 1 for slices with few blocks a program (four 4 us hotspot blocks in a row
+    # would outlast a 10 us LC GEMM), up to 4 for long slices, where it amortises the atomic
     n_be = b_end - b_start
-    c = tl.atomic_add(ctr + 1, BE_CHUNK, sem="relaxed")
+    c = tl.atomic_add(ctr + 1, be_chunk, sem="relaxed")
     while c < n_be:
-        nxt = tl.atomic_add(ctr + 1, BE_CHUNK, sem="relaxed")  # in flight while this chunk runs
-        for j in tl.static_range(BE_CHUNK):
+        nxt = tl.atomic_add(ctr + 1, be_chunk, sem="relaxed")  # in flight while this chunk runs
+        for j in range(be_chunk):
             if c + j < n_be:
                 be_block(b_start + c + j, {be_call})
         c = nxt
@@ -202,10 +235,11 @@ def fused_source(lc: BlockKernel, be: BlockKernel) -> str:
     ba, bcst = _params("b_", be)
     runtime = la + ["l_start", "l_end"] + ba + ["b_start", "b_end", "period", "r1"]
     consts = [f"{c}: tl.constexpr" for c in lcst + bcst]
-    sm_consts = [f"{c}: tl.constexpr" for c in ("EMULATE_SMID", "SMID_SLOTS", "BE_CHUNK")]
+    sm_runtime = ["ctr", "trace", "lc_cap", "n_sm", "be_chunk"]
+    sm_consts = [f"{c}: tl.constexpr" for c in ("EMULATE_SMID", "SMID_SLOTS", "TRACE")]
     return _FUSED.format(
         lc_module=lc.module, lc_fn=lc.fn, be_module=be.module, be_fn=be.fn, params=", ".join(runtime + consts),
-        params_sm=", ".join(runtime + ["ctr"] + sm_consts + consts), lc_call=", ".join(la + lcst), be_call=", ".join(ba + bcst),
+        params_sm=", ".join(runtime + sm_runtime + sm_consts + consts), lc_call=", ".join(la + lcst), be_call=", ".join(ba + bcst),
     )  # fmt: skip
 
 
@@ -214,9 +248,11 @@ def fused_module(lc: BlockKernel, be: BlockKernel) -> Any:
 
 
 def launch_args(
-    lc: BlockKernel, lc_range: tuple[int, int], be: BlockKernel, be_range: tuple[int, int], version: FusedVersion, sms: int | None = None
-) -> tuple[int, list[Any], dict[str, Any]]:
-    """(grid, positional args, launch options) of one fused launch."""
+    lc: BlockKernel, lc_range: tuple[int, int], be: BlockKernel, be_range: tuple[int, int], version: FusedVersion, sms: int | None = None,
+    trace: torch.Tensor | None = None,
+) -> tuple[int, list[Any], dict[str, Any]]:  # fmt: skip
+    """(grid, positional args, launch options) of one fused launch. ``trace`` (``tailsm`` only): an int32
+    tensor with one slot per LC block of the range, which receives the SM that ran each block."""
     s = sms or num_sms()
     grid = version.grid(s)
     if version.mode == "partition":
@@ -232,7 +268,13 @@ def launch_args(
             raise ValueError(f"{k.name}: block range [{a}, {b}) is outside [0, {k.n_blocks})")
     args = [*lc.args, *lc_range, *be.args, *be_range, period, r1]
     if version.mode == "tailsm":
-        args += [ticket_counters(lc.args), interpreting(), SMID_SLOTS, BE_CHUNK]
+        cap, chunk = tailsm_plan(lc_range[1] - lc_range[0], be_range[1] - be_range[0], s, version.r1)
+        ctr = ticket_counters(lc.args)
+        if trace is not None and trace.numel() < lc_range[1] - lc_range[0]:
+            raise ValueError(f"trace has {trace.numel()} slots for {lc_range[1] - lc_range[0]} LC blocks")
+        args += [ctr, ctr if trace is None else trace, cap, s, chunk, interpreting(), SMID_SLOTS, trace is not None]
+    elif trace is not None:
+        raise ValueError(f"a placement trace needs the tailsm version, not {version.describe()}")
     args += [*lc.consts.values(), *be.consts.values()]
     opts = {"num_warps": max(lc.num_warps, be.num_warps), "num_stages": max(lc.num_stages, be.num_stages)}
     return grid, args, opts
@@ -241,11 +283,13 @@ def launch_args(
 def launch_fused(
     lc: BlockKernel, be: BlockKernel, version: FusedVersion = DEFAULT_VERSIONS[0],
     lc_range: tuple[int, int] | None = None, be_range: tuple[int, int] | None = None, sms: int | None = None,
+    trace: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
-    """One launch running LC blocks ``lc_range`` and BE blocks ``be_range`` side by side."""
+    """One launch running LC blocks ``lc_range`` and BE blocks ``be_range`` side by side (``trace``: see
+    ``launch_args``)."""
     lr = lc_range or (0, lc.n_blocks)
     br = be_range or (0, be.n_blocks)
-    grid, args, opts = launch_args(lc, lr, be, br, version, sms)
+    grid, args, opts = launch_args(lc, lr, be, br, version, sms, trace)
     mod = fused_module(lc, be)
     kernel_fn(mod, version)[(grid,)](*args, **opts)
 

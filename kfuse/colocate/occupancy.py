@@ -86,8 +86,8 @@ def fused_occupancy(lc: BlockKernel, be: BlockKernel, version: FusedVersion) -> 
     names = la + ["l_start", "l_end"] + ba + ["b_start", "b_end", "period", "r1"]
     const_names = lcst + bcst
     if version.mode == "tailsm":  # its counter buffer, then the %smid path as the GPU runs it (not the interpreter's)
-        names.append("ctr")
-        const_names = ["EMULATE_SMID", "SMID_SLOTS", "BE_CHUNK", *const_names]
+        names += ["ctr", "trace", "lc_cap", "n_sm", "be_chunk"]
+        const_names = ["EMULATE_SMID", "SMID_SLOTS", "TRACE", *const_names]
         args[len(names)] = False
     runtime = args[: len(names)]
     consts = dict(zip(const_names, args[len(names) :], strict=True))

@@ -97,6 +97,40 @@ def test_tailsm_every_block_once_and_counters_reset(m: int, sms: int) -> None:
         assert int(fuser.ticket_counters(lc.args).abs().sum()) == 0
 
 
+def test_tailsm_plan_spreads_lc_blocks_and_keeps_short_slices_unchunked() -> None:
+    """48 LC tiles on 132 SMs: one LC program an SM; a 180-block slice runs one block a ticket over the
+    216 free programs, a 20000-block slice four; 144 tiles need two LC programs on some SMs."""
+    assert fuser.tailsm_plan(48, 180, 132, 2) == (1, 1)
+    assert fuser.tailsm_plan(48, 20000, 132, 2) == (1, 4)
+    assert fuser.tailsm_plan(48, 2 * 4 * 216, 132, 2) == (1, 2)
+    assert fuser.tailsm_plan(144, 1000, 132, 2) == (2, 2)  # 120 programs free: 1000 // 480
+    assert fuser.tailsm_plan(300, 3, 132, 2) == (3, 1)  # more LC blocks than slots: every program takes tickets
+    assert fuser.tailsm_plan(0, 0, 132, 2) == (1, 1)
+    with pytest.raises(ValueError, match="sms >= 1"):
+        fuser.tailsm_plan(48, 10, 0, 2)
+
+
+@pytest.mark.parametrize("m", [8, 80])
+def test_tailsm_trace_records_the_sm_of_every_lc_block(m: int) -> None:
+    """The placement trace gets one valid SM per LC block, and tracing changes no output."""
+    sms = 3
+    lc, c = _lc(m, 70)
+    expect_lc = c.clone()
+    w, expect_be = _be("hotspot")
+    trace = torch.full((lc.n_blocks + 2,), -1, dtype=torch.int32)
+    c.fill_(float("nan"))
+    w.reset()
+    fuser.launch_fused(lc, w.kernel, fuser.TAILSM, sms=sms, trace=trace)
+    assert torch.equal(c, expect_lc) and torch.equal(w.output(), expect_be)
+    got = trace[: lc.n_blocks]
+    assert bool(((got >= 0) & (got < sms)).all()), got
+    assert trace[lc.n_blocks :].tolist() == [-1, -1]  # nothing written past the range
+    with pytest.raises(ValueError, match="slots"):
+        fuser.launch_fused(lc, w.kernel, fuser.TAILSM, sms=sms, trace=trace[: lc.n_blocks - 1])
+    with pytest.raises(ValueError, match="needs the tailsm version"):
+        fuser.launch_fused(lc, w.kernel, fuser.TAIL, sms=sms, trace=trace)
+
+
 def test_overlap_and_checks() -> None:
     assert fuser.overlap(1.0, 1.0, 2.0) == 0.0
     assert fuser.overlap(1.0, 1.0, 1.0) == 0.5
