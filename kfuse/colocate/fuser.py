@@ -34,11 +34,11 @@ shares one compiled kernel:
   blocks > SMs: the BE work then waits for the LC), which is why it is a version the profile
   measures, not a replacement. The counters live in a per-(device, stream) buffer that the last
   program to finish resets, so launches on one stream need no memset between them.
-  Session 11 measured the first version at 1.67-1.84 T_lc on the 48-tile GEMMs already at x = 0.25
-  (``tail``: 1.04-1.11), for both BE kernels alike, so the LC blocks themselves ran slower: the
-  first programs to reach the ticket counter come in pairs from the same SMs, so LC tiles doubled
-  up where the solo kernel spreads them, and a chunk of four 4 us hotspot blocks outlasted a
-  10 us GEMM. Now at most ``ceil(LC blocks / SMs)`` LC programs run on an SM, the second only
+  Session 11 measured the first version at 1.66-1.82 T_lc on the 48-tile GEMMs already at x = 0.25
+  (``tail``: 1.04-1.11), the same with hotspot and stencil7, so the LC blocks themselves ran slower.
+  The likely cause: the first programs to reach the ticket counter come in pairs from the same
+  SMs, so LC tiles doubled up where the solo kernel spreads them. Also, a chunk of four 4 us
+  hotspot blocks outlasted a 10 us GEMM. Now at most ``ceil(LC blocks / SMs)`` LC programs run on an SM, the second only
   once every SM got one tile, and the BE chunk is 1 until each free program would draw four
   tickets (``tailsm_plan``); ``trace`` records each LC block's SM for the probe.
 
