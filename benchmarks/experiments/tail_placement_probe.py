@@ -20,10 +20,13 @@ Measured (session 10, `experiments/s10_tail_placement_probe.json`): 24 of 132 pa
 ``tailx`` is slower on the 48-tile shapes (1.56 vs 1.46 T_lc at x = 1); the 144/192-tile shapes agree
 within 1%; the BE slice in the fused kernel runs at its solo rate. Refuted.
 
-``tailsm`` (added after that run, not yet measured) places by ``%smid`` and work tickets instead.
-Prediction: on the 48-tile shapes (1024x768xK, 8x768x768) fused time <= 1.05 T_lc up to x = 0.5 and
-<= 1.25 T_lc at x = 1 (``tail``: 1.19-1.23 and 1.46-1.49 on 1024x768x768); on the 144/192-tile shapes
-slower than ``tail`` (its BE work waits for the LC blocks), close to serial (y ~ 1 + 0.9 x).
+``tailsm`` places by ``%smid`` and work tickets instead. Session 11 measured its first version at
+1.66-1.82 T_lc at x = 0.25 on the 48-tile shapes, the same with hotspot and stencil7 (``tail``:
+1.04-1.11): refuted (`experiments/s11_tail_placement_probe.json`). It now caps LC programs per SM,
+stages the tickets so the first SMs-many tiles go one per SM, and sizes the BE chunk to the slice;
+for ``tailsm`` the probe records each LC tile's SM (``trace``) and prints the spread, and x = 0
+(one BE block) shows each mode's own overhead. Prediction: on the 48-tile shapes the LC runs on 48
+SMs, and ``tailsm`` takes <= 1.05 T_lc at x = 0, <= 1.10 at x <= 0.5 and 1.3-1.4 at x = 1.
 
     PYTHONPATH=. python benchmarks/experiments/tail_placement_probe.py --out $OUT    # H200, ~60 s
 """
