@@ -54,7 +54,8 @@ from kfuse.colocate.ptb import gemm_kernel, launch_ptb, num_sms
 
 SHAPES = ((1024, 768, 768), (1024, 768, 3072), (1024, 2304, 768), (1024, 3072, 768), (8, 768, 768))
 RATIOS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5)  # x = 0: one BE block, the mode's own overhead
-MODES = (TAIL, TAILSM)  # tailx: refuted in session 10, run with --modes tail,tailx,tailsm
+MODES = {"tail": TAIL, "tailx": TAILX, "tailsm": TAILSM}
+DEFAULT_MODES = "tail,tailsm"  # tailx: refuted in session 10, run with --modes tail,tailx,tailsm
 
 
 @triton.jit
@@ -83,7 +84,7 @@ def med(f: Any, reps: int = 9) -> float:
     return float(np.median([timed(f) for _ in range(reps)]))
 
 
-def probe_shape(m: int, n: int, k: int, be_name: str, sms: int) -> list[dict[str, Any]]:
+def probe_shape(m: int, n: int, k: int, be_name: str, sms: int, modes: tuple[Any, ...]) -> list[dict[str, Any]]:
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     b = torch.randn(k, n, device="cuda", dtype=torch.float16) / k**0.5
     c = torch.empty(m, n, device="cuda", dtype=torch.float16)
@@ -105,7 +106,7 @@ def probe_shape(m: int, n: int, k: int, be_name: str, sms: int) -> list[dict[str
         t_be = med(lambda nb=nb: launch_ptb(be, 0, nb, be_grid))
         row: dict[str, Any] = {"shape": f"{m}x{n}x{k}", "be": be_name, "x": x, "lc_blocks": lc.n_blocks, "be_blocks": nb,
                                "t_lc_ms": t_lc, "t_be_ms": t_be}  # fmt: skip
-        for v in MODES:
+        for v in modes:
             c.fill_(float("nan"))
             w.reset()
             launch_fused(lc, be, v, be_range=(0, nb), sms=sms)
@@ -126,13 +127,14 @@ def probe_shape(m: int, n: int, k: int, be_name: str, sms: int) -> list[dict[str
 
 
 def main() -> None:
-    global MODES
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--be", default="hotspot,stencil7")
-    p.add_argument("--modes", default=",".join(v.mode for v in MODES), help="fused modes to time (tail, tailx, tailsm)")
+    p.add_argument("--modes", default=DEFAULT_MODES, help="fused modes to time (tail, tailx, tailsm)")
     a = p.parse_args()
-    MODES = tuple({"tail": TAIL, "tailx": TAILX, "tailsm": TAILSM}[m] for m in a.modes.split(","))
+    if unknown := [m for m in a.modes.split(",") if m not in MODES]:
+        p.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+    modes = tuple(MODES[m] for m in a.modes.split(","))
     if not torch.cuda.is_available():
         sys.exit("tail_placement_probe needs a CUDA GPU")
     sms = num_sms()
@@ -141,7 +143,7 @@ def main() -> None:
         place = placement(sms)
     except Exception as e:  # noqa: BLE001 - the timing part does not depend on it
         place = {"error": repr(e)}
-    rows = [r for m, n, k in SHAPES for be in a.be.split(",") for r in probe_shape(m, n, k, be, sms)]
+    rows = [r for m, n, k in SHAPES for be in a.be.split(",") for r in probe_shape(m, n, k, be, sms, modes)]
     res = {"experiment": "tail_placement_probe", "gpu": gpu_name(), "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
            "sms": sms, "placement": place, "rows": rows, "seconds": time.time() - t0}  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
@@ -151,16 +153,16 @@ def main() -> None:
     else:
         print(f"placement: programs p and p+{sms} on one SM in {place['pairs_same_sm']}/{sms} pairs; "
               f"{place['distinct_in_first_half']} distinct SMs among programs 0..{sms - 1}")  # fmt: skip
-    head = ("shape", "be", "x", "t_lc", "t_be", "be_in_f", *(f"{v.mode} y" for v in MODES), *(f"ov {v.mode}" for v in MODES))
-    widths = (16, 9, 5, 7, 7, 7, *(8,) * (2 * len(MODES)))
+    head = ("shape", "be", "x", "t_lc", "t_be", "be_in_f", *(f"{v.mode} y" for v in modes), *(f"ov {v.mode}" for v in modes))
+    widths = (16, 9, 5, 7, 7, 7, *(8,) * (2 * len(modes)))
     print(" ".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)) + " ok")
     for r in rows:
         cells = [f"{r['shape']:>16}", f"{r['be']:>9}", f"{r['x']:5.2f}"]
         cells += [f"{r[k]:7.4f}" for k in ("t_lc_ms", "t_be_ms", "be_in_fused_ms")]
-        cells += [f"{r[v.mode]['y']:8.3f}" for v in MODES] + [f"{r[v.mode]['overlap']:+8.1%}" for v in MODES]
+        cells += [f"{r[v.mode]['y']:8.3f}" for v in modes] + [f"{r[v.mode]['overlap']:+8.1%}" for v in modes]
         sm = r.get("tailsm", {})
         spread = f" LC on {sm['lc_sms']} SMs, <= {sm['lc_max_per_sm']} an SM" if "lc_sms" in sm else ""
-        print(" ".join(cells), all(r[v.mode]["ok"] for v in MODES), spread)
+        print(" ".join(cells), all(r[v.mode]["ok"] for v in modes), spread)
 
 
 if __name__ == "__main__":

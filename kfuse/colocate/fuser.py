@@ -38,9 +38,9 @@ shares one compiled kernel:
   (``tail``: 1.04-1.11), the same with hotspot and stencil7, so the LC blocks themselves ran slower.
   The likely cause: the first programs to reach the ticket counter come in pairs from the same
   SMs, so LC tiles doubled up where the solo kernel spreads them. Also, a chunk of four 4 us
-  hotspot blocks outlasted a 10 us GEMM. Now at most ``ceil(LC blocks / SMs)`` LC programs run on an SM, the second only
-  once every SM got one tile, and the BE chunk is 1 until each free program would draw four
-  tickets (``tailsm_plan``); ``trace`` records each LC block's SM for the probe.
+  hotspot blocks outlasted a 10 us GEMM. Now at most ``ceil(LC blocks / SMs)`` LC programs run on
+  an SM, the second only once every SM got one tile, and the BE chunk is 1 until each free program
+  would draw four tickets (``tailsm_plan``); ``trace`` records each LC block's SM for the probe.
 
 Each side keeps its own persistent loop over its block range, so a fused launch computes exactly
 what the two kernels compute on their own (tests check this for every ratio).
@@ -86,6 +86,9 @@ TAILSM = FusedVersion(2, 0, "tailsm")  # the same, SM-exclusive by %smid and wor
 TAIL_MODES = ("tail", "tailx", "tailsm")
 SMID_SLOTS = 256  # per-SM counters (%smid < 256 on every NVIDIA GPU so far)
 BE_CHUNK_MAX = 4  # BE blocks per ticket at most: amortises the atomic over ~1-4 us blocks
+# the tailsm kernel's parameters after the shared ones: runtime values, then constexprs (launch_args order)
+TAILSM_RUNTIME = ("ctr", "trace", "lc_cap", "n_sm", "be_chunk")
+TAILSM_CONSTS = ("EMULATE_SMID", "SMID_SLOTS", "TRACE")
 
 
 def tailsm_plan(n_lc: int, n_be: int, sms: int, programs_per_sm: int) -> tuple[int, int]:
@@ -235,8 +238,8 @@ def fused_source(lc: BlockKernel, be: BlockKernel) -> str:
     ba, bcst = _params("b_", be)
     runtime = la + ["l_start", "l_end"] + ba + ["b_start", "b_end", "period", "r1"]
     consts = [f"{c}: tl.constexpr" for c in lcst + bcst]
-    sm_runtime = ["ctr", "trace", "lc_cap", "n_sm", "be_chunk"]
-    sm_consts = [f"{c}: tl.constexpr" for c in ("EMULATE_SMID", "SMID_SLOTS", "TRACE")]
+    sm_runtime = list(TAILSM_RUNTIME)
+    sm_consts = [f"{c}: tl.constexpr" for c in TAILSM_CONSTS]
     return _FUSED.format(
         lc_module=lc.module, lc_fn=lc.fn, be_module=be.module, be_fn=be.fn, params=", ".join(runtime + consts),
         params_sm=", ".join(runtime + sm_runtime + sm_consts + consts), lc_call=", ".join(la + lcst), be_call=", ".join(ba + bcst),
@@ -268,10 +271,11 @@ def launch_args(
             raise ValueError(f"{k.name}: block range [{a}, {b}) is outside [0, {k.n_blocks})")
     args = [*lc.args, *lc_range, *be.args, *be_range, period, r1]
     if version.mode == "tailsm":
-        cap, chunk = tailsm_plan(lc_range[1] - lc_range[0], be_range[1] - be_range[0], s, version.r1)
+        n_lc = lc_range[1] - lc_range[0]
+        if trace is not None and trace.numel() < n_lc:
+            raise ValueError(f"trace has {trace.numel()} slots for {n_lc} LC blocks")
+        cap, chunk = tailsm_plan(n_lc, be_range[1] - be_range[0], s, version.r1)
         ctr = ticket_counters(lc.args)
-        if trace is not None and trace.numel() < lc_range[1] - lc_range[0]:
-            raise ValueError(f"trace has {trace.numel()} slots for {lc_range[1] - lc_range[0]} LC blocks")
         args += [ctr, ctr if trace is None else trace, cap, s, chunk, interpreting(), SMID_SLOTS, trace is not None]
     elif trace is not None:
         raise ValueError(f"a placement trace needs the tailsm version, not {version.describe()}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kfuse.colocate.fuser import FusedVersion, fused_module, kernel_fn, launch_args
+from kfuse.colocate.fuser import TAILSM_CONSTS, TAILSM_RUNTIME, FusedVersion, fused_module, kernel_fn, launch_args
 from kfuse.colocate.ptb import BlockKernel, _module_for, _params
 
 REGS_PER_SM = 65536
@@ -86,8 +86,8 @@ def fused_occupancy(lc: BlockKernel, be: BlockKernel, version: FusedVersion) -> 
     names = la + ["l_start", "l_end"] + ba + ["b_start", "b_end", "period", "r1"]
     const_names = lcst + bcst
     if version.mode == "tailsm":  # its counter buffer, then the %smid path as the GPU runs it (not the interpreter's)
-        names += ["ctr", "trace", "lc_cap", "n_sm", "be_chunk"]
-        const_names = ["EMULATE_SMID", "SMID_SLOTS", "TRACE", *const_names]
+        names += TAILSM_RUNTIME
+        const_names = [*TAILSM_CONSTS, *const_names]
         args[len(names)] = False
     runtime = args[: len(names)]
     consts = dict(zip(const_names, args[len(names) :], strict=True))

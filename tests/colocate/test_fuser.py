@@ -27,6 +27,17 @@ def _be(name: str) -> tuple[workloads.Workload, torch.Tensor]:
     return w, w.output().clone()
 
 
+def _fused_rest(lc: ptb.BlockKernel, c: torch.Tensor, w: workloads.Workload, version: FusedVersion, be_first: int, sms: int,
+                trace: torch.Tensor | None = None) -> None:  # fmt: skip
+    """Poison both outputs, run BE blocks [0, be_first) on their own, then one fused launch of all LC blocks
+    and the rest of the BE blocks."""
+    c.fill_(float("nan"))
+    w.reset()
+    if be_first:
+        ptb.launch_ptb(w.kernel, 0, be_first, grid=2)
+    fuser.launch_fused(lc, w.kernel, version, be_range=(be_first, w.kernel.n_blocks), sms=sms, trace=trace)
+
+
 @pytest.mark.parametrize("version", VERSIONS, ids=lambda v: v.describe())
 @pytest.mark.parametrize("be", ["sgemm", "lbm", "histogram"])
 def test_fused_equals_separate(be: str, version: FusedVersion) -> None:
@@ -71,10 +82,7 @@ def test_tailx_every_block_once_for_any_lc_size(m: int, sms: int) -> None:
     lc, c = _lc(m, 70)
     expect_lc = c.clone()
     w, expect_be = _be("stencil7")
-    c.fill_(float("nan"))
-    w.reset()
-    ptb.launch_ptb(w.kernel, 0, 3, grid=2)
-    fuser.launch_fused(lc, w.kernel, fuser.TAILX, be_range=(3, w.kernel.n_blocks), sms=sms)
+    _fused_rest(lc, c, w, fuser.TAILX, 3, sms)
     assert torch.equal(c, expect_lc)
     assert torch.equal(w.output(), expect_be)
 
@@ -88,10 +96,7 @@ def test_tailsm_every_block_once_and_counters_reset(m: int, sms: int) -> None:
     expect_lc = c.clone()
     w, expect_be = _be("hotspot")
     for _ in range(2):  # a second launch on the same counters
-        c.fill_(float("nan"))
-        w.reset()
-        ptb.launch_ptb(w.kernel, 0, 5, grid=2)
-        fuser.launch_fused(lc, w.kernel, fuser.TAILSM, be_range=(5, w.kernel.n_blocks), sms=sms)
+        _fused_rest(lc, c, w, fuser.TAILSM, 5, sms)
         assert torch.equal(c, expect_lc)
         assert torch.equal(w.output(), expect_be)
         assert int(fuser.ticket_counters(lc.args).abs().sum()) == 0
@@ -118,9 +123,7 @@ def test_tailsm_trace_records_the_sm_of_every_lc_block(m: int) -> None:
     expect_lc = c.clone()
     w, expect_be = _be("hotspot")
     trace = torch.full((lc.n_blocks + 2,), -1, dtype=torch.int32)
-    c.fill_(float("nan"))
-    w.reset()
-    fuser.launch_fused(lc, w.kernel, fuser.TAILSM, sms=sms, trace=trace)
+    _fused_rest(lc, c, w, fuser.TAILSM, 0, sms, trace)
     assert torch.equal(c, expect_lc) and torch.equal(w.output(), expect_be)
     got = trace[: lc.n_blocks]
     assert bool(((got >= 0) & (got < sms)).all()), got
