@@ -20,13 +20,16 @@ Measured (session 10, `experiments/s10_tail_placement_probe.json`): 24 of 132 pa
 ``tailx`` is slower on the 48-tile shapes (1.56 vs 1.46 T_lc at x = 1); the 144/192-tile shapes agree
 within 1%; the BE slice in the fused kernel runs at its solo rate. Refuted.
 
-``tailsm`` places by ``%smid`` and work tickets instead. Session 11 measured its first version at
-1.66-1.82 T_lc at x = 0.25 on the 48-tile shapes, the same with hotspot and stencil7 (``tail``:
-1.04-1.11): refuted (`experiments/s11_tail_placement_probe.json`). It now caps LC programs per SM,
-stages the tickets so the first SMs-many tiles go one per SM, and sizes the BE chunk to the slice;
-for ``tailsm`` the probe records each LC tile's SM (``trace``) and prints the spread, and x = 0
-(one BE block) shows each mode's own overhead. Prediction: on the 48-tile shapes the LC runs on 48
-SMs, and ``tailsm`` takes <= 1.05 T_lc at x = 0, <= 1.10 at x <= 0.5 and 1.3-1.4 at x = 1.
+``tailsm`` keeps BE work off the SMs that run LC blocks, by ``%smid``. Session 11's first version (LC
+blocks by ticket too) took 1.66-1.82 T_lc at x = 0.25 on the 48-tile shapes (LC tiles doubled up on SMs);
+the second spread the tiles one per SM (trace: 48 SMs) but cost 1.39 T_lc at x = 0 and 1.41 at x = 0.5 on
+1024x768x768: nearly free BE work behind a fixed ~4 us of serial atomics around each LC tile
+(`experiments/s12_tail_placement_probe.json`). Now the LC keeps the solo kernel's static blocks and only
+raises a per-SM flag (fire-and-forget atomics); BE programs wait while their SM's flag is up. For
+``tailsm`` the probe records each LC tile's SM (``trace``) and prints the spread; x = 0 (one BE block)
+shows each mode's own overhead. Prediction: ``tailsm`` <= 1.05 T_lc at x = 0 on every shape; on the
+48-tile shapes <= 1.10 at x <= 0.5 and 1.3-1.45 at x = 1; on 8x768x768 (6 tiles) <= 1.10 up to x = 1;
+on the 144/192-tile shapes within 5% of ``tail`` at x <= 0.25.
 
     PYTHONPATH=. python benchmarks/experiments/tail_placement_probe.py --out $OUT    # H200, ~60 s
 """

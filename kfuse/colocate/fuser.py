@@ -23,24 +23,24 @@ shares one compiled kernel:
   ``tailx`` took 1.56-1.62 T_lc against ``tail``'s 1.46-1.49 at x = 1 on a 48-tile GEMM. Kept for
   that probe. Placement is a performance premise only: every program still runs exactly its blocks.
 
-* ``tailsm`` (tail fill, SM-exclusive by ``%smid``): the LC's solo grid, work handed out by ticket.
-  Every program first takes LC blocks from a ticket counter; a program that finds the LC tickets gone
-  waits until no LC block runs on *its* SM (a per-SM count, read by ``%smid``), then takes BE blocks
-  in chunks from a second counter. So LC blocks never share an SM with BE work, whatever the
-  hardware's placement, and the SMs without an LC block run BE work from the start. Session 10's
-  probe showed the placement ``tailx`` assumed does not hold, and that BE code inside a fused kernel
-  runs at its solo rate, so the cost of ``tail`` is contention on shared SMs; ``tailsm`` removes it
-  where the LC leaves SMs idle (BERT-base's 48-tile GEMMs) and costs overlap where it does not (LC
-  blocks > SMs: the BE work then waits for the LC), which is why it is a version the profile
-  measures, not a replacement. The counters live in a per-(device, stream) buffer that the last
-  program to finish resets, so launches on one stream need no memset between them.
-  Session 11 measured the first version at 1.66-1.82 T_lc on the 48-tile GEMMs already at x = 0.25
-  (``tail``: 1.04-1.11), the same with hotspot and stencil7, so the LC blocks themselves ran slower.
-  The likely cause: the first programs to reach the ticket counter come in pairs from the same
-  SMs, so LC tiles doubled up where the solo kernel spreads them. Also, a chunk of four 4 us
-  hotspot blocks outlasted a 10 us GEMM. Now at most ``ceil(LC blocks / SMs)`` LC programs run on
-  an SM, the second only once every SM got one tile, and the BE chunk is 1 until each free program
-  would draw four tickets (``tailsm_plan``); ``trace`` records each LC block's SM for the probe.
+* ``tailsm`` (tail fill, SM-exclusive by ``%smid``): the LC's solo grid and its static assignment
+  (LC block t on program t while blocks <= programs). An LC program raises its SM's flag (a per-SM
+  count, indexed by ``%smid``) for as long as it runs LC blocks; the other programs take BE blocks
+  by ticket, but one whose SM's flag is up waits until it drops or the tickets are gone. So BE work
+  runs on the SMs the LC leaves idle (BERT-base's 48-tile GEMMs leave 84 of 132) and not beside an
+  LC tile, whatever the hardware's placement. Session 10's probe showed the placement ``tailx``
+  assumed does not hold, and that BE code inside a fused kernel runs at its solo rate, so the cost
+  of ``tail`` is contention on shared SMs. The flag is advisory: a late flag costs speed, never a
+  block. Where the LC holds more than half the grid, the LC programs join the BE work after their
+  blocks (``tailsm_plan``). It is a version the profile measures, not a replacement. The counters
+  live in a per-(device, stream) buffer: the last BE program resets the tickets, and the flags
+  return to zero by themselves, so launches on one stream need no memset between them.
+  History: session 11 handed out LC blocks by ticket too. Its first version ran 1.66-1.82 T_lc on
+  the 48-tile GEMMs at x = 0.25 (LC tiles doubled up on SMs); with the tiles spread one per SM
+  (the trace showed 48 SMs) it still took 1.39 T_lc at x = 0 but only 1.41 at x = 0.5 on
+  1024x768x768: the SM-exclusive BE work was nearly free, and the cost was a fixed ~4 us of serial
+  atomics around each LC tile (its own ticket, a staging read, the exit count, and the partner
+  program's polling before it could exit). The LC path now has no atomic it waits for.
 
 Each side keeps its own persistent loop over its block range, so a fused launch computes exactly
 what the two kernels compute on their own (tests check this for every ratio).
@@ -87,20 +87,23 @@ TAIL_MODES = ("tail", "tailx", "tailsm")
 SMID_SLOTS = 256  # per-SM counters (%smid < 256 on every NVIDIA GPU so far)
 BE_CHUNK_MAX = 4  # BE blocks per ticket at most: amortises the atomic over ~1-4 us blocks
 # the tailsm kernel's parameters after the shared ones: runtime values, then constexprs (launch_args order)
-TAILSM_RUNTIME = ("ctr", "trace", "lc_cap", "n_sm", "be_chunk")
+TAILSM_RUNTIME = ("ctr", "trace", "lc_progs", "lc_join", "be_chunk")
 TAILSM_CONSTS = ("EMULATE_SMID", "SMID_SLOTS", "TRACE")
 
 
-def tailsm_plan(n_lc: int, n_be: int, sms: int, programs_per_sm: int) -> tuple[int, int]:
-    """(LC programs allowed per SM, BE blocks per ticket) of a ``tailsm`` launch. The cap spreads the LC
-    blocks over as many SMs as they need and no fewer; the chunk stays 1 until every program that is free
-    for BE work would draw four tickets or more, so chunking never makes a short slice run longer."""
-    if sms < 1 or programs_per_sm < 1:
-        raise ValueError(f"tailsm_plan: need sms >= 1 and programs_per_sm >= 1, got {sms}, {programs_per_sm}")
-    cap = max(1, -(-n_lc // sms))
-    free = max(1, sms * programs_per_sm - min(n_lc, cap * sms))
-    chunk = max(1, min(BE_CHUNK_MAX, n_be // (4 * free)))
-    return cap, chunk
+def tailsm_plan(n_lc: int, n_be: int, grid: int) -> tuple[int, bool, int]:
+    """(LC programs, whether they join the BE work, BE blocks per ticket) of a ``tailsm`` launch on ``grid``
+    programs. The LC keeps one program per block as in its solo grid (programs ``[0, lc_progs)``). They
+    join the BE work once their blocks are done only when they hold more than half the grid: otherwise the
+    free programs suffice, and the LC programs exit without an atomic to wait for. The chunk stays 1 until
+    every program that runs BE work would draw four tickets or more, so chunking never makes a short slice
+    longer."""
+    if grid < 1:
+        raise ValueError(f"tailsm_plan: need grid >= 1, got {grid}")
+    lc_progs = max(0, min(n_lc, grid))
+    join = 2 * lc_progs > grid
+    chunk = max(1, min(BE_CHUNK_MAX, n_be // (4 * (grid if join else grid - lc_progs))))
+    return lc_progs, join, chunk
 
 
 def parse_version(text: str, lc_programs_per_sm: int = 2) -> FusedVersion:
@@ -177,7 +180,7 @@ def tailx_kernel({params}):
                 be_block(bid, {be_call})
 
 
-@triton.jit(do_not_specialize=["l_start", "l_end", "b_start", "b_end", "period", "r1", "lc_cap", "n_sm", "be_chunk"])
+@triton.jit(do_not_specialize=["l_start", "l_end", "b_start", "b_end", "period", "r1", "lc_progs", "lc_join", "be_chunk"])
 def tailsm_kernel({params_sm}):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -186,50 +189,48 @@ def tailsm_kernel({params_sm}):
     else:
         sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
     lc_on_sm = ctr + 4 + (sm % SMID_SLOTS)
-    # counted on the SM *before* the ticket: a program that finds the tickets gone then sees every LC block
-    # that got one (acq_rel atomics order the two through the ticket counter). At most lc_cap LC programs
-    # an SM (ceil(LC blocks / SMs)), and the k-th of them draws only once k * n_sm tickets are out: the
-    # first programs to reach the counter come in pairs from the same SMs, and two LC tiles on one SM
-    # ran 1.7-1.8x T_lc (session 11). The wait ends: the first program of every SM never waits and draws
-    # until the tickets are gone, and (lc_cap - 1) * n_sm < LC blocks
-    here = tl.atomic_add(lc_on_sm, 1)
-    if here < lc_cap:
-        out = tl.atomic_add(ctr, 0, sem="relaxed")
-        while out < here * n_sm:
-            if not EMULATE_SMID:
-                tl.inline_asm_elementwise("nanosleep.u32 200; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-            out = tl.atomic_add(ctr, 0, sem="relaxed")
-        t = tl.atomic_add(ctr, 1)
-        while t < l_end - l_start:
+    # LC: the solo kernel's static assignment, no atomic on the LC's path but two whose result nobody
+    # waits for. Session 11's tickets put ~4 us of serial atomics around each tile (x = 0: 1.39 T_lc).
+    # The flag is advisory: it only keeps BE work off this SM while an LC block runs here
+    if pid < lc_progs:
+        tl.atomic_add(lc_on_sm, 1, sem="relaxed")
+        for t in range(pid, l_end - l_start, lc_progs):
             if TRACE:  # which SM ran LC block t (the probe checks the placement)
                 tl.store(trace + t, sm)
             lc_block(l_start + t, {lc_call})
-            # relaxed: the ordering above needs only the first ticket (later RMWs continue its release sequence),
-            # and an acq_rel fence here would wait for this block's stores before the next block starts
-            t = tl.atomic_add(ctr, 1, sem="relaxed")
-    tl.atomic_add(lc_on_sm, -1)
-    # BE work only once no LC block runs on this SM (the LC blocks are all handed out by now)
-    busy = tl.atomic_add(lc_on_sm, 0)
-    while busy > 0:
-        if not EMULATE_SMID:  # back off: the LC block on this SM keeps the issue slots
-            tl.inline_asm_elementwise("nanosleep.u32 500; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        tl.atomic_add(lc_on_sm, -1, sem="relaxed")
+    # BE: the programs without LC work, and with ``lc_join`` (LC blocks on more than half the grid, too
+    # few programs free) also the LC programs once their blocks are done. A program on an SM with an LC
+    # block waits until the block ends or the BE tickets are gone, so it never delays the launch's end
+    if (pid >= lc_progs) | (lc_join != 0):
+        n_be = b_end - b_start
+        # the first look is also the delay that lets this SM's LC programs (lower ids, dispatched first)
+        # raise the flag before it is read
+        c = tl.atomic_add(ctr + 1, 0, sem="relaxed")
         busy = tl.atomic_add(lc_on_sm, 0, sem="relaxed")
-    # be_chunk blocks a ticket: 1 for slices with few blocks a program (four 4 us hotspot blocks in a row
-    # would outlast a 10 us LC GEMM), up to 4 for long slices, where it amortises the atomic
-    n_be = b_end - b_start
-    c = tl.atomic_add(ctr + 1, be_chunk, sem="relaxed")
-    while c < n_be:
-        nxt = tl.atomic_add(ctr + 1, be_chunk, sem="relaxed")  # in flight while this chunk runs
-        for j in range(be_chunk):
-            if c + j < n_be:
-                be_block(b_start + c + j, {be_call})
-        c = nxt
-    # the last program out resets the tickets for the next launch (launches on one stream do not overlap)
-    done = tl.atomic_add(ctr + 2, 1)
-    if done == nprog - 1:
-        tl.atomic_xchg(ctr, 0)
-        tl.atomic_xchg(ctr + 1, 0)
-        tl.atomic_xchg(ctr + 2, 0)
+        while (busy > 0) & (c < n_be):
+            if not EMULATE_SMID:  # back off: the LC block on this SM keeps the issue slots
+                tl.inline_asm_elementwise("nanosleep.u32 500; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+            c = tl.atomic_add(ctr + 1, 0, sem="relaxed")
+            busy = tl.atomic_add(lc_on_sm, 0, sem="relaxed")
+        # be_chunk blocks a ticket: 1 for slices with few blocks a program (four 4 us hotspot blocks in a row
+        # would outlast a 10 us LC GEMM), up to 4 for long slices, where it amortises the atomic
+        c = tl.atomic_add(ctr + 1, be_chunk, sem="relaxed")
+        while c < n_be:
+            nxt = tl.atomic_add(ctr + 1, be_chunk, sem="relaxed")  # in flight while this chunk runs
+            for j in range(be_chunk):
+                if c + j < n_be:
+                    be_block(b_start + c + j, {be_call})
+            c = nxt
+        # the last BE program out resets the BE tickets for the next launch (launches on one stream do
+        # not overlap; the LC flags come back to zero by themselves)
+        n_join = nprog - lc_progs
+        if lc_join != 0:
+            n_join = nprog
+        done = tl.atomic_add(ctr + 2, 1)
+        if done == n_join - 1:
+            tl.atomic_xchg(ctr + 1, 0)
+            tl.atomic_xchg(ctr + 2, 0)
 """
 
 
@@ -274,9 +275,9 @@ def launch_args(
         n_lc = lc_range[1] - lc_range[0]
         if trace is not None and trace.numel() < n_lc:
             raise ValueError(f"trace has {trace.numel()} slots for {n_lc} LC blocks")
-        cap, chunk = tailsm_plan(n_lc, be_range[1] - be_range[0], s, version.r1)
+        lc_progs, join, chunk = tailsm_plan(n_lc, be_range[1] - be_range[0], grid)
         ctr = ticket_counters(lc.args)
-        args += [ctr, ctr if trace is None else trace, cap, s, chunk, interpreting(), SMID_SLOTS, trace is not None]
+        args += [ctr, ctr if trace is None else trace, lc_progs, int(join), chunk, interpreting(), SMID_SLOTS, trace is not None]
     elif trace is not None:
         raise ValueError(f"a placement trace needs the tailsm version, not {version.describe()}")
     args += [*lc.consts.values(), *be.consts.values()]
@@ -307,9 +308,9 @@ _COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
 
 
 def ticket_counters(args: list[Any]) -> torch.Tensor:
-    """The ``tailsm`` kernel's counters (LC ticket, BE ticket, programs done, one spare, then LC blocks running
-    per SM), one zeroed buffer per (device, stream): the kernel leaves them zeroed, and two launches sharing a
-    buffer must not overlap, which holds within one stream."""
+    """The ``tailsm`` kernel's counters (one spare, BE ticket, BE programs done, one spare, then LC programs
+    running per SM), one zeroed buffer per (device, stream): the kernel leaves them zeroed, and two launches
+    sharing a buffer must not overlap, which holds within one stream."""
     dev = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
     key = (str(dev), stream)

@@ -90,8 +90,9 @@ def test_tailx_every_block_once_for_any_lc_size(m: int, sms: int) -> None:
 @pytest.mark.parametrize("sms", [2, 3, 9])
 @pytest.mark.parametrize("m", [8, 40, 80])
 def test_tailsm_every_block_once_and_counters_reset(m: int, sms: int) -> None:
-    """tailsm hands out LC and BE blocks by ticket: every block runs once for fewer, equal and more LC blocks
-    than programs, and the last program leaves the counters zeroed, so the next launch starts from zero."""
+    """tailsm keeps the LC's static blocks and hands out BE blocks by ticket: every block runs once for fewer,
+    equal and more LC blocks than programs (with and without the LC programs joining the BE work), and the
+    kernel leaves the counters and the per-SM flags zeroed, so the next launch starts from zero."""
     lc, c = _lc(m, 70)
     expect_lc = c.clone()
     w, expect_be = _be("hotspot")
@@ -102,17 +103,19 @@ def test_tailsm_every_block_once_and_counters_reset(m: int, sms: int) -> None:
         assert int(fuser.ticket_counters(lc.args).abs().sum()) == 0
 
 
-def test_tailsm_plan_spreads_lc_blocks_and_keeps_short_slices_unchunked() -> None:
-    """48 LC tiles on 132 SMs: one LC program an SM; a 180-block slice runs one block a ticket over the
-    216 free programs, a 20000-block slice four; 144 tiles need two LC programs on some SMs."""
-    assert fuser.tailsm_plan(48, 180, 132, 2) == (1, 1)
-    assert fuser.tailsm_plan(48, 20000, 132, 2) == (1, 4)
-    assert fuser.tailsm_plan(48, 2 * 4 * 216, 132, 2) == (1, 2)
-    assert fuser.tailsm_plan(144, 1000, 132, 2) == (2, 2)  # 120 programs free: 1000 // 480
-    assert fuser.tailsm_plan(300, 3, 132, 2) == (3, 1)  # more LC blocks than slots: every program takes tickets
-    assert fuser.tailsm_plan(0, 0, 132, 2) == (1, 1)
-    with pytest.raises(ValueError, match="sms >= 1"):
-        fuser.tailsm_plan(48, 10, 0, 2)
+def test_tailsm_plan_keeps_the_solo_assignment_and_short_slices_unchunked() -> None:
+    """48 LC tiles on a 264-program grid: programs 0..47 run them and exit; a 180-block slice runs one block a
+    ticket over the 216 free programs, a 20000-block slice four; with 144 or more tiles (over half the grid)
+    the LC programs join the BE work."""
+    assert fuser.tailsm_plan(48, 180, 264) == (48, False, 1)
+    assert fuser.tailsm_plan(48, 20000, 264) == (48, False, 4)
+    assert fuser.tailsm_plan(48, 2 * 4 * 216, 264) == (48, False, 2)
+    assert fuser.tailsm_plan(144, 3000, 264) == (144, True, 2)  # every program joins: 3000 // (4 * 264)
+    assert fuser.tailsm_plan(132, 3000, 264) == (132, False, 4)  # exactly half: 132 free programs suffice
+    assert fuser.tailsm_plan(300, 3, 264) == (264, True, 1)  # more LC blocks than programs: all loop, then join
+    assert fuser.tailsm_plan(0, 0, 264) == (0, False, 1)
+    with pytest.raises(ValueError, match="grid >= 1"):
+        fuser.tailsm_plan(48, 10, 0)
 
 
 @pytest.mark.parametrize("m", [8, 80])
