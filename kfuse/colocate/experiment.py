@@ -167,6 +167,9 @@ def _log_run(log: Callable[[str], None], be: str, pol: str, r: Any) -> None:
     dec = f", decisions {d['decisions']}" + (" (delegated to time sharing)" if r.delegated else "") if pol == "aker" else ""
     log(f"  {'':10s} {'':9s} LC {d['lc_ms_per_query']:.3f} ms/query, BE {d['be_ms_per_launch'] * 1e3:.1f} us/launch "
         f"({r.be_query_launches} in queries, {r.be_idle_launches} idle), host {r.host_ms:.0f} ms{dec}")  # fmt: skip
+    for key, f in d["fused_by_key"].items():  # where the run's slices landed against the profile's curve
+        log(f"  {'':10s} {'':9s} fused {key}: {f['launches']} launches, x {f['mean_x']:.2f}, T_fused/T_lc predicted "
+            f"{f['mean_predicted_y']:.3f} measured {f['mean_y']:.3f}, gain {f['gain_ms']:.2f} ms")  # fmt: skip
 
 
 def gain(res: dict[str, Any], be: str, policy: str = "aker") -> float:
@@ -247,7 +250,7 @@ def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, A
             "max_rate_per_s": res["max_rate"],
             "fused_launches": r.fused_launches, "fused_gain_ms": r.fused_gain_ms, "be_slices": r.be_slices, "refits": r.refits,
             "online_error": r.summary()["online_error"], "overlap": res["overlap"].get(be),
-            **{k: r.summary()[k] for k in ("decisions", "delegated", "lc_ms", "lc_launches", "lc_ms_per_query", "be_ms",
+            **{k: r.summary()[k] for k in ("decisions", "fused_by_key", "delegated", "lc_ms", "lc_launches", "lc_ms_per_query", "be_ms",
                                            "be_ms_per_launch", "be_query_launches", "be_idle_launches", "fused_ms", "host_ms",
                                            "elapsed_ms", "be_units")},
             "sequences": res.get("sequences", 1), "p99_per_sequence_ms": list(r.p99_per_sequence),

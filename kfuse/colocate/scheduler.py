@@ -213,6 +213,9 @@ class RunResult:
     refits: int = 0
     online_errors: list[float] = field(default_factory=list)
     fused_gain_ms: float = 0.0  # measured: sum of (solo time of the fused BE blocks - fused extra time)
+    # per "LC shape|BE|version": [launches, sum of x, of predicted T_fused / T_lc, of measured T_fused / T_lc, gain ms];
+    # shows whether the run's slices land where the profile put the opportune ratio
+    fused_by_key: dict[str, list[float]] = field(default_factory=dict)
     # why each LC kernel of an Aker query ran unfused (not_fusible, not_chosen, no_blocks, headroom, efficiency) or fused
     decisions: dict[str, int] = field(default_factory=dict)
     delegated: bool = False  # Aker found no fusion plan_fusion could accept for any profiled pair: it ran time sharing itself
@@ -247,12 +250,23 @@ class RunResult:
             "violations": self.violations, "be_throughput": self.be_throughput, "be_units": self.be_units,
             "elapsed_ms": self.elapsed_ms, "fused_launches": self.fused_launches, "be_slices": self.be_slices,
             "refits": self.refits, "online_error": error_summary(self.online_errors), "fused_gain_ms": self.fused_gain_ms,
-            "decisions": dict(self.decisions), "delegated": self.delegated, "lc_ms": self.lc_ms, "lc_launches": self.lc_launches,
+            "decisions": dict(self.decisions), "fused_by_key": fused_key_summary(self.fused_by_key),
+            "delegated": self.delegated, "lc_ms": self.lc_ms, "lc_launches": self.lc_launches,
             "lc_ms_per_query": self.lc_ms / len(lat) if lat else math.nan, "be_ms": self.be_ms,
             "be_ms_per_launch": self.be_ms / max(1, self.be_query_launches + self.be_idle_launches),
             "be_query_launches": self.be_query_launches, "be_idle_launches": self.be_idle_launches, "fused_ms": self.fused_ms,
             "host_ms": self.host_ms,
         }  # fmt: skip
+
+
+def fused_key_summary(acc: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per "LC shape|BE|version" of the fused launches: count, mean load ratio x, mean predicted and measured
+    T_fused / T_lc, and the summed measured gain (solo time of the fused BE blocks - fused extra time)."""
+    out = {}
+    for k, (n, sx, sp, sy, g) in sorted(acc.items()):
+        if n > 0:
+            out[k] = {"launches": int(n), "mean_x": sx / n, "mean_predicted_y": sp / n, "mean_y": sy / n, "gain_ms": g}
+    return out
 
 
 def merge_runs(runs: Sequence[RunResult]) -> RunResult:
@@ -272,6 +286,11 @@ def merge_runs(runs: Sequence[RunResult]) -> RunResult:
                  "be_idle_launches", "fused_ms", "host_ms"):  # fmt: skip
         setattr(out, name, sum(getattr(r, name) for r in runs))
     out.online_errors = [e for r in runs for e in r.online_errors]
+    for r in runs:
+        for k, v in r.fused_by_key.items():
+            acc = out.fused_by_key.setdefault(k, [0.0] * len(v))
+            for j, x in enumerate(v):
+                acc[j] += x
     for r in runs:
         for k, v in r.decisions.items():
             out.decisions[k] = out.decisions.get(k, 0) + v
@@ -442,7 +461,12 @@ def run_policy(
                 decide(sp.reason)
                 if not sp.empty:
                     t = timed_call(backend.run_fused, i, b, item[1], item[1] + sp.blocks, sel.version)
-                    res.online_errors.append(abs(om.predict(t_lc, sp.t_be) - t) / t)
+                    predicted = om.predict(t_lc, sp.t_be)
+                    res.online_errors.append(abs(predicted - t) / t)
+                    name = sel.version.describe() if hasattr(sel.version, "describe") else str(sel.version)
+                    acc = res.fused_by_key.setdefault(f"{k.key}|{b}|{name}", [0.0] * 5)
+                    for j, v in enumerate((1.0, sp.t_be / t_lc, predicted / t_lc, t / t_lc, prof.be[b].b * sp.blocks - (t - t_lc))):
+                        acc[j] += v
                     res.refits += om.observe(t_lc, sp.t_be, t)
                     res.fused_launches += 1
                     res.fused_ms += t

@@ -39,6 +39,11 @@ def test_strong_overlap_aker_beats_timesharing_with_qos_kept(be: str) -> None:
     ts, ak = r["timeshare"], r["aker"]
     assert ak.fused_launches > 0 and ak.fused_gain_ms > 0
     assert ak.be_throughput >= 1.12 * ts.be_throughput
+    # the per-shape record of where the slices landed accounts for every fused launch and the whole gain
+    by_key = ak.summary()["fused_by_key"]
+    assert sum(f["launches"] for f in by_key.values()) == ak.fused_launches
+    assert sum(f["gain_ms"] for f in by_key.values()) == pytest.approx(ak.fused_gain_ms)
+    assert all(k.split("|")[1] == be and f["mean_x"] > 0 and f["mean_y"] >= 1.0 for k, f in by_key.items())
     assert ak.violations == 0 and ak.p99 <= qos
 
 
