@@ -21,10 +21,26 @@ def _run(policy: str, lat: list[float], elapsed: float, units: float, **kw: obje
 
 
 def test_merge_pools_latencies_and_sums_work() -> None:
-    a = _run("aker", [1.0, 2.0, 12.0], 100.0, 5.0, fused_launches=3, decisions={"fused": 3, "headroom": 1}, online_errors=[0.1],
-             fused_by_key={"k|hotspot|tail": [3.0, 1.5, 3.3, 3.6, 0.02]})
-    b = _run("aker", [3.0, 11.0], 50.0, 1.0, fused_launches=1, decisions={"fused": 1}, online_errors=[0.2, 0.3],
-             fused_by_key={"k|hotspot|tail": [1.0, 0.7, 1.2, 1.4, 0.01], "j|hotspot|1:2": [1.0, 0.2, 1.1, 1.0, 0.005]})
+    a = _run(
+        "aker",
+        [1.0, 2.0, 12.0],
+        100.0,
+        5.0,
+        fused_launches=3,
+        decisions={"fused": 3, "headroom": 1},
+        online_errors=[0.1],
+        fused_by_key={"k|hotspot|tail": [3.0, 1.5, 3.3, 3.6, 0.02]},
+    )
+    b = _run(
+        "aker",
+        [3.0, 11.0],
+        50.0,
+        1.0,
+        fused_launches=1,
+        decisions={"fused": 1},
+        online_errors=[0.2, 0.3],
+        fused_by_key={"k|hotspot|tail": [1.0, 0.7, 1.2, 1.4, 0.01], "j|hotspot|1:2": [1.0, 0.2, 1.1, 1.0, 0.005]},
+    )
     m = S.merge_runs([a, b])
     assert m.latencies_ms == [1.0, 2.0, 12.0, 3.0, 11.0]
     assert m.violations == 2  # both sequences' queries over the 10 ms QoS
