@@ -35,6 +35,7 @@ ERROR_WINDOW = 32  # recent observations that set the error bound
 ERROR_QUANTILE = 75  # percentile of those errors the planner inflates predictions by (not their max: one misfit must not veto a pair)
 MIN_ERROR_BOUND = 0.02
 EFFICIENCY = 3.0  # SampleModel aims where each ms of fused extra buys >= 3 ms of BE (sim: +15% vs +4% for max saving)
+OPPORTUNE_RULE = "average"  # or "marginal" (SampleModel.opportune_ratio)
 MERGE_X = 0.05  # samples whose load ratios differ by less than 5% are one point (their mean)
 
 
@@ -157,9 +158,12 @@ class SampleModel(FusedTimeModel):
 
     @property
     def opportune_ratio(self) -> float:
-        """The largest measured ratio whose BE blocks cost at most 1/``EFFICIENCY`` of their solo time in
-        extra fused time (x >= E (y - 1)): the per-query allowance binds, so BE time bought per ms of
-        headroom matters, not the absolute saving; if none qualifies, the most efficient sample."""
+        """The measured ratio to aim a fused slice at. ``OPPORTUNE_RULE`` "marginal": the x maximising
+        x - E (y - 1), where the marginal BE time bought per ms of extra falls to E = ``EFFICIENCY``
+        (the Lagrangian of the most gain under a per-query allowance). "average": the largest x whose
+        slice buys E ms per ms on average (x >= E (y - 1)); if none qualifies, the most efficient sample."""
+        if OPPORTUNE_RULE == "marginal":
+            return max(self.xs, key=lambda x: x - EFFICIENCY * (self.g(x) - 1.0))
         ok = [x for x, y in zip(self.xs, self.ys, strict=True) if x >= EFFICIENCY * (y - 1.0)]
         return max(ok) if ok else max(self.xs, key=lambda x: x / max(self.g(x) - 1.0, 1e-3))
 

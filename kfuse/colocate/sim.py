@@ -223,11 +223,13 @@ def h200_bert_s9(noise: float = 0.05, seed: int = 5) -> SimGPU:
 def bert_replay(
     gemms: dict[str, float], pooler: tuple[str, float], solo_ms: float,
     samples: dict[str, dict[str, Sequence[tuple[float, float]]]], noise: float = 0.05, seed: int = 5,
+    be: tuple[str, tuple[float, float, int]] = ("hotspot", H200_S9_HOTSPOT),
 ) -> SimGPU:  # fmt: skip
-    """BERT-base + hotspot on the simulated GPU from measured numbers: ``gemms`` (QKV, attention-out, FFN-up,
+    """BERT-base + a BE kernel on the simulated GPU from measured numbers: ``gemms`` (QKV, attention-out, FFN-up,
     FFN-down: shape key -> solo ms) repeated over 12 layers, the other 37 LC steps as equal segments filling
-    ``solo_ms``, the ``pooler`` GEMM last; hotspot as session 9's linear fit; fused launches of each version
-    following ``samples[version][shape]`` ((x, T_fused / T_lc) points, ``sample_law``)."""
+    ``solo_ms``, the ``pooler`` GEMM last; the BE kernel ``be`` = (name, (launch ms, ms per block, blocks)),
+    by default hotspot as session 9's linear fit; fused launches of each version following
+    ``samples[version][shape]`` ((x, T_fused / T_lc) points, ``sample_law``)."""
     names = list(gemms)
     lc: list[float] = []
     fus: list[bool] = []
@@ -250,4 +252,4 @@ def bert_replay(
     fus.append(True)
     keys.append(pooler[0])
     law: dict[Any, Any] = {(k, v): sample_law(pts) for v, per_shape in samples.items() for k, pts in per_shape.items()}
-    return SimGPU(lc, fus, {"hotspot": H200_S9_HOTSPOT}, fused_law=law, noise=noise, seed=seed, keys=keys)
+    return SimGPU(lc, fus, {be[0]: be[1]}, fused_law=law, noise=noise, seed=seed, keys=keys)

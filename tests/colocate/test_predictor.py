@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, TwoStageModel
+from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, SampleModel, TwoStageModel
 from kfuse.colocate.selector import select_version, split_be
 
 
@@ -60,3 +60,21 @@ def test_select_version_and_split() -> None:
     tight = split_be(1.0, be, b, blocks_left=10_000, headroom=0.3)
     assert 0 < tight.blocks < 200 and tight.t_fused - 1.0 < 0.3  # shrunk into the headroom
     assert split_be(1.0, be, b, blocks_left=10_000, headroom=0.0).empty
+
+
+def test_sample_model_aims_by_the_average_or_the_marginal_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 12's histogram curve on 1024x2304x768 (``tail``): nearly free to x = 0.92, then 2 ms of extra
+    for every 2.2 ms of BE work. The average rule (E = 3) aims at the largest x buying >= 3 ms per ms on
+    average (3.14); the marginal rule stops where the next sample buys less than 3 ms per ms (1.16)."""
+    import kfuse.colocate.predictor as P
+
+    xs = [0.43, 0.67, 0.92, 1.16, 1.66, 2.14, 2.64, 3.14, 4.12]
+    ys = [0.986, 0.980, 1.004, 1.045, 1.288, 1.529, 1.778, 2.027, 2.505]
+    m = SampleModel.fit(xs, ys)
+    monkeypatch.setattr(P, "EFFICIENCY", 3.0)
+    monkeypatch.setattr(P, "OPPORTUNE_RULE", "average")
+    assert m.opportune_ratio == pytest.approx(3.14)
+    monkeypatch.setattr(P, "OPPORTUNE_RULE", "marginal")
+    assert m.opportune_ratio == pytest.approx(1.16)
+    monkeypatch.setattr(P, "EFFICIENCY", 1.0)  # no allowance to ration: the largest absolute saving 1 + x - y
+    assert m.opportune_ratio == pytest.approx(4.12)
