@@ -12,7 +12,8 @@ time the stretch takes away, and spends y - 1 of the query's allowance. Maximisi
 allowance is a knapsack whose Lagrangian picks, per LC kernel, the x that maximises x - E (y - 1): the point
 where the *marginal* efficiency falls to E. This replays session 12's measured samples and BE fits
 (``predictor.json``, the two session-12 BERT-base records) with each rule and prints Aker against time
-sharing, next to the gain measured on the H200 with the average rule. It is a prediction, not a measurement.
+sharing, next to the gain measured on the H200 with the average rule. "priced" solves E per BE kernel from
+the allowance (``Profile.price_aims``). It is a prediction, not a measurement.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def measured_gain(be: str) -> float:
     return float(rec["be_gain_vs_timesharing"])
 
 
-def replay(case: str, be: str, rec: dict, queries: int, sequences: int) -> tuple[float, int, dict[str, float]]:
+def replay(case: str, be: str, rec: dict, queries: int, sequences: int) -> dict[str, tuple[float, int, dict]]:
+    """Aker against time sharing with each aim rule, on one simulated profile and the same arrivals."""
     gemms, pooler, solo = RUNS[case]
     fit = rec["be_fit"][be]
     samples: dict[str, dict[str, list[tuple[float, float]]]] = {}
@@ -51,17 +53,27 @@ def replay(case: str, be: str, rec: dict, queries: int, sequences: int) -> tuple
         if b == be:
             for v, pts in per_v.items():
                 samples.setdefault(v, {})[shape] = [tuple(p) for p in pts]
-    versions = sorted(samples)
     sim = bert_replay(gemms, pooler, solo, samples, be=(be, (fit["a_ms"], fit["b_ms_per_block"], fit["blocks"])))
-    prof = S.build_profile(sim, [be], versions, reps=2)
+    prof = S.build_profile(sim, [be], sorted(samples), reps=2)
     qos = 5 * prof.lc_total
     rate = 0.8 * S.max_lc_rate(prof, qos)
     extra = S.extra_budget(prof, qos, rate)
     seqs = [S.poisson_arrivals(rate, queries, s) for s in range(sequences)]
     ts = S.merge_runs([S.run_policy(sim, prof, "timeshare", a, [be], qos, extra_per_query_ms=extra) for a in seqs])
-    ak = S.merge_runs([S.run_policy(sim, prof, "aker", a, [be], qos, extra_per_query_ms=extra) for a in seqs])
-    aims = {k: round(sel.opportune_ratio, 2) for (k, _), sel in prof.chosen.items()}
-    return ak.be_throughput / ts.be_throughput - 1, ak.violations, aims
+    out = {}
+    for rule in P.AIM_RULES:
+        label = rule
+        if rule == "priced":
+            label = f"priced (E = {prof.price_aims(be, extra):g})"
+        else:
+            P.OPPORTUNE_RULE = rule
+            prof.choose()
+        ak = S.merge_runs([S.run_policy(sim, prof, "aker", a, [be], qos, extra_per_query_ms=extra) for a in seqs])
+        aims = {k: round(sel.opportune_ratio, 2) for (k, _), sel in prof.chosen.items()}
+        out[label] = (ak.be_throughput / ts.be_throughput - 1, ak.violations, aims)
+        P.OPPORTUNE_RULE = "average"
+        prof.unprice(be)
+    return out
 
 
 def main() -> None:
@@ -72,17 +84,14 @@ def main() -> None:
     a = ap.parse_args()
     P.EFFICIENCY = a.efficiency
     recs = {r["case"]: r for r in json.loads((RESULTS / "predictor.json").read_text()) if r.get("kind") == "predictor"}
-    print(f"E = {a.efficiency}")
-    print(f"{'BE':10s} {'H200 (average)':>14s} {'sim average':>11s} {'sim marginal':>12s} {'violations':>10s}  aims (marginal)")
+    print(f"E = {a.efficiency} for the average and marginal rules")
     for case in RUNS:
         rec = recs[case]
         for be in rec["be_fit"]:
-            row = {}
-            for rule in ("average", "marginal"):
-                P.OPPORTUNE_RULE = rule
-                row[rule] = replay(case, be, rec, a.queries, a.sequences)
-            print(f"{be:10s} {measured_gain(be):+14.1%} {row['average'][0]:+11.1%} {row['marginal'][0]:+12.1%} "
-                  f"{row['average'][1]:4d} {row['marginal'][1]:4d}  {row['marginal'][2]}")  # fmt: skip
+            rows = replay(case, be, rec, a.queries, a.sequences)
+            print(f"{be}: H200 (average rule) {measured_gain(be):+.1%}")
+            for label, (g, v, aims) in rows.items():
+                print(f"  {label:18s} {g:+7.1%}  violations {v}  aims {aims}")
 
 
 if __name__ == "__main__":

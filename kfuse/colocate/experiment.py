@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from kfuse.colocate import predictor
 from kfuse.colocate.fuser import DEFAULT_VERSIONS
 from kfuse.colocate.scheduler import (
     POLICIES,
@@ -68,13 +69,20 @@ def run_experiment(
     policies: Sequence[str] = POLICIES, seed: int = 0, reps: int = 2, min_fuse_ms: float = 0.0,
     log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None, max_fuse_keys: int | None = None,
     calibrate: bool = False, warmup_queries: int = 0, control: bool = True, sequences: int = 1,
+    aim: str = "priced", aims: Sequence[str] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """Profile, then serve the same Poisson arrivals under every policy for every BE kernel.
     ``sequences``: that many arrival sequences (seeds ``seed``, ``seed + 1``, ...), every policy
     on each; a run's result is their merge (``merge_runs``: pooled p99 and violations, each
-    sequence's p99 and BE throughput kept, so a gain can be paired sequence by sequence)."""
+    sequence's p99 and BE throughput kept, so a gain can be paired sequence by sequence).
+    ``aim``: where Aker aims its fused slices (``predictor.AIM_RULES``; "priced": E solved per BE kernel
+    from the allowance, ``Profile.price_aims``). ``aims``: other rules to run Aker with too, on the same
+    profile and arrivals, recorded as policy ``aker_<rule>`` (an A/B of where the slices are aimed)."""
     if sequences < 1:
         raise ValueError(f"sequences must be >= 1, got {sequences}")
+    bad = [r for r in (aim, *aims) if r not in predictor.AIM_RULES]
+    if bad:
+        raise ValueError(f"unknown aim rule(s) {bad}: choose from {predictor.AIM_RULES}")
     log(f"profiling {len(backend.lc_kernels())} LC kernels with BE {', '.join(be_names)} ...")
     kw = {"fit_ratios": fit_ratios} if fit_ratios else {}
     prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, max_fuse_keys=max_fuse_keys, **kw)
@@ -140,9 +148,17 @@ def run_experiment(
                 continue
             if warmup_queries:  # untimed: kernels a policy launches first (JIT compiles) must not stall its clock
                 run_policy(backend, prof, pol, arrivals[:warmup_queries], [be], qos, extra_per_query_ms=extra)
-            r = merge_runs([run_policy(backend, prof, pol, a, [be], qos, extra_per_query_ms=extra) for a in seqs])
+            if pol == "aker":
+                r = _aker_aimed(backend, prof, aim, seqs, be, qos, extra, log)
+            else:
+                r = merge_runs([run_policy(backend, prof, pol, a, [be], qos, extra_per_query_ms=extra) for a in seqs])
             out["runs"][(be, pol)] = r
             _log_run(log, be, pol, r)
+            if pol == "aker":
+                for rule in aims:
+                    r = _aker_aimed(backend, prof, rule, seqs, be, qos, extra, log)
+                    out["runs"][(be, f"aker_{rule}")] = r
+                    _log_run(log, be, f"aker_{rule}"[:9], r)
         if control and "timeshare" in policies and "aker" in policies:
             # time sharing again, after Aker: the run-to-run drift of launch times on this GPU (a policy's gain must beat it)
             r = merge_runs([run_policy(backend, prof, "timeshare", a, [be], qos, extra_per_query_ms=extra) for a in seqs])
@@ -150,6 +166,26 @@ def run_experiment(
             _log_run(log, be, "ts_rerun", r)
     out["profile"] = prof
     return out
+
+
+def _aker_aimed(
+    backend: Backend, prof: Profile, rule: str, seqs: Sequence[Sequence[float]], be: str, qos: float, extra: float,
+    log: Callable[[str], None] = print,
+) -> Any:  # fmt: skip
+    """Aker with its fused slices aimed by ``rule``; the profile's selections and the rule are restored after."""
+    saved = predictor.OPPORTUNE_RULE
+    try:
+        if rule == "priced":
+            e = prof.price_aims(be, extra)
+            aims = {f"{k} {_vname(sel.version)}": round(sel.opportune_ratio, 2) for (k, b), sel in prof.chosen.items() if b == be}
+            log(f"  {be:10s} priced    allowance {extra:.3f} ms/query -> E = {e:g}; aims {aims}")
+        else:
+            predictor.OPPORTUNE_RULE = rule
+            prof.choose()  # selections carry the aim (opportune ratio) of their version
+        return merge_runs([run_policy(backend, prof, "aker", a, [be], qos, extra_per_query_ms=extra) for a in seqs])
+    finally:
+        predictor.OPPORTUNE_RULE = saved
+        prof.unprice(be)
 
 
 def _per_seq(r: Any) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,8 @@ ERROR_WINDOW = 32  # recent observations that set the error bound
 ERROR_QUANTILE = 75  # percentile of those errors the planner inflates predictions by (not their max: one misfit must not veto a pair)
 MIN_ERROR_BOUND = 0.02
 EFFICIENCY = 3.0  # SampleModel aims where each ms of fused extra buys >= 3 ms of BE (sim: +15% vs +4% for max saving)
-OPPORTUNE_RULE = "average"  # or "marginal" (SampleModel.opportune_ratio)
+AIM_RULES = ("average", "marginal", "priced")  # SampleModel.opportune_ratio's rules ("priced": E per model, Profile.price_aims)
+OPPORTUNE_RULE = "average"
 MERGE_X = 0.05  # samples whose load ratios differ by less than 5% are one point (their mean)
 
 
@@ -132,6 +133,7 @@ class SampleModel(FusedTimeModel):
 
     xs: tuple[float, ...]
     ys: tuple[float, ...]
+    efficiency: float | None = None  # this model's own E (a price of the allowance): aims by the marginal rule
 
     @classmethod
     def fit(cls, xs: Sequence[float], ys: Sequence[float]) -> SampleModel:
@@ -161,11 +163,19 @@ class SampleModel(FusedTimeModel):
         """The measured ratio to aim a fused slice at. ``OPPORTUNE_RULE`` "marginal": the x maximising
         x - E (y - 1), where the marginal BE time bought per ms of extra falls to E = ``EFFICIENCY``
         (the Lagrangian of the most gain under a per-query allowance). "average": the largest x whose
-        slice buys E ms per ms on average (x >= E (y - 1)); if none qualifies, the most efficient sample."""
+        slice buys E ms per ms on average (x >= E (y - 1)); if none qualifies, the most efficient sample.
+        A model with its own ``efficiency`` (priced from the allowance) aims by the marginal rule at that E."""
+        if self.efficiency is not None:
+            return self.aim(self.efficiency)
         if OPPORTUNE_RULE == "marginal":
-            return max(self.xs, key=lambda x: x - EFFICIENCY * (self.g(x) - 1.0))
+            return self.aim(EFFICIENCY)
         ok = [x for x, y in zip(self.xs, self.ys, strict=True) if x >= EFFICIENCY * (y - 1.0)]
         return max(ok) if ok else max(self.xs, key=lambda x: x / max(self.g(x) - 1.0, 1e-3))
+
+    def aim(self, efficiency: float) -> float:
+        """The measured x maximising x - E (y - 1): what a slice gains over time sharing (1 + x - y) less what its
+        extra time (y - 1) costs at the price E - 1 of a ms of the allowance."""
+        return max(self.xs, key=lambda x: x - efficiency * (self.g(x) - 1.0))
 
     @property
     def best_reduction(self) -> float:
@@ -276,7 +286,10 @@ class OnlineTwoStage:
             return False
         self.xs.append(sample[0])
         self.ys.append(sample[1])
-        self.model = type(self.model).fit(self.xs, self.ys)
+        refit = type(self.model).fit(self.xs, self.ys)
+        if isinstance(refit, SampleModel) and isinstance(self.model, SampleModel):
+            refit = replace(refit, efficiency=self.model.efficiency)  # a refit keeps the model's price
+        self.model = refit
         self.refits += 1
         return True
 

@@ -22,6 +22,7 @@ LC queries arrive as a Poisson process on the same clock. Policies:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections import deque
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, error_summary, relative_errors
+from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, SampleModel, error_summary, relative_errors
 from kfuse.colocate.selector import MIN_OVERLAP, Selection, plan_fusion, select_version
 
 POLICIES = ("lc_alone", "timeshare", "streams", "aker")
@@ -103,16 +104,67 @@ class Profile:
         return max(((x, (1.0 + x - y) / (1.0 + x)) for x, y in pts), key=lambda p: p[1])
 
     def choose(self) -> None:
-        """Per (LC shape, BE): the version with the best *measured* overlap (not the fit's reduction at its x*)."""
+        """Per (LC shape, BE): the version with the best *measured* overlap (not the fit's reduction at its x*).
+        Priced models (``price_aims``) rank by what they gain at their aim net of the allowance they spend,
+        x - E (y - 1), among the versions whose best measured overlap passes ``min_overlap``."""
         self.chosen = {}
         for pair, models in self.fused.items():
             meas = {v: self.measured_overlap(pair, v, m.model.opportune_ratio) for v, m in models.items()}
             best = {v: self.best_measured(pair, v)[1] for v in models}
             sel = select_version({v: m.model for v, m in models.items()}, best, self.min_overlap)
-            if sel is not None:
-                self.chosen[pair] = Selection(sel.version, sel.model, sel.opportune_ratio, sel.reduction, meas[sel.version])
+            if sel is None:
+                continue
+            priced = {v: _net_gain(m.model) for v, m in models.items() if best[v] > self.min_overlap}
+            if priced and all(g is not None for g in priced.values()):
+                v = max(priced, key=lambda u: priced[u])
+                m = models[v].model
+                sel = Selection(v, m, m.opportune_ratio, m.best_reduction, meas[v])
+            self.chosen[pair] = Selection(sel.version, sel.model, sel.opportune_ratio, sel.reduction, meas[sel.version])
+
+    def price_aims(self, be: str, allowance_ms: float) -> float:
+        """Price the per-query allowance for ``be`` and aim every fused slice by it: the smallest E (from
+        ``PRICE_GRID``) at which the slices of one query, each at the x maximising x - E (y - 1) of its best
+        version, spend no more than ``allowance_ms`` of extra LC time. That is the Lagrangian of the most
+        gain over time sharing under the allowance: E = 1 where it does not bind (each slice at its largest
+        saving), higher where it does (only the cheap part of each curve). Returns E; ``unprice`` undoes it."""
+        launches = [(t, k.key) for t, k in zip(self.lc_ms, self.lc, strict=True) if k.fusible and (k.key, be) in self.fused]
+
+        def spend(e: float) -> float:
+            total = 0.0
+            for t, key in launches:
+                options = [(x - e * (m.model.g(x) - 1.0), m.model.g(x)) for m in self.fused[(key, be)].values()
+                           if isinstance(m.model, SampleModel) for x in m.model.xs]  # fmt: skip
+                gain, y = max(options, default=(0.0, 1.0))
+                total += t * max(0.0, y - 1.0) if gain > 0.0 else 0.0
+            return total
+
+        e = next((p for p in PRICE_GRID if spend(p) <= allowance_ms), PRICE_GRID[-1])
+        self._set_price(be, e)
+        return e
+
+    def unprice(self, be: str) -> None:
+        """Back to the global aim rule for ``be``."""
+        self._set_price(be, None)
+
+    def _set_price(self, be: str, e: float | None) -> None:
+        for (_, b), models in self.fused.items():
+            if b == be:
+                for m in models.values():
+                    if isinstance(m.model, SampleModel):
+                        m.model = dataclasses.replace(m.model, efficiency=e)
+        self.choose()
 
 
+def _net_gain(model: Any) -> float | None:
+    """x - E (y - 1) at a priced model's aim (None for an unpriced one)."""
+    e = getattr(model, "efficiency", None)
+    if e is None:
+        return None
+    x = model.opportune_ratio
+    return x - e * (model.g(x) - 1.0)
+
+
+PRICE_GRID = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 50.0)
 FIT_RATIOS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 HELDOUT_RATIOS = (0.75, 2.5)
 

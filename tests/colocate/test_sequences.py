@@ -84,3 +84,22 @@ def test_experiment_runs_every_policy_on_every_sequence() -> None:
 def test_sequences_must_be_positive() -> None:
     with pytest.raises(ValueError, match="sequences"):
         run_experiment(h200_like(0.3), ["sgemm"], sequences=0, log=lambda s: None)
+
+
+def test_aker_aimed_by_another_rule_runs_on_the_same_profile_and_restores_the_rule() -> None:
+    import kfuse.colocate.predictor as P
+
+    sim = h200_like({(1, 1): 0.3}, noise=0.1)
+    kw = {"versions": [(1, 1)], "seconds": 0.2, "min_queries": 30, "max_queries": 30, "sequences": 2, "log": lambda s: None}
+    res = run_experiment(sim, ["sgemm"], aims=["marginal"], **kw)
+    assert P.OPPORTUNE_RULE == "average"
+    aimed = res["runs"][("sgemm", "aker_marginal")]
+    assert len(aimed.latencies_ms) == 2 * 30 and len(aimed.be_throughput_per_sequence) == 2
+    prof = res["profile"]
+    assert {k: s.opportune_ratio for k, s in prof.chosen.items()} == {
+        tuple(k.split("|")): v["opportune_ratio"] for k, v in res["chosen"].items()
+    }  # the profile's selections are the average rule's again
+    recs = {(r["case"], r["policy"]) for r in records(res, "resnet-sim", "test")}
+    assert ("resnet-sim+sgemm", "aker_marginal") in recs
+    with pytest.raises(ValueError, match="unknown aim"):
+        run_experiment(sim, ["sgemm"], aims=["best"], **kw)
