@@ -129,17 +129,20 @@ class Profile:
         saving), higher where it does (only the cheap part of each curve). Returns E; ``unprice`` undoes it."""
         launches = [(t, k.key) for t, k in zip(self.lc_ms, self.lc, strict=True) if k.fusible and (k.key, be) in self.fused]
 
-        def spend(e: float) -> float:
+        def spend() -> float:  # one query's extra LC time with every slice at its chosen version's aim
             total = 0.0
             for t, key in launches:
-                options = [(x - e * (m.model.g(x) - 1.0), m.model.g(x)) for m in self.fused[(key, be)].values()
-                           if isinstance(m.model, SampleModel) for x in m.model.xs]  # fmt: skip
-                gain, y = max(options, default=(0.0, 1.0))
-                total += t * max(0.0, y - 1.0) if gain > 0.0 else 0.0
+                sel = self.chosen.get((key, be))
+                if sel is not None:  # a slice that gains nothing at this price (x - E (y - 1) <= 0) is not counted
+                    x, y = sel.model.opportune_ratio, sel.model.g(sel.model.opportune_ratio)
+                    price = getattr(sel.model, "efficiency", None) or 1.0
+                    total += t * max(0.0, y - 1.0) if x - price * (y - 1.0) > 0 else 0.0
             return total
 
-        e = next((p for p in PRICE_GRID if spend(p) <= allowance_ms), PRICE_GRID[-1])
-        self._set_price(be, e)
+        for e in PRICE_GRID:
+            self._set_price(be, e)  # re-chooses the versions at this price
+            if spend() <= allowance_ms:
+                break
         return e
 
     def unprice(self, be: str) -> None:
