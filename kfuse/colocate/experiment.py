@@ -127,6 +127,7 @@ def run_experiment(
                                                                       "reduction": s.reduction, "measured": s.measured}
                                                    for k, s in prof.chosen.items()},
         "runs": {}, "overlap": {}, "measured_overlap": measured_overlaps(prof),
+        "aims": {},  # "be|policy" -> the aim rule of an Aker run and, priced, its E
         # what the next GPU run needs to see why a fusion is (not) accepted: BE launch-cost fits, the plan per shape
         # with a whole query's allowance (reason, blocks, pessimistic extra vs time-sharing saving, error bound), samples
         "be_fit": {b: {"a_ms": m.a, "b_ms_per_block": m.b, "blocks": prof.be_blocks[b], "kernel_ms": m.predict(prof.be_blocks[b])}
@@ -149,14 +150,14 @@ def run_experiment(
             if warmup_queries:  # untimed: kernels a policy launches first (JIT compiles) must not stall its clock
                 run_policy(backend, prof, pol, arrivals[:warmup_queries], [be], qos, extra_per_query_ms=extra)
             if pol == "aker":
-                r = _aker_aimed(backend, prof, aim, seqs, be, qos, extra, log)
+                r, out["aims"][f"{be}|aker"] = _aker_aimed(backend, prof, aim, seqs, be, qos, extra, log)
             else:
                 r = merge_runs([run_policy(backend, prof, pol, a, [be], qos, extra_per_query_ms=extra) for a in seqs])
             out["runs"][(be, pol)] = r
             _log_run(log, be, pol, r)
             if pol == "aker":
                 for rule in aims:
-                    r = _aker_aimed(backend, prof, rule, seqs, be, qos, extra, log)
+                    r, out["aims"][f"{be}|aker_{rule}"] = _aker_aimed(backend, prof, rule, seqs, be, qos, extra, log)
                     out["runs"][(be, f"aker_{rule}")] = r
                     _log_run(log, be, f"aker_{rule}"[:9], r)
         if control and "timeshare" in policies and "aker" in policies:
@@ -171,18 +172,20 @@ def run_experiment(
 def _aker_aimed(
     backend: Backend, prof: Profile, rule: str, seqs: Sequence[Sequence[float]], be: str, qos: float, extra: float,
     log: Callable[[str], None] = print,
-) -> Any:  # fmt: skip
-    """Aker with its fused slices aimed by ``rule``; the profile's selections and the rule are restored after."""
+) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """Aker with its fused slices aimed by ``rule``, and the aim (rule, and E where priced); the profile's
+    selections and the rule are restored after."""
     saved = predictor.OPPORTUNE_RULE
+    how: dict[str, Any] = {"rule": rule}
     try:
         if rule == "priced":
-            e = prof.price_aims(be, extra)
+            e = how["price"] = prof.price_aims(be, extra)
             aims = {f"{k} {_vname(sel.version)}": round(sel.opportune_ratio, 2) for (k, b), sel in prof.chosen.items() if b == be}
             log(f"  {be:10s} priced    allowance {extra:.3f} ms/query -> E = {e:g}; aims {aims}")
         else:
             predictor.OPPORTUNE_RULE = rule
             prof.choose()  # selections carry the aim (opportune ratio) of their version
-        return merge_runs([run_policy(backend, prof, "aker", a, [be], qos, extra_per_query_ms=extra) for a in seqs])
+        return merge_runs([run_policy(backend, prof, "aker", a, [be], qos, extra_per_query_ms=extra) for a in seqs]), how
     finally:
         predictor.OPPORTUNE_RULE = saved
         prof.unprice(be)
@@ -289,6 +292,7 @@ def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, A
             **{k: r.summary()[k] for k in ("decisions", "fused_by_key", "delegated", "lc_ms", "lc_launches", "lc_ms_per_query", "be_ms",
                                            "be_ms_per_launch", "be_query_launches", "be_idle_launches", "fused_ms", "host_ms",
                                            "elapsed_ms", "be_units")},
+            "aim": res.get("aims", {}).get(f"{be}|{pol}"),
             "sequences": res.get("sequences", 1), "p99_per_sequence_ms": list(r.p99_per_sequence),
             "be_gain_per_sequence": _paired_gains(r, ts),
             "latencies_ms": [round(x, 4) for x in r.latencies_ms],

@@ -99,7 +99,9 @@ def test_aker_aimed_by_another_rule_runs_on_the_same_profile_and_restores_the_ru
     assert {k: s.opportune_ratio for k, s in prof.chosen.items()} == {
         tuple(k.split("|")): v["opportune_ratio"] for k, v in res["chosen"].items()
     }  # the profile's selections are the average rule's again
-    recs = {(r["case"], r["policy"]) for r in records(res, "resnet-sim", "test")}
-    assert ("resnet-sim+sgemm", "aker_marginal") in recs
+    recs = {(r["case"], r["policy"]): r for r in records(res, "resnet-sim", "test")}
+    assert recs[("resnet-sim+sgemm", "aker_marginal")]["aim"] == {"rule": "marginal"}
+    assert recs[("resnet-sim+sgemm", "aker")]["aim"]["rule"] == "priced" and recs[("resnet-sim+sgemm", "aker")]["aim"]["price"] >= 1.0
+    assert recs[("resnet-sim+sgemm", "timeshare")]["aim"] is None
     with pytest.raises(ValueError, match="unknown aim"):
         run_experiment(sim, ["sgemm"], aims=["best"], **kw)
