@@ -137,10 +137,10 @@ def main() -> None:
         write_results("colocate", records, a.out)
         write_results("predictor", pred_records, a.out)
 
-    print(f"\n{'case':22s} {'policy':10s} {'p99 ms':>9s} {'QoS ms':>8s} {'viol':>5s} {'BE/s':>9s} {'vs TS':>7s}")
+    print(f"\n{'case':22s} {'policy':15s} {'p99 ms':>9s} {'QoS ms':>8s} {'viol':>5s} {'BE/s':>9s} {'vs TS':>7s}")
     for r in records:
         g = r["be_gain_vs_timesharing"]
-        print(f"{r['case']:22s} {r['policy']:10s} {r['p99_ms']:9.3f} {r['qos_ms']:8.3f} {r['violations']:5d} "
+        print(f"{r['case']:22s} {r['policy']:15s} {r['p99_ms']:9.3f} {r['qos_ms']:8.3f} {r['violations']:5d} "
               f"{r['be_throughput']:9.2f} {'' if g is None else f'{g:+.1%}':>7s}")  # fmt: skip
     for p in pred_records:
         if p["kind"] == "predictor":

@@ -84,10 +84,10 @@ def run(
     pred = {"lc": lc, "heldout": res["predictor_heldout"], "chosen": res["chosen"]}
     (out / "predictor.json").write_text(json.dumps(pred, indent=2, default=str))
     plots = experiment.plot(res, lc, out)
-    typer.echo(f"{'case':24s} {'policy':10s} {'p99 ms':>9s} {'QoS ms':>8s} {'viol':>5s} {'BE/s':>9s} {'vs TS':>7s}")
+    typer.echo(f"{'case':24s} {'policy':15s} {'p99 ms':>9s} {'QoS ms':>8s} {'viol':>5s} {'BE/s':>9s} {'vs TS':>7s}")
     for r in recs:
         g = r["be_gain_vs_timesharing"]
-        typer.echo(f"{r['case']:24s} {r['policy']:10s} {r['p99_ms']:9.3f} {r['qos_ms']:8.3f} {r['violations']:5d} "
+        typer.echo(f"{r['case']:24s} {r['policy']:15s} {r['p99_ms']:9.3f} {r['qos_ms']:8.3f} {r['violations']:5d} "
                    f"{r['be_throughput']:9.2f} {'' if g is None else f'{g:+.1%}':>7s}")  # fmt: skip
     typer.echo(f"wrote {out / 'colocate.json'}, {out / 'predictor.json'}, " + ", ".join(str(p) for p in plots))
 
