@@ -142,3 +142,32 @@ def test_measured_max_rate_is_below_the_replay_estimate_when_launches_vary() -> 
     runs = [S.run_policy(noisy, prof, "lc_alone", S.poisson_arrivals(measured, 150, 7 + s), [], qos) for s in range(3)]
     lat = [x for r in runs for x in r.latencies_ms]
     assert np.percentile(lat, 99) <= qos  # pooled over the check's three sequences
+
+
+def test_profile_samples_walk_through_the_be_kernel_like_a_run() -> None:
+    """Every BE and fused launch of the profile gets a block range the previous launch did not touch (a run's
+    slices walk through the BE kernel's data; repeating [0, n) timed L2-warm data), inside the kernel."""
+    from kfuse.colocate.sim import h200_like
+
+    sim = h200_like({(1, 1): 0.3}, noise=0.0)
+    calls: list[tuple[str, int, int]] = []
+    run_be, run_fused = sim.run_be, sim.run_fused
+
+    def rec_be(be: str, start: int, end: int) -> float:
+        calls.append((be, start, end))
+        return run_be(be, start, end)
+
+    def rec_fused(i: int, be: str, start: int, end: int, version: object) -> float:
+        calls.append((be, start, end))
+        return run_fused(i, be, start, end, version)
+
+    sim.run_be, sim.run_fused = rec_be, rec_fused  # type: ignore[method-assign]
+    S.build_profile(sim, ["sgemm", "lbm"], [(1, 1)], reps=2)
+    for be in ("sgemm", "lbm"):
+        mine = [(s, e) for b, s, e in calls if b == be]
+        nb = sim.be_blocks(be)
+        assert all(0 <= s < e <= nb for s, e in mine)
+        for (s0, e0), (s1, e1) in zip(mine, mine[1:], strict=False):
+            # the next range starts where the last ended, and wraps to 0 only when it would not fit
+            assert s1 == e0 or (s1 == 0 and e0 + (e1 - s1) > nb), (be, (s0, e0), (s1, e1))
+        assert any(s > 0 for s, _ in mine)
