@@ -185,6 +185,7 @@ def _aker_aimed(
         else:
             predictor.OPPORTUNE_RULE = rule
             prof.choose()  # selections carry the aim (opportune ratio) of their version
+        how["chosen"] = {k: {"version": _vname(sel.version), "aim": sel.opportune_ratio} for (k, b), sel in prof.chosen.items() if b == be}
         return merge_runs([run_policy(backend, prof, "aker", a, [be], qos, extra_per_query_ms=extra) for a in seqs]), how
     finally:
         predictor.OPPORTUNE_RULE = saved
