@@ -29,10 +29,9 @@ from kfuse.colocate.scheduler import (
     poisson_arrivals,
     run_policy,
 )
-
-
-def _vname(v: Any) -> str:
-    return v.describe() if hasattr(v, "describe") else str(v)
+from kfuse.colocate.scheduler import (
+    version_name as _vname,
+)
 
 
 def overlap_rates(backend: Backend, prof: Profile, be: str, top: int = 3) -> list[dict[str, Any]]:
@@ -179,13 +178,14 @@ def _aker_aimed(
     how: dict[str, Any] = {"rule": rule}
     try:
         if rule == "priced":
-            e = how["price"] = prof.price_aims(be, extra)
-            aims = {f"{k} {_vname(sel.version)}": round(sel.opportune_ratio, 2) for (k, b), sel in prof.chosen.items() if b == be}
-            log(f"  {be:10s} priced    allowance {extra:.3f} ms/query -> E = {e:g}; aims {aims}")
+            how["price"] = prof.price_aims(be, extra)
         else:
             predictor.OPPORTUNE_RULE = rule
             prof.choose()  # selections carry the aim (opportune ratio) of their version
         how["chosen"] = {k: {"version": _vname(sel.version), "aim": sel.opportune_ratio} for (k, b), sel in prof.chosen.items() if b == be}
+        if rule == "priced":
+            aims = {f"{k} {c['version']}": round(c["aim"], 2) for k, c in how["chosen"].items()}
+            log(f"  {be:10s} priced    allowance {extra:.3f} ms/query -> E = {how['price']:g}; aims {aims}")
         return merge_runs([run_policy(backend, prof, "aker", a, [be], qos, extra_per_query_ms=extra) for a in seqs]), how
     finally:
         predictor.OPPORTUNE_RULE = saved

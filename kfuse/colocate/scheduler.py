@@ -114,12 +114,12 @@ class Profile:
             sel = select_version({v: m.model for v, m in models.items()}, best, self.min_overlap)
             if sel is None:
                 continue
-            priced = {v: _net_gain(m.model) for v, m in models.items() if best[v] > self.min_overlap}
+            v = sel.version
+            priced = {u: _net_gain(m.model) for u, m in models.items() if best[u] > self.min_overlap}
             if priced and all(g is not None for g in priced.values()):
                 v = max(priced, key=lambda u: priced[u])
-                m = models[v].model
-                sel = Selection(v, m, m.opportune_ratio, m.best_reduction, meas[v])
-            self.chosen[pair] = Selection(sel.version, sel.model, sel.opportune_ratio, sel.reduction, meas[sel.version])
+            m = models[v].model
+            self.chosen[pair] = Selection(v, m, m.opportune_ratio, m.best_reduction, meas[v])
 
     def price_aims(self, be: str, allowance_ms: float) -> float:
         """Price the per-query allowance for ``be`` and aim every fused slice by it: the smallest E (from
@@ -156,6 +156,11 @@ class Profile:
                     if isinstance(m.model, SampleModel):
                         m.model = dataclasses.replace(m.model, efficiency=e)
         self.choose()
+
+
+def version_name(v: Any) -> str:
+    """A fused version as the records and logs name it ("tail", "1:2", ...)."""
+    return v.describe() if hasattr(v, "describe") else str(v)
 
 
 def _net_gain(model: Any) -> float | None:
@@ -529,8 +534,7 @@ def run_policy(
                     t = timed_call(backend.run_fused, i, b, item[1], item[1] + sp.blocks, sel.version)
                     predicted = om.predict(t_lc, sp.t_be)
                     res.online_errors.append(abs(predicted - t) / t)
-                    name = sel.version.describe() if hasattr(sel.version, "describe") else str(sel.version)
-                    acc = res.fused_by_key.setdefault(f"{k.key}|{b}|{name}", [0.0] * 5)
+                    acc = res.fused_by_key.setdefault(f"{k.key}|{b}|{version_name(sel.version)}", [0.0] * 5)
                     for j, v in enumerate((1.0, sp.t_be / t_lc, predicted / t_lc, t / t_lc, prof.be[b].b * sp.blocks - (t - t_lc))):
                         acc[j] += v
                     res.refits += om.observe(t_lc, sp.t_be, t)
