@@ -90,7 +90,7 @@ def run_experiment(
         solo_measured = measured_solo_ms(backend, prof)
         if solo_measured > solo_profile:
             scale = solo_measured / solo_profile
-            prof.lc_ms = [t * scale for t in prof.lc_ms]
+            prof.rescale_lc(scale)
             log(f"solo query {solo_measured:.3f} ms measured alone vs {solo_profile:.3f} ms of median kernel times: "
                 f"LC kernel times x{scale:.3f}")  # fmt: skip
     solo = prof.lc_total

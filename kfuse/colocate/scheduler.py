@@ -121,6 +121,20 @@ class Profile:
             m = models[v].model
             self.chosen[pair] = Selection(v, m, m.opportune_ratio, m.best_reduction, meas[v])
 
+    def rescale_lc(self, scale: float) -> None:
+        """LC times x ``scale`` (the solo calibration: launches on the run's clock take longer than the profile's
+        medians), with the fused samples moved along: a sample's x is a BE time over T_lc, so it shrinks by
+        ``scale``, and its y is kept (the run's fused launches were measured as inflated as its LC launches: session
+        13, 1.24 vs 1.29). Session 13 scaled only the LC times, so a slice aimed at a sample's x cut ``scale`` x
+        the blocks that sample had measured; on the steep curves (lbm, pathfinder) that meant 2-3x its T_fused."""
+        self.lc_ms = [t * scale for t in self.lc_ms]
+        for pair, per_v in self.samples.items():
+            for v, pts in per_v.items():
+                per_v[v] = [(x / scale, y) for x, y in pts]
+                if pair in self.fused and v in self.fused[pair]:
+                    self.fused[pair][v] = OnlineTwoStage.from_samples([p[0] for p in per_v[v]], [p[1] for p in per_v[v]])
+        self.choose()
+
     def price_aims(self, be: str, allowance_ms: float) -> float:
         """Price the per-query allowance for ``be`` and aim every fused slice by it: the smallest E (from
         ``PRICE_GRID``) at which the slices of one query, each at the x maximising x - E (y - 1) of its best
@@ -234,10 +248,14 @@ def build_profile(
             for v in versions:
 
                 def sample(x: float, i: int = i, b: str = b, v: Any = v) -> tuple[float, float] | None:
+                    """(T_be, T_fused) of the slice a run would cut for load ratio x. T_be is the linear model's time
+                    for its n blocks, the coordinate the run plans in (``split_be``: n = blocks_for(x T_lc)) and
+                    observes in. Until session 13 it was the slice's measured solo time: BE blocks run in waves,
+                    so 1 and 151 lbm blocks both measured x = 1.0 (one 16.8 us wave) while the run turned x = 1.0
+                    into 488 blocks, which this very profile had measured at 2.7 T_lc, not the 1.16 it planned."""
                     n = min(be_blocks[b], max(1, int(be_models[b].blocks_for(x * t_lc))))
-                    t_be = med(lambda: backend.run_be(b, *fresh(b, n)))
                     t_f = med(lambda: backend.run_fused(i, b, *fresh(b, n), v))
-                    return t_be, t_f
+                    return be_models[b].predict(n), t_f
 
                 pts = [sample(x) for x in fit_ratios]
                 xs = [p[0] / t_lc for p in pts if p]

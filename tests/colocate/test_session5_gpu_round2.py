@@ -65,7 +65,10 @@ def test_round2_sgemm_session4_planner_rejects_all_new_one_fuses(monkeypatch: An
     assert new.be_throughput >= 1.04 * ts.be_throughput
     assert new.violations <= ts.violations
     plans = S.fusion_plans(prof, "sgemm", extra)
-    assert all(p["reason"] == "fused" and p["blocks"] == 1024 for p in plans.values())  # the whole kernel
+    # the whole kernel, on all but at most one shape: since session 13 a sample's x is the fit's time for the blocks
+    # it launched, so on 1568x2048x512 the pessimistic extra (0.158 ms) comes within 5% of the saving (0.162)
+    whole = [k for k, p in plans.items() if p["reason"] == "fused" and p["blocks"] == 1024]
+    assert len(whole) >= len(plans) - 1, plans
 
 
 def test_round2_lbm_aker_not_below_timesharing() -> None:

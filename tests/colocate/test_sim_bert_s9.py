@@ -34,7 +34,9 @@ def test_aker_gains_over_time_sharing_with_qos_kept_and_fuses_at_the_knees() -> 
     ak = S.merge_runs([S.run_policy(sim, prof, "aker", a, ["hotspot"], qos, extra_per_query_ms=extra) for a in seqs])
     assert ak.p99 <= qos and ts.p99 <= qos
     assert ak.be_throughput > 1.05 * ts.be_throughput  # the GPU measured +9.0%; this replay gives ~+16%
-    assert ak.decisions["fused"] > 0.9 * 49 * 300
+    # 0.9 until session 13; with samples at the fit's x for their blocks (no noisy measured x), the noisy launches
+    # refuse more slices for efficiency (3,302 of 14,700 here) at the same gain (+14.3% both)
+    assert ak.decisions["fused"] > 0.75 * 49 * 300
     assert ak.decisions.get("headroom", 0) < 0.05 * ak.decisions["fused"]  # the allowance rarely binds
     for (key, _), sel in prof.chosen.items():  # every slice aims at a knee below x = 1
         assert 0.1 < sel.opportune_ratio < 1.0, key
