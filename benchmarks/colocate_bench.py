@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=1, help="arrival sequences per policy (p99 pooled, each reported)")
     ap.add_argument("--qos-factor", type=float, default=5.0, help="QoS target = this x the LC query's solo time")
     ap.add_argument("--aim", default="priced", help="where Aker aims its fused slices: priced (E from the allowance), average, marginal")
+    ap.add_argument("--knee-samples", type=int, default=0, help="extra profile samples inside each fused curve's first wave step")
     ap.add_argument("--aims", default="", help="also run Aker aimed by these rules (comma-separated), as policy aker_<rule>")
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
@@ -111,7 +112,7 @@ def main() -> None:
                 backend, list(bes), load=a.load, qos_factor=a.qos_factor, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
                 min_queries=100 if gpu else 8, max_queries=600 if gpu else 8,
                 fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
-                sequences=a.sequences, aim=a.aim, aims=[r for r in a.aims.split(",") if r],
+                sequences=a.sequences, aim=a.aim, aims=[r for r in a.aims.split(",") if r], knee_samples=a.knee_samples,
             )  # fmt: skip
             recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
             for r in recs:

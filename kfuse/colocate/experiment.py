@@ -68,7 +68,7 @@ def run_experiment(
     policies: Sequence[str] = POLICIES, seed: int = 0, reps: int = 2, min_fuse_ms: float = 0.0,
     log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None, max_fuse_keys: int | None = None,
     calibrate: bool = False, warmup_queries: int = 0, control: bool = True, sequences: int = 1,
-    aim: str = "priced", aims: Sequence[str] = (),
+    aim: str = "priced", aims: Sequence[str] = (), knee_samples: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """Profile, then serve the same Poisson arrivals under every policy for every BE kernel.
     ``sequences``: that many arrival sequences (seeds ``seed``, ``seed + 1``, ...), every policy
@@ -76,7 +76,8 @@ def run_experiment(
     sequence's p99 and BE throughput kept, so a gain can be paired sequence by sequence).
     ``aim``: where Aker aims its fused slices (``predictor.AIM_RULES``; "priced": E solved per BE kernel
     from the allowance, ``Profile.price_aims``). ``aims``: other rules to run Aker with too, on the same
-    profile and arrivals, recorded as policy ``aker_<rule>`` (an A/B of where the slices are aimed)."""
+    profile and arrivals, recorded as policy ``aker_<rule>`` (an A/B of where the slices are aimed).
+    ``knee_samples``: extra profile samples inside each fused curve's first wave step (``scheduler.knee_blocks``)."""
     if sequences < 1:
         raise ValueError(f"sequences must be >= 1, got {sequences}")
     bad = [r for r in (aim, *aims) if r not in predictor.AIM_RULES]
@@ -84,7 +85,8 @@ def run_experiment(
         raise ValueError(f"unknown aim rule(s) {bad}: choose from {predictor.AIM_RULES}")
     log(f"profiling {len(backend.lc_kernels())} LC kernels with BE {', '.join(be_names)} ...")
     kw = {"fit_ratios": fit_ratios} if fit_ratios else {}
-    prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, max_fuse_keys=max_fuse_keys, **kw)
+    prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, max_fuse_keys=max_fuse_keys,
+                         knee_samples=knee_samples, **kw)  # fmt: skip
     solo_profile = prof.lc_total
     if calibrate:  # the solo latency as the policies' clock measures it; LC kernel times scaled to match
         solo_measured = measured_solo_ms(backend, prof)

@@ -191,10 +191,28 @@ FIT_RATIOS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 HELDOUT_RATIOS = (0.75, 2.5)
 
 
+KNEE_SAMPLES = 0  # extra samples between the last cheap slice and the first steep one (``knee_blocks``; opt-in until measured)
+KNEE_JUMP = 0.05  # a step smaller than 5% of T_lc is launch noise between close samples, not a wave
+
+
+def knee_blocks(xs: Sequence[float], ys: Sequence[float], be: LinearModel, t_lc: float, k: int = KNEE_SAMPLES) -> list[int]:
+    """Block counts to sample inside the first step of a fused curve: ``k`` evenly spaced between the two samples (in
+    order of x) where T_fused / T_lc first rises faster than x (slope > 1: past it the slice costs more than time
+    sharing the same blocks). BE blocks run in waves, so a curve is flat until the slots the LC kernel leaves free are
+    full, then jumps by a wave; the fit ratios land on either side of that step, far apart in blocks when the launch
+    cost is a large share of T_lc (session 13, pathfinder: 63 blocks flat, 308 steep; the run aimed at 63)."""
+    pts = sorted(zip(xs, ys, strict=True))
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        if x1 > x0 and y1 - y0 > KNEE_JUMP and (y1 - y0) / (x1 - x0) > 1.0:
+            n0, n1 = (int(round(be.blocks_for(x * t_lc))) for x in (x0, x1))
+            return sorted({n0 + (n1 - n0) * j // (k + 1) for j in range(1, k + 1)} - {n0, n1}) if n1 - n0 > 1 else []
+    return []
+
+
 def build_profile(
     backend: Backend, be_names: Sequence[str], versions: Sequence[Any], reps: int = 3, min_fuse_ms: float = 0.0,
     fit_ratios: Sequence[float] = FIT_RATIOS, heldout_ratios: Sequence[float] = HELDOUT_RATIOS, log: Any = None,
-    max_fuse_keys: int | None = None, min_overlap: float = MIN_OVERLAP,
+    max_fuse_keys: int | None = None, min_overlap: float = MIN_OVERLAP, knee_samples: int = KNEE_SAMPLES,
 ) -> Profile:  # fmt: skip
     """Measure solo LC times, fit BE linear models and fused two-stage models, then report held-out errors.
     ``max_fuse_keys``: profile fused versions only for the LC kernel shapes with the most total time
@@ -253,7 +271,9 @@ def build_profile(
                     observes in. Until session 13 it was the slice's measured solo time: BE blocks run in waves,
                     so 1 and 151 lbm blocks both measured x = 1.0 (one 16.8 us wave) while the run turned x = 1.0
                     into 488 blocks, which this very profile had measured at 2.7 T_lc, not the 1.16 it planned."""
-                    n = min(be_blocks[b], max(1, int(be_models[b].blocks_for(x * t_lc))))
+                    return sample_blocks(min(be_blocks[b], max(1, int(be_models[b].blocks_for(x * t_lc)))))
+
+                def sample_blocks(n: int, i: int = i, b: str = b, v: Any = v) -> tuple[float, float]:
                     t_f = med(lambda: backend.run_fused(i, b, *fresh(b, n), v))
                     return be_models[b].predict(n), t_f
 
@@ -267,6 +287,10 @@ def build_profile(
                         fused_err += relative_errors([two_stage.predict(t_lc, p[0])], [p[1]])
                         xs.append(p[0] / t_lc)
                         ys.append(p[1] / t_lc)
+                for n in knee_blocks(xs, ys, be_models[b], t_lc, knee_samples):
+                    t_be, t_f = sample_blocks(n)
+                    xs.append(t_be / t_lc)
+                    ys.append(t_f / t_lc)
                 samples[(key, b)][v] = list(zip(xs, ys, strict=True))
                 # planned with: the measured samples themselves; error bound from this pair's leave-one-out errors
                 models[v] = OnlineTwoStage.from_samples(xs, ys)

@@ -20,13 +20,14 @@ class WavedGPU(SimGPU):
     """One fusible GEMM (``T_LC``) and one segment; BE ``lbm`` in waves of ``WAVE`` blocks. A fused launch runs the
     first ``FREE`` BE blocks beside the GEMM for 3% more time; every further wave (of what is left) adds ``T_WAVE``."""
 
-    def __init__(self) -> None:
+    def __init__(self, free: int = FREE) -> None:
         super().__init__([T_LC, 0.05], [True, False], {"lbm": (0.0056, T_WAVE / WAVE, 8192, WAVE)}, keys=["g", "seg"])
+        self.free = free
 
     def run_fused(self, i: int, be: str, start: int, end: int, version: object) -> float:
         self.launches.append(("fused", (i, be, start, end, version)))
         n = end - start
-        return T_LC * 1.03 + T_WAVE * -(-max(0, n - FREE) // WAVE)
+        return T_LC * 1.03 + T_WAVE * -(-max(0, n - self.free) // WAVE)
 
 
 def test_every_sample_is_what_its_planned_block_count_measures() -> None:
@@ -74,3 +75,22 @@ def test_a_calibrated_profile_cuts_the_blocks_its_samples_measured() -> None:
     assert top / 1.1 < max(model.xs) <= top + 1e-9  # the planning model is refitted on the moved samples
     sel = prof.chosen[("g", "lbm")]
     assert sel.opportune_ratio in model.xs
+
+
+def test_the_profile_samples_inside_the_first_wave_step() -> None:
+    """The fit ratios land on either side of this GPU's step at 420 free slots (a flat slice below 300 blocks, the
+    next one a wave more); two more samples between them find the flat part closer to the step, and the aim moves there."""
+    gpu = WavedGPU(free=420)
+    prof = S.build_profile(gpu, ["lbm"], ["tail"], reps=1, knee_samples=2)  # opt-in (colocate_bench --knee-samples) until measured
+    be, t_lc = prof.be["lbm"], prof.lc_ms[0]
+    pts = [(int(be.blocks_for(x * t_lc) + 1e-6), y) for x, y in prof.samples[("g", "lbm")]["tail"]]
+    planned, knee = pts[: len(S.FIT_RATIOS) + len(S.HELDOUT_RATIOS)], pts[len(S.FIT_RATIOS) + len(S.HELDOUT_RATIOS) :]
+    flat = max(n for n, y in planned if y < 1.05)
+    steep = min(n for n, y in planned if y > 1.05)
+    assert flat < 300 < 420 < steep, pts
+    assert len(knee) == 2 and all(flat < n < steep for n, _ in knee), pts
+    assert all(y == pytest.approx(1.03) for n, y in knee if n <= 420), pts
+    prof.price_aims("lbm", 1.0)  # an allowance that does not bind: each slice at its largest saving
+    aim_blocks = int(be.blocks_for(prof.chosen[("g", "lbm")].opportune_ratio * t_lc) + 1e-6)
+    assert aim_blocks == max(n for n, y in knee if y < 1.05) > flat
+    assert S.knee_blocks([0.3, 0.5, 0.52], [1.0, 1.01, 1.04], be, t_lc) == []  # a 3% rise between close samples is noise
