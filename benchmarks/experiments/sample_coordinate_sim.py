@@ -28,6 +28,7 @@ from pathlib import Path
 os.environ.setdefault("TRITON_INTERPRET", "1")  # nothing here runs a kernel; keeps imports CPU-safe
 
 import kfuse.colocate.scheduler as S  # noqa: E402
+from kfuse.colocate.predictor import LinearModel  # noqa: E402
 from kfuse.colocate.sim import bert_replay  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "h200"
@@ -44,12 +45,9 @@ RUNS = {  # predictor.json case -> each profiled LC GEMM's median (ms, unscaled)
 
 def in_run_coordinate(pts: list[list[float]], t_lc: float, a: float, b: float, blocks: int) -> list[tuple[float, float]]:
     """Each sample at the x of the blocks it launched: n = blocks_for(ratio T_lc), x = (a + b n) / T_lc."""
-    ratios = [*S.FIT_RATIOS, *S.HELDOUT_RATIOS]
-    out = []
-    for r, (_, y) in zip(ratios, pts, strict=False):
-        n = min(blocks, max(1, int(max(0.0, (r * t_lc - a) / b))))
-        out.append(((a + b * n) / t_lc, y))
-    return out
+    be = LinearModel(a, b)
+    ns = [min(blocks, max(1, int(be.blocks_for(r * t_lc)))) for r in (*S.FIT_RATIOS, *S.HELDOUT_RATIOS)]
+    return [(be.predict(n) / t_lc, y) for n, (_, y) in zip(ns, pts, strict=False)]
 
 
 def measured(be: str) -> float:

@@ -265,7 +265,7 @@ def build_profile(
             samples[(key, b)] = {}
             for v in versions:
 
-                def sample(x: float, i: int = i, b: str = b, v: Any = v) -> tuple[float, float] | None:
+                def sample(x: float) -> tuple[float, float]:
                     """(T_be, T_fused) of the slice a run would cut for load ratio x. T_be is the linear model's time
                     for its n blocks, the coordinate the run plans in (``split_be``: n = blocks_for(x T_lc)) and
                     observes in. Until session 13 it was the slice's measured solo time: BE blocks run in waves,
@@ -278,15 +278,14 @@ def build_profile(
                     return be_models[b].predict(n), t_f
 
                 pts = [sample(x) for x in fit_ratios]
-                xs = [p[0] / t_lc for p in pts if p]
-                ys = [p[1] / t_lc for p in pts if p]
+                xs = [p[0] / t_lc for p in pts]
+                ys = [p[1] / t_lc for p in pts]
                 two_stage = OnlineTwoStage.fit(xs, ys)  # reported (held-out error), not planned with
                 for x in heldout_ratios:
-                    p = sample(x)
-                    if p:
-                        fused_err += relative_errors([two_stage.predict(t_lc, p[0])], [p[1]])
-                        xs.append(p[0] / t_lc)
-                        ys.append(p[1] / t_lc)
+                    t_be, t_f = sample(x)
+                    fused_err += relative_errors([two_stage.predict(t_lc, t_be)], [t_f])
+                    xs.append(t_be / t_lc)
+                    ys.append(t_f / t_lc)
                 for n in knee_blocks(xs, ys, be_models[b], t_lc, knee_samples):
                     t_be, t_f = sample_blocks(n)
                     xs.append(t_be / t_lc)
