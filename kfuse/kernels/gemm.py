@@ -292,6 +292,41 @@ def gemm_tma_persistent_kernel(
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
             col_n = off_n
 {epilogue_store_tma_12}
+
+
+@triton.jit
+def gemm_tma_resident_kernel(
+    a_desc, b_desc, c_ptr, c_desc, {extra_ptrs}
+    M, N, K,
+    stride_cb, stride_cm, stride_cn, {extra_strides}
+    {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, B_KMAJOR: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    TMA_STORE: tl.constexpr, C_BATCHED: tl.constexpr,
+):
+    # For GEMMs whose whole K is one tile (BLOCK_K >= K) and whose B column block is small
+    # (the 256-wide layers of MLP chains). Each program loads its B column block ONCE and keeps
+    # it in shared memory, then walks row tiles: the only per-tile traffic is A's (BLOCK_M, K)
+    # tile in and C's tile out, which the pipeliner overlaps across iterations, instead of
+    # re-fetching B from L2 for every tile. Programs p, p + n_cols, ... share column block
+    # p % n_cols (the launcher makes NUM_PROGRAMS a multiple of n_cols). One batch, 2-D B.
+    n_cols = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    off_n = (pid % n_cols) * BLOCK_N
+    if B_KMAJOR:  # B column-major: the descriptor is B^T (N, K)
+        b = b_desc.load([off_n, 0]).T
+    else:
+        b = b_desc.load([0, off_n])
+    bat = 0
+    pid_b = 0
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    col_n = off_n
+    for t in tl.range(pid // n_cols, tl.cdiv(M, BLOCK_M), NUM_PROGRAMS // n_cols):
+        off_m = t * BLOCK_M
+        a = a_desc.load([off_m, 0])
+        acc = tl.dot(a, b, input_precision=INPUT_PRECISION)
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+{epilogue_store_tma_8}
 """
 
 
@@ -336,6 +371,7 @@ def kernel_source(epi: Epilogue) -> str:
         epilogue_store_4=_epilogue_store(epi, " " * 4),
         epilogue_store_8=_epilogue_store(epi, " " * 8),
         epilogue_store_tma_4=_epilogue_store(epi, " " * 4, tma=True),
+        epilogue_store_tma_8=_epilogue_store(epi, " " * 8, tma=True),
         epilogue_store_tma_12=_epilogue_store(epi, " " * 12, tma=True),
     )
 
@@ -355,6 +391,9 @@ class GemmConfig:
     warp_specialize: bool = False  # load and MMA/epilogue warp groups (sm_90: num_warps 4, BLOCK_M 64 only)
     flatten: bool = False  # the tile loop and the K loop pipelined as one loop
     epilogue_subtile: bool = False  # the epilogue on two half tiles (fewer live registers)
+    # B's column block loaded once per program and kept in shared memory (tma, block_k >= K,
+    # one batch): gemm_tma_resident_kernel; ignored (the other kernels run) when ineligible
+    resident_b: bool = False
 
     def describe(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
@@ -370,6 +409,8 @@ class GemmConfig:
             s += " flat"
         if self.epilogue_subtile:
             s += " sub"
+        if self.resident_b:
+            s += " resident"
         return s
 
     def as_dict(self) -> dict[str, Any]:
@@ -543,6 +584,14 @@ def _row_broadcast_flags(extras: list[torch.Tensor]) -> dict[str, bool]:
     return {f"XB{j}": e.stride(1) == 0 for j, e in enumerate(extras)}
 
 
+def resident_eligible(g: GemmCall, cfg: GemmConfig) -> bool:
+    """Can ``gemm_tma_resident_kernel`` run this call with ``cfg``? It needs the whole K in one
+    tile (``block_k >= K``), one batch and a B shared by it (2-D), and is asked for by
+    ``cfg.resident_b`` (with ``tma``; TMA eligibility of the operands is checked by the caller)."""
+    nb, _, k = g.a.shape
+    return cfg.resident_b and cfg.tma and nb == 1 and cfg.block_k >= k and cfg.split_k == 1
+
+
 def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) -> None:
     """Launch the kernel(s) for a prepared call with config ``cfg`` (``warmup``: compile only)."""
     nb, m, k = g.a.shape
@@ -558,6 +607,18 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
     tma = tma_operands(a, b, cfg) if cfg.tma and split == 1 else None
+    if tma is not None and resident_eligible(g, cfg):
+        a_desc, b_desc, layout = tma
+        c_desc, store = tma_output(c, cfg)
+        n_cols = cdiv(n, cfg.block_n)
+        n_prog = min(max(1, _num_sms(a.device) // n_cols), cdiv(m, cfg.block_m)) * n_cols
+        _go(mod.gemm_tma_resident_kernel, (n_prog,), warmup,
+            a_desc, b_desc, c, c_desc, *g.extras, m, n, k, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_PROGRAMS=n_prog,
+            B_KMAJOR=layout["B_KMAJOR"], INPUT_PRECISION=precision, **xb, **store,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return
     if tma is not None and cfg.persistent:
         a_desc, b_desc, layout = tma
         c_desc, store = tma_output(c, cfg)
