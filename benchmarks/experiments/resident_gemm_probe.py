@@ -39,17 +39,23 @@ from kfuse.kernels.gemm import GemmConfig, gemm_epilogue  # noqa: E402
 BIAS = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))),), 1)
 BIAS_RELU = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("relu", (Operand("reg", 1),))), 1)
 
+# run 1 (session 14): 64x128x256 w4 s4 best (79.1 us at M = 262144); the 128 KB B blocks with
+# 1-2 stages 120-138 us (one A tile in flight per SM). Run 2 adds more stages, narrower B
+# blocks and two programs per SM (resident_programs_per_sm).
 RESIDENT = [
-    GemmConfig(64, 256, 256, 1, 4, 2, tma=True, resident_b=True),
-    GemmConfig(128, 128, 256, 1, 8, 2, tma=True, resident_b=True),
-    GemmConfig(128, 128, 256, 1, 4, 2, tma=True, resident_b=True),
-    GemmConfig(64, 128, 256, 1, 4, 3, tma=True, resident_b=True),
     GemmConfig(64, 128, 256, 1, 4, 4, tma=True, resident_b=True),
-    GemmConfig(128, 256, 256, 1, 8, 1, tma=True, resident_b=True),
+    GemmConfig(64, 128, 256, 1, 8, 4, tma=True, resident_b=True),
+    GemmConfig(64, 64, 256, 1, 4, 2, tma=True, resident_b=True),  # 2 programs / SM
+    GemmConfig(64, 64, 256, 1, 4, 4, tma=True, resident_b=True),
+    GemmConfig(64, 64, 256, 1, 4, 5, tma=True, resident_b=True),
+    GemmConfig(128, 64, 256, 1, 4, 2, tma=True, resident_b=True),
+    GemmConfig(128, 64, 256, 1, 8, 2, tma=True, resident_b=True),
+    GemmConfig(64, 32, 256, 1, 4, 2, tma=True, resident_b=True),  # 2 programs / SM
+    GemmConfig(64, 32, 256, 1, 4, 3, tma=True, resident_b=True),  # 2 programs / SM
+    GemmConfig(64, 256, 256, 1, 4, 2, tma=True, resident_b=True),
 ]
 TEMPLATE = [
     GemmConfig(128, 128, 64, 8, 4, 5, persistent=True, tma=True, flatten=True),  # session 8's best at this shape
-    GemmConfig(128, 256, 64, 8, 8, 3, persistent=True, tma=True, flatten=True),
 ]
 
 

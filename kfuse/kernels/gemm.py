@@ -592,6 +592,22 @@ def resident_eligible(g: GemmCall, cfg: GemmConfig) -> bool:
     return cfg.resident_b and cfg.tma and nb == 1 and cfg.block_k >= k and cfg.split_k == 1
 
 
+SMEM_PER_SM = 233472  # sm_90 (H100/H200): shared memory per SM, bytes (227 KB of it per block)
+
+
+def resident_smem_bytes(cfg: GemmConfig, elem: int, tma_store: bool = True) -> int:
+    """Shared memory of one ``gemm_tma_resident_kernel`` program: B's (BLOCK_K, BLOCK_N) block,
+    ``num_stages`` A tiles (BLOCK_M, BLOCK_K) and the staged C tile of the TMA store (sm_90
+    offline compiles ask for this plus <= 1.3 KB of barriers)."""
+    return (cfg.block_k * cfg.block_n + cfg.num_stages * cfg.block_m * cfg.block_k + (cfg.block_m * cfg.block_n if tma_store else 0)) * elem
+
+
+def resident_programs_per_sm(cfg: GemmConfig, elem: int) -> int:
+    """How many resident programs share an SM (1-4): a second one overlaps its loads with the
+    first one's MMA and epilogue, as warp specialisation would."""
+    return max(1, min(4, SMEM_PER_SM // (resident_smem_bytes(cfg, elem) + 2048)))
+
+
 def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) -> None:
     """Launch the kernel(s) for a prepared call with config ``cfg`` (``warmup``: compile only)."""
     nb, m, k = g.a.shape
@@ -611,7 +627,8 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
         a_desc, b_desc, layout = tma
         c_desc, store = tma_output(c, cfg)
         n_cols = cdiv(n, cfg.block_n)
-        n_prog = min(max(1, _num_sms(a.device) // n_cols), cdiv(m, cfg.block_m)) * n_cols
+        slots = _num_sms(a.device) * resident_programs_per_sm(cfg, a.element_size())
+        n_prog = min(max(1, slots // n_cols), cdiv(m, cfg.block_m)) * n_cols
         _go(mod.gemm_tma_resident_kernel, (n_prog,), warmup,
             a_desc, b_desc, c, c_desc, *g.extras, m, n, k, c.stride(0), c.stride(1), c.stride(2), *ex_strides,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_PROGRAMS=n_prog,
