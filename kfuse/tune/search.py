@@ -133,7 +133,30 @@ def evolve(
     return sorted(seen, key=seen.__getitem__)
 
 
+def _kernel(c: Config) -> str:
+    """Which kernel of its template a config runs where it is valid (the resident-B GEMM is
+    another kernel, not another tile)."""
+    return "resident" if getattr(c, "resident_b", False) else "tile"
+
+
 def _varied_top(ranked: Sequence[Config], k: int, skip: set[Config]) -> list[Config]:
+    """The first ``k`` of ``ranked`` not in ``skip``, at most two per tile shape, and the best two
+    of every kernel that ranks below them: a cost model that never saw a kernel run on this
+    GPU must not keep it from being measured (its first measurements are what it learns from)."""
+    head = _varied_top_tiles(ranked, k, skip)
+    for kind in dict.fromkeys(_kernel(c) for c in ranked):
+        have = [c for c in head if _kernel(c) == kind]
+        extra = [c for c in ranked if _kernel(c) == kind and c not in skip and c not in head][: max(0, 2 - len(have))]
+        for c in extra:
+            victim = next((h for h in reversed(head) if sum(_kernel(x) == _kernel(h) for x in head) > 2), None)
+            if victim is not None:
+                head.remove(victim)
+            if len(head) < k:
+                head.append(c)
+    return head
+
+
+def _varied_top_tiles(ranked: Sequence[Config], k: int, skip: set[Config]) -> list[Config]:
     """The first ``k`` of ``ranked`` not in ``skip``, at most two per tile shape."""
     out: list[Config] = []
     per_tile: dict[tuple[int, int, int], int] = {}

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from kfuse.kernels.conv import ConvConfig
-from kfuse.kernels.gemm import GemmConfig
+from kfuse.kernels.gemm import GemmConfig, resident_programs_per_sm, resident_smem_bytes
 from kfuse.kernels.tma import least_waste_tile, tile_waste
 from kfuse.tune.hardware import Hardware
 
@@ -172,6 +172,20 @@ GEMM_AXES: dict[str, tuple[Any, ...]] = {
 # compile hints of the persistent TMA kernel: enumerated only where that kernel runs
 _HINTS = ("warp_specialize", "flatten", "epilogue_subtile")
 
+# the resident-B kernel (gemm_tma_resident_kernel: B's column block in shared memory for the
+# program's life, K in one tile): its own small space, valid only where BLOCK_K covers K. On the
+# H200 (session 14, benchmarks/experiments/resident_gemm_probe.py, M x 256 x 256 + bias + ReLU)
+# 64x128x256 w4 s4 ran 79-84 us at M = 262144 against 87-96 for cuBLASLt with the epilogue;
+# 1-2 stages (one A tile in flight per SM) and column blocks under 128 (A re-read from L2 by
+# 4-8 programs) were 1.1-2.3x slower
+RESIDENT_AXES: dict[str, tuple[Any, ...]] = {
+    "block_m": (64, 128),
+    "block_n": (64, 128, 256),
+    "block_k": (16, 32, 64, 128, 256),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4, 5),
+}
+
 CONV_AXES: dict[str, tuple[Any, ...]] = {
     "block_m": (32, 64, 128, 256),
     "block_n": (32, 64, 128, 256),
@@ -204,6 +218,9 @@ def all_configs(template: str) -> Iterator[Config]:
             if h["warp_specialize"] and (d["num_warps"] != 4 or h["flatten"] or h["epilogue_subtile"]):
                 continue
             yield cls(**d, **h)
+    if template == "gemm":
+        for values in itertools.product(*RESIDENT_AXES.values()):
+            yield GemmConfig(**dict(zip(RESIDENT_AXES, values, strict=True)), group_m=1, tma=True, resident_b=True)
 
 
 def tma_store_bytes(cfg: Config, problem: Problem) -> int:
@@ -226,6 +243,8 @@ def tma_store_bytes(cfg: Config, problem: Problem) -> int:
 
 def smem_bytes(cfg: Config, problem: Problem) -> int:
     e = _dt(problem.dtype)
+    if isinstance(cfg, GemmConfig) and cfg.resident_b:
+        return resident_smem_bytes(cfg, e, tma_store=isinstance(problem, GemmProblem) and problem.n * e % 16 == 0)
     pipeline = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * e
     if isinstance(cfg, ConvConfig) and cfg.tile_h:
         pipeline += cfg.block_m * cfg.block_n * e  # the output box staged for the TMA store
@@ -276,6 +295,8 @@ def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
         return "wgmma: 8 warps are two warpgroups and need BLOCK_M >= 64"
     if cfg.group_m > 1 and cdiv(m, cfg.block_m) <= 1:
         return "GROUP_M swizzle has no effect with a single row of tiles"
+    if isinstance(cfg, GemmConfig) and cfg.resident_b:
+        return _resident_reject(cfg, problem, hw)
     if isinstance(cfg, GemmConfig) and isinstance(problem, GemmProblem):
         split = cfg.split_k
         tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * problem.batch
@@ -358,6 +379,29 @@ def _hint_reject(cfg: GemmConfig) -> str | None:
         # less subtiled; at 64 registers it spills ~20 B either way
         return f"epilogue_subtile only pays on big tiles (accumulator {acc_regs(cfg)} < 128 registers/thread)"
     return None
+
+
+def _resident_reject(cfg: GemmConfig, problem: Problem, hw: Hardware) -> str | None:
+    """Where ``gemm_tma_resident_kernel`` cannot run, or only duplicates another config (the
+    generic rules above it have passed: shared memory, registers, tile vs problem)."""
+    if not isinstance(problem, GemmProblem):
+        return "resident B is a GEMM kernel"
+    if not (cfg.tma and hw.has_wgmma):
+        return "resident B needs TMA (Hopper, sm_90)"
+    if cfg.persistent or cfg.split_k != 1 or cfg.group_m != 1 or any(getattr(cfg, h) for h in _HINTS):
+        return "resident B is its own persistent kernel: no split-K, swizzle or persistent-TMA hints"
+    if problem.batch != 1:
+        return "resident B: one batch only (a batched B changes per batch)"
+    if cfg.block_k != max(16, next_pow2(problem.k)):
+        return f"resident B holds all of K in one tile: BLOCK_K must be K rounded up to a power of two ({max(16, next_pow2(problem.k))})"
+    if problem.k > 256:
+        return f"resident B: K {problem.k} > 256 (a TMA box is at most 256 wide)"
+    rows = cdiv(problem.m, cfg.block_m)
+    cols = cdiv(problem.n, cfg.block_n)
+    slots = hw.num_sms * resident_programs_per_sm(cfg, _dt(problem.dtype))
+    if rows * cols < 2 * slots:
+        return f"resident B: {rows * cols} tiles < 2 per program ({slots} programs): loading B once saves nothing"
+    return _tma_reject(cfg, problem, hw)
 
 
 def _tma_reject(cfg: GemmConfig, problem: GemmProblem, hw: Hardware) -> str | None:
@@ -451,8 +495,26 @@ def estimate_ms(cfg: Config, problem: Problem, hw: Hardware) -> float:
         # spatial tile computes in vain
         oh, ow = problem.out_hw()
         t *= 0.82 * tile_waste(cfg.block_m, cfg.tile_n, cfg.tile_h, problem.n, oh, ow)
+    if isinstance(cfg, GemmConfig) and cfg.resident_b:
+        t = _resident_estimate_s(cfg, problem, hw)
     t += 4e-6 * (2 if split > 1 else 1)  # launch
     return t * 1e3
+
+
+def _resident_estimate_s(cfg: GemmConfig, problem: Problem, hw: Hardware) -> float:
+    """The resident-B kernel streams A in and C out once; B comes in once per program. Fitted to
+    one H200 run (session 14, M x 256 x 256): DRAM time x a stage factor (one A tile in flight
+    per SM at 2 stages is 1.7x slower than 4) x the L2 re-reads of A by ``n_cols`` column programs
+    past two (64- and 32-wide column blocks ran 1.1x and 2.2x slower than 128-wide)."""
+    m, n, k = problem.mnk()
+    e = _dt(problem.dtype)
+    dram = (m * k + m * n) * e / (hw.mem_bw_gbs * 1e9)
+    mma = 2.0 * m * n * k / (hw.peak_tflops_fp16 * 1e12 * 0.7)
+    stages = {2: 1.7, 3: 1.12, 4: 1.0}.get(cfg.num_stages, 1.02)
+    cols = cdiv(n, cfg.block_n)
+    reread = 1.0 + 0.3 * max(0, cols - 2)
+    warps = 1.1 if cfg.num_warps == 8 and cfg.block_m == 64 else 1.0
+    return max(dram, mma) * 1.25 * stages * reread * warps
 
 
 def _persistent_tma_factor(cfg: GemmConfig, k: int, tiles: int, hw: Hardware) -> float:
@@ -484,6 +546,7 @@ def features(cfg: Config, problem: Problem, hw: Hardware) -> list[float]:
     flat = float(cfg.flat_k) if isinstance(cfg, ConvConfig) else 0.0
     tma = float(cfg.tma) if isinstance(cfg, GemmConfig) else float(cfg.tile_h > 0)
     hints = [float(getattr(cfg, h)) if isinstance(cfg, GemmConfig) else 0.0 for h in _HINTS]
+    resident = float(isinstance(cfg, GemmConfig) and cfg.resident_b)
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * batch * split
     occ = occupancy(cfg, problem, hw)
     waves = tiles / (hw.num_sms * occ)
@@ -491,7 +554,7 @@ def features(cfg: Config, problem: Problem, hw: Hardware) -> list[float]:
     pad = (cdiv(m, cfg.block_m) * cfg.block_m * cdiv(n, cfg.block_n) * cfg.block_n) / (m * n)
     return problem.features() + [
         math.log2(cfg.block_m), math.log2(cfg.block_n), math.log2(cfg.block_k), float(cfg.group_m),
-        float(cfg.num_warps), float(cfg.num_stages), math.log2(split), persistent, flat, tma, *hints,
+        float(cfg.num_warps), float(cfg.num_stages), math.log2(split), persistent, flat, tma, *hints, resident,
         math.log2(tiles), float(occ), wave_eff, pad, smem_bytes(cfg, problem) / 1024.0, float(acc_regs(cfg)),
         math.log(estimate_ms(cfg, problem, hw)),
     ]  # fmt: skip

@@ -479,3 +479,123 @@ def test_integer_power_of_negative_values_in_epilogue() -> None:
     out = gemm_epilogue(a, b, [], epi, torch.float32)
     assert not torch.isnan(out).any()
     torch.testing.assert_close(out, reference(a, b, [], epi, torch.float32), rtol=1e-4, atol=1e-3)
+
+
+# ---- the resident-B kernel (B's column block loaded once per program) ----------------------
+@pytest.mark.parametrize(
+    "m,n,k,b_t,cfg",
+    [
+        (300, 72, 40, True, GemmConfig(32, 32, 64, 1, 4, 1, tma=True, resident_b=True)),  # ragged M, N; K 40 < BLOCK_K 64
+        (1100, 64, 64, False, GemmConfig(64, 64, 64, 1, 4, 2, tma=True, resident_b=True)),  # row-major B, one column block
+        (77, 100, 24, True, GemmConfig(16, 32, 32, 1, 4, 1, tma=True, resident_b=True)),  # 4 column blocks, 3 ragged
+    ],
+    ids=["ragged", "row_major_b", "four_columns"],
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_resident_b_kernel(launches, m, n, k, b_t, cfg, dtype):
+    """bias + GELU + residual, NaN-poisoned output, more row tiles than programs (the interpreter's
+    'GPU' has 4 SMs): every program loops, and programs sharing a column block split the rows."""
+    a, b = torch.randn(m, k).to(dtype), _operand_b((k, n), b_t, dtype)
+    extras = [torch.randn(n).to(dtype), torch.randn(m, n).to(dtype)]
+    _check(a, b, extras, BIAS_GELU_RES, dtype, cfg, (m, n))
+    [(name, grid, kw)] = launches
+    n_cols = -(-n // cfg.block_n)
+    assert name == "gemm_tma_resident_kernel" and grid == (kw["NUM_PROGRAMS"],) and kw["B_KMAJOR"] == b_t
+    assert kw["NUM_PROGRAMS"] % n_cols == 0 and kw["NUM_PROGRAMS"] < n_cols * -(-m // cfg.block_m)
+
+
+@pytest.mark.parametrize(
+    "a,b,why",
+    [
+        (torch.randn(3, 40, 32), torch.randn(3, 32, 24), "batched B"),
+        (torch.randn(40, 80), torch.randn(80, 24), "K 80 > BLOCK_K 64"),
+    ],
+)
+def test_resident_b_falls_back_when_ineligible(launched, a, b, why):
+    cfg = GemmConfig(32, 32, 64, 1, 4, 1, tma=True, resident_b=True)
+    extras = [torch.randn(b.shape[-1])]
+    _check(a, b, extras, BIAS_GELU, torch.float32, cfg, tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], 24))
+    assert launched == ["gemm_tma_kernel"], why
+
+
+def test_resident_b_space_rules():
+    from kfuse.tune.hardware import DEFAULT
+    from kfuse.tune.space import GemmProblem, hard_reject, smem_bytes, valid_configs
+
+    p = GemmProblem(262144, 256, 256, b_t=True)
+    best = GemmConfig(64, 128, 256, 1, 4, 4, tma=True, resident_b=True)
+    assert hard_reject(best, p, DEFAULT) is None
+    assert smem_bytes(best, p) == (256 * 128 + 4 * 64 * 256 + 64 * 128) * 2  # B once, 4 A tiles, staged C
+    assert "shared memory" in hard_reject(GemmConfig(64, 256, 256, 1, 4, 3, tma=True, resident_b=True), p, DEFAULT)
+    assert "BLOCK_K must be K" in hard_reject(GemmConfig(64, 128, 128, 1, 4, 4, tma=True, resident_b=True), p, DEFAULT)
+    wide_k = GemmConfig(64, 32, 1024, 1, 4, 1, tma=True, resident_b=True)
+    assert "K 768 > 256" in hard_reject(wide_k, GemmProblem(65536, 32, 768), DEFAULT)
+    assert "one batch" in hard_reject(best, GemmProblem(4096, 256, 256, batch=4), DEFAULT)
+    assert "2 per program" in hard_reject(best, GemmProblem(4096, 256, 256), DEFAULT)
+    assert "no split-K" in hard_reject(GemmConfig(64, 128, 256, 1, 4, 4, split_k=2, tma=True, resident_b=True), p, DEFAULT)
+    resident = [c for c in valid_configs(p, DEFAULT) if c.resident_b]
+    assert best in resident and all(c.block_k == 256 for c in resident)
+    assert not any(c.resident_b for c in valid_configs(GemmProblem(4096, 3072, 768, b_t=True), DEFAULT))
+
+
+def test_search_measures_the_resident_kernel():
+    """However the model ranks it, the best two resident configs are in the measured batch."""
+    from kfuse.tune.hardware import DEFAULT
+    from kfuse.tune.search import _varied_top
+    from kfuse.tune.space import GemmProblem, valid_configs
+
+    valid = valid_configs(GemmProblem(262144, 256, 256, b_t=True), DEFAULT)
+    ranked = sorted(valid, key=lambda c: (c.resident_b, c.describe()))  # a model that ranks every resident config last
+    batch = _varied_top(ranked, 10, set())
+    assert len(batch) == 10 and sum(c.resident_b for c in batch) == 2
+    assert [c for c in batch if c.resident_b] == [c for c in ranked if c.resident_b][:2]
+
+
+_SASS_RESIDENT_SCRIPT = r"""
+import json, os, re, subprocess, sys, tempfile
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from kfuse.ir import ops
+from kfuse.kernels.gemm import GemmConfig, _module, resident_smem_bytes
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+bm, bn, bk, warps, stages = json.loads(sys.argv[1])
+epi = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("relu", (Operand("reg", 1),))), 1)
+fn = _module(epi).gemm_tma_resident_kernel
+sig = {"a_desc": f"tensordesc<fp16[{bm}, {bk}]>", "b_desc": f"tensordesc<fp16[{bn}, {bk}]>", "c_ptr": "*fp16",
+       "c_desc": f"tensordesc<fp16[{bm}, {bn}]>", "x0_ptr": "*fp16"}
+consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_PROGRAMS": 132, "B_KMAJOR": True, "INPUT_PRECISION": "tf32",
+          "TMA_STORE": True, "C_BATCHED": False, "XB0": True}
+for name in fn.arg_names:
+    sig.setdefault(name, "constexpr" if name in consts else "i32")
+src = triton.compiler.ASTSource(fn, sig, constexprs=consts)
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+    f.write(k.asm["cubin"])
+sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+# the hot loop: the span of the last backward branch (the row-tile loop), where B must not be loaded
+lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+branch = max(i for i, ln in enumerate(lines) if "BRA" in ln and "HGMMA" in "".join(lines[:i]))
+cfg = GemmConfig(bm, bn, bk, 1, warps, stages, tma=True, resident_b=True)
+print(json.dumps({"HGMMA": sass.count("HGMMA"), "UTMALDG": sass.count("UTMALDG"), "UTMASTG": sass.count("UTMASTG"),
+                  "STL": sass.count(" STL"), "LOCAL": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
+                  "shared": k.metadata.shared, "estimate": resident_smem_bytes(cfg, 2)}))
+"""
+
+
+def test_sass_resident_b_on_sm90():
+    """The tuner's best resident config at M x 256 x 256 on sm_90: wgmma, TMA loads and stores, no
+    spills, and the shared memory it asks for is ``resident_smem_bytes`` (B once + 4 A tiles +
+    the staged C tile: 212992 B) plus at most 2 KB of barriers, under the H200's 232448 B."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _SASS_RESIDENT_SCRIPT, json.dumps([64, 128, 256, 4, 4])], capture_output=True, text=True,
+                       env=env, timeout=300)  # fmt: skip
+    if r.returncode != 0 and "cuobjdump" in r.stderr and "No such file" in r.stderr:
+        pytest.skip("the triton wheel has no cuobjdump")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["HGMMA"] > 0 and got["UTMALDG"] > 0 and got["UTMASTG"] > 0 and got["STL"] == 0 and got["LOCAL"] == 0, got
+    assert got["estimate"] == 212992 and got["estimate"] <= got["shared"] <= got["estimate"] + 2048 <= 232448, got
