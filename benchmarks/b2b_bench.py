@@ -94,6 +94,11 @@ def _one_call_graph_ms(c: Any, x: torch.Tensor, rep: int) -> float:
         return graph_ms_per_call(c, (x,), calls=1, rep=rep)[0]
 
 
+def _kernels(c: Any) -> list[str]:
+    """What each launch of a compiled plan runs (template or library, config): "name: template config"."""
+    return [f"{k['name']}: {k['template']} {k.get('config', '')}".strip() for k in c.report.get("kernels", [])]
+
+
 def _b2b_fields(c: Any) -> dict[str, Any]:
     rep = c.report.get("b2b", {"fused": [], "not_fused": []})
     fused = rep["fused"]
@@ -156,7 +161,7 @@ def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                 base, outs, notes, extra = _baselines(model, x, autotune, args.rep, args.smoke, args.graph_calls)
                 k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, b2b_pdl=args.pdl)
                 k1_ms = _one_call_graph_ms(c, x, args.rep)
-                u_ms, _, u_out, _ = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
+                u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
                 ref = outs.get("eager")
                 flops = 2.0 * m * (k0 * n0 + n0 * n1)
                 nbytes = 2.0 * (m * (k0 + n1) + k0 * n0 + n0 * n1 + n0 + n1)
@@ -164,7 +169,7 @@ def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                     "b2b_gemm", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
                     kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
                     kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra,
-                    m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c),
+                    m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c), unfused_kernels=_kernels(u_c),
                 )  # fmt: skip
                 recs.append(rec)
                 _log(f"  kfuse {k_ms:.4f} ms (call {call_ms:.4f}), unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")

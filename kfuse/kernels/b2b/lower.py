@@ -127,6 +127,8 @@ def _unfused_run(node: Any, graph: Any, backend: str, options: Any) -> Any:
             env[st.output] = out
         return out
 
+    # what each stage runs, for the report (template or library, and the config)
+    run.kernels = [f"{st.info.template} {st.info.config}".strip() for st in steps]  # type: ignore[attr-defined]
     return run
 
 
@@ -206,7 +208,8 @@ def _decide(
         if t < best[0]:
             best = (t, cfg)
     t_fused, cfg = best
-    d: dict[str, Any] = {"unfused_ms": round(t_unfused, 4), "fused_ms": round(t_fused, 4), "tried": tried, "decided_by": "measured"}
+    d: dict[str, Any] = {"unfused_ms": round(t_unfused, 4), "fused_ms": round(t_fused, 4), "tried": tried, "decided_by": "measured",
+                         "unfused_kernels": getattr(unfused, "kernels", [])}  # fmt: skip
     if cfg is not None and t_fused < t_unfused:
         d.update(residence=cfg.residence, config=cfg.describe(), fused=True)
         _DECIDED[key] = (cfg, d)
