@@ -247,24 +247,36 @@ def tune_graph(graph: Graph, options: Any = None, tuner: Tuner | None = None, ve
     mode = getattr(options, "tune", "fast") if tuner is None else tuner.mode
     if mode == "none":
         return graph
-    nodes = [n for n in graph.nodes if n.op in TUNABLE]
+    # a b2b chain keeps its original kernels (attrs["unfused"]) for the measured fused-vs-unfused
+    # decision: they are tuned too, so that the decision compares two tuned plans (their
+    # intermediates' types come from the stage nodes themselves)
+    inner = [s for n in graph.nodes for s in n.attrs.get("unfused", ()) if s.op in TUNABLE]
+    nodes = [n for n in graph.nodes if n.op in TUNABLE] + inner
     if not nodes:
         return graph
     if tuner is None:
         tuner = Tuner(mode, progress=verbose)
     LAST.clear()
     LAST.append(tuner)  # the benchmark and the report read the stats of the latest compile
-    probs = {n.name: problem_of(n, graph) for n in nodes}
+    ctx = graph.replace(nodes=tuple(graph.nodes) + tuple(inner)) if inner else graph
+    probs = {n.name: problem_of(n, ctx) for n in nodes}
     chosen = tuner.choose([(p, n.attrs["epilogue"]) for n in nodes if (p := probs[n.name]) is not None])
     if verbose:
         print(tuner.stats.line(mode), file=sys.stderr)
-    b = GraphBuilder.from_graph(graph)
-    for node in graph.nodes:
+
+    def configured(node: Node) -> Node:
         p = probs.get(node.name)
-        cfg = chosen.get(p.signature()) if p is not None else None
+        cfg = chosen.get(p.signature()) if p is not None and node.op in TUNABLE else None
         if cfg is not None:
             node = Node(node.name, node.op, node.inputs, node.type, {**node.attrs, "config": cfg})
-        b.add_node(node)
+        if "unfused" in node.attrs:
+            stages = tuple(map(configured, node.attrs["unfused"]))
+            node = Node(node.name, node.op, node.inputs, node.type, {**node.attrs, "unfused": stages})
+        return node
+
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        b.add_node(configured(node))
     return b.build(graph.outputs)
 
 

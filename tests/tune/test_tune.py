@@ -325,3 +325,30 @@ def test_compile_with_tuning_uses_db(tmp_path, monkeypatch):
     c2 = kfuse.compile(m, (x,), tune="fast")
     assert made[1].stats.from_db == 1 and made[1].stats.measured == 0
     assert "gemm_epilogue" in {k["template"] for k in c2.report["kernels"]}
+
+
+def test_tune_graph_tunes_the_unfused_stages_of_b2b_chains(tmp_path):
+    """A b2b chain keeps its original GEMMs for the measured fused-vs-unfused decision; they are
+    tuned with the rest, so the decision compares the fused kernel with a tuned unfused pair
+    (session 14: the pair ran on untuned 128x128x64 tiles and on cuBLAS, never on the tuned
+    kernel, in every b2b decision)."""
+    from kfuse.ir.graph import GraphBuilder, TensorType
+    from kfuse.passes.fuse_b2b import fuse_b2b
+    from kfuse.passes.fuse_epilogue import fuse_epilogues
+    from kfuse.tune.tuner import tune_graph
+
+    b = GraphBuilder("mlp")
+    h = b.add_input("x", TensorType((300, 24), torch.float32))
+    for k, n, act in ((24, 32, "relu"), (32, 16, None)):
+        y = b.op("add", [b.op("matmul", [h, b.add_constant(torch.randn(k, n))]), b.add_constant(torch.randn(n))])
+        h = b.op(act, [y]) if act else y
+    g = fuse_b2b(fuse_epilogues(b.build([h])))
+    [chain] = [n for n in g.nodes if "unfused" in n.attrs]
+    assert all("config" not in s.attrs for s in chain.attrs["unfused"])
+    t = Tuner("fast", db=TuningDB(tmp_path / "t.sqlite"), hw=DEFAULT, measure=fake_ms, progress=False, check=False)
+    tuned = tune_graph(g, tuner=t, verbose=False)
+    [chain2] = [n for n in tuned.nodes if "unfused" in n.attrs]
+    stages = chain2.attrs["unfused"]
+    assert [s.name for s in stages] == [s.name for s in chain.attrs["unfused"]]
+    assert all(isinstance(s.attrs.get("config"), GemmConfig) for s in stages)
+    assert t.stats.problems == 2 and "config" not in chain2.attrs
