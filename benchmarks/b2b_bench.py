@@ -169,7 +169,7 @@ def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                     "b2b_gemm", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
                     kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
                     kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra,
-                    m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c), unfused_kernels=_kernels(u_c),
+                    m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c), kernels=_kernels(c), unfused_kernels=_kernels(u_c),
                 )  # fmt: skip
                 recs.append(rec)
                 _log(f"  kfuse {k_ms:.4f} ms (call {call_ms:.4f}), unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
@@ -198,7 +198,7 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             base, outs, notes, extra = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
             k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, profile=not args.smoke)
             k1_ms = _one_call_graph_ms(c, x, args.rep)
-            u_ms, _, u_out, _ = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
+            u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
             ref = outs.get("eager")
             # where the plan's time goes (each step replayed alone from a CUDA graph)
             steps = [{k: r[k] for k in ("kernel", "template", "ops", "time_ms")} for r in (c.variant.profile or [])]
@@ -213,6 +213,7 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                 kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra, plan_profile=steps,
                 baseline_note="eager = cuDNN (channels-last); kfuse_unfused_ms = two conv_epilogue kernels (fuse_b2b=False)",
                 notes=notes + ["max_autotune skipped for conv chains"], **_b2b_fields(c),
+                kernels=_kernels(c), unfused_kernels=_kernels(u_c),
             )  # fmt: skip
             recs.append(rec)
             _log(f"  kfuse {k_ms:.4f} ms, unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
