@@ -599,3 +599,22 @@ def test_sass_resident_b_on_sm90():
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["HGMMA"] > 0 and got["UTMALDG"] > 0 and got["UTMASTG"] > 0 and got["STL"] == 0 and got["LOCAL"] == 0, got
     assert got["estimate"] == 212992 and got["estimate"] <= got["shared"] <= got["estimate"] + 2048 <= 232448, got
+
+
+def test_search_orders_an_unseen_kernel_by_the_rules():
+    """A model trained without any resident-B measurement ranks those configs at random; their
+    order among themselves falls back to the analytic estimate (64x128x256 s4 first)."""
+    from kfuse.tune.hardware import DEFAULT
+    from kfuse.tune.search import _rules_within_unseen, _varied_top
+    from kfuse.tune.space import GemmProblem, valid_configs
+
+    p = GemmProblem(262144, 256, 256, b_t=True)
+    valid = valid_configs(p, DEFAULT)
+    ranked = sorted(valid, key=lambda c: (c.resident_b, -c.num_stages, c.describe()))  # a model that likes 2 stages
+    samples = [(GemmConfig(128, 128, 64, 8, 4, 3, tma=True), GemmProblem(4096, 768, 768), 0.02)]
+    fixed = _rules_within_unseen(ranked, samples, p, DEFAULT)
+    picked = [c for c in _varied_top(fixed, 10, set()) if c.resident_b]
+    assert picked[0] == GemmConfig(64, 128, 256, 1, 4, 4, tma=True, resident_b=True), picked
+    assert [i for i, c in enumerate(fixed) if c.resident_b] == [i for i, c in enumerate(ranked) if c.resident_b]
+    seen = samples + [(picked[0], p, 0.08)]
+    assert _rules_within_unseen(ranked, seen, p, DEFAULT) == ranked  # measured once: the model's order stands
