@@ -30,7 +30,14 @@ call), with the same generated epilogue:
   BLOCK_M > 64 and is 1.7-2x slower than the flattened loop on 64-row tiles (the limits are hard
   rules in ``kfuse.tune.space``).
 
-Both are used only when TMA can describe the operands (``tma_operands``: A K-contiguous, B row-
+* ``gemm_tma_resident_kernel`` (``tma`` and ``resident_b``): for GEMMs whose whole K is one tile
+  (K <= 256) and one batch: each program loads its B column block once and keeps it in shared
+  memory, then streams A's row tiles through ``num_stages`` TMA buffers. On the H200 (session 14,
+  ``benchmarks/experiments/resident_gemm_probe.py``) 64x128x256 s4 ran M=262144 x 256 x 256 with
+  bias + ReLU in 79-84 us, against 87-96 for cuBLASLt with the epilogue; at M=1M it ties the
+  library (~3.2 TB/s). ``resident_smem_bytes`` is its shared memory, which decides its stages.
+
+The TMA kernels are used only when TMA can describe the operands (``tma_operands``: A K-contiguous, B row-
 or column-major, 16-byte aligned base and leading strides, fp16/bf16/fp32) and without split-K;
 otherwise ``launch`` runs the matching pointer kernel. Both also store the output tile by TMA
 (``TMA_STORE``: ``c_desc.store``, a host descriptor of C's exact shape, 3-D for batched C; TMA
