@@ -32,6 +32,7 @@ def run(
     sequences: int = typer.Option(1, help="arrival sequences per policy (p99 pooled; each sequence's p99 reported)"),
     aim: str = typer.Option("priced", help="where Aker aims its fused slices: priced (E from the allowance), average, marginal"),
     aims: str = typer.Option("", help="also run Aker with its fused slices aimed by these rules (comma-separated)"),
+    knee_samples: int = typer.Option(0, help="extra profile samples inside each fused curve's first wave step (0: off)"),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time-sharing, streams and Aker fusion."""
@@ -65,6 +66,8 @@ def run(
         gpu = from_items(items, bes, seed)
     if sequences < 1:
         raise typer.BadParameter("--sequences must be at least 1")
+    if knee_samples < 0:
+        raise typer.BadParameter("--knee-samples must be 0 or more")
     from kfuse.colocate.predictor import AIM_RULES
 
     aim_rules = [r.strip() for r in aims.split(",") if r.strip()]
@@ -72,10 +75,11 @@ def run(
         raise typer.BadParameter(f"--aim / --aims: choose from {', '.join(AIM_RULES)}")
     # on the GPU, solo and the max rate are measured on the backend's own clock (calibrate)
     res = experiment.run_experiment(gpu, be_names, qos_ms or None, qos_factor, load, seconds, seed=seed, sequences=sequences,
-                                    calibrate=use_cuda, aim=aim, aims=aim_rules)  # fmt: skip
+                                    calibrate=use_cuda, aim=aim, aims=aim_rules, knee_samples=knee_samples)  # fmt: skip
     cmd = f"kfuse colocate run --lc {lc} --be {be} --qos-ms {qos_ms} --load {load} --seconds {seconds} --backend {backend}"
     cmd += f" --sequences {sequences}" if sequences > 1 else ""
     cmd += f" --aim {aim}" + (f" --aims {aims}" if aim_rules else "")
+    cmd += f" --knee-samples {knee_samples}" if knee_samples else ""
     recs = experiment.records(res, lc, cmd)
     for r in recs:
         r["backend"] = "cuda" if use_cuda else "sim"

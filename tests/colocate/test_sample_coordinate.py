@@ -94,3 +94,31 @@ def test_the_profile_samples_inside_the_first_wave_step() -> None:
     aim_blocks = int(be.blocks_for(prof.chosen[("g", "lbm")].opportune_ratio * t_lc) + 1e-6)
     assert aim_blocks == max(n for n, y in knee if y < 1.05) > flat
     assert S.knee_blocks([0.3, 0.5, 0.52], [1.0, 1.01, 1.04], be, t_lc) == []  # a 3% rise between close samples is noise
+
+
+def test_cli_passes_knee_samples_to_the_experiment(tmp_path, monkeypatch):
+    """``kfuse colocate run --knee-samples 2`` reaches ``run_experiment`` and the recorded command."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+    from kfuse.colocate import experiment
+
+    seen = {}
+    real = experiment.run_experiment
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "run_experiment", spy)
+    args = ["colocate", "run", "--lc", "mlp-tiny", "--be", "histogram", "--backend", "sim", "--seconds", "0.05", "--knee-samples", "2",
+            "--out", str(tmp_path)]  # fmt: skip
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert seen["knee_samples"] == 2
+    recs = json.loads((tmp_path / "colocate.json").read_text())
+    assert recs and all(rec["command"].endswith("--knee-samples 2") for rec in recs)
+    bad = CliRunner().invoke(app, [*args[:-3], "-1", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "knee-samples" in bad.output
