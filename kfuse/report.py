@@ -34,8 +34,29 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         "stages: " + " -> ".join(f"{s['name']}({s['nodes']})" for s in report["stages"]),
         "fallback to PyTorch: " + (", ".join(report["fallback"]) or "none"),
     ]
+    lines += b2b_lines(report.get("b2b"))
     if "max_abs_err" in report:
         lines.append(f"vs PyTorch on the example inputs: max_abs_err {report['max_abs_err']:.3g}, max_rel_err {report['max_rel_err']:.3g}")
+    return lines
+
+
+def b2b_lines(b2b: dict[str, Any] | None) -> list[str]:
+    """One line per back-to-back chain: fused or not, with what, and on what evidence (the
+    measured fused and unfused times, and what the unfused stages run)."""
+    if not b2b:
+        return []
+    lines = []
+    for f in b2b.get("fused", []):
+        head = f"b2b {f['node']} ({' -> '.join(f['stages'])}, widths {f['widths']}): "
+        head += f"fused, {f.get('config', '')}" if f.get("fused", True) else "kept unfused"
+        if "fused_ms" in f:
+            head += f"; measured fused {f['fused_ms']} ms vs unfused {f['unfused_ms']} ms ({f.get('decided_by', 'measured')})"
+            if f.get("unfused_kernels"):
+                head += "; unfused stages: " + " | ".join(f["unfused_kernels"])
+        else:
+            head += f" ({f.get('decided_by', 'rule')})"
+        lines.append(head)
+    lines += [f"b2b not fused at {n['node']}: {n['reason']}" for n in b2b.get("not_fused", [])]
     return lines
 
 

@@ -277,3 +277,25 @@ def test_pdl_candidates_only_with_the_option(monkeypatch: pytest.MonkeyPatch, en
     fused_with = lambda cfg: tried.append(cfg) or (lambda xs: None)  # noqa: E731
     k._decide(node, g, "triton-interpreter", Options(b2b_pdl=enabled), fused_with, 9, [32, 16])
     assert any(c.pdl for c in tried) == enabled and not Options().b2b_pdl
+
+
+def test_report_says_what_each_chain_became() -> None:
+    """The human-readable summary has one line per chain: fused with which config, or kept
+    unfused, with the measured times and what the unfused stages run; and the links not fused."""
+    from kfuse.report import b2b_lines, summary_lines
+
+    m = nn.Sequential(nn.Linear(24, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
+    c = kfuse.compile(m, (torch.randn(11, 24),))
+    lines = [ln for ln in summary_lines(c.report) if ln.startswith("b2b ")]
+    assert len(lines) == 1 and ": fused, register" in lines[0] and "(rule)" in lines[0], lines
+    stage = "gemm_epilogue 64x128x256 g1 w4 s4 tma resident"
+    measured = {
+        "fused": [{"node": "add_7", "stages": ["relu_4", "add_7"], "widths": [256, 256], "fused": False, "fused_ms": 0.2245,
+                   "unfused_ms": 0.1578, "decided_by": "measured", "unfused_kernels": [stage, stage]}],
+        "not_fused": [{"node": "relu_9", "reason": "intermediate used twice"}],
+    }  # fmt: skip
+    got = b2b_lines(measured)
+    assert got[0].startswith("b2b add_7 (relu_4 -> add_7, widths [256, 256]): kept unfused; measured fused 0.2245 ms vs unfused 0.1578 ms")
+    assert "unfused stages: gemm_epilogue 64x128x256" in got[0]
+    assert got[1] == "b2b not fused at relu_9: intermediate used twice"
+    assert b2b_lines(None) == [] and b2b_lines({"fused": [], "not_fused": []}) == []
