@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.getcwd())
+from kfuse.bench.harness import graph_ms_per_call, max_rel_err  # noqa: E402
 from kfuse.ir import ops  # noqa: E402,F401 - registers the ops the epilogue references
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand  # noqa: E402
 from kfuse.kernels.gemm import GemmConfig, gemm_epilogue  # noqa: E402
@@ -59,35 +59,9 @@ TEMPLATE = [
 ]
 
 
-def graph_ms(fn: Any, calls: int = 20, reps: int = 30) -> float:
-    """ms per call: a CUDA graph of ``calls`` back-to-back calls, median over ``reps`` replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    return statistics.median(times)
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    if torch.isnan(got).any():
-        return float("inf")
-    return ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+def graph_ms(fn: Any) -> float:
+    """ms per call: a CUDA graph of 20 back-to-back calls, median over 30 replays."""
+    return graph_ms_per_call(fn, (), calls=20, rep=30)[0]
 
 
 def probe_gemm(m: int, width: int) -> list[dict[str, Any]]:
@@ -107,7 +81,7 @@ def probe_gemm(m: int, width: int) -> list[dict[str, Any]]:
                 out.fill_(float("nan"))
             got = fn()
             torch.cuda.synchronize()
-            r["rel_err"] = rel_err(got, ref) if out is not None or name.startswith("cublaslt") else None
+            r["rel_err"] = max_rel_err(got, ref) if out is not None or name.startswith("cublaslt") else None
             r["ms"] = graph_ms(fn)
             r["tb_s"] = 2 * (2 * m * width) / (r["ms"] * 1e-3) / 1e12
         except Exception as e:  # noqa: BLE001 - a failing variant is a result
@@ -138,7 +112,8 @@ def probe_chain(m: int, width: int, cfgs: list[GemmConfig]) -> list[dict[str, An
     y = torch.empty(m, width, device="cuda", dtype=torch.float16)
     rows = []
     lib = lambda: torch.addmm(b1, torch._addmm_activation(b0, x, w0.t()), w1.t())  # noqa: E731
-    r = {"m": m, "width": width, "variant": "chain cublaslt pair", "floor_ms": floor, "rel_err": rel_err(lib(), ref), "ms": graph_ms(lib)}
+    r = {"m": m, "width": width, "variant": "chain cublaslt pair", "floor_ms": floor}
+    r.update(rel_err=max_rel_err(lib(), ref), ms=graph_ms(lib))
     rows.append(r)
     print(f"  chain M{m} {r['variant']:40s} {r['ms'] * 1e3:7.1f} us ({r['ms'] / floor:.2f}x floor)", flush=True)
     for cfg in cfgs:
@@ -150,7 +125,7 @@ def probe_chain(m: int, width: int, cfgs: list[GemmConfig]) -> list[dict[str, An
         y.fill_(float("nan"))
         r = {"m": m, "width": width, "variant": f"chain kfuse {cfg.describe()}", "floor_ms": floor}
         try:
-            r["rel_err"] = rel_err(run(), ref)
+            r["rel_err"] = max_rel_err(run(), ref)
             r["ms"] = graph_ms(run)
             x_floor = r["ms"] / floor
             print(f"  chain M{m} {r['variant']:40s} {r['ms'] * 1e3:7.1f} us ({x_floor:.2f}x floor) err {r['rel_err']:.2e}", flush=True)

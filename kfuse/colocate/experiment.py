@@ -29,9 +29,7 @@ from kfuse.colocate.scheduler import (
     poisson_arrivals,
     run_policy,
 )
-from kfuse.colocate.scheduler import (
-    version_name as _vname,
-)
+from kfuse.colocate.scheduler import version_name as _vname
 
 
 def overlap_rates(backend: Backend, prof: Profile, be: str, top: int = 3) -> list[dict[str, Any]]:

@@ -403,7 +403,6 @@ def merge_runs(runs: Sequence[RunResult]) -> RunResult:
             acc = out.fused_by_key.setdefault(k, [0.0] * len(v))
             for j, x in enumerate(v):
                 acc[j] += x
-    for r in runs:
         for k, v in r.decisions.items():
             out.decisions[k] = out.decisions.get(k, 0) + v
     out.delegated = all(r.delegated for r in runs)

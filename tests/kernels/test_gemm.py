@@ -420,15 +420,19 @@ print(json.dumps({"HGMMA": sass.count("HGMMA"), "UTMALDG": sass.count("UTMALDG")
 """
 
 
-def _sass_persistent(bm, bn, warps, stages, ws, flat, tma_store):
+def _run_sass_script(script, args):
+    """Run an offline sm_90 compile script in a fresh process (no interpreter); its last stdout line is JSON."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    args = json.dumps([bm, bn, warps, stages, ws, flat, tma_store])
-    r = subprocess.run([sys.executable, "-c", _SASS_PERSISTENT_SCRIPT, args], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", script, json.dumps(args)], capture_output=True, text=True, env=env, timeout=300)
     if r.returncode != 0 and "cuobjdump" in r.stderr and "No such file" in r.stderr:
         pytest.skip("the triton wheel has no cuobjdump")
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _sass_persistent(bm, bn, warps, stages, ws, flat, tma_store):
+    return _run_sass_script(_SASS_PERSISTENT_SCRIPT, [bm, bn, warps, stages, ws, flat, tma_store])
 
 
 @pytest.mark.parametrize("tma_store", [False, True], ids=["pointer_store", "tma_store"])
@@ -575,9 +579,6 @@ with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
     f.write(k.asm["cubin"])
 sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
 usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-# the hot loop: the span of the last backward branch (the row-tile loop), where B must not be loaded
-lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
-branch = max(i for i, ln in enumerate(lines) if "BRA" in ln and "HGMMA" in "".join(lines[:i]))
 cfg = GemmConfig(bm, bn, bk, 1, warps, stages, tma=True, resident_b=True)
 print(json.dumps({"HGMMA": sass.count("HGMMA"), "UTMALDG": sass.count("UTMALDG"), "UTMASTG": sass.count("UTMASTG"),
                   "STL": sass.count(" STL"), "LOCAL": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
@@ -589,14 +590,7 @@ def test_sass_resident_b_on_sm90():
     """The tuner's best resident config at M x 256 x 256 on sm_90: wgmma, TMA loads and stores, no
     spills, and the shared memory it asks for is ``resident_smem_bytes`` (B once + 4 A tiles +
     the staged C tile: 212992 B) plus at most 2 KB of barriers, under the H200's 232448 B."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", _SASS_RESIDENT_SCRIPT, json.dumps([64, 128, 256, 4, 4])], capture_output=True, text=True,
-                       env=env, timeout=300)  # fmt: skip
-    if r.returncode != 0 and "cuobjdump" in r.stderr and "No such file" in r.stderr:
-        pytest.skip("the triton wheel has no cuobjdump")
-    assert r.returncode == 0, r.stderr[-2000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = _run_sass_script(_SASS_RESIDENT_SCRIPT, [64, 128, 256, 4, 4])
     assert got["HGMMA"] > 0 and got["UTMALDG"] > 0 and got["UTMASTG"] > 0 and got["STL"] == 0 and got["LOCAL"] == 0, got
     assert got["estimate"] == 212992 and got["estimate"] <= got["shared"] <= got["estimate"] + 2048 <= 232448, got
 
