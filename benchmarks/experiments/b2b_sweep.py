@@ -137,6 +137,25 @@ def gemm_configs(widths: tuple[int, int, int]) -> list[b2b.B2BConfig]:
     return out
 
 
+def chunked_configs(widths: tuple[int, int, int]) -> list[b2b.B2BConfig]:
+    """``b2b_chunked_kernel`` tilings of a two-stage chain with K0, N1 <= 256: 64 / 128-row tiles
+    (one or two warpgroups; 128 rows on 4 warps spill), hidden chunks of 32-128 columns, 2-4
+    chunk buffers, one program per tile or a persistent grid of 1-2 per SM. Only those whose
+    shared memory (x tile + buffers of both weight chunks) fits the H200's 227 KB."""
+    k0, n0, n1 = widths
+    if b2b.chunked_eligible(False, [n0, n1], k0) is not None:
+        return []
+    bk, bn = b2b.pad_width(k0), b2b.pad_width(n1)
+    out = []
+    for bm, bh, s, per in itertools.product((64, 128), (32, 64, 128), (2, 3, 4), (0, 1, 2)):
+        smem = 2 * (bm * bk + s * bh * (bk + bn))
+        if smem > 227 * 1024 or (per == 2 and 2 * smem > 227 * 1024) or bh > b2b.pad_width(n0):
+            continue
+        w = 8 if bm == 128 else 4
+        out.append(b2b.B2BConfig(bm, bk, bn, w, s, "chunked", persistent=per > 0, programs_per_sm=max(per, 1), block_h=bh))
+    return out
+
+
 def _sweep(chain: b2b.Chain, args_of: Any, cfgs: list[b2b.B2BConfig], ref: torch.Tensor, deadline: float) -> dict[str, Any]:
     g = args_of()
 
@@ -167,6 +186,7 @@ def main() -> None:
     ap.add_argument("--persistent", action="store_true", help="conv chains: also the persistent TMA kernel (1-2 programs per SM)")
     ap.add_argument("--conv-cases", default="", help="comma list of conv case names to keep")
     ap.add_argument("--gemm-cases", default="", help="e.g. 262144:64x128x64,1048576:128x128x128 (default: the built-in four)")
+    ap.add_argument("--chunked-only", action="store_true", help="GEMM chains: only b2b_chunked_kernel's configs")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, a few configs, on the CPU")
     a = ap.parse_args()
     dev, dt = ("cpu", torch.float32) if a.smoke else ("cuda", torch.float16)
@@ -225,7 +245,7 @@ def main() -> None:
             def args_of(chain=chain, x=x, w0=w0, w1=w1, b0=b0, b1=b1) -> b2b.B2BArgs:
                 return b2b.prepare(chain, x, [w0, w1], [b0, b1], [[], []])
 
-            cfgs = gemm_configs((k0, n0, n1))
+            cfgs = chunked_configs((k0, n0, n1)) + ([] if a.chunked_only else gemm_configs((k0, n0, n1)))
             flops, nbytes = 2.0 * m * (k0 * n0 + n0 * n1), 2.0 * m * (k0 + n1)
         with torch.no_grad():
             ref_ms, ref = graph_ms_per_call(ref_fn, (), calls=20, rep=15)

@@ -37,6 +37,8 @@ _CONSTEXPRS = (
     "BNI",
     "BH",
     "BW",
+    "BLOCK_H",
+    "MASK_H",
 )
 _TT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -84,13 +86,20 @@ def compile_asm(
         jf = mod.b2b_conv_tma_persistent_kernel if cfg.persistent else mod.b2b_conv_tma_kernel
     elif tma:
         jf = mod.b2b_tma_kernel
+    chunked = cfg.residence == "chunked"
+    if chunked:  # TMA descriptors for x, both weights and the output; K0 in one step
+        jf = mod.b2b_chunked_kernel
+        cfg = replace(cfg, block_k=pad_width(min(widths_k0, 256)))
     t = _TT[dtype]
     sig: dict[str, str] = {}
     const: dict[str, Any] = {}
     divisible: list[str] = []
     block_n = min(cfg.block_n, pad_width(widths[-1]))
     for name in jf.arg_names:
-        if name in ("x_desc", "out_desc"):
+        if name in ("w0_desc", "w1_desc"):
+            box = f"{cfg.block_k}, {cfg.block_h}" if name == "w0_desc" else f"{cfg.block_h}, {block_n}"
+            sig[name] = f"tensordesc<{t}[{box}]>"
+        elif name in ("x_desc", "out_desc"):
             inner = cfg.block_k if name == "x_desc" else block_n
             rows = f"{cfg.tile_n}, {cfg.tile_h}, {cfg.block_m // (cfg.tile_h * cfg.tile_n)}" if conv_tma else f"{cfg.block_m}"
             sig[name] = f"tensordesc<{t}[{rows}, {inner}]>"
@@ -113,6 +122,8 @@ def compile_asm(
         const.update(NUM_PROGRAMS=264, TILE_STAGES=cfg.num_stages)
     if tma:
         const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, TILE_STAGES=cfg.num_stages, PDL=cfg.pdl)
+    if chunked:
+        const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, BLOCK_H=cfg.block_h, MASK_H=widths[0] % cfg.block_h != 0, PDL=cfg.pdl)
     if conv_tma:
         const.update(BNI=cfg.tile_n, BH=cfg.tile_h, BW=cfg.block_m // (cfg.tile_h * cfg.tile_n))
         if cfg.persistent:

@@ -11,7 +11,9 @@ import torch
 from kfuse.kernels.epilogue import Epilogue
 
 MAX_RESIDENT = 256  # widest intermediate a program keeps resident (N0 <= 256, issue 5)
-RESIDENCES = ("register", "smem")
+# "chunked": the intermediate is produced and consumed BLOCK_H columns at a time (two-stage GEMM
+# chains, ``b2b_chunked_kernel``), so it is never whole on chip and its width is not bounded
+RESIDENCES = ("register", "smem", "chunked")
 
 
 def pad_width(n: int) -> int:
@@ -88,6 +90,9 @@ class B2BConfig:
     # measured 7-40% slower on the H200 (session 8), so the candidates keep the default; a knob
     # for experiments/b2b_sweep.py --n-stages
     n_stages: int = 0
+    # with ``residence="chunked"``: the intermediate's column chunk (stage 0's N step = stage 1's
+    # K step); the chunk loop is pipelined ``num_stages`` deep
+    block_h: int = 64
 
     def describe(self) -> str:
         d = f"{self.residence} m{self.block_m} k{self.block_k} n{self.block_n} w{self.num_warps} s{self.num_stages}"
@@ -100,9 +105,11 @@ class B2BConfig:
             d += f" tma x{self.programs_per_sm}" + (" pdl" if self.pdl else "")
         if self.n_stages:
             d += f" ns{self.n_stages}"
+        if self.residence == "chunked":
+            d += f" h{self.block_h}" + (f" x{self.programs_per_sm}" if self.persistent else "") + (" pdl" if self.pdl else "")
         return d
 
     def as_dict(self) -> dict[str, Any]:
         keys = ("block_m", "block_k", "block_n", "num_warps", "num_stages", "residence", "persistent", "preload", "tma", "programs_per_sm",
-                "tile_h", "tile_n", "pdl", "n_stages")  # fmt: skip
+                "tile_h", "tile_n", "pdl", "n_stages", "block_h")  # fmt: skip
         return {k: getattr(self, k) for k in keys}

@@ -81,8 +81,6 @@ def prepare(
     for s in range(1, L):
         if packed[s].shape[0] != widths[s - 1]:
             raise ValueError(f"b2b: stage {s} takes K={packed[s].shape[0]}, stage {s - 1} makes N={widths[s - 1]}")
-        if widths[s - 1] > MAX_RESIDENT:
-            raise ValueError(f"b2b: intermediate width {widths[s - 1]} exceeds the resident limit {MAX_RESIDENT}")
     for s, st in enumerate(chain.stages):
         if len(extras[s]) != st.epilogue.n_inputs:
             raise ValueError(f"b2b: stage {s} epilogue expects {st.epilogue.n_inputs} extra inputs, got {len(extras[s])}")
@@ -132,6 +130,9 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         raise ValueError("b2b: tensors of 2**31 elements or more need 64-bit indexing (not in this template)")
     if cfg.residence not in RESIDENCES:
         raise ValueError(f"b2b: residence must be one of {RESIDENCES}, got {cfg.residence!r}")
+    chunked = cfg.residence == "chunked"
+    if not chunked and max(g.widths[:-1]) > MAX_RESIDENT:
+        raise ValueError(f"b2b: intermediate width {max(g.widths[:-1])} exceeds the resident limit {MAX_RESIDENT} ('chunked' has none)")
     grid: tuple[int, ...]
     out = g.out
     o4 = out if out.dim() == 4 else out.reshape(m, g.widths[-1])[:, :, None, None]
@@ -161,7 +162,20 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         conv_descs = _conv_tma_descriptors(chain, g, narrow, block_n)
         cfg = narrow if conv_descs is not None else cfg
     descs = _tma_descriptors(chain, g, cfg, block_n) if cfg.persistent and cfg.tma and single["SINGLE_K"] and single["SINGLE_N"] else None
-    if conv_descs is not None:
+    if chunked:
+        if g.widths[-1] > block_n:
+            raise ValueError(f"b2b: chunked residence needs the last width {g.widths[-1]} in one tile (block_n {cfg.block_n})")
+        kernel = _module(chain).b2b_chunked_kernel
+        block_k = pad_width(c)
+        ptrs[0], ptrs[1], ptrs[2], ptrs[3] = _chunked_descriptors(chain, g, cfg, block_k, block_n)
+        n_prog = min(tiles, cfg.programs_per_sm * _num_sms(g.x.device)) if cfg.persistent else tiles
+        grid = (n_prog,)
+        pdl = cfg.pdl and not interpreting()
+        single.update(NUM_PROGRAMS=n_prog, BLOCK_H=cfg.block_h, MASK_H=g.widths[0] % cfg.block_h != 0, PDL=pdl)
+        cfg = replace(cfg, block_k=block_k)
+        if pdl:
+            single["launch_pdl"] = True
+    elif conv_descs is not None:
         ptrs[0], ptrs[len(chain.stages) + 1] = conv_descs
         bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "b2b", cfg.tile_n)
         n_sp = -(-nb // cfg.tile_n) * -(-oh // bh) * -(-ow // bw)
@@ -228,6 +242,45 @@ def _tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> 
     x_desc = TensorDescriptor(x2, [m, k0], [k0, 1], [cfg.block_m, cfg.block_k])
     out_desc = TensorDescriptor(out2, [m, n_last], [n_last, 1], [cfg.block_m, block_n])
     return x_desc, out_desc
+
+
+def chunked_eligible(conv: bool, widths: list[int], k0: int, elem_bytes: int = 2) -> str | None:
+    """Why ``b2b_chunked_kernel`` cannot run a chain, or None when it can: two GEMM stages, K0 and
+    the last width in one tile each (<= 256, TMA's box limit), and every row of x, the weights and
+    the output a multiple of 16 bytes (TMA's stride rule)."""
+    if conv or len(widths) != 2:
+        return "chunked residence is for two-stage GEMM chains"
+    if k0 > 256 or widths[-1] > 256:
+        return f"chunked residence needs K0 <= 256 and N1 <= 256 (got {k0}, {widths[-1]})"
+    if any((d * elem_bytes) % 16 for d in (k0, *widths)):
+        return f"chunked residence needs 16-byte rows (K0 {k0}, widths {widths})"
+    return None
+
+
+def _chunked_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_k: int, block_n: int) -> tuple[Any, Any, Any, Any]:
+    """Host TMA descriptors of x (M, K0), W0 (K0, N0), W1 (N0, N1) and out (M, N1) for
+    ``b2b_chunked_kernel``; raises when the chain or the GPU cannot run it."""
+    m, k0 = g.dims[0], g.dims[1]
+    why = chunked_eligible(chain.conv, g.widths, k0, g.x.element_size())
+    if why is None and (g.x.dtype not in _TL or not tma_device(g.x)):
+        why = "chunked residence needs TMA (Hopper or later) and fp16/bf16/fp32"
+    if why is None and not all(w.is_contiguous() for w in g.weights):
+        why = "chunked residence needs contiguous packed weights"
+    x2 = g.x[:, :, 0, 0]
+    out2 = g.out.reshape(m, g.widths[-1])
+    if why is None and (x2.stride(0) != k0 or x2.stride(1) != 1 or any(t.data_ptr() % 16 for t in (x2, out2, *g.weights))):
+        why = "chunked residence needs dense, 16-byte aligned x and output"
+    if why is not None:
+        raise ValueError(f"b2b: {why}")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    n0, n1 = g.widths
+    return (
+        TensorDescriptor(x2, [m, k0], [k0, 1], [cfg.block_m, block_k]),
+        TensorDescriptor(g.weights[0], [k0, n0], [n0, 1], [block_k, cfg.block_h]),
+        TensorDescriptor(g.weights[1], [n0, n1], [n1, 1], [cfg.block_h, block_n]),
+        TensorDescriptor(out2, [m, n1], [n1, 1], [cfg.block_m, block_n]),
+    )
 
 
 def conv_tma_block_k(cfg: B2BConfig, c: int) -> int:

@@ -94,6 +94,8 @@ def kernel_source(chain: Chain) -> str:
         src += ["", "", *_conv_tma_kernel(chain, params, persistent=True)]
     else:
         src += ["", "", *_tma_kernel(chain, ptrs, params)]
+        if L == 2:
+            src += ["", "", *_chunked_kernel(chain, params)]
     return "\n".join(src) + "\n"
 
 
@@ -165,6 +167,58 @@ def _tma_kernel(chain: Chain, ptrs: list[str], params: list[str]) -> list[str]:
             ]
         src += [_stage_tail(chain, s, "offs_n", "mask_n", 8, preloaded=True), "        prev_mask = mask_n"]
     src += [f"        out_desc.store([off, 0], acc.to({out_t}))"]
+    return [ln for chunk in src for ln in chunk.split("\n")]
+
+
+def _chunked_kernel(chain: Chain, params: list[str]) -> list[str]:
+    """``b2b_chunked_kernel``: a two-stage GEMM chain with the intermediate produced and consumed
+    BLOCK_H columns at a time, the loop of FlashAttention's forward pass without the softmax:
+
+        for each chunk j:  h_j = epilogue0(x_tile @ W0[:, j]);  acc += h_j @ W1[j, :]
+
+    The x tile (K0 in one step) and the output accumulator (N1 in one tile) stay on chip for the
+    whole loop; only a BLOCK_M x BLOCK_H slice of the intermediate ever exists, in registers (the
+    A operand of the second product). A 256 -> 256 -> 256 chain thus holds 128 + 32 accumulator
+    registers a thread instead of 2 x 128, and the intermediate's width is not bounded by what a
+    program can hold. Stage 0's epilogue must be elementwise (each chunk is finished alone).
+    x, the weights and the output move by TMA (host descriptors; zero fill past K0, N0 and N1
+    pads every dimension); the chunk loop is what Triton's pipeliner multi-buffers (num_stages).
+    ``NUM_PROGRAMS``: the grid; fewer programs than row tiles loop over them (persistent)."""
+    sig = [p.replace("x_ptr", "x_desc").replace("out_ptr", "out_desc").replace("w0_ptr", "w0_desc").replace("w1_ptr", "w1_desc")
+           for p in params]  # fmt: skip
+    mid_t = _tl_dtype(chain.stages[0].out_dtype)
+    out_t = _tl_dtype(chain.stages[1].out_dtype)
+    consts = "    NUM_PROGRAMS: tl.constexpr, BLOCK_H: tl.constexpr, MASK_H: tl.constexpr, PDL: tl.constexpr,"
+    src = ["@triton.jit", "def b2b_chunked_kernel(", *sig, consts, "):"]
+    src += [
+        "    M = NB",
+        "    oh = 0",
+        "    ow = 0",
+        "    if PDL:  # as in b2b_tma_kernel: nothing a previous kernel writes is touched before the wait",
+        "        tl.extra.cuda.gdc_wait()",
+        "        tl.extra.cuda.gdc_launch_dependents()",
+        "    for tile in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), NUM_PROGRAMS, num_stages=1):",
+        "        off = tile * BLOCK_M",
+        "        offs_m = off + tl.arange(0, BLOCK_M)",
+        "        mask_m = offs_m < M",
+        "        n_idx = tl.where(mask_m, offs_m, 0)",
+        "        a = x_desc.load([off, 0])",
+        "        acc_o = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        "        for h0 in tl.range(0, N0, BLOCK_H, num_stages=N_STAGES):",
+        "            offs_n = h0 + tl.arange(0, BLOCK_H)",
+        "            mask_n = offs_n < N0",
+        "            acc = tl.dot(a, w0_desc.load([0, h0]), input_precision=PREC)",
+        _stage_tail(chain, 0, "offs_n", "mask_n", 12),
+        "            if MASK_H:  # the last chunk's columns past N0 (the epilogue of a zero need not be zero)",
+        f"                h = tl.where(mask_n[None, :], acc, 0.0).to({mid_t})",
+        "            else:",
+        f"                h = acc.to({mid_t})",
+        "            acc_o = tl.dot(h, w1_desc.load([h0, 0]), acc_o, input_precision=PREC)",
+        "        offs_o = tl.arange(0, BLOCK_N)",
+        "        mask_o = offs_o < N1",
+        _stage_tail(chain, 1, "offs_o", "mask_o", 8, acc="acc_o"),
+        f"        out_desc.store([off, 0], acc_o.to({out_t}))",
+    ]
     return [ln for chunk in src for ln in chunk.split("\n")]
 
 
