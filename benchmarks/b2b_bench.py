@@ -145,36 +145,38 @@ def _record_common(c: Any, out: Any, ref: Any) -> dict[str, Any]:
 
 def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[dict[str, Any]]:
     ms, widths = SMOKE_GEMM if args.smoke else (GEMM_M, GEMM_WIDTHS)
+    cases = [(m, w) for m in ms for w in widths]
+    if args.gemm_cases:  # "M:K0xN0xN1,..."
+        cases = [(int(m), tuple(int(v) for v in w.split("x"))) for m, w in (c.split(":") for c in args.gemm_cases.split(","))]
     recs = []
     deadline = time.perf_counter() + SECTION_S["gemm"] * args.budget_scale
-    for m in ms:
-        for k0, n0, n1 in widths:
-            case = f"M{m}_{k0}x{n0}x{n1}"
-            if time.perf_counter() > deadline:
-                _log(f"[b2b_gemm] {case} skipped: section time budget used up")
-                continue
-            _log(f"[b2b_gemm] {case}")
-            try:
-                model = _mlp2(k0, n0, n1, dtype, device)
-                x = torch.randn(m, k0, device=device, dtype=dtype)
-                autotune = (m, (k0, n0, n1)) in AUTOTUNE_CASES and not args.no_autotune
-                base, outs, notes, extra = _baselines(model, x, autotune, args.rep, args.smoke, args.graph_calls)
-                k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, b2b_pdl=args.pdl)
-                k1_ms = _one_call_graph_ms(c, x, args.rep)
-                u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
-                ref = outs.get("eager")
-                flops = 2.0 * m * (k0 * n0 + n0 * n1)
-                nbytes = 2.0 * (m * (k0 + n1) + k0 * n0 + n0 * n1 + n0 + n1)
-                rec = make_record(
-                    "b2b_gemm", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
-                    kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
-                    kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra,
-                    m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c), kernels=_kernels(c), unfused_kernels=_kernels(u_c),
-                )  # fmt: skip
-                recs.append(rec)
-                _log(f"  kfuse {k_ms:.4f} ms (call {call_ms:.4f}), unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
-            except Exception as e:  # one failing case does not stop the others
-                _log(f"  FAILED {case}: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
+    for m, (k0, n0, n1) in cases:
+        case = f"M{m}_{k0}x{n0}x{n1}"
+        if time.perf_counter() > deadline:
+            _log(f"[b2b_gemm] {case} skipped: section time budget used up")
+            continue
+        _log(f"[b2b_gemm] {case}")
+        try:
+            model = _mlp2(k0, n0, n1, dtype, device)
+            x = torch.randn(m, k0, device=device, dtype=dtype)
+            autotune = (m, (k0, n0, n1)) in AUTOTUNE_CASES and not args.no_autotune
+            base, outs, notes, extra = _baselines(model, x, autotune, args.rep, args.smoke, args.graph_calls)
+            k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, b2b_pdl=args.pdl)
+            k1_ms = _one_call_graph_ms(c, x, args.rep)
+            u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
+            ref = outs.get("eager")
+            flops = 2.0 * m * (k0 * n0 + n0 * n1)
+            nbytes = 2.0 * (m * (k0 + n1) + k0 * n0 + n0 * n1 + n0 + n1)
+            rec = make_record(
+                "b2b_gemm", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
+                kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
+                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra,
+                m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c), kernels=_kernels(c), unfused_kernels=_kernels(u_c),
+            )  # fmt: skip
+            recs.append(rec)
+            _log(f"  kfuse {k_ms:.4f} ms (call {call_ms:.4f}), unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
+        except Exception as e:  # one failing case does not stop the others
+            _log(f"  FAILED {case}: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
     return recs
 
 
@@ -279,6 +281,7 @@ def main() -> None:
     ap.add_argument("--rep", type=int, default=30)
     ap.add_argument("--pdl", action="store_true", help="GEMM chains: also measure programmatic dependent launch (Options.b2b_pdl)")
     ap.add_argument("--graph-calls", type=int, default=20, help="back-to-back calls per CUDA graph for kfuse and eager_cudagraph")
+    ap.add_argument("--gemm-cases", default="", help="GEMM chains to run instead of the matrix, e.g. 262144:64x1024x64,1048576:256x256x256")
     ap.add_argument("--budget-scale", type=float, default=1.0, help="scale the per-section time budgets (default 175 s in all)")
     args = ap.parse_args()
     args.command = "PYTHONPATH=. python benchmarks/b2b_bench.py " + " ".join(sys.argv[1:])

@@ -7,7 +7,9 @@ A link ``P -> C`` (C reads P's result as its A operand / input image) joins a ch
 * P's result has no other reader and is not a graph output (the intermediate never needs to
   exist in global memory),
 * both weights are constant 2-D matrices (GEMM) / 4-D filters (conv), in the intermediate's dtype,
-* threadblock residence holds: P's width N0 <= ``MAX_RESIDENT`` (256),
+* threadblock residence holds: P's width N0 <= ``MAX_RESIDENT`` (256), or the chain is two
+  GEMMs whose intermediate can be made and consumed in column chunks (``b2b_chunked_kernel``:
+  K0 and N1 <= 256, 16-byte rows; any N0), and then it stops at two stages,
 * conv chains: C is a 1x1 convolution with stride 1, no padding, groups 1 (P may be any KxK).
 
 Chains grow link by link (MLPs of 3+ layers fuse as far as every intermediate is resident).
@@ -27,7 +29,7 @@ import torch
 
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, ValueType
-from kfuse.kernels.b2b import MAX_RESIDENT, Chain, Stage
+from kfuse.kernels.b2b import MAX_RESIDENT, Chain, Stage, chunked_eligible
 from kfuse.kernels.codegen import as_pair
 
 STAGE_OPS = ("gemm_epilogue", "conv_epilogue")
@@ -78,8 +80,24 @@ def _stage_reason(node: Node, g: Graph, first: bool) -> str | None:
     return None
 
 
-def _link_reason(p: Node, c: Node, g: Graph, users: dict[str, list[Node]]) -> str | None:
-    """Why the link ``p -> c`` does not fuse (None: it does)."""
+def _wide_reason(p: Node, c: Node, g: Graph, first_link: bool) -> str | None:
+    """Why an intermediate wider than ``MAX_RESIDENT`` cannot be made and consumed in column
+    chunks (``b2b_chunked_kernel``), or None when it can: a two-stage GEMM chain (the link is
+    the chain's first, and the chain ends with it) with K0 and N1 in one tile and 16-byte rows."""
+    width = _width(p)
+    why = f"N0={width} of {p.name} > {MAX_RESIDENT}: no threadblock residence"
+    if p.op != "gemm_epilogue":
+        return why + " (chunked residence: GEMM chains only)"
+    if not first_link:
+        return why + " (chunked residence: only a chain's first link)"
+    k0 = int(g.constants[p.inputs[1]].shape[0])
+    n1 = int(c.ttype.shape[-1])
+    chunk_why = chunked_eligible(False, [int(width), n1], k0, p.ttype.dtype.itemsize)
+    return None if chunk_why is None else f"{why}, and {chunk_why}"
+
+
+def _link_reason(p: Node, c: Node, g: Graph, users: dict[str, list[Node]], first_link: bool = True) -> str | None:
+    """Why the link ``p -> c`` does not fuse (None: it does). ``first_link``: ``p`` starts the chain."""
     if p.op != c.op:
         return f"{p.op} -> {c.op}: mixed GEMM/conv chain"
     readers = users.get(p.name, [])
@@ -93,11 +111,17 @@ def _link_reason(p: Node, c: Node, g: Graph, users: dict[str, list[Node]]) -> st
         return why
     width = p.ttype.shape[1] if p.op == "conv_epilogue" else p.ttype.shape[-1]
     if width > MAX_RESIDENT:
-        return f"N0={width} of {p.name} > {MAX_RESIDENT}: no threadblock residence"
+        why = _wide_reason(p, c, g, first_link)
+        if why:
+            return why
     wc = g.constants[c.inputs[1]]
     if wc.dtype != p.ttype.dtype:
         return f"weight of {c.name} is {wc.dtype}, intermediate {p.name} is {p.ttype.dtype}"
     return None
+
+
+def _width(n: Node) -> int:
+    return int(n.ttype.shape[1] if n.op == "conv_epilogue" else n.ttype.shape[-1])
 
 
 def _n_conv_inputs(n: Node) -> int:
@@ -163,11 +187,15 @@ def fuse_b2b(graph: Graph) -> Graph:
             if len(nxt) > 1:
                 reasons[chain[-1].name] = f"intermediate {chain[-1].name} is used {len(users.get(chain[-1].name, []))} times"
                 break
-            why = _link_reason(chain[-1], nxt[0], graph, users)
+            why = _link_reason(chain[-1], nxt[0], graph, users, first_link=len(chain) == 1)
             if why:
                 reasons[chain[-1].name] = why
                 break
             chain.append(nxt[0])
+            if _width(chain[0]) > MAX_RESIDENT:  # chunked residence: a two-stage chain
+                if nxt[0].name in consumers:
+                    reasons[nxt[0].name] = f"{chain[0].name}'s intermediate is chunked (> {MAX_RESIDENT} wide): two stages only"
+                break
         if len(chain) >= 2:
             chains.append(chain)
             taken.update(n.name for n in chain)

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from cubin_facts import sass_facts
 
 from kfuse.kernels import b2b
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
@@ -139,8 +140,9 @@ def test_conv_chain(
 def test_clear_errors() -> None:
     chain = b2b.Chain((b2b.Stage(_epi("none"), torch.float32), b2b.Stage(_epi("none"), torch.float32)))
     x = torch.randn(4, 8)
-    with pytest.raises(ValueError, match="resident limit"):
-        b2b.b2b_chain(chain, x, [torch.randn(8, 512), torch.randn(512, 8)], [None, None], [[], []])
+    with pytest.raises(ValueError, match="resident limit"):  # 512 wide in a three-stage chain: not chunked
+        three = b2b.Chain(chain.stages + chain.stages[:1])
+        b2b.b2b_chain(three, x, [torch.randn(8, 512), torch.randn(512, 8), torch.randn(8, 8)], [None] * 3, [[], [], []])
     with pytest.raises(ValueError, match="stage 1 takes K=16"):
         b2b.b2b_chain(chain, x, [torch.randn(8, 32), torch.randn(16, 8)], [None, None], [[], []])
     with pytest.raises(ValueError, match="expects 1 extra"):
@@ -369,3 +371,70 @@ def test_sm90_tma_kernel_with_pdl_waits_before_touching_activations() -> None:
     assert ptx.rfind("ld.global") < wait, "a global load (a bias vector) after the wait, i.e. in the tile loop"
     plain = b2b.compile_asm(chain, [128, 64], dataclasses.replace(cfg, pdl=False), torch.float16, 90, (1, 1), 64, True)["ptx"]
     assert "griddepcontrol" not in plain
+
+
+def _chunk(bm: int, bk: int, bn: int, stages: int, bh: int, persistent: bool = False) -> b2b.B2BConfig:
+    return b2b.B2BConfig(bm, bk, bn, 4, stages, "chunked", persistent=persistent, block_h=bh)
+
+
+CHUNKED_CASES = [
+    # m, k0, widths, epilogues, config, dtype. N0 past 256 (no other residence could run it), N0 not
+    # a multiple of the chunk (the last chunk's columns masked), stage 0 with a full residual tile
+    # (not a row vector), a persistent grid whose programs loop over several row tiles, M < a tile
+    (77, 32, [96, 48], ["bias_relu", "none"], _chunk(16, 32, 64, 2, 32), torch.float16),
+    (130, 64, [80, 40], ["residual_sigmoid", "bias_gelu"], _chunk(32, 32, 64, 2, 32, True), torch.float16),
+    (45, 24, [520, 16], ["bias_gelu", "residual_sigmoid"], _chunk(16, 32, 16, 2, 64), torch.float32),
+    (9, 16, [64, 24], ["scale_clamp", "bias_relu"], _chunk(16, 16, 32, 1, 16, True), torch.float16),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("m,k0,widths,epis,cfg,dtype", CHUNKED_CASES)
+def test_chunked_equals_reference(m: int, k0: int, widths: list[int], epis: list[str], cfg: b2b.B2BConfig, dtype: torch.dtype) -> None:
+    """b2b_chunked_kernel: the intermediate made and consumed BLOCK_H columns at a time equals the
+    stage-by-stage reference, on a NaN-poisoned output."""
+    torch.manual_seed(11)
+    chain = b2b.Chain(tuple(b2b.Stage(_epi(e), dtype) for e in epis))
+    x = torch.randn(m, k0).to(dtype)
+    dims = [k0, *widths]
+    ws = [(torch.randn(dims[i], dims[i + 1]) / dims[i] ** 0.5).to(dtype) for i in range(2)]
+    ex = [_extras(e, (m,), n, dtype) for e, n in zip(epis, widths, strict=True)]
+    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype)
+    got = b2b.b2b_chain(chain, x, ws, [None, None], ex, cfg, out=out)
+    _check(got, b2b.reference(chain, x, ws, [None, None], ex), dtype)
+
+
+def test_chunked_is_the_default_past_the_resident_width_and_refuses_what_it_cannot_run() -> None:
+    assert b2b.default_config(1000, [512, 64]).residence == "chunked"
+    assert all(c.residence == "chunked" for c in b2b.candidate_configs(1 << 18, [1024, 64], k0=64))
+    assert any(c.residence == "chunked" for c in b2b.candidate_configs(1 << 18, [256, 256], k0=256))
+    assert not any(c.residence == "chunked" for c in b2b.candidate_configs(1 << 18, [128, 128], k0=128))
+    assert b2b.chunked_eligible(False, [512, 64], 64) is None
+    assert "two-stage" in b2b.chunked_eligible(False, [64, 64, 64], 64)
+    assert "two-stage" in b2b.chunked_eligible(True, [64, 64], 64)
+    assert "K0 <= 256" in b2b.chunked_eligible(False, [512, 64], 512)
+    assert "16-byte" in b2b.chunked_eligible(False, [500, 64], 64)
+    chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
+    x = torch.randn(8, 16).half()
+    ws = [torch.randn(16, 300).half(), torch.randn(300, 16).half()]
+    with pytest.raises(ValueError, match="16-byte rows"):
+        b2b.b2b_chain(chain, x, ws, [None, None], [[torch.randn(300).half()], []])
+    with pytest.raises(ValueError, match="exceeds the resident limit"):
+        ws = [torch.randn(16, 512).half(), torch.randn(512, 16).half()]
+        b2b.b2b_chain(chain, x, ws, [None, None], [[torch.randn(512).half()], []], b2b.default_config(8, [512, 16], "register"))
+
+
+def test_sm90_chunked_kernel() -> None:
+    """Compiled for sm_90 at 256 -> 256 -> 256 with the default tiling: both products on wgmma
+    (the second from the intermediate chunk in registers), every operand moved by TMA (x, both
+    weights' chunks multi-buffered, the output), no st.global, no spills, and the shared memory
+    the sweep's estimate says (x tile + 2 buffers of both weight chunks)."""
+    chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("bias_relu"), torch.float16)))
+    cfg = dataclasses.replace(b2b.chunked_config([256, 256]), block_m=128, num_warps=8, num_stages=2, block_h=64)
+    asm = b2b.compile_asm(chain, [256, 256], cfg, torch.float16, 90, (1, 1), 256, True, None, True)
+    summary = b2b.ptx_summary(asm["ptx"])
+    assert summary["st.global"] == 0 and summary["wgmma_a_regs"] > 0, summary
+    assert asm["ptx"].count("cp.async.bulk.tensor.2d.shared") >= 3  # x and the two weight chunks
+    assert "cp.async.bulk.tensor.2d.global.shared" in asm["ptx"]
+    facts = sass_facts(asm["cubin"])
+    assert facts["STL"] == 0 and facts["LOCAL"] == 0 and facts["HGMMA"] > 0, facts
+    assert 2 * (128 * 256 + 2 * 64 * 512) <= asm["shared"] <= 227 * 1024

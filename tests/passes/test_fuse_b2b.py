@@ -87,9 +87,31 @@ def test_wide_intermediate_is_not_fused_and_chain_stops_there() -> None:
     chain = next(n for n in g.nodes if n.op == "b2b_chain")
     assert "N0=512" in chain.attrs["b2b_stopped"] and "> 256" in chain.attrs["b2b_stopped"]
     _close(ref, got)
-    g2, _, _ = _run(_mlp([512, 32]))
-    assert "b2b_chain" not in g2.op_counts()
-    assert any("N0=512" in r for r in _reasons(g2))
+
+
+def test_wide_intermediate_fuses_chunked_in_two_stage_chains() -> None:
+    """Past 256 columns a two-GEMM chain still fuses (the intermediate made and consumed in
+    column chunks); the chain then stops at two stages, and the lowering runs the chunked kernel."""
+    g, ref, got = _run(_mlp([512, 32]))
+    assert g.op_counts() == {"b2b_chain": 1}
+    _close(ref, got)
+    g3, ref3, got3 = _run(_mlp([512, 32, 16]))
+    assert g3.op_counts() == {"b2b_chain": 1, "gemm_epilogue": 1}
+    chain = next(n for n in g3.nodes if n.op == "b2b_chain")
+    assert list(chain.attrs["widths"]) == [512, 32] and "two stages only" in chain.attrs["b2b_stopped"]
+    _close(ref3, got3)
+    plan = lower(g, torch.device("cpu"), "triton-interpreter")
+    x = torch.randn(13, 24)
+    torch.testing.assert_close(execute(plan, [x])[0], reference_run(g, [x])[0], rtol=1e-3, atol=1e-3)
+    assert plan.steps[0].b2b["residence"] == "chunked"
+
+
+@pytest.mark.parametrize("widths,k0,why", [([512, 30], 24, "16-byte rows"), ([512, 32], 300, "K0 <= 256")])
+def test_wide_intermediate_that_cannot_be_chunked_is_not_fused(widths: list[int], k0: int, why: str) -> None:
+    g, ref, got = _run(_mlp(widths, k0=k0))
+    assert "b2b_chain" not in g.op_counts()
+    assert any("N0=512" in r and why in r for r in _reasons(g))
+    _close(ref, got)
 
 
 def test_weight_not_constant_is_not_fused() -> None:

@@ -43,13 +43,12 @@ the intermediates to their dtypes like the unfused graph).
 from __future__ import annotations
 
 from kfuse.kernels.b2b.asm import compile_asm, ptx_global_store_bases, ptx_summary
-from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, Stage, pad_width
-from kfuse.kernels.b2b.configs import candidate_configs, default_config
+from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, Stage, chunked_eligible, pad_width
+from kfuse.kernels.b2b.configs import candidate_configs, chunked_config, default_config
 from kfuse.kernels.b2b.launcher import (
     B2BArgs,
     ConvGeom,
     b2b_chain,
-    chunked_eligible,
     conv_tma_block_k,
     launch,
     pack_first,
@@ -70,6 +69,7 @@ __all__ = [
     "Stage",
     "b2b_chain",
     "candidate_configs",
+    "chunked_config",
     "chunked_eligible",
     "compile_asm",
     "conv_tma_block_k",

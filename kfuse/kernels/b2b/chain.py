@@ -24,6 +24,19 @@ def pad_width(n: int) -> int:
     return p
 
 
+def chunked_eligible(conv: bool, widths: list[int], k0: int, elem_bytes: int = 2) -> str | None:
+    """Why ``b2b_chunked_kernel`` cannot run a chain, or None when it can: two GEMM stages, K0 and
+    the last width in one tile each (<= 256, TMA's box limit), and every row of x, the weights and
+    the output a multiple of 16 bytes (TMA's stride rule)."""
+    if conv or len(widths) != 2:
+        return "chunked residence is for two-stage GEMM chains"
+    if k0 > 256 or widths[-1] > 256:
+        return f"chunked residence needs K0 <= 256 and N1 <= 256 (got {k0}, {widths[-1]})"
+    if any((d * elem_bytes) % 16 for d in (k0, *widths)):
+        return f"chunked residence needs 16-byte rows (K0 {k0}, widths {widths})"
+    return None
+
+
 def pad_constexprs(widths: list[int]) -> dict[str, int | bool]:
     """The kernels' constexprs for the intermediates (every width but the last): ``P<s>``, the
     resident tile width, and ``PADDED<s>``, whether it exceeds the width (padded columns to zero)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kfuse.kernels.b2b.chain import B2BConfig, pad_width
+from kfuse.kernels.b2b.chain import MAX_RESIDENT, B2BConfig, chunked_eligible, pad_width
 from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.tma import least_waste_tile
 
@@ -13,6 +13,8 @@ def default_config(m: int, widths: list[int], residence: str | None = None) -> B
     """A tile for the chain when nothing was measured. Register residence while the widest
     resident tile is at most 128 columns; wider tiles go through shared memory."""
     widest = max(pad_width(w) for w in widths[:-1])
+    if residence == "chunked" or (residence is None and len(widths) == 2 and widths[0] > MAX_RESIDENT):
+        return chunked_config(widths)
     res = residence or ("register" if widest <= 128 else "smem")
     last = min(pad_width(widths[-1]), 128)
     if interpreting():
@@ -22,6 +24,16 @@ def default_config(m: int, widths: list[int], residence: str | None = None) -> B
     if widest <= 128:
         return B2BConfig(64, 64, last, 4, 2, res)
     return B2BConfig(64, 32, min(last, 64), 8 if res == "smem" else 4, 2, res)
+
+
+def chunked_config(widths: list[int], block_m: int = 128, block_h: int = 64, persistent: bool = True) -> B2BConfig:
+    """``b2b_chunked_kernel``'s tiling: 128-row tiles on two warpgroups, 64-column chunks of the
+    intermediate double-buffered, one persistent program per SM (the best of the session-15 H200
+    sweep at 256 -> 256 -> 256, M = 64K-1M: 196 KB of shared memory with K0 = N1 = 256)."""
+    last = pad_width(widths[-1])
+    if interpreting():
+        return B2BConfig(16, 32, last, 4, 1, "chunked", block_h=min(block_h, 32))
+    return B2BConfig(block_m, 64, last, 8 if block_m == 128 else 4, 2, "chunked", persistent=persistent, programs_per_sm=1, block_h=block_h)
 
 
 def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: tuple[int, int, int] | None = None) -> list[B2BConfig]:
@@ -34,6 +46,15 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: t
     kernel's tiles of several images that cover it with the least waste (``least_waste_tile``)."""
     widest = max(pad_width(w) for w in widths[:-1])
     last = min(pad_width(widths[-1]), 128)
+    chunked: list[B2BConfig] = []
+    if k0 is not None and chunked_eligible(False, widths, k0) is None and widest >= 256:
+        # the intermediate in 64-column chunks (b2b_chunked_kernel): the only fused form past 256
+        # columns; at 256 it measured 0.184 ms against 0.224 for the whole-width tile (M = 262144)
+        # (and 64-row tiles with 32-column chunks, two programs per SM: 98 KB each at 256 wide)
+        chunked = [chunked_config(widths), chunked_config(widths, persistent=False)]
+        chunked.append(replace(chunked_config(widths, 64, 32), programs_per_sm=2))
+        if widths[0] > MAX_RESIDENT:
+            return list(dict.fromkeys(chunked))
     persistent: list[B2BConfig] = []
     if k0 is not None and k0 <= 128 and widths[-1] <= 128 and len(widths) <= 3:
         bk = max(16, pad_width(k0))
@@ -87,7 +108,7 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: t
             out += [replace(default_config(m, widths, "register"), preload=True)]
     else:
         out += [B2BConfig(64, 64, min(last, 64), 4, 2, "register"), B2BConfig(128, 32, min(last, 64), 8, 2, "smem")]
-    out += persistent
+    out += persistent + chunked
     if k0 is None:
         # conv chains: the Hopper kernel with TMA boxes (b2b_conv_tma_kernel; stride-1 NHWC
         # convs, else these run b2b_kernel). The best of the session-6 H200 sweep: 128-pixel tiles

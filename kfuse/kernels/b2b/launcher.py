@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, pad_constexprs, pad_width
+from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, chunked_eligible, pad_constexprs, pad_width
 from kfuse.kernels.b2b.configs import default_config
 from kfuse.kernels.b2b.source import _TL, _module
 from kfuse.kernels.codegen import interpreting
@@ -242,19 +242,6 @@ def _tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> 
     x_desc = TensorDescriptor(x2, [m, k0], [k0, 1], [cfg.block_m, cfg.block_k])
     out_desc = TensorDescriptor(out2, [m, n_last], [n_last, 1], [cfg.block_m, block_n])
     return x_desc, out_desc
-
-
-def chunked_eligible(conv: bool, widths: list[int], k0: int, elem_bytes: int = 2) -> str | None:
-    """Why ``b2b_chunked_kernel`` cannot run a chain, or None when it can: two GEMM stages, K0 and
-    the last width in one tile each (<= 256, TMA's box limit), and every row of x, the weights and
-    the output a multiple of 16 bytes (TMA's stride rule)."""
-    if conv or len(widths) != 2:
-        return "chunked residence is for two-stage GEMM chains"
-    if k0 > 256 or widths[-1] > 256:
-        return f"chunked residence needs K0 <= 256 and N1 <= 256 (got {k0}, {widths[-1]})"
-    if any((d * elem_bytes) % 16 for d in (k0, *widths)):
-        return f"chunked residence needs 16-byte rows (K0 {k0}, widths {widths})"
-    return None
 
 
 def _chunked_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_k: int, block_n: int) -> tuple[Any, Any, Any, Any]:
