@@ -139,15 +139,16 @@ def gemm_configs(widths: tuple[int, int, int]) -> list[b2b.B2BConfig]:
 
 def chunked_configs(widths: tuple[int, int, int]) -> list[b2b.B2BConfig]:
     """``b2b_chunked_kernel`` tilings of a two-stage chain with K0, N1 <= 256: 64 / 128-row tiles
-    (one or two warpgroups; 128 rows on 4 warps spill), hidden chunks of 32-128 columns, 2-4
-    chunk buffers, one program per tile or a persistent grid of 1-2 per SM. Only those whose
-    shared memory (x tile + buffers of both weight chunks) fits the H200's 227 KB."""
+    (one or two warpgroups; 128 rows on 4 warps spill), hidden chunks of 32-128 columns, 1-4
+    chunk buffers (one: no pipelining within a program, so that two programs fit an SM), one
+    program per tile or a persistent grid of 1-2 per SM. Only those whose shared memory (x tile
+    + buffers of both weight chunks) fits the H200's 227 KB."""
     k0, n0, n1 = widths
     if b2b.chunked_eligible(False, [n0, n1], k0) is not None:
         return []
     bk, bn = b2b.pad_width(k0), b2b.pad_width(n1)
     out = []
-    for bm, bh, s, per in itertools.product((64, 128), (32, 64, 128), (2, 3, 4), (0, 1, 2)):
+    for bm, bh, s, per in itertools.product((64, 128), (32, 64, 128), (1, 2, 3, 4), (0, 1, 2)):
         smem = 2 * (bm * bk + s * bh * (bk + bn))
         if smem > 227 * 1024 or (per == 2 and 2 * smem > 227 * 1024) or bh > b2b.pad_width(n0):
             continue

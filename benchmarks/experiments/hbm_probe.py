@@ -32,11 +32,11 @@ def main() -> None:
         n = mb * (1 << 20) // 2
         x = torch.randn(n, device="cuda", dtype=torch.float16)
         y = torch.empty_like(x)
-        acc = torch.empty((), device="cuda", dtype=torch.float32)
+        acc = torch.empty(1, device="cuda", dtype=torch.float32)
         cases = {
             "copy": (lambda: y.copy_(x), 2),
             "add": (lambda: torch.add(x, 1.0, out=y), 2),
-            "sum": (lambda: torch.sum(x, dtype=torch.float32, out=acc), 1),
+            "sum": (lambda: torch.sum(x.view(1, -1), dim=1, dtype=torch.float32, out=acc), 1),
             "fill": (lambda: y.fill_(1.0), 1),
         }
         for name, (fn, tensors) in cases.items():
