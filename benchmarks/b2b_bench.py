@@ -5,7 +5,8 @@ the lowering's decision and the configs it tried):
 
 * ``b2b_gemm.json``: y = relu(x @ W0^T + b0) @ W1^T + b1 (two ``nn.Linear``), fp16, M in
   {65536, 262144, 1048576}, widths K0/N0/N1 in {32/32/32, 64/64/64, 64/128/64, 128/128/128,
-  256/256/256}; also the unfused kfuse pair (``kfuse_unfused_ms``).
+  256/256/256}, and three chains with a 1024-wide intermediate (``GEMM_WIDE``); also the unfused
+  kfuse pair (``kfuse_unfused_ms``).
 * ``b2b_conv.json``: conv3x3(+bias) -> ReLU -> conv1x1(+bias) -> ReLU, fp16 channels-last,
   batch 64, 56x56 and 28x28, 64-512 channels; vs cuDNN eager, in a CUDA graph, torch.compile,
   and kfuse without b2b (the best unfused kfuse pair: two conv_epilogue kernels).
@@ -48,6 +49,8 @@ from kfuse.bench.harness import floor_ms, graph_ms_per_call, make_record, max_re
 
 GEMM_M = [262144, 65536, 1048576]  # the anchor M first: if the budget runs out, the rest is skipped
 GEMM_WIDTHS = [(32, 32, 32), (64, 64, 64), (64, 128, 64), (128, 128, 128), (256, 256, 256)]
+# wide intermediates (past 256 columns: chunked residence, session 15), run after the matrix
+GEMM_WIDE = [(262144, (64, 1024, 64)), (65536, (128, 1024, 128)), (262144, (256, 1024, 256))]
 AUTOTUNE_CASES = {(262144, (64, 64, 64)), (262144, (64, 128, 64))}  # max-autotune only here (compile time)
 SECTION_S = {"gemm": 95.0, "conv": 40.0, "mlp": 40.0}  # seconds per section within the 180 s budget
 CONV_CASES = [  # (case, batch, cin, hw, c0, c1)
@@ -145,7 +148,7 @@ def _record_common(c: Any, out: Any, ref: Any) -> dict[str, Any]:
 
 def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[dict[str, Any]]:
     ms, widths = SMOKE_GEMM if args.smoke else (GEMM_M, GEMM_WIDTHS)
-    cases = [(m, w) for m in ms for w in widths]
+    cases = [(m, w) for m in ms for w in widths] + ([] if args.smoke else GEMM_WIDE)
     if args.gemm_cases:  # "M:K0xN0xN1,..."
         cases = [(int(m), tuple(int(v) for v in w.split("x"))) for m, w in (c.split(":") for c in args.gemm_cases.split(","))]
     recs = []

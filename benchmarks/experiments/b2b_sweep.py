@@ -152,8 +152,9 @@ def chunked_configs(widths: tuple[int, int, int]) -> list[b2b.B2BConfig]:
         smem = 2 * (bm * bk + s * bh * (bk + bn))
         if smem > 227 * 1024 or (per == 2 and 2 * smem > 227 * 1024) or bh > b2b.pad_width(n0):
             continue
-        w = 8 if bm == 128 else 4
-        out.append(b2b.B2BConfig(bm, bk, bn, w, s, "chunked", persistent=per > 0, programs_per_sm=max(per, 1), block_h=bh))
+        # 64-row tiles also on two warpgroups (splitting the output's columns) when unbuffered
+        for w in (8,) if bm == 128 else ((4, 8) if s == 1 and bh >= 64 else (4,)):
+            out.append(b2b.B2BConfig(bm, bk, bn, w, s, "chunked", persistent=per > 0, programs_per_sm=max(per, 1), block_h=bh))
     return out
 
 

@@ -26,14 +26,21 @@ def default_config(m: int, widths: list[int], residence: str | None = None) -> B
     return B2BConfig(64, 32, min(last, 64), 8 if res == "smem" else 4, 2, res)
 
 
-def chunked_config(widths: list[int], block_m: int = 128, block_h: int = 64, persistent: bool = True) -> B2BConfig:
-    """``b2b_chunked_kernel``'s tiling: 128-row tiles on two warpgroups, 64-column chunks of the
-    intermediate double-buffered, one persistent program per SM (the best of the session-15 H200
-    sweep at 256 -> 256 -> 256, M = 64K-1M: 196 KB of shared memory with K0 = N1 = 256)."""
+def chunked_config(widths: list[int], k0: int = 256, block_m: int = 64, block_h: int = 128, stages: int = 1, persistent: bool = False,
+                   programs_per_sm: int = 1) -> B2BConfig:  # fmt: skip
+    """``b2b_chunked_kernel``'s tiling. The default is the best of the session-15 H200 sweep at
+    256 -> 256 -> 256 (M = 262144 and 1M, 34 tilings): 64-row tiles on one warpgroup, 128-column
+    chunks, no buffering (160 KB of shared memory: x tile + one chunk of each weight), one
+    program per row tile: 0.168 / 0.681 ms against 0.186 / 0.725 for 128-row tiles with two
+    64-column buffers. ``block_h`` shrinks until the buffers fit 227 KB."""
     last = pad_width(widths[-1])
     if interpreting():
         return B2BConfig(16, 32, last, 4, 1, "chunked", block_h=min(block_h, 32))
-    return B2BConfig(block_m, 64, last, 8 if block_m == 128 else 4, 2, "chunked", persistent=persistent, programs_per_sm=1, block_h=block_h)
+    bk = pad_width(k0)
+    while block_h > 16 and 2 * (block_m * bk + stages * block_h * (bk + last)) > 227 * 1024:
+        block_h //= 2
+    warps = 8 if block_m == 128 else 4
+    return B2BConfig(block_m, 64, last, warps, stages, "chunked", persistent=persistent, programs_per_sm=programs_per_sm, block_h=block_h)
 
 
 def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: tuple[int, int, int] | None = None) -> list[B2BConfig]:
@@ -50,9 +57,10 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: t
     if k0 is not None and chunked_eligible(False, widths, k0) is None and widest >= 256:
         # the intermediate in 64-column chunks (b2b_chunked_kernel): the only fused form past 256
         # columns; at 256 it measured 0.184 ms against 0.224 for the whole-width tile (M = 262144)
-        # (and 64-row tiles with 32-column chunks, two programs per SM: 98 KB each at 256 wide)
-        chunked = [chunked_config(widths), chunked_config(widths, persistent=False)]
-        chunked.append(replace(chunked_config(widths, 64, 32), programs_per_sm=2))
+        # the best three of the session-15 sweep: the default, 128-row tiles with two 64-column
+        # buffers on a persistent grid, 64-column chunks with two persistent programs per SM
+        chunked = [chunked_config(widths, k0), chunked_config(widths, k0, 128, 64, 2, persistent=True),
+                   chunked_config(widths, k0, 64, 64, 1, persistent=True, programs_per_sm=2)]  # fmt: skip
         if widths[0] > MAX_RESIDENT:
             return list(dict.fromkeys(chunked))
     persistent: list[B2BConfig] = []
