@@ -36,11 +36,11 @@ def chunked_config(widths: list[int], k0: int = 256, block_m: int = 64, block_h:
     last = pad_width(widths[-1])
     if interpreting():
         return B2BConfig(16, 32, last, 4, 1, "chunked", block_h=min(block_h, 32))
-    bk = pad_width(k0)
+    bk = pad_width(k0)  # K0 in one step (the launcher's x box)
     while block_h > 16 and 2 * (block_m * bk + stages * block_h * (bk + last)) > 227 * 1024:
         block_h //= 2
     warps = 8 if block_m == 128 else 4
-    return B2BConfig(block_m, 64, last, warps, stages, "chunked", persistent=persistent, programs_per_sm=programs_per_sm, block_h=block_h)
+    return B2BConfig(block_m, bk, last, warps, stages, "chunked", persistent=persistent, programs_per_sm=programs_per_sm, block_h=block_h)
 
 
 def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: tuple[int, int, int] | None = None) -> list[B2BConfig]:
