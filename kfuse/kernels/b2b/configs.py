@@ -57,10 +57,12 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: t
     if k0 is not None and chunked_eligible(False, widths, k0) is None and widest >= 256:
         # the intermediate in 64-column chunks (b2b_chunked_kernel): the only fused form past 256
         # columns; at 256 it measured 0.184 ms against 0.224 for the whole-width tile (M = 262144)
-        # the best three of the session-15 sweep: the default, 128-row tiles with two 64-column
-        # buffers on a persistent grid, 64-column chunks with two persistent programs per SM
+        # the best of the session-15 sweeps: the default; 128-row tiles with two 64-column buffers
+        # on a persistent grid; 64-column chunks with two persistent programs per SM (256-wide
+        # chains); 64-column chunks double-buffered (best at 64 -> 1024 -> 64: 0.122 vs 0.130 ms)
         chunked = [chunked_config(widths, k0), chunked_config(widths, k0, 128, 64, 2, persistent=True),
-                   chunked_config(widths, k0, 64, 64, 1, persistent=True, programs_per_sm=2)]  # fmt: skip
+                   chunked_config(widths, k0, 64, 64, 1, persistent=True, programs_per_sm=2),
+                   chunked_config(widths, k0, 64, 64, 2)]  # fmt: skip
         if widths[0] > MAX_RESIDENT:
             return list(dict.fromkeys(chunked))
     persistent: list[B2BConfig] = []
