@@ -92,10 +92,6 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
 
             stages.append(("sink_reshapes_2", sink_reshapes))
         stages.append(("fuse_epilogue", fuse_epilogues))
-    if options.fuse_b2b and options.fuse_epilogue:  # chains of the epilogue GEMMs/convs just made (issue 5)
-        from kfuse.passes.fuse_b2b import fuse_b2b
-
-        stages.append(("fuse_b2b", fuse_b2b))
     if options.fuse_attention and not norm_first:  # add + LayerNorm after the epilogues took bias and residual
         from kfuse.passes.fuse_norm import fuse_norms
 
@@ -104,6 +100,13 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
         from kfuse.passes.varlen import varlen_pass
 
         stages.append(("varlen", varlen_pass(options)))
+    if options.fuse_b2b and options.fuse_epilogue:  # chains of the epilogue GEMMs/convs (issue 5)
+        # after varlen: a chain inside a padding-free region would break the region (the region
+        # packs token rows through the ops it knows; a transformer FFN whose hidden width is past
+        # 256 is a chunked chain since session 15), so chains fuse where varlen left the graph
+        from kfuse.passes.fuse_b2b import fuse_b2b
+
+        stages.append(("fuse_b2b", fuse_b2b))
     if options.fuse_pointwise:  # last fusion stage: takes whatever elementwise glue is left
         from kfuse.passes.fuse_pointwise import fuse_pointwise
 
