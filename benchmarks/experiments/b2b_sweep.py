@@ -36,6 +36,7 @@ SMOKE = "--smoke" in sys.argv
 WIDE_N = "--wide-n" in sys.argv
 N_LOOP = "--n-stages" in sys.argv
 PERSISTENT = "--persistent" in sys.argv
+SHALLOW = "--shallow" in sys.argv
 RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
 CONV_CASES = [("B64_56x56_64-64-64", 64, 64, 56, 64, 64), ("B64_56x56_64-64-256", 64, 64, 56, 64, 256),
               ("B64_28x28_128-128-128", 64, 128, 28, 128, 128), ("B64_28x28_128-128-512", 64, 128, 28, 128, 512)]  # fmt: skip
@@ -80,6 +81,13 @@ def conv_multi_image_configs(nb: int, hw: int, c0: int, c1: int) -> list[b2b.B2B
                 continue
             tn, th, _ = least_waste_tile(bm, nb, hw, hw)
             out.append(b2b.B2BConfig(bm, bk, 256, w, s, res, tma=True, tile_h=th, tile_n=tn))
+    if SHALLOW:  # 128-pixel tiles with 2 buffers (two programs per SM fit) and other channel steps
+        tn, th, _ = least_waste_tile(128, nb, hw, hw)
+        for bk, s, w, res in ((64, 2, 4, "register"), (64, 2, 8, "smem"), (128, 2, 4, "register"), (128, 2, 8, "register"),
+                              (32, 3, 4, "register"), (32, 4, 4, "register"), (32, 2, 4, "register")):  # fmt: skip
+            if res == "register" and c0 > 128:
+                continue
+            out.append(b2b.B2BConfig(128, bk, min(bns[0], 128), w, s, res, tma=True, tile_h=th, tile_n=tn))
     if PERSISTENT:  # b2b_conv_tma_persistent_kernel: the same tiles on a fixed grid of 1-2 programs per SM
         out += [dataclasses.replace(c, persistent=True, programs_per_sm=p) for c in list(out) for p in (1, 2)]
     if N_LOOP and c1 > 128:  # the last stage's N loop less deeply pipelined (fewer weight buffers)
@@ -185,6 +193,7 @@ def main() -> None:
     ap.add_argument("--multi-image-only", action="store_true", help="conv chains: only the TMA kernel's tiles of several images")
     ap.add_argument("--wide-n", action="store_true", help="conv chains wider than 128: also 256-wide last tiles")
     ap.add_argument("--n-stages", action="store_true", help="conv chains wider than 128: the N loop with 1-2 weight buffers")
+    ap.add_argument("--shallow", action="store_true", help="conv chains: 128-pixel tiles with 2 buffers and 32/128-channel steps")
     ap.add_argument("--persistent", action="store_true", help="conv chains: also the persistent TMA kernel (1-2 programs per SM)")
     ap.add_argument("--conv-cases", default="", help="comma list of conv case names to keep")
     ap.add_argument("--gemm-cases", default="", help="e.g. 262144:64x128x64,1048576:128x128x128 (default: the built-in four)")
