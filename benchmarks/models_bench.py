@@ -1,6 +1,7 @@
 """Issue 6 on the GPU: whole models end to end (memory-bound fusion, memory plan, CUDA graphs).
 
-ResNet-50 (B1, B64, channels-last), ViT-B/16 (B64) and GPT-2 small prefill (B8, S512), fp16:
+ResNet-50 (B1, B64, channels-last), ViT-B/16 (B64), GPT-2 small prefill (B8, S512) and ViT-Ti/16
+(B64, B256; its FFNs are chunked b2b chains, ``--ablate-b2b`` times it without them too), fp16:
 kfuse vs eager / eager in a CUDA graph / torch.compile, correctness checked in the same run,
 peak activation memory of kfuse and of eager, and an operator profile (PNG) per case.
 
@@ -38,11 +39,14 @@ CASES: dict[str, list[tuple[str, str, int, int | None, bool]]] = {
     "resnet50": [("B1", "resnet50", 1, None, True), ("B64", "resnet50", 64, None, True)],
     "vit_b16": [("B64", "vit-b16", 64, None, False)],
     "gpt2_prefill": [("B8_S512", "gpt2-small", 8, 512, False)],
+    # ViT-Ti/16 (DeiT-Tiny): its FFNs (192 -> 768 -> 192) are chunked b2b chains (issue 5, session 15)
+    "vit_ti16": [("B64", "vit-ti16", 64, None, False), ("B256", "vit-ti16", 256, None, False)],
 }
 SMOKE: dict[str, list[tuple[str, str, int, int | None, bool]]] = {
     "resnet50": [("B1", "resnet-tiny", 1, None, True), ("B64", "resnet-tiny", 2, None, True)],
     "vit_b16": [("B64", "vit-tiny", 2, None, False)],
     "gpt2_prefill": [("B8_S512", "gpt2-tiny", 2, 32, False)],
+    "vit_ti16": [("B64", "vit-tiny", 2, None, False)],
 }
 NOTES = {
     "max_autotune": "skipped (compile time; issue anchor resnet50 B64: max-autotune with CUDA graphs 3.17 ms after 300 s of compiling)",
@@ -112,6 +116,13 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
         err = max_rel_err(out_k, outs["eager"]) if "eager" in outs else None
         t_k = time_ms(lambda: compiled(*a, **kw), args.warmup, args.rep)
         print(f"  {'kfuse':16s} {t_k:9.4f} ms   max_rel_err {err if err is None else f'{err:.2e}'}", flush=True)
+        ablation: dict[str, Any] = {}
+        if args.ablate_b2b:  # the same compile without back-to-back fusion: what the fused chains buy end to end
+            c2 = kfuse.compile(m, a, kw, tune=TUNE, fuse_b2b=False)
+            ablation["kfuse_no_b2b_ms"] = time_ms(lambda: c2(*a, **kw), args.warmup, args.rep)
+            ablation["no_b2b_max_rel_err"] = max_rel_err(c2(*a, **kw), outs["eager"]) if "eager" in outs else None
+            print(f"  {'kfuse, no b2b':16s} {ablation['kfuse_no_b2b_ms']:9.4f} ms", flush=True)
+            del c2
         v, xs = plan_inputs(compiled, a, kw)
         mem_report = v.plan.memory.report() if v.plan.memory is not None else {}
         peak_k = peak_e = None
@@ -144,7 +155,7 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
         baseline_compile_s={k: round(s, 2) for k, s in base_compile_s.items()},
         cuda_graph=rep["cuda_graph"], launches=len(rep["kernels"]), kernels_by_template=templates,
         fallback=rep.get("fallback", []), profile_summary=prof_sum, profile_top=prof_top,
-        notes=dict(NOTES), smoke=bool(args.smoke),
+        notes=dict(NOTES), smoke=bool(args.smoke), b2b=rep.get("b2b"), **ablation,
     )  # fmt: skip
 
 
@@ -158,6 +169,7 @@ def main() -> None:
     p.add_argument("--rep", type=int, default=30)
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--profile-rep", type=int, default=5)
+    p.add_argument("--ablate-b2b", action="store_true", help="also time each model compiled with fuse_b2b=False")
     p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (interpreter), eager baseline only")
     args = p.parse_args()
     if args.smoke:

@@ -67,6 +67,14 @@ _REGISTRY: dict[str, _Entry] = {
             _img(vit.image_size("vit-b16")),
         ),
         _dense(
+            "vit-ti16",
+            "vit",
+            "HF ViTModel ViT-Ti/16 (DeiT-Tiny): 224x224, 12 layers, hidden 192, 3 heads, MLP 768, no pooler",
+            64,
+            vit.build_vit,
+            _img(vit.image_size("vit-ti16")),
+        ),
+        _dense(
             "vit-tiny",
             "vit",
             "HF ViTModel: 32x32, patch 8, 2 layers, hidden 64, 2 heads, no pooler",

@@ -132,6 +132,7 @@ def test_resnet50_matches_torchvision_layout() -> None:
         ("bert-base", 109_482_240, (1, 16, 768)),
         ("gpt2-small", 124_439_808, (1, 16, 768)),
         ("vit-b16", 85_798_656, (1, 197, 768)),
+        ("vit-ti16", 5_524_416, (1, 197, 192)),
     ],
 )
 def test_big_hf_models(name: str, nparams: int, shape: tuple[int, ...]) -> None:

@@ -321,3 +321,26 @@ def test_report_says_what_each_chain_became() -> None:
     assert "unfused stages: gemm_epilogue 64x128x256" in got[0]
     assert got[1] == "b2b not fused at relu_9: intermediate used twice"
     assert b2b_lines(None) == [] and b2b_lines({"fused": [], "not_fused": []}) == []
+
+
+def test_vit_ti16_ffns_fuse_as_chunked_chains() -> None:
+    """ViT-Ti/16 (DeiT-Tiny): every FFN (192 -> 768 -> 192, GELU, residual) is a two-stage chain
+    with a 768-wide intermediate, fused by the default pipeline, and the fused graph computes
+    what the imported one computes (on a 2-layer cut of the same widths, to keep the CPU run short)."""
+    from kfuse.compiler import Options, optimize
+    from kfuse.frontend.torch_export import import_module
+    from kfuse.models import vit
+
+    model, args, kwargs = kfuse.models.build("vit-ti16", batch=1)
+    g = optimize(import_module(model, args, kwargs).graph, Options()).graph
+    chains = [n for n in g.nodes if n.op == "b2b_chain"]
+    assert len(chains) == 12 and all(list(n.attrs["widths"]) == [768, 192] for n in chains)
+    small = vit.build_vit("vit-ti16", num_hidden_layers=2, image_size=32).eval()
+    x = torch.randn(2, 3, 32, 32)
+    imported = import_module(small, (x,), {}).graph
+    fused = optimize(imported, Options(layout="nchw")).graph
+    assert fused.op_counts().get("b2b_chain") == 2
+    _close(reference_run(imported, [x]), reference_run(fused, [x]))
+    plan = lower(fused, torch.device("cpu"), "triton-interpreter")  # the chunked kernel itself
+    assert [s.b2b["residence"] for s in plan.steps if hasattr(s, "b2b")] == ["chunked", "chunked"]
+    torch.testing.assert_close(execute(plan, [x])[0], reference_run(imported, [x])[0], rtol=1e-3, atol=1e-3)
