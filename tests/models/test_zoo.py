@@ -8,7 +8,7 @@ import torch
 from kfuse.models import ModelSpec, build, get_spec, list_models
 
 TINY = ["bert-tiny", "gpt2-tiny", "vit-tiny", "resnet-tiny", "mlp-tiny", "nerf-mlp", "mixer-tiny", "repvgg-tiny"]
-BIG = ["bert-base", "gpt2-small", "vit-b16", "resnet50"]
+BIG = ["bert-base", "gpt2-small", "vit-b16", "vit-ti16", "resnet50"]
 TOKEN = ["bert-base", "bert-tiny", "gpt2-small", "gpt2-tiny"]
 
 
