@@ -31,6 +31,10 @@ class Options:
     # off until measured on the H200 (compiled for sm_90 only; whether torch's CUDA graph capture
     # keeps the programmatic edges is unverified, and a plan that fails capture runs without a graph)
     b2b_pdl: bool = False
+    # decisions whose two sides measured within 10% are re-timed on the whole plan, and the faster
+    # side in the plan is kept (kfuse.runtime.b2b_recheck; session 15: the plan ran a 256-wide
+    # chain's chosen side 2.5-15% slower than the chain timed alone)
+    b2b_recheck: bool = True
     fuse_attention: bool = True  # attention recognition + fused kernel (issue 4)
     fuse_pointwise: bool = True  # memory-bound chains -> generated kernels (issue 6)
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)

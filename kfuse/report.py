@@ -51,6 +51,9 @@ def b2b_lines(b2b: dict[str, Any] | None) -> list[str]:
         head += f"fused, {f.get('config', '')}" if f.get("fused", True) else "kept unfused"
         if "fused_ms" in f:
             head += f"; measured fused {f['fused_ms']} ms vs unfused {f['unfused_ms']} ms ({f.get('decided_by', 'measured')})"
+            if f.get("plan_recheck"):
+                r = f["plan_recheck"]
+                head += f"; in the whole plan: fused {r['fused_plan_ms']} ms vs unfused {r['unfused_plan_ms']} ms, kept {r['kept']}"
             if f.get("unfused_kernels"):
                 head += "; unfused stages: " + " | ".join(f["unfused_kernels"])
         else:

@@ -98,6 +98,11 @@ class CompiledModel:
         plan = lower(opt.graph, device, self.options.backend, options=self.options)
         plan.use_memory_plan = self.options.memory_plan
         xs = [flat[i] for i in imported.flat_input_index]
+        if self.options.b2b_recheck and plan.backend == "triton" and device.type == "cuda":
+            from kfuse.runtime.b2b_recheck import recheck_b2b
+
+            with torch.no_grad():  # close fused-vs-unfused decisions timed again on the whole plan
+                recheck_b2b(plan, xs)
         # before the CUDA graph is captured: a tuned cubin replaces the kernel the graph would record
         sass_report = self._sass(plan, xs, device) if self.options.sass else None
         runner = None

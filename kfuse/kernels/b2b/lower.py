@@ -86,15 +86,27 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
     decision: dict[str, Any] = {"residence": cfg.residence, "config": cfg.describe(), "decided_by": "rule"}
     run = fused_with(cfg)
     template = "b2b_chain"
+    sides: dict[str, Any] | None = None
     if backend == "triton" and os.environ.get("KFUSE_B2B_DECIDE", "measure") == "measure":
         try:
             run, template, decision = _decide(node, graph, backend, options, fused_with, m, widths)
+            sides = decision.pop("_sides", None)
         except Exception as e:  # a measurement that fails keeps the rule's choice, and says why
             decision["decided_by"] = f"rule (measurement failed: {type(e).__name__}: {str(e)[:120]})"
     epis = " => ".join(n.attrs["epilogue"].describe() for n in stages)
     info = KernelInfo(node.name, template, a["fused_ops"], decision.get("config", ""), epis)
     step = Step(node.name, node.inputs, run, info)
     step.b2b = decision  # type: ignore[attr-defined]  # read by kfuse.passes.fuse_b2b.b2b_report
+    if sides is not None:
+        # both sides of a measured decision, for the plan-level re-check (kfuse.runtime.b2b_recheck):
+        # (run, kernel info, the decision fields that describe it)
+        best: B2BConfig = sides["best_config"]
+        step.b2b_sides = {  # type: ignore[attr-defined]
+            "fused": (fused_with(best), KernelInfo(node.name, "b2b_chain", a["fused_ops"], best.describe(), epis),
+                      {"residence": best.residence, "config": best.describe(), "fused": True}),
+            "unfused": (sides["unfused"], KernelInfo(node.name, "b2b_chain(unfused)", a["fused_ops"], "unfused (measured faster)", epis),
+                        {"residence": "none", "config": "unfused (measured faster)", "fused": False}),
+        }  # fmt: skip
     return step
 
 
@@ -135,7 +147,7 @@ def _unfused_run(node: Any, graph: Any, backend: str, options: Any) -> Any:
 # decisions already measured in this process, by chain and operand types: a model repeats its
 # blocks (ResNet-50 has 16 bottlenecks of 8 distinct shapes), and each decision measures 10-20
 # candidates. The chosen config (None: unfused) and the measured decision.
-_DECIDED: dict[tuple, tuple[B2BConfig | None, dict[str, Any]]] = {}
+_DECIDED: dict[tuple, tuple[B2BConfig | None, dict[str, Any], B2BConfig | None]] = {}
 
 
 def _decision_key(node: Any, graph: Any, options: Any) -> tuple:
@@ -173,8 +185,10 @@ def _decide(
     key = _decision_key(node, graph, options)
     unfused = _unfused_run(node, graph, backend, options)
     if key in _DECIDED:
-        cfg, d = _DECIDED[key]
+        cfg, d, best_cfg = _DECIDED[key]
         d = {**d, "decided_by": "measured (an identical chain earlier in this process)"}
+        if best_cfg is not None:
+            d["_sides"] = {"best_config": best_cfg, "unfused": unfused}
         return (fused_with(cfg), "b2b_chain", d) if cfg is not None else (unfused, "b2b_chain(unfused)", d)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     xs = []
@@ -210,10 +224,12 @@ def _decide(
     t_fused, cfg = best
     d: dict[str, Any] = {"unfused_ms": round(t_unfused, 4), "fused_ms": round(t_fused, 4), "tried": tried, "decided_by": "measured",
                          "unfused_kernels": getattr(unfused, "kernels", [])}  # fmt: skip
+    # the returned copy also carries both sides (popped by lower_b2b_chain; never in the report)
+    sides = {"_sides": {"best_config": cfg, "unfused": unfused}} if cfg is not None else {}
     if cfg is not None and t_fused < t_unfused:
         d.update(residence=cfg.residence, config=cfg.describe(), fused=True)
-        _DECIDED[key] = (cfg, d)
-        return fused_with(cfg), "b2b_chain", d
+        _DECIDED[key] = (cfg, d, cfg)
+        return fused_with(cfg), "b2b_chain", {**d, **sides}
     d.update(residence="none", config="unfused (measured faster)", fused=False)
-    _DECIDED[key] = (None, d)
-    return unfused, "b2b_chain(unfused)", d
+    _DECIDED[key] = (None, d, cfg)
+    return unfused, "b2b_chain(unfused)", {**d, **sides}
