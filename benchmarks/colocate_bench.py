@@ -28,7 +28,10 @@ def main() -> None:
     ap.add_argument("--lc", default="resnet50,bert-base")
     ap.add_argument("--be", default="sgemm,lbm,stencil7")
     ap.add_argument(
-        "--versions", default="tail,1:1,1:2", help="fused versions to profile: LC:BE ratios (1:2, 1:2il interleaved) or tail (tail fill)"
+        "--versions",
+        default="tail,1:1,1:2",
+        help="versions to profile: LC:BE ratios (1:2, 1:2il interleaved), tail / tailsm (tail fill), "
+        "prio (two kernels on prioritized streams)",
     )
     ap.add_argument("--max-keys", type=int, default=8, help="fuse only the LC GEMM/conv shapes with the most time")
     ap.add_argument(

@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from kfuse.colocate.fuser import FusedVersion, launch_fused
+from kfuse.colocate.fuser import STREAM_MODES, FusedVersion, launch_fused
 from kfuse.colocate.lc import LCItem
+from kfuse.colocate.prio import PrioStreams, run_prio
 from kfuse.colocate.ptb import launch_ptb, num_sms
 from kfuse.colocate.scheduler import Backend, LCKernel
 from kfuse.colocate.workloads import Workload
@@ -106,8 +107,10 @@ class CudaBackend(Backend):
         self.lc_grid = lc_programs_per_sm * self.sms
         self.be_grid = be_programs_per_sm * self.sms
         self.launches = 0
+        self.prio: PrioStreams | None = None
         if torch.cuda.is_available():
             self.s1, self.s2 = torch.cuda.Stream(), torch.cuda.Stream()
+            self.prio = PrioStreams()
 
     def lc_kernels(self) -> list[LCKernel]:
         return [LCKernel(it.name, it.kernel is not None, it.key) for it in self.items]
@@ -138,6 +141,9 @@ class CudaBackend(Backend):
         self.launches += 1
         v = version if isinstance(version, FusedVersion) else FusedVersion(*version)
         lk, bk = it.kernel, self.be[be].kernel
+        if v.mode in STREAM_MODES:  # two kernels: the LC's solo launch first, on the urgent stream
+            lc = self._lc(i)
+            return timed(lambda: run_prio(self.prio, lc, lambda: launch_ptb(bk, start, end, self.be_grid)))
         return timed(lambda: launch_fused(lk, bk, v, (0, lk.n_blocks), (start, end), self.sms))
 
     def run_concurrent(self, i: int, be: str, start: int, end: int) -> float:

@@ -71,7 +71,7 @@ class FusedVersion:
     mode: str = "partition"  # or "interleave"
 
     def describe(self) -> str:
-        if self.mode in TAIL_MODES:
+        if self.mode in TAIL_MODES or self.mode in STREAM_MODES:
             return self.mode
         return f"{self.r1}:{self.r2}{'' if self.mode == 'partition' else 'il'}"
 
@@ -84,6 +84,10 @@ TAIL = FusedVersion(2, 0, "tail")  # the LC's solo grid (CudaBackend: 2 programs
 TAILX = FusedVersion(2, 0, "tailx")  # the same, partners of LC programs idle (measured slower: see above)
 TAILSM = FusedVersion(2, 0, "tailsm")  # the same, SM-exclusive by %smid and work tickets
 TAIL_MODES = ("tail", "tailx", "tailsm")
+# the LC kernel and the BE slice as two kernels on prioritized streams (kfuse.colocate.prio): a version
+# the profile measures like the fused ones, launched by the backend, not by launch_fused
+PRIO = FusedVersion(2, 0, "prio")
+STREAM_MODES = ("prio",)
 SMID_SLOTS = 256  # per-SM counters (%smid < 256 on every NVIDIA GPU so far)
 BE_CHUNK_MAX = 4  # BE blocks per ticket at most: amortises the atomic over ~1-4 us blocks
 # the tailsm kernel's parameters after the shared ones: runtime values, then constexprs (launch_args order)
@@ -107,9 +111,9 @@ def tailsm_plan(n_lc: int, n_be: int, grid: int) -> tuple[int, bool, int]:
 
 
 def parse_version(text: str, lc_programs_per_sm: int = 2) -> FusedVersion:
-    """``"1:2"`` (partition), ``"1:2il"`` (interleave), ``"tail"``, ``"tailx"`` or ``"tailsm"``."""
+    """``"1:2"`` (partition), ``"1:2il"`` (interleave), ``"tail"``, ``"tailx"``, ``"tailsm"`` or ``"prio"``."""
     t = text.strip()
-    if t in TAIL_MODES:
+    if t in TAIL_MODES or t in STREAM_MODES:
         return FusedVersion(lc_programs_per_sm, 0, t)
     mode = "interleave" if t.endswith("il") else "partition"
     r1, r2 = (int(x) for x in t.removesuffix("il").split(":"))
@@ -265,8 +269,10 @@ def launch_args(
         period, r1 = grid, grid  # unused by tail_kernel / tailx_kernel
     elif version.mode == "interleave":
         period, r1 = version.r1 + version.r2, version.r1
+    elif version.mode in STREAM_MODES:
+        raise ValueError(f"{version.mode!r} is two kernels on prioritized streams, not one fused launch (CudaBackend.run_fused runs it)")
     else:
-        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave | tail | tailx | tailsm)")
+        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave | tail | tailx | tailsm | prio)")
     for k, (a, b) in ((lc, lc_range), (be, be_range)):
         if not 0 <= a <= b <= k.n_blocks:
             raise ValueError(f"{k.name}: block range [{a}, {b}) is outside [0, {k.n_blocks})")

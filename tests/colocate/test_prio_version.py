@@ -1,0 +1,47 @@
+"""The ``prio`` version (LC kernel and BE slice on prioritized streams): parsed and named like the
+fused versions, refused by the one-launch fuser with the reason, run by the CUDA backend with both
+results correct, and measured by the profile next to ``tail``."""
+
+import pytest
+import torch
+
+from kfuse.colocate import cuda_backend as cb
+from kfuse.colocate import ptb, workloads
+from kfuse.colocate import scheduler as S
+from kfuse.colocate.fuser import PRIO, TAIL, launch_args, parse_version
+from kfuse.colocate.lc import LCItem
+from kfuse.colocate.prio import run_prio
+
+
+def test_prio_is_a_named_version_the_fuser_does_not_launch() -> None:
+    assert parse_version("prio") == PRIO and PRIO.describe() == "prio"
+    a, b = torch.randn(8, 16).half(), torch.randn(16, 8).half()
+    gemm = ptb.gemm_kernel(a, b, torch.empty(8, 8).half())
+    with pytest.raises(ValueError, match="prioritized streams"):
+        launch_args(gemm, (0, gemm.n_blocks), gemm, (0, gemm.n_blocks), PRIO, sms=2)
+
+
+def test_run_prio_without_streams_runs_both_in_order() -> None:
+    order: list[str] = []
+    run_prio(None, lambda: order.append("lc"), lambda: order.append("be"))
+    assert order == ["lc", "be"]
+
+
+def test_prio_through_the_backend_and_the_profile() -> None:
+    a, b = torch.randn(40, 24).half(), torch.randn(24, 33).half()
+    c = torch.full((40, 33), float("nan"), dtype=torch.float16)
+    gemm = ptb.gemm_kernel(a, b, c)
+    items = [LCItem("gemm0", gemm, None, "40x33x24", ("matmul",)), LCItem("seg0", None, lambda: None, "", ("relu",))]
+    w = workloads.make("histogram", small=True)
+    w.reset()
+    ptb.launch_original(w.kernel)
+    expect_be = w.output().clone()
+    backend = cb.CudaBackend(items, {"histogram": w})
+    w.reset()
+    n = w.kernel.n_blocks
+    backend.run_fused(0, "histogram", 0, n // 2, PRIO)  # half the BE kernel with the LC GEMM
+    backend.run_be("histogram", n // 2, n)  # the rest alone
+    assert torch.allclose(c.float(), a.float() @ b.float(), atol=1e-2, rtol=1e-2)
+    assert torch.equal(w.output(), expect_be)
+    prof = S.build_profile(backend, ["histogram"], [TAIL, PRIO], reps=1, fit_ratios=(0.5, 1.0, 2.0), heldout_ratios=(1.5,))
+    assert set(prof.samples[("40x33x24", "histogram")]) == {TAIL, PRIO}
