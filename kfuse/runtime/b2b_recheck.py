@@ -19,6 +19,9 @@ import torch
 from kfuse.runtime.executor import Plan, Step, execute
 
 MARGIN = 0.10  # decisions whose two sides measured within 10% of each other are re-checked
+# verdicts by decision key, for the rest of the process: an identical chain (ResNet-50 repeats its
+# bottlenecks, a second compile repeats them all) takes the verdict without timing the plan again
+_VERDICTS: dict[Any, dict[str, Any]] = {}
 
 
 def plan_ms(plan: Plan, xs: list[torch.Tensor]) -> float:
@@ -54,6 +57,14 @@ def recheck_b2b(
             continue
         first = "fused" if d.get("fused") else "unfused"
         second = "unfused" if first == "fused" else "fused"
+        key = getattr(step, "b2b_key", None)
+        if key is not None and key in _VERDICTS:
+            entry = {**_VERDICTS[key], "changed": _VERDICTS[key]["kept"] != first, "reused": True}
+            _install(step, sides[entry["kept"]])
+            d.update(sides[entry["kept"]][2])
+            d["plan_recheck"] = entry
+            done.append({"node": step.output, **entry})
+            continue
         times: dict[str, list[float]] = {first: [], second: []}
         for side in (first, second, second, first):
             _install(step, sides[side])
@@ -68,6 +79,8 @@ def recheck_b2b(
             "changed": kept != first,
         }
         d["plan_recheck"] = entry
+        if key is not None:
+            _VERDICTS[key] = entry
         if kept != first:
             d["decided_by"] = "measured in the plan (the chain alone had measured the other side faster)"
         done.append({"node": step.output, **entry})

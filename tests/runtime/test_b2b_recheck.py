@@ -18,8 +18,10 @@ from kfuse.runtime.executor import execute, lower
 @pytest.fixture(autouse=True)
 def _fresh_decisions() -> None:
     from kfuse.kernels.b2b import lower as k
+    from kfuse.runtime import b2b_recheck
 
     k._DECIDED.clear()
+    b2b_recheck._VERDICTS.clear()
 
 
 def _plan(monkeypatch: pytest.MonkeyPatch, fused_ms: float, unfused_ms: float):  # noqa: ANN202
@@ -90,3 +92,23 @@ def test_identical_chain_keeps_both_sides(monkeypatch: pytest.MonkeyPatch) -> No
     step2 = k.lower_b2b_chain(g.nodes[0], g, "triton")
     assert "identical chain" in step2.b2b["decided_by"] and set(step2.b2b_sides) == {"fused", "unfused"}
     assert "_sides" not in step2.b2b and "_sides" not in plan.steps[0].b2b
+
+
+def test_an_identical_chain_reuses_the_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second plan with the same chain (a second compile, or a repeated block) takes the first
+    re-check's verdict without timing the plan again."""
+    g, plan = _plan(monkeypatch, fused_ms=0.97, unfused_ms=1.0)
+    timed: list[int] = []
+
+    def timer(p, xs) -> float:  # noqa: ANN001
+        timed.append(1)
+        return 1.0 if p.steps[0].info.template != "b2b_chain" else 1.2  # the pair is faster in the plan
+
+    xs = [torch.randn(9, 24)]
+    assert recheck_b2b(plan, xs, timer=timer)[0]["kept"] == "unfused" and len(timed) == 4
+    plan2 = lower(g, torch.device("cpu"), "triton")
+    plan2.backend = "triton-interpreter"
+    again = recheck_b2b(plan2, xs, timer=timer)
+    assert len(timed) == 4 and again[0]["kept"] == "unfused" and again[0]["reused"]
+    assert plan2.steps[0].info.template == "b2b_chain(unfused)" and not plan2.steps[0].b2b["fused"]
+    torch.testing.assert_close(execute(plan2, xs)[0], reference_run(g, xs)[0], rtol=1e-4, atol=1e-4)

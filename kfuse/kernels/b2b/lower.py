@@ -107,6 +107,7 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
             "unfused": (sides["unfused"], KernelInfo(node.name, "b2b_chain(unfused)", a["fused_ops"], "unfused (measured faster)", epis),
                         {"residence": "none", "config": "unfused (measured faster)", "fused": False}),
         }  # fmt: skip
+        step.b2b_key = _decision_key(node, graph, options)  # type: ignore[attr-defined]  # the re-check's cache key
     return step
 
 
