@@ -344,3 +344,18 @@ def test_vit_ti16_ffns_fuse_as_chunked_chains() -> None:
     plan = lower(fused, torch.device("cpu"), "triton-interpreter")  # the chunked kernel itself
     assert [s.b2b["residence"] for s in plan.steps if hasattr(s, "b2b")] == ["chunked", "chunked"]
     torch.testing.assert_close(execute(plan, [x])[0], reference_run(imported, [x])[0], rtol=1e-3, atol=1e-3)
+
+
+def test_chunked_chain_runs_unfused_before_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain past 256 columns fuses only through the chunked kernel, which needs TMA: on a GPU
+    before Hopper the lowering runs the pair, by rule, and says why."""
+    from kfuse.kernels.b2b import lower as k
+
+    monkeypatch.setattr(k, "_tma_gpu", lambda: False)
+    g, ref, _ = _run(_mlp([512, 32]))
+    step = k.lower_b2b_chain(g.nodes[0], g, "triton")
+    assert step.info.template == "b2b_chain(unfused)" and "needs TMA" in step.b2b["config"] and step.b2b["decided_by"] == "rule"
+    x = torch.randn(13, 24)
+    torch.testing.assert_close(
+        step.fn([x] + [g.constants[i] for i in g.nodes[0].inputs[1:]]), reference_run(g, [x])[0], rtol=1e-3, atol=1e-3
+    )

@@ -86,8 +86,14 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
     decision: dict[str, Any] = {"residence": cfg.residence, "config": cfg.describe(), "decided_by": "rule"}
     run = fused_with(cfg)
     template = "b2b_chain"
+    measure = backend == "triton" and os.environ.get("KFUSE_B2B_DECIDE", "measure") == "measure"
+    if cfg.residence == "chunked" and backend == "triton" and not _tma_gpu():
+        # past 256 columns only the chunked kernel fuses, and it needs TMA: before Hopper, the pair
+        run, template = _unfused_run(node, graph, backend, options), "b2b_chain(unfused)"
+        decision = {"residence": "none", "config": "unfused (chunked residence needs TMA: Hopper or later)", "decided_by": "rule"}
+        measure = False
     sides: dict[str, Any] | None = None
-    if backend == "triton" and os.environ.get("KFUSE_B2B_DECIDE", "measure") == "measure":
+    if measure:
         try:
             run, template, decision = _decide(node, graph, backend, options, fused_with, m, widths)
             sides = decision.pop("_sides", None)
@@ -109,6 +115,11 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
         }  # fmt: skip
         step.b2b_key = _decision_key(node, graph, options)  # type: ignore[attr-defined]  # the re-check's cache key
     return step
+
+
+def _tma_gpu() -> bool:
+    """Whether the current GPU has TMA (sm_90 or later); without a GPU, True (the interpreter emulates it)."""
+    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 9
 
 
 def _rows(graph: Any, node: Any, chain: Chain) -> int:
