@@ -385,6 +385,8 @@ CHUNKED_CASES = [
     (130, 64, [80, 40], ["residual_sigmoid", "bias_gelu"], _chunk(32, 32, 64, 2, 32, True), torch.float16),
     (45, 24, [520, 16], ["bias_gelu", "residual_sigmoid"], _chunk(16, 32, 16, 2, 64), torch.float32),
     (9, 16, [64, 24], ["scale_clamp", "bias_relu"], _chunk(16, 16, 32, 1, 16, True), torch.float16),
+    # ViT-Ti-like widths: K0 = 192 in three 64-column steps, N1 = 192 as 128 + 64 (both parts' epilogues)
+    (37, 192, [160, 192], ["bias_gelu", "residual_sigmoid"], _chunk(16, 64, 256, 1, 32), torch.float16),
 ]  # fmt: skip
 
 
@@ -438,3 +440,24 @@ def test_sm90_chunked_kernel() -> None:
     facts = sass_facts(asm["cubin"])
     assert facts["STL"] == 0 and facts["LOCAL"] == 0 and facts["HGMMA"] > 0, facts
     assert 2 * (128 * 256 + 2 * 64 * 512) <= asm["shared"] <= 227 * 1024
+
+
+def test_chunked_parts_split_widths_between_powers_of_two() -> None:
+    assert b2b.chunked_parts(256, 256) == (256, 1, 256, 0)  # powers of two: one step, one tile
+    assert b2b.chunked_parts(192, 192) == (64, 3, 128, 64)  # ViT-Ti: 3 x 64, 128 + 64
+    assert b2b.chunked_parts(96, 40) == (32, 3, 32, 16)
+    assert b2b.chunked_parts(200, 16) == (64, 4, 16, 0)
+
+
+def test_sm90_chunked_kernel_at_vit_ti_widths() -> None:
+    """192 -> 768 -> 192 (ViT-Ti's FFN) compiled for sm_90 with the default tiling: K0 in three
+    64-column steps, the output in 128 + 64 columns (two TMA stores), wgmma with the intermediate
+    in registers, no spills."""
+    chain = b2b.Chain((b2b.Stage(_epi("bias_gelu"), torch.float16), b2b.Stage(_epi("residual_sigmoid"), torch.float16)))
+    cfg = dataclasses.replace(b2b.chunked_config([768, 192], 192), block_m=64, num_warps=4, num_stages=1, block_h=128)
+    asm = b2b.compile_asm(chain, [768, 192], cfg, torch.float16, 90, (1, 1), 192, True, None, True)
+    summary = b2b.ptx_summary(asm["ptx"])
+    assert summary["st.global"] == 0 and summary["wgmma_a_regs"] > 0, summary
+    assert asm["ptx"].count("cp.async.bulk.tensor.2d.global.shared") == 2  # the two output parts
+    facts = sass_facts(asm["cubin"])
+    assert facts["STL"] == 0 and facts["LOCAL"] == 0 and facts["HGMMA"] > 0, facts

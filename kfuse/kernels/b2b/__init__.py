@@ -43,7 +43,7 @@ the intermediates to their dtypes like the unfused graph).
 from __future__ import annotations
 
 from kfuse.kernels.b2b.asm import compile_asm, ptx_global_store_bases, ptx_summary
-from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, Stage, chunked_eligible, pad_width
+from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, Stage, chunked_eligible, chunked_parts, pad_width
 from kfuse.kernels.b2b.configs import candidate_configs, chunked_config, default_config
 from kfuse.kernels.b2b.launcher import (
     B2BArgs,
@@ -71,6 +71,7 @@ __all__ = [
     "candidate_configs",
     "chunked_config",
     "chunked_eligible",
+    "chunked_parts",
     "compile_asm",
     "conv_tma_block_k",
     "default_config",

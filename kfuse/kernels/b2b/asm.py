@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kfuse.kernels.b2b.chain import B2BConfig, Chain, pad_constexprs, pad_width
+from kfuse.kernels.b2b.chain import B2BConfig, Chain, chunked_parts, pad_constexprs, pad_width
 from kfuse.kernels.b2b.launcher import conv_tma_block_k
 from kfuse.kernels.b2b.source import _module, _rowbcast_names
 from kfuse.kernels.codegen import interpreting
@@ -39,6 +39,10 @@ _CONSTEXPRS = (
     "BW",
     "BLOCK_H",
     "MASK_H",
+    "K_STEP",
+    "K_PARTS",
+    "N_A",
+    "N_B",
 )
 _TT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -87,18 +91,21 @@ def compile_asm(
     elif tma:
         jf = mod.b2b_tma_kernel
     chunked = cfg.residence == "chunked"
-    if chunked:  # TMA descriptors for x, both weights and the output; K0 in one step
+    if chunked:  # TMA descriptors for x, both weights and the output (K0 in K_PARTS steps, N1 in 1-2 parts)
         jf = mod.b2b_chunked_kernel
-        cfg = replace(cfg, block_k=pad_width(min(widths_k0, 256)))
+        k_step, k_parts, n_a, n_b = chunked_parts(min(widths_k0, 256), widths[-1])
+        cfg = replace(cfg, block_k=k_step)
     t = _TT[dtype]
     sig: dict[str, str] = {}
     const: dict[str, Any] = {}
     divisible: list[str] = []
     block_n = min(cfg.block_n, pad_width(widths[-1]))
     for name in jf.arg_names:
-        if name in ("w0_desc", "w1_desc"):
-            box = f"{cfg.block_k}, {cfg.block_h}" if name == "w0_desc" else f"{cfg.block_h}, {block_n}"
-            sig[name] = f"tensordesc<{t}[{box}]>"
+        if chunked and name in ("x_desc", "w0_desc", "w1_desc", "out_desc", "w1b_desc", "outb_desc"):
+            box = {"x_desc": (cfg.block_m, k_step), "w0_desc": (k_step, cfg.block_h), "w1_desc": (cfg.block_h, n_a),
+                   "out_desc": (cfg.block_m, n_a), "w1b_desc": (cfg.block_h, n_b or n_a),
+                   "outb_desc": (cfg.block_m, n_b or n_a)}[name]  # fmt: skip
+            sig[name] = f"tensordesc<{t}[{box[0]}, {box[1]}]>"
         elif name in ("x_desc", "out_desc"):
             inner = cfg.block_k if name == "x_desc" else block_n
             rows = f"{cfg.tile_n}, {cfg.tile_h}, {cfg.block_m // (cfg.tile_h * cfg.tile_n)}" if conv_tma else f"{cfg.block_m}"
@@ -124,6 +131,7 @@ def compile_asm(
         const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, TILE_STAGES=cfg.num_stages, PDL=cfg.pdl)
     if chunked:
         const.update(NUM_PROGRAMS=132 * cfg.programs_per_sm, BLOCK_H=cfg.block_h, MASK_H=widths[0] % cfg.block_h != 0, PDL=cfg.pdl)
+        const.update(K_STEP=k_step, K_PARTS=k_parts, N_A=n_a, N_B=n_b)
     if conv_tma:
         const.update(BNI=cfg.tile_n, BH=cfg.tile_h, BW=cfg.block_m // (cfg.tile_h * cfg.tile_n))
         if cfg.persistent:

@@ -37,6 +37,23 @@ def chunked_eligible(conv: bool, widths: list[int], k0: int, elem_bytes: int = 2
     return None
 
 
+def chunked_parts(k0: int, n1: int) -> tuple[int, int, int, int]:
+    """(K_STEP, K_PARTS, N_A, N_B) of ``b2b_chunked_kernel``: K0 in one power-of-two step, or in up to
+    four steps of K_STEP columns when it is not a power of two (192 = 3 x 64); N1 in one power-of-two
+    tile N_A, or two (N_A the largest power of two below N1, N_B the rest padded: 192 = 128 + 64), so
+    a width between powers of two does not run at the next one."""
+    if pad_width(k0) == k0:
+        k_step, k_parts = k0, 1
+    else:
+        k_step = max(16, pad_width(-(-k0 // 4)))
+        k_parts = -(-k0 // k_step)
+    n_a = pad_width(n1)
+    if n_a != n1 and n_a // 2 >= 16:
+        n_a //= 2
+    n_b = 0 if n_a >= n1 else pad_width(n1 - n_a)
+    return k_step, k_parts, n_a, n_b
+
+
 def pad_constexprs(widths: list[int]) -> dict[str, int | bool]:
     """The kernels' constexprs for the intermediates (every width but the last): ``P<s>``, the
     resident tile width, and ``PADDED<s>``, whether it exceeds the width (padded columns to zero)."""

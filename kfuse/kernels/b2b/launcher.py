@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, chunked_eligible, pad_constexprs, pad_width
+from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, chunked_eligible, chunked_parts, pad_constexprs, pad_width
 from kfuse.kernels.b2b.configs import default_config
 from kfuse.kernels.b2b.source import _TL, _module
 from kfuse.kernels.codegen import interpreting
@@ -166,13 +166,15 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         if g.widths[-1] > block_n:
             raise ValueError(f"b2b: chunked residence needs the last width {g.widths[-1]} in one tile (block_n {cfg.block_n})")
         kernel = _module(chain).b2b_chunked_kernel
-        block_k = pad_width(c)
-        ptrs[0], ptrs[1], ptrs[2], ptrs[3] = _chunked_descriptors(chain, g, cfg, block_k, block_n)
+        k_step, k_parts, n_a, n_b = chunked_parts(c, g.widths[-1])
+        x_d, w0_d, w1_d, out_d, w1b_d, outb_d = _chunked_descriptors(chain, g, cfg, k_step, n_a, n_b)
+        ptrs[0], ptrs[1], ptrs[2], ptrs[3] = x_d, w0_d, w1_d, out_d
         n_prog = min(tiles, cfg.programs_per_sm * _num_sms(g.x.device)) if cfg.persistent else tiles
         grid = (n_prog,)
         pdl = cfg.pdl and not interpreting()
         single.update(NUM_PROGRAMS=n_prog, BLOCK_H=cfg.block_h, MASK_H=g.widths[0] % cfg.block_h != 0, PDL=pdl)
-        cfg = replace(cfg, block_k=block_k)
+        single.update(K_STEP=k_step, K_PARTS=k_parts, N_A=n_a, N_B=n_b, w1b_desc=w1b_d, outb_desc=outb_d)
+        cfg = replace(cfg, block_k=k_step)
         if pdl:
             single["launch_pdl"] = True
     elif conv_descs is not None:
@@ -244,9 +246,10 @@ def _tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> 
     return x_desc, out_desc
 
 
-def _chunked_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_k: int, block_n: int) -> tuple[Any, Any, Any, Any]:
+def _chunked_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, k_step: int, n_a: int, n_b: int) -> tuple[Any, Any, Any, Any, Any, Any]:
     """Host TMA descriptors of x (M, K0), W0 (K0, N0), W1 (N0, N1) and out (M, N1) for
-    ``b2b_chunked_kernel``; raises when the chain or the GPU cannot run it."""
+    ``b2b_chunked_kernel``, then W1's and out's second-part boxes (N_B columns; the first part's
+    again when N_B = 0); raises when the chain or the GPU cannot run it."""
     m, k0 = g.dims[0], g.dims[1]
     why = chunked_eligible(chain.conv, g.widths, k0, g.x.element_size())
     if why is None and (g.x.dtype not in _TL or not tma_device(g.x)):
@@ -262,11 +265,17 @@ def _chunked_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_k: int,
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     n0, n1 = g.widths
+    w1_d = TensorDescriptor(g.weights[1], [n0, n1], [n1, 1], [cfg.block_h, n_a])
+    out_d = TensorDescriptor(out2, [m, n1], [n1, 1], [cfg.block_m, n_a])
+    w1b_d = TensorDescriptor(g.weights[1], [n0, n1], [n1, 1], [cfg.block_h, n_b]) if n_b else w1_d
+    outb_d = TensorDescriptor(out2, [m, n1], [n1, 1], [cfg.block_m, n_b]) if n_b else out_d
     return (
-        TensorDescriptor(x2, [m, k0], [k0, 1], [cfg.block_m, block_k]),
-        TensorDescriptor(g.weights[0], [k0, n0], [n0, 1], [block_k, cfg.block_h]),
-        TensorDescriptor(g.weights[1], [n0, n1], [n1, 1], [cfg.block_h, block_n]),
-        TensorDescriptor(out2, [m, n1], [n1, 1], [cfg.block_m, block_n]),
+        TensorDescriptor(x2, [m, k0], [k0, 1], [cfg.block_m, k_step]),
+        TensorDescriptor(g.weights[0], [k0, n0], [n0, 1], [k_step, cfg.block_h]),
+        w1_d,
+        out_d,
+        w1b_d,
+        outb_d,
     )
 
 

@@ -176,20 +176,27 @@ def _chunked_kernel(chain: Chain, params: list[str]) -> list[str]:
 
         for each chunk j:  h_j = epilogue0(x_tile @ W0[:, j]);  acc += h_j @ W1[j, :]
 
-    The x tile (K0 in one step) and the output accumulator (N1 in one tile) stay on chip for the
-    whole loop; only a BLOCK_M x BLOCK_H slice of the intermediate ever exists, in registers (the
-    A operand of the second product). A 256 -> 256 -> 256 chain thus holds 128 + 32 accumulator
-    registers a thread instead of 2 x 128, and the intermediate's width is not bounded by what a
-    program can hold. Stage 0's epilogue must be elementwise (each chunk is finished alone).
-    x, the weights and the output move by TMA (host descriptors; zero fill past K0, N0 and N1
-    pads every dimension); the chunk loop is what Triton's pipeliner multi-buffers (num_stages).
+    The x tile (K0 in K_PARTS steps of K_STEP columns) and the output accumulator (N1 in one tile,
+    or two of power-of-two widths N_A + N_B, e.g. 192 = 128 + 64) stay on chip for the whole loop;
+    only a BLOCK_M x BLOCK_H slice of the intermediate ever exists, in registers (the A operand of
+    the second product). A 256 -> 256 -> 256 chain thus holds 128 + 32-64 accumulator registers a
+    thread instead of 2 x 128, and the intermediate's width is not bounded by what a program can
+    hold. Stage 0's epilogue must be elementwise (each chunk is finished alone). x, the weights and
+    the output move by TMA (host descriptors; zero fill past K0, N0 and N1 pads every dimension);
+    the chunk loop is what Triton's pipeliner multi-buffers (num_stages). The K steps and the two
+    output parts keep widths that are not powers of two (ViT-Ti's 192) from running at the next
+    power of two, where a quarter of each product would multiply zero fill.
     ``NUM_PROGRAMS``: the grid; fewer programs than row tiles loop over them (persistent)."""
     sig = [p.replace("x_ptr", "x_desc").replace("out_ptr", "out_desc").replace("w0_ptr", "w0_desc").replace("w1_ptr", "w1_desc")
            for p in params]  # fmt: skip
     mid_t = _tl_dtype(chain.stages[0].out_dtype)
     out_t = _tl_dtype(chain.stages[1].out_dtype)
-    consts = "    NUM_PROGRAMS: tl.constexpr, BLOCK_H: tl.constexpr, MASK_H: tl.constexpr, PDL: tl.constexpr,"
-    src = ["@triton.jit", "def b2b_chunked_kernel(", *sig, consts, "):"]
+    consts = [
+        "    w1b_desc, outb_desc,",
+        "    NUM_PROGRAMS: tl.constexpr, BLOCK_H: tl.constexpr, MASK_H: tl.constexpr, PDL: tl.constexpr,",
+        "    K_STEP: tl.constexpr, K_PARTS: tl.constexpr, N_A: tl.constexpr, N_B: tl.constexpr,",
+    ]
+    src = ["@triton.jit", "def b2b_chunked_kernel(", *sig, *consts, "):"]
     src += [
         "    M = NB",
         "    oh = 0",
@@ -202,22 +209,40 @@ def _chunked_kernel(chain: Chain, params: list[str]) -> list[str]:
         "        offs_m = off + tl.arange(0, BLOCK_M)",
         "        mask_m = offs_m < M",
         "        n_idx = tl.where(mask_m, offs_m, 0)",
-        "        a = x_desc.load([off, 0])",
-        "        acc_o = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        "        a0 = x_desc.load([off, 0])",
+    ]
+    src += [f"        if K_PARTS > {k}:\n            a{k} = x_desc.load([off, {k} * K_STEP])" for k in range(1, 4)]
+    src += [
+        "        acc_o = tl.zeros((BLOCK_M, N_A), dtype=tl.float32)",
+        "        if N_B > 0:",
+        "            acc_ob = tl.zeros((BLOCK_M, N_B), dtype=tl.float32)",
         "        for h0 in tl.range(0, N0, BLOCK_H, num_stages=N_STAGES):",
         "            offs_n = h0 + tl.arange(0, BLOCK_H)",
         "            mask_n = offs_n < N0",
-        "            acc = tl.dot(a, w0_desc.load([0, h0]), input_precision=PREC)",
+        "            acc = tl.dot(a0, w0_desc.load([0, h0]), input_precision=PREC)",
+    ]
+    src += [
+        f"            if K_PARTS > {k}:\n                acc = tl.dot(a{k}, w0_desc.load([{k} * K_STEP, h0]), acc, input_precision=PREC)"
+        for k in range(1, 4)
+    ]
+    src += [
         _stage_tail(chain, 0, "offs_n", "mask_n", 12),
         "            if MASK_H:  # the last chunk's columns past N0 (the epilogue of a zero need not be zero)",
         f"                h = tl.where(mask_n[None, :], acc, 0.0).to({mid_t})",
         "            else:",
         f"                h = acc.to({mid_t})",
         "            acc_o = tl.dot(h, w1_desc.load([h0, 0]), acc_o, input_precision=PREC)",
-        "        offs_o = tl.arange(0, BLOCK_N)",
+        "            if N_B > 0:",
+        "                acc_ob = tl.dot(h, w1b_desc.load([h0, N_A]), acc_ob, input_precision=PREC)",
+        "        offs_o = tl.arange(0, N_A)",
         "        mask_o = offs_o < N1",
         _stage_tail(chain, 1, "offs_o", "mask_o", 8, acc="acc_o"),
         f"        out_desc.store([off, 0], acc_o.to({out_t}))",
+        "        if N_B > 0:  # the output's second part (columns N_A ..)",
+        "            offs_o = N_A + tl.arange(0, N_B)",
+        "            mask_o = offs_o < N1",
+        _stage_tail(chain, 1, "offs_o", "mask_o", 12, acc="acc_ob"),
+        f"            outb_desc.store([off, N_A], acc_ob.to({out_t}))",
     ]
     return [ln for chunk in src for ln in chunk.split("\n")]
 
