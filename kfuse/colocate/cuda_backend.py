@@ -143,7 +143,11 @@ class CudaBackend(Backend):
         lk, bk = it.kernel, self.be[be].kernel
         if v.mode in STREAM_MODES:  # two kernels: the LC's solo launch first, on the urgent stream
             lc = self._lc(i)
-            return timed(lambda: run_prio(self.prio, lc, lambda: launch_ptb(bk, start, end, self.be_grid)))
+            # the slice one program per block: the block scheduler hands each free slot beside or
+            # after the LC's programs a fresh block (a persistent grid would leave the programs that
+            # do not fit beside the LC queued with their whole share of blocks)
+            n = max(1, end - start)
+            return timed(lambda: run_prio(self.prio, lc, lambda: launch_ptb(bk, start, end, n)))
         return timed(lambda: launch_fused(lk, bk, v, (0, lk.n_blocks), (start, end), self.sms))
 
     def run_concurrent(self, i: int, be: str, start: int, end: int) -> float:

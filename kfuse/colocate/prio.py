@@ -8,6 +8,8 @@ cost 1.26-1.42 T_lc at load ratio 0.44-0.66 with ResNet-50). As two kernels, eac
 footprint. The LC kernel goes first, on a high-priority stream, so its programs take their SM slots
 before any BE program. The BE slice follows on a low-priority stream and fills what the LC programs
 leave free: registers, shared memory and warp slots beside them, then whole SMs in the LC's tail.
+The slice runs one program per block (``CudaBackend.run_fused``), so every slot that frees up takes
+a fresh block.
 While LC programs are pending, the block scheduler dispatches them first. Running BE programs are
 not preempted, so BE blocks must be short, as the slices are. The window is measured like a fused
 launch: from the LC's start until both kernels are done.
