@@ -82,6 +82,8 @@ def compile_cmd(
     library: Annotated[
         str, typer.Option(help="auto (time kfuse kernels vs cuBLAS/cuDNN/SDPA per node on the GPU, keep the faster) | never | always")
     ] = "auto",
+    b2b: Annotated[bool, typer.Option(help="back-to-back GEMM/conv chains in one kernel where measured faster")] = True,
+    b2b_recheck: Annotated[bool, typer.Option(help="time close fused-vs-unfused chain decisions again on the whole plan (GPU)")] = True,
 ) -> None:
     """Compile MODEL, check it against PyTorch on random inputs and print the kernel plan."""
     import kfuse
@@ -93,7 +95,8 @@ def compile_cmd(
     m, args, kwargs = _load(model, batch, seq, dtype, dev, varlen, avg_len_ratio)
     if library not in ("auto", "never", "always"):
         raise typer.BadParameter(f"unknown choice {library!r}; choose auto, never or always", param_hint="--library")
-    overrides: dict[str, Any] = {"tune": tune, "profile": profile, "sass": sass, "cuda_graphs": cuda_graphs, "gemm_library": library}
+    overrides: dict[str, Any] = {"tune": tune, "profile": profile, "sass": sass, "cuda_graphs": cuda_graphs, "gemm_library": library,
+                                 "fuse_b2b": b2b, "b2b_recheck": b2b_recheck}  # fmt: skip
     if varlen:
         overrides["varlen"] = True
     with console.status(f"compiling {model} ..."):
@@ -101,8 +104,9 @@ def compile_cmd(
     rep = dict(compiled.report)
     rep["model"] = model
     rep["command"] = _command_line(
-        "compile", model, batch=batch, seq=seq, dtype=dtype, varlen=varlen, avg_len_ratio=avg_len_ratio, tune=tune
-    )
+        "compile", model, batch=batch, seq=seq, dtype=dtype, varlen=varlen, avg_len_ratio=avg_len_ratio, tune=tune,
+        no_b2b=not b2b, no_b2b_recheck=not b2b_recheck,
+    )  # fmt: skip
     if not explain:
         console.print(plan_table(rep))
         for line in summary_lines(rep):

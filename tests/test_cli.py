@@ -36,6 +36,18 @@ def test_compile_library_choice(tmp_path) -> None:
     assert r.exit_code != 0 and "sometimes" in r.output
 
 
+def test_compile_without_b2b(tmp_path) -> None:
+    """--no-b2b keeps mlp-tiny's chain as separate GEMMs, and the report's command says so."""
+    path = tmp_path / "rep.json"
+    r = runner.invoke(app, ["compile", "mlp-tiny", "--batch", "3", "--no-b2b", "--report", str(path)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(path.read_text())
+    assert "b2b_chain" not in {k["template"] for k in rep["kernels"]} and not rep["b2b"]["fused"]
+    assert "--no-b2b" in rep["command"] and rep["max_rel_err"] < 1e-4
+    r = runner.invoke(app, ["compile", "mlp-tiny", "--batch", "3", "--report", str(path)])
+    assert "b2b_chain" in {k["template"] for k in json.loads(path.read_text())["kernels"]}
+
+
 def test_compile_unknown_model_is_a_clear_error() -> None:
     r = runner.invoke(app, ["compile", "no-such-model"])
     assert r.exit_code != 0 and "no-such-model" in r.output
