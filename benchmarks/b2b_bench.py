@@ -45,7 +45,16 @@ import torch
 from torch import nn
 
 import kfuse
-from kfuse.bench.harness import floor_ms, graph_ms_per_call, make_record, max_rel_err, pytorch_baselines, time_ms, write_results
+from kfuse.bench.harness import (
+    floor_ms,
+    graph_ms_per_call,
+    kernel_lines,
+    make_record,
+    max_rel_err,
+    pytorch_baselines,
+    time_ms,
+    write_results,
+)
 
 GEMM_M = [262144, 65536, 1048576]  # the anchor M first: if the budget runs out, the rest is skipped
 GEMM_WIDTHS = [(32, 32, 32), (64, 64, 64), (64, 128, 64), (128, 128, 128), (256, 256, 256)]
@@ -95,11 +104,6 @@ def _one_call_graph_ms(c: Any, x: torch.Tensor, rep: int) -> float:
         return float("nan")
     with torch.no_grad():
         return graph_ms_per_call(c, (x,), calls=1, rep=rep)[0]
-
-
-def _kernels(c: Any) -> list[str]:
-    """What each launch of a compiled plan runs (template or library, config): "name: template config"."""
-    return [f"{k['name']}: {k['template']} {k.get('config', '')}".strip() for k in c.report.get("kernels", [])]
 
 
 def _b2b_fields(c: Any) -> dict[str, Any]:
@@ -174,7 +178,8 @@ def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                 "b2b_gemm", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
                 kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
                 kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra,
-                m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c), kernels=_kernels(c), unfused_kernels=_kernels(u_c),
+                m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c),
+                kernels=kernel_lines(c.report), unfused_kernels=kernel_lines(u_c.report),
             )  # fmt: skip
             recs.append(rec)
             _log(f"  kfuse {k_ms:.4f} ms (call {call_ms:.4f}), unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
@@ -218,7 +223,7 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                 kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra, plan_profile=steps,
                 baseline_note="eager = cuDNN (channels-last); kfuse_unfused_ms = two conv_epilogue kernels (fuse_b2b=False)",
                 notes=notes + ["max_autotune skipped for conv chains"], **_b2b_fields(c),
-                kernels=_kernels(c), unfused_kernels=_kernels(u_c),
+                kernels=kernel_lines(c.report), unfused_kernels=kernel_lines(u_c.report),
             )  # fmt: skip
             recs.append(rec)
             _log(f"  kfuse {k_ms:.4f} ms, unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")

@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 import kfuse
 import kfuse.models as zoo
-from kfuse.bench.harness import floor_ms, make_record, max_rel_err, pytorch_baselines, time_ms, write_results
+from kfuse.bench.harness import floor_ms, kernel_lines, make_record, max_rel_err, pytorch_baselines, time_ms, write_results
 from kfuse.runtime.executor import execute
 from kfuse.runtime.profile import node_flops, plot_profile, profile_plan, profile_summary
 
@@ -123,8 +123,8 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
             ablation["no_b2b_max_rel_err"] = max_rel_err(c2(*a, **kw), outs["eager"]) if "eager" in outs else None
             # what each plan runs, step by step (ViT-Ti B64 ran 5% slower with every chain kept as the pair
             # than without the pass, session 15: the two lists show where the kernels differ)
-            ablation["kernels"] = [f"{k['name']}: {k['template']} {k.get('config', '')}" for k in rep["kernels"]]
-            ablation["no_b2b_kernels"] = [f"{k['name']}: {k['template']} {k.get('config', '')}" for k in c2.report["kernels"]]
+            ablation["kernels"] = kernel_lines(rep)
+            ablation["no_b2b_kernels"] = kernel_lines(c2.report)
             print(f"  {'kfuse, no b2b':16s} {ablation['kfuse_no_b2b_ms']:9.4f} ms", flush=True)
             del c2
         v, xs = plan_inputs(compiled, a, kw)

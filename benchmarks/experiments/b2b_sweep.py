@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from kfuse.bench.harness import floor_ms, gpu_name, graph_ms_per_call, max_rel_err, sweep_configs
 from kfuse.kernels import b2b
+from kfuse.kernels.b2b.configs import SMEM_LIMIT, chunked_smem_bytes
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 
 SMOKE = "--smoke" in sys.argv
@@ -157,8 +158,8 @@ def chunked_configs(widths: tuple[int, int, int]) -> list[b2b.B2BConfig]:
     bk, bn = b2b.pad_width(k0), b2b.pad_width(n1)
     out = []
     for bm, bh, s, per in itertools.product((64, 128), (32, 64, 128), (1, 2, 3, 4), (0, 1, 2)):
-        smem = 2 * (bm * bk + s * bh * (bk + bn))
-        if smem > 227 * 1024 or (per == 2 and 2 * smem > 227 * 1024) or bh > b2b.pad_width(n0):
+        smem = chunked_smem_bytes(bm, bk, bh, bn, s)
+        if smem > SMEM_LIMIT or (per == 2 and 2 * smem > SMEM_LIMIT) or bh > b2b.pad_width(n0):
             continue
         # 64-row tiles also on two warpgroups (splitting the output's columns) when unbuffered
         for w in (8,) if bm == 128 else ((4, 8) if s == 1 and bh >= 64 else (4,)):

@@ -219,6 +219,12 @@ def pytorch_baselines(
     return times, outs, compile_s
 
 
+def kernel_lines(report: dict[str, Any]) -> list[str]:
+    """What each launch of a compiled plan runs (template or library, config), from its report:
+    "name: template config"."""
+    return [f"{k['name']}: {k['template']} {k.get('config', '')}".strip() for k in report.get("kernels", [])]
+
+
 def gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 

@@ -109,8 +109,7 @@ def _link_reason(p: Node, c: Node, g: Graph, users: dict[str, list[Node]], first
     why = _stage_reason(c, g, first=False)
     if why:
         return why
-    width = p.ttype.shape[1] if p.op == "conv_epilogue" else p.ttype.shape[-1]
-    if width > MAX_RESIDENT:
+    if _width(p) > MAX_RESIDENT:
         why = _wide_reason(p, c, g, first_link)
         if why:
             return why
@@ -137,7 +136,7 @@ def _fuse(chain: list[Node], g: Graph) -> Node:
     for n in chain:
         inputs += [i for k, i in enumerate(n.inputs) if not (k == 0 and n is not chain[0])]
     last = chain[-1]
-    widths = [n.ttype.shape[1] if conv else n.ttype.shape[-1] for n in chain]
+    widths = [_width(n) for n in chain]
     attrs: dict[str, Any] = {
         "chain": Chain(stages, conv),
         "out_type": last.type,

@@ -39,6 +39,25 @@ def _install(step: Step, side: tuple[Any, Any, dict[str, Any]]) -> None:
     step.fn, step.info = side[0], side[1]
 
 
+def _time_sides(
+    plan: Plan, xs: list[torch.Tensor], step: Step, sides: dict[str, Any], first: str, timer: Callable[[Plan, list[torch.Tensor]], float]
+) -> dict[str, Any]:
+    """The plan timed with each side of ``step`` in place, A B B A (A = ``first``): both mean times,
+    the faster side (``kept``) and whether it differs from ``first``."""
+    second = "unfused" if first == "fused" else "fused"
+    times: dict[str, list[float]] = {first: [], second: []}
+    for side in (first, second, second, first):
+        _install(step, sides[side])
+        times[side].append(timer(plan, xs))
+    kept = min(times, key=lambda s: sum(times[s]))
+    return {
+        "fused_plan_ms": round(sum(times["fused"]) / 2, 4),
+        "unfused_plan_ms": round(sum(times["unfused"]) / 2, 4),
+        "kept": kept,
+        "changed": kept != first,
+    }
+
+
 def recheck_b2b(
     plan: Plan, xs: list[torch.Tensor], margin: float = MARGIN, timer: Callable[[Plan, list[torch.Tensor]], float] = plan_ms
 ) -> list[dict[str, Any]]:
@@ -56,32 +75,18 @@ def recheck_b2b(
         if not (f > 0 and u > 0) or abs(f - u) / min(f, u) > margin:
             continue
         first = "fused" if d.get("fused") else "unfused"
-        second = "unfused" if first == "fused" else "fused"
         key = getattr(step, "b2b_key", None)
-        if key is not None and key in _VERDICTS:
-            entry = {**_VERDICTS[key], "changed": _VERDICTS[key]["kept"] != first, "reused": True}
-            _install(step, sides[entry["kept"]])
-            d.update(sides[entry["kept"]][2])
-            d["plan_recheck"] = entry
-            done.append({"node": step.output, **entry})
-            continue
-        times: dict[str, list[float]] = {first: [], second: []}
-        for side in (first, second, second, first):
-            _install(step, sides[side])
-            times[side].append(timer(plan, xs))
-        kept = min(times, key=lambda s: sum(times[s]))
-        _install(step, sides[kept])
-        d.update(sides[kept][2])
-        entry = {
-            "fused_plan_ms": round(sum(times["fused"]) / 2, 4),
-            "unfused_plan_ms": round(sum(times["unfused"]) / 2, 4),
-            "kept": kept,
-            "changed": kept != first,
-        }
+        cached = _VERDICTS.get(key) if key is not None else None
+        if cached is not None:
+            entry = {**cached, "changed": cached["kept"] != first, "reused": True}
+        else:
+            entry = _time_sides(plan, xs, step, sides, first, timer)
+            if key is not None:
+                _VERDICTS[key] = entry
+            if entry["changed"]:
+                d["decided_by"] = "measured in the plan (the chain alone had measured the other side faster)"
+        _install(step, sides[entry["kept"]])
+        d.update(sides[entry["kept"]][2])
         d["plan_recheck"] = entry
-        if key is not None:
-            _VERDICTS[key] = entry
-        if kept != first:
-            d["decided_by"] = "measured in the plan (the chain alone had measured the other side faster)"
         done.append({"node": step.output, **entry})
     return done

@@ -7,6 +7,7 @@ from dataclasses import replace
 from kfuse.kernels.b2b.chain import MAX_RESIDENT, B2BConfig, chunked_eligible, pad_width
 from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.tma import least_waste_tile
+from kfuse.tune.hardware import TABLE
 
 
 def default_config(m: int, widths: list[int], residence: str | None = None) -> B2BConfig:
@@ -26,6 +27,15 @@ def default_config(m: int, widths: list[int], residence: str | None = None) -> B
     return B2BConfig(64, 32, min(last, 64), 8 if res == "smem" else 4, 2, res)
 
 
+SMEM_LIMIT = TABLE["H200"].smem_per_block  # shared memory a program may use on an H100 / H200 SM (227 KB)
+
+
+def chunked_smem_bytes(block_m: int, k: int, block_h: int, n: int, stages: int) -> int:
+    """fp16 shared memory of ``b2b_chunked_kernel``, as planned: the x tile (block_m x k) and
+    ``stages`` buffers of both weight chunks (k x block_h and block_h x n)."""
+    return 2 * (block_m * k + stages * block_h * (k + n))
+
+
 def chunked_config(widths: list[int], k0: int = 256, block_m: int = 64, block_h: int = 128, stages: int = 1, persistent: bool = False,
                    programs_per_sm: int = 1) -> B2BConfig:  # fmt: skip
     """``b2b_chunked_kernel``'s tiling. The default is the best of the session-15 H200 sweep at
@@ -37,7 +47,7 @@ def chunked_config(widths: list[int], k0: int = 256, block_m: int = 64, block_h:
     if interpreting():
         return B2BConfig(16, 32, last, 4, 1, "chunked", block_h=min(block_h, 32))
     bk = pad_width(k0)  # K0 in one step (the launcher's x box)
-    while block_h > 16 and 2 * (block_m * bk + stages * block_h * (bk + last)) > 227 * 1024:
+    while block_h > 16 and chunked_smem_bytes(block_m, bk, block_h, last, stages) > SMEM_LIMIT:
         block_h //= 2
     warps = 8 if block_m == 128 else 4
     return B2BConfig(block_m, bk, last, warps, stages, "chunked", persistent=persistent, programs_per_sm=programs_per_sm, block_h=block_h)
