@@ -38,6 +38,7 @@ WIDE_N = "--wide-n" in sys.argv
 N_LOOP = "--n-stages" in sys.argv
 PERSISTENT = "--persistent" in sys.argv
 SHALLOW = "--shallow" in sys.argv
+OCCUPANCY = "--occupancy" in sys.argv
 RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
 CONV_CASES = [("B64_56x56_64-64-64", 64, 64, 56, 64, 64), ("B64_56x56_64-64-256", 64, 64, 56, 64, 256),
               ("B64_28x28_128-128-128", 64, 128, 28, 128, 128), ("B64_28x28_128-128-512", 64, 128, 28, 128, 512)]  # fmt: skip
@@ -68,6 +69,20 @@ def conv_multi_image_configs(nb: int, hw: int, c0: int, c1: int) -> list[b2b.B2B
     from kfuse.kernels.tma import least_waste_tile
 
     bns = [b2b.pad_width(c1)] if c1 <= 128 else [128]
+    if OCCUPANCY:  # only these (chains up to 128 wide in stage 0)
+        # three programs per SM (session 16, offline sm_90 compiles): the intermediate through shared
+        # memory, 64-column last tiles and a single-buffered N loop take 158-159 registers and
+        # 48-64 KB, where every tiling tried so far needed 192-224 registers or 98 KB (two per SM).
+        # At 28 x 28, batch 64, the 392 tiles of 128 pixels then fit one wave of 396 slots instead
+        # of 1.48 waves of 264; the current best (register, 3 stages) is timed beside them
+        tn, th, _ = least_waste_tile(128, nb, hw, hw)
+        occ: list[b2b.B2BConfig] = []
+        for bk, s, bn, ns, res in ((64, 3, min(bns[0], 128), 0, "register"), (64, 2, 64, 1, "smem"), (32, 3, 64, 1, "smem"),
+                                   (32, 4, 64, 1, "smem"), (64, 2, 64, 2, "smem"), (64, 2, 128, 0, "smem")):  # fmt: skip
+            occ.append(b2b.B2BConfig(128, bk, bn, 4, s, res, tma=True, tile_h=th, tile_n=tn, n_stages=ns))
+        if c1 > 128:  # the best of the wide-output chain so far (8 warps, two programs per SM)
+            occ.append(b2b.B2BConfig(128, 32, 64, 8, 4, "smem", tma=True, tile_h=th, tile_n=tn))
+        return occ if c0 <= 128 else []
     out = []
     for bm, w, s, res in itertools.product((64, 128, 256), (4, 8), (2, 3, 4), ("register", "smem")):
         if (bm == 64 and w == 8) or (bm == 256 and (w == 4 or s == 4)) or (bm != 256 and s == 2):
@@ -195,6 +210,7 @@ def main() -> None:
     ap.add_argument("--wide-n", action="store_true", help="conv chains wider than 128: also 256-wide last tiles")
     ap.add_argument("--n-stages", action="store_true", help="conv chains wider than 128: the N loop with 1-2 weight buffers")
     ap.add_argument("--shallow", action="store_true", help="conv chains: 128-pixel tiles with 2 buffers and 32/128-channel steps")
+    ap.add_argument("--occupancy", action="store_true", help="conv chains up to 128 wide: the tilings that fit 3 programs per SM")
     ap.add_argument("--persistent", action="store_true", help="conv chains: also the persistent TMA kernel (1-2 programs per SM)")
     ap.add_argument("--conv-cases", default="", help="comma list of conv case names to keep")
     ap.add_argument("--gemm-cases", default="", help="e.g. 262144:64x128x64,1048576:128x128x128 (default: the built-in four)")

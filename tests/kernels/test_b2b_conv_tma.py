@@ -112,6 +112,9 @@ CASES = [
     (32, (5, 5), 3, 1, [32, 48], _cfg(16, 64, 64, "smem", 4), torch.float32, 1),  # BLOCK_K 64 narrowed to C = 32
     # the N loop (72 > 16, ragged last tile) with a single-buffered weight pipeline (n_stages=1)
     (16, (7, 9), 3, 1, [16, 72], dataclasses.replace(_cfg(32, 16, 16, "register", 4), n_stages=1), torch.float16, 1),
+    # the three-programs-per-SM form: the intermediate through shared memory, an N loop (40 > 16)
+    # with one weight buffer, tiles of two images
+    (16, (7, 9), 3, 1, [16, 40], dataclasses.replace(_cfg(32, 16, 16, "smem", 2, tile_n=2), n_stages=1), torch.float16, 1),
     # persistent: 2 programs (the interpreter's "SMs") x 1 loop over 4 spatial tiles, with an N loop
     (16, (7, 9), 3, 1, [16, 40], dataclasses.replace(_cfg(32, 16, 16, "smem", 4), persistent=True, programs_per_sm=1), torch.float32, 1),
     (8, (6, 7), 3, 1, [16, 24], dataclasses.replace(_cfg(16, 16, 32, "register", 2, tile_n=2), persistent=True), torch.float16, 1),

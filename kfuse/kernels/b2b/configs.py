@@ -166,12 +166,17 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
     configs that won the session-6 sweep with single-image tiles."""
     nb, oh, ow = image
 
-    def tile(bm: int, bn: int, w: int, s: int, res: str, bk: int = 64) -> B2BConfig | None:
+    def tile(bm: int, bn: int, w: int, s: int, res: str, bk: int = 64, ns: int = 0) -> B2BConfig | None:
         tn, th, _ = least_waste_tile(bm, nb, oh, ow)
-        return B2BConfig(bm, bk, bn, w, s, res, tma=True, tile_h=th, tile_n=tn) if tn > 1 else None
+        return B2BConfig(bm, bk, bn, w, s, res, tma=True, tile_h=th, tile_n=tn, n_stages=ns) if tn > 1 else None
 
     if widest <= 128:
         cands = [tile(128, last, 4, 3, "register"), tile(64, last, 4, 3, "register")]
+        # three programs per SM (session 16, offline sm_90 compiles): the intermediate through shared
+        # memory, 64-column last tiles, a single-buffered N loop: 158-159 registers and 48-64 KB,
+        # where the tilings above take 192-224 registers or 98 KB (two per SM). 28 x 28 at batch
+        # 64 is 392 tiles of 128 pixels: one wave of 396 slots instead of 1.48 waves of 264
+        cands += [tile(128, 64, 4, 2, "smem", ns=1), tile(128, 64, 4, 4, "smem", bk=32, ns=1)]
         if n_last <= 128:
             # session 14: 128 -> 128 -> 128 at 28x28 lost to the tuned pair by 2% (0.0342 vs 0.0334
             # ms) with only 3-stage register tiles tried; the deeper and smem-resident tilings that
