@@ -58,6 +58,10 @@ def probe(m: int, widths: tuple[int, int, int], device: str, dtype: torch.dtype,
     plan = v.plan
     step = next(s for s in plan.steps if getattr(s, "b2b_sides", None))
     chosen = "fused" if step.b2b.get("fused") else "unfused"
+    # the same chain compiled without b2b: two planned steps, the intermediate in the plan's arena
+    # (the bench's kfuse_unfused_ms; session 16 measured it 2.4-7.7% faster than the b2b step's
+    # unfused side at M = 1M in two runs, with the same two kernels)
+    plain = kfuse.compile(model, (x,), cuda_graphs=False, tune="fast" if device == "cuda" else "none", fuse_b2b=False, backend="triton")
     consts = [plan.constants[i] if i in plan.constants else None for i in step.inputs]
     x_rand = torch.randn_like(x)
 
@@ -70,6 +74,7 @@ def probe(m: int, widths: tuple[int, int, int], device: str, dtype: torch.dtype,
         "closure, bench x, 20 calls": lambda run: graph_ms_per_call(lambda: run(operands(x)), (), calls=20)[0],
         "execute(plan), 20 calls": lambda run: graph_ms_per_call(lambda: execute(plan, [x]), (), calls=20)[0],
         "compiled model, 20 calls (the bench)": lambda run: graph_ms_per_call(c, (x,), calls=20)[0],
+        "fuse_b2b=False model, 20 calls (either side)": lambda run: graph_ms_per_call(plain, (x,), calls=20)[0],
     }
     times: dict[str, dict[str, list[float]]] = {w: {"fused": [], "unfused": []} for w in ways}
     for _ in range(rounds):
