@@ -180,10 +180,9 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
         if n_last <= 128:
             # session 14: 128 -> 128 -> 128 at 28x28 lost to the tuned pair by 2% (0.0342 vs 0.0334
             # ms) with only 3-stage register tiles tried; the deeper and smem-resident tilings that
-            # won the wide-output chains (1-2% better than 3 stages there), one persistent form
-            deep = tile(128, last, 4, 4, "register")
-            cands += [deep, tile(128, last, 8, 4, "smem"), tile(128, last, 8, 3, "smem")]
-            cands += [replace(deep, persistent=True, programs_per_sm=1)] if deep is not None else []
+            # won the wide-output chains (1-2% better than 3 stages there); their persistent form
+            # never won (0.036-0.037 ms against 0.028 for the three-per-SM tilings, session 16)
+            cands += [tile(128, last, 4, 4, "register"), tile(128, last, 8, 4, "smem"), tile(128, last, 8, 3, "smem")]
         if n_last > 128:  # the best four of the session-6 sweep (128 -> 128 -> 512, 64 -> 64 -> 256)
             best = [tile(128, last, 4, 4, "register"), tile(128, last, 8, 4, "smem")]
             cands += [*best, tile(128, last, 8, 3, "smem"), tile(256, last, 8, 3, "smem")]
@@ -191,12 +190,12 @@ def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: in
             # tiles: one program per SM, whose last stage overlaps nothing. Two programs per SM
             # measured no faster (H200, 128 -> 128 -> 512): 64-wide last tiles (session 7, the
             # one kept here: 0.0532-0.0537 ms), single- or double-buffered N loops (n_stages 1-2,
-            # 64-128 KB: 0.0579-0.0766 against 0.0541 for the 4-deep loop, session 8)
+            # 64-128 KB: 0.0579-0.0766 against 0.0541 for the 4-deep loop, session 8); three per
+            # SM did win (the smem 4-warp tilings above: 0.045-0.047, session 16)
             cands += [tile(128, 64, 8, 4, "smem", bk=32)]
-            # the two best in persistent form (one program per SM looping over the tiles, so a tile's
-            # last stores drain while the next tile's stage 0 starts): 0.052-0.065 ms in session 16,
-            # never the winner; kept while their gap to the best stays within run-to-run noise
-            cands += [replace(c, persistent=True, programs_per_sm=1) for c in best if c is not None]
+            # (the two best in persistent form, one program per SM looping over the tiles, were
+            # candidates in sessions 9-16 and never won: 0.052-0.065 ms against 0.045-0.047 for the
+            # three-per-SM tilings above, session 16)
     else:
         cands = [tile(128, min(last, 64), 8, 2, "smem")]
     return [c for c in cands if c is not None]
