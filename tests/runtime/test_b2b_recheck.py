@@ -77,6 +77,20 @@ def test_close_decision_keeps_the_side_faster_in_the_plan(monkeypatch: pytest.Mo
         assert "measured in the plan" in entry["decided_by"]
 
 
+@pytest.mark.parametrize("unfused_in_plan,kept", [(0.99, "fused"), (0.97, "unfused")])
+def test_the_plan_overturns_a_decision_only_beyond_the_noise(monkeypatch: pytest.MonkeyPatch, unfused_in_plan: float, kept: str) -> None:
+    """The other side must run more than FLIP (2%) faster in the plan: a 1% lead is within what two
+    timings a side can tell apart, and the decision stands."""
+    _, plan = _plan(monkeypatch, fused_ms=0.97, unfused_ms=1.0)  # fused chosen
+
+    def timer(p, xs) -> float:  # noqa: ANN001
+        return 1.0 if p.steps[0].info.template == "b2b_chain" else unfused_in_plan
+
+    done = recheck_b2b(plan, [torch.randn(9, 24)], timer=timer)
+    assert done[0]["kept"] == kept and done[0]["changed"] == (kept == "unfused")
+    assert plan.steps[0].b2b["fused"] == (kept == "fused")
+
+
 def test_far_decision_is_not_rechecked(monkeypatch: pytest.MonkeyPatch) -> None:
     _, plan = _plan(monkeypatch, fused_ms=0.5, unfused_ms=1.0)
     timed: list[int] = []
