@@ -106,6 +106,40 @@ def _one_call_graph_ms(c: Any, x: torch.Tensor, rep: int) -> float:
         return graph_ms_per_call(c, (x,), calls=1, rep=rep)[0]
 
 
+def _paired_ms(c: Any, u_c: Any, x: torch.Tensor, rep: int, calls: int, rounds: int = 2) -> dict[str, Any]:
+    """Both plans timed after both compiles, interleaved A B B A (A = b2b on), ``rounds`` times:
+    the medians and every timing. Sessions 15-16 (H200, M = 1M, 256 -> 256 -> 256): the plan timed
+    right after its own compile measured 2.4-7.7% slower than the ``fuse_b2b=False`` plan timed
+    after it, with the same two kernels in both; timed side by side after both compiles they agree."""
+
+    def one(m: Any) -> float:
+        with torch.no_grad():
+            if x.is_cuda:
+                return graph_ms_per_call(m, (x,), calls=calls, rep=rep)[0]
+            return time_ms(lambda: m(x), warmup=1, rep=max(1, rep // 10))
+
+    times: dict[str, list[float]] = {"kfuse": [], "unfused": []}
+    for _ in range(rounds):
+        for side in ("kfuse", "unfused", "unfused", "kfuse"):
+            times[side].append(one(c if side == "kfuse" else u_c))
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    return {**med, "times_ms": times}
+
+
+def _apply_paired(
+    args: argparse.Namespace, c: Any, u_c: Any, x: torch.Tensor, k_ms: float, u_ms: float
+) -> tuple[float, float, dict[str, Any]]:  # fmt: skip
+    """With ``--paired``: the paired times replace the sequential ones (kept in the record)."""
+    if not args.paired:
+        return k_ms, u_ms, {}
+    p = _paired_ms(c, u_c, x, args.rep, args.graph_calls)
+    _log(f"  paired (A B B A after both compiles): kfuse {p['kfuse']:.4f} ms, unfused {p['unfused']:.4f} ms "
+         f"(sequential {k_ms:.4f} / {u_ms:.4f})")  # fmt: skip
+    extra = {"kfuse_sequential_ms": k_ms, "kfuse_unfused_sequential_ms": u_ms, "paired_times_ms": p["times_ms"],
+             "timing_order": "paired: both plans after both compiles, A B B A x 2, medians"}  # fmt: skip
+    return p["kfuse"], p["unfused"], extra
+
+
 def _b2b_fields(c: Any) -> dict[str, Any]:
     rep = c.report.get("b2b", {"fused": [], "not_fused": []})
     fused = rep["fused"]
@@ -171,6 +205,7 @@ def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, b2b_pdl=args.pdl)
             k1_ms = _one_call_graph_ms(c, x, args.rep)
             u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
+            k_ms, u_ms, paired = _apply_paired(args, c, u_c, x, k_ms, u_ms)
             ref = outs.get("eager")
             flops = 2.0 * m * (k0 * n0 + n0 * n1)
             nbytes = 2.0 * (m * (k0 + n1) + k0 * n0 + n0 * n1 + n0 + n1)
@@ -178,7 +213,7 @@ def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                 "b2b_gemm", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
                 kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
                 kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra,
-                m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c),
+                m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c), **paired,
                 kernels=kernel_lines(c.report), unfused_kernels=kernel_lines(u_c.report),
             )  # fmt: skip
             recs.append(rec)
@@ -209,6 +244,7 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, profile=not args.smoke)
             k1_ms = _one_call_graph_ms(c, x, args.rep)
             u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
+            k_ms, u_ms, paired = _apply_paired(args, c, u_c, x, k_ms, u_ms)
             ref = outs.get("eager")
             # where the plan's time goes (each step replayed alone from a CUDA graph)
             steps = [{k: r[k] for k in ("kernel", "template", "ops", "time_ms")} for r in (c.variant.profile or [])]
@@ -222,7 +258,7 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
                 kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
                 kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra, plan_profile=steps,
                 baseline_note="eager = cuDNN (channels-last); kfuse_unfused_ms = two conv_epilogue kernels (fuse_b2b=False)",
-                notes=notes + ["max_autotune skipped for conv chains"], **_b2b_fields(c),
+                notes=notes + ["max_autotune skipped for conv chains"], **_b2b_fields(c), **paired,
                 kernels=kernel_lines(c.report), unfused_kernels=kernel_lines(u_c.report),
             )  # fmt: skip
             recs.append(rec)
@@ -249,14 +285,15 @@ def bench_mlp(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list
             base, outs, notes, extra = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
             k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls)
             k1_ms = _one_call_graph_ms(c, x, args.rep)
-            u_ms, _, u_out, _ = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
+            u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
+            k_ms, u_ms, paired = _apply_paired(args, c, u_c, x, k_ms, u_ms)
             ref = outs.get("eager")
             flops = 2.0 * batch * (63 * 256 + 7 * 256 * 256 + 256 * 4)
             nbytes = 2.0 * (batch * (63 + 4) + 63 * 256 + 7 * 256 * 256 + 256 * 4)
             rec = make_record(
                 "mlp_model", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
                 kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
-                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra, notes=notes, **_b2b_fields(c),
+                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra, notes=notes, **_b2b_fields(c), **paired,
             )  # fmt: skip
             recs.append(rec)
             _log(f"  kfuse {k_ms:.4f} ms, unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
@@ -290,6 +327,11 @@ def main() -> None:
     ap.add_argument("--pdl", action="store_true", help="GEMM chains: also measure programmatic dependent launch (Options.b2b_pdl)")
     ap.add_argument("--graph-calls", type=int, default=20, help="back-to-back calls per CUDA graph for kfuse and eager_cudagraph")
     ap.add_argument("--gemm-cases", default="", help="GEMM chains to run instead of the matrix, e.g. 262144:64x1024x64,1048576:256x256x256")
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="time kfuse and the fuse_b2b=False plan side by side after both compiles (A B B A x 2); kfuse_ms is that median",
+    )
     ap.add_argument("--budget-scale", type=float, default=1.0, help="scale the per-section time budgets (default 175 s in all)")
     args = ap.parse_args()
     args.command = "PYTHONPATH=. python benchmarks/b2b_bench.py " + " ".join(sys.argv[1:])
