@@ -236,6 +236,10 @@ def test_sm90_conv_tma_kernel_moves_tiles_by_tma(cfg: b2b.B2BConfig) -> None:
         # 128-wide last tiles with one weight buffer in the N loop instead of four: 64-96 KB
         (b2b.B2BConfig(128, 32, 128, 4, 3, "register", tma=True, tile_h=4, tile_n=8, n_stages=1), 2),
         (b2b.B2BConfig(128, 64, 128, 4, 3, "register", tma=True, tile_h=4, tile_n=8, n_stages=1), 2),
+        # three per SM (session 16's winners): the intermediate in shared memory, 64-wide last tiles,
+        # one weight buffer in the N loop: 158-159 registers, 48-64 KB
+        (b2b.B2BConfig(128, 64, 64, 4, 2, "smem", tma=True, tile_h=4, tile_n=8, n_stages=1), 3),
+        (b2b.B2BConfig(128, 32, 64, 4, 4, "smem", tma=True, tile_h=4, tile_n=8, n_stages=1), 3),
         # the persistent form of the session-7 winner: the same 192 KB, one program per SM
         (b2b.B2BConfig(128, 64, 128, 8, 4, "smem", persistent=True, tma=True, programs_per_sm=1, tile_h=4, tile_n=8), 1),
     ],
@@ -244,7 +248,8 @@ def test_sm90_conv_tma_kernel_moves_tiles_by_tma(cfg: b2b.B2BConfig) -> None:
 def test_sm90_wide_chain_tiles_fit_programs_per_sm(cfg: b2b.B2BConfig, programs: int) -> None:
     """128 -> 128 -> 512 at 28x28 (batch 64) in tiles of 8 images x 4 x 4: the 128-wide last
     tiles need ~192 KB of shared memory (one program per SM), the 64-wide ones fit two per SM
-    (by shared memory and by registers), with no spills."""
+    (by shared memory and by registers), three with the intermediate in shared memory and a
+    single-buffered N loop, with no spills."""
     stages = (b2b.Stage(_epi("bias_relu"), torch.float16, True), b2b.Stage(_epi("bias_relu"), torch.float16, True))
     chain = b2b.Chain(stages, conv=True)
     h, c, n0, n1 = 28, 128, 128, 512
