@@ -21,10 +21,7 @@ import torch
 
 from kfuse.colocate.fuser import TAILSM_CONSTS, TAILSM_RUNTIME, FusedVersion, fused_module, kernel_fn, launch_args
 from kfuse.colocate.ptb import BlockKernel, _module_for, _params
-
-REGS_PER_SM = 65536
-SMEM_PER_SM = 227 * 1024
-WARPS_PER_SM = 64
+from kfuse.tune.hardware import programs_per_sm as hardware_programs_per_sm
 
 
 def cubin_resources(cubin: bytes) -> dict[str, int]:
@@ -41,8 +38,7 @@ def cubin_resources(cubin: bytes) -> dict[str, int]:
 
 def programs_per_sm(regs: int, shared: int, num_warps: int) -> int:
     """Programs of one kernel resident on an SM at once (registers rounded up to 8 a thread)."""
-    per_program_regs = ((regs + 7) // 8 * 8) * 32 * num_warps
-    return max(0, min(REGS_PER_SM // per_program_regs, SMEM_PER_SM // max(shared, 1), WARPS_PER_SM // num_warps))
+    return hardware_programs_per_sm(regs, shared, num_warps)
 
 
 def _type_of(v: Any) -> str:

@@ -33,6 +33,14 @@ class Hardware:
         return self.name
 
 
+def programs_per_sm(regs: int, shared: int, num_warps: int, hw: Hardware | None = None) -> int:
+    """Programs of one kernel resident on an SM at once, from its registers a thread (allocated in
+    units of 8), shared memory per program and warps. 0 when one program does not fit."""
+    hw = hw or DEFAULT
+    per_program_regs = ((max(regs, 1) + 7) // 8 * 8) * 32 * num_warps
+    return max(0, min(hw.regs_per_sm // per_program_regs, hw.smem_per_block // max(shared, 1), hw.max_threads_per_sm // (32 * num_warps)))
+
+
 TABLE: dict[str, Hardware] = {
     "H200": Hardware("NVIDIA H200", 90, 132, 232448, l2_bytes=60 * 1024 * 1024, peak_tflops_fp16=790.0, mem_bw_gbs=4300.0),
     "H100": Hardware("NVIDIA H100 80GB HBM3", 90, 132, 232448, l2_bytes=50 * 1024 * 1024, peak_tflops_fp16=760.0, mem_bw_gbs=3000.0),

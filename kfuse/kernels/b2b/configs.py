@@ -92,11 +92,14 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: t
             persistent += [B2BConfig(64, bk, last, 4, 3, res, True, tma=True, programs_per_sm=2),
                            B2BConfig(64, bk, last, 4, 2, res, True, preload=True, tma=True, programs_per_sm=2),
                            B2BConfig(128, bk, last, 8, 2, res, True, tma=True, programs_per_sm=1)]  # fmt: skip
-            # 64-row tiles hold a 128-wide intermediate in 64 registers a thread: 3-4 programs per
-            # SM hide each other's epilogues (M = 262144, 64 -> 128 -> 64 was 2.07x its memory
-            # floor with the best 2-program tiling, session 6)
-            persistent += [B2BConfig(64, bk, last, 4, 3, res, True, tma=True, programs_per_sm=4),
-                           B2BConfig(64, bk, last, 4, 4, res, True, tma=True, programs_per_sm=3)]  # fmt: skip
+            # 64-row tiles hold a 128-wide intermediate in 64 registers a thread, so 3 programs per
+            # SM can hide each other's epilogues (M = 262144, 64 -> 128 -> 64 sits at 1.96-2.01x its
+            # memory floor with the best 2-program tiling, sessions 15-16). Only with the weights
+            # preloaded: otherwise the pipeliner buffers them num_stages deep in the tile loop
+            # (131-172 KB, one program per SM; offline sm_90, session 16). Preloaded: 134 registers,
+            # 57-66 KB, three per SM
+            persistent += [B2BConfig(64, bk, last, 4, 3, res, True, preload=True, tma=True, programs_per_sm=3),
+                           B2BConfig(64, bk, last, 4, 2, res, True, preload=True, tma=True, programs_per_sm=3)]  # fmt: skip
             if bk <= 64:  # 64 -> 128 -> 64: the best two of the session-5 sweep at M = 1M (0.110 ms vs 0.120)
                 persistent += [B2BConfig(128, bk, last, 8, 2, res, True, preload=True, tma=True, programs_per_sm=2),
                                B2BConfig(128, bk, last, 4, 2, res, True, tma=True, programs_per_sm=2)]  # fmt: skip

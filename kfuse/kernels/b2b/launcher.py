@@ -217,12 +217,45 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, BLOCK_N=block_n, SMEM=cfg.residence == "smem", PREC=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **single,
     )  # fmt: skip
+    if cfg.persistent and "NUM_PROGRAMS" in kw and not interpreting():
+        fit = programs_that_fit(kernel, args, grid, kw, g.x.dtype)
+        if fit and fit * _num_sms(g.x.device) < kw["NUM_PROGRAMS"]:
+            kw["NUM_PROGRAMS"] = fit * _num_sms(g.x.device)
+            grid = (kw["NUM_PROGRAMS"],)
     if warmup:
         if not interpreting():
             kernel.warmup(*args, grid=grid, **kw)
     else:
         kernel[grid](*args, **kw)
     return out
+
+
+# programs per SM that fit, by compiled variant (0: unknown)
+_FIT: dict[Any, int] = {}
+
+
+def programs_that_fit(kernel: Any, args: tuple[Any, ...], grid: tuple[int, ...], kw: dict[str, Any], dtype: torch.dtype) -> int:
+    """How many programs of this compiled kernel an SM holds at once (registers and shared memory of
+    the sm_90 binary), or 0 when that cannot be read. A persistent grid sized past it (``programs_per_sm``
+    x SMs) gains nothing: the programs beyond it wait for running ones to exit and then start their
+    own pipeline. Session 16 found offline that the Hopper pipeliner buffers the weights of the TMA
+    persistent kernel ``num_stages`` deep, so most of the 3-4-programs-per-SM candidates took 106-344 KB
+    and held one or two programs (or none: then the launch fails and the decision skips the config)."""
+    key = (
+        id(kernel),
+        str(dtype),
+        tuple(sorted((k, v) for k, v in kw.items() if isinstance(v, (bool, int, float, str)) and k != "NUM_PROGRAMS")),
+    )
+    if key not in _FIT:
+        try:
+            from kfuse.tune.hardware import programs_per_sm
+
+            ck = kernel.warmup(*args, grid=grid, **kw)
+            ck._init_handles()  # loads the binary: sets n_regs
+            _FIT[key] = programs_per_sm(int(ck.n_regs), int(ck.metadata.shared), int(kw["num_warps"]))
+        except Exception:  # a kernel that does not compile or load fails at its launch, with its own error
+            _FIT[key] = 0
+    return _FIT[key]
 
 
 def _tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int) -> tuple[Any, Any] | None:
