@@ -251,6 +251,7 @@ def programs_that_fit(kernel: Any, args: tuple[Any, ...], grid: tuple[int, ...],
             from kfuse.tune.hardware import programs_per_sm
 
             ck = kernel.warmup(*args, grid=grid, **kw)
+            ck = ck.result() if hasattr(ck, "result") else ck  # an asynchronous compile hands back a future
             ck._init_handles()  # loads the binary: sets n_regs
             _FIT[key] = programs_per_sm(int(ck.n_regs), int(ck.metadata.shared), int(kw["num_warps"]))
         except Exception:  # a kernel that does not compile or load fails at its launch, with its own error
