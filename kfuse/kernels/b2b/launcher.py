@@ -218,7 +218,7 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **single,
     )  # fmt: skip
     if cfg.persistent and "NUM_PROGRAMS" in kw and not interpreting():
-        fit = programs_that_fit(kernel, args, grid, kw, g.x.dtype)
+        fit = programs_that_fit(kernel, args, grid, kw, g.x.dtype, g.x.device)
         if fit and fit * _num_sms(g.x.device) < kw["NUM_PROGRAMS"]:
             kw["NUM_PROGRAMS"] = fit * _num_sms(g.x.device)
             grid = (kw["NUM_PROGRAMS"],)
@@ -234,9 +234,11 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
 _FIT: dict[Any, int] = {}
 
 
-def programs_that_fit(kernel: Any, args: tuple[Any, ...], grid: tuple[int, ...], kw: dict[str, Any], dtype: torch.dtype) -> int:
-    """How many programs of this compiled kernel an SM holds at once (registers and shared memory of
-    the sm_90 binary), or 0 when that cannot be read. A persistent grid sized past it (``programs_per_sm``
+def programs_that_fit(
+    kernel: Any, args: tuple[Any, ...], grid: tuple[int, ...], kw: dict[str, Any], dtype: torch.dtype, device: torch.device | None = None
+) -> int:  # fmt: skip
+    """How many programs of this compiled kernel an SM of ``device`` holds at once (the binary's
+    registers and shared memory), or 0 when that cannot be read. A persistent grid sized past it (``programs_per_sm``
     x SMs) gains nothing: the programs beyond it wait for running ones to exit and then start their
     own pipeline. Session 16 found offline that the Hopper pipeliner buffers the weights of the TMA
     persistent kernel ``num_stages`` deep, so most of the 3-4-programs-per-SM candidates took 106-344 KB
@@ -244,16 +246,17 @@ def programs_that_fit(kernel: Any, args: tuple[Any, ...], grid: tuple[int, ...],
     key = (
         id(kernel),
         str(dtype),
+        str(device),
         tuple(sorted((k, v) for k, v in kw.items() if isinstance(v, (bool, int, float, str)) and k != "NUM_PROGRAMS")),
     )
     if key not in _FIT:
         try:
-            from kfuse.tune.hardware import programs_per_sm
+            from kfuse.tune.hardware import programs_per_sm, query
 
             ck = kernel.warmup(*args, grid=grid, **kw)
             ck = ck.result() if hasattr(ck, "result") else ck  # an asynchronous compile hands back a future
             ck._init_handles()  # loads the binary: sets n_regs
-            _FIT[key] = programs_per_sm(int(ck.n_regs), int(ck.metadata.shared), int(kw["num_warps"]))
+            _FIT[key] = programs_per_sm(int(ck.n_regs), int(ck.metadata.shared), int(kw["num_warps"]), query(device))
         except Exception:  # a kernel that does not compile or load fails at its launch, with its own error
             _FIT[key] = 0
     return _FIT[key]
