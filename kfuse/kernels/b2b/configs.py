@@ -100,6 +100,11 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: t
             # 57-66 KB, three per SM
             persistent += [B2BConfig(64, bk, last, 4, 3, res, True, preload=True, tma=True, programs_per_sm=3),
                            B2BConfig(64, bk, last, 4, 2, res, True, preload=True, tma=True, programs_per_sm=3)]  # fmt: skip
+            # the 128-row winner's tiling with the weights loaded once per program instead of once per
+            # tile (2048 tiles x 32 KB of weights from L2 at M = 262144, as much as the chain's DRAM
+            # traffic): 176 registers and 82 KB against 251 and 115 KB, still two per SM (session 16,
+            # offline; not yet measured)
+            persistent += [B2BConfig(128, bk, last, 4, 2, res, True, preload=True, tma=True, programs_per_sm=2)]
             if bk <= 64:  # 64 -> 128 -> 64: the best two of the session-5 sweep at M = 1M (0.110 ms vs 0.120)
                 persistent += [B2BConfig(128, bk, last, 8, 2, res, True, preload=True, tma=True, programs_per_sm=2),
                                B2BConfig(128, bk, last, 4, 2, res, True, tma=True, programs_per_sm=2)]  # fmt: skip
