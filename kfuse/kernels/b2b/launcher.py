@@ -122,6 +122,7 @@ def prepare(
 
 
 def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> torch.Tensor:
+    asked = cfg
     nb, c, h, w, oh, ow = g.dims
     m = nb * oh * ow
     if m == 0:
@@ -222,6 +223,7 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         if fit and fit * _num_sms(g.x.device) < kw["NUM_PROGRAMS"]:
             kw["NUM_PROGRAMS"] = fit * _num_sms(g.x.device)
             grid = (kw["NUM_PROGRAMS"],)
+            CAPPED[asked] = fit
     if warmup:
         if not interpreting():
             kernel.warmup(*args, grid=grid, **kw)
@@ -232,6 +234,13 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
 
 # programs per SM that fit, by compiled variant (0: unknown)
 _FIT: dict[Any, int] = {}
+# the configs whose persistent grid was capped, and the programs per SM they ran with (the report says so)
+CAPPED: dict[B2BConfig, int] = {}
+
+
+def capped_note(cfg: B2BConfig) -> str:
+    """ " (ran x2)" after a config whose ``programs_per_sm`` was more than its kernel fits, else ""."""
+    return f" (ran x{CAPPED[cfg]})" if cfg in CAPPED else ""
 
 
 def programs_that_fit(

@@ -10,7 +10,7 @@ import torch
 
 from kfuse.kernels.b2b.chain import B2BConfig, Chain
 from kfuse.kernels.b2b.configs import candidate_configs, default_config
-from kfuse.kernels.b2b.launcher import ConvGeom, b2b_chain, pack_first, pack_next
+from kfuse.kernels.b2b.launcher import ConvGeom, b2b_chain, capped_note, pack_first, pack_next
 from kfuse.kernels.codegen import as_pair
 from kfuse.runtime.executor import LOWERINGS, KernelInfo, Step, lowering
 
@@ -230,7 +230,7 @@ def _decide(
         except Exception as e:  # a config that does not compile (registers, smem) is skipped
             tried[cfg.describe()] = f"failed: {type(e).__name__}"
             continue
-        tried[cfg.describe()] = round(t, 4)
+        tried[cfg.describe() + capped_note(cfg)] = round(t, 4)
         if t < best[0]:
             best = (t, cfg)
     t_fused, cfg = best
@@ -239,7 +239,7 @@ def _decide(
     # the returned copy also carries both sides (popped by lower_b2b_chain; never in the report)
     sides = {"_sides": {"best_config": cfg, "unfused": unfused}} if cfg is not None else {}
     if cfg is not None and t_fused < t_unfused:
-        d.update(residence=cfg.residence, config=cfg.describe(), fused=True)
+        d.update(residence=cfg.residence, config=cfg.describe() + capped_note(cfg), fused=True)
         _DECIDED[key] = (cfg, d, cfg)
         return fused_with(cfg), "b2b_chain", {**d, **sides}
     d.update(residence="none", config="unfused (measured faster)", fused=False)
