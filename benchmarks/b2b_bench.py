@@ -140,6 +140,21 @@ def _apply_paired(
     return p["kfuse"], p["unfused"], extra
 
 
+def _kfuse_and_unfused(
+    args: argparse.Namespace, model: nn.Module, x: torch.Tensor, ref: Any, **opts: Any
+) -> tuple[float, Any, Any, Any, dict[str, Any]]:
+    """kfuse (``opts``) and the ``fuse_b2b=False`` plan on ``x``, as every section times them: the
+    kfuse time (paired with ``--paired``), its output, both compiled models, and the record fields
+    they share (plain-call, one-call-graph and unfused times, the unfused error against ``ref``)."""
+    k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, **opts)
+    k1_ms = _one_call_graph_ms(c, x, args.rep)
+    u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
+    k_ms, u_ms, paired = _apply_paired(args, c, u_c, x, k_ms, u_ms)
+    fields = dict(kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
+                  kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **_b2b_fields(c), **paired)  # fmt: skip
+    return k_ms, out, c, u_c, fields
+
+
 def _b2b_fields(c: Any) -> dict[str, Any]:
     rep = c.report.get("b2b", {"fused": [], "not_fused": []})
     fused = rep["fused"]
@@ -180,10 +195,6 @@ def _mlp2(k0: int, n0: int, n1: int, dtype: torch.dtype, device: str) -> nn.Modu
     return nn.Sequential(nn.Linear(k0, n0), nn.ReLU(), nn.Linear(n0, n1)).to(device=device, dtype=dtype).eval()
 
 
-def _record_common(c: Any, out: Any, ref: Any) -> dict[str, Any]:
-    return {"max_rel_err_vs_eager": max_rel_err(out, ref)}
-
-
 def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[dict[str, Any]]:
     ms, widths = SMOKE_GEMM if args.smoke else (GEMM_M, GEMM_WIDTHS)
     cases = [(m, w) for m in ms for w in widths] + ([] if args.smoke else GEMM_WIDE)
@@ -202,22 +213,18 @@ def bench_gemm(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             x = torch.randn(m, k0, device=device, dtype=dtype)
             autotune = (m, (k0, n0, n1)) in AUTOTUNE_CASES and not args.no_autotune
             base, outs, notes, extra = _baselines(model, x, autotune, args.rep, args.smoke, args.graph_calls)
-            k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, b2b_pdl=args.pdl)
-            k1_ms = _one_call_graph_ms(c, x, args.rep)
-            u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
-            k_ms, u_ms, paired = _apply_paired(args, c, u_c, x, k_ms, u_ms)
             ref = outs.get("eager")
+            k_ms, out, c, u_c, fields = _kfuse_and_unfused(args, model, x, ref, b2b_pdl=args.pdl)
             flops = 2.0 * m * (k0 * n0 + n0 * n1)
             nbytes = 2.0 * (m * (k0 + n1) + k0 * n0 + n0 * n1 + n0 + n1)
             rec = make_record(
                 "b2b_gemm", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
-                kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
-                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra,
-                m=m, widths=[k0, n0, n1], notes=notes, **_b2b_fields(c), **paired,
+                **fields, **extra, m=m, widths=[k0, n0, n1], notes=notes,
                 kernels=kernel_lines(c.report), unfused_kernels=kernel_lines(u_c.report),
             )  # fmt: skip
             recs.append(rec)
-            _log(f"  kfuse {k_ms:.4f} ms (call {call_ms:.4f}), unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
+            _log(f"  kfuse {k_ms:.4f} ms (call {fields['kfuse_call_ms']:.4f}), unfused kfuse {fields['kfuse_unfused_ms']:.4f} ms, "
+                 f"fused={rec['fused']} {rec['residence']}")  # fmt: skip
         except Exception as e:  # one failing case does not stop the others
             _log(f"  FAILED {case}: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
     return recs
@@ -241,11 +248,8 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             model = _convs(cin, c0, c1, dtype, device)
             x = torch.randn(nb, cin, hw, hw, device=device, dtype=dtype).to(memory_format=torch.channels_last)
             base, outs, notes, extra = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
-            k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls, profile=not args.smoke)
-            k1_ms = _one_call_graph_ms(c, x, args.rep)
-            u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
-            k_ms, u_ms, paired = _apply_paired(args, c, u_c, x, k_ms, u_ms)
             ref = outs.get("eager")
+            k_ms, out, c, u_c, fields = _kfuse_and_unfused(args, model, x, ref, profile=not args.smoke)
             # where the plan's time goes (each step replayed alone from a CUDA graph)
             steps = [{k: r[k] for k in ("kernel", "template", "ops", "time_ms")} for r in (c.variant.profile or [])]
             if steps:
@@ -255,14 +259,13 @@ def bench_conv(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             nbytes = 2.0 * (pix * (cin + c1) + 9 * cin * c0 + c0 * c1)
             rec = make_record(
                 "b2b_conv", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
-                kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
-                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra, plan_profile=steps,
+                **fields, **extra, plan_profile=steps,
                 baseline_note="eager = cuDNN (channels-last); kfuse_unfused_ms = two conv_epilogue kernels (fuse_b2b=False)",
-                notes=notes + ["max_autotune skipped for conv chains"], **_b2b_fields(c), **paired,
+                notes=notes + ["max_autotune skipped for conv chains"],
                 kernels=kernel_lines(c.report), unfused_kernels=kernel_lines(u_c.report),
             )  # fmt: skip
             recs.append(rec)
-            _log(f"  kfuse {k_ms:.4f} ms, unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
+            _log(f"  kfuse {k_ms:.4f} ms, unfused kfuse {fields['kfuse_unfused_ms']:.4f} ms, fused={rec['fused']} {rec['residence']}")
         except Exception as e:
             _log(f"  FAILED {case}: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
     return recs
@@ -283,20 +286,16 @@ def bench_mlp(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list
             model, margs, _ = zoo.build("nerf-mlp", batch=batch, dtype=dtype, device=device)
             x = margs[0]
             base, outs, notes, extra = _baselines(model, x, False, args.rep, args.smoke, args.graph_calls)
-            k_ms, call_ms, out, c = _kfuse_times(model, x, args.rep, args.graph_calls)
-            k1_ms = _one_call_graph_ms(c, x, args.rep)
-            u_ms, _, u_out, u_c = _kfuse_times(model, x, args.rep, args.graph_calls, fuse_b2b=False)
-            k_ms, u_ms, paired = _apply_paired(args, c, u_c, x, k_ms, u_ms)
             ref = outs.get("eager")
+            k_ms, out, _, _, fields = _kfuse_and_unfused(args, model, x, ref)
             flops = 2.0 * batch * (63 * 256 + 7 * 256 * 256 + 256 * 4)
             nbytes = 2.0 * (batch * (63 + 4) + 63 * 256 + 7 * 256 * 256 + 256 * 4)
             rec = make_record(
                 "mlp_model", case, k_ms, base, floor_ms(flops, nbytes), max_rel_err(out, ref), args.command, "fp16",
-                kfuse_call_ms=call_ms, kfuse_unfused_ms=u_ms, unfused_max_rel_err=max_rel_err(u_out, ref),
-                kfuse_1call_graph_ms=k1_ms, graph_calls=args.graph_calls, **extra, notes=notes, **_b2b_fields(c), **paired,
+                **fields, **extra, notes=notes,
             )  # fmt: skip
             recs.append(rec)
-            _log(f"  kfuse {k_ms:.4f} ms, unfused kfuse {u_ms:.4f} ms, fused={rec['fused']} {rec['residence']}")
+            _log(f"  kfuse {k_ms:.4f} ms, unfused kfuse {fields['kfuse_unfused_ms']:.4f} ms, fused={rec['fused']} {rec['residence']}")
         except Exception as e:
             _log(f"  FAILED {case}: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
     return recs

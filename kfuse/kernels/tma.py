@@ -12,9 +12,10 @@ import torch
 TMA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def tma_device(t: torch.Tensor) -> bool:
-    """False only for a CUDA tensor on a GPU before Hopper (sm_90); the interpreter emulates TMA."""
-    return not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] >= 9
+def tma_device(t: torch.Tensor | torch.device) -> bool:
+    """False only for a CUDA tensor (or device) on a GPU before Hopper (sm_90); the interpreter emulates TMA."""
+    device = t if isinstance(t, torch.device) else t.device
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def spatial_tile(block_m: int, tile_h: int, who: str, tile_n: int = 1) -> tuple[int, int]:

@@ -2,14 +2,15 @@
 fused versions, refused by the one-launch fuser with the reason, run by the CUDA backend with both
 results correct, and measured by the profile next to ``tail``."""
 
+from collections.abc import Callable
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from kfuse.colocate import cuda_backend as cb
-from kfuse.colocate import ptb, workloads
+from kfuse.colocate import ptb
 from kfuse.colocate import scheduler as S
 from kfuse.colocate.fuser import PRIO, TAIL, launch_args, parse_version
-from kfuse.colocate.lc import LCItem
 from kfuse.colocate.prio import run_prio
 
 
@@ -27,17 +28,9 @@ def test_run_prio_without_streams_runs_both_in_order() -> None:
     assert order == ["lc", "be"]
 
 
-def test_prio_through_the_backend_and_the_profile() -> None:
-    a, b = torch.randn(40, 24).half(), torch.randn(24, 33).half()
-    c = torch.full((40, 33), float("nan"), dtype=torch.float16)
-    gemm = ptb.gemm_kernel(a, b, c)
-    items = [LCItem("gemm0", gemm, None, "40x33x24", ("matmul",)), LCItem("seg0", None, lambda: None, "", ("relu",))]
-    w = workloads.make("histogram", small=True)
-    w.reset()
-    ptb.launch_original(w.kernel)
-    expect_be = w.output().clone()
-    backend = cb.CudaBackend(items, {"histogram": w})
-    w.reset()
+def test_prio_through_the_backend_and_the_profile(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
+    t = gemm_lc_backend("histogram")
+    a, b, c, w, expect_be, backend = t.a, t.b, t.c, t.w, t.expect_be, t.backend
     n = w.kernel.n_blocks
     backend.run_fused(0, "histogram", 0, n // 2, PRIO)  # half the BE kernel with the LC GEMM
     backend.run_be("histogram", n // 2, n)  # the rest alone

@@ -1,26 +1,18 @@
 """The ``tailsm`` fused version through the co-location path on the CPU: the CUDA backend launches it with
 correct results, the profile samples it next to ``tail``, and an Aker run with it among the versions completes."""
 
+from collections.abc import Callable
+from types import SimpleNamespace
+
 import torch
 
-from kfuse.colocate import cuda_backend as cb
-from kfuse.colocate import ptb, workloads
 from kfuse.colocate import scheduler as S
 from kfuse.colocate.fuser import TAIL, TAILSM
-from kfuse.colocate.lc import LCItem
 
 
-def test_tailsm_through_the_backend_profile_and_policy() -> None:
-    a, b = torch.randn(40, 24).half(), torch.randn(24, 33).half()
-    c = torch.full((40, 33), float("nan"), dtype=torch.float16)
-    gemm = ptb.gemm_kernel(a, b, c)
-    items = [LCItem("gemm0", gemm, None, "40x33x24", ("matmul",)), LCItem("seg0", None, lambda: None, "", ("relu",))]
-    w = workloads.make("hotspot", small=True)
-    w.reset()
-    ptb.launch_original(w.kernel)
-    expect_be = w.output().clone()
-    backend = cb.CudaBackend(items, {"hotspot": w})
-    w.reset()
+def test_tailsm_through_the_backend_profile_and_policy(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
+    t = gemm_lc_backend("hotspot")
+    a, b, c, w, expect_be, backend = t.a, t.b, t.c, t.w, t.expect_be, t.backend
     backend.run_fused(0, "hotspot", 0, w.kernel.n_blocks, TAILSM)
     assert torch.allclose(c.float(), a.float() @ b.float(), atol=1e-2, rtol=1e-2)
     assert torch.equal(w.output(), expect_be)

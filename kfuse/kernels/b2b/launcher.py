@@ -14,6 +14,7 @@ from kfuse.kernels.b2b.source import _TL, _module
 from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.epilogue import apply_reference
 from kfuse.kernels.tma import nhwc_box_descriptor, spatial_tile, tma_device
+from kfuse.tune.hardware import programs_per_sm, query
 
 
 @dataclass
@@ -260,8 +261,6 @@ def programs_that_fit(
     )
     if key not in _FIT:
         try:
-            from kfuse.tune.hardware import programs_per_sm, query
-
             ck = kernel.warmup(*args, grid=grid, **kw)
             ck = ck.result() if hasattr(ck, "result") else ck  # an asynchronous compile hands back a future
             ck._init_handles()  # loads the binary: sets n_regs

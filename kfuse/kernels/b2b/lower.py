@@ -12,6 +12,7 @@ from kfuse.kernels.b2b.chain import B2BConfig, Chain
 from kfuse.kernels.b2b.configs import candidate_configs, default_config
 from kfuse.kernels.b2b.launcher import ConvGeom, b2b_chain, capped_note, pack_first, pack_next
 from kfuse.kernels.codegen import as_pair
+from kfuse.kernels.tma import tma_device
 from kfuse.runtime.executor import LOWERINGS, KernelInfo, Step, lowering
 
 
@@ -108,8 +109,8 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
         # (run, kernel info, the decision fields that describe it)
         best: B2BConfig = sides["best_config"]
         step.b2b_sides = {  # type: ignore[attr-defined]
-            "fused": (fused_with(best), KernelInfo(node.name, "b2b_chain", a["fused_ops"], best.describe(), epis),
-                      {"residence": best.residence, "config": best.describe(), "fused": True}),
+            "fused": (fused_with(best), KernelInfo(node.name, "b2b_chain", a["fused_ops"], best.describe() + capped_note(best), epis),
+                      {"residence": best.residence, "config": best.describe() + capped_note(best), "fused": True}),
             "unfused": (sides["unfused"], KernelInfo(node.name, "b2b_chain(unfused)", a["fused_ops"], "unfused (measured faster)", epis),
                         {"residence": "none", "config": "unfused (measured faster)", "fused": False}),
         }  # fmt: skip
@@ -119,7 +120,7 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
 
 def _tma_gpu() -> bool:
     """Whether the current GPU has TMA (sm_90 or later); without a GPU, True (the interpreter emulates it)."""
-    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 9
+    return tma_device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _rows(graph: Any, node: Any, chain: Chain) -> int:
