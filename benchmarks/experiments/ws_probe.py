@@ -1,0 +1,105 @@
+"""Does the warp-specialised Gluon chain kernel (``kfuse/kernels/b2b/ws.py``) beat the Triton chunked
+kernel and the unfused pair on issue 5's wide GEMM chains?
+
+Floor and prediction (session 17): 256 -> 256 -> 256 at M = 1M is 275 GFLOP (0.348 ms at 790
+TFLOP/s) and 1.07 GB (0.25 ms at 4.3 TB/s); the 2x line is 0.696 ms. The Triton chunked kernel runs
+0.65-0.67 ms (~410 TFLOP/s) and the pair 0.61-0.71. With the first product of chunk j + 1 on the
+tensor cores during chunk j's epilogue, and the weight slices shared by 128 rows instead of 64,
+FA3-like kernels hold 500-600 TFLOP/s on Hopper: predicted 0.50-0.58 ms at M = 1M (1.45-1.65x the
+floor), 0.13-0.15 ms at M = 262144.
+
+Per case: the cuBLAS pair (addmm, relu, addmm), the Triton chunked kernel's default tiling and the
+Gluon kernel's tilings, each replayed 20 calls to a CUDA graph, each output poisoned with NaN and
+checked against an fp32 reference first.
+
+    PYTHONPATH=. python benchmarks/experiments/ws_probe.py --out $OUT   # H200, ~60 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kfuse.bench.harness import floor_ms, gpu_name, graph_ms_per_call
+from kfuse.kernels import b2b
+from kfuse.kernels.b2b import ws
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
+CASES = [(1 << 20, (256, 256, 256)), (262144, (256, 256, 256)), (1 << 20, (128, 128, 128)), (262144, (64, 1024, 64)),
+         (262144, (256, 1024, 256))]  # fmt: skip
+WS_TILINGS = [(32, 2, 2), (32, 1, 4), (64, 1, 2), (16, 2, 4)]  # (block_h, x_bufs, w_stages)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default="", help="e.g. 1048576:256x256x256 (default: the built-in five)")
+    a = ap.parse_args()
+    cases = CASES
+    if a.cases:
+        cases = [(int(m), tuple(int(v) for v in w.split("x"))) for m, w in (c.split(":") for c in a.cases.split(","))]
+    dt, dev = torch.float16, "cuda"
+    torch.manual_seed(0)
+    recs = []
+    for m, (k0, n0, n1) in cases:
+        name = f"M{m}_{k0}x{n0}x{n1}"
+        x = torch.randn(m, k0, device=dev, dtype=dt)
+        w0 = torch.randn(k0, n0, device=dev, dtype=dt) / k0**0.5
+        w1 = torch.randn(n0, n1, device=dev, dtype=dt) / n0**0.5
+        b0, b1 = torch.randn(n0, device=dev, dtype=dt), torch.randn(n1, device=dev, dtype=dt)
+        ref = torch.addmm(b1.float(), F.relu(torch.addmm(b0.float(), x.float(), w0.float())).half().float(), w1.float())
+        rec: dict = {"case": name, "floor_ms": floor_ms(2.0 * m * (k0 * n0 + n0 * n1), 2.0 * m * (k0 + n1)), "variants": {}}
+
+        def record(label: str, fn, rec=rec, ref=ref) -> None:
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+                err = rel_err(out, ref)
+                ms, _ = graph_ms_per_call(fn, (), calls=20, rep=20)
+                rec["variants"][label] = {"ms": ms, "rel_err": err, "ok": err < 2e-2}
+            except Exception as e:  # a tiling that does not compile or fit is recorded, not fatal
+                rec["variants"][label] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"[{name}] {label}: {rec['variants'][label]}", flush=True)
+
+        with torch.no_grad():
+            record("cublas pair", lambda: torch.addmm(b1, F.relu(torch.addmm(b0, x, w0)), w1))
+            chain = b2b.Chain((b2b.Stage(RELU, dt, True), b2b.Stage(Epilogue(), dt, True)))
+            args = b2b.prepare(chain, x, [w0, w1], [b0, b1], [[], []])
+            cfg = b2b.chunked_config([n0, n1], k0=k0)
+            record(f"triton {cfg.describe()}", lambda: b2b.launch(chain, args, cfg))
+            for h, xb, st in WS_TILINGS:
+                if ws.smem_bytes(k0, n1, h, xb, st) > ws.SMEM_BYTES:
+                    continue
+
+                out = torch.full((m, n1), float("nan"), device=dev, dtype=dt)  # poisoned: the check sees every row
+
+                def run_ws(h=h, xb=xb, st=st, out=out) -> torch.Tensor:
+                    return ws.b2b_ws(x, w0, w1, b0, b1, ("relu", "none"), block_h=h, x_bufs=xb, w_stages=st, out=out)
+
+                record(f"ws h{h} x{xb} w{st}", run_ws)
+        recs.append(rec)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv)}
+    (out / "ws_probe.json").write_text(json.dumps({**meta, "records": recs}, indent=1))
+    print(f"{'case':24s} {'floor':>7s} {'variant':28s} {'ms':>8s} {'x floor':>8s} {'err':>8s}")
+    for r in recs:
+        for label, v in r["variants"].items():
+            if "ms" in v:
+                print(f"{r['case']:24s} {r['floor_ms']:7.4f} {label:28s} {v['ms']:8.4f} {v['ms'] / r['floor_ms']:8.3f} {v['rel_err']:8.1e}")
+            else:
+                print(f"{r['case']:24s} {r['floor_ms']:7.4f} {label:28s} {v['error'][:60]}")
+
+
+if __name__ == "__main__":
+    main()
