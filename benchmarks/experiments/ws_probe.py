@@ -33,7 +33,14 @@ from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
 CASES = [(1 << 20, (256, 256, 256)), (262144, (256, 256, 256)), (1 << 20, (128, 128, 128)), (262144, (64, 1024, 64)),
          (262144, (256, 1024, 256))]  # fmt: skip
-WS_TILINGS = [(32, 2, 2), (32, 1, 4), (64, 1, 2), (16, 2, 4)]  # (block_h, x_bufs, w_stages)
+WS_TILINGS = [
+    (32, 2, 2, 3),
+    (32, 2, 2, 2),
+    (64, 1, 2, 2),
+    (64, 1, 2, 3),
+    (32, 1, 3, 4),
+    (16, 2, 3, 4),
+]  # (block_h, x_bufs, w0_stages, w1_stages)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -77,16 +84,16 @@ def main() -> None:
             args = b2b.prepare(chain, x, [w0, w1], [b0, b1], [[], []])
             cfg = b2b.chunked_config([n0, n1], k0=k0)
             record(f"triton {cfg.describe()}", lambda: b2b.launch(chain, args, cfg))
-            for h, xb, st in WS_TILINGS:
-                if ws.smem_bytes(k0, n1, h, xb, st) > ws.SMEM_BYTES:
+            for h, xb, s0, s1 in WS_TILINGS:
+                if ws.smem_bytes(k0, n1, h, xb, s0, s1) > ws.SMEM_BYTES:
                     continue
 
                 out = torch.full((m, n1), float("nan"), device=dev, dtype=dt)  # poisoned: the check sees every row
 
-                def run_ws(h=h, xb=xb, st=st, out=out) -> torch.Tensor:
-                    return ws.b2b_ws(x, w0, w1, b0, b1, ("relu", "none"), block_h=h, x_bufs=xb, w_stages=st, out=out)
+                def run_ws(h=h, xb=xb, s0=s0, s1=s1, out=out) -> torch.Tensor:
+                    return ws.b2b_ws(x, w0, w1, b0, b1, ("relu", "none"), block_h=h, x_bufs=xb, w0_stages=s0, w1_stages=s1, out=out)
 
-                record(f"ws h{h} x{xb} w{st}", run_ws)
+                record(f"ws h{h} x{xb} w{s0}/{s1}", run_ws)
         recs.append(rec)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

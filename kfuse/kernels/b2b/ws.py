@@ -10,8 +10,8 @@ M = 1M). Triton 3.6 generates neither warp specialisation nor an intra-warpgroup
 two products, and Gluon lets the kernel say both (the FA3 forward loop, without the softmax):
 
 * one **loader warp** streams, by TMA, the x tile (BLOCK_M rows, all of K0) into ``X_BUFS``
-  buffers and each chunk's weight slices ``W0[:, j]`` and ``W1[j, :]`` into ``W_STAGES``-deep
-  rings, signalling ``ready`` mbarriers; the consumers release each buffer through ``empty``
+  buffers and each chunk's weight slices ``W0[:, j]`` and ``W1[j, :]`` into ``W0_STAGES``- and
+  ``W1_STAGES``-deep rings, signalling ``ready`` mbarriers; the consumers release each buffer through ``empty``
   mbarriers once the MMA that read it has completed;
 * the **consumer warps** (two warpgroups, 64 rows each, one 128-row tile; the weight slices are
   shared by 128 rows, half the L2 traffic of 64-row programs) issue the first product of chunk
@@ -57,7 +57,8 @@ def _loader(x_desc, w0_desc, w1_desc, x_bufs, w0_bufs, w1_bufs, bars, M, NUM_PRO
     has already completed, so the rings fill before the consumers release anything."""
     x_ready, x_empty, w0_ready, w0_empty, w1_ready, w1_empty = bars
     X_BUFS: gl.constexpr = x_bufs.shape[0]
-    W_STAGES: gl.constexpr = w0_bufs.shape[0]
+    W0_STAGES: gl.constexpr = w0_bufs.shape[0]
+    W1_STAGES: gl.constexpr = w1_bufs.shape[0]
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BH: gl.constexpr = w0_desc.block_type.shape[1]
     i = 0
@@ -68,14 +69,14 @@ def _loader(x_desc, w0_desc, w1_desc, x_bufs, w0_bufs, w1_bufs, bars, M, NUM_PRO
         mbarrier.expect(x_ready.index(xs), x_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(x_desc, [tile * BM, 0], x_ready.index(xs), x_bufs.index(xs))
         for j in gl.static_range(NCH):
-            s = c % W_STAGES
-            ph = ((c // W_STAGES) & 1) ^ 1
-            mbarrier.wait(w0_empty.index(s), ph)
-            mbarrier.expect(w0_ready.index(s), w0_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(w0_desc, [0, j * BH], w0_ready.index(s), w0_bufs.index(s))
-            mbarrier.wait(w1_empty.index(s), ph)
-            mbarrier.expect(w1_ready.index(s), w1_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(w1_desc, [j * BH, 0], w1_ready.index(s), w1_bufs.index(s))
+            s0 = c % W0_STAGES
+            mbarrier.wait(w0_empty.index(s0), ((c // W0_STAGES) & 1) ^ 1)
+            mbarrier.expect(w0_ready.index(s0), w0_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(w0_desc, [0, j * BH], w0_ready.index(s0), w0_bufs.index(s0))
+            s1 = c % W1_STAGES
+            mbarrier.wait(w1_empty.index(s1), ((c // W1_STAGES) & 1) ^ 1)
+            mbarrier.expect(w1_ready.index(s1), w1_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(w1_desc, [j * BH, 0], w1_ready.index(s1), w1_bufs.index(s1))
             c += 1
         i += 1
 
@@ -87,7 +88,8 @@ def _consumer(x_bufs, w0_bufs, w1_bufs, bars, out_ptr, b0_ptr, b1_ptr, M, N0: gl
     """The two consumer warpgroups (the default partition): both products, both epilogues, the store."""
     x_ready, x_empty, w0_ready, w0_empty, w1_ready, w1_empty = bars
     X_BUFS: gl.constexpr = x_bufs.shape[0]
-    W_STAGES: gl.constexpr = w0_bufs.shape[0]
+    W0_STAGES: gl.constexpr = w0_bufs.shape[0]
+    W1_STAGES: gl.constexpr = w1_bufs.shape[0]
     BM: gl.constexpr = x_bufs.shape[1]
     BH: gl.constexpr = w0_bufs.shape[2]
     N1P: gl.constexpr = w1_bufs.shape[2]
@@ -105,21 +107,21 @@ def _consumer(x_bufs, w0_bufs, w1_bufs, bars, out_ptr, b0_ptr, b1_ptr, M, N0: gl
         xs = i % X_BUFS
         mbarrier.wait(x_ready.index(xs), (i // X_BUFS) & 1)
         xb = x_bufs.index(xs)
-        mbarrier.wait(w0_ready.index(c % W_STAGES), (c // W_STAGES) & 1)
-        acc = warpgroup_mma(xb, w0_bufs.index(c % W_STAGES), zero1, use_acc=False, is_async=True)
+        mbarrier.wait(w0_ready.index(c % W0_STAGES), (c // W0_STAGES) & 1)
+        acc = warpgroup_mma(xb, w0_bufs.index(c % W0_STAGES), zero1, use_acc=False, is_async=True)
         acc_o = gl.zeros([BM, N1P], gl.float32, l2)
         for j in gl.static_range(NCH):
-            s = c % W_STAGES
-            # G1(j) and G2(j - 1) are done: their weight slices (and, after the last G1, x) are free
-            acc, acc_o = warpgroup_mma_wait(0, deps=(acc, acc_o))
-            mbarrier.arrive(w0_empty.index(s), count=1)
-            if j > 0:
-                mbarrier.arrive(w1_empty.index((c - 1) % W_STAGES), count=1)
+            # wgmma groups retire in issue order: G1(j), G2(j - 1). Waiting for all but the last
+            # leaves G2(j - 1) running and makes G1(j) (and G2(j - 2) before it) complete
+            acc = warpgroup_mma_wait(0 if j == 0 else 1, deps=(acc,))
+            mbarrier.arrive(w0_empty.index(c % W0_STAGES), count=1)
+            if j > 1:
+                mbarrier.arrive(w1_empty.index((c - 2) % W1_STAGES), count=1)
             if j == NCH - 1:
                 mbarrier.arrive(x_empty.index(xs), count=1)
             else:  # the next chunk's first product runs on the tensor cores during this epilogue
-                sn = (c + 1) % W_STAGES
-                mbarrier.wait(w0_ready.index(sn), ((c + 1) // W_STAGES) & 1)
+                sn = (c + 1) % W0_STAGES
+                mbarrier.wait(w0_ready.index(sn), ((c + 1) // W0_STAGES) & 1)
                 acc_next = warpgroup_mma(xb, w0_bufs.index(sn), zero1, use_acc=False, is_async=True)
             if HAS_B0:
                 cols = j * BH + offs_h
@@ -128,13 +130,17 @@ def _consumer(x_bufs, w0_bufs, w1_bufs, bars, out_ptr, b0_ptr, b1_ptr, M, N0: gl
                 else:
                     acc = acc + gl.load(b0_ptr + cols, mask=cols < N0, other=0.0).to(gl.float32)[None, :]
             h = gl.convert_layout(_act(acc, ACT0).to(gl.float16), h_layout)
-            mbarrier.wait(w1_ready.index(s), (c // W_STAGES) & 1)
-            acc_o = warpgroup_mma(h, w1_bufs.index(s), acc_o, is_async=True)
+            s1 = c % W1_STAGES
+            mbarrier.wait(w1_ready.index(s1), (c // W1_STAGES) & 1)
+            # queued behind G2(j - 1) on the same accumulator: no wait between them
+            acc_o = warpgroup_mma(h, w1_bufs.index(s1), acc_o, is_async=True)
             if j < NCH - 1:
                 acc = acc_next
             c += 1
         acc_o = warpgroup_mma_wait(0, deps=(acc_o,))
-        mbarrier.arrive(w1_empty.index((c - 1) % W_STAGES), count=1)
+        if NCH > 1:
+            mbarrier.arrive(w1_empty.index((c - 2) % W1_STAGES), count=1)
+        mbarrier.arrive(w1_empty.index((c - 1) % W1_STAGES), count=1)
         if HAS_B1:  # loaded here, not hoisted: held across the loop it would cost 64 registers a thread
             acc_o = acc_o + gl.load(b1_ptr + offs_n, mask=offs_n < N1, other=0.0).to(gl.float32)[None, :]
         rows = tile * BM + offs_r
@@ -148,24 +154,25 @@ def _consumer(x_bufs, w0_bufs, w1_bufs, bars, out_ptr, b0_ptr, b1_ptr, M, N0: gl
 
 @gluon.jit
 def b2b_ws_kernel(x_desc, w0_desc, w1_desc, out_ptr, b0_ptr, b1_ptr, M, N0: gl.constexpr, N1: gl.constexpr, stride_om,
-                  NUM_PROGRAMS: gl.constexpr, NCH: gl.constexpr, X_BUFS: gl.constexpr, W_STAGES: gl.constexpr,
-                  HAS_B0: gl.constexpr, HAS_B1: gl.constexpr, ACT0: gl.constexpr, ACT1: gl.constexpr,
-                  num_warps: gl.constexpr):  # fmt: skip
+                  NUM_PROGRAMS: gl.constexpr, NCH: gl.constexpr, X_BUFS: gl.constexpr, W0_STAGES: gl.constexpr,
+                  W1_STAGES: gl.constexpr, HAS_B0: gl.constexpr, HAS_B1: gl.constexpr, ACT0: gl.constexpr,
+                  ACT1: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [X_BUFS] + x_desc.block_type.shape, x_desc.layout)
-    w0_bufs = gl.allocate_shared_memory(w0_desc.dtype, [W_STAGES] + w0_desc.block_type.shape, w0_desc.layout)
-    w1_bufs = gl.allocate_shared_memory(w1_desc.dtype, [W_STAGES] + w1_desc.block_type.shape, w1_desc.layout)
+    w0_bufs = gl.allocate_shared_memory(w0_desc.dtype, [W0_STAGES] + w0_desc.block_type.shape, w0_desc.layout)
+    w1_bufs = gl.allocate_shared_memory(w1_desc.dtype, [W1_STAGES] + w1_desc.block_type.shape, w1_desc.layout)
     x_ready = gl.allocate_shared_memory(gl.int64, [X_BUFS, 1], mbarrier.MBarrierLayout())
     x_empty = gl.allocate_shared_memory(gl.int64, [X_BUFS, 1], mbarrier.MBarrierLayout())
-    w0_ready = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
-    w0_empty = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
-    w1_ready = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
-    w1_empty = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
+    w0_ready = gl.allocate_shared_memory(gl.int64, [W0_STAGES, 1], mbarrier.MBarrierLayout())
+    w0_empty = gl.allocate_shared_memory(gl.int64, [W0_STAGES, 1], mbarrier.MBarrierLayout())
+    w1_ready = gl.allocate_shared_memory(gl.int64, [W1_STAGES, 1], mbarrier.MBarrierLayout())
+    w1_empty = gl.allocate_shared_memory(gl.int64, [W1_STAGES, 1], mbarrier.MBarrierLayout())
     for k in gl.static_range(X_BUFS):
         mbarrier.init(x_ready.index(k), count=1)
         mbarrier.init(x_empty.index(k), count=1)
-    for k in gl.static_range(W_STAGES):
+    for k in gl.static_range(W0_STAGES):
         mbarrier.init(w0_ready.index(k), count=1)
         mbarrier.init(w0_empty.index(k), count=1)
+    for k in gl.static_range(W1_STAGES):
         mbarrier.init(w1_ready.index(k), count=1)
         mbarrier.init(w1_empty.index(k), count=1)
     bars = (x_ready, x_empty, w0_ready, w0_empty, w1_ready, w1_empty)
@@ -187,10 +194,12 @@ def pow2(n: int, lo: int = 16) -> int:
     return p
 
 
-def smem_bytes(k0: int, n1: int, block_h: int, x_bufs: int, w_stages: int) -> int:
-    """fp16 shared memory of the kernel's buffers (plus a little for the mbarriers)."""
+def smem_bytes(k0: int, n1: int, block_h: int, x_bufs: int, w0_stages: int, w1_stages: int) -> int:
+    """fp16 shared memory of the kernel's buffers and mbarriers (sm_90 compiles: the buffers plus
+    324 B at 256 -> 256 -> 256; the intermediate's layout conversion stays in registers)."""
     k0p, n1p = pow2(k0), pow2(n1)
-    return 2 * (x_bufs * BLOCK_M * k0p + w_stages * block_h * (k0p + n1p)) + 64 * (x_bufs + 2 * w_stages)
+    buffers = x_bufs * BLOCK_M * k0p + w0_stages * block_h * k0p + w1_stages * block_h * n1p
+    return 2 * buffers + 16 * (x_bufs + w0_stages + w1_stages) + 256
 
 
 def ws_eligible(k0: int, n0: int, n1: int, dtype: torch.dtype, acts: tuple[str, str]) -> str | None:
@@ -221,16 +230,16 @@ def descriptors(x: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, block_h: in
 
 
 def b2b_ws(x: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, b0: torch.Tensor | None = None, b1: torch.Tensor | None = None,
-           acts: tuple[str, str] = ("relu", "none"), block_h: int = 64, x_bufs: int = 1, w_stages: int = 2,
+           acts: tuple[str, str] = ("relu", "none"), block_h: int = 32, x_bufs: int = 2, w0_stages: int = 2, w1_stages: int = 3,
            num_programs: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Launch the chain on x (M, K0), W0 (K0, N0), W1 (N0, N1), all fp16, row-major, on an sm_90 GPU.
     ``num_programs`` 0: one per SM (capped at the number of row tiles)."""
     why = ws_eligible(x.shape[1], w0.shape[1], w1.shape[1], x.dtype, acts)
     if why:
         raise ValueError(why)
-    need = smem_bytes(x.shape[1], w1.shape[1], block_h, x_bufs, w_stages)
+    need = smem_bytes(x.shape[1], w1.shape[1], block_h, x_bufs, w0_stages, w1_stages)
     if need > SMEM_BYTES:
-        raise ValueError(f"b2b_ws: {need} B of shared memory for h{block_h} x{x_bufs} w{w_stages}, more than {SMEM_BYTES}")
+        raise ValueError(f"b2b_ws: {need} B of shared memory for h{block_h} x{x_bufs} w{w0_stages}/{w1_stages}, more than {SMEM_BYTES}")
     m, n0, n1 = x.shape[0], w0.shape[1], w1.shape[1]
     out = torch.empty(m, n1, device=x.device, dtype=x.dtype) if out is None else out
     xd, w0d, w1d = descriptors(x, w0, w1, block_h)
@@ -240,7 +249,7 @@ def b2b_ws(x: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, b0: torch.Tensor
     num_programs = max(1, min(num_programs, tiles))
     b2b_ws_kernel[(num_programs,)](
         xd, w0d, w1d, out, b0 if b0 is not None else out, b1 if b1 is not None else out, m, N0=n0, N1=n1, stride_om=out.stride(0),
-        NUM_PROGRAMS=num_programs, NCH=triton.cdiv(n0, block_h), X_BUFS=x_bufs, W_STAGES=w_stages,
+        NUM_PROGRAMS=num_programs, NCH=triton.cdiv(n0, block_h), X_BUFS=x_bufs, W0_STAGES=w0_stages, W1_STAGES=w1_stages,
         HAS_B0=b0 is not None, HAS_B1=b1 is not None, ACT0=ACTS.index(acts[0]), ACT1=ACTS.index(acts[1]),
         num_warps=8, maxnreg=168,
     )  # fmt: skip
