@@ -1,4 +1,4 @@
-"""Does the warp-specialised Gluon chain kernel (``kfuse/kernels/b2b/ws.py``) beat the Triton chunked
+"""Does the warp-specialised Gluon chain kernel (``b2b_ws_kernel.py`` beside this file) beat the Triton chunked
 kernel and the unfused pair on issue 5's wide GEMM chains?
 
 Floor and prediction (session 17): 256 -> 256 -> 256 at M = 1M is 275 GFLOP (0.348 ms at 790
@@ -12,7 +12,15 @@ Per case: the cuBLAS pair (addmm, relu, addmm), the Triton chunked kernel's defa
 Gluon kernel's tilings, each replayed 20 calls to a CUDA graph, each output poisoned with NaN and
 checked against an fp32 reference first.
 
-    PYTHONPATH=. python benchmarks/experiments/ws_probe.py --out $OUT   # H200, ~60 s
+Result (session 17, two H200 runs, ``experiments/s17_ws_probe_v{1,2}.json``): **refuted**. Correct
+on every case (relative error 3.2-3.6e-4, the same as cuBLAS), but slower than the Triton chunked
+kernel everywhere. 256 -> 256 -> 256 at M = 1M: best Gluon tiling 0.815 ms (h32, one x buffer,
+rings 3/4), against 0.654 for Triton's chunked kernel and 0.894 for the cuBLAS pair. v1 (wait for
+every wgmma group each chunk) ran 0.87 ms; v2 (G2(j - 1) left running while G1(j) is waited for,
+separate W0 / W1 ring depths) 0.815. M = 262144: 0.217 against 0.169; 64 -> 1024 -> 64: 0.152
+against 0.131. See docs/perf-notes.md, "Session 17", for what this leaves.
+
+    PYTHONPATH=. python benchmarks/experiments/ws_probe.py --out $OUT   # H200, ~90 s
 """
 
 from __future__ import annotations
@@ -22,12 +30,12 @@ import json
 import sys
 from pathlib import Path
 
+import b2b_ws_kernel as ws  # beside this file (python puts the script's folder on sys.path)
 import torch
 import torch.nn.functional as F
 
 from kfuse.bench.harness import floor_ms, gpu_name, graph_ms_per_call
 from kfuse.kernels import b2b
-from kfuse.kernels.b2b import ws
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 
 RELU = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)

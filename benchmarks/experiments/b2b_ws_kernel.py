@@ -25,8 +25,17 @@ wgmma); the output tile (128 x N1 fp32, 128 registers a thread) is stored straig
 accumulator's layout. The grid is persistent: one program per SM loops over row tiles.
 
 Requirements (``ws_eligible``): sm_90, fp16, K0 and N1 padded to a power of two <= 256, at most
-one bias per stage, act in ``ACTS``. No interpreter: Gluon does not run in TRITON_INTERPRET, so the
-CPU tests compile it for sm_90 and the GPU tests and benchmarks check it against the reference.
+one bias per stage, act in ``ACTS``. Gluon does not run in TRITON_INTERPRET; it compiles for sm_90
+offline (no spills at h32 with two x buffers and W0 / W1 rings of 2 / 3: 213,316 B of shared memory,
+consumers at 240 registers after ``setmaxnreg``).
+
+Experiment (session 17), not part of kfuse: ``ws_probe.py`` measured it correct on every case and
+slower than ``b2b_chunked_kernel`` on every case (0.815 against 0.654 ms at 256 -> 256 -> 256, M =
+1M), so it was kept here as the record rather than wired into the b2b decision. Likely causes, not
+yet separated: the two consumer warpgroups run in lockstep on one tile, so the output store of
+each 128 x 256 tile (straight from the accumulator layout, 4-byte stores) leaves the tensor cores
+idle; each chunk's first product re-reads the x tile from shared memory (n = 32 wgmma tiles are
+bound by shared-memory bandwidth); and no ping-pong between the warpgroups (FA3's named barriers).
 """
 
 from __future__ import annotations
