@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 if "--smoke" in sys.argv:  # tiny shapes in the interpreter on the CPU (wiring check)
@@ -28,7 +26,7 @@ if "--smoke" in sys.argv:  # tiny shapes in the interpreter on the CPU (wiring c
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import floor_ms, gpu_name, graph_ms_per_call, max_rel_err, sweep_configs
+from kfuse.bench.harness import floor_ms, graph_ms_per_call, max_rel_err, sweep_configs, write_experiment
 from kfuse.kernels import b2b
 from kfuse.kernels.b2b.configs import SMEM_LIMIT, chunked_smem_bytes
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
@@ -286,10 +284,7 @@ def main() -> None:
         bad = [k for k, v in res.items() if isinstance(v, dict) and not v["ok"]]
         print(f"[{kind}] {name}: reference {ref_ms:.4f} ms, floor {rec['floor_ms']:.4f}; {len(ok)}/{len(cfgs)} ok, "
               f"{len(bad)} wrong; best {best[:3]}", flush=True)  # fmt: skip
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv)}
-    (out / "b2b_sweep.json").write_text(json.dumps({**meta, "records": recs}, indent=1))
+    write_experiment("b2b_sweep", a.out, records=recs)
     print(f"{'case':26s} {'reference':>10s} {'best':>10s} {'ratio':>7s} {'floor':>8s}  best config")
     for r in recs:
         if r["best"]:

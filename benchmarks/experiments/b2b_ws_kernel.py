@@ -48,8 +48,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from kfuse.kernels.b2b.chain import pad_width
+from kfuse.kernels.b2b.configs import SMEM_LIMIT
+
 ACTS = ("none", "relu")  # the stage activations this kernel applies (constexpr codes 0, 1)
-SMEM_BYTES = 227 * 1024  # sm_90's per-block dynamic shared memory limit
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
 
 
@@ -196,17 +198,10 @@ def b2b_ws_kernel(x_desc, w0_desc, w1_desc, out_ptr, b0_ptr, b1_ptr, M, N0: gl.c
     # fmt: on
 
 
-def pow2(n: int, lo: int = 16) -> int:
-    p = lo
-    while p < n:
-        p *= 2
-    return p
-
-
 def smem_bytes(k0: int, n1: int, block_h: int, x_bufs: int, w0_stages: int, w1_stages: int) -> int:
     """fp16 shared memory of the kernel's buffers and mbarriers (sm_90 compiles: the buffers plus
     324 B at 256 -> 256 -> 256; the intermediate's layout conversion stays in registers)."""
-    k0p, n1p = pow2(k0), pow2(n1)
+    k0p, n1p = pad_width(k0), pad_width(n1)
     buffers = x_bufs * BLOCK_M * k0p + w0_stages * block_h * k0p + w1_stages * block_h * n1p
     return 2 * buffers + 16 * (x_bufs + w0_stages + w1_stages) + 256
 
@@ -230,7 +225,7 @@ def descriptors(x: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, block_h: in
     padded columns and rows multiply zeros)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    k0p, n1p = pow2(x.shape[1]), pow2(w1.shape[1])
+    k0p, n1p = pad_width(x.shape[1]), pad_width(w1.shape[1])
 
     def desc(t: torch.Tensor, block: list[int]) -> Any:
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.float16))
@@ -247,8 +242,8 @@ def b2b_ws(x: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, b0: torch.Tensor
     if why:
         raise ValueError(why)
     need = smem_bytes(x.shape[1], w1.shape[1], block_h, x_bufs, w0_stages, w1_stages)
-    if need > SMEM_BYTES:
-        raise ValueError(f"b2b_ws: {need} B of shared memory for h{block_h} x{x_bufs} w{w0_stages}/{w1_stages}, more than {SMEM_BYTES}")
+    if need > SMEM_LIMIT:
+        raise ValueError(f"b2b_ws: {need} B of shared memory for h{block_h} x{x_bufs} w{w0_stages}/{w1_stages}, more than {SMEM_LIMIT}")
     m, n0, n1 = x.shape[0], w0.shape[1], w1.shape[1]
     out = torch.empty(m, n1, device=x.device, dtype=x.dtype) if out is None else out
     xd, w0d, w1d = descriptors(x, w0, w1, block_h)

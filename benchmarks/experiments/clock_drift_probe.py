@@ -17,18 +17,16 @@ it again. Each timing is paired with nvidia-smi's SM clock, power draw and tempe
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 import kfuse
-from kfuse.bench.harness import gpu_name, graph_ms_per_call
+from kfuse.bench.harness import graph_ms_per_call, write_experiment
 
 QUERY = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 
@@ -84,11 +82,7 @@ def main() -> None:
     idle = sorted(r["ms"] for r in rows if r["phase"] == "idle")
     hot = sorted(r["ms"] for r in rows if r["phase"] == "hot")
     summary = {"idle_median_ms": idle[len(idle) // 2], "hot_median_ms": hot[len(hot) // 2]}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv)}
-    meta["case"] = f"M{a.m}_{w}x{w}x{w}"
-    (out / "clock_drift_probe.json").write_text(json.dumps({**meta, **summary, "rows": rows}, indent=1))
+    write_experiment("clock_drift_probe", a.out, case=f"M{a.m}_{w}x{w}x{w}", **summary, rows=rows)
     print(f"idle median {summary['idle_median_ms']:.4f} ms, hot median {summary['hot_median_ms']:.4f} ms")
 
 

@@ -21,11 +21,9 @@ cause. Compiled with ``b2b_recheck=False`` so the plan keeps the decision's side
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 if "--smoke" in sys.argv:
@@ -38,7 +36,7 @@ import torch
 from torch import nn
 
 import kfuse
-from kfuse.bench.harness import gpu_name, graph_ms_per_call
+from kfuse.bench.harness import graph_ms_per_call, write_experiment
 from kfuse.runtime.executor import execute
 
 
@@ -102,10 +100,7 @@ def main() -> None:
         cases, a.rounds = [(48, (32, 288, 16))], 1
     t0 = time.perf_counter()
     recs = [probe(m, w, device, dtype, a.rounds) for m, w in cases]
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv)}
-    (out / "decision_vs_plan_probe.json").write_text(json.dumps({**meta, "records": recs}, indent=1))
+    write_experiment("decision_vs_plan_probe", a.out, records=recs)
     for r in recs:
         print(f"{r['case']}: decision fused {r['decision']['fused_ms']} / unfused {r['decision']['unfused_ms']} ms, chose {r['chosen']}")
         print(f"  {'way':44s} {'fused ms':>9s} {'unfused ms':>10s}")

@@ -15,7 +15,6 @@ parallel threads first; anything past ``--budget-s`` is recorded as skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ if "--smoke" in sys.argv:
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import gpu_name, graph_ms_per_call, max_rel_err, sweep_configs
+from kfuse.bench.harness import graph_ms_per_call, max_rel_err, sweep_configs, write_experiment
 from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 from kfuse.kernels.gemm import GemmConfig, gemm_epilogue, launch, prepare
@@ -136,11 +135,7 @@ def main() -> None:
             )
     if not a.smoke:
         recs += [_unfused_plan(m, k, n) for m, n, k in shapes if n == k]
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv),
-            "timing": "20 calls per CUDA graph, ms per call"}  # fmt: skip
-    (out / "gemm_space_probe.json").write_text(json.dumps({**meta, "records": recs}, indent=1))
+    write_experiment("gemm_space_probe", a.out, timing="20 calls per CUDA graph, ms per call", records=recs)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,10 @@ GEMMs leave bandwidth unused. Times (CUDA graph, 10 calls per replay, median) fo
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
 
 import torch
 
-from kfuse.bench.harness import gpu_name, graph_ms_per_call
+from kfuse.bench.harness import graph_ms_per_call, write_experiment
 
 
 def main() -> None:
@@ -44,10 +41,7 @@ def main() -> None:
             tbs = tensors * n * 2 / (ms * 1e-3) / 1e12
             recs.append({"case": f"{name}_{mb}MB", "ms": ms, "tb_per_s": tbs})
             print(f"{name:5s} {mb:4d} MB  {ms:8.4f} ms  {tbs:5.2f} TB/s", flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv)}
-    (out / "hbm_probe.json").write_text(json.dumps({**meta, "records": recs}, indent=1))
+    write_experiment("hbm_probe", a.out, records=recs)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ times both choices, the rule ranking's first config and cuBLAS alone the way the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ if "--smoke" in sys.argv:
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import gpu_name, graph_ms_per_call, max_rel_err
+from kfuse.bench.harness import graph_ms_per_call, max_rel_err, write_experiment
 from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 from kfuse.kernels.gemm import GemmConfig, gemm_epilogue
@@ -98,11 +97,7 @@ def main() -> None:
             recs.append(rec)
             row = "  ".join(f"{lb} {v.get('ms', float('nan')):.4f} ({v['config']})" for lb, v in rec["configs"].items())
             print(f"{case:22s} cuBLAS {rec['cublas_ms']:.4f}  {row}", flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv),
-            "timing": "20 calls per CUDA graph, ms per call"}  # fmt: skip
-    (out / "tuner_timing_probe.json").write_text(json.dumps({**meta, "records": recs}, indent=1))
+    write_experiment("tuner_timing_probe", a.out, timing="20 calls per CUDA graph, ms per call", records=recs)
     print(f"\n{'case':22s} {'cuBLAS':>8s} {'flush on':>9s} {'flush off':>9s} {'rules #1':>9s}")
     for r in recs:
         c = r["configs"]

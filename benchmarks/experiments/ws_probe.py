@@ -26,15 +26,12 @@ against 0.131. See docs/perf-notes.md, "Session 17", for what this leaves.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
 
 import b2b_ws_kernel as ws  # beside this file (python puts the script's folder on sys.path)
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import floor_ms, gpu_name, graph_ms_per_call
+from kfuse.bench.harness import floor_ms, graph_ms_per_call, write_experiment
 from kfuse.kernels import b2b
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 
@@ -93,7 +90,7 @@ def main() -> None:
             cfg = b2b.chunked_config([n0, n1], k0=k0)
             record(f"triton {cfg.describe()}", lambda: b2b.launch(chain, args, cfg))
             for h, xb, s0, s1 in WS_TILINGS:
-                if ws.smem_bytes(k0, n1, h, xb, s0, s1) > ws.SMEM_BYTES:
+                if ws.smem_bytes(k0, n1, h, xb, s0, s1) > ws.SMEM_LIMIT:
                     continue
 
                 out = torch.full((m, n1), float("nan"), device=dev, dtype=dt)  # poisoned: the check sees every row
@@ -103,10 +100,7 @@ def main() -> None:
 
                 record(f"ws h{h} x{xb} w{s0}/{s1}", run_ws)
         recs.append(rec)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv)}
-    (out / "ws_probe.json").write_text(json.dumps({**meta, "records": recs}, indent=1))
+    write_experiment("ws_probe", a.out, records=recs)
     print(f"{'case':24s} {'floor':>7s} {'variant':28s} {'ms':>8s} {'x floor':>8s} {'err':>8s}")
     for r in recs:
         for label, v in r["variants"].items():

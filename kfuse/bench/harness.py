@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -260,6 +261,16 @@ def make_record(
         rec["speedup_vs_best"] = min(baselines_ms.values()) / kfuse_ms
     rec.update(extra)
     return rec
+
+
+def write_experiment(name: str, out_dir: str | Path, **fields: Any) -> Path:
+    """An experiment's raw result, ``<out_dir>/<name>.json``: the GPU, torch and the command that
+    ran (this process's argv), then ``fields`` (usually ``records``), in that order."""
+    path = Path(out_dir) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": gpu_name(), "torch": torch.__version__, "command": "PYTHONPATH=. python " + " ".join(sys.argv)}
+    path.write_text(json.dumps({**meta, **fields}, indent=1))
+    return path
 
 
 def write_results(name: str, records: list[dict[str, Any]], out_dir: str | Path) -> Path:
