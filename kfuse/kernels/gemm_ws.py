@@ -1,0 +1,312 @@
+"""``gemm_pingpong_kernel``: a warp-specialised, persistent ping-pong GEMM for Hopper (sm_90), written
+in Gluon, with kfuse's generated epilogue.
+
+    C = epilogue(A @ B, extra inputs...),  A (M, K) K-contiguous, B (K, N) row- or column-major
+
+Why a fourth GEMM kernel: at BERT/GPT-2's K = 768 the Triton kernels (``gemm.py``) spend a third of
+each tile in the epilogue, with the tensor cores idle: one instruction stream runs the main loop
+and then the epilogue, and Triton 3.6 does not warp-specialise Hopper GEMMs with 128-row tiles
+(docs/perf-notes.md, sessions 2, 5, 7). cuBLAS's answer, which this kernel follows, is the
+*ping-pong* schedule: two consumer warpgroups own alternate output tiles of a persistent program,
+and while one runs its epilogue (bias, GELU, the TMA store) on the CUDA cores the other runs its
+main loop on the tensor cores.
+
+Partitions (``gl.warp_specialize``):
+
+* **loader** (1 warp, few registers): walks the program's tiles in order and, for each, streams
+  the K blocks of A and B by TMA into a ``STAGES``-deep ring of shared-memory slots, each with a
+  ``ready`` and an ``empty`` mbarrier.
+* **two consumers** (one warpgroup each, 4 warps): consumer ``w`` takes the program's tiles
+  ``w, w + 2, w + 4, ...``. Because the ring is filled in tile order, consumer 1's first slot is
+  loaded only once consumer 0 has freed the slots of its tile, so the two main loops take turns on
+  the tensor cores and each epilogue runs under the other consumer's main loop, with no extra
+  barrier. Each consumer keeps one wgmma group in flight, frees a slot as soon as the wgmma that
+  read it has retired, applies the epilogue in the accumulator's registers (extra inputs loaded by
+  pointers at the tile's coordinates; a bias row once per tile) and stores the tile through its
+  own shared-memory buffer by TMA (the store of tile i overlaps the main loop of tile i + 2).
+
+Requirements (``pingpong_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
+TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
+the kernel for sm_90 offline (``compile_offline``) and check its SASS (HGMMA, no spills); the
+numerical tests run on the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kfuse.kernels.codegen import cdiv, generated, interpreting
+from kfuse.kernels.epilogue import Epilogue, render
+
+SMEM_LIMIT = 232448  # sm_90: dynamic shared memory per block (227 KB)
+PINGPONG_DTYPES = (torch.float16, torch.bfloat16)
+
+_SOURCE = """
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+tl = gl  # the rendered epilogue is written against triton.language's names, which Gluon shares
+
+
+@gluon.jit
+def _tile_coords(t, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    # grouped order: GROUP_M row tiles walk the columns together, so B's column blocks are
+    # re-read from L2 while hot
+    num_m = gl.cdiv(M, BLOCK_M)
+    num_n = gl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (t // per_group) * GROUP_M
+    rows = gl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (t % per_group) % rows, (t % per_group) // rows
+
+
+@gluon.jit
+def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N: gl.constexpr,
+            NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr):
+    # one warp: the TMA producer. A slot's first ``empty`` wait is at phase 1, which a fresh
+    # mbarrier has already completed, so the ring fills before any consumer frees a slot
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    k_steps = gl.cdiv(K, BLOCK_K)
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    c = 0
+    for t in range(gl.program_id(0), num_tiles, NUM_PROGRAMS):
+        pid_m, pid_n = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        for kb in range(k_steps):
+            s = c % STAGES
+            mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kb * BLOCK_K], ready.index(s), a_bufs.index(s))
+            if B_KMAJOR:
+                tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kb * BLOCK_K], ready.index(s), b_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(b_desc, [kb * BLOCK_K, pid_n * BLOCK_N], ready.index(s), b_bufs.index(s))
+            c += 1
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, ready, empty, turn, c_smem, c_desc, {extra_ptrs}M, N, K, {extra_strides}
+              {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, WG: gl.constexpr):
+    # one warpgroup: the main loop, the epilogue and the store of the program's tiles WG, WG + 2, ...
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    my_tiles = gl.cdiv(num_tiles - gl.program_id(0), NUM_PROGRAMS)
+    for i in range(WG, my_tiles, 2):
+        t = gl.program_id(0) + i * NUM_PROGRAMS
+        pid_m, pid_n = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        c = i * k_steps  # every tile has k_steps slots, so tile i's first is at i * k_steps
+        # wait for the other consumer's main loop of tile i - 1 (consumer 0's first wait passes): a
+        # ``ready`` wait is by phase parity, and must not start before the slot's previous use
+        mbarrier.wait(turn.index(WG), ((i // 2) & 1) ^ (1 - WG))
+        acc = zero
+        for kb in range(k_steps):
+            s = c % STAGES
+            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+            if B_KMAJOR:
+                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=kb > 0, is_async=True)
+            else:
+                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kb > 0, is_async=True)
+            # one group in flight: the previous block's wgmma has retired, so its slot is free
+            acc = warpgroup_mma_wait(1, deps=(acc,))
+            if kb > 0:
+                mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
+            c += 1
+        mbarrier.arrive(turn.index(1 - WG), count=1)  # the other consumer's main loop may start
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+{epilogue}
+        tma.store_wait(0)  # this consumer's previous tile has left c_smem
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def gemm_pingpong_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides}
+                         {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                         B_KMAJOR: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    FIRST: gl.constexpr = 0
+    SECOND: gl.constexpr = 1
+    # consumer 0 is the default partition (the kernel's 4 warps); the arguments are written inline:
+    # a tuple held in a variable would turn the constexprs into tensors
+    # fmt: off
+    gl.warp_specialize([
+        (_consumer, (a_bufs, b_bufs, ready, empty, turn, c0, c_desc, {extra_args}M, N, K, {extra_stride_args}
+                     {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, FIRST)),
+        (_consumer, (a_bufs, b_bufs, ready, empty, turn, c1, c_desc, {extra_args}M, N, K, {extra_stride_args}
+                     {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, SECOND)),
+        (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS, GROUP_M, B_KMAJOR)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    # fmt: on
+"""
+
+
+def _epilogue(epi: Epilogue, indent: str) -> str:
+    """The epilogue in the accumulator's layout: extra input j as a (1, BLOCK_N) row when it is the
+    same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps."""
+    lines = []
+    for j in range(epi.n_inputs):
+        lines += [
+            f"{indent}if XB{j}:",
+            f"{indent}    x{j} = gl.load(x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N)[None, :]",
+            f"{indent}else:",
+            f"{indent}    x{j} = gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)",
+        ]
+    body = render(epi, indent=indent)
+    if body:
+        lines.append(body)
+    return "\n".join(lines) if lines else f"{indent}pass"
+
+
+def kernel_source(epi: Epilogue) -> str:
+    """The Gluon module of ``gemm_pingpong_kernel`` specialised to ``epi``."""
+    n = epi.n_inputs
+    return _SOURCE.format(
+        extra_ptrs="".join(f"x{j}_ptr, " for j in range(n)),
+        extra_strides="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
+        extra_flags="".join(f"XB{j}: gl.constexpr, " for j in range(n)),
+        extra_args="".join(f"x{j}_ptr, " for j in range(n)),
+        extra_stride_args="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
+        extra_flag_args="".join(f"XB{j}, " for j in range(n)),
+        epilogue=_epilogue(epi, " " * 8),
+    )
+
+
+def module(epi: Epilogue) -> Any:
+    return generated("gemm_pingpong", epi.key(), lambda: kernel_source(epi))
+
+
+def smem_bytes(block_m: int, block_n: int, block_k: int, stages: int, elem: int = 2) -> int:
+    """Shared memory of one program: the ring of A and B slots, the two consumers' C buffers and the
+    mbarriers."""
+    return elem * (stages * (block_m * block_k + block_k * block_n) + 2 * block_m * block_n) + 16 * stages + 64
+
+
+def pingpong_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int = 1) -> str | None:
+    """Why the ping-pong kernel cannot run the 3-D call ``a`` (B, M, K) @ ``b`` (B, K, N) -> ``c``,
+    or None when it can."""
+    if interpreting() or a.device.type != "cuda":
+        return "the ping-pong kernel is Gluon, which runs only on a GPU"
+    if torch.cuda.get_device_capability(a.device) != (9, 0):
+        return "the ping-pong kernel uses sm_90 wgmma and TMA"
+    if a.shape[0] != 1:
+        return "the ping-pong kernel runs one batch"
+    if split_k > 1:
+        return "the ping-pong kernel has no split-K"
+    if a.dtype not in PINGPONG_DTYPES or b.dtype != a.dtype or c.dtype not in PINGPONG_DTYPES:
+        return f"the ping-pong kernel takes fp16/bf16 (got {a.dtype}, {b.dtype} -> {c.dtype})"
+    for name, t in (("A", a[0]), ("C", c[0])):
+        if t.stride(1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return f"TMA cannot describe {name} (strides {tuple(t.stride())})"
+    b2 = b[0]
+    if b2.data_ptr() % 16 or not any(b2.stride(1 - d) == 1 and (b2.stride(d) * b2.element_size()) % 16 == 0 for d in (0, 1)):
+        return f"TMA cannot describe B (strides {tuple(b2.stride())})"
+    return None
+
+
+def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue,
+           block_m: int, block_n: int, block_k: int, stages: int, group_m: int, num_programs: int,
+           warmup: bool = False) -> None:  # fmt: skip
+    """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``pingpong_eligible``);
+    ``num_programs``: the persistent grid (one per SM). ``warmup``: compile only."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    a2, b2, c2 = a[0], b[0], c[0]
+    m, k = a2.shape
+    n = b2.shape[1]
+    tdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+
+    def desc(t: torch.Tensor, block: list[int]) -> Any:
+        return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, tdt[t.dtype]))
+
+    b_kmajor = b2.stride(1) != 1  # column-major B: described as B^T (N, K)
+    a_desc = desc(a2, [block_m, block_k])
+    b_desc = desc(b2.t(), [block_n, block_k]) if b_kmajor else desc(b2, [block_k, block_n])
+    c_desc = desc(c2, [block_m, block_n])
+    ex: list[Any] = []
+    ex_strides: list[int] = []
+    flags = {}
+    for j, e in enumerate(extras):
+        ex.append(e[0])
+        ex_strides += [e.stride(1), e.stride(2)]
+        flags[f"XB{j}"] = e.stride(1) == 0
+    tiles = cdiv(m, block_m) * cdiv(n, block_n)
+    grid = max(1, min(num_programs, tiles))
+    kernel = module(epi).gemm_pingpong_kernel
+    args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
+    meta = dict(NUM_PROGRAMS=grid, GROUP_M=group_m, STAGES=stages, B_KMAJOR=b_kmajor, LOADER_REGS=40, CONSUMER_REGS=232, **flags)
+    if warmup:
+        kernel.warmup(*args, grid=(grid,), num_warps=4, **meta)
+    else:
+        kernel[(grid,)](*args, num_warps=4, **meta)
+
+
+def compile_offline(epi: Epilogue, m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, stages: int,
+                    group_m: int = 8, num_programs: int = 132, b_kmajor: bool = False, row_broadcast: tuple[bool, ...] = (),
+                    dtype: torch.dtype = torch.float16) -> Any:  # fmt: skip
+    """Compile the kernel for sm_90 without a GPU (``triton.compile`` on the Gluon source) and return
+    Triton's ``CompiledKernel`` (``.asm["sass"]`` needs ``nvdisasm``, which the Triton wheel carries).
+    ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    tdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+
+    def desc(shape: tuple[int, int], block: list[int]) -> Any:
+        t = torch.empty(shape, dtype=dtype)
+        return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, tdt))
+
+    a_d = desc((m, k), [block_m, block_k])
+    b_d = desc((n, k), [block_n, block_k]) if b_kmajor else desc((k, n), [block_k, block_n])
+    c_d = desc((m, n), [block_m, block_n])
+    fn = module(epi).gemm_pingpong_kernel
+    ptr = "*fp16" if dtype == torch.float16 else "*bf16"
+    sig: dict[str, str] = {"a_desc": mangle_type(a_d), "b_desc": mangle_type(b_d), "c_desc": mangle_type(c_d)}
+    for j in range(epi.n_inputs):
+        sig[f"x{j}_ptr"] = ptr
+    sig.update(M="i32", N="i32", K="i32")
+    for j in range(epi.n_inputs):
+        sig[f"stride_x{j}m"] = "i32"
+        sig[f"stride_x{j}n"] = "i32"
+    constexprs: dict[str, Any] = {f"XB{j}": bool(row_broadcast[j]) if j < len(row_broadcast) else False for j in range(epi.n_inputs)}
+    constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=group_m, STAGES=stages, B_KMAJOR=b_kmajor, LOADER_REGS=40, CONSUMER_REGS=232)
+    for name in constexprs:
+        sig[name] = "constexpr"
+    keyed = {(fn.arg_names.index(name),): v for name, v in constexprs.items()}
+    src = GluonASTSource(fn, sig, keyed)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
