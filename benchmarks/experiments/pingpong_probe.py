@@ -34,18 +34,22 @@ from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
 from kfuse.kernels import gemm_ws
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 from kfuse.kernels.gemm import GemmConfig, gemm_epilogue, prepare
+from kfuse.kernels.gemm_ws import WsConfig
 
 EPI = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 LAYERS = {"qkv": (768, 2304), "attn_out": (768, 768), "ffn1": (768, 3072), "ffn2": (3072, 768)}  # (K, N)
 MODELS = {"bert": (4096, 16384), "gpt2": (8192,)}
-TILINGS = [  # (block_m, block_n, block_k, stages, group_m)
-    (128, 128, 64, 4, 8),
-    (128, 128, 64, 5, 8),
-    (128, 128, 64, 4, 1),
-    (64, 256, 64, 4, 8),
-    (128, 64, 64, 6, 8),
-    (64, 128, 64, 6, 8),
+TILINGS = [
+    WsConfig("pingpong", 128, 128, 64, 4, 8),
+    WsConfig("pingpong", 64, 128, 64, 6, 8),
+    WsConfig("pingpong", 128, 64, 64, 6, 8),
+    WsConfig("coop", 128, 256, 64, 4, 8, 1),
+    WsConfig("coop", 128, 256, 64, 3, 8, 2),
+    WsConfig("coop", 128, 256, 64, 4, 1, 1),
+    WsConfig("coop", 128, 128, 64, 6, 8, 2),
 ]
+# diagnostics: the same kernels without the epilogue (is the epilogue hidden? what does the main loop alone run at?)
+BARE = [WsConfig("pingpong", 128, 128, 64, 4, 8), WsConfig("coop", 128, 256, 64, 4, 8, 1)]
 TEMPLATE = GemmConfig(128, 256, 64, 8, 8, 3, persistent=True, tma=True, flatten=True)
 
 
@@ -103,46 +107,70 @@ def main() -> None:
             record("eager linear+gelu", lambda: F.gelu(F.linear(a, w, bias)))
             t_out = torch.full((m, n), float("nan"), device=dev, dtype=dt)
             record(f"template {TEMPLATE.describe()}", lambda: gemm_epilogue(a, b, [bias], EPI, dt, TEMPLATE, out=t_out))
-            for bm, bn, bk, st, gm in TILINGS:
-                if gemm_ws.smem_bytes(bm, bn, bk, st) > gemm_ws.SMEM_LIMIT:
+            for cfg in TILINGS:
+                if cfg.smem_bytes() > gemm_ws.SMEM_LIMIT:
                     continue
                 out = torch.full((m, n), float("nan"), device=dev, dtype=dt)
                 g = prepare(a, b, [bias], dt, out)
 
-                def run(g=g, bm=bm, bn=bn, bk=bk, st=st, gm=gm) -> torch.Tensor:
-                    gemm_ws.launch(g.a, g.b, g.c, g.extras, EPI, bm, bn, bk, st, gm, sms)
+                def run(g=g, cfg=cfg) -> torch.Tensor:
+                    gemm_ws.launch(g.a, g.b, g.c, g.extras, EPI, cfg, sms)
                     return g.c[0]
 
-                record(f"pingpong {bm}x{bn}x{bk} s{st} g{gm}", run)
-            # the column-major B path (nn.Linear's weight as a transposed view), one tiling
-            out = torch.full((m, n), float("nan"), device=dev, dtype=dt)
-            g = prepare(a, w.t(), [bias], dt, out)
+                record(cfg.describe(), run)
+            # the column-major B path (nn.Linear's weight as a transposed view)
+            for cfg in (TILINGS[0], TILINGS[3]):
+                out = torch.full((m, n), float("nan"), device=dev, dtype=dt)
+                g = prepare(a, w.t(), [bias], dt, out)
 
-            def run_kmajor(g=g) -> torch.Tensor:
-                gemm_ws.launch(g.a, g.b, g.c, g.extras, EPI, 128, 128, 64, 4, 8, sms)
-                return g.c[0]
+                def run_kmajor(g=g, cfg=cfg) -> torch.Tensor:
+                    gemm_ws.launch(g.a, g.b, g.c, g.extras, EPI, cfg, sms)
+                    return g.c[0]
 
-            record("pingpong 128x128x64 s4 g8 B col-major", run_kmajor)
+                record(cfg.describe() + " B col-major", run_kmajor)
+            for cfg in BARE:  # no epilogue: checked against the bare product
+                out = torch.full((m, n), float("nan"), device=dev, dtype=dt)
+                g = prepare(a, b, [], dt, out)
+                bare_ref = a.float() @ b.float()
+
+                def run_bare(g=g, cfg=cfg) -> torch.Tensor:
+                    gemm_ws.launch(g.a, g.b, g.c, [], Epilogue(), cfg, sms)
+                    return g.c[0]
+
+                record(cfg.describe() + " no epilogue", run_bare, ref=bare_ref)
         recs.append(rec)
     write_experiment("pingpong_probe", args.out, records=recs)
-    print(f"\n{'case':22s} {'mm alone':>9s} {'Lt+gelu':>9s} {'template':>9s} {'best pingpong':>36s} {'vs mm':>6s} {'1-call':>6s}")
+    print(f"\n{'case':22s} {'mm alone':>8s} {'Lt+gelu':>8s} {'template':>8s} {'pingpong':>8s} {'coop':>8s} {'pp bare':>8s} "
+          f"{'coop bare':>9s} {'best/mm':>7s} {'1-call':>6s}  best")  # fmt: skip
     wins = wins1 = 0
     for r in recs:
         v = r["variants"]
         mm = v.get("cublas mm alone", {})
-        pp = [(x["ms"], lab, x) for lab, x in v.items() if lab.startswith("pingpong") and x.get("ok")]
-        if not pp or "ms" not in mm:
+
+        def best(prefix: str, v=v) -> tuple[float, float, str]:
+            got = [
+                (x["ms"], x["single_ms"], lab)
+                for lab, x in v.items()
+                if lab.startswith(prefix) and x.get("ok") and "no epilogue" not in lab
+            ]
+            return min(got) if got else (float("nan"), float("nan"), "-")
+
+        def ms(label: str, v=v) -> float:
+            return v.get(label, {}).get("ms", float("nan"))
+
+        pp, co = best("pingpong"), best("coop")
+        if "ms" not in mm or (pp[2] == "-" and co[2] == "-"):
             print(f"{r['case']:22s} no result")
             continue
-        best_ms, best_lab, best = min(pp)
-        best1 = min(x["single_ms"] for _, _, x in pp)
-        lt = v.get("cublasLt bias+gelu(tanh)", {}).get("ms", float("nan"))
+        top = min(x for x in (pp, co) if x[2] != "-")
+        top1 = min(x[1] for x in (pp, co) if x[2] != "-")
         tp = next((x.get("ms", float("nan")) for lab, x in v.items() if lab.startswith("template")), float("nan"))
-        wins += best_ms <= mm["ms"]
-        wins1 += best1 <= mm["single_ms"]
-        print(f"{r['case']:22s} {mm['ms']:9.4f} {lt:9.4f} {tp:9.4f} {best_lab:>27s} {best_ms:8.4f} {mm['ms'] / best_ms:6.3f} "
-              f"{mm['single_ms'] / best1:6.3f}")  # fmt: skip
-    print(f"ping-pong <= cuBLAS mm alone: {wins}/{len(recs)} (20 calls a graph), {wins1}/{len(recs)} (one call a graph)")
+        bare = [ms(c.describe() + " no epilogue") for c in BARE]
+        wins += top[0] <= mm["ms"]
+        wins1 += top1 <= mm["single_ms"]
+        print(f"{r['case']:22s} {mm['ms']:8.4f} {ms('cublasLt bias+gelu(tanh)'):8.4f} {tp:8.4f} {pp[0]:8.4f} {co[0]:8.4f} {bare[0]:8.4f} "
+              f"{bare[1]:9.4f} {mm['ms'] / top[0]:7.3f} {mm['single_ms'] / top1:6.3f}  {top[2]}")  # fmt: skip
+    print(f"warp-specialised <= cuBLAS mm alone: {wins}/{len(recs)} (20 calls a graph), {wins1}/{len(recs)} (one call a graph)")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ numerical tests run on the GPU.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -168,6 +169,87 @@ def gemm_pingpong_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_str
         (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS, GROUP_M, B_KMAJOR)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     # fmt: on
+
+
+@gluon.jit
+def _coop_consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, {extra_ptrs}M, N, K, {extra_strides}
+                   {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
+                   num_warps: gl.constexpr):
+    # two warpgroups on one BLOCK_M x BLOCK_N tile, its columns as two accumulators (halves), so the
+    # epilogue and the store run half a tile at a time (fewer live registers, two TMA stores)
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    C_BUFS: gl.constexpr = c_bufs.shape[0]
+    BLOCK_M: gl.constexpr = a_bufs.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    HALF: gl.constexpr = c_desc.block_type.shape[1]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HALF, 16])
+    zero = gl.zeros([BLOCK_M, HALF], gl.float32, acc_layout)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 2 * HALF)
+    c = 0
+    for t in range(gl.program_id(0), num_tiles, NUM_PROGRAMS):
+        pid_m, pid_n = _tile_coords(t, M, N, BLOCK_M, 2 * HALF, GROUP_M)
+        acc0 = zero
+        acc1 = zero
+        for kb in range(k_steps):
+            s = c % STAGES
+            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+            a = a_bufs.index(s)
+            if B_KMAJOR:
+                b0 = b_bufs.index(s).slice(0, HALF, dim=0).permute((1, 0))
+                b1 = b_bufs.index(s).slice(HALF, HALF, dim=0).permute((1, 0))
+            else:
+                b0 = b_bufs.index(s).slice(0, HALF, dim=1)
+                b1 = b_bufs.index(s).slice(HALF, HALF, dim=1)
+            acc0 = warpgroup_mma(a, b0, acc0, use_acc=kb > 0, is_async=True)
+            acc1 = warpgroup_mma(a, b1, acc1, use_acc=kb > 0, is_async=True)
+            # this block's two groups in flight; the previous block's have retired: free its slot
+            acc0, acc1 = warpgroup_mma_wait(2, deps=(acc0, acc1))
+            if kb > 0:
+                mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
+            c += 1
+        acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
+        mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
+        off_m = pid_m * BLOCK_M
+        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        for h in gl.static_range(2):
+            if h == 0:
+                acc = acc0
+            else:
+                acc = acc1
+            off_n = pid_n * 2 * HALF + h * HALF
+            offs_n = off_n + gl.arange(0, HALF, layout=gl.SliceLayout(0, acc_layout))
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+{epilogue_12}
+            buf = c_bufs.index(h % C_BUFS)
+            tma.store_wait(C_BUFS - 1)  # the store that last read this buffer has finished
+            buf.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], buf)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides}
+                     {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                     C_BUFS: gl.constexpr, B_KMAJOR: gl.constexpr, LOADER_REGS: gl.constexpr):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [C_BUFS] + c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    BLOCK_N: gl.constexpr = 2 * c_desc.block_type.shape[1]
+    WARPS: gl.constexpr = gl.num_warps()
+    # fmt: off
+    gl.warp_specialize([
+        (_coop_consumer, (a_bufs, b_bufs, ready, empty, c_bufs, c_desc, {extra_args}M, N, K, {extra_stride_args}
+                          {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, WARPS)),
+        (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS, GROUP_M, B_KMAJOR)),
+    ], [1], [LOADER_REGS])
+    # fmt: on
 """
 
 
@@ -199,6 +281,7 @@ def kernel_source(epi: Epilogue) -> str:
         extra_stride_args="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
         epilogue=_epilogue(epi, " " * 8),
+        epilogue_12=_epilogue(epi, " " * 12),
     )
 
 
@@ -206,10 +289,37 @@ def module(epi: Epilogue) -> Any:
     return generated("gemm_pingpong", epi.key(), lambda: kernel_source(epi))
 
 
-def smem_bytes(block_m: int, block_n: int, block_k: int, stages: int, elem: int = 2) -> int:
-    """Shared memory of one program: the ring of A and B slots, the two consumers' C buffers and the
-    mbarriers."""
-    return elem * (stages * (block_m * block_k + block_k * block_n) + 2 * block_m * block_n) + 16 * stages + 64
+@dataclass(frozen=True)
+class WsConfig:
+    """A warp-specialised kernel's schedule and tile. ``pingpong``: two consumer warpgroups on
+    alternate ``block_m x block_n`` tiles (4 warps each, the accumulator at most 128 registers a
+    thread: block_m * block_n <= 16384). ``coop``: two warpgroups on one ``block_m x block_n`` tile
+    (8 warps, block_m 128), held as two column halves; ``c_bufs`` staging buffers for the halves'
+    TMA stores."""
+
+    schedule: str = "pingpong"  # "pingpong" | "coop"
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    stages: int = 4
+    group_m: int = 8
+    c_bufs: int = 2  # coop only
+
+    @property
+    def store_n(self) -> int:
+        """Columns of one TMA store (the coop kernel stores half tiles)."""
+        return self.block_n // 2 if self.schedule == "coop" else self.block_n
+
+    def smem_bytes(self, elem: int = 2) -> int:
+        """Shared memory of one program: the ring of A and B slots, the C staging buffers (one per
+        consumer, or ``c_bufs``) and the mbarriers."""
+        ring = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n)
+        bufs = 2 if self.schedule == "pingpong" else self.c_bufs
+        return elem * (ring + bufs * self.block_m * self.store_n) + 16 * self.stages + 64
+
+    def describe(self) -> str:
+        s = f"{self.schedule} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages} g{self.group_m}"
+        return s + (f" c{self.c_bufs}" if self.schedule == "coop" else "")
 
 
 def pingpong_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int = 1) -> str | None:
@@ -235,10 +345,10 @@ def pingpong_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k
 
 
 def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue,
-           block_m: int, block_n: int, block_k: int, stages: int, group_m: int, num_programs: int,
-           warmup: bool = False) -> None:  # fmt: skip
-    """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``pingpong_eligible``);
-    ``num_programs``: the persistent grid (one per SM). ``warmup``: compile only."""
+           cfg: WsConfig, num_programs: int, warmup: bool = False) -> None:  # fmt: skip
+    """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``pingpong_eligible``) with the
+    schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
+    compile only."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -251,9 +361,9 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, tdt[t.dtype]))
 
     b_kmajor = b2.stride(1) != 1  # column-major B: described as B^T (N, K)
-    a_desc = desc(a2, [block_m, block_k])
-    b_desc = desc(b2.t(), [block_n, block_k]) if b_kmajor else desc(b2, [block_k, block_n])
-    c_desc = desc(c2, [block_m, block_n])
+    a_desc = desc(a2, [cfg.block_m, cfg.block_k])
+    b_desc = desc(b2.t(), [cfg.block_n, cfg.block_k]) if b_kmajor else desc(b2, [cfg.block_k, cfg.block_n])
+    c_desc = desc(c2, [cfg.block_m, cfg.store_n])
     ex: list[Any] = []
     ex_strides: list[int] = []
     flags = {}
@@ -261,20 +371,25 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
         ex.append(e[0])
         ex_strides += [e.stride(1), e.stride(2)]
         flags[f"XB{j}"] = e.stride(1) == 0
-    tiles = cdiv(m, block_m) * cdiv(n, block_n)
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     grid = max(1, min(num_programs, tiles))
-    kernel = module(epi).gemm_pingpong_kernel
+    mod = module(epi)
     args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
-    meta = dict(NUM_PROGRAMS=grid, GROUP_M=group_m, STAGES=stages, B_KMAJOR=b_kmajor, LOADER_REGS=40, CONSUMER_REGS=232, **flags)
-    if warmup:
-        kernel.warmup(*args, grid=(grid,), num_warps=4, **meta)
+    meta: dict[str, Any] = dict(NUM_PROGRAMS=grid, GROUP_M=cfg.group_m, STAGES=cfg.stages, B_KMAJOR=b_kmajor, LOADER_REGS=40, **flags)
+    if cfg.schedule == "pingpong":
+        kernel, warps = mod.gemm_pingpong_kernel, 4
+        meta["CONSUMER_REGS"] = 232
     else:
-        kernel[(grid,)](*args, num_warps=4, **meta)
+        kernel, warps = mod.gemm_coop_kernel, 8
+        meta["C_BUFS"] = cfg.c_bufs
+    if warmup:
+        kernel.warmup(*args, grid=(grid,), num_warps=warps, **meta)
+    else:
+        kernel[(grid,)](*args, num_warps=warps, **meta)
 
 
-def compile_offline(epi: Epilogue, m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, stages: int,
-                    group_m: int = 8, num_programs: int = 132, b_kmajor: bool = False, row_broadcast: tuple[bool, ...] = (),
-                    dtype: torch.dtype = torch.float16) -> Any:  # fmt: skip
+def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_programs: int = 132, b_kmajor: bool = False,
+                    row_broadcast: tuple[bool, ...] = (), dtype: torch.dtype = torch.float16) -> Any:  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (``triton.compile`` on the Gluon source) and return
     Triton's ``CompiledKernel`` (``.asm["sass"]`` needs ``nvdisasm``, which the Triton wheel carries).
     ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``)."""
@@ -291,10 +406,11 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, block_m: int, block_n
         t = torch.empty(shape, dtype=dtype)
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, tdt))
 
-    a_d = desc((m, k), [block_m, block_k])
-    b_d = desc((n, k), [block_n, block_k]) if b_kmajor else desc((k, n), [block_k, block_n])
-    c_d = desc((m, n), [block_m, block_n])
-    fn = module(epi).gemm_pingpong_kernel
+    a_d = desc((m, k), [cfg.block_m, cfg.block_k])
+    b_d = desc((n, k), [cfg.block_n, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, cfg.block_n])
+    c_d = desc((m, n), [cfg.block_m, cfg.store_n])
+    coop = cfg.schedule == "coop"
+    fn = module(epi).gemm_coop_kernel if coop else module(epi).gemm_pingpong_kernel
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"
     sig: dict[str, str] = {"a_desc": mangle_type(a_d), "b_desc": mangle_type(b_d), "c_desc": mangle_type(c_d)}
     for j in range(epi.n_inputs):
@@ -304,9 +420,11 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, block_m: int, block_n
         sig[f"stride_x{j}m"] = "i32"
         sig[f"stride_x{j}n"] = "i32"
     constexprs: dict[str, Any] = {f"XB{j}": bool(row_broadcast[j]) if j < len(row_broadcast) else False for j in range(epi.n_inputs)}
-    constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=group_m, STAGES=stages, B_KMAJOR=b_kmajor, LOADER_REGS=40, CONSUMER_REGS=232)
+    # in the kernels' argument order
+    constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=cfg.group_m, STAGES=cfg.stages, **({"C_BUFS": cfg.c_bufs} if coop else {}))
+    constexprs.update(B_KMAJOR=b_kmajor, LOADER_REGS=40, **({} if coop else {"CONSUMER_REGS": 232}))
     for name in constexprs:
         sig[name] = "constexpr"
     keyed = {(fn.arg_names.index(name),): v for name, v in constexprs.items()}
     src = GluonASTSource(fn, sig, keyed)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8 if coop else 4})
