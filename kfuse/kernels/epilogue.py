@@ -94,11 +94,15 @@ _TL_TYPES = {
 }
 
 
-def render(epi: Epilogue, acc: str = "acc", inp: Callable[[int], str] = lambda j: f"x{j}", indent: str = "    ") -> str:
+def render(
+    epi: Epilogue, acc: str = "acc", inp: Callable[[int], str] = lambda j: f"x{j}", indent: str = "    ",
+    exprs: dict[str, str] | None = None,
+) -> str:  # fmt: skip
     """Triton statements that apply ``epi`` to the fp32 tile ``acc`` in place.
 
     ``inp(j)`` names the already-loaded tile of extra input ``j``. Floating values are kept
-    in fp32 through the chain; casts to integer or bool types are honoured.
+    in fp32 through the chain; casts to integer or bool types are honoured. ``exprs``: a
+    template's own expression for some ops (op name -> format string), instead of the registry's.
     """
     lines: list[str] = []
     regs = [acc]
@@ -118,7 +122,7 @@ def render(epi: Epilogue, acc: str = "acc", inp: Callable[[int], str] = lambda j
         attrs = {k: _literal(v) for k, v in step.attrs if v is not None}
         attrs.setdefault("lo", "-3.0e38")
         attrs.setdefault("hi", "3.0e38")
-        expr = d.triton.format(*args, **attrs)
+        expr = (exprs or {}).get(step.op, d.triton).format(*args, **attrs)
         if step.op == "pow" and step.args[1].kind == "lit" and _small_int(step.args[1].value):
             # exp(y*log(x)) is NaN for x < 0; integer powers are exact products
             e = int(step.args[1].value)  # type: ignore[arg-type]
