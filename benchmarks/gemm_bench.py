@@ -105,7 +105,18 @@ def main() -> None:
             err = max_rel_err(out, ref)
             kf_events = time_ms(lambda: gemm_epilogue(a, b, [bias], EPI, dtype, cfg, out=out), rep=20 if args.smoke else 50)
             kf = time_ms(graph_or_plain(lambda: gemm_epilogue(a, b, [bias], EPI, dtype, cfg, out=out)), rep=20 if args.smoke else 50)
-            print(f"  {'kfuse template':16s} {kf:9.4f} ms  config {cfg.describe() if cfg else 'default'}  err {err:.1e}")
+            print(f"  {'kfuse kernel':16s} {kf:9.4f} ms  config {cfg.describe() if cfg else 'default'}  err {err:.1e}")
+            # the same config with the erf GELU everywhere (KFUSE_EXACT_GELU=1): what the tanh form saves
+            os.environ["KFUSE_EXACT_GELU"] = "1"
+            try:
+                exact_out = torch.full((m, n), float("nan"), device=dev, dtype=dtype)
+                gemm_epilogue(a, b, [bias], EPI, dtype, cfg, out=exact_out)
+                exact_err = max_rel_err(exact_out, ref)
+                kf_exact = time_ms(graph_or_plain(lambda: gemm_epilogue(a, b, [bias], EPI, dtype, cfg, out=exact_out)),
+                                   rep=20 if args.smoke else 50)  # fmt: skip
+            finally:
+                os.environ.pop("KFUSE_EXACT_GELU")
+            print(f"  {'kfuse exact gelu':16s} {kf_exact:9.4f} ms  err {exact_err:.1e}")
             # the other candidate kfuse's lowering measures: cuBLAS(Lt) + the rest of the epilogue
             split = split_epilogue(EPI, batched=False)
             lib_out = gemm_library(a, b, [bias], EPI, split, dtype)
@@ -121,8 +132,10 @@ def main() -> None:
                 candidates_measured=measured, compile_s={k2: round(v, 1) for k2, v in compile_s.items()},
                 vs_gemm_only=base["gemm_only"] / kf, kfuse_ms_with_launch=kf_events,
                 kfuse_library_ms=lib, kfuse_library_err=lib_err, kfuse_choice="library" if lib < kf else "template",
-                kfuse_ms_is="the Triton template with the fused epilogue (the issue's target); kfuse_library_ms is the "
-                            "cuBLAS(Lt) candidate the compiler also measures",
+                kfuse_ms_is="kfuse's own kernel with the fused epilogue, tuned (the Triton template or a Gluon warp-specialised "
+                            "kernel; the issue's target); kfuse_library_ms is the cuBLAS(Lt) candidate the compiler also measures",
+                gelu_form="tanh form (kfuse's default GELU policy, as cuBLASLt's epilogue; the Gluon kernels on tanh.approx.f32, "
+                          "the Triton template in the erf form)", kfuse_exact_gelu_ms=kf_exact, kfuse_exact_gelu_err=exact_err,
                 timing="kfuse and gemm_only replayed from CUDA graphs; eager/compile baselines as called",
             )  # fmt: skip
             records.append(rec)

@@ -37,6 +37,11 @@ call), with the same generated epilogue:
   bias + ReLU in 79-84 us, against 87-96 for cuBLASLt with the epilogue; at M=1M it ties the
   library (~3.2 TB/s). ``resident_smem_bytes`` is its shared memory, which decides its stages.
 
+A ``GemmConfig`` with ``ws`` set runs one of the Gluon warp-specialised kernels of ``gemm_ws.py``
+(a loader warp and consumer warpgroups; ping-pong or cooperative) with the same generated epilogue,
+where they can run (sm_90, one batch, TMA-describable operands and output); elsewhere its tile runs
+on ``gemm_tma_persistent_kernel``.
+
 The TMA kernels are used only when TMA can describe the operands (``tma_operands``: A K-contiguous, B row-
 or column-major, 16-byte aligned base and leading strides, fp16/bf16/fp32) and without split-K;
 otherwise ``launch`` runs the matching pointer kernel. Both also store the output tile by TMA
@@ -55,13 +60,14 @@ persistent TMA kernel's hints) are template parameters chosen by the tuner (``kf
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
+from kfuse.kernels import gemm_ws
 from kfuse.kernels.codegen import cdiv, generated, interpreting
-from kfuse.kernels.epilogue import Epilogue, apply_reference, render
+from kfuse.kernels.epilogue import Epilogue, apply_reference, exact_gelu, render
 from kfuse.kernels.tma import TMA_DTYPES, tma_device
 
 _HEADER = """
@@ -401,6 +407,10 @@ class GemmConfig:
     # B's column block loaded once per program and kept in shared memory (tma, block_k >= K,
     # one batch): gemm_tma_resident_kernel; ignored (the other kernels run) when ineligible
     resident_b: bool = False
+    # the Gluon warp-specialised kernels of gemm_ws.py (sm_90, one batch, TMA operands and output):
+    # "pingpong" (num_warps 4: two consumer warpgroups on alternate tiles) or "coop" (num_warps 8:
+    # two warpgroups on one tile); where ineligible the persistent TMA kernel runs the same tile
+    ws: str = ""
 
     def describe(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
@@ -418,6 +428,8 @@ class GemmConfig:
             s += " sub"
         if self.resident_b:
             s += " resident"
+        if self.ws:
+            s += f" {self.ws}"
         return s
 
     def as_dict(self) -> dict[str, Any]:
@@ -630,6 +642,12 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
     tma = tma_operands(a, b, cfg) if cfg.tma and split == 1 else None
+    if cfg.ws and tma is not None and gemm_ws.ws_eligible(a, b, c, split) is None:
+        gemm_ws.launch(a, b, c, g.extras, epi, gemm_ws.ws_config(cfg, a.element_size()), _num_sms(a.device), warmup,
+                       fast_gelu=not exact_gelu())  # fmt: skip
+        return
+    if cfg.ws and tma is not None:
+        cfg = replace(cfg, ws="", persistent=True)  # the same tile on the persistent TMA kernel
     if tma is not None and resident_eligible(g, cfg):
         a_desc, b_desc, layout = tma
         c_desc, store = tma_output(c, cfg)

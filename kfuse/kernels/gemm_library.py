@@ -19,12 +19,12 @@ kernel instead.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from kfuse.kernels import epilogue
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 from kfuse.runtime.choice import choose, library_mode, problem_key
 
@@ -65,7 +65,7 @@ def split_epilogue(epi: Epilogue, batched: bool, exact_gelu: bool | None = None)
     """The longest prefix of ``epi`` that cuBLAS(Lt) can fuse: ``add(acc, in_j)`` (a bias when
     ``in_j`` turns out to be a row vector), then ``relu``/``gelu`` (2-D GEMMs only)."""
     if exact_gelu is None:
-        exact_gelu = os.environ.get("KFUSE_EXACT_GELU", "0") == "1"
+        exact_gelu = epilogue.exact_gelu()
     steps = epi.steps
     bias = act = None
     p = 0

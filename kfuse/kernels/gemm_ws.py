@@ -25,7 +25,7 @@ Partitions (``gl.warp_specialize``):
   pointers at the tile's coordinates; a bias row once per tile) and stores the tile through its
   own shared-memory buffer by TMA (the store of tile i overlaps the main loop of tile i + 2).
 
-Requirements (``pingpong_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
+Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
 TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
 the kernel for sm_90 offline (``compile_offline``) and check its SASS (HGMMA, no spills); the
 numerical tests run on the GPU.
@@ -335,19 +335,28 @@ class WsConfig:
         return s + (f" c{self.c_bufs}" if self.schedule == "coop" else "")
 
 
-def pingpong_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int = 1) -> str | None:
-    """Why the ping-pong kernel cannot run the 3-D call ``a`` (B, M, K) @ ``b`` (B, K, N) -> ``c``,
+def ws_config(cfg: Any, elem: int = 2) -> WsConfig:
+    """The ``WsConfig`` of a ``GemmConfig`` with ``ws`` set: its tile, stages and swizzle; the coop
+    kernel stages both output halves (two buffers) where shared memory allows, else one."""
+    ws = WsConfig(cfg.ws, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, cfg.group_m, 2)
+    if ws.schedule == "coop" and ws.smem_bytes(elem) > SMEM_LIMIT:
+        ws = WsConfig(cfg.ws, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, cfg.group_m, 1)
+    return ws
+
+
+def ws_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int = 1) -> str | None:
+    """Why the warp-specialised kernels cannot run the 3-D call ``a`` (B, M, K) @ ``b`` (B, K, N) -> ``c``,
     or None when it can."""
     if interpreting() or a.device.type != "cuda":
-        return "the ping-pong kernel is Gluon, which runs only on a GPU"
+        return "the warp-specialised kernels are Gluon, which runs only on a GPU"
     if torch.cuda.get_device_capability(a.device) != (9, 0):
-        return "the ping-pong kernel uses sm_90 wgmma and TMA"
+        return "the warp-specialised kernels use sm_90 wgmma and TMA"
     if a.shape[0] != 1:
-        return "the ping-pong kernel runs one batch"
+        return "the warp-specialised kernels run one batch"
     if split_k > 1:
-        return "the ping-pong kernel has no split-K"
+        return "the warp-specialised kernels have no split-K"
     if a.dtype not in PINGPONG_DTYPES or b.dtype != a.dtype or c.dtype not in PINGPONG_DTYPES:
-        return f"the ping-pong kernel takes fp16/bf16 (got {a.dtype}, {b.dtype} -> {c.dtype})"
+        return f"the warp-specialised kernels take fp16/bf16 (got {a.dtype}, {b.dtype} -> {c.dtype})"
     for name, t in (("A", a[0]), ("C", c[0])):
         if t.stride(1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
             return f"TMA cannot describe {name} (strides {tuple(t.stride())})"
@@ -359,7 +368,7 @@ def pingpong_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k
 
 def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue,
            cfg: WsConfig, num_programs: int, warmup: bool = False, fast_gelu: bool = False) -> None:  # fmt: skip
-    """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``pingpong_eligible``) with the
+    """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``ws_eligible``) with the
     schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
     compile only."""
     from triton.experimental.gluon import language as gl

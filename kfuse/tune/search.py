@@ -134,8 +134,10 @@ def evolve(
 
 
 def _kernel(c: Config) -> str:
-    """Which kernel of its template a config runs where it is valid (the resident-B GEMM is
-    another kernel, not another tile)."""
+    """Which kernel of its template a config runs where it is valid (the resident-B GEMM and the
+    warp-specialised GEMMs are other kernels, not other tiles)."""
+    if getattr(c, "ws", ""):
+        return c.ws  # type: ignore[union-attr]
     return "resident" if getattr(c, "resident_b", False) else "tile"
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from kfuse.kernels.conv import ConvConfig
 from kfuse.kernels.gemm import GemmConfig, resident_programs_per_sm, resident_smem_bytes
+from kfuse.kernels.gemm_ws import ws_config
 from kfuse.kernels.tma import least_waste_tile, tile_waste
 from kfuse.tune.hardware import Hardware
 
@@ -186,6 +187,16 @@ RESIDENT_AXES: dict[str, tuple[Any, ...]] = {
     "num_stages": (2, 3, 4, 5),
 }
 
+# the Gluon warp-specialised kernels (kfuse/kernels/gemm_ws.py; sm_90, one batch, TMA operands and
+# output): tiles whose fp32 accumulator is at most 128 registers a thread in each consumer warpgroup;
+# stages as shared memory allows (the rules). Session 18's probes (benchmarks/experiments/
+# pingpong_probe.py) found these tiles and stage counts fastest among those tried
+WS_TILES: dict[str, tuple[tuple[int, int], ...]] = {
+    "pingpong": ((128, 128), (64, 128), (128, 64), (64, 256)),
+    "coop": ((128, 256), (128, 128)),
+}
+WS_STAGES = (3, 4, 5, 6)
+
 CONV_AXES: dict[str, tuple[Any, ...]] = {
     "block_m": (32, 64, 128, 256),
     "block_n": (32, 64, 128, 256),
@@ -221,6 +232,9 @@ def all_configs(template: str) -> Iterator[Config]:
     if template == "gemm":
         for values in itertools.product(*RESIDENT_AXES.values()):
             yield GemmConfig(**dict(zip(RESIDENT_AXES, values, strict=True)), group_m=1, tma=True, resident_b=True)
+        for sched, tiles in WS_TILES.items():
+            for (bm, bn), stages, gm in itertools.product(tiles, WS_STAGES, (1, 8)):
+                yield GemmConfig(bm, bn, 64, gm, 4 if sched == "pingpong" else 8, stages, tma=True, ws=sched)
 
 
 def tma_store_bytes(cfg: Config, problem: Problem) -> int:
@@ -243,6 +257,8 @@ def tma_store_bytes(cfg: Config, problem: Problem) -> int:
 
 def smem_bytes(cfg: Config, problem: Problem) -> int:
     e = _dt(problem.dtype)
+    if isinstance(cfg, GemmConfig) and cfg.ws:
+        return ws_config(cfg, e).smem_bytes(e)
     if isinstance(cfg, GemmConfig) and cfg.resident_b:
         return resident_smem_bytes(cfg, e, tma_store=isinstance(problem, GemmProblem) and problem.n * e % 16 == 0)
     pipeline = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * e
@@ -271,7 +287,11 @@ def acc_regs(cfg: Config) -> int:
 
 
 def threads(cfg: Config) -> int:
-    """Threads of one program; warp specialisation adds a producer and a second consumer group."""
+    """Threads of one program; warp specialisation adds a producer and a second consumer group
+    (the Gluon kernels: a loader warp, which takes a warpgroup's registers, and for ping-pong a
+    second consumer warpgroup)."""
+    if isinstance(cfg, GemmConfig) and cfg.ws:
+        return (cfg.num_warps * (2 if cfg.ws == "pingpong" else 1) + 4) * 32
     return cfg.num_warps * 32 * (3 if _ws(cfg) else 1)
 
 
@@ -297,6 +317,8 @@ def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
         return "GROUP_M swizzle has no effect with a single row of tiles"
     if isinstance(cfg, GemmConfig) and cfg.resident_b:
         return _resident_reject(cfg, problem, hw)
+    if isinstance(cfg, GemmConfig) and cfg.ws:
+        return _ws_reject(cfg, problem, hw)
     if isinstance(cfg, GemmConfig) and isinstance(problem, GemmProblem):
         split = cfg.split_k
         tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * problem.batch
@@ -404,6 +426,33 @@ def _resident_reject(cfg: GemmConfig, problem: Problem, hw: Hardware) -> str | N
     return _tma_reject(cfg, problem, hw)
 
 
+def _ws_reject(cfg: GemmConfig, problem: Problem, hw: Hardware) -> str | None:
+    """Where the Gluon warp-specialised kernels (``gemm_ws``) cannot run, or only duplicate another
+    config (the generic rules above it have passed: shared memory, registers, tile vs problem)."""
+    if not isinstance(problem, GemmProblem):
+        return "the warp-specialised kernels are GEMM kernels"
+    if cfg.ws not in WS_TILES:
+        return f"unknown warp-specialised schedule {cfg.ws!r} (pingpong, coop)"
+    if not (cfg.tma and hw.has_wgmma):
+        return "the warp-specialised kernels need TMA and wgmma (Hopper, sm_90)"
+    if cfg.num_warps != (4 if cfg.ws == "pingpong" else 8):
+        return f"{cfg.ws}: {'one warpgroup per consumer (num_warps 4)' if cfg.ws == 'pingpong' else 'two warpgroups (num_warps 8)'}"
+    if cfg.ws == "coop" and cfg.block_m != 128:
+        return "coop: two warpgroups of 64 rows (BLOCK_M 128)"
+    if cfg.persistent or cfg.split_k != 1 or cfg.resident_b or any(getattr(cfg, h) for h in _HINTS):
+        return "the warp-specialised kernels are their own persistent kernels: no split-K or persistent-TMA hints"
+    if problem.batch != 1:
+        return "the warp-specialised kernels run one batch"
+    if problem.dtype not in ("fp16", "bf16"):
+        return f"the warp-specialised kernels take fp16/bf16 (got {problem.dtype})"
+    if problem.n * _dt(problem.dtype) % 16:
+        return f"the warp-specialised kernels store C by TMA: N {problem.n} x {_dt(problem.dtype)} B is not 16-byte aligned"
+    tiles = cdiv(problem.m, cfg.block_m) * cdiv(problem.n, cfg.block_n)
+    if tiles < hw.num_sms // 2:
+        return f"only {tiles} tiles: a persistent warp-specialised grid would leave most SMs idle"
+    return _tma_reject(cfg, problem, hw)
+
+
 def _tma_reject(cfg: GemmConfig, problem: GemmProblem, hw: Hardware) -> str | None:
     if not hw.has_wgmma:
         return "TMA (tensor descriptors) is in the Hopper (sm_90) space only"
@@ -497,6 +546,11 @@ def estimate_ms(cfg: Config, problem: Problem, hw: Hardware) -> float:
         t *= 0.82 * tile_waste(cfg.block_m, cfg.tile_n, cfg.tile_h, problem.n, oh, ow)
     if isinstance(cfg, GemmConfig) and cfg.resident_b:
         t = _resident_estimate_s(cfg, problem, hw)
+    if isinstance(cfg, GemmConfig) and cfg.ws:
+        # session 18 (pingpong_probe, bias + GELU, 12 BERT/GPT-2 shapes): ping-pong 0.84-1.04x and
+        # coop 0.90-1.03x the flattened persistent TMA kernel's time, whose factor this replaces
+        flat = replace(cfg, ws="", persistent=True, flatten=True)
+        t *= _persistent_tma_factor(flat, k, tiles, hw) * (0.93 if cfg.ws == "pingpong" else 0.97)
     t += 4e-6 * (2 if split > 1 else 1)  # launch
     return t * 1e3
 
@@ -547,6 +601,7 @@ def features(cfg: Config, problem: Problem, hw: Hardware) -> list[float]:
     tma = float(cfg.tma) if isinstance(cfg, GemmConfig) else float(cfg.tile_h > 0)
     hints = [float(getattr(cfg, h)) if isinstance(cfg, GemmConfig) else 0.0 for h in _HINTS]
     resident = float(isinstance(cfg, GemmConfig) and cfg.resident_b)
+    ws = [float(isinstance(cfg, GemmConfig) and cfg.ws == w) for w in WS_TILES]
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * batch * split
     occ = occupancy(cfg, problem, hw)
     waves = tiles / (hw.num_sms * occ)
@@ -554,7 +609,7 @@ def features(cfg: Config, problem: Problem, hw: Hardware) -> list[float]:
     pad = (cdiv(m, cfg.block_m) * cfg.block_m * cdiv(n, cfg.block_n) * cfg.block_n) / (m * n)
     return problem.features() + [
         math.log2(cfg.block_m), math.log2(cfg.block_n), math.log2(cfg.block_k), float(cfg.group_m),
-        float(cfg.num_warps), float(cfg.num_stages), math.log2(split), persistent, flat, tma, *hints, resident,
+        float(cfg.num_warps), float(cfg.num_stages), math.log2(split), persistent, flat, tma, *hints, resident, *ws,
         math.log2(tiles), float(occ), wave_eff, pad, smem_bytes(cfg, problem) / 1024.0, float(acc_regs(cfg)),
         math.log(estimate_ms(cfg, problem, hw)),
     ]  # fmt: skip

@@ -610,26 +610,29 @@ def test_search_orders_an_unseen_kernel_by_the_rules():
     picked = [c for c in _varied_top(fixed, 10, set()) if c.resident_b]
     assert picked[0] == GemmConfig(64, 128, 256, 1, 4, 4, tma=True, resident_b=True), picked
     assert [i for i, c in enumerate(fixed) if c.resident_b] == [i for i, c in enumerate(ranked) if c.resident_b]
-    seen = samples + [(picked[0], p, 0.08)]
+    ws_seen = [(next(c for c in valid if c.ws == w), p, 0.1) for w in ("pingpong", "coop")]  # the other kernels, seen
+    seen = samples + [(picked[0], p, 0.08)] + ws_seen
     assert _rules_within_unseen(ranked, seen, p, DEFAULT) == ranked  # measured once: the model's order stands
 
 
 def test_search_always_measures_the_rules_pick_of_each_kernel():
     """The model may carry another problem's winner; the analytic estimate's first config of each
-    kernel is measured as well, in place of the batch's last config of a kernel that has several
-    (here the second resident pick: still two resident configs, one the rules' first)."""
+    kernel (tile, resident B, the two warp-specialised ones) is measured as well, in place of the
+    batch's last configs of a kernel that has several."""
     from kfuse.tune.hardware import DEFAULT
-    from kfuse.tune.search import _with_rules_best
+    from kfuse.tune.search import _kernel, _with_rules_best
     from kfuse.tune.space import GemmProblem, estimate_ms, valid_configs
 
     p = GemmProblem(1048576, 256, 256, b_t=True)
     valid = valid_configs(p, DEFAULT)
-    rules_first = min((c for c in valid if c.resident_b), key=lambda c: estimate_ms(c, p, DEFAULT))
+    firsts = {kind: min((c for c in valid if _kernel(c) == kind), key=lambda c: estimate_ms(c, p, DEFAULT))
+              for kind in ("tile", "resident", "pingpong", "coop")}  # fmt: skip
+    rules_first, tile_first = firsts["resident"], firsts["tile"]
     assert rules_first == GemmConfig(64, 128, 256, 1, 4, 4, tma=True, resident_b=True)
     others = [c for c in valid if c.resident_b and c != rules_first][:2]
-    tiles = [c for c in valid if not c.resident_b][:8]
+    tiles = [c for c in valid if _kernel(c) == "tile"][:8]
     batch = _with_rules_best(tiles + others, valid, p, DEFAULT, set(), 10)
-    assert len(batch) == 10 and rules_first in batch and others[0] in batch and sum(c.resident_b for c in batch) == 2
-    tile_first = min((c for c in valid if not c.resident_b), key=lambda c: estimate_ms(c, p, DEFAULT))
-    assert tile_first in batch
-    assert _with_rules_best(tiles + others, valid, p, DEFAULT, {rules_first, tile_first}, 10) == tiles + others  # already measured
+    assert len(batch) == 10 and all(c in batch for c in firsts.values()), batch
+    assert tiles[0] in batch and all(sum(_kernel(c) == kind for c in batch) >= 1 for kind in firsts)
+    done = {rules_first, tile_first, firsts["pingpong"], firsts["coop"]}
+    assert _with_rules_best(tiles + others, valid, p, DEFAULT, done, 10) == tiles + others  # already measured

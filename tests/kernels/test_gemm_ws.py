@@ -1,0 +1,200 @@
+"""The Gluon warp-specialised GEMMs (``kfuse.kernels.gemm_ws``).
+
+Gluon does not run in the interpreter: on the CPU the kernels are compiled for sm_90 offline and
+their SASS checked (wgmma, TMA, no spills, the shared memory the rules count); the dispatch from a
+``GemmConfig`` falls back to the persistent TMA kernel with the same tile, which runs in the
+interpreter. With a GPU (``-m gpu``), the kernels themselves against an fp32 reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue references
+from kfuse.kernels import gemm_ws
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, exact_gelu, render
+from kfuse.kernels.gemm import GemmConfig, gemm_epilogue, prepare, reference
+from kfuse.kernels.gemm_ws import WsConfig, ws_config, ws_eligible
+from kfuse.tune.hardware import TABLE
+from kfuse.tune.search import _kernel
+from kfuse.tune.space import GemmProblem, hard_reject, smem_bytes, valid_configs
+
+ADD = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
+BIAS_GELU = Epilogue((ADD, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
+BIAS_RES = Epilogue((ADD, EpilogueStep("add", (Operand("reg", 1), Operand("in", 1)))), 2)
+H200 = TABLE["H200"]
+
+
+# ---- the config, the rules and the space -------------------------------------------------------
+def test_ws_config_stages_both_halves_where_they_fit() -> None:
+    """The coop kernel keeps two output half-tile buffers unless that overflows shared memory."""
+    assert ws_config(GemmConfig(128, 256, 64, 8, 8, 3, tma=True, ws="coop")).c_bufs == 2
+    four = ws_config(GemmConfig(128, 256, 64, 8, 8, 4, tma=True, ws="coop"))
+    assert four.c_bufs == 1 and four.smem_bytes() <= gemm_ws.SMEM_LIMIT < dataclasses.replace(four, c_bufs=2).smem_bytes()
+    pp = ws_config(GemmConfig(128, 128, 64, 8, 4, 4, tma=True, ws="pingpong"))
+    assert (pp.schedule, pp.store_n, pp.describe()) == ("pingpong", 128, "pingpong 128x128x64 s4 g8")
+    assert WsConfig("coop", 128, 256).store_n == 128
+
+
+def test_space_offers_ws_kernels_on_hopper_only_where_they_run() -> None:
+    bert = GemmProblem(4096, 3072, 768, 1, "fp16", n_extras=1)
+    ws = [c for c in valid_configs(bert, H200) if c.ws]
+    assert {c.ws for c in ws} == {"pingpong", "coop"}
+    assert all(smem_bytes(c, bert) <= H200.smem_per_block for c in ws)
+    assert {_kernel(c) for c in ws} == {"pingpong", "coop"}
+    pp = GemmConfig(128, 128, 64, 8, 4, 4, tma=True, ws="pingpong")
+    assert hard_reject(pp, bert, H200) is None
+    small = GemmConfig(64, 128, 64, 8, 4, 3, tma=True, ws="pingpong")  # fits an A100's and fp32's shared memory
+    reasons = {
+        "batch": hard_reject(pp, GemmProblem(4096, 3072, 768, 2, "fp16", n_extras=1), H200),
+        "a100": hard_reject(small, bert, TABLE["A100"]),
+        "fp32": hard_reject(small, GemmProblem(4096, 3072, 768, 1, "fp32", n_extras=1), H200),
+        "ragged N": hard_reject(pp, GemmProblem(4096, 3071, 768, 1, "fp16", n_extras=1), H200),
+        "few tiles": hard_reject(pp, GemmProblem(512, 768, 768, 1, "fp16", n_extras=1), H200),
+        "warps": hard_reject(dataclasses.replace(pp, num_warps=8), bert, H200),
+        "persistent": hard_reject(dataclasses.replace(pp, persistent=True), bert, H200),
+        "smem": hard_reject(GemmConfig(128, 256, 64, 8, 8, 5, tma=True, ws="coop"), bert, H200),
+    }
+    assert "one batch" in reasons["batch"] and "Hopper" in reasons["a100"] and "fp16/bf16" in reasons["fp32"]
+    assert "16-byte" in reasons["ragged N"] and "tiles" in reasons["few tiles"] and "num_warps 4" in reasons["warps"]
+    assert "own persistent" in reasons["persistent"] and "shared memory" in reasons["smem"]
+
+
+def test_render_takes_a_templates_own_expression() -> None:
+    exact = render(BIAS_GELU)
+    fast = render(BIAS_GELU, exprs=gemm_ws.FAST_EXPRS)
+    assert "_gelu_fast(acc_r1)" in fast and "_gelu_fast" not in exact and "tl.exp" in exact
+    src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True)
+    assert "tanh.approx.f32" in src and "_gelu_fast(acc_r1)" in src
+
+
+def test_exact_gelu_policy_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KFUSE_EXACT_GELU", raising=False)
+    assert not exact_gelu()
+    monkeypatch.setenv("KFUSE_EXACT_GELU", "1")
+    assert exact_gelu()
+
+
+def test_not_eligible_without_a_hopper_gpu() -> None:
+    g = prepare(torch.randn(8, 16), torch.randn(16, 8), [], torch.float32)
+    assert "GPU" in ws_eligible(g.a, g.b, g.c)
+
+
+@pytest.mark.parametrize("ws", ["pingpong", "coop"])
+def test_dispatch_falls_back_to_the_persistent_tma_kernel(ws: str) -> None:
+    """Where the Gluon kernels cannot run (here: the interpreter), a ws config runs its tile on the
+    persistent TMA kernel: odd shapes, random inputs, the output poisoned first."""
+    torch.manual_seed(0)
+    m, n, k = 150, 136, 72
+    a, b = torch.randn(m, k), torch.randn(k, n) / k**0.5
+    bias = torch.randn(n)
+    cfg = GemmConfig(64, 64, 32, 8, 4 if ws == "pingpong" else 8, 2, tma=True, ws=ws)
+    out = torch.full((m, n), float("nan"))
+    gemm_epilogue(a, b, [bias], BIAS_GELU, torch.float32, cfg, out=out)
+    torch.testing.assert_close(out, reference(a, b, [bias], BIAS_GELU, torch.float32), rtol=1e-4, atol=1e-4)
+
+
+# ---- compiled for sm_90 -------------------------------------------------------------------------
+# Compiled in a fresh process: the interpreter (the CPU tests before these) patches triton.language
+# functions that Gluon shares, and a Gluon compile after it can fail.
+_COMPILE_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from cubin_facts import sass_facts
+from kfuse.ir import ops
+from kfuse.kernels import gemm_ws
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+from kfuse.kernels.gemm_ws import WsConfig
+add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
+epis = {"bias_gelu": (Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1), (True,), (4096, 3072, 768)),
+        "bias_res": (Epilogue((add, EpilogueStep("add", (Operand("reg", 1), Operand("in", 1)))), 2), (True, False), (4096, 768, 3072))}
+out = []
+for epi_name, cfg, b_kmajor, fast in json.loads(sys.argv[2]):
+    epi, rows, (m, n, k) = epis[epi_name]
+    cfg = WsConfig(*cfg)
+    ck = gemm_ws.compile_offline(epi, m, n, k, cfg, b_kmajor=b_kmajor, row_broadcast=rows, fast_gelu=fast)
+    ptx = ck.asm["ptx"]
+    out.append({"facts": sass_facts(ck.asm["cubin"]), "shared": ck.metadata.shared, "predicted": cfg.smem_bytes(),
+                "tma_load": "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx,
+                "tma_store": "cp.async.bulk.tensor.2d.global.shared" in ptx,
+                "setmaxnreg": "setmaxnreg" in ptx, "tanh": "tanh.approx.f32" in ptx})
+print(json.dumps(out))
+"""
+
+_CASES = [  # (epilogue, WsConfig fields, B column-major, fast GELU)
+    ("bias_gelu", ("pingpong", 128, 128, 64, 4, 8), False, False),
+    ("bias_gelu", ("pingpong", 128, 128, 64, 5, 8), True, True),
+    ("bias_gelu", ("pingpong", 64, 256, 64, 4, 1), False, True),
+    ("bias_gelu", ("coop", 128, 256, 64, 4, 8, 1), False, False),
+    ("bias_gelu", ("coop", 128, 256, 64, 3, 8, 2), True, True),
+    ("bias_gelu", ("coop", 128, 128, 64, 6, 8, 2), False, True),
+    ("bias_res", ("pingpong", 128, 128, 64, 4, 8), False, False),
+]
+
+
+@pytest.fixture(scope="module")
+def compiled() -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
+    here = os.path.dirname(__file__)
+    cmd = [sys.executable, "-c", _COMPILE_SCRIPT, here, json.dumps(_CASES)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if r.returncode != 0 and "no cuobjdump" in r.stdout + r.stderr:
+        pytest.skip("the triton wheel has no cuobjdump")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _case_id(i: int) -> str:
+    sched, bm, bn, _, stages = _CASES[i][1][:5]
+    return f"{sched} {bm}x{bn} s{stages}"
+
+
+@pytest.mark.parametrize("i", range(len(_CASES) - 1), ids=_case_id)
+def test_sm90_kernels_use_wgmma_and_tma_without_spills(compiled: list[dict], i: int) -> None:
+    """BERT's ffn1 with bias + GELU as the JIT specialises it: tensor cores (HGMMA), TMA loads and
+    stores, no stack or local memory, the shared memory ``smem_bytes`` counts (within the
+    compiler's alignment), registers handed from the loader to the consumers, and the fast GELU
+    on the MUFU's tanh exactly when asked for."""
+    got, fast = compiled[i], _CASES[i][3]
+    f = got["facts"]
+    assert f["HGMMA"] > 0 and f["STACK"] == 0 and f["LOCAL"] == 0 and f["STL"] == f["LDL"] == 0, f
+    assert 0 <= got["shared"] - got["predicted"] <= 256, got
+    assert got["tma_load"] and got["tma_store"] and got["setmaxnreg"], got
+    assert got["tanh"] == fast, got
+
+
+def test_sm90_tile_shaped_extra_input_spills_in_pingpong(compiled: list[dict]) -> None:
+    """A residual tile loaded next to a 128-register accumulator does not fit one warpgroup's
+    registers (a known cost: the tuner measures such configs, it does not assume them fast)."""
+    assert compiled[-1]["facts"]["STACK"] > 0
+
+
+# ---- on the GPU ---------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [WsConfig("pingpong", 128, 128, 64, 4, 8), WsConfig("pingpong", 64, 128, 64, 6, 1),
+                                 WsConfig("coop", 128, 256, 64, 4, 8, 1), WsConfig("coop", 128, 128, 64, 6, 8, 2)],
+                         ids=lambda c: c.describe())  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_kernels_match_the_reference(cfg: WsConfig, dtype: torch.dtype) -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("sm_90 only")
+    torch.manual_seed(0)
+    m, n, k = 1000, 776, 200  # not multiples of any tile; K = 3 blocks and a ragged one
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    w = (torch.randn(n, k, device="cuda") / k**0.5).to(dtype)
+    bias, res = torch.randn(n, device="cuda", dtype=dtype), torch.randn(m, n, device="cuda", dtype=dtype)
+    for b in (w.t().contiguous(), w.t()):  # B row-major, then column-major (nn.Linear's weight)
+        for epi, extras, fast in ((BIAS_GELU, [bias], False), (BIAS_GELU, [bias], True), (BIAS_RES, [bias, res], False)):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            g = prepare(a, b, extras, dtype, out)
+            gemm_ws.launch(g.a, g.b, g.c, g.extras, epi, cfg, torch.cuda.get_device_properties(0).multi_processor_count, fast_gelu=fast)
+            ref = reference(a, b, extras, epi, torch.float32)
+            err = float((out.float() - ref).abs().max() / ref.abs().max())
+            assert err < (8e-3 if dtype == torch.bfloat16 else 2e-3), (cfg.describe(), epi.describe(), fast, err)
