@@ -87,17 +87,19 @@ def test_not_eligible_without_a_hopper_gpu() -> None:
 
 
 @pytest.mark.parametrize("ws", ["pingpong", "coop"])
-def test_dispatch_falls_back_to_the_persistent_tma_kernel(ws: str) -> None:
-    """Where the Gluon kernels cannot run (here: the interpreter), a ws config runs its tile on the
-    persistent TMA kernel: odd shapes, random inputs, the output poisoned first."""
+def test_dispatch_falls_back_to_the_persistent_tma_kernel(ws: str, device: str) -> None:
+    """Where the Gluon kernels cannot run (a batched GEMM; on the CPU, the interpreter), a ws config
+    runs its tile on the persistent TMA kernel: odd shapes, random inputs, the output poisoned."""
     torch.manual_seed(0)
     m, n, k = 150, 136, 72
-    a, b = torch.randn(m, k), torch.randn(k, n) / k**0.5
-    bias = torch.randn(n)
+    dt = torch.float16 if device == "cuda" else torch.float32
+    a, b = torch.randn(2, m, k, device=device).to(dt), (torch.randn(2, k, n, device=device) / k**0.5).to(dt)
+    bias = torch.randn(n, device=device).to(dt)
     cfg = GemmConfig(64, 64, 32, 8, 4 if ws == "pingpong" else 8, 2, tma=True, ws=ws)
-    out = torch.full((m, n), float("nan"))
-    gemm_epilogue(a, b, [bias], BIAS_GELU, torch.float32, cfg, out=out)
-    torch.testing.assert_close(out, reference(a, b, [bias], BIAS_GELU, torch.float32), rtol=1e-4, atol=1e-4)
+    out = torch.full((2, m, n), float("nan"), device=device, dtype=dt)
+    gemm_epilogue(a, b, [bias], BIAS_GELU, dt, cfg, out=out)
+    tol = 2e-3 if dt == torch.float16 else 1e-4
+    torch.testing.assert_close(out.float(), reference(a, b, [bias], BIAS_GELU, torch.float32), rtol=tol, atol=tol)
 
 
 # ---- compiled for sm_90 -------------------------------------------------------------------------
