@@ -1,8 +1,8 @@
 """Tuning cost and quality: all GEMMs of bert-base (B=32, S=128) and all convs of resnet50 (B=64)
 tuned from an empty database by ``kfuse.compile(..., tune="fast")``; a second compile with the
 warm database; and the gap between the tuner's choice and exhaustive search of the same space
-on a subset (one GEMM and one conv problem, a 48-config sub-space each: exhaustive search of the
-full space would take minutes of compiles).
+on a subset (one GEMM and one conv problem, a 48-config sub-space each, the GEMM's plus 12 configs
+of the warp-specialised kernels: exhaustive search of the full space would take minutes of compiles).
 
 Targets: cold tuning <= 60 s per model, warm compile <= 5 s, gap <= 3%.
 (Reference points on this H200: max-autotune compiles bert-base in 138 s, resnet50 in 300 s.)
@@ -44,7 +44,16 @@ SMOKE_MODELS = {"bert-tiny": {"batch": 2, "seq": 8}, "resnet-tiny": {"batch": 1}
 def sub_space(template: str) -> list:
     if template == "gemm":
         axes = itertools.product((64, 128), (64, 128, 256), (32, 64), (4, 8), (3, 4))
-        return [GemmConfig(bm, bn, bk, 8, w, s) for bm, bn, bk, w, s in axes]
+        plain = [GemmConfig(bm, bn, bk, 8, w, s) for bm, bn, bk, w, s in axes]
+        # and the warp-specialised Gluon kernels (session 18): the tiles and stages that won in its probes
+        ws = [
+            GemmConfig(bm, bn, 64, 8, 4, s, tma=True, ws="pingpong")
+            for (bm, bn), s in itertools.product(((128, 128), (64, 128), (128, 64)), (4, 5, 6))
+        ]
+        ws += [GemmConfig(128, 256, 64, 8, 8, s, tma=True, ws="coop") for s in (3, 4)] + [
+            GemmConfig(128, 128, 64, 8, 8, 6, tma=True, ws="coop")
+        ]
+        return plain + ws
     return [ConvConfig(bm, bn, bk, 8, w, s) for bm, bn, bk, w, s in itertools.product((64, 128), (64, 128), (32, 64), (4, 8), (2, 3, 4))]
 
 
