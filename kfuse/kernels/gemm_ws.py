@@ -1,33 +1,41 @@
-"""``gemm_pingpong_kernel``: a warp-specialised, persistent ping-pong GEMM for Hopper (sm_90), written
-in Gluon, with kfuse's generated epilogue.
+"""Warp-specialised, persistent GEMMs for Hopper (sm_90), written in Gluon, with kfuse's generated
+epilogue:
 
     C = epilogue(A @ B, extra inputs...),  A (M, K) K-contiguous, B (K, N) row- or column-major
 
-Why a fourth GEMM kernel: at BERT/GPT-2's K = 768 the Triton kernels (``gemm.py``) spend a third of
-each tile in the epilogue, with the tensor cores idle: one instruction stream runs the main loop
-and then the epilogue, and Triton 3.6 does not warp-specialise Hopper GEMMs with 128-row tiles
-(docs/perf-notes.md, sessions 2, 5, 7). cuBLAS's answer, which this kernel follows, is the
-*ping-pong* schedule: two consumer warpgroups own alternate output tiles of a persistent program,
-and while one runs its epilogue (bias, GELU, the TMA store) on the CUDA cores the other runs its
-main loop on the tensor cores.
+Why: at BERT/GPT-2's K = 768 the Triton kernels (``gemm.py``) run the main loop and then the
+epilogue in one instruction stream, and Triton 3.6 does not warp-specialise Hopper GEMMs with
+128-row tiles (docs/perf-notes.md, sessions 2, 5, 7). Here a **loader** warp (few registers) walks the
+program's tiles and streams A's and B's K blocks by TMA into a ``STAGES``-deep ring of shared-memory
+slots, each with a ``ready`` and an ``empty`` mbarrier, and the consumers (registers raised by
+``setmaxnreg``) run one of two schedules (``WsConfig.schedule``):
 
-Partitions (``gl.warp_specialize``):
+* ``gemm_pingpong_kernel`` (cuBLAS's ping-pong): two consumer warpgroups own alternate tiles of the
+  program (128 x 128, 64 x 128, 128 x 64 or 64 x 256: at most 128 accumulator registers a thread).
+  A *turn* barrier lets a consumer start its main loop only when the other has issued all of its
+  own: the two main loops take turns on the tensor cores, each epilogue runs beside the other
+  consumer's main loop, and no consumer waits on a slot's phase parity before the slot's previous
+  use has been waited for (the ring is shared and parity waits cannot tell two uses apart). Each
+  consumer stores through its own staging buffer by TMA.
+* ``gemm_coop_kernel``: two warpgroups on one 128 x 256 (or 128 x 128) tile, held as two column
+  halves, so the epilogue and the TMA stores run half a tile at a time (fewer live registers;
+  ``c_bufs`` staging buffers).
 
-* **loader** (1 warp, few registers): walks the program's tiles in order and, for each, streams
-  the K blocks of A and B by TMA into a ``STAGES``-deep ring of shared-memory slots, each with a
-  ``ready`` and an ``empty`` mbarrier.
-* **two consumers** (one warpgroup each, 4 warps): consumer ``w`` takes the program's tiles
-  ``w, w + 2, w + 4, ...``. Because the ring is filled in tile order, consumer 1's first slot is
-  loaded only once consumer 0 has freed the slots of its tile, so the two main loops take turns on
-  the tensor cores and each epilogue runs under the other consumer's main loop, with no extra
-  barrier. Each consumer keeps one wgmma group in flight, frees a slot as soon as the wgmma that
-  read it has retired, applies the epilogue in the accumulator's registers (extra inputs loaded by
-  pointers at the tile's coordinates; a bias row once per tile) and stores the tile through its
-  own shared-memory buffer by TMA (the store of tile i overlaps the main loop of tile i + 2).
+Each consumer keeps one wgmma group per accumulator in flight and frees a slot as soon as the
+wgmma that read it has retired. Extra inputs are loaded by pointers in the accumulator's layout (a
+bias row once per tile). GELU follows kfuse's policy (``epilogue.exact_gelu``): by default the tanh
+form on ``tanh.approx.f32`` (``fast_gelu``), as cuBLASLt's GELU epilogue.
+
+Measured on the H200 (session 18, ``benchmarks/experiments/pingpong_probe.py`` and
+``ws_epilogue_probe.py``): without an epilogue the ping-pong kernel ties the bare cuBLAS GEMM
+(0.92-1.09x on BERT/GPT-2's K = 768 shapes); bias or ReLU add 1-5%, the exact GELU 40-75% (the
+epilogue's arithmetic is not hidden by the other warpgroup: the main loop slows while it runs),
+the tanh-form GELU 6-12%. Tuned in ``gemm_bench``: 1.01-1.26x the bare cuBLAS GEMM with bias + GELU,
+against 1.14-1.71x for the Triton template.
 
 Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
 TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
-the kernel for sm_90 offline (``compile_offline``) and check its SASS (HGMMA, no spills); the
+the kernels for sm_90 offline (``compile_offline``) and check their SASS (HGMMA, TMA, no spills); the
 numerical tests run on the GPU.
 """
 
