@@ -50,7 +50,9 @@ from kfuse.kernels.codegen import cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, render
 
 SMEM_LIMIT = 232448  # sm_90: dynamic shared memory per block (227 KB)
-PINGPONG_DTYPES = (torch.float16, torch.bfloat16)
+WS_DTYPES = (torch.float16, torch.bfloat16)
+LOADER_REGS = 40  # the loader warp's registers after setmaxnreg (its share goes to the consumers)
+CONSUMER_REGS = 232  # the ping-pong kernel's second consumer warpgroup (the first gets what is left)
 
 _SOURCE = """
 from triton.experimental import gluon
@@ -363,7 +365,7 @@ def ws_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int 
         return "the warp-specialised kernels run one batch"
     if split_k > 1:
         return "the warp-specialised kernels have no split-K"
-    if a.dtype not in PINGPONG_DTYPES or b.dtype != a.dtype or c.dtype not in PINGPONG_DTYPES:
+    if a.dtype not in WS_DTYPES or b.dtype != a.dtype or c.dtype not in WS_DTYPES:
         return f"the warp-specialised kernels take fp16/bf16 (got {a.dtype}, {b.dtype} -> {c.dtype})"
     for name, t in (("A", a[0]), ("C", c[0])):
         if t.stride(1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
@@ -405,10 +407,11 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
     grid = max(1, min(num_programs, tiles))
     mod = module(epi, fast_gelu)
     args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
-    meta: dict[str, Any] = dict(NUM_PROGRAMS=grid, GROUP_M=cfg.group_m, STAGES=cfg.stages, B_KMAJOR=b_kmajor, LOADER_REGS=40, **flags)
+    meta: dict[str, Any] = dict(NUM_PROGRAMS=grid, GROUP_M=cfg.group_m, STAGES=cfg.stages, B_KMAJOR=b_kmajor, **flags)
+    meta["LOADER_REGS"] = LOADER_REGS
     if cfg.schedule == "pingpong":
         kernel, warps = mod.gemm_pingpong_kernel, 4
-        meta["CONSUMER_REGS"] = 232
+        meta["CONSUMER_REGS"] = CONSUMER_REGS
     else:
         kernel, warps = mod.gemm_coop_kernel, 8
         meta["C_BUFS"] = cfg.c_bufs
@@ -453,7 +456,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     constexprs: dict[str, Any] = {f"XB{j}": bool(row_broadcast[j]) if j < len(row_broadcast) else False for j in range(epi.n_inputs)}
     # in the kernels' argument order
     constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=cfg.group_m, STAGES=cfg.stages, **({"C_BUFS": cfg.c_bufs} if coop else {}))
-    constexprs.update(B_KMAJOR=b_kmajor, LOADER_REGS=40, **({} if coop else {"CONSUMER_REGS": 232}))
+    constexprs.update(B_KMAJOR=b_kmajor, LOADER_REGS=LOADER_REGS, **({} if coop else {"CONSUMER_REGS": CONSUMER_REGS}))
     for name in constexprs:
         sig[name] = "constexpr"
     keyed = {(fn.arg_names.index(name),): v for name, v in constexprs.items()}
