@@ -381,6 +381,12 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
     """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``ws_eligible``) with the
     schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
     compile only."""
+    run_module(module(epi, fast_gelu), a, b, c, extras, cfg, num_programs, warmup)
+
+
+def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], cfg: WsConfig,
+               num_programs: int, warmup: bool = False) -> None:  # fmt: skip
+    """``launch`` with the generated module given (experiments time variants of its source)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -405,7 +411,6 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
         flags[f"XB{j}"] = e.stride(1) == 0
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     grid = max(1, min(num_programs, tiles))
-    mod = module(epi, fast_gelu)
     args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
     meta: dict[str, Any] = dict(NUM_PROGRAMS=grid, GROUP_M=cfg.group_m, STAGES=cfg.stages, B_KMAJOR=b_kmajor, **flags)
     meta["LOADER_REGS"] = LOADER_REGS
