@@ -27,10 +27,12 @@ bias row once per tile). GELU follows kfuse's policy (``epilogue.exact_gelu``): 
 form on ``tanh.approx.f32`` (``fast_gelu``), as cuBLASLt's GELU epilogue.
 
 Measured on the H200 (session 18, ``benchmarks/experiments/pingpong_probe.py`` and
-``ws_epilogue_probe.py``): without an epilogue the ping-pong kernel ties the bare cuBLAS GEMM
-(0.92-1.09x on BERT/GPT-2's K = 768 shapes); bias or ReLU add 1-5%, the exact GELU 40-75% (the
-epilogue's arithmetic is not hidden by the other warpgroup: the main loop slows while it runs),
-the tanh-form GELU 6-12%. Tuned in ``gemm_bench``: 1.01-1.26x the bare cuBLAS GEMM with bias + GELU,
+``ws_epilogue_probe.py``, ``ws_overlap_probe.py``): without an epilogue the ping-pong kernel ties
+the bare cuBLAS GEMM (0.92-1.09x on BERT/GPT-2's K = 768 shapes); bias or ReLU add 1-5%, the exact
+GELU 40-75%, the tanh-form GELU 6-12%. The schedule does overlap an epilogue's waits and MUFU work
+with the other warpgroup's main loop (free up to its length), but not FP32 FMA-pipe work, which slows
+the other warpgroup's wgmma as much as a serial epilogue would: an epilogue is cheap here when it has
+few FP32 ALU instructions. Tuned in ``gemm_bench``: 1.01-1.26x the bare cuBLAS GEMM with bias + GELU,
 against 1.14-1.71x for the Triton template.
 
 Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
