@@ -28,7 +28,7 @@ form on ``tanh.approx.f32`` (``fast_gelu``), as cuBLASLt's GELU epilogue.
 
 Measured on the H200 (session 18, ``benchmarks/experiments/pingpong_probe.py`` and
 ``ws_epilogue_probe.py``, ``ws_overlap_probe.py``): without an epilogue the ping-pong kernel ties
-the bare cuBLAS GEMM (0.92-1.09x on BERT/GPT-2's K = 768 shapes); bias or ReLU add 1-5%, the exact
+the bare cuBLAS GEMM on most of BERT/GPT-2's shapes (0.89-1.24x, at or under it on 5-7 of 12); bias or ReLU add 1-5%, the exact
 GELU 40-75%, the tanh-form GELU 6-12%. The schedule does overlap an epilogue's waits and MUFU work
 with the other warpgroup's main loop (free up to its length), but not FP32 FMA-pipe work, which slows
 the other warpgroup's wgmma as much as a serial epilogue would: an epilogue is cheap here when it has
