@@ -1,0 +1,140 @@
+"""Would a packed f16x2 GELU make the ping-pong GEMM's epilogue cheaper (``kfuse/kernels/gemm_ws.py``)?
+
+Session 18 found that, beside a wgmma main loop, an epilogue's FP32 FMA-pipe instructions cost their
+full issue time while MUFU work is free (``ws_overlap_probe.py``). kfuse's default GELU in these
+kernels (the tanh form on ``tanh.approx.f32``) is ~6 FP32 ALU instructions a value and costs 6-12% over
+bias alone. In packed halves it is 5 instructions per *two* values (``mul.f16x2``, ``fma.f16x2``,
+``mul.f16x2``, ``tanh.approx.f16x2`` on the MUFU, ``fma.f16x2``, ``mul.f16x2``) after the conversion to
+fp16 that the store needs anyway.
+
+Accuracy, emulated on the CPU with numpy fp16 arithmetic and ``tanh.approx``'s documented error
+(2^-10.7): max |y - erf GELU| / max |y| 3.3-4.9e-4 over [-12, 12] and a normal sample, the same as the
+fp32 tanh form rounded to fp16 (3.3e-4); but up to 9-15 fp16 ulps where |y| > 0.1 (the negative side,
+where 1 + tanh cancels), against ~1-2 for the fp32 form.
+
+Prediction: the f16x2 GELU costs 2-6% over bias alone (half of the fp32 form's 6-12%), so the tuned
+kernel moves from 1.05-1.26x to ~1.02-1.20x the bare cuBLAS GEMM; the issue's 80% target stays out of
+reach (the main loop alone is 0.89-1.24x).
+
+Per shape (issue 3's twelve): the ping-pong kernel at 128x128 s5 and 64x128 s6 with bias only, bias +
+fp32 tanh-form GELU (the default) and bias + f16x2 GELU; outputs poisoned and checked against the fp32
+erf-GELU reference; 20 calls a graph, next to cuBLAS alone.
+
+    PYTHONPATH=. python benchmarks/experiments/ws_gelu_f16x2_probe.py --out $OUT   # H200, ~40 s (not yet run)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from kfuse.bench.harness import graph_ms_per_call, write_experiment
+from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
+from kfuse.kernels import gemm_ws
+from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+from kfuse.kernels.gemm import prepare
+from kfuse.kernels.gemm_ws import WsConfig
+
+ADD = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
+BIAS = Epilogue((ADD,), 1)
+BIAS_GELU = Epilogue((ADD, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
+# fp16 constants, two to a register: 0.7978846 (0x3A62), 0.044715 x 0.7978846 (0x2891), 0.5 (0x3800)
+GELU_F16X2 = '''
+
+@gluon.jit
+def _gelu_f16x2(x):
+    # the tanh form on packed halves: y = x * (0.5 + 0.5 * tanh(x * (k0 + k1 * x^2))), an fp16 result
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .b32 k0, k1, c5, x2, p, z, t, h;
+        mov.b32 k0, 0x3A623A62;
+        mov.b32 k1, 0x28912891;
+        mov.b32 c5, 0x38003800;
+        mul.rn.f16x2 x2, $1, $1;
+        fma.rn.f16x2 p, x2, k1, k0;
+        mul.rn.f16x2 z, $1, p;
+        tanh.approx.f16x2 t, z;
+        fma.rn.f16x2 h, t, c5, c5;
+        mul.rn.f16x2 $0, $1, h;
+        }""",
+        "=r,r", [x.to(gl.float16)], dtype=gl.float16, is_pure=True, pack=2)
+'''
+CASES = {"bias": (BIAS, "fp32"), "bias+gelu fp32 tanh": (BIAS_GELU, "fp32"), "bias+gelu f16x2": (BIAS_GELU, "f16x2")}
+TILINGS = [WsConfig("pingpong", 128, 128, 64, 5, 8), WsConfig("pingpong", 64, 128, 64, 6, 8)]
+LAYERS = {"qkv": (768, 2304), "attn_out": (768, 768), "ffn1": (768, 3072), "ffn2": (3072, 768)}  # (K, N)
+MODELS = {"bert": (4096, 16384), "gpt2": (8192,)}
+
+
+def f16x2_source() -> str:
+    """The bias + GELU module with the default GELU call replaced by the packed one."""
+    src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True)
+    head, sep, rest = src.partition("tl = gl")
+    src = head + sep + GELU_F16X2 + rest
+    assert src.count("_gelu_fast(acc_r1)") == 2, "both schedules' epilogues call the default GELU"
+    return src.replace("_gelu_fast(acc_r1)", "_gelu_f16x2(acc_r1)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    dev, dt = "cuda", torch.float16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    torch.manual_seed(0)
+    mods = {
+        "bias": gemm_ws.module(BIAS),
+        "bias+gelu fp32 tanh": gemm_ws.module(BIAS_GELU, fast_gelu=True),
+        "bias+gelu f16x2": load_generated("gemm_ws_f16x2", BIAS_GELU.key(), f16x2_source()),
+    }
+    recs = []
+    for mdl, toks in MODELS.items():
+        for t in toks:
+            for layer, (k, n) in LAYERS.items():
+                case, m = f"{mdl}_T{t}_{layer}", t
+                a = torch.randn(m, k, device=dev, dtype=dt)
+                b = (torch.randn(k, n, device=dev) / k**0.5).to(dt)
+                bias = torch.randn(n, device=dev, dtype=dt)
+                prod = a.float() @ b.float() + bias.float()
+                refs = {"bias": prod, "gelu": F.gelu(prod)}
+                rec: dict = {"case": case, "m": m, "n": n, "k": k, "variants": {}}
+                mm_out = torch.empty(m, n, device=dev, dtype=dt)
+                rec["variants"]["cublas mm alone"] = {"ms": graph_ms_per_call(lambda: torch.mm(a, b, out=mm_out), (), calls=20, rep=20)[0]}
+                for cfg in TILINGS:
+                    for name in CASES:
+                        label = f"{cfg.describe()} {name}"
+                        try:
+                            out = torch.full((m, n), float("nan"), device=dev, dtype=dt)
+                            g = prepare(a, b, [bias], dt, out)
+
+                            def run(g=g, cfg=cfg, mod=mods[name]) -> torch.Tensor:
+                                gemm_ws.run_module(mod, g.a, g.b, g.c, g.extras, cfg, sms)
+                                return g.c[0]
+
+                            got = run().float()
+                            ref = refs["bias" if name == "bias" else "gelu"]
+                            err = float((got - ref).abs().max() / ref.abs().max())
+                            mid = ref.abs() > 0.1  # where fp16 ulps are a fair measure
+                            ulps = float(((got - ref).abs()[mid] / ref[mid].abs().half().float().mul(2.0**-10)).max())
+                            ms, _ = graph_ms_per_call(run, (), calls=20, rep=20)
+                            rec["variants"][label] = {"ms": ms, "rel_err": err, "max_ulps_fp16": ulps, "ok": err < 1e-2}
+                        except Exception as e:  # recorded, not fatal
+                            rec["variants"][label] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                        print(f"[{case}] {label}: {rec['variants'][label]}", flush=True)
+                recs.append(rec)
+    write_experiment("ws_gelu_f16x2_probe", args.out, records=recs)
+    print(f"\n{'case':22s} {'mm':>8s} " + " ".join(f"{c:>20s}" for c in CASES) + "  (best tiling; x mm; err)")
+    for r in recs:
+        v, mm = r["variants"], r["variants"]["cublas mm alone"]["ms"]
+        cells = []
+        for name in CASES:
+            got = [x for lab, x in v.items() if lab.endswith(" " + name) and x.get("ok")]
+            best = min(got, key=lambda x: x["ms"]) if got else None
+            cells.append(f"{best['ms']:8.4f} {best['ms'] / mm:5.3f} {best['rel_err']:.0e}" if best else f"{'-':>20s}")
+        print(f"{r['case']:22s} {mm:8.4f} " + " ".join(f"{c:>20s}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
