@@ -17,7 +17,13 @@ ping-pong kernel at several tilings; every output poisoned with NaN and checked 
 reference first; times both as one call per graph replay (``gemm_bench``'s method) and as 20 calls
 per graph (launch cost spread). A launch that does not finish in 30 s ends the run (a deadlock).
 
-    PYTHONPATH=. python benchmarks/experiments/pingpong_probe.py --out $OUT   # H200, ~100 s
+Result (session 18, three runs, ``experiments/s18_pingpong_probe_v{1,2,3}.json``): correct everywhere
+(relative error 2.6e-4). Without an epilogue the better kernel is 0.89-1.24x cuBLAS (at or under it on
+5-7 of 12); with the exact GELU 1.3-1.7x (prediction refuted: the epilogue is not hidden, see
+``ws_epilogue_probe.py`` and ``ws_overlap_probe.py``); with the tanh-form GELU on ``tanh.approx.f32``
+1.01-1.30x. The coop kernel is faster than ping-pong on a few K = 3072 shapes only.
+
+    PYTHONPATH=. python benchmarks/experiments/pingpong_probe.py --out $OUT   # H200, ~50 s
 """
 
 from __future__ import annotations

@@ -16,6 +16,11 @@ Variants, per schedule (ping-pong 128 x 128 s4; coop 128 x 256 s3 as the serial 
 base), ReLU then sleeps of 1, 3 and 8 us a tile, ReLU then 24 dependent FMAs a value, ReLU then 4
 MUFU ex2 a value (a tile: 16,384 values). Outputs checked where the arithmetic is exact (ReLU, the sleeps); 20 calls a graph.
 
+Result (session 18, ``experiments/s18_ws_overlap_probe.json``, extra us a tile over ReLU in ping-pong):
+sleeps of ~1 and ~3 us 0.07-0.39, ~8 us 1.25-2.0 (hidden up to the main loop's length); 4 MUFU ex2 a
+value 0.02-0.12 (hidden); 24 FMAs a value 3.0-3.1, as much as in coop (not hidden). The schedule
+overlaps; FP32 FMA-pipe work competes with the other warpgroup's wgmma.
+
     PYTHONPATH=. python benchmarks/experiments/ws_overlap_probe.py --out $OUT   # H200, ~30 s
 """
 
