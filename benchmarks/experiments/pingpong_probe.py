@@ -21,7 +21,8 @@ Result (session 18, three runs, ``experiments/s18_pingpong_probe_v{1,2,3}.json``
 (relative error 2.6e-4). Without an epilogue the better kernel is 0.89-1.24x cuBLAS (at or under it on
 5-7 of 12); with the exact GELU 1.3-1.7x (prediction refuted: the epilogue is not hidden, see
 ``ws_epilogue_probe.py`` and ``ws_overlap_probe.py``); with the tanh-form GELU on ``tanh.approx.f32``
-1.01-1.30x. The coop kernel is faster than ping-pong on a few K = 3072 shapes only.
+1.01-1.30x. With the exact GELU coop is the faster schedule on 8 of 12 shapes in run 3 (its serial
+epilogue costs less than ping-pong's contended one); with the tanh form ping-pong wins on all twelve.
 
     PYTHONPATH=. python benchmarks/experiments/pingpong_probe.py --out $OUT   # H200, ~50 s
 """
