@@ -45,3 +45,44 @@ def test_lc_gemm_and_its_tail_fill_kernels_hold_two_programs_per_sm() -> None:
 def test_the_session_9_tile_held_one_program_per_sm() -> None:
     """The regression the new tile fixes: 128 x 128 x 64 with 3 stages does not fit two programs."""
     assert ptb_occupancy(_lc(PtbGemmConfig(128, 128, 64, 8, 8, 3)))["programs_per_sm"] == 1
+
+
+def test_mriq_gpu_path_puts_its_trig_on_the_mufu() -> None:
+    """mri-q's block as the GPU runs it (``FAST_TRIG``): sin and cos are one MUFU op each, with no
+    local-memory range reduction, and the kernel has far fewer FP32 FMA-pipe instructions than with
+    libdevice's ``tl.sin`` / ``tl.cos`` (the interpreter's path). Beside a wgmma GEMM, MUFU work runs
+    free and FMA work does not (docs/colocate.md, "Session 18")."""
+    import dataclasses
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    from kfuse.colocate.occupancy import _compile, _params
+    from kfuse.colocate.ptb import _module_for
+    from kfuse.colocate.workloads import mriq
+
+    k = mriq.make(False, torch.device("cpu"), torch.Generator().manual_seed(0)).kernel
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        pytest.skip("the triton wheel has no cuobjdump")
+    facts = {}
+    for fast in (True, False):
+        kk = dataclasses.replace(k, consts={"BLOCK": 32, "KC": 32, "FAST_TRIG": fast})  # the GPU's block
+        names, consts = _params("", kk)
+        named = [*zip(names, kk.args, strict=True), ("start", 0), ("end", kk.n_blocks)]
+        ck = _compile(_module_for(kk).ptb_kernel, named, dict(zip(consts, kk.consts.values(), strict=True)), kk.num_warps, 1)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(bytes(ck.asm["cubin"]))
+            f.flush()
+            sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        facts[fast] = {
+            "mufu_trig": len(re.findall(r"MUFU\.(?:SIN|COS)", sass)),
+            "fma_pipe": len(re.findall(r"\b(?:FFMA|FMUL|FADD)\b", sass)),
+            "local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+        }
+    assert facts[True]["mufu_trig"] > 0 and facts[True]["local"] == 0, facts
+    assert facts[False]["mufu_trig"] == 0 and facts[False]["local"] > 0, facts  # libdevice: polynomials, slow path in local memory
+    assert facts[True]["fma_pipe"] * 2 < facts[False]["fma_pipe"], facts

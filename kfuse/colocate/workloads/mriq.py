@@ -6,6 +6,13 @@ Block grain: a BE block must be shorter than the LC kernels it is fused into (BE
 10-29 us). Through session 10 a block was 128 voxels x 2048 samples (3.8 ms for 2048 blocks at two
 programs per SM: ~1 ms a block). Since then a block is 32 voxels x 64 samples (128x less work, ~8 us
 predicted) over 2^20 voxels, so the kernel still runs a few hundred us.
+
+Trigonometry (session 18): the arguments stay within [-4.8, 4.8] (k and x are drawn in [-0.5, 0.5]),
+so on the GPU ``FAST_TRIG`` computes sin and cos as one MUFU op each (``libdevice.fast_sinf`` /
+``fast_cosf``: ``sin.approx.f32``, absolute error < 1e-6 on this range) instead of libdevice's full
+range reduction (FMA polynomials and a local-memory slow path). Beside a wgmma GEMM, MUFU work runs
+free and FMA work does not (docs/colocate.md, "Session 18"); not yet measured in a co-location run.
+The interpreter has no ``fast_sinf``: the CPU path keeps ``tl.sin`` / ``tl.cos``.
 """
 
 from __future__ import annotations
@@ -15,13 +22,15 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 from kfuse.colocate.ptb import BlockKernel, interpreting
 from kfuse.colocate.workloads import Workload, nan_fill
 
 
 @triton.jit
-def mriq_block(bid, kx, ky, kz, phimag, x, y, z, qr, qi, num_k, num_x, BLOCK: tl.constexpr, KC: tl.constexpr):
+def mriq_block(bid, kx, ky, kz, phimag, x, y, z, qr, qi, num_k, num_x, BLOCK: tl.constexpr, KC: tl.constexpr,
+               FAST_TRIG: tl.constexpr):  # fmt: skip
     offs = bid * BLOCK + tl.arange(0, BLOCK)
     m = offs < num_x
     px = tl.load(x + offs, mask=m, other=0.0)
@@ -37,8 +46,14 @@ def mriq_block(bid, kx, ky, kz, phimag, x, y, z, qr, qi, num_k, num_x, BLOCK: tl
         az = tl.load(kz + ko, mask=km, other=0.0)
         ph = tl.load(phimag + ko, mask=km, other=0.0)
         arg = 6.283185307179586 * (ax[None, :] * px[:, None] + ay[None, :] * py[:, None] + az[None, :] * pz[:, None])
-        acc_r += tl.sum(ph[None, :] * tl.cos(arg), axis=1)
-        acc_i += tl.sum(ph[None, :] * tl.sin(arg), axis=1)
+        if FAST_TRIG:
+            cos_arg = libdevice.fast_cosf(arg)
+            sin_arg = libdevice.fast_sinf(arg)
+        else:
+            cos_arg = tl.cos(arg)
+            sin_arg = tl.sin(arg)
+        acc_r += tl.sum(ph[None, :] * cos_arg, axis=1)
+        acc_i += tl.sum(ph[None, :] * sin_arg, axis=1)
     tl.store(qr + offs, acc_r, mask=m)
     tl.store(qi + offs, acc_i, mask=m)
 
@@ -56,8 +71,9 @@ def make(small: bool, device: torch.device, g: torch.Generator) -> Workload:
         return torch.stack([(phi.double() * torch.cos(arg)).sum(1), (phi.double() * torch.sin(arg)).sum(1)])
 
     nb = triton.cdiv(num_x, block)
+    consts = {"BLOCK": block, "KC": kc, "FAST_TRIG": not interpreting()}
     kern = BlockKernel(
-        "mriq", __name__, "mriq_block", [*ks, phi, *xs, q[0], q[1], num_k, num_x], {"BLOCK": block, "KC": kc}, nb,
+        "mriq", __name__, "mriq_block", [*ks, phi, *xs, q[0], q[1], num_k, num_x], consts, nb,
         num_warps=4, flops_per_block=14.0 * block * num_k, bytes_per_block=20.0 * block + 16.0 * num_k,
     )  # fmt: skip
     return Workload("mriq", kern, reference, lambda: q, lambda: nan_fill(q), "compute", tol=1e-4)
