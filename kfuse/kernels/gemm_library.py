@@ -40,7 +40,9 @@ class LibrarySplit:
     rest: Epilogue  # what is left, register 0 = the library's output
 
     def describe(self) -> str:
-        fused = ["gemm"] + (["bias"] if self.bias is not None else []) + ([self.activation] if self.activation else [])
+        # cuBLASLt's GELU epilogue is the tanh form (kfuse's GELU policy lets it stand in for the erf form)
+        act = {"gelu": "gelu(tanh)"}.get(self.activation or "", self.activation)
+        fused = ["gemm"] + (["bias"] if self.bias is not None else []) + ([act] if act else [])
         tail = f" + kernel[{self.rest.describe()}]" if self.rest.steps else ""
         return "cuBLAS(" + "+".join(fused) + ")" + tail
 

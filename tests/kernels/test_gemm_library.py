@@ -22,7 +22,7 @@ ACC_REUSED = Epilogue((EpilogueStep("add", (R0, IN0)), EpilogueStep("mul", (R1, 
 def test_split_absorbs_bias_and_activation() -> None:
     s = split_epilogue(BIAS_GELU, batched=False, exact_gelu=False)
     assert (s.bias, s.activation, s.rest.steps) == (0, "gelu", ())
-    assert s.describe() == "cuBLAS(gemm+bias+gelu)"
+    assert s.describe() == "cuBLAS(gemm+bias+gelu(tanh))"
 
 
 def test_exact_gelu_and_batched_keep_the_activation_in_the_kernel() -> None:
