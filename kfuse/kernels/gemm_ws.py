@@ -86,6 +86,16 @@ def _tile_coords(t, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M:
 
 
 @gluon.jit
+def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
+    # the tile out through a staging buffer by TMA, once at most PENDING earlier stores (the one that
+    # last read this buffer among them) are still in flight
+    tma.store_wait(PENDING)
+    buf.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], buf)
+
+
+@gluon.jit
 def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N: gl.constexpr,
             NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr):
     # one warp: the TMA producer. A slot's first ``empty`` wait is at phase 1, which a fresh
@@ -153,10 +163,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_smem, c_desc, {extra_ptrs}M,
         offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
 {epilogue}
-        tma.store_wait(0)  # this consumer's previous tile has left c_smem
-        c_smem.store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+        _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # after this consumer's previous tile left c_smem
     tma.store_wait(0)
 
 
@@ -242,11 +249,7 @@ def _coop_consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, {extra_ptrs}M, 
             offs_n = off_n + gl.arange(0, HALF, layout=gl.SliceLayout(0, acc_layout))
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
 {epilogue_12}
-            buf = c_bufs.index(h % C_BUFS)
-            tma.store_wait(C_BUFS - 1)  # the store that last read this buffer has finished
-            buf.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], buf)
+            _store_tile(acc, c_bufs.index(h % C_BUFS), c_desc, off_m, off_n, C_BUFS - 1)
     tma.store_wait(0)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import tempfile
+from typing import Any
 
 import pytest
 import triton
@@ -27,3 +30,17 @@ def sass_facts(cubin: bytes) -> dict[str, int]:
     for op in ("UTMALDG.4D", "UTMASTG.4D", "HGMMA", "STL", "LDL", "LDSM"):
         facts[op] = sass.count(op + " ") + sass.count(op + ".")
     return facts
+
+
+def run_offline_script(script: str, args: Any, timeout: int = 300) -> Any:
+    """Run an offline sm_90 compile script in a fresh process (no interpreter: a compile after the
+    interpreter has run can fail), with ``args`` as its one JSON argument and this folder importable
+    (``cubin_facts``); its last stdout line is JSON. Skips the test when the triton wheel has no
+    cuobjdump."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", script, json.dumps(args)], capture_output=True, text=True, env=env, timeout=timeout)
+    if r.returncode != 0 and "cuobjdump" in r.stderr and ("No such file" in r.stderr or "has no cuobjdump" in r.stderr):
+        pytest.skip("the triton wheel has no cuobjdump")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])

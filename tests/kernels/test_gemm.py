@@ -3,13 +3,13 @@ fallback for operands TMA cannot describe), the persistent TMA kernel with its c
 TMA store of C (and its pointer fallback), NaN-poisoned outputs, in the Triton interpreter (CPU);
 the sm_90 SASS checks compile real cubins."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
+from cubin_facts import run_offline_script
 
 from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue references
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
@@ -421,14 +421,7 @@ print(json.dumps({"HGMMA": sass.count("HGMMA"), "UTMALDG": sass.count("UTMALDG")
 
 
 def _run_sass_script(script, args):
-    """Run an offline sm_90 compile script in a fresh process (no interpreter); its last stdout line is JSON."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", script, json.dumps(args)], capture_output=True, text=True, env=env, timeout=300)
-    if r.returncode != 0 and "cuobjdump" in r.stderr and "No such file" in r.stderr:
-        pytest.skip("the triton wheel has no cuobjdump")
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_offline_script(script, args)
 
 
 def _sass_persistent(bm, bn, warps, stages, ws, flat, tma_store):

@@ -8,13 +8,10 @@ interpreter. With a GPU (``-m gpu``), the kernels themselves against an fp32 ref
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from cubin_facts import run_offline_script
 
 from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue references
 from kfuse.kernels import gemm_ws
@@ -107,7 +104,6 @@ def test_dispatch_falls_back_to_the_persistent_tma_kernel(ws: str, device: str) 
 # functions that Gluon shares, and a Gluon compile after it can fail.
 _COMPILE_SCRIPT = r"""
 import json, sys
-sys.path.insert(0, sys.argv[1])
 from cubin_facts import sass_facts
 from kfuse.ir import ops
 from kfuse.kernels import gemm_ws
@@ -117,7 +113,7 @@ add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
 epis = {"bias_gelu": (Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1), (True,), (4096, 3072, 768)),
         "bias_res": (Epilogue((add, EpilogueStep("add", (Operand("reg", 1), Operand("in", 1)))), 2), (True, False), (4096, 768, 3072))}
 out = []
-for epi_name, cfg, b_kmajor, fast in json.loads(sys.argv[2]):
+for epi_name, cfg, b_kmajor, fast in json.loads(sys.argv[1]):
     epi, rows, (m, n, k) = epis[epi_name]
     cfg = WsConfig(*cfg)
     ck = gemm_ws.compile_offline(epi, m, n, k, cfg, b_kmajor=b_kmajor, row_broadcast=rows, fast_gelu=fast)
@@ -142,15 +138,7 @@ _CASES = [  # (epilogue, WsConfig fields, B column-major, fast GELU)
 
 @pytest.fixture(scope="module")
 def compiled() -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    here = os.path.dirname(__file__)
-    cmd = [sys.executable, "-c", _COMPILE_SCRIPT, here, json.dumps(_CASES)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if r.returncode != 0 and "no cuobjdump" in r.stdout + r.stderr:
-        pytest.skip("the triton wheel has no cuobjdump")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_offline_script(_COMPILE_SCRIPT, _CASES, timeout=600)
 
 
 def _case_id(i: int) -> str:
