@@ -639,15 +639,20 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
         ex_strides += [e.stride(0), e.stride(1), e.stride(2)]
     xb = _row_broadcast_flags(g.extras)
     ab = (a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1), c.stride(2))
-    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
+    ws = cfg if cfg.ws else None
+    if cfg.ws:
+        # where the Gluon kernels cannot run, the same tile runs on the persistent TMA kernel
+        # (Triton's tiles are powers of two: a 192-wide ping-pong tile runs 128 wide there)
+        cfg = replace(cfg, ws="", block_n=1 << (cfg.block_n.bit_length() - 1))
     tma = tma_operands(a, b, cfg) if cfg.tma and split == 1 else None
-    if cfg.ws and tma is not None and gemm_ws.ws_eligible(a, b, c, split) is None:
-        gemm_ws.launch(a, b, c, g.extras, epi, gemm_ws.ws_config(cfg, a.element_size()), _num_sms(a.device), warmup,
+    if ws is not None and tma is not None and gemm_ws.ws_eligible(a, b, c, split) is None:
+        gemm_ws.launch(a, b, c, g.extras, epi, gemm_ws.ws_config(ws, a.element_size()), _num_sms(a.device), warmup,
                        fast_gelu=not exact_gelu())  # fmt: skip
         return
-    if cfg.ws and tma is not None:
-        cfg = replace(cfg, ws="", persistent=True)  # the same tile on the persistent TMA kernel
+    if ws is not None and tma is not None:
+        cfg = replace(cfg, persistent=True)
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     if tma is not None and resident_eligible(g, cfg):
         a_desc, b_desc, layout = tma
         c_desc, store = tma_output(c, cfg)

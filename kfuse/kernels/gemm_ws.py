@@ -96,14 +96,17 @@ def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N: gl.constexpr,
-            NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr):
+def _loader(a_desc, b_desc, b_lo_desc, a_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K, BLOCK_N: gl.constexpr,
+            NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, N_LO: gl.constexpr):
     # one warp: the TMA producer. A slot's first ``empty`` wait is at phase 1, which a fresh
-    # mbarrier has already completed, so the ring fills before any consumer frees a slot
+    # mbarrier has already completed, so the ring fills before any consumer frees a slot. A tile
+    # whose width is not a power of two (Gluon's shapes are) is loaded as two column pieces:
+    # ``b_bufs`` holds its first BLOCK_N - N_LO columns, ``b_lo_bufs`` the last N_LO
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    N_HI: gl.constexpr = BLOCK_N - N_LO
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (b_lo_desc.block_type.nbytes if N_LO > 0 else 0)
     k_steps = gl.cdiv(K, BLOCK_K)
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     c = 0
@@ -116,21 +119,31 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N: gl.c
             tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kb * BLOCK_K], ready.index(s), a_bufs.index(s))
             if B_KMAJOR:
                 tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kb * BLOCK_K], ready.index(s), b_bufs.index(s))
+                if N_LO > 0:
+                    tma.async_copy_global_to_shared(b_lo_desc, [pid_n * BLOCK_N + N_HI, kb * BLOCK_K], ready.index(s), b_lo_bufs.index(s))
             else:
                 tma.async_copy_global_to_shared(b_desc, [kb * BLOCK_K, pid_n * BLOCK_N], ready.index(s), b_bufs.index(s))
+                if N_LO > 0:
+                    tma.async_copy_global_to_shared(b_lo_desc, [kb * BLOCK_K, pid_n * BLOCK_N + N_HI], ready.index(s), b_lo_bufs.index(s))
             c += 1
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, turn, c_smem, c_desc, {extra_ptrs}M, N, K, {extra_strides}
-              {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, WG: gl.constexpr):
-    # one warpgroup: the main loop, the epilogue and the store of the program's tiles WG, WG + 2, ...
+def _consumer(a_bufs, b_bufs, b_lo_bufs, ready, empty, turn, c_smem, c_lo_smem, c_desc, c_lo_desc, {extra_ptrs}M, N, K, {extra_strides}
+              {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, N_LO: gl.constexpr,
+              WG: gl.constexpr):
+    # one warpgroup: the main loop, the epilogue and the store of the program's tiles WG, WG + 2, ...;
+    # with N_LO > 0 the tile's last N_LO columns are a second accumulator (``acc_lo``)
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    N_HI: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = N_HI + N_LO
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N_HI, 16])
+    zero = gl.zeros([BLOCK_M, N_HI], gl.float32, acc_layout)
+    if N_LO > 0:
+        lo_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N_LO, 16])
+        zero_lo = gl.zeros([BLOCK_M, N_LO], gl.float32, lo_layout)
     k_steps = gl.cdiv(K, BLOCK_K)
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     my_tiles = gl.cdiv(num_tiles - gl.program_id(0), NUM_PROGRAMS)
@@ -142,6 +155,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_smem, c_desc, {extra_ptrs}M,
         # ``ready`` wait is by phase parity, and must not start before the slot's previous use
         mbarrier.wait(turn.index(WG), ((i // 2) & 1) ^ (1 - WG))
         acc = zero
+        if N_LO > 0:
+            acc_lo = zero_lo
         for kb in range(k_steps):
             s = c % STAGES
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
@@ -149,32 +164,64 @@ def _consumer(a_bufs, b_bufs, ready, empty, turn, c_smem, c_desc, {extra_ptrs}M,
                 acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=kb > 0, is_async=True)
             else:
                 acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kb > 0, is_async=True)
-            # one group in flight: the previous block's wgmma has retired, so its slot is free
-            acc = warpgroup_mma_wait(1, deps=(acc,))
+            # one block's group(s) in flight: the previous block's wgmma has retired, so its slot is free
+            if N_LO > 0:
+                if B_KMAJOR:
+                    acc_lo = warpgroup_mma(a_bufs.index(s), b_lo_bufs.index(s).permute((1, 0)), acc_lo, use_acc=kb > 0, is_async=True)
+                else:
+                    acc_lo = warpgroup_mma(a_bufs.index(s), b_lo_bufs.index(s), acc_lo, use_acc=kb > 0, is_async=True)
+                acc, acc_lo = warpgroup_mma_wait(2, deps=(acc, acc_lo))
+            else:
+                acc = warpgroup_mma_wait(1, deps=(acc,))
             if kb > 0:
                 mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
             c += 1
         mbarrier.arrive(turn.index(1 - WG), count=1)  # the other consumer's main loop may start
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+        if N_LO > 0:
+            acc, acc_lo = warpgroup_mma_wait(0, deps=(acc, acc_lo))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
+        if N_LO > 0:  # the narrow piece first: fewer registers live beside the wide accumulator
+            hi = acc
+            acc = acc_lo
+            offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, lo_layout))
+            offs_n = off_n + N_HI + gl.arange(0, N_LO, layout=gl.SliceLayout(0, lo_layout))
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+{epilogue_12}
+            _store_tile(acc, c_lo_smem, c_lo_desc, off_m, off_n + N_HI, 0)  # after this consumer's previous tile left c_lo_smem
+            acc = hi
         offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        offs_n = off_n + gl.arange(0, N_HI, layout=gl.SliceLayout(0, acc_layout))
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
 {epilogue}
-        _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # after this consumer's previous tile left c_smem
+        if N_LO > 0:
+            _store_tile(acc, c_smem, c_desc, off_m, off_n, 1)  # the narrow piece's store may stay in flight
+        else:
+            _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # after this consumer's previous tile left c_smem
     tma.store_wait(0)
 
 
 @gluon.jit
-def gemm_pingpong_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides}
+def gemm_pingpong_kernel(a_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, {extra_ptrs}M, N, K, {extra_strides}
                          {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                         B_KMAJOR: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                         B_KMAJOR: gl.constexpr, N_LO: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    # N_LO > 0: the tile is c_desc's width + N_LO columns wide, its last N_LO loaded through
+    # b_lo_desc and stored through c_lo_desc (otherwise those two are b_desc and c_desc, unused)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    if N_LO > 0:
+        b_lo_bufs = gl.allocate_shared_memory(b_lo_desc.dtype, [STAGES] + b_lo_desc.block_type.shape, b_lo_desc.layout)
+        c0_lo = gl.allocate_shared_memory(c_lo_desc.dtype, c_lo_desc.block_type.shape, c_lo_desc.layout)
+        c1_lo = gl.allocate_shared_memory(c_lo_desc.dtype, c_lo_desc.block_type.shape, c_lo_desc.layout)
+    else:
+        b_lo_bufs = b_bufs
+        c0_lo = c0
+        c1_lo = c1
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -183,18 +230,19 @@ def gemm_pingpong_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_str
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1] + N_LO
     FIRST: gl.constexpr = 0
     SECOND: gl.constexpr = 1
     # consumer 0 is the default partition (the kernel's 4 warps); the arguments are written inline:
     # a tuple held in a variable would turn the constexprs into tensors
     # fmt: off
     gl.warp_specialize([
-        (_consumer, (a_bufs, b_bufs, ready, empty, turn, c0, c_desc, {extra_args}M, N, K, {extra_stride_args}
-                     {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, FIRST)),
-        (_consumer, (a_bufs, b_bufs, ready, empty, turn, c1, c_desc, {extra_args}M, N, K, {extra_stride_args}
-                     {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, SECOND)),
-        (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS, GROUP_M, B_KMAJOR)),
+        (_consumer, (a_bufs, b_bufs, b_lo_bufs, ready, empty, turn, c0, c0_lo, c_desc, c_lo_desc, {extra_args}M, N, K, {extra_stride_args}
+                     {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, N_LO, FIRST)),
+        (_consumer, (a_bufs, b_bufs, b_lo_bufs, ready, empty, turn, c1, c1_lo, c_desc, c_lo_desc, {extra_args}M, N, K, {extra_stride_args}
+                     {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, N_LO, SECOND)),
+        (_loader, (a_desc, b_desc, b_lo_desc, a_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS, GROUP_M,
+                   B_KMAJOR, N_LO)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     # fmt: on
 
@@ -267,11 +315,13 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
         mbarrier.init(empty.index(s), count=1)
     BLOCK_N: gl.constexpr = 2 * c_desc.block_type.shape[1]
     WARPS: gl.constexpr = gl.num_warps()
+    NO_LO: gl.constexpr = 0
     # fmt: off
     gl.warp_specialize([
         (_coop_consumer, (a_bufs, b_bufs, ready, empty, c_bufs, c_desc, {extra_args}M, N, K, {extra_stride_args}
                           {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, WARPS)),
-        (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS, GROUP_M, B_KMAJOR)),
+        (_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS, GROUP_M,
+                   B_KMAJOR, NO_LO)),
     ], [1], [LOADER_REGS])
     # fmt: on
 """
@@ -335,15 +385,25 @@ class WsConfig:
 
     @property
     def store_n(self) -> int:
-        """Columns of one TMA store (the coop kernel stores half tiles)."""
-        return self.block_n // 2 if self.schedule == "coop" else self.block_n
+        """Columns of one TMA store (the coop kernel stores half tiles; a ping-pong tile whose width is
+        not a power of two stores its ``pieces`` one after the other)."""
+        return self.block_n // 2 if self.schedule == "coop" else self.pieces[0]
+
+    @property
+    def pieces(self) -> tuple[int, int]:
+        """A ping-pong tile's columns as (hi, lo), both powers of two (Gluon's tensor shapes are): 192
+        -> (128, 64); lo = 0 for a power-of-two width. The pieces are two accumulators, two B buffers
+        per ring slot and two TMA stores; the width is what wave quantization needs (BERT-base's
+        N = 768 is four 192-wide tiles)."""
+        hi = 1 << (self.block_n.bit_length() - 1)
+        return hi, self.block_n - hi
 
     def smem_bytes(self, elem: int = 2) -> int:
         """Shared memory of one program: the ring of A and B slots, the C staging buffers (one per
         consumer, or ``c_bufs``) and the mbarriers."""
         ring = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n)
-        bufs = 2 if self.schedule == "pingpong" else self.c_bufs
-        return elem * (ring + bufs * self.block_m * self.store_n) + 16 * self.stages + 64
+        staged = 2 * self.block_n if self.schedule == "pingpong" else self.c_bufs * self.store_n
+        return elem * (ring + self.block_m * staged) + 16 * self.stages + 64
 
     def describe(self) -> str:
         s = f"{self.schedule} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages} g{self.group_m}"
@@ -404,9 +464,15 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, tdt[t.dtype]))
 
     b_kmajor = b2.stride(1) != 1  # column-major B: described as B^T (N, K)
+    hi, lo = cfg.pieces if cfg.schedule == "pingpong" else (cfg.block_n, 0)
     a_desc = desc(a2, [cfg.block_m, cfg.block_k])
-    b_desc = desc(b2.t(), [cfg.block_n, cfg.block_k]) if b_kmajor else desc(b2, [cfg.block_k, cfg.block_n])
+    b_desc = desc(b2.t(), [hi, cfg.block_k]) if b_kmajor else desc(b2, [cfg.block_k, hi])
     c_desc = desc(c2, [cfg.block_m, cfg.store_n])
+    if lo:
+        b_lo_desc = desc(b2.t(), [lo, cfg.block_k]) if b_kmajor else desc(b2, [cfg.block_k, lo])
+        c_lo_desc = desc(c2, [cfg.block_m, lo])
+    else:
+        b_lo_desc, c_lo_desc = b_desc, c_desc
     ex: list[Any] = []
     ex_strides: list[int] = []
     flags = {}
@@ -416,14 +482,15 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
         flags[f"XB{j}"] = e.stride(1) == 0
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     grid = max(1, min(num_programs, tiles))
-    args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
     meta: dict[str, Any] = dict(NUM_PROGRAMS=grid, GROUP_M=cfg.group_m, STAGES=cfg.stages, B_KMAJOR=b_kmajor, **flags)
     meta["LOADER_REGS"] = LOADER_REGS
     if cfg.schedule == "pingpong":
         kernel, warps = mod.gemm_pingpong_kernel, 4
-        meta["CONSUMER_REGS"] = CONSUMER_REGS
+        args: tuple[Any, ...] = (a_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, *ex, m, n, k, *ex_strides)
+        meta.update(N_LO=lo, CONSUMER_REGS=CONSUMER_REGS)
     else:
         kernel, warps = mod.gemm_coop_kernel, 8
+        args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
         meta["C_BUFS"] = cfg.c_bufs
     if warmup:
         kernel.warmup(*args, grid=(grid,), num_warps=warps, **meta)
@@ -449,14 +516,22 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
         t = torch.empty(shape, dtype=dtype)
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, tdt))
 
-    a_d = desc((m, k), [cfg.block_m, cfg.block_k])
-    b_d = desc((n, k), [cfg.block_n, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, cfg.block_n])
-    c_d = desc((m, n), [cfg.block_m, cfg.store_n])
     coop = cfg.schedule == "coop"
+    hi, lo = (cfg.block_n, 0) if coop else cfg.pieces
+    a_d = desc((m, k), [cfg.block_m, cfg.block_k])
+    b_d = desc((n, k), [hi, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, hi])
+    c_d = desc((m, n), [cfg.block_m, cfg.store_n])
+    b_lo = (desc((n, k), [lo, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, lo])) if lo else b_d
+    c_lo = desc((m, n), [cfg.block_m, lo]) if lo else c_d
     mod = module(epi, fast_gelu)
     fn = mod.gemm_coop_kernel if coop else mod.gemm_pingpong_kernel
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"
-    sig: dict[str, str] = {"a_desc": mangle_type(a_d), "b_desc": mangle_type(b_d), "c_desc": mangle_type(c_d)}
+    sig: dict[str, str] = {"a_desc": mangle_type(a_d), "b_desc": mangle_type(b_d)}
+    if not coop:
+        sig["b_lo_desc"] = mangle_type(b_lo)
+    sig["c_desc"] = mangle_type(c_d)
+    if not coop:
+        sig["c_lo_desc"] = mangle_type(c_lo)
     for j in range(epi.n_inputs):
         sig[f"x{j}_ptr"] = ptr
     sig.update(M="i32", N="i32", K="i32")
@@ -466,7 +541,12 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     constexprs: dict[str, Any] = {f"XB{j}": bool(row_broadcast[j]) if j < len(row_broadcast) else False for j in range(epi.n_inputs)}
     # in the kernels' argument order
     constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=cfg.group_m, STAGES=cfg.stages, **({"C_BUFS": cfg.c_bufs} if coop else {}))
-    constexprs.update(B_KMAJOR=b_kmajor, LOADER_REGS=LOADER_REGS, **({} if coop else {"CONSUMER_REGS": CONSUMER_REGS}))
+    constexprs["B_KMAJOR"] = b_kmajor
+    if not coop:
+        constexprs["N_LO"] = lo
+    constexprs["LOADER_REGS"] = LOADER_REGS
+    if not coop:
+        constexprs["CONSUMER_REGS"] = CONSUMER_REGS
     for name in constexprs:
         sig[name] = "constexpr"
     keyed = {(fn.arg_names.index(name),): v for name, v in constexprs.items()}

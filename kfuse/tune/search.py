@@ -135,9 +135,11 @@ def evolve(
 
 def _kernel(c: Config) -> str:
     """Which kernel of its template a config runs where it is valid (the resident-B GEMM and the
-    warp-specialised GEMMs are other kernels, not other tiles)."""
+    warp-specialised GEMMs are other kernels, not other tiles; a ping-pong tile whose width is not
+    a power of two is two accumulators, compiled as another specialisation)."""
     if getattr(c, "ws", ""):
-        return c.ws  # type: ignore[union-attr]
+        pieces = c.block_n & (c.block_n - 1)  # type: ignore[union-attr]
+        return c.ws + (" pieces" if pieces else "")  # type: ignore[union-attr]
     return "resident" if getattr(c, "resident_b", False) else "tile"
 
 

@@ -603,14 +603,17 @@ def test_search_orders_an_unseen_kernel_by_the_rules():
     picked = [c for c in _varied_top(fixed, 10, set()) if c.resident_b]
     assert picked[0] == GemmConfig(64, 128, 256, 1, 4, 4, tma=True, resident_b=True), picked
     assert [i for i, c in enumerate(fixed) if c.resident_b] == [i for i, c in enumerate(ranked) if c.resident_b]
-    ws_seen = [(next(c for c in valid if c.ws == w), p, 0.1) for w in ("pingpong", "coop")]  # the other kernels, seen
+    from kfuse.tune.search import _kernel
+
+    ws_kinds = ("pingpong", "pingpong pieces", "coop")
+    ws_seen = [(next(c for c in valid if _kernel(c) == w), p, 0.1) for w in ws_kinds]  # the other kernels, seen
     seen = samples + [(picked[0], p, 0.08)] + ws_seen
     assert _rules_within_unseen(ranked, seen, p, DEFAULT) == ranked  # measured once: the model's order stands
 
 
 def test_search_always_measures_the_rules_pick_of_each_kernel():
     """The model may carry another problem's winner; the analytic estimate's first config of each
-    kernel (tile, resident B, the two warp-specialised ones) is measured as well, in place of the
+    kernel (tile, resident B, the warp-specialised ones) is measured as well, in place of the
     batch's last configs of a kernel that has several."""
     from kfuse.tune.hardware import DEFAULT
     from kfuse.tune.search import _kernel, _with_rules_best
@@ -619,7 +622,7 @@ def test_search_always_measures_the_rules_pick_of_each_kernel():
     p = GemmProblem(1048576, 256, 256, b_t=True)
     valid = valid_configs(p, DEFAULT)
     firsts = {kind: min((c for c in valid if _kernel(c) == kind), key=lambda c: estimate_ms(c, p, DEFAULT))
-              for kind in ("tile", "resident", "pingpong", "coop")}  # fmt: skip
+              for kind in ("tile", "resident", "pingpong", "pingpong pieces", "coop")}  # fmt: skip
     rules_first, tile_first = firsts["resident"], firsts["tile"]
     assert rules_first == GemmConfig(64, 128, 256, 1, 4, 4, tma=True, resident_b=True)
     others = [c for c in valid if c.resident_b and c != rules_first][:2]
@@ -627,5 +630,5 @@ def test_search_always_measures_the_rules_pick_of_each_kernel():
     batch = _with_rules_best(tiles + others, valid, p, DEFAULT, set(), 10)
     assert len(batch) == 10 and all(c in batch for c in firsts.values()), batch
     assert tiles[0] in batch and all(sum(_kernel(c) == kind for c in batch) >= 1 for kind in firsts)
-    done = {rules_first, tile_first, firsts["pingpong"], firsts["coop"]}
+    done = set(firsts.values())
     assert _with_rules_best(tiles + others, valid, p, DEFAULT, done, 10) == tiles + others  # already measured

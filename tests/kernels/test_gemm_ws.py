@@ -39,14 +39,27 @@ def test_ws_config_stages_both_halves_where_they_fit() -> None:
     assert WsConfig("coop", 128, 256).store_n == 128
 
 
+def test_a_wide_pingpong_tile_is_two_power_of_two_pieces() -> None:
+    """Gluon's shapes are powers of two: a 192-wide ping-pong tile is a 128-wide and a 64-wide
+    accumulator, B buffer and store; shared memory counts both (ring + two staged tiles)."""
+    wide = WsConfig("pingpong", 128, 192, 64, 3, 8)
+    assert wide.pieces == (128, 64) and wide.store_n == 128
+    assert WsConfig("pingpong", 128, 128).pieces == (128, 0) and WsConfig("pingpong", 64, 256).pieces == (256, 0)
+    assert wide.smem_bytes() == 2 * (3 * (128 * 64 + 64 * 192) + 2 * 128 * 192) + 16 * 3 + 64
+    assert wide.smem_bytes() <= gemm_ws.SMEM_LIMIT < dataclasses.replace(wide, stages=4).smem_bytes()
+
+
 def test_space_offers_ws_kernels_on_hopper_only_where_they_run() -> None:
     bert = GemmProblem(4096, 3072, 768, 1, "fp16", n_extras=1)
     ws = [c for c in valid_configs(bert, H200) if c.ws]
     assert {c.ws for c in ws} == {"pingpong", "coop"}
     assert all(smem_bytes(c, bert) <= H200.smem_per_block for c in ws)
-    assert {_kernel(c) for c in ws} == {"pingpong", "coop"}
+    assert {_kernel(c) for c in ws} == {"pingpong", "pingpong pieces", "coop"}
     pp = GemmConfig(128, 128, 64, 8, 4, 4, tma=True, ws="pingpong")
     assert hard_reject(pp, bert, H200) is None
+    # 192 accumulator registers: a ping-pong consumer holds them, the Triton kernels do not
+    assert hard_reject(GemmConfig(128, 192, 64, 8, 4, 3, tma=True, ws="pingpong"), bert, H200) is None
+    assert "256 registers/thread (> 192" in hard_reject(GemmConfig(128, 256, 64, 8, 4, 2, tma=True, ws="pingpong"), bert, H200)
     small = GemmConfig(64, 128, 64, 8, 4, 3, tma=True, ws="pingpong")  # fits an A100's and fp32's shared memory
     reasons = {
         "batch": hard_reject(pp, GemmProblem(4096, 3072, 768, 2, "fp16", n_extras=1), H200),
@@ -83,16 +96,17 @@ def test_not_eligible_without_a_hopper_gpu() -> None:
     assert "GPU" in ws_eligible(g.a, g.b, g.c)
 
 
-@pytest.mark.parametrize("ws", ["pingpong", "coop"])
-def test_dispatch_falls_back_to_the_persistent_tma_kernel(ws: str, device: str) -> None:
+@pytest.mark.parametrize("ws,block_n", [("pingpong", 64), ("pingpong", 96), ("coop", 64)])
+def test_dispatch_falls_back_to_the_persistent_tma_kernel(ws: str, block_n: int, device: str) -> None:
     """Where the Gluon kernels cannot run (a batched GEMM; on the CPU, the interpreter), a ws config
-    runs its tile on the persistent TMA kernel: odd shapes, random inputs, the output poisoned."""
+    runs its tile on the persistent TMA kernel (a ping-pong width that is not a power of two at the
+    power of two below it): odd shapes, random inputs, the output poisoned."""
     torch.manual_seed(0)
     m, n, k = 150, 136, 72
     dt = torch.float16 if device == "cuda" else torch.float32
     a, b = torch.randn(2, m, k, device=device).to(dt), (torch.randn(2, k, n, device=device) / k**0.5).to(dt)
     bias = torch.randn(n, device=device).to(dt)
-    cfg = GemmConfig(64, 64, 32, 8, 4 if ws == "pingpong" else 8, 2, tma=True, ws=ws)
+    cfg = GemmConfig(64, block_n, 32, 8, 4 if ws == "pingpong" else 8, 2, tma=True, ws=ws)
     out = torch.full((2, m, n), float("nan"), device=device, dtype=dt)
     gemm_epilogue(a, b, [bias], BIAS_GELU, dt, cfg, out=out)
     tol = 2e-3 if dt == torch.float16 else 1e-4
@@ -129,6 +143,8 @@ _CASES = [  # (epilogue, WsConfig fields, B column-major, fast GELU)
     ("bias_gelu", ("pingpong", 128, 128, 64, 4, 8), False, False),
     ("bias_gelu", ("pingpong", 128, 128, 64, 5, 8), True, True),
     ("bias_gelu", ("pingpong", 64, 256, 64, 4, 1), False, True),
+    ("bias_gelu", ("pingpong", 128, 192, 64, 3, 8), False, True),
+    ("bias_gelu", ("pingpong", 128, 192, 64, 3, 1), True, False),
     ("bias_gelu", ("coop", 128, 256, 64, 4, 8, 1), False, False),
     ("bias_gelu", ("coop", 128, 256, 64, 3, 8, 2), True, True),
     ("bias_gelu", ("coop", 128, 128, 64, 6, 8, 2), False, True),
@@ -169,6 +185,7 @@ def test_sm90_tile_shaped_extra_input_spills_in_pingpong(compiled: list[dict]) -
 # ---- on the GPU ---------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [WsConfig("pingpong", 128, 128, 64, 4, 8), WsConfig("pingpong", 64, 128, 64, 6, 1),
+                                 WsConfig("pingpong", 128, 192, 64, 3, 8), WsConfig("pingpong", 64, 192, 64, 5, 1),
                                  WsConfig("coop", 128, 256, 64, 4, 8, 1), WsConfig("coop", 128, 128, 64, 6, 8, 2)],
                          ids=lambda c: c.describe())  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
