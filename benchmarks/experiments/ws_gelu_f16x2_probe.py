@@ -23,7 +23,8 @@ fp32 form's 6-12%).
 
 Per shape: cuBLAS ``mm`` alone, then each tiling with no epilogue, bias, bias + fp32 tanh-form GELU
 (the default) and bias + f16x2 GELU; outputs poisoned and checked against the fp32 reference (erf
-GELU); 20 calls a graph.
+GELU); 20 calls a graph (``ms``) and one call a graph replay (``single_ms``, gemm_bench's method, which
+also holds the graph's launch: session 18 saw it cost the Gluon kernels 1-2 us more than cuBLAS).
 
     PYTHONPATH=. python benchmarks/experiments/ws_gelu_f16x2_probe.py --out $OUT   # H200, ~90 s (not yet run)
 """
@@ -35,7 +36,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from kfuse.bench.harness import graph_ms_per_call, write_experiment
+from kfuse.bench.harness import graph_ms_per_call, graph_or_plain, time_ms, write_experiment
 from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
 from kfuse.kernels import gemm_ws
 from kfuse.kernels.codegen import load_generated
@@ -114,7 +115,11 @@ def main() -> None:
                 refs = {"none": prod - bias.float(), "bias": prod, "gelu": F.gelu(prod)}
                 rec: dict = {"case": case, "m": m, "n": n, "k": k, "variants": {}}
                 mm_out = torch.empty(m, n, device=dev, dtype=dt)
-                rec["variants"]["cublas mm alone"] = {"ms": graph_ms_per_call(lambda: torch.mm(a, b, out=mm_out), (), calls=20, rep=20)[0]}
+                mm_call = lambda: torch.mm(a, b, out=mm_out)  # noqa: E731
+                rec["variants"]["cublas mm alone"] = {
+                    "ms": graph_ms_per_call(mm_call, (), calls=20, rep=20)[0],
+                    "single_ms": time_ms(graph_or_plain(mm_call)),
+                }
                 for cfg in TILINGS:
                     for name in CASES:
                         label = f"{cfg.describe()} {name}"
@@ -132,7 +137,15 @@ def main() -> None:
                             mid = ref.abs() > 0.1  # where fp16 ulps are a fair measure
                             ulps = float(((got - ref).abs()[mid] / ref[mid].abs().half().float().mul(2.0**-10)).max())
                             ms, _ = graph_ms_per_call(run, (), calls=20, rep=20)
-                            rec["variants"][label] = {"ms": ms, "rel_err": err, "max_ulps_fp16": ulps, "ok": err < 1e-2}
+                            # one call a graph replay (gemm_bench's method): the graph launch is in it
+                            single = time_ms(graph_or_plain(run))
+                            rec["variants"][label] = {
+                                "ms": ms,
+                                "single_ms": single,
+                                "rel_err": err,
+                                "max_ulps_fp16": ulps,
+                                "ok": err < 1e-2,
+                            }
                         except Exception as e:  # recorded, not fatal
                             rec["variants"][label] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                         print(f"[{case}] {label}: {rec['variants'][label]}", flush=True)
