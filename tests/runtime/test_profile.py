@@ -53,3 +53,16 @@ def test_flops_of_conv_and_attention() -> None:
     nodes = g.node_map()
     assert node_flops(nodes[c], g) == 2 * (2 * 4 * 9 * 9) * 27
     assert node_flops(nodes[a], g) == 4 * 4 * 7 * 7 * 4
+
+
+def test_interleaved_timing_rotates_the_order_and_takes_medians(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every side is timed once a round, in an order rotated every round (a GPU that slows under
+    load then slows all sides alike), and its median is returned: a slow side stays slower."""
+    from kfuse.bench import harness
+
+    order: list[str] = []
+    fns = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    monkeypatch.setattr(harness, "time_ms", lambda fn, warmup=0, rep=1: (fn(), {"a": 1.0, "b": 3.0, "c": 2.0}[order[-1]])[1])
+    got = harness.interleaved_ms(fns, rounds=3)
+    assert got == {"a": 1.0, "b": 3.0, "c": 2.0}
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
