@@ -148,8 +148,12 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
             print(f"  profile: {prof_sum['total_ms']:.3f} ms summed over {prof_sum['launches']} launches -> {png}", flush=True)
     flops, nbytes = graph_flops_bytes(compiled)
     templates: dict[str, int] = {}
+    configs: dict[str, dict[str, int]] = {}  # the tuned configs each template runs, with their launch counts
     for k in rep["kernels"]:
         templates[k["template"]] = templates.get(k["template"], 0) + 1
+        if k.get("config"):
+            per = configs.setdefault(k["template"], {})
+            per[k["config"]] = per.get(k["config"], 0) + 1
     return make_record(
         bench, case, t_k, times, floor_ms(flops, nbytes), err, command,
         dtype="fp16" if dtype == torch.float16 else "fp32",
@@ -157,7 +161,7 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
         peak_mem_mb=peak_k, peak_mem_mb_eager=peak_e, memory_plan=mem_report,
         flops=flops, min_bytes=nbytes, kfuse_compile_s=round(compile_s, 2), tune=TUNE,
         baseline_compile_s={k: round(s, 2) for k, s in base_compile_s.items()},
-        cuda_graph=rep["cuda_graph"], launches=len(rep["kernels"]), kernels_by_template=templates,
+        cuda_graph=rep["cuda_graph"], launches=len(rep["kernels"]), kernels_by_template=templates, kernel_configs=configs,
         fallback=rep.get("fallback", []), profile_summary=prof_sum, profile_top=prof_top,
         notes=dict(NOTES), smoke=bool(args.smoke), b2b=rep.get("b2b"), **ablation,
     )  # fmt: skip
