@@ -11,7 +11,8 @@ slots, each with a ``ready`` and an ``empty`` mbarrier, and the consumers (regis
 ``setmaxnreg``) run one of two schedules (``WsConfig.schedule``):
 
 * ``gemm_pingpong_kernel`` (cuBLAS's ping-pong): two consumer warpgroups own alternate tiles of the
-  program (128 x 128, 64 x 128, 128 x 64 or 64 x 256: at most 128 accumulator registers a thread).
+  program (128 x 128, 64 x 128, 128 x 64, 64 x 256, or 128 x 192 / 64 x 192 held as two power-of-two
+  accumulator pieces: ``WsConfig.pieces``; at most 192 accumulator registers a thread).
   A *turn* barrier lets a consumer start its main loop only when the other has issued all of its
   own: the two main loops take turns on the tensor cores, each epilogue runs beside the other
   consumer's main loop, and no consumer waits on a slot's phase parity before the slot's previous
@@ -34,6 +35,12 @@ with the other warpgroup's main loop (free up to its length), but not FP32 FMA-p
 the other warpgroup's wgmma as much as a serial epilogue would: an epilogue is cheap here when it has
 few FP32 ALU instructions. Tuned in ``gemm_bench``: 1.01-1.26x the bare cuBLAS GEMM with bias + GELU,
 against 1.14-1.71x for the Triton template.
+
+Session 19: the 192-wide tiles take BERT T4096's qkv, attn_out and ffn2 from 1.06-1.18x to 1.01-1.09x
+the bare cuBLAS GEMM (wave quantization: 192 tiles of 128 x 128 on 132 SMs are 2 main loops a program
+where 128 tiles of 128 x 192 are 1) and are 14-19% slower where the waves already come out even (3
+stages, 192 accumulator registers); the fast GELU in 5 FP32 instructions a value instead of 7. Tuned,
+with the three sides timed interleaved: 1.02-1.16x the bare cuBLAS GEMM (docs/perf-notes.md, "Session 19").
 
 Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
 TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
