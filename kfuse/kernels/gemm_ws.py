@@ -40,7 +40,7 @@ Session 19: the 192-wide tiles take BERT T4096's qkv, attn_out and ffn2 from 1.0
 the bare cuBLAS GEMM (wave quantization: 192 tiles of 128 x 128 on 132 SMs are 2 main loops a program
 where 128 tiles of 128 x 192 are 1) and are 14-19% slower where the waves already come out even (3
 stages, 192 accumulator registers); the fast GELU in 5 FP32 instructions a value instead of 7. Tuned,
-with the three sides timed interleaved: 1.02-1.16x the bare cuBLAS GEMM (docs/perf-notes.md, "Session 19").
+with the three sides timed interleaved: 1.02-1.16x and 1.04-1.15x the bare cuBLAS GEMM in two runs (docs/perf-notes.md, "Session 19").
 
 Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
 TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
