@@ -26,7 +26,13 @@ Per shape: cuBLAS ``mm`` alone, then each tiling with no epilogue, bias, bias + 
 GELU); 20 calls a graph (``ms``) and one call a graph replay (``single_ms``, gemm_bench's method, which
 also holds the graph's launch: session 18 saw it cost the Gluon kernels 1-2 us more than cuBLAS).
 
-    PYTHONPATH=. python benchmarks/experiments/ws_gelu_f16x2_probe.py --out $OUT   # H200, ~90 s (not yet run)
+Result (session 19, two runs, ``experiments/s19_ws_gelu_f16x2_probe_v{1,2}.json``): bare, the wide tiles take
+T4096 qkv / attn_out / ffn2 to 1.01-1.09x cuBLAS (from 1.06-1.18x at 128 x 128 in the same runs), as
+predicted, and are 14-19% slower than 128 x 128 where the waves already come out even. The f16x2 GELU
+saves 0-4 us a call over the fp32 form once that is written in 5 FP32 instructions (run 2), at 7.4
+fp16 ulps against 2.6: not adopted.
+
+    PYTHONPATH=. python benchmarks/experiments/ws_gelu_f16x2_probe.py --out $OUT   # H200, ~60 s
 """
 
 from __future__ import annotations
