@@ -73,6 +73,10 @@ class GemmProblem:
     a_t: bool = False  # A column-major (stride along M is 1)
     b_t: bool = False  # B column-major (a transposed weight view)
     n_extras: int = 0
+    # the epilogue's GELU in the erf form (KFUSE_EXACT_GELU=1): ~20 more FP32 instructions a value,
+    # which change the best schedule (session 18: coop, not ping-pong, on 8 of 12 BERT/GPT-2 shapes),
+    # so such problems are tuned and stored apart; the default (tanh form) keeps its old signature
+    erf_gelu: bool = False
 
     template = "gemm"
 
@@ -81,7 +85,8 @@ class GemmProblem:
 
     def signature(self) -> str:
         lay = ("T" if self.a_t else "N") + ("T" if self.b_t else "N")
-        return f"gemm b{self.batch} m{self.m} n{self.n} k{self.k} {self.dtype} {lay} e{self.n_extras}"
+        sig = f"gemm b{self.batch} m{self.m} n{self.n} k{self.k} {self.dtype} {lay} e{self.n_extras}"
+        return sig + (" erf-gelu" if self.erf_gelu else "")
 
     def features(self) -> list[float]:
         return [math.log2(self.m), math.log2(self.n), math.log2(self.k), math.log2(self.batch), _dt(self.dtype),

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
-from kfuse.kernels.epilogue import Epilogue
+from kfuse.kernels.epilogue import Epilogue, exact_gelu
 from kfuse.tune.cost_model import CostModel
 from kfuse.tune.database import TuningDB
 from kfuse.tune.hardware import Hardware, query
@@ -57,7 +57,8 @@ def problem_of(node: Node, graph: Graph) -> Problem | None:
             m = a.shape[-2]
         if min(m, n, k, batch) <= 0:
             return None
-        return GemmProblem(m, n, k, batch, dtype_name(a.dtype), n_extras=epi.n_inputs)
+        erf = exact_gelu() and any(s.op == "gelu" for s in epi.steps)
+        return GemmProblem(m, n, k, batch, dtype_name(a.dtype), n_extras=epi.n_inputs, erf_gelu=erf)
     if node.op == "conv_epilogue":
         nb, c, h, w = a.shape
         oc, _, kh, kw = b.shape

@@ -352,3 +352,28 @@ def test_tune_graph_tunes_the_unfused_stages_of_b2b_chains(tmp_path):
     assert [s.name for s in stages] == [s.name for s in chain.attrs["unfused"]]
     assert all(isinstance(s.attrs.get("config"), GemmConfig) for s in stages)
     assert t.stats.problems == 2 and "config" not in chain2.attrs
+
+
+def test_erf_gelu_problems_are_tuned_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With KFUSE_EXACT_GELU=1 a GEMM whose epilogue holds GELU is another problem (the erf form's
+    FP32 work changes the best schedule); without GELU, or under the default policy, the signature
+    is the one the database has always used. The flag survives the database's round trip."""
+    from kfuse.ir.graph import GraphBuilder, TensorType
+    from kfuse.passes.fuse_epilogue import fuse_epilogues
+    from kfuse.tune.tuner import problem_of
+
+    def signatures() -> list[str]:
+        b = GraphBuilder("two")
+        x = b.add_input("x", TensorType((64, 32), torch.float16))
+        y = b.op("add", [b.op("matmul", [x, b.add_constant(torch.randn(32, 48).half())]), b.add_constant(torch.randn(48).half())])
+        z = b.op("relu", [b.op("matmul", [b.op("gelu", [y]), b.add_constant(torch.randn(48, 16).half())])])
+        g = fuse_epilogues(b.build([z]))
+        return [problem_of(n, g).signature() for n in g.nodes if n.op == "gemm_epilogue"]  # type: ignore[union-attr]
+
+    monkeypatch.delenv("KFUSE_EXACT_GELU", raising=False)
+    default = signatures()
+    assert default == ["gemm b1 m64 n48 k32 fp16 NN e1", "gemm b1 m64 n16 k48 fp16 NN e0"]
+    monkeypatch.setenv("KFUSE_EXACT_GELU", "1")
+    assert signatures() == [default[0] + " erf-gelu", default[1]]  # only the GEMM whose epilogue has GELU
+    p = GemmProblem(64, 48, 32, n_extras=1, erf_gelu=True)
+    assert problem_from_dict(json.loads(json.dumps(p.as_dict()))) == p
