@@ -120,23 +120,31 @@ def graph_ms_per_call(fn: Callable[..., Any], args: Sequence[Any], calls: int = 
     return time_ms(replay, warmup, rep) / calls, out
 
 
+def interleaved_medians(sides: Sequence[Any], time_one: Callable[[Any], float | None], rounds: int) -> dict[Any, float]:
+    """Median of ``time_one(side)`` for each side, over ``rounds`` rounds that each time every side
+    once, in an order rotated every round: a GPU that clocks down under sustained load (an H200 at
+    its power limit, seen in session 19: cuBLAS's steady-state time 20% above its one-call time when
+    measured after kfuse's) then slows every side alike, instead of whichever is timed last. A side
+    whose every timing is None is left out."""
+    order = list(sides)
+    times: dict[Any, list[float]] = {s: [] for s in order}
+    for r in range(rounds):
+        for s in order[r % len(order) :] + order[: r % len(order)]:
+            t = time_one(s)
+            if t is not None:
+                times[s].append(t)
+    return {s: statistics.median(t) for s, t in times.items() if t}
+
+
 def interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 7, calls: int = 1, rep: int = 10) -> dict[str, float]:
-    """Median time (ms per call) of each function, measured in ``rounds`` rounds that each time all
-    of them, in an order rotated every round: a GPU that clocks down under sustained load (an H200
-    at its power limit, seen in session 19: cuBLAS's steady-state time 20% above its one-call time
-    when measured after kfuse's) then slows every side alike, instead of whichever is timed last.
+    """Median time (ms per call) of each function, timed in rotated rounds (``interleaved_medians``).
     ``calls`` = 1: one call a graph replay (the graph's launch included); > 1: that many calls a
     graph, the replay's time divided by it. Without a GPU, plain wall-clock timing."""
-    names = list(fns)
     if torch.cuda.is_available():
-        calls_fns = {n: cuda_graph_callable(fns[n], (), calls=calls) for n in names}
+        replays = {n: cuda_graph_callable(fn, (), calls=calls) for n, fn in fns.items()}
     else:
-        calls, calls_fns = 1, dict(fns)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            times[n].append(time_ms(calls_fns[n], warmup=2, rep=rep) / calls)
-    return {n: statistics.median(t) for n, t in times.items()}
+        calls, replays = 1, dict(fns)
+    return interleaved_medians(list(fns), lambda n: time_ms(replays[n], warmup=2, rep=rep) / calls, rounds)
 
 
 def sweep_configs(

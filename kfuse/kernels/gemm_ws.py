@@ -97,6 +97,15 @@ def _tile_coords(t, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M:
 
 
 @gluon.jit
+def _b_block(b_bufs, s, B_KMAJOR: gl.constexpr):
+    # slot s of a B ring as the wgmma's (BLOCK_K, N) operand: a column-major B is held as B^T tiles
+    if B_KMAJOR:
+        return b_bufs.index(s).permute((1, 0))
+    else:
+        return b_bufs.index(s)
+
+
+@gluon.jit
 def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
     # the tile out through a staging buffer by TMA, once at most PENDING earlier stores (the one that
     # last read this buffer among them) are still in flight
@@ -171,16 +180,10 @@ def _consumer(a_bufs, b_bufs, b_lo_bufs, ready, empty, turn, c_smem, c_lo_smem, 
         for kb in range(k_steps):
             s = c % STAGES
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-            if B_KMAJOR:
-                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=kb > 0, is_async=True)
-            else:
-                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kb > 0, is_async=True)
+            acc = warpgroup_mma(a_bufs.index(s), _b_block(b_bufs, s, B_KMAJOR), acc, use_acc=kb > 0, is_async=True)
             # one block's group(s) in flight: the previous block's wgmma has retired, so its slot is free
             if N_LO > 0:
-                if B_KMAJOR:
-                    acc_lo = warpgroup_mma(a_bufs.index(s), b_lo_bufs.index(s).permute((1, 0)), acc_lo, use_acc=kb > 0, is_async=True)
-                else:
-                    acc_lo = warpgroup_mma(a_bufs.index(s), b_lo_bufs.index(s), acc_lo, use_acc=kb > 0, is_async=True)
+                acc_lo = warpgroup_mma(a_bufs.index(s), _b_block(b_lo_bufs, s, B_KMAJOR), acc_lo, use_acc=kb > 0, is_async=True)
                 acc, acc_lo = warpgroup_mma_wait(2, deps=(acc, acc_lo))
             else:
                 acc = warpgroup_mma_wait(1, deps=(acc,))
@@ -405,7 +408,9 @@ class WsConfig:
         """A ping-pong tile's columns as (hi, lo), both powers of two (Gluon's tensor shapes are): 192
         -> (128, 64); lo = 0 for a power-of-two width. The pieces are two accumulators, two B buffers
         per ring slot and two TMA stores; the width is what wave quantization needs (BERT-base's
-        N = 768 is four 192-wide tiles)."""
+        N = 768 is four 192-wide tiles). The coop kernel's tile is one piece."""
+        if self.schedule == "coop":
+            return self.block_n, 0
         hi = 1 << (self.block_n.bit_length() - 1)
         return hi, self.block_n - hi
 
@@ -475,7 +480,7 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, tdt[t.dtype]))
 
     b_kmajor = b2.stride(1) != 1  # column-major B: described as B^T (N, K)
-    hi, lo = cfg.pieces if cfg.schedule == "pingpong" else (cfg.block_n, 0)
+    hi, lo = cfg.pieces
     a_desc = desc(a2, [cfg.block_m, cfg.block_k])
     b_desc = desc(b2.t(), [hi, cfg.block_k]) if b_kmajor else desc(b2, [cfg.block_k, hi])
     c_desc = desc(c2, [cfg.block_m, cfg.store_n])
@@ -528,7 +533,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, tdt))
 
     coop = cfg.schedule == "coop"
-    hi, lo = (cfg.block_n, 0) if coop else cfg.pieces
+    hi, lo = cfg.pieces
     a_d = desc((m, k), [cfg.block_m, cfg.block_k])
     b_d = desc((n, k), [hi, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, hi])
     c_d = desc((m, n), [cfg.block_m, cfg.store_n])

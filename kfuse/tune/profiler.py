@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
+from kfuse.bench.harness import interleaved_medians
 from kfuse.kernels.conv import ConvConfig, ConvParams, conv_epilogue, pack_weight
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference
 from kfuse.kernels.gemm import GemmConfig, launch, prepare
@@ -201,20 +202,19 @@ class Profiler:
 
     def recheck(self, configs: Sequence[Config], runner: Runner, rounds: int = 5) -> dict[Config, float]:
         """Median time of each config over ``rounds`` rounds that time all of them in an order
-        rotated every round. A batch is timed one config after the other; a GPU that clocks down as
-        it heats (an H200 at its power limit under back-to-back GEMMs, session 19) then favours the
-        configs timed first, by more than the finalists differ. Configs that fail here are dropped."""
-        times: dict[Config, list[float]] = {c: [] for c in configs}
-        order = list(configs)
-        for r in range(rounds):
-            for cfg in order[r % len(order) :] + order[: r % len(order)]:
-                try:
-                    m = self._time(cfg, runner)
-                except Exception:  # noqa: BLE001 - it ran before; a failure now only removes it
-                    continue
-                if m.ok and m.time_ms is not None:
-                    times[cfg].append(m.time_ms)
-        return {c: statistics.median(t) for c, t in times.items() if t}
+        rotated every round (``interleaved_medians``). A batch is timed one config after the other;
+        a GPU that clocks down as it heats (an H200 at its power limit under back-to-back GEMMs,
+        session 19) then favours the configs timed first, by more than the finalists differ.
+        Configs that fail here are dropped."""
+
+        def time_one(cfg: Config) -> float | None:
+            try:
+                m = self._time(cfg, runner)
+            except Exception:  # noqa: BLE001 - it ran before; a failure now only removes it
+                return None
+            return m.time_ms if m.ok else None
+
+        return interleaved_medians(configs, time_one, rounds)
 
     def _compile_all(self, configs: Sequence[Config], runner: Runner) -> dict[Config, Measurement]:
         """Compile every candidate before timing any: Triton's async-compile mode sends each
