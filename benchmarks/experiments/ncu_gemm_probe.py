@@ -1,0 +1,189 @@
+"""Hardware counters (Nsight Compute) of kfuse's ping-pong GEMM against cuBLAS on issue 3's shapes:
+what bounds the last 4-15%.
+
+Session 19 left kfuse's bias + GELU GEMM at 1.04-1.15x the bare cuBLAS GEMM (one call a replay). cuBLAS
+runs 256x128 / 192x192 tiles in 2-CTA clusters with TMA multicast (``cublas_kernel_names.py``); kfuse
+runs 128x128 ping-pong without clusters. Per 128 x 128 x 64 K step a kfuse program loads 32 KB of
+operands from L2 for 1 M MACs (32 B a clock at the tensor cores' peak of 1,024 MACs a clock per SM:
+7.7 TB/s over 132 SMs at 1.83 GHz); a 256 x 128 tile whose B block is multicast to two CTAs needs
+40 KB for 2 M MACs (20 B a clock). Prediction, if the operand traffic is what bounds kfuse: kfuse's L2
+throughput is well above cuBLAS's for the same work (~1.5x the bytes), near its ceiling (> 80% of
+peak), and its tensor-pipe activity is below cuBLAS's by about the time gap. If instead the L2 is
+not near its ceiling, the gap is in issue (the wgmma stream, waits, the epilogue).
+
+The script runs itself under ``ncu`` (``--clock-control none``, sections SpeedOfLight,
+MemoryWorkloadAnalysis, ComputeWorkloadAnalysis, WarpStateStats, plus any tensor-pipe metrics the
+installed ncu knows), profiling one call of each kernel after warm-up, and writes the numbers per
+kernel and shape.
+
+    PYTHONPATH=. python benchmarks/experiments/ncu_gemm_probe.py --out $OUT   # H200, ~90 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import io
+import os
+import shutil
+import subprocess
+import sys
+
+SHAPES = {  # case: (M, K, N)
+    "bert_T16384_ffn1": (16384, 768, 3072),
+    "bert_T4096_ffn1": (4096, 768, 3072),
+    "gpt2_T8192_ffn2": (8192, 3072, 768),
+}
+# kfuse variants: (label, schedule, block_m, block_n, stages, group_m, epilogue)
+VARIANTS = [
+    ("pingpong 128x128 s5 bias+gelu", "pingpong", 128, 128, 5, 8, "bias_gelu"),
+    ("pingpong 128x128 s5 bare", "pingpong", 128, 128, 5, 8, "bare"),
+    ("pingpong 128x192 s3 bare", "pingpong", 128, 192, 3, 8, "bare"),
+    ("coop 128x256 s4 bare", "coop", 128, 256, 4, 8, "bare"),
+]
+TENSOR_METRIC_HINTS = (
+    "sm__pipe_tensor_op_gmma_cycles_active",
+    "sm__inst_executed_pipe_tensor_op_gmma",
+    "sm__pipe_tensor_op_hmma_cycles_active",
+)
+EXTRA_METRICS = [
+    "lts__t_bytes.sum",
+    "lts__t_sectors_srcunit_tex_op_read.sum",
+    "dram__bytes_read.sum",
+    "sm__cycles_active.avg",
+    "smsp__inst_executed.sum",
+]
+
+
+def child() -> None:
+    """Warm every kernel up, then run each once between cudaProfilerStart / Stop, in a known order."""
+    import torch
+
+    from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
+    from kfuse.kernels import gemm_ws
+    from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+    from kfuse.kernels.gemm import prepare
+    from kfuse.kernels.gemm_ws import WsConfig
+
+    add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
+    epis = {"bare": Epilogue((), 0), "bias_gelu": Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1)}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    torch.manual_seed(0)
+    calls = []
+    for case, (m, k, n) in SHAPES.items():
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w = (torch.randn(n, k, device="cuda") / k**0.5).half()
+        b = w.t().contiguous()
+        bias = torch.randn(n, device="cuda", dtype=torch.float16)
+        ref = a.float() @ b.float()
+        out = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        calls.append((case, "cublas mm", lambda a=a, b=b, out=out: torch.mm(a, b, out=out), None))
+        for label, sched, bm, bn, st, gm, epi in VARIANTS:
+            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            g = prepare(a, b, [] if epi == "bare" else [bias], torch.float16, c)
+            cfg = WsConfig(sched, bm, bn, 64, st, gm)
+            mod = gemm_ws.module(epis[epi], fast_gelu=True)
+            fn = lambda g=g, cfg=cfg, mod=mod: gemm_ws.run_module(mod, g.a, g.b, g.c, g.extras, cfg, sms)  # noqa: E731
+            want = ref if epi == "bare" else torch.nn.functional.gelu(ref + bias.float(), approximate="tanh")
+            calls.append((case, label, fn, (c, want)))
+    for case, label, fn, check in calls:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        if check is not None:
+            got, want = check
+            err = float((got.float() - want).abs().max() / want.abs().max())
+            print(f"CHECK {case} | {label} | rel_err {err:.2e}", flush=True)
+    torch.cuda.cudart().cudaProfilerStart()
+    for case, label, fn, _ in calls:
+        print(f"ORDER {case} | {label}", flush=True)
+        fn()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def find_ncu() -> str | None:
+    return shutil.which("ncu") or next(iter(sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)), None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out")
+    ap.add_argument("--child", action="store_true")
+    args = ap.parse_args()
+    if args.child:
+        child()
+        return
+    from kfuse.bench.harness import write_experiment
+
+    ncu = find_ncu()
+    if ncu is None:
+        write_experiment("ncu_gemm_probe", args.out, error="ncu not found")
+        print("ncu not found")
+        return
+    q = subprocess.run([ncu, "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
+    known = q.stdout
+    tensor = [h for h in TENSOR_METRIC_HINTS if h in known]
+    metrics = [m.split(".")[0] for m in EXTRA_METRICS if m.split(".")[0] in known]
+    metric_args = [f"{m}" for m in EXTRA_METRICS if m.split(".")[0] in metrics]
+    metric_args += [f"{t}.avg.pct_of_peak_sustained_active" for t in tensor if "cycles_active" in t]
+    metric_args += [f"{t}.sum" for t in tensor if "inst_executed" in t]
+    cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
+           "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section", "ComputeWorkloadAnalysis",
+           "--section", "WarpStateStats", "--section", "LaunchStats", "--section", "Occupancy"]  # fmt: skip
+    if metric_args:
+        cmd += ["--metrics", ",".join(metric_args)]
+    cmd += [sys.executable, __file__, "--child"]
+    print("$", " ".join(cmd), flush=True)
+    env = dict(os.environ)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    order = [ln.split("ORDER ", 1)[1].split(" | ") for ln in r.stdout.splitlines() if ln.startswith("ORDER ")]
+    checks = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECK ")]
+    body = r.stdout[r.stdout.find('"ID"') :] if '"ID"' in r.stdout else ""
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "ncu_gemm_probe_raw.csv"), "w") as f:
+            f.write(body)
+    rows = list(csv.DictReader(io.StringIO(body))) if body else []
+    rows = [x for x in rows if x.get("ID", "").strip().isdigit()]  # drop the units row
+    keep = [k for k in (rows[0].keys() if rows else []) if any(s in k for s in (
+        "gpu__time_duration.sum", "sm__throughput.avg.pct", "gpu__compute_memory_throughput.avg.pct", "lts__throughput.avg.pct",
+        "l1tex__throughput.avg.pct", "dram__throughput.avg.pct", "lts__t_bytes.sum", "lts__t_sectors_srcunit_tex_op_read.sum",
+        "dram__bytes_read.sum", "sm__cycles_active.avg", "smsp__inst_executed.sum", "tensor", "gpc__cycles_elapsed.max",
+        "smsp__cycles_active.avg", "sm__warps_active", "smsp__average_warp", "lts__t_sector_hit_rate", "launch__registers",
+        "launch__grid_size", "launch__cluster", "smsp__pcsamp", "sm__inst_executed_pipe", "smsp__issue_active",
+        "gpc__cycles_elapsed.avg.per_second", "stall"))]  # fmt: skip
+    # the profiled kernels in launch order; a cuBLAS call may launch a memset first
+    names = [x.get("Kernel Name", "") for x in rows]
+    recs = []
+    gemm_rows = [x for x in rows if "memset" not in x.get("Kernel Name", "").lower() and "fill" not in x.get("Kernel Name", "").lower()]
+    for (case, label), x in zip(order, gemm_rows, strict=False):
+        recs.append({"case": case, "variant": label, "kernel": x.get("Kernel Name", ""), **{k: x[k] for k in keep}})
+    write_experiment("ncu_gemm_probe", args.out, command=" ".join(cmd), records=recs, checks=checks, kernel_names=names,
+                     stderr_tail=r.stderr[-3000:], tensor_metrics=tensor, rc=r.returncode)  # fmt: skip
+    print("\n".join(checks))
+    if r.returncode:
+        print(r.stderr[-3000:])
+    print(f"{'case':18s} {'variant':30s} {'us':>7s} {'SM%':>5s} {'L2%':>5s} {'DRAM%':>6s} {'L2 GB':>7s} {'tensor%':>8s} {'MHz':>6s}")
+
+    def pick(x: dict, *subs: str) -> str:
+        for k, v in x.items():
+            if all(s in k for s in subs):
+                return v
+        return "-"
+
+    for x in recs:
+        us = pick(x, "gpu__time_duration.sum")
+        l2b = pick(x, "lts__t_bytes.sum")
+        try:
+            l2b = f"{float(l2b) / 1e9:.2f}"
+        except ValueError:
+            pass
+        sm, l2, dram = pick(x, "sm__throughput.avg.pct"), pick(x, "lts__throughput.avg.pct"), pick(x, "dram__throughput.avg.pct")
+        tc, hz = pick(x, "tensor", "pct"), pick(x, "gpc__cycles_elapsed.avg.per_second")
+        print(f"{x['case']:18s} {x['variant']:30s} {us:>7s} {sm:>5s} {l2:>5s} {dram:>6s} {l2b:>7s} {tc:>8s} {hz:>6s}")
+
+
+if __name__ == "__main__":
+    main()
