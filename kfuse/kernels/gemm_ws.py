@@ -106,6 +106,13 @@ def _b_block(b_bufs, s, B_KMAJOR: gl.constexpr):
 
 
 @gluon.jit
+def _bias_row(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
+    # columns off_n .. off_n + WIDTH of a bias row as a (1, WIDTH) fp32 row in the accumulator's layout
+    offs = off_n + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    return gl.load(ptr + offs * stride, mask=offs < N, other=0.0).to(gl.float32)[None, :]
+
+
+@gluon.jit
 def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
     # the tile out through a staging buffer by TMA, once at most PENDING earlier stores (the one that
     # last read this buffer among them) are still in flight
@@ -116,17 +123,21 @@ def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, b_lo_desc, a_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K, BLOCK_N: gl.constexpr,
-            NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, N_LO: gl.constexpr):
+def _loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K,
+            BLOCK_N: gl.constexpr, NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
+            M_LO: gl.constexpr, N_LO: gl.constexpr):
     # one warp: the TMA producer. A slot's first ``empty`` wait is at phase 1, which a fresh
     # mbarrier has already completed, so the ring fills before any consumer frees a slot. A tile
-    # whose width is not a power of two (Gluon's shapes are) is loaded as two column pieces:
-    # ``b_bufs`` holds its first BLOCK_N - N_LO columns, ``b_lo_bufs`` the last N_LO
+    # whose width (height) is not a power of two (Gluon's shapes are) is loaded as two pieces:
+    # ``b_bufs`` holds its first BLOCK_N - N_LO columns, ``b_lo_bufs`` the last N_LO (``a_bufs`` its
+    # first rows, ``a_lo_bufs`` the last M_LO)
     STAGES: gl.constexpr = a_bufs.shape[0]
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    M_HI: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = M_HI + M_LO
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N_HI: gl.constexpr = BLOCK_N - N_LO
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (b_lo_desc.block_type.nbytes if N_LO > 0 else 0)
+    nbytes: gl.constexpr = (a_desc.block_type.nbytes + b_desc.block_type.nbytes + (b_lo_desc.block_type.nbytes if N_LO > 0 else 0)
+                            + (a_lo_desc.block_type.nbytes if M_LO > 0 else 0))
     k_steps = gl.cdiv(K, BLOCK_K)
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     c = 0
@@ -137,6 +148,8 @@ def _loader(a_desc, b_desc, b_lo_desc, a_bufs, b_bufs, b_lo_bufs, ready, empty, 
             mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), nbytes)
             tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kb * BLOCK_K], ready.index(s), a_bufs.index(s))
+            if M_LO > 0:
+                tma.async_copy_global_to_shared(a_lo_desc, [pid_m * BLOCK_M + M_HI, kb * BLOCK_K], ready.index(s), a_lo_bufs.index(s))
             if B_KMAJOR:
                 tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kb * BLOCK_K], ready.index(s), b_bufs.index(s))
                 if N_LO > 0:
@@ -149,21 +162,31 @@ def _loader(a_desc, b_desc, b_lo_desc, a_bufs, b_bufs, b_lo_bufs, ready, empty, 
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, b_lo_bufs, ready, empty, turn, c_smem, c_lo_smem, c_desc, c_lo_desc, {extra_ptrs}M, N, K, {extra_strides}
-              {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr, N_LO: gl.constexpr,
-              WG: gl.constexpr):
+def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c_smem, c_lo_smem, c_desc, c_lo_desc, {extra_ptrs}M, N, K,
+              {extra_strides}{extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
+              M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr, WG: gl.constexpr):
     # one warpgroup: the main loop, the epilogue and the store of the program's tiles WG, WG + 2, ...;
-    # with N_LO > 0 the tile's last N_LO columns are a second accumulator (``acc_lo``)
+    # with N_LO > 0 (M_LO > 0) the tile's last N_LO columns (M_LO rows) are a second accumulator
+    # (``acc_lo``, stored through c_lo_desc). SHARED_C: both consumers stage their tiles in the same
+    # buffers, handed over by ``cfree`` (their epilogues take turns anyway), which leaves the ring more
+    # shared memory
     STAGES: gl.constexpr = a_bufs.shape[0]
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    M_HI: gl.constexpr = c_desc.block_type.shape[0]
     N_HI: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_M: gl.constexpr = M_HI + M_LO
     BLOCK_N: gl.constexpr = N_HI + N_LO
+    HAS_LO: gl.constexpr = M_LO + N_LO > 0
+    LO_M: gl.constexpr = c_lo_desc.block_type.shape[0]  # the second piece: its rows and columns,
+    LO_N: gl.constexpr = c_lo_desc.block_type.shape[1]
+    LO_DM: gl.constexpr = BLOCK_M - LO_M  # and where it starts in the tile
+    LO_DN: gl.constexpr = BLOCK_N - LO_N
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N_HI, 16])
-    zero = gl.zeros([BLOCK_M, N_HI], gl.float32, acc_layout)
-    if N_LO > 0:
-        lo_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N_LO, 16])
-        zero_lo = gl.zeros([BLOCK_M, N_LO], gl.float32, lo_layout)
+    zero = gl.zeros([M_HI, N_HI], gl.float32, acc_layout)
+    if HAS_LO:
+        lo_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, LO_N, 16])
+        zero_lo = gl.zeros([LO_M, LO_N], gl.float32, lo_layout)
+{first_k}
     k_steps = gl.cdiv(K, BLOCK_K)
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     my_tiles = gl.cdiv(num_tiles - gl.program_id(0), NUM_PROGRAMS)
@@ -171,19 +194,25 @@ def _consumer(a_bufs, b_bufs, b_lo_bufs, ready, empty, turn, c_smem, c_lo_smem, 
         t = gl.program_id(0) + i * NUM_PROGRAMS
         pid_m, pid_n = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         c = i * k_steps  # every tile has k_steps slots, so tile i's first is at i * k_steps
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = zero
+        if HAS_LO:
+            acc_lo = zero_lo
+{acc_init}
         # wait for the other consumer's main loop of tile i - 1 (consumer 0's first wait passes): a
         # ``ready`` wait is by phase parity, and must not start before the slot's previous use
         mbarrier.wait(turn.index(WG), ((i // 2) & 1) ^ (1 - WG))
-        acc = zero
-        if N_LO > 0:
-            acc_lo = zero_lo
         for kb in range(k_steps):
             s = c % STAGES
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), _b_block(b_bufs, s, B_KMAJOR), acc, use_acc=kb > 0, is_async=True)
+            acc = warpgroup_mma(a_bufs.index(s), _b_block(b_bufs, s, B_KMAJOR), acc, use_acc=kb >= FIRST_K, is_async=True)
             # one block's group(s) in flight: the previous block's wgmma has retired, so its slot is free
-            if N_LO > 0:
-                acc_lo = warpgroup_mma(a_bufs.index(s), _b_block(b_lo_bufs, s, B_KMAJOR), acc_lo, use_acc=kb > 0, is_async=True)
+            if M_LO > 0:
+                acc_lo = warpgroup_mma(a_lo_bufs.index(s), _b_block(b_bufs, s, B_KMAJOR), acc_lo, use_acc=kb >= FIRST_K, is_async=True)
+            elif N_LO > 0:
+                acc_lo = warpgroup_mma(a_bufs.index(s), _b_block(b_lo_bufs, s, B_KMAJOR), acc_lo, use_acc=kb >= FIRST_K, is_async=True)
+            if HAS_LO:
                 acc, acc_lo = warpgroup_mma_wait(2, deps=(acc, acc_lo))
             else:
                 acc = warpgroup_mma_wait(1, deps=(acc,))
@@ -191,56 +220,76 @@ def _consumer(a_bufs, b_bufs, b_lo_bufs, ready, empty, turn, c_smem, c_lo_smem, 
                 mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
             c += 1
         mbarrier.arrive(turn.index(1 - WG), count=1)  # the other consumer's main loop may start
-        if N_LO > 0:
+        if HAS_LO:
             acc, acc_lo = warpgroup_mma_wait(0, deps=(acc, acc_lo))
         else:
             acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        if N_LO > 0:  # the narrow piece first: fewer registers live beside the wide accumulator
+        if SHARED_C:  # the previous tile's stores (the other consumer's) have left the staging buffers
+            mbarrier.wait(cfree, (i - 1) & 1, pred=i > 0)
+        if HAS_LO:  # the small piece first: fewer registers live beside the large accumulator
             hi = acc
             acc = acc_lo
-            offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, lo_layout))
-            offs_n = off_n + N_HI + gl.arange(0, N_LO, layout=gl.SliceLayout(0, lo_layout))
+            offs_m = off_m + LO_DM + gl.arange(0, LO_M, layout=gl.SliceLayout(1, lo_layout))
+            offs_n = off_n + LO_DN + gl.arange(0, LO_N, layout=gl.SliceLayout(0, lo_layout))
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-{epilogue_12}
-            _store_tile(acc, c_lo_smem, c_lo_desc, off_m, off_n + N_HI, 0)  # after this consumer's previous tile left c_lo_smem
+{pp_epilogue_12}
+            # own buffers: after this consumer's previous tile left c_lo_smem
+            _store_tile(acc, c_lo_smem, c_lo_desc, off_m + LO_DM, off_n + LO_DN, 0)
             acc = hi
-        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        offs_m = off_m + gl.arange(0, M_HI, layout=gl.SliceLayout(1, acc_layout))
         offs_n = off_n + gl.arange(0, N_HI, layout=gl.SliceLayout(0, acc_layout))
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-{epilogue}
-        if N_LO > 0:
-            _store_tile(acc, c_smem, c_desc, off_m, off_n, 1)  # the narrow piece's store may stay in flight
+{pp_epilogue}
+        if HAS_LO:
+            _store_tile(acc, c_smem, c_desc, off_m, off_n, 1)  # the small piece's store may stay in flight
         else:
-            _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # after this consumer's previous tile left c_smem
+            _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # own buffer: after this consumer's previous tile left c_smem
+        if SHARED_C:  # the staging buffers are read: the other consumer's next tile may fill them
+            tma.store_wait(0)
+            mbarrier.arrive(cfree, count=1)
     tma.store_wait(0)
 
 
 @gluon.jit
-def gemm_pingpong_kernel(a_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, {extra_ptrs}M, N, K, {extra_strides}
+def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, {extra_ptrs}M, N, K, {extra_strides}
                          {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                         B_KMAJOR: gl.constexpr, N_LO: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    # N_LO > 0: the tile is c_desc's width + N_LO columns wide, its last N_LO loaded through
-    # b_lo_desc and stored through c_lo_desc (otherwise those two are b_desc and c_desc, unused)
+                         B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr,
+                         LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    # N_LO > 0 (M_LO > 0): the tile is c_desc's width + N_LO columns wide (height + M_LO rows high),
+    # the second piece loaded through b_lo_desc (a_lo_desc) and stored through c_lo_desc; the unused
+    # descriptors are the first pieces' again
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    if SHARED_C:
+        c1 = c0
+    else:
+        c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    if M_LO > 0:
+        a_lo_bufs = gl.allocate_shared_memory(a_lo_desc.dtype, [STAGES] + a_lo_desc.block_type.shape, a_lo_desc.layout)
+    else:
+        a_lo_bufs = a_bufs
     if N_LO > 0:
         b_lo_bufs = gl.allocate_shared_memory(b_lo_desc.dtype, [STAGES] + b_lo_desc.block_type.shape, b_lo_desc.layout)
-        c0_lo = gl.allocate_shared_memory(c_lo_desc.dtype, c_lo_desc.block_type.shape, c_lo_desc.layout)
-        c1_lo = gl.allocate_shared_memory(c_lo_desc.dtype, c_lo_desc.block_type.shape, c_lo_desc.layout)
     else:
         b_lo_bufs = b_bufs
+    if M_LO + N_LO > 0:
+        c0_lo = gl.allocate_shared_memory(c_lo_desc.dtype, c_lo_desc.block_type.shape, c_lo_desc.layout)
+        if SHARED_C:
+            c1_lo = c0_lo
+        else:
+            c1_lo = gl.allocate_shared_memory(c_lo_desc.dtype, c_lo_desc.block_type.shape, c_lo_desc.layout)
+    else:
         c0_lo = c0
         c1_lo = c1
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    cfree = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
+    mbarrier.init(cfree.index(0), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
@@ -251,12 +300,14 @@ def gemm_pingpong_kernel(a_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, {extra_pt
     # a tuple held in a variable would turn the constexprs into tensors
     # fmt: off
     gl.warp_specialize([
-        (_consumer, (a_bufs, b_bufs, b_lo_bufs, ready, empty, turn, c0, c0_lo, c_desc, c_lo_desc, {extra_args}M, N, K, {extra_stride_args}
-                     {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, N_LO, FIRST)),
-        (_consumer, (a_bufs, b_bufs, b_lo_bufs, ready, empty, turn, c1, c1_lo, c_desc, c_lo_desc, {extra_args}M, N, K, {extra_stride_args}
-                     {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, N_LO, SECOND)),
-        (_loader, (a_desc, b_desc, b_lo_desc, a_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS, GROUP_M,
-                   B_KMAJOR, N_LO)),
+        (_consumer, (a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree.index(0), c0, c0_lo, c_desc, c_lo_desc,
+                     {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO, N_LO,
+                     SHARED_C, FIRST)),
+        (_consumer, (a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree.index(0), c1, c1_lo, c_desc, c_lo_desc,
+                     {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO, N_LO,
+                     SHARED_C, SECOND)),
+        (_loader, (a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
+                   GROUP_M, B_KMAJOR, M_LO, N_LO)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     # fmt: on
 
@@ -334,8 +385,8 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
     gl.warp_specialize([
         (_coop_consumer, (a_bufs, b_bufs, ready, empty, c_bufs, c_desc, {extra_args}M, N, K, {extra_stride_args}
                           {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, WARPS)),
-        (_loader, (a_desc, b_desc, b_desc, a_bufs, b_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS, GROUP_M,
-                   B_KMAJOR, NO_LO)),
+        (_loader, (a_desc, a_desc, b_desc, b_desc, a_bufs, a_bufs, b_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
+                   GROUP_M, B_KMAJOR, NO_LO, NO_LO)),
     ], [1], [LOADER_REGS])
     # fmt: on
 """
@@ -344,11 +395,29 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
 FAST_EXPRS = {"gelu": "_gelu_fast({0})", "gelu_tanh": "_gelu_fast({0})"}
 
 
-def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False) -> str:
+def folded_input(epi: Epilogue) -> int | None:
+    """The extra input whose bias row the ping-pong kernel adds by starting the accumulator from it:
+    the epilogue's first step adds input j to the product and j is used nowhere else. Then, when j
+    is a row (``XB<j>``), the epilogue skips the add and loads no bias beside the live accumulators."""
+    if not epi.steps or epi.steps[0].op != "add":
+        return None
+    args = epi.steps[0].args
+    kinds = sorted((a.kind, a.index) for a in args if a.kind in ("reg", "in"))
+    if len(args) != 2 or [k for k, _ in kinds] != ["in", "reg"] or ("reg", 0) not in kinds:
+        return None
+    j = next(i for k, i in kinds if k == "in")
+    used_later = any(a.kind == "in" and a.index == j for step in epi.steps[1:] for a in step.args)
+    return None if used_later else j
+
+
+def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, folded: int | None = None) -> str:
     """The epilogue in the accumulator's layout: extra input j as a (1, BLOCK_N) row when it is the
-    same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps."""
+    same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps. ``folded``: the
+    input whose row the accumulator already holds (``folded_input``): its add is skipped."""
     lines = []
     for j in range(epi.n_inputs):
+        if j == folded:
+            continue
         lines += [
             f"{indent}if XB{j}:",
             f"{indent}    x{j} = gl.load(x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N)[None, :]",
@@ -356,15 +425,43 @@ def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False) -> str:
             f"{indent}    x{j} = gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)",
         ]
     body = render(epi, indent=indent, exprs=FAST_EXPRS if fast_gelu else None)
+    if body and folded is not None:
+        first, _, rest = body.partition("\n")  # the first step: acc_r1 = (acc + x<j>)
+        j = folded
+        tile = f"gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)"
+        lines += [f"{indent}if XB{j}:", f"{indent}    acc_r1 = acc  # the bias row is in the accumulator", f"{indent}else:",
+                  f"{indent}    x{j} = {tile}", f"{indent}    {first.strip()}"]  # fmt: skip
+        body = rest
     if body:
         lines.append(body)
     return "\n".join(lines) if lines else f"{indent}pass"
+
+
+def _acc_init(folded: int | None) -> tuple[str, str]:
+    """The ping-pong consumer's ``FIRST_K`` (the first K step that accumulates into the initial
+    value) and the statements that start the accumulators from a folded bias row."""
+    if folded is None:
+        return "    FIRST_K: gl.constexpr = 1", "        pass"
+    j = folded
+    first = f"    FIRST_K: gl.constexpr = 0 if XB{j} else 1  # a bias row starts the accumulator"
+    init = "\n".join([
+        f"        if XB{j}:  # loaded before the turn wait, while this consumer's accumulators are dead",
+        f"            acc = gl.broadcast(_bias_row(x{j}_ptr, stride_x{j}n, off_n, N, N_HI, acc_layout), acc)[0]",
+        "            if HAS_LO:",
+        f"                acc_lo = gl.broadcast(_bias_row(x{j}_ptr, stride_x{j}n, off_n + LO_DN, N, LO_N, lo_layout), acc_lo)[0]",
+    ])  # fmt: skip
+    return first, init
 
 
 def kernel_source(epi: Epilogue, fast_gelu: bool = False) -> str:
     """The Gluon module of the kernels specialised to ``epi`` (``fast_gelu``: GELU in the tanh form
     on ``tanh.approx.f32``)."""
     n = epi.n_inputs
+    # not with the erf GELU: without the add, ptxas interleaves its reciprocals deeper and the 128 x 128
+    # consumer spills (sm_90 offline: 288 B of stack)
+    erf_gelu = not fast_gelu and any(step.op in FAST_EXPRS for step in epi.steps)
+    folded = None if erf_gelu else folded_input(epi)
+    first_k, acc_init = _acc_init(folded)
     return _SOURCE.format(
         extra_ptrs="".join(f"x{j}_ptr, " for j in range(n)),
         extra_strides="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
@@ -372,8 +469,11 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False) -> str:
         extra_args="".join(f"x{j}_ptr, " for j in range(n)),
         extra_stride_args="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
-        epilogue=_epilogue(epi, " " * 8, fast_gelu),
         epilogue_12=_epilogue(epi, " " * 12, fast_gelu),
+        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, folded),
+        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, folded),
+        first_k=first_k,
+        acc_init=acc_init,
     )
 
 
@@ -384,8 +484,9 @@ def module(epi: Epilogue, fast_gelu: bool = False) -> Any:
 @dataclass(frozen=True)
 class WsConfig:
     """A warp-specialised kernel's schedule and tile. ``pingpong``: two consumer warpgroups on
-    alternate ``block_m x block_n`` tiles (4 warps each, the accumulator at most 128 registers a
-    thread: block_m * block_n <= 16384). ``coop``: two warpgroups on one ``block_m x block_n`` tile
+    alternate ``block_m x block_n`` tiles (4 warps each, the accumulator at most 192 registers a
+    thread); ``shared_c``: the two consumers stage their tiles' TMA stores in one set of buffers,
+    which leaves the ring a stage more. ``coop``: two warpgroups on one ``block_m x block_n`` tile
     (8 warps, block_m 128), held as two column halves; ``c_bufs`` staging buffers for the halves'
     TMA stores."""
 
@@ -396,6 +497,7 @@ class WsConfig:
     stages: int = 4
     group_m: int = 8
     c_bufs: int = 2  # coop only
+    shared_c: bool = False  # ping-pong only
 
     @property
     def store_n(self) -> int:
@@ -414,24 +516,40 @@ class WsConfig:
         hi = 1 << (self.block_n.bit_length() - 1)
         return hi, self.block_n - hi
 
+    @property
+    def row_pieces(self) -> tuple[int, int]:
+        """A ping-pong tile's rows as (hi, lo) in the same way: a 192 x 128 tile is a 128 x 128 and a
+        64 x 128 accumulator, two A buffers per ring slot (both read with the same B block: three
+        m64n128 wgmma a K step where 128 x 192 issues two m64n128 and two m64n64) and two TMA stores."""
+        if self.schedule == "coop":
+            return self.block_m, 0
+        hi = 1 << (self.block_m.bit_length() - 1)
+        return hi, self.block_m - hi
+
     def smem_bytes(self, elem: int = 2) -> int:
         """Shared memory of one program: the ring of A and B slots, the C staging buffers (one per
-        consumer, or ``c_bufs``) and the mbarriers."""
+        consumer, one set with ``shared_c``, or ``c_bufs``) and the mbarriers."""
         ring = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n)
-        staged = 2 * self.block_n if self.schedule == "pingpong" else self.c_bufs * self.store_n
+        if self.schedule == "pingpong":
+            staged = (1 if self.shared_c else 2) * self.block_n
+        else:
+            staged = self.c_bufs * self.store_n
         return elem * (ring + self.block_m * staged) + 16 * self.stages + 64
 
     def describe(self) -> str:
         s = f"{self.schedule} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages} g{self.group_m}"
-        return s + (f" c{self.c_bufs}" if self.schedule == "coop" else "")
+        if self.schedule == "coop":
+            return s + f" c{self.c_bufs}"
+        return s + (" sc" if self.shared_c else "")
 
 
 def ws_config(cfg: Any, elem: int = 2) -> WsConfig:
     """The ``WsConfig`` of a ``GemmConfig`` with ``ws`` set: its tile, stages and swizzle; the coop
     kernel stages both output halves (two buffers) where shared memory allows, else one."""
-    ws = WsConfig(cfg.ws, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, cfg.group_m, 2)
+    shared = bool(getattr(cfg, "shared_c", False))
+    ws = WsConfig(cfg.ws, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, cfg.group_m, 2, shared)
     if ws.schedule == "coop" and ws.smem_bytes(elem) > SMEM_LIMIT:
-        ws = WsConfig(cfg.ws, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, cfg.group_m, 1)
+        ws = WsConfig(cfg.ws, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, cfg.group_m, 1, shared)
     return ws
 
 
@@ -481,14 +599,17 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
 
     b_kmajor = b2.stride(1) != 1  # column-major B: described as B^T (N, K)
     hi, lo = cfg.pieces
-    a_desc = desc(a2, [cfg.block_m, cfg.block_k])
+    m_hi, m_lo = cfg.row_pieces
+    a_desc = desc(a2, [m_hi, cfg.block_k])
+    a_lo_desc = desc(a2, [m_lo, cfg.block_k]) if m_lo else a_desc
     b_desc = desc(b2.t(), [hi, cfg.block_k]) if b_kmajor else desc(b2, [cfg.block_k, hi])
-    c_desc = desc(c2, [cfg.block_m, cfg.store_n])
+    c_desc = desc(c2, [m_hi, cfg.store_n])
+    b_lo_desc, c_lo_desc = b_desc, c_desc
     if lo:
         b_lo_desc = desc(b2.t(), [lo, cfg.block_k]) if b_kmajor else desc(b2, [cfg.block_k, lo])
         c_lo_desc = desc(c2, [cfg.block_m, lo])
-    else:
-        b_lo_desc, c_lo_desc = b_desc, c_desc
+    elif m_lo:
+        c_lo_desc = desc(c2, [m_lo, cfg.block_n])
     ex: list[Any] = []
     ex_strides: list[int] = []
     flags = {}
@@ -502,8 +623,8 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
     meta["LOADER_REGS"] = LOADER_REGS
     if cfg.schedule == "pingpong":
         kernel, warps = mod.gemm_pingpong_kernel, 4
-        args: tuple[Any, ...] = (a_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, *ex, m, n, k, *ex_strides)
-        meta.update(N_LO=lo, CONSUMER_REGS=CONSUMER_REGS)
+        args: tuple[Any, ...] = (a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, *ex, m, n, k, *ex_strides)
+        meta.update(M_LO=m_lo, N_LO=lo, SHARED_C=cfg.shared_c, CONSUMER_REGS=CONSUMER_REGS)
     else:
         kernel, warps = mod.gemm_coop_kernel, 8
         args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
@@ -534,15 +655,20 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
 
     coop = cfg.schedule == "coop"
     hi, lo = cfg.pieces
-    a_d = desc((m, k), [cfg.block_m, cfg.block_k])
+    m_hi, m_lo = cfg.row_pieces
+    a_d = desc((m, k), [m_hi, cfg.block_k])
+    a_lo = desc((m, k), [m_lo, cfg.block_k]) if m_lo else a_d
     b_d = desc((n, k), [hi, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, hi])
-    c_d = desc((m, n), [cfg.block_m, cfg.store_n])
+    c_d = desc((m, n), [m_hi, cfg.store_n])
     b_lo = (desc((n, k), [lo, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, lo])) if lo else b_d
-    c_lo = desc((m, n), [cfg.block_m, lo]) if lo else c_d
+    c_lo = desc((m, n), [cfg.block_m, lo]) if lo else (desc((m, n), [m_lo, cfg.block_n]) if m_lo else c_d)
     mod = module(epi, fast_gelu)
     fn = mod.gemm_coop_kernel if coop else mod.gemm_pingpong_kernel
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"
-    sig: dict[str, str] = {"a_desc": mangle_type(a_d), "b_desc": mangle_type(b_d)}
+    sig: dict[str, str] = {"a_desc": mangle_type(a_d)}
+    if not coop:
+        sig["a_lo_desc"] = mangle_type(a_lo)
+    sig["b_desc"] = mangle_type(b_d)
     if not coop:
         sig["b_lo_desc"] = mangle_type(b_lo)
     sig["c_desc"] = mangle_type(c_d)
@@ -559,7 +685,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=cfg.group_m, STAGES=cfg.stages, **({"C_BUFS": cfg.c_bufs} if coop else {}))
     constexprs["B_KMAJOR"] = b_kmajor
     if not coop:
-        constexprs["N_LO"] = lo
+        constexprs.update(M_LO=m_lo, N_LO=lo, SHARED_C=cfg.shared_c)
     constexprs["LOADER_REGS"] = LOADER_REGS
     if not coop:
         constexprs["CONSUMER_REGS"] = CONSUMER_REGS

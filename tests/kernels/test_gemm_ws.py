@@ -145,6 +145,10 @@ _CASES = [  # (epilogue, WsConfig fields, B column-major, fast GELU)
     ("bias_gelu", ("pingpong", 64, 256, 64, 4, 1), False, True),
     ("bias_gelu", ("pingpong", 128, 192, 64, 3, 8), False, True),
     ("bias_gelu", ("pingpong", 128, 192, 64, 3, 1), True, False),
+    ("bias_gelu", ("pingpong", 192, 128, 64, 3, 8), False, True),
+    ("bias_gelu", ("pingpong", 192, 128, 64, 4, 1, 2, True), True, True),
+    ("bias_gelu", ("pingpong", 128, 128, 64, 6, 8, 2, True), False, True),
+    ("bias_gelu", ("pingpong", 128, 192, 64, 4, 8, 2, True), True, True),
     ("bias_gelu", ("coop", 128, 256, 64, 4, 8, 1), False, False),
     ("bias_gelu", ("coop", 128, 256, 64, 3, 8, 2), True, True),
     ("bias_gelu", ("coop", 128, 128, 64, 6, 8, 2), False, True),
@@ -158,8 +162,7 @@ def compiled() -> list[dict]:
 
 
 def _case_id(i: int) -> str:
-    sched, bm, bn, _, stages = _CASES[i][1][:5]
-    return f"{sched} {bm}x{bn} s{stages}"
+    return WsConfig(*_CASES[i][1]).describe() + f" {i}"
 
 
 @pytest.mark.parametrize("i", range(len(_CASES) - 1), ids=_case_id)
@@ -186,6 +189,9 @@ def test_sm90_tile_shaped_extra_input_spills_in_pingpong(compiled: list[dict]) -
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [WsConfig("pingpong", 128, 128, 64, 4, 8), WsConfig("pingpong", 64, 128, 64, 6, 1),
                                  WsConfig("pingpong", 128, 192, 64, 3, 8), WsConfig("pingpong", 64, 192, 64, 5, 1),
+                                 WsConfig("pingpong", 192, 128, 64, 3, 8), WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True),
+                                 WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True),
+                                 WsConfig("pingpong", 128, 192, 64, 4, 8, shared_c=True),
                                  WsConfig("coop", 128, 256, 64, 4, 8, 1), WsConfig("coop", 128, 128, 64, 6, 8, 2)],
                          ids=lambda c: c.describe())  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

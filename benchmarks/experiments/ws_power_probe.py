@@ -1,0 +1,137 @@
+"""Issue 3's GEMM under the H200's power limit: fewer L2 bytes and fewer epilogue instructions per
+GEMM, on the twelve BERT / GPT-2 shapes.
+
+**What session 20's counters showed** (``ncu_gemm_probe.py``, ``experiments/s20_ncu_gemm_probe.json``).
+At BERT T16384 ffn1 kfuse's bias + GELU ping-pong kernel takes as many cycles as cuBLAS's bare GEMM
+(186.0k against 185.0k; the bare ping-pong kernel 178.3k, fewer), but runs at 1.465 GHz where cuBLAS
+runs at 1.537: the GPU is at its power limit, and kfuse moves 1.48x cuBLAS's bytes through L2 (1.07
+against 0.72 GB: 128 x 128 tiles without clusters, against cuBLAS's 256 x 128 tiles with the B block
+multicast to a 2-CTA cluster). Under a power cap the time of a GEMM is its energy, so what pays is
+less data moved and fewer instructions, not more overlap.
+
+**Variants** (all bias + GELU in the default tanh form, one call a graph replay, interleaved with the
+bare cuBLAS GEMM and cuBLASLt's fused bias + GELU in rotated rounds, as ``gemm_bench`` times):
+- ``128x128 s5`` without the bias fold: the kernel kfuse ran before this session;
+- ``fold``: the accumulator starts from the bias row (the wgmma accumulates onto it), so the
+  epilogue has no add and no bias load: FP32-pipe instructions 1,536 -> 1,280 a 128 x 128 tile
+  (sm_90 offline); predicted 1-3% where the epilogue's FP32 work costs the other warpgroup's wgmma;
+- ``192x128``: a 128-row and a 64-row accumulator over the same B block (three m64n128 wgmma a K step,
+  where 128 x 192 issues two m64n128 and two m64n64): 17% fewer operand bytes than 128 x 128; wave
+  counts 132 tiles a wave at BERT T4096 N = 768 (one wave exactly);
+- ``sc``: the two consumers share one set of staging buffers (their epilogues take turns), which
+  frees a ring stage: 128 x 128 at 6 stages, 192 x 128 / 128 x 192 at 4 (3 with a buffer each, which
+  left the consumer one slot of look-ahead: session 19's 128 x 192 tile was 15% slower per cycle).
+Prediction: the 192 x 128 sc tile at or under the bare cuBLAS GEMM on the T16384 and GPT-2 shapes
+(-13% L2 bytes, +3-5% clock, per-cycle parity with 128 x 128 if 4 stages suffice), and the fold
+worth 1-3% on every tile.
+
+    PYTHONPATH=. python benchmarks/experiments/ws_power_probe.py --out $OUT   # H200, ~90 s
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from kfuse.bench.harness import interleaved_ms, write_experiment
+from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
+from kfuse.kernels import gemm_ws
+from kfuse.kernels.codegen import load_generated
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+from kfuse.kernels.gemm import prepare
+from kfuse.kernels.gemm_ws import WsConfig
+
+ADD = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
+BIAS_GELU = Epilogue((ADD, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
+LAYERS = {"qkv": (768, 2304), "attn_out": (768, 768), "ffn1": (768, 3072), "ffn2": (3072, 768)}  # (K, N)
+MODELS = {"bert": (4096, 16384), "gpt2": (8192,)}
+VARIANTS = {  # label: (config, bias folded into the accumulator)
+    "128x128 s5 g8": (WsConfig("pingpong", 128, 128, 64, 5, 8), False),
+    "128x128 s5 g8 fold": (WsConfig("pingpong", 128, 128, 64, 5, 8), True),
+    "128x128 s6 g8 sc fold": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), True),
+    "192x128 s3 g8 fold": (WsConfig("pingpong", 192, 128, 64, 3, 8), True),
+    "192x128 s4 g8 sc fold": (WsConfig("pingpong", 192, 128, 64, 4, 8, shared_c=True), True),
+    "192x128 s4 g1 sc fold": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), True),
+    "128x192 s4 g8 sc fold": (WsConfig("pingpong", 128, 192, 64, 4, 8, shared_c=True), True),
+}
+
+
+def unfolded_module():
+    """The bias + GELU module as it was before the fold (the bias added in the epilogue)."""
+    keep = gemm_ws.folded_input
+    gemm_ws.folded_input = lambda epi: None
+    try:
+        src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True)
+    finally:
+        gemm_ws.folded_input = keep
+    return load_generated("gemm_ws_unfolded", BIAS_GELU.key(), src)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    dev, dt = "cuda", torch.float16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    torch.manual_seed(0)
+    mods = {True: gemm_ws.module(BIAS_GELU, fast_gelu=True), False: unfolded_module()}
+    recs = []
+    for mdl, toks in MODELS.items():
+        for m in toks:
+            for layer, (k, n) in LAYERS.items():
+                case = f"{mdl}_T{m}_{layer}"
+                a = torch.randn(m, k, device=dev, dtype=dt)
+                w = (torch.randn(n, k, device=dev) / k**0.5).to(dt)
+                b = w.t().contiguous()  # kfuse folds nn.Linear's transpose at compile time
+                bias = torch.randn(n, device=dev, dtype=dt)
+                ref = torch.nn.functional.gelu(a.float() @ b.float() + bias.float())
+                mm_out = torch.empty(m, n, device=dev, dtype=dt)
+                fns = {
+                    "cublas mm alone": lambda a=a, b=b, o=mm_out: torch.mm(a, b, out=o),
+                    "cublaslt bias+gelu": lambda a=a, b=b, bias=bias: torch._addmm_activation(bias, a, b, use_gelu=True),
+                }
+                rec: dict = {"case": case, "m": m, "n": n, "k": k, "errors": {}}
+                for label, (cfg, fold) in VARIANTS.items():
+                    out = torch.full((m, n), float("nan"), device=dev, dtype=dt)
+                    g = prepare(a, b, [bias], dt, out)
+
+                    def run(g=g, cfg=cfg, mod=mods[fold]) -> None:
+                        gemm_ws.run_module(mod, g.a, g.b, g.c, g.extras, cfg, sms)
+
+                    try:
+                        run()
+                        torch.cuda.synchronize()
+                        err = float((out.float() - ref).abs().max() / ref.abs().max())
+                    except Exception as e:  # recorded, not fatal
+                        rec["errors"][label] = f"{type(e).__name__}: {str(e)[:200]}"
+                        continue
+                    rec["errors"][label] = err
+                    if err < 1e-2:
+                        fns[label] = run
+                rec["ms"] = interleaved_ms(fns, rounds=args.rounds)
+                recs.append(rec)
+                mm = rec["ms"]["cublas mm alone"]
+                print(f"[{case}] cublas {mm * 1e3:.1f} us; " + ", ".join(f"{lab} {t / mm:.3f}" for lab, t in rec["ms"].items()), flush=True)
+    write_experiment("ws_power_probe", args.out, records=recs, rounds=args.rounds,
+                     timing="one call a CUDA-graph replay, all sides interleaved in rotated rounds (median)")  # fmt: skip
+    labels = ["cublaslt bias+gelu", *VARIANTS]
+    print(f"\n{'case':20s} {'mm us':>7s} " + " ".join(f"{lab[:13]:>13s}" for lab in labels) + "   (time / bare cuBLAS)")
+    wins = dict.fromkeys(labels, 0)
+    for r in recs:
+        mm = r["ms"]["cublas mm alone"]
+        cells = []
+        for lab in labels:
+            t = r["ms"].get(lab)
+            cells.append(f"{t / mm:13.3f}" if t else f"{'-':>13s}")
+            wins[lab] += bool(t and t <= mm)
+        print(f"{r['case']:20s} {mm * 1e3:7.1f} " + " ".join(cells))
+    print(f"{'at or under cuBLAS':28s} " + " ".join(f"{wins[lab]:13d}" for lab in labels))
+    best = [min((t for lab, t in r["ms"].items() if lab in VARIANTS), default=None) for r in recs]
+    n_best = sum(1 for r, t in zip(recs, best, strict=True) if t is not None and t <= r["ms"]["cublas mm alone"])
+    print(f"best kfuse variant per shape at or under cuBLAS: {n_best}/{len(recs)}")
+
+
+if __name__ == "__main__":
+    main()
