@@ -411,6 +411,8 @@ class GemmConfig:
     # "pingpong" (num_warps 4: two consumer warpgroups on alternate tiles) or "coop" (num_warps 8:
     # two warpgroups on one tile); where ineligible the persistent TMA kernel runs the same tile
     ws: str = ""
+    # ping-pong only: the two consumers stage their output tiles in one set of buffers (a ring stage more)
+    shared_c: bool = False
 
     def describe(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
@@ -430,6 +432,8 @@ class GemmConfig:
             s += " resident"
         if self.ws:
             s += f" {self.ws}"
+        if self.shared_c:
+            s += " sc"
         return s
 
     def as_dict(self) -> dict[str, Any]:
@@ -643,8 +647,8 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
     ws = cfg if cfg.ws else None
     if cfg.ws:
         # where the Gluon kernels cannot run, the same tile runs on the persistent TMA kernel
-        # (Triton's tiles are powers of two: a 192-wide ping-pong tile runs 128 wide there)
-        cfg = replace(cfg, ws="", block_n=1 << (cfg.block_n.bit_length() - 1))
+        # (Triton's tiles are powers of two: a 192-wide or -high ping-pong tile runs at 128 there)
+        cfg = replace(cfg, ws="", shared_c=False, block_m=1 << (cfg.block_m.bit_length() - 1), block_n=1 << (cfg.block_n.bit_length() - 1))
     tma = tma_operands(a, b, cfg) if cfg.tma and split == 1 else None
     if ws is not None and tma is not None and gemm_ws.ws_eligible(a, b, c, split) is None:
         gemm_ws.launch(a, b, c, g.extras, epi, gemm_ws.ws_config(ws, a.element_size()), _num_sms(a.device), warmup,

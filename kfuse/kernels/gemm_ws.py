@@ -113,6 +113,13 @@ def _bias_row(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
+def _row_raw(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
+    # the same row in the input's dtype (converted where the epilogue uses it)
+    offs = off_n + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    return gl.load(ptr + offs * stride, mask=offs < N, other=0.0)[None, :]
+
+
+@gluon.jit
 def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
     # the tile out through a staging buffer by TMA, once at most PENDING earlier stores (the one that
     # last read this buffer among them) are still in flight
@@ -395,10 +402,13 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
 FAST_EXPRS = {"gelu": "_gelu_fast({0})", "gelu_tanh": "_gelu_fast({0})"}
 
 
+BIAS_MODES = ("epilogue", "fold", "preload")
+
+
 def folded_input(epi: Epilogue) -> int | None:
-    """The extra input whose bias row the ping-pong kernel adds by starting the accumulator from it:
-    the epilogue's first step adds input j to the product and j is used nowhere else. Then, when j
-    is a row (``XB<j>``), the epilogue skips the add and loads no bias beside the live accumulators."""
+    """The extra input whose bias row the ping-pong kernel can add by starting the accumulator from
+    it (``bias_mode`` "fold"): the epilogue's first step adds input j to the product and j is used
+    nowhere else. Then, when j is a row (``XB<j>``), the epilogue skips the add and loads no bias."""
     if not epi.steps or epi.steps[0].op != "add":
         return None
     args = epi.steps[0].args
@@ -410,17 +420,24 @@ def folded_input(epi: Epilogue) -> int | None:
     return None if used_later else j
 
 
-def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, folded: int | None = None) -> str:
+def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "epilogue", piece: str = "") -> str:
     """The epilogue in the accumulator's layout: extra input j as a (1, BLOCK_N) row when it is the
-    same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps. ``folded``: the
-    input whose row the accumulator already holds (``folded_input``): its add is skipped."""
+    same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps. ``mode``
+    (ping-pong only): "epilogue" loads a row here; "preload" takes it from ``xr<j>`` (``xr_lo<j>`` for
+    the second ``piece``), loaded at the tile's start; "fold" skips the first step's add of a row the
+    accumulator started from (``folded_input``)."""
+    folded = folded_input(epi) if mode == "fold" else None
+    row = "x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N"
     lines = []
     for j in range(epi.n_inputs):
         if j == folded:
             continue
+        load_row = f"gl.load({row.format(j=j)})[None, :]"
+        if mode == "preload":
+            load_row = f"xr{'_lo' if piece == 'lo' else ''}{j}.to(gl.float32)  # loaded at the tile's start"
         lines += [
             f"{indent}if XB{j}:",
-            f"{indent}    x{j} = gl.load(x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N)[None, :]",
+            f"{indent}    x{j} = {load_row}",
             f"{indent}else:",
             f"{indent}    x{j} = gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)",
         ]
@@ -437,31 +454,43 @@ def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, folded: int |
     return "\n".join(lines) if lines else f"{indent}pass"
 
 
-def _acc_init(folded: int | None) -> tuple[str, str]:
+def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
     """The ping-pong consumer's ``FIRST_K`` (the first K step that accumulates into the initial
-    value) and the statements that start the accumulators from a folded bias row."""
-    if folded is None:
-        return "    FIRST_K: gl.constexpr = 1", "        pass"
-    j = folded
-    first = f"    FIRST_K: gl.constexpr = 0 if XB{j} else 1  # a bias row starts the accumulator"
-    init = "\n".join([
-        f"        if XB{j}:  # loaded before the turn wait, while this consumer's accumulators are dead",
-        f"            acc = gl.broadcast(_bias_row(x{j}_ptr, stride_x{j}n, off_n, N, N_HI, acc_layout), acc)[0]",
-        "            if HAS_LO:",
-        f"                acc_lo = gl.broadcast(_bias_row(x{j}_ptr, stride_x{j}n, off_n + LO_DN, N, LO_N, lo_layout), acc_lo)[0]",
-    ])  # fmt: skip
-    return first, init
+    value) and the statements at a tile's start, before the turn wait (this consumer's accumulators
+    are dead then): "fold" starts the accumulators from the bias row, "preload" loads the rows."""
+    no_fold = "    FIRST_K: gl.constexpr = 1"
+    j = folded_input(epi)
+    if mode == "fold" and j is not None:
+        first = f"    FIRST_K: gl.constexpr = 0 if XB{j} else 1  # a bias row starts the accumulator"
+        init = "\n".join([
+            f"        if XB{j}:",
+            f"            acc = gl.broadcast(_bias_row(x{j}_ptr, stride_x{j}n, off_n, N, N_HI, acc_layout), acc)[0]",
+            "            if HAS_LO:",
+            f"                acc_lo = gl.broadcast(_bias_row(x{j}_ptr, stride_x{j}n, off_n + LO_DN, N, LO_N, lo_layout), acc_lo)[0]",
+        ])  # fmt: skip
+        return first, init
+    if mode == "preload" and epi.n_inputs:
+        lines = []
+        for j in range(epi.n_inputs):
+            lines += [
+                f"        if XB{j}:  # held through the main loop in the input's dtype (fewer registers than its pointers)",
+                f"            xr{j} = _row_raw(x{j}_ptr, stride_x{j}n, off_n, N, N_HI, acc_layout)",
+                "            if M_LO > 0:  # a second piece of rows: the same columns, the same layout",
+                f"                xr_lo{j} = xr{j}",
+                "            elif N_LO > 0:",
+                f"                xr_lo{j} = _row_raw(x{j}_ptr, stride_x{j}n, off_n + LO_DN, N, LO_N, lo_layout)",
+            ]
+        return no_fold, "\n".join(lines)
+    return no_fold, "        pass"
 
 
-def kernel_source(epi: Epilogue, fast_gelu: bool = False) -> str:
+def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue") -> str:
     """The Gluon module of the kernels specialised to ``epi`` (``fast_gelu``: GELU in the tanh form
-    on ``tanh.approx.f32``)."""
+    on ``tanh.approx.f32``; ``bias_mode``: where the ping-pong kernel reads a bias row, ``BIAS_MODES``)."""
+    if bias_mode not in BIAS_MODES:
+        raise ValueError(f"bias_mode {bias_mode!r}: one of {BIAS_MODES}")
     n = epi.n_inputs
-    # not with the erf GELU: without the add, ptxas interleaves its reciprocals deeper and the 128 x 128
-    # consumer spills (sm_90 offline: 288 B of stack)
-    erf_gelu = not fast_gelu and any(step.op in FAST_EXPRS for step in epi.steps)
-    folded = None if erf_gelu else folded_input(epi)
-    first_k, acc_init = _acc_init(folded)
+    first_k, tile_start = _tile_start(epi, bias_mode)
     return _SOURCE.format(
         extra_ptrs="".join(f"x{j}_ptr, " for j in range(n)),
         extra_strides="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
@@ -470,15 +499,16 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False) -> str:
         extra_stride_args="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
         epilogue_12=_epilogue(epi, " " * 12, fast_gelu),
-        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, folded),
-        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, folded),
+        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, "hi"),
+        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode, "lo"),
         first_k=first_k,
-        acc_init=acc_init,
+        acc_init=tile_start,
     )
 
 
-def module(epi: Epilogue, fast_gelu: bool = False) -> Any:
-    return generated("gemm_ws", epi.key() + ("_fastgelu" if fast_gelu else ""), lambda: kernel_source(epi, fast_gelu))
+def module(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue") -> Any:
+    key = epi.key() + ("_fastgelu" if fast_gelu else "") + ("" if bias_mode == "epilogue" else f"_{bias_mode}")
+    return generated("gemm_ws", key, lambda: kernel_source(epi, fast_gelu, bias_mode))
 
 
 @dataclass(frozen=True)
@@ -580,7 +610,16 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
     """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``ws_eligible``) with the
     schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
     compile only."""
-    run_module(module(epi, fast_gelu), a, b, c, extras, cfg, num_programs, warmup)
+    run_module(module(epi, fast_gelu, bias_mode(cfg, fast_gelu)), a, b, c, extras, cfg, num_programs, warmup)
+
+
+def bias_mode(cfg: WsConfig, fast_gelu: bool) -> str:
+    """Where ``cfg``'s kernel reads a bias row (``BIAS_MODES``). A tile of two row pieces (192 x 128)
+    starts its accumulators from the bias ("fold"): loaded in the epilogue, the 128-column row's
+    pointers beside 192 accumulator registers spill (sm_90 offline: 344 B of stack); held from the
+    tile's start they spill too (152 B). Elsewhere the epilogue loads it: folded, the 128 x 128 tile
+    ran 2-3% slower on the H200 (session 20, ``ws_power_probe``), and the erf GELU's epilogue spills."""
+    return "fold" if cfg.schedule == "pingpong" and cfg.row_pieces[1] and fast_gelu else "epilogue"
 
 
 def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], cfg: WsConfig,
@@ -662,7 +701,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     c_d = desc((m, n), [m_hi, cfg.store_n])
     b_lo = (desc((n, k), [lo, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, lo])) if lo else b_d
     c_lo = desc((m, n), [cfg.block_m, lo]) if lo else (desc((m, n), [m_lo, cfg.block_n]) if m_lo else c_d)
-    mod = module(epi, fast_gelu)
+    mod = module(epi, fast_gelu, bias_mode(cfg, fast_gelu))
     fn = mod.gemm_coop_kernel if coop else mod.gemm_pingpong_kernel
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"
     sig: dict[str, str] = {"a_desc": mangle_type(a_d)}

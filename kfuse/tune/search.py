@@ -136,10 +136,12 @@ def evolve(
 def _kernel(c: Config) -> str:
     """Which kernel of its template a config runs where it is valid (the resident-B GEMM and the
     warp-specialised GEMMs are other kernels, not other tiles; a ping-pong tile whose width is not
-    a power of two is two accumulators, compiled as another specialisation)."""
+    a power of two is two accumulators, "pieces"; one whose height is not, "rows": two accumulators
+    over one B block, with the bias folded into them; each compiled as another specialisation)."""
     if getattr(c, "ws", ""):
-        pieces = c.block_n & (c.block_n - 1)  # type: ignore[union-attr]
-        return c.ws + (" pieces" if pieces else "")  # type: ignore[union-attr]
+        if c.block_m & (c.block_m - 1):  # type: ignore[union-attr]
+            return c.ws + " rows"  # type: ignore[union-attr]
+        return c.ws + (" pieces" if c.block_n & (c.block_n - 1) else "")  # type: ignore[union-attr]
     return "resident" if getattr(c, "resident_b", False) else "tile"
 
 
@@ -192,9 +194,12 @@ def _with_rules_best(
 def _varied_top(ranked: Sequence[Config], k: int, skip: set[Config]) -> list[Config]:
     """The first ``k`` of ``ranked`` not in ``skip``, at most two per tile shape, and the best two
     of every kernel that ranks below them: a cost model that never saw a kernel run on this
-    GPU must not keep it from being measured (its first measurements are what it learns from)."""
+    GPU must not keep it from being measured (its first measurements are what it learns from).
+    The batch grows to two per kernel where ``k`` is fewer."""
+    kinds = list(dict.fromkeys(_kernel(c) for c in ranked))
+    k = max(k, 2 * len(kinds))
     head = _varied_top_tiles(ranked, k, skip)
-    for kind in dict.fromkeys(_kernel(c) for c in ranked):
+    for kind in kinds:
         have = [c for c in head if _kernel(c) == kind]
         extra = [c for c in ranked if _kernel(c) == kind and c not in skip and c not in head][: max(0, 2 - len(have))]
         for c in extra:

@@ -42,6 +42,7 @@ from typing import Any
 
 from kfuse.kernels.conv import ConvConfig
 from kfuse.kernels.gemm import GemmConfig, resident_programs_per_sm, resident_smem_bytes
+from kfuse.kernels.gemm_ws import SMEM_LIMIT as SM90_SMEM
 from kfuse.kernels.gemm_ws import ws_config
 from kfuse.kernels.tma import least_waste_tile, tile_waste
 from kfuse.tune.hardware import Hardware
@@ -198,9 +199,12 @@ RESIDENT_AXES: dict[str, tuple[Any, ...]] = {
 # probes (benchmarks/experiments/pingpong_probe.py) found these tiles and stage counts fastest among
 # those tried; the 192-wide ping-pong tiles (two accumulator pieces, session 19) are for wave
 # quantization: BERT-base's N = 768 at 4096 tokens is 192 tiles of 128 x 128 on 132 SMs (1.45 waves)
-# but 128 tiles of 128 x 192
+# but 128 tiles of 128 x 192. Session 20: under the H200's power limit a GEMM's time follows the
+# bytes it moves through L2 (ncu: kfuse's 128 x 128 tiles 1.48x cuBLAS's); the 192 x 128 tile (two row
+# pieces over one B block) moves 17% fewer, and the two consumers sharing their staging buffers
+# (``shared_c``) buys it a fourth ring stage: offered only where it buys a stage
 WS_TILES: dict[str, tuple[tuple[int, int], ...]] = {
-    "pingpong": ((128, 128), (64, 128), (128, 64), (64, 256), (128, 192), (64, 192)),
+    "pingpong": ((128, 128), (64, 128), (128, 64), (64, 256), (128, 192), (64, 192), (192, 128)),
     "coop": ((128, 256), (128, 128)),
 }
 WS_STAGES = (3, 4, 5, 6)
@@ -242,7 +246,17 @@ def all_configs(template: str) -> Iterator[Config]:
             yield GemmConfig(**dict(zip(RESIDENT_AXES, values, strict=True)), group_m=1, tma=True, resident_b=True)
         for sched, tiles in WS_TILES.items():
             for (bm, bn), stages, gm in itertools.product(tiles, WS_STAGES, (1, 8)):
-                yield GemmConfig(bm, bn, 64, gm, 4 if sched == "pingpong" else 8, stages, tma=True, ws=sched)
+                cfg = GemmConfig(bm, bn, 64, gm, 4 if sched == "pingpong" else 8, stages, tma=True, ws=sched)
+                yield cfg
+                if sched == "pingpong" and _shared_staging_buys_a_stage(cfg):
+                    yield replace(cfg, shared_c=True)
+
+
+def _shared_staging_buys_a_stage(cfg: GemmConfig) -> bool:
+    """A ping-pong config's ring fits sm_90's shared memory only when the consumers share their
+    staging buffers (fp16): the one case the ``shared_c`` variant is worth a measurement."""
+    own, shared = ws_config(cfg).smem_bytes(), ws_config(replace(cfg, shared_c=True)).smem_bytes()
+    return shared <= SM90_SMEM < own
 
 
 def tma_store_bytes(cfg: Config, problem: Problem) -> int:
@@ -326,6 +340,8 @@ def hard_reject(cfg: Config, problem: Problem, hw: Hardware) -> str | None:
         return "wgmma: 8 warps are two warpgroups and need BLOCK_M >= 64"
     if cfg.group_m > 1 and cdiv(m, cfg.block_m) <= 1:
         return "GROUP_M swizzle has no effect with a single row of tiles"
+    if isinstance(cfg, GemmConfig) and cfg.shared_c and cfg.ws != "pingpong":
+        return "shared staging (shared_c) is a ping-pong option"
     if isinstance(cfg, GemmConfig) and cfg.resident_b:
         return _resident_reject(cfg, problem, hw)
     if isinstance(cfg, GemmConfig) and cfg.ws:
@@ -450,6 +466,8 @@ def _ws_reject(cfg: GemmConfig, problem: Problem, hw: Hardware) -> str | None:
         return f"{cfg.ws}: {'one warpgroup per consumer (num_warps 4)' if cfg.ws == 'pingpong' else 'two warpgroups (num_warps 8)'}"
     if cfg.ws == "coop" and cfg.block_m != 128:
         return "coop: two warpgroups of 64 rows (BLOCK_M 128)"
+    if cfg.ws == "coop" and cfg.shared_c:
+        return "coop: shared staging is a ping-pong option (one warpgroup pair, one tile)"
     if cfg.persistent or cfg.split_k != 1 or cfg.resident_b or any(getattr(cfg, h) for h in _HINTS):
         return "the warp-specialised kernels are their own persistent kernels: no split-K or persistent-TMA hints"
     if problem.batch != 1:
@@ -612,7 +630,7 @@ def features(cfg: Config, problem: Problem, hw: Hardware) -> list[float]:
     tma = float(cfg.tma) if isinstance(cfg, GemmConfig) else float(cfg.tile_h > 0)
     hints = [float(getattr(cfg, h)) if isinstance(cfg, GemmConfig) else 0.0 for h in _HINTS]
     resident = float(isinstance(cfg, GemmConfig) and cfg.resident_b)
-    ws = [float(isinstance(cfg, GemmConfig) and cfg.ws == w) for w in WS_TILES]
+    ws = [float(isinstance(cfg, GemmConfig) and cfg.ws == w) for w in WS_TILES] + [float(getattr(cfg, "shared_c", False))]
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * batch * split
     occ = occupancy(cfg, problem, hw)
     waves = tiles / (hw.num_sms * occ)

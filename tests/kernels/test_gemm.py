@@ -544,7 +544,8 @@ def test_search_measures_the_resident_kernel():
     valid = valid_configs(GemmProblem(262144, 256, 256, b_t=True), DEFAULT)
     ranked = sorted(valid, key=lambda c: (c.resident_b, c.describe()))  # a model that ranks every resident config last
     batch = _varied_top(ranked, 10, set())
-    assert len(batch) == 10 and sum(c.resident_b for c in batch) == 2
+    # six kernels (tile, resident, three ping-pong forms, coop): the batch grows to two of each
+    assert len(batch) == 12 and sum(c.resident_b for c in batch) == 2
     assert [c for c in batch if c.resident_b] == [c for c in ranked if c.resident_b][:2]
 
 
@@ -605,7 +606,7 @@ def test_search_orders_an_unseen_kernel_by_the_rules():
     assert [i for i, c in enumerate(fixed) if c.resident_b] == [i for i, c in enumerate(ranked) if c.resident_b]
     from kfuse.tune.search import _kernel
 
-    ws_kinds = ("pingpong", "pingpong pieces", "coop")
+    ws_kinds = ("pingpong", "pingpong pieces", "pingpong rows", "coop")
     ws_seen = [(next(c for c in valid if _kernel(c) == w), p, 0.1) for w in ws_kinds]  # the other kernels, seen
     seen = samples + [(picked[0], p, 0.08)] + ws_seen
     assert _rules_within_unseen(ranked, seen, p, DEFAULT) == ranked  # measured once: the model's order stands
@@ -622,7 +623,7 @@ def test_search_always_measures_the_rules_pick_of_each_kernel():
     p = GemmProblem(1048576, 256, 256, b_t=True)
     valid = valid_configs(p, DEFAULT)
     firsts = {kind: min((c for c in valid if _kernel(c) == kind), key=lambda c: estimate_ms(c, p, DEFAULT))
-              for kind in ("tile", "resident", "pingpong", "pingpong pieces", "coop")}  # fmt: skip
+              for kind in ("tile", "resident", "pingpong", "pingpong pieces", "pingpong rows", "coop")}  # fmt: skip
     rules_first = firsts["resident"]
     assert rules_first == GemmConfig(64, 128, 256, 1, 4, 4, tma=True, resident_b=True)
     others = [c for c in valid if c.resident_b and c != rules_first][:2]

@@ -49,12 +49,58 @@ def test_a_wide_pingpong_tile_is_two_power_of_two_pieces() -> None:
     assert wide.smem_bytes() <= gemm_ws.SMEM_LIMIT < dataclasses.replace(wide, stages=4).smem_bytes()
 
 
+def test_a_192_high_pingpong_tile_is_two_row_pieces_and_shared_staging_buys_a_stage() -> None:
+    """192 x 128: a 128-row and a 64-row accumulator over one B block; the two consumers' shared
+    staging buffers are counted once, which fits a fourth ring stage (own buffers: three)."""
+    rows = WsConfig("pingpong", 192, 128, 64, 3, 8)
+    assert rows.row_pieces == (128, 64) and rows.pieces == (128, 0) and rows.store_n == 128
+    assert WsConfig("pingpong", 128, 192).row_pieces == (128, 0) and WsConfig("coop", 128, 256).row_pieces == (128, 0)
+    four = dataclasses.replace(rows, stages=4)
+    assert four.smem_bytes() > gemm_ws.SMEM_LIMIT >= dataclasses.replace(four, shared_c=True).smem_bytes()
+    assert dataclasses.replace(four, shared_c=True).smem_bytes() == 2 * (4 * (192 * 64 + 64 * 128) + 192 * 128) + 16 * 4 + 64
+    assert dataclasses.replace(four, shared_c=True).describe() == "pingpong 192x128x64 s4 g8 sc"
+    sc = ws_config(GemmConfig(192, 128, 64, 8, 4, 4, tma=True, ws="pingpong", shared_c=True))
+    assert sc.shared_c and sc.row_pieces == (128, 64)
+
+
+def test_the_bias_fold_applies_to_a_first_step_row_add_only() -> None:
+    """``folded_input``: the first step adds input j to the product and j is not used again; the
+    ping-pong kernel folds it only for row-piece tiles in the fast GELU policy (elsewhere measured
+    slower, or spills)."""
+    relu = EpilogueStep("relu", (Operand("reg", 1),))
+    swapped = EpilogueStep("add", (Operand("in", 0), Operand("reg", 0)))
+    assert gemm_ws.folded_input(BIAS_GELU) == 0 and gemm_ws.folded_input(Epilogue((swapped, relu), 1)) == 0
+    assert gemm_ws.folded_input(Epilogue((), 0)) is None
+    assert gemm_ws.folded_input(Epilogue((EpilogueStep("mul", (Operand("reg", 0), Operand("in", 0))),), 1)) is None
+    reused = Epilogue((ADD, EpilogueStep("add", (Operand("reg", 1), Operand("in", 0)))), 1)
+    assert gemm_ws.folded_input(reused) is None
+    rows, square = WsConfig("pingpong", 192, 128, 64, 4, 8, shared_c=True), WsConfig("pingpong", 128, 128, 64, 5, 8)
+    assert gemm_ws.bias_mode(rows, True) == "fold"
+    assert gemm_ws.bias_mode(rows, False) == gemm_ws.bias_mode(square, True) == "epilogue"
+    src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="fold")
+    assert "acc_r1 = acc  # the bias row is in the accumulator" in src and "FIRST_K: gl.constexpr = 0 if XB0 else 1" in src
+    assert "acc_r1 = acc  #" not in gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True)
+    with pytest.raises(ValueError, match="bias_mode"):
+        gemm_ws.kernel_source(BIAS_GELU, bias_mode="sideways")
+
+
+def test_space_offers_shared_staging_only_where_it_buys_a_stage() -> None:
+    from kfuse.tune.space import all_configs
+
+    sc = [c for c in all_configs("gemm") if c.shared_c]
+    assert sc and all(c.ws == "pingpong" for c in sc)
+    assert all(ws_config(dataclasses.replace(c, shared_c=False)).smem_bytes() > gemm_ws.SMEM_LIMIT for c in sc)
+    assert GemmConfig(192, 128, 64, 8, 4, 4, tma=True, ws="pingpong", shared_c=True) in sc
+    bert = GemmProblem(16384, 3072, 768, 1, "fp16", n_extras=1)
+    assert "ping-pong option" in hard_reject(GemmConfig(128, 128, 64, 8, 4, 4, tma=True, shared_c=True), bert, H200)
+
+
 def test_space_offers_ws_kernels_on_hopper_only_where_they_run() -> None:
     bert = GemmProblem(4096, 3072, 768, 1, "fp16", n_extras=1)
     ws = [c for c in valid_configs(bert, H200) if c.ws]
     assert {c.ws for c in ws} == {"pingpong", "coop"}
     assert all(smem_bytes(c, bert) <= H200.smem_per_block for c in ws)
-    assert {_kernel(c) for c in ws} == {"pingpong", "pingpong pieces", "coop"}
+    assert {_kernel(c) for c in ws} == {"pingpong", "pingpong pieces", "pingpong rows", "coop"}
     pp = GemmConfig(128, 128, 64, 8, 4, 4, tma=True, ws="pingpong")
     assert hard_reject(pp, bert, H200) is None
     # 192 accumulator registers: a ping-pong consumer holds them, the Triton kernels do not
@@ -96,17 +142,17 @@ def test_not_eligible_without_a_hopper_gpu() -> None:
     assert "GPU" in ws_eligible(g.a, g.b, g.c)
 
 
-@pytest.mark.parametrize("ws,block_n", [("pingpong", 64), ("pingpong", 96), ("coop", 64)])
-def test_dispatch_falls_back_to_the_persistent_tma_kernel(ws: str, block_n: int, device: str) -> None:
+@pytest.mark.parametrize("ws,block_m,block_n", [("pingpong", 64, 64), ("pingpong", 64, 96), ("pingpong", 192, 64), ("coop", 64, 64)])
+def test_dispatch_falls_back_to_the_persistent_tma_kernel(ws: str, block_m: int, block_n: int, device: str) -> None:
     """Where the Gluon kernels cannot run (a batched GEMM; on the CPU, the interpreter), a ws config
-    runs its tile on the persistent TMA kernel (a ping-pong width that is not a power of two at the
-    power of two below it): odd shapes, random inputs, the output poisoned."""
+    runs its tile on the persistent TMA kernel (a ping-pong width or height that is not a power of
+    two at the power of two below it, shared staging dropped): odd shapes, random inputs, the output poisoned."""
     torch.manual_seed(0)
     m, n, k = 150, 136, 72
     dt = torch.float16 if device == "cuda" else torch.float32
     a, b = torch.randn(2, m, k, device=device).to(dt), (torch.randn(2, k, n, device=device) / k**0.5).to(dt)
     bias = torch.randn(n, device=device).to(dt)
-    cfg = GemmConfig(64, block_n, 32, 8, 4 if ws == "pingpong" else 8, 2, tma=True, ws=ws)
+    cfg = GemmConfig(block_m, block_n, 32, 8, 4 if ws == "pingpong" else 8, 2, tma=True, ws=ws, shared_c=block_m == 192)
     out = torch.full((2, m, n), float("nan"), device=device, dtype=dt)
     gemm_epilogue(a, b, [bias], BIAS_GELU, dt, cfg, out=out)
     tol = 2e-3 if dt == torch.float16 else 1e-4
