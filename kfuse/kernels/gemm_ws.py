@@ -402,6 +402,11 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
 FAST_EXPRS = {"gelu": "_gelu_fast({0})", "gelu_tanh": "_gelu_fast({0})"}
 
 
+# where the ping-pong kernel reads a bias row: "epilogue" (kfuse's kernels) loads it beside the
+# accumulator; "fold" starts the accumulator from it and "preload" holds it from the tile's start, the
+# two alternatives session 20 measured (``ws_power_probe.py``): folded, a tile costs 2-4% more on the
+# H200 (a fixed cost per tile, largest at K = 768), though its epilogue is 256 FP32 instructions
+# shorter; preloaded, the 192 x 128 tile spills as it does loaded in the epilogue
 BIAS_MODES = ("epilogue", "fold", "preload")
 
 
@@ -610,16 +615,7 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
     """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``ws_eligible``) with the
     schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
     compile only."""
-    run_module(module(epi, fast_gelu, bias_mode(cfg, fast_gelu)), a, b, c, extras, cfg, num_programs, warmup)
-
-
-def bias_mode(cfg: WsConfig, fast_gelu: bool) -> str:
-    """Where ``cfg``'s kernel reads a bias row (``BIAS_MODES``). A tile of two row pieces (192 x 128)
-    starts its accumulators from the bias ("fold"): loaded in the epilogue, the 128-column row's
-    pointers beside 192 accumulator registers spill (sm_90 offline: 344 B of stack); held from the
-    tile's start they spill too (152 B). Elsewhere the epilogue loads it: folded, the 128 x 128 tile
-    ran 2-3% slower on the H200 (session 20, ``ws_power_probe``), and the erf GELU's epilogue spills."""
-    return "fold" if cfg.schedule == "pingpong" and cfg.row_pieces[1] and fast_gelu else "epilogue"
+    run_module(module(epi, fast_gelu), a, b, c, extras, cfg, num_programs, warmup)
 
 
 def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], cfg: WsConfig,
@@ -701,7 +697,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     c_d = desc((m, n), [m_hi, cfg.store_n])
     b_lo = (desc((n, k), [lo, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, lo])) if lo else b_d
     c_lo = desc((m, n), [cfg.block_m, lo]) if lo else (desc((m, n), [m_lo, cfg.block_n]) if m_lo else c_d)
-    mod = module(epi, fast_gelu, bias_mode(cfg, fast_gelu))
+    mod = module(epi, fast_gelu)
     fn = mod.gemm_coop_kernel if coop else mod.gemm_pingpong_kernel
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"
     sig: dict[str, str] = {"a_desc": mangle_type(a_d)}

@@ -137,7 +137,7 @@ def _kernel(c: Config) -> str:
     """Which kernel of its template a config runs where it is valid (the resident-B GEMM and the
     warp-specialised GEMMs are other kernels, not other tiles; a ping-pong tile whose width is not
     a power of two is two accumulators, "pieces"; one whose height is not, "rows": two accumulators
-    over one B block, with the bias folded into them; each compiled as another specialisation)."""
+    over one B block; each compiled as another specialisation)."""
     if getattr(c, "ws", ""):
         if c.block_m & (c.block_m - 1):  # type: ignore[union-attr]
             return c.ws + " rows"  # type: ignore[union-attr]

@@ -64,9 +64,8 @@ def test_a_192_high_pingpong_tile_is_two_row_pieces_and_shared_staging_buys_a_st
 
 
 def test_the_bias_fold_applies_to_a_first_step_row_add_only() -> None:
-    """``folded_input``: the first step adds input j to the product and j is not used again; the
-    ping-pong kernel folds it only for row-piece tiles in the fast GELU policy (elsewhere measured
-    slower, or spills)."""
+    """``folded_input``: the first step adds input j to the product and j is not used again (the
+    "fold" bias mode, an experiment: measured slower than the epilogue's load on the H200)."""
     relu = EpilogueStep("relu", (Operand("reg", 1),))
     swapped = EpilogueStep("add", (Operand("in", 0), Operand("reg", 0)))
     assert gemm_ws.folded_input(BIAS_GELU) == 0 and gemm_ws.folded_input(Epilogue((swapped, relu), 1)) == 0
@@ -74,9 +73,6 @@ def test_the_bias_fold_applies_to_a_first_step_row_add_only() -> None:
     assert gemm_ws.folded_input(Epilogue((EpilogueStep("mul", (Operand("reg", 0), Operand("in", 0))),), 1)) is None
     reused = Epilogue((ADD, EpilogueStep("add", (Operand("reg", 1), Operand("in", 0)))), 1)
     assert gemm_ws.folded_input(reused) is None
-    rows, square = WsConfig("pingpong", 192, 128, 64, 4, 8, shared_c=True), WsConfig("pingpong", 128, 128, 64, 5, 8)
-    assert gemm_ws.bias_mode(rows, True) == "fold"
-    assert gemm_ws.bias_mode(rows, False) == gemm_ws.bias_mode(square, True) == "epilogue"
     src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="fold")
     assert "acc_r1 = acc  # the bias row is in the accumulator" in src and "FIRST_K: gl.constexpr = 0 if XB0 else 1" in src
     assert "acc_r1 = acc  #" not in gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True)
@@ -191,13 +187,12 @@ _CASES = [  # (epilogue, WsConfig fields, B column-major, fast GELU)
     ("bias_gelu", ("pingpong", 64, 256, 64, 4, 1), False, True),
     ("bias_gelu", ("pingpong", 128, 192, 64, 3, 8), False, True),
     ("bias_gelu", ("pingpong", 128, 192, 64, 3, 1), True, False),
-    ("bias_gelu", ("pingpong", 192, 128, 64, 3, 8), False, True),
-    ("bias_gelu", ("pingpong", 192, 128, 64, 4, 1, 2, True), True, True),
     ("bias_gelu", ("pingpong", 128, 128, 64, 6, 8, 2, True), False, True),
     ("bias_gelu", ("pingpong", 128, 192, 64, 4, 8, 2, True), True, True),
     ("bias_gelu", ("coop", 128, 256, 64, 4, 8, 1), False, False),
     ("bias_gelu", ("coop", 128, 256, 64, 3, 8, 2), True, True),
     ("bias_gelu", ("coop", 128, 128, 64, 6, 8, 2), False, True),
+    ("bias_gelu", ("pingpong", 192, 128, 64, 4, 1, 2, True), True, True),
     ("bias_res", ("pingpong", 128, 128, 64, 4, 8), False, False),
 ]
 
@@ -211,7 +206,7 @@ def _case_id(i: int) -> str:
     return WsConfig(*_CASES[i][1]).describe() + f" {i}"
 
 
-@pytest.mark.parametrize("i", range(len(_CASES) - 1), ids=_case_id)
+@pytest.mark.parametrize("i", range(len(_CASES) - 2), ids=_case_id)
 def test_sm90_kernels_use_wgmma_and_tma_without_spills(compiled: list[dict], i: int) -> None:
     """BERT's ffn1 with bias + GELU as the JIT specialises it: tensor cores (HGMMA), TMA loads and
     stores, no stack or local memory, the shared memory ``smem_bytes`` counts (within the
@@ -225,10 +220,14 @@ def test_sm90_kernels_use_wgmma_and_tma_without_spills(compiled: list[dict], i: 
     assert got["tanh"] == fast, got
 
 
-def test_sm90_tile_shaped_extra_input_spills_in_pingpong(compiled: list[dict]) -> None:
-    """A residual tile loaded next to a 128-register accumulator does not fit one warpgroup's
-    registers (a known cost: the tuner measures such configs, it does not assume them fast)."""
-    assert compiled[-1]["facts"]["STACK"] > 0
+def test_sm90_known_spills_in_pingpong(compiled: list[dict]) -> None:
+    """A residual tile loaded next to a 128-register accumulator, and a 128-column bias row's
+    pointers next to the 192 x 128 tile's 192, do not fit one warpgroup's registers (known costs:
+    the tuner measures such configs; the 192 x 128 tile with its spills was measured faster on the
+    H200 than with the bias folded into the accumulator, which does not spill)."""
+    rows, res = compiled[-2], compiled[-1]
+    assert res["facts"]["STACK"] > 0 and 0 < rows["facts"]["STACK"] <= 512, rows
+    assert rows["facts"]["HGMMA"] > 0 and rows["tma_load"] and rows["tma_store"] and 0 <= rows["shared"] - rows["predicted"] <= 256
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------
