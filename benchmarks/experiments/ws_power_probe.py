@@ -30,7 +30,10 @@ Result (session 20, ``experiments/s20_ws_power_probe.json``, run 1, the first se
 cuBLAS), most on the K = 768 shapes with many tiles, so a fixed cost per tile; shared staging at 128 x
 128 (s6) changed nothing; 192 x 128 s4 with shared staging was the best variant on 9 of 12 shapes
 (1.015x at T16384 ffn1, 0.985 at T4096 attn_out, 0.996 at T16384 qkv; at s3 1.09-1.15x). Run 2 adds
-the 192 x 128 tile without the fold (the bias loaded in the epilogue, which spills 344 B).
+the 192 x 128 tile without the fold (the bias loaded in the epilogue, which spills 344 B): 0.95-1.16x
+cuBLAS, at or under it on 3 of 12 (T16384 qkv 0.952, ffn1 0.971, GPT-2 qkv 0.990), 2-5% faster than the
+folded form on the T16384 and GPT-2 shapes, 2-5% slower on three T4096 ones: kfuse's kernels now read the
+bias in the epilogue on every tile.
 
     PYTHONPATH=. python benchmarks/experiments/ws_power_probe.py --out $OUT   # H200, ~90 s
 """

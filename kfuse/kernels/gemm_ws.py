@@ -11,13 +11,14 @@ slots, each with a ``ready`` and an ``empty`` mbarrier, and the consumers (regis
 ``setmaxnreg``) run one of two schedules (``WsConfig.schedule``):
 
 * ``gemm_pingpong_kernel`` (cuBLAS's ping-pong): two consumer warpgroups own alternate tiles of the
-  program (128 x 128, 64 x 128, 128 x 64, 64 x 256, or 128 x 192 / 64 x 192 held as two power-of-two
-  accumulator pieces: ``WsConfig.pieces``; at most 192 accumulator registers a thread).
+  program (128 x 128, 64 x 128, 128 x 64, 64 x 256, or 128 x 192 / 64 x 192 / 192 x 128 held as two
+  power-of-two accumulator pieces: ``WsConfig.pieces``, ``row_pieces``; at most 192 accumulator
+  registers a thread).
   A *turn* barrier lets a consumer start its main loop only when the other has issued all of its
   own: the two main loops take turns on the tensor cores, each epilogue runs beside the other
   consumer's main loop, and no consumer waits on a slot's phase parity before the slot's previous
   use has been waited for (the ring is shared and parity waits cannot tell two uses apart). Each
-  consumer stores through its own staging buffer by TMA.
+  consumer stores through its own staging buffer by TMA, or both through one set (``shared_c``).
 * ``gemm_coop_kernel``: two warpgroups on one 128 x 256 (or 128 x 128) tile, held as two column
   halves, so the epilogue and the TMA stores run half a tile at a time (fewer live registers;
   ``c_bufs`` staging buffers).
@@ -41,6 +42,14 @@ the bare cuBLAS GEMM (wave quantization: 192 tiles of 128 x 128 on 132 SMs are 2
 where 128 tiles of 128 x 192 are 1) and are 14-19% slower where the waves already come out even (3
 stages, 192 accumulator registers); the fast GELU in 5 FP32 instructions a value instead of 7. Tuned,
 with the three sides timed interleaved: 1.02-1.16x and 1.04-1.15x the bare cuBLAS GEMM in two runs (docs/perf-notes.md, "Session 19").
+
+Session 20: Nsight Compute showed the H200 running these GEMMs at its power limit, where time follows
+energy: kfuse's bias + GELU kernel took as many cycles as cuBLAS's bare GEMM but ran at a 5% lower clock,
+moving 1.48x its bytes through L2 (cuBLAS multicasts B to 2-CTA clusters, which Gluon 3.6 cannot). The
+192 x 128 tile (``row_pieces``: a 128-row and a 64-row accumulator over one B block, 17% fewer operand
+bytes) with the consumers sharing their staging buffers (``shared_c``: a fourth ring stage) took issue 3's
+record to 0.96-1.11x the bare cuBLAS GEMM, at or under it on 3 of 12 shapes. Folding the bias into the
+accumulator (``BIAS_MODES``) was measured slower where tiles are many and is not used.
 
 Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
 TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
