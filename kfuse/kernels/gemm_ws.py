@@ -122,13 +122,6 @@ def _bias_row(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _row_raw(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
-    # the same row in the input's dtype (converted where the epilogue uses it)
-    offs = off_n + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-    return gl.load(ptr + offs * stride, mask=offs < N, other=0.0)[None, :]
-
-
-@gluon.jit
 def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
     # the tile out through a staging buffer by TMA, once at most PENDING earlier stores (the one that
     # last read this buffer among them) are still in flight
@@ -412,11 +405,11 @@ FAST_EXPRS = {"gelu": "_gelu_fast({0})", "gelu_tanh": "_gelu_fast({0})"}
 
 
 # where the ping-pong kernel reads a bias row: "epilogue" (kfuse's kernels) loads it beside the
-# accumulator; "fold" starts the accumulator from it and "preload" holds it from the tile's start, the
-# two alternatives session 20 measured (``ws_power_probe.py``): folded, a tile costs 2-4% more on the
-# H200 (a fixed cost per tile, largest at K = 768), though its epilogue is 256 FP32 instructions
-# shorter; preloaded, the 192 x 128 tile spills as it does loaded in the epilogue
-BIAS_MODES = ("epilogue", "fold", "preload")
+# accumulator; "fold" starts the accumulator from it, the alternative session 20 measured
+# (``ws_power_probe.py``): folded, a tile cost 2-4% more on the H200 where tiles are many (a fixed cost
+# per tile), though its epilogue is 256 FP32 instructions shorter. (Held in registers from the tile's
+# start instead, the 192 x 128 tile spilled 152 B at sm_90 offline: not kept.)
+BIAS_MODES = ("epilogue", "fold")
 
 
 def folded_input(epi: Epilogue) -> int | None:
@@ -434,11 +427,10 @@ def folded_input(epi: Epilogue) -> int | None:
     return None if used_later else j
 
 
-def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "epilogue", piece: str = "") -> str:
+def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "epilogue") -> str:
     """The epilogue in the accumulator's layout: extra input j as a (1, BLOCK_N) row when it is the
     same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps. ``mode``
-    (ping-pong only): "epilogue" loads a row here; "preload" takes it from ``xr<j>`` (``xr_lo<j>`` for
-    the second ``piece``), loaded at the tile's start; "fold" skips the first step's add of a row the
+    (ping-pong only): "epilogue" loads a row here; "fold" skips the first step's add of a row the
     accumulator started from (``folded_input``)."""
     folded = folded_input(epi) if mode == "fold" else None
     row = "x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N"
@@ -447,8 +439,6 @@ def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "
         if j == folded:
             continue
         load_row = f"gl.load({row.format(j=j)})[None, :]"
-        if mode == "preload":
-            load_row = f"xr{'_lo' if piece == 'lo' else ''}{j}.to(gl.float32)  # loaded at the tile's start"
         lines += [
             f"{indent}if XB{j}:",
             f"{indent}    x{j} = {load_row}",
@@ -471,7 +461,7 @@ def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "
 def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
     """The ping-pong consumer's ``FIRST_K`` (the first K step that accumulates into the initial
     value) and the statements at a tile's start, before the turn wait (this consumer's accumulators
-    are dead then): "fold" starts the accumulators from the bias row, "preload" loads the rows."""
+    are dead then): "fold" starts the accumulators from the bias row."""
     no_fold = "    FIRST_K: gl.constexpr = 1"
     j = folded_input(epi)
     if mode == "fold" and j is not None:
@@ -483,18 +473,6 @@ def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
             f"                acc_lo = gl.broadcast(_bias_row(x{j}_ptr, stride_x{j}n, off_n + LO_DN, N, LO_N, lo_layout), acc_lo)[0]",
         ])  # fmt: skip
         return first, init
-    if mode == "preload" and epi.n_inputs:
-        lines = []
-        for j in range(epi.n_inputs):
-            lines += [
-                f"        if XB{j}:  # held through the main loop in the input's dtype (fewer registers than its pointers)",
-                f"            xr{j} = _row_raw(x{j}_ptr, stride_x{j}n, off_n, N, N_HI, acc_layout)",
-                "            if M_LO > 0:  # a second piece of rows: the same columns, the same layout",
-                f"                xr_lo{j} = xr{j}",
-                "            elif N_LO > 0:",
-                f"                xr_lo{j} = _row_raw(x{j}_ptr, stride_x{j}n, off_n + LO_DN, N, LO_N, lo_layout)",
-            ]
-        return no_fold, "\n".join(lines)
     return no_fold, "        pass"
 
 
@@ -513,8 +491,8 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         extra_stride_args="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
         epilogue_12=_epilogue(epi, " " * 12, fast_gelu),
-        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, "hi"),
-        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode, "lo"),
+        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode),
+        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode),
         first_k=first_k,
         acc_init=tile_start,
     )
