@@ -122,6 +122,16 @@ def _bias_row(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
+def _row_blocked(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
+    # the same bias row, loaded one column a thread of the warpgroup (one pointer a thread where the
+    # accumulator's layout needs WIDTH / 4) and converted through shared memory
+    cols: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs = off_n + gl.arange(0, WIDTH, layout=cols)
+    row = gl.load(ptr + offs * stride, mask=offs < N, other=0.0)
+    return gl.convert_layout(row, gl.SliceLayout(0, layout)).to(gl.float32)[None, :]
+
+
+@gluon.jit
 def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
     # the tile out through a staging buffer by TMA, once at most PENDING earlier stores (the one that
     # last read this buffer among them) are still in flight
@@ -408,8 +418,11 @@ FAST_EXPRS = {"gelu": "_gelu_fast({0})", "gelu_tanh": "_gelu_fast({0})"}
 # accumulator; "fold" starts the accumulator from it, the alternative session 20 measured
 # (``ws_power_probe.py``): folded, a tile cost 2-4% more on the H200 where tiles are many (a fixed cost
 # per tile), though its epilogue is 256 FP32 instructions shorter. (Held in registers from the tile's
-# start instead, the 192 x 128 tile spilled 152 B at sm_90 offline: not kept.)
-BIAS_MODES = ("epilogue", "fold")
+# start instead, the 192 x 128 tile spilled 152 B at sm_90 offline: not kept.) "blocked" loads the row
+# one column a thread (one pointer, not 32) and moves it into the accumulator's layout through shared
+# memory: prepared for the next H200 run, not measured
+
+BIAS_MODES = ("epilogue", "fold", "blocked")
 
 
 def folded_input(epi: Epilogue) -> int | None:
@@ -427,11 +440,13 @@ def folded_input(epi: Epilogue) -> int | None:
     return None if used_later else j
 
 
-def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "epilogue") -> str:
+def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "epilogue", piece: tuple[str, str, str] = ()) -> str:
     """The epilogue in the accumulator's layout: extra input j as a (1, BLOCK_N) row when it is the
     same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps. ``mode``
-    (ping-pong only): "epilogue" loads a row here; "fold" skips the first step's add of a row the
-    accumulator started from (``folded_input``)."""
+    (ping-pong only): "epilogue" loads a row here; "blocked" loads it one column a thread and moves
+    it into the accumulator's layout through shared memory (``piece``: the names of the piece's
+    first column, width and layout); "fold" skips the first step's add of a row the accumulator
+    started from (``folded_input``)."""
     folded = folded_input(epi) if mode == "fold" else None
     row = "x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N"
     lines = []
@@ -439,6 +454,9 @@ def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "
         if j == folded:
             continue
         load_row = f"gl.load({row.format(j=j)})[None, :]"
+        if mode == "blocked":
+            off, width, layout = piece
+            load_row = f"_row_blocked(x{j}_ptr, stride_x{j}n, {off}, N, {width}, {layout})"
         lines += [
             f"{indent}if XB{j}:",
             f"{indent}    x{j} = {load_row}",
@@ -491,8 +509,8 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         extra_stride_args="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
         epilogue_12=_epilogue(epi, " " * 12, fast_gelu),
-        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode),
-        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode),
+        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, ("off_n", "N_HI", "acc_layout")),
+        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout")),
         first_k=first_k,
         acc_init=tile_start,
     )
