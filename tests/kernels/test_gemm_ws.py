@@ -270,23 +270,31 @@ def test_sm90_known_spills_in_pingpong(compiled: list[dict]) -> None:
                                  WsConfig("pingpong", 128, 192, 64, 4, 8, shared_c=True),
                                  WsConfig("coop", 128, 256, 64, 4, 8, 1), WsConfig("coop", 128, 128, 64, 6, 8, 2)],
                          ids=lambda c: c.describe())  # fmt: skip
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_kernels_match_the_reference(cfg: WsConfig, dtype: torch.dtype) -> None:
+def test_gpu_kernels_match_the_reference(cfg: WsConfig) -> None:
+    """Odd shapes, random inputs, the output poisoned. fp16: both B layouts with bias + GELU (the
+    default tanh form) and bias + residual; bf16: nn.Linear's column-major B with the erf GELU. Five
+    compiles a config (twelve before session 20: the whole set did not finish in 170 s on the H200)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("sm_90 only")
     torch.manual_seed(0)
     m, n, k = 1000, 776, 200  # not multiples of any tile; K = 3 blocks and a ragged one
-    a = torch.randn(m, k, device="cuda", dtype=dtype)
-    w = (torch.randn(n, k, device="cuda") / k**0.5).to(dtype)
-    bias, res = torch.randn(n, device="cuda", dtype=dtype), torch.randn(m, n, device="cuda", dtype=dtype)
-    for b in (w.t().contiguous(), w.t()):  # B row-major, then column-major (nn.Linear's weight)
-        for epi, extras, fast in ((BIAS_GELU, [bias], False), (BIAS_GELU, [bias], True), (BIAS_RES, [bias, res], False)):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for dtype in (torch.float16, torch.bfloat16):
+        a = torch.randn(m, k, device="cuda", dtype=dtype)
+        w = (torch.randn(n, k, device="cuda") / k**0.5).to(dtype)
+        bias, res = torch.randn(n, device="cuda", dtype=dtype), torch.randn(m, n, device="cuda", dtype=dtype)
+        if dtype == torch.float16:
+            cases = [(b, epi, extras, fast) for b in (w.t().contiguous(), w.t())  # B row-major, then column-major
+                     for epi, extras, fast in ((BIAS_GELU, [bias], True), (BIAS_RES, [bias, res], False))]  # fmt: skip
+        else:
+            cases = [(w.t(), BIAS_GELU, [bias], False)]
+        for b, epi, extras, fast in cases:
             out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
             g = prepare(a, b, extras, dtype, out)
-            gemm_ws.launch(g.a, g.b, g.c, g.extras, epi, cfg, torch.cuda.get_device_properties(0).multi_processor_count, fast_gelu=fast)
+            gemm_ws.launch(g.a, g.b, g.c, g.extras, epi, cfg, sms, fast_gelu=fast)
             ref = reference(a, b, extras, epi, torch.float32)
             err = float((out.float() - ref).abs().max() / ref.abs().max())
-            assert err < (8e-3 if dtype == torch.bfloat16 else 2e-3), (cfg.describe(), epi.describe(), fast, err)
+            assert err < (8e-3 if dtype == torch.bfloat16 else 2e-3), (cfg.describe(), dtype, epi.describe(), fast, err)
 
 
 @pytest.mark.gpu
