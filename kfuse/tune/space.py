@@ -466,8 +466,6 @@ def _ws_reject(cfg: GemmConfig, problem: Problem, hw: Hardware) -> str | None:
         return f"{cfg.ws}: {'one warpgroup per consumer (num_warps 4)' if cfg.ws == 'pingpong' else 'two warpgroups (num_warps 8)'}"
     if cfg.ws == "coop" and cfg.block_m != 128:
         return "coop: two warpgroups of 64 rows (BLOCK_M 128)"
-    if cfg.ws == "coop" and cfg.shared_c:
-        return "coop: shared staging is a ping-pong option (one warpgroup pair, one tile)"
     if cfg.persistent or cfg.split_k != 1 or cfg.resident_b or any(getattr(cfg, h) for h in _HINTS):
         return "the warp-specialised kernels are their own persistent kernels: no split-K or persistent-TMA hints"
     if problem.batch != 1:
