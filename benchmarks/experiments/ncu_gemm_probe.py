@@ -132,8 +132,7 @@ def main() -> None:
     q = subprocess.run([ncu, "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
     known = q.stdout
     tensor = [h for h in TENSOR_METRIC_HINTS if h in known]
-    metrics = [m.split(".")[0] for m in EXTRA_METRICS if m.split(".")[0] in known]
-    metric_args = [f"{m}" for m in EXTRA_METRICS if m.split(".")[0] in metrics]
+    metric_args = [m for m in EXTRA_METRICS if m.split(".")[0] in known]
     metric_args += [f"{t}.avg.pct_of_peak_sustained_active" for t in tensor if "cycles_active" in t]
     metric_args += [f"{t}.sum" for t in tensor if "inst_executed" in t]
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
@@ -143,8 +142,7 @@ def main() -> None:
         cmd += ["--metrics", ",".join(metric_args)]
     cmd += [sys.executable, __file__, "--child"]
     print("$", " ".join(cmd), flush=True)
-    env = dict(os.environ)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    r = subprocess.run(cmd, capture_output=True, text=True)
     order = [ln.split("ORDER ", 1)[1].split(" | ") for ln in r.stdout.splitlines() if ln.startswith("ORDER ")]
     checks = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECK ")]
     body = r.stdout[r.stdout.find('"ID"') :] if '"ID"' in r.stdout else ""

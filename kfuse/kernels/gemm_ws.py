@@ -448,28 +448,22 @@ def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "
     first column, width and layout); "fold" skips the first step's add of a row the accumulator
     started from (``folded_input``)."""
     folded = folded_input(epi) if mode == "fold" else None
-    row = "x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N"
+    tile = "gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)"
     lines = []
     for j in range(epi.n_inputs):
         if j == folded:
             continue
-        load_row = f"gl.load({row.format(j=j)})[None, :]"
+        load_row = f"gl.load(x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N)[None, :]"
         if mode == "blocked":
             off, width, layout = piece
             load_row = f"_row_blocked(x{j}_ptr, stride_x{j}n, {off}, N, {width}, {layout})"
-        lines += [
-            f"{indent}if XB{j}:",
-            f"{indent}    x{j} = {load_row}",
-            f"{indent}else:",
-            f"{indent}    x{j} = gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)",
-        ]
+        lines += [f"{indent}if XB{j}:", f"{indent}    x{j} = {load_row}", f"{indent}else:", f"{indent}    x{j} = {tile.format(j=j)}"]
     body = render(epi, indent=indent, exprs=FAST_EXPRS if fast_gelu else None)
     if body and folded is not None:
         first, _, rest = body.partition("\n")  # the first step: acc_r1 = (acc + x<j>)
         j = folded
-        tile = f"gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)"
         lines += [f"{indent}if XB{j}:", f"{indent}    acc_r1 = acc  # the bias row is in the accumulator", f"{indent}else:",
-                  f"{indent}    x{j} = {tile}", f"{indent}    {first.strip()}"]  # fmt: skip
+                  f"{indent}    x{j} = {tile.format(j=j)}", f"{indent}    {first.strip()}"]  # fmt: skip
         body = rest
     if body:
         lines.append(body)
