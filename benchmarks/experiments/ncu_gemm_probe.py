@@ -41,14 +41,26 @@ SHAPES = {  # case: (M, K, N)
     "bert_T4096_ffn1": (4096, 768, 3072),
     "gpt2_T8192_ffn2": (8192, 3072, 768),
 }
-# kfuse variants: (label, schedule, block_m, block_n, stages, group_m, epilogue, shared staging)
+# kfuse variants: (label, schedule, block_m, block_n, stages, group_m, epilogue, shared staging, bias mode)
 VARIANTS = [
-    ("pingpong 128x128 s5 bias+gelu", "pingpong", 128, 128, 5, 8, "bias_gelu", False),
-    ("pingpong 128x128 s5 bare", "pingpong", 128, 128, 5, 8, "bare", False),
-    ("pingpong 192x128 s4 sc bias+gelu", "pingpong", 192, 128, 4, 8, "bias_gelu", True),
-    ("pingpong 128x128 s6 sc bias+gelu", "pingpong", 128, 128, 6, 8, "bias_gelu", True),
-    ("coop 128x256 s4 bare", "coop", 128, 256, 4, 8, "bare", False),
+    ("pingpong 128x128 s5 bias+gelu", "pingpong", 128, 128, 5, 8, "bias_gelu", False, "epilogue"),
+    ("pingpong 128x128 s5 bare", "pingpong", 128, 128, 5, 8, "bare", False, "epilogue"),
+    ("pingpong 192x128 s4 sc bias+gelu", "pingpong", 192, 128, 4, 8, "bias_gelu", True, "epilogue"),
+    ("pingpong 128x128 s6 sc bias+gelu", "pingpong", 128, 128, 6, 8, "bias_gelu", True, "epilogue"),
+    ("coop 128x256 s4 bare", "coop", 128, 256, 4, 8, "bare", False, "epilogue"),
 ]
+# ``--set t4096`` (session 21): the shapes where a program holds one to four 192 x 128 tiles, so its last
+# epilogue is not overlapped; the tuned kernel with and without its epilogue, and the blocked bias load
+SETS = {
+    "t4096": (
+        {"bert_T4096_attn_out": (4096, 768, 768), "bert_T4096_ffn2": (4096, 3072, 768), "bert_T4096_qkv": (4096, 768, 2304)},
+        [
+            ("pingpong 192x128 s4 g1 sc bias+gelu", "pingpong", 192, 128, 4, 1, "bias_gelu", True, "epilogue"),
+            ("pingpong 192x128 s4 g1 sc blocked", "pingpong", 192, 128, 4, 1, "bias_gelu", True, "blocked"),
+            ("pingpong 192x128 s4 g1 sc bare", "pingpong", 192, 128, 4, 1, "bare", True, "epilogue"),
+        ],
+    ),
+}
 TENSOR_METRIC_HINTS = (
     "sm__pipe_tensor_op_gmma_cycles_active",
     "sm__inst_executed_pipe_tensor_op_gmma",
@@ -63,7 +75,7 @@ EXTRA_METRICS = [
 ]
 
 
-def child() -> None:
+def child(which: str | None) -> None:
     """Warm every kernel up, then run each once between cudaProfilerStart / Stop, in a known order."""
     import torch
 
@@ -78,7 +90,8 @@ def child() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     torch.manual_seed(0)
     calls = []
-    for case, (m, k, n) in SHAPES.items():
+    shapes, variants = SETS[which] if which else (SHAPES, VARIANTS)
+    for case, (m, k, n) in shapes.items():
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         w = (torch.randn(n, k, device="cuda") / k**0.5).half()
         b = w.t().contiguous()
@@ -86,11 +99,11 @@ def child() -> None:
         ref = a.float() @ b.float()
         out = torch.empty(m, n, device="cuda", dtype=torch.float16)
         calls.append((case, "cublas mm", lambda a=a, b=b, out=out: torch.mm(a, b, out=out), None))
-        for label, sched, bm, bn, st, gm, epi, shared in VARIANTS:
+        for label, sched, bm, bn, st, gm, epi, shared, mode in variants:
             c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
             g = prepare(a, b, [] if epi == "bare" else [bias], torch.float16, c)
             cfg = WsConfig(sched, bm, bn, 64, st, gm, 1, shared)  # coop: one staging buffer (s4 fits only so)
-            mod = gemm_ws.module(epis[epi], fast_gelu=True)
+            mod = gemm_ws.module(epis[epi], fast_gelu=True, bias_mode=mode)
             fn = lambda g=g, cfg=cfg, mod=mod: gemm_ws.run_module(mod, g.a, g.b, g.c, g.extras, cfg, sms)  # noqa: E731
             want = ref if epi == "bare" else torch.nn.functional.gelu(ref + bias.float(), approximate="tanh")
             calls.append((case, label, fn, (c, want)))
@@ -118,15 +131,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--child", action="store_true")
+    ap.add_argument("--set", choices=sorted(SETS), help="another set of shapes and variants (default: session 20's)")
     args = ap.parse_args()
     if args.child:
-        child()
+        child(args.set)
         return
     from kfuse.bench.harness import write_experiment
 
+    name = "ncu_gemm_probe" + (f"_{args.set}" if args.set else "")
     ncu = find_ncu()
     if ncu is None:
-        write_experiment("ncu_gemm_probe", args.out, error="ncu not found")
+        write_experiment(name, args.out, error="ncu not found")
         print("ncu not found")
         return
     q = subprocess.run([ncu, "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
@@ -140,7 +155,7 @@ def main() -> None:
            "--section", "WarpStateStats", "--section", "LaunchStats", "--section", "Occupancy"]  # fmt: skip
     if metric_args:
         cmd += ["--metrics", ",".join(metric_args)]
-    cmd += [sys.executable, __file__, "--child"]
+    cmd += [sys.executable, __file__, "--child"] + (["--set", args.set] if args.set else [])
     print("$", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     order = [ln.split("ORDER ", 1)[1].split(" | ") for ln in r.stdout.splitlines() if ln.startswith("ORDER ")]
@@ -148,7 +163,7 @@ def main() -> None:
     body = r.stdout[r.stdout.find('"ID"') :] if '"ID"' in r.stdout else ""
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "ncu_gemm_probe_raw.csv"), "w") as f:
+        with open(os.path.join(args.out, f"{name}_raw.csv"), "w") as f:
             f.write(body)
     rows = list(csv.DictReader(io.StringIO(body))) if body else []
     rows = [x for x in rows if x.get("ID", "").strip().isdigit()]  # drop the units row
@@ -165,7 +180,7 @@ def main() -> None:
     gemm_rows = [x for x in rows if "memset" not in x.get("Kernel Name", "").lower() and "fill" not in x.get("Kernel Name", "").lower()]
     for (case, label), x in zip(order, gemm_rows, strict=False):
         recs.append({"case": case, "variant": label, "kernel": x.get("Kernel Name", ""), **{k: x[k] for k in keep}})
-    write_experiment("ncu_gemm_probe", args.out, command=" ".join(cmd), records=recs, checks=checks, kernel_names=names,
+    write_experiment(name, args.out, command=" ".join(cmd), records=recs, checks=checks, kernel_names=names,
                      stderr_tail=r.stderr[-3000:], tensor_metrics=tensor, rc=r.returncode)  # fmt: skip
     print("\n".join(checks))
     if r.returncode:
