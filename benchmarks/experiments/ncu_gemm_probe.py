@@ -57,6 +57,7 @@ SETS = {
         [
             ("pingpong 192x128 s4 g1 sc bias+gelu", "pingpong", 192, 128, 4, 1, "bias_gelu", True, "epilogue"),
             ("pingpong 192x128 s4 g1 sc blocked", "pingpong", 192, 128, 4, 1, "bias_gelu", True, "blocked"),
+            ("pingpong 192x128 s4 g1 sc tma", "pingpong", 192, 128, 4, 1, "bias_gelu", True, "tma"),
             ("pingpong 192x128 s4 g1 sc bare", "pingpong", 192, 128, 4, 1, "bare", True, "epilogue"),
         ],
     ),

@@ -144,13 +144,15 @@ def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
 @gluon.jit
 def _loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K,
             BLOCK_N: gl.constexpr, NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
-            M_LO: gl.constexpr, N_LO: gl.constexpr):
+            M_LO: gl.constexpr, N_LO: gl.constexpr, bias_desc, bias_bufs, bias_ready, bias_free, BIAS_TMA: gl.constexpr):
     # one warp: the TMA producer. A slot's first ``empty`` wait is at phase 1, which a fresh
     # mbarrier has already completed, so the ring fills before any consumer frees a slot. A tile
     # whose width (height) is not a power of two (Gluon's shapes are) is loaded as two pieces:
     # ``b_bufs`` holds its first BLOCK_N - N_LO columns, ``b_lo_bufs`` the last N_LO (``a_bufs`` its
-    # first rows, ``a_lo_bufs`` the last M_LO)
+    # first rows, ``a_lo_bufs`` the last M_LO). BIAS_TMA: each tile's bias row also comes by TMA, into
+    # a ring of its own (``bias_bufs``, one row a slot) that the consumers read in their epilogues
     STAGES: gl.constexpr = a_bufs.shape[0]
+    BIAS_SLOTS: gl.constexpr = bias_bufs.shape[0]
     M_HI: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = M_HI + M_LO
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -160,8 +162,15 @@ def _loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_l
     k_steps = gl.cdiv(K, BLOCK_K)
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     c = 0
+    i = 0
     for t in range(gl.program_id(0), num_tiles, NUM_PROGRAMS):
         pid_m, pid_n = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        if BIAS_TMA:  # the slot the epilogue of tile i - BIAS_SLOTS has read
+            bs = i % BIAS_SLOTS
+            mbarrier.wait(bias_free.index(bs), ((i // BIAS_SLOTS) & 1) ^ 1)
+            mbarrier.expect(bias_ready.index(bs), bias_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(bias_desc, [0, pid_n * BLOCK_N], bias_ready.index(bs), bias_bufs.index(bs))
+            i += 1
         for kb in range(k_steps):
             s = c % STAGES
             mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)
@@ -183,13 +192,14 @@ def _loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_l
 @gluon.jit
 def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c_smem, c_lo_smem, c_desc, c_lo_desc, {extra_ptrs}M, N, K,
               {extra_strides}{extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
-              M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr, WG: gl.constexpr):
+              M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr, WG: gl.constexpr, bias_bufs, bias_ready, bias_free):
     # one warpgroup: the main loop, the epilogue and the store of the program's tiles WG, WG + 2, ...;
     # with N_LO > 0 (M_LO > 0) the tile's last N_LO columns (M_LO rows) are a second accumulator
     # (``acc_lo``, stored through c_lo_desc). SHARED_C: both consumers stage their tiles in the same
     # buffers, handed over by ``cfree`` (their epilogues take turns anyway), which leaves the ring more
     # shared memory
     STAGES: gl.constexpr = a_bufs.shape[0]
+    BIAS_SLOTS: gl.constexpr = bias_bufs.shape[0]
     M_HI: gl.constexpr = c_desc.block_type.shape[0]
     N_HI: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_M: gl.constexpr = M_HI + M_LO
@@ -271,13 +281,14 @@ def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c
 
 
 @gluon.jit
-def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, {extra_ptrs}M, N, K, {extra_strides}
+def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
                          {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                          B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr,
                          LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     # N_LO > 0 (M_LO > 0): the tile is c_desc's width + N_LO columns wide (height + M_LO rows high),
     # the second piece loaded through b_lo_desc (a_lo_desc) and stored through c_lo_desc; the unused
-    # descriptors are the first pieces' again
+    # descriptors are the first pieces' again. bias_desc (bias mode "tma"): the bias row as a (1, N)
+    # tensor, one tile's columns a block; otherwise c_desc again, unused
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
@@ -304,6 +315,19 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
         c1_lo = c1
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    BIAS_TMA: gl.constexpr = {bias_tma}
+    if BIAS_TMA:  # a slot a tile: the loader refills one after the epilogue BIAS_SLOTS tiles back has read it
+        BIAS_SLOTS: gl.constexpr = {bias_slots}
+        bias_bufs = gl.allocate_shared_memory(bias_desc.dtype, [BIAS_SLOTS] + bias_desc.block_type.shape, bias_desc.layout)
+        bias_ready = gl.allocate_shared_memory(gl.int64, [BIAS_SLOTS, 1], mbarrier.MBarrierLayout())
+        bias_free = gl.allocate_shared_memory(gl.int64, [BIAS_SLOTS, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(BIAS_SLOTS):
+            mbarrier.init(bias_ready.index(s), count=1)
+            mbarrier.init(bias_free.index(s), count=1)
+    else:
+        bias_bufs = a_bufs
+        bias_ready = ready
+        bias_free = empty
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     cfree = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(turn.index(0), count=1)
@@ -321,12 +345,12 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
     gl.warp_specialize([
         (_consumer, (a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree.index(0), c0, c0_lo, c_desc, c_lo_desc,
                      {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO, N_LO,
-                     SHARED_C, FIRST)),
+                     SHARED_C, FIRST, bias_bufs, bias_ready, bias_free)),
         (_consumer, (a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree.index(0), c1, c1_lo, c_desc, c_lo_desc,
                      {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO, N_LO,
-                     SHARED_C, SECOND)),
+                     SHARED_C, SECOND, bias_bufs, bias_ready, bias_free)),
         (_loader, (a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
-                   GROUP_M, B_KMAJOR, M_LO, N_LO)),
+                   GROUP_M, B_KMAJOR, M_LO, N_LO, bias_desc, bias_bufs, bias_ready, bias_free, BIAS_TMA)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     # fmt: on
 
@@ -400,12 +424,13 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
     BLOCK_N: gl.constexpr = 2 * c_desc.block_type.shape[1]
     WARPS: gl.constexpr = gl.num_warps()
     NO_LO: gl.constexpr = 0
+    NO_TMA_BIAS: gl.constexpr = False
     # fmt: off
     gl.warp_specialize([
         (_coop_consumer, (a_bufs, b_bufs, ready, empty, c_bufs, c_desc, {extra_args}M, N, K, {extra_stride_args}
                           {extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, WARPS)),
         (_loader, (a_desc, a_desc, b_desc, b_desc, a_bufs, a_bufs, b_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
-                   GROUP_M, B_KMAJOR, NO_LO, NO_LO)),
+                   GROUP_M, B_KMAJOR, NO_LO, NO_LO, a_desc, a_bufs, ready, empty, NO_TMA_BIAS)),
     ], [1], [LOADER_REGS])
     # fmt: on
 """
@@ -414,15 +439,17 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
 FAST_EXPRS = {"gelu": "_gelu_fast({0})", "gelu_tanh": "_gelu_fast({0})"}
 
 
-# where the ping-pong kernel reads a bias row: "epilogue" (kfuse's kernels) loads it beside the
-# accumulator; "fold" starts the accumulator from it, the alternative session 20 measured
-# (``ws_power_probe.py``): folded, a tile cost 2-4% more on the H200 where tiles are many (a fixed cost
-# per tile), though its epilogue is 256 FP32 instructions shorter. (Held in registers from the tile's
-# start instead, the 192 x 128 tile spilled 152 B at sm_90 offline: not kept.) "blocked" loads the row
-# one column a thread (one pointer, not 32) and moves it into the accumulator's layout through shared
-# memory: prepared for the next H200 run, not measured
+# where the ping-pong kernel reads a bias row: "tma" (kfuse's kernels, where the row is TMA-describable:
+# ``launch_bias_mode``) has the loader warp bring each tile's row into a small ring of shared memory by
+# TMA, which the epilogue reads in the accumulator's layout: no global loads, no pointers and no spills
+# there (the 192 x 128 tile's 344 B of stack go to 0, sm_90 offline); "epilogue" loads it beside the
+# accumulator (32 pointers a thread: the 192 x 128 tile spills); "fold" starts the accumulator from it,
+# measured 2-4% slower where tiles are many (session 20, ``ws_power_probe.py``); "blocked" loads it one
+# column a thread and moves it into the accumulator's layout through shared memory, measured 0-3% slower
+# than "epilogue" on the large shapes, faster only at BERT T4096 attn_out (session 21)
 
-BIAS_MODES = ("epilogue", "fold", "blocked")
+BIAS_MODES = ("epilogue", "fold", "blocked", "tma")
+TMA_BIAS_SLOTS = 4  # bias mode "tma": rows in flight (the loader refills a slot four tiles on)
 
 
 def folded_input(epi: Epilogue) -> int | None:
@@ -440,18 +467,28 @@ def folded_input(epi: Epilogue) -> int | None:
     return None if used_later else j
 
 
-def _epilogue(epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "epilogue", piece: tuple[str, str, str] = ()) -> str:
+def _epilogue(
+    epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "epilogue", piece: tuple[str, str, str] = (), last_piece: bool = True
+) -> str:
     """The epilogue in the accumulator's layout: extra input j as a (1, BLOCK_N) row when it is the
     same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps. ``mode``
     (ping-pong only): "epilogue" loads a row here; "blocked" loads it one column a thread and moves
     it into the accumulator's layout through shared memory (``piece``: the names of the piece's
     first column, width and layout); "fold" skips the first step's add of a row the accumulator
-    started from (``folded_input``)."""
+    started from (``folded_input``); "tma" reads the row the loader brought into ``bias_bufs`` and,
+    in the tile's ``last_piece``, frees its slot at once (fewer registers live through the steps)."""
     folded = folded_input(epi) if mode == "fold" else None
+    tma_row = folded_input(epi) if mode == "tma" else None
     tile = "gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)"
     lines = []
     for j in range(epi.n_inputs):
         if j == folded:
+            continue
+        if j == tma_row:  # the loader brought this tile's bias row into bias_bufs (the kernel runs only with XB<j>)
+            lines += [f"{indent}mbarrier.wait(bias_ready.index(i % BIAS_SLOTS), (i // BIAS_SLOTS) & 1)",
+                      f"{indent}x{j} = bias_bufs.index(i % BIAS_SLOTS).load({piece[2]})"]  # fmt: skip
+            if last_piece:  # (the arrive follows a warpgroup barrier: every thread has read the row)
+                lines.append(f"{indent}mbarrier.arrive(bias_free.index(i % BIAS_SLOTS), count=1)")
             continue
         load_row = f"gl.load(x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N)[None, :]"
         if mode == "blocked":
@@ -495,7 +532,9 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         raise ValueError(f"bias_mode {bias_mode!r}: one of {BIAS_MODES}")
     n = epi.n_inputs
     first_k, tile_start = _tile_start(epi, bias_mode)
-    return _SOURCE.format(
+    tma_row = folded_input(epi) if bias_mode == "tma" else None
+    marker = "" if tma_row is None else f"\nBIAS_TMA_INPUT = {tma_row}  # run_module passes extra input {tma_row} as a TMA row\n"
+    return marker + _SOURCE.format(
         extra_ptrs="".join(f"x{j}_ptr, " for j in range(n)),
         extra_strides="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
         extra_flags="".join(f"XB{j}: gl.constexpr, " for j in range(n)),
@@ -504,9 +543,11 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
         epilogue_12=_epilogue(epi, " " * 12, fast_gelu),
         pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, ("off_n", "N_HI", "acc_layout")),
-        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout")),
+        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout"), last_piece=False),
         first_k=first_k,
         acc_init=tile_start,
+        bias_tma=tma_row is not None,
+        bias_slots=TMA_BIAS_SLOTS,
     )
 
 
@@ -587,6 +628,32 @@ def ws_config(cfg: Any, elem: int = 2) -> WsConfig:
     return ws
 
 
+def _tma_row_layout(dtype: torch.dtype) -> Any:
+    # the bias row's slots are one row each: no swizzle (a 128-byte swizzle would need 8 rows)
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * torch.empty((), dtype=dtype).element_size(), rank=2)
+
+
+def tma_bias_ineligible(extras: list[torch.Tensor], j: int, cfg: WsConfig) -> str | None:
+    """Why extra input ``j`` (a 3-D view, one batch) cannot reach the ping-pong kernel's epilogue by
+    TMA (bias mode "tma"), or None: it must be a row (stride 0 over the rows), contiguous, 16-byte
+    aligned, with the row's bytes a multiple of 16, and the tile's columns one piece."""
+    if j >= len(extras):
+        return f"the epilogue has no extra input {j}"
+    e = extras[j][0]
+    n = e.shape[1]
+    if cfg.schedule != "pingpong" or cfg.pieces[1]:
+        return "only the ping-pong kernel with a power-of-two tile width reads a TMA row"
+    if e.stride(0) != 0:
+        return f"extra input {j} is not a row (strides {tuple(e.stride())})"
+    if e.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"extra input {j} is {e.dtype}"
+    if (n > 1 and e.stride(1) != 1) or e.data_ptr() % 16 or (n * e.element_size()) % 16:
+        return f"TMA cannot describe extra input {j} as a row ({n} columns, stride {e.stride(1)}, address {e.data_ptr() % 16} mod 16)"
+    return None
+
+
 def ws_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int = 1) -> str | None:
     """Why the warp-specialised kernels cannot run the 3-D call ``a`` (B, M, K) @ ``b`` (B, K, N) -> ``c``,
     or None when it can."""
@@ -613,8 +680,23 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
            cfg: WsConfig, num_programs: int, warmup: bool = False, fast_gelu: bool = False) -> None:  # fmt: skip
     """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``ws_eligible``) with the
     schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
-    compile only."""
-    run_module(module(epi, fast_gelu), a, b, c, extras, cfg, num_programs, warmup)
+    compile only. A bias row reaches the epilogue by TMA where it can (``launch_bias_mode``)."""
+    run_module(module(epi, fast_gelu, launch_bias_mode(epi, extras, cfg, a.element_size())), a, b, c, extras, cfg, num_programs, warmup)
+
+
+def launch_bias_mode(epi: Epilogue, extras: list[torch.Tensor], cfg: WsConfig, elem: int = 2) -> str:
+    """How ``launch`` reads the epilogue's bias row: "tma" (the loader warp brings each tile's row
+    into a ring of shared memory: no global loads, pointers or spills in the epilogue) where the
+    row is TMA-describable and its ring fits beside the config's, else "epilogue"."""
+    j = folded_input(epi)
+    if j is None or tma_bias_ineligible(extras, j, cfg):
+        return "epilogue"
+    return "tma" if cfg.smem_bytes(elem) + tma_bias_smem(cfg, extras[j].element_size()) <= SMEM_LIMIT else "epilogue"
+
+
+def tma_bias_smem(cfg: WsConfig, bias_elem: int = 2) -> int:
+    """Shared memory of bias mode "tma" beside ``cfg.smem_bytes()``: the rows' ring and its barriers."""
+    return TMA_BIAS_SLOTS * (cfg.block_n * bias_elem + 16)
 
 
 def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], cfg: WsConfig,
@@ -644,6 +726,14 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
         c_lo_desc = desc(c2, [cfg.block_m, lo])
     elif m_lo:
         c_lo_desc = desc(c2, [m_lo, cfg.block_n])
+    bias_desc = c_desc
+    j = getattr(mod, "BIAS_TMA_INPUT", None)
+    if j is not None:
+        why = tma_bias_ineligible(extras, j, cfg)
+        if why:
+            raise ValueError(f"bias mode 'tma': {why}")
+        row = extras[j][0].as_strided((1, n), (n, 1))
+        bias_desc = TensorDescriptor.from_tensor(row, [1, hi], _tma_row_layout(row.dtype))
     ex: list[Any] = []
     ex_strides: list[int] = []
     flags = {}
@@ -657,7 +747,7 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
     meta["LOADER_REGS"] = LOADER_REGS
     if cfg.schedule == "pingpong":
         kernel, warps = mod.gemm_pingpong_kernel, 4
-        args: tuple[Any, ...] = (a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, *ex, m, n, k, *ex_strides)
+        args: tuple[Any, ...] = (a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, *ex, m, n, k, *ex_strides)
         meta.update(M_LO=m_lo, N_LO=lo, SHARED_C=cfg.shared_c, CONSUMER_REGS=CONSUMER_REGS)
     else:
         kernel, warps = mod.gemm_coop_kernel, 8
@@ -670,10 +760,11 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
 
 
 def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_programs: int = 132, b_kmajor: bool = False,
-                    row_broadcast: tuple[bool, ...] = (), dtype: torch.dtype = torch.float16, fast_gelu: bool = False) -> Any:  # fmt: skip
+                    row_broadcast: tuple[bool, ...] = (), dtype: torch.dtype = torch.float16, fast_gelu: bool = False,
+                    bias_mode: str = "epilogue") -> Any:  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (``triton.compile`` on the Gluon source) and return
     Triton's ``CompiledKernel`` (``.asm["sass"]`` needs ``nvdisasm``, which the Triton wheel carries).
-    ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``)."""
+    ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``); ``bias_mode``: ``BIAS_MODES``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -696,7 +787,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     c_d = desc((m, n), [m_hi, cfg.store_n])
     b_lo = (desc((n, k), [lo, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, lo])) if lo else b_d
     c_lo = desc((m, n), [cfg.block_m, lo]) if lo else (desc((m, n), [m_lo, cfg.block_n]) if m_lo else c_d)
-    mod = module(epi, fast_gelu)
+    mod = module(epi, fast_gelu, bias_mode)
     fn = mod.gemm_coop_kernel if coop else mod.gemm_pingpong_kernel
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"
     sig: dict[str, str] = {"a_desc": mangle_type(a_d)}
@@ -708,6 +799,10 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     sig["c_desc"] = mangle_type(c_d)
     if not coop:
         sig["c_lo_desc"] = mangle_type(c_lo)
+        bias_d = c_d
+        if getattr(mod, "BIAS_TMA_INPUT", None) is not None:
+            bias_d = TensorDescriptor.from_tensor(torch.empty((1, n), dtype=dtype), [1, hi], _tma_row_layout(dtype))
+        sig["bias_desc"] = mangle_type(bias_d)
     for j in range(epi.n_inputs):
         sig[f"x{j}_ptr"] = ptr
     sig.update(M="i32", N="i32", K="i32")
