@@ -51,6 +51,12 @@ bytes) with the consumers sharing their staging buffers (``shared_c``: a fourth 
 record to 0.96-1.11x the bare cuBLAS GEMM, at or under it on 3 of 12 shapes. Folding the bias into the
 accumulator (``BIAS_MODES``) was measured slower where tiles are many and is not used.
 
+Session 21: the bias row by TMA (``bias_mode="tma"``: no global loads or spills in the epilogue) and
+the "blocked" load were measured 3-4% slower than the epilogue's pointer load where tiles are many, so
+kfuse keeps the latter. Without its epilogue the tuned 192 x 128 kernel is at or under the bare cuBLAS
+GEMM on 8-10 of the 12 shapes (the BERT T4096 ones at 1.00-1.01x): the epilogue costs 2-7%, and 4 us of
+a 15 us one-tile-a-program kernel at BERT T4096 attn_out (Nsight Compute), where no other tile hides it.
+
 Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
 TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
 the kernels for sm_90 offline (``compile_offline``) and check their SASS (HGMMA, TMA, no spills); the
@@ -439,14 +445,16 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
 FAST_EXPRS = {"gelu": "_gelu_fast({0})", "gelu_tanh": "_gelu_fast({0})"}
 
 
-# where the ping-pong kernel reads a bias row: "tma" (kfuse's kernels, where the row is TMA-describable:
-# ``launch_bias_mode``) has the loader warp bring each tile's row into a small ring of shared memory by
-# TMA, which the epilogue reads in the accumulator's layout: no global loads, no pointers and no spills
-# there (the 192 x 128 tile's 344 B of stack go to 0, sm_90 offline); "epilogue" loads it beside the
-# accumulator (32 pointers a thread: the 192 x 128 tile spills); "fold" starts the accumulator from it,
-# measured 2-4% slower where tiles are many (session 20, ``ws_power_probe.py``); "blocked" loads it one
-# column a thread and moves it into the accumulator's layout through shared memory, measured 0-3% slower
-# than "epilogue" on the large shapes, faster only at BERT T4096 attn_out (session 21)
+# where the ping-pong kernel reads a bias row: "epilogue" (kfuse's kernels) loads it beside the
+# accumulator (32 pointers a thread: the 192 x 128 tile spills 344 B, sm_90 offline). The others were
+# measured slower on the H200 where a program holds many tiles (session 21, ``ws_power_probe.py``):
+# "tma" has the loader warp bring each tile's row into a 4-slot ring of shared memory, which the
+# epilogue reads in the accumulator's layout (no global loads, pointers or spills): 3-4% slower on BERT
+# T16384 qkv / ffn1 and GPT-2 qkv, 1-3% faster on three BERT T4096 shapes (one to three tiles a program,
+# within those shapes' run-to-run spread); "blocked" loads the row one column a thread and converts it
+# through shared memory (the same pattern); "fold" starts the accumulator from it, 2-5% slower (session
+# 20). A spill-free epilogue that issues densely is the likely cost: it takes issue slots from the
+# other consumer's main loop, where the "epilogue" load's waits leave them free (not proven)
 
 BIAS_MODES = ("epilogue", "fold", "blocked", "tma")
 TMA_BIAS_SLOTS = 4  # bias mode "tma": rows in flight (the loader refills a slot four tiles on)
@@ -676,18 +684,21 @@ def ws_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int 
     return None
 
 
-def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue,
-           cfg: WsConfig, num_programs: int, warmup: bool = False, fast_gelu: bool = False) -> None:  # fmt: skip
+def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, cfg: WsConfig,
+           num_programs: int, warmup: bool = False, fast_gelu: bool = False, bias_mode: str = "epilogue") -> None:  # fmt: skip
     """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``ws_eligible``) with the
     schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
-    compile only. A bias row reaches the epilogue by TMA where it can (``launch_bias_mode``)."""
-    run_module(module(epi, fast_gelu, launch_bias_mode(epi, extras, cfg, a.element_size())), a, b, c, extras, cfg, num_programs, warmup)
+    compile only. ``bias_mode``: where the ping-pong kernel reads a bias row (``BIAS_MODES``); "tma"
+    falls back to "epilogue" where the row cannot come by TMA (``launch_bias_mode``)."""
+    if bias_mode == "tma":
+        bias_mode = launch_bias_mode(epi, extras, cfg, a.element_size())
+    run_module(module(epi, fast_gelu, bias_mode), a, b, c, extras, cfg, num_programs, warmup)
 
 
 def launch_bias_mode(epi: Epilogue, extras: list[torch.Tensor], cfg: WsConfig, elem: int = 2) -> str:
-    """How ``launch`` reads the epilogue's bias row: "tma" (the loader warp brings each tile's row
-    into a ring of shared memory: no global loads, pointers or spills in the epilogue) where the
-    row is TMA-describable and its ring fits beside the config's, else "epilogue"."""
+    """How ``launch(..., bias_mode="tma")`` reads the epilogue's bias row: "tma" (the loader warp
+    brings each tile's row into a ring of shared memory: no global loads, pointers or spills in the
+    epilogue) where the row is TMA-describable and its ring fits beside the config's, else "epilogue"."""
     j = folded_input(epi)
     if j is None or tma_bias_ineligible(extras, j, cfg):
         return "epilogue"

@@ -213,7 +213,7 @@ for epi_name, cfg, b_kmajor, fast, mode in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 
-# (epilogue, WsConfig fields, B column-major, fast GELU, bias mode: "tma" where ``launch`` takes it)
+# (epilogue, WsConfig fields, B column-major, fast GELU, bias mode: "tma" where ``launch(bias_mode="tma")`` takes it)
 _CASES = [
     ("bias_gelu", ("pingpong", 128, 128, 64, 4, 8), False, False, "tma"),
     ("bias_gelu", ("pingpong", 128, 128, 64, 5, 8), True, True, "tma"),
@@ -259,8 +259,8 @@ def test_sm90_kernels_use_wgmma_and_tma_without_spills(compiled: list[dict], i: 
 
 def test_sm90_known_spills_in_pingpong(compiled: list[dict]) -> None:
     """A residual tile loaded next to a 128-register accumulator, and a 128-column bias row's
-    pointers next to the 192 x 128 tile's 192 (bias mode "epilogue", which ``launch`` takes only
-    where the row cannot come by TMA), do not fit one warpgroup's registers: known costs."""
+    pointers next to the 192 x 128 tile's 192 (bias mode "epilogue", kfuse's), do not fit one
+    warpgroup's registers: known costs (the spill-free modes were measured slower on the H200)."""
     rows, res = compiled[-2], compiled[-1]
     assert res["facts"]["STACK"] > 0 and 0 < rows["facts"]["STACK"] <= 512, rows
     assert rows["facts"]["HGMMA"] > 0 and rows["tma_load"] and rows["tma_store"] and 0 <= rows["shared"] - rows["predicted"] <= 256
@@ -276,7 +276,7 @@ def test_sm90_the_bias_row_by_tma_leaves_the_epilogue_no_global_loads(compiled: 
 
 
 def test_launch_takes_the_tma_bias_row_only_where_it_can() -> None:
-    """``launch_bias_mode``: a contiguous, 16-byte-aligned bias row of a power-of-two-wide ping-pong
+    """``launch_bias_mode`` (``launch(bias_mode="tma")``): a contiguous, 16-byte-aligned bias row of a power-of-two-wide ping-pong
     tile whose ring fits shared memory goes by TMA; otherwise the epilogue loads it, with the reason."""
     cfg = WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True)
     bias = torch.randn(776, dtype=torch.float16)
