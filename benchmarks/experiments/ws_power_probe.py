@@ -66,14 +66,15 @@ VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; 
     # runs 1-2 also timed 128x128 s5 g8 fold, 128x128 s6 g8 sc, 192x128 s3 g8 fold, 192x128 s4 g8 sc fold and
     # 128x192 s4 g8 sc, each behind the variants kept here on every shape (experiments/s20_ws_power_probe_v2.json)
     "128x128 s5 g8": (WsConfig("pingpong", 128, 128, 64, 5, 8), "epilogue"),
-    "192x128 s4 g1 sc fold": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "fold"),
     # the bias loaded in the epilogue: 344 B of spills at sm_90 (the tuner's pick on 11 of 12 shapes)
     "192x128 s4 g1 sc epi": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "epilogue"),
-    # run 3: the bias row one column a thread, through shared memory: no spills at 192 x 128
-    "192x128 s4 g1 sc blocked": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "blocked"),
+    # run 3 also timed the bias row loaded one column a thread and converted through shared memory ("blocked")
     # run 4: the bias row by TMA (the loader warp, a 4-slot ring in shared memory): no global loads in the epilogue
     "192x128 s4 g1 sc tma": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "tma"),
-    "128x128 s5 g8 tma": (WsConfig("pingpong", 128, 128, 64, 5, 8), "tma"),
+    # run 5: two warpgroups on one tile, a row piece each (gemm_ws "rows"): a program's last epilogue on both
+    "rows 192x128 s4 g1": (WsConfig("rows", 192, 128, 64, 4, 1), "epilogue"),
+    "rows 256x128 s3 g8": (WsConfig("rows", 256, 128, 64, 3, 8), "epilogue"),
+    "rows 192x128 s4 g1 bare": (WsConfig("rows", 192, 128, 64, 4, 1), "bare"),
     # run 3: the tuned tile without its epilogue (what bias + GELU costs where a program holds 1-4 tiles)
     "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare"),
 }

@@ -362,6 +362,83 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
 
 
 @gluon.jit
+def _rows_consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, {extra_ptrs}M, N, K, {extra_strides}
+                   {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
+                   BLOCK_M: gl.constexpr, DM: gl.constexpr):
+    # one warpgroup of ``gemm_rows_kernel``: rows DM .. DM + PM of every tile of the program, over the
+    # same B blocks as the other warpgroup (which holds the tile's other rows), then their epilogue
+    # and store. Both consume every ring slot in order (a slot is free once both have arrived), so a
+    # ``ready`` wait never runs ahead of the slot's previous use
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    PM: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    zero = gl.zeros([PM, BLOCK_N], gl.float32, acc_layout)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    c = 0
+    for t in range(gl.program_id(0), num_tiles, NUM_PROGRAMS):
+        pid_m, pid_n = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = zero
+        for kb in range(k_steps):
+            s = c % STAGES
+            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), _b_block(b_bufs, s, B_KMAJOR), acc, use_acc=kb > 0, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(acc,))
+            if kb > 0:
+                mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
+            c += 1
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
+        off_m = pid_m * BLOCK_M + DM
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + gl.arange(0, PM, layout=gl.SliceLayout(1, acc_layout))
+        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+{rows_epilogue}
+        _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # after this warpgroup's previous tile left c_smem
+    tma.store_wait(0)
+
+
+@gluon.jit
+def gemm_rows_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
+                     {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                     B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    # two consumer warpgroups on one tile of a_desc's + M_LO rows, a row piece each (its A block through
+    # a_desc / a_lo_desc, its store through c_desc / c_lo_desc) over one B block a K step: where a
+    # program holds one tile, its epilogue runs on both warpgroups at once (the ping-pong kernel runs it
+    # on one while the other has no tile). The arguments are the ping-pong kernel's (b_lo_desc and
+    # bias_desc unused)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    a_lo_bufs = gl.allocate_shared_memory(a_lo_desc.dtype, [STAGES] + a_lo_desc.block_type.shape, a_lo_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_hi = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c_lo = gl.allocate_shared_memory(c_lo_desc.dtype, c_lo_desc.block_type.shape, c_lo_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # both warpgroups free a slot
+    M_HI: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = M_HI + M_LO
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    TOP: gl.constexpr = 0
+    NO_LO: gl.constexpr = 0
+    NO_TMA_BIAS: gl.constexpr = False
+    # fmt: off
+    gl.warp_specialize([
+        (_rows_consumer, (a_bufs, b_bufs, ready, empty, c_hi, c_desc, {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}
+                          NUM_PROGRAMS, GROUP_M, B_KMAJOR, BLOCK_M, TOP)),
+        (_rows_consumer, (a_lo_bufs, b_bufs, ready, empty, c_lo, c_lo_desc, {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}
+                          NUM_PROGRAMS, GROUP_M, B_KMAJOR, BLOCK_M, M_HI)),
+        (_loader, (a_desc, a_lo_desc, b_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
+                   GROUP_M, B_KMAJOR, M_LO, NO_LO, a_desc, a_bufs, ready, empty, NO_TMA_BIAS)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    # fmt: on
+
+
+@gluon.jit
 def _coop_consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, {extra_ptrs}M, N, K, {extra_strides}
                    {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
                    num_warps: gl.constexpr):
@@ -550,6 +627,7 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         extra_stride_args="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
         epilogue_12=_epilogue(epi, " " * 12, fast_gelu),
+        rows_epilogue=_epilogue(epi, " " * 8, fast_gelu),
         pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, ("off_n", "N_HI", "acc_layout")),
         pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout"), last_piece=False),
         first_k=first_k,
@@ -571,9 +649,11 @@ class WsConfig:
     thread); ``shared_c``: the two consumers stage their tiles' TMA stores in one set of buffers,
     which leaves the ring a stage more. ``coop``: two warpgroups on one ``block_m x block_n`` tile
     (8 warps, block_m 128), held as two column halves; ``c_bufs`` staging buffers for the halves'
-    TMA stores."""
+    TMA stores. ``rows``: two warpgroups on one ``block_m x block_n`` tile (block_m 192 or 256), a row
+    piece each (128 and the rest) over one B block a K step, so a program's last tile's epilogue runs
+    on both (one store buffer a piece)."""
 
-    schedule: str = "pingpong"  # "pingpong" | "coop"
+    schedule: str = "pingpong"  # "pingpong" | "coop" | "rows"
     block_m: int = 128
     block_n: int = 128
     block_k: int = 64
@@ -594,7 +674,7 @@ class WsConfig:
         -> (128, 64); lo = 0 for a power-of-two width. The pieces are two accumulators, two B buffers
         per ring slot and two TMA stores; the width is what wave quantization needs (BERT-base's
         N = 768 is four 192-wide tiles). The coop kernel's tile is one piece."""
-        if self.schedule == "coop":
+        if self.schedule in ("coop", "rows"):
             return self.block_n, 0
         hi = 1 << (self.block_n.bit_length() - 1)
         return hi, self.block_n - hi
@@ -606,6 +686,8 @@ class WsConfig:
         m64n128 wgmma a K step where 128 x 192 issues two m64n128 and two m64n64) and two TMA stores."""
         if self.schedule == "coop":
             return self.block_m, 0
+        if self.schedule == "rows":  # a warpgroup's piece: at most 128 rows (128 accumulator registers)
+            return 128, self.block_m - 128
         hi = 1 << (self.block_m.bit_length() - 1)
         return hi, self.block_m - hi
 
@@ -615,6 +697,8 @@ class WsConfig:
         ring = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n)
         if self.schedule == "pingpong":
             staged = (1 if self.shared_c else 2) * self.block_n
+        elif self.schedule == "rows":  # one store buffer a row piece: the tile once
+            staged = self.block_n
         else:
             staged = self.c_bufs * self.store_n
         return elem * (ring + self.block_m * staged) + 16 * self.stages + 64
@@ -756,10 +840,14 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
     grid = max(1, min(num_programs, tiles))
     meta: dict[str, Any] = dict(NUM_PROGRAMS=grid, GROUP_M=cfg.group_m, STAGES=cfg.stages, B_KMAJOR=b_kmajor, **flags)
     meta["LOADER_REGS"] = LOADER_REGS
-    if cfg.schedule == "pingpong":
+    if cfg.schedule in ("pingpong", "rows"):
         kernel, warps = mod.gemm_pingpong_kernel, 4
         args: tuple[Any, ...] = (a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, *ex, m, n, k, *ex_strides)
-        meta.update(M_LO=m_lo, N_LO=lo, SHARED_C=cfg.shared_c, CONSUMER_REGS=CONSUMER_REGS)
+        meta.update(M_LO=m_lo, CONSUMER_REGS=CONSUMER_REGS)
+        if cfg.schedule == "rows":
+            kernel = mod.gemm_rows_kernel
+        else:
+            meta.update(N_LO=lo, SHARED_C=cfg.shared_c)
     else:
         kernel, warps = mod.gemm_coop_kernel, 8
         args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
@@ -799,7 +887,8 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     b_lo = (desc((n, k), [lo, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, lo])) if lo else b_d
     c_lo = desc((m, n), [cfg.block_m, lo]) if lo else (desc((m, n), [m_lo, cfg.block_n]) if m_lo else c_d)
     mod = module(epi, fast_gelu, bias_mode)
-    fn = mod.gemm_coop_kernel if coop else mod.gemm_pingpong_kernel
+    rows = cfg.schedule == "rows"
+    fn = mod.gemm_coop_kernel if coop else (mod.gemm_rows_kernel if rows else mod.gemm_pingpong_kernel)
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"
     sig: dict[str, str] = {"a_desc": mangle_type(a_d)}
     if not coop:
@@ -825,7 +914,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=cfg.group_m, STAGES=cfg.stages, **({"C_BUFS": cfg.c_bufs} if coop else {}))
     constexprs["B_KMAJOR"] = b_kmajor
     if not coop:
-        constexprs.update(M_LO=m_lo, N_LO=lo, SHARED_C=cfg.shared_c)
+        constexprs.update(M_LO=m_lo, **({} if rows else {"N_LO": lo, "SHARED_C": cfg.shared_c}))
     constexprs["LOADER_REGS"] = LOADER_REGS
     if not coop:
         constexprs["CONSUMER_REGS"] = CONSUMER_REGS

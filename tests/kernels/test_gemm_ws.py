@@ -109,6 +109,18 @@ print(json.dumps({"STACK": f["STACK"], "HGMMA": f["HGMMA"], "shared": ck.metadat
 """
 
 
+def test_the_rows_schedule_splits_a_tile_by_rows_between_the_warpgroups() -> None:
+    """``rows``: a 192- or 256-row tile as a 128-row piece and the rest, one warpgroup each, one
+    store buffer a piece (the tile once), one B block a K step."""
+    r192, r256 = WsConfig("rows", 192, 128, 64, 4, 1), WsConfig("rows", 256, 128, 64, 3, 8)
+    assert r192.row_pieces == (128, 64) and r256.row_pieces == (128, 128) and r192.pieces == (128, 0) and r192.store_n == 128
+    assert r192.smem_bytes() == 2 * (4 * (192 * 64 + 64 * 128) + 192 * 128) + 16 * 4 + 64
+    assert r256.smem_bytes() <= gemm_ws.SMEM_LIMIT < dataclasses.replace(r256, stages=4).smem_bytes()
+    assert r192.describe() == "rows 192x128x64 s4 g1"
+    src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True)
+    assert "def gemm_rows_kernel(" in src and "mbarrier.init(empty.index(s), count=2)" in src
+
+
 def test_space_offers_shared_staging_only_where_it_buys_a_stage() -> None:
     from kfuse.tune.space import all_configs
 
@@ -225,6 +237,8 @@ _CASES = [
     ("bias_gelu", ("coop", 128, 256, 64, 4, 8, 1), False, False, "epilogue"),
     ("bias_gelu", ("coop", 128, 256, 64, 3, 8, 2), True, True, "epilogue"),
     ("bias_gelu", ("coop", 128, 128, 64, 6, 8, 2), False, True, "epilogue"),
+    ("bias_gelu", ("rows", 192, 128, 64, 4, 1), True, True, "epilogue"),
+    ("bias_gelu", ("rows", 256, 128, 64, 3, 8), False, True, "epilogue"),
     # the bias row by TMA takes the 192 x 128 tile's spills (344 B with the epilogue's load) to none
     ("bias_gelu", ("pingpong", 192, 128, 64, 4, 1, 2, True), True, True, "tma"),
     ("bias_gelu", ("pingpong", 192, 128, 64, 4, 1, 2, True), True, True, "epilogue"),
@@ -297,7 +311,7 @@ def test_launch_takes_the_tma_bias_row_only_where_it_can() -> None:
     assert full.smem_bytes() + gemm_ws.tma_bias_smem(full) <= gemm_ws.SMEM_LIMIT
     src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="tma")
     assert "BIAS_TMA_INPUT = 0" in src and "x0 = bias_bufs.index(i % BIAS_SLOTS).load(acc_layout)" in src
-    assert "x0_ptr + offs_n" not in src.split("def _coop_consumer")[0]  # the ping-pong consumer loads no bias
+    assert "x0_ptr + offs_n" not in src.split("def _rows_consumer")[0]  # the ping-pong consumer loads no bias
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------
@@ -362,3 +376,28 @@ def test_gpu_bias_modes_match_the_reference(cfg: WsConfig) -> None:
                     ref = torch.nn.functional.gelu(a.float() @ b.float() + bias.float(), approximate="tanh")
                 err = float((out.float() - ref).abs().max() / ref.abs().max())
                 assert err < 2e-3, (mode, cfg.describe(), epi.describe(), err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [WsConfig("rows", 192, 128, 64, 4, 1), WsConfig("rows", 256, 128, 64, 3, 8)], ids=lambda c: c.describe())
+def test_gpu_rows_schedule_matches_the_reference(cfg: WsConfig) -> None:
+    """The ``rows`` schedule on odd shapes (M not a multiple of the tile: the second piece partly or
+    wholly past M), random inputs, the output poisoned: both B layouts, bias + GELU and bias +
+    residual, one tile a program and 14+ tiles a program (three programs)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("sm_90 only")
+    torch.manual_seed(2)
+    m, n, k = 1000, 776, 200
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w = (torch.randn(n, k, device="cuda") / k**0.5).half()
+    bias, res = torch.randn(n, device="cuda").half(), torch.randn(m, n, device="cuda").half()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for programs in (sms, 3):
+        for b in (w.t().contiguous(), w.t()):
+            for epi, extras in ((BIAS_GELU, [bias]), (BIAS_RES, [bias, res])):
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+                g = prepare(a, b, extras, torch.float16, out)
+                gemm_ws.launch(g.a, g.b, g.c, g.extras, epi, cfg, programs)
+                ref = reference(a, b, extras, epi, torch.float32)
+                err = float((out.float() - ref).abs().max() / ref.abs().max())
+                assert err < 2e-3, (programs, cfg.describe(), epi.describe(), err)
