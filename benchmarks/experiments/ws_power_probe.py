@@ -73,8 +73,10 @@ VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; 
     "192x128 s4 g1 sc tma": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "tma"),
     # run 5: two warpgroups on one tile, a row piece each (gemm_ws "rows"): a program's last epilogue on both
     "rows 192x128 s4 g1": (WsConfig("rows", 192, 128, 64, 4, 1), "epilogue"),
-    "rows 256x128 s3 g8": (WsConfig("rows", 256, 128, 64, 3, 8), "epilogue"),
     "rows 192x128 s4 g1 bare": (WsConfig("rows", 192, 128, 64, 4, 1), "bare"),
+    # run 6: the rows kernel with an epilogue warpgroup (the product staged in fp16, the epilogue beside the next main loop)
+    "rows 192x128 s4 g1 ew": (WsConfig("rows", 192, 128, 64, 4, 1, epi_wg=True), "epilogue"),
+    "rows 192x128 s4 g8 ew": (WsConfig("rows", 192, 128, 64, 4, 8, epi_wg=True), "epilogue"),
     # run 3: the tuned tile without its epilogue (what bias + GELU costs where a program holds 1-4 tiles)
     "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare"),
 }

@@ -239,6 +239,7 @@ _CASES = [
     ("bias_gelu", ("coop", 128, 128, 64, 6, 8, 2), False, True, "epilogue"),
     ("bias_gelu", ("rows", 192, 128, 64, 4, 1), True, True, "epilogue"),
     ("bias_gelu", ("rows", 256, 128, 64, 3, 8), False, True, "epilogue"),
+    ("bias_gelu", ("rows", 192, 128, 64, 4, 1, 2, False, True), True, True, "epilogue"),
     # the bias row by TMA takes the 192 x 128 tile's spills (344 B with the epilogue's load) to none
     ("bias_gelu", ("pingpong", 192, 128, 64, 4, 1, 2, True), True, True, "tma"),
     ("bias_gelu", ("pingpong", 192, 128, 64, 4, 1, 2, True), True, True, "epilogue"),
@@ -379,11 +380,13 @@ def test_gpu_bias_modes_match_the_reference(cfg: WsConfig) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [WsConfig("rows", 192, 128, 64, 4, 1), WsConfig("rows", 256, 128, 64, 3, 8)], ids=lambda c: c.describe())
+@pytest.mark.parametrize("cfg", [WsConfig("rows", 192, 128, 64, 4, 1), WsConfig("rows", 256, 128, 64, 3, 8),
+                                 WsConfig("rows", 192, 128, 64, 4, 8, epi_wg=True)], ids=lambda c: c.describe())  # fmt: skip
 def test_gpu_rows_schedule_matches_the_reference(cfg: WsConfig) -> None:
-    """The ``rows`` schedule on odd shapes (M not a multiple of the tile: the second piece partly or
-    wholly past M), random inputs, the output poisoned: both B layouts, bias + GELU and bias +
-    residual, one tile a program and 14+ tiles a program (three programs)."""
+    """The ``rows`` schedule, with and without the epilogue warpgroup, on odd shapes (M not a
+    multiple of the tile: the second piece partly or wholly past M), random inputs, the output
+    poisoned: both B layouts, bias + GELU and bias + residual, one tile a program and 14+ tiles a
+    program (three programs: the staging handshake between consumers and epilogue warpgroup)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("sm_90 only")
     torch.manual_seed(2)
