@@ -150,6 +150,16 @@ def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
 
 
 @gluon.jit
+def _put_tile(acc, buf, c_desc, c_ptr, stride_cm, offs_m, offs_n, mask, off_m, off_n, PENDING: gl.constexpr, DIRECT_C: gl.constexpr):
+    # DIRECT_C: straight from the registers to global memory (no staging buffer, no shared-memory traffic:
+    # the main loop's wgmma and TMA use its bandwidth); else ``_store_tile``
+    if DIRECT_C:
+        gl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        _store_tile(acc, buf, c_desc, off_m, off_n, PENDING)
+
+
+@gluon.jit
 def _loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K,
             BLOCK_N: gl.constexpr, NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
             M_LO: gl.constexpr, N_LO: gl.constexpr, bias_desc, bias_bufs, bias_ready, bias_free, BIAS_TMA: gl.constexpr):
@@ -198,9 +208,10 @@ def _loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_l
 
 
 @gluon.jit
-def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c_smem, c_lo_smem, c_desc, c_lo_desc, {extra_ptrs}M, N, K,
-              {extra_strides}{extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
-              M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr, WG: gl.constexpr, bias_bufs, bias_ready, bias_free):
+def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c_smem, c_lo_smem, c_desc, c_lo_desc, c_ptr, stride_cm,
+              {extra_ptrs}M, N, K, {extra_strides}{extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
+              M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr, WG: gl.constexpr, bias_bufs, bias_ready, bias_free,
+              DIRECT_C: gl.constexpr):
     # one warpgroup: the main loop, the epilogue and the store of the program's tiles WG, WG + 2, ...;
     # with N_LO > 0 (M_LO > 0) the tile's last N_LO columns (M_LO rows) are a second accumulator
     # (``acc_lo``, stored through c_lo_desc). SHARED_C: both consumers stage their tiles in the same
@@ -272,16 +283,18 @@ def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
 {pp_epilogue_12}
             # own buffers: after this consumer's previous tile left c_lo_smem
-            _store_tile(acc, c_lo_smem, c_lo_desc, off_m + LO_DM, off_n + LO_DN, 0)
+            _put_tile(acc, c_lo_smem, c_lo_desc, c_ptr, stride_cm, offs_m, offs_n, mask, off_m + LO_DM, off_n + LO_DN, 0, DIRECT_C)
             acc = hi
         offs_m = off_m + gl.arange(0, M_HI, layout=gl.SliceLayout(1, acc_layout))
         offs_n = off_n + gl.arange(0, N_HI, layout=gl.SliceLayout(0, acc_layout))
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
 {pp_epilogue}
         if HAS_LO:
-            _store_tile(acc, c_smem, c_desc, off_m, off_n, 1)  # the small piece's store may stay in flight
+            # the small piece's store may stay in flight
+            _put_tile(acc, c_smem, c_desc, c_ptr, stride_cm, offs_m, offs_n, mask, off_m, off_n, 1, DIRECT_C)
         else:
-            _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # own buffer: after this consumer's previous tile left c_smem
+            # own buffer: after this consumer's previous tile left c_smem
+            _put_tile(acc, c_smem, c_desc, c_ptr, stride_cm, offs_m, offs_n, mask, off_m, off_n, 0, DIRECT_C)
         if SHARED_C:  # the staging buffers are read: the other consumer's next tile may fill them
             tma.store_wait(0)
             mbarrier.arrive(cfree, count=1)
@@ -289,21 +302,26 @@ def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c
 
 
 @gluon.jit
-def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
-                         {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, c_ptr, stride_cm, {extra_ptrs}M, N, K,
+                         {extra_strides}{extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                          B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                         DIRECT_C: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     # N_LO > 0 (M_LO > 0): the tile is c_desc's width + N_LO columns wide (height + M_LO rows high),
     # the second piece loaded through b_lo_desc (a_lo_desc) and stored through c_lo_desc; the unused
     # descriptors are the first pieces' again. bias_desc (bias mode "tma"): the bias row as a (1, N)
-    # tensor, one tile's columns a block; otherwise c_desc again, unused
+    # tensor, one tile's columns a block; otherwise c_desc again, unused. DIRECT_C: the consumers store
+    # through c_ptr (row stride stride_cm) from their registers, with no staging buffers
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    if SHARED_C:
-        c1 = c0
+    if DIRECT_C:
+        c0 = a_bufs
+        c1 = a_bufs
     else:
-        c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        if SHARED_C:
+            c1 = c0
+        else:
+            c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     if M_LO > 0:
         a_lo_bufs = gl.allocate_shared_memory(a_lo_desc.dtype, [STAGES] + a_lo_desc.block_type.shape, a_lo_desc.layout)
     else:
@@ -312,7 +330,10 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
         b_lo_bufs = gl.allocate_shared_memory(b_lo_desc.dtype, [STAGES] + b_lo_desc.block_type.shape, b_lo_desc.layout)
     else:
         b_lo_bufs = b_bufs
-    if M_LO + N_LO > 0:
+    if DIRECT_C:
+        c0_lo = a_bufs
+        c1_lo = a_bufs
+    elif M_LO + N_LO > 0:
         c0_lo = gl.allocate_shared_memory(c_lo_desc.dtype, c_lo_desc.block_type.shape, c_lo_desc.layout)
         if SHARED_C:
             c1_lo = c0_lo
@@ -352,11 +373,11 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
     # fmt: off
     gl.warp_specialize([
         (_consumer, (a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree.index(0), c0, c0_lo, c_desc, c_lo_desc,
-                     {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO, N_LO,
-                     SHARED_C, FIRST, bias_bufs, bias_ready, bias_free)),
+                     c_ptr, stride_cm, {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO,
+                     N_LO, SHARED_C, FIRST, bias_bufs, bias_ready, bias_free, DIRECT_C)),
         (_consumer, (a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree.index(0), c1, c1_lo, c_desc, c_lo_desc,
-                     {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO, N_LO,
-                     SHARED_C, SECOND, bias_bufs, bias_ready, bias_free)),
+                     c_ptr, stride_cm, {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO,
+                     N_LO, SHARED_C, SECOND, bias_bufs, bias_ready, bias_free, DIRECT_C)),
         (_loader, (a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
                    GROUP_M, B_KMAJOR, M_LO, N_LO, bias_desc, bias_bufs, bias_ready, bias_free, BIAS_TMA)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -440,15 +461,16 @@ def _epilogue_wg(c_hi, c_lo, c_desc, c_lo_desc, staged, cfree, {extra_ptrs}M, N,
 
 
 @gluon.jit
-def gemm_rows_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
+def gemm_rows_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, c_ptr, stride_cm, {extra_ptrs}M, N, K,
+                     {extra_strides}
                      {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                      B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, EPI_WG: gl.constexpr, LOADER_REGS: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, EPI_CONSUMER_REGS: gl.constexpr, EPI_REGS: gl.constexpr):
     # two consumer warpgroups on one tile of a_desc's + M_LO rows, a row piece each (its A block through
     # a_desc / a_lo_desc, its store through c_desc / c_lo_desc) over one B block a K step: where a
     # program holds one tile, its epilogue runs on both warpgroups at once (the ping-pong kernel runs it
-    # on one while the other has no tile). The arguments are the ping-pong kernel's (b_lo_desc and
-    # bias_desc unused). EPI_WG: a third warpgroup runs the epilogues (``_epilogue_wg``), beside the
+    # on one while the other has no tile). The arguments are the ping-pong kernel's (b_lo_desc,
+    # bias_desc, c_ptr and stride_cm unused). EPI_WG: a third warpgroup runs the epilogues (``_epilogue_wg``), beside the
     # consumers' next main loop
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     a_lo_bufs = gl.allocate_shared_memory(a_lo_desc.dtype, [STAGES] + a_lo_desc.block_type.shape, a_lo_desc.layout)
@@ -732,6 +754,7 @@ class WsConfig:
     c_bufs: int = 2  # coop only
     shared_c: bool = False  # ping-pong only
     epi_wg: bool = False  # rows only: a third warpgroup runs the epilogues
+    direct_c: bool = False  # ping-pong only: the output stored from the registers (no staging buffers)
 
     @property
     def store_n(self) -> int:
@@ -767,7 +790,7 @@ class WsConfig:
         consumer, one set with ``shared_c``, or ``c_bufs``) and the mbarriers."""
         ring = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n)
         if self.schedule == "pingpong":
-            staged = (1 if self.shared_c else 2) * self.block_n
+            staged = 0 if self.direct_c else (1 if self.shared_c else 2) * self.block_n
         elif self.schedule == "rows":  # one store buffer a row piece: the tile once
             staged = self.block_n
         else:
@@ -778,7 +801,7 @@ class WsConfig:
         s = f"{self.schedule} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages} g{self.group_m}"
         if self.schedule == "coop":
             return s + f" c{self.c_bufs}"
-        return s + (" sc" if self.shared_c else "") + (" ew" if self.epi_wg else "")
+        return s + (" sc" if self.shared_c else "") + (" ew" if self.epi_wg else "") + (" dc" if self.direct_c else "")
 
 
 def ws_config(cfg: Any, elem: int = 2) -> WsConfig:
@@ -913,13 +936,14 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
     meta["LOADER_REGS"] = LOADER_REGS
     if cfg.schedule in ("pingpong", "rows"):
         kernel, warps = mod.gemm_pingpong_kernel, 4
-        args: tuple[Any, ...] = (a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, *ex, m, n, k, *ex_strides)
+        args: tuple[Any, ...] = (a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, c2, c2.stride(0), *ex, m, n, k,
+                                 *ex_strides)  # fmt: skip
         meta.update(M_LO=m_lo, CONSUMER_REGS=CONSUMER_REGS)
         if cfg.schedule == "rows":
             kernel = mod.gemm_rows_kernel
             meta.update(EPI_WG=cfg.epi_wg, EPI_CONSUMER_REGS=min(256, cfg.row_pieces[1] * cfg.block_n // 128 + 64), EPI_REGS=EPI_REGS)
         else:
-            meta.update(N_LO=lo, SHARED_C=cfg.shared_c)
+            meta.update(N_LO=lo, SHARED_C=cfg.shared_c and not cfg.direct_c, DIRECT_C=cfg.direct_c)
     else:
         kernel, warps = mod.gemm_coop_kernel, 8
         args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
@@ -975,6 +999,8 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
         if getattr(mod, "BIAS_TMA_INPUT", None) is not None:
             bias_d = TensorDescriptor.from_tensor(torch.empty((1, n), dtype=dtype), [1, hi], _tma_row_layout(dtype))
         sig["bias_desc"] = mangle_type(bias_d)
+        sig["c_ptr"] = "*fp16" if dtype == torch.float16 else "*bf16"
+        sig["stride_cm"] = "i32"
     for j in range(epi.n_inputs):
         sig[f"x{j}_ptr"] = ptr
     sig.update(M="i32", N="i32", K="i32")
@@ -986,7 +1012,8 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=cfg.group_m, STAGES=cfg.stages, **({"C_BUFS": cfg.c_bufs} if coop else {}))
     constexprs["B_KMAJOR"] = b_kmajor
     if not coop:
-        constexprs.update(M_LO=m_lo, **({"EPI_WG": cfg.epi_wg} if rows else {"N_LO": lo, "SHARED_C": cfg.shared_c}))
+        pingpong = {"N_LO": lo, "SHARED_C": cfg.shared_c and not cfg.direct_c, "DIRECT_C": cfg.direct_c}
+        constexprs.update(M_LO=m_lo, **({"EPI_WG": cfg.epi_wg} if rows else pingpong))
     constexprs["LOADER_REGS"] = LOADER_REGS
     if not coop:
         constexprs["CONSUMER_REGS"] = CONSUMER_REGS
