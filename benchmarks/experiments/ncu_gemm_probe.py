@@ -41,7 +41,7 @@ SHAPES = {  # case: (M, K, N)
     "bert_T4096_ffn1": (4096, 768, 3072),
     "gpt2_T8192_ffn2": (8192, 3072, 768),
 }
-# kfuse variants: (label, schedule, block_m, block_n, stages, group_m, epilogue, shared staging, bias mode, epilogue warpgroup)
+# kfuse variants: (label, schedule, block_m, block_n, stages, group_m, epilogue, shared staging, bias mode)
 VARIANTS = [
     ("pingpong 128x128 s5 bias+gelu", "pingpong", 128, 128, 5, 8, "bias_gelu", False, "epilogue"),
     ("pingpong 128x128 s5 bare", "pingpong", 128, 128, 5, 8, "bare", False, "epilogue"),
@@ -63,6 +63,7 @@ SETS = {
     ),
     # session 21: the rows kernel (two warpgroups on one tile) is the fastest without an epilogue, and slower
     # than ping-pong with it, also with an epilogue warpgroup beside its main loop: cycles or clock?
+    # (experiments/s21_ncu_gemm_probe_rows.json: cycles, at the same clock)
     "rows": (
         {"bert_T16384_qkv": (16384, 768, 2304), "gpt2_T8192_ffn1": (8192, 768, 3072)},
         [
@@ -70,7 +71,7 @@ SETS = {
             ("pingpong 192x128 s4 g1 sc bare", "pingpong", 192, 128, 4, 1, "bare", True, "epilogue"),
             ("rows 192x128 s4 g1 bias+gelu", "rows", 192, 128, 4, 1, "bias_gelu", False, "epilogue"),
             ("rows 192x128 s4 g1 bare", "rows", 192, 128, 4, 1, "bare", False, "epilogue"),
-            ("rows 192x128 s4 g1 ew bias+gelu", "rows", 192, 128, 4, 1, "bias_gelu", False, "epilogue", True),
+            # run 1 also profiled the rows kernel with an epilogue warpgroup (commit f2cb384, removed since)
         ],
     ),
 }
@@ -112,10 +113,10 @@ def child(which: str | None) -> None:
         ref = a.float() @ b.float()
         out = torch.empty(m, n, device="cuda", dtype=torch.float16)
         calls.append((case, "cublas mm", lambda a=a, b=b, out=out: torch.mm(a, b, out=out), None))
-        for label, sched, bm, bn, st, gm, epi, shared, mode, *ew in variants:
+        for label, sched, bm, bn, st, gm, epi, shared, mode in variants:
             c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
             g = prepare(a, b, [] if epi == "bare" else [bias], torch.float16, c)
-            cfg = WsConfig(sched, bm, bn, 64, st, gm, 1, shared, bool(ew and ew[0]))  # coop: one staging buffer (s4 fits only so)
+            cfg = WsConfig(sched, bm, bn, 64, st, gm, 1, shared)  # coop: one staging buffer (s4 fits only so)
             mod = gemm_ws.module(epis[epi], fast_gelu=True, bias_mode=mode)
             fn = lambda g=g, cfg=cfg, mod=mod: gemm_ws.run_module(mod, g.a, g.b, g.c, g.extras, cfg, sms)  # noqa: E731
             want = ref if epi == "bare" else torch.nn.functional.gelu(ref + bias.float(), approximate="tanh")

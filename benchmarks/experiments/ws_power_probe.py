@@ -63,18 +63,18 @@ BIAS_GELU = Epilogue((ADD, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 LAYERS = {"qkv": (768, 2304), "attn_out": (768, 768), "ffn1": (768, 3072), "ffn2": (3072, 768)}  # (K, N)
 MODELS = {"bert": (4096, 16384), "gpt2": (8192,)}
 VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; "bare": no epilogue at all)
-    # runs 1-2 also timed 128x128 s5 g8 fold, 128x128 s6 g8 sc, 192x128 s3 g8 fold, 192x128 s4 g8 sc fold and
-    # 128x192 s4 g8 sc (experiments/s20_ws_power_probe_v2.json); runs 3-6 (experiments/s21_ws_power_probe_v*.json)
-    # the bias row "blocked" and by "tma", the rows kernel (192x128 and 256x128) with its own epilogue and
-    # with an epilogue warpgroup ("ew"): each behind "192x128 s4 g1 sc epi" where a program holds many tiles
+    # Runs 1-2 (experiments/s20_ws_power_probe_v{1,2}.json) also timed 128x128 s5 g8 fold, 128x128 s6 g8 sc,
+    # 192x128 s3 g8 fold, 192x128 s4 g{1,8} sc fold and 128x128 s4 g8 sc; runs 3-7 (s21_ws_power_probe_v{3..7}.json)
+    # the bias row "blocked", 128x128 s5 g8 with the TMA row, the rows kernel at 256x128 s3, the rows kernel with
+    # an epilogue warpgroup (commit f2cb384) and the output stored from the registers (commit 638bfbf; both
+    # removed since): each behind "192x128 s4 g1 sc epi" where a program holds many tiles
     "128x128 s5 g8": (WsConfig("pingpong", 128, 128, 64, 5, 8), "epilogue"),
     # the bias loaded in the epilogue: 344 B of spills at sm_90 (the tuner's pick on 11 of 12 shapes)
     "192x128 s4 g1 sc epi": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "epilogue"),
-    # run 7: the output stored from the registers ("dc": no staging buffer, no shared-memory traffic beside
-    # the main loop's; a fifth ring stage fits)
-    "192x128 s4 g1 dc": (WsConfig("pingpong", 192, 128, 64, 4, 1, direct_c=True), "epilogue"),
-    "192x128 s5 g1 dc": (WsConfig("pingpong", 192, 128, 64, 5, 1, direct_c=True), "epilogue"),
-    "128x128 s6 g8 dc": (WsConfig("pingpong", 128, 128, 64, 6, 8, direct_c=True), "epilogue"),
+    # the bias row by TMA (the loader warp, a 4-slot ring in shared memory): no global loads in the epilogue
+    "192x128 s4 g1 sc tma": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "tma"),
+    # two warpgroups on one tile, a row piece each (gemm_ws "rows"): a program's last epilogue on both
+    "rows 192x128 s4 g1": (WsConfig("rows", 192, 128, 64, 4, 1), "epilogue"),
     # the tuned tile and the rows kernel without an epilogue (what bias + GELU costs)
     "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare"),
     "rows 192x128 s4 g1 bare": (WsConfig("rows", 192, 128, 64, 4, 1), "bare"),

@@ -77,8 +77,6 @@ SMEM_LIMIT = 232448  # sm_90: dynamic shared memory per block (227 KB)
 WS_DTYPES = (torch.float16, torch.bfloat16)
 LOADER_REGS = 40  # the loader warp's registers after setmaxnreg (its share goes to the consumers)
 CONSUMER_REGS = 232  # the ping-pong kernel's second consumer warpgroup (the first gets what is left)
-EPI_REGS = 128  # the rows kernel's epilogue warpgroup (a 32-row chunk: 32 values a thread); its second
-# consumer then gets the row piece's accumulator + 64 (the first consumer gets what is left)
 
 _SOURCE = """
 from triton.experimental import gluon
@@ -150,16 +148,6 @@ def _store_tile(acc, buf, c_desc, off_m, off_n, PENDING: gl.constexpr):
 
 
 @gluon.jit
-def _put_tile(acc, buf, c_desc, c_ptr, stride_cm, offs_m, offs_n, mask, off_m, off_n, PENDING: gl.constexpr, DIRECT_C: gl.constexpr):
-    # DIRECT_C: straight from the registers to global memory (no staging buffer, no shared-memory traffic:
-    # the main loop's wgmma and TMA use its bandwidth); else ``_store_tile``
-    if DIRECT_C:
-        gl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask)
-    else:
-        _store_tile(acc, buf, c_desc, off_m, off_n, PENDING)
-
-
-@gluon.jit
 def _loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K,
             BLOCK_N: gl.constexpr, NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
             M_LO: gl.constexpr, N_LO: gl.constexpr, bias_desc, bias_bufs, bias_ready, bias_free, BIAS_TMA: gl.constexpr):
@@ -208,10 +196,9 @@ def _loader(a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_l
 
 
 @gluon.jit
-def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c_smem, c_lo_smem, c_desc, c_lo_desc, c_ptr, stride_cm,
-              {extra_ptrs}M, N, K, {extra_strides}{extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
-              M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr, WG: gl.constexpr, bias_bufs, bias_ready, bias_free,
-              DIRECT_C: gl.constexpr):
+def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c_smem, c_lo_smem, c_desc, c_lo_desc, {extra_ptrs}M, N, K,
+              {extra_strides}{extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
+              M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr, WG: gl.constexpr, bias_bufs, bias_ready, bias_free):
     # one warpgroup: the main loop, the epilogue and the store of the program's tiles WG, WG + 2, ...;
     # with N_LO > 0 (M_LO > 0) the tile's last N_LO columns (M_LO rows) are a second accumulator
     # (``acc_lo``, stored through c_lo_desc). SHARED_C: both consumers stage their tiles in the same
@@ -283,18 +270,16 @@ def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
 {pp_epilogue_12}
             # own buffers: after this consumer's previous tile left c_lo_smem
-            _put_tile(acc, c_lo_smem, c_lo_desc, c_ptr, stride_cm, offs_m, offs_n, mask, off_m + LO_DM, off_n + LO_DN, 0, DIRECT_C)
+            _store_tile(acc, c_lo_smem, c_lo_desc, off_m + LO_DM, off_n + LO_DN, 0)
             acc = hi
         offs_m = off_m + gl.arange(0, M_HI, layout=gl.SliceLayout(1, acc_layout))
         offs_n = off_n + gl.arange(0, N_HI, layout=gl.SliceLayout(0, acc_layout))
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
 {pp_epilogue}
         if HAS_LO:
-            # the small piece's store may stay in flight
-            _put_tile(acc, c_smem, c_desc, c_ptr, stride_cm, offs_m, offs_n, mask, off_m, off_n, 1, DIRECT_C)
+            _store_tile(acc, c_smem, c_desc, off_m, off_n, 1)  # the small piece's store may stay in flight
         else:
-            # own buffer: after this consumer's previous tile left c_smem
-            _put_tile(acc, c_smem, c_desc, c_ptr, stride_cm, offs_m, offs_n, mask, off_m, off_n, 0, DIRECT_C)
+            _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # own buffer: after this consumer's previous tile left c_smem
         if SHARED_C:  # the staging buffers are read: the other consumer's next tile may fill them
             tma.store_wait(0)
             mbarrier.arrive(cfree, count=1)
@@ -302,26 +287,21 @@ def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c
 
 
 @gluon.jit
-def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, c_ptr, stride_cm, {extra_ptrs}M, N, K,
-                         {extra_strides}{extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
+                         {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                          B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr,
-                         DIRECT_C: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                         LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     # N_LO > 0 (M_LO > 0): the tile is c_desc's width + N_LO columns wide (height + M_LO rows high),
     # the second piece loaded through b_lo_desc (a_lo_desc) and stored through c_lo_desc; the unused
     # descriptors are the first pieces' again. bias_desc (bias mode "tma"): the bias row as a (1, N)
-    # tensor, one tile's columns a block; otherwise c_desc again, unused. DIRECT_C: the consumers store
-    # through c_ptr (row stride stride_cm) from their registers, with no staging buffers
+    # tensor, one tile's columns a block; otherwise c_desc again, unused
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    if DIRECT_C:
-        c0 = a_bufs
-        c1 = a_bufs
+    c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    if SHARED_C:
+        c1 = c0
     else:
-        c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        if SHARED_C:
-            c1 = c0
-        else:
-            c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     if M_LO > 0:
         a_lo_bufs = gl.allocate_shared_memory(a_lo_desc.dtype, [STAGES] + a_lo_desc.block_type.shape, a_lo_desc.layout)
     else:
@@ -330,10 +310,7 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
         b_lo_bufs = gl.allocate_shared_memory(b_lo_desc.dtype, [STAGES] + b_lo_desc.block_type.shape, b_lo_desc.layout)
     else:
         b_lo_bufs = b_bufs
-    if DIRECT_C:
-        c0_lo = a_bufs
-        c1_lo = a_bufs
-    elif M_LO + N_LO > 0:
+    if M_LO + N_LO > 0:
         c0_lo = gl.allocate_shared_memory(c_lo_desc.dtype, c_lo_desc.block_type.shape, c_lo_desc.layout)
         if SHARED_C:
             c1_lo = c0_lo
@@ -373,11 +350,11 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
     # fmt: off
     gl.warp_specialize([
         (_consumer, (a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree.index(0), c0, c0_lo, c_desc, c_lo_desc,
-                     c_ptr, stride_cm, {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO,
-                     N_LO, SHARED_C, FIRST, bias_bufs, bias_ready, bias_free, DIRECT_C)),
+                     {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO, N_LO,
+                     SHARED_C, FIRST, bias_bufs, bias_ready, bias_free)),
         (_consumer, (a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree.index(0), c1, c1_lo, c_desc, c_lo_desc,
-                     c_ptr, stride_cm, {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO,
-                     N_LO, SHARED_C, SECOND, bias_bufs, bias_ready, bias_free, DIRECT_C)),
+                     {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO, N_LO,
+                     SHARED_C, SECOND, bias_bufs, bias_ready, bias_free)),
         (_loader, (a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
                    GROUP_M, B_KMAJOR, M_LO, N_LO, bias_desc, bias_bufs, bias_ready, bias_free, BIAS_TMA)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -385,14 +362,13 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
 
 
 @gluon.jit
-def _rows_consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, staged, cfree, {extra_ptrs}M, N, K, {extra_strides}
+def _rows_consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, {extra_ptrs}M, N, K, {extra_strides}
                    {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, B_KMAJOR: gl.constexpr,
-                   BLOCK_M: gl.constexpr, DM: gl.constexpr, EPI_WG: gl.constexpr):
+                   BLOCK_M: gl.constexpr, DM: gl.constexpr):
     # one warpgroup of ``gemm_rows_kernel``: rows DM .. DM + PM of every tile of the program, over the
     # same B blocks as the other warpgroup (which holds the tile's other rows), then their epilogue
     # and store. Both consume every ring slot in order (a slot is free once both have arrived), so a
-    # ``ready`` wait never runs ahead of the slot's previous use. EPI_WG: the product goes to the
-    # epilogue warpgroup through c_smem (in the output dtype) and the next tile's main loop starts
+    # ``ready`` wait never runs ahead of the slot's previous use
     STAGES: gl.constexpr = a_bufs.shape[0]
     PM: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -402,7 +378,6 @@ def _rows_consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, staged, cfree, 
     k_steps = gl.cdiv(K, BLOCK_K)
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     c = 0
-    i = 0
     for t in range(gl.program_id(0), num_tiles, NUM_PROGRAMS):
         pid_m, pid_n = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = zero
@@ -416,62 +391,25 @@ def _rows_consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, staged, cfree, 
             c += 1
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
-        if EPI_WG:  # once the epilogue warpgroup has stored the previous tile from c_smem
-            mbarrier.wait(cfree, (i - 1) & 1, pred=i > 0)
-            c_smem.store(acc.to(c_desc.dtype))
-            mbarrier.arrive(staged, count=1)  # (after a warpgroup barrier: every thread has stored)
-        else:
-            off_m = pid_m * BLOCK_M + DM
-            off_n = pid_n * BLOCK_N
-            offs_m = off_m + gl.arange(0, PM, layout=gl.SliceLayout(1, acc_layout))
-            offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        off_m = pid_m * BLOCK_M + DM
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + gl.arange(0, PM, layout=gl.SliceLayout(1, acc_layout))
+        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
 {rows_epilogue}
-            _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # after this warpgroup's previous tile left c_smem
-        i += 1
+        _store_tile(acc, c_smem, c_desc, off_m, off_n, 0)  # after this warpgroup's previous tile left c_smem
     tma.store_wait(0)
 
 
 @gluon.jit
-def _epilogue_wg(c_hi, c_lo, c_desc, c_lo_desc, staged, cfree, {extra_ptrs}M, N, K, {extra_strides}
-                 {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr):
-    # the rows kernel's epilogue warpgroup: each tile's product (both row pieces, in the output dtype:
-    # rounded as an unfused GEMM's output is before its bias and activation) CHUNK rows at a time out of
-    # the pieces' store buffers, through the epilogue in fp32, back into them, then out by TMA, while the
-    # consumers run the next tile's main loop
-    M_HI: gl.constexpr = c_desc.block_type.shape[0]
-    M_LO: gl.constexpr = c_lo_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    CHUNK: gl.constexpr = 32
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    i = 0
-    for t in range(gl.program_id(0), num_tiles, NUM_PROGRAMS):
-        pid_m, pid_n = _tile_coords(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        off_n = pid_n * BLOCK_N
-        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-        mbarrier.wait(staged, i & 1)
-{ew_pieces}
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, off_n], c_hi)
-        tma.async_copy_shared_to_global(c_lo_desc, [pid_m * BLOCK_M + M_HI, off_n], c_lo)
-        tma.store_wait(0)
-        mbarrier.arrive(cfree, count=1)  # the consumers may stage the next tile
-        i += 1
-
-
-@gluon.jit
-def gemm_rows_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, c_ptr, stride_cm, {extra_ptrs}M, N, K,
-                     {extra_strides}
+def gemm_rows_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
                      {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                     B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, EPI_WG: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, EPI_CONSUMER_REGS: gl.constexpr, EPI_REGS: gl.constexpr):
+                     B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     # two consumer warpgroups on one tile of a_desc's + M_LO rows, a row piece each (its A block through
     # a_desc / a_lo_desc, its store through c_desc / c_lo_desc) over one B block a K step: where a
     # program holds one tile, its epilogue runs on both warpgroups at once (the ping-pong kernel runs it
-    # on one while the other has no tile). The arguments are the ping-pong kernel's (b_lo_desc,
-    # bias_desc, c_ptr and stride_cm unused). EPI_WG: a third warpgroup runs the epilogues (``_epilogue_wg``), beside the
-    # consumers' next main loop
+    # on one while the other has no tile). The arguments are the ping-pong kernel's (b_lo_desc and
+    # bias_desc unused)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     a_lo_bufs = gl.allocate_shared_memory(a_lo_desc.dtype, [STAGES] + a_lo_desc.block_type.shape, a_lo_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -488,31 +426,15 @@ def gemm_rows_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bi
     TOP: gl.constexpr = 0
     NO_LO: gl.constexpr = 0
     NO_TMA_BIAS: gl.constexpr = False
-    staged = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    cfree = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(staged.index(0), count=2)  # both consumers have staged their piece
-    mbarrier.init(cfree.index(0), count=1)
     # fmt: off
-    if EPI_WG:
-        gl.warp_specialize([
-            (_rows_consumer, (a_bufs, b_bufs, ready, empty, c_hi, c_desc, staged.index(0), cfree.index(0), {extra_args}M, N, K,
-                              {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, BLOCK_M, TOP, EPI_WG)),
-            (_rows_consumer, (a_lo_bufs, b_bufs, ready, empty, c_lo, c_lo_desc, staged.index(0), cfree.index(0), {extra_args}M, N, K,
-                              {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, BLOCK_M, M_HI, EPI_WG)),
-            (_epilogue_wg, (c_hi, c_lo, c_desc, c_lo_desc, staged.index(0), cfree.index(0), {extra_args}M, N, K, {extra_stride_args}
-                            {extra_flag_args}NUM_PROGRAMS, GROUP_M, BLOCK_M)),
-            (_loader, (a_desc, a_lo_desc, b_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
-                       GROUP_M, B_KMAJOR, M_LO, NO_LO, a_desc, a_bufs, ready, empty, NO_TMA_BIAS)),
-        ], [4, 4, 1], [EPI_CONSUMER_REGS, EPI_REGS, LOADER_REGS])
-    else:
-        gl.warp_specialize([
-            (_rows_consumer, (a_bufs, b_bufs, ready, empty, c_hi, c_desc, staged.index(0), cfree.index(0), {extra_args}M, N, K,
-                              {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, BLOCK_M, TOP, EPI_WG)),
-            (_rows_consumer, (a_lo_bufs, b_bufs, ready, empty, c_lo, c_lo_desc, staged.index(0), cfree.index(0), {extra_args}M, N, K,
-                              {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, BLOCK_M, M_HI, EPI_WG)),
-            (_loader, (a_desc, a_lo_desc, b_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
-                       GROUP_M, B_KMAJOR, M_LO, NO_LO, a_desc, a_bufs, ready, empty, NO_TMA_BIAS)),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    gl.warp_specialize([
+        (_rows_consumer, (a_bufs, b_bufs, ready, empty, c_hi, c_desc, {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}
+                          NUM_PROGRAMS, GROUP_M, B_KMAJOR, BLOCK_M, TOP)),
+        (_rows_consumer, (a_lo_bufs, b_bufs, ready, empty, c_lo, c_lo_desc, {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}
+                          NUM_PROGRAMS, GROUP_M, B_KMAJOR, BLOCK_M, M_HI)),
+        (_loader, (a_desc, a_lo_desc, b_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
+                   GROUP_M, B_KMAJOR, M_LO, NO_LO, a_desc, a_bufs, ready, empty, NO_TMA_BIAS)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     # fmt: on
 
 
@@ -688,16 +610,6 @@ def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
     return no_fold, "        pass"
 
 
-# one row piece in the epilogue warpgroup (``_epilogue_wg``), CHUNK rows at a time
-_EW_PIECE = """        for r in gl.static_range(0, {rows}, CHUNK):
-            buf = {piece}.slice(r, CHUNK)
-            offs_m = pid_m * BLOCK_M + {dm} + r + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            acc = buf.load(layout).to(gl.float32)
-{epilogue}
-            buf.store(acc.to(c_desc.dtype))"""
-
-
 def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue") -> str:
     """The Gluon module of the kernels specialised to ``epi`` (``fast_gelu``: GELU in the tanh form
     on ``tanh.approx.f32``; ``bias_mode``: where the ping-pong kernel reads a bias row, ``BIAS_MODES``)."""
@@ -715,11 +627,7 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         extra_stride_args="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
         epilogue_12=_epilogue(epi, " " * 12, fast_gelu),
-        rows_epilogue=_epilogue(epi, " " * 12, fast_gelu),
-        ew_pieces="\n".join(
-            _EW_PIECE.format(piece=piece, rows=rows, dm=dm, epilogue=_epilogue(epi, " " * 12, fast_gelu))
-            for piece, rows, dm in (("c_hi", "M_HI", "0"), ("c_lo", "M_LO", "M_HI"))
-        ),
+        rows_epilogue=_epilogue(epi, " " * 8, fast_gelu),
         pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, ("off_n", "N_HI", "acc_layout")),
         pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout"), last_piece=False),
         first_k=first_k,
@@ -753,8 +661,6 @@ class WsConfig:
     group_m: int = 8
     c_bufs: int = 2  # coop only
     shared_c: bool = False  # ping-pong only
-    epi_wg: bool = False  # rows only: a third warpgroup runs the epilogues
-    direct_c: bool = False  # ping-pong only: the output stored from the registers (no staging buffers)
 
     @property
     def store_n(self) -> int:
@@ -790,7 +696,7 @@ class WsConfig:
         consumer, one set with ``shared_c``, or ``c_bufs``) and the mbarriers."""
         ring = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n)
         if self.schedule == "pingpong":
-            staged = 0 if self.direct_c else (1 if self.shared_c else 2) * self.block_n
+            staged = (1 if self.shared_c else 2) * self.block_n
         elif self.schedule == "rows":  # one store buffer a row piece: the tile once
             staged = self.block_n
         else:
@@ -801,7 +707,7 @@ class WsConfig:
         s = f"{self.schedule} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages} g{self.group_m}"
         if self.schedule == "coop":
             return s + f" c{self.c_bufs}"
-        return s + (" sc" if self.shared_c else "") + (" ew" if self.epi_wg else "") + (" dc" if self.direct_c else "")
+        return s + (" sc" if self.shared_c else "")
 
 
 def ws_config(cfg: Any, elem: int = 2) -> WsConfig:
@@ -936,14 +842,12 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
     meta["LOADER_REGS"] = LOADER_REGS
     if cfg.schedule in ("pingpong", "rows"):
         kernel, warps = mod.gemm_pingpong_kernel, 4
-        args: tuple[Any, ...] = (a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, c2, c2.stride(0), *ex, m, n, k,
-                                 *ex_strides)  # fmt: skip
+        args: tuple[Any, ...] = (a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, *ex, m, n, k, *ex_strides)
         meta.update(M_LO=m_lo, CONSUMER_REGS=CONSUMER_REGS)
         if cfg.schedule == "rows":
             kernel = mod.gemm_rows_kernel
-            meta.update(EPI_WG=cfg.epi_wg, EPI_CONSUMER_REGS=min(256, cfg.row_pieces[1] * cfg.block_n // 128 + 64), EPI_REGS=EPI_REGS)
         else:
-            meta.update(N_LO=lo, SHARED_C=cfg.shared_c and not cfg.direct_c, DIRECT_C=cfg.direct_c)
+            meta.update(N_LO=lo, SHARED_C=cfg.shared_c)
     else:
         kernel, warps = mod.gemm_coop_kernel, 8
         args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
@@ -999,8 +903,6 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
         if getattr(mod, "BIAS_TMA_INPUT", None) is not None:
             bias_d = TensorDescriptor.from_tensor(torch.empty((1, n), dtype=dtype), [1, hi], _tma_row_layout(dtype))
         sig["bias_desc"] = mangle_type(bias_d)
-        sig["c_ptr"] = "*fp16" if dtype == torch.float16 else "*bf16"
-        sig["stride_cm"] = "i32"
     for j in range(epi.n_inputs):
         sig[f"x{j}_ptr"] = ptr
     sig.update(M="i32", N="i32", K="i32")
@@ -1012,13 +914,10 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=cfg.group_m, STAGES=cfg.stages, **({"C_BUFS": cfg.c_bufs} if coop else {}))
     constexprs["B_KMAJOR"] = b_kmajor
     if not coop:
-        pingpong = {"N_LO": lo, "SHARED_C": cfg.shared_c and not cfg.direct_c, "DIRECT_C": cfg.direct_c}
-        constexprs.update(M_LO=m_lo, **({"EPI_WG": cfg.epi_wg} if rows else pingpong))
+        constexprs.update(M_LO=m_lo, **({} if rows else {"N_LO": lo, "SHARED_C": cfg.shared_c}))
     constexprs["LOADER_REGS"] = LOADER_REGS
     if not coop:
         constexprs["CONSUMER_REGS"] = CONSUMER_REGS
-    if rows:
-        constexprs.update(EPI_CONSUMER_REGS=min(256, m_lo * cfg.block_n // 128 + 64), EPI_REGS=EPI_REGS)
     for name in constexprs:
         sig[name] = "constexpr"
     keyed = {(fn.arg_names.index(name),): v for name, v in constexprs.items()}
