@@ -35,12 +35,12 @@ cuBLAS, at or under it on 3 of 12 (T16384 qkv 0.952, ffn1 0.971, GPT-2 qkv 0.990
 folded form on the T16384 and GPT-2 shapes, 2-5% slower on three T4096 ones: kfuse's kernels now read the
 bias in the epilogue on every tile.
 
-Run 3 (prepared, not yet run) adds the "blocked" bias load: the row loaded one column a thread (one
-pointer where the accumulator's layout needs 32 a thread) and moved into the accumulator's layout through
-shared memory. sm_90 offline: the 192 x 128 tile's 344 B of spills go to 0, its bias loads from 32 LDG a
-consumer to 1, shared memory +490 B. Prediction: 1-3% faster than the epilogue load on the T16384 and
-GPT-2 shapes with the 192 x 128 tile (no spill traffic beside the epilogue), no change at 128 x 128
-(which does not spill; its 31 fewer LDG are latency the ping-pong hides).
+Runs 3-7 (session 21, ``experiments/s21_ws_power_probe_v{3..7}.json``; docs/perf-notes.md, "Session 21"):
+the "blocked" load (predicted 1-3% faster on the T16384 / GPT-2 shapes) was 0-3% slower; the bias row by
+TMA 3-4% slower on T16384 qkv / ffn1 and GPT-2 qkv; the tuned kernel with no epilogue at all at or under
+cuBLAS on 8-11 of 12 (0.88-1.03x) where with bias + GELU on 3-5; the rows kernel (two warpgroups on one
+tile) 10-11 of 12 bare (0.88-1.02x) but 1.04-1.16x with its epilogue, 1.01-1.17x with an epilogue
+warpgroup beside its main loop; the output stored from the registers 1.03-1.30x.
 
     PYTHONPATH=. python benchmarks/experiments/ws_power_probe.py --out $OUT   # H200, ~90 s
 """

@@ -22,6 +22,9 @@ slots, each with a ``ready`` and an ``empty`` mbarrier, and the consumers (regis
 * ``gemm_coop_kernel``: two warpgroups on one 128 x 256 (or 128 x 128) tile, held as two column
   halves, so the epilogue and the TMA stores run half a tile at a time (fewer live registers;
   ``c_bufs`` staging buffers).
+* ``gemm_rows_kernel`` (an experiment, not in the tuner's space): two warpgroups on one 192- or
+  256-row tile, a row piece each (128 rows and the rest) over one B block a K step, each slot freed
+  when both have read it; the fastest main loop here, but each tile's epilogue is exposed.
 
 Each consumer keeps one wgmma group per accumulator in flight and frees a slot as soon as the
 wgmma that read it has retired. Extra inputs are loaded by pointers in the accumulator's layout (a
@@ -51,11 +54,16 @@ bytes) with the consumers sharing their staging buffers (``shared_c``: a fourth 
 record to 0.96-1.11x the bare cuBLAS GEMM, at or under it on 3 of 12 shapes. Folding the bias into the
 accumulator (``BIAS_MODES``) was measured slower where tiles are many and is not used.
 
-Session 21: the bias row by TMA (``bias_mode="tma"``: no global loads or spills in the epilogue) and
-the "blocked" load were measured 3-4% slower than the epilogue's pointer load where tiles are many, so
-kfuse keeps the latter. Without its epilogue the tuned 192 x 128 kernel is at or under the bare cuBLAS
-GEMM on 8-10 of the 12 shapes (the BERT T4096 ones at 1.00-1.01x): the epilogue costs 2-7%, and 4 us of
-a 15 us one-tile-a-program kernel at BERT T4096 attn_out (Nsight Compute), where no other tile hides it.
+Session 21 (``ws_power_probe.py`` runs 3-7, ``ncu_gemm_probe.py --set t4096 / rows``): without its
+epilogue the tuned 192 x 128 ping-pong kernel is at or under the bare cuBLAS GEMM on 8-11 of the 12
+shapes and the rows kernel on 10-11 (0.88-1.02x): the main loop is at library speed. The bias + GELU
+epilogue costs 2-7% where a program holds many tiles and 4 us of a 15 us kernel where it holds one (BERT
+T4096 attn_out, Nsight Compute). Every form tried that moves the epilogue's work elsewhere was slower
+on the many-tile shapes: the bias row by TMA (``bias_mode="tma"``: no global loads or spills, +3-4%),
+one column a thread ("blocked"), the rows kernel with its own epilogue (1.04-1.16x) or with a third
+warpgroup running the epilogues beside the next main loop (1.01-1.17x; +10% cycles at the same clock),
+and the output stored from the registers without staging (1.03-1.30x). kfuse keeps the ping-pong kernel
+with the epilogue's pointer load.
 
 Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
 TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
