@@ -538,8 +538,8 @@ FAST_EXPRS = {"gelu": "_gelu_fast({0})", "gelu_tanh": "_gelu_fast({0})"}
 # T16384 qkv / ffn1 and GPT-2 qkv, 1-3% faster on three BERT T4096 shapes (one to three tiles a program,
 # within those shapes' run-to-run spread); "blocked" loads the row one column a thread and converts it
 # through shared memory (the same pattern); "fold" starts the accumulator from it, 2-5% slower (session
-# 20). A spill-free epilogue that issues densely is the likely cost: it takes issue slots from the
-# other consumer's main loop, where the "epilogue" load's waits leave them free (not proven)
+# 20). Both spill-free forms read the row from shared memory, which the other consumer's wgmma and the
+# TMA loads keep busy: the likely cost (not proven)
 
 BIAS_MODES = ("epilogue", "fold", "blocked", "tma")
 TMA_BIAS_SLOTS = 4  # bias mode "tma": rows in flight (the loader refills a slot four tiles on)
