@@ -102,6 +102,16 @@ def _count_templates(report: dict) -> dict[str, int]:
     return out
 
 
+def _count_configs(report: dict) -> dict[str, dict[str, int]]:
+    """The tuned configs each template runs, with their launch counts (as ``models_bench`` records them)."""
+    out: dict[str, dict[str, int]] = {}
+    for k in report["kernels"]:
+        if k.get("config"):
+            per = out.setdefault(k["template"], {})
+            per[k["config"]] = per.get(k["config"], 0) + 1
+    return out
+
+
 def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> dict:
     dev = "cpu" if smoke else "cuda"
     dt = torch.float32 if smoke else torch.float16
@@ -138,6 +148,7 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
         "baseline_compile_s": comp_s,
         "tune": TUNE,
         "kernels_by_template": _count_templates(rep_),
+        "kernel_configs": _count_configs(rep_),
     }
     if PROFILE and not smoke:
         from kfuse.runtime.profile import profile_plan, profile_summary
@@ -147,7 +158,9 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
         rows = profile_plan(v.plan, [flat[i] for i in v.imported.flat_input_index], warmup=1, rep=5)
         extra["profile_summary"] = profile_summary(rows)
         top = sorted(rows, key=lambda r: -r["time_ms"])[:10]
-        extra["profile_top"] = [{k: r[k] for k in ("kernel", "template", "ops", "time_ms", "share")} for r in top]
+        config_of = {k["name"]: k.get("config") for k in rep_["kernels"] if "name" in k}  # the tuned config of each step
+        fields = ("kernel", "template", "ops", "time_ms", "share")
+        extra["profile_top"] = [{**{k: r[k] for k in fields}, "config": config_of.get(r["kernel"])} for r in top]
         print(f"  profile by template (ms): {extra['profile_summary'].get('by_template_ms')}", flush=True)
     kf = _leaves(kf_out)
     if mask is not None:
