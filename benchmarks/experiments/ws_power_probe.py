@@ -89,8 +89,9 @@ def main() -> None:
     dev, dt = "cuda", torch.float16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     torch.manual_seed(0)
-    mods = {mode: gemm_ws.module(BIAS_GELU, True, mode) for mode in gemm_ws.BIAS_MODES}
-    mods["bare"] = gemm_ws.module(Epilogue((), 0), True)
+    # the generated modules the variants use ("bare": no epilogue)
+    mods = {mode: gemm_ws.module(Epilogue((), 0) if mode == "bare" else BIAS_GELU, True, "epilogue" if mode == "bare" else mode)
+            for mode in {mode for _, mode in VARIANTS.values()}}  # fmt: skip
     recs = []
     for mdl, toks in MODELS.items():
         for m in toks:

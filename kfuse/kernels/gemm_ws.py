@@ -732,7 +732,7 @@ def _tma_row_layout(dtype: torch.dtype) -> Any:
     # the bias row's slots are one row each: no swizzle (a 128-byte swizzle would need 8 rows)
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * torch.empty((), dtype=dtype).element_size(), rank=2)
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * dtype.itemsize, rank=2)
 
 
 def tma_bias_ineligible(extras: list[torch.Tensor], j: int, cfg: WsConfig) -> str | None:

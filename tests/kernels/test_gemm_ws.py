@@ -350,6 +350,24 @@ def test_gpu_kernels_match_the_reference(cfg: WsConfig) -> None:
             assert err < (8e-3 if dtype == torch.bfloat16 else 2e-3), (cfg.describe(), dtype, epi.describe(), fast, err)
 
 
+def _odd_fp16_problem(seed: int) -> tuple[torch.Tensor, ...]:
+    """A (1000, 200) fp16 A, an nn.Linear weight (776, 200), a bias row and a residual tile: not
+    multiples of any tile, K three blocks and a ragged one; and the GPU's SM count."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("sm_90 only")
+    torch.manual_seed(seed)
+    m, n, k = 1000, 776, 200
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w = (torch.randn(n, k, device="cuda") / k**0.5).half()
+    bias, res = torch.randn(n, device="cuda").half(), torch.randn(m, n, device="cuda").half()
+    return a, w, bias, res, torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def _layouts_and_epilogues(w: torch.Tensor, bias: torch.Tensor, res: torch.Tensor) -> list[tuple]:
+    """(B, epilogue, extra inputs): B row-major and column-major, each with bias + GELU and bias + residual."""
+    return [(b, epi, extras) for b in (w.t().contiguous(), w.t()) for epi, extras in ((BIAS_GELU, [bias]), (BIAS_RES, [bias, res]))]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), WsConfig("pingpong", 128, 128, 64, 5, 8)],
                          ids=lambda c: c.describe())  # fmt: skip
@@ -357,25 +375,18 @@ def test_gpu_bias_modes_match_the_reference(cfg: WsConfig) -> None:
     """The bias modes beside "epilogue" ("tma", kfuse's where it can; "fold" and "blocked",
     experiments) on odd shapes, random inputs, the output poisoned: both B layouts, a bias row and a
     residual tile; "tma" also on three programs, so each walks 14+ tiles round the rows' 4-slot ring."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("sm_90 only")
-    torch.manual_seed(1)
-    m, n, k = 1000, 776, 200
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    w = (torch.randn(n, k, device="cuda") / k**0.5).half()
-    bias, res = torch.randn(n, device="cuda").half(), torch.randn(m, n, device="cuda").half()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    a, w, bias, res, sms = _odd_fp16_problem(seed=1)
+    m, n = a.shape[0], w.shape[0]
     for mode, programs in (("tma", sms), ("tma", 3), ("fold", sms), ("blocked", sms)):
-        for b in (w.t().contiguous(), w.t()):
-            for epi, extras in ((BIAS_GELU, [bias]), (BIAS_RES, [bias, res])):
-                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-                g = prepare(a, b, extras, torch.float16, out)
-                gemm_ws.run_module(gemm_ws.module(epi, True, mode), g.a, g.b, g.c, g.extras, cfg, programs)
-                ref = reference(a, b, extras, epi, torch.float32)
-                if epi is BIAS_GELU:  # the tanh form (fast_gelu) against the erf reference: within 1e-3 of max |y|
-                    ref = torch.nn.functional.gelu(a.float() @ b.float() + bias.float(), approximate="tanh")
-                err = float((out.float() - ref).abs().max() / ref.abs().max())
-                assert err < 2e-3, (mode, cfg.describe(), epi.describe(), err)
+        for b, epi, extras in _layouts_and_epilogues(w, bias, res):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            g = prepare(a, b, extras, torch.float16, out)
+            gemm_ws.run_module(gemm_ws.module(epi, True, mode), g.a, g.b, g.c, g.extras, cfg, programs)
+            ref = reference(a, b, extras, epi, torch.float32)
+            if epi is BIAS_GELU:  # the tanh form (fast_gelu) against the erf reference: within 1e-3 of max |y|
+                ref = torch.nn.functional.gelu(a.float() @ b.float() + bias.float(), approximate="tanh")
+            err = float((out.float() - ref).abs().max() / ref.abs().max())
+            assert err < 2e-3, (mode, cfg.describe(), epi.describe(), err)
 
 
 @pytest.mark.gpu
@@ -384,20 +395,13 @@ def test_gpu_rows_schedule_matches_the_reference(cfg: WsConfig) -> None:
     """The ``rows`` schedule on odd shapes (M not a multiple of the tile: the second piece partly or
     wholly past M), random inputs, the output poisoned: both B layouts, bias + GELU and bias +
     residual, one tile a program and 14+ tiles a program (three programs)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("sm_90 only")
-    torch.manual_seed(2)
-    m, n, k = 1000, 776, 200
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    w = (torch.randn(n, k, device="cuda") / k**0.5).half()
-    bias, res = torch.randn(n, device="cuda").half(), torch.randn(m, n, device="cuda").half()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    a, w, bias, res, sms = _odd_fp16_problem(seed=2)
+    m, n = a.shape[0], w.shape[0]
     for programs in (sms, 3):
-        for b in (w.t().contiguous(), w.t()):
-            for epi, extras in ((BIAS_GELU, [bias]), (BIAS_RES, [bias, res])):
-                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-                g = prepare(a, b, extras, torch.float16, out)
-                gemm_ws.launch(g.a, g.b, g.c, g.extras, epi, cfg, programs)
-                ref = reference(a, b, extras, epi, torch.float32)
-                err = float((out.float() - ref).abs().max() / ref.abs().max())
-                assert err < 2e-3, (programs, cfg.describe(), epi.describe(), err)
+        for b, epi, extras in _layouts_and_epilogues(w, bias, res):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            g = prepare(a, b, extras, torch.float16, out)
+            gemm_ws.launch(g.a, g.b, g.c, g.extras, epi, cfg, programs)
+            ref = reference(a, b, extras, epi, torch.float32)
+            err = float((out.float() - ref).abs().max() / ref.abs().max())
+            assert err < 2e-3, (programs, cfg.describe(), epi.describe(), err)
