@@ -39,26 +39,35 @@ def test_graph_timing_on_gpu() -> None:
 
 class _HeatingRunner:
     """A GPU that clocks down under sustained load (as an H200 at its power limit): every run costs
-    its config's time times a factor that grows with the runs so far, up to 1.3 after 8 runs."""
+    its config's time times a factor that grows with the runs so far, up to 1.3 after 8 runs. The
+    time passes on a virtual clock (``now``), which the test hands to the profiler in place of
+    ``time.perf_counter``: real sleeps of a few ms overshoot by more than the configs differ on a
+    loaded CI machine (this test failed once that way)."""
 
     device = torch.device("cpu")
     n_sets = 2
 
     def __init__(self, cost: dict[str, float]) -> None:
-        self.cost, self.runs = cost, 0
+        self.cost, self.runs, self.clock_s = cost, 0, 0.0
+
+    def now(self) -> float:
+        return self.clock_s
 
     def run(self, cfg: str, i: int) -> torch.Tensor:
         self.runs += 1
-        import time
-
-        time.sleep(self.cost[cfg] * (1 + 0.3 * min(1.0, self.runs / 8)) / 1e3)
+        self.clock_s += self.cost[cfg] * (1 + 0.3 * min(1.0, self.runs / 8)) / 1e3
         return torch.ones(1)
 
 
-def test_recheck_rotates_the_order_so_heating_cannot_pick_the_winner() -> None:
+def test_recheck_rotates_the_order_so_heating_cannot_pick_the_winner(monkeypatch: pytest.MonkeyPatch) -> None:
     """Timed one after the other, the config timed first looks fastest on a heating GPU; in rotated
     rounds the truly faster one wins."""
+    from types import SimpleNamespace
+
+    from kfuse.tune import profiler
+
     runner = _HeatingRunner({"slow-first": 4.4, "fast-second": 4.0})
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=runner.now))
     p = Profiler(warmup=0, rep=3, timeout_ms=1e3)
     sequential = {c: p._time(c, runner).time_ms for c in ("slow-first", "fast-second")}  # type: ignore[arg-type]
     assert sequential["slow-first"] < sequential["fast-second"]  # the bias the recheck removes
