@@ -9,16 +9,26 @@ from typing import Any
 import torch
 
 from kfuse.compiler import Options
-from kfuse.frontend.torch_export import Imported, from_exported_program
+from kfuse.frontend.torch_export import Imported, export_module, from_exported_program
 
 
 def _is_weight(node: torch.fx.Node, example: Any) -> bool:
-    """Dynamo lifts parameters and buffers as graph inputs; their source is not a local input."""
+    """Dynamo lifts parameters and buffers as graph inputs: frozen as constants, unlike what the
+    caller passes. The caller's tensors are those Dynamo guards as locals of the frame: a
+    ``LocalSource`` or one reached from it (``GetItemSource(LocalSource('args'))`` when forward
+    takes ``*args``, as Hugging Face models' wrapped forwards do). A module's parameters and
+    buffers are guarded as module sources, a global tensor as a global."""
     if isinstance(example, torch.nn.Parameter):
         return True
     ga = node.meta.get("grapharg")
     src = getattr(ga, "source", None)
-    return src is not None and type(src).__name__ != "LocalSource"
+    if src is None:
+        return False
+    guard = getattr(src, "guard_source", None)
+    guard = guard() if callable(guard) else guard  # a method in older torch, a property in newer
+    if guard is None:  # pragma: no cover - a source kind without a guard source
+        return type(src).__name__ != "LocalSource"
+    return guard.name != "LOCAL"
 
 
 class _WeightsFrozen(torch.nn.Module):
@@ -50,7 +60,7 @@ def kfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs:
     user_examples = tuple(example_inputs[i] for i in user_idx)
 
     def importer(a: tuple[Any, ...], k: dict[str, Any]) -> Imported:
-        ep = torch.export.export(wrapper, a, strict=False)
+        ep = export_module(wrapper, a)
         return from_exported_program(ep, "dynamo_graph")
 
     options = Options(**kwargs.get("options", {})) if "options" in kwargs else Options()
