@@ -43,6 +43,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
         from kfuse.frontend.torch_export import from_exported_program
 
         ep = model
+        if not args and not kwargs:
+            # the program's own example inputs (recorded by torch.export) unless others are given
+            args, kwargs = getattr(ep, "example_inputs", None) or ((), {})
+        if sum(s.kind.name == "USER_INPUT" for s in ep.graph_signature.input_specs) and not (args or kwargs):
+            raise TypeError("kfuse.compile(exported_program): the program records no example inputs; pass them (kfuse.compile(ep, (x,)))")
 
         def import_ep(a: tuple[Any, ...], k: dict[str, Any]) -> Imported:
             return from_exported_program(ep, "exported_program")

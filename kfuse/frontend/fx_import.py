@@ -135,26 +135,49 @@ def import_fx(
     TensorType of a runtime input. Inputs keep their placeholder names.
     """
     b = GraphBuilder(name)
-    env: dict[str, Any] = {}
     fallbacks: list[str] = []
+
+    def bind(node: torch.fx.Node) -> Any:
+        v = placeholder_values.get(node.name)
+        if isinstance(v, torch.Tensor):
+            return b.add_constant(v.detach(), name=_clean(node.name))
+        if isinstance(v, TensorType):
+            return b.add_input(node.name, v)
+        return node.meta.get("val")  # a non-tensor input, specialised by export
+
     outputs: list[str] = []
+    for o, v in _import_nodes(gm, b, fallbacks, bind):
+        if not isinstance(v, str):
+            raise NotImplementedError(f"graph output {o} is not a tensor")
+        outputs.append(v)
+    return ImportedGraph(b, outputs, fallbacks)
+
+
+def _import_nodes(
+    gm: torch.fx.GraphModule, b: GraphBuilder, fallbacks: list[str], bind: Callable[[torch.fx.Node], Any], prefix: str = ""
+) -> list[tuple[Any, Any]]:
+    """Convert the nodes of ``gm`` into ``b`` (``bind`` gives each placeholder's value); returns
+    the (FX output, kfuse value) pairs of its output node. ``prefix`` names the constants of an
+    inlined sub-graph apart from the outer graph's."""
+    env: dict[str, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            v = placeholder_values.get(node.name)
-            if isinstance(v, torch.Tensor):
-                env[node.name] = b.add_constant(v.detach(), name=_clean(node.name))
-            elif isinstance(v, TensorType):
-                env[node.name] = b.add_input(node.name, v)
-            else:
-                env[node.name] = node.meta.get("val")  # a non-tensor input, specialised by export
+            env[node.name] = bind(node)
         elif node.op == "get_attr":
-            env[node.name] = b.add_constant(_get_attr(gm, node.target).detach(), name=_clean(node.name))
+            obj = _get_attr(gm, node.target)
+            # a sub-graph of a higher-order op stays a module, inlined where the op is called
+            is_graph = isinstance(obj, torch.fx.GraphModule)
+            env[node.name] = obj if is_graph else b.add_constant(obj.detach(), name=_clean(prefix + node.name))
         elif node.op == "call_function":
             args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
             kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
             target = node.target
             if target is operator.getitem:
                 env[node.name] = args[0][args[1]]
+                continue
+            inlined = _inline_region(target, args, b, fallbacks, prefix + node.name + "_")
+            if inlined is not None:
+                env[node.name] = inlined
                 continue
             ctx = Ctx(b, node, fallbacks)
             packet = getattr(target, "overloadpacket", target)
@@ -179,14 +202,32 @@ def import_fx(
         elif node.op == "output":
             flat = node.args[0]
             flat = flat if isinstance(flat, list | tuple) else (flat,)
-            for o in flat:
-                v = env[o.name] if isinstance(o, torch.fx.Node) else o
-                if not isinstance(v, str):
-                    raise NotImplementedError(f"graph output {o} is not a tensor")
-                outputs.append(v)
+            return [(o, env[o.name] if isinstance(o, torch.fx.Node) else o) for o in flat]
         else:
             raise NotImplementedError(f"FX node kind {node.op} ({node.target}) is not supported")
-    return ImportedGraph(b, outputs, fallbacks)
+    raise NotImplementedError(f"FX graph {type(gm).__name__} has no output node")
+
+
+def _inline_region(target: Any, args: Sequence[Any], b: GraphBuilder, fallbacks: list[str], prefix: str) -> list[Any] | None:
+    """The outputs of a grad-mode or autocast region (higher-order ops ``wrap_with_set_grad_enabled``
+    and ``wrap_with_autocast``, which ``torch.export`` makes of ``torch.no_grad()`` / ``torch.autocast``
+    blocks), its sub-graph imported inline; None for any other op. Grad mode means nothing to an
+    inference graph. A disabled autocast region is plain code; an enabled one would change dtypes
+    that the sub-graph does not show, so it is refused with the way out."""
+    name = getattr(target, "__name__", str(target))
+    if name == "wrap_with_set_grad_enabled":
+        sub, operands = args[1], args[2:]
+    elif name == "wrap_with_autocast":
+        if args[2]:
+            raise NotImplementedError(
+                f"an enabled torch.autocast region ({args[0]}, {args[1]}) in the exported graph: kfuse compiles in the "
+                "model's own dtypes; convert the model (model.half()) instead of autocasting it"
+            )
+        sub, operands = args[4], args[5:]
+    else:
+        return None
+    placeholders = iter(operands)
+    return [v for _, v in _import_nodes(sub, b, fallbacks, lambda _node: next(placeholders), prefix)]
 
 
 def _functional_of(packet: Any) -> Any:

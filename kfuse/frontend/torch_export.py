@@ -30,10 +30,38 @@ class FrontendError(RuntimeError):
 
 
 def export_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> ExportedProgram:
+    """``torch.export`` for inference: under ``no_grad``, so that a ``torch.no_grad()`` region in
+    the model (Hugging Face rotary embeddings) is traced inline instead of as a
+    ``wrap_with_set_grad_enabled`` sub-graph. A Hugging Face ``DynamicCache`` in the output (decoder
+    models return their KV cache by default) is made exportable with transformers' own pytree
+    registration, on the first failure that names it, and the export is tried once more."""
     try:
-        return torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+        return _export(model, args, kwargs)
     except Exception as e:
+        if _register_hf_cache(e):
+            try:
+                return _export(model, args, kwargs)
+            except Exception as e2:
+                e = e2
         raise FrontendError(f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}") from e
+
+
+def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> ExportedProgram:
+    with torch.no_grad():
+        return torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+
+
+def _register_hf_cache(error: Exception) -> bool:
+    """Register ``transformers.DynamicCache`` as a pytree node if ``error`` is torch.export's
+    complaint about it; True when that was the problem and it is now registered."""
+    if "DynamicCache" not in str(error) or "not a known type" not in str(error):
+        return False
+    try:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+    except ImportError:  # pragma: no cover - a transformers without the helper
+        return False
+    register_dynamic_cache_export_support()
+    return True
 
 
 def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:

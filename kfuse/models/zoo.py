@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import bert, gpt2, mlp, repvgg, resnet, vit
+from . import bert, gpt2, llama, mlp, repvgg, resnet, vit
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str  # "bert-base"
-    family: str  # "bert" | "gpt2" | "vit" | "resnet" | "mlp" | "repvgg"
+    family: str  # "bert" | "gpt2" | "llama" | "vit" | "resnet" | "mlp" | "repvgg"
     description: str
     default_batch: int
     default_seq: int | None  # None for image/MLP models
@@ -58,6 +58,26 @@ _REGISTRY: dict[str, _Entry] = {
         _tok("bert-tiny", "bert", "HF BertModel: 2 layers, hidden 128, 2 heads, FFN 512, vocab 512", 8, 64, bert.build_bert, 512, 512),
         _tok("gpt2-small", "gpt2", "HF GPT2Model: 12 layers, hidden 768, 12 heads, vocab 50257", 16, 128, gpt2.build_gpt2, 50257, 1024),
         _tok("gpt2-tiny", "gpt2", "HF GPT2Model: 2 layers, hidden 128, 2 heads, vocab 512", 8, 64, gpt2.build_gpt2, 512, 512),
+        _tok(
+            "llama-1b",
+            "llama",
+            "HF LlamaModel, TinyLlama-1.1B shape: 22 layers, hidden 2048, 32 heads / 4 KV heads (GQA), SiLU MLP 5632, vocab 32000",
+            1,
+            512,
+            llama.build_llama,
+            32000,
+            2048,
+        ),
+        _tok(
+            "llama-tiny",
+            "llama",
+            "HF LlamaModel: 2 layers, hidden 128, 4 heads / 2 KV heads (GQA), SiLU MLP 256, vocab 512",
+            8,
+            64,
+            llama.build_llama,
+            512,
+            512,
+        ),
         _dense(
             "vit-b16",
             "vit",

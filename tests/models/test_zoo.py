@@ -7,9 +7,9 @@ import torch
 
 from kfuse.models import ModelSpec, build, get_spec, list_models
 
-TINY = ["bert-tiny", "gpt2-tiny", "vit-tiny", "resnet-tiny", "mlp-tiny", "nerf-mlp", "mixer-tiny", "repvgg-tiny"]
-BIG = ["bert-base", "gpt2-small", "vit-b16", "vit-ti16", "resnet50"]
-TOKEN = ["bert-base", "bert-tiny", "gpt2-small", "gpt2-tiny"]
+TINY = ["bert-tiny", "gpt2-tiny", "llama-tiny", "vit-tiny", "resnet-tiny", "mlp-tiny", "nerf-mlp", "mixer-tiny", "repvgg-tiny"]
+BIG = ["bert-base", "gpt2-small", "llama-1b", "vit-b16", "vit-ti16", "resnet50"]
+TOKEN = ["bert-base", "bert-tiny", "gpt2-small", "gpt2-tiny", "llama-1b", "llama-tiny"]
 
 
 def _first(out: object) -> torch.Tensor:
@@ -25,7 +25,7 @@ def test_registry() -> None:
     specs = list_models()
     assert {s.name for s in specs} == set(TINY + BIG)
     fams = {s.name: s.family for s in specs}
-    assert fams["bert-base"] == "bert" and fams["gpt2-tiny"] == "gpt2" and fams["vit-b16"] == "vit"
+    assert fams["bert-base"] == "bert" and fams["gpt2-tiny"] == "gpt2" and fams["vit-b16"] == "vit" and fams["llama-1b"] == "llama"
     assert fams["resnet50"] == "resnet" and fams["mixer-tiny"] == "mlp" and fams["repvgg-tiny"] == "repvgg"
     for s in specs:
         assert isinstance(s, ModelSpec) and s.description and s.default_batch >= 1
@@ -55,7 +55,7 @@ def test_tiny_build_run_export(name: str) -> None:
     torch.testing.assert_close(got, ref)
 
 
-@pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny"])
+@pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny", "llama-tiny"])
 def test_token_inputs_and_masked_export(name: str) -> None:
     model, args, kwargs = build(name, batch=16, seq=32, with_mask=True, avg_len_ratio=0.5)
     (ids,) = args
@@ -142,3 +142,16 @@ def test_big_hf_models(name: str, nparams: int, shape: tuple[int, ...]) -> None:
     with torch.no_grad():
         out = _first(model(*args, **kwargs))
     assert out.shape == shape and torch.isfinite(out).all()
+
+
+def test_llama_1b_has_tinyllama_shape() -> None:
+    """The 1.1B benchmark model, built on the meta device (no memory, no time): TinyLlama-1.1B's
+    parameter count without the LM head, GQA and the SiLU-gated MLP."""
+    from kfuse.models.llama import build_llama
+
+    with torch.device("meta"):
+        model = build_llama("llama-1b")
+    assert sum(p.numel() for p in model.parameters()) == 1_034_512_384
+    cfg = model.config
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.hidden_act) == (32, 4, 5632, "silu")
+    assert len(model.layers) == 22 and model.config._attn_implementation == "sdpa" and not model.config.use_cache

@@ -1,0 +1,120 @@
+"""Hugging Face decoder models as users hand them over: the KV cache in the output, a no_grad
+rotary block, the ExportedProgram path, and regions kfuse must refuse rather than miscompile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kfuse
+from kfuse.bench.harness import max_rel_err
+
+transformers = pytest.importorskip("transformers")
+
+
+def _llama(use_cache: bool = True) -> nn.Module:
+    shape = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+    cfg = transformers.LlamaConfig(**shape, use_cache=use_cache)
+    return transformers.LlamaModel(cfg).eval()
+
+
+def _neox() -> nn.Module:
+    cfg = transformers.GPTNeoXConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+    return transformers.GPTNeoXModel(cfg).eval()
+
+
+def _ids(seq: int = 11) -> torch.Tensor:
+    return torch.randint(0, 97, (2, seq))
+
+
+def _cache_err(got: object, ref: object) -> float:
+    """Largest relative error over every layer's keys and values of two DynamicCaches."""
+    assert type(got).__name__ == type(ref).__name__ == "DynamicCache"
+    pairs = [(g.keys, r.keys) for g, r in zip(got.layers, ref.layers, strict=True)]
+    pairs += [(g.values, r.values) for g, r in zip(got.layers, ref.layers, strict=True)]
+    assert all(g.shape == r.shape for g, r in pairs)
+    return max(max_rel_err(g, r) for g, r in pairs)
+
+
+@pytest.mark.parametrize("build", [_llama, _neox], ids=["llama", "gpt-neox"])
+def test_decoder_returning_its_kv_cache_compiles(build) -> None:  # noqa: ANN001 - a model factory
+    # torch.export cannot return a DynamicCache until it is registered as a pytree; kfuse does that
+    # on the failure and exports again, so the compiled model returns the same structure
+    model = build()
+    compiled = kfuse.compile(model, (_ids(),))
+    x = _ids()  # other token ids than the example's
+    with torch.no_grad():
+        got, ref = compiled(x), model(x)
+    assert max_rel_err(got.last_hidden_state, ref.last_hidden_state) < 1e-4
+    assert _cache_err(got.past_key_values, ref.past_key_values) < 1e-4
+    assert compiled.report["fallback"] == []
+    templates = {k["template"] for k in compiled.report["kernels"]}
+    assert {"gemm_epilogue", "fused_attention"} <= templates
+
+
+def test_decoder_through_torch_compile_reads_each_calls_tokens() -> None:
+    # HF forwards take *args: Dynamo sees the ids as args[0]; they must stay an input of the
+    # compiled graph, not be frozen with the weights
+    torch._dynamo.reset()
+    model = _llama()
+    fast = torch.compile(model, backend="kfuse")
+    with torch.no_grad():
+        for _ in range(2):
+            x = _ids()
+            got, ref = fast(x), model(x)
+            assert max_rel_err(got.last_hidden_state, ref.last_hidden_state) < 1e-4
+            assert _cache_err(got.past_key_values, ref.past_key_values) < 1e-4
+
+
+def test_exported_program_with_a_no_grad_region_is_inlined() -> None:
+    # exported with grad enabled, Llama's rotary embedding (@torch.no_grad) becomes a
+    # wrap_with_set_grad_enabled sub-graph; kfuse imports it inline. No inputs given: the
+    # program's own example inputs are used
+    model = _llama(use_cache=False)
+    x = _ids()
+    with torch.enable_grad():
+        ep = torch.export.export(model, (x,), strict=False)
+    assert any("wrap_with_set_grad_enabled" in str(n.target) for n in ep.graph_module.graph.nodes)
+    compiled = kfuse.compile(ep)
+    x2 = _ids()
+    with torch.no_grad():
+        assert max_rel_err(compiled(x2).last_hidden_state, model(x2).last_hidden_state) < 1e-4
+    assert compiled.report["fallback"] == []
+
+
+class _AutocastRegion(nn.Module):
+    def __init__(self, enabled: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.enabled = enabled
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.enabled):
+            y = self.lin(x).sin()
+        return y.float() * 2
+
+
+def test_disabled_autocast_region_is_inlined_and_enabled_one_refused() -> None:
+    x = torch.randn(3, 8)
+    off = _AutocastRegion(enabled=False).eval()
+    with torch.enable_grad():
+        ep = torch.export.export(off, (x,), strict=False)
+    assert any("wrap_with_autocast" in str(n.target) for n in ep.graph_module.graph.nodes)
+    compiled = kfuse.compile(ep, (x,))
+    x2 = torch.randn(3, 8)
+    with torch.no_grad():
+        assert max_rel_err(compiled(x2), off(x2)) < 1e-5
+    on = _AutocastRegion(enabled=True).eval()
+    ep_on = torch.export.export(on, (x,), strict=False)
+    # running it in fp32 would silently differ from the model's bf16 result
+    with pytest.raises(NotImplementedError, match="autocast region"):
+        kfuse.compile(ep_on, (x,))
+
+
+def test_exported_program_without_example_inputs_is_a_clear_error() -> None:
+    model = nn.Linear(4, 4).eval()
+    ep = torch.export.export(model, (torch.randn(2, 4),))
+    ep._example_inputs = None  # as a program loaded from an older save, which records none
+    with pytest.raises(TypeError, match="pass them"):
+        kfuse.compile(ep)
