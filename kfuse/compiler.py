@@ -37,6 +37,7 @@ class Options:
     b2b_recheck: bool = True
     fuse_attention: bool = True  # attention recognition + fused kernel (issue 4)
     fuse_pointwise: bool = True  # memory-bound chains -> generated kernels (issue 6)
+    fuse_rotary: bool = True  # x * cos + rotate_half(x) * sin -> one rotary kernel (Llama-style decoders)
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
     # 4-D outputs of an NHWC graph: "channels_last" keeps them as the kernels wrote them, "nchw"
     # copies them back; "auto" (kfuse.compile): channels-last when a 4-D example input is, as eager
@@ -82,6 +83,10 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
         from kfuse.passes.merge_gemm import merge_gemms
 
         stages += [("fuse_attention", fuse_attention), ("merge_gemm", merge_gemms)]
+    if options.fuse_rotary:  # before fuse_pointwise, which would take its multiply-add alone
+        from kfuse.passes.fuse_rotary import fuse_rotary
+
+        stages.append(("fuse_rotary", fuse_rotary))
     # bias + residual + LayerNorm in the norm kernel (before epilogue fusion), leaving a plain GEMM
     # that cuBLAS runs at full speed: the norm reads one more tensor, the GEMM loses its 1.6x
     # slower fused-epilogue main loop (docs/perf-notes.md, "GEMM: library vs template")

@@ -40,7 +40,7 @@ def _attn_fwd(
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
     stride_mb, stride_mh, stride_mq, stride_mk,
-    H, SQ, SK, D,
+    H, SQ, SK, D, KV_GROUP,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -67,8 +67,10 @@ def _attn_fwd(
         row_ok = offs_m < q_len
         q_ptrs = Q + b * stride_qb + h * stride_qh + (q_start + offs_m)[:, None] * stride_qs + offs_d[None, :]
         q = tl.load(q_ptrs, mask=row_ok[:, None] & mask_d[None, :], other=0.0)
-        k_base = K + b * stride_kb + h * stride_kh
-        v_base = V + b * stride_vb + h * stride_vh
+        # grouped-query attention: KV_GROUP query heads share one key/value head
+        kv_h = h // KV_GROUP
+        k_base = K + b * stride_kb + kv_h * stride_kh
+        v_base = V + b * stride_vb + kv_h * stride_vh
         m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -189,6 +191,7 @@ def _launch(
     scale: float,
     causal: bool,
     config: AttnConfig | None,
+    kv_group: int = 1,
 ) -> None:
     d = q.shape[-1]
     key = (sq, d, mask_kind, causal, cu is not None, batch * heads)
@@ -196,7 +199,7 @@ def _launch(
     if cfg is None and AUTOTUNE and q.is_cuda and not interpreting() and not torch.cuda.is_current_stream_capturing():
         # first launch of this problem on the GPU: a warm-up run, before any CUDA graph capture
         args = (q, k, v, o, strides, mask, mask_strides, mask_kind, cu, batch, heads, sq, sk, scale, causal)
-        cfg = _TUNED[key] = _measure_best(lambda c: _launch(*args, c), d)  # type: ignore[arg-type]
+        cfg = _TUNED[key] = _measure_best(lambda c: _launch(*args, c, kv_group), d)  # type: ignore[arg-type]
     cfg = cfg or default_config(sq, batch * heads, d)
     grid = (triton.cdiv(max(sq, 1), cfg.block_m), batch * heads)
     dummy = o if mask is None else mask
@@ -207,7 +210,7 @@ def _launch(
         scale * _LOG2E,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
         *mask_strides,
-        heads, sq, sk, d,
+        heads, sq, sk, d, kv_group,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         VARLEN=cu is not None, MASK_KIND=mask_kind, CAUSAL=bool(causal), PRECISION=_precision(q.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -248,13 +251,15 @@ def attention(
 ) -> torch.Tensor:
     """Dense attention on ``[B, H, S, D]`` tensors (any strides with a contiguous head dim).
 
+    ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention, ``[B, H / G, Sk, D]``):
+    query head ``h`` reads key/value head ``h // G``, with no copy of K and V per group.
     ``mask_kind``: MASK_KEY_PADDING with ``mask`` ``[B, Sk]`` (nonzero = attend), MASK_DENSE_BOOL
     (True = attend) or MASK_DENSE_ADD (added to the scores) with a mask broadcastable to
     ``[B, H, Sq, Sk]``. Returns ``[B, H, Sq, D]`` (or writes ``out``, any strides)."""
     _check_qkv(q, k, v, 4, "attention")
     b, h, sq, d = q.shape
-    sk = k.shape[2]
-    if k.shape[:2] != (b, h) or v.shape[:3] != k.shape[:3] or k.shape[3] != d:
+    sk, hk = k.shape[2], k.shape[1]
+    if k.shape[0] != b or hk == 0 or h % hk or v.shape[:3] != k.shape[:3] or k.shape[3] != d:
         raise ValueError(f"attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     o = out if out is not None else torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
@@ -262,7 +267,8 @@ def attention(
     if sq == 0 or b * h == 0:
         return o
     strides = tuple((t.stride(0), t.stride(1), t.stride(2)) for t in (q, k, v, o))
-    _launch(q, k, v, o, strides, m, ms, mask_kind if m is not None else MASK_NONE, None, b, h, sq, sk, scale, causal, config)  # type: ignore[arg-type]
+    kind = mask_kind if m is not None else MASK_NONE
+    _launch(q, k, v, o, strides, m, ms, kind, None, b, h, sq, sk, scale, causal, config, h // hk)  # type: ignore[arg-type]
     return o
 
 
@@ -331,9 +337,12 @@ def reference(
     causal: bool = False,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """The oracle for ``attention`` in float32: softmax(q k^T * scale + mask) v; all-masked rows are 0."""
+    """The oracle for ``attention`` in float32: softmax(q k^T * scale + mask) v; all-masked rows are 0.
+    K and V with fewer heads than Q (grouped-query) are repeated to Q's heads."""
     qf, kf, vf = q.float(), k.float(), v.float()
     b, h, sq, d = q.shape
+    if k.shape[1] != h:
+        kf, vf = (x.repeat_interleave(h // k.shape[1], dim=1) for x in (kf, vf))
     sk = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale

@@ -8,9 +8,15 @@ computed from a ``[B, S]`` input becomes ``mask_kind="padding"`` reading that in
 the report shows.
 
 When Q, K and V are head-split views of ``[B, S, H*D]`` projections
-(``permute(reshape(x, [B, S, H, D]), (0, 2, 1, 3))``) and the output is merged back the same way,
-the node takes the projections and returns ``[B, S, H*D]`` (layout ``bshd``): the kernel reads and
-writes through strides, so no transpose is ever materialised.
+(``permute(reshape(x, [B, S, H, D]), (0, 2, 1, 3))``) the node takes the projections (layout
+``bshd``); when the output is merged back the same way, it returns ``[B, S, H*D]`` (``out_layout``
+``bshd``, also for ``bhsd`` inputs such as rotary-embedded Q and K). The kernel reads and writes
+through strides, so no transpose is ever materialised.
+
+Grouped-query attention (Llama, Mistral): K and V repeated to Q's heads by
+``reshape(expand(reshape(x, [B, Hkv, 1, S, D]), [B, Hkv, G, S, D]), [B, H, S, D])`` (HF's
+``repeat_kv``) are taken unrepeated, with ``kv_group = G``: the kernel reads kv head h // G, so the
+repeated copies of K and V are never made.
 """
 
 from __future__ import annotations
@@ -119,6 +125,34 @@ def _bshd_source(name: str, nodes: dict[str, Node], graph: Graph, dims: tuple[in
     return r.inputs[0]
 
 
+def _gqa_source(name: str, nodes: dict[str, Node], graph: Graph) -> tuple[str, int] | None:
+    """``(x, G)`` if ``name`` is x [B, Hkv, S, D] repeated G times per head:
+    ``reshape(expand(reshape(x, [B, Hkv, 1, S, D]), [B, Hkv, G, S, D]), [B, Hkv * G, S, D])``."""
+    r2 = nodes.get(name)
+    e = nodes.get(r2.inputs[0]) if r2 is not None and r2.op == "reshape" else None
+    r1 = nodes.get(e.inputs[0]) if e is not None and e.op == "expand" else None
+    if r1 is None or r1.op != "reshape":
+        return None
+    x_t = graph.type_of(r1.inputs[0])
+    if not isinstance(x_t, TensorType) or x_t.rank != 4:
+        return None
+    b, hkv, s, d = x_t.shape
+    g = e.ttype.shape[2] if e.ttype.rank == 5 else 0
+    if r1.ttype.shape != (b, hkv, 1, s, d) or e.ttype.shape != (b, hkv, g, s, d) or r2.ttype.shape != (b, hkv * g, s, d) or g < 2:
+        return None
+    return r1.inputs[0], g
+
+
+def _ungrouped(m: _Match, nodes: dict[str, Node], graph: Graph) -> tuple[str, str, int]:
+    """K and V without HF's ``repeat_kv`` (and the group size), when both are repeated alike."""
+    if m.k_transposed:
+        return m.k, m.v, 1
+    gk, gv = _gqa_source(m.k, nodes, graph), _gqa_source(m.v, nodes, graph)
+    if gk is None or gv is None or gk[1] != gv[1]:
+        return m.k, m.v, 1
+    return gk[0], gv[0], gk[1]
+
+
 def _merged_output(last: Node, users: dict[str, list[Node]], graph: Graph) -> Node | None:
     """The reshape that merges the heads back: ``reshape(permute(o, (0, 2, 1, 3)), [B, S, H*D] or [B*S, H*D])``."""
     p = _single_user(users, last.name, graph)
@@ -151,7 +185,8 @@ def fuse_attention(graph: Graph) -> Graph:
         info = classify(graph, m.mask, qt, sk)
         scale = float(m.scale) if m.scale is not None else 1.0 / math.sqrt(d)
         k_dims = (0, 2, 3, 1) if m.k_transposed else _HEADS_FIRST
-        srcs = (_bshd_source(m.q, nodes, graph), _bshd_source(m.k, nodes, graph, k_dims), _bshd_source(m.v, nodes, graph))
+        k, v, group = _ungrouped(m, nodes, graph)
+        srcs = (_bshd_source(m.q, nodes, graph), _bshd_source(k, nodes, graph, k_dims), _bshd_source(v, nodes, graph))
         merged = _merged_output(m.last, users, graph)
         attrs = {
             "heads": h,
@@ -162,11 +197,23 @@ def fuse_attention(graph: Graph) -> Graph:
             "note": info.note,
             "fused_ops": tuple(m.fused),
         }
+        if group > 1:
+            attrs["kv_group"] = group
         mask_in = _mask_input(m, info)
         emit: list[tuple[str, str, tuple[str, ...], dict]] = []
-        if all(srcs) and merged is not None:
+        if all(srcs):
             attrs["layout"] = "bshd"
             ins = tuple(s for s in srcs if s is not None) + mask_in
+        else:
+            attrs["layout"] = "bhsd"
+            k_in = k
+            if m.k_transposed:
+                k_in = f"{m.last.name}_k"
+                emit.append((k_in, "permute", (k,), {"dims": (0, 1, 3, 2)}))
+            ins = (m.q, k_in, v) + mask_in
+        if merged is not None:
+            # the output merged back to [B, S, H*D]: written there by the kernel
+            attrs["out_layout"] = "bshd"
             if merged.ttype.shape == (b, sq, h * d):
                 emit.append((merged.name, "fused_attention", ins, attrs))
             else:
@@ -176,12 +223,8 @@ def fuse_attention(graph: Graph) -> Graph:
             replace[merged.name] = emit
             removed.update({m.last.name, merged.inputs[0]})
         else:
-            attrs["layout"] = "bhsd"
-            k_in = m.k
-            if m.k_transposed:
-                k_in = f"{m.last.name}_k"
-                emit.append((k_in, "permute", (m.k,), {"dims": (0, 1, 3, 2)}))
-            emit.append((m.last.name, "fused_attention", (m.q, k_in, m.v) + mask_in, attrs))
+            attrs["out_layout"] = "bhsd"
+            emit.append((m.last.name, "fused_attention", ins, attrs))
             replace[m.last.name] = emit
     if not replace:
         return graph
@@ -218,6 +261,7 @@ def _fused_type(b: GraphBuilder, ins: tuple[str, ...], attrs: dict) -> TensorTyp
     q, v = b.type_of(ins[0]), b.type_of(ins[2])
     k = b.type_of(ins[1])
     assert isinstance(q, TensorType) and isinstance(v, TensorType) and isinstance(k, TensorType)
-    if attrs["layout"] == "bshd":
-        return TensorType((q.shape[0], q.shape[1], attrs["heads"] * attrs["head_dim"]), q.dtype)
-    return TensorType((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q.dtype)
+    b_, sq = (q.shape[0], q.shape[1]) if attrs["layout"] == "bshd" else (q.shape[0], q.shape[2])
+    if attrs["out_layout"] == "bshd":
+        return TensorType((b_, sq, attrs["heads"] * attrs["head_dim"]), q.dtype)
+    return TensorType((b_, attrs["heads"], sq, attrs["head_dim"]), q.dtype)

@@ -108,7 +108,7 @@ class _Analysis:
             return first_lay if first_lay is not None and dim >= (2 if first_lay == "bs" else 1) else None
         if op == "fused_attention":
             a = node.attrs
-            if a["mask_kind"] != "padding" or a["layout"] != "bshd" or node.inputs[3] != self.mask:
+            if a["mask_kind"] != "padding" or not _packed_heads(a) or node.inputs[3] != self.mask:
                 return None
             return "bs" if all(self.layout.get(i) == "bs" for i in node.inputs[:3]) else None
         if op == "embedding":
@@ -139,9 +139,15 @@ class _Analysis:
         return lay
 
 
+def _packed_heads(a: dict) -> bool:
+    """Attention that reads [B, S, H*D] projections and writes [B, S, H*D], with as many kv heads as
+    query heads: the form the padding-free kernel takes (on packed [T, H*D] rows)."""
+    return a["layout"] == "bshd" and a.get("out_layout", "bshd") == "bshd" and a.get("kv_group", 1) == 1
+
+
 def _find_mask(graph: Graph) -> tuple[str, int, int] | None:
     for node in graph.nodes:
-        if node.op == "fused_attention" and node.attrs["mask_kind"] == "padding" and node.attrs["layout"] == "bshd":
+        if node.op == "fused_attention" and node.attrs["mask_kind"] == "padding" and _packed_heads(node.attrs):
             m = node.inputs[3]
             t = graph.type_of(m)
             if isinstance(t, TensorType) and m in graph.input_names and t.rank == 2 and t.shape[1] > 1:

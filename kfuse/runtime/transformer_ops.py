@@ -1,6 +1,6 @@
-"""The fused transformer ops (``fused_attention``, ``varlen_attention``, ``fused_norm``): their
-PyTorch references (the oracle and the ``torch`` backend) and their lowerings to the Triton
-templates in ``kfuse.kernels.attention`` / ``kfuse.kernels.norm``.
+"""The fused transformer ops (``fused_attention``, ``varlen_attention``, ``fused_norm``, ``rotary``):
+their PyTorch references (the oracle and the ``torch`` backend) and their lowerings to the Triton
+templates in ``kfuse.kernels.attention`` / ``kfuse.kernels.norm`` / ``kfuse.kernels.rotary``.
 
 Imported by the passes that create these ops, so registration happens before lowering.
 """
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kfuse.ir import ops
-from kfuse.ir.graph import Graph, Node, ValueType
+from kfuse.ir.graph import Graph, Node, TensorType, ValueType
 from kfuse.runtime.choice import choose, example_inputs, library_mode, problem_key
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 
@@ -25,20 +25,32 @@ def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
 
 # ---------------------------------------------------------------------------------------
 # fused_attention: q, k, v (, mask)
-#   layout "bshd": q/k/v are [B, S, H*D] (projection outputs, read in place), output [B, Sq, H*D]
-#   layout "bhsd": q/k/v are [B, H, S, D], output [B, H, Sq, D]
+#   layout "bshd": q/k/v are [B, S, H*D] (projection outputs, read in place)
+#   layout "bhsd": q/k/v are [B, H, S, D]
+#   out_layout (default: layout) "bshd": output [B, Sq, H*D]; "bhsd": output [B, H, Sq, D]
+#   kv_group G (default 1): k/v have H / G heads, query head h reads kv head h // G (GQA)
 #   mask_kind "none" | "padding" (mask is the [B, Sk] input, nonzero = attend) | "dense"
 #   (bool: True = attend; float: added to the scores), plus ``causal``
 # ---------------------------------------------------------------------------------------
-def to_bhsd(x: torch.Tensor, a: Mapping[str, Any]) -> torch.Tensor:
+def to_bhsd(x: torch.Tensor, a: Mapping[str, Any], kv: bool = False) -> torch.Tensor:
+    """q (or, with ``kv``, k or v) as a [B, H, S, D] view."""
     if a["layout"] == "bhsd":
         return x
     b, s = x.shape[0], x.shape[1]
+    heads = a["heads"] // a.get("kv_group", 1) if kv else a["heads"]
     try:
-        x4 = x.view(b, s, a["heads"], a["head_dim"])
+        x4 = x.view(b, s, heads, a["head_dim"])
     except RuntimeError:  # not viewable (a copy in an odd layout): make it so
-        x4 = x.reshape(b, s, a["heads"], a["head_dim"])
+        x4 = x.reshape(b, s, heads, a["head_dim"])
     return x4.permute(0, 2, 1, 3)
+
+
+def _qkv(xs: list[torch.Tensor], a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return to_bhsd(xs[0], a), to_bhsd(xs[1], a, kv=True), to_bhsd(xs[2], a, kv=True)
+
+
+def out_layout(a: Mapping[str, Any]) -> str:
+    return a.get("out_layout", a["layout"])
 
 
 def _sdpa_mask(mask: torch.Tensor | None, a: Mapping[str, Any], sq: int, sk: int, device: torch.device) -> tuple[Any, bool]:
@@ -53,12 +65,13 @@ def _sdpa_mask(mask: torch.Tensor | None, a: Mapping[str, Any], sq: int, sk: int
 
 
 def _fused_attention_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
-    q, k, v = (to_bhsd(x, a) for x in xs[:3])
+    q, k, v = _qkv(xs, a)
     mask, causal = _sdpa_mask(xs[3] if len(xs) > 3 else None, a, q.shape[2], k.shape[2], q.device)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=a["scale"])
-    if a["layout"] == "bshd":
+    gqa = a.get("kv_group", 1) > 1
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=a["scale"], enable_gqa=gqa)
+    if out_layout(a) == "bshd":
         return o.permute(0, 2, 1, 3).reshape(q.shape[0], q.shape[2], -1)
     return o
 
@@ -67,7 +80,10 @@ ops.register("fused_attention", ops.FUSED, infer=_out_type)(_fused_attention_ref
 
 
 def describe_attention(a: Mapping[str, Any]) -> str:
-    parts = [f"{a['layout']} h{a['heads']} d{a['head_dim']} mask={a['mask_kind']}"]
+    lay = a["layout"] if out_layout(a) == a["layout"] else f"{a['layout']}->{out_layout(a)}"
+    parts = [f"{lay} h{a['heads']} d{a['head_dim']} mask={a['mask_kind']}"]
+    if a.get("kv_group", 1) > 1:
+        parts.append(f"gqa{a['kv_group']}")
     if a.get("causal"):
         parts.append("causal")
     if a.get("note"):
@@ -85,7 +101,7 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
     kind = a["mask_kind"]
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        q, k, v = (to_bhsd(x, a) for x in xs[:3])
+        q, k, v = _qkv(xs, a)
         mask = xs[3] if len(xs) > 3 else None
         mk = K.MASK_NONE
         if mask is not None and kind == "padding":
@@ -93,7 +109,7 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         elif mask is not None and kind == "dense":
             mk = K.MASK_DENSE_BOOL if mask.dtype == torch.bool else K.MASK_DENSE_ADD
         b, h, sq, d = q.shape
-        if a["layout"] == "bshd":
+        if out_layout(a) == "bshd":
             out = torch.empty((b, sq, h * d), dtype=q.dtype, device=q.device)
             o4 = out.view(b, sq, h, d).permute(0, 2, 1, 3)
             K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], out=o4)
@@ -239,4 +255,35 @@ def _lower_norm(node: Node, graph: Graph, backend: str) -> Step | None:
 
     what = ("rms_norm" if a["rms"] else "layer_norm") + (f" + {a['n_add']} addends" if a["n_add"] else "")
     info = KernelInfo(node.name, "fused_norm", tuple(a.get("fused_ops", ("layer_norm",))), what)
+    return Step(node.name, node.inputs, run, info)
+
+
+# ---------------------------------------------------------------------------------------
+# rotary: x, cos, sin -> x * cos + rotate_half(x) * sin (cos/sin broadcast to x)
+# ---------------------------------------------------------------------------------------
+def _rotary_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
+    x, c, s = types
+    assert isinstance(x, TensorType) and isinstance(c, TensorType) and isinstance(s, TensorType)
+    return TensorType(x.shape, torch.promote_types(torch.promote_types(x.dtype, c.dtype), s.dtype))
+
+
+@ops.register("rotary", ops.FUSED, infer=_rotary_type)
+def _rotary_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    x, cos, sin = xs
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+
+@lowering("rotary")
+def _lower_rotary(node: Node, graph: Graph, backend: str) -> Step | None:
+    if backend == "torch":
+        return None
+    from kfuse.kernels.rotary import rotary
+
+    out_dtype = node.ttype.dtype
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        return rotary(xs[0], xs[1], xs[2], dtype=out_dtype)
+
+    info = KernelInfo(node.name, "rotary", tuple(node.attrs.get("fused_ops", ("rotary",))), "x * cos + rotate_half(x) * sin")
     return Step(node.name, node.inputs, run, info)

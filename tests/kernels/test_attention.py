@@ -100,12 +100,34 @@ def test_all_masked_rows_are_zero(device):
     assert torch.all(out[0, 0, 2:] == 0) and torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 1), (8, 8)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_heads_read_their_shared_kv_head(heads, kv_heads, causal, device):
+    """GQA: K/V have fewer heads than Q, given as strided views of one packed [B, S, 2*Hkv*D]
+    projection; query head h must read kv head h // G (a wrong group order fails: every kv head
+    has its own random values)."""
+    gen = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    b, sq, d = 2, 13, 32
+    q = torch.randn(b, heads, sq, d, generator=gen).to(device, torch.float16)
+    kv = torch.randn(b, sq, 2, kv_heads, d, generator=gen).to(device, torch.float16)
+    k, v = kv[:, :, 0].permute(0, 2, 1, 3), kv[:, :, 1].permute(0, 2, 1, 3)
+    out = _poisoned((b, heads, sq, d), torch.float16, device)
+    A.attention(q, k, v, causal=causal, out=out)
+    g = heads // kv_heads
+    ref = A.reference(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), causal=causal)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(A.reference(q, k, v, causal=causal), ref)  # the oracle repeats the same way
+
+
 def test_clear_errors(device):
     q = torch.randn(1, 1, 4, 16, device=device)
     with pytest.raises(ValueError, match="rank 4"):
         A.attention(q[0], q[0], q[0])
     with pytest.raises(ValueError, match="key padding mask"):
         A.attention(q, q, q, mask=torch.ones(2, 4, device=device), mask_kind=A.MASK_KEY_PADDING)
+    q3 = torch.randn(1, 3, 4, 16, device=device)
+    with pytest.raises(ValueError, match="do not match"):  # 3 query heads cannot share 2 kv heads
+        A.attention(q3, q3[:, :2], q3[:, :2])
     assert A.config_space(64) and A.config_space(128)
 
 

@@ -1,0 +1,111 @@
+"""Rotary position embedding recognition: ``x * cos + rotate_half(x) * sin`` becomes one
+``rotary`` node (the ``kfuse.kernels.rotary`` kernel).
+
+``rotate_half(x)`` is ``cat([neg(slice(x, D/2:D)), slice(x, 0:D/2)], dim=-1)``, as Hugging Face
+writes it for Llama, Mistral, Qwen and GPT-NeoX. Left to the pointwise pass, the negation, the
+concatenation (a copy) and the multiply-add are three launches per Q and per K in every layer.
+The two products may come in either order and with their operands either way round; the slices,
+negation, concatenation and products must have no other users (``x`` itself may).
+"""
+
+from __future__ import annotations
+
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.passes.simplify import dce
+from kfuse.runtime import transformer_ops  # noqa: F401 - registers the rotary op and its lowering
+
+_FUSED_OPS = ("slice", "slice", "neg", "cat", "mul", "mul", "add")
+
+
+def _only_user(users: dict[str, list[Node]], graph: Graph, name: str) -> bool:
+    return len(users.get(name, [])) == 1 and name not in graph.outputs
+
+
+def _last_dim_slice(n: Node | None, graph: Graph) -> tuple[str, int, int] | None:
+    """(source, start, end) of a unit-step slice over the last dim."""
+    if n is None or n.op != "slice" or n.attrs.get("step", 1) not in (1, None):
+        return None
+    src_t = graph.type_of(n.inputs[0])
+    if not isinstance(src_t, TensorType) or n.attrs["dim"] % src_t.rank != src_t.rank - 1:
+        return None
+    d = src_t.shape[-1]
+    start, end = n.attrs.get("start") or 0, n.attrs.get("end")
+    end = d if end is None or end > d else end
+    start, end = (start + d if start < 0 else start), (end + d if end < 0 else end)
+    return n.inputs[0], start, end
+
+
+def _rotate_half_source(name: str, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> tuple[str, list[str]] | None:
+    """(x, the nodes it is made of) if ``name`` is ``rotate_half(x)`` and nothing else reads them."""
+    cat = nodes.get(name)
+    if cat is None or cat.op != "cat" or len(cat.inputs) != 2 or not _only_user(users, graph, name):
+        return None
+    t = cat.ttype
+    if cat.attrs.get("dim", 0) % t.rank != t.rank - 1 or t.shape[-1] % 2:
+        return None
+    neg, lo = nodes.get(cat.inputs[0]), nodes.get(cat.inputs[1])
+    if neg is None or neg.op != "neg" or not _only_user(users, graph, neg.name):
+        return None
+    hi_s, lo_s = _last_dim_slice(nodes.get(neg.inputs[0]), graph), _last_dim_slice(lo, graph)
+    if hi_s is None or lo_s is None or hi_s[0] != lo_s[0]:
+        return None
+    x, half = hi_s[0], t.shape[-1] // 2
+    x_t = graph.type_of(x)
+    if not isinstance(x_t, TensorType) or x_t.shape != t.shape or hi_s[1:] != (half, 2 * half) or lo_s[1:] != (0, half):
+        return None
+    if not (_only_user(users, graph, neg.inputs[0]) and _only_user(users, graph, cat.inputs[1])):
+        return None
+    return x, [cat.name, neg.name, neg.inputs[0], cat.inputs[1]]
+
+
+def _match(add: Node, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> tuple[tuple[str, str, str], list[str]] | None:
+    """((x, cos, sin), fused node names) for ``add(mul(x, cos), mul(rotate_half(x), sin))``."""
+    if add.op != "add" or len(add.inputs) != 2 or not add.ttype.dtype.is_floating_point:
+        return None
+    muls = [nodes.get(i) for i in add.inputs]
+    if any(m is None or m.op != "mul" or not _only_user(users, graph, m.name) for m in muls):
+        return None
+    for rot_mul, x_mul in (muls, muls[::-1]):
+        for r_pos in (0, 1):
+            rot = _rotate_half_source(rot_mul.inputs[r_pos], nodes, users, graph)
+            if rot is None:
+                continue
+            x, parts = rot
+            if x not in x_mul.inputs:
+                continue
+            cos = x_mul.inputs[1 - x_mul.inputs.index(x)]
+            sin = rot_mul.inputs[1 - r_pos]
+            if not all(_broadcasts(graph, t, add.ttype) for t in (cos, sin)):
+                return None
+            return (x, cos, sin), [add.name, rot_mul.name, x_mul.name, *parts]
+    return None
+
+
+def _broadcasts(graph: Graph, name: str, out: TensorType) -> bool:
+    t = graph.type_of(name)
+    if not isinstance(t, TensorType) or t.rank > out.rank or not t.dtype.is_floating_point:
+        return False
+    shape = (1,) * (out.rank - t.rank) + t.shape
+    return shape[-1] == out.shape[-1] and all(a in (1, b) for a, b in zip(shape, out.shape, strict=True))
+
+
+def fuse_rotary(graph: Graph) -> Graph:
+    """Replace every recognised rotary embedding with a ``rotary`` node."""
+    nodes = graph.node_map()
+    users = graph.users()
+    found: dict[str, tuple[str, str, str]] = {}
+    for node in graph.nodes:
+        if node.op != "add" or not isinstance(node.type, TensorType) or node.ttype.rank > 4:
+            continue
+        m = _match(node, nodes, users, graph)
+        if m is not None:
+            found[node.name] = m[0]
+    if not found:
+        return graph
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        if node.name in found:
+            b.add_node(Node(node.name, "rotary", found[node.name], node.ttype, {"fused_ops": _FUSED_OPS}))
+        else:
+            b.add_node(node)
+    return dce(b.build(graph.outputs))

@@ -1,0 +1,57 @@
+"""Rotary embedding kernel vs the float32 reference: strided head-split views, broadcast cos/sin,
+partial rotary (a slice of the head dim), odd row counts and head dims that are not powers of two."""
+
+import pytest
+import torch
+
+from kfuse.kernels import rotary as R
+
+
+def _cos_sin(s: int, d: int, gen: torch.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # HF's table: per position, the same frequencies on both halves; random angles (never all zero)
+    ang = torch.rand(s, d // 2, generator=gen) * 6.0 + 0.1
+    ang = torch.cat((ang, ang), -1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("b,h,s,d", [(2, 4, 9, 32), (1, 3, 17, 24), (3, 1, 5, 130)])
+def test_head_split_view_of_a_projection(dtype, b, h, s, d, device):
+    gen = torch.Generator().manual_seed(b * 100 + s)
+    proj = torch.randn(b, s, 3 * h * d, generator=gen).to(device, dtype)  # a merged QKV output
+    x = proj[..., h * d : 2 * h * d].reshape(b, s, h, d).permute(0, 2, 1, 3)  # the K heads, strided
+    cos, sin = (t.to(device)[None, None] for t in _cos_sin(s, d, gen, dtype))  # [1, 1, S, D]
+    out = torch.full((b, h, s, d), float("nan"), dtype=dtype, device=device)
+    R.rotary(x, cos, sin, out=out)
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(out.float(), R.reference(x, cos, sin), atol=tol, rtol=tol)
+
+
+def test_partial_rotary_on_a_slice_and_per_batch_tables(device):
+    # GPT-NeoX rotates the first quarter of the head dim; cos/sin per batch row (position ids)
+    gen = torch.Generator().manual_seed(5)
+    b, h, s, d, rot = 2, 2, 7, 64, 16
+    q = torch.randn(b, h, s, d, generator=gen).to(device)
+    cos, sin = _cos_sin(s * b, rot, gen, torch.float32)
+    cos, sin = (t.reshape(b, 1, s, rot).to(device) for t in (cos, sin))
+    got = R.rotary(q[..., :rot], cos, sin)
+    assert got.is_contiguous() and got.shape == (b, h, s, rot)
+    torch.testing.assert_close(got, R.reference(q[..., :rot], cos, sin), atol=1e-5, rtol=1e-5)
+
+
+def test_reference_is_hf_rotate_half():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 4, 8, generator=gen)
+    cos, sin = _cos_sin(4, 8, gen, torch.float32)
+    x1, x2 = x[..., :4], x[..., 4:]
+    hf = x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    torch.testing.assert_close(R.reference(x, cos, sin), hf)
+
+
+def test_clear_errors(device):
+    x = torch.randn(2, 3, 5, device=device)
+    with pytest.raises(ValueError, match="even last dim"):
+        R.rotary(x, x, x)
+    y = torch.randn(2, 3, 4, device=device)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        R.rotary(y, torch.randn(3, 3, 4, device=device), y)

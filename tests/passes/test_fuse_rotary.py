@@ -1,0 +1,102 @@
+"""Rotary-embedding recognition and grouped-query attention on imported Llama graphs, and the
+rotate_half look-alikes that must be left alone."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kfuse
+import kfuse.models
+from kfuse.compiler import Options, optimize
+from kfuse.frontend.torch_export import import_module
+from kfuse.ir.interpret import reference_run
+from kfuse.passes.fuse_attention import fuse_attention
+from kfuse.passes.fuse_rotary import fuse_rotary
+
+BASE = Options(fuse_attention=False, fuse_rotary=False, fuse_epilogue=False, fuse_pointwise=False, varlen=False, layout="nchw")
+
+
+def _imported(model, args, kwargs=None):
+    kwargs = kwargs or {}
+    g = optimize(import_module(model, args, kwargs).graph, BASE).graph
+    return g, list(args) + list(kwargs.values())
+
+
+def _close(g1, g2, xs, atol=1e-5):
+    for a, b in zip(reference_run(g1, xs), reference_run(g2, xs), strict=True):
+        torch.testing.assert_close(a, b, atol=atol, rtol=1e-4)
+
+
+def _ops(g, op):
+    return [n for n in g.nodes if n.op == op]
+
+
+def test_llama_rotary_q_and_k_of_every_layer():
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=9, seed=3)
+    g, xs = _imported(model, args, kwargs)
+    assert len(_ops(g, "cat")) == 4 and len(_ops(g, "neg")) == 4  # rotate_half of q and k, 2 layers
+    r = fuse_rotary(g)
+    assert len(_ops(r, "rotary")) == 4 and not _ops(r, "cat") and not _ops(r, "neg")
+    _close(g, r, xs)
+
+
+def test_llama_attention_reads_the_shared_kv_heads_and_writes_merged_heads():
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=9, seed=4)
+    g, xs = _imported(model, args, kwargs)
+    assert len(_ops(g, "expand")) == 4  # HF repeat_kv on k and v, 2 layers
+    f = fuse_attention(fuse_rotary(g))
+    att = _ops(f, "fused_attention")
+    assert len(att) == 2 and not _ops(f, "expand")
+    for n in att:
+        a = n.attrs
+        assert (a["kv_group"], a["layout"], a["out_layout"], a["causal"]) == (2, "bhsd", "bshd", True)
+        assert n.ttype.shape == (2, 9, 128)  # [B, S, H*D]: the merge copy is gone
+    _close(g, f, xs)
+
+
+class _Rope(nn.Module):
+    """rotate_half written three ways: HF's, a swapped concatenation (a different function) and one
+    whose rotated half is also an output."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.proj = nn.Linear(32, 64)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):  # noqa: ANN201
+        q = self.proj(x).view(x.shape[0], x.shape[1], 2, 32).transpose(1, 2)
+        x1, x2 = q[..., :16], q[..., 16:]
+        if self.form == "swapped":
+            rot = torch.cat((x1, -x2), dim=-1)
+        else:
+            rot = torch.cat((-x2, x1), dim=-1)
+        out = sin * rot + q * cos  # operands and products in the other order than HF's
+        return (out, rot) if self.form == "shared" else out
+
+
+@pytest.mark.parametrize("form,fused", [("hf", True), ("swapped", False), ("shared", False)])
+def test_only_rotate_half_is_fused(form, fused):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 5, 32, generator=gen)
+    cos, sin = torch.rand(5, 32, generator=gen), torch.rand(5, 32, generator=gen)
+    model = _Rope(form).eval()
+    g, xs = _imported(model, (x, cos, sin))
+    r = fuse_rotary(g)
+    assert len(_ops(r, "rotary")) == int(fused)
+    _close(g, r, xs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_compiled_llama_runs_rotary_and_gqa_kernels(dtype):
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=11, seed=5, dtype=dtype)
+    compiled = kfuse.compile(model, args, kwargs)
+    rep = compiled.report
+    templates = [k["template"] for k in rep["kernels"]]
+    assert templates.count("rotary") == 4 and templates.count("fused_attention") == 2
+    assert rep["max_rel_err"] < (2e-2 if dtype == torch.float16 else 1e-4)
+    _, args2, _ = kfuse.models.build("llama-tiny", batch=2, seq=11, seed=6, dtype=dtype)
+    with torch.no_grad():
+        got, ref = compiled(*args2).last_hidden_state.float(), model(*args2).last_hidden_state.float()
+    assert (got - ref).abs().max() / ref.abs().max() < (2e-2 if dtype == torch.float16 else 1e-4)
+    off = kfuse.compile(model, args, kwargs, fuse_rotary=False)
+    assert "rotary" not in [k["template"] for k in off.report["kernels"]]
