@@ -1,7 +1,8 @@
 """Issue 6 on the GPU: whole models end to end (memory-bound fusion, memory plan, CUDA graphs).
 
-ResNet-50 (B1, B64, channels-last), ViT-B/16 (B64), GPT-2 small prefill (B8, S512) and ViT-Ti/16
-(B64, B256; its FFNs are chunked b2b chains, ``--ablate-b2b`` times it without them too), fp16:
+ResNet-50 (B1, B64, channels-last), ViT-B/16 (B64), GPT-2 small prefill (B8, S512), ViT-Ti/16
+(B64, B256; its FFNs are chunked b2b chains, ``--ablate-b2b`` times it without them too) and a
+Llama prefill (TinyLlama-1.1B shape, B1 and B8 at S512), fp16:
 kfuse vs eager / eager in a CUDA graph / torch.compile, correctness checked in the same run,
 peak activation memory of kfuse and of eager, and an operator profile (PNG) per case.
 
@@ -41,12 +42,15 @@ CASES: dict[str, list[tuple[str, str, int, int | None, bool]]] = {
     "gpt2_prefill": [("B8_S512", "gpt2-small", 8, 512, False)],
     # ViT-Ti/16 (DeiT-Tiny): its FFNs (192 -> 768 -> 192) are chunked b2b chains (issue 5, session 15)
     "vit_ti16": [("B64", "vit-ti16", 64, None, False), ("B256", "vit-ti16", 256, None, False)],
+    # a Llama-style decoder prefill (TinyLlama-1.1B shape): GQA, rotary, SiLU-gated MLP (session 22)
+    "llama_prefill": [("B1_S512", "llama-1b", 1, 512, False), ("B8_S512", "llama-1b", 8, 512, False)],
 }
 SMOKE: dict[str, list[tuple[str, str, int, int | None, bool]]] = {
     "resnet50": [("B1", "resnet-tiny", 1, None, True), ("B64", "resnet-tiny", 2, None, True)],
     "vit_b16": [("B64", "vit-tiny", 2, None, False)],
     "gpt2_prefill": [("B8_S512", "gpt2-tiny", 2, 32, False)],
     "vit_ti16": [("B64", "vit-tiny", 2, None, False)],
+    "llama_prefill": [("B1_S512", "llama-tiny", 2, 32, False)],
 }
 NOTES = {
     "max_autotune": "skipped (compile time; issue anchor resnet50 B64: max-autotune with CUDA graphs 3.17 ms after 300 s of compiling)",
