@@ -38,6 +38,7 @@ class Options:
     fuse_attention: bool = True  # attention recognition + fused kernel (issue 4)
     fuse_pointwise: bool = True  # memory-bound chains -> generated kernels (issue 6)
     fuse_rotary: bool = True  # x * cos + rotate_half(x) * sin -> one rotary kernel (Llama-style decoders)
+    fuse_gated_mlp: bool = True  # merged gate/up GEMM + act(gate) * up -> one two-accumulator GEMM, where measured faster
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
     # 4-D outputs of an NHWC graph: "channels_last" keeps them as the kernels wrote them, "nchw"
     # copies them back; "auto" (kfuse.compile): channels-last when a 4-D example input is, as eager
@@ -120,10 +121,14 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
         from kfuse.passes.fuse_pointwise import fuse_pointwise
 
         stages.append(("fuse_pointwise", fuse_pointwise))
-    if options.tune != "none":  # keep last: it tunes the GEMM/conv kernels the fusion stages made
+    if options.tune != "none":  # it tunes the GEMM/conv kernels the fusion stages made
         from kfuse.tune.tuner import tune_graph
 
         stages.append(("tune", lambda g: tune_graph(g, options)))
+    if options.fuse_gated_mlp and options.fuse_pointwise:  # after tuning: the unfused side keeps its tuned GEMM
+        from kfuse.passes.fuse_gated_mlp import fuse_gated_mlp
+
+        stages.append(("fuse_gated_mlp", fuse_gated_mlp))
     return stages
 
 

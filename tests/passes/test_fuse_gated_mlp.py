@@ -1,0 +1,81 @@
+"""Gated-MLP recognition on imported Llama graphs and on look-alikes that must stay unfused; the
+lowering's fused-vs-unfused decision runs both sides (on the CPU here, in the interpreter)."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kfuse
+import kfuse.models
+from kfuse.compiler import Options, optimize
+from kfuse.frontend.torch_export import import_module
+from kfuse.ir.interpret import reference_run
+from kfuse.kernels import gated_gemm as G
+
+
+def _graphs(model, args, kwargs=None):
+    g = import_module(model, args, kwargs or {}).graph
+    return optimize(g, Options(fuse_gated_mlp=False)).graph, optimize(g, Options()).graph
+
+
+def _ops(g, op):
+    return [n for n in g.nodes if n.op == op]
+
+
+def test_llama_mlp_becomes_one_gated_gemm_per_layer():
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=9, seed=3)
+    off, on = _graphs(model, args, kwargs)
+    gated = _ops(on, "gated_gemm")
+    assert len(gated) == 2 and len(_ops(on, "gemm_epilogue")) == len(_ops(off, "gemm_epilogue")) - 2
+    for n in gated:
+        assert n.attrs["act"] == "silu" and n.ttype.shape == (2, 9, 256)
+        assert [u.op for u in n.attrs["unfused"]] == ["gemm_epilogue", "slice", "slice", "pointwise"]
+    xs = list(args)
+    for a, b in zip(reference_run(off, xs), reference_run(on, xs), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+class _Mlp(nn.Module):
+    """gate/up projections in the forms that must (hf) and must not (the others) fuse."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        bias = form == "bias"
+        self.gate, self.up, self.down = nn.Linear(32, 48, bias=bias), nn.Linear(32, 48, bias=bias), nn.Linear(48, 32)
+
+    def forward(self, x: torch.Tensor):  # noqa: ANN201
+        g, u = self.gate(x), self.up(x)
+        if self.form == "act_on_up":
+            return self.down(g * F.silu(u))
+        h = self.down(F.gelu(g, approximate="tanh") * u) if self.form == "geglu" else self.down(F.silu(g) * u)
+        return (h, g) if self.form == "gate_read_twice" else h
+
+
+@pytest.mark.parametrize("form,fused", [("hf", True), ("geglu", True), ("act_on_up", True), ("bias", False), ("gate_read_twice", False)])
+def test_only_the_gated_form_fuses(form, fused):
+    # act_on_up fuses too: the gate is then the second half of the merged weight
+    x = torch.randn(3, 7, 32)
+    model = _Mlp(form).eval()
+    off, on = _graphs(model, (x,))
+    assert len(_ops(on, "gated_gemm")) == int(fused)
+    for a, b in zip(reference_run(off, [x]), reference_run(on, [x]), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    compiled = kfuse.compile(model, (x,))
+    x2 = torch.randn(3, 7, 32)
+    with torch.no_grad():
+        got, ref = compiled(x2), model(x2)
+    got, ref = (got[0], ref[0]) if isinstance(ref, tuple) else (got, ref)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    assert ("gated_gemm" in [k["template"] for k in compiled.report["kernels"]]) == fused
+
+
+def test_decision_times_the_unfused_pair_and_every_tile():
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=1, seq=8, seed=5)
+    _, g = _graphs(model, args, kwargs)
+    node = _ops(g, "gated_gemm")[0]
+    G._DECIDED.clear()
+    cfg, note = G._decide(node, g, "triton-interpreter", Options(), lambda c: lambda xs: G.gated_gemm(xs[0], xs[1], config=c))
+    assert "fused" in note and "unfused" in note and (cfg is None or cfg in G.config_space())
+    assert G._decide(node, g, "triton-interpreter", Options(), None) == (cfg, note)  # identical layers: decided once
