@@ -32,23 +32,33 @@ def _is_weight(node: torch.fx.Node, example: Any) -> bool:
 
 
 class _WeightsFrozen(torch.nn.Module):
-    """Wraps a Dynamo GraphModule so weights are attributes, not inputs."""
+    """Wraps a Dynamo GraphModule so weights are attributes, not inputs; ``fixed`` binds integer
+    inputs (the sizes of a dynamic-shape graph) to the values of one call."""
 
-    def __init__(self, gm: torch.fx.GraphModule, weights: dict[int, torch.Tensor], n_inputs: int) -> None:
+    def __init__(
+        self, gm: torch.fx.GraphModule, weights: dict[int, torch.Tensor], n_inputs: int, fixed: dict[int, int] | None = None
+    ) -> None:
         super().__init__()
         self.gm = gm
         self.n_inputs = n_inputs
         self.weight_slots = sorted(weights)
+        self.fixed = dict(fixed or {})
         for i, t in weights.items():
             self.register_buffer(f"w{i}", t.detach(), persistent=False)
 
     def forward(self, *user_inputs: Any) -> Any:
         it = iter(user_inputs)
-        args = [getattr(self, f"w{i}") if i in self.weight_slots else next(it) for i in range(self.n_inputs)]
+        args = []
+        for i in range(self.n_inputs):
+            args.append(getattr(self, f"w{i}") if i in self.weight_slots else self.fixed[i] if i in self.fixed else next(it))
         return self.gm(*args)
 
 
 def kfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
+    """Compile a Dynamo graph with kfuse. A graph traced with static shapes is compiled now, for
+    its example inputs. A dynamic-shape graph (Dynamo marks a dim dynamic when a second call
+    changes it, and passes the sizes as SymInt inputs) is compiled on each call for that call's
+    concrete sizes, once per shape: kfuse's kernels and CUDA graphs are specialised to shapes."""
     from kfuse.runtime.compiled_model import CompiledModel
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -56,21 +66,48 @@ def kfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs:
         i: x for i, (n, x) in enumerate(zip(placeholders, example_inputs, strict=True)) if isinstance(x, torch.Tensor) and _is_weight(n, x)
     }
     user_idx = [i for i in range(len(example_inputs)) if i not in weights]
-    wrapper = _WeightsFrozen(gm, weights, len(example_inputs))
-    user_examples = tuple(example_inputs[i] for i in user_idx)
-
-    def importer(a: tuple[Any, ...], k: dict[str, Any]) -> Imported:
-        ep = export_module(wrapper, a)
-        return from_exported_program(ep, "dynamo_graph")
-
     options = Options(**kwargs.get("options", {})) if "options" in kwargs else Options()
-    compiled = CompiledModel(importer, wrapper, user_examples, {}, options, "dynamo_graph")
 
-    def run(*all_inputs: Any) -> Any:
-        return compiled(*[all_inputs[i] for i in user_idx])
+    def compile_for(inputs: list[Any]) -> tuple[CompiledModel, list[int]]:
+        """A CompiledModel for ``inputs`` (all graph inputs, concrete), and which of them it takes."""
+        fixed = {i: int(inputs[i]) for i in user_idx if not isinstance(inputs[i], torch.Tensor)}
+        wrapper = _WeightsFrozen(gm, weights, len(inputs), fixed)
+        takes = [i for i in user_idx if i not in fixed]
 
-    run.kfuse_compiled = compiled  # type: ignore[attr-defined]
-    return run
+        def importer(a: tuple[Any, ...], k: dict[str, Any]) -> Imported:
+            return from_exported_program(export_module(wrapper, a), "dynamo_graph")
+
+        return CompiledModel(importer, wrapper, tuple(inputs[i] for i in takes), {}, options, "dynamo_graph"), takes
+
+    if not _symbolic(example_inputs):
+        compiled, takes = compile_for(list(example_inputs))
+
+        def run(*all_inputs: Any) -> Any:
+            return compiled(*[all_inputs[i] for i in takes])
+
+        run.kfuse_compiled = compiled  # type: ignore[attr-defined]
+        return run
+
+    per_shape: dict[tuple, tuple[CompiledModel, list[int]]] = {}
+
+    def run_dynamic(*all_inputs: Any) -> Any:
+        user = (all_inputs[i] for i in user_idx)
+        key = tuple((tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else int(x) for x in user)
+        if key not in per_shape:
+            per_shape[key] = compile_for(list(all_inputs))
+        compiled, takes = per_shape[key]
+        return compiled(*[all_inputs[i] for i in takes])
+
+    run_dynamic.kfuse_per_shape = per_shape  # type: ignore[attr-defined]
+    return run_dynamic
+
+
+def _symbolic(inputs: list[Any]) -> bool:
+    """Whether Dynamo traced with dynamic shapes: SymInt inputs or tensors with symbolic sizes."""
+    for x in inputs:
+        if isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in x.shape)):
+            return True
+    return False
 
 
 def register() -> None:
