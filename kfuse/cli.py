@@ -41,12 +41,19 @@ def _command_line(cmd: str, positional: str, **opts: Any) -> str:
 def _load(
     model: str, batch: int | None, seq: int | None, dtype: str, device: str, varlen: bool, avg_len_ratio: float | None
 ) -> tuple[Any, tuple, dict]:
-    """An embedded model by name, or an ONNX file with random inputs of its declared shapes."""
+    """An embedded model by name, a local Hugging Face checkpoint directory, or an ONNX file, with
+    random inputs of its declared shapes."""
     import torch
 
     import kfuse.models as zoo
+    from kfuse.models.pretrained import PretrainedLoadError, is_checkpoint, load_pretrained
 
     tdtype = getattr(torch, DTYPES[dtype])
+    if is_checkpoint(model):
+        try:
+            return load_pretrained(model, batch=batch, seq=seq, dtype=tdtype, device=device, with_mask=varlen or avg_len_ratio is not None)
+        except PretrainedLoadError as e:
+            raise typer.BadParameter(str(e), param_hint="MODEL") from None
     if model.endswith(".onnx") or os.path.sep in model:
         from kfuse.frontend.onnx import random_inputs_for
 
@@ -66,7 +73,9 @@ def _load(
 
 @app.command("compile")
 def compile_cmd(
-    model: Annotated[str, typer.Argument(help="an embedded model name (see `kfuse models`) or a path to an .onnx file")],
+    model: Annotated[
+        str, typer.Argument(help="an embedded model name (see `kfuse models`), a Hugging Face checkpoint directory, or an .onnx file")
+    ],
     batch: Annotated[int | None, typer.Option(help="batch size (default: the model's)")] = None,
     seq: Annotated[int | None, typer.Option(help="sequence length for token models")] = None,
     dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16")] = "fp32",

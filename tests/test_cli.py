@@ -101,3 +101,34 @@ def test_compile_onnx_file(tmp_path) -> None:
     assert r.exit_code == 0, r.output
     rep = json.loads(rep_path.read_text())
     assert rep["max_rel_err"] < 1e-5 and any(k["template"] == "gemm_epilogue" for k in rep["kernels"])
+
+
+def test_compile_a_local_hugging_face_checkpoint(tmp_path) -> None:
+    """``kfuse compile DIR`` on what save_pretrained wrote: a Llama (token ids) and a ViT (images)."""
+    import transformers
+
+    llama = transformers.LlamaModel(
+        transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+            max_position_embeddings=20,
+        )
+    )  # fmt: skip
+    vit_cfg = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48, image_size=16, patch_size=8
+    )
+    vit = transformers.ViTModel(vit_cfg, add_pooling_layer=False)
+    for name, model, extra, template in (("llama", llama, ["--seq", "40"], "rotary"), ("vit", vit, [], "fused_attention")):
+        model.save_pretrained(tmp_path / name)
+        path = tmp_path / f"{name}.json"
+        r = runner.invoke(app, ["compile", str(tmp_path / name), "--batch", "2", *extra, "--report", str(path)])
+        assert r.exit_code == 0, r.output
+        rep = json.loads(path.read_text())
+        assert rep["max_rel_err"] < 1e-4 and template in {k["template"] for k in rep["kernels"]}
+        if name == "llama":  # --seq 40 is past the position table: clamped to it
+            assert rep["inputs"][0]["type"] == "int64[2,20]", rep["inputs"]
+
+
+def test_compile_a_directory_that_is_not_a_checkpoint(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    r = runner.invoke(app, ["compile", str(tmp_path)])
+    assert r.exit_code != 0 and "could not load" in r.output
