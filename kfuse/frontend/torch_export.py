@@ -11,6 +11,7 @@ from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
 from kfuse.frontend.fx_import import import_fx
+from kfuse.frontend.mutation import StatefulModelError, functional_program
 from kfuse.ir.graph import Graph, TensorType
 
 
@@ -65,7 +66,13 @@ def _register_hf_cache(error: Exception) -> bool:
 
 
 def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
-    """Import an ExportedProgram; parameters, buffers and constants become graph constants."""
+    """Import an ExportedProgram; parameters, buffers and constants become graph constants. In-place
+    ops that a rename cannot express (on views, or with views of the written tensor) are
+    functionalised first (``kfuse.frontend.mutation``); a forward that writes state is refused."""
+    try:
+        ep = functional_program(ep)
+    except StatefulModelError as e:
+        raise FrontendError(f"{name}: {e}") from None
     sig = ep.graph_signature
     values: dict[str, torch.Tensor | TensorType] = {}
     user_names: list[str] = []
