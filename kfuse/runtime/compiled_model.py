@@ -67,6 +67,11 @@ def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
     return names
 
 
+# relative error past which the check warns: an order of magnitude above what TF32 / fp16 / bf16
+# arithmetic gives on the zoo's models
+_CHECK_TOLERANCE = {torch.float32: 1e-2, torch.float64: 1e-2, torch.float16: 5e-2, torch.bfloat16: 1e-1}
+
+
 class CompiledModel:
     """The result of ``kfuse.compile``. Call it like the model."""
 
@@ -190,6 +195,14 @@ class CompiledModel:
             scale = r.double().abs().max().item() if r.numel() else 0.0
             abs_err = max(abs_err, d)
             rel_err = max(rel_err, d / max(scale, 1e-12))
+        # far past rounding (TF32 GEMMs, fp16 accumulation orders): say so, not only in the report
+        tol = max((_CHECK_TOLERANCE.get(r.dtype, 0.0) for r in ref_flat), default=0.0)
+        if tol and rel_err > tol:
+            warnings.warn(
+                f"kfuse: {self.name} differs from PyTorch on the example inputs: max_rel_err {rel_err:.2e} > {tol:g} "
+                "(report['max_rel_err']); please report it with the model",
+                stacklevel=4,
+            )
         return {"max_abs_err": abs_err, "max_rel_err": rel_err}
 
     # ---- calling -------------------------------------------------------------------------

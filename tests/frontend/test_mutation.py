@@ -77,3 +77,14 @@ def test_compiled_result_equals_eager(cls, exact):
 def test_forward_that_writes_state_is_refused(cls, what):
     with pytest.raises(FrontendError, match=f"writes in place to {what}"):
         kfuse.compile(cls().eval(), (torch.randn(3, 4),))
+
+
+def test_a_wrong_compile_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the functionalisation switched off (the importer as it was), the view write is lost:
+    the compile's own check against PyTorch must say so, not only in the report."""
+    import kfuse.frontend.torch_export as te
+
+    monkeypatch.setattr(te, "functional_program", lambda ep: ep)
+    with pytest.warns(UserWarning, match="differs from PyTorch"):
+        compiled = kfuse.compile(_WritesViews().eval(), (torch.randn(3, 4),))
+    assert compiled.report["max_rel_err"] > 0.1
