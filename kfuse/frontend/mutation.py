@@ -26,10 +26,16 @@ def _schema(node: torch.fx.Node) -> Any:
     return getattr(node.target, "_schema", None) if node.op == "call_function" else None
 
 
+# in-place by schema, but they change autograd metadata, not values (``torch.tensor`` constants made
+# in forward are exported as ``lift_fresh_copy`` + ``detach_``)
+_METADATA_ONLY = ("detach_", "requires_grad_")
+
+
 def writes_first_argument(node: torch.fx.Node) -> bool:
-    """An in-place op (its schema writes its first argument: ``add_``, ``copy_``, ``index_put_``)."""
+    """An in-place op that writes values (its schema writes its first argument: ``add_``,
+    ``copy_``, ``index_put_``)."""
     s = _schema(node)
-    if s is None or not s.arguments:
+    if s is None or not s.arguments or s.name.split("::")[-1] in _METADATA_ONLY:
         return False
     info = s.arguments[0].alias_info
     return info is not None and info.is_write
@@ -68,7 +74,13 @@ def functional_program(ep: ExportedProgram) -> ExportedProgram:
     ``StatefulModelError`` when forward writes a parameter, buffer or input."""
     if renames_are_exact(ep.graph_module):
         return ep
-    fn = ep.run_decompositions({})
+    try:
+        fn = ep.run_decompositions({})
+    except Exception as e:  # noqa: BLE001 - a rename would be wrong here, so no import without it
+        raise StatefulModelError(
+            f"the graph writes tensors that have views (in-place ops on slices), and torch.export could not "
+            f"functionalise it ({type(e).__name__}: {str(e)[:200]}); write those ops out of place"
+        ) from e
     written = [
         f"{spec.kind.name.lower().replace('_mutation', '')} {spec.target}"
         for spec in fn.graph_signature.output_specs

@@ -19,6 +19,12 @@ def _llama(use_cache: bool = True) -> nn.Module:
     return transformers.LlamaModel(cfg).eval()
 
 
+def _mistral() -> nn.Module:
+    # sliding-window attention: its mask builder makes tensor constants in forward
+    shape = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+    return transformers.MistralModel(transformers.MistralConfig(**shape, sliding_window=6)).eval()
+
+
 def _neox() -> nn.Module:
     cfg = transformers.GPTNeoXConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
     return transformers.GPTNeoXModel(cfg).eval()
@@ -37,7 +43,7 @@ def _cache_err(got: object, ref: object) -> float:
     return max(max_rel_err(g, r) for g, r in pairs)
 
 
-@pytest.mark.parametrize("build", [_llama, _neox], ids=["llama", "gpt-neox"])
+@pytest.mark.parametrize("build", [_llama, _mistral, _neox], ids=["llama", "mistral", "gpt-neox"])
 def test_decoder_returning_its_kv_cache_compiles(build) -> None:  # noqa: ANN001 - a model factory
     # torch.export cannot return a DynamicCache until it is registered as a pytree; kfuse does that
     # on the failure and exports again, so the compiled model returns the same structure

@@ -55,11 +55,22 @@ class _WritesItsInput(nn.Module):
         return x + 1
 
 
+class _TensorConstant(nn.Module):
+    """``torch.tensor`` in forward: exported as lift_fresh_copy + detach_ (in-place by schema, but
+    metadata only), then viewed; as Mistral's sliding-window mask builder does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        return x * c[None, :] + c.view(1, 4)
+
+
 def _flat(out: object) -> list[torch.Tensor]:
     return list(out) if isinstance(out, tuple) else [out]  # type: ignore[list-item]
 
 
-@pytest.mark.parametrize("cls,exact", [(_WritesViews, False), (_ReadsAViewAfterAWrite, False), (_InplaceRelu, True)])
+@pytest.mark.parametrize(
+    "cls,exact", [(_WritesViews, False), (_ReadsAViewAfterAWrite, False), (_InplaceRelu, True), (_TensorConstant, True)]
+)
 def test_compiled_result_equals_eager(cls, exact):
     # before session 22, _WritesViews came out wrong by 25 (the written views never reached y)
     model = cls().eval()
