@@ -34,11 +34,17 @@ def _ids(seq: int = 11) -> torch.Tensor:
     return torch.randint(0, 97, (2, seq))
 
 
+def _tensors(cache: object) -> list[torch.Tensor]:
+    """Every layer's keys then values (transformers 5: ``layers``; older: ``key_cache`` lists)."""
+    if hasattr(cache, "layers"):
+        return [la.keys for la in cache.layers] + [la.values for la in cache.layers]
+    return list(cache.key_cache) + list(cache.value_cache)
+
+
 def _cache_err(got: object, ref: object) -> float:
     """Largest relative error over every layer's keys and values of two DynamicCaches."""
     assert type(got).__name__ == type(ref).__name__ == "DynamicCache"
-    pairs = [(g.keys, r.keys) for g, r in zip(got.layers, ref.layers, strict=True)]
-    pairs += [(g.values, r.values) for g, r in zip(got.layers, ref.layers, strict=True)]
+    pairs = list(zip(_tensors(got), _tensors(ref), strict=True))
     assert all(g.shape == r.shape for g, r in pairs)
     return max(max_rel_err(g, r) for g, r in pairs)
 
