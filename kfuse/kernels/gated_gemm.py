@@ -28,6 +28,7 @@ from kfuse.ir import ops
 from kfuse.ir.graph import TensorType, ValueType
 from kfuse.kernels.codegen import interpreting
 from kfuse.runtime.executor import KernelInfo, Step, lowering
+from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
 
@@ -143,8 +144,12 @@ def gated_gemm(
 
 def reference(a: torch.Tensor, w: torch.Tensor, act: str = "silu", gate_first: bool = True) -> torch.Tensor:
     """The oracle, in float32: the activation of the gate half times the up half."""
-    y = a.float() @ w.float()
-    half = w.shape[1] // 2
+    return _gate(a.float() @ w.float(), act, gate_first)
+
+
+def _gate(y: torch.Tensor, act: str, gate_first: bool) -> torch.Tensor:
+    """``act(gate) * up`` of the merged projection ``y`` (``[..., 2I]``)."""
+    half = y.shape[-1] // 2
     gate, up = (y[..., :half], y[..., half:]) if gate_first else (y[..., half:], y[..., :half])
     return _ACT_TORCH[act](gate) * up
 
@@ -171,10 +176,7 @@ def _out_type(types: list[ValueType], attrs: Mapping[str, Any]) -> ValueType:
 def _gated_ref(xs: list[torch.Tensor], attrs: Mapping[str, Any]) -> torch.Tensor:
     # as the unfused graph computes it: the GEMM's result in its dtype, then the gate
     a, w = xs
-    y = a @ w
-    half = w.shape[1] // 2
-    gate, up = (y[..., :half], y[..., half:]) if attrs["gate_first"] else (y[..., half:], y[..., :half])
-    return (_ACT_TORCH[attrs["act"]](gate) * up).to(attrs["out_type"].dtype)
+    return _gate(a @ w, attrs["act"], attrs["gate_first"]).to(attrs["out_type"].dtype)
 
 
 _DECIDED: dict[tuple, tuple[GatedConfig | None, str]] = {}
@@ -204,33 +206,25 @@ def lower_gated_gemm(node: Any, graph: Any, backend: str, options: Any = None) -
             note = f"{cfg.describe()} (rule; measurement failed: {type(e).__name__}: {str(e)[:120]})"
     ops_ = tuple(a["fused_ops"])
     if cfg is None:
-        from kfuse.kernels.b2b.lower import _unfused_run
-
         info = KernelInfo(node.name, "gated_gemm(unfused)", ops_, note)
-        return Step(node.name, node.inputs, _unfused_run(node, graph, backend, options), info)
+        return Step(node.name, node.inputs, unfused_run(node, graph, backend, options), info)
     return Step(node.name, node.inputs, fused_with(cfg), KernelInfo(node.name, "gated_gemm", ops_, note, f"{act}(gate) * up"))
 
 
 def _decide(node: Any, graph: Any, backend: str, options: Any, fused_with: Any) -> tuple[GatedConfig | None, str]:
     """(the fastest fused config, or None for the unfused pair; what was measured)."""
-    from kfuse.kernels.b2b.lower import _random_like, _time, _unfused_run
-
     types = tuple((tuple(t.shape), str(t.dtype)) for t in map(graph.type_of, node.inputs))
     key = (types, node.attrs["act"], node.attrs["gate_first"], repr(options))
     if key in _DECIDED:
         return _DECIDED[key]
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU only in tests
-    xs = []
-    for name in node.inputs:
-        c = graph.constants.get(name)
-        xs.append(c.to(device) if c is not None else _random_like(graph.type_of(name), device))
-    unfused = _unfused_run(node, graph, backend, options)  # lowered once, outside any timing or capture
-    times = {"unfused": _time(lambda: unfused(xs))}
+    xs = decision_inputs(node, graph, torch.device("cuda" if torch.cuda.is_available() else "cpu"))  # the CPU only in tests
+    unfused = unfused_run(node, graph, backend, options)  # lowered once, outside any timing or capture
+    times = {"unfused": graph_time_ms(lambda: unfused(xs))}
     best: tuple[float, GatedConfig | None] = (times["unfused"], None)
     for c in config_space(xs[0].element_size()):
         run = fused_with(c)
         try:
-            t = _time(lambda run=run: run(xs))
+            t = graph_time_ms(lambda run=run: run(xs))
         except Exception:  # noqa: BLE001 - a tile the compiler rejects (registers, shared memory) is skipped
             continue
         times[c.describe()] = t

@@ -11,10 +11,10 @@ the slices.
 
 from __future__ import annotations
 
-from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels import gated_gemm  # noqa: F401 - registers the op and its lowering
 from kfuse.kernels.gated_gemm import ACTIVATIONS
-from kfuse.passes.simplify import dce
+from kfuse.passes.simplify import substitute
 
 
 def _only_users(users: dict[str, list[Node]], graph: Graph, name: str, n: int) -> bool:
@@ -87,9 +87,4 @@ def fuse_gated_mlp(graph: Graph) -> Graph:
     nodes = graph.node_map()
     users = graph.users()
     found = {n.name: m for n in graph.nodes if n.op == "pointwise" and (m := _match(n, nodes, users, graph)) is not None}
-    if not found:
-        return graph
-    b = GraphBuilder.from_graph(graph)
-    for node in graph.nodes:
-        b.add_node(found.get(node.name, node))
-    return dce(b.build(graph.outputs))
+    return substitute(graph, found)

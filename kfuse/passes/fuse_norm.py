@@ -10,9 +10,9 @@ none fit), so all of them run on the template.
 
 from __future__ import annotations
 
-from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels.norm import MAX_ADDENDS
-from kfuse.passes.simplify import dce
+from kfuse.passes.simplify import substitute
 from kfuse.runtime import transformer_ops  # noqa: F401 - registers fused_norm and its lowering
 
 
@@ -89,12 +89,7 @@ def fuse_norms(graph: Graph) -> Graph:
         }
         ins = (first, *addends) + tuple(i for i in (w, bias) if i is not None)
         new[node.name] = Node(node.name, "fused_norm", ins, out, attrs)
-    if not new:
-        return graph
-    b = GraphBuilder.from_graph(graph)
-    for node in graph.nodes:
-        b.add_node(new.get(node.name, node))
-    return dce(b.build(graph.outputs))
+    return substitute(graph, new)
 
 
 def _type(graph: Graph, v: str) -> TensorType:

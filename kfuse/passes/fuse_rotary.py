@@ -10,8 +10,8 @@ negation, concatenation and products must have no other users (``x`` itself may)
 
 from __future__ import annotations
 
-from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
-from kfuse.passes.simplify import dce
+from kfuse.ir.graph import Graph, Node, TensorType
+from kfuse.passes.simplify import substitute
 from kfuse.runtime import transformer_ops  # noqa: F401 - registers the rotary op and its lowering
 
 _FUSED_OPS = ("slice", "slice", "neg", "cat", "mul", "mul", "add")
@@ -93,19 +93,11 @@ def fuse_rotary(graph: Graph) -> Graph:
     """Replace every recognised rotary embedding with a ``rotary`` node."""
     nodes = graph.node_map()
     users = graph.users()
-    found: dict[str, tuple[str, str, str]] = {}
+    found: dict[str, Node] = {}
     for node in graph.nodes:
         if node.op != "add" or not isinstance(node.type, TensorType) or node.ttype.rank > 4:
             continue
         m = _match(node, nodes, users, graph)
         if m is not None:
-            found[node.name] = m[0]
-    if not found:
-        return graph
-    b = GraphBuilder.from_graph(graph)
-    for node in graph.nodes:
-        if node.name in found:
-            b.add_node(Node(node.name, "rotary", found[node.name], node.ttype, {"fused_ops": _FUSED_OPS}))
-        else:
-            b.add_node(node)
-    return dce(b.build(graph.outputs))
+            found[node.name] = Node(node.name, "rotary", m[0], node.ttype, {"fused_ops": _FUSED_OPS})
+    return substitute(graph, found)

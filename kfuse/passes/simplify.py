@@ -24,6 +24,17 @@ def dce(graph: Graph) -> Graph:
     return graph.replace(nodes=tuple(reversed(kept)), constants=consts)
 
 
+def substitute(graph: Graph, new: dict[str, Node]) -> Graph:
+    """``graph`` with each node named in ``new`` replaced, in its place, by the node given for it
+    (a fused node keeps the name of the value it produces); then what nothing reads is dropped."""
+    if not new:
+        return graph
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        b.add_node(new.get(node.name, node))
+    return dce(b.build(graph.outputs))
+
+
 def cse(graph: Graph) -> Graph:
     """Merge nodes with the same op, inputs and attributes; merge equal scalar constants."""
     rename: dict[str, str] = {}

@@ -217,7 +217,7 @@ def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster
             return 1.0
         return 0.5 + i * 0.01 if fused_faster else 2.0
 
-    monkeypatch.setattr(k, "_time", fake_time)
+    monkeypatch.setattr(k, "graph_time_ms", fake_time)
     two = lambda m, w, k0=None, image=None: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")]  # noqa: E731
     monkeypatch.setattr(k, "candidate_configs", two)
     step = k.lower_b2b_chain(node, g, "triton-interpreter")
@@ -245,7 +245,7 @@ def test_tma_conv_candidates_only_when_enabled(monkeypatch: pytest.MonkeyPatch, 
     def fake_time(fn, reps: int = 20) -> float:  # noqa: ANN001
         return 1.0
 
-    monkeypatch.setattr(k, "_time", fake_time)
+    monkeypatch.setattr(k, "graph_time_ms", fake_time)
     real = k.candidate_configs
     cands = real(84, [16, 12])
     assert any(c.tile_h > 0 for c in cands)  # the list itself has them
@@ -268,7 +268,7 @@ def test_identical_chains_reuse_the_measured_decision(monkeypatch: pytest.Monkey
         timed.append(1)
         return 1.0 if len(timed) == 1 else 0.5
 
-    monkeypatch.setattr(k, "_time", fake_time)
+    monkeypatch.setattr(k, "graph_time_ms", fake_time)
     monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None: [k.default_config(m, w, "register")])
     g = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=9)))
     node = g.nodes[0]
@@ -289,7 +289,7 @@ def test_pdl_candidates_only_with_the_option(monkeypatch: pytest.MonkeyPatch, en
     from kfuse.compiler import Options
     from kfuse.kernels.b2b import lower as k
 
-    monkeypatch.setattr(k, "_time", lambda fn, reps=20: 1.0)
+    monkeypatch.setattr(k, "graph_time_ms", lambda fn, reps=20: 1.0)
     g = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=9)))
     node = g.nodes[0]
     cands = k.candidate_configs(262144, [64, 64], 64)

@@ -13,33 +13,8 @@ from kfuse.kernels.b2b.configs import candidate_configs, default_config
 from kfuse.kernels.b2b.launcher import ConvGeom, b2b_chain, capped_note, pack_first, pack_next
 from kfuse.kernels.codegen import as_pair
 from kfuse.kernels.tma import tma_device
-from kfuse.runtime.executor import LOWERINGS, KernelInfo, Step, lowering
-
-
-def _random_like(t: Any, device: torch.device) -> torch.Tensor:
-    if t.dtype.is_floating_point:
-        x = torch.randn(t.shape, dtype=t.dtype, device=device)
-    else:
-        x = torch.ones(t.shape, dtype=t.dtype, device=device)
-    if getattr(t, "layout", "") == "channels_last" and x.dim() == 4:  # time with the strides the model will use
-        x = x.to(memory_format=torch.channels_last)
-    return x
-
-
-def _time(fn: Any, reps: int = 15) -> float:
-    # GPU time from CUDA-graph replays: the plan runs in a CUDA graph, so the unfused chain's
-    # extra launches cost GPU time only, not Python launch overhead. Ten calls per graph: one
-    # replay's fixed ~5 us would otherwise be a third of a small chain's time and hide a 10% gap
-    from kfuse.bench.harness import gpu_time_ms, graph_ms_per_call
-
-    if not torch.cuda.is_available():
-        return gpu_time_ms(fn, warmup=1, rep=2)
-    fn()  # compile outside the capture
-    try:
-        return graph_ms_per_call(fn, (), calls=10, warmup=2, rep=reps)[0]
-    except Exception:  # capture failed: plain timing
-        torch.cuda.synchronize()
-        return gpu_time_ms(fn, warmup=3, rep=reps)
+from kfuse.runtime.executor import KernelInfo, Step, lowering
+from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run
 
 
 @lowering("b2b_chain")
@@ -90,7 +65,7 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
     measure = backend == "triton" and os.environ.get("KFUSE_B2B_DECIDE", "measure") == "measure"
     if cfg.residence == "chunked" and backend == "triton" and not _tma_gpu():
         # past 256 columns only the chunked kernel fuses, and it needs TMA: before Hopper, the pair
-        run, template = _unfused_run(node, graph, backend, options), "b2b_chain(unfused)"
+        run, template = unfused_run(node, graph, backend, options), "b2b_chain(unfused)"
         decision = {"residence": "none", "config": "unfused (chunked residence needs TMA: Hopper or later)", "decided_by": "rule"}
         measure = False
     sides: dict[str, Any] | None = None
@@ -128,33 +103,6 @@ def _rows(graph: Any, node: Any, chain: Chain) -> int:
     if chain.conv:
         return t.shape[0] * t.shape[2] * t.shape[3]
     return t.numel // max(1, t.shape[-1])
-
-
-def _unfused_run(node: Any, graph: Any, backend: str, options: Any) -> Any:
-    """The chain as its original kernels, one after the other (each with its own lowering)."""
-    from kfuse.runtime.executor import _takes_options, _torch_step
-
-    steps = []
-    # the stage lowerings look up their operand types, intermediates included
-    ctx = graph.replace(nodes=tuple(graph.nodes) + tuple(node.attrs["unfused"]))
-    for n in node.attrs["unfused"]:
-        fn = LOWERINGS.get(n.op)
-        st = None
-        if fn is not None:
-            st = fn(n, ctx, backend, options=options) if _takes_options(fn) else fn(n, ctx, backend)
-        steps.append(st or _torch_step(n))
-
-    def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        env = dict(zip(node.attrs["input_names"], xs, strict=True))
-        out = None
-        for st in steps:
-            out = st.fn([env[i] for i in st.inputs])
-            env[st.output] = out
-        return out
-
-    # what each stage runs, for the report (template or library, and the config)
-    run.kernels = [f"{st.info.template} {st.info.config}".strip() for st in steps]  # type: ignore[attr-defined]
-    return run
 
 
 # decisions already measured in this process, by chain and operand types: a model repeats its
@@ -196,19 +144,15 @@ def _decide(
     node: Any, graph: Any, backend: str, options: Any, fused_with: Any, m: int, widths: list[int]
 ) -> tuple[Any, str, dict[str, Any]]:
     key = _decision_key(node, graph, options)
-    unfused = _unfused_run(node, graph, backend, options)
+    unfused = unfused_run(node, graph, backend, options)
     if key in _DECIDED:
         cfg, d, best_cfg = _DECIDED[key]
         d = {**d, "decided_by": "measured (an identical chain earlier in this process)"}
         if best_cfg is not None:
             d["_sides"] = {"best_config": best_cfg, "unfused": unfused}
         return (fused_with(cfg), "b2b_chain", d) if cfg is not None else (unfused, "b2b_chain(unfused)", d)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    xs = []
-    for name in node.inputs:
-        c = graph.constants.get(name)
-        xs.append(c.to(device) if c is not None else _random_like(graph.type_of(name), device))
-    t_unfused = _time(lambda: unfused(xs))
+    xs = decision_inputs(node, graph, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    t_unfused = graph_time_ms(lambda: unfused(xs))
     best: tuple[float, B2BConfig | None] = (float("inf"), None)
     tried = {}
     x_t = graph.type_of(node.inputs[0])
@@ -227,7 +171,7 @@ def _decide(
             tried[cfg.describe()] = err
             continue
         try:
-            t = _time(lambda run=run: run(xs))
+            t = graph_time_ms(lambda run=run: run(xs))
         except Exception as e:  # a config that does not compile (registers, smem) is skipped
             tried[cfg.describe()] = f"failed: {type(e).__name__}"
             continue

@@ -1,0 +1,73 @@
+"""A fused node's measured decision: the original kernels it replaced (``attrs["unfused"]``, with
+``attrs["input_names"]``) run one after the other, random inputs of the node's types, and the
+CUDA-graph timer both sides are timed with. Used by the b2b chains and the gated-MLP GEMM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kfuse.runtime.executor import LOWERINGS, _takes_options, _torch_step
+
+
+def random_like(t: Any, device: torch.device) -> torch.Tensor:
+    """A random tensor of value type ``t`` (ones for integer types), in ``t``'s memory layout."""
+    if t.dtype.is_floating_point:
+        x = torch.randn(t.shape, dtype=t.dtype, device=device)
+    else:
+        x = torch.ones(t.shape, dtype=t.dtype, device=device)
+    if getattr(t, "layout", "") == "channels_last" and x.dim() == 4:  # time with the strides the model will use
+        x = x.to(memory_format=torch.channels_last)
+    return x
+
+
+def decision_inputs(node: Any, graph: Any, device: torch.device) -> list[torch.Tensor]:
+    """The node's inputs to time with: its constants (weights) as they are, random runtime inputs."""
+    xs = []
+    for name in node.inputs:
+        c = graph.constants.get(name)
+        xs.append(c.to(device) if c is not None else random_like(graph.type_of(name), device))
+    return xs
+
+
+def graph_time_ms(fn: Any, reps: int = 15) -> float:
+    """GPU time of ``fn()`` per call (wall clock without a GPU)."""
+    # GPU time from CUDA-graph replays: the plan runs in a CUDA graph, so the unfused side's
+    # extra launches cost GPU time only, not Python launch overhead. Ten calls per graph: one
+    # replay's fixed ~5 us would otherwise be a third of a small chain's time and hide a 10% gap
+    from kfuse.bench.harness import gpu_time_ms, graph_ms_per_call
+
+    if not torch.cuda.is_available():
+        return gpu_time_ms(fn, warmup=1, rep=2)
+    fn()  # compile outside the capture
+    try:
+        return graph_ms_per_call(fn, (), calls=10, warmup=2, rep=reps)[0]
+    except Exception:  # capture failed: plain timing
+        torch.cuda.synchronize()
+        return gpu_time_ms(fn, warmup=3, rep=reps)
+
+
+def unfused_run(node: Any, graph: Any, backend: str, options: Any) -> Any:
+    """The node as its original kernels, one after the other (each with its own lowering)."""
+    steps = []
+    # the stage lowerings look up their operand types, intermediates included
+    ctx = graph.replace(nodes=tuple(graph.nodes) + tuple(node.attrs["unfused"]))
+    for n in node.attrs["unfused"]:
+        fn = LOWERINGS.get(n.op)
+        st = None
+        if fn is not None:
+            st = fn(n, ctx, backend, options=options) if _takes_options(fn) else fn(n, ctx, backend)
+        steps.append(st or _torch_step(n))
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        env = dict(zip(node.attrs["input_names"], xs, strict=True))
+        out = None
+        for st in steps:
+            out = st.fn([env[i] for i in st.inputs])
+            env[st.output] = out
+        return out
+
+    # what each stage runs, for the report (template or library, and the config)
+    run.kernels = [f"{st.info.template} {st.info.config}".strip() for st in steps]  # type: ignore[attr-defined]
+    return run
