@@ -26,7 +26,7 @@ import torch
 
 import kfuse
 import kfuse.models
-from kfuse.bench.harness import floor_ms, make_record, max_rel_err, pytorch_baselines, time_ms, write_results
+from kfuse.bench.harness import ab_ms, floor_ms, make_record, max_rel_err, pytorch_baselines, time_ms, write_results
 
 BUDGET_S = float(os.environ.get("KFUSE_BENCH_BUDGET_S", "175"))
 T0 = time.perf_counter()
@@ -36,6 +36,7 @@ SKIPPED = {"max_autotune": "not run for whole models: 138 s of compiling per mod
 # tuning is part of a real compile ("fast": seconds per model, see tuning.json); KFUSE_BENCH_TUNE=none to skip
 TUNE = os.environ.get("KFUSE_BENCH_TUNE", "fast")
 PROFILE = False
+PDL = False  # --pdl: the dense cases again with programmatic dependent launch, A/B
 
 
 def _left() -> float:
@@ -129,6 +130,13 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
         kf_out = compiled(*args, **kwargs)
         kfuse_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=3, rep=rep)
     print(f"  kfuse            {kfuse_ms:9.4f} ms", flush=True)
+    pdl_out = None
+    if PDL and not smoke and not varlen:  # the same model compiled with programmatic dependent launch, timed A/B in rotated rounds
+        c_pdl = kfuse.compile(m, args, kwargs, tune=TUNE, pdl=True)
+        with torch.no_grad():
+            pdl_out = _leaves(c_pdl(*args, **kwargs))
+            ab = ab_ms({"off": lambda: compiled(*args, **kwargs), "on": lambda: c_pdl(*args, **kwargs)}, rep=rep)
+        print(f"  kfuse, pdl       {ab['on']:9.4f} ms (A/B: {ab['off']:.4f} without)", flush=True)
     which = ["eager"] if smoke else ["eager", "eager_cudagraph"]
     skipped = dict(SKIPPED)
     if not smoke:
@@ -163,6 +171,9 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
         extra["profile_top"] = [{**{k: r[k] for k in fields}, "config": config_of.get(r["kernel"])} for r in top]
         print(f"  profile by template (ms): {extra['profile_summary'].get('by_template_ms')}", flush=True)
     kf = _leaves(kf_out)
+    if pdl_out is not None:
+        extra["pdl_ab_ms"] = ab
+        extra["pdl_rel_err"] = max(max_rel_err(pdl_out[0], ref[0]), max_rel_err(pdl_out[1], ref[1]))
     if mask is not None:
         v = mask.bool()
         err = max(max_rel_err(kf[0][v], ref[0][v]), max_rel_err(kf[1], ref[1]))
@@ -198,7 +209,7 @@ def _run_isolated(case: str, bench: str, a: argparse.Namespace, cmd: str) -> lis
 
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, __file__, "--cases", case, "--out", tmp, "--no-isolate"]
-        argv += (["--profile"] if a.profile else []) + (["--smoke"] if a.smoke else [])
+        argv += (["--profile"] if a.profile else []) + (["--smoke"] if a.smoke else []) + (["--pdl"] if a.pdl else [])
         env = dict(os.environ, KFUSE_BENCH_BUDGET_S=str(max(30.0, _left())))
         proc = subprocess.run(argv, env=env, stdout=sys.stdout, stderr=sys.stderr)
         path = os.path.join(tmp, f"{bench}.json")
@@ -226,9 +237,11 @@ def main() -> None:
         "allocator state must not slow the next case's host-bound calls (padding-free B32 S128 measured 1.52 ms after "
         "the B16 S512 case, 1.32 ms alone)",
     )
+    ap.add_argument("--pdl", action="store_true", help="also compile with programmatic dependent launch and time both A/B")
     a = ap.parse_args()
-    global PROFILE
+    global PROFILE, PDL
     PROFILE = a.profile
+    PDL = a.pdl
     cmd = "PYTHONPATH=. python benchmarks/bert_bench.py " + " ".join(sys.argv[1:])
     if a.smoke:
         dense, var, name = [(1, 16), (2, 16)], [(2, 16)], "bert-tiny"

@@ -56,6 +56,9 @@ class Options:
     sass_samples: int = 10_000  # random input sets a schedule must pass before it is installed
     sass_iterations: int = 1000  # simulated-annealing steps per seed (3 seeds)
     cuda_graphs: bool = True
+    # programmatic dependent launch (kfuse.kernels.pdl): each kfuse kernel may start while the previous
+    # one drains and waits for it in-kernel; hides part of the ~1-2 us a launch costs at small batch
+    pdl: bool = False
     explain: bool = False
     check: bool = True  # compare with the original model on the example inputs
     backend: str | None = None  # "triton", "triton-interpreter", "torch"; None: by device

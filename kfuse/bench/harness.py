@@ -147,6 +147,12 @@ def interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 7, calls: in
     return interleaved_medians(list(fns), lambda n: time_ms(replays[n], warmup=2, rep=rep) / calls, rounds)
 
 
+def ab_ms(fns: dict[str, Callable[[], Any]], rounds: int = 7, warmup: int = 3, rep: int = 30) -> dict[str, float]:
+    """Median time (ms) of each whole call (a compiled model replaying its own CUDA graph), timed in
+    rotated rounds (``interleaved_medians``): an A/B of two compiles of one model in one process."""
+    return interleaved_medians(list(fns), lambda n: time_ms(fns[n], warmup, rep), rounds)
+
+
 def sweep_configs(
     cfgs: Sequence[Any], compile_one: Callable[[Any], Any] | None, time_one: Callable[[Any], dict[str, Any]], deadline: float,
     workers: int = 8,

@@ -27,7 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.kernels import pdl
 from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.pdl import pdl_start
 
 MASK_NONE, MASK_KEY_PADDING, MASK_DENSE_BOOL, MASK_DENSE_ADD = 0, 1, 2, 3
 _LOG2E = 1.4426950408889634
@@ -42,8 +44,9 @@ def _attn_fwd(
     stride_mb, stride_mh, stride_mq, stride_mk,
     H, SQ, SK, D, KV_GROUP,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    VARLEN: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    VARLEN: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_start(PDL)
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -213,7 +216,7 @@ def _launch(
         heads, sq, sk, d, kv_group,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         VARLEN=cu is not None, MASK_KIND=mask_kind, CAUSAL=bool(causal), PRECISION=_precision(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
 
 

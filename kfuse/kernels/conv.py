@@ -41,6 +41,7 @@ from kfuse.runtime.executor import KernelInfo, Step, lowering
 _TEMPLATE = """
 import triton
 import triton.language as tl
+from kfuse.kernels.pdl import pdl_start
 
 
 @triton.jit
@@ -53,7 +54,9 @@ def conv_kernel(
     DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     M = NB * OH * OW
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -128,7 +131,9 @@ def conv_tma_kernel(
     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BNI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     # the channel tiles of one spatial tile are launch neighbours: they read the same input boxes (L2)
     num_n = tl.cdiv(OC, BLOCK_N)

@@ -26,7 +26,9 @@ import triton.language as tl
 
 from kfuse.ir import ops
 from kfuse.ir.graph import TensorType, ValueType
+from kfuse.kernels import pdl
 from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.pdl import pdl_start
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run
 
@@ -38,8 +40,9 @@ def _gated_gemm_fwd(
     A, B, C, M, N, K, gate_offset, up_offset,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_start(PDL)
     # grouped tile order: GROUP_M row tiles share each column block of W while it is in L2
     pid = tl.program_id(0)
     n_m, n_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -137,7 +140,7 @@ def gated_gemm(
         a2, w, o2, m, half, k, (0 if gate_first else half) * w.stride(1), (half if gate_first else 0) * w.stride(1),
         a2.stride(0), a2.stride(1), w.stride(0), w.stride(1), o2.stride(0), o2.stride(1),
         ACT=ACTIVATIONS[act], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
     return o
 

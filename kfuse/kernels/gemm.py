@@ -65,7 +65,7 @@ from typing import Any
 
 import torch
 
-from kfuse.kernels import gemm_ws
+from kfuse.kernels import gemm_ws, pdl
 from kfuse.kernels.codegen import cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, apply_reference, exact_gelu, render
 from kfuse.kernels.tma import TMA_DTYPES, tma_device
@@ -73,6 +73,7 @@ from kfuse.kernels.tma import TMA_DTYPES, tma_device
 _HEADER = """
 import triton
 import triton.language as tl
+from kfuse.kernels.pdl import pdl_start
 
 
 @triton.jit
@@ -161,7 +162,9 @@ def gemm_kernel(
     stride_ws, {extra_strides}
     {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_b = tl.program_id(1).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -189,7 +192,9 @@ def splitk_reduce_kernel(
     ws_ptr, c_ptr, {extra_ptrs}
     M, N, stride_ws, stride_cb, stride_cm, stride_cn, {extra_strides}
     {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid_m = tl.program_id(0) // tl.cdiv(N, BLOCK_N)
     pid_n = tl.program_id(0) % tl.cdiv(N, BLOCK_N)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -211,7 +216,9 @@ def gemm_persistent_kernel(
     {extra_strides}
     {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for t in range(tl.program_id(0), tiles_per_batch * n_batch, NUM_PROGRAMS):
         pid_b = (t // tiles_per_batch).to(tl.int64)
@@ -232,7 +239,9 @@ def gemm_tma_kernel(
     {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     TMA_STORE: tl.constexpr, C_BATCHED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     # A and B tiles come in by TMA (Hopper's bulk tensor copies, zero-filled past the edges,
     # so no masks and no K tail); the epilogue loads its extra inputs by pointers as gemm_kernel
     # does and stores C by TMA (TMA_STORE, c_desc) or, when TMA cannot describe C, by pointers
@@ -261,7 +270,9 @@ def gemm_tma_persistent_kernel(
     NUM_PROGRAMS: tl.constexpr, A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
     TMA_STORE: tl.constexpr, C_BATCHED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     # gemm_tma_kernel's tile, but NUM_PROGRAMS programs walk the (batch, tile) space; the tile
     # loop and the K loop form one nest that the compiler can flatten (FLATTEN: the next tile's
     # first TMA loads are issued while this tile's epilogue runs, which matters when K is only a
@@ -315,7 +326,9 @@ def gemm_tma_resident_kernel(
     {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, B_KMAJOR: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     TMA_STORE: tl.constexpr, C_BATCHED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     # For GEMMs whose whole K is one tile (BLOCK_K >= K) and whose B column block is small
     # (the 256-wide layers of MLP chains). Each program loads its B column block ONCE and keeps
     # it in shared memory, then walks row tiles: the only per-tile traffic is A's (BLOCK_M, K)
@@ -535,12 +548,14 @@ def gemm_epilogue(
     return g.c.view(g.out_shape)
 
 
-def _go(kernel: Any, grid: tuple[int, ...], warmup: bool, *args: Any, **kwargs: Any) -> None:
-    """Launch, or with ``warmup`` only compile (the tuner compiles candidates in parallel)."""
+def _go(kernel: Any, grid: tuple[int, ...], warmup: bool, *args: Any, pdl_ok: bool = True, **kwargs: Any) -> None:
+    """Launch, or with ``warmup`` only compile (the tuner compiles candidates in parallel). ``pdl_ok``
+    False: never with programmatic dependent launch (the kernel does not wait for its predecessor)."""
+    launch = pdl.launch_kwargs() if pdl_ok else {"PDL": False}
     if not warmup:
-        kernel[grid](*args, **kwargs)
+        kernel[grid](*args, **kwargs, **launch)
     elif not interpreting():
-        kernel.warmup(*args, grid=grid, **kwargs)
+        kernel.warmup(*args, grid=grid, **kwargs, **launch)
 
 
 def _tma_ok(t: torch.Tensor, batched: bool) -> bool:
@@ -679,6 +694,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_PROGRAMS=n_prog,
             **layout, INPUT_PRECISION=precision, **xb, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
             EPILOGUE_SUBTILE=cfg.epilogue_subtile, **store, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            pdl_ok=not cfg.warp_specialize,  # Triton 3.6's warp specialisation pass fails on the in-kernel wait
         )  # fmt: skip
         return
     if tma is not None:

@@ -78,6 +78,7 @@ from typing import Any
 
 import torch
 
+from kfuse.kernels import pdl
 from kfuse.kernels.codegen import cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, render
 
@@ -105,6 +106,15 @@ def _gelu_fast(x):
     p = gl.fma(h * h, 0.285419265090401, 1.5957691216057308)
     t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [h * p], dtype=gl.float32, is_pure=True, pack=1)
     return gl.fma(h, t, h)
+
+
+@gluon.jit
+def _pdl_start(PDL: gl.constexpr):
+    # programmatic dependent launch (kfuse.kernels.pdl): wait for the previous grid before any TMA
+    # traffic, then let the next grid's programs become resident as this one's leave
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -298,7 +308,8 @@ def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c
 def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
                          {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                          B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                         LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PDL: gl.constexpr):
+    _pdl_start(PDL)
     # N_LO > 0 (M_LO > 0): the tile is c_desc's width + N_LO columns wide (height + M_LO rows high),
     # the second piece loaded through b_lo_desc (a_lo_desc) and stored through c_lo_desc; the unused
     # descriptors are the first pieces' again. bias_desc (bias mode "tma"): the bias row as a (1, N)
@@ -412,7 +423,9 @@ def _rows_consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, {extra_ptrs}M, 
 @gluon.jit
 def gemm_rows_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
                      {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                     B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                     B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     PDL: gl.constexpr):
+    _pdl_start(PDL)
     # two consumer warpgroups on one tile of a_desc's + M_LO rows, a row piece each (its A block through
     # a_desc / a_lo_desc, its store through c_desc / c_lo_desc) over one B block a K step: where a
     # program holds one tile, its epilogue runs on both warpgroups at once (the ping-pong kernel runs it
@@ -503,7 +516,8 @@ def _coop_consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, {extra_ptrs}M, 
 @gluon.jit
 def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides}
                      {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                     C_BUFS: gl.constexpr, B_KMAJOR: gl.constexpr, LOADER_REGS: gl.constexpr):
+                     C_BUFS: gl.constexpr, B_KMAJOR: gl.constexpr, LOADER_REGS: gl.constexpr, PDL: gl.constexpr):
+    _pdl_start(PDL)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [C_BUFS] + c_desc.block_type.shape, c_desc.layout)
@@ -860,6 +874,7 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
         kernel, warps = mod.gemm_coop_kernel, 8
         args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
         meta["C_BUFS"] = cfg.c_bufs
+    meta.update(pdl.launch_kwargs())
     if warmup:
         kernel.warmup(*args, grid=(grid,), num_warps=warps, **meta)
     else:
@@ -868,7 +883,7 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
 
 def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_programs: int = 132, b_kmajor: bool = False,
                     row_broadcast: tuple[bool, ...] = (), dtype: torch.dtype = torch.float16, fast_gelu: bool = False,
-                    bias_mode: str = "epilogue") -> Any:  # fmt: skip
+                    bias_mode: str = "epilogue", pdl_wait: bool = False) -> Any:  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (``triton.compile`` on the Gluon source) and return
     Triton's ``CompiledKernel`` (``.asm["sass"]`` needs ``nvdisasm``, which the Triton wheel carries).
     ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``); ``bias_mode``: ``BIAS_MODES``."""
@@ -926,6 +941,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     constexprs["LOADER_REGS"] = LOADER_REGS
     if not coop:
         constexprs["CONSUMER_REGS"] = CONSUMER_REGS
+    constexprs["PDL"] = pdl_wait
     for name in constexprs:
         sig[name] = "constexpr"
     keyed = {(fn.arg_names.index(name),): v for name, v in constexprs.items()}

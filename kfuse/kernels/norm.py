@@ -16,7 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.kernels import pdl
 from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.pdl import pdl_start
 
 MAX_ADDENDS = 3
 
@@ -27,8 +29,9 @@ def _norm_fwd(
     M, N, stride_x, stride_a0, stride_a1, stride_a2, stride_y, per0, per1, per2,
     eps,
     N_ADD: tl.constexpr, RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_start(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -126,7 +129,7 @@ def norm(
         m, n, sx, strides[0], strides[1], strides[2], sy, periods[0], periods[1], periods[2],
         float(eps),
         N_ADD=len(addends), RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None,
-        ROWS=rows, BLOCK_N=block_n, num_warps=warps,
+        ROWS=rows, BLOCK_N=block_n, num_warps=warps, **pdl.launch_kwargs(),
     )  # fmt: skip
     return y
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from kfuse.ir import ops
+from kfuse.kernels import pdl
 from kfuse.kernels.codegen import cdiv, generated, interpreting
 
 
@@ -195,10 +196,12 @@ def kernel_source(prog: PointwiseProgram, var: Variant) -> str:
     lines = [
         "import triton",
         "import triton.language as tl",
+        "from kfuse.kernels.pdl import pdl_start",
         "",
         "",
         "@triton.jit",
-        f"def pointwise_kernel({', '.join(params + consts)}):",
+        f"def pointwise_kernel({', '.join(params + consts)}, PDL: tl.constexpr):",
+        "    pdl_start(PDL)",
     ]
     ind = "    "
     if var.mode == "ew":
@@ -428,7 +431,7 @@ def _launch_ew(prog: PointwiseProgram, ins: list[torch.Tensor], result: list[tor
     warps = 4
     grid = (cdiv(numel, block),)
     flat = [s for st in strides for s in st]
-    _kernel(prog, var)[grid](*ins, *result, numel, *sizes, *flat, BLOCK=block, num_warps=warps)
+    _kernel(prog, var)[grid](*ins, *result, numel, *sizes, *flat, BLOCK=block, num_warps=warps, **pdl.launch_kwargs())
     return result
 
 
@@ -482,7 +485,7 @@ def _launch_row(prog: PointwiseProgram, ins: list[torch.Tensor], result: list[to
     flat = [s for st in strides for s in st]
     _kernel(prog, var)[grid](
         *ins, *result, rows, length, *sizes, *flat, *row_strides, *col_strides,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps, **pdl.launch_kwargs(),
     )  # fmt: skip
     return result
 

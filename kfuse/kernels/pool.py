@@ -17,7 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.kernels import pdl
 from kfuse.kernels.codegen import as_pair, cdiv, interpreting
+from kfuse.kernels.pdl import pdl_start
 
 
 @triton.jit
@@ -26,8 +28,9 @@ def _max_pool2d_kernel(
     sxn, sxc, sxh, sxw, syn, syc, syh, syw,
     KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_start(PDL)
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat output pixel n*OH*OW + oh*OW + ow
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_p = offs_p < N * OH * OW
@@ -90,7 +93,7 @@ def max_pool2d(
     _max_pool2d_kernel[grid](
         x, out, nb, c, h, w, oh, ow, *x.stride(), *out.stride(),
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, BLOCK_P=block_p, BLOCK_C=block_c,
-        num_warps=4,
+        num_warps=4, **pdl.launch_kwargs(),
     )  # fmt: skip
     return out
 

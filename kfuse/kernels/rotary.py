@@ -19,7 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.kernels import pdl
 from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.pdl import pdl_start
 
 
 @triton.jit
@@ -27,8 +29,9 @@ def _rotary_fwd(
     X, C, S, Out,
     R1, R2, n_rows, HALF,
     sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3,
-    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_start(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_H)
     mask = (rows < n_rows)[:, None] & (cols < HALF)[None, :]
@@ -84,7 +87,7 @@ def rotary(
     grid = (triton.cdiv(n_rows, block_r),)
     _rotary_fwd[grid](
         x4, c4, s4, o, r1, r2, n_rows, half, *x4.stride(), *c4.stride(), *s4.stride(),
-        BLOCK_R=block_r, BLOCK_H=block_h, num_warps=4,
+        BLOCK_R=block_r, BLOCK_H=block_h, num_warps=4, **pdl.launch_kwargs(),
     )  # fmt: skip
     return o
 

@@ -167,6 +167,7 @@ class CompiledModel:
             "backend": v.plan.backend,
             "compile_s": round(v.compile_s, 3),
             "cuda_graph": cuda_graph_note,
+            "pdl": v.plan.pdl,
             "inputs": [{"name": n, "type": str(t)} for n, t in v.plan.graph.inputs],
             "stages": [{"name": n, "nodes": len(g.nodes), "constants": len(g.constants)} for n, g in v.stages],
             "op_counts": counts,

@@ -17,6 +17,7 @@ import torch
 
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node
+from kfuse.kernels import pdl
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Plan:
     memory: Any = None  # MemoryPlan
     arena: torch.Tensor | None = None  # the device bytes planned buffers live in
     out_buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # value -> its planned tensor
+    pdl: bool = False  # kernels launched with programmatic dependent launch (Options.pdl, kfuse.kernels.pdl)
 
     @property
     def kernels(self) -> list[KernelInfo]:
@@ -132,7 +134,7 @@ def lower(graph: Graph, device: torch.device, backend: str | None = None, option
             step = fn(node, graph, backend, options=options) if _takes_options(fn) else fn(node, graph, backend)
         steps.append(step or _torch_step(node))
     constants = {k: v.to(device) for k, v in graph.constants.items()}
-    plan = Plan(graph, steps, backend, constants)
+    plan = Plan(graph, steps, backend, constants, pdl=bool(getattr(options, "pdl", False)) and backend == "triton")
     plan.release_after = _liveness(graph, steps)
     return plan
 
@@ -208,14 +210,15 @@ def run_steps(plan: Plan, env: dict[str, Any], lo: int, hi: int, *, poison_dead:
     device = next((x.device for x in tensors if isinstance(x, torch.Tensor)), torch.device("cpu"))
     outs = _prepare_memory(plan, device)
     dead_buffers = plan.memory.dead_after if (poison_dead and outs) else None
-    for i in range(lo, hi):
-        step, dead = plan.steps[i], plan.release_after[i]
-        xs = [env[v] for v in step.inputs]
-        buf = outs.get(step.output)
-        env[step.output] = step.fn(xs) if buf is None else step.fn(xs, buf)
-        for v in dead:
-            del env[v]
-        if dead_buffers is not None and plan.arena is not None:
-            for k in dead_buffers[i]:
-                b = plan.memory.buffers[k]
-                plan.arena[b.offset : b.offset + b.nbytes].fill_(255)
+    with pdl.scope(plan.pdl):
+        for i in range(lo, hi):
+            step, dead = plan.steps[i], plan.release_after[i]
+            xs = [env[v] for v in step.inputs]
+            buf = outs.get(step.output)
+            env[step.output] = step.fn(xs) if buf is None else step.fn(xs, buf)
+            for v in dead:
+                del env[v]
+            if dead_buffers is not None and plan.arena is not None:
+                for k in dead_buffers[i]:
+                    b = plan.memory.buffers[k]
+                    plan.arena[b.offset : b.offset + b.nbytes].fill_(255)

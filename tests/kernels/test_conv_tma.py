@@ -196,7 +196,7 @@ a = json.loads(sys.stdin.read())
 epi = Epilogue((EpilogueStep("relu", (Operand("reg", 0),)),), 0)
 jf = conv._module(epi).conv_tma_kernel
 names = list(jf.arg_names)
-sig, const, div = {}, dict(a["const"]), []
+sig, const, div = {}, dict(a["const"], PDL=False), []
 for name in names:
     if name in a["descs"]:
         sig[name] = a["descs"][name]

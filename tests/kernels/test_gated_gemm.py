@@ -72,7 +72,7 @@ out = []
 for c in G.config_space():
     names = list(G._gated_gemm_fwd.arg_names)
     sig = {n: "*fp16" for n in ("A", "B", "C")}
-    const = dict(ACT=0, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, PRECISION="tf32")
+    const = dict(PDL=False, ACT=0, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, PRECISION="tf32")
     for n in names:
         if n in const:
             sig[n] = "constexpr"

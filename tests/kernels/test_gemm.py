@@ -360,10 +360,10 @@ epi = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), Epil
 fn = _module(epi).gemm_kernel
 sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "ws_ptr": "*fp32", "x0_ptr": "*fp16"}
 for name in fn.arg_names:
-    if name not in sig and name not in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "EVEN_K", "INPUT_PRECISION", "XB0"):
+    if name not in sig and name not in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "EVEN_K", "INPUT_PRECISION", "XB0", "PDL"):
         sig[name] = "i32"
-consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "EVEN_K": True, "INPUT_PRECISION": "tf32",
-          "XB0": True}
+consts = {"PDL": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "EVEN_K": True,
+          "INPUT_PRECISION": "tf32", "XB0": True}
 for k in consts:
     sig[k] = "constexpr"
 src = triton.compiler.ASTSource(fn, sig, constexprs=consts)
@@ -402,7 +402,7 @@ fn = _module(epi).gemm_tma_persistent_kernel
 # of C (M, N) with TMA_STORE (otherwise c_desc is an unused pointer placeholder)
 sig = {"a_desc": f"tensordesc<fp16[{bm}, 64]>", "b_desc": f"tensordesc<fp16[{bn}, 64]>", "c_ptr": "*fp16",
        "c_desc": f"tensordesc<fp16[{bm}, {bn}]>" if tma_store else "*fp16", "x0_ptr": "*fp16"}
-consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_PROGRAMS": 132, "A_BATCHED": False,
+consts = {"PDL": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_PROGRAMS": 132, "A_BATCHED": False,
           "B_BATCHED": False, "B_KMAJOR": True, "INPUT_PRECISION": "tf32", "FLATTEN": flat, "WARP_SPECIALIZE": ws,
           "EPILOGUE_SUBTILE": False, "TMA_STORE": tma_store, "C_BATCHED": False, "XB0": True}
 for name in fn.arg_names:
@@ -562,7 +562,7 @@ epi = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), Epil
 fn = _module(epi).gemm_tma_resident_kernel
 sig = {"a_desc": f"tensordesc<fp16[{bm}, {bk}]>", "b_desc": f"tensordesc<fp16[{bn}, {bk}]>", "c_ptr": "*fp16",
        "c_desc": f"tensordesc<fp16[{bm}, {bn}]>", "x0_ptr": "*fp16"}
-consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_PROGRAMS": 132, "B_KMAJOR": True, "INPUT_PRECISION": "tf32",
+consts = {"PDL": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_PROGRAMS": 132, "B_KMAJOR": True, "INPUT_PRECISION": "tf32",
           "TMA_STORE": True, "C_BATCHED": False, "XB0": True}
 for name in fn.arg_names:
     sig.setdefault(name, "constexpr" if name in consts else "i32")

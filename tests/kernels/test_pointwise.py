@@ -216,7 +216,7 @@ cases = [(soft, Variant("row", 1, (True,) * 3, False), ("BLOCK_R", "BLOCK_C"), (
          (ew, Variant("ew", 2, (True, False, True), False), ("BLOCK",), (1024,))]
 for prog, var, cn, cv in cases:
     fn = _kernel(prog, var)
-    consts = dict(zip(cn, cv))
+    consts = dict(zip(cn, cv), PDL=False)
     sig = {}
     for n in fn.arg_names:
         if n in consts or n.startswith("cs") or (n.startswith("st") and n.endswith("_1")):

@@ -76,7 +76,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 from kfuse.sass.examples import compile_sm90
 from kfuse.kernels import pool
 fn = pool._max_pool2d_kernel
-const = dict(sxc=1, syc=1, KH=3, KW=3, SH=2, SW=2, PH=1, PW=1, DH=1, DW=1, BLOCK_P=32, BLOCK_C=64)
+const = dict(PDL=False, sxc=1, syc=1, KH=3, KW=3, SH=2, SW=2, PH=1, PW=1, DH=1, DW=1, BLOCK_P=32, BLOCK_C=64)
 sig = {n: ("*fp16" if n.endswith("_ptr") else "i32") for n in fn.arg_names if n not in const}
 ptx = compile_sm90(fn, sig, const, num_warps=4, num_stages=1, divisible=tuple(k for k in sig if not k.endswith("_ptr"))).asm["ptx"]
 print(len(re.findall(r"ld\.global(\.\w+)*\.v4", ptx)), len(re.findall(r"ld\.global", ptx)))

@@ -33,7 +33,7 @@ else:  # gemm_tma:<batched>:<kmajor>: A and B by TMA descriptors (3-D for batche
     _, batched, kmajor = which.split(":")
     batched, kmajor = batched == "1", kmajor == "1"
     fn = K._module(Epilogue()).gemm_tma_kernel
-    const = dict(stride_cn=1, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, A_BATCHED=batched, B_BATCHED=batched,
+    const = dict(PDL=False, stride_cn=1, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, A_BATCHED=batched, B_BATCHED=batched,
                  B_KMAJOR=kmajor, INPUT_PRECISION="tf32", TMA_STORE=False, C_BATCHED=False)
     one = "1, " if batched else ""
     sig = {"a_desc": f"tensordesc<fp16[{one}128, 64]>", "b_desc": f"tensordesc<fp16[{one}{'256, 64' if kmajor else '64, 256'}]>"}
