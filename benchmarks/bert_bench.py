@@ -36,7 +36,7 @@ SKIPPED = {"max_autotune": "not run for whole models: 138 s of compiling per mod
 # tuning is part of a real compile ("fast": seconds per model, see tuning.json); KFUSE_BENCH_TUNE=none to skip
 TUNE = os.environ.get("KFUSE_BENCH_TUNE", "fast")
 PROFILE = False
-PDL = False  # --pdl: the dense cases again with programmatic dependent launch, A/B
+PDL = False  # --pdl-ab: the dense cases again without programmatic dependent launch (the default), A/B
 
 
 def _left() -> float:
@@ -131,12 +131,12 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
         kfuse_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=3, rep=rep)
     print(f"  kfuse            {kfuse_ms:9.4f} ms", flush=True)
     pdl_out = None
-    if PDL and not smoke and not varlen:  # the same model compiled with programmatic dependent launch, timed A/B in rotated rounds
-        c_pdl = kfuse.compile(m, args, kwargs, tune=TUNE, pdl=True)
+    if PDL and not smoke and not varlen:  # the same model compiled without programmatic dependent launch, timed A/B
+        c_off = kfuse.compile(m, args, kwargs, tune=TUNE, pdl=False)
         with torch.no_grad():
-            pdl_out = _leaves(c_pdl(*args, **kwargs))
-            ab = ab_ms({"off": lambda: compiled(*args, **kwargs), "on": lambda: c_pdl(*args, **kwargs)}, rep=rep)
-        print(f"  kfuse, pdl       {ab['on']:9.4f} ms (A/B: {ab['off']:.4f} without)", flush=True)
+            pdl_out = _leaves(c_off(*args, **kwargs))
+            ab = ab_ms({"on": lambda: compiled(*args, **kwargs), "off": lambda: c_off(*args, **kwargs)}, rep=rep)
+        print(f"  kfuse, no pdl    {ab['off']:9.4f} ms (A/B: {ab['on']:.4f} with)", flush=True)
     which = ["eager"] if smoke else ["eager", "eager_cudagraph"]
     skipped = dict(SKIPPED)
     if not smoke:
@@ -173,7 +173,7 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
     kf = _leaves(kf_out)
     if pdl_out is not None:
         extra["pdl_ab_ms"] = ab
-        extra["pdl_rel_err"] = max(max_rel_err(pdl_out[0], ref[0]), max_rel_err(pdl_out[1], ref[1]))
+        extra["no_pdl_rel_err"] = max(max_rel_err(pdl_out[0], ref[0]), max_rel_err(pdl_out[1], ref[1]))
     if mask is not None:
         v = mask.bool()
         err = max(max_rel_err(kf[0][v], ref[0][v]), max_rel_err(kf[1], ref[1]))
@@ -209,7 +209,7 @@ def _run_isolated(case: str, bench: str, a: argparse.Namespace, cmd: str) -> lis
 
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, __file__, "--cases", case, "--out", tmp, "--no-isolate"]
-        argv += (["--profile"] if a.profile else []) + (["--smoke"] if a.smoke else []) + (["--pdl"] if a.pdl else [])
+        argv += (["--profile"] if a.profile else []) + (["--smoke"] if a.smoke else []) + (["--pdl-ab"] if a.pdl_ab else [])
         env = dict(os.environ, KFUSE_BENCH_BUDGET_S=str(max(30.0, _left())))
         proc = subprocess.run(argv, env=env, stdout=sys.stdout, stderr=sys.stderr)
         path = os.path.join(tmp, f"{bench}.json")
@@ -237,11 +237,11 @@ def main() -> None:
         "allocator state must not slow the next case's host-bound calls (padding-free B32 S128 measured 1.52 ms after "
         "the B16 S512 case, 1.32 ms alone)",
     )
-    ap.add_argument("--pdl", action="store_true", help="also compile with programmatic dependent launch and time both A/B")
+    ap.add_argument("--pdl-ab", action="store_true", help="also compile without programmatic dependent launch and time both A/B")
     a = ap.parse_args()
     global PROFILE, PDL
     PROFILE = a.profile
-    PDL = a.pdl
+    PDL = a.pdl_ab
     cmd = "PYTHONPATH=. python benchmarks/bert_bench.py " + " ".join(sys.argv[1:])
     if a.smoke:
         dense, var, name = [(1, 16), (2, 16)], [(2, 16)], "bert-tiny"

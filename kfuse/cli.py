@@ -88,7 +88,7 @@ def compile_cmd(
     profile: Annotated[bool, typer.Option(help="time each kernel of the plan (GPU) and write a PNG bar chart")] = False,
     sass: Annotated[bool, typer.Option(help="SASS schedule tuning of the 2 hottest Triton kernels, verified before use (GPU)")] = False,
     cuda_graphs: Annotated[bool, typer.Option(help="launch the whole plan as one CUDA graph (GPU)")] = True,
-    pdl: Annotated[bool, typer.Option(help="programmatic dependent launch: each kernel starts while the previous drains (sm_90)")] = False,
+    pdl: Annotated[bool, typer.Option(help="programmatic dependent launch: each kernel starts while the previous drains (sm_90)")] = True,
     library: Annotated[
         str, typer.Option(help="auto (time kfuse kernels vs cuBLAS/cuDNN/SDPA per node on the GPU, keep the faster) | never | always")
     ] = "auto",

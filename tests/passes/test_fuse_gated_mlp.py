@@ -12,6 +12,7 @@ from kfuse.compiler import Options, optimize
 from kfuse.frontend.torch_export import import_module
 from kfuse.ir.interpret import reference_run
 from kfuse.kernels import gated_gemm as G
+from kfuse.runtime.profile import node_flops
 
 
 def _graphs(model, args, kwargs=None):
@@ -31,6 +32,8 @@ def test_llama_mlp_becomes_one_gated_gemm_per_layer():
     for n in gated:
         assert n.attrs["act"] == "silu" and n.ttype.shape == (2, 9, 256)
         assert [u.op for u in n.attrs["unfused"]] == ["gemm_epilogue", "slice", "slice", "pointwise"]
+        # the merged GEMM's FLOPs (18 rows x K 128 x 2 x 256 columns), not the halved output's
+        assert node_flops(n, on) == 2.0 * 18 * 128 * 512
     xs = list(args)
     for a, b in zip(reference_run(off, xs), reference_run(on, xs), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
