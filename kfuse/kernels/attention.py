@@ -36,6 +36,52 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attn_block(
+    acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
+    stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2,
+    MASKED: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    # one K/V tile of the online softmax. MASKED False: every key of the tile exists and every row may
+    # see it (no causal edge, no mask input), so no compares, selects or masked loads are issued
+    cols = start_n + offs_n
+    if MASKED:
+        col_ok = cols < k_len
+        kt = tl.load(k_base + (k_start + cols)[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & mask_d[:, None], other=0.0)
+    else:
+        kt = tl.load(k_base + (k_start + cols)[None, :] * stride_ks + offs_d[:, None], mask=mask_d[:, None], other=0.0)
+    qk = tl.dot(q, kt, input_precision=PRECISION) * scale_log2
+    if MASKED:
+        allowed = col_ok[None, :] & row_ok[:, None]
+        if CAUSAL:
+            allowed = allowed & (cols[None, :] <= offs_m[:, None])
+        if MASK_KIND == 1:
+            km = tl.load(M + b * stride_mb + cols * stride_mk, mask=col_ok, other=0)
+            allowed = allowed & (km != 0)[None, :]
+        if MASK_KIND == 2:
+            mp = M + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mq + cols[None, :] * stride_mk
+            mm = tl.load(mp, mask=row_ok[:, None] & col_ok[None, :], other=0)
+            allowed = allowed & (mm != 0)
+        if MASK_KIND == 3:
+            mp = M + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mq + cols[None, :] * stride_mk
+            madd = tl.load(mp, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            qk = qk + madd * 1.4426950408889634
+        qk = tl.where(allowed, qk, -1.0e30)
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.exp2(qk - m_new[:, None])
+    if MASKED:
+        p = tl.where(allowed, p, 0.0)
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if MASKED:
+        v = tl.load(v_base + (k_start + cols)[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & mask_d[None, :], other=0.0)
+    else:
+        v = tl.load(v_base + (k_start + cols)[:, None] * stride_vs + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _attn_fwd(
     Q, K, V, Out, M, CU,
     scale_log2,
@@ -48,6 +94,8 @@ def _attn_fwd(
 ):  # fmt: skip
     pdl_start(PDL)
     pid_m = tl.program_id(0)
+    if CAUSAL:  # the longest rows (most key tiles) first: the grid's last wave is then the short ones
+        pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -80,36 +128,23 @@ def _attn_fwd(
         hi = k_len
         if CAUSAL:
             hi = tl.minimum(k_len, (pid_m + 1) * BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
-            cols = start_n + offs_n
-            col_ok = cols < k_len
-            k_ptrs = k_base + (k_start + cols)[None, :] * stride_ks + offs_d[:, None]
-            kt = tl.load(k_ptrs, mask=col_ok[None, :] & mask_d[:, None], other=0.0)
-            qk = tl.dot(q, kt, input_precision=PRECISION) * scale_log2
-            allowed = col_ok[None, :] & row_ok[:, None]
+        # key tiles wholly inside the sequence and, with CAUSAL, wholly left of this tile's first row run
+        # unmasked (rows past the sequence's end compute garbage that is never stored); the rest masked
+        full = 0
+        if MASK_KIND == 0:
+            full = (k_len // BLOCK_N) * BLOCK_N
             if CAUSAL:
-                allowed = allowed & (cols[None, :] <= offs_m[:, None])
-            if MASK_KIND == 1:
-                km = tl.load(M + b * stride_mb + cols * stride_mk, mask=col_ok, other=0)
-                allowed = allowed & (km != 0)[None, :]
-            if MASK_KIND == 2:
-                mp = M + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mq + cols[None, :] * stride_mk
-                mm = tl.load(mp, mask=row_ok[:, None] & col_ok[None, :], other=0)
-                allowed = allowed & (mm != 0)
-            if MASK_KIND == 3:
-                mp = M + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mq + cols[None, :] * stride_mk
-                madd = tl.load(mp, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-                qk = qk + madd * 1.4426950408889634
-            qk = tl.where(allowed, qk, -1.0e30)
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.exp2(qk - m_new[:, None])
-            p = tl.where(allowed, p, 0.0)
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            v = tl.load(v_base + (k_start + cols)[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & mask_d[None, :], other=0.0)
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-            m_i = m_new
+                full = tl.minimum(full, ((pid_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N)
+        for start_n in range(0, full, BLOCK_N):
+            acc, l_i, m_i = _attn_block(
+                acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
+                stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, False, MASK_KIND, CAUSAL, PRECISION,
+            )  # fmt: skip
+        for start_n in range(full, hi, BLOCK_N):
+            acc, l_i, m_i = _attn_block(
+                acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
+                stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, True, MASK_KIND, CAUSAL, PRECISION,
+            )  # fmt: skip
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         out = acc / l_safe[:, None]
         o_ptrs = Out + b * stride_ob + h * stride_oh + (q_start + offs_m)[:, None] * stride_os + offs_d[None, :]

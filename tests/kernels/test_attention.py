@@ -142,3 +142,33 @@ def test_every_config_of_the_space(cfg, device):
     A.attention(q, k, v, mask=mask, mask_kind=A.MASK_KEY_PADDING, causal=True, out=out, config=cfg)
     ref = A.reference(q, k, v, mask=mask, mask_kind=A.MASK_KEY_PADDING, causal=True)
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("cfg", [A.AttnConfig(16, 16, 4, 1), A.AttnConfig(32, 16, 4, 1), A.AttnConfig(16, 32, 4, 1)], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (16, 16), (37, 37), (64, 64), (20, 45), (45, 20)])
+def test_unmasked_and_edge_key_tiles_split_at_every_tile_shape(cfg, causal, sq, sk, device):
+    """The kernel runs the key tiles wholly inside the sequence (and, causal, wholly left of the
+    query tile's first row) without masks, the rest masked: tiles taller, shorter and as tall as the
+    key tiles, lengths on and off the tile edges, more and fewer keys than queries."""
+    gen = torch.Generator().manual_seed(sq * 100 + sk)
+    b, h, d = 2, 3, 32
+    q = torch.randn(b, h, sq, d, generator=gen).to(device)
+    k, v = (torch.randn(b, h, sk, d, generator=gen).to(device) for _ in range(2))
+    out = _poisoned((b, h, sq, d), torch.float32, device)
+    A.attention(q, k, v, causal=causal, out=out, config=cfg)
+    torch.testing.assert_close(out, A.reference(q, k, v, causal=causal), atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("cfg", [A.AttnConfig(16, 16, 4, 1), A.AttnConfig(32, 16, 4, 1)], ids=str)
+def test_varlen_causal_split_per_sequence(cfg, device):
+    """Packed sequences: the unmasked range is each sequence's own (its length, its rows)."""
+    gen = torch.Generator().manual_seed(5)
+    lens = torch.tensor([33, 16, 1, 50, 17])
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = lens.cumsum(0)
+    t, h, d = int(lens.sum()), 2, 32
+    qkv = torch.randn(t, 3, h, d, generator=gen).to(device)
+    out = _poisoned((t, h, d), torch.float32, device)
+    A.varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu.to(device), 50, causal=True, out=out, config=cfg)
+    torch.testing.assert_close(out, A.varlen_reference(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, causal=True), atol=2e-4, rtol=2e-4)
