@@ -90,11 +90,14 @@ def _attn_fwd(
     stride_mb, stride_mh, stride_mq, stride_mk,
     H, SQ, SK, D, KV_GROUP,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    VARLEN: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    VARLEN: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TILES: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    # TILES (``key_tiles``): 2 every key tile is whole and unmasked (one loop), 1 the interior tiles
+    # unmasked and the edge ones masked (two loops), 0 every tile masked (the kernel before session 23)
     pdl_start(PDL)
     pid_m = tl.program_id(0)
-    if CAUSAL:  # the longest rows (most key tiles) first: the grid's last wave is then the short ones
+    if CAUSAL and TILES > 0:  # the longest rows (most key tiles) first: the grid's last wave is then the short ones
         pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1)
     b = bh // H
@@ -131,7 +134,9 @@ def _attn_fwd(
         # key tiles wholly inside the sequence and, with CAUSAL, wholly left of this tile's first row run
         # unmasked (rows past the sequence's end compute garbage that is never stored); the rest masked
         full = 0
-        if MASK_KIND == 0:
+        if TILES == 2:
+            full = hi
+        elif TILES == 1 and MASK_KIND == 0:
             full = (k_len // BLOCK_N) * BLOCK_N
             if CAUSAL:
                 full = tl.minimum(full, ((pid_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N)
@@ -140,11 +145,12 @@ def _attn_fwd(
                 acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
                 stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, False, MASK_KIND, CAUSAL, PRECISION,
             )  # fmt: skip
-        for start_n in range(full, hi, BLOCK_N):
-            acc, l_i, m_i = _attn_block(
-                acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
-                stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, True, MASK_KIND, CAUSAL, PRECISION,
-            )  # fmt: skip
+        if TILES < 2:
+            for start_n in range(full, hi, BLOCK_N):
+                acc, l_i, m_i = _attn_block(
+                    acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
+                    stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, True, MASK_KIND, CAUSAL, PRECISION,
+                )  # fmt: skip
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         out = acc / l_safe[:, None]
         o_ptrs = Out + b * stride_ob + h * stride_oh + (q_start + offs_m)[:, None] * stride_os + offs_d[None, :]
@@ -194,6 +200,13 @@ def default_config(max_seq: int, batch_heads: int, head_dim: int) -> AttnConfig:
 _TUNED: dict[tuple, AttnConfig] = {}
 
 
+def key_tiles(cfg: AttnConfig, mask_kind: int, causal: bool, varlen: bool, sk: int) -> int:
+    """How the kernel runs its key tiles (``TILES``): 2 when every tile is whole and nothing masks it
+    (dense, no mask, not causal, the keys a multiple of BLOCK_N: one loop without the edge loop's
+    code), else 1 (interior tiles unmasked, edge tiles masked)."""
+    return 2 if mask_kind == MASK_NONE and not causal and not varlen and sk % cfg.block_n == 0 else 1
+
+
 def _precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
@@ -230,6 +243,7 @@ def _launch(
     causal: bool,
     config: AttnConfig | None,
     kv_group: int = 1,
+    tiles: int | None = None,
 ) -> None:
     d = q.shape[-1]
     key = (sq, d, mask_kind, causal, cu is not None, batch * heads)
@@ -251,6 +265,7 @@ def _launch(
         heads, sq, sk, d, kv_group,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         VARLEN=cu is not None, MASK_KIND=mask_kind, CAUSAL=bool(causal), PRECISION=_precision(q.dtype),
+        TILES=key_tiles(cfg, mask_kind, causal, cu is not None, sk) if tiles is None else tiles,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
 

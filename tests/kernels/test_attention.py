@@ -172,3 +172,25 @@ def test_varlen_causal_split_per_sequence(cfg, device):
     out = _poisoned((t, h, d), torch.float32, device)
     A.varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu.to(device), 50, causal=True, out=out, config=cfg)
     torch.testing.assert_close(out, A.varlen_reference(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, causal=True), atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("tiles", [0, 1])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_key_tile_form_gives_the_same_answer(tiles, causal, device, monkeypatch):
+    """The loop forms the probe compares (``TILES`` 0: every tile masked, 1: split) forced where the
+    launcher would pick another; form 2 (one unmasked loop) is what whole dense tiles get above."""
+    monkeypatch.setattr(A, "key_tiles", lambda *a: tiles)
+    gen = torch.Generator().manual_seed(17)
+    q, k, v = (torch.randn(2, 2, 48, 32, generator=gen).to(device) for _ in range(3))
+    out = _poisoned((2, 2, 48, 32), torch.float32, device)
+    A.attention(q, k, v, causal=causal, out=out, config=A.AttnConfig(32, 16, 4, 1))
+    torch.testing.assert_close(out, A.reference(q, k, v, causal=causal), atol=2e-4, rtol=2e-4)
+
+
+def test_whole_dense_key_tiles_take_the_single_loop():
+    cfg = A.AttnConfig(64, 64, 4, 2)
+    assert A.key_tiles(cfg, A.MASK_NONE, False, False, 128) == 2
+    assert A.key_tiles(cfg, A.MASK_NONE, False, False, 130) == 1  # an edge tile
+    assert A.key_tiles(cfg, A.MASK_NONE, True, False, 128) == 1  # causal
+    assert A.key_tiles(cfg, A.MASK_NONE, False, True, 128) == 1  # packed sequences end anywhere
+    assert A.key_tiles(cfg, A.MASK_KEY_PADDING, False, False, 128) == 1
