@@ -194,3 +194,18 @@ def test_whole_dense_key_tiles_take_the_single_loop():
     assert A.key_tiles(cfg, A.MASK_NONE, True, False, 128) == 1  # causal
     assert A.key_tiles(cfg, A.MASK_NONE, False, True, 128) == 1  # packed sequences end anywhere
     assert A.key_tiles(cfg, A.MASK_KEY_PADDING, False, False, 128) == 1
+
+
+def test_the_tile_pick_is_by_median_over_rotated_rounds():
+    """A config with one lucky timing (the one-shot pick's failure) loses to one that is faster in
+    most rounds; every config is timed once a round."""
+    a, b, c = A.AttnConfig(64, 64, 4, 2), A.AttnConfig(128, 64, 8, 3), A.AttnConfig(64, 128, 4, 2)
+    times = {a: iter([5.0, 20.0, 20.0, 20.0, 20.0]), b: iter([12.0, 12.0, 13.0, 12.0, 12.0]), c: iter([15.0] * 5)}
+    seen = []
+
+    def time_one(cfg):
+        seen.append(cfg)
+        return next(times[cfg])
+
+    assert A.pick_fastest([a, b, c], time_one, rounds=5) == b
+    assert len(seen) == 15 and all(seen.count(x) == 5 for x in (a, b, c))
