@@ -36,7 +36,7 @@ SKIPPED = {"max_autotune": "not run for whole models: 138 s of compiling per mod
 # tuning is part of a real compile ("fast": seconds per model, see tuning.json); KFUSE_BENCH_TUNE=none to skip
 TUNE = os.environ.get("KFUSE_BENCH_TUNE", "fast")
 PROFILE = False
-PDL = False  # --pdl-ab: the dense cases again without programmatic dependent launch (the default), A/B
+PDL_AB = False  # --pdl-ab: the dense cases again without programmatic dependent launch (the default), A/B
 
 
 def _left() -> float:
@@ -131,7 +131,7 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
         kfuse_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=3, rep=rep)
     print(f"  kfuse            {kfuse_ms:9.4f} ms", flush=True)
     pdl_out = None
-    if PDL and not smoke and not varlen:  # the same model compiled without programmatic dependent launch, timed A/B
+    if PDL_AB and not smoke and not varlen:  # the same model compiled without programmatic dependent launch, timed A/B
         c_off = kfuse.compile(m, args, kwargs, tune=TUNE, pdl=False)
         with torch.no_grad():
             pdl_out = _leaves(c_off(*args, **kwargs))
@@ -239,9 +239,9 @@ def main() -> None:
     )
     ap.add_argument("--pdl-ab", action="store_true", help="also compile without programmatic dependent launch and time both A/B")
     a = ap.parse_args()
-    global PROFILE, PDL
+    global PROFILE, PDL_AB
     PROFILE = a.profile
-    PDL = a.pdl_ab
+    PDL_AB = a.pdl_ab
     cmd = "PYTHONPATH=. python benchmarks/bert_bench.py " + " ".join(sys.argv[1:])
     if a.smoke:
         dense, var, name = [(1, 16), (2, 16)], [(2, 16)], "bert-tiny"

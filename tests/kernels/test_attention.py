@@ -12,6 +12,13 @@ def _poisoned(shape, dtype, device):
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
 
+def _cu_seqlens(lens):
+    """Prefix sums of the sequence lengths, int32 [B+1], as the packed kernels take them."""
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = lens.cumsum(0)
+    return cu
+
+
 def _mask(kind, b, h, sq, sk, device, gen):
     if kind == A.MASK_KEY_PADDING:
         m = (torch.rand(b, sk, generator=gen) > 0.4).long()
@@ -66,8 +73,7 @@ def test_varlen_mixed_lengths(causal, device):
     """Empty, length-1, short and full sequences in one packed batch."""
     gen = torch.Generator().manual_seed(11)
     lens = torch.tensor([1, 0, 7, 40, 3])
-    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    cu[1:] = lens.cumsum(0)
+    cu = _cu_seqlens(lens)
     t, h, d = int(lens.sum()), 2, 64
     qkv = torch.randn(t, 3, h, d, generator=gen).to(device, torch.float16)
     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
@@ -165,8 +171,7 @@ def test_varlen_causal_split_per_sequence(cfg, device):
     """Packed sequences: the unmasked range is each sequence's own (its length, its rows)."""
     gen = torch.Generator().manual_seed(5)
     lens = torch.tensor([33, 16, 1, 50, 17])
-    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    cu[1:] = lens.cumsum(0)
+    cu = _cu_seqlens(lens)
     t, h, d = int(lens.sum()), 2, 32
     qkv = torch.randn(t, 3, h, d, generator=gen).to(device)
     out = _poisoned((t, h, d), torch.float32, device)
