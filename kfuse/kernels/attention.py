@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -82,22 +82,72 @@ def _attn_block(
 
 
 @triton.jit
+def _attn_rows(
+    Q, Out, M, k_base, v_base, pid_m, b, h, q_start, q_len, k_start, k_len, scale_log2,
+    stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
+    stride_mb, stride_mh, stride_mq, stride_mk, D,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    # one BLOCK_M tile of query rows of one (batch, head), every key tile it may see
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    row_ok = offs_m < q_len
+    q_ptrs = Q + b * stride_qb + h * stride_qh + (q_start + offs_m)[:, None] * stride_qs + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & mask_d[None, :], other=0.0)
+    m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    hi = k_len
+    if CAUSAL:
+        hi = tl.minimum(k_len, (pid_m + 1) * BLOCK_M)
+    # key tiles wholly inside the sequence and, with CAUSAL, wholly left of this tile's first row
+    # run unmasked (rows past the sequence's end compute garbage that is never stored); the rest masked
+    full = 0
+    if TILES == 2:
+        full = hi
+    elif TILES == 1 and MASK_KIND == 0:
+        full = (k_len // BLOCK_N) * BLOCK_N
+        if CAUSAL:
+            full = tl.minimum(full, ((pid_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N)
+    for start_n in range(0, full, BLOCK_N):
+        acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
+            stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, False, MASK_KIND, CAUSAL, PRECISION,
+        )  # fmt: skip
+    if TILES < 2:
+        for start_n in range(full, hi, BLOCK_N):
+            acc, l_i, m_i = _attn_block(
+                acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
+                stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, True, MASK_KIND, CAUSAL, PRECISION,
+            )  # fmt: skip
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    o_ptrs = Out + b * stride_ob + h * stride_oh + (q_start + offs_m)[:, None] * stride_os + offs_d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & mask_d[None, :])
+
+
+@triton.jit
 def _attn_fwd(
     Q, K, V, Out, M, CU,
     scale_log2,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
     stride_mb, stride_mh, stride_mq, stride_mk,
-    H, SQ, SK, D, KV_GROUP,
+    H, SQ, SK, D, KV_GROUP, Q_TILES,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TILES: tl.constexpr,
-    PDL: tl.constexpr,
+    PAIRED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # TILES (``key_tiles``): 2 every key tile is whole and unmasked (one loop), 1 the interior tiles
-    # unmasked and the edge ones masked (two loops), 0 every tile masked (the kernel before session 23)
+    # unmasked and the edge ones masked (two loops), 0 every tile masked (the kernel before session 23).
+    # PAIRED (causal only): program p runs query tile Q_TILES-1-p, then tile p, so every program sees
+    # Q_TILES+1 key tiles instead of 1..Q_TILES (the grid's first dimension is half the tiles)
     pdl_start(PDL)
     pid_m = tl.program_id(0)
-    if CAUSAL and TILES > 0:  # the longest rows (most key tiles) first: the grid's last wave is then the short ones
+    if CAUSAL and TILES > 0 and not PAIRED:  # the longest rows (most key tiles) first: the last wave is the short ones
         pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1)
     b = bh // H
@@ -112,49 +162,29 @@ def _attn_fwd(
         k_start = 0
         q_len = SQ
         k_len = SK
+    # grouped-query attention: KV_GROUP query heads share one key/value head
+    kv_h = h // KV_GROUP
+    k_base = K + b * stride_kb + kv_h * stride_kh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+    first = pid_m
+    if PAIRED:
+        first = Q_TILES - 1 - pid_m
     # the grid is sized for the longest sequence: tiles past this sequence's end do nothing
-    if pid_m * BLOCK_M < q_len:
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        mask_d = offs_d < D
-        row_ok = offs_m < q_len
-        q_ptrs = Q + b * stride_qb + h * stride_qh + (q_start + offs_m)[:, None] * stride_qs + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=row_ok[:, None] & mask_d[None, :], other=0.0)
-        # grouped-query attention: KV_GROUP query heads share one key/value head
-        kv_h = h // KV_GROUP
-        k_base = K + b * stride_kb + kv_h * stride_kh
-        v_base = V + b * stride_vb + kv_h * stride_vh
-        m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        hi = k_len
-        if CAUSAL:
-            hi = tl.minimum(k_len, (pid_m + 1) * BLOCK_M)
-        # key tiles wholly inside the sequence and, with CAUSAL, wholly left of this tile's first row run
-        # unmasked (rows past the sequence's end compute garbage that is never stored); the rest masked
-        full = 0
-        if TILES == 2:
-            full = hi
-        elif TILES == 1 and MASK_KIND == 0:
-            full = (k_len // BLOCK_N) * BLOCK_N
-            if CAUSAL:
-                full = tl.minimum(full, ((pid_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N)
-        for start_n in range(0, full, BLOCK_N):
-            acc, l_i, m_i = _attn_block(
-                acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
-                stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, False, MASK_KIND, CAUSAL, PRECISION,
+    if first * BLOCK_M < q_len:
+        _attn_rows(
+            Q, Out, M, k_base, v_base, first, b, h, q_start, q_len, k_start, k_len, scale_log2,
+            stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
+            stride_mb, stride_mh, stride_mq, stride_mk, D,
+            BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES,
+        )  # fmt: skip
+    if PAIRED:
+        if (pid_m < first) and (pid_m * BLOCK_M < q_len):
+            _attn_rows(
+                Q, Out, M, k_base, v_base, pid_m, b, h, q_start, q_len, k_start, k_len, scale_log2,
+                stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
+                stride_mb, stride_mh, stride_mq, stride_mk, D,
+                BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES,
             )  # fmt: skip
-        if TILES < 2:
-            for start_n in range(full, hi, BLOCK_N):
-                acc, l_i, m_i = _attn_block(
-                    acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
-                    stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, True, MASK_KIND, CAUSAL, PRECISION,
-                )  # fmt: skip
-        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        out = acc / l_safe[:, None]
-        o_ptrs = Out + b * stride_ob + h * stride_oh + (q_start + offs_m)[:, None] * stride_os + offs_d[None, :]
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & mask_d[None, :])
 
 
 @dataclass(frozen=True)
@@ -163,14 +193,19 @@ class AttnConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    # causal only: each program runs a long query tile and its mirror short one (equal work a program)
+    paired: bool = False
 
     def describe(self) -> str:
-        return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
+        return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}" + (" paired" if self.paired else "")
 
 
-def config_space(head_dim: int) -> list[AttnConfig]:
+def config_space(head_dim: int, causal: bool = False) -> list[AttnConfig]:
     """Candidate tiles. Hard rule: the Q tile plus ``stages`` K and V tiles (fp16) must fit in
-    the 228 KB of shared memory an H100/H200 SM offers; BLOCK_N shrinks as the head dim grows."""
+    the 228 KB of shared memory an H100/H200 SM offers; BLOCK_N shrinks as the head dim grows.
+    Causal problems also get the paired form of the 64- and 128-row tiles with 64-key tiles: one
+    program per mirror pair of query tiles, so no program is short (a 64-row tile at S=512 sees 1 to
+    8 key tiles unpaired, 9 paired) and half as many programs start and stop."""
     d = max(16, triton.next_power_of_2(head_dim))
     stages = 3 if d <= 64 else 2
     out = []
@@ -185,6 +220,8 @@ def config_space(head_dim: int) -> list[AttnConfig]:
     # S128 D64 against 0.100 ms for the tiles above; to be re-measured)
     if d <= 64:
         out += [AttnConfig(32, 64, 4, 2), AttnConfig(32, 128, 4, 2), AttnConfig(64, 128, 4, 2)]
+    if causal:
+        out += [replace(c, paired=True) for c in out if c.block_n == 64 and c.block_m >= 64]
     return out
 
 
@@ -251,9 +288,11 @@ def _launch(
     if cfg is None and AUTOTUNE and q.is_cuda and not interpreting() and not torch.cuda.is_current_stream_capturing():
         # first launch of this problem on the GPU: a warm-up run, before any CUDA graph capture
         args = (q, k, v, o, strides, mask, mask_strides, mask_kind, cu, batch, heads, sq, sk, scale, causal)
-        cfg = _TUNED[key] = _measure_best(lambda c: _launch(*args, c, kv_group), d)  # type: ignore[arg-type]
+        cfg = _TUNED[key] = _measure_best(lambda c: _launch(*args, c, kv_group), d, causal)  # type: ignore[arg-type]
     cfg = cfg or default_config(sq, batch * heads, d)
-    grid = (triton.cdiv(max(sq, 1), cfg.block_m), batch * heads)
+    q_tiles = triton.cdiv(max(sq, 1), cfg.block_m)
+    paired = cfg.paired and causal
+    grid = (triton.cdiv(q_tiles, 2) if paired else q_tiles, batch * heads)
     dummy = o if mask is None else mask
     cu_t = cu if cu is not None else o
     (sqb, sqh, sqs), (skb, skh, sks), (svb, svh, svs), (sob, soh, sos) = strides
@@ -262,10 +301,10 @@ def _launch(
         scale * _LOG2E,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
         *mask_strides,
-        heads, sq, sk, d, kv_group,
+        heads, sq, sk, d, kv_group, q_tiles,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         VARLEN=cu is not None, MASK_KIND=mask_kind, CAUSAL=bool(causal), PRECISION=_precision(q.dtype),
-        TILES=key_tiles(cfg, mask_kind, causal, cu is not None, sk) if tiles is None else tiles,
+        TILES=key_tiles(cfg, mask_kind, causal, cu is not None, sk) if tiles is None else tiles, PAIRED=paired,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
 
@@ -357,7 +396,7 @@ def varlen_attention(
 AUTOTUNE = os.environ.get("KFUSE_ATTN_AUTOTUNE", "1") == "1"
 
 
-def _measure_best(run, head_dim: int, rounds: int = 5) -> AttnConfig:  # noqa: ANN001 - run: AttnConfig -> None
+def _measure_best(run, head_dim: int, causal: bool = False, rounds: int = 5) -> AttnConfig:  # noqa: ANN001 - run: AttnConfig -> None
     """Time every config of the space with ``run`` and return the fastest. Each config runs 10
     times in one CUDA graph (a short kernel's graph launch would otherwise be most of what is
     timed), and the configs are timed in ``rounds`` rotated rounds, keeping each one's median:
@@ -366,7 +405,7 @@ def _measure_best(run, head_dim: int, rounds: int = 5) -> AttnConfig:  # noqa: A
 
     calls = 10
     replays = {}
-    for c in config_space(head_dim):
+    for c in config_space(head_dim, causal):
         try:
             run(c)  # compile and warm up outside the capture
             replays[c] = cuda_graph_callable(lambda c=c: run(c), (), calls=calls)

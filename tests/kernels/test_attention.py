@@ -1,5 +1,7 @@
 """Fused attention kernel vs the float32 reference: every mask kind, odd lengths, packed varlen."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -137,7 +139,7 @@ def test_clear_errors(device):
     assert A.config_space(64) and A.config_space(128)
 
 
-@pytest.mark.parametrize("cfg", A.config_space(64), ids=lambda c: c.describe())
+@pytest.mark.parametrize("cfg", A.config_space(64, causal=True), ids=lambda c: c.describe())
 def test_every_config_of_the_space(cfg, device):
     """The autotuner may pick any config of the space on the GPU: each must be right."""
     gen = torch.Generator().manual_seed(7)
@@ -177,6 +179,47 @@ def test_varlen_causal_split_per_sequence(cfg, device):
     out = _poisoned((t, h, d), torch.float32, device)
     A.varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu.to(device), 50, causal=True, out=out, config=cfg)
     torch.testing.assert_close(out, A.varlen_reference(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, causal=True), atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("cfg", [A.AttnConfig(16, 16, 4, 1, paired=True), A.AttnConfig(16, 32, 4, 1, paired=True)], ids=str)
+@pytest.mark.parametrize("sq", [1, 16, 37, 48, 64])
+def test_paired_causal_tiles_cover_every_row_once(cfg, sq, device):
+    """Paired causal programs run query tile Q_TILES-1-p and then tile p: an odd tile count leaves
+    the middle tile to one program alone, an even one pairs every tile; GQA heads as well. The output
+    is poisoned first, so a row no program writes fails."""
+    gen = torch.Generator().manual_seed(sq + 3)
+    b, h, hk, d = 2, 4, 2, 32
+    q = torch.randn(b, h, sq, d, generator=gen).to(device)
+    k, v = (torch.randn(b, hk, sq, d, generator=gen).to(device) for _ in range(2))
+    out = _poisoned((b, h, sq, d), torch.float32, device)
+    A.attention(q, k, v, causal=True, out=out, config=cfg)
+    torch.testing.assert_close(out, A.reference(q, k, v, causal=True), atol=2e-4, rtol=2e-4)
+    dense = _poisoned((b, h, sq, d), torch.float32, device)  # not causal: the flag is ignored
+    A.attention(q, k, v, out=dense, config=cfg)
+    torch.testing.assert_close(dense, A.reference(q, k, v), atol=2e-4, rtol=2e-4)
+
+
+def test_paired_causal_varlen_sequences_shorter_than_the_grid(device):
+    """Packed sequences pair tiles of the longest one: in a shorter sequence the long tile of a pair
+    may lie past its end (skipped) while its short partner still runs."""
+    gen = torch.Generator().manual_seed(9)
+    lens = torch.tensor([50, 17, 1, 33])
+    cu = _cu_seqlens(lens)
+    t, h, d = int(lens.sum()), 2, 32
+    qkv = torch.randn(t, 3, h, d, generator=gen).to(device)
+    out = _poisoned((t, h, d), torch.float32, device)
+    cfg = A.AttnConfig(16, 16, 4, 1, paired=True)
+    A.varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu.to(device), 50, causal=True, out=out, config=cfg)
+    torch.testing.assert_close(out, A.varlen_reference(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, causal=True), atol=2e-4, rtol=2e-4)
+
+
+def test_paired_configs_only_in_causal_spaces():
+    plain, causal = A.config_space(64), A.config_space(64, causal=True)
+    assert not any(c.paired for c in plain)
+    paired = [c for c in causal if c.paired]
+    assert paired and all(c.block_n == 64 and c.block_m >= 64 for c in paired)
+    assert {dataclasses.replace(c, paired=False) for c in paired} <= set(plain)
+    assert "paired" in paired[0].describe()
 
 
 @pytest.mark.parametrize("tiles", [0, 1])
