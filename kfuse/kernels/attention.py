@@ -33,23 +33,29 @@ from kfuse.kernels.pdl import pdl_start
 
 MASK_NONE, MASK_KEY_PADDING, MASK_DENSE_BOOL, MASK_DENSE_ADD = 0, 1, 2, 3
 _LOG2E = 1.4426950408889634
+# the exponent as one FFMA of the unscaled score (session 24); False: the scores scaled first (the A/B probe's other side)
+FMA_SCALE = True
 
 
 @triton.jit
 def _attn_block(
     acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
     stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2,
-    MASKED: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, FMA_SCALE: tl.constexpr,
 ):  # fmt: skip
     # one K/V tile of the online softmax. MASKED False: every key of the tile exists and every row may
-    # see it (no causal edge, no mask input), so no compares, selects or masked loads are issued
+    # see it (no causal edge, no mask input), so no compares, selects or masked loads are issued.
+    # FMA_SCALE (scale > 0): the scores stay unscaled, the row max is scaled once a row and each
+    # exponent is one FFMA, qk * scale - max, instead of an FMUL of every score and an FADD
     cols = start_n + offs_n
     if MASKED:
         col_ok = cols < k_len
         kt = tl.load(k_base + (k_start + cols)[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & mask_d[:, None], other=0.0)
     else:
         kt = tl.load(k_base + (k_start + cols)[None, :] * stride_ks + offs_d[:, None], mask=mask_d[:, None], other=0.0)
-    qk = tl.dot(q, kt, input_precision=PRECISION) * scale_log2
+    qk = tl.dot(q, kt, input_precision=PRECISION)
+    if not FMA_SCALE:
+        qk = qk * scale_log2
     if MASKED:
         allowed = col_ok[None, :] & row_ok[:, None]
         if CAUSAL:
@@ -64,10 +70,17 @@ def _attn_block(
         if MASK_KIND == 3:
             mp = M + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mq + cols[None, :] * stride_mk
             madd = tl.load(mp, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-            qk = qk + madd * 1.4426950408889634
+            if FMA_SCALE:
+                qk = qk + madd * (1.4426950408889634 / scale_log2)
+            else:
+                qk = qk + madd * 1.4426950408889634
         qk = tl.where(allowed, qk, -1.0e30)
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    p = tl.exp2(qk - m_new[:, None])
+    if FMA_SCALE:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
+        p = tl.exp2(qk * scale_log2 - m_new[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
     if MASKED:
         p = tl.where(allowed, p, 0.0)
     alpha = tl.exp2(m_i - m_new)
@@ -87,7 +100,7 @@ def _attn_rows(
     stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
     stride_mb, stride_mh, stride_mq, stride_mk, D,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TILES: tl.constexpr,
+    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TILES: tl.constexpr, FMA_SCALE: tl.constexpr,
 ):  # fmt: skip
     # one BLOCK_M tile of query rows of one (batch, head), every key tile it may see
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -115,13 +128,13 @@ def _attn_rows(
     for start_n in range(0, full, BLOCK_N):
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
-            stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, False, MASK_KIND, CAUSAL, PRECISION,
+            stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, False, MASK_KIND, CAUSAL, PRECISION, FMA_SCALE,
         )  # fmt: skip
     if TILES < 2:
         for start_n in range(full, hi, BLOCK_N):
             acc, l_i, m_i = _attn_block(
                 acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
-                stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, True, MASK_KIND, CAUSAL, PRECISION,
+                stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, True, MASK_KIND, CAUSAL, PRECISION, FMA_SCALE,
             )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -139,7 +152,7 @@ def _attn_fwd(
     H, SQ, SK, D, KV_GROUP, Q_TILES,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TILES: tl.constexpr,
-    PAIRED: tl.constexpr, PDL: tl.constexpr,
+    PAIRED: tl.constexpr, FMA_SCALE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # TILES (``key_tiles``): 2 every key tile is whole and unmasked (one loop), 1 the interior tiles
     # unmasked and the edge ones masked (two loops), 0 every tile masked (the kernel before session 23).
@@ -175,7 +188,7 @@ def _attn_fwd(
             Q, Out, M, k_base, v_base, first, b, h, q_start, q_len, k_start, k_len, scale_log2,
             stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
             stride_mb, stride_mh, stride_mq, stride_mk, D,
-            BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES,
+            BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES, FMA_SCALE,
         )  # fmt: skip
     if PAIRED:
         if (pid_m < first) and (pid_m * BLOCK_M < q_len):
@@ -183,7 +196,7 @@ def _attn_fwd(
                 Q, Out, M, k_base, v_base, pid_m, b, h, q_start, q_len, k_start, k_len, scale_log2,
                 stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
                 stride_mb, stride_mh, stride_mq, stride_mk, D,
-                BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES,
+                BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES, FMA_SCALE,
             )  # fmt: skip
 
 
@@ -305,6 +318,7 @@ def _launch(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         VARLEN=cu is not None, MASK_KIND=mask_kind, CAUSAL=bool(causal), PRECISION=_precision(q.dtype),
         TILES=key_tiles(cfg, mask_kind, causal, cu is not None, sk) if tiles is None else tiles, PAIRED=paired,
+        FMA_SCALE=FMA_SCALE and scale > 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
 

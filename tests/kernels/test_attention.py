@@ -222,6 +222,24 @@ def test_paired_configs_only_in_causal_spaces():
     assert "paired" in paired[0].describe()
 
 
+@pytest.mark.parametrize("fma_scale", [False, True])
+@pytest.mark.parametrize("kind", [A.MASK_NONE, A.MASK_KEY_PADDING, A.MASK_DENSE_ADD])
+@pytest.mark.parametrize("scale", [None, 2.5, -0.3])
+def test_both_exponent_forms_match_the_oracle(fma_scale, kind, scale, device, monkeypatch):
+    """The exponent as one FFMA of the unscaled score (FMA_SCALE) and the scores scaled first: the
+    same answer with every mask kind, an additive mask, causal edges, and a scale above 1 or below 0
+    (a negative scale reverses the order of the scores, so the launcher scales first there)."""
+    monkeypatch.setattr(A, "FMA_SCALE", fma_scale)
+    gen = torch.Generator().manual_seed(kind * 7 + 1)
+    b, h, s, d = 2, 2, 37, 32
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to(device) for _ in range(3))
+    mask = _mask(kind, b, h, s, s, device, gen)
+    out = _poisoned((b, h, s, d), torch.float32, device)
+    A.attention(q, k, v, mask=mask, mask_kind=kind, causal=True, scale=scale, out=out, config=A.AttnConfig(16, 16, 4, 1))
+    ref = A.reference(q, k, v, mask=mask, mask_kind=kind, causal=True, scale=scale)
+    torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
+
+
 @pytest.mark.parametrize("tiles", [0, 1])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_key_tile_form_gives_the_same_answer(tiles, causal, device, monkeypatch):
