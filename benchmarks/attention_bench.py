@@ -51,6 +51,30 @@ def _flash(q, k, v, scale):  # noqa: ANN001, ANN202
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
 
 
+def _cudnn(q, k, v, scale, causal=False):  # noqa: ANN001, ANN202 - SDPA's cuDNN backend (its Hopper kernels), forced
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
+
+
+def _other_backends(base: dict, errs: dict, timed, q, k, v, scale, ref, causal=False, prefix="sdpa", default=True) -> None:  # noqa: ANN001
+    """SDPA's cuDNN backend and its default dispatch beside flash (session 24: on the H200 the default
+    picked a faster kernel than flash at head dim 128); a backend this build lacks is skipped."""
+    sides = {
+        f"{prefix}_cudnn": lambda: _cudnn(q, k, v, scale, causal),
+        f"{prefix}_default": lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal),
+    }
+    for name, fn in sides.items():
+        if name.endswith("_default") and not default:
+            continue
+        try:
+            errs[name] = max_rel_err(fn(), ref)
+            base[name] = timed(fn)
+        except Exception as e:  # noqa: BLE001 - not available for these inputs or this build
+            print(f"  {name} unavailable: {type(e).__name__}: {str(e)[:120]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -90,6 +114,8 @@ def main() -> None:
             base["sdpa_flash"] = (
                 timed(lambda: _flash(q, k, v, scale)) if not smoke else timed(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale))
             )
+            if not smoke:
+                _other_backends(base, errs, timed, q, k, v, scale, ref_dense)
             A.attention(q, k, v, scale=scale)  # first call tunes the tile on the GPU
             dense_ms = timed(lambda: A.attention(q, k, v, scale=scale))
             errs["dense"] = max_rel_err(A.attention(q, k, v, scale=scale), ref_dense)
@@ -116,8 +142,9 @@ def main() -> None:
             flops_var = 4 * h * d * int((lens.double() ** 2).sum())
             byt = lambda n: 4 * n * h * d * q.element_size()  # noqa: E731 - q, k, v read, o written
             rec_dense = make_record(
-                "attention", case + "_dense", dense_ms, {"sdpa_flash": base["sdpa_flash"]}, floor_ms(flops_dense, byt(b * s)),
-                errs["dense"], cmd, dtype="fp16" if not smoke else "fp32",
+                "attention", case + "_dense", dense_ms, {k2: base[k2] for k2 in ("sdpa_flash", "sdpa_cudnn", "sdpa_default") if k2 in base},
+                floor_ms(flops_dense, byt(b * s)), errs["dense"], cmd, dtype="fp16" if not smoke else "fp32",
+                baseline_errs={k2: errs[k2] for k2 in ("sdpa_cudnn", "sdpa_default") if k2 in errs},
                 target="within 10% of sdpa_flash", config=str(A.tuned_configs()), timing="CUDA-graph replay (GPU time)",
             )  # fmt: skip
             var_base = {k2: base[k2] for k2 in ("sdpa_padded_mask", "varlen_attn", "fa2_varlen") if k2 in base}
@@ -158,6 +185,8 @@ def main() -> None:
                 )
             except Exception as e:  # noqa: BLE001 - no enable_gqa in this torch
                 print(f"  sdpa enable_gqa unavailable: {type(e).__name__}: {str(e)[:120]}")
+            if not smoke:
+                _other_backends(base, {}, timed, q, kr, vr, scale, ref, causal=True, prefix="sdpa_causal", default=False)
             flops = 2 * b * h * s * s * d  # causal: half of the dense 4 b h s^2 d
             byt = (2 * b * h * s * d + 2 * b * kvh * s * d) * q.element_size()
             records.append(make_record(
