@@ -152,6 +152,23 @@ def test_every_config_of_the_space(cfg, device):
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=TOL[torch.float32])
 
 
+@pytest.mark.parametrize("cfg", A.config_space(128, causal=True), ids=lambda c: c.describe())
+def test_every_config_of_the_head_dim_128_space(cfg, device):
+    """Head dim 128 has its own space (three stages where they fit, key tiles of 64 or fewer)."""
+    gen = torch.Generator().manual_seed(8)
+    b, h, s, d = 1, 2, 45, 128
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to(device, torch.float32) for _ in range(3))
+    out = _poisoned((b, h, s, d), torch.float32, device)
+    A.attention(q, k, v, causal=True, out=out, config=cfg)
+    torch.testing.assert_close(out, A.reference(q, k, v, causal=True), atol=TOL[torch.float32], rtol=TOL[torch.float32])
+
+
+def test_three_stages_wherever_they_fit():
+    assert all(c.num_stages == 3 for c in A.config_space(128))
+    for c in A.config_space(256):  # the 128-row tiles at head dim 256 fall back to two
+        assert ((c.block_m * 256 + c.num_stages * 2 * c.block_n * 256) * 2 <= 228 * 1024) and (c.num_stages == 3 or c.block_m == 128)
+
+
 @pytest.mark.parametrize("cfg", [A.AttnConfig(16, 16, 4, 1), A.AttnConfig(32, 16, 4, 1), A.AttnConfig(16, 32, 4, 1)], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", [(1, 1), (16, 16), (37, 37), (64, 64), (20, 45), (45, 20)])
