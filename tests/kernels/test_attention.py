@@ -292,3 +292,20 @@ def test_the_tile_pick_is_by_median_over_rotated_rounds():
 
     assert A.pick_fastest([a, b, c], time_one, rounds=5) == b
     assert len(seen) == 15 and all(seen.count(x) == 5 for x in (a, b, c))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_autotuner_picks_a_config_of_the_space(causal, monkeypatch):
+    """On the GPU the first launch of a problem times the space (10 calls a graph, rotated rounds) and
+    keeps a config of it for that problem key; the answer is right with the pick."""
+    monkeypatch.setattr(A, "AUTOTUNE", True)
+    monkeypatch.setattr(A, "_TUNED", {})
+    gen = torch.Generator().manual_seed(21)
+    b, h, s, d = 2, 4, 200, 64
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to("cuda", torch.float16) for _ in range(3))
+    out = _poisoned((b, h, s, d), torch.float16, "cuda")
+    A.attention(q, k, v, causal=causal, out=out)
+    (key, cfg), *_ = A.tuned_configs().items()
+    assert key == (s, d, A.MASK_NONE, causal, False, b * h) and cfg in A.config_space(d, causal)
+    torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal), atol=2e-2, rtol=2e-2)
