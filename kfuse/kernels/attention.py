@@ -1,8 +1,9 @@
 """Fused multi-head attention (flash-style online softmax) in one Triton template.
 
-One program computes a BLOCK_M tile of query rows for one (batch, head); it streams key/value
-tiles of BLOCK_N rows, keeps the running row max and row sum in registers and never writes the
-score matrix to memory. The same kernel covers:
+One program computes a BLOCK_M tile of query rows for one (batch, head) (causal ``paired`` configs:
+a tile and its mirror, so every program sees as many key tiles); it streams key/value tiles of
+BLOCK_N rows, keeps the running row max and row sum in registers and never writes the score matrix
+to memory. The same kernel covers:
 
 - dense batches ``[B, H, S, D]`` given as strided views (so a ``[B, S, H*D]`` projection output,
   or a slice of a merged QKV output, is read in place: no transposes, no copies);
