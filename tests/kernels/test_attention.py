@@ -230,6 +230,16 @@ def test_paired_causal_varlen_sequences_shorter_than_the_grid(device):
     torch.testing.assert_close(out, A.varlen_reference(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, causal=True), atol=2e-4, rtol=2e-4)
 
 
+def test_paired_configs_are_timed_only_where_their_grid_fills_the_gpu():
+    """Pairing halves the programs: at Llama-1b B1 S512 (32 heads, 8 tiles of 64 rows) the paired grid
+    is 128 programs for 132 SMs and is not timed; at S2048, or at B8, it is. Unpaired configs always are."""
+    paired64, paired128 = A.AttnConfig(64, 64, 4, 3, paired=True), A.AttnConfig(128, 64, 8, 3, paired=True)
+    assert not A.worth_timing(paired64, 512, 32, 132) and not A.worth_timing(paired128, 512, 32, 132)
+    assert A.worth_timing(paired64, 2048, 32, 132) and A.worth_timing(paired64, 512, 8 * 32, 132)
+    assert A.worth_timing(paired64, 512, 32, 128)  # a smaller GPU: 128 programs fill it
+    assert A.worth_timing(A.AttnConfig(64, 64, 4, 3), 1, 1, 132)
+
+
 def test_paired_configs_only_in_causal_spaces():
     plain, causal = A.config_space(64), A.config_space(64, causal=True)
     assert not any(c.paired for c in plain)
