@@ -1,0 +1,113 @@
+"""The warp-specialised Gluon attention (an experiment): its TMA addressing on the CPU, its sm_90
+compile offline (wgmma, TMA, no spills), and, on a GPU, its answers against the oracle."""
+
+import pytest
+import torch
+from cubin_facts import run_offline_script
+
+from kfuse.kernels import attention as A
+from kfuse.kernels import attention_ws as W
+
+
+def _layouts(b, h, s, d, hk=None):
+    """The [B, H, S, D] views kfuse's plans pass: contiguous heads, heads as column blocks of a
+    [B, S, H, D] tensor, and q / k / v slices of one merged [B, S, 3, H, D] projection output."""
+    gen = torch.Generator().manual_seed(b * 100 + h * 10 + s)
+    hk = hk or h
+    yield "bhsd", torch.randn(b, h, s, d, generator=gen)
+    yield "bshd", torch.randn(b, s, h, d, generator=gen).permute(0, 2, 1, 3)
+    qkv = torch.randn(b, s, 3, h, d, generator=gen)
+    for i, name in enumerate("qkv"):
+        yield f"merged_{name}", qkv[:, :, i].permute(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("b,h,s,d", [(1, 1, 128, 64), (2, 3, 256, 64), (3, 2, 128, 128)])
+def test_tma_view_addresses_every_head_row(b, h, s, d):
+    """Row b * rb + h * rh + s, columns h * ch .. + d of the 2-D view are element [b, h, s, :] of the
+    tensor, for every head of every batch: the kernel's only way of finding its rows."""
+    for name, t in _layouts(b, h, s, d):
+        tv = W.tma_view(t)
+        assert tv is not None, name
+        assert tv.view.stride(1) == 1 and tv.view.data_ptr() == t.data_ptr(), name
+        for bi in range(b):
+            for hi in range(h):
+                row, col = bi * tv.rb + hi * tv.rh, hi * tv.ch
+                torch.testing.assert_close(tv.view[row : row + s, col : col + d], t[bi, hi], rtol=0, atol=0, msg=name)
+
+
+def test_tma_view_refuses_what_tma_cannot_address():
+    t = torch.randn(2, 3, 128, 64)
+    assert W.tma_view(t.transpose(2, 3)) is None  # head dim not contiguous
+    assert W.tma_view(torch.randn(2, 3, 128, 66)[..., :64]) is None  # fp32 rows 264 bytes apart: not a multiple of 16
+    interleaved = torch.randn(2, 128, 64, 3).permute(0, 3, 1, 2)  # heads innermost: the head dim has stride 3
+    assert W.tma_view(interleaved) is None
+
+
+def test_eligible_says_why_not():
+    cfg = W.WsAttnConfig(64, 128, 2)
+    q = torch.randn(2, 4, 256, 64, dtype=torch.float16)
+    assert W.eligible(q, q, q, False, cfg) is None
+    assert "fp16/bf16" in W.eligible(q.float(), q.float(), q.float(), False, cfg)
+    assert "head dim" in W.eligible(q[..., :32], q[..., :32], q[..., :32], False, cfg)
+    short = torch.randn(2, 4, 200, 64, dtype=torch.float16)
+    assert "multiple of the tiles" in W.eligible(short, short, short, False, cfg)
+    assert "masks" in W.eligible(q, q, q, False, cfg, has_mask=True)
+    assert "as many keys" in W.eligible(q, q[:, :, :128], q[:, :, :128], True, cfg)
+    assert all(c.smem_bytes(128) <= 232448 for c in W.config_space(128)) and W.config_space(64)
+
+
+_OFFLINE = r"""
+import json, sys
+import torch
+from cubin_facts import sass_facts
+from kfuse.kernels import attention_ws as W
+out = []
+for b, h, hk, s, d, causal, layout, bn, stages in json.loads(sys.argv[1]):
+    cfg = W.WsAttnConfig(64, bn, stages)
+    ck = W.compile_offline(b, h, hk, s, d, causal, cfg, layout=layout)
+    f = sass_facts(ck.asm["cubin"])
+    tma = ck.asm["ptx"].count("cp.async.bulk.tensor.2d")
+    out.append({"facts": f, "shared": ck.metadata.shared, "predicted": cfg.smem_bytes(d), "tma": tma})
+print(json.dumps(out))
+"""
+
+
+def test_kernel_compiles_for_sm90_with_wgmma_tma_and_no_spills():
+    """Dense and causal, head dims 64 and 128, contiguous and column-block heads, GQA: each compiles
+    offline to HGMMA with 2-D TMA loads (two Q tiles, K and V) and no local memory, in the shared
+    memory the config predicts."""
+    cases = [
+        (2, 4, 4, 256, 64, False, "bhsd", 128, 2),
+        (2, 4, 4, 256, 64, True, "bhsd", 64, 3),
+        (2, 8, 2, 512, 128, True, "bshd", 128, 2),
+        (2, 4, 2, 256, 128, False, "bshd", 64, 3),
+    ]
+    got = run_offline_script(_OFFLINE, cases, timeout=600)
+    for case, g in zip(cases, got, strict=True):
+        f = g["facts"]
+        assert f["HGMMA"] > 0 and f["STL"] == 0 and f["LDL"] == 0 and f["STACK"] == 0, (case, g)
+        assert g["tma"] >= 4, (case, g)
+        assert 0 <= g["predicted"] - g["shared"] <= 1024, (case, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("cfg", [W.WsAttnConfig(64, 128, 2), W.WsAttnConfig(64, 64, 3)], ids=lambda c: c.describe())
+@pytest.mark.parametrize("h,hk,d", [(4, 4, 64), (8, 2, 128)])
+def test_gpu_answers_match_the_oracle(causal, cfg, h, hk, d):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialised attention needs sm_90")
+    b, s = 2, 384
+    for name, t in _layouts(b, h, s, d):
+        if not name.startswith("merged_q"):
+            continue
+        q = t.to("cuda", torch.float16)
+        kv = torch.randn(b, s, 2, hk, d, generator=torch.Generator().manual_seed(5)).to("cuda", torch.float16)
+        k, v = kv[:, :, 0].permute(0, 2, 1, 3), kv[:, :, 1].permute(0, 2, 1, 3)
+        out = torch.full((b, h, s, d), float("nan"), dtype=torch.float16, device="cuda")
+        W.attention_ws(q, k, v, causal=causal, out=out, config=cfg)
+        torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal), atol=2e-2, rtol=2e-2)
+    q, k, v = (x.to("cuda", torch.float16) for x in (torch.randn(b, h, s, d), torch.randn(b, hk, s, d), torch.randn(b, hk, s, d)))
+    out = torch.full((b, h, s, d), float("nan"), dtype=torch.float16, device="cuda")
+    W.attention_ws(q, k, v, causal=causal, out=out, config=cfg)
+    torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal), atol=2e-2, rtol=2e-2)
