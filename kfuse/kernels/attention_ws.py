@@ -12,7 +12,9 @@ This kernel splits the work the way ``gemm_ws.py`` does for GEMMs:
 * two **consumer** warpgroups, each with its own BLOCK_M query rows (a program covers 2 * BLOCK_M),
   read every K/V slot: S = Q K^T from shared memory, the online softmax in registers, P converted
   in registers to the wgmma's A operand, O += P V. While one consumer runs its softmax the other's
-  wgmma's can use the tensor cores (no explicit ping-pong barrier yet).
+  wgmma's can use the tensor cores (no explicit ping-pong barrier yet). ``pipelined`` configs also
+  issue the next tile's scores before this tile's softmax (FlashAttention-3's intra-warpgroup
+  overlap; two score tiles live at once).
 
 The exponent is one FFMA of the unscaled score (as in ``attention.py``). Causal (top-left, Sq = Sk):
 a consumer masks the key tile on its diagonal and skips the tiles past it (still waiting on and
@@ -47,22 +49,25 @@ class WsAttnConfig:
     block_m: int = 64  # query rows a consumer warpgroup (the program covers twice that)
     block_n: int = 128  # keys a K/V tile
     stages: int = 2
+    pipelined: bool = False  # tile j + 1's scores issued before tile j's softmax (``_consumer``)
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         return (2 * self.block_m + 2 * self.stages * self.block_n) * head_dim * elem + 1024
 
     def describe(self) -> str:
-        return f"ws 2x{self.block_m}x{self.block_n} s{self.stages}"
+        return f"ws 2x{self.block_m}x{self.block_n} s{self.stages}" + (" pipe" if self.pipelined else "")
 
 
 def config_space(head_dim: int) -> list[WsAttnConfig]:
-    """Tiles whose two Q tiles and ``stages`` K and V tiles fit the 227 KB of an sm_90 SM."""
+    """Tiles whose two Q tiles and ``stages`` K and V tiles fit the 227 KB of an sm_90 SM, each plain
+    and pipelined."""
     out = []
     for bn in (64, 128):
         for stages in (2, 3, 4):
-            c = WsAttnConfig(64, bn, stages)
-            if c.smem_bytes(head_dim) <= 232448:
-                out.append(c)
+            for pipelined in (False, True):
+                c = WsAttnConfig(64, bn, stages, pipelined)
+                if c.smem_bytes(head_dim) <= 232448:
+                    out.append(c)
     return out
 
 
@@ -93,9 +98,39 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_
 
 
 @gluon.jit
+def _online_softmax(qk, m_i, l_i, acc, j, row0, scale_log2, CAUSAL: gl.constexpr, p_layout: gl.constexpr, DTYPE: gl.constexpr):
+    # one key tile's scores into the running max, sum and output; returns P as the wgmma's A operand.
+    # Causal: the tile that crosses the warpgroup's diagonal is masked (cols > row)
+    BLOCK_M: gl.constexpr = qk.shape[0]
+    BLOCK_N: gl.constexpr = qk.shape[1]
+    if CAUSAL:
+        if (j + 1) * BLOCK_N > row0:
+            rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, qk.type.layout))
+            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
+            qk = gl.where(cols[None, :] <= rows[:, None], qk, -1.0e30)
+    m_new = gl.maximum(m_i, gl.max(qk, axis=1) * scale_log2)
+    p = gl.exp2(qk * scale_log2 - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    return gl.convert_layout(p.to(DTYPE), p_layout), m_new, l_i, acc
+
+
+@gluon.jit
+def _store_rows(acc, l_i, o_ptr, o_base, stride_os, row0):
+    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, acc.type.layout))[:, None]
+    offs_m = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    offs_d = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+    gl.store(o_ptr + o_base + offs_m[:, None] * stride_os + offs_d[None, :], out.to(o_ptr.dtype.element_ty))
+
+
+@gluon.jit
 def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row, n_tiles, scale_log2,
-              CAUSAL: gl.constexpr, WG: gl.constexpr):  # fmt: skip
-    # one warpgroup: query rows first_row + WG * BLOCK_M .. + BLOCK_M of the program's head
+              CAUSAL: gl.constexpr, WG: gl.constexpr, PIPELINED: gl.constexpr):  # fmt: skip
+    # one warpgroup: query rows first_row + WG * BLOCK_M .. + BLOCK_M of the program's head.
+    # PIPELINED: the scores of tile j + 1 are issued (async wgmma) before tile j's softmax runs, so the
+    # tensor cores work while this warpgroup computes exponentials (FlashAttention-3's intra-warpgroup
+    # overlap); two score tiles live at once
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[1]
     HEAD_D: gl.constexpr = q_bufs.shape[2]
@@ -103,52 +138,63 @@ def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_ptr, o
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     row0 = first_row + WG * BLOCK_M
-    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, rows_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, rows_s)
+    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     q = q_bufs.index(WG)
+    # the key tiles this warpgroup computes; causal: the rest (right of its last row) are only freed
+    n_mine = n_tiles
+    if CAUSAL:
+        n_mine = gl.minimum(n_tiles, (row0 + BLOCK_M - 1) // BLOCK_N + 1)
     mbarrier.wait(q_ready, 0)
-    for j in range(n_tiles):
-        s = j % STAGES
-        phase = (j // STAGES) & 1
-        mbarrier.wait(k_ready.index(s), phase)
-        # causal: a key tile wholly right of this warpgroup's last row is skipped (its slot still freed)
-        if (not CAUSAL) or (j * BLOCK_N <= row0 + BLOCK_M - 1):
+    if PIPELINED:
+        mbarrier.wait(k_ready.index(0), 0)
+        qk = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        qk = warpgroup_mma_wait(0, deps=(qk,))
+        for j in range(n_mine - 1):
+            s = j % STAGES
+            s1 = (j + 1) % STAGES
+            mbarrier.wait(k_ready.index(s1), ((j + 1) // STAGES) & 1)
+            qk_next = warpgroup_mma(q, k_bufs.index(s1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            p16, m_i, l_i, acc = _online_softmax(qk, m_i, l_i, acc, j, row0, scale_log2, CAUSAL, p_layout, q_bufs.dtype)
+            mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
+            acc = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
+            qk, acc = warpgroup_mma_wait(0, deps=(qk_next, acc))
+            mbarrier.arrive(empty.index(s), count=1)
+        last = n_mine - 1
+        s = last % STAGES
+        p16, m_i, l_i, acc = _online_softmax(qk, m_i, l_i, acc, last, row0, scale_log2, CAUSAL, p_layout, q_bufs.dtype)
+        mbarrier.wait(v_ready.index(s), (last // STAGES) & 1)
+        acc = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index(s), count=1)
+    else:
+        for j in range(n_mine):
+            s = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(k_ready.index(s), phase)
             qk = warpgroup_mma(q, k_bufs.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             qk = warpgroup_mma_wait(0, deps=(qk,))
-            if CAUSAL:
-                if (j + 1) * BLOCK_N > row0:  # the tile crosses the diagonal
-                    rows = row0 + gl.arange(0, BLOCK_M, layout=rows_s)
-                    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                    qk = gl.where(cols[None, :] <= rows[:, None], qk, -1.0e30)
-            m_new = gl.maximum(m_i, gl.max(qk, axis=1) * scale_log2)
-            p = gl.exp2(qk * scale_log2 - m_new[:, None])
-            alpha = gl.exp2(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-            p16 = gl.convert_layout(p.to(q_bufs.dtype), p_layout)
+            p16, m_i, l_i, acc = _online_softmax(qk, m_i, l_i, acc, j, row0, scale_log2, CAUSAL, p_layout, q_bufs.dtype)
             mbarrier.wait(v_ready.index(s), phase)
             acc = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            m_i = m_new
-        else:
-            mbarrier.wait(v_ready.index(s), phase)
+            mbarrier.arrive(empty.index(s), count=1)
+    for j in range(n_mine, n_tiles):  # the other warpgroup reads these slots: wait for them, then free them
+        s = j % STAGES
+        mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+        mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
         mbarrier.arrive(empty.index(s), count=1)
-    out = acc / gl.convert_layout(l_i, rows_o)[:, None]
-    offs_m = row0 + gl.arange(0, BLOCK_M, layout=rows_o)
-    offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
-    gl.store(o_ptr + o_base + offs_m[:, None] * stride_os + offs_d[None, :], out.to(o_ptr.dtype.element_ty))
+    _store_rows(acc, l_i, o_ptr, o_base, stride_os, row0)
 
 
 @gluon.jit
 def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ,
                    q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, stride_ob, stride_oh, stride_os,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                   PDL: gl.constexpr):  # fmt: skip
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PIPELINED: gl.constexpr, LOADER_REGS: gl.constexpr,
+                   CONSUMER_REGS: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
     # program (pid_m, b * H + h): query rows pid_m * 2 * BLOCK_M .. + 2 * BLOCK_M of head h of batch b.
     # A head's rows in the TMA views: row b * rb + h * rh + s, column h * ch (``tma_view``)
     _pdl_start(PDL)
@@ -187,9 +233,9 @@ def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ,
     # fmt: off
     gl.warp_specialize([
         (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row, n_tiles,
-                     scale_log2, CAUSAL, FIRST)),
+                     scale_log2, CAUSAL, FIRST, PIPELINED)),
         (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row, n_tiles,
-                     scale_log2, CAUSAL, SECOND)),
+                     scale_log2, CAUSAL, SECOND, PIPELINED)),
         (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, q_row, q_col, kv_row,
                    kv_col, n_tiles)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -293,7 +339,7 @@ def attention_ws(
     attn_ws_kernel[grid](
         qd, kd, vd, o, scale * _LOG2E, h, h // hk, s,
         qv.rb, qv.rh, qv.ch, kvv.rb, kvv.rh, kvv.ch, o.stride(0), o.stride(1), o.stride(2),
-        STAGES=cfg.stages, CAUSAL=bool(causal), LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS,
+        STAGES=cfg.stages, CAUSAL=bool(causal), PIPELINED=cfg.pipelined, LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS,
         num_warps=4, **pdl.launch_kwargs(),
     )  # fmt: skip
     return o
@@ -326,7 +372,8 @@ def compile_offline(
     sig["scale_log2"] = "fp32"
     for name in ("H", "KV_GROUP", "SEQ", "q_rb", "q_rh", "q_ch", "kv_rb", "kv_rh", "kv_ch", "stride_ob", "stride_oh", "stride_os"):
         sig[name] = "i32"
-    constexprs = {"STAGES": cfg.stages, "CAUSAL": causal, "LOADER_REGS": LOADER_REGS, "CONSUMER_REGS": CONSUMER_REGS, "PDL": False}
+    constexprs = {"STAGES": cfg.stages, "CAUSAL": causal, "PIPELINED": cfg.pipelined, "LOADER_REGS": LOADER_REGS}
+    constexprs.update(CONSUMER_REGS=CONSUMER_REGS, PDL=False)
     for name in constexprs:
         sig[name] = "constexpr"
     keyed = {(fn.arg_names.index(name),): val for name, val in constexprs.items()}

@@ -62,8 +62,8 @@ import torch
 from cubin_facts import sass_facts
 from kfuse.kernels import attention_ws as W
 out = []
-for b, h, hk, s, d, causal, layout, bn, stages in json.loads(sys.argv[1]):
-    cfg = W.WsAttnConfig(64, bn, stages)
+for b, h, hk, s, d, causal, layout, bn, stages, pipelined in json.loads(sys.argv[1]):
+    cfg = W.WsAttnConfig(64, bn, stages, pipelined)
     ck = W.compile_offline(b, h, hk, s, d, causal, cfg, layout=layout)
     f = sass_facts(ck.asm["cubin"])
     tma = ck.asm["ptx"].count("cp.async.bulk.tensor.2d")
@@ -73,14 +73,16 @@ print(json.dumps(out))
 
 
 def test_kernel_compiles_for_sm90_with_wgmma_tma_and_no_spills():
-    """Dense and causal, head dims 64 and 128, contiguous and column-block heads, GQA: each compiles
-    offline to HGMMA with 2-D TMA loads (two Q tiles, K and V) and no local memory, in the shared
-    memory the config predicts."""
+    """Dense and causal, head dims 64 and 128, contiguous and column-block heads, GQA, plain and
+    pipelined (two score tiles live: the case that could spill): each compiles offline to HGMMA with
+    2-D TMA loads (two Q tiles, K and V) and no local memory, in the shared memory the config predicts."""
     cases = [
-        (2, 4, 4, 256, 64, False, "bhsd", 128, 2),
-        (2, 4, 4, 256, 64, True, "bhsd", 64, 3),
-        (2, 8, 2, 512, 128, True, "bshd", 128, 2),
-        (2, 4, 2, 256, 128, False, "bshd", 64, 3),
+        (2, 4, 4, 256, 64, False, "bhsd", 128, 2, False),
+        (2, 4, 4, 256, 64, True, "bhsd", 64, 3, False),
+        (2, 8, 2, 512, 128, True, "bshd", 128, 2, False),
+        (2, 4, 2, 256, 128, False, "bshd", 64, 3, False),
+        (2, 4, 4, 256, 64, False, "bhsd", 128, 2, True),
+        (2, 8, 2, 512, 128, True, "bshd", 128, 2, True),
     ]
     got = run_offline_script(_OFFLINE, cases, timeout=600)
     for case, g in zip(cases, got, strict=True):
@@ -92,7 +94,9 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_no_spills():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("cfg", [W.WsAttnConfig(64, 128, 2), W.WsAttnConfig(64, 64, 3)], ids=lambda c: c.describe())
+@pytest.mark.parametrize(
+    "cfg", [W.WsAttnConfig(64, 128, 2), W.WsAttnConfig(64, 64, 3), W.WsAttnConfig(64, 128, 2, True)], ids=lambda c: c.describe()
+)
 @pytest.mark.parametrize("h,hk,d", [(4, 4, 64), (8, 2, 128)])
 def test_gpu_answers_match_the_oracle(causal, cfg, h, hk, d):
     if torch.cuda.get_device_capability() != (9, 0):
