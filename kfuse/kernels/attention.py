@@ -183,18 +183,16 @@ def _attn_fwd(
     first = pid_m
     if PAIRED:
         first = Q_TILES - 1 - pid_m
-    # the grid is sized for the longest sequence: tiles past this sequence's end do nothing
-    if first * BLOCK_M < q_len:
-        _attn_rows(
-            Q, Out, M, k_base, v_base, first, b, h, q_start, q_len, k_start, k_len, scale_log2,
-            stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
-            stride_mb, stride_mh, stride_mq, stride_mk, D,
-            BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES, FMA_SCALE,
-        )  # fmt: skip
-    if PAIRED:
-        if (pid_m < first) and (pid_m * BLOCK_M < q_len):
+    # PAIRED: the long tile, then its mirror pid_m unless that is the same tile. The grid is sized for
+    # the longest sequence: tiles past this sequence's end do nothing
+    for part in tl.static_range(1 + PAIRED):
+        tile = first if part == 0 else pid_m
+        runs = tile * BLOCK_M < q_len
+        if part == 1:
+            runs = runs & (pid_m < first)
+        if runs:
             _attn_rows(
-                Q, Out, M, k_base, v_base, pid_m, b, h, q_start, q_len, k_start, k_len, scale_log2,
+                Q, Out, M, k_base, v_base, tile, b, h, q_start, q_len, k_start, k_len, scale_log2,
                 stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
                 stride_mb, stride_mh, stride_mq, stride_mk, D,
                 BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES, FMA_SCALE,
@@ -303,7 +301,7 @@ def _launch(
     tiles: int | None = None,
 ) -> None:
     d = q.shape[-1]
-    key = (sq, d, mask_kind, causal, cu is not None, batch * heads)
+    key = problem_key(sq, d, mask_kind, causal, cu is not None, batch * heads)
     cfg = config or _TUNED.get(key)
     if cfg is None and AUTOTUNE and q.is_cuda and not interpreting() and not torch.cuda.is_current_stream_capturing():
         # first launch of this problem on the GPU: a warm-up run, before any CUDA graph capture
@@ -458,9 +456,21 @@ def pick_fastest(configs: list[AttnConfig], time_one, rounds: int) -> AttnConfig
     return min(medians, key=medians.__getitem__)
 
 
+def problem_key(max_seq: int, head_dim: int, mask_kind: int, causal: bool, varlen: bool, batch_heads: int) -> tuple:
+    """What the autotuner keys its pick by: problems with the same key share a tile."""
+    return (max_seq, head_dim, mask_kind, bool(causal), bool(varlen), batch_heads)
+
+
 def tuned_configs() -> dict[tuple, AttnConfig]:
-    """The configs chosen so far, by problem key (max seq, head dim, mask kind, causal, varlen, B*H)."""
+    """The configs chosen so far, by ``problem_key``."""
     return dict(_TUNED)
+
+
+def tuned_config(
+    max_seq: int, head_dim: int, batch_heads: int, causal: bool = False, mask_kind: int = MASK_NONE, varlen: bool = False
+) -> AttnConfig | None:
+    """The config the autotuner picked for this problem, or None before its first GPU launch."""
+    return _TUNED.get(problem_key(max_seq, head_dim, mask_kind, causal, varlen, batch_heads))
 
 
 def reference(

@@ -38,6 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from kfuse.kernels import pdl
+from kfuse.kernels.pdl_gluon import pdl_start
 
 LOADER_REGS = 40
 CONSUMER_REGS = 232
@@ -69,13 +70,6 @@ def config_space(head_dim: int) -> list[WsAttnConfig]:
                 if c.smem_bytes(head_dim) <= 232448:
                     out.append(c)
     return out
-
-
-@gluon.jit
-def _pdl_start(PDL: gl.constexpr):
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -197,7 +191,7 @@ def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ,
                    CONSUMER_REGS: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
     # program (pid_m, b * H + h): query rows pid_m * 2 * BLOCK_M .. + 2 * BLOCK_M of head h of batch b.
     # A head's rows in the TMA views: row b * rb + h * rh + s, column h * ch (``tma_view``)
-    _pdl_start(PDL)
+    pdl_start(PDL)
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     pid_m = gl.program_id(0)

@@ -92,6 +92,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from kfuse.kernels.pdl_gluon import pdl_start  # programmatic dependent launch (kfuse.kernels.pdl)
+
 tl = gl  # the rendered epilogue is written against triton.language's names, which Gluon shares
 
 
@@ -106,15 +108,6 @@ def _gelu_fast(x):
     p = gl.fma(h * h, 0.285419265090401, 1.5957691216057308)
     t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [h * p], dtype=gl.float32, is_pure=True, pack=1)
     return gl.fma(h, t, h)
-
-
-@gluon.jit
-def _pdl_start(PDL: gl.constexpr):
-    # programmatic dependent launch (kfuse.kernels.pdl): wait for the previous grid before any TMA
-    # traffic, then let the next grid's programs become resident as this one's leave
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -309,7 +302,7 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
                          {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                          B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr,
                          LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PDL: gl.constexpr):
-    _pdl_start(PDL)
+    pdl_start(PDL)
     # N_LO > 0 (M_LO > 0): the tile is c_desc's width + N_LO columns wide (height + M_LO rows high),
     # the second piece loaded through b_lo_desc (a_lo_desc) and stored through c_lo_desc; the unused
     # descriptors are the first pieces' again. bias_desc (bias mode "tma"): the bias row as a (1, N)
@@ -425,7 +418,7 @@ def gemm_rows_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bi
                      {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                      B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                      PDL: gl.constexpr):
-    _pdl_start(PDL)
+    pdl_start(PDL)
     # two consumer warpgroups on one tile of a_desc's + M_LO rows, a row piece each (its A block through
     # a_desc / a_lo_desc, its store through c_desc / c_lo_desc) over one B block a K step: where a
     # program holds one tile, its epilogue runs on both warpgroups at once (the ping-pong kernel runs it
@@ -517,7 +510,7 @@ def _coop_consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, {extra_ptrs}M, 
 def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides}
                      {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                      C_BUFS: gl.constexpr, B_KMAJOR: gl.constexpr, LOADER_REGS: gl.constexpr, PDL: gl.constexpr):
-    _pdl_start(PDL)
+    pdl_start(PDL)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [C_BUFS] + c_desc.block_type.shape, c_desc.layout)

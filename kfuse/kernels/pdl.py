@@ -15,6 +15,8 @@ waits for it at ``gdc_wait``. What must never happen is a PDL launch of a kernel
 wait, so the launch keyword and the kernel's ``PDL`` constexpr come from one place,
 ``launch_kwargs``.
 
+The Gluon kernels wait with ``pdl_gluon.pdl_start``, the same two instructions as inline PTX.
+
 Whether a plan uses PDL is ``Options.pdl``; the executor opens ``scope(plan.pdl)`` around its
 steps, so kernels launched by the tuner, the profiler or a test outside a plan run without it.
 """

@@ -85,7 +85,7 @@ def _first_statement(fn: ast.FunctionDef) -> str:
     return ast.unparse(body[0]) if body else ""
 
 
-@pytest.mark.parametrize("module", ["attention", "norm", "rotary", "pool", "gated_gemm"])
+@pytest.mark.parametrize("module", ["attention", "attention_ws", "norm", "rotary", "pool", "gated_gemm"])
 def test_every_kernel_launched_with_pdl_waits_first(module: str) -> None:
     """The invariant PDL needs: a kernel launched with the attribute waits (``pdl_start(PDL)``) before
     anything else; one that did not could read what the previous kernel has not written yet."""
