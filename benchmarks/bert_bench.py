@@ -27,6 +27,7 @@ import torch
 import kfuse
 import kfuse.models
 from kfuse.bench.harness import ab_ms, floor_ms, make_record, max_rel_err, pytorch_baselines, time_ms, write_results
+from kfuse.bench.hf_masks import NOTE as HF_MASK_NOTE
 
 BUDGET_S = float(os.environ.get("KFUSE_BENCH_BUDGET_S", "175"))
 T0 = time.perf_counter()
@@ -157,6 +158,7 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
         "tune": TUNE,
         "kernels_by_template": _count_templates(rep_),
         "kernel_configs": _count_configs(rep_),
+        "baseline_notes": HF_MASK_NOTE,
     }
     if PROFILE and not smoke:
         from kfuse.runtime.profile import profile_plan, profile_summary

@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 import kfuse
 import kfuse.models as zoo
 from kfuse.bench.harness import ab_ms, floor_ms, kernel_lines, make_record, max_rel_err, pytorch_baselines, time_ms, write_results
+from kfuse.bench.hf_masks import NOTE as HF_MASK_NOTE
 from kfuse.runtime.executor import execute
 from kfuse.runtime.profile import node_flops, plot_profile, profile_plan, profile_summary
 
@@ -52,6 +53,7 @@ SMOKE: dict[str, list[tuple[str, str, int, int | None, bool]]] = {
     "vit_ti16": [("B64", "vit-tiny", 2, None, False)],
     "llama_prefill": [("B1_S512", "llama-tiny", 2, 32, False)],
 }
+HF_FAMILIES = ("bert", "gpt2", "llama", "vit")  # Hugging Face transformers models: their baselines get the mask fix
 NOTES = {
     "max_autotune": "skipped (compile time; issue anchor resnet50 B64: max-autotune with CUDA graphs 3.17 ms after 300 s of compiling)",
 }
@@ -158,6 +160,7 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
             ]
             print(f"  profile: {prof_sum['total_ms']:.3f} ms summed over {prof_sum['launches']} launches -> {png}", flush=True)
     flops, nbytes = graph_flops_bytes(compiled)
+    notes = {**NOTES, **({"baselines": HF_MASK_NOTE} if zoo.get_spec(model_name).family in HF_FAMILIES else {})}
     templates: dict[str, int] = {}
     configs: dict[str, dict[str, int]] = {}  # the tuned configs each template runs, with their launch counts
     for k in rep["kernels"]:
@@ -174,7 +177,7 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
         baseline_compile_s={k: round(s, 2) for k, s in base_compile_s.items()},
         cuda_graph=rep["cuda_graph"], launches=len(rep["kernels"]), kernels_by_template=templates, kernel_configs=configs,
         fallback=rep.get("fallback", []), profile_summary=prof_sum, profile_top=prof_top,
-        notes=dict(NOTES), smoke=bool(args.smoke), b2b=rep.get("b2b"), **ablation,
+        notes=notes, smoke=bool(args.smoke), b2b=rep.get("b2b"), **ablation,
     )  # fmt: skip
 
 
