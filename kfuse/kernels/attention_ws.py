@@ -1,5 +1,6 @@
 """Warp-specialised attention for Hopper (sm_90), written in Gluon: an **experiment**, compiled and
-checked offline, not yet run on the GPU (session 24), and not in the autotuner's space.
+checked offline in session 24, correct on the H200 but 2-35% slower than the Triton kernel (session 25,
+``experiments/s25_attention_ws_probe.json``), and not in the autotuner's space.
 
 Why: on the H200, SDPA's cuDNN backend runs BERT/GPT-style attention 4-17% faster than kfuse's
 Triton kernel at head dim 64 and 1.3x faster at 128 (``BENCHMARKS.md``, attention, session 24). The
@@ -12,9 +13,10 @@ This kernel splits the work the way ``gemm_ws.py`` does for GEMMs:
 * two **consumer** warpgroups, each with its own BLOCK_M query rows (a program covers 2 * BLOCK_M),
   read every K/V slot: S = Q K^T from shared memory, the online softmax in registers, P converted
   in registers to the wgmma's A operand, O += P V. While one consumer runs its softmax the other's
-  wgmma's can use the tensor cores (no explicit ping-pong barrier yet). ``pipelined`` configs also
-  issue the next tile's scores before this tile's softmax (FlashAttention-3's intra-warpgroup
-  overlap; two score tiles live at once).
+  wgmma's can use the tensor cores. ``pipelined`` configs also issue the next tile's scores before
+  this tile's softmax (FlashAttention-3's intra-warpgroup overlap; two score tiles live at once).
+  ``pingpong`` configs (dense) make the two consumers take turns at the tensor cores through two
+  mbarriers, FlashAttention-3's inter-warpgroup schedule (``_consumer_pingpong``).
 
 The exponent is one FFMA of the unscaled score (as in ``attention.py``). Causal (top-left, Sq = Sk):
 a consumer masks the key tile on its diagonal and skips the tiles past it (still waiting on and
@@ -51,22 +53,24 @@ class WsAttnConfig:
     block_n: int = 128  # keys a K/V tile
     stages: int = 2
     pipelined: bool = False  # tile j + 1's scores issued before tile j's softmax (``_consumer``)
+    pingpong: bool = False  # dense only: the two consumers take turns at the tensor cores (``_consumer_pingpong``)
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         return (2 * self.block_m + 2 * self.stages * self.block_n) * head_dim * elem + 1024
 
     def describe(self) -> str:
-        return f"ws 2x{self.block_m}x{self.block_n} s{self.stages}" + (" pipe" if self.pipelined else "")
+        return f"ws 2x{self.block_m}x{self.block_n} s{self.stages}" + (" pipe" if self.pipelined else "") + (" pp" if self.pingpong else "")
 
 
-def config_space(head_dim: int) -> list[WsAttnConfig]:
-    """Tiles whose two Q tiles and ``stages`` K and V tiles fit the 227 KB of an sm_90 SM, each plain
-    and pipelined."""
+def config_space(head_dim: int, causal: bool = False) -> list[WsAttnConfig]:
+    """Tiles whose two Q tiles and ``stages`` K and V tiles fit the 227 KB of an sm_90 SM, each plain,
+    pipelined and (dense only) ping-pong."""
     out = []
     for bn in (64, 128):
         for stages in (2, 3, 4):
-            for pipelined in (False, True):
-                c = WsAttnConfig(64, bn, stages, pipelined)
+            forms = [(False, False), (True, False)] + ([] if causal else [(False, True)])
+            for pipelined, pingpong in forms:
+                c = WsAttnConfig(64, bn, stages, pipelined, pingpong)
                 if c.smem_bytes(head_dim) <= 232448:
                     out.append(c)
     return out
@@ -108,6 +112,17 @@ def _online_softmax(qk, m_i, l_i, acc, j, row0, scale_log2, CAUSAL: gl.constexpr
     l_i = l_i * alpha + gl.sum(p, axis=1)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     return gl.convert_layout(p.to(DTYPE), p_layout), m_new, l_i, acc
+
+
+@gluon.jit
+def _scores_to_p(qk, m_i, l_i, scale_log2, p_layout: gl.constexpr, DTYPE: gl.constexpr):
+    # the first half of ``_online_softmax`` (dense): P as the wgmma's A operand, the new max and sum,
+    # and the factor the output still has to be rescaled by once its pending P V product has landed
+    m_new = gl.maximum(m_i, gl.max(qk, axis=1) * scale_log2)
+    p = gl.exp2(qk * scale_log2 - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return gl.convert_layout(p.to(DTYPE), p_layout), m_new, l_i, alpha
 
 
 @gluon.jit
@@ -185,9 +200,60 @@ def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_ptr, o
 
 
 @gluon.jit
+def _consumer_pingpong(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, turn, o_ptr, o_base, stride_os, first_row, n_tiles,
+                       scale_log2, WG: gl.constexpr):  # fmt: skip
+    # dense, FlashAttention-3's inter-warpgroup ping-pong: in its turn a warpgroup issues tile j + 1's
+    # scores and tile j's P V back to back, hands the turn to the other warpgroup (``turn``: one
+    # mbarrier each, count 1), and runs tile j + 1's softmax while the other's products use the tensor
+    # cores. The output is rescaled only after its pending P V has landed. Both consumers take
+    # n_tiles - 1 turns; warpgroup 0's first wait is at phase 1, which a fresh barrier has completed
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.shape[1]
+    HEAD_D: gl.constexpr = q_bufs.shape[2]
+    BLOCK_N: gl.constexpr = k_bufs.shape[1]
+    DTYPE: gl.constexpr = q_bufs.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row0 = first_row + WG * BLOCK_M
+    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    q = q_bufs.index(WG)
+    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    qk = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    qk = warpgroup_mma_wait(0, deps=(qk,))
+    p16, m_i, l_i, alpha = _scores_to_p(qk, m_i, l_i, scale_log2, p_layout, DTYPE)
+    for j in range(n_tiles - 1):
+        s = j % STAGES
+        s1 = (j + 1) % STAGES
+        mbarrier.wait(k_ready.index(s1), ((j + 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
+        mbarrier.wait(turn.index(WG), (j & 1) ^ (1 - WG))
+        qk = warpgroup_mma(q, k_bufs.index(s1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+        qk = warpgroup_mma_wait(1, deps=(qk,))  # the scores have landed; P V may still run
+        p16, m_i, l_i, alpha = _scores_to_p(qk, m_i, l_i, scale_log2, p_layout, DTYPE)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index(s), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    last = n_tiles - 1
+    s = last % STAGES
+    mbarrier.wait(v_ready.index(s), (last // STAGES) & 1)
+    acc = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(empty.index(s), count=1)
+    _store_rows(acc, l_i, o_ptr, o_base, stride_os, row0)
+
+
+@gluon.jit
 def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ,
                    q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, stride_ob, stride_oh, stride_os,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PIPELINED: gl.constexpr, LOADER_REGS: gl.constexpr,
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PIPELINED: gl.constexpr, PINGPONG: gl.constexpr,
+                   LOADER_REGS: gl.constexpr,
                    CONSUMER_REGS: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
     # program (pid_m, b * H + h): query rows pid_m * 2 * BLOCK_M .. + 2 * BLOCK_M of head h of batch b.
     # A head's rows in the TMA views: row b * rb + h * rh + s, column h * ch (``tma_view``)
@@ -225,14 +291,27 @@ def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ,
     # consumer 0 is the default partition (the kernel's 4 warps); arguments written inline (a tuple
     # held in a variable would turn the constexprs into tensors)
     # fmt: off
-    gl.warp_specialize([
-        (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row, n_tiles,
-                     scale_log2, CAUSAL, FIRST, PIPELINED)),
-        (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row, n_tiles,
-                     scale_log2, CAUSAL, SECOND, PIPELINED)),
-        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, q_row, q_col, kv_row,
-                   kv_col, n_tiles)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    if PINGPONG:
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
+        gl.warp_specialize([
+            (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, turn, o_ptr, o_base, stride_os,
+                                  first_row, n_tiles, scale_log2, FIRST)),
+            (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, turn, o_ptr, o_base, stride_os,
+                                  first_row, n_tiles, scale_log2, SECOND)),
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, q_row, q_col, kv_row,
+                       kv_col, n_tiles)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row,
+                         n_tiles, scale_log2, CAUSAL, FIRST, PIPELINED)),
+            (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row,
+                         n_tiles, scale_log2, CAUSAL, SECOND, PIPELINED)),
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, q_row, q_col, kv_row,
+                       kv_col, n_tiles)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     # fmt: on
 
 
@@ -277,6 +356,8 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, cf
     sq, sk = q.shape[2], k.shape[2]
     if causal and sq != sk:
         return "causal needs as many keys as queries"
+    if causal and cfg.pingpong:
+        return "the ping-pong form is dense only (causal consumers take unequal numbers of turns)"
     if sq % (2 * cfg.block_m) or sk % cfg.block_n:
         return f"sequence {sq} x {sk} is not a multiple of the tiles ({2 * cfg.block_m} queries, {cfg.block_n} keys)"
     if k.stride() != v.stride():
@@ -284,6 +365,8 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, cf
     for name, t in (("q", q), ("k", k), ("v", v)):
         if tma_view(t) is None:
             return f"TMA cannot address {name} (strides {tuple(t.stride())})"
+    if cfg.pingpong and cfg.pipelined:
+        return "pipelined and ping-pong are two forms of one loop: pick one"
     if cfg.smem_bytes(d, q.element_size()) > 232448:
         return "the tiles do not fit in shared memory"
     return None
@@ -333,8 +416,8 @@ def attention_ws(
     attn_ws_kernel[grid](
         qd, kd, vd, o, scale * _LOG2E, h, h // hk, s,
         qv.rb, qv.rh, qv.ch, kvv.rb, kvv.rh, kvv.ch, o.stride(0), o.stride(1), o.stride(2),
-        STAGES=cfg.stages, CAUSAL=bool(causal), PIPELINED=cfg.pipelined, LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS,
-        num_warps=4, **pdl.launch_kwargs(),
+        STAGES=cfg.stages, CAUSAL=bool(causal), PIPELINED=cfg.pipelined, PINGPONG=cfg.pingpong,
+        LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4, **pdl.launch_kwargs(),
     )  # fmt: skip
     return o
 
@@ -366,7 +449,7 @@ def compile_offline(
     sig["scale_log2"] = "fp32"
     for name in ("H", "KV_GROUP", "SEQ", "q_rb", "q_rh", "q_ch", "kv_rb", "kv_rh", "kv_ch", "stride_ob", "stride_oh", "stride_os"):
         sig[name] = "i32"
-    constexprs = {"STAGES": cfg.stages, "CAUSAL": causal, "PIPELINED": cfg.pipelined, "LOADER_REGS": LOADER_REGS}
+    constexprs = {"STAGES": cfg.stages, "CAUSAL": causal, "PIPELINED": cfg.pipelined, "PINGPONG": cfg.pingpong, "LOADER_REGS": LOADER_REGS}
     constexprs.update(CONSUMER_REGS=CONSUMER_REGS, PDL=False)
     for name in constexprs:
         sig[name] = "constexpr"

@@ -53,6 +53,11 @@ def test_eligible_says_why_not():
     assert "masks" in W.eligible(q, q, q, False, cfg, has_mask=True)
     assert "as many keys" in W.eligible(q, q[:, :, :128], q[:, :, :128], True, cfg)
     assert all(c.smem_bytes(128) <= 232448 for c in W.config_space(128)) and W.config_space(64)
+    pp = W.WsAttnConfig(64, 128, 2, pingpong=True)
+    assert W.eligible(q, q, q, False, pp) is None
+    assert "dense only" in W.eligible(q, q, q, True, pp)
+    assert "pick one" in W.eligible(q, q, q, False, W.WsAttnConfig(64, 128, 2, True, True))
+    assert any(c.pingpong for c in W.config_space(64)) and not any(c.pingpong for c in W.config_space(64, causal=True))
 
 
 _OFFLINE = r"""
@@ -61,8 +66,8 @@ import torch
 from cubin_facts import sass_facts
 from kfuse.kernels import attention_ws as W
 out = []
-for b, h, hk, s, d, causal, layout, bn, stages, pipelined in json.loads(sys.argv[1]):
-    cfg = W.WsAttnConfig(64, bn, stages, pipelined)
+for b, h, hk, s, d, causal, layout, bn, stages, pipelined, pingpong in json.loads(sys.argv[1]):
+    cfg = W.WsAttnConfig(64, bn, stages, pipelined, pingpong)
     ck = W.compile_offline(b, h, hk, s, d, causal, cfg, layout=layout)
     f = sass_facts(ck.asm["cubin"])
     tma = ck.asm["ptx"].count("cp.async.bulk.tensor.2d")
@@ -72,16 +77,18 @@ print(json.dumps(out))
 
 
 def test_kernel_compiles_for_sm90_with_wgmma_tma_and_no_spills():
-    """Dense and causal, head dims 64 and 128, contiguous and column-block heads, GQA, plain and
-    pipelined (two score tiles live: the case that could spill): each compiles offline to HGMMA with
+    """Dense and causal, head dims 64 and 128, contiguous and column-block heads, GQA, plain,
+    pipelined (two score tiles live: the case that could spill) and ping-pong: each compiles offline to HGMMA with
     2-D TMA loads (two Q tiles, K and V) and no local memory, in the shared memory the config predicts."""
     cases = [
-        (2, 4, 4, 256, 64, False, "bhsd", 128, 2, False),
-        (2, 4, 4, 256, 64, True, "bhsd", 64, 3, False),
-        (2, 8, 2, 512, 128, True, "bshd", 128, 2, False),
-        (2, 4, 2, 256, 128, False, "bshd", 64, 3, False),
-        (2, 4, 4, 256, 64, False, "bhsd", 128, 2, True),
-        (2, 8, 2, 512, 128, True, "bshd", 128, 2, True),
+        (2, 4, 4, 256, 64, False, "bhsd", 128, 2, False, False),
+        (2, 4, 4, 256, 64, True, "bhsd", 64, 3, False, False),
+        (2, 8, 2, 512, 128, True, "bshd", 128, 2, False, False),
+        (2, 4, 2, 256, 128, False, "bshd", 64, 3, False, False),
+        (2, 4, 4, 256, 64, False, "bhsd", 128, 2, True, False),
+        (2, 8, 2, 512, 128, True, "bshd", 128, 2, True, False),
+        (2, 4, 4, 256, 64, False, "bhsd", 128, 2, False, True),
+        (2, 8, 2, 512, 128, False, "bshd", 128, 3, False, True),
     ]
     got = run_offline_script(_OFFLINE, cases, timeout=600)
     for case, g in zip(cases, got, strict=True):
@@ -113,3 +120,24 @@ def test_gpu_answers_match_the_oracle(causal, cfg, h, hk, d):
         out = torch.full((b, h, s, d), float("nan"), dtype=torch.float16, device="cuda")
         W.attention_ws(q, k, v, causal=causal, out=out, config=cfg)
         torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "cfg", [W.WsAttnConfig(64, 128, 2, pingpong=True), W.WsAttnConfig(64, 64, 3, pingpong=True)], ids=lambda c: c.describe()
+)
+@pytest.mark.parametrize("s", [128, 384, 1024])
+def test_gpu_pingpong_matches_the_oracle(cfg, s):
+    """The ping-pong consumers (dense): one key tile (no turns), a few, and enough to wrap the ring
+    many times; GQA; output poisoned first. A wrong turn phase hangs or races, a wrong rescale order
+    gives wrong rows."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialised attention needs sm_90")
+    if s % cfg.block_n:
+        pytest.skip("sequence not a multiple of the key tile")
+    gen = torch.Generator(device="cuda").manual_seed(s)
+    q = torch.randn(2, 8, s, 64, generator=gen, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(2, 2, s, 64, generator=gen, device="cuda", dtype=torch.float16) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    W.attention_ws(q, k, v, out=out, config=cfg)
+    torch.testing.assert_close(out.float(), A.reference(q, k, v), atol=2e-2, rtol=2e-2)
