@@ -229,14 +229,28 @@ def pytorch_baselines(
     """Time ``fn`` under each baseline. Returns (ms per baseline, output per baseline,
     compile seconds per baseline). A baseline that fails is reported and left out. With
     ``hf_mask_skip`` a Hugging Face model given no padding mask builds none under capture and
-    compile either (``hf_masks``: otherwise its attention runs in FP32 math there)."""
+    compile either (``hf_masks``: otherwise its attention runs in FP32 math there). cuDNN times
+    its algorithms (``cudnn_autotuned``) for every baseline."""
     kwargs = kwargs or {}
     times: dict[str, float] = {}
     outs: dict[str, Any] = {}
     compile_s: dict[str, float] = {}
-    with hf_masks_skipped_when_absent() if hf_mask_skip else contextlib.nullcontext([]):
+    with hf_masks_skipped_when_absent() if hf_mask_skip else contextlib.nullcontext([]), cudnn_autotuned():
         _time_baselines(fn, args, kwargs, which, warmup, rep, log, times, outs, compile_s)
     return times, outs, compile_s
+
+
+@contextlib.contextmanager
+def cudnn_autotuned() -> Any:
+    """cuDNN picks each convolution's algorithm by timing them (``torch.backends.cudnn.benchmark``),
+    as a PyTorch user serving fixed shapes would set it; the baselines ran on cuDNN's heuristic until
+    session 25. Restored on exit."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 
 def _time_baselines(

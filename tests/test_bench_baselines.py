@@ -1,0 +1,31 @@
+"""The PyTorch baselines' settings (kfuse/bench/harness.py): cuDNN times its algorithms while the
+baselines run and the process's own setting comes back afterwards, also when a baseline fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kfuse.bench.harness import cudnn_autotuned, pytorch_baselines
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_cudnn_autotuned_sets_and_restores(before: bool) -> None:
+    torch.backends.cudnn.benchmark = before
+    with pytest.raises(RuntimeError), cudnn_autotuned():
+        assert torch.backends.cudnn.benchmark is True
+        raise RuntimeError("a baseline failed")
+    assert torch.backends.cudnn.benchmark is before
+    torch.backends.cudnn.benchmark = False
+
+
+def test_baselines_run_with_cudnn_autotuned() -> None:
+    seen: list[bool] = []
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.backends.cudnn.benchmark)
+        return torch.relu(x)
+
+    times, outs, _ = pytorch_baselines(model, (torch.randn(4, 4),), which=("eager", "nonsense"), warmup=1, rep=2, log=lambda s: None)
+    assert set(times) == {"eager"} and seen and all(seen)  # the unknown baseline is reported, not fatal
+    assert torch.backends.cudnn.benchmark is False
