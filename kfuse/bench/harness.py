@@ -12,7 +12,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -231,17 +231,12 @@ def pytorch_baselines(
     ``hf_mask_skip`` a Hugging Face model given no padding mask builds none under capture and
     compile either (``hf_masks``: otherwise its attention runs in FP32 math there). cuDNN times
     its algorithms (``cudnn_autotuned``) for every baseline."""
-    kwargs = kwargs or {}
-    times: dict[str, float] = {}
-    outs: dict[str, Any] = {}
-    compile_s: dict[str, float] = {}
     with hf_masks_skipped_when_absent() if hf_mask_skip else contextlib.nullcontext([]), cudnn_autotuned():
-        _time_baselines(fn, args, kwargs, which, warmup, rep, log, times, outs, compile_s)
-    return times, outs, compile_s
+        return _time_baselines(fn, args, kwargs or {}, which, warmup, rep, log)
 
 
 @contextlib.contextmanager
-def cudnn_autotuned() -> Any:
+def cudnn_autotuned() -> Iterator[None]:
     """cuDNN picks each convolution's algorithm by timing them (``torch.backends.cudnn.benchmark``),
     as a PyTorch user serving fixed shapes would set it; the baselines ran on cuDNN's heuristic until
     session 25. Restored on exit."""
@@ -255,8 +250,11 @@ def cudnn_autotuned() -> Any:
 
 def _time_baselines(
     fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], which: Sequence[str], warmup: int, rep: int,
-    log: Callable[[str], None], times: dict[str, float], outs: dict[str, Any], compile_s: dict[str, float],
-) -> None:  # fmt: skip
+    log: Callable[[str], None],
+) -> tuple[dict[str, float], dict[str, Any], dict[str, float]]:  # fmt: skip
+    times: dict[str, float] = {}
+    outs: dict[str, Any] = {}
+    compile_s: dict[str, float] = {}
     for name in which:
         try:
             t0 = time.perf_counter()
@@ -279,6 +277,7 @@ def _time_baselines(
             log(f"  {name:16s} {times[name]:9.4f} ms")
         except Exception as e:  # a baseline that cannot run is reported, not fatal
             log(f"  {name:16s} failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+    return times, outs, compile_s
 
 
 def kernel_lines(report: dict[str, Any]) -> list[str]:
