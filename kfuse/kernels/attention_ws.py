@@ -205,8 +205,10 @@ def _consumer_pingpong(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty,
     # dense, FlashAttention-3's inter-warpgroup ping-pong: in its turn a warpgroup issues tile j + 1's
     # scores and tile j's P V back to back, hands the turn to the other warpgroup (``turn``: one
     # mbarrier each, count 1), and runs tile j + 1's softmax while the other's products use the tensor
-    # cores. The output is rescaled only after its pending P V has landed. Both consumers take
-    # n_tiles - 1 turns; warpgroup 0's first wait is at phase 1, which a fresh barrier has completed
+    # cores. The output is rescaled only after its pending P V has landed. (The compiler places the
+    # softmax after the wait for P V, so only the overlap between the warpgroups is there; measured
+    # within 2% of the plain form, session 25.) Both consumers take n_tiles - 1 turns; warpgroup 0's
+    # first wait is at phase 1, which a fresh barrier has completed
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[1]
     HEAD_D: gl.constexpr = q_bufs.shape[2]
