@@ -14,7 +14,9 @@ time limit with the finished cases kept).
 
 Run 1 (session 25, ``experiments/s25_attention_ws_probe.json``): correct, 20-35% slower than the Triton
 kernel at head dim 64 and 2% at 128; pipelined no better. Run 2 adds the ``pingpong`` configs (dense):
-the two consumers take turns at the tensor cores (FlashAttention-3's inter-warpgroup schedule).
+the two consumers take turns at the tensor cores (FlashAttention-3's inter-warpgroup schedule): within 2%
+of plain. Run 3 adds three consumer warpgroups of 64 rows at 160 registers (head dim 64): one program of
+two consumers holds 60.7k registers, so one fits an SM; is occupancy what the kernel lacks?
 """
 
 from __future__ import annotations

@@ -7,10 +7,13 @@ Triton kernel at head dim 64 and 1.3x faster at 128 (``BENCHMARKS.md``, attentio
 Triton kernel loads K and V with pointers in the same warps that run the wgmma's and the softmax.
 This kernel splits the work the way ``gemm_ws.py`` does for GEMMs:
 
-* a **loader** warp brings the program's two Q tiles by TMA once, then each K and V tile into a
+* a **loader** warp brings the program's Q tiles by TMA once, then each K and V tile into a
   ``STAGES``-deep ring of shared-memory slots (a ``k_ready`` and a ``v_ready`` mbarrier a slot, so
   the scores can start before V lands; ``empty`` counts one arrival from each consumer);
-* two **consumer** warpgroups, each with its own BLOCK_M query rows (a program covers 2 * BLOCK_M),
+* two or three **consumer** warpgroups (``consumers``), each with its own BLOCK_M query rows (a program
+  covers ``consumers`` * BLOCK_M; with three, FlashAttention-3's choice at head dim 64, each has 160
+  registers a thread instead of 232, and a program's last tiles may lie past the sequence: their
+  rows are computed from whatever TMA reads there and not stored),
   read every K/V slot: S = Q K^T from shared memory, the online softmax in registers, P converted
   in registers to the wgmma's A operand, O += P V. While one consumer runs its softmax the other's
   wgmma's can use the tensor cores. ``pipelined`` configs also issue the next tile's scores before
@@ -42,50 +45,57 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from kfuse.kernels import pdl
 from kfuse.kernels.pdl_gluon import pdl_start
 
-LOADER_REGS = 40
-CONSUMER_REGS = 232
+# registers a thread, by consumer warpgroups a program (FlashAttention-3's split). The loader's one
+# warp occupies a warpgroup's registers, so 2 x 4 x 32 x 232 + 4 x 32 x 40 and 3 x 4 x 32 x 160 + 4 x 32 x 24
+# both fit the SM's 65,536; with 3 consumers a 40-register loader would not (setmaxnreg would wait forever)
+LOADER_REGS = {2: 40, 3: 24}
+CONSUMER_REGS = {2: 232, 3: 160}
 _LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
 class WsAttnConfig:
-    block_m: int = 64  # query rows a consumer warpgroup (the program covers twice that)
+    block_m: int = 64  # query rows a consumer warpgroup (the program covers ``consumers`` times that)
     block_n: int = 128  # keys a K/V tile
     stages: int = 2
     pipelined: bool = False  # tile j + 1's scores issued before tile j's softmax (``_consumer``)
-    pingpong: bool = False  # dense only: the two consumers take turns at the tensor cores (``_consumer_pingpong``)
+    pingpong: bool = False  # dense, two consumers: they take turns at the tensor cores (``_consumer_pingpong``)
+    consumers: int = 2  # consumer warpgroups a program: 2 (232 registers each) or 3 (160 each)
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
-        return (2 * self.block_m + 2 * self.stages * self.block_n) * head_dim * elem + 1024
+        return (self.consumers * self.block_m + 2 * self.stages * self.block_n) * head_dim * elem + 1024
 
     def describe(self) -> str:
-        return f"ws 2x{self.block_m}x{self.block_n} s{self.stages}" + (" pipe" if self.pipelined else "") + (" pp" if self.pingpong else "")
+        form = (" pipe" if self.pipelined else "") + (" pp" if self.pingpong else "")
+        return f"ws {self.consumers}x{self.block_m}x{self.block_n} s{self.stages}" + form
 
 
 def config_space(head_dim: int, causal: bool = False) -> list[WsAttnConfig]:
-    """Tiles whose two Q tiles and ``stages`` K and V tiles fit the 227 KB of an sm_90 SM, each plain,
-    pipelined and (dense only) ping-pong."""
+    """Tiles whose Q tiles and ``stages`` K and V tiles fit the 227 KB of an sm_90 SM. Two consumers:
+    plain, pipelined and (dense only) ping-pong; three consumers (head dim 64, FlashAttention-3's
+    choice there): plain, whose 160 registers a thread hold one score tile, not two."""
     out = []
     for bn in (64, 128):
         for stages in (2, 3, 4):
             forms = [(False, False), (True, False)] + ([] if causal else [(False, True)])
-            for pipelined, pingpong in forms:
-                c = WsAttnConfig(64, bn, stages, pipelined, pingpong)
-                if c.smem_bytes(head_dim) <= 232448:
-                    out.append(c)
+            cands = [WsAttnConfig(64, bn, stages, pipelined, pingpong) for pipelined, pingpong in forms]
+            if head_dim == 64:
+                cands.append(WsAttnConfig(64, bn, stages, consumers=3))
+            out += [c for c in cands if c.smem_bytes(head_dim) <= 232448]
     return out
 
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, q_row, q_col, kv_row, kv_col, n_tiles):
-    # one warp: both consumers' Q tiles once, then the K and V tiles in order through the ring. A
+    # one warp: every consumer's Q tile once, then the K and V tiles in order through the ring. A
     # slot's first ``empty`` wait is at phase 1, which a fresh barrier has completed
     STAGES: gl.constexpr = k_bufs.shape[0]
+    CONSUMERS: gl.constexpr = q_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_ready, q_bufs.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + BLOCK_M, q_col], q_ready, q_bufs.index(1))
+    mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+    for i in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [q_row + i * BLOCK_M, q_col], q_ready, q_bufs.index(i))
     for j in range(n_tiles):
         s = j % STAGES
         mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
@@ -126,16 +136,18 @@ def _scores_to_p(qk, m_i, l_i, scale_log2, p_layout: gl.constexpr, DTYPE: gl.con
 
 
 @gluon.jit
-def _store_rows(acc, l_i, o_ptr, o_base, stride_os, row0):
+def _store_rows(acc, l_i, o_ptr, o_base, stride_os, row0, SEQ):
+    # rows past the sequence (three consumers: a program's last tiles may lie past it) are not stored
     out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, acc.type.layout))[:, None]
     offs_m = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
     offs_d = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
-    gl.store(o_ptr + o_base + offs_m[:, None] * stride_os + offs_d[None, :], out.to(o_ptr.dtype.element_ty))
+    ptrs = o_ptr + o_base + offs_m[:, None] * stride_os + offs_d[None, :]
+    gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=(offs_m < SEQ)[:, None])
 
 
 @gluon.jit
 def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row, n_tiles, scale_log2,
-              CAUSAL: gl.constexpr, WG: gl.constexpr, PIPELINED: gl.constexpr):  # fmt: skip
+              SEQ, CAUSAL: gl.constexpr, WG: gl.constexpr, PIPELINED: gl.constexpr):  # fmt: skip
     # one warpgroup: query rows first_row + WG * BLOCK_M .. + BLOCK_M of the program's head.
     # PIPELINED: the scores of tile j + 1 are issued (async wgmma) before tile j's softmax runs, so the
     # tensor cores work while this warpgroup computes exponentials (FlashAttention-3's intra-warpgroup
@@ -196,12 +208,12 @@ def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_ptr, o
         mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
         mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
         mbarrier.arrive(empty.index(s), count=1)
-    _store_rows(acc, l_i, o_ptr, o_base, stride_os, row0)
+    _store_rows(acc, l_i, o_ptr, o_base, stride_os, row0, SEQ)
 
 
 @gluon.jit
 def _consumer_pingpong(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, turn, o_ptr, o_base, stride_os, first_row, n_tiles,
-                       scale_log2, WG: gl.constexpr):  # fmt: skip
+                       scale_log2, SEQ_Q, WG: gl.constexpr):  # fmt: skip
     # dense, FlashAttention-3's inter-warpgroup ping-pong: in its turn a warpgroup issues tile j + 1's
     # scores and tile j's P V back to back, hands the turn to the other warpgroup (``turn``: one
     # mbarrier each, count 1), and runs tile j + 1's softmax while the other's products use the tensor
@@ -248,17 +260,17 @@ def _consumer_pingpong(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty,
     acc = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(empty.index(s), count=1)
-    _store_rows(acc, l_i, o_ptr, o_base, stride_os, row0)
+    _store_rows(acc, l_i, o_ptr, o_base, stride_os, row0, SEQ_Q)
 
 
 @gluon.jit
-def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ,
+def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ_Q, SEQ_K,
                    q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, stride_ob, stride_oh, stride_os,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, PIPELINED: gl.constexpr, PINGPONG: gl.constexpr,
-                   LOADER_REGS: gl.constexpr,
-                   CONSUMER_REGS: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
-    # program (pid_m, b * H + h): query rows pid_m * 2 * BLOCK_M .. + 2 * BLOCK_M of head h of batch b.
-    # A head's rows in the TMA views: row b * rb + h * rh + s, column h * ch (``tma_view``)
+                   CONSUMERS: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                   PDL: gl.constexpr):  # fmt: skip
+    # program (pid_m, b * H + h): query rows pid_m * CONSUMERS * BLOCK_M .. + CONSUMERS * BLOCK_M of head
+    # h of batch b. A head's rows in the TMA views: row b * rb + h * rh + s, column h * ch (``tma_view``)
     pdl_start(PDL)
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -267,16 +279,16 @@ def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ,
     b = bh // H
     h = bh % H
     kv_h = h // KV_GROUP
-    first_row = pid_m * 2 * BLOCK_M
-    n_tiles = gl.cdiv(SEQ, BLOCK_N)
+    first_row = pid_m * CONSUMERS * BLOCK_M
+    n_tiles = gl.cdiv(SEQ_K, BLOCK_N)
     if CAUSAL:
-        n_tiles = gl.cdiv(first_row + 2 * BLOCK_M, BLOCK_N)
+        n_tiles = gl.minimum(n_tiles, gl.cdiv(first_row + CONSUMERS * BLOCK_M, BLOCK_N))
     q_row = b * q_rb + h * q_rh + first_row
     q_col = h * q_ch
     kv_row = b * kv_rb + kv_h * kv_rh
     kv_col = kv_h * kv_ch
     o_base = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
@@ -287,9 +299,10 @@ def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ,
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)  # both consumers read every slot
+        mbarrier.init(empty.index(s), count=CONSUMERS)  # every consumer reads every slot
     FIRST: gl.constexpr = 0
     SECOND: gl.constexpr = 1
+    THIRD: gl.constexpr = 2
     # consumer 0 is the default partition (the kernel's 4 warps); arguments written inline (a tuple
     # held in a variable would turn the constexprs into tensors)
     # fmt: off
@@ -299,18 +312,29 @@ def attn_ws_kernel(q_desc, k_desc, v_desc, o_ptr, scale_log2, H, KV_GROUP, SEQ,
         mbarrier.init(turn.index(1), count=1)
         gl.warp_specialize([
             (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, turn, o_ptr, o_base, stride_os,
-                                  first_row, n_tiles, scale_log2, FIRST)),
+                                  first_row, n_tiles, scale_log2, SEQ_Q, FIRST)),
             (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, turn, o_ptr, o_base, stride_os,
-                                  first_row, n_tiles, scale_log2, SECOND)),
+                                  first_row, n_tiles, scale_log2, SEQ_Q, SECOND)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, q_row, q_col, kv_row,
                        kv_col, n_tiles)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    elif CONSUMERS == 3:
+        gl.warp_specialize([
+            (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row,
+                         n_tiles, scale_log2, SEQ_Q, CAUSAL, FIRST, PIPELINED)),
+            (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row,
+                         n_tiles, scale_log2, SEQ_Q, CAUSAL, SECOND, PIPELINED)),
+            (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row,
+                         n_tiles, scale_log2, SEQ_Q, CAUSAL, THIRD, PIPELINED)),
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, q_row, q_col, kv_row,
+                       kv_col, n_tiles)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row,
-                         n_tiles, scale_log2, CAUSAL, FIRST, PIPELINED)),
+                         n_tiles, scale_log2, SEQ_Q, CAUSAL, FIRST, PIPELINED)),
             (_consumer, (q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, o_ptr, o_base, stride_os, first_row,
-                         n_tiles, scale_log2, CAUSAL, SECOND, PIPELINED)),
+                         n_tiles, scale_log2, SEQ_Q, CAUSAL, SECOND, PIPELINED)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready.index(0), k_ready, v_ready, empty, q_row, q_col, kv_row,
                        kv_col, n_tiles)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -360,8 +384,14 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, cf
         return "causal needs as many keys as queries"
     if causal and cfg.pingpong:
         return "the ping-pong form is dense only (causal consumers take unequal numbers of turns)"
-    if sq % (2 * cfg.block_m) or sk % cfg.block_n:
-        return f"sequence {sq} x {sk} is not a multiple of the tiles ({2 * cfg.block_m} queries, {cfg.block_n} keys)"
+    if cfg.consumers not in (2, 3):
+        return f"{cfg.consumers} consumer warpgroups (2 or 3)"
+    if cfg.consumers == 3 and (cfg.pingpong or cfg.pipelined):
+        return "three consumers run the plain form only (160 registers a thread hold one score tile)"
+    # a program's last consumer tiles may lie past the queries (their rows are not stored), never partly
+    q_tile = cfg.block_m if cfg.consumers == 3 else 2 * cfg.block_m
+    if sq % q_tile or sk % cfg.block_n:
+        return f"sequence {sq} x {sk} is not a multiple of the tiles ({q_tile} queries, {cfg.block_n} keys)"
     if k.stride() != v.stride():
         return "K and V must have the same strides"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -414,12 +444,12 @@ def attention_ws(
         raise ValueError("attention_ws: the scale must be positive (the exponent keeps the scores unscaled)")
     o = out if out is not None else torch.empty((b, h, s, d), dtype=q.dtype, device=q.device)
     qd, kd, vd, qv, kvv = _descs(q, k, v, cfg)
-    grid = (s // (2 * cfg.block_m), b * h)
+    grid = (-(-s // (cfg.consumers * cfg.block_m)), b * h)
     attn_ws_kernel[grid](
-        qd, kd, vd, o, scale * _LOG2E, h, h // hk, s,
+        qd, kd, vd, o, scale * _LOG2E, h, h // hk, s, k.shape[2],
         qv.rb, qv.rh, qv.ch, kvv.rb, kvv.rh, kvv.ch, o.stride(0), o.stride(1), o.stride(2),
-        STAGES=cfg.stages, CAUSAL=bool(causal), PIPELINED=cfg.pipelined, PINGPONG=cfg.pingpong,
-        LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4, **pdl.launch_kwargs(),
+        STAGES=cfg.stages, CAUSAL=bool(causal), PIPELINED=cfg.pipelined, PINGPONG=cfg.pingpong, CONSUMERS=cfg.consumers,
+        LOADER_REGS=LOADER_REGS[cfg.consumers], CONSUMER_REGS=CONSUMER_REGS[cfg.consumers], num_warps=4, **pdl.launch_kwargs(),
     )  # fmt: skip
     return o
 
@@ -449,10 +479,24 @@ def compile_offline(
     ptr = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}[dtype]
     sig: dict[str, str] = {"q_desc": mangle_type(qd), "k_desc": mangle_type(kd), "v_desc": mangle_type(vd), "o_ptr": ptr}
     sig["scale_log2"] = "fp32"
-    for name in ("H", "KV_GROUP", "SEQ", "q_rb", "q_rh", "q_ch", "kv_rb", "kv_rh", "kv_ch", "stride_ob", "stride_oh", "stride_os"):
+    for name in (
+        "H",
+        "KV_GROUP",
+        "SEQ_Q",
+        "SEQ_K",
+        "q_rb",
+        "q_rh",
+        "q_ch",
+        "kv_rb",
+        "kv_rh",
+        "kv_ch",
+        "stride_ob",
+        "stride_oh",
+        "stride_os",
+    ):
         sig[name] = "i32"
-    constexprs = {"STAGES": cfg.stages, "CAUSAL": causal, "PIPELINED": cfg.pipelined, "PINGPONG": cfg.pingpong, "LOADER_REGS": LOADER_REGS}
-    constexprs.update(CONSUMER_REGS=CONSUMER_REGS, PDL=False)
+    constexprs = {"STAGES": cfg.stages, "CAUSAL": causal, "PIPELINED": cfg.pipelined, "PINGPONG": cfg.pingpong, "CONSUMERS": cfg.consumers}
+    constexprs.update(LOADER_REGS=LOADER_REGS[cfg.consumers], CONSUMER_REGS=CONSUMER_REGS[cfg.consumers], PDL=False)
     for name in constexprs:
         sig[name] = "constexpr"
     keyed = {(fn.arg_names.index(name),): val for name, val in constexprs.items()}
