@@ -38,6 +38,7 @@ SKIPPED = {"max_autotune": "not run for whole models: 138 s of compiling per mod
 TUNE = os.environ.get("KFUSE_BENCH_TUNE", "fast")
 PROFILE = False
 PDL_AB = False  # --pdl-ab: the dense cases again without programmatic dependent launch (the default), A/B
+MAX_AUTOTUNE = False  # --max-autotune: torch.compile(mode="max-autotune") as a baseline too
 
 
 def _left() -> float:
@@ -145,6 +146,12 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
             which.append("compile")
         else:
             skipped["compile"] = f"skipped by the benchmark's time guard ({_left():.0f} s of the 180 s budget left)"
+        if MAX_AUTOTUNE and _left() > 200:  # ~140 s of compiling (issue 4's anchor), after compile's own
+            which.append("max_autotune")
+            skipped.pop("max_autotune", None)
+        elif MAX_AUTOTUNE:
+            left = f"{_left():.0f} s of the budget left"
+            skipped["max_autotune"] = f"skipped by the benchmark's time guard ({left}; raise KFUSE_BENCH_BUDGET_S)"
     with torch.no_grad():
         times, outs, comp_s = pytorch_baselines(m, args, kwargs, which=which, warmup=3, rep=rep)
     ref = _leaves(outs["eager"])
@@ -212,6 +219,7 @@ def _run_isolated(case: str, bench: str, a: argparse.Namespace, cmd: str) -> lis
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, __file__, "--cases", case, "--out", tmp, "--no-isolate"]
         argv += (["--profile"] if a.profile else []) + (["--smoke"] if a.smoke else []) + (["--pdl-ab"] if a.pdl_ab else [])
+        argv += ["--max-autotune"] if a.max_autotune else []
         env = dict(os.environ, KFUSE_BENCH_BUDGET_S=str(max(30.0, _left())))
         proc = subprocess.run(argv, env=env, stdout=sys.stdout, stderr=sys.stderr)
         path = os.path.join(tmp, f"{bench}.json")
@@ -240,10 +248,17 @@ def main() -> None:
         "the B16 S512 case, 1.32 ms alone)",
     )
     ap.add_argument("--pdl-ab", action="store_true", help="also compile without programmatic dependent launch and time both A/B")
+    ap.add_argument(
+        "--max-autotune",
+        action="store_true",
+        help="also time torch.compile(mode='max-autotune') (~140 s of compiling a case: give the run a budget, "
+        "e.g. KFUSE_BENCH_BUDGET_S=420 with --cases B32_S128)",
+    )
     a = ap.parse_args()
-    global PROFILE, PDL_AB
+    global PROFILE, PDL_AB, MAX_AUTOTUNE
     PROFILE = a.profile
     PDL_AB = a.pdl_ab
+    MAX_AUTOTUNE = a.max_autotune
     cmd = "PYTHONPATH=. python benchmarks/bert_bench.py " + " ".join(sys.argv[1:])
     if a.smoke:
         dense, var, name = [(1, 16), (2, 16)], [(2, 16)], "bert-tiny"
