@@ -29,3 +29,18 @@ def test_baselines_run_with_cudnn_autotuned() -> None:
     times, outs, _ = pytorch_baselines(model, (torch.randn(4, 4),), which=("eager", "nonsense"), warmup=1, rep=2, log=lambda s: None)
     assert set(times) == {"eager"} and seen and all(seen)  # the unknown baseline is reported, not fatal
     assert torch.backends.cudnn.benchmark is False
+
+
+def test_a_transformers_model_without_the_patch_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from kfuse.bench import harness
+
+    monkeypatch.setattr(harness, "hf_masks_skipped_when_absent", lambda: contextlib.nullcontext([]))
+    model = type("BertModel", (torch.nn.Module,), {"__module__": "transformers.models.bert", "forward": lambda self, x: x + 1})()
+    lines: list[str] = []
+    harness.pytorch_baselines(model, (torch.randn(2),), which=("eager",), warmup=1, rep=1, log=lines.append)
+    assert any("FP32 math" in line for line in lines)
+    lines.clear()
+    harness.pytorch_baselines(torch.nn.ReLU(), (torch.randn(2),), which=("eager",), warmup=1, rep=1, log=lines.append)
+    assert not any("warning" in line for line in lines)  # not a transformers model: nothing to warn about

@@ -231,7 +231,10 @@ def pytorch_baselines(
     ``hf_mask_skip`` a Hugging Face model given no padding mask builds none under capture and
     compile either (``hf_masks``: otherwise its attention runs in FP32 math there). cuDNN times
     its algorithms (``cudnn_autotuned``) for every baseline."""
-    with hf_masks_skipped_when_absent() if hf_mask_skip else contextlib.nullcontext([]), cudnn_autotuned():
+    with hf_masks_skipped_when_absent() if hf_mask_skip else contextlib.nullcontext([]) as patched, cudnn_autotuned():
+        if hf_mask_skip and not patched and type(fn).__module__.startswith("transformers."):
+            log("  warning: this transformers version has none of the mask functions hf_masks patches; the graph and "
+                "compile baselines may run attention in SDPA's FP32 math backend (check a profile)")  # fmt: skip
         return _time_baselines(fn, args, kwargs or {}, which, warmup, rep, log)
 
 
