@@ -39,6 +39,7 @@ TUNE = os.environ.get("KFUSE_BENCH_TUNE", "fast")
 PROFILE = False
 PDL_AB = False  # --pdl-ab: the dense cases again without programmatic dependent launch (the default), A/B
 MAX_AUTOTUNE = False  # --max-autotune: torch.compile(mode="max-autotune") as a baseline too
+COMPILE_CUDAGRAPHS = False  # --compile-cudagraphs: torch.compile(mode="reduce-overhead") as a baseline too
 
 
 def _left() -> float:
@@ -146,6 +147,8 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
             which.append("compile")
         else:
             skipped["compile"] = f"skipped by the benchmark's time guard ({_left():.0f} s of the 180 s budget left)"
+        if COMPILE_CUDAGRAPHS and _left() > (60 if s >= 512 else 45):
+            which.append("compile_cudagraphs")
         if MAX_AUTOTUNE and _left() > 200:  # ~140 s of compiling (issue 4's anchor), after compile's own
             which.append("max_autotune")
             skipped.pop("max_autotune", None)
@@ -219,7 +222,7 @@ def _run_isolated(case: str, bench: str, a: argparse.Namespace, cmd: str) -> lis
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, __file__, "--cases", case, "--out", tmp, "--no-isolate"]
         argv += (["--profile"] if a.profile else []) + (["--smoke"] if a.smoke else []) + (["--pdl-ab"] if a.pdl_ab else [])
-        argv += ["--max-autotune"] if a.max_autotune else []
+        argv += (["--max-autotune"] if a.max_autotune else []) + (["--compile-cudagraphs"] if a.compile_cudagraphs else [])
         env = dict(os.environ, KFUSE_BENCH_BUDGET_S=str(max(30.0, _left())))
         proc = subprocess.run(argv, env=env, stdout=sys.stdout, stderr=sys.stderr)
         path = os.path.join(tmp, f"{bench}.json")
@@ -254,11 +257,17 @@ def main() -> None:
         help="also time torch.compile(mode='max-autotune') (~140 s of compiling a case: give the run a budget, "
         "e.g. KFUSE_BENCH_BUDGET_S=420 with --cases B32_S128)",
     )
+    ap.add_argument(
+        "--compile-cudagraphs",
+        action="store_true",
+        help="also time torch.compile(mode='reduce-overhead'): inductor's kernels replayed from CUDA graphs",
+    )
     a = ap.parse_args()
-    global PROFILE, PDL_AB, MAX_AUTOTUNE
+    global PROFILE, PDL_AB, MAX_AUTOTUNE, COMPILE_CUDAGRAPHS
     PROFILE = a.profile
     PDL_AB = a.pdl_ab
     MAX_AUTOTUNE = a.max_autotune
+    COMPILE_CUDAGRAPHS = a.compile_cudagraphs
     cmd = "PYTHONPATH=. python benchmarks/bert_bench.py " + " ".join(sys.argv[1:])
     if a.smoke:
         dense, var, name = [(1, 16), (2, 16)], [(2, 16)], "bert-tiny"
@@ -289,7 +298,7 @@ def main() -> None:
         if recs:  # a --cases run leaves the other file alone
             print(f"wrote {write_results(bench, recs, a.out)}")
     print(f"total {time.perf_counter() - T0:.0f} s")
-    heads = ("kfuse", "eager", "eagerCG", "compile", "varlenT", "speedup", "rel_err")
+    heads = ("kfuse", "eager", "eagerCG", "compile", "compCG", "varlenT", "speedup", "rel_err")
     print(f"{'benchmark':12s} {'case':16s} " + " ".join(f"{x:>8s}" for x in heads))
     for bench, recs in results.items():
         for r in recs:
@@ -297,7 +306,7 @@ def main() -> None:
                 print(f"{bench:12s} {r['case']:16s} ERROR {r['error'][:80]}")
                 continue
             bl = r["baselines_ms"]
-            cells = [r["kfuse_ms"]] + [bl.get(k) for k in ("eager", "eager_cudagraph", "compile", "varlen_torch")]
+            cells = [r["kfuse_ms"]] + [bl.get(k) for k in ("eager", "eager_cudagraph", "compile", "compile_cudagraphs", "varlen_torch")]
             sp = r.get("speedup_vs_best_padded") or r.get("speedup_vs_best")
             print(f"{bench:12s} {r['case']:16s} " + " ".join(f"{x:8.3f}" if x is not None else f"{'-':>8s}" for x in cells) +
                   f" {sp or 0:8.2f} {r['max_rel_err']:8.1e}")  # fmt: skip

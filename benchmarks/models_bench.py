@@ -184,7 +184,7 @@ def run_case(bench: str, case: str, model_name: str, batch: int, seq: int | None
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results/h200")
-    p.add_argument("--baselines", default="eager,eager_cudagraph,compile")
+    p.add_argument("--baselines", default="eager,eager_cudagraph,compile,compile_cudagraphs")
     p.add_argument("--only", default=",".join(CASES), help="comma list of: " + ",".join(CASES))
     p.add_argument("--cases", default="", help="comma list of case names to keep (e.g. B64)")
     p.add_argument("--warmup", type=int, default=10)

@@ -44,3 +44,27 @@ def test_a_transformers_model_without_the_patch_is_warned_about(monkeypatch: pyt
     lines.clear()
     harness.pytorch_baselines(torch.nn.ReLU(), (torch.randn(2),), which=("eager",), warmup=1, rep=1, log=lines.append)
     assert not any("warning" in line for line in lines)  # not a transformers model: nothing to warn about
+
+
+def test_compile_baselines_ask_torch_compile_for_their_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile, compile_cudagraphs and max_autotune: one torch.compile each, in its mode; the outputs
+    kept are copies (a CUDA-graph replay reuses its output memory)."""
+    modes: list[object] = []
+    shared = torch.zeros(3)
+
+    def fake_compile(fn, mode=None):  # noqa: ANN001, ANN202 - stands in for torch.compile
+        modes.append(mode)
+
+        def run(*a):  # noqa: ANN002, ANN202
+            shared.copy_(fn(*a))
+            return shared  # the same memory every call, as a graph replay's output
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    times, outs, _ = pytorch_baselines(
+        lambda x: x * 2, (torch.ones(3),), which=("compile", "compile_cudagraphs", "max_autotune"), warmup=1, rep=1, log=lambda s: None
+    )
+    assert modes == [None, "reduce-overhead", "max-autotune"] and set(times) == {"compile", "compile_cudagraphs", "max_autotune"}
+    shared.fill_(-1.0)
+    assert all(torch.equal(o, torch.full((3,), 2.0)) for o in outs.values())

@@ -24,6 +24,10 @@ from kfuse.bench.hf_masks import hf_masks_skipped_when_absent
 PEAK_FLOPS = 790e12  # fp16/bf16 dense, measured on the H200
 PEAK_BYTES = 4.3e12  # device-to-device copy bandwidth, measured on the H200
 BASELINES = ("eager", "eager_cudagraph", "compile", "max_autotune")
+# also known to ``pytorch_baselines``, on request: inductor's kernels replayed from CUDA graphs, the
+# torch.compile mode meant for inference at small batch (its compile time is about the default's)
+OPTIONAL_BASELINES = ("compile_cudagraphs",)
+_COMPILE_MODES = {"compile": None, "compile_cudagraphs": "reduce-overhead", "max_autotune": "max-autotune"}
 
 
 def floor_ms(flops: float, bytes_moved: float) -> float:
@@ -265,16 +269,16 @@ def _time_baselines(
                 call = lambda: fn(*args, **kwargs)  # noqa: E731
             elif name == "eager_cudagraph":
                 call = cuda_graph_callable(fn, args, kwargs)
-            elif name in ("compile", "max_autotune"):
+            elif name in _COMPILE_MODES:
                 torch._dynamo.reset()
-                mode = "max-autotune" if name == "max_autotune" else None
-                compiled = torch.compile(fn, mode=mode)
+                compiled = torch.compile(fn, mode=_COMPILE_MODES[name])
                 call = lambda c=compiled: c(*args, **kwargs)  # noqa: E731
                 call()
             else:
                 raise ValueError(f"unknown baseline {name}")
             with torch.no_grad():
-                outs[name] = call()
+                # a copy: a CUDA-graph replay (eager_cudagraph, compile_cudagraphs) reuses its output memory
+                outs[name] = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, call())
                 compile_s[name] = time.perf_counter() - t0
                 times[name] = time_ms(call, warmup, rep)
             log(f"  {name:16s} {times[name]:9.4f} ms")
