@@ -204,8 +204,8 @@ def bench(
     batch: Annotated[int | None, typer.Option(help="batch size")] = None,
     seq: Annotated[int | None, typer.Option(help="sequence length")] = None,
     baselines: Annotated[
-        str, typer.Option(help="comma list of eager,eager_cudagraph,compile,max_autotune")
-    ] = "eager,eager_cudagraph,compile",
+        str, typer.Option(help="comma list of eager,eager_cudagraph,compile,compile_cudagraphs,max_autotune")
+    ] = "eager,eager_cudagraph,compile,compile_cudagraphs",
     out: Annotated[Path | None, typer.Option(help="write the JSON record here")] = None,
 ) -> None:
     """Time a compiled model side by side with PyTorch baselines on the GPU (fp16)."""
