@@ -24,9 +24,8 @@ from kfuse.bench.hf_masks import hf_masks_skipped_when_absent
 PEAK_FLOPS = 790e12  # fp16/bf16 dense, measured on the H200
 PEAK_BYTES = 4.3e12  # device-to-device copy bandwidth, measured on the H200
 BASELINES = ("eager", "eager_cudagraph", "compile", "max_autotune")
-# also known to ``pytorch_baselines``, on request: inductor's kernels replayed from CUDA graphs, the
-# torch.compile mode meant for inference at small batch (its compile time is about the default's)
-OPTIONAL_BASELINES = ("compile_cudagraphs",)
+# torch.compile's mode per baseline; ``compile_cudagraphs`` (on request, not in BASELINES): inductor's
+# kernels replayed from CUDA graphs, the mode meant for inference at small batch
 _COMPILE_MODES = {"compile": None, "compile_cudagraphs": "reduce-overhead", "max_autotune": "max-autotune"}
 
 

@@ -117,19 +117,11 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_no_spills():
         assert 0 <= g["predicted"] - g["shared"] <= 1024, (case, g)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(
-    "cfg", [W.WsAttnConfig(64, 128, 2), W.WsAttnConfig(64, 64, 3), W.WsAttnConfig(64, 128, 2, True)], ids=lambda c: c.describe()
-)
-@pytest.mark.parametrize("h,hk,d", [(4, 4, 64), (8, 2, 128)])
-def test_gpu_answers_match_the_oracle(causal, cfg, h, hk, d):
+def _check_both_layouts(cfg, causal, b, h, hk, s, d, seed):
     """Contiguous heads, and heads as column blocks of merged projection outputs (Q from a
-    [B, S, H, D] tensor, K and V slices of one [B, S, 2, Hkv, D]), output poisoned first."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the warp-specialised attention needs sm_90")
-    b, s = 2, 384
-    gen = torch.Generator(device="cuda").manual_seed(h * 10 + d)
+    [B, S, H, D] tensor, K and V slices of one [B, S, 2, Hkv, D]), each against the oracle with the
+    output poisoned first."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     dense = [torch.randn(b, n, s, d, generator=gen, device="cuda", dtype=torch.float16) for n in (h, hk, hk)]
     kv = torch.randn(b, s, 2, hk, d, generator=gen, device="cuda", dtype=torch.float16)
     merged = [torch.randn(b, s, h, d, generator=gen, device="cuda", dtype=torch.float16).permute(0, 2, 1, 3)]
@@ -139,6 +131,20 @@ def test_gpu_answers_match_the_oracle(causal, cfg, h, hk, d):
         out = torch.full((b, h, s, d), float("nan"), dtype=torch.float16, device="cuda")
         W.attention_ws(q, k, v, causal=causal, out=out, config=cfg)
         torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "cfg", [W.WsAttnConfig(64, 128, 2), W.WsAttnConfig(64, 64, 3), W.WsAttnConfig(64, 128, 2, True)], ids=lambda c: c.describe()
+)
+@pytest.mark.parametrize("h,hk,d", [(4, 4, 64), (8, 2, 128)])
+def test_gpu_answers_match_the_oracle(causal, cfg, h, hk, d):
+    """Two consumers, plain and pipelined, dense and causal, GQA, head dims 64 and 128, in both
+    layouts (``_check_both_layouts``)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialised attention needs sm_90")
+    _check_both_layouts(cfg, causal, 2, h, hk, 384, d, seed=h * 10 + d)
 
 
 @pytest.mark.gpu
@@ -176,17 +182,7 @@ def test_gpu_three_consumers_match_the_oracle(causal, cfg, s):
         pytest.skip("the warp-specialised attention needs sm_90")
     if s % cfg.block_n:
         pytest.skip("sequence not a multiple of the key tile")
-    b, h, hk, d = 2, 8, 2, 64
-    gen = torch.Generator(device="cuda").manual_seed(s + causal)
-    dense = [torch.randn(b, n, s, d, generator=gen, device="cuda", dtype=torch.float16) for n in (h, hk, hk)]
-    kv = torch.randn(b, s, 2, hk, d, generator=gen, device="cuda", dtype=torch.float16)
-    merged = [torch.randn(b, s, h, d, generator=gen, device="cuda", dtype=torch.float16).permute(0, 2, 1, 3)]
-    merged += [kv[:, :, 0].permute(0, 2, 1, 3), kv[:, :, 1].permute(0, 2, 1, 3)]
-    for q, k, v in (dense, merged):
-        assert W.eligible(q, k, v, causal, cfg) is None
-        out = torch.full((b, h, s, d), float("nan"), dtype=torch.float16, device="cuda")
-        W.attention_ws(q, k, v, causal=causal, out=out, config=cfg)
-        torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal), atol=2e-2, rtol=2e-2)
+    _check_both_layouts(cfg, causal, 2, 8, 2, s, 64, seed=s + causal)
 
 
 @pytest.mark.gpu
