@@ -20,6 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from kfuse.bench.hf_masks import hf_masks_skipped_when_absent
+from kfuse.runtime.cuda_graph import own_cublas_workspace
 
 PEAK_FLOPS = 790e12  # fp16/bf16 dense, measured on the H200
 PEAK_BYTES = 4.3e12  # device-to-device copy bandwidth, measured on the H200
@@ -102,6 +103,7 @@ def cuda_graph_callable(
             fn(*args, **kwargs)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
+    own_cublas_workspace(torch.cuda)  # see there: a later reduce-overhead compile must not free its workspace
     with torch.cuda.graph(g):
         for _ in range(calls):
             out = fn(*args, **kwargs)

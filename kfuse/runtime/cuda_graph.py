@@ -63,6 +63,23 @@ def recover_after_failed_capture(cuda: Any, rng: list[tuple[Any, Any]]) -> str:
     return notes
 
 
+def own_cublas_workspace(cuda: Any) -> None:
+    """Drop PyTorch's cached cuBLAS / cuBLASLt workspaces just before a capture, so the GEMMs the
+    graph captures get a workspace allocated during the capture, in the graph's own memory pool.
+
+    PyTorch caches one workspace per (cuBLAS handle, stream), and a capture reuses whatever is
+    cached for its stream: a block that an earlier capture on the same stream (the tuner's timing
+    graphs) allocated in its pool. Whoever clears that cache later frees the block;
+    ``torch.compile(mode="reduce-overhead")`` does so around each of its captures. The graph's GEMMs
+    then write into memory that is no longer theirs (session 26: Llama-1b B8 S512 failed with "unspecified
+    launch failure" on kfuse's first replay after a reduce-overhead baseline). A block in the graph's
+    own pool stays reserved while the graph exists, even once the cache lets it go. torch.compile's
+    CUDA-graph trees clear the cache for the same reason."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None) if cuda is torch.cuda else getattr(cuda, "clear_cublas_workspaces", None)
+    if clear is not None:
+        clear()
+
+
 def why(e: BaseException) -> str:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{type(e).__name__}: {msg[:300]}"
@@ -125,6 +142,7 @@ class CudaGraphRunner:
         cuda.current_stream().wait_stream(stream)
         cuda.synchronize()
         g = cuda.CUDAGraph()
+        own_cublas_workspace(cuda)
         with cuda.graph(g, pool=pool):
             outs = execute(self.plan, self.static_inputs)
         self.static_outputs = list(outs)

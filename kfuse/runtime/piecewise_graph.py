@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kfuse.runtime.cuda_graph import Signature, recover_after_failed_capture, save_rng, signature, why
+from kfuse.runtime.cuda_graph import Signature, own_cublas_workspace, recover_after_failed_capture, save_rng, signature, why
 from kfuse.runtime.executor import Plan, execute, initial_env, run_steps
 
 
@@ -126,6 +126,7 @@ class PiecewiseGraphRunner:
                 seg.sync_output = env[step.output] = y if y is plan.out_buffers.get(step.output) else _static_copy(y)
                 continue
             g = cuda.CUDAGraph()
+            own_cublas_workspace(cuda)
             with cuda.graph(g):
                 run_steps(plan, env, seg.lo, seg.hi)
             g.replay()  # real values for the host-sync step that follows

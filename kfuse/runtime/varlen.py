@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from kfuse.ir.graph import Graph, TensorType
+from kfuse.runtime.cuda_graph import own_cublas_workspace
 
 BUCKET = 64  # T is rounded up to a multiple of this for CUDA-graph reuse
 
@@ -215,6 +216,7 @@ class BucketedRunner:
                     self._body(tb, bucket.inputs, bucket.packed)
             torch.cuda.current_stream().wait_stream(stream)
             g = torch.cuda.CUDAGraph()
+            own_cublas_workspace(torch.cuda)
             with torch.cuda.graph(g):
                 bucket.outputs = self._body(tb, bucket.inputs, bucket.packed)
             bucket.graph = g

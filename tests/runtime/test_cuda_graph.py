@@ -55,6 +55,9 @@ class FakeCuda:
     def synchronize(self) -> None:
         self.log.append("synchronize")
 
+    def clear_cublas_workspaces(self) -> None:
+        self.log.append("clear_cublas_workspaces")
+
     def CUDAGraph(self) -> FakeGraph:  # noqa: N802
         return FakeGraph(self.log)
 
@@ -98,6 +101,16 @@ def test_mock_capture_bookkeeping() -> None:
     assert out[0].data_ptr() != r.static_outputs[0].data_ptr()  # cloned for the caller
     same = r([x2], clone_outputs=False)
     assert same[0].data_ptr() == r.static_outputs[0].data_ptr()
+
+
+def test_capture_takes_a_fresh_cublas_workspace() -> None:
+    """The cached cuBLAS workspace is dropped right before capture (after the warm-up), so the
+    captured GEMMs allocate theirs in the graph's own pool (``own_cublas_workspace``)."""
+    cuda = FakeCuda()
+    CudaGraphRunner(_plan("cpu", "torch"), [torch.randn(4, 5)], warmup=2, cuda=cuda)
+    i = cuda.log.index("capture_begin")
+    assert cuda.log[i - 1] == "clear_cublas_workspaces" and cuda.log.count("clear_cublas_workspaces") == 1
+    assert cuda.log.index("side_stream") < i - 1
 
 
 def test_mock_signature_mismatch_runs_eagerly() -> None:
@@ -153,3 +166,46 @@ def test_real_capture_failure_is_safe() -> None:
     assert not r.captured and r.reason
     x = torch.randn(4, device="cuda")
     torch.testing.assert_close(r([x])[0], x * x.sum())
+
+
+_WORKSPACE_SCRIPT = """
+import torch
+from kfuse.ir.graph import GraphBuilder, TensorType
+from kfuse.runtime.cuda_graph import CudaGraphRunner
+from kfuse.runtime.executor import lower
+
+a = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+# an earlier capture on torch.cuda.graph's shared capture stream caches a cuBLAS workspace in that
+# graph's pool (what the tuner's timing graphs do), and the graph goes away
+tmp = torch.cuda.CUDAGraph()
+with torch.cuda.graph(tmp):
+    a @ a
+del tmp
+b = GraphBuilder("mm")
+x = b.add_input("x", TensorType((1024, 1024), torch.float16))
+w = b.add_input("w", TensorType((1024, 1024), torch.float16))
+g = b.build([b.op("relu", [b.op("matmul", [x, w])])])
+r = CudaGraphRunner(lower(g, torch.device("cuda"), "torch"), [a, a])
+assert r.captured, r.reason
+# what torch.compile(mode="reduce-overhead") does around its captures, then memory churn
+torch._C._cuda_clearCublasWorkspaces()
+torch.cuda.empty_cache()
+junk = [torch.full((1 << 22,), float("nan"), device="cuda") for _ in range(64)]
+for _ in range(3):
+    x, w = torch.randn(1024, 1024, device="cuda", dtype=torch.float16), torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+    torch.testing.assert_close(r([x, w])[0], torch.relu(x @ w), rtol=2e-2, atol=2e-2)
+torch.cuda.synchronize()
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_replay_survives_a_cleared_cublas_workspace() -> None:
+    """Session 26's Llama-1b B8 fault: the plan's graph reused a cached cuBLAS workspace from a dead
+    graph's pool; clearing the cache (as torch.compile's CUDA-graph trees do) freed it. Run in a
+    child process: a fault would poison this one's CUDA context."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _WORKSPACE_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
