@@ -175,6 +175,8 @@ from kfuse.runtime.cuda_graph import CudaGraphRunner
 from kfuse.runtime.executor import lower
 
 a = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+a @ a  # creates the cuBLAS handle (not allowed during a capture)
+torch.cuda.synchronize()
 # an earlier capture on torch.cuda.graph's shared capture stream caches a cuBLAS workspace in that
 # graph's pool (what the tuner's timing graphs do), and the graph goes away
 tmp = torch.cuda.CUDAGraph()
