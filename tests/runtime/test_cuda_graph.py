@@ -184,17 +184,24 @@ with torch.cuda.graph(tmp):
     a @ a
 del tmp
 b = GraphBuilder("mm")
-x = b.add_input("x", TensorType((1024, 1024), torch.float16))
-w = b.add_input("w", TensorType((1024, 1024), torch.float16))
+x = b.add_input("x", TensorType((64, 64), torch.float16))
+w = b.add_input("w", TensorType((64, 64), torch.float16))
 g = b.build([b.op("relu", [b.op("matmul", [x, w])])])
-r = CudaGraphRunner(lower(g, torch.device("cuda"), "torch"), [a, a])
+s = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+r = CudaGraphRunner(lower(g, torch.device("cuda"), "torch"), [s, s])
 assert r.captured, r.reason
+# the graph's pool holds its GEMM's own cuBLAS workspace (MiBs), not only its 8 KB tensors
+pool = tuple(r.graph.pool())
+segments = torch.cuda.memory._snapshot()["segments"]
+in_pool = sum(blk["size"] for seg in segments if tuple(seg.get("segment_pool_id", ())) == pool
+              for blk in seg["blocks"] if blk["state"] == "active_allocated")
+assert in_pool >= 1 << 20, f"{in_pool} bytes allocated in the graph's pool: no workspace of its own"
 # what torch.compile(mode="reduce-overhead") does around its captures, then memory churn
 torch._C._cuda_clearCublasWorkspaces()
 torch.cuda.empty_cache()
 junk = [torch.full((1 << 22,), float("nan"), device="cuda") for _ in range(64)]
 for _ in range(3):
-    x, w = torch.randn(1024, 1024, device="cuda", dtype=torch.float16), torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+    x, w = torch.randn(64, 64, device="cuda", dtype=torch.float16), torch.randn(64, 64, device="cuda", dtype=torch.float16)
     torch.testing.assert_close(r([x, w])[0], torch.relu(x @ w), rtol=2e-2, atol=2e-2)
 torch.cuda.synchronize()
 print("ok")
@@ -203,9 +210,10 @@ print("ok")
 
 @pytest.mark.gpu
 def test_replay_survives_a_cleared_cublas_workspace() -> None:
-    """Session 26's Llama-1b B8 fault: the plan's graph reused a cached cuBLAS workspace from a dead
-    graph's pool; clearing the cache (as torch.compile's CUDA-graph trees do) freed it. Run in a
-    child process: a fault would poison this one's CUDA context."""
+    """Session 26's Llama-1b B8 fault: the plan's graph reused PyTorch's cached cuBLAS workspace,
+    which a reduce-overhead compile's clearing of the cache freed. The graph must hold a workspace
+    in its own pool (the replay after clearing did not fault on this small GEMM without the fix,
+    so the pool's contents are what is checked). A child process: a fault would poison this one."""
     import subprocess
     import sys
 
