@@ -286,10 +286,13 @@ def conv_epilogue(
     packed_weight: torch.Tensor | None = None,
     channels_last: bool = True,
     warmup: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``epi(conv2d(x, weight) + bias, *extras)`` in one kernel. ``x`` is (N, C, H, W) in any
     memory format (channels-last is the fast one); the output is channels-last unless asked
-    otherwise. ``packed_weight`` is ``pack_weight(weight)``, computed once by the caller."""
+    otherwise. ``packed_weight`` is ``pack_weight(weight)``, computed once by the caller. ``out``:
+    a buffer to write into (the tuner's check poisons it first), of the output's shape, dtype and
+    memory format."""
     why = supported(tuple(weight.shape), params)
     if why is not None:
         raise ValueError(f"conv_epilogue: {why}")
@@ -299,7 +302,10 @@ def conv_epilogue(
         raise ValueError(f"conv_epilogue: input has {c} channels, weight expects {cw}")
     oh, ow = out_hw(h, w, kh, kw, params)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty((nb, oc, oh, ow), dtype=out_dtype, device=x.device, memory_format=fmt)
+    if out is None:
+        out = torch.empty((nb, oc, oh, ow), dtype=out_dtype, device=x.device, memory_format=fmt)
+    elif tuple(out.shape) != (nb, oc, oh, ow) or out.dtype != out_dtype or not out.is_contiguous(memory_format=fmt):
+        raise ValueError(f"conv_epilogue: out is {tuple(out.shape)} {out.dtype}, expected {(nb, oc, oh, ow)} {out_dtype} in {fmt}")
     if out.numel() == 0:
         return out
     if max(x.numel(), out.numel()) >= 2**31:

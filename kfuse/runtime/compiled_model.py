@@ -185,12 +185,16 @@ class CompiledModel:
         from kfuse.runtime.varlen import zero_padded_reference  # padding-free outputs are zero at padded positions
 
         ref_flat = zero_padded_reference(v.plan.graph, [flat[i] for i in v.imported.flat_input_index], ref_flat)
+        if len(out) != len(ref_flat):
+            raise RuntimeError(f"kfuse returned {len(out)} outputs where PyTorch returns {len(ref_flat)}")
         abs_err, rel_err = 0.0, 0.0
-        for o, r in zip(out, ref_flat, strict=False):
+        for o, r in zip(out, ref_flat, strict=True):
             if o.shape != r.shape:
                 raise RuntimeError(f"kfuse output shape {tuple(o.shape)} differs from PyTorch's {tuple(r.shape)}")
             if not o.is_floating_point():
-                abs_err = max(abs_err, float((o != r).sum()))
+                wrong = float((o != r).sum())
+                abs_err = max(abs_err, wrong)  # integer outputs: the count of elements that differ
+                rel_err = float("inf") if wrong else rel_err  # they must match exactly
                 continue
             d = (o.double() - r.double()).abs().max().item() if o.numel() else 0.0
             scale = r.double().abs().max().item() if r.numel() else 0.0

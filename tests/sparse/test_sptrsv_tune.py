@@ -60,9 +60,42 @@ def test_wrong_or_failing_candidate_is_never_chosen(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(plan, "solve", broken)
     times = iter([4.0, 4.0, 4.0])
     got = tune(plan, cands, timer=lambda fn: (fn(), next(times))[1])
-    assert str(got[label(cands[1])]).startswith("failed: differs")
+    assert str(got[label(cands[1])]).startswith("failed: backward error")
     assert str(got[label(cands[2])]).startswith("failed: RuntimeError")
     assert (plan.sync, plan.tiling) == cands[0]
+
+
+def test_a_wrong_first_candidate_is_not_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every candidate is checked against the system (its backward error), so a wrong answer from
+    the first candidate neither wins nor fails the correct ones."""
+    _, plan = _plan("laplacian2d", 9)
+    cands = candidates(plan.stats)
+    solve = plan.solve
+
+    def first_wrong(b, out=None, sync=None, tiling=None):  # noqa: ANN001, ANN202
+        y = solve(b, out=out, sync=sync, tiling=tiling)
+        if (sync, tiling) == cands[0]:
+            y[3] += 0.5  # one wrong element
+        return y
+
+    monkeypatch.setattr(plan, "solve", first_wrong)
+    times = iter([1.0] + [4.0] * 20)  # the wrong candidate would also be the fastest
+    got = tune(plan, cands, timer=lambda fn: (fn(), next(times))[1])
+    assert str(got[label(cands[0])]).startswith("failed: backward error")
+    assert all(isinstance(got[label(c)], float) for c in cands[1:]) and (plan.sync, plan.tiling) != cands[0]
+
+
+def test_backward_error_of_right_and_wrong_solutions() -> None:
+    from kfuse.sparse.tune import backward_error
+
+    _, plan = _plan("laplacian2d", 9)
+    b = torch.randn(plan.n, 1, dtype=plan.dtype)
+    x = plan.solve(b)
+    assert backward_error(plan, b, x) < 1e-6
+    x[plan.n // 2] += 1e-2
+    assert backward_error(plan, b, x) > 1e-4
+    x[0] = float("nan")
+    assert backward_error(plan, b, x) != backward_error(plan, b, x)  # NaN
 
 
 def test_tune_flag_in_analyze_records_times() -> None:
