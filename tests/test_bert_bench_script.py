@@ -23,4 +23,5 @@ def test_isolated_case_runs_in_its_own_process(tmp_path: Path) -> None:
     recs = json.loads((tmp_path / "bert_varlen.json").read_text())
     assert len(recs) == 1 and "error" not in recs[0], recs
     assert recs[0]["isolated"] is True and recs[0]["case"] == "B2_S16_avg0.6" and recs[0]["kfuse_ms"] > 0
+    assert recs[0]["max_rel_err"] < 1e-4 and recs[0]["padded_positions_zero"]  # the isolated run's result is right
     assert not (tmp_path / "bert_base.json").exists()  # a --cases run leaves the other file alone

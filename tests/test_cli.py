@@ -68,6 +68,8 @@ def test_help_on_every_subcommand() -> None:
     import typer.main
 
     group = typer.main.get_command(app)
+    # every subsystem is mounted here (a failed import would silently drop its commands)
+    assert {"compile", "demo", "tune-db", "sass", "sparse", "colocate"} <= set(group.commands)  # type: ignore[attr-defined]
     for name, sub in group.commands.items():  # type: ignore[attr-defined]
         r = runner.invoke(app, [name, "--help"])
         assert r.exit_code == 0, name

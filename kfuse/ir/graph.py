@@ -279,6 +279,9 @@ class GraphBuilder:
 
         inputs = tuple(inputs)
         attrs = freeze_attrs(attrs)
+        missing = [i for i in inputs if i not in self._types]
+        if missing:  # the same error add_node gives, before the type lookup would raise a bare KeyError
+            raise ValueError(f"{op} reads undefined value {missing[0]!r}")
         types = [self._types[i] for i in inputs]
         ttype = infer_type(op, types, attrs)
         return self.add_node(Node(name or self.fresh(op), op, inputs, ttype, attrs))

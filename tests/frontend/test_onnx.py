@@ -412,9 +412,10 @@ def test_zoo_export(name: str, device: str) -> None:
     with torch.no_grad():
         ref = _as_list(model(*fresh, **kwargs))
     out = c(*fresh, **kwargs)
-    for o, r in zip(out, ref, strict=False):
+    out = out if isinstance(out, (list, tuple)) else [out]
+    assert len(out) == len(ref) >= 1
+    for o, r in zip(out, ref, strict=True):
         _close(o, r, 1e-4)
-    assert len(out) >= 1
 
 
 # ---------------------------------------------------------------------------------------

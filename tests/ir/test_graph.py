@@ -33,8 +33,16 @@ def test_verify_catches_undefined_values() -> None:
     with pytest.raises(ValueError, match="undefined value 'nowhere'"):
         bad.verify()
     b = GraphBuilder()
-    with pytest.raises(ValueError, match="undefined"):
-        b.op("relu", ["missing"]) if False else b.add_node(Node("r", "relu", ("missing",), TensorType((1,), torch.float32)))
+    with pytest.raises(ValueError, match="undefined value 'missing'"):
+        b.add_node(Node("r", "relu", ("missing",), TensorType((1,), torch.float32)))
+    assert b.nodes == []
+
+
+def test_builder_op_rejects_undefined_input() -> None:
+    b = GraphBuilder()
+    with pytest.raises(ValueError, match="undefined value 'missing'"):
+        b.op("relu", ["missing"])
+    assert b.nodes == []
 
 
 def test_reference_run_checks_input_count() -> None:

@@ -54,7 +54,8 @@ def test_odd_lengths_and_head_dims(s, d, device):
     gen = torch.Generator().manual_seed(s * d)
     q, k, v = (torch.randn(1, 1, s, d, generator=gen).to(device, torch.float16) for _ in range(3))
     for causal in (False, True):
-        out = A.attention(q, k, v, causal=causal, scale=0.3)
+        out = _poisoned((1, 1, s, d), torch.float16, device)
+        assert A.attention(q, k, v, causal=causal, scale=0.3, out=out) is out
         torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal, scale=0.3), atol=2e-2, rtol=2e-2)
 
 
@@ -86,26 +87,37 @@ def test_varlen_mixed_lengths(causal, device):
 
 
 def test_varlen_equals_padded_key_mask(device):
-    """Packed varlen attention gives the padded masked attention's values at valid positions."""
+    """Packed varlen attention gives the padded masked attention's values at valid positions; each
+    path is also checked against its own oracle (they share the kernel's inner loop)."""
     gen = torch.Generator().manual_seed(5)
     lens = [5, 1, 8]
     b, s, h, d = 3, 8, 2, 32
     x = torch.randn(3, b, h, s, d, generator=gen).to(device, torch.float32)
     mask = torch.stack([torch.arange(s) < n for n in lens]).long().to(device)
-    dense = A.attention(x[0], x[1], x[2], mask=mask, mask_kind=A.MASK_KEY_PADDING)
+    dense = _poisoned((b, h, s, d), torch.float32, device)
+    A.attention(x[0], x[1], x[2], mask=mask, mask_kind=A.MASK_KEY_PADDING, out=dense)
+    ref = A.reference(x[0], x[1], x[2], mask=mask, mask_kind=A.MASK_KEY_PADDING)
+    torch.testing.assert_close(dense, ref, atol=2e-4, rtol=2e-4)
     valid = mask.bool()
     packed = [x[i].permute(0, 2, 1, 3)[valid] for i in range(3)]  # [T, H, D]
     cu = torch.tensor([0, 5, 6, 14], dtype=torch.int32, device=device)
-    out = A.varlen_attention(*packed, cu, s)
+    out = _poisoned(packed[0].shape, torch.float32, device)
+    A.varlen_attention(*packed, cu, s, out=out)
+    torch.testing.assert_close(out, A.varlen_reference(*packed, cu), atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(out, dense.permute(0, 2, 1, 3)[valid], atol=2e-4, rtol=2e-4)
 
 
 def test_all_masked_rows_are_zero(device):
-    q, k, v = (torch.randn(1, 1, 4, 16).to(device) for _ in range(3))
+    gen = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(1, 1, 4, 16, generator=gen).to(device) for _ in range(3))
     mask = torch.zeros(1, 1, 4, 4, dtype=torch.bool, device=device)
     mask[0, 0, :2] = True
-    out = A.attention(q, k, v, mask=mask, mask_kind=A.MASK_DENSE_BOOL)
-    assert torch.all(out[0, 0, 2:] == 0) and torch.isfinite(out).all()
+    out = _poisoned((1, 1, 4, 16), torch.float32, device)  # an unwritten row stays NaN, not zero by luck
+    A.attention(q, k, v, mask=mask, mask_kind=A.MASK_DENSE_BOOL, out=out)
+    assert torch.all(out[0, 0, 2:] == 0)
+    ref = A.reference(q, k, v, mask=mask, mask_kind=A.MASK_DENSE_BOOL)
+    assert ref[0, 0, :2].abs().max() > 0.1  # the attended rows are not zero: a zeroed output fails
+    torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 1), (8, 8)])

@@ -101,9 +101,10 @@ def test_gemm_chain_batched_rows_and_transposed_weight() -> None:
     w0 = torch.randn(40, 24).t() / 5
     w1 = torch.randn(16, 40).t() / 6
     ex = [[torch.randn(40)], []]
-    got = b2b.b2b_chain(chain, x, [w0, w1], [None, None], ex)
-    assert got.shape == (3, 7, 16)
-    _check(got, b2b.reference(chain, x, [w0, w1], [None, None], ex), torch.float32)
+    out = torch.full((3, 7, 16), float("nan"))
+    got = b2b.b2b_chain(chain, x, [w0, w1], [None, None], ex, out=out)
+    assert got.data_ptr() == out.data_ptr() and got.shape == (3, 7, 16)
+    _check(out, b2b.reference(chain, x, [w0, w1], [None, None], ex), torch.float32)
 
 
 CONV_CASES = [
@@ -131,10 +132,12 @@ def test_conv_chain(
     ow = (w + 2 * pad - k) // stride + 1
     ex = [[], [torch.randn(n, widths[1], oh, ow, dtype=dtype)]]
     cfg = b2b.default_config(n * oh * ow, widths, residence)
-    got = b2b.b2b_chain(chain, x, [w0, w1], bs, ex, cfg, geom=geom, channels_last=cl)
-    assert got.shape == (n, widths[1], oh, ow)
-    assert got.is_contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
-    _check(got, b2b.reference(chain, x, [w0, w1], bs, ex, geom), dtype)
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    out = torch.full((n, widths[1], oh, ow), float("nan"), dtype=dtype).contiguous(memory_format=fmt)
+    got = b2b.b2b_chain(chain, x, [w0, w1], bs, ex, cfg, geom=geom, channels_last=cl, out=out)
+    assert got.data_ptr() == out.data_ptr() and got.shape == (n, widths[1], oh, ow)
+    assert got.is_contiguous(memory_format=fmt)
+    _check(out, b2b.reference(chain, x, [w0, w1], bs, ex, geom), dtype)
 
 
 def test_clear_errors() -> None:

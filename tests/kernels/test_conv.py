@@ -28,21 +28,24 @@ def test_conv_bias_residual_relu(case, flat):
     wt, b = torch.randn(oc, c, k, k), torch.randn(oc)
     shape = reference(x, wt, b, [], Epilogue(), p, torch.float32).shape
     res = torch.randn(shape)
-    got = conv_epilogue(x, wt, b, [res], ADD_RELU, p, torch.float32, ConvConfig(32, 16, 16, 2, 4, 1, flat))
+    out = torch.full(shape, float("nan")).contiguous(memory_format=torch.channels_last)  # unwritten pixels stay NaN
+    got = conv_epilogue(x, wt, b, [res], ADD_RELU, p, torch.float32, ConvConfig(32, 16, 16, 2, 4, 1, flat), out=out)
     ref = reference(x, wt, b, [res], ADD_RELU, p, torch.float32)
-    assert got.is_contiguous(memory_format=torch.channels_last)
-    assert not torch.isnan(got).any()
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert got.data_ptr() == out.data_ptr() and got.is_contiguous(memory_format=torch.channels_last)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_fp16_nchw_input_no_bias():
     x = torch.randn(1, 16, 7, 5).half()  # plain NCHW strides: slower, still right
     wt = (torch.randn(24, 16, 3, 3) / 12).half()
     p = ConvParams((1, 1), (1, 1))
-    got = conv_epilogue(x, wt, None, [], RELU, p, torch.float16, ConvConfig(16, 32, 16, 1, 4, 1), channels_last=False)
+    out = torch.full((1, 24, 7, 5), float("nan"), dtype=torch.float16)  # NCHW, as channels_last=False asks
+    got = conv_epilogue(x, wt, None, [], RELU, p, torch.float16, ConvConfig(16, 32, 16, 1, 4, 1), channels_last=False, out=out)
     ref = reference(x, wt, None, [], RELU, p, torch.float16)
-    assert got.is_contiguous()
-    torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    assert got.data_ptr() == out.data_ptr() and got.is_contiguous()
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_grouped_is_refused_with_reason():

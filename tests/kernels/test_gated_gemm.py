@@ -24,9 +24,10 @@ def test_gate_in_the_second_half(device):
     gen = torch.Generator().manual_seed(4)
     a = torch.randn(19, 24, generator=gen).to(device)
     w = torch.randn(24, 2 * 40, generator=gen).to(device) / 5
-    got = G.gated_gemm(a, w, "silu", gate_first=False)
+    out = torch.full((19, 40), float("nan"), device=device)
+    assert G.gated_gemm(a, w, "silu", gate_first=False, out=out) is out
     ref = G.reference(a, w, "silu", gate_first=False)
-    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     assert (ref - G.reference(a, w, "silu")).abs().max() > 0.1  # the halves differ: the test can fail
 
 
@@ -35,9 +36,9 @@ def test_batched_rows_and_a_transposed_weight(device):
     gen = torch.Generator().manual_seed(3)
     a = torch.randn(2, 9, 48, generator=gen).to(device)
     lin = torch.randn(2 * 20, 48, generator=gen).to(device) / 7
-    got = G.gated_gemm(a, lin.t(), "silu")
-    assert got.shape == (2, 9, 20)
-    torch.testing.assert_close(got, G.reference(a, lin.t(), "silu"), atol=1e-4, rtol=1e-4)
+    out = torch.full((2, 9, 20), float("nan"), device=device)
+    assert G.gated_gemm(a, lin.t(), "silu", out=out) is out
+    torch.testing.assert_close(out, G.reference(a, lin.t(), "silu"), atol=1e-4, rtol=1e-4)
 
 
 def test_every_config_of_the_space_is_right(device):
@@ -47,8 +48,9 @@ def test_every_config_of_the_space_is_right(device):
     w = (torch.randn(96, 2 * 136, generator=gen) / 10).to(device, torch.float16)
     ref = G.reference(a, w, "silu")
     for cfg in G.config_space():
-        got = G.gated_gemm(a, w, "silu", config=cfg)
-        torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2, msg=cfg.describe())
+        out = torch.full((70, 136), float("nan"), dtype=torch.float16, device=device)  # fresh poison per config
+        assert G.gated_gemm(a, w, "silu", config=cfg, out=out) is out
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2, msg=cfg.describe())
 
 
 def test_clear_errors(device):

@@ -337,8 +337,16 @@ def test_config_describe_and_dict():
 def test_no_epilogue_and_k_zero():
     a, b = torch.randn(5, 0), torch.randn(0, 6)
     bias = torch.randn(6)
+    want = torch.nn.functional.gelu(bias).expand(5, 6)
     got = gemm_epilogue(a, b, [bias], BIAS_GELU, torch.float32)
-    assert torch.allclose(got, torch.nn.functional.gelu(bias).expand(5, 6))
+    torch.testing.assert_close(got, want)
+    out = torch.full((5, 6), float("nan"))  # K == 0 must still write the caller's buffer
+    got = gemm_epilogue(a, b, [bias], BIAS_GELU, torch.float32, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, want)
+    half = torch.full((5, 6), float("nan"), dtype=torch.float16)  # and cast to its dtype
+    gemm_epilogue(a.half(), b.half(), [bias.half()], BIAS_GELU, torch.float16, out=half)
+    torch.testing.assert_close(half.float(), want, atol=2e-3, rtol=2e-3)
     a, b = torch.randn(5, 8), torch.randn(8, 6)
     _check(a, b, [], Epilogue(), torch.float32, GemmConfig(16, 32, 16, 1, 4, 1), (5, 6))
 

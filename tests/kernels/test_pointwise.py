@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -20,12 +21,29 @@ def _backend(device: str) -> str:
     return "triton" if device == "cuda" else "triton-interpreter"
 
 
+def _poisoned_empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """torch.empty that fills floats with NaN and bytes (the executor's arena) with 0xFF, NaN in every
+    float view: an element a kernel leaves unwritten shows up as NaN."""
+    t = _REAL_EMPTY(*args, **kwargs)
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.uint8:
+        t.fill_(255)
+    return t
+
+
+_REAL_EMPTY = torch.empty
+
+
 def _run_fused(g: Graph, xs: list[torch.Tensor], device: str) -> list[torch.Tensor]:
     fused = fuse_pointwise(g)
     assert fused.op_counts().get("pointwise", 0) >= 1, str(fused)
     plan = lower(fused, torch.device(device), _backend(device))
     assert any(s.info.template == "pointwise" for s in plan.steps)
-    return execute(plan, xs)
+    # the generated kernels allocate their results with torch.empty: poison those allocations
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "empty", _poisoned_empty)
+        return execute(plan, xs)
 
 
 def _check(g: Graph, xs: list[torch.Tensor], device: str, tol: float) -> None:

@@ -74,11 +74,30 @@ def test_only_the_gated_form_fuses(form, fused):
     assert ("gated_gemm" in [k["template"] for k in compiled.report["kernels"]]) == fused
 
 
-def test_decision_times_the_unfused_pair_and_every_tile():
+def test_decision_times_the_unfused_pair_and_every_tile(monkeypatch):
     model, args, kwargs = kfuse.models.build("llama-tiny", batch=1, seq=8, seed=5)
     _, g = _graphs(model, args, kwargs)
     node = _ops(g, "gated_gemm")[0]
     G._DECIDED.clear()
-    cfg, note = G._decide(node, g, "triton-interpreter", Options(), lambda c: lambda xs: G.gated_gemm(xs[0], xs[1], config=c))
-    assert "fused" in note and "unfused" in note and (cfg is None or cfg in G.config_space())
+    asked, timed = [], []
+    real_time = G.graph_time_ms
+
+    def spy_time(fn, *a, **k):
+        t = real_time(fn, *a, **k)  # a timing that raises is not recorded
+        timed.append((len(asked), t))  # how many fused runs had been built when this one was timed
+        return t
+
+    def fused_with(c):
+        asked.append(c)
+        return lambda xs: G.gated_gemm(xs[0], xs[1], config=c)
+
+    monkeypatch.setattr(G, "graph_time_ms", spy_time)
+    cfg, note = G._decide(node, g, "triton-interpreter", Options(), fused_with)
+    space = G.config_space(g.type_of(node.inputs[0]).dtype.itemsize)
+    assert asked == space
+    # the unfused pair first, then one timing per tile right after its run is built: every tile ran
+    assert [i for i, _ in timed] == list(range(len(space) + 1))
+    assert all(0 < t < float("inf") for _, t in timed)
+    assert "inf" not in note and (cfg is None or cfg in space)
     assert G._decide(node, g, "triton-interpreter", Options(), None) == (cfg, note)  # identical layers: decided once
+    assert len(timed) == len(space) + 1  # and nothing timed again

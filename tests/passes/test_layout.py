@@ -6,7 +6,7 @@ import torch
 from kfuse.ir.graph import GraphBuilder, TensorType
 from kfuse.ir.interpret import reference_run
 from kfuse.passes.fuse_epilogue import fuse_epilogues
-from kfuse.passes.layout import to_nhwc
+from kfuse.passes.layout import padding_pays, to_nhwc
 
 
 def _conv_graph(c=3):
@@ -45,6 +45,12 @@ def test_stem_padding_always_keeps_numerics():
 def test_auto_padding_decision_is_made_and_correct():
     g, x = _conv_graph(3)
     g2 = to_nhwc(g, pad="auto")
+    # the pass applies the cost rule's answer for the stem conv, the only reader of x
+    want = padding_pays(3, [n for n in g.nodes if n.op == "conv2d" and n.inputs[0] == "x"], g)
+    nhwc = next(n for n in g2.nodes if n.op == "to_nhwc")
+    assert nhwc.attrs.get("pad_c", 0) == want and nhwc.ttype.shape[1] == 3 + want
+    stem = next(n for n in g2.nodes if n.op == "conv2d" and n.inputs[0] == nhwc.name)
+    assert g2.constants[stem.inputs[1]].shape[1] == 3 + want
     torch.testing.assert_close(reference_run(g2, [x])[0], reference_run(g, [x])[0], rtol=1e-5, atol=1e-5)
 
 

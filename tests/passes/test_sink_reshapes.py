@@ -29,6 +29,10 @@ def conv1d_like(extra_full_operand: bool = False) -> Graph:
     return b.build([b.op("add", [g, res])])
 
 
+def _structure(g: Graph) -> tuple:
+    return [(n.name, n.op, tuple(n.inputs), n.type) for n in g.nodes], tuple(g.outputs)
+
+
 def inputs() -> list[torch.Tensor]:
     return [torch.randn(B, S, K), torch.randn(B, S, N)]
 
@@ -61,7 +65,9 @@ def test_reshape_changing_last_dim_is_left_alone() -> None:
     y = b.op("relu", [x])
     z = b.op("reshape", [y], {"shape": (8, 3)})
     g = b.build([z])
-    assert sink_reshapes(g).op_counts() == {"relu": 1, "reshape": 1}
+    out = sink_reshapes(g)
+    # order and wiring, not op counts: a reshape moved above the relu has the same counts
+    assert _structure(out) == _structure(g), str(out)
 
 
 def test_value_used_twice_is_not_moved() -> None:
@@ -71,8 +77,10 @@ def test_value_used_twice_is_not_moved() -> None:
     z = b.op("reshape", [y], {"shape": (2, 3, 4)})
     g = b.build([z, y])
     out = sink_reshapes(g)
-    assert out.op_counts() == g.op_counts()
-    torch.testing.assert_close(reference_run(out, [torch.randn(6, 4)])[0].shape, torch.Size([2, 3, 4]))
+    assert _structure(out) == _structure(g), str(out)
+    xs = [torch.randn(6, 4)]
+    for got, ref in zip(reference_run(out, xs), reference_run(g, xs), strict=True):
+        torch.testing.assert_close(got, ref)
 
 
 def test_gpt2_chains_fuse_into_gemm_epilogues() -> None:

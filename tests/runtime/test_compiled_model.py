@@ -76,9 +76,15 @@ def test_report_schema_and_explain(capsys: pytest.CaptureFixture[str], tmp_path)
 
 
 def test_torch_backend_runs_without_triton_kernels() -> None:
-    compiled = kfuse.compile(TwoHeads().eval(), inputs(), backend="torch")
+    model = TwoHeads().eval()
+    compiled = kfuse.compile(model, inputs(), backend="torch")
     assert compiled.report["backend"] == "torch"
     assert all(k["template"] in ("torch", "fallback") for k in compiled.report["kernels"])
+    x, s = inputs()  # not the compile-time example
+    with torch.no_grad():
+        (h, d), (rh, rd) = compiled(x, s), model(x, s)
+    torch.testing.assert_close(h, rh, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(d["out"], rd["out"], rtol=1e-4, atol=1e-5)
 
 
 def test_sass_option_without_a_gpu_is_reported_not_silently_ignored() -> None:

@@ -3,6 +3,8 @@ CPU, real capture (a step that calls ``.item()`` between two captured runs) on t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,7 +14,50 @@ from kfuse.ir.graph import Graph, GraphBuilder, TensorType
 from kfuse.ir.interpret import reference_run
 from kfuse.runtime.executor import lower
 from kfuse.runtime.piecewise_graph import PiecewiseGraphRunner, segments
-from tests.runtime.test_cuda_graph import FakeCuda
+from tests.runtime.test_cuda_graph import FakeCuda, FakeGraph
+
+
+class _RecordingGraph(FakeGraph):
+    """A fake CUDA graph that keeps the step calls made during its capture and re-runs them on
+    replay, writing into the captured output tensors: fixed addresses, as in a real graph."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(log)
+        self.work: list[tuple[Any, list[Any], tuple, Any]] = []
+
+    def replay(self) -> None:
+        super().replay()
+        for fn, xs, extra, y in self.work:
+            new = fn(xs, *extra)
+            if new is not y:
+                y.copy_(new)
+
+
+class _RecordingCuda(FakeCuda):
+    def __init__(self) -> None:
+        super().__init__()
+        self.current: _RecordingGraph | None = None
+
+    def CUDAGraph(self) -> _RecordingGraph:  # noqa: N802 - mirrors torch.cuda
+        return _RecordingGraph(self.log)
+
+    @contextlib.contextmanager
+    def graph(self, g: _RecordingGraph, pool: Any = None) -> Iterator[None]:
+        with super().graph(g, pool):
+            self.current = g
+            try:
+                yield
+            finally:
+                self.current = None
+
+    def recording(self, fn: Any) -> Any:
+        def run(xs: list[Any], *extra: Any) -> Any:
+            y = fn(xs, *extra)
+            if self.current is not None:
+                self.current.work.append((fn, list(xs), extra, y))
+            return y
+
+        return run
 
 
 def _graph() -> Graph:
@@ -46,21 +91,25 @@ def test_segments_split_at_host_sync_steps() -> None:
 
 
 def test_mock_capture_bookkeeping() -> None:
-    cuda = FakeCuda()
+    cuda = _RecordingCuda()
     plan = _plan("cpu", "torch")
     calls = []
     k = next(i for i, s in enumerate(plan.steps) if s.host_sync)
     inner = plan.steps[k].fn
     plan.steps[k].fn = lambda xs, *a: calls.append(1) or inner(xs, *a)
+    for s in plan.steps:
+        s.fn = cuda.recording(s.fn)
     x = torch.randn(4, 5)
     r = PiecewiseGraphRunner(plan, [x], warmup=2, cuda=cuda)
     assert r.captured and r.reason == "" and r.graphs == 2
     assert cuda.log.count("capture_begin") == 2 and cuda.log.count("replay") == 2  # each segment replayed after capture
     assert cuda.log.index("side_stream") < cuda.log.index("capture_begin")  # warm-up first
     n0 = len(calls)
-    out = r([x])
+    x2 = torch.randn(4, 5)  # not the capture's input: the replays must read the static buffer
+    out = r([x2])
     assert len(calls) == n0 + 1 and cuda.log.count("replay") == 4 and r.replays == 1  # sync step eager, both graphs replayed
-    for got, want in zip(out, reference_run(_graph(), [x]), strict=True):
+    assert torch.equal(r.static_inputs[0], x2) and r.static_inputs[0].data_ptr() != x2.data_ptr()
+    for got, want in zip(out, reference_run(_graph(), [x2]), strict=True):
         torch.testing.assert_close(got, want)
     assert out[0].data_ptr() != r.static_outputs[0].data_ptr()  # cloned for the caller
     assert r.stats()["host_sync_steps"] == 1 and r.stats()["piecewise"] is True

@@ -97,7 +97,8 @@ def test_every_legal_move_keeps_code_valid(cubins, name):
         t = s.apply(m)
         i, j = m.pair
         a, b = s.nodes[i], s.nodes[j]
-        assert not (a.defs & b.uses or a.uses & b.defs or a.defs & b.defs)
+        # (dependencies are checked against an independent parse of the operands in test_sass_legality.py;
+        # re-testing the model's own defs/uses here could not fail)
         assert a.block == b.block
         new = emit(cub, kname, t)
         got = [_norm(x.text()) for x in disassemble(new, kname)]
