@@ -241,9 +241,20 @@ def _mount_subcommands() -> None:
     ]:
         try:
             sub = __import__(module, fromlist=["app"]).app
-        except Exception:  # a subsystem that fails to import does not take the CLI down
+        except Exception as e:  # a subsystem that fails to import does not take the CLI down, but says why
+            _mount_unavailable(name, help_text, f"{type(e).__name__}: {e}")
             continue
         app.add_typer(sub, name=name, help=help_text)
+
+
+def _mount_unavailable(name: str, help_text: str, why: str) -> None:
+    """A stand-in command for a subsystem whose module failed to import: any use prints the error."""
+
+    @app.command(name, help=f"{help_text} (unavailable here: {why})", add_help_option=False,
+                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})  # fmt: skip
+    def _unavailable(ctx: typer.Context) -> None:
+        Console(stderr=True).print(f"kfuse {name} is unavailable: {why}", style="red")
+        raise typer.Exit(2)
 
 
 def main() -> None:

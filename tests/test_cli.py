@@ -134,3 +134,27 @@ def test_compile_a_directory_that_is_not_a_checkpoint(tmp_path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
     r = runner.invoke(app, ["compile", str(tmp_path)])
     assert r.exit_code != 0 and "could not load" in r.output
+
+
+def test_a_subsystem_that_fails_to_import_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    import typer
+
+    import kfuse.cli as cli
+
+    real_import = builtins.__import__
+
+    def failing(name, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if name == "kfuse.sparse.cli":
+            raise ImportError("no module named scipy (simulated)")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(cli, "app", typer.Typer(no_args_is_help=True))
+    monkeypatch.setattr(builtins, "__import__", failing)
+    cli._mount_subcommands()
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    r = runner.invoke(cli.app, ["sparse", "solve"])
+    assert r.exit_code == 2 and "kfuse sparse is unavailable: ImportError: no module named scipy" in r.output
+    r = runner.invoke(cli.app, ["--help"])
+    assert "unavailable here" in r.output and "sass" in r.output
