@@ -13,12 +13,31 @@ Keep it in step with ``tailsm_kernel`` in ``kfuse/colocate/fuser.py``.
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
+from kfuse.colocate import fuser
 from kfuse.colocate.fuser import tailsm_plan
+
+# the atomics of ``tailsm_kernel``, in source order, that ``_Launch.program`` mirrors step for step
+MIRRORED_ATOMICS = [
+    ("atomic_add", "lc_on_sm", "1"), ("atomic_add", "lc_on_sm", "-1"),  # LC: raise, lower the SM's flag
+    ("atomic_add", "ctr + 1", "0"), ("atomic_add", "lc_on_sm", "0"),  # BE: read the ticket and the flag
+    ("atomic_add", "ctr + 1", "0"), ("atomic_add", "lc_on_sm", "0"),  # ... again while waiting
+    ("atomic_add", "ctr + 1", "be_chunk"), ("atomic_add", "ctr + 1", "be_chunk"),  # first and next tickets
+    ("atomic_add", "ctr + 2", "1"), ("atomic_xchg", "ctr + 1", "0"), ("atomic_xchg", "ctr + 2", "0"),  # join, reset
+]  # fmt: skip
+
+
+def test_the_mirror_follows_the_kernels_atomics() -> None:
+    """The mirror below is hand-written: if ``tailsm_kernel``'s atomics change, this fails until the
+    mirror (and this list) are brought in step."""
+    body = fuser._FUSED[fuser._FUSED.index("def tailsm_kernel") :]
+    body = body.split("\n@triton.jit")[0]
+    assert re.findall(r"tl\.(atomic_\w+)\(([^,]+), ([^,)]+)", body) == MIRRORED_ATOMICS
 
 
 class _Launch:
