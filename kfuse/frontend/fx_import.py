@@ -54,9 +54,10 @@ class Ctx:
         if isinstance(x, str):
             return x
         if isinstance(x, bool | int | float):
+            like = like if isinstance(like, str) else None
             if like is not None and not isinstance(x, float) and self.ttype(like).dtype.is_floating_point:
-                return self.b.scalar(float(x))
-            return self.b.scalar(x)
+                x = float(x)
+            return self.b.scalar(x, like=like)
         if isinstance(x, torch.Tensor):
             return self.b.add_constant(x)
         raise TypeError(f"cannot use {type(x).__name__} as a tensor operand")
@@ -391,14 +392,18 @@ def _clamp(c: Ctx, a: tuple, k: dict) -> str:
 def _binary_conv(op: str, swap: bool = False) -> Converter:
     def conv(c: Ctx, a: tuple, k: dict) -> str:
         x, y = a[0], a[1]
-        alpha = k.get("alpha", 1)
+        # add/sub/rsub.Scalar take alpha positionally (rsub.Scalar(x, 2.0, 3) is how export records it)
+        alpha = a[2] if len(a) > 2 and op in ("add", "sub") else k.get("alpha", 1)
         if not isinstance(x, str):
             x = c.value(x, y)
         y = c.value(y, x)
-        if alpha != 1:
-            y = c.op("mul", [y, c.value(alpha, y)])
         if k.get("rounding_mode") is not None:
             raise _Unsupported()
+        if alpha != 1:  # alpha scales the subtrahend: x - alpha*y, and for rsub y - alpha*x
+            if swap:
+                x = c.op("mul", [x, c.value(alpha, x)])
+            else:
+                y = c.op("mul", [y, c.value(alpha, y)])
         return c.op(op, [y, x] if swap else [x, y])
 
     return conv
@@ -469,18 +474,31 @@ def _to(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("cast", [x], dtype=dtype)
 
 
-@converts(aten.softmax, aten._softmax)
-def _softmax(c: Ctx, a: tuple, k: dict) -> str:
-    x, dim = a[0], a[1]
-    dtype = a[2] if len(a) > 2 and isinstance(a[2], torch.dtype) else k.get("dtype")
+def _softmax_input(c: Ctx, a: tuple, k: dict) -> str:
+    """softmax's input, cast first to the requested dtype (``dtype=``, or ``_softmax``'s ``half_to_float``)."""
+    x = a[0]
+    extra = a[2] if len(a) > 2 else k.get("dtype", k.get("half_to_float"))
+    if isinstance(extra, torch.dtype):
+        dtype = extra
+    elif extra is True and c.ttype(x).dtype in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
+    else:
+        dtype = None
     if dtype is not None and dtype != c.ttype(x).dtype:
         x = c.op("cast", [x], dtype=dtype)
-    return c.op("softmax", [x], dim=_dim(dim, c.ttype(x).rank))
+    return x
+
+
+@converts(aten.softmax, aten._softmax)
+def _softmax(c: Ctx, a: tuple, k: dict) -> str:
+    x = _softmax_input(c, a, k)
+    return c.op("softmax", [x], dim=_dim(a[1], c.ttype(x).rank))
 
 
 @converts(aten.log_softmax, aten._log_softmax)
 def _log_softmax(c: Ctx, a: tuple, k: dict) -> str:
-    return c.op("log_softmax", [a[0]], dim=_dim(a[1], c.ttype(a[0]).rank))
+    x = _softmax_input(c, a, k)
+    return c.op("log_softmax", [x], dim=_dim(a[1], c.ttype(x).rank))
 
 
 @converts(aten.layer_norm)

@@ -257,10 +257,22 @@ class GraphBuilder:
         self._const_ids[key] = name
         return name
 
-    def scalar(self, value: float | int | bool, dtype: torch.dtype | None = None) -> str:
-        """A 0-d constant. Python scalars become 0-d tensors so every operand is a value."""
+    def scalar(self, value: float | int | bool, dtype: torch.dtype | None = None, like: str | None = None) -> str:
+        """A 0-d constant. Python scalars become 0-d tensors so every operand is a value.
+
+        Without ``dtype``, a float scalar combined with the floating value ``like`` takes a dtype that keeps both
+        torch's result dtype and the scalar's precision: float64 beside float64 (a float32 constant would round
+        0.1 or 1/3 to 1e-8 relative error), float32 beside float32 and beside dimensioned float16/bfloat16 (a 0-d
+        operand does not promote those, and eager keeps the scalar in float32 too), and ``like``'s own dtype
+        beside a 0-d float16/bfloat16 value, where a float32 constant would promote the result to float32.
+        """
         if dtype is None:
             dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float32
+            if dtype == torch.float32 and like is not None:
+                t = self._types[like]
+                if isinstance(t, TensorType) and t.dtype.is_floating_point:
+                    if t.dtype == torch.float64 or (t.rank == 0 and t.dtype.itemsize < 4):
+                        dtype = t.dtype
         return self.add_constant(torch.tensor(value, dtype=dtype))
 
     def add_node(self, node: Node) -> str:

@@ -370,7 +370,7 @@ def attention(
     _check_qkv(q, k, v, 4, "attention")
     b, h, sq, d = q.shape
     sk, hk = k.shape[2], k.shape[1]
-    if k.shape[0] != b or hk == 0 or h % hk or v.shape[:3] != k.shape[:3] or k.shape[3] != d:
+    if k.shape[0] != b or hk == 0 or h % hk or v.shape[:3] != k.shape[:3] or k.shape[3] != d or v.shape[3] != d:
         raise ValueError(f"attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     o = out if out is not None else torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)

@@ -9,8 +9,9 @@ every mask builder, kfuse takes the subgraph that computes the mask and runs it:
   of ``X`` (every row keeps at least one 1) and compared with the key-padding mask ``X[b, j] != 0``
   and with key padding combined with causal. It must agree on every probe.
 
-Additive float masks count as hard masks when their values are 0 (attend) or <= -1e4 / -inf
-(blocked); other values (ALiBi, learned biases) make the mask dense.
+Additive masks (float, or integer/bool masks added to the scores) count as hard masks when their
+values are 0 (attend) or <= -1e4 / -inf (blocked); other values (ALiBi, learned biases) make the
+mask dense. Only a bool mask given as SDPA's ``attn_mask`` means True = attend.
 """
 
 from __future__ import annotations
@@ -59,12 +60,14 @@ def subgraph_for(graph: Graph, value: str) -> Graph:
     return b.build([value])
 
 
-def _allowed(m: torch.Tensor) -> torch.Tensor | None:
-    """Boolean "may attend" of a mask value; None when an additive mask is not a hard mask."""
-    if m.dtype == torch.bool:
+def _allowed(m: torch.Tensor, additive: bool = False) -> torch.Tensor | None:
+    """Boolean "may attend" of a mask value; None when an additive mask is not a hard mask.
+
+    A bool mask given as SDPA's ``attn_mask`` (``additive`` False) means True = attend. Any other
+    mask is added to the scores, whatever its dtype (an int64 ``pad * -10000`` bias, or a bool
+    added as 0/1): 0 attends, <= -1e4 blocks, and anything else is a soft (dense) mask."""
+    if m.dtype == torch.bool and not additive:
         return m
-    if not m.is_floating_point():
-        return m != 0
     m = m.float()
     ok = (m == 0) | (m <= HARD_NEG)
     if not bool(ok.all()):
@@ -88,8 +91,11 @@ def _probes(x_type: TensorType, gen: torch.Generator) -> list[torch.Tensor]:
     return out
 
 
-def classify(graph: Graph, mask: str | None, q_type: TensorType, k_len: int) -> MaskInfo:
-    """The meaning of ``mask`` for an attention whose queries have type ``[B, H, Sq, D]``."""
+def classify(graph: Graph, mask: str | None, q_type: TensorType, k_len: int, additive: bool = False) -> MaskInfo:
+    """The meaning of ``mask`` for an attention whose queries have type ``[B, H, Sq, D]``.
+
+    ``additive``: the mask is added to the scores (the explicit ``softmax(q @ k^T * s + mask)``
+    form), so even a bool or integer mask is read as an additive bias (see ``_allowed``)."""
     if mask is None:
         return MaskInfo("none")
     b, sq = q_type.shape[0], q_type.shape[2]
@@ -97,7 +103,7 @@ def classify(graph: Graph, mask: str | None, q_type: TensorType, k_len: int) -> 
     tril = torch.ones(sq, k_len, dtype=torch.bool).tril()
     if not sub.inputs:
         try:
-            allowed = _allowed(reference_run(sub, [])[0].cpu())
+            allowed = _allowed(reference_run(sub, [])[0].cpu(), additive)
         except Exception as e:  # a mask kfuse cannot evaluate stays dense
             return MaskInfo("dense", note=f"mask could not be evaluated at compile time ({type(e).__name__})")
         if allowed is None:
@@ -121,7 +127,7 @@ def classify(graph: Graph, mask: str | None, q_type: TensorType, k_len: int) -> 
             val = reference_run(sub, [p.to(device)])[0].cpu()
         except Exception as e:
             return MaskInfo("dense", note=f"mask could not be probed ({type(e).__name__})")
-        allowed = _allowed(val)
+        allowed = _allowed(val, additive)
         if allowed is None:
             return MaskInfo("dense", note="additive mask with soft values")
         try:

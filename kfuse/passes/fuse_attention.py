@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
 from kfuse.passes.attention_mask import MaskInfo, classify
@@ -109,6 +111,27 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
     return _Match(q, kt, pv.inputs[1], True, mask, scale, False, pv, list(reversed(fused)))
 
 
+def _shapes_match(graph: Graph, m: _Match) -> bool:
+    """Q, K and V are ``[B, H, S, D]`` with the same batch, heads and head dim (K^T ``[B, H, D, Sk]``
+    in the explicit form), and K and V have the same length: what the kernel computes. Broadcast
+    batch or head dims, or a value head dim other than Q's, stay unfused. (Grouped-query K and V
+    are matched here repeated to Q's heads; ``_ungrouped`` takes them apart afterwards.)"""
+    ts = [graph.type_of(n) for n in (m.q, m.k, m.v)]
+    if not all(isinstance(t, TensorType) and t.rank == 4 for t in ts):
+        return False
+    qt, kt, vt = (t.shape for t in ts)  # type: ignore[union-attr]
+    k_len, k_dim = (kt[3], kt[2]) if m.k_transposed else (kt[2], kt[3])
+    return qt[:2] == kt[:2] == vt[:2] and k_dim == qt[3] == vt[3] and k_len == vt[2]
+
+
+def _bool_additive_mask(graph: Graph, m: _Match) -> bool:
+    """A bool mask added to the scores (explicit form) adds 0/1; the kernel would read it as "True = attend"."""
+    if not m.k_transposed or m.mask is None:
+        return False
+    t = graph.type_of(m.mask)
+    return isinstance(t, TensorType) and t.dtype == torch.bool
+
+
 def _bshd_source(name: str, nodes: dict[str, Node], graph: Graph, dims: tuple[int, ...] = _HEADS_FIRST) -> str | None:
     """``x`` if ``name`` is ``permute(reshape(x [B, S, H*D] -> [B, S, H, D]), dims)``."""
     p = nodes.get(name)
@@ -175,14 +198,14 @@ def fuse_attention(graph: Graph) -> Graph:
     removed: set[str] = set()
     for node in graph.nodes:
         m = _match_sdpa(node) if node.op == "sdpa" else _match_explicit(node, nodes, users, graph) if node.op == "matmul" else None
-        if m is None:
+        if m is None or not _shapes_match(graph, m) or _bool_additive_mask(graph, m):
             continue
         qt = graph.type_of(m.q)
         kt = graph.type_of(m.k)
         assert isinstance(qt, TensorType) and isinstance(kt, TensorType)
         b, h, sq, d = qt.shape
         sk = kt.shape[3] if m.k_transposed else kt.shape[2]
-        info = classify(graph, m.mask, qt, sk)
+        info = classify(graph, m.mask, qt, sk, additive=m.k_transposed)
         scale = float(m.scale) if m.scale is not None else 1.0 / math.sqrt(d)
         k_dims = (0, 2, 3, 1) if m.k_transposed else _HEADS_FIRST
         k, v, group = _ungrouped(m, nodes, graph)

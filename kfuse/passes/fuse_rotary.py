@@ -75,6 +75,10 @@ def _match(add: Node, nodes: dict[str, Node], users: dict[str, list[Node]], grap
                 continue
             cos = x_mul.inputs[1 - x_mul.inputs.index(x)]
             sin = rot_mul.inputs[1 - r_pos]
+            x_t = graph.type_of(x)
+            # the kernel writes x's shape: x must not be broadcast by cos/sin
+            if not isinstance(x_t, TensorType) or x_t.shape != add.ttype.shape:
+                return None
             if not all(_broadcasts(graph, t, add.ttype) for t in (cos, sin)):
                 return None
             return (x, cos, sin), [add.name, rot_mul.name, x_mul.name, *parts]

@@ -100,10 +100,11 @@ def _strength_rewrite(node: Node, b: GraphBuilder) -> str | None:
     if node.op == "div" and node.ttype.dtype.is_floating_point:
         c = _const_scalar(b, node.inputs[1])
         if isinstance(c, float | int) and not isinstance(c, bool) and c != 0 and b.constants[node.inputs[1]].dim() == 0:
-            recip = b.scalar(
-                1.0 / float(c),
-                dtype=b.constants[node.inputs[1]].dtype if b.constants[node.inputs[1]].is_floating_point() else torch.float32,
-            )
+            # 1/c is computed in double and stored at no less than the division's own precision, so a float32
+            # divisor in a float64 division does not round the reciprocal to float32
+            cdt = b.constants[node.inputs[1]].dtype
+            rdt = torch.promote_types(cdt if cdt.is_floating_point else node.ttype.dtype, node.ttype.dtype)
+            recip = b.scalar(1.0 / float(c), dtype=rdt)
             out = b.op("mul", [node.inputs[0], recip])
             return out if b.type_of(out) == node.type else None
     if node.op == "pow":

@@ -58,9 +58,15 @@ def _rewrite_once(graph: Graph) -> Graph | None:
             if len(main) != 1:
                 continue
             others = [i for i in src.inputs if i != main[0]]
-            if not all((t := _tt(types, i)) is not None and _last_dim_broadcast(t, out_t.shape[-1]) for i in others):
+            # an operand of higher rank than the reshape's output (e.g. a [1, 1, N] bias under a
+            # 2-D reshape) would broadcast the dropped leading dims back in
+            ok = [(t := _tt(types, i)) is not None and t.rank <= out_t.rank and _last_dim_broadcast(t, out_t.shape[-1]) for i in others]
+            if not all(ok):
                 continue
-            return _replace(graph, r, src, main[0])
+            new = _replace(graph, r, src, main[0])
+            if new is not None:
+                return new
+            continue
         if src.op == "matmul":
             a, w = (producer.get(src.inputs[0]), _tt(types, src.inputs[1]))
             if w is None or w.rank != 2:
@@ -76,8 +82,9 @@ def _rewrite_once(graph: Graph) -> Graph | None:
     return None
 
 
-def _replace(graph: Graph, r: Node, e: Node, main: str) -> Graph:
-    """reshape(e(main, others)) -> e(reshape(main), others), named like the old reshape."""
+def _replace(graph: Graph, r: Node, e: Node, main: str) -> Graph | None:
+    """reshape(e(main, others)) -> e(reshape(main), others), named like the old reshape; None when
+    the moved node would not have the reshape's type."""
     b = GraphBuilder.from_graph(graph)
     for node in graph.nodes:
         if node.name == e.name:
@@ -85,6 +92,8 @@ def _replace(graph: Graph, r: Node, e: Node, main: str) -> Graph:
             new_inputs = tuple(moved if i == main else i for i in e.inputs)
             types = [b.type_of(i) for i in new_inputs]
             new_t = ops.infer_type(e.op, types, e.attrs)
+            if not isinstance(new_t, TensorType) or (new_t.shape, new_t.dtype) != (r.ttype.shape, r.ttype.dtype):
+                return None
             pending = Node(r.name, e.op, new_inputs, new_t, e.attrs)
             continue
         if node.name == r.name:

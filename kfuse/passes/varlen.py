@@ -13,6 +13,17 @@ embeddings run on valid tokens too. It is replaced by one ``varlen_region`` node
 inputs, runs the packed subgraph and unpacks its outputs (zeros at padded positions); whatever
 reads those outputs (a pooler's ``select``) runs unchanged on the padded layout.
 
+Where eager PyTorch has (meaningless but defined) values at padded positions, the region's outputs
+have zeros, so an op outside the region that reads padded positions (unmasked mean pooling
+``h.mean(1)``, last-token pooling ``h[:, -1]``) would change the model's result. In automatic mode
+(``Options.varlen=None``) the rewrite is therefore made only when every value leaving the region is a
+graph output (padded positions of returned hidden states are zero: the documented behaviour) or is
+read outside only at sequence position 0 (``h[:, 0]``, ``h[:, :1]``: CLS pooling, BERT's pooler; with
+right padding, position 0 of every non-empty sequence is valid). Otherwise the graph stays as it is
+and the padding-masked attention's ``note`` says why (``compiled.report["kernels"]``, ``explain``).
+``varlen=True`` rewrites anyway (the caller accepts zeros at padded positions) and the region's
+report entry carries the same warning.
+
 Outputs at valid positions equal the padded model's: every region op is row-independent except
 attention, and a key-padding mask lets a valid query see exactly the valid keys of its sequence.
 """
@@ -20,13 +31,14 @@ attention, and a key-padding mask lets a valid query see exactly the valid keys 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from kfuse.compiler import Options
 from kfuse.ir import ops
-from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, freeze_attrs
 from kfuse.passes.simplify import dce
 from kfuse.runtime import transformer_ops  # noqa: F401 - registers the fused ops
 from kfuse.runtime.executor import KernelInfo, Step, lower, lowering
@@ -191,13 +203,45 @@ def _prune_cycles(graph: Graph, members: list[Node]) -> list[Node]:
 
 def varlen_pass(options: Options) -> Callable[[Graph], Graph]:
     def run(graph: Graph) -> Graph:
-        return make_varlen(graph) if options.varlen is not False else graph
+        if options.varlen is False:
+            return graph
+        return make_varlen(graph, strict=options.varlen is None)
 
     return run
 
 
-def make_varlen(graph: Graph) -> Graph:
-    """Wrap the token-wise region around padding-masked attention in a ``varlen_region`` node."""
+def _reads_position_0(node: Node, lay: str) -> bool:
+    """``node`` (outside the region) reads only sequence position 0 of its ``bs``-layout operand."""
+    if lay != "bs":
+        return False
+    a = node.attrs
+    if node.op == "select":
+        return a["dim"] == 1 and a["index"] == 0
+    if node.op == "slice":
+        return a["dim"] == 1 and (a.get("start") or 0) == 0 and a.get("end") is not None and a["end"] <= 1
+    return False
+
+
+def _padding_reader(users: dict[str, list[Node]], an: _Analysis, names: set[str], region_outputs: list[str]) -> str | None:
+    """Why the region's zeros at padded positions would change the model's result, or None when
+    every value leaving the region is a graph output or is read outside only at position 0."""
+    for v in region_outputs:
+        for u in users.get(v, []):
+            if u.name not in names and not _reads_position_0(u, an.layout[v]):
+                return f"{u.op} ({u.name}) reads padded positions of {v}"
+    return None
+
+
+def _with_note(node: Node, note: str) -> Node:
+    old = node.attrs.get("note", "")
+    return replace(node, attrs=freeze_attrs({**node.attrs, "note": f"{old}; {note}" if old else note}))
+
+
+def make_varlen(graph: Graph, strict: bool = True) -> Graph:
+    """Wrap the token-wise region around padding-masked attention in a ``varlen_region`` node.
+
+    ``strict`` (automatic mode): leave the graph as it is, with a note on the padding-masked
+    attention, when an op outside the region reads padded positions of a region output."""
     found = _find_mask(graph)
     if found is None:
         return graph
@@ -209,6 +253,13 @@ def make_varlen(graph: Graph) -> Graph:
     names = {m.name for m in members}
     users = graph.users()
     region_outputs = [m.name for m in members if m.name in graph.outputs or any(u.name not in names for u in users.get(m.name, []))]
+    why = _padding_reader(users, an, names, region_outputs)
+    note = f"padding-free mode not applied: {why}" if why else ""
+    if why and strict:
+        attn = {m.name for m in members if m.op == "fused_attention"}
+        return graph.replace(nodes=tuple(_with_note(n, note) if n.name in attn else n for n in graph.nodes))
+    if why:
+        note = f"padding-free mode forced (varlen=True): {why}, which are zero here"
     # outer operands of the region and how each enters
     externals: list[str] = []
     modes: list[str] = []
@@ -233,7 +284,10 @@ def make_varlen(graph: Graph) -> Graph:
     )
     out_type = tuple(_tt(graph, v) for v in region_outputs)
     region_name = f"varlen_region_{members[0].name}"
-    region_node = Node(region_name, "varlen_region", (mask, *externals), out_type, {"region": region, "out_type": out_type})
+    attrs: dict[str, Any] = {"region": region, "out_type": out_type}
+    if note:
+        attrs["note"] = note
+    region_node = Node(region_name, "varlen_region", (mask, *externals), out_type, attrs)
     getitems = [Node(v, "getitem", (region_name,), _tt(graph, v), {"index": j}) for j, v in enumerate(region_outputs)]
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     first = min(order[m.name] for m in members)
@@ -364,5 +418,6 @@ def _lower_region(node: Node, graph: Graph, backend: str) -> Step:
         return runner(xs)
 
     run.region_state = state  # type: ignore[attr-defined]  # the runner and packed plan, for diagnostics
-    info = KernelInfo(node.name, "varlen_region", tuple(sorted(region.graph.op_counts())), region.describe())
+    desc = region.describe() + (f"; note: {node.attrs['note']}" if node.attrs.get("note") else "")
+    info = KernelInfo(node.name, "varlen_region", tuple(sorted(region.graph.op_counts())), desc)
     return Step(node.name, node.inputs, run, info, host_sync=True)

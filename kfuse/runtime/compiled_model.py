@@ -51,7 +51,8 @@ def _b2b_section(plan: Plan) -> dict[str, Any]:
 
 
 def _signature(flat: list[Any]) -> tuple[Any, ...]:
-    return tuple((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else ("py", repr(x)) for x in flat)
+    # the device with its index: inputs on cuda:1 must not replay a plan built for cuda:0
+    return tuple((tuple(x.shape), x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else ("py", repr(x)) for x in flat)
 
 
 def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
@@ -191,6 +192,8 @@ class CompiledModel:
         for o, r in zip(out, ref_flat, strict=True):
             if o.shape != r.shape:
                 raise RuntimeError(f"kfuse output shape {tuple(o.shape)} differs from PyTorch's {tuple(r.shape)}")
+            if o.dtype != r.dtype:
+                raise RuntimeError(f"kfuse output dtype {o.dtype} differs from PyTorch's {r.dtype}")
             if not o.is_floating_point():
                 wrong = float((o != r).sum())
                 abs_err = max(abs_err, wrong)  # integer outputs: the count of elements that differ

@@ -180,7 +180,25 @@ def execute(plan: Plan, inputs: Sequence[torch.Tensor], *, poison_dead: bool = F
     that shared storage between live values would show in the numerics (tests use it)."""
     env = initial_env(plan, inputs)
     run_steps(plan, env, 0, len(plan.steps), poison_dead=poison_dead)
-    return [env[o] for o in plan.graph.outputs]
+    return own_outputs([env[o] for o in plan.graph.outputs], [*inputs, *plan.constants.values()])
+
+
+def own_outputs(outs: list[Any], held: Sequence[Any]) -> list[Any]:
+    """The outputs as tensors the caller owns: an output that shares storage with an input or a
+    constant (``clone`` imports as identity, folding makes constants outputs), or that is another
+    output again, is copied. Otherwise a caller writing into one result would change its input, the
+    model's constants (every later call) or another result."""
+    seen = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor) and t.numel()}
+    owned = []
+    for t in outs:
+        if isinstance(t, torch.Tensor) and t.numel():
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen:
+                t = t.clone()
+                ptr = t.untyped_storage().data_ptr()
+            seen.add(ptr)
+        owned.append(t)
+    return owned
 
 
 def initial_env(plan: Plan, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:

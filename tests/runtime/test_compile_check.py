@@ -42,3 +42,48 @@ def test_a_wrong_integer_output_is_infinitely_wrong(monkeypatch: pytest.MonkeyPa
     with pytest.warns(UserWarning, match="differs from PyTorch"):
         rep = _compile(monkeypatch, shift_argmax)
     assert math.isinf(rep["max_rel_err"]) and rep["max_abs_err"] == 5.0  # all five rows differ
+
+
+class Aliasing(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("w", torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.clone(), self.w * 2, x + 1
+
+
+def test_outputs_never_alias_inputs_constants_or_each_other() -> None:
+    """``clone`` imports as identity and ``w * 2`` folds to a constant: the results must still be the
+    caller's own tensors (eager's are), or writing into one changes the input or every later call."""
+    c = kfuse.compile(Aliasing().eval(), (torch.randn(3),), cuda_graphs=False)
+    x = torch.randn(3)
+    a, b, d = c(x)
+    assert a.data_ptr() != x.data_ptr() and torch.equal(a, x)
+    b.add_(100)
+    a.add_(100)
+    a2, b2, _ = c(x)
+    torch.testing.assert_close(b2, torch.full((3,), 2.0))  # the constant was not changed through b
+    torch.testing.assert_close(a2, x)  # nor the input through a
+    assert len({t.data_ptr() for t in (a2, b2, d)}) == 3
+
+
+def test_a_different_output_dtype_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(RuntimeError, match="output dtype torch.float64 differs from PyTorch's torch.float32"):
+        _compile(monkeypatch, lambda outs: [outs[0].double(), outs[1]])
+
+
+def test_input_signatures_include_the_device_index() -> None:
+    from kfuse.runtime.compiled_model import _signature
+    from kfuse.runtime.cuda_graph import signature
+
+    class OnDevice:  # a tensor's metadata on another GPU (no GPU needed)
+        def __init__(self, index: int) -> None:
+            self.shape, self.dtype, self.device = (2, 3), torch.float16, torch.device("cuda", index)
+
+        def stride(self) -> tuple[int, ...]:
+            return (3, 1)
+
+    assert signature([OnDevice(0)]) != signature([OnDevice(1)])  # type: ignore[list-item]
+    x = torch.randn(2, 3)
+    assert _signature([x]) == _signature([torch.randn(2, 3)]) and "cpu" in str(_signature([x]))

@@ -1,0 +1,169 @@
+"""ATen semantics the FX frontend must keep: rsub's alpha, log_softmax/softmax's dtype argument, and the
+dtype (so the precision) of the Python scalars it turns into constants."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kfuse
+from kfuse.frontend.fx_import import import_fx
+from kfuse.ir import GraphBuilder, TensorType, reference_run
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn) -> None:  # noqa: ANN001
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs: torch.Tensor):  # noqa: ANN201
+        return self.fn(*xs)
+
+
+def _compile(fn, *xs: torch.Tensor, **opts):  # noqa: ANN001, ANN202
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return kfuse.compile(_Fn(fn), xs, **opts)
+
+
+def _outs(v) -> tuple:  # noqa: ANN001
+    return tuple(v) if isinstance(v, tuple | list) else (v,)
+
+
+def _rel(a: torch.Tensor, r: torch.Tensor) -> float:
+    return ((a - r).abs() / r.abs().clamp_min(1e-300)).max().item()
+
+
+# --- rsub with alpha: other - alpha * input ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, y: torch.rsub(x, y, alpha=3),
+        lambda x, y: torch.rsub(x, 2.0, alpha=3) + y,
+        lambda x, y: torch.rsub(x, y),
+        lambda x, y: torch.sub(x, y, alpha=3),
+        lambda x, y: torch.add(x, y, alpha=-2),
+    ],
+    ids=["rsub_tensor_alpha", "rsub_scalar_alpha", "rsub", "sub_alpha", "add_alpha"],
+)
+def test_binary_alpha_matches_eager(fn) -> None:  # noqa: ANN001
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    c = _compile(fn, x, y)
+    torch.testing.assert_close(c(x, y), fn(x, y), rtol=1e-5, atol=1e-5)
+
+
+# --- log_softmax / softmax with dtype= ---------------------------------------------------------------------
+@pytest.mark.parametrize("op", [torch.log_softmax, torch.softmax], ids=["log_softmax", "softmax"])
+@pytest.mark.parametrize(
+    "src,dst", [(torch.float16, torch.float32), (torch.float64, torch.float32), (torch.float32, torch.float64)], ids=str
+)
+def test_softmax_dtype_argument(op, src: torch.dtype, dst: torch.dtype) -> None:  # noqa: ANN001
+    x = torch.randn(3, 10).to(src)
+    fn = lambda x: op(x, -1, dtype=dst)  # noqa: E731
+    ref = fn(x)
+    out = _compile(fn, x)(x)
+    assert out.dtype == ref.dtype == dst
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", [torch.ops.aten._log_softmax.default, torch.ops.aten._softmax.default])
+@pytest.mark.parametrize("half_to_float", [True, False])
+def test_underscore_softmax_half_to_float(target, half_to_float: bool) -> None:  # noqa: ANN001
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(target, (x, -1, half_to_float)))
+    gm = torch.fx.GraphModule(nn.Module(), g)
+    imp = import_fx(gm, {"x": TensorType((3, 10), torch.float16)})
+    graph = imp.builder.build(imp.outputs)
+    xs = torch.randn(3, 10).half()
+    (out,) = reference_run(graph, [xs])
+    assert out.dtype == (torch.float32 if half_to_float else torch.float16)
+    ref = (torch.log_softmax if "log" in str(target) else torch.softmax)(xs.float(), -1)
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2 if not half_to_float else 1e-6, atol=1e-3 if not half_to_float else 1e-6)
+
+
+# --- Python scalars keep the precision of the tensor they combine with -------------------------------------
+def _f64_model(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return x * 0.1, x / 3, x + 1e-10, 0.7 - x, torch.where(x > 0, x, 0.3)
+
+
+def test_float64_scalars_keep_double_precision() -> None:
+    x = torch.randn(64, dtype=torch.float64) + 3.0
+    # the pointwise kernels compute in fp32 whatever the dtype; unfused, the graph's constants decide the precision
+    c = _compile(_f64_model, x, fuse_pointwise=False)
+    consts = [t for t in c.plan.graph.constants.values() if t.dim() == 0 and t.is_floating_point()]
+    assert consts and all(t.dtype == torch.float64 for t in consts)
+    for a, r in zip(_outs(c(x)), _f64_model(x), strict=True):
+        assert a.dtype == r.dtype == torch.float64
+        assert _rel(a, r) < 1e-15
+
+
+def test_float64_division_by_float32_constant_keeps_double_reciprocal() -> None:
+    class Div(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("c", torch.tensor(3.0))  # float32, 0-d: does not promote the float64 input
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x / self.c
+
+    x = torch.randn(64, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = kfuse.compile(Div(), (x,), fuse_pointwise=False)
+    out, ref = c(x), Div()(x)
+    assert out.dtype == ref.dtype == torch.float64
+    assert _rel(out, ref) < 1e-15
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4, 8), ()], ids=["dims", "0d"])
+def test_low_precision_scalar_ops_keep_eager_dtype(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    x = torch.randn(shape).to(dtype)
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x * 0.1, x / 3, x + 1e-3, torch.rsub(x, 2.0, alpha=3)
+
+    c = _compile(fn, x)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for a, r in zip(_outs(c(x)), fn(x), strict=True):
+        assert a.dtype == r.dtype == dtype
+        torch.testing.assert_close(a, r, rtol=tol, atol=tol)
+
+
+def test_int_tensor_with_float_scalar_is_default_float() -> None:
+    x = torch.arange(8)
+    fn = lambda x: x * 0.5  # noqa: E731
+    out = _compile(fn, x)(x)
+    assert out.dtype == fn(x).dtype == torch.float32
+    torch.testing.assert_close(out, fn(x))
+
+
+@pytest.mark.parametrize(
+    "like,expected",
+    [
+        (TensorType((4,), torch.float64), torch.float64),
+        (TensorType((), torch.float64), torch.float64),
+        (TensorType((4,), torch.float32), torch.float32),
+        (TensorType((4,), torch.float16), torch.float32),
+        (TensorType((4,), torch.bfloat16), torch.float32),
+        (TensorType((), torch.float16), torch.float16),
+        (TensorType((), torch.bfloat16), torch.bfloat16),
+        (TensorType((4,), torch.int64), torch.float32),
+        (None, torch.float32),
+    ],
+    ids=str,
+)
+def test_builder_scalar_dtype_follows_like(like: TensorType | None, expected: torch.dtype) -> None:
+    b = GraphBuilder()
+    name = b.add_input("x", like) if like is not None else None
+    s = b.scalar(0.1, like=name)
+    assert b.constants[s].dtype == expected
+    if like is not None and like.dtype.is_floating_point:  # the scalar never changes the result dtype torch gives
+        assert b.type_of(b.op("mul", [name, s])).dtype == like.dtype
+    assert b.constants[b.scalar(2, like=name)].dtype == torch.int64
+    assert b.constants[b.scalar(True, like=name)].dtype == torch.bool
+    assert b.constants[b.scalar(0.1, dtype=torch.float16, like=name)].dtype == torch.float16
