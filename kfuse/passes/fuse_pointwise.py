@@ -68,7 +68,8 @@ def _scalar_literal(g: Graph, name: str) -> float | int | bool | None:
 
 
 def _ok_dtype(dt: torch.dtype) -> bool:
-    return dt.is_floating_point or dt == torch.bool
+    # the generated kernels compute in fp32: float64 chains stay on PyTorch's ops, in float64
+    return (dt.is_floating_point and dt != torch.float64) or dt == torch.bool
 
 
 def _tensor_inputs_ok(node: Node, g: Graph) -> bool:
@@ -97,7 +98,9 @@ def reduction_dims(node: Node, g: Graph) -> tuple[tuple[int, ...], bool] | None:
     if node.op not in REDUCTIONS or not isinstance(node.type, TensorType) or len(node.inputs) != 1:
         return None
     x = g.type_of(node.inputs[0])
-    if not isinstance(x, TensorType) or not x.dtype.is_floating_point or x.numel == 0 or not node.ttype.dtype.is_floating_point:
+    if not isinstance(x, TensorType) or not _ok_dtype(x.dtype) or x.dtype == torch.bool or x.numel == 0 or not _ok_dtype(node.ttype.dtype):
+        return None
+    if not node.ttype.dtype.is_floating_point:
         return None
     r = x.rank
     if node.op in ("softmax", "log_softmax"):

@@ -167,3 +167,18 @@ def test_builder_scalar_dtype_follows_like(like: TensorType | None, expected: to
     assert b.constants[b.scalar(2, like=name)].dtype == torch.int64
     assert b.constants[b.scalar(True, like=name)].dtype == torch.bool
     assert b.constants[b.scalar(0.1, dtype=torch.float16, like=name)].dtype == torch.float16
+
+
+def test_float64_chains_keep_float64_precision_with_pointwise_fusion_on() -> None:
+    """The generated pointwise kernels compute in fp32, so float64 chains are left to PyTorch's ops."""
+
+    class F64(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(x * 0.1 + x / 3, dim=-1) + 1e-10
+
+    x = torch.randn(4, 9, dtype=torch.float64)
+    c = kfuse.compile(F64(), (x,))  # default options: fuse_pointwise on
+    x2 = torch.randn(4, 9, dtype=torch.float64)
+    got, want = c(x2), F64()(x2)
+    assert got.dtype == torch.float64
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-14
