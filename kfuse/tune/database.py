@@ -6,13 +6,19 @@ cost model's training data, and the best ``ok`` record of a (GPU, versions, temp
 problem) is the tuned config. Each record is committed as it is measured, so an interrupted
 tuning run resumes where it stopped.
 
-A file that is not a readable kfuse database (corrupt, foreign schema) is reported, moved
-aside to ``<name>.bad-<time>`` and replaced by an empty one: a bad file never fails a compile.
+A file that is not a readable kfuse database (corrupt: ``PRAGMA quick_check`` fails; foreign
+schema) is reported, moved aside to ``<name>.bad-<time>`` and replaced by an empty one: a bad
+file never fails a compile. A file that cannot be used *now* (locked by another process,
+read-only, cannot be opened) is not bad: it is left alone and the error (``sqlite3.Error``) is
+raised; the tuner then works without the database. ``readonly=True`` opens the file with SQLite's
+``mode=ro`` (``kfuse tune-db stats`` / ``export``): nothing is created or changed in it, and a
+file that is not a kfuse database is refused (``ValueError``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -23,6 +29,27 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+
+# SQLite primary result codes that mean "this file is not a (valid) kfuse database": a generic
+# SQL error from the schema statements (a foreign table of the same name), corruption, not a
+# database at all. Busy / locked / read-only / can't-open / I/O / full are about the moment,
+# not the file: such a file is never moved aside.
+_BAD_FILE_CODES = {1, 11, 26}  # SQLITE_ERROR, SQLITE_CORRUPT, SQLITE_NOTADB
+_RECORD_COLUMNS = {"id", "gpu", "triton_version", "kfuse_version", "template", "problem", "problem_json", "config_json", "time_ms",
+                   "status", "error", "created"}  # fmt: skip
+
+
+def _bad_file(e: BaseException) -> bool:
+    """Whether an error opening the database means the file is not a valid kfuse database."""
+    if isinstance(e, ValueError):
+        return True
+    if not isinstance(e, sqlite3.DatabaseError):
+        return False
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is None:  # not from SQLite itself (e.g. a text column that is not UTF-8): the content is bad
+        return not isinstance(e, sqlite3.OperationalError) or "decode" in str(e)
+    return (code & 0xFF) in _BAD_FILE_CODES
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -98,12 +125,13 @@ class Record:
 class TuningDB:
     """A SQLite file of tuning records. ``path=":memory:"`` for a throw-away database."""
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, readonly: bool = False) -> None:
         self.path = Path(path) if path is not None and str(path) != ":memory:" else path
         if self.path is None:
             self.path = default_path()
+        self.readonly = readonly and self.path != ":memory:"
         self.set_aside: Path | None = None
-        self.conn = self._open()
+        self.conn = self._open_readonly() if self.readonly else self._open()
         self.triton_version, self.kfuse_version = versions()
 
     # ---- opening, with recovery ----------------------------------------------------------
@@ -114,6 +142,22 @@ class TuningDB:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return sqlite3.connect(str(self.path), timeout=30)
 
+    def _open_readonly(self) -> sqlite3.Connection:
+        assert isinstance(self.path, Path)
+        conn = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True, timeout=30)
+        try:
+            _quick_check(conn)
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"meta", "records"} <= tables:
+                raise ValueError("no kfuse tuning tables")
+            self._check_existing(conn)
+        except BaseException as e:
+            conn.close()
+            if isinstance(e, ValueError | sqlite3.DatabaseError) and _bad_file(e):
+                raise ValueError(f"{self.path} is not a kfuse tuning database: {e}") from None
+            raise
+        return conn
+
     def _open(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = None
         try:
@@ -121,11 +165,11 @@ class TuningDB:
             self._check(conn)
             return conn
         except (sqlite3.DatabaseError, ValueError) as e:
-            if self.path == ":memory:":
-                raise
-            assert isinstance(self.path, Path)
             if conn is not None:
                 conn.close()
+            if self.path == ":memory:" or not _bad_file(e):
+                raise  # locked, read-only, can't open ...: the file may be fine, leave it alone
+            assert isinstance(self.path, Path)
             bad = self.path.with_name(f"{self.path.name}.bad-{int(time.time())}")
             os.replace(self.path, bad)
             self.set_aside = bad
@@ -136,12 +180,22 @@ class TuningDB:
 
     @staticmethod
     def _check(conn: sqlite3.Connection) -> None:
+        _quick_check(conn)
         conn.executescript(_SCHEMA)
+        TuningDB._check_existing(conn, adopt=True)
+
+    @staticmethod
+    def _check_existing(conn: sqlite3.Connection, adopt: bool = False) -> None:
+        cols = {r[1] for r in conn.execute("PRAGMA table_info(records)")}
+        if not _RECORD_COLUMNS <= cols:
+            raise ValueError(f"a records table without the columns {sorted(_RECORD_COLUMNS - cols)}")
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             n = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
             if n:
                 raise ValueError("records without a schema version")
+            if not adopt:
+                raise ValueError("no schema version")
             conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             conn.commit()
         elif row[0] != str(SCHEMA_VERSION):
@@ -150,6 +204,9 @@ class TuningDB:
 
     def close(self) -> None:
         self.conn.close()
+
+    def _versioned(self) -> str:
+        return "triton_version = ? AND kfuse_version = ?"
 
     # ---- writing -------------------------------------------------------------------------
     def add(self, gpu: str, template: str, problem: str, problem_json: str, config: dict[str, Any],
@@ -164,14 +221,18 @@ class TuningDB:
         self.conn.commit()
 
     def add_records(self, records: Iterable[Record]) -> int:
+        """Store records in one transaction (all or none); an ``ok`` record whose time is not a
+        positive finite number is refused (``ValueError``)."""
         n = 0
         with self.conn:
             for r in records:
+                _validate(r)
                 self.conn.execute(
                     "INSERT INTO records (gpu, triton_version, kfuse_version, template, problem, problem_json, config_json, time_ms,"
                     " status, error, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (r.gpu, r.triton_version or self.triton_version, r.kfuse_version or self.kfuse_version, r.template, r.problem,
-                     r.problem_json, json.dumps(r.config, sort_keys=True), r.time_ms, r.status, r.error, r.created or time.time()),
+                     r.problem_json, json.dumps(r.config, sort_keys=True), r.time_ms if r.status == "ok" else None,
+                     r.status, r.error, r.created or time.time()),
                 )  # fmt: skip
                 n += 1
         return n
@@ -225,15 +286,17 @@ class TuningDB:
         return list(self._rows(where + " ORDER BY id", tuple(args)))
 
     def measured(self, gpu: str, template: str, problem: str) -> list[Record]:
-        """All records (any status) of one problem with this Triton version."""
-        return list(self._rows("WHERE gpu = ? AND template = ? AND problem = ? AND triton_version = ? ORDER BY id",
-                               (gpu, template, problem, self.triton_version)))  # fmt: skip
+        """All records (any status) of one problem with this Triton and this kfuse version (as the
+        ``choices`` table: another kfuse's kernels, rules and checks may differ, so its
+        measurements and its tuned config do not count here; they stay training data, ``records``)."""
+        return list(self._rows("WHERE gpu = ? AND template = ? AND problem = ? AND " + self._versioned() + " ORDER BY id",
+                               (gpu, template, problem, self.triton_version, self.kfuse_version)))  # fmt: skip
 
     def best(self, gpu: str, template: str, problem: str) -> Record | None:
-        """The fastest ``ok`` record of a problem (this GPU, this Triton version)."""
+        """The fastest ``ok`` record of a problem (this GPU, these Triton and kfuse versions)."""
         rows = list(self._rows(
-            "WHERE gpu = ? AND template = ? AND problem = ? AND triton_version = ? AND status = 'ok' ORDER BY time_ms LIMIT 1",
-            (gpu, template, problem, self.triton_version)))  # fmt: skip
+            "WHERE gpu = ? AND template = ? AND problem = ? AND " + self._versioned() + " AND status = 'ok' ORDER BY time_ms LIMIT 1",
+            (gpu, template, problem, self.triton_version, self.kfuse_version)))  # fmt: skip
         return rows[0] if rows else None
 
     def stats(self) -> dict[str, Any]:
@@ -247,10 +310,13 @@ class TuningDB:
         return {
             "path": str(self.path),
             "records": total,
-            "choices": c.execute("SELECT COUNT(*) FROM choices").fetchone()[0],
+            "choices": c.execute("SELECT COUNT(*) FROM choices").fetchone()[0] if self._has_table("choices") else 0,
             "by_status": status,
             "groups": [{"gpu": g, "template": t, "records": n, "problems": p, "ok": ok} for g, t, n, p, ok in by],
         }
+
+    def _has_table(self, name: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
     # ---- exchange ------------------------------------------------------------------------
     def export(self, path: str | Path) -> int:
@@ -265,9 +331,36 @@ class TuningDB:
             recs = data["records"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path} is not a kfuse tuning export: {e}") from None
+        if not isinstance(recs, list):
+            raise ValueError(f"{path} is not a kfuse tuning export: 'records' is not a list")
         out = []
-        for d in recs:
-            out.append(Record(d["gpu"], d["template"], d["problem"], json.dumps(d["problem_json"]), d["config"], d.get("time_ms"),
-                              d.get("status", "ok"), d.get("error", ""), d.get("triton_version", ""), d.get("kfuse_version", ""),
-                              d.get("created", 0.0)))  # fmt: skip
+        for i, d in enumerate(recs):
+            try:
+                r = Record(str(d["gpu"]), str(d["template"]), str(d["problem"]), json.dumps(d["problem_json"]), d["config"],
+                           d.get("time_ms"), d.get("status", "ok"), str(d.get("error", "")), str(d.get("triton_version", "")),
+                           str(d.get("kfuse_version", "")), float(d.get("created", 0.0)))  # fmt: skip
+                _validate(r)
+            except (KeyError, ValueError, TypeError, AttributeError) as e:
+                raise ValueError(f"{path} is not a kfuse tuning export: record {i}: {type(e).__name__}: {e}") from None
+            out.append(r)
         return self.add_records(out)
+
+
+def _quick_check(conn: sqlite3.Connection) -> None:
+    """``PRAGMA quick_check``: the b-trees of the whole file, not only its first page, are sound."""
+    rows = conn.execute("PRAGMA quick_check").fetchall()
+    if [r[0] for r in rows] != ["ok"]:
+        raise ValueError(f"integrity check failed: {'; '.join(str(r[0]) for r in rows[:3])}")
+
+
+def _validate(r: Record) -> None:
+    """Refuse a record that would mislead the tuner: an ``ok`` time that is not a positive finite
+    number (a 0 or negative time would always win; NaN compares false with everything)."""
+    if not isinstance(r.status, str):
+        raise ValueError(f"status {r.status!r} is not a string")
+    if r.status == "ok":
+        t = r.time_ms
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
+            raise ValueError(f"an 'ok' record with time_ms {t!r} (a positive finite number is needed)")
+    if not isinstance(r.config, dict):
+        raise ValueError("config is not a mapping")

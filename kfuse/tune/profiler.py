@@ -6,6 +6,12 @@ never chosen), run once more timed by the wall clock (a config slower than ``tim
 ``timeout``), then CUDA-event timing after warm-up: the median of ``rep`` launches, each on
 a flushed L2 and on a rotating set of inputs so no launch finds its operands cached.
 
+A config that raises on the GPU is recorded ``failed`` and the next one measured, unless the
+error is sticky (an illegal address, a trap: the CUDA context is lost and every later launch
+fails too): then ``torch.cuda.synchronize()`` fails as well, the tuning stops with
+``CudaContextLost`` (the config that raised is recorded, so a new process skips it) and none of
+the configs after it is measured or recorded as failed.
+
 Tests inject ``measure`` (a function ``(config, problem) -> ms``) so search, database and
 cost-model logic run without a GPU; with a ``runner`` too, each config is still executed
 (in the Triton interpreter) and checked for correctness.
@@ -31,6 +37,33 @@ from kfuse.tune.space import Config, ConvProblem, GemmProblem, Problem
 
 Measure = Callable[[Config, Problem], float]
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+class CudaContextLost(RuntimeError):
+    """The CUDA context is unusable after a config failed (a sticky error): nothing more can be
+    measured in this process. ``measurement`` is the failure of the config that raised it."""
+
+    def __init__(self, measurement: Measurement, why: str, record: bool = True) -> None:
+        then = "; that config is recorded as failed, so the next run skips it" if record else ""
+        super().__init__(
+            f"kfuse tune: the CUDA context was lost while measuring {measurement.config.describe()} ({measurement.error}; then"
+            f" torch.cuda.synchronize: {why}). Tuning stopped: restart the process{then}"
+        )
+        self.measurement = measurement
+        self.record = record  # whether ``measurement`` is to be stored (its config caused the loss)
+
+
+def _cuda_lost(runner: Any) -> str | None:
+    """After an exception: the error of ``torch.cuda.synchronize()`` if the runner's device is a
+    GPU whose context no longer works (a sticky error), else None."""
+    dev = getattr(runner, "device", None) if runner is not None else None
+    if dev is None or torch.device(dev).type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(dev)
+    except Exception as e:  # noqa: BLE001 - any failure here means the context is gone
+        return f"{type(e).__name__}: {_first_line(e)}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -204,11 +237,20 @@ class Profiler:
     def profile(self, problem: Problem, configs: Sequence[Config], runner: Runner | None = None,
                 on_result: Callable[[Measurement], None] | None = None) -> list[Measurement]:  # fmt: skip
         """Measure ``configs``; ``on_result`` is called as each one finishes (the database
-        commits it there, so an interrupted run keeps what it measured)."""
+        commits it there, so an interrupted run keeps what it measured). Raises
+        ``CudaContextLost`` (after ``on_result`` of the config that caused it) when a failure left
+        the GPU unusable: the configs after it would all fail and must not be recorded."""
         results: list[Measurement] = []
         failed = self._compile_all(configs, runner) if runner is not None and self.measure is None else {}
+        if failed and (why := _cuda_lost(runner)) is not None:  # a compile's warm-up launch broke the context
+            raise CudaContextLost(next(iter(failed.values())), why, record=False)
         for cfg in configs:
-            m = failed.get(cfg) or self._one(problem, cfg, runner)
+            try:
+                m = failed.get(cfg) or self._one(problem, cfg, runner)
+            except CudaContextLost as e:
+                if on_result is not None and e.record:
+                    on_result(e.measurement)
+                raise
             results.append(m)
             if on_result is not None:
                 on_result(m)
@@ -224,7 +266,10 @@ class Profiler:
         def time_one(cfg: Config) -> float | None:
             try:
                 m = self._time(cfg, runner)
-            except Exception:  # noqa: BLE001 - it ran before; a failure now only removes it
+            except Exception as e:  # noqa: BLE001 - it ran before; a failure now only removes it
+                if (why := _cuda_lost(runner)) is not None:
+                    m = Measurement(cfg, None, "failed", f"{type(e).__name__}: {_first_line(e)}")
+                    raise CudaContextLost(m, why, record=False) from e
                 return None
             return m.time_ms if m.ok else None
 
@@ -268,7 +313,10 @@ class Profiler:
                 return Measurement(cfg, None, "failed", "no runner and no measure function")
             return self._time(cfg, runner)
         except Exception as e:  # noqa: BLE001 - a config that crashes is recorded, never chosen
-            return Measurement(cfg, None, "failed", f"{type(e).__name__}: {_first_line(e)}")
+            m = Measurement(cfg, None, "failed", f"{type(e).__name__}: {_first_line(e)}")
+            if (why := _cuda_lost(runner)) is not None:
+                raise CudaContextLost(m, why) from e
+            return m
 
     def _time(self, cfg: Config, runner: Runner) -> Measurement:
         dev = getattr(runner, "device", torch.device("cuda"))

@@ -248,8 +248,15 @@ def search(
     seed: int = 0,
 ) -> SearchResult:
     """Tune one problem. ``already`` are earlier measurements of it (a resumed run): they are
-    not measured again. ``space`` restricts the candidates (e.g. to compare with exhaustive
-    search of a sub-space)."""
+    not measured again, and compete for best only where today's hard rules accept them and they
+    lie in ``space`` (a record of an older kfuse whose rules allowed a config that deadlocks is
+    never chosen). ``space`` restricts the candidates (e.g. to compare with exhaustive search of
+    a sub-space). The best config returned is always valid for ``problem``."""
+    in_space = set(space) if space is not None else None
+
+    def eligible(c: Config) -> bool:
+        return (in_space is None or c in in_space) and hard_reject(c, problem, hw) is None
+
     valid = [c for c in space if hard_reject(c, problem, hw) is None] if space is not None else None
     if valid is None:
         valid = valid_configs(problem, hw)
@@ -283,7 +290,7 @@ def search(
         samples += [(m.config, problem, m.time_ms) for m in results if m.ok and m.time_ms is not None]
         if rnd + 1 < budget.rounds:
             model.fit(samples)
-    ok = [m for m in measured if m.ok]
+    ok = [m for m in measured if m.ok and eligible(m.config)]
     best = min(ok, key=lambda m: m.time_ms) if ok else None  # type: ignore[arg-type, return-value]
     new = [m for m in measured if m not in already]
     if best is None:

@@ -140,13 +140,18 @@ Problem = GemmProblem | ConvProblem
 
 
 def problem_from_dict(d: dict[str, Any]) -> Problem:
+    """The problem of a stored dict; keys this kfuse does not know (a newer kfuse's record) are
+    dropped, as ``config_from_dict`` does."""
     d = dict(d)
     t = d.pop("template")
-    if t == "gemm":
-        return GemmProblem(**d)
-    for key in ("stride", "padding", "dilation"):
-        d[key] = tuple(d[key])
-    return ConvProblem(**d)
+    cls = GemmProblem if t == "gemm" else ConvProblem
+    names = {f.name for f in fields(cls)}
+    d = {k: v for k, v in d.items() if k in names}
+    if cls is ConvProblem:
+        for key in ("stride", "padding", "dilation"):
+            if key in d:
+                d[key] = tuple(d[key])
+    return cls(**d)
 
 
 def config_from_dict(template: str, d: dict[str, Any]) -> Config:

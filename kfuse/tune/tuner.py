@@ -8,14 +8,20 @@ chosen config into the node (``attrs["config"]``) for the lowering. A progress b
 problems being tuned; a one-line summary says what was considered, measured and how long it
 took. Without a GPU (and no injected ``measure``) nothing is measured: the database, the
 nearest tuned neighbour or the template default is used, and the summary says so.
+
+The database is an optimisation, never a failure: a file that cannot be opened, read or written
+(locked, read-only, corrupt past its first page) is reported once and the tuner goes on without
+it (nothing read counts as "no data"; measurements are then not stored).
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +30,16 @@ import torch
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
 from kfuse.kernels.epilogue import Epilogue, exact_gelu
 from kfuse.tune.cost_model import CostModel
-from kfuse.tune.database import TuningDB
+from kfuse.tune.database import Record, TuningDB
 from kfuse.tune.hardware import Hardware, query
 from kfuse.tune.profiler import Measure, Measurement, Profiler, make_runner
 from kfuse.tune.search import Budget, SearchResult, search, transfer_candidates
 from kfuse.tune.space import Config, ConvProblem, GemmProblem, Problem, config_from_dict, is_valid, problem_from_dict
+
+# what a database read can raise that means "this data is unusable": SQLite errors (a locked file,
+# a page corrupt past the open check, text that is not UTF-8), and the JSON / fields of a record
+# that this kfuse cannot read
+_DB_ERRORS = (sqlite3.Error, ValueError, TypeError, KeyError, AttributeError)
 
 TUNABLE = ("gemm_epilogue", "conv_epilogue")
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -70,10 +81,6 @@ def problem_of(node: Node, graph: Graph) -> Problem | None:
         return ConvProblem(nb, c, h, w, oc, kh, kw, pair(node.attrs.get("stride"), 1), pair(node.attrs.get("padding"), 0),
                            pair(node.attrs.get("dilation"), 1), dtype_name(a.dtype), epi.n_inputs)  # fmt: skip
     return None
-
-
-def _measurement(rec_config: dict[str, Any], template: str, time_ms: float | None, status: str, error: str) -> Measurement:
-    return Measurement(config_from_dict(template, rec_config), time_ms, status, error)
 
 
 @dataclass
@@ -121,7 +128,15 @@ class Tuner:
     ) -> None:
         self.budget = Budget.for_mode(mode)
         self.mode = mode
-        self.db = db if db is not None else TuningDB()
+        self._db_warned = False
+        self._db_writable = True
+        if db is None:
+            try:
+                db = TuningDB()
+            except (sqlite3.Error, OSError) as e:  # locked, read-only, can't open: tune without it
+                self._db_problem("open", e)
+                db = TuningDB(":memory:")
+        self.db = db
         self.hw = hw or query(device)
         self.gpu = self.hw.key()
         self.measure = measure
@@ -133,27 +148,66 @@ class Tuner:
         self.stats = TuneStats(measuring=self.can_measure)
 
     # ---- database ------------------------------------------------------------------------
+    def _db_problem(self, what: str, e: BaseException) -> None:
+        if not self._db_warned:
+            self._db_warned = True
+            path = getattr(getattr(self, "db", None), "path", None)
+            why = (str(e).strip().splitlines() or [""])[0][:200]
+            warnings.warn(f"kfuse tuning database{f' {path}' if path else ''}: cannot {what} it ({type(e).__name__}: {why});"
+                          " tuning without it", stacklevel=3)  # fmt: skip
+
+    def _read(self, fn: Callable[[], list[Record]]) -> list[Record]:
+        """``fn()``'s records; none (and a warning, once) when the database cannot be read."""
+        try:
+            return fn()
+        except _DB_ERRORS as e:
+            self._db_problem("read", e)
+            return []
+
+    def _parsed(self, records: list[Record], template: str) -> Iterator[tuple[Record, Problem | None, Config]]:
+        """Each record with its problem (None where its JSON is unreadable) and config; a record
+        whose config this kfuse cannot read is skipped."""
+        for rec in records:
+            try:
+                cfg = config_from_dict(template, rec.config)
+            except _DB_ERRORS:
+                continue
+            try:
+                prob: Problem | None = problem_from_dict(json.loads(rec.problem_json))
+            except _DB_ERRORS:
+                prob = None
+            yield rec, prob, cfg
+
     def lookup(self, problem: Problem) -> Config | None:
-        """The tuned config of a problem when its tuning finished before (this GPU/Triton)."""
-        for rec in reversed(self.db.measured(self.gpu, problem.template, problem.signature())):
+        """The tuned config of a problem when its tuning finished before (this GPU, Triton and kfuse)."""
+        recs = self._read(lambda: self.db.measured(self.gpu, problem.template, problem.signature()))
+        for rec in reversed(recs):
             if rec.status == "done" and (self.mode != "full" or "mode=full" in rec.error):
-                cfg = config_from_dict(problem.template, rec.config)
-                return cfg if is_valid(cfg, problem, self.hw) else None
+                try:
+                    cfg = config_from_dict(problem.template, rec.config)
+                    return cfg if is_valid(cfg, problem, self.hw) else None
+                except _DB_ERRORS:
+                    return None
         return None
 
     def _neighbours(self, template: str) -> list[tuple[Problem, Config]]:
-        out = []
-        for rec in self.db.records(self.gpu, template):
-            if rec.status == "done":
-                out.append((problem_from_dict(json.loads(rec.problem_json)), config_from_dict(template, rec.config)))
-        return out
+        recs = [r for r in self._read(lambda: self.db.records(self.gpu, template)) if r.status == "done"]
+        return [(p, cfg) for _, p, cfg in self._parsed(recs, template) if p is not None]
 
     def _history(self, template: str) -> list[tuple[Config, Problem, float]]:
-        out = []
-        for rec in self.db.records(self.gpu, template):
-            if rec.status == "ok" and rec.time_ms:
-                out.append((config_from_dict(template, rec.config), problem_from_dict(json.loads(rec.problem_json)), rec.time_ms))
-        return out
+        recs = [r for r in self._read(lambda: self.db.records(self.gpu, template)) if r.status == "ok" and r.time_ms]
+        return [(cfg, p, r.time_ms) for r, p, cfg in self._parsed(recs, template) if p is not None and r.time_ms]  # type: ignore[misc]
+
+    def _write(self, *args: Any) -> None:
+        """``db.add(*args)``; a database that cannot be written (locked past the busy timeout,
+        read-only, disk full) is reported once and the tuning goes on without storing."""
+        if not self._db_writable:
+            return
+        try:
+            self.db.add(*args)
+        except sqlite3.Error as e:
+            self._db_writable = False
+            self._db_problem("write", e)
 
     def _model(self, template: str) -> CostModel:
         if template not in self.model:
@@ -167,19 +221,22 @@ class Tuner:
         """Search + measure one problem (resuming from its earlier measurements)."""
         tmpl, sig = problem.template, problem.signature()
         pj = json.dumps(problem.as_dict())
-        already = [_measurement(r.config, tmpl, r.time_ms, r.status, r.error)
-                   for r in self.db.measured(self.gpu, tmpl, sig) if r.status != "done"]  # fmt: skip
+        earlier = [r for r in self._read(lambda: self.db.measured(self.gpu, tmpl, sig)) if r.status != "done"]
+        already = [Measurement(cfg, r.time_ms, r.status, r.error) for r, _, cfg in self._parsed(earlier, tmpl)]
 
         def commit(m: Measurement) -> None:
-            self.db.add(self.gpu, tmpl, sig, pj, m.config.as_dict(), m.time_ms, m.status, m.error)
+            self._write(self.gpu, tmpl, sig, pj, m.config.as_dict(), m.time_ms, m.status, m.error)
 
         runner = None
         if self.device.type == "cuda" or (self.measure is not None and self.profiler.do_check and self._small(problem)):
             runner = make_runner(problem, self.device, epi)
         res = search(problem, self.hw, self.profiler, runner, self._model(tmpl), self.budget,
                      self._neighbours(tmpl), self._history(tmpl), space=space, on_result=commit, already=already)  # fmt: skip
+        if res.best is not None and not is_valid(res.best, problem, self.hw):  # never: search filters; never store or use one
+            warnings.warn(f"kfuse tune: {sig}: the search returned an invalid config {res.best.describe()}; not used", stacklevel=2)
+            res.best, res.best_ms = None, None
         if res.best is not None:
-            self.db.add(self.gpu, tmpl, sig, pj, res.best.as_dict(), res.best_ms, "done", f"mode={self.mode}")
+            self._write(self.gpu, tmpl, sig, pj, res.best.as_dict(), res.best_ms, "done", f"mode={self.mode}")
         return res
 
     @staticmethod
