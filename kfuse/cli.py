@@ -198,6 +198,16 @@ def demo(
         raise typer.Exit(1)
 
 
+def _bench_case(model: str, batch: int | None, seq: int | None) -> str:
+    """The record's case name: the batch and (token models) sequence length ``zoo.build`` used, defaults included."""
+    import kfuse.models as zoo
+
+    spec = zoo.get_spec(model)
+    b = spec.default_batch if batch is None else batch
+    s = None if spec.default_seq is None else (spec.default_seq if seq is None else seq)
+    return f"B{b}_S{s}" if s is not None else f"B{b}"
+
+
 @app.command()
 def bench(
     model: Annotated[str, typer.Argument(help="embedded model name")],
@@ -225,7 +235,7 @@ def bench(
         t_k = time_ms(lambda: compiled(*args, **kwargs))
         err = max_rel_err(compiled(*args, **kwargs), outs["eager"]) if "eager" in outs else None
     command = _command_line("bench", model, batch=batch, seq=seq, baselines=baselines)
-    rec = make_record(model, f"B{batch}_S{seq}" if seq else f"B{batch}", t_k, times, None, err, command)
+    rec = make_record(model, _bench_case(model, batch, seq), t_k, times, None, err, command)
     console.print_json(json.dumps(rec, default=str))
     if out:
         out.write_text(json.dumps([rec], indent=2, default=str))

@@ -71,7 +71,10 @@ def time_ms(fn: Callable[[], Any], warmup: int = 10, rep: int = 50, flush_l2: bo
 
 
 def max_rel_err(out: Any, ref: Any) -> float:
-    """max |out - ref| / max |ref| over all floating tensor leaves (NaN counts as infinite)."""
+    """max |out - ref| / max |ref| over the tensor leaves, the scale taken over the reference's finite
+    values. Infinite when a NaN or an infinity of either side is not matched at the same position
+    (an infinity by one of the same sign), when shapes or leaf counts differ, and when a non-floating
+    leaf (integers, bools) is not exactly equal."""
     worst = 0.0
     outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     refs = [t for t in pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
@@ -80,13 +83,27 @@ def max_rel_err(out: Any, ref: Any) -> float:
     for o, r in zip(outs, refs, strict=True):
         if o.shape != r.shape:
             return float("inf")
-        if not r.is_floating_point() or r.numel() == 0:
+        if r.numel() == 0:
+            continue
+        r = r.to(o.device)
+        if r.is_complex() or o.is_complex():
+            o, r = torch.view_as_real(o.to(torch.complex128)), torch.view_as_real(r.to(torch.complex128))
+        if not r.is_floating_point():
+            if not bool((o == r).all()):  # integers and bools must match exactly
+                return float("inf")
             continue
         o64, r64 = o.double(), r.double()
-        if torch.isnan(o64).any() and not torch.isnan(r64).any():
+        r_nan, r_inf = torch.isnan(r64), torch.isinf(r64)
+        if not torch.equal(torch.isnan(o64), r_nan) or not torch.equal(torch.isinf(o64), r_inf):
             return float("inf")
-        d = (o64 - r64).abs().nan_to_num(0.0).max().item()
-        worst = max(worst, d / max(r64.abs().max().item(), 1e-12))
+        if r_inf.any() and not torch.equal(o64[r_inf], r64[r_inf]):  # an infinity of the other sign
+            return float("inf")
+        finite = ~(r_nan | r_inf)
+        if not finite.any():
+            continue
+        of, rf = o64[finite], r64[finite]
+        d = (of - rf).abs().max().item()
+        worst = max(worst, d / max(rf.abs().max().item(), 1e-12))
     return worst
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -9,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cache
-from .cubin import load_cubin
+from .cubin import Cubin, load_cubin
 from .disasm import disassemble
 from .emit import emit
 from .schedule import DEFAULT_MOVABLE, Schedule
@@ -75,6 +77,7 @@ def launch_spec(
     t = md["target"]
     md["target"] = {"backend": t.backend, "arch": t.arch, "warp_size": t.warp_size}
     named = dict(zip(names, args, strict=False))
+    v_grid = _verify_grid(grid, verify_args, verify_grid, names, args)
     return LaunchSpec(
         name=ck.name,
         cubin=bytes(ck.asm["cubin"]),
@@ -85,10 +88,82 @@ def launch_spec(
         args=arg_specs(args),
         grid=_grid3(grid, named),
         verify_args=arg_specs(verify_args) if verify_args is not None else None,
-        verify_grid=_grid3(verify_grid, dict(zip(names, verify_args or args, strict=False))) if verify_grid else None,
+        verify_grid=v_grid,
         samples_per_launch=samples_per_launch,
         extra={"seed": seed},
     )
+
+
+def _verify_grid(
+    grid: Grid, verify_args: Sequence[Any] | None, verify_grid: Grid | None, names: list[str], args: Sequence[Any]
+) -> tuple[int, int, int] | None:
+    """The grid verification launches: ``verify_grid`` (or, when only ``verify_args`` is given, the timing
+    ``grid``) applied to the verification arguments; None when verification reuses the timing problem.
+    Falling back to the timing problem's grid would leave most of a bigger verification problem unwritten by
+    both kernels, and the bitwise comparison would pass whatever the candidate computes there."""
+    if verify_args is None and verify_grid is None:
+        return None
+    named = dict(zip(names, verify_args if verify_args is not None else args, strict=False))
+    return _grid3(verify_grid if verify_grid is not None else grid, named)
+
+
+def _spec_digest(specs: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    for s in specs:
+        if s[0] == "tensor":
+            _, shape, stride, dtype, fill, data = s
+            digest = None
+            if data is not None:
+                import torch
+
+                raw = data.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+                digest = hashlib.sha256(raw).hexdigest()
+            out.append(["tensor", list(shape), list(stride), dtype, fill, digest])
+        else:
+            out.append(["value", repr(s[1])])
+    return out
+
+
+def verification_hash(spec: LaunchSpec) -> str:
+    """Hash of the problem a schedule is verified on: arguments (shapes, strides, dtypes, copied data),
+    grid, samples per launch and seed. Part of the schedule cache's key."""
+    args, grid = spec.verification()
+    blob = {
+        "args": _spec_digest(args),
+        "grid": list(grid),
+        "samples_per_launch": spec.samples_per_launch,
+        "seed": spec.extra.get("seed"),
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def cached_schedule(cub: Cubin, kname: str, key: str, samples: int, min_gain: float) -> tuple[bytes, dict[str, Any]] | None:
+    """The cache entry under ``key`` if it may be installed for this request, else None (a miss).
+
+    It must name this kernel and original cubin, have passed at least ``samples`` random input sets, have
+    recorded a gain of at least ``min_gain``, and its bytes must parse as a cubin for the same arch whose
+    ``kname`` code is as long as the original's (a schedule only permutes instructions)."""
+    hit = cache.lookup(key)
+    if hit is None:
+        return None
+    tuned, info = hit
+    try:
+        if info.get("kernel") != kname or info.get("original_sha256") != cub.sha256:
+            return None
+        if info.get("tuned_sha256") != hashlib.sha256(tuned).hexdigest():
+            return None
+        n = info.get("verified_samples")
+        if not isinstance(n, int) or isinstance(n, bool) or n < samples:
+            return None
+        t_ms, k_ms = float(info["triton_ms"]), float(info["kfuse_ms"])
+        if not (t_ms > 0 and k_ms > 0) or 1.0 - k_ms / t_ms < min_gain:
+            return None
+        tc = load_cubin(tuned, (cub.arch,))
+        if len(tc.data) != len(cub.data) or tc.kernel(kname).text_size != cub.kernel(kname).text_size:
+            return None
+    except (KeyError, TypeError, ValueError):  # CubinError is a ValueError
+        return None
+    return tuned, info
 
 
 def install_cubin(ck: Any, cubin: bytes) -> None:
@@ -153,14 +228,22 @@ def optimize_compiled_kernel(
     paired: bool = True,
 ) -> SassResult:
     """Search a faster SASS schedule for a Triton CompiledKernel, verify it, cache it and (if `apply`)
-    load it into `ck`.  Never installs a schedule that did not pass `samples` random tests."""
+    load it into `ck`.  Never installs a schedule that did not pass `samples` random tests.
+
+    `verify_args` (default: the timing arguments) is the problem candidates are verified on; `verify_grid`
+    defaults to `grid` applied to it. A cached schedule is reused only for the same original cubin, kernel,
+    `movable` set and verification problem, when it passed at least `samples` tests with a gain of at least
+    `min_gain`, and when its bytes parse as a cubin holding the kernel (``cached_schedule``)."""
     say = log or (lambda m: None)
     original = bytes(ck.asm["cubin"])
     cub = load_cubin(original)
     kname = ck.name
     cub.kernel(kname)
+    args = make_args() if callable(make_args) else make_args
+    spec = launch_spec(ck, args, grid, verify_args, verify_grid, samples_per_launch)
+    key = cache.entry_key(cub.sha256, kname, movable, verification_hash(spec))
     if use_cache:
-        hit = cache.lookup(cub.sha256)
+        hit = cached_schedule(cub, kname, key, samples, min_gain)
         if hit is not None:
             tuned, info = hit
             if apply:
@@ -178,8 +261,6 @@ def optimize_compiled_kernel(
                 True,
                 tuned,
             )
-    args = make_args() if callable(make_args) else make_args
-    spec = launch_spec(ck, args, grid, verify_args, verify_grid, samples_per_launch)
     start = Schedule.build(disassemble(cub, kname), movable, frozenset(cub.kernel(kname).pinned_offsets()))
     strategy = strategy or SimulatedAnnealing()
     t0 = time.time()
@@ -238,10 +319,12 @@ def optimize_compiled_kernel(
     out.accepted, out.reason, out.tuned_cubin = True, f"verified on {n} random input sets", tuned
     if use_cache:
         cache.store(
-            cub.sha256,
+            key,
             tuned,
             {
                 "kernel": kname,
+                "original_sha256": cub.sha256,
+                "movable": sorted(movable),
                 "triton_ms": out.triton_ms,
                 "kfuse_ms": out.kfuse_ms,
                 "verified_samples": n,

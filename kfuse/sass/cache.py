@@ -1,9 +1,18 @@
-"""Accepted schedules, keyed by the sha256 of the original cubin (~/.cache/kfuse/sass or $KFUSE_CACHE_DIR)."""
+"""Accepted schedules (~/.cache/kfuse/sass or $KFUSE_CACHE_DIR).
+
+An entry is keyed by everything its acceptance depended on (``entry_key``): the sha256 of the original
+cubin, the kernel's name, the set of movable opcodes the search used and a hash of the verification
+problem (arguments, grid, samples per launch, seed). Its metadata records the number of random input
+sets the schedule passed; ``kfuse.sass.api`` only reuses an entry that passed at least as many as the
+caller asks for, and parses the cached cubin before installing it.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +24,30 @@ def cache_dir() -> Path:
     return base
 
 
-def lookup(cubin_sha: str) -> tuple[bytes, dict[str, Any]] | None:
+def entry_key(cubin_sha: str, kernel: str, movable: Iterable[str], verify_hash: str) -> str:
+    """The file stem of the entry for this (original cubin, kernel, movable set, verification problem)."""
+    blob = json.dumps([cubin_sha, kernel, sorted(movable), verify_hash])
+    return f"{cubin_sha[:16]}-{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
+
+
+def lookup(key: str) -> tuple[bytes, dict[str, Any]] | None:
+    """The cached (cubin bytes, metadata) under ``key``, unchecked: the caller validates both."""
     d = cache_dir()
-    b, m = d / f"{cubin_sha}.cubin", d / f"{cubin_sha}.json"
+    b, m = d / f"{key}.cubin", d / f"{key}.json"
     if b.exists() and m.exists():
         try:
-            return b.read_bytes(), json.loads(m.read_text())
-        except (OSError, json.JSONDecodeError):
+            info = json.loads(m.read_text())
+            return (b.read_bytes(), info) if isinstance(info, dict) else None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             return None  # a corrupt entry is ignored, the search runs again
     return None
 
 
-def store(cubin_sha: str, tuned: bytes, info: dict[str, Any]) -> Path:
+def store(key: str, tuned: bytes, info: dict[str, Any]) -> Path:
     d = cache_dir()
-    tmp = d / f"{cubin_sha}.cubin.tmp"
-    tmp.write_bytes(tuned)
-    tmp.replace(d / f"{cubin_sha}.cubin")
-    (d / f"{cubin_sha}.json").write_text(json.dumps(info, indent=1))
-    return d / f"{cubin_sha}.cubin"
+    info = {**info, "tuned_sha256": hashlib.sha256(tuned).hexdigest()}
+    for suffix, data in ((".cubin", tuned), (".json", json.dumps(info, indent=1).encode())):
+        tmp = d / f"{key}{suffix}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(d / f"{key}{suffix}")
+    return d / f"{key}.cubin"

@@ -30,9 +30,22 @@ class LaunchSpec:
     args: list[ArgSpec]  # timing problem
     grid: tuple[int, int, int]
     verify_args: list[ArgSpec] | None = None  # verification problem (defaults to the timing one)
-    verify_grid: tuple[int, int, int] | None = None
+    verify_grid: tuple[int, int, int] | None = None  # its grid: required with verify_args
     samples_per_launch: int = 1  # independent random input sets one verification launch covers
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the timing grid on a bigger verification problem would leave most of its outputs unwritten by
+        # both kernels, and the bitwise comparison would pass whatever the candidate computes there
+        if self.verify_args is not None and self.verify_grid is None:
+            raise ValueError("LaunchSpec: verify_args needs its own verify_grid (kfuse.sass.api.launch_spec derives it)")
+
+    def verification(self) -> tuple[list[ArgSpec], tuple[int, int, int]]:
+        """(argument specs, grid) of the problem candidates are verified on."""
+        if self.verify_args is not None:
+            assert self.verify_grid is not None
+            return self.verify_args, self.verify_grid
+        return self.args, self.verify_grid or self.grid
 
 
 def arg_specs(args: tuple | list) -> list[ArgSpec]:
@@ -184,8 +197,7 @@ class _Runner:
         on the original (copy A) and the candidate (copy B)."""
         torch = self.torch
         fn = self.load(cubin)
-        specs = self.spec.verify_args or self.spec.args
-        grid = self.spec.verify_grid or self.spec.grid
+        specs, grid = self.spec.verification()
         ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
         per_set = sum(math.prod(s[1]) * getattr(torch, s[3]).itemsize for s in specs if s[0] == "tensor") or 1
         step = max(1, min(launches, int(batch_bytes // (2 * per_set))))

@@ -77,6 +77,9 @@ def solve(
     except (ValueError, TypeError) as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from e
+    except RuntimeError as e:  # tuning found no candidate that solves the system correctly
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from e
     info = plan.info
     sizes = f"{info['rows']:,} rows, {info['nnz']:,} nonzeros, {info['levels']:,} levels"
     console.print(f"[bold]{name}[/bold]: {sizes}, regime {info['regime']}")

@@ -263,8 +263,14 @@ class CapturedSolve:
 def _prepare_out(out: torch.Tensor | None, b2: torch.Tensor) -> torch.Tensor:
     if out is None:
         return torch.empty_like(b2)
-    if out.dtype != b2.dtype or out.device != b2.device or out.numel() != b2.numel() or not out.is_contiguous():
-        raise ValueError(f"sptrsv: out must be a contiguous {b2.dtype} tensor on {b2.device} with {b2.numel()} elements")
+    n, k = b2.shape
+    shapes = [(n, k), (n,)] if k == 1 else [(n, k)]  # the right-hand side's shape: (n,) or (n, k)
+    if out.dtype != b2.dtype or out.device != b2.device or tuple(out.shape) not in shapes or not out.is_contiguous():
+        want = " or ".join(str(s) for s in shapes)
+        raise ValueError(
+            f"sptrsv: out must be a contiguous {b2.dtype} tensor on {b2.device} of shape {want} (the right-hand side's), "
+            f"got a {out.dtype} tensor on {out.device} of shape {tuple(out.shape)}{'' if out.is_contiguous() else ', not contiguous'}"
+        )
     return out.view(b2.shape)
 
 
@@ -304,7 +310,8 @@ def analyze(
     ``tune`` (default: on a CUDA device when neither ``tiling`` nor ``sync`` is given) times that
     choice against the regime's alternatives on this GPU and keeps the fastest correct one
     (:mod:`kfuse.sparse.tune`); the times are in ``plan.tuned`` and the cost in
-    ``preprocess_ms["tune"]``.
+    ``preprocess_ms["tune"]``. Tuning raises RuntimeError when no candidate solves the system
+    correctly on this device.
     """
     if device is None and not isinstance(a, torch.Tensor):
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -362,11 +369,15 @@ def analyze(
 def sptrsv(
     a: Any,
     b: Any,
-    lower: bool = True,
-    unit_diagonal: bool = False,
+    lower: bool | None = None,
+    unit_diagonal: bool | None = None,
     method: str = "syncfree",
 ) -> Any:
     """Solve ``A x = b`` for triangular CSR ``A`` (or an :class:`SptrsvPlan`).
+
+    ``lower`` (default True) and ``unit_diagonal`` (default False) describe ``A``; with a plan they
+    default to the plan's, and a value contradicting the plan raises ValueError (the plan's system
+    is fixed by :func:`analyze`).
 
     ``b`` has shape (n,) or (n, k) (torch tensor or numpy array; the result has the same kind
     and shape). ``method`` is ``"syncfree"`` (one kernel) or ``"levelset"`` (one launch per
@@ -378,8 +389,16 @@ def sptrsv(
         raise ValueError(f"sptrsv: unknown method {method!r}; use 'syncfree' or 'levelset'")
     if isinstance(a, SptrsvPlan):
         plan = a
+        for name, given, planned in (("lower", lower, plan.lower), ("unit_diagonal", unit_diagonal, plan.unit_diagonal)):
+            if given is not None and bool(given) != planned:
+                raise ValueError(
+                    f"sptrsv: {name}={given} contradicts the plan, analysed with {name}={planned}; "
+                    f"analyze() the matrix with {name}={given} or leave {name} out"
+                )
     else:
         dev = b.device if isinstance(b, torch.Tensor) and not isinstance(a, torch.Tensor) else None
+        lower = True if lower is None else lower
+        unit_diagonal = False if unit_diagonal is None else unit_diagonal
         plan = analyze(a, lower=lower, unit_diagonal=unit_diagonal, device=dev, tune=False)
     if method == "levelset":
         from kfuse.sparse.levelset import levelset_solve

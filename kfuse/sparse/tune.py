@@ -4,8 +4,9 @@ The regime heuristic (:func:`~kfuse.sparse.analysis.choose_sync` and ``choose_ti
 first candidate; each regime adds the alternatives that won somewhere in the variants runs
 (docs/sparse.md): other tilings for short rows, mixed tiling for power-law rows. Each candidate
 solves one random right-hand side: a warm-up (compiles the kernel), then the median of a few
-CUDA-event timed solves. A candidate whose solution differs from the heuristic's is recorded as
-failed and never chosen; one far slower than the best so far stops after one timed solve.
+CUDA-event timed solves. A candidate whose solution fails the backward-error check is recorded as
+failed and never chosen; one far slower than the best so far stops after one timed solve. A single
+candidate is checked but not timed; when no candidate is correct, tuning raises RuntimeError.
 """
 
 from __future__ import annotations
@@ -74,35 +75,52 @@ def backward_error(plan: SptrsvPlan, b: torch.Tensor, x: torch.Tensor) -> float:
     return float((ax - bp).abs().max() / scale.max().clamp_min(torch.finfo(x.dtype).tiny)) if plan.n else 0.0
 
 
+def _solves_correctly(plan: SptrsvPlan, b: torch.Tensor, x: torch.Tensor, c: Candidate, results: dict[str, float | str]) -> bool:
+    """One solve of ``b`` with candidate ``c`` into ``x`` (compiles it), checked against the system by
+    its backward error; a failure is recorded in ``results``."""
+    sync, til = c
+    x.fill_(float("nan"))
+    try:
+        plan.solve(b, out=x, sync=sync, tiling=til)  # warm-up: compiles this variant
+    except Exception as e:  # a variant that cannot compile here is skipped, never chosen
+        results[label(c)] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        return False
+    # each candidate against the system itself: the first one is a kernel under test too
+    err = backward_error(plan, b, x)
+    if not err <= TOL.get(plan.dtype, 1e-6):  # NaN fails too
+        results[label(c)] = f"failed: backward error {err:.1e} (a wrong solution)"
+        return False
+    return True
+
+
 def tune(plan: SptrsvPlan, cands: list[Candidate] | None = None, timer: Timer = _event_ms) -> dict[str, float | str]:
     """Time ``cands`` (default: :func:`candidates` of the plan's stats) on the plan's device and
     set ``plan.sync`` / ``plan.tiling`` to the fastest correct one. Returns label -> median ms
-    (or ``"failed: ..."``); the plan's own workspace is used, so the plan stays consistent."""
+    (or ``"failed: ..."``); the plan's own workspace is used, so the plan stays consistent.
+
+    A single candidate (chains and bands) is not timed, but still solved once and checked (its
+    entry then reads ``"correct, not timed (the only candidate)"``). Raises RuntimeError when no
+    candidate solves the system correctly on this device: the plan would compute wrong answers."""
     if cands is None:
         if plan.stats is None:
             raise ValueError("sptrsv tune: the plan has no row statistics")
         cands = candidates(plan.stats)
         current = (plan.sync, plan.tiling)  # an explicit choice given to analyze() is measured first
         cands = [current] + [c for c in cands if c != current]
-    if len(cands) == 1:  # nothing to compare (chains and bands): no solve spent
-        plan.sync, plan.tiling = cands[0]
-        return {}
+    if not cands:
+        raise ValueError("sptrsv tune: no candidates")
     b = torch.randn(plan.n, 1, dtype=plan.dtype, device=plan.device)
+    x = torch.empty_like(b)
     results: dict[str, float | str] = {}
     best: tuple[float, Candidate] | None = None
     for c in cands:
+        if not _solves_correctly(plan, b, x, c, results):
+            continue
+        if len(cands) == 1:  # nothing to compare: checked, no time spent
+            results[label(c)] = "correct, not timed (the only candidate)"
+            best = (0.0, c)
+            break
         sync, til = c
-        x = torch.full_like(b, float("nan"))
-        try:
-            plan.solve(b, out=x, sync=sync, tiling=til)  # warm-up: compiles this variant
-        except Exception as e:  # a variant that cannot compile here is skipped, never chosen
-            results[label(c)] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-            continue
-        # each candidate against the system itself: the first one is a kernel under test too
-        err = backward_error(plan, b, x)
-        if not err <= TOL.get(plan.dtype, 1e-6):  # NaN fails too
-            results[label(c)] = f"failed: backward error {err:.1e} (a wrong solution)"
-            continue
         times = [timer(lambda s=sync, t=til: plan.solve(b, out=x, sync=s, tiling=t))]
         if best is None or times[0] < CUTOFF * best[0]:
             times += [timer(lambda s=sync, t=til: plan.solve(b, out=x, sync=s, tiling=t)) for _ in range(REPS - 1)]
@@ -110,6 +128,8 @@ def tune(plan: SptrsvPlan, cands: list[Candidate] | None = None, timer: Timer = 
         results[label(c)] = round(ms, 4)
         if best is None or ms < best[0]:
             best = (ms, c)
-    if best is not None:
-        plan.sync, plan.tiling = best[1]
+    if best is None:
+        detail = "; ".join(f"{k}: {v}" for k, v in results.items())
+        raise RuntimeError(f"sptrsv tune: no kernel variant solves this system correctly on {plan.device} ({detail})")
+    plan.sync, plan.tiling = best[1]
     return results
