@@ -180,7 +180,9 @@ def execute(plan: Plan, inputs: Sequence[torch.Tensor], *, poison_dead: bool = F
     that shared storage between live values would show in the numerics (tests use it)."""
     env = initial_env(plan, inputs)
     run_steps(plan, env, 0, len(plan.steps), poison_dead=poison_dead)
-    return own_outputs([env[o] for o in plan.graph.outputs], [*inputs, *plan.constants.values()])
+    # constants that are outputs themselves (folding leaves views of constants as new constants)
+    consts = [plan.constants[o] for o in plan.graph.outputs if o in plan.constants]
+    return own_outputs([env[o] for o in plan.graph.outputs], [*inputs, *consts])
 
 
 def own_outputs(outs: list[Any], held: Sequence[Any]) -> list[Any]:
