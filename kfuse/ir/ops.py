@@ -164,12 +164,24 @@ def _sigmoid_of(z: str) -> str:
     return f"tl.fdiv(1.0, 1.0 + tl.exp(-({z})))"
 
 
-_unary("relu", torch.relu, "tl.maximum({0}, 0.0)", _same_rule)
+# max/min that return NaN where an operand is NaN, as PyTorch's relu, clamp, maximum and minimum do
+# (PTX max.NaN); Triton's default may return the other operand
+_NAN = "propagate_nan=tl.PropagateNan.ALL"
+
+_unary("relu", torch.relu, "tl.maximum({0}, 0.0, " + _NAN + ")", _same_rule)
 _unary("sigmoid", torch.sigmoid, _sigmoid_of("{0}"))
 _unary("tanh", torch.tanh, f"(2.0 * {_sigmoid_of('2.0 * {0}')} - 1.0)")
 _unary("silu", F.silu, "tl.fdiv({0}, 1.0 + tl.exp(-{0}))")
-_unary("hardswish", F.hardswish, "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)")
-_unary("hardsigmoid", F.hardsigmoid, "(tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)")
+_unary(
+    "hardswish",
+    F.hardswish,
+    f"({{0}} * tl.minimum(tl.maximum({{0}} + 3.0, 0.0, {_NAN}), 6.0, {_NAN}) / 6.0)",
+)
+_unary(
+    "hardsigmoid",
+    F.hardsigmoid,
+    f"(tl.minimum(tl.maximum({{0}} + 3.0, 0.0, {_NAN}), 6.0, {_NAN}) / 6.0)",
+)
 _unary("neg", torch.neg, "(-{0})", _same_rule)
 _unary("abs", torch.abs, "tl.abs({0})", _same_rule)
 _unary("exp", torch.exp, "tl.exp({0})")
@@ -210,7 +222,13 @@ def _leaky_relu(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return F.leaky_relu(xs[0], a.get("slope", 0.01))
 
 
-@register("clamp", ELEMENTWISE, infer=_same_rule, arity=1, triton="tl.minimum(tl.maximum({0}, {lo}), {hi})")
+@register(
+    "clamp",
+    ELEMENTWISE,
+    infer=_same_rule,
+    arity=1,
+    triton=f"tl.minimum(tl.maximum({{0}}, {{lo}}, {_NAN}), {{hi}}, {_NAN})",
+)
 def _clamp(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return torch.clamp(xs[0], a.get("lo"), a.get("hi"))
 
@@ -228,8 +246,8 @@ _binary("add", torch.add, "({0} + {1})")
 _binary("sub", torch.sub, "({0} - {1})")
 _binary("mul", torch.mul, "({0} * {1})")
 _binary("div", torch.div, "({0} / {1})", lambda ts, a: _div_rule(ts))
-_binary("maximum", torch.maximum, "tl.maximum({0}, {1})")
-_binary("minimum", torch.minimum, "tl.minimum({0}, {1})")
+_binary("maximum", torch.maximum, f"tl.maximum({{0}}, {{1}}, {_NAN})")
+_binary("minimum", torch.minimum, f"tl.minimum({{0}}, {{1}}, {_NAN})")
 _binary("pow", torch.pow, "tl.exp({1} * tl.log({0}))")
 _binary("eq", torch.eq, "({0} == {1})", _bool_rule)
 _binary("ne", torch.ne, "({0} != {1})", _bool_rule)

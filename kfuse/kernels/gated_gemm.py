@@ -75,7 +75,7 @@ def _gated_gemm_fwd(
     elif ACT == 2:  # gelu (tanh form): 0.5 (1 + tanh(z)) = sigmoid(2 z)
         g = g * tl.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g))
     else:  # relu
-        g = tl.maximum(g, 0.0)
+        g = tl.maximum(g, 0.0, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN, as torch.relu
     out = g * acc_up
     c_ptrs = C + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, out.to(C.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])

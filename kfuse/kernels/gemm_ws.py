@@ -94,7 +94,13 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from kfuse.kernels.pdl_gluon import pdl_start  # programmatic dependent launch (kfuse.kernels.pdl)
 
-tl = gl  # the rendered epilogue is written against triton.language's names, which Gluon shares
+# the rendered epilogue is written against triton.language's names, which Gluon shares, except the
+# NaN-propagation enum of max/min (kfuse.ir.ops: relu, clamp, maximum, minimum propagate NaN)
+tl = gl
+if not hasattr(gl, "PropagateNan"):
+    import triton.language as _tl_lang
+
+    gl.PropagateNan = _tl_lang.PropagateNan
 
 
 @gluon.jit
