@@ -43,7 +43,8 @@ def cse(graph: Graph) -> Graph:
     for name, t in graph.constants.items():
         v = scalar_value(t) if t.dim() == 0 else None
         if v is not None:
-            key = (v, t.dtype, str(t.device))
+            # repr keeps -0.0 apart from 0.0 (equal as numbers, not under division: 1/-0.0 is -inf)
+            key = (repr(v) if isinstance(v, float) else v, t.dtype, str(t.device))
             if key in seen_scalars:
                 rename[name] = seen_scalars[key]
                 continue

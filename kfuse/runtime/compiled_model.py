@@ -70,7 +70,8 @@ def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
 
 # relative error past which the check warns: an order of magnitude above what TF32 / fp16 / bf16
 # arithmetic gives on the zoo's models
-_CHECK_TOLERANCE = {torch.float32: 1e-2, torch.float64: 1e-2, torch.float16: 5e-2, torch.bfloat16: 1e-1}
+# float64 models run in float64 throughout (pointwise chains stay on PyTorch's ops), so far less slack
+_CHECK_TOLERANCE = {torch.float32: 1e-2, torch.float64: 1e-6, torch.float16: 5e-2, torch.bfloat16: 1e-1}
 
 
 class CompiledModel:

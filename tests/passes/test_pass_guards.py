@@ -203,3 +203,18 @@ def test_sink_reshapes_higher_rank_bias_compiles():
         return (x.exp() + bias).reshape(6, 4)
 
     _compiled_matches(fn, (torch.randn(2, 3, 4),))
+
+
+def test_cse_keeps_negative_zero_apart_from_zero() -> None:
+    from kfuse.ir.graph import GraphBuilder, TensorType
+    from kfuse.ir.interpret import reference_run
+    from kfuse.passes.simplify import cse
+
+    b = GraphBuilder("z")
+    x = b.add_input("x", TensorType((3,), torch.float32))
+    pos, neg = b.add_constant(torch.tensor(0.0), "pz"), b.add_constant(torch.tensor(-0.0), "nz")
+    g = b.build([b.op("div", [x, pos]), b.op("div", [x, neg])])
+    xs = [torch.tensor([1.0, -2.0, 3.0])]
+    got, want = reference_run(cse(g), xs), reference_run(g, xs)
+    for o, r in zip(got, want, strict=True):
+        torch.testing.assert_close(o, r)  # +inf where it should be, -inf where it should be
