@@ -91,6 +91,7 @@ class CompiledModel:
         self.options = options
         self.name = name
         self.variants: dict[tuple[Any, ...], Variant] = {}
+        self._kw_order = list(example_kwargs)  # calls may name the keyword arguments in any order
         flat, self._in_spec = pytree.tree_flatten((tuple(example_args), dict(example_kwargs)))
         self._paths = _input_paths(example_args, example_kwargs)
         self._ranks = [(x.dim(), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else None for x in flat]
@@ -232,6 +233,9 @@ class CompiledModel:
                 raise KfuseInputError(f"{self.name}: input {path} has rank {x.dim()} (shape {tuple(x.shape)}), compiled for rank {rank}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if set(kwargs) != set(self._kw_order):
+            raise KfuseInputError(f"{self.name}: called with keyword arguments {sorted(kwargs)}, compiled for {sorted(self._kw_order)}")
+        kwargs = {k: kwargs[k] for k in self._kw_order}  # the compile-time order: pytree specs are order-sensitive
         flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         if spec != self._in_spec:
             raise KfuseInputError(f"{self.name}: called with inputs structured as {spec}, compiled for {self._in_spec}")

@@ -87,3 +87,18 @@ def test_input_signatures_include_the_device_index() -> None:
     assert signature([OnDevice(0)]) != signature([OnDevice(1)])  # type: ignore[list-item]
     x = torch.randn(2, 3)
     assert _signature([x]) == _signature([torch.randn(2, 3)]) and "cpu" in str(_signature([x]))
+
+
+class TwoKeywords(torch.nn.Module):
+    def forward(self, x: torch.Tensor, *, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return x * a - b
+
+
+def test_keyword_arguments_in_any_order() -> None:
+    from kfuse.runtime.compiled_model import KfuseInputError
+
+    x, a, b = torch.randn(4), torch.randn(4), torch.randn(4)
+    c = kfuse.compile(TwoKeywords(), (x,), {"a": a, "b": b})
+    torch.testing.assert_close(c(x, b=b, a=a), x * a - b)  # named the other way round
+    with pytest.raises(KfuseInputError, match=r"keyword arguments \['a'\], compiled for \['a', 'b'\]"):
+        c(x, a=a)
