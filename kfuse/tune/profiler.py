@@ -3,8 +3,12 @@
 For each candidate: compile (in parallel, threads: Triton's ptxas step runs outside the
 GIL), run once and compare with the reference (a wrong result is recorded as ``wrong`` and
 never chosen), run once more timed by the wall clock (a config slower than ``timeout_ms`` is
-``timeout``), then CUDA-event timing after warm-up: the median of ``rep`` launches, each on
-a flushed L2 and on a rotating set of inputs so no launch finds its operands cached.
+``timeout``), then CUDA-event timing after warm-up. By default (``cuda_graphs``) the median of
+``rep`` replays of one CUDA graph of ``GRAPH_LAUNCHES`` launches alternating between two input
+sets, each replay on a flushed L2: the first two launches find nothing cached, the last two may
+find the first two's operands in L2 when both sets fit it (~50 MB on an H100/H200: most BERT
+GEMMs), as a GEMM's activations from the step before often are in a model. Without graphs: the
+median of ``rep`` launches, each on a flushed L2 and on a rotating set of inputs.
 
 A config that raises on the GPU is recorded ``failed`` and the next one measured, unless the
 error is sticky (an illegal address, a trap: the CUDA context is lost and every later launch
