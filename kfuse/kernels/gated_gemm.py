@@ -126,11 +126,19 @@ def gated_gemm(
         raise ValueError(f"gated_gemm: activation {act!r} is not one of {sorted(ACTIVATIONS)}")
     if w.dim() != 2 or w.shape[1] % 2 or a.shape[-1] != w.shape[0]:
         raise ValueError(f"gated_gemm: a {tuple(a.shape)} and w {tuple(w.shape)}: need w [K, 2I] with K = a.shape[-1]")
+    if a.dtype != w.dtype:
+        raise TypeError(f"gated_gemm: a and w must have one dtype, got {a.dtype} and {w.dtype}")
     k, half = w.shape[0], w.shape[1] // 2
     a2 = a.reshape(-1, k)
     m = a2.shape[0]
-    o = out if out is not None else torch.empty((*a.shape[:-1], half), dtype=out_dtype or a.dtype, device=a.device)
-    o2 = o.view(m, half)
+    out_shape = (*a.shape[:-1], half)
+    if out is not None and (tuple(out.shape) != out_shape or out.device != a.device):
+        raise ValueError(f"gated_gemm: out is {tuple(out.shape)} on {out.device}, expected {out_shape} on {a.device}")
+    o = out if out is not None else torch.empty(out_shape, dtype=out_dtype or a.dtype, device=a.device)
+    try:
+        o2 = o.view(m, half)
+    except RuntimeError:
+        raise ValueError(f"gated_gemm: out's strides {tuple(o.stride())} do not fold to (rows, I) = {(m, half)}") from None
     if m == 0 or half == 0:
         return o
     cfg = config or default_config()

@@ -516,8 +516,13 @@ def prepare(
         out_shape = batch + (a.shape[-2], n)
         a3, b3 = _as_batched(a, batch), _as_batched(b, batch)
     nb, m = a3.shape[0], a3.shape[1]
+    if out is not None and (tuple(out.shape) != out_shape or out.device != a.device):
+        raise ValueError(f"gemm_epilogue: out is {tuple(out.shape)} on {out.device}, expected {out_shape} on {a.device}")
     c = out if out is not None else torch.empty(out_shape, dtype=out_dtype, device=a.device)
-    c3 = c.view(nb, m, n)
+    try:
+        c3 = c.view(nb, m, n)
+    except RuntimeError:
+        raise ValueError(f"gemm_epilogue: out's strides {tuple(c.stride())} do not fold to (batch, M, N) = {(nb, m, n)}") from None
     ex3 = [torch.broadcast_to(e, out_shape).reshape(nb, m, n) for e in extras]
     return GemmCall(a3, b3, c3, ex3, out_shape)
 
@@ -534,6 +539,8 @@ def gemm_epilogue(
     """``epi(a @ b, *extras)`` in one kernel (two with split-K). ``a`` may have leading batch
     dims (they fold into M when ``b`` is 2-D, else they broadcast against ``b``'s); extras
     broadcast to the output shape. Operands may be transposed views (any strides)."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"gemm_epilogue: operands must have one dtype, got {a.dtype} and {b.dtype}")
     g = prepare(a, b, extras, out_dtype, out)
     if len(g.extras) != epi.n_inputs:
         raise ValueError(f"epilogue expects {epi.n_inputs} extra inputs, got {len(g.extras)}")

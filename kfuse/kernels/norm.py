@@ -72,6 +72,15 @@ def _rows2d(t: torch.Tensor, n: int, what: str) -> tuple[torch.Tensor, int]:
     return t2, (t2.stride(0) if t2.shape[0] > 1 else n)
 
 
+def _vector(t: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:
+    """``weight`` / ``bias``: the kernel reads ``t[col]`` at ``t + col``, so a contiguous ``[n]``."""
+    if t is None:
+        return None
+    if tuple(t.shape) != (n,):
+        raise ValueError(f"norm: {what} has shape {tuple(t.shape)}, expected ({n},)")
+    return t.contiguous()
+
+
 def _period(a: torch.Tensor, out_shape: tuple[int, ...]) -> int:
     """Rows of ``a`` that repeat over the output rows; ``a`` may only be broadcast over leading dims."""
     shape = (1,) * (len(out_shape) - a.dim()) + tuple(a.shape)
@@ -102,10 +111,14 @@ def norm(
     n = x.shape[-1]
     x2, sx = _rows2d(x, n, "input")
     m = x2.shape[0]
+    if out is not None and (tuple(out.shape) != tuple(x.shape) or out.device != x.device):
+        raise ValueError(f"norm: out is {tuple(out.shape)} on {out.device}, expected {tuple(x.shape)} on {x.device}")
     y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y2, sy = _rows2d(y, n, "output")
     if m == 0:
         return y
+    if y2.data_ptr() != y.data_ptr():  # _rows2d copied: the kernel would write a temporary, not ``out``
+        raise ValueError(f"norm: out (strides {tuple(y.stride())}) must have a unit-stride last dim and rows of one stride")
     adds, strides, periods = [], [], []
     for j, a in enumerate(addends):
         per = _period(a, tuple(x.shape))
@@ -117,6 +130,7 @@ def norm(
         adds.append(x2)
         strides.append(0)
         periods.append(1)
+    weight, bias = _vector(weight, n, "weight"), _vector(bias, n, "bias")
     block_n = triton.next_power_of_2(n)
     if interpreting():
         rows, warps = 4, 1

@@ -86,6 +86,8 @@ def max_pool2d(
         nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
         fmt = torch.channels_last if nhwc else torch.contiguous_format
         out = torch.empty((nb, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=fmt)
+    elif tuple(out.shape) != (nb, c, oh, ow) or out.device != x.device:
+        raise ValueError(f"max_pool2d: out is {tuple(out.shape)} on {out.device}, expected {(nb, c, oh, ow)} on {x.device}")
     if out.numel() == 0:
         return out
     block_p, block_c = (16, 16) if interpreting() else (32, min(128, triton.next_power_of_2(c)))
