@@ -12,6 +12,7 @@ runs that single node with ``onnx.reference.ReferenceEvaluator`` and is listed i
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -209,7 +210,84 @@ def _reference_fixes() -> list[type]:
     class LogSoftmax(_SoftmaxBase):
         log = True
 
-    return [GatherElements, Softmax, LogSoftmax]
+    from onnx.reference.ops._op_common_pool import CommonPool
+    from onnx.reference.ops.op_max_pool import MaxPool as _OnnxMaxPool
+
+    class MaxPool(_OnnxMaxPool):  # onnx's stride-1 path reads pads as (top, bottom, left, right)
+        op_domain = ""
+
+        def _run(self, x: np.ndarray, **kw: Any) -> tuple[np.ndarray, ...]:
+            if len([o for o in self.onnx_node.output if o]) > 1 or kw.get("storage_order") or x.dtype.kind != "f":
+                return super()._run(x, **kw)
+            return (_torch_pool(x, "MAX", 0, **kw),)
+
+    class AveragePool(CommonPool):
+        op_domain = ""
+
+        def _run(self, x: np.ndarray, count_include_pad: int | None = None, **kw: Any) -> tuple[np.ndarray, ...]:
+            if any(d != 1 for d in (kw.get("dilations") or [])) or x.dtype.kind != "f":
+                return CommonPool._run(self, "AVG", count_include_pad, x, **kw)
+            return (_torch_pool(x, "AVG", int(count_include_pad or 0), **kw),)
+
+    return [GatherElements, Softmax, LogSoftmax, MaxPool, AveragePool]
+
+
+def _torch_pool(
+    x: np.ndarray,
+    mode: str,
+    count_include_pad: int,
+    auto_pad: str | None = None,
+    ceil_mode: int | None = None,
+    dilations: Sequence[int] | None = None,
+    kernel_shape: Sequence[int] | None = None,
+    pads: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+    storage_order: int | None = None,
+) -> np.ndarray:
+    """ONNX MaxPool / AveragePool (spec output sizes and pads layout) through torch on explicitly padded input."""
+    import torch.nn.functional as F
+
+    assert kernel_shape is not None
+    nd = len(kernel_shape)
+    sp = x.shape[2:]
+    strides = list(strides or [1] * nd)
+    dil = list(dilations or [1] * nd)
+    pads = list(pads or [0] * (2 * nd))
+    auto = auto_pad.decode() if isinstance(auto_pad, bytes) else (auto_pad or "NOTSET")
+    begin, end, extra = [], [], []
+    for i in range(nd):
+        eff = (kernel_shape[i] - 1) * dil[i] + 1
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            out = -(-sp[i] // strides[i])
+            total = max((out - 1) * strides[i] + eff - sp[i], 0)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            b, e = lo, total - lo
+        else:
+            b, e = (0, 0) if auto == "VALID" else (int(pads[i]), int(pads[i + nd]))
+            span = sp[i] + b + e - eff
+            out = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
+            if ceil_mode and (out - 1) * strides[i] >= sp[i] + b:
+                out -= 1  # a window may not start in the end padding
+        begin.append(b)
+        end.append(e)
+        extra.append(max((out - 1) * strides[i] + eff - (sp[i] + b + e), 0))
+    t = torch.from_numpy(np.ascontiguousarray(x)).double()
+
+    def pad(v: torch.Tensor, value: float, extra_value: float) -> torch.Tensor:
+        spec = [p for i in reversed(range(nd)) for p in (begin[i], end[i])]
+        v = F.pad(v, spec, value=value)
+        return F.pad(v, [p for i in reversed(range(nd)) for p in (0, extra[i])], value=extra_value)
+
+    if mode == "MAX":
+        pool = getattr(F, f"max_pool{nd}d")
+        y = pool(pad(t, -math.inf, -math.inf), list(kernel_shape), strides, 0, dil)
+    else:
+        pool = getattr(F, f"avg_pool{nd}d")
+        total = pool(pad(t, 0.0, 0.0), list(kernel_shape), strides, 0)
+        ones = torch.ones((1, 1, *sp), dtype=torch.float64)
+        count = pool(pad(ones, float(count_include_pad), 0.0), list(kernel_shape), strides, 0)
+        y = total / count
+    return y.numpy().astype(x.dtype)
 
 
 def reference_evaluator(proto: Any, **kw: Any) -> Any:

@@ -527,7 +527,10 @@ def _gather(c: OnnxCtx) -> str:
         i = int(idx_c.item())
         return c.op("select", [data], dim=axis, index=i + t.shape[axis] if i < 0 else i)
     if c.const(0) is not None and axis == 0 and t.rank == 2 and idx_c is None:
-        return c.op("embedding", [data, idx])  # ONNX allows negative indices here; embedding tables are indexed >= 0
+        # ONNX counts negative indices from the end; the embedding op reads rows >= 0 only
+        wrapped = c.op("add", [idx, c.scalar(t.shape[0], idx)])
+        idx = c.op("where", [c.op("lt", [idx, c.scalar(0, idx)]), wrapped, idx])
+        return c.op("embedding", [data, idx])
     raise Unsupported("general gather")
 
 
