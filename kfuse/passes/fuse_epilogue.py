@@ -74,6 +74,18 @@ def _scalar_literal(g: Graph, name: str) -> float | int | bool | None:
     return ops.scalar_value(t)
 
 
+def _pow_exact(u: Node, g: Graph) -> bool:
+    """The epilogue computes pow as exp(y * log(x)), NaN for a negative base, except for a literal
+    integer exponent up to 4 (exact products). That matches torch.pow where the exponent is a literal
+    that is not an integer (NaN there too) or such a small integer; a tensor exponent, or an integer
+    literal beyond 4, would turn torch's finite results for negative bases into NaN."""
+    t = g.constants.get(u.inputs[1]) if len(u.inputs) == 2 else None
+    if t is None or t.dim() != 0:
+        return False
+    v = ops.scalar_value(t)
+    return not isinstance(v, bool) and (not float(v).is_integer() or abs(float(v)) <= 4)
+
+
 def _grow_region(anchor: Node, g: Graph, users: dict[str, list[Node]], order: dict[str, int], taken: set[str]) -> list[Node]:
     shape = anchor.ttype.shape
     downstream = _descendants(anchor.name, users)
@@ -83,6 +95,8 @@ def _grow_region(anchor: Node, g: Graph, users: dict[str, list[Node]], order: di
     while frontier:
         u = frontier.pop(0)
         if u.name in region or u.name in taken or not ops.is_elementwise(u.op) or ops.get(u.op).triton is None:
+            continue
+        if u.op == "pow" and not _pow_exact(u, g):
             continue
         if not isinstance(u.type, TensorType) or u.ttype.shape != shape:
             continue

@@ -218,3 +218,28 @@ def test_cse_keeps_negative_zero_apart_from_zero() -> None:
     got, want = reference_run(cse(g), xs), reference_run(g, xs)
     for o, r in zip(got, want, strict=True):
         torch.testing.assert_close(o, r)  # +inf where it should be, -inf where it should be
+
+
+@pytest.mark.parametrize("exponent", [5.0, 6, "tensor"])
+def test_epilogue_pow_keeps_negative_bases_finite(exponent: object) -> None:
+    """x ** 6 of a negative x is finite; the epilogue's exp(6 * log(x)) is NaN, so such a pow stays unfused."""
+    import kfuse
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 5)
+
+        def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x)
+            return torch.pow(y, e if exponent == "tensor" else exponent)
+
+    torch.manual_seed(0)
+    m = M().eval()
+    x, e = torch.randn(6, 8), torch.full((6, 5), 3.0)
+    c = kfuse.compile(m, (x, e))
+    x2 = torch.randn(6, 8)
+    got, want = c(x2, e), m(x2, e)
+    assert (want < 0).any() or exponent != "tensor"
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
