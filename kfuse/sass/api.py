@@ -116,7 +116,7 @@ def _spec_digest(specs: Sequence[Any]) -> list[Any]:
             if data is not None:
                 import torch
 
-                raw = data.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+                raw = data.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()  # GPU data too
                 digest = hashlib.sha256(raw).hexdigest()
             out.append(["tensor", list(shape), list(stride), dtype, fill, digest])
         else:
