@@ -235,7 +235,7 @@ class Tuner:
         if res.best is not None and not is_valid(res.best, problem, self.hw):  # never: search filters; never store or use one
             warnings.warn(f"kfuse tune: {sig}: the search returned an invalid config {res.best.describe()}; not used", stacklevel=2)
             res.best, res.best_ms = None, None
-        if res.best is not None:
+        if res.best is not None and space is None:  # a sub-space's best is not the problem's tuned config
             self._write(self.gpu, tmpl, sig, pj, res.best.as_dict(), res.best_ms, "done", f"mode={self.mode}")
         return res
 

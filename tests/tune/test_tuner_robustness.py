@@ -316,3 +316,21 @@ def test_sticky_cuda_error_stops_tuning_without_recording_the_rest(monkeypatch, 
     else:  # an ordinary failure: recorded, and the next config measured
         out = prof.profile(BIG, cfgs, _StickyRunner(), recorded.append)
         assert [m.status for m in out] == ["failed"] * 3 and len(recorded) == 3
+
+
+def test_the_best_of_a_sub_space_is_not_stored_as_the_tuned_config(tmp_path) -> None:
+    """``tune(p, space=...)`` (the exhaustive comparison) measures a sub-space; a later compile must
+    not take its best as the problem's tuned config."""
+    from kfuse.kernels.gemm import GemmConfig
+    from kfuse.tune.database import TuningDB
+    from kfuse.tune.hardware import DEFAULT
+    from kfuse.tune.space import GemmProblem
+    from kfuse.tune.tuner import Tuner
+
+    p = GemmProblem(24, 40, 32, dtype="fp32", n_extras=1)
+    sub = [GemmConfig(16, 32, 32, 1, 4, 2)]
+    db = TuningDB(tmp_path / "t.sqlite")
+    t = Tuner("fast", db=db, hw=DEFAULT, measure=lambda cfg, prob: 1.0, progress=False, check=False)
+    assert t.tune(p, space=sub).best == sub[0]
+    assert t.lookup(p) is None  # measured, but not "done"
+    assert len(db.measured(DEFAULT.key(), "gemm", p.signature())) == 1
