@@ -96,6 +96,15 @@ def _small_int(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer() and abs(v) <= 4
 
 
+def pow_matches_torch(exponent: object) -> bool:
+    """The rendered pow equals torch.pow for this literal exponent: a small integer becomes exact
+    products; any other integer or a tensor exponent goes through exp(y * log(x)), NaN for a negative
+    base where torch is finite. A non-integer exponent is NaN there in torch too."""
+    if not isinstance(exponent, int | float) or isinstance(exponent, bool):
+        return False
+    return _small_int(exponent) or not float(exponent).is_integer()
+
+
 _TL_TYPES = {
     torch.bool: "tl.int1",
     torch.int32: "tl.int32",

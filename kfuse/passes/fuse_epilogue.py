@@ -21,7 +21,7 @@ import kfuse.kernels.conv as _conv_kernels  # noqa: F401 - registers the conv lo
 import kfuse.kernels.gemm as _gemm_kernels  # noqa: F401 - the GEMM lowering lives there
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, ValueType
-from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference, pow_matches_torch
 from kfuse.passes.simplify import dce
 
 _CONV_ATTRS = ("stride", "padding", "dilation", "groups")
@@ -75,15 +75,9 @@ def _scalar_literal(g: Graph, name: str) -> float | int | bool | None:
 
 
 def _pow_exact(u: Node, g: Graph) -> bool:
-    """The epilogue computes pow as exp(y * log(x)), NaN for a negative base, except for a literal
-    integer exponent up to 4 (exact products). That matches torch.pow where the exponent is a literal
-    that is not an integer (NaN there too) or such a small integer; a tensor exponent, or an integer
-    literal beyond 4, would turn torch's finite results for negative bases into NaN."""
+    """pow fuses only where the epilogue renders it as torch computes it (``pow_matches_torch``)."""
     t = g.constants.get(u.inputs[1]) if len(u.inputs) == 2 else None
-    if t is None or t.dim() != 0:
-        return False
-    v = ops.scalar_value(t)
-    return not isinstance(v, bool) and (not float(v).is_integer() or abs(float(v)) <= 4)
+    return t is not None and t.dim() == 0 and pow_matches_torch(ops.scalar_value(t))
 
 
 def _grow_region(anchor: Node, g: Graph, users: dict[str, list[Node]], order: dict[str, int], taken: set[str]) -> list[Node]:
