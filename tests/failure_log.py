@@ -1,0 +1,20 @@
+"""pytest plugin: append each failing test's id and the last lines of its report to a file as soon as it
+fails, so a run cut short by a time limit keeps what it found.  Use: ``pytest -p tests.failure_log``
+with ``KFUSE_FAILURE_LOG=path`` (the device's runs end at a hard limit; pytest's own summary comes last)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = os.environ.get("KFUSE_FAILURE_LOG")
+    if not path or not report.failed:
+        return
+    text = str(report.longrepr) if report.longrepr is not None else ""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    tail = "\n    ".join(lines[-6:])
+    with open(path, "a") as f:
+        f.write(f"{report.nodeid} [{report.when}]\n    {tail}\n")
