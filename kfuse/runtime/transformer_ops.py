@@ -156,7 +156,10 @@ def _varlen_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     h, d = a["heads"], a["head_dim"]
     seg = torch.zeros(t, dtype=torch.int64, device=q.device)
     if t:
-        starts = cu[1:-1].long()
+        # each sequence's first row starts a segment, and so does the row after the last sequence:
+        # a bucket's rows past cu_seqlens[-1] (BucketedRunner pads T up) are a segment of their own,
+        # never keys of the last sequence
+        starts = cu[1:].long()
         seg.index_add_(0, starts[starts < t], torch.ones_like(starts[starts < t]))
         seg = seg.cumsum(0)
     allowed = seg[:, None] == seg[None, :]
