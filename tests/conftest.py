@@ -1,6 +1,7 @@
 """Test setup: kernels run in the Triton interpreter on the CPU unless a GPU is present."""
 
 import os
+import sys
 
 import pytest
 
@@ -33,3 +34,23 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return "cuda" if _HAS_GPU else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _cuda_faults_stay_with_their_test():
+    """On a GPU, synchronise after every test so an asynchronous fault (an illegal address) is
+    reported on the test that launched the kernel, not on whichever later test first synchronises.
+    Such a fault leaves the process's CUDA context unusable: under pytest-xdist the worker exits (xdist
+    reports it as crashed in this test and starts a fresh one), alone the run stops. Session 27's first
+    whole-suite run on the H200 lost one worker's remaining tests to one unattributed fault."""
+    yield
+    if not _HAS_GPU:
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any CUDA error here ends this process's use of the GPU
+        msg = f"CUDA error after this test, the context is lost: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            print(msg, file=sys.stderr, flush=True)
+            os._exit(3)
+        pytest.exit(msg, returncode=3)
