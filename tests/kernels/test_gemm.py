@@ -1,7 +1,7 @@
 """GEMM template: odd shapes, transposed and batched operands, split-K, persistent, TMA (and its
 fallback for operands TMA cannot describe), the persistent TMA kernel with its compile hints, the
-TMA store of C (and its pointer fallback), NaN-poisoned outputs, in the Triton interpreter (CPU);
-the sm_90 SASS checks compile real cubins."""
+TMA store of C (and its pointer fallback), NaN-poisoned outputs: in the Triton interpreter on the
+CPU, compiled on a GPU (the ``device`` fixture); the sm_90 SASS checks compile real cubins offline."""
 
 import os
 import subprocess
@@ -20,7 +20,7 @@ TOL = {torch.float16: 2e-2, torch.float32: 1e-4}
 
 
 def _check(a, b, extras, epi, dtype, cfg, out_shape):
-    out = torch.full(out_shape, float("nan"), dtype=dtype)  # poisoned: every element must be written
+    out = torch.full(out_shape, float("nan"), dtype=dtype, device=a.device)  # poisoned: every element must be written
     got = gemm_epilogue(a, b, extras, epi, dtype, cfg, out=out)
     ref = reference(a, b, extras, epi, dtype)
     assert got.shape == ref.shape
@@ -31,47 +31,59 @@ def _check(a, b, extras, epi, dtype, cfg, out_shape):
 
 @pytest.mark.parametrize("m,n,k", [(37, 45, 70), (1, 33, 64), (50, 17, 9), (64, 64, 48)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_odd_shapes_bias_gelu(m, n, k, dtype):
-    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-    _check(a, b, [torch.randn(n).to(dtype)], BIAS_GELU, dtype, GemmConfig(32, 32, 16, 2, 4, 1), (m, n))
+def test_odd_shapes_bias_gelu(m, n, k, dtype, device):
+    a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+    _check(a, b, [torch.randn(n, device=device).to(dtype)], BIAS_GELU, dtype, GemmConfig(32, 32, 16, 2, 4, 1), (m, n))
 
 
 @pytest.mark.parametrize("a_t,b_t", [(True, False), (False, True), (True, True)])
-def test_transposed_operands(a_t, b_t):
+def test_transposed_operands(a_t, b_t, device):
     m, n, k = 29, 40, 52
-    a = torch.randn(k, m).t() if a_t else torch.randn(m, k)
-    b = torch.randn(n, k).t() if b_t else torch.randn(k, n)
-    _check(a.half(), b.half(), [torch.randn(n).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 32, 1, 4, 1), (m, n))
+    a = torch.randn(k, m, device=device).t() if a_t else torch.randn(m, k, device=device)
+    b = torch.randn(n, k, device=device).t() if b_t else torch.randn(k, n, device=device)
+    _check(a.half(), b.half(), [torch.randn(n, device=device).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 32, 1, 4, 1), (m, n))
 
 
-def test_batched_b_and_broadcast_batch():
-    a, b = torch.randn(3, 21, 24), torch.randn(3, 24, 19)
-    _check(a, b, [torch.randn(19)], BIAS_GELU, torch.float32, GemmConfig(16, 32, 16, 1, 4, 1), (3, 21, 19))
-    a2 = torch.randn(21, 24)  # broadcast against b's batch
-    _check(a2, b, [torch.randn(3, 21, 19)], BIAS_GELU, torch.float32, GemmConfig(16, 32, 16, 1, 4, 1), (3, 21, 19))
+def test_batched_b_and_broadcast_batch(device):
+    a, b = torch.randn(3, 21, 24, device=device), torch.randn(3, 24, 19, device=device)
+    _check(a, b, [torch.randn(19, device=device)], BIAS_GELU, torch.float32, GemmConfig(16, 32, 16, 1, 4, 1), (3, 21, 19))
+    a2 = torch.randn(21, 24, device=device)  # broadcast against b's batch
+    _check(a2, b, [torch.randn(3, 21, 19, device=device)], BIAS_GELU, torch.float32, GemmConfig(16, 32, 16, 1, 4, 1), (3, 21, 19))
 
 
-def test_leading_dims_fold_into_m():
-    a, b = torch.randn(2, 5, 7, 24), torch.randn(24, 33)
-    _check(a, b, [torch.randn(33)], BIAS_GELU, torch.float32, GemmConfig(32, 32, 16, 4, 4, 1), (2, 5, 7, 33))
+def test_leading_dims_fold_into_m(device):
+    a, b = torch.randn(2, 5, 7, 24, device=device), torch.randn(24, 33, device=device)
+    _check(a, b, [torch.randn(33, device=device)], BIAS_GELU, torch.float32, GemmConfig(32, 32, 16, 4, 4, 1), (2, 5, 7, 33))
 
 
 @pytest.mark.parametrize("split", [2, 3, 8])
-def test_split_k(split):
+def test_split_k(split, device):
     m, n, k = 9, 40, 200
-    a, b = torch.randn(m, k).half(), torch.randn(k, n).half()
-    _check(a, b, [torch.randn(n).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 16, 1, 4, 1, split_k=split), (m, n))
+    a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
+    _check(a, b, [torch.randn(n, device=device).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 16, 1, 4, 1, split_k=split), (m, n))
 
 
-def test_split_k_batched_residual():
-    a, b = torch.randn(2, 7, 96), torch.randn(2, 96, 20)
+def test_split_k_batched_residual(device):
+    a, b = torch.randn(2, 7, 96, device=device), torch.randn(2, 96, 20, device=device)
     res = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("relu", (Operand("reg", 1),))), 1)
-    _check(a, b, [torch.randn(2, 7, 20)], res, torch.float32, GemmConfig(16, 32, 16, 1, 4, 1, split_k=4), (2, 7, 20))
+    _check(a, b, [torch.randn(2, 7, 20, device=device)], res, torch.float32, GemmConfig(16, 32, 16, 1, 4, 1, split_k=4), (2, 7, 20))
 
 
-def test_persistent():
-    a, b = torch.randn(70, 40).half(), torch.randn(40, 50).half()
-    _check(a, b, [torch.randn(50).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 16, 2, 4, 1, persistent=True), (70, 50))
+@pytest.fixture
+def four_sms(monkeypatch):
+    """The persistent kernels launch one program per SM (at most one per tile). The interpreter's
+    'GPU' has 4 SMs, so there the programs loop over several tiles; an H200 has 132, one tile each
+    on these small problems: pin 4 on both so the loop is tested on the GPU too."""
+    import kfuse.kernels.gemm as G
+
+    monkeypatch.setattr(G, "_num_sms", lambda device: 4)
+
+
+def test_persistent(four_sms, device):
+    a, b = torch.randn(70, 40, device=device).half(), torch.randn(40, 50, device=device).half()
+    _check(
+        a, b, [torch.randn(50, device=device).half()], BIAS_GELU, torch.float16, GemmConfig(16, 32, 16, 2, 4, 1, persistent=True), (70, 50)
+    )
 
 
 @pytest.fixture
@@ -103,40 +115,40 @@ TMA = GemmConfig(32, 32, 32, 2, 4, 1, tma=True)
         ((40, 56), (3, 56, 40), False, torch.float32),  # A broadcast over B's batch: a 2-D A descriptor
     ],
 )  # fmt: skip
-def test_tma_matches_reference(launched, shape_a, shape_b, b_t, dtype):
-    a = torch.randn(shape_a).to(dtype)
-    b = torch.randn(*shape_b[:-2], shape_b[-1], shape_b[-2]).transpose(-1, -2).to(dtype) if b_t else torch.randn(shape_b).to(dtype)
+def test_tma_matches_reference(launched, shape_a, shape_b, b_t, dtype, device):
+    a = torch.randn(shape_a, device=device).to(dtype)
+    b = _operand_b(shape_b, b_t, dtype, device)
     out_shape = tuple(torch.broadcast_shapes(shape_a[:-2], shape_b[:-2])) + (shape_a[-2], shape_b[-1])
-    _check(a, b, [torch.randn(shape_b[-1]).to(dtype)], BIAS_GELU, dtype, TMA, out_shape)
+    _check(a, b, [torch.randn(shape_b[-1], device=device).to(dtype)], BIAS_GELU, dtype, TMA, out_shape)
     assert launched == ["gemm_tma_kernel"]
 
 
-def _misaligned(m, k):
-    return torch.randn(m * k + 1).half()[1:].view(m, k)  # base 2 bytes past a 16-byte boundary
+def _misaligned(m, k, device):
+    return torch.randn(m * k + 1, device=device).half()[1:].view(m, k)  # base 2 bytes past a 16-byte boundary
 
 
 @pytest.mark.parametrize(
     "make_a,make_b",
     [
-        (lambda: torch.randn(96, 100).half().t(), lambda: torch.randn(96, 72).half()),  # A column-major (stride_ak != 1)
-        (lambda: _misaligned(100, 96), lambda: torch.randn(96, 72).half()),  # A's base misaligned
-        (lambda: torch.randn(100, 52).half(), lambda: torch.randn(52, 72).half()),  # A's row stride 104 B
-        (lambda: torch.randn(100, 96).half(), lambda: torch.randn(96, 144).half()[:, ::2]),  # B strided both ways
-        (lambda: torch.randn(100, 96).half(), lambda: torch.randn(96, 36).half()),  # B's row stride 72 B
+        (lambda d: torch.randn(96, 100, device=d).half().t(), lambda d: torch.randn(96, 72, device=d).half()),  # A K-strided (col-major)
+        (lambda d: _misaligned(100, 96, d), lambda d: torch.randn(96, 72, device=d).half()),  # A's base misaligned
+        (lambda d: torch.randn(100, 52, device=d).half(), lambda d: torch.randn(52, 72, device=d).half()),  # A's row stride 104 B
+        (lambda d: torch.randn(100, 96, device=d).half(), lambda d: torch.randn(96, 144, device=d).half()[:, ::2]),  # B strided both ways
+        (lambda d: torch.randn(100, 96, device=d).half(), lambda d: torch.randn(96, 36, device=d).half()),  # B's row stride 72 B
     ],
 )  # fmt: skip
-def test_tma_ineligible_operands_fall_back(launched, make_a, make_b):
-    a, b = make_a(), make_b()
-    _check(a, b, [torch.randn(b.shape[-1]).half()], BIAS_GELU, torch.float16, TMA, (a.shape[0], b.shape[-1]))
+def test_tma_ineligible_operands_fall_back(launched, make_a, make_b, device):
+    a, b = make_a(device), make_b(device)
+    _check(a, b, [torch.randn(b.shape[-1], device=device).half()], BIAS_GELU, torch.float16, TMA, (a.shape[0], b.shape[-1]))
     assert launched == ["gemm_kernel"]
 
 
-def test_tma_not_with_split_k(launched):
-    a, b = torch.randn(16, 256).half(), torch.randn(256, 32).half()
+def test_tma_not_with_split_k(launched, device):
+    a, b = torch.randn(16, 256, device=device).half(), torch.randn(256, 32, device=device).half()
     for persistent in (False, True):
         launched.clear()
         cfg = GemmConfig(16, 32, 32, 1, 4, 1, split_k=2, persistent=persistent, tma=True)
-        _check(a, b, [torch.randn(32).half()], BIAS_GELU, torch.float16, cfg, (16, 32))
+        _check(a, b, [torch.randn(32, device=device).half()], BIAS_GELU, torch.float16, cfg, (16, 32))
         assert launched == ["gemm_kernel", "splitk_reduce_kernel"]
 
 
@@ -173,10 +185,10 @@ def launches(monkeypatch):
     return seen
 
 
-def _operand_b(shape_b, b_t, dtype):
+def _operand_b(shape_b, b_t, dtype, device):
     if b_t:  # column-major B, as a transposed nn.Linear weight
-        return torch.randn(*shape_b[:-2], shape_b[-1], shape_b[-2]).transpose(-1, -2).to(dtype)
-    return torch.randn(shape_b).to(dtype)
+        return torch.randn(*shape_b[:-2], shape_b[-1], shape_b[-2], device=device).transpose(-1, -2).to(dtype)
+    return torch.randn(shape_b, device=device).to(dtype)
 
 
 @pytest.mark.parametrize("hints", list(HINTS.values()), ids=list(HINTS))
@@ -191,12 +203,12 @@ def _operand_b(shape_b, b_t, dtype):
         ((40, 56), (3, 56, 40), True, torch.float16),  # A broadcast over B's batch
     ],
 )  # fmt: skip
-def test_tma_persistent_matches_reference(launches, shape_a, shape_b, b_t, dtype, hints):
+def test_tma_persistent_matches_reference(launches, four_sms, shape_a, shape_b, b_t, dtype, hints, device):
     """bias + GELU + residual, NaN-poisoned output; more tiles than programs, so every program
-    runs the tile loop more than once (the interpreter's 'GPU' has 4 SMs)."""
-    a, b = torch.randn(shape_a).to(dtype), _operand_b(shape_b, b_t, dtype)
+    runs the tile loop more than once (4 SMs: the interpreter's 'GPU', pinned on a real one)."""
+    a, b = torch.randn(shape_a, device=device).to(dtype), _operand_b(shape_b, b_t, dtype, device)
     out_shape = tuple(torch.broadcast_shapes(shape_a[:-2], shape_b[:-2])) + (shape_a[-2], shape_b[-1])
-    extras = [torch.randn(shape_b[-1]).to(dtype), torch.randn(out_shape).to(dtype)]
+    extras = [torch.randn(shape_b[-1], device=device).to(dtype), torch.randn(out_shape, device=device).to(dtype)]
     cfg = GemmConfig(32, 32, 32, 2, 4, 1, persistent=True, tma=True, **hints)
     _check(a, b, extras, BIAS_GELU_RES, dtype, cfg, out_shape)
     [(name, grid, kw)] = launches
@@ -207,19 +219,19 @@ def test_tma_persistent_matches_reference(launches, shape_a, shape_b, b_t, dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_tma_persistent_bias_gelu_and_big_tile(launches, dtype):
-    a, b = torch.randn(150, 64).to(dtype), torch.randn(72, 64).t().to(dtype)
+def test_tma_persistent_bias_gelu_and_big_tile(launches, four_sms, dtype, device):
+    a, b = torch.randn(150, 64, device=device).to(dtype), torch.randn(72, 64, device=device).t().to(dtype)
     for cfg in (GemmConfig(64, 64, 32, 8, 4, 1, persistent=True, tma=True, warp_specialize=True),
                 GemmConfig(64, 128, 64, 8, 4, 1, persistent=True, tma=True, flatten=True, epilogue_subtile=True)):  # fmt: skip
-        _check(a, b, [torch.randn(72).to(dtype)], BIAS_GELU, dtype, cfg, (150, 72))
+        _check(a, b, [torch.randn(72, device=device).to(dtype)], BIAS_GELU, dtype, cfg, (150, 72))
     assert [x[0] for x in launches] == ["gemm_tma_persistent_kernel"] * 2
 
 
-def test_tma_persistent_falls_back_to_pointer_persistent(launched):
+def test_tma_persistent_falls_back_to_pointer_persistent(launched, four_sms, device):
     """Operands TMA cannot describe (A column-major): the pointer persistent kernel, hints ignored."""
-    a, b = torch.randn(96, 100).half().t(), torch.randn(96, 72).half()
+    a, b = torch.randn(96, 100, device=device).half().t(), torch.randn(96, 72, device=device).half()
     cfg = GemmConfig(32, 32, 32, 2, 4, 1, persistent=True, tma=True, warp_specialize=True)
-    _check(a, b, [torch.randn(72).half()], BIAS_GELU, torch.float16, cfg, (100, 72))
+    _check(a, b, [torch.randn(72, device=device).half()], BIAS_GELU, torch.float16, cfg, (100, 72))
     assert launched == ["gemm_persistent_kernel"]
 
 
@@ -232,12 +244,12 @@ STORE_CFGS = {
 }
 
 
-def _padded_out(out_shape, dtype, pad=(3, 8)):
+def _padded_out(out_shape, dtype, device, pad=(3, 8)):
     """A NaN-filled buffer with ``pad`` extra rows / columns and the output as its top-left view
     (row stride N + 8: still 16-byte aligned, so TMA describes the view). Whatever lands in the
     padding was written past M or N."""
     *batch, m, n = out_shape
-    buf = torch.full((*batch, m + pad[0], n + pad[1]), float("nan"), dtype=dtype)
+    buf = torch.full((*batch, m + pad[0], n + pad[1]), float("nan"), dtype=dtype, device=device)
     return buf, buf[..., :m, :n]
 
 
@@ -250,15 +262,15 @@ def _padded_out(out_shape, dtype, pad=(3, 8)):
         ((3, 45, 40), (3, 40, 24), True, torch.float16),  # batched C: a 3-D descriptor, ragged M per batch
     ],
 )  # fmt: skip
-def test_tma_store_matches_reference(launches, name, shape_a, shape_b, b_t, dtype):
+def test_tma_store_matches_reference(launches, name, shape_a, shape_b, b_t, dtype, device):
     """C by c_desc.store: bias + GELU + residual (a full-tile extra input, loaded by pointers),
     into a view of a NaN-poisoned buffer: every output element written, nothing past M or N
     (TMA clips the ragged tiles; batched, nothing into the next batch's rows)."""
     cfg = STORE_CFGS[name]
-    a, b = torch.randn(shape_a).to(dtype), _operand_b(shape_b, b_t, dtype)
+    a, b = torch.randn(shape_a, device=device).to(dtype), _operand_b(shape_b, b_t, dtype, device)
     out_shape = tuple(torch.broadcast_shapes(shape_a[:-2], shape_b[:-2])) + (shape_a[-2], shape_b[-1])
-    extras = [torch.randn(shape_b[-1]).to(dtype), torch.randn(out_shape).to(dtype)]
-    buf, out = _padded_out(out_shape, dtype)
+    extras = [torch.randn(shape_b[-1], device=device).to(dtype), torch.randn(out_shape, device=device).to(dtype)]
+    buf, out = _padded_out(out_shape, dtype, device)
     got = gemm_epilogue(a, b, extras, BIAS_GELU_RES, dtype, cfg, out=out)
     ref = reference(a, b, extras, BIAS_GELU_RES, dtype)
     assert got.data_ptr() == out.data_ptr() and not torch.isnan(got).any()
@@ -280,20 +292,20 @@ def _view_at(flat, offset, shape):
 @pytest.mark.parametrize(
     "n,make_out",
     [
-        (36, lambda m, n: None),  # N x 2 B = 72 B: C's row stride is not 16-byte aligned
-        (40, lambda m, n: _view_at(torch.full((m * n + 8,), float("nan")).half(), 1, (m, n))),  # C's base 2 B off
-        (40, lambda m, n: torch.full((n, m), float("nan")).half().t()),  # C column-major
+        (36, lambda m, n, d: None),  # N x 2 B = 72 B: C's row stride is not 16-byte aligned
+        (40, lambda m, n, d: _view_at(torch.full((m * n + 8,), float("nan"), device=d).half(), 1, (m, n))),  # C's base 2 B off
+        (40, lambda m, n, d: torch.full((n, m), float("nan"), device=d).half().t()),  # C column-major
     ],
     ids=["row_stride", "base", "column_major"],
 )  # fmt: skip
-def test_tma_store_falls_back_to_pointer_store(launches, persistent, n, make_out):
+def test_tma_store_falls_back_to_pointer_store(launches, persistent, n, make_out, device):
     """C that TMA cannot describe: the same TMA kernel (A and B still by TMA; column-major B, so
     an odd N leaves the operands describable) stores by pointers, and is still right."""
     m, k = 77, 48
-    a, b = torch.randn(m, k).half(), torch.randn(n, k).half().t()
-    extras = [torch.randn(n).half(), torch.randn(m, n).half()]
-    out = make_out(m, n)
-    out = torch.full((m, n), float("nan")).half() if out is None else out
+    a, b = torch.randn(m, k, device=device).half(), torch.randn(n, k, device=device).half().t()
+    extras = [torch.randn(n, device=device).half(), torch.randn(m, n, device=device).half()]
+    out = make_out(m, n, device)
+    out = torch.full((m, n), float("nan"), device=device).half() if out is None else out
     cfg = GemmConfig(64, 32, 32, 2, 4, 1, persistent=persistent, tma=True, epilogue_subtile=persistent)
     got = gemm_epilogue(a, b, extras, BIAS_GELU_RES, torch.float16, cfg, out=out)
     ref = reference(a, b, extras, BIAS_GELU_RES, torch.float16)
@@ -334,26 +346,26 @@ def test_config_describe_and_dict():
     assert flat.describe() == "128x256x64 g8 w8 s4 persistent tma flat sub"
 
 
-def test_no_epilogue_and_k_zero():
-    a, b = torch.randn(5, 0), torch.randn(0, 6)
-    bias = torch.randn(6)
+def test_no_epilogue_and_k_zero(device):
+    a, b = torch.randn(5, 0, device=device), torch.randn(0, 6, device=device)
+    bias = torch.randn(6, device=device)
     want = torch.nn.functional.gelu(bias).expand(5, 6)
     got = gemm_epilogue(a, b, [bias], BIAS_GELU, torch.float32)
     torch.testing.assert_close(got, want)
-    out = torch.full((5, 6), float("nan"))  # K == 0 must still write the caller's buffer
+    out = torch.full((5, 6), float("nan"), device=device)  # K == 0 must still write the caller's buffer
     got = gemm_epilogue(a, b, [bias], BIAS_GELU, torch.float32, out=out)
     assert got.data_ptr() == out.data_ptr()
     torch.testing.assert_close(out, want)
-    half = torch.full((5, 6), float("nan"), dtype=torch.float16)  # and cast to its dtype
+    half = torch.full((5, 6), float("nan"), dtype=torch.float16, device=device)  # and cast to its dtype
     gemm_epilogue(a.half(), b.half(), [bias.half()], BIAS_GELU, torch.float16, out=half)
     torch.testing.assert_close(half.float(), want, atol=2e-3, rtol=2e-3)
-    a, b = torch.randn(5, 8), torch.randn(8, 6)
+    a, b = torch.randn(5, 8, device=device), torch.randn(8, 6, device=device)
     _check(a, b, [], Epilogue(), torch.float32, GemmConfig(16, 32, 16, 1, 4, 1), (5, 6))
 
 
-def test_bad_shapes_are_reported():
+def test_bad_shapes_are_reported(device):
     with pytest.raises(ValueError, match="do not multiply"):
-        gemm_epilogue(torch.randn(3, 4), torch.randn(5, 6), [], Epilogue(), torch.float32)
+        gemm_epilogue(torch.randn(3, 4, device=device), torch.randn(5, 6, device=device), [], Epilogue(), torch.float32)
 
 
 _SASS_SCRIPT = r"""
@@ -458,7 +470,7 @@ def test_sass_tma_store_flattened_persistent_on_sm90():
     assert got["estimate"] <= got["shared"] <= got["estimate"] + 2048, got
 
 
-def test_open_ended_clamp_in_epilogue() -> None:
+def test_open_ended_clamp_in_epilogue(device: str) -> None:
     """clamp(x, min=None) must not clamp at zero (a None bound is unbounded)."""
     import torch
 
@@ -467,12 +479,12 @@ def test_open_ended_clamp_in_epilogue() -> None:
 
     for lo, hi in ((None, 0.5), (-0.25, None)):
         epi = Epilogue((EpilogueStep("clamp", (Operand("reg", 0),), (("lo", lo), ("hi", hi))),), 0)
-        a, b = torch.randn(33, 20), torch.randn(20, 17)
+        a, b = torch.randn(33, 20, device=device), torch.randn(20, 17, device=device)
         out = gemm_epilogue(a, b, [], epi, torch.float32)
         torch.testing.assert_close(out, reference(a, b, [], epi, torch.float32), rtol=1e-4, atol=1e-4)
 
 
-def test_integer_power_of_negative_values_in_epilogue() -> None:
+def test_integer_power_of_negative_values_in_epilogue(device: str) -> None:
     """pow(x, 3) on negative x (GPT-2's gelu_new) must not go through exp(3*log(x))."""
     import torch
 
@@ -480,7 +492,7 @@ def test_integer_power_of_negative_values_in_epilogue() -> None:
     from kfuse.kernels.gemm import gemm_epilogue, reference
 
     epi = Epilogue((EpilogueStep("pow", (Operand("reg", 0), Operand("lit", value=3.0))),), 0)
-    a, b = torch.randn(9, 16), torch.randn(16, 12)
+    a, b = torch.randn(9, 16, device=device), torch.randn(16, 12, device=device)
     out = gemm_epilogue(a, b, [], epi, torch.float32)
     assert not torch.isnan(out).any()
     torch.testing.assert_close(out, reference(a, b, [], epi, torch.float32), rtol=1e-4, atol=1e-3)
@@ -497,11 +509,12 @@ def test_integer_power_of_negative_values_in_epilogue() -> None:
     ids=["ragged", "row_major_b", "four_columns"],
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_resident_b_kernel(launches, m, n, k, b_t, cfg, dtype):
-    """bias + GELU + residual, NaN-poisoned output, more row tiles than programs (the interpreter's
-    'GPU' has 4 SMs): every program loops, and programs sharing a column block split the rows."""
-    a, b = torch.randn(m, k).to(dtype), _operand_b((k, n), b_t, dtype)
-    extras = [torch.randn(n).to(dtype), torch.randn(m, n).to(dtype)]
+def test_resident_b_kernel(launches, four_sms, m, n, k, b_t, cfg, dtype, device):
+    """bias + GELU + residual, NaN-poisoned output, more row tiles than programs (4 SMs: the
+    interpreter's 'GPU', pinned on a real one): every program loops, and programs sharing a column
+    block split the rows."""
+    a, b = torch.randn(m, k, device=device).to(dtype), _operand_b((k, n), b_t, dtype, device)
+    extras = [torch.randn(n, device=device).to(dtype), torch.randn(m, n, device=device).to(dtype)]
     _check(a, b, extras, BIAS_GELU_RES, dtype, cfg, (m, n))
     [(name, grid, kw)] = launches
     n_cols = -(-n // cfg.block_n)
@@ -510,15 +523,16 @@ def test_resident_b_kernel(launches, m, n, k, b_t, cfg, dtype):
 
 
 @pytest.mark.parametrize(
-    "a,b,why",
+    "shape_a,shape_b,why",
     [
-        (torch.randn(3, 40, 32), torch.randn(3, 32, 24), "batched B"),
-        (torch.randn(40, 80), torch.randn(80, 24), "K 80 > BLOCK_K 64"),
+        ((3, 40, 32), (3, 32, 24), "batched B"),
+        ((40, 80), (80, 24), "K 80 > BLOCK_K 64"),
     ],
 )
-def test_resident_b_falls_back_when_ineligible(launched, a, b, why):
+def test_resident_b_falls_back_when_ineligible(launched, shape_a, shape_b, why, device):
+    a, b = torch.randn(shape_a, device=device), torch.randn(shape_b, device=device)
     cfg = GemmConfig(32, 32, 64, 1, 4, 1, tma=True, resident_b=True)
-    extras = [torch.randn(b.shape[-1])]
+    extras = [torch.randn(b.shape[-1], device=device)]
     _check(a, b, extras, BIAS_GELU, torch.float32, cfg, tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], 24))
     assert launched == ["gemm_tma_kernel"], why
 

@@ -1,6 +1,6 @@
 """The library candidate of GEMM nodes: which epilogue prefix cuBLAS(Lt) absorbs, and that the
-library path (cuBLAS + the generated rest-of-epilogue kernel, in the interpreter on the CPU)
-equals the reference for every split."""
+library path (cuBLAS + the generated rest-of-epilogue kernel; in the interpreter on the CPU,
+compiled on a GPU) equals the reference for every split."""
 
 import pytest
 import torch
@@ -44,21 +44,21 @@ def test_nothing_absorbed_when_not_a_leading_bias_or_acc_is_reused() -> None:
 
 
 CASES = [
-    ("bias_gelu", BIAS_GELU, lambda m, n: [torch.randn(n)]),
-    ("bias_relu_res", BIAS_RELU_RES, lambda m, n: [torch.randn(n), torch.randn(m, n)]),
-    ("scale_first", SCALE_FIRST, lambda m, n: [torch.randn(m, n)]),
-    ("acc_reused", ACC_REUSED, lambda m, n: [torch.randn(n)]),
-    ("not_a_vector", BIAS_GELU, lambda m, n: [torch.randn(m, n)]),  # add(acc, matrix): no bias after all
+    ("bias_gelu", BIAS_GELU, lambda m, n, d: [torch.randn(n, device=d)]),
+    ("bias_relu_res", BIAS_RELU_RES, lambda m, n, d: [torch.randn(n, device=d), torch.randn(m, n, device=d)]),
+    ("scale_first", SCALE_FIRST, lambda m, n, d: [torch.randn(m, n, device=d)]),
+    ("acc_reused", ACC_REUSED, lambda m, n, d: [torch.randn(n, device=d)]),
+    ("not_a_vector", BIAS_GELU, lambda m, n, d: [torch.randn(m, n, device=d)]),  # add(acc, matrix): no bias after all
 ]
 
 
 @pytest.mark.parametrize("name,epi,extras", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_library_path_equals_reference(name: str, epi: Epilogue, extras, dtype: torch.dtype) -> None:
+def test_library_path_equals_reference(name: str, epi: Epilogue, extras, dtype: torch.dtype, device: str) -> None:
     torch.manual_seed(0)
     m, n, k = 37, 45, 70
-    a, b = torch.randn(m, k).to(dtype), (torch.randn(k, n) / 8).to(dtype)
-    xs = [e.to(dtype) for e in extras(m, n)]
+    a, b = torch.randn(m, k, device=device).to(dtype), (torch.randn(k, n, device=device) / 8).to(dtype)
+    xs = [e.to(dtype) for e in extras(m, n, device)]
     split = split_epilogue(epi, batched=False)
     got = gemm_library(a, b, xs, epi, split, dtype)
     ref = reference(a, b, xs, epi, dtype)
@@ -68,10 +68,10 @@ def test_library_path_equals_reference(name: str, epi: Epilogue, extras, dtype: 
     assert err < tol, err
 
 
-def test_batched_library_path() -> None:
+def test_batched_library_path(device: str) -> None:
     torch.manual_seed(1)
-    a, b = torch.randn(3, 21, 24), torch.randn(3, 24, 19)
-    bias = torch.randn(19)
+    a, b = torch.randn(3, 21, 24, device=device), torch.randn(3, 24, 19, device=device)
+    bias = torch.randn(19, device=device)
     split = split_epilogue(BIAS_GELU, batched=True)
     got = gemm_library(a, b, [bias], BIAS_GELU, split, torch.float32)
     torch.testing.assert_close(got, reference(a, b, [bias], BIAS_GELU, torch.float32), rtol=1e-4, atol=1e-4)
@@ -87,20 +87,21 @@ class Mlp(torch.nn.Module):
 
 
 @pytest.mark.parametrize("mode,template", [("always", "library_gemm"), ("never", "gemm_epilogue")])
-def test_compiled_model_uses_the_chosen_path(mode: str, template: str) -> None:
+def test_compiled_model_uses_the_chosen_path(mode: str, template: str, device: str) -> None:
     torch.manual_seed(2)
-    model, x = Mlp().eval(), torch.randn(5, 24)
+    # on the test's device: a model left on the CPU of a GPU machine would be lowered to PyTorch ops only
+    model, x = Mlp().to(device).eval(), torch.randn(5, 24, device=device)
     compiled = kfuse.compile(model, (x,), gemm_library=mode, fuse_b2b=False)
     gemms = [k for k in compiled.report["kernels"] if k["template"] in ("library_gemm", "gemm_epilogue")]
     assert gemms and all(k["template"] == template for k in gemms)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
 
 
-def test_bert_tiny_with_library_candidates_forced() -> None:
-    """Every GEMM through cuBLAS and attention through SDPA still equals the model (CPU)."""
+def test_bert_tiny_with_library_candidates_forced(device: str) -> None:
+    """Every GEMM through cuBLAS and attention through SDPA still equals the model."""
     import kfuse.models as zoo
 
-    model, args, kwargs = zoo.build("bert-tiny", batch=2, seq=8)
+    model, args, kwargs = zoo.build("bert-tiny", batch=2, seq=8, device=device)
     compiled = kfuse.compile(model, args, kwargs, gemm_library="always")
     templates = {k["template"] for k in compiled.report["kernels"]}
     assert {"library_gemm", "library_attention"} <= templates, templates
