@@ -341,10 +341,19 @@ def main(argv: list[str] | None = None) -> int:
     save()
     done = [r for r in records if "levelset_ms" in r]
     bad = [(r["case"], nm) for r in done for nm, v in r["variants"].items() if "ms" in v and not v.get("ok")]
-    _log(f"wrote {out}; {'all results correct' if not bad else f'WRONG results: {bad}'}")
+    # a case that raised, or a variant that errored, is not a correct result either (a deadline skip is)
+    failed = [r["case"] for r in records if "error" in r] + [
+        f"{r['case']}:{nm}" for r in done for nm, v in r["variants"].items() if "error" in v and "ms" not in v
+    ]
+    verdict = (
+        "all results correct"
+        if not (bad or failed)
+        else (f"WRONG results: {bad}; " if bad else "") + (f"FAILED: {failed}" if failed else "")
+    )
+    _log(f"wrote {out}; {verdict}")
     keys = list(dict.fromkeys(["auto", *names] + [k for r in done for k in r["variants"] if k not in names]))
     _log(format_table(done, keys))
-    return 1 if bad else 0
+    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import triton
 
+from kfuse.kernels.codegen import interpreting
 from kfuse.sparse.analysis import (
     MAX_RHS_PER_LAUNCH,
     LevelOrdered,
@@ -319,6 +320,11 @@ def analyze(
     tune_on_gpu = tune is None and tiling is None and sync is None
     t0 = time.perf_counter()
     tri = canonicalize(a, lower=lower, unit_diagonal=unit_diagonal, device=device)
+    if tri.device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"sptrsv: the solver's kernels run on a CUDA device, or on the CPU in the Triton interpreter; got a {tri.device} "
+            "matrix without it (set TRITON_INTERPRET=1 before triton is first imported, or pass device='cuda')"
+        )
     if tri.cols.numel() >= _INT32_MAX or tri.n >= _INT32_MAX // MAX_RHS_PER_LAUNCH:
         raise ValueError(f"sptrsv: matrix too large for 32-bit indexing (n={tri.n}, nnz={tri.nnz})")
     stats = row_stats(tri.rowptr[1:] - tri.rowptr[:-1])

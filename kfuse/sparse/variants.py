@@ -127,7 +127,7 @@ VARIANTS: dict[str, SyncOptions] = {
     "default": DEFAULT,
     "default-ppsm2": DEFAULT_LONG_ROWS,
     "default-grid": SyncOptions(backoff_ns=0, tile_flags=False, persistent=False, prefetch=True, flags="value"),
-    # mixed tiling (long rows: one program each, 256 lanes): not measured yet, not in the automatic choice
+    # mixed tiling (long rows: one program each, 256 lanes); the tuner's candidates for long rows include it
     "mixed": MIXED,
     "mixed-w8": replace(MIXED, long_warps=8),
     "mixed-t32": replace(MIXED, long_row_min=32),

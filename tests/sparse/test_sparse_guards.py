@@ -93,3 +93,10 @@ def test_sptrsv_flags_must_agree_with_the_plan(device: str) -> None:
         sptrsv(upper, b, lower=True)
     # a matrix (not a plan) keeps the defaults lower=True, unit_diagonal=False
     assert np.abs(sptrsv(a, b) - ref).max() < 1e-12
+
+
+def test_a_cpu_matrix_without_the_interpreter_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU machine (no interpreter) a CPU matrix reached Triton's "cpu tensor?" launch error."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="CUDA device, or on the CPU in the Triton interpreter"):
+        analyze(make("laplacian2d", 5, seed=0), device="cpu")
