@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.timeout(300)
 def test_isolated_case_runs_in_its_own_process(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # --smoke is the script's CPU run (the model on the CPU, the interpreter): no GPU visible to it on a GPU
+    # machine either, where the compile's tuner would measure on the GPU (its default device)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
     script = str(ROOT / "benchmarks/bert_bench.py")
     argv = [sys.executable, script, "--smoke", "--isolate", "--cases", "B2_S16_avg0.6", "--out", str(tmp_path)]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)

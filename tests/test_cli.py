@@ -36,8 +36,11 @@ def test_compile_library_choice(tmp_path) -> None:
     assert r.exit_code != 0 and "sometimes" in r.output
 
 
-def test_compile_without_b2b(tmp_path) -> None:
+def test_compile_without_b2b(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--no-b2b keeps mlp-tiny's chain as separate GEMMs, and the report's command says so."""
+    # the chain fused by the rule on a GPU too, where the lowering would time it against its unfused GEMMs
+    # and may keep those ("b2b_chain(unfused)"; the CPU never measures)
+    monkeypatch.setenv("KFUSE_B2B_DECIDE", "rule")
     path = tmp_path / "rep.json"
     r = runner.invoke(app, ["compile", "mlp-tiny", "--batch", "3", "--no-b2b", "--report", str(path)])
     assert r.exit_code == 0, r.output
@@ -78,16 +81,21 @@ def test_help_on_every_subcommand() -> None:
             assert r.exit_code == 0, f"{name} {subname}"
 
 
-def test_demo_runs_on_cpu() -> None:
+def test_demo_runs_on_the_default_device() -> None:
+    """The demo has no device option: the CPU (Triton interpreter, fp32) without a GPU, the GPU (fp16,
+    with its speed table against PyTorch) where there is one."""
     r = runner.invoke(app, ["demo", "--model", "mlp-tiny", "--batch", "2"])
     assert r.exit_code == 0, r.output
     assert "PASS" in r.output
 
 
-def test_compile_onnx_file(tmp_path) -> None:
+def test_compile_onnx_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    # kfuse's GEMM kernel on a GPU too, where the lowering would time it against cuBLAS and may keep
+    # cuBLAS (the CPU never measures)
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
     w = numpy_helper.from_array(__import__("numpy").random.rand(8, 5).astype("float32"), "w")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
@@ -105,9 +113,17 @@ def test_compile_onnx_file(tmp_path) -> None:
     assert rep["max_rel_err"] < 1e-5 and any(k["template"] == "gemm_epilogue" for k in rep["kernels"])
 
 
-def test_compile_a_local_hugging_face_checkpoint(tmp_path) -> None:
+def test_compile_a_local_hugging_face_checkpoint(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``kfuse compile DIR`` on what save_pretrained wrote: a Llama (token ids) and a ViT (images)."""
+    import torch
     import transformers
+
+    # kfuse's attention kernel on a GPU too, where the lowering would time it against SDPA and may keep
+    # SDPA (the CPU never measures)
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
+    # ViT's fp32 patch convolution in fp32 on a GPU too: cuDNN runs it in TF32 by default, in PyTorch's
+    # reference and in a cuDNN candidate kfuse may keep
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
 
     llama = transformers.LlamaModel(
         transformers.LlamaConfig(

@@ -12,26 +12,28 @@ from kfuse.bench.harness import max_rel_err
 
 transformers = pytest.importorskip("transformers")
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _llama(use_cache: bool = True) -> nn.Module:
     shape = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
     cfg = transformers.LlamaConfig(**shape, use_cache=use_cache)
-    return transformers.LlamaModel(cfg).eval()
+    return transformers.LlamaModel(cfg).to(DEVICE).eval()
 
 
 def _mistral() -> nn.Module:
     # sliding-window attention: its mask builder makes tensor constants in forward
     shape = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
-    return transformers.MistralModel(transformers.MistralConfig(**shape, sliding_window=6)).eval()
+    return transformers.MistralModel(transformers.MistralConfig(**shape, sliding_window=6)).to(DEVICE).eval()
 
 
 def _neox() -> nn.Module:
     cfg = transformers.GPTNeoXConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
-    return transformers.GPTNeoXModel(cfg).eval()
+    return transformers.GPTNeoXModel(cfg).to(DEVICE).eval()
 
 
 def _ids(seq: int = 11) -> torch.Tensor:
-    return torch.randint(0, 97, (2, seq))
+    return torch.randint(0, 97, (2, seq), device=DEVICE)
 
 
 def _tensors(cache: object) -> list[torch.Tensor]:
@@ -50,7 +52,10 @@ def _cache_err(got: object, ref: object) -> float:
 
 
 @pytest.mark.parametrize("build", [_llama, _mistral, _neox], ids=["llama", "mistral", "gpt-neox"])
-def test_decoder_returning_its_kv_cache_compiles(build) -> None:  # noqa: ANN001 - a model factory
+def test_decoder_returning_its_kv_cache_compiles(build, monkeypatch) -> None:  # noqa: ANN001 - a model factory, the fixture
+    # kfuse's own GEMM and attention kernels on a GPU too, where the lowering would otherwise time them
+    # against cuBLAS / SDPA and may keep the library (the CPU never measures)
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
     # torch.export cannot return a DynamicCache until it is registered as a pytree; kfuse does that
     # on the failure and exports again, so the compiled model returns the same structure
     model = build()
@@ -102,22 +107,23 @@ class _AutocastRegion(nn.Module):
         self.enabled = enabled
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.enabled):
+        # autocast of the inputs' device: a CPU region around GPU ops would change nothing
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.enabled):
             y = self.lin(x).sin()
         return y.float() * 2
 
 
-def test_disabled_autocast_region_is_inlined_and_enabled_one_refused() -> None:
-    x = torch.randn(3, 8)
-    off = _AutocastRegion(enabled=False).eval()
+def test_disabled_autocast_region_is_inlined_and_enabled_one_refused(device: str) -> None:
+    x = torch.randn(3, 8, device=device)
+    off = _AutocastRegion(enabled=False).to(device).eval()
     with torch.enable_grad():
         ep = torch.export.export(off, (x,), strict=False)
     assert any("wrap_with_autocast" in str(n.target) for n in ep.graph_module.graph.nodes)
     compiled = kfuse.compile(ep, (x,))
-    x2 = torch.randn(3, 8)
+    x2 = torch.randn(3, 8, device=device)
     with torch.no_grad():
         assert max_rel_err(compiled(x2), off(x2)) < 1e-5
-    on = _AutocastRegion(enabled=True).eval()
+    on = _AutocastRegion(enabled=True).to(device).eval()
     ep_on = torch.export.export(on, (x,), strict=False)
     # running it in fp32 would silently differ from the model's bf16 result
     with pytest.raises(NotImplementedError, match="autocast region"):

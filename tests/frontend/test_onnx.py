@@ -23,6 +23,14 @@ from kfuse.ir.interpret import reference_run
 F = TP.FLOAT
 
 
+@pytest.fixture
+def fp32_convs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 convolutions computed in fp32 on a GPU too: cuDNN runs them in TF32 by default
+    (``torch.backends.cudnn.allow_tf32``, ~3e-4 off), in PyTorch's reference and in what kfuse hands to
+    cuDNN (grouped convs, a cuDNN candidate measured faster than the template)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
 def _rng() -> np.random.Generator:
     return np.random.default_rng()  # fresh values every run
 
@@ -100,12 +108,12 @@ def test_mlp_gemm_relu(device: str) -> None:
     _close(y, ReferenceEvaluator(m).run(None, {"x": x.cpu().numpy()})[0])
 
 
-def test_import_onnx_graph_and_file(tmp_path: Path) -> None:
+def test_import_onnx_graph_and_file(tmp_path: Path, device: str) -> None:
     m = _mlp()
     path = tmp_path / "mlp.onnx"
     onnx.save(m, str(path))
-    x = torch.randn(4, 7)
-    ref = ReferenceEvaluator(m).run(None, {"x": x.numpy()})[0]
+    x = torch.randn(4, 7, device=device)
+    ref = ReferenceEvaluator(m).run(None, {"x": x.cpu().numpy()})[0]
     for src in (path, str(path), m.SerializeToString()):
         imp = import_onnx(src, (x,))
         assert [t.shape for _, t in imp.graph.inputs] == [(4, 7)]
@@ -137,6 +145,7 @@ def _convnet() -> onnx.ModelProto:
     return _model(nodes, [helper.make_tensor_value_info("x", F, [2, 3, 13, 11])], [helper.make_tensor_value_info("y", F, [2, 4])], inits)
 
 
+@pytest.mark.usefixtures("fp32_convs")
 def test_conv_bn_relu_pool(device: str) -> None:
     c = _check_vs_onnx(_convnet(), [torch.randn(2, 3, 13, 11, device=device)])
     assert c.report["fallback_at_import"] == []
@@ -394,6 +403,7 @@ def _as_list(out: object) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", ["mlp-tiny", "resnet-tiny", "bert-tiny"])
+@pytest.mark.usefixtures("fp32_convs")
 def test_zoo_export(name: str, device: str) -> None:
     import kfuse.models
 
@@ -445,18 +455,18 @@ def test_checker_failure() -> None:
         kfuse.compile(m, (torch.randn(2),))
 
 
-def test_wrong_inputs() -> None:
+def test_wrong_inputs(device: str) -> None:
     m = _mlp()
     with pytest.raises(FrontendError, match=r"takes 1 inputs \(x\), got 2"):
-        kfuse.compile(m, (torch.randn(2, 7), torch.randn(2, 7)))
+        kfuse.compile(m, (torch.randn(2, 7, device=device), torch.randn(2, 7, device=device)))
     with pytest.raises(FrontendError, match="missing: x"):
         kfuse.compile(m, ())
     with pytest.raises(FrontendError, match="no input named 'z'"):
-        kfuse.compile(m, (), {"z": torch.randn(2, 7)})
+        kfuse.compile(m, (), {"z": torch.randn(2, 7, device=device)})
     with pytest.raises(FrontendError, match="float32 in the model, got a torch.float16"):
-        kfuse.compile(m, (torch.randn(2, 7, dtype=torch.float16),))
+        kfuse.compile(m, (torch.randn(2, 7, dtype=torch.float16, device=device),))
     with pytest.raises(FrontendError, match="has dim 1 = 7"):
-        kfuse.compile(m, (torch.randn(2, 6),))
-    c = kfuse.compile(m, (torch.randn(2, 7),))
+        kfuse.compile(m, (torch.randn(2, 6, device=device),))
+    c = kfuse.compile(m, (torch.randn(2, 7, device=device),))
     with pytest.raises(TypeError, match="called with inputs structured as"):
-        c(torch.randn(2, 7), torch.randn(2, 7))
+        c(torch.randn(2, 7, device=device), torch.randn(2, 7, device=device))

@@ -39,8 +39,8 @@ def _fused(g):
         ("gpt2-tiny", False, "none", True),
     ],
 )
-def test_sdpa_models(name, mask, kind, causal):
-    m, a, k = kfuse.models.build(name, batch=2, seq=9, with_mask=mask)
+def test_sdpa_models(name, mask, kind, causal, device):
+    m, a, k = kfuse.models.build(name, batch=2, seq=9, with_mask=mask, device=device)
     g, xs = _imported(m, a, k)
     g2 = fuse_attention(g)
     nodes = _fused(g2)
@@ -51,8 +51,8 @@ def test_sdpa_models(name, mask, kind, causal):
     _close(g, g2, xs)
 
 
-def test_vit_sdpa():
-    m, a, k = kfuse.models.build("vit-tiny", batch=2)
+def test_vit_sdpa(device):
+    m, a, k = kfuse.models.build("vit-tiny", batch=2, device=device)
     g, xs = _imported(m, a, k)
     g2 = fuse_attention(g)
     assert len(_fused(g2)) == 2 and all(n.attrs["mask_kind"] == "none" for n in _fused(g2))
@@ -69,10 +69,10 @@ def _eager_bert():
     return BertModel(cfg).eval()
 
 
-def test_explicit_matmul_softmax_form():
-    m = _eager_bert()
-    ids = torch.randint(0, 64, (2, 7))
-    mask = torch.ones(2, 7, dtype=torch.long)
+def test_explicit_matmul_softmax_form(device):
+    m = _eager_bert().to(device)
+    ids = torch.randint(0, 64, (2, 7), device=device)
+    mask = torch.ones(2, 7, dtype=torch.long, device=device)
     mask[1, 4:] = 0
     g, xs = _imported(m, (ids,), {"attention_mask": mask})
     assert "softmax" in g.op_counts()
@@ -96,11 +96,14 @@ class _ArbitraryMask(torch.nn.Module):
         return o.transpose(1, 2).reshape(b, s, 16)
 
 
-def test_arbitrary_mask_falls_back_to_dense_with_note():
+def test_arbitrary_mask_falls_back_to_dense_with_note(device, monkeypatch):
+    # kfuse's attention kernel on a GPU too, where the lowering would time it against SDPA and may keep
+    # SDPA (the CPU never measures)
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
     torch.manual_seed(1)
-    model = _ArbitraryMask().eval()
-    x = torch.randn(2, 5, 16)
-    keep = torch.rand(2, 5, 5)
+    model = _ArbitraryMask().to(device).eval()
+    x = torch.randn(2, 5, 16, device=device)
+    keep = torch.rand(2, 5, 5, device=device)
     keep[..., 0] = 1.0
     compiled = kfuse.compile(model, (x, keep))
     kernels = [k for k in compiled.report["kernels"] if k["template"] == "fused_attention"]
@@ -109,8 +112,8 @@ def test_arbitrary_mask_falls_back_to_dense_with_note():
     torch.testing.assert_close(compiled(x, keep), model(x, keep), atol=1e-4, rtol=1e-4)
 
 
-def test_merge_qkv_and_norm_fusion():
-    m, a, k = kfuse.models.build("bert-tiny", batch=2, seq=5)
+def test_merge_qkv_and_norm_fusion(device):
+    m, a, k = kfuse.models.build("bert-tiny", batch=2, seq=5, device=device)
     g, xs = _imported(m, a, k)
     n_mm = g.op_counts()["matmul"]
     g2 = merge_gemms(fuse_attention(g))

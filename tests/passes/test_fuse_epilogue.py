@@ -1,5 +1,5 @@
 """Epilogue fusion: GEMM and conv anchors, graph before/after, numerics through the reference
-executor and through the generated kernels (interpreter) on odd shapes."""
+executor and through the generated kernels (the interpreter on the CPU, compiled on a GPU) on odd shapes."""
 
 import pytest
 import torch
@@ -25,22 +25,23 @@ def _gemm_graph(m, k, n, batched=False):
 
 @pytest.mark.parametrize("m,k,n", [(1, 24, 40), (37, 20, 45), (33, 70, 17)])
 @pytest.mark.parametrize("batched", [False, True])
-def test_gemm_chain_becomes_one_node(m, k, n, batched):
+def test_gemm_chain_becomes_one_node(m, k, n, batched, device):
     g = _gemm_graph(m, k, n, batched)
     f = fuse_epilogues(g)
     assert f.op_counts() == {"gemm_epilogue": 1}
     node = f.nodes[0]
     assert node.attrs["fused_ops"] == ("matmul", "add", "gelu", "add")
     assert node.name == g.outputs[0]
-    xs = [torch.randn(m, k), torch.randn((2, m, n) if batched else (m, n))]
+    xs = [torch.randn(m, k, device=device), torch.randn((2, m, n) if batched else (m, n), device=device)]
     ref = reference_run(g, xs)[0]
     torch.testing.assert_close(reference_run(f, xs)[0], ref, rtol=1e-5, atol=1e-5)
-    plan = lower(f, torch.device("cpu"), "triton-interpreter")
+    # backend "triton-interpreter": the template itself, with no measured swap to cuBLAS (on a GPU the kernel is compiled)
+    plan = lower(f, torch.device(device), "triton-interpreter")
     assert plan.kernels[0].template == "gemm_epilogue"
     torch.testing.assert_close(execute(plan, xs)[0], ref, rtol=1e-4, atol=1e-4)
 
 
-def test_escaping_value_cuts_region():
+def test_escaping_value_cuts_region(device):
     b = GraphBuilder("g")
     x = b.add_input("x", TensorType((5, 8), torch.float32))
     y = b.op("matmul", [x, b.add_constant(torch.randn(8, 6))])
@@ -49,12 +50,12 @@ def test_escaping_value_cuts_region():
     g = b.build([out, z])
     f = fuse_epilogues(g)
     assert f.op_counts() == {"gemm_epilogue": 1, "tanh": 1}
-    xs = [torch.randn(5, 8)]
+    xs = [torch.randn(5, 8, device=device)]
     for a, r in zip(reference_run(f, xs), reference_run(g, xs), strict=True):
         torch.testing.assert_close(a, r)
 
 
-def test_conv_anchor():
+def test_conv_anchor(device):
     b = GraphBuilder("g")
     x = b.add_input("x", TensorType((2, 5, 9, 7), torch.float32))
     res = b.add_input("res", TensorType((2, 6, 9, 7), torch.float32))
@@ -68,10 +69,12 @@ def test_conv_anchor():
     node = f.nodes[0]
     assert node.attrs["has_bias"] and node.attrs["fused_ops"] == ("conv2d", "add", "relu")
     xs = [torch.randn(2, 5, 9, 7), torch.randn(2, 6, 9, 7)]
+    # the reference on the CPU: on a GPU, PyTorch's fp32 convolution would run in TF32 through cuDNN
     ref = reference_run(g, xs)[0]
-    plan = lower(f, torch.device("cpu"), "triton-interpreter")
+    # backend "triton-interpreter": the template itself, with no measured swap to cuDNN (on a GPU the kernel is compiled)
+    plan = lower(f, torch.device(device), "triton-interpreter")
     assert plan.kernels[0].template == "conv_epilogue"
-    torch.testing.assert_close(execute(plan, xs)[0], ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(execute(plan, [x.to(device) for x in xs])[0].cpu(), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_grouped_conv_not_an_anchor():

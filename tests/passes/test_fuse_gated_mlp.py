@@ -1,5 +1,5 @@
 """Gated-MLP recognition on imported Llama graphs and on look-alikes that must stay unfused; the
-lowering's fused-vs-unfused decision runs both sides (on the CPU here, in the interpreter)."""
+lowering's fused-vs-unfused decision runs both sides (in the interpreter on the CPU, compiled on a GPU)."""
 
 import pytest
 import torch
@@ -12,6 +12,7 @@ from kfuse.compiler import Options, optimize
 from kfuse.frontend.torch_export import import_module
 from kfuse.ir.interpret import reference_run
 from kfuse.kernels import gated_gemm as G
+from kfuse.runtime.executor import choose_backend
 from kfuse.runtime.profile import node_flops
 
 
@@ -24,8 +25,8 @@ def _ops(g, op):
     return [n for n in g.nodes if n.op == op]
 
 
-def test_llama_mlp_becomes_one_gated_gemm_per_layer():
-    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=9, seed=3)
+def test_llama_mlp_becomes_one_gated_gemm_per_layer(device):
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=9, seed=3, device=device)
     off, on = _graphs(model, args, kwargs)
     gated = _ops(on, "gated_gemm")
     assert len(gated) == 2 and len(_ops(on, "gemm_epilogue")) == len(_ops(off, "gemm_epilogue")) - 2
@@ -57,16 +58,19 @@ class _Mlp(nn.Module):
 
 
 @pytest.mark.parametrize("form,fused", [("hf", True), ("geglu", True), ("act_on_up", True), ("bias", False), ("gate_read_twice", False)])
-def test_only_the_gated_form_fuses(form, fused):
+def test_only_the_gated_form_fuses(form, fused, device, monkeypatch):
+    # the fused kernel by the rule on a GPU too, where the lowering would time it against the unfused
+    # pair and may keep the pair (the CPU never measures; the decision has its own test below)
+    monkeypatch.setenv("KFUSE_GATED_DECIDE", "rule")
     # act_on_up fuses too: the gate is then the second half of the merged weight
-    x = torch.randn(3, 7, 32)
-    model = _Mlp(form).eval()
+    x = torch.randn(3, 7, 32, device=device)
+    model = _Mlp(form).to(device).eval()
     off, on = _graphs(model, (x,))
     assert len(_ops(on, "gated_gemm")) == int(fused)
     for a, b in zip(reference_run(off, [x]), reference_run(on, [x]), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     compiled = kfuse.compile(model, (x,))
-    x2 = torch.randn(3, 7, 32)
+    x2 = torch.randn(3, 7, 32, device=device)
     with torch.no_grad():
         got, ref = compiled(x2), model(x2)
     got, ref = (got[0], ref[0]) if isinstance(ref, tuple) else (got, ref)
@@ -74,8 +78,8 @@ def test_only_the_gated_form_fuses(form, fused):
     assert ("gated_gemm" in [k["template"] for k in compiled.report["kernels"]]) == fused
 
 
-def test_decision_times_the_unfused_pair_and_every_tile(monkeypatch):
-    model, args, kwargs = kfuse.models.build("llama-tiny", batch=1, seq=8, seed=5)
+def test_decision_times_the_unfused_pair_and_every_tile(monkeypatch, device):
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=1, seq=8, seed=5, device=device)
     _, g = _graphs(model, args, kwargs)
     node = _ops(g, "gated_gemm")[0]
     G._DECIDED.clear()
@@ -92,12 +96,13 @@ def test_decision_times_the_unfused_pair_and_every_tile(monkeypatch):
         return lambda xs: G.gated_gemm(xs[0], xs[1], config=c)
 
     monkeypatch.setattr(G, "graph_time_ms", spy_time)
-    cfg, note = G._decide(node, g, "triton-interpreter", Options(), fused_with)
+    backend = choose_backend(torch.device(device))  # "triton-interpreter" on the CPU, "triton" on a GPU
+    cfg, note = G._decide(node, g, backend, Options(), fused_with)
     space = G.config_space(g.type_of(node.inputs[0]).dtype.itemsize)
     assert asked == space
     # the unfused pair first, then one timing per tile right after its run is built: every tile ran
     assert [i for i, _ in timed] == list(range(len(space) + 1))
     assert all(0 < t < float("inf") for _, t in timed)
     assert "inf" not in note and (cfg is None or cfg in space)
-    assert G._decide(node, g, "triton-interpreter", Options(), None) == (cfg, note)  # identical layers: decided once
+    assert G._decide(node, g, backend, Options(), None) == (cfg, note)  # identical layers: decided once
     assert len(timed) == len(space) + 1  # and nothing timed again

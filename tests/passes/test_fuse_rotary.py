@@ -31,8 +31,8 @@ def _ops(g, op):
     return [n for n in g.nodes if n.op == op]
 
 
-def test_llama_rotary_q_and_k_of_every_layer():
-    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=9, seed=3)
+def test_llama_rotary_q_and_k_of_every_layer(device):
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=9, seed=3, device=device)
     g, xs = _imported(model, args, kwargs)
     assert len(_ops(g, "cat")) == 4 and len(_ops(g, "neg")) == 4  # rotate_half of q and k, 2 layers
     r = fuse_rotary(g)
@@ -40,8 +40,8 @@ def test_llama_rotary_q_and_k_of_every_layer():
     _close(g, r, xs)
 
 
-def test_llama_attention_reads_the_shared_kv_heads_and_writes_merged_heads():
-    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=9, seed=4)
+def test_llama_attention_reads_the_shared_kv_heads_and_writes_merged_heads(device):
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=9, seed=4, device=device)
     g, xs = _imported(model, args, kwargs)
     assert len(_ops(g, "expand")) == 4  # HF repeat_kv on k and v, 2 layers
     f = fuse_attention(fuse_rotary(g))
@@ -75,11 +75,11 @@ class _Rope(nn.Module):
 
 
 @pytest.mark.parametrize("form,fused", [("hf", True), ("swapped", False), ("shared", False)])
-def test_only_rotate_half_is_fused(form, fused):
+def test_only_rotate_half_is_fused(form, fused, device):
     gen = torch.Generator().manual_seed(2)
-    x = torch.randn(2, 5, 32, generator=gen)
-    cos, sin = torch.rand(5, 32, generator=gen), torch.rand(5, 32, generator=gen)
-    model = _Rope(form).eval()
+    x = torch.randn(2, 5, 32, generator=gen).to(device)
+    cos, sin = torch.rand(5, 32, generator=gen).to(device), torch.rand(5, 32, generator=gen).to(device)
+    model = _Rope(form).to(device).eval()
     g, xs = _imported(model, (x, cos, sin))
     r = fuse_rotary(g)
     assert len(_ops(r, "rotary")) == int(fused)
@@ -87,14 +87,17 @@ def test_only_rotate_half_is_fused(form, fused):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_compiled_llama_runs_rotary_and_gqa_kernels(dtype):
-    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=11, seed=5, dtype=dtype)
+def test_compiled_llama_runs_rotary_and_gqa_kernels(dtype, device, monkeypatch):
+    # kfuse's attention kernel on a GPU too, where the lowering would time it against SDPA and may keep
+    # SDPA (the CPU never measures)
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=2, seq=11, seed=5, dtype=dtype, device=device)
     compiled = kfuse.compile(model, args, kwargs)
     rep = compiled.report
     templates = [k["template"] for k in rep["kernels"]]
     assert templates.count("rotary") == 4 and templates.count("fused_attention") == 2
     assert rep["max_rel_err"] < (2e-2 if dtype == torch.float16 else 1e-4)
-    _, args2, _ = kfuse.models.build("llama-tiny", batch=2, seq=11, seed=6, dtype=dtype)
+    _, args2, _ = kfuse.models.build("llama-tiny", batch=2, seq=11, seed=6, dtype=dtype, device=device)
     with torch.no_grad():
         got, ref = compiled(*args2).last_hidden_state.float(), model(*args2).last_hidden_state.float()
     assert (got - ref).abs().max() / ref.abs().max() < (2e-2 if dtype == torch.float16 else 1e-4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import kfuse
@@ -33,29 +34,29 @@ def _structure(g: Graph) -> tuple:
     return [(n.name, n.op, tuple(n.inputs), n.type) for n in g.nodes], tuple(g.outputs)
 
 
-def inputs() -> list[torch.Tensor]:
-    return [torch.randn(B, S, K), torch.randn(B, S, N)]
+def inputs(device: str) -> list[torch.Tensor]:
+    return [torch.randn(B, S, K, device=device), torch.randn(B, S, N, device=device)]
 
 
-def test_reshapes_leave_the_chain_and_the_epilogue_takes_it_all() -> None:
+def test_reshapes_leave_the_chain_and_the_epilogue_takes_it_all(device: str) -> None:
     g = conv1d_like()
     sunk = sink_reshapes(g)
     assert "reshape" not in sunk.op_counts(), str(sunk)
     mm = next(n for n in sunk.nodes if n.op == "matmul")
     assert sunk.type_of(mm.inputs[0]).shape == (B, S, K)  # type: ignore[union-attr]
-    xs = inputs()
+    xs = inputs(device)
     torch.testing.assert_close(reference_run(sunk, xs)[0], reference_run(g, xs)[0])
     fused = fuse_epilogues(sunk)
     assert fused.op_counts() == {"gemm_epilogue": 1}, str(fused)
     torch.testing.assert_close(reference_run(fused, xs)[0], reference_run(g, xs)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_full_shape_operand_blocks_sinking() -> None:
+def test_full_shape_operand_blocks_sinking(device: str) -> None:
     g = conv1d_like(extra_full_operand=True)
     sunk = sink_reshapes(g)
     # the add with a (B*S, N) operand cannot move past the reshape; the math stays the same
     assert sunk.op_counts().get("reshape", 0) >= 1
-    xs = inputs()
+    xs = inputs(device)
     torch.testing.assert_close(reference_run(sunk, xs)[0], reference_run(g, xs)[0])
 
 
@@ -70,7 +71,7 @@ def test_reshape_changing_last_dim_is_left_alone() -> None:
     assert _structure(out) == _structure(g), str(out)
 
 
-def test_value_used_twice_is_not_moved() -> None:
+def test_value_used_twice_is_not_moved(device: str) -> None:
     b = GraphBuilder()
     x = b.add_input("x", TensorType((6, 4), torch.float32))
     y = b.op("relu", [x])
@@ -78,13 +79,17 @@ def test_value_used_twice_is_not_moved() -> None:
     g = b.build([z, y])
     out = sink_reshapes(g)
     assert _structure(out) == _structure(g), str(out)
-    xs = [torch.randn(6, 4)]
+    xs = [torch.randn(6, 4, device=device)]
     for got, ref in zip(reference_run(out, xs), reference_run(g, xs), strict=True):
         torch.testing.assert_close(got, ref)
 
 
-def test_gpt2_chains_fuse_into_gemm_epilogues() -> None:
-    model, args, kwargs = zoo.build("gpt2-tiny", batch=2, seq=8)
+def test_gpt2_chains_fuse_into_gemm_epilogues(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # kfuse's own kernels on a GPU too, where the lowering would time GEMMs against cuBLAS and b2b chains
+    # against their unfused GEMMs and may keep either (the CPU never measures)
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
+    monkeypatch.setenv("KFUSE_B2B_DECIDE", "rule")
+    model, args, kwargs = zoo.build("gpt2-tiny", batch=2, seq=8, device=device)
     compiled = kfuse.compile(model, args, kwargs)
     counts = compiled.report["op_counts"]
     assert counts.get("reshape", 0) == 0 and counts.get("pointwise", 0) <= 1, counts
@@ -96,7 +101,7 @@ def test_gpt2_chains_fuse_into_gemm_epilogues() -> None:
     assert compiled.report["max_rel_err"] < 1e-4
 
 
-def test_flatten_below_a_plain_matmul_moves_to_its_input() -> None:
+def test_flatten_below_a_plain_matmul_moves_to_its_input(device: str) -> None:
     """A flatten that reached a 3-D GEMM's output (GPT-2's c_proj input view, moved up through the
     GELU) moves on into the GEMM's input, so it never splits the GEMM from its epilogue."""
     b = GraphBuilder()
@@ -111,5 +116,5 @@ def test_flatten_below_a_plain_matmul_moves_to_its_input() -> None:
     fused = fuse_epilogues(sunk)
     gemm = next(n for n in fused.nodes if n.op == "gemm_epilogue")
     assert list(gemm.attrs["fused_ops"]) == ["matmul", "add", "gelu_tanh"]
-    xs = [torch.randn(B, S, K)]
+    xs = [torch.randn(B, S, K, device=device)]
     torch.testing.assert_close(reference_run(fused, xs)[0], reference_run(g, xs)[0])

@@ -35,17 +35,17 @@ class _Enc(torch.nn.Module):
         return h
 
 
-def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+def _inputs(device: str) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(B, S, H, generator=gen)
-    mask = torch.ones(B, S, dtype=torch.long)
+    x = torch.randn(B, S, H, generator=gen).to(device)
+    mask = torch.ones(B, S, dtype=torch.long, device=device)
     mask[1, 5:] = 0  # row 1 padded from position 5
     return x, mask
 
 
-def _model(pool: str) -> _Enc:
+def _model(pool: str, device: str) -> _Enc:
     torch.manual_seed(0)
-    return _Enc(pool).eval()
+    return _Enc(pool).to(device).eval()
 
 
 def _templates(compiled) -> list[str]:
@@ -57,8 +57,8 @@ def _configs(compiled) -> str:
 
 
 @pytest.mark.parametrize("pool", ["mean", "last"])
-def test_padded_position_reader_keeps_padded_layout(pool):
-    m, (x, mask) = _model(pool), _inputs()
+def test_padded_position_reader_keeps_padded_layout(pool, device):
+    m, (x, mask) = _model(pool, device), _inputs(device)
     compiled = kfuse.compile(m, (x, mask))
     assert "varlen_region" not in _templates(compiled)
     notes = _configs(compiled)
@@ -75,16 +75,16 @@ def test_padded_position_reader_keeps_padded_layout(pool):
     torch.testing.assert_close(compiled(x, mask2), ref2, atol=1e-5, rtol=1e-5)
 
 
-def test_forced_varlen_still_applied_with_warning_note():
-    m, (x, mask) = _model("mean"), _inputs()
+def test_forced_varlen_still_applied_with_warning_note(device):
+    m, (x, mask) = _model("mean", device), _inputs(device)
     compiled = kfuse.compile(m, (x, mask), varlen=True, check=False)
     assert _templates(compiled).count("varlen_region") == 1
     region = next(k for k in compiled.report["kernels"] if k["template"] == "varlen_region")
     assert "padding-free mode forced (varlen=True)" in region["config"] and "reads padded positions of" in region["config"]
 
 
-def test_region_output_returned_keeps_padding_free():
-    m, (x, mask) = _model("none"), _inputs()
+def test_region_output_returned_keeps_padding_free(device):
+    m, (x, mask) = _model("none", device), _inputs(device)
     compiled = kfuse.compile(m, (x, mask))
     assert _templates(compiled).count("varlen_region") == 1
     assert "not applied" not in _configs(compiled) and "forced" not in _configs(compiled)
@@ -96,8 +96,8 @@ def test_region_output_returned_keeps_padding_free():
     assert torch.all(out[~v] == 0)  # the documented behaviour of returned hidden states
 
 
-def test_cls_pooling_keeps_padding_free():
-    m, (x, mask) = _model("cls"), _inputs()
+def test_cls_pooling_keeps_padding_free(device):
+    m, (x, mask) = _model("cls", device), _inputs(device)
     compiled = kfuse.compile(m, (x, mask))
     assert _templates(compiled).count("varlen_region") == 1
     assert "not applied" not in _configs(compiled)
@@ -106,8 +106,8 @@ def test_cls_pooling_keeps_padding_free():
     torch.testing.assert_close(compiled(x, mask), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_bert_with_pooler_keeps_padding_free():
-    m, a, k = kfuse.models.build("bert-tiny", batch=2, seq=16, with_mask=True, avg_len_ratio=0.6)
+def test_bert_with_pooler_keeps_padding_free(device):
+    m, a, k = kfuse.models.build("bert-tiny", batch=2, seq=16, with_mask=True, avg_len_ratio=0.6, device=device)
     compiled = kfuse.compile(m, a, k)
     assert _templates(compiled).count("varlen_region") == 1
     assert "not applied" not in _configs(compiled)

@@ -1,12 +1,37 @@
 """The measured lowering choice: the fastest candidate wins, a failing one never does, results
-are cached per problem, and representative inputs can replace random ones (CPU: wall-clock timing)."""
+are cached per problem, and representative inputs can replace random ones (CPU: wall-clock timing;
+GPU: GPU time from CUDA-graph replays)."""
 
 import time
 
+import pytest
 import torch
 
 from kfuse.ir.graph import GraphBuilder, Node, TensorType
 from kfuse.runtime import choice
+
+
+@pytest.fixture(autouse=True)
+def _measured_here(monkeypatch):
+    """Every choice measured in this test: an empty in-process cache and, on a GPU, no tuning database
+    (a choice stored there by an earlier run would be read back instead of measured, and this test's
+    made-up problems must not be stored in it)."""
+    monkeypatch.setattr(choice, "_CACHE", {})
+    monkeypatch.setattr(choice, "_persistent_db", lambda: None)
+
+
+def _slow(device):
+    """A candidate slower than doing nothing by ~2 ms of the clock that times it: the wall clock on the CPU,
+    GPU time on a GPU (a host sleep is not in a CUDA graph; a spinning kernel is)."""
+
+    def run(xs):
+        if device == "cuda":
+            torch.cuda._sleep(2_000_000)  # GPU clock cycles: ~1 ms at the H200's ~1.98 GHz
+        else:
+            time.sleep(0.002)
+        return xs[0]
+
+    return run
 
 
 def _graph():
@@ -17,14 +42,11 @@ def _graph():
     return g, g.nodes[-1]
 
 
-def test_fastest_wins_failing_never_and_cache(monkeypatch) -> None:
-    monkeypatch.setattr(choice, "example_inputs", lambda node, graph, device="cuda": [torch.randn(4, 8)])
+def test_fastest_wins_failing_never_and_cache(monkeypatch, device) -> None:
+    monkeypatch.setattr(choice, "example_inputs", lambda node, graph, device=device: [torch.randn(4, 8, device=device)])
     g, node = _graph()
     calls = {"fast": 0}
-
-    def slow(xs):
-        time.sleep(0.002)
-        return xs[0]
+    slow = _slow(device)
 
     def fast(xs):
         calls["fast"] += 1
@@ -40,10 +62,10 @@ def test_fastest_wins_failing_never_and_cache(monkeypatch) -> None:
     assert calls["fast"] == n  # cached: not measured again
 
 
-def test_given_inputs_are_used() -> None:
+def test_given_inputs_are_used(device) -> None:
     g, node = _graph()
     seen = []
-    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
 
     def cand(xs):
         seen.append(xs[0])
@@ -53,20 +75,20 @@ def test_given_inputs_are_used() -> None:
     assert seen and all(x is cu for x in seen)
 
 
-def test_choices_persist_in_the_tuning_database(monkeypatch, tmp_path) -> None:
+def test_choices_persist_in_the_tuning_database(monkeypatch, tmp_path, device) -> None:
     """A second process (a cleared in-process cache) reads the choice back instead of measuring."""
     from kfuse.tune.database import TuningDB
 
     db = TuningDB(tmp_path / "t.sqlite")
     monkeypatch.setattr(choice, "_persistent_db", lambda: db)
-    monkeypatch.setattr(choice, "example_inputs", lambda node, graph, device="cuda": [torch.randn(4, 8)])
+    monkeypatch.setattr(choice, "example_inputs", lambda node, graph, device=device: [torch.randn(4, 8, device=device)])
     g, node = _graph()
     calls = {"n": 0}
+    slow = _slow(device)
 
     def a(xs):
         calls["n"] += 1
-        time.sleep(0.002)
-        return xs[0]
+        return slow(xs)
 
     def b(xs):
         calls["n"] += 1

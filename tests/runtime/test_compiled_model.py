@@ -11,6 +11,8 @@ import torch.nn as nn
 import kfuse
 from kfuse import KfuseInputError
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 class TwoHeads(nn.Module):
     def __init__(self) -> None:
@@ -24,11 +26,11 @@ class TwoHeads(nn.Module):
 
 
 def inputs(m: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(m, 16), torch.rand(24) + 0.5
+    return torch.randn(m, 16, device=DEVICE), torch.rand(24, device=DEVICE) + 0.5
 
 
 def test_structure_preserved_and_numerics() -> None:
-    model = TwoHeads().eval()
+    model = TwoHeads().to(DEVICE).eval()
     compiled = kfuse.compile(model, inputs())
     x, s = inputs()
     h, d = compiled(x, s)
@@ -39,7 +41,7 @@ def test_structure_preserved_and_numerics() -> None:
 
 
 def test_new_shape_recompiles_once_and_caches() -> None:
-    model = TwoHeads().eval()
+    model = TwoHeads().to(DEVICE).eval()
     compiled = kfuse.compile(model, inputs(5))
     for m in (1, 7, 7, 33):
         x, s = inputs(m)
@@ -48,7 +50,7 @@ def test_new_shape_recompiles_once_and_caches() -> None:
 
 
 def test_wrong_inputs_give_clear_errors() -> None:
-    compiled = kfuse.compile(TwoHeads().eval(), inputs())
+    compiled = kfuse.compile(TwoHeads().to(DEVICE).eval(), inputs())
     x, s = inputs()
     with pytest.raises(KfuseInputError, match=r"args\[0\].*dtype torch.float16"):
         compiled(x.half(), s)
@@ -60,8 +62,11 @@ def test_wrong_inputs_give_clear_errors() -> None:
         compiled(x, 3.0)
 
 
-def test_report_schema_and_explain(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
-    compiled = kfuse.compile(TwoHeads().eval(), inputs(), explain=True)
+def test_report_schema_and_explain(capsys: pytest.CaptureFixture[str], tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # kfuse's GEMM kernels on a GPU too, where the lowering would time them against cuBLAS and may keep
+    # cuBLAS (the CPU never measures)
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
+    compiled = kfuse.compile(TwoHeads().to(DEVICE).eval(), inputs(), explain=True)
     printed = capsys.readouterr().out
     assert "after import" in printed and "after fuse_epilogue" in printed and "kernel plan" in printed
     rep = compiled.report
@@ -76,7 +81,7 @@ def test_report_schema_and_explain(capsys: pytest.CaptureFixture[str], tmp_path)
 
 
 def test_torch_backend_runs_without_triton_kernels() -> None:
-    model = TwoHeads().eval()
+    model = TwoHeads().to(DEVICE).eval()
     compiled = kfuse.compile(model, inputs(), backend="torch")
     assert compiled.report["backend"] == "torch"
     assert all(k["template"] in ("torch", "fallback") for k in compiled.report["kernels"])
@@ -88,7 +93,8 @@ def test_torch_backend_runs_without_triton_kernels() -> None:
 
 
 def test_sass_option_without_a_gpu_is_reported_not_silently_ignored() -> None:
+    # on the CPU on purpose, on a GPU machine too: a model compiled for the CPU has no GPU to tune SASS on
     with pytest.warns(UserWarning, match="sass=True not applied: SASS tuning .* on a CUDA GPU"):
-        compiled = kfuse.compile(TwoHeads().eval(), inputs(), sass=True)
+        compiled = kfuse.compile(TwoHeads().eval(), tuple(t.cpu() for t in inputs()), sass=True)
     assert compiled.report["sass"]["applied"] is False
     assert "CUDA GPU" in compiled.report["sass"]["reason"]

@@ -1,5 +1,6 @@
 """Tuner logic without a GPU: rules, database (round trip, resume, corrupt file), cost model,
-search (valid configs only, evolutionary), tuner + compile with an injected timing function."""
+search (valid configs only, evolutionary), tuner + compile with an injected timing function (the
+correctness checks run each config in the interpreter on the CPU, compiled on a GPU)."""
 
 import json
 import sqlite3
@@ -295,16 +296,17 @@ def test_tuner_db_hit_and_resume(tmp_path):
     assert t3.choose([(BIG, None)])[BIG.signature()] == cfg and not calls and t3.stats.from_db == 1
 
 
-def test_tuner_checks_correctness_in_interpreter(tmp_path):
-    """With an injected timing and a small problem, each config also runs in the interpreter."""
+def test_tuner_checks_correctness_of_each_config(tmp_path, device):
+    """With an injected timing and a small problem, each config also runs and is checked: in the
+    interpreter on the CPU, compiled on a GPU (the tuner's device)."""
     p = GemmProblem(24, 40, 32, dtype="fp32", n_extras=1)
     space = [GemmConfig(16, 32, 32, 1, 4, 2), GemmConfig(32, 32, 32, 1, 4, 2)]
-    t = Tuner("fast", db=TuningDB(tmp_path / "t.sqlite"), hw=DEFAULT, measure=fake_ms, progress=False)
+    t = Tuner("fast", db=TuningDB(tmp_path / "t.sqlite"), hw=DEFAULT, measure=fake_ms, device=device, progress=False)
     res = t.tune(p, space=space)
     assert res.best in space and all(m.status == "ok" for m in res.measured)
 
 
-def test_a_config_that_writes_nothing_is_wrong(monkeypatch):
+def test_a_config_that_writes_nothing_is_wrong(monkeypatch, device):
     """The runners reuse one output buffer across configs, so the check must poison it first:
     a config whose kernel writes nothing would otherwise be checked against the previous config's
     (correct) result, left in the buffer, and pass."""
@@ -314,11 +316,11 @@ def test_a_config_that_writes_nothing_is_wrong(monkeypatch):
     good, silent = GemmConfig(16, 32, 32, 1, 4, 2), GemmConfig(32, 32, 32, 1, 4, 2)
     real = prof.launch
     monkeypatch.setattr(prof, "launch", lambda g, epi, cfg, **kw: None if cfg == silent and not kw else real(g, epi, cfg, **kw))
-    got = Profiler(measure=fake_ms).profile(p, [good, silent], prof.make_runner(p, "cpu"))  # good first
+    got = Profiler(measure=fake_ms).profile(p, [good, silent], prof.make_runner(p, device))  # good first
     assert [m.status for m in got] == ["ok", "wrong"]
 
 
-def test_a_conv_config_that_writes_nothing_is_wrong(monkeypatch):
+def test_a_conv_config_that_writes_nothing_is_wrong(monkeypatch, device):
     import kfuse.tune.profiler as prof
 
     p = ConvProblem(1, 5, 7, 6, 9, 3, 3, (1, 1), (1, 1), (1, 1), dtype="fp32")
@@ -331,17 +333,20 @@ def test_a_conv_config_that_writes_nothing_is_wrong(monkeypatch):
         return real(x, w, bias, ex, epi, params, dtype, cfg, wp, warmup=warmup, out=out)
 
     monkeypatch.setattr(prof, "conv_epilogue", conv)
-    got = Profiler(measure=fake_ms).profile(p, [good, silent], prof.make_runner(p, "cpu"))
+    got = Profiler(measure=fake_ms).profile(p, [good, silent], prof.make_runner(p, device))
     assert [m.status for m in got] == ["ok", "wrong"]
 
 
-def test_compile_with_tuning_uses_db(tmp_path, monkeypatch):
+def test_compile_with_tuning_uses_db(tmp_path, monkeypatch, device):
     import kfuse
     import kfuse.tune.tuner as tuner_mod
 
     monkeypatch.setenv("KFUSE_TUNE_DB", str(tmp_path / "t.sqlite"))
-    m = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU()).eval()
-    x = torch.randn(5, 16)
+    # the tuned template on a GPU too, where the lowering would time it against cuBLAS and may keep
+    # cuBLAS (the CPU never measures)
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
+    m = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU()).to(device).eval()
+    x = torch.randn(5, 16, device=device)
     made = []
     orig = tuner_mod.Tuner
 
@@ -359,7 +364,7 @@ def test_compile_with_tuning_uses_db(tmp_path, monkeypatch):
     assert "gemm_epilogue" in {k["template"] for k in c2.report["kernels"]}
 
 
-def test_tune_graph_tunes_the_unfused_stages_of_b2b_chains(tmp_path):
+def test_tune_graph_tunes_the_unfused_stages_of_b2b_chains(tmp_path, device):
     """A b2b chain keeps its original GEMMs for the measured fused-vs-unfused decision; they are
     tuned with the rest, so the decision compares the fused kernel with a tuned unfused pair
     (session 14: the pair ran on untuned 128x128x64 tiles and on cuBLAS, never on the tuned
@@ -372,12 +377,13 @@ def test_tune_graph_tunes_the_unfused_stages_of_b2b_chains(tmp_path):
     b = GraphBuilder("mlp")
     h = b.add_input("x", TensorType((300, 24), torch.float32))
     for k, n, act in ((24, 32, "relu"), (32, 16, None)):
-        y = b.op("add", [b.op("matmul", [h, b.add_constant(torch.randn(k, n))]), b.add_constant(torch.randn(n))])
+        w, bias = b.add_constant(torch.randn(k, n, device=device)), b.add_constant(torch.randn(n, device=device))
+        y = b.op("add", [b.op("matmul", [h, w]), bias])
         h = b.op(act, [y]) if act else y
     g = fuse_b2b(fuse_epilogues(b.build([h])))
     [chain] = [n for n in g.nodes if "unfused" in n.attrs]
     assert all("config" not in s.attrs for s in chain.attrs["unfused"])
-    t = Tuner("fast", db=TuningDB(tmp_path / "t.sqlite"), hw=DEFAULT, measure=fake_ms, progress=False, check=False)
+    t = Tuner("fast", db=TuningDB(tmp_path / "t.sqlite"), hw=DEFAULT, measure=fake_ms, device=device, progress=False, check=False)
     tuned = tune_graph(g, tuner=t, verbose=False)
     [chain2] = [n for n in tuned.nodes if "unfused" in n.attrs]
     stages = chain2.attrs["unfused"]

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_tuner_timing_probe_smoke(tmp_path: Path) -> None:
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, KFUSE_CACHE_DIR=str(tmp_path / "cache"))
+    # --smoke is the script's CPU run (device "cpu", the interpreter): no GPU visible to it on a GPU machine
+    # either, where it would take its GPU paths with CPU tensors (tune.hardware.query("cpu"), CUDA-graph timing)
+    env = dict(os.environ, PYTHONPATH=path, KFUSE_CACHE_DIR=str(tmp_path / "cache"), CUDA_VISIBLE_DEVICES="")
     script = ROOT / "benchmarks" / "experiments" / "tuner_timing_probe.py"
     cmd = [sys.executable, str(script), "--smoke", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
