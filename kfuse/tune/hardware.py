@@ -61,8 +61,8 @@ def lookup(name: str) -> Hardware:
 
 def query(device: torch.device | str | None = None) -> Hardware:
     """The live device when there is one (driver values win over the table), else the H200
-    entry (CPU tests and offline planning target the benchmark GPU)."""
-    if not torch.cuda.is_available():
+    entry (CPU tests, CPU devices and offline planning target the benchmark GPU)."""
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
         return DEFAULT
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     p = torch.cuda.get_device_properties(dev)

@@ -313,7 +313,10 @@ def tune_graph(graph: Graph, options: Any = None, tuner: Tuner | None = None, ve
     if not nodes:
         return graph
     if tuner is None:
-        tuner = Tuner(mode, progress=verbose)
+        # the model's device (its weights'), not the machine's: a CPU model compiled on a GPU machine
+        # runs on the CPU, where there is nothing to time
+        weights = [t for t in graph.constants.values() if isinstance(t, torch.Tensor)]
+        tuner = Tuner(mode, progress=verbose, device=weights[0].device if weights else None)
     LAST.clear()
     LAST.append(tuner)  # the benchmark and the report read the stats of the latest compile
     ctx = graph.replace(nodes=tuple(graph.nodes) + tuple(inner)) if inner else graph
