@@ -1,5 +1,5 @@
 """Shared set-up of the co-location tests: a one-GEMM LC model and a small BE workload on the CUDA
-backend (run in the Triton interpreter on the CPU)."""
+backend (on the GPU when there is one, else in the Triton interpreter on the CPU)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ from kfuse.colocate.lc import LCItem
 
 
 @pytest.fixture
-def gemm_lc_backend() -> Callable[[str], SimpleNamespace]:
+def gemm_lc_backend(device: str) -> Callable[[str], SimpleNamespace]:
     """``make(be)``: a 40x33x24 LC GEMM (key ``"40x33x24"``, its output ``c`` NaN-poisoned) and one
     non-GEMM step, the small ``be`` workload with the output of its original kernel (``expect_be``)
     and reset again, and the CUDA backend over both."""
 
     def make(be: str) -> SimpleNamespace:
-        a, b = torch.randn(40, 24).half(), torch.randn(24, 33).half()
-        c = torch.full((40, 33), float("nan"), dtype=torch.float16)
+        a, b = torch.randn(40, 24, device=device).half(), torch.randn(24, 33, device=device).half()
+        c = torch.full((40, 33), float("nan"), dtype=torch.float16, device=device)
         gemm = ptb.gemm_kernel(a, b, c)
         items = [LCItem("gemm0", gemm, None, "40x33x24", ("matmul",)), LCItem("seg0", None, lambda: None, "", ("relu",))]
-        w = workloads.make(be, small=True)
+        w = workloads.make(be, small=True, device=device)
         w.reset()
         ptb.launch_original(w.kernel)
         expect_be = w.output().clone()

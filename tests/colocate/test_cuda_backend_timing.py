@@ -45,9 +45,11 @@ def test_without_retime_the_first_window_stands(fake_gpu: list[tuple[float, floa
     assert cb.PREROLL["uncovered"] == 1 and cb.PREROLL["retimed"] == 0
 
 
-def test_segments_run_eagerly_without_a_gpu() -> None:
+def test_segments_run_eagerly_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     from kfuse.colocate.lc import LCItem
 
+    # the no-GPU path on a GPU machine too (there ``graphed`` would capture the segment in a CUDA graph)
+    monkeypatch.setattr(cb.torch.cuda, "is_available", lambda: False)
     ran = []
     items = [LCItem("seg0", None, lambda: ran.append(0), "", ("layer_norm",))]
     backend = cb.CudaBackend(items, {})

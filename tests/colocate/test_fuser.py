@@ -5,23 +5,28 @@ import torch
 
 from kfuse.colocate import fuser, ptb, workloads
 from kfuse.colocate.fuser import FusedVersion
+from kfuse.kernels.codegen import interpreting
 
 VERSIONS = [*fuser.DEFAULT_VERSIONS, FusedVersion(2, 1, "interleave"), FusedVersion(1, 2, "interleave")]
 VERSIONS += [fuser.TAIL, FusedVersion(4, 0, "tail"), fuser.TAILX, FusedVersion(4, 0, "tailx"), fuser.TAILSM]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the interpreter's 16 x 16 LC tile on the GPU too: the GPU's 128 x 128 tile would make every LC GEMM here one
+# block, and the tests below need fewer, as many and more LC blocks than programs
+LC_TILE = ptb.default_ptb_config(torch.float16, gpu=False)
 
 
 def _lc(m: int = 40, n: int = 33) -> tuple[ptb.BlockKernel, torch.Tensor]:
-    """An m x 24 @ 24 x n LC GEMM and its output, holding the original kernel's result."""
-    a, b = torch.randn(m, 24).half(), torch.randn(24, n).half()
-    c = torch.full((m, n), float("nan"), dtype=torch.float16)
-    k = ptb.gemm_kernel(a, b, c)
+    """An m x 24 @ 24 x n LC GEMM (16 x 16 tiles) and its output, holding the original kernel's result."""
+    a, b = torch.randn(m, 24, device=DEVICE).half(), torch.randn(24, n, device=DEVICE).half()
+    c = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEVICE)
+    k = ptb.gemm_kernel(a, b, c, LC_TILE)
     ptb.launch_original(k)
     return k, c
 
 
 def _be(name: str) -> tuple[workloads.Workload, torch.Tensor]:
     """A small BE workload and the output of its original kernel."""
-    w = workloads.make(name, small=True)
+    w = workloads.make(name, small=True, device=DEVICE)
     w.reset()
     ptb.launch_original(w.kernel)
     return w, w.output().clone()
@@ -58,7 +63,7 @@ def test_fused_every_workload_with_split(be: str) -> None:
     w, expect_be = _be(be)
     c.fill_(float("nan"))
     w.reset()
-    half = w.kernel.n_blocks // 2
+    half = max(1, w.kernel.n_blocks // 2)  # the GPU's block sizes leave hotspot and pathfinder one block
     # first half of the BE kernel fused with the LC kernel, the rest alone (kernel split)
     fuser.launch_fused(lc, w.kernel, FusedVersion(1, 2), be_range=(0, half), sms=2)
     ptb.launch_ptb(w.kernel, half, w.kernel.n_blocks, grid=2)
@@ -95,7 +100,7 @@ def test_tailsm_every_block_once_and_counters_reset(m: int, sms: int) -> None:
     kernel leaves the counters and the per-SM flags zeroed, so the next launch starts from zero."""
     lc, c = _lc(m, 70)
     expect_lc = c.clone()
-    w, expect_be = _be("hotspot")
+    w, expect_be = _be("stencil7")  # 10 blocks at the GPU's block size (30 in the interpreter); hotspot has one there
     for _ in range(2):  # a second launch on the same counters
         _fused_rest(lc, c, w, fuser.TAILSM, 5, sms)
         assert torch.equal(c, expect_lc)
@@ -125,11 +130,13 @@ def test_tailsm_trace_records_the_sm_of_every_lc_block(m: int) -> None:
     lc, c = _lc(m, 70)
     expect_lc = c.clone()
     w, expect_be = _be("hotspot")
-    trace = torch.full((lc.n_blocks + 2,), -1, dtype=torch.int32)
+    trace = torch.full((lc.n_blocks + 2,), -1, dtype=torch.int32, device=DEVICE)
     _fused_rest(lc, c, w, fuser.TAILSM, 0, sms, trace)
     assert torch.equal(c, expect_lc) and torch.equal(w.output(), expect_be)
     got = trace[: lc.n_blocks]
-    assert bool(((got >= 0) & (got < sms)).all()), got
+    # the interpreter plays `sms` SMs (programs p and p + grid / 2 on one); a GPU records its own %smid
+    n_sm = sms if interpreting() else ptb.num_sms()
+    assert bool(((got >= 0) & (got < n_sm)).all()), got
     assert trace[lc.n_blocks :].tolist() == [-1, -1]  # nothing written past the range
     with pytest.raises(ValueError, match="slots"):
         fuser.launch_fused(lc, w.kernel, fuser.TAILSM, sms=sms, trace=trace[: lc.n_blocks - 1])
@@ -141,7 +148,7 @@ def test_overlap_and_checks() -> None:
     assert fuser.overlap(1.0, 1.0, 2.0) == 0.0
     assert fuser.overlap(1.0, 1.0, 1.0) == 0.5
     lc, _ = _lc()
-    w = workloads.make("sgemm", small=True)
+    w = workloads.make("sgemm", small=True, device=DEVICE)
     with pytest.raises(ValueError, match="outside"):
         fuser.launch_fused(lc, w.kernel, be_range=(0, w.kernel.n_blocks + 5), sms=2)
     with pytest.raises(ValueError, match="unknown fusion mode"):
