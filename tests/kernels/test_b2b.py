@@ -1,10 +1,11 @@
 """Back-to-back GEMM / conv chain template against the stage-by-stage reference, in the
-interpreter on the CPU; and, from the compiled sm_90 code, that the intermediate never goes to
-global memory."""
+interpreter on the CPU or compiled on a GPU (the reference always in fp32 on the CPU); and, from
+the compiled sm_90 code, that the intermediate never goes to global memory."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
@@ -33,21 +34,44 @@ def _epi(kind: str) -> Epilogue:
     raise KeyError(kind)
 
 
-def _extras(kind: str, lead: tuple[int, ...], n: int, dtype: torch.dtype) -> list[torch.Tensor]:
+def _extras(kind: str, lead: tuple[int, ...], n: int, dtype: torch.dtype, device: str) -> list[torch.Tensor]:
     if kind in ("bias_relu", "bias_gelu"):
-        return [torch.randn(n, dtype=dtype)]
+        return [torch.randn(n, dtype=dtype, device=device)]
     if kind == "residual_sigmoid":
-        return [torch.randn(*lead, n, dtype=dtype)]
+        return [torch.randn(*lead, n, dtype=dtype, device=device)]
     return []
+
+
+def _cpu(v: Any) -> Any:
+    """Tensors (in lists, at any depth) moved to the CPU; anything else as it is."""
+    if isinstance(v, torch.Tensor):
+        return v.cpu()
+    if isinstance(v, list):
+        return [_cpu(e) for e in v]
+    return v
+
+
+def _ref(chain: b2b.Chain, x: torch.Tensor, ws: list, bs: list, ex: list, geom: b2b.ConvGeom | None = None) -> torch.Tensor:
+    """``b2b.reference`` on CPU copies of the operands: the same fp32 oracle on either device (on a
+    GPU, cuDNN would compute the fp32 convolutions in TF32)."""
+    return b2b.reference(chain, _cpu(x), _cpu(ws), _cpu(bs), _cpu(ex), geom)
 
 
 TOL = {torch.float32: 2e-3, torch.float16: 2e-2}
 
 
 def _check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    out, ref = out.cpu(), ref.cpu()
     assert not torch.isnan(out).any(), "output has NaN: some element was not written"
     err = (out.double() - ref.double()).abs().max().item() / max(ref.double().abs().max().item(), 1e-6)
     assert err < TOL[dtype], f"max rel err {err}"
+
+
+@pytest.fixture
+def two_sms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Persistent grids sized for 2 SMs on either device (the interpreter's count), so that each
+    program's tile loop runs over several tiles on a GPU too, not one tile per program."""
+    monkeypatch.setattr(b2b.launcher, "_num_sms", lambda device: 2)
 
 
 GEMM_CASES = [
@@ -62,49 +86,49 @@ GEMM_CASES = [
 
 
 @pytest.mark.parametrize("m,k0,widths,residence,epis,dtype", GEMM_CASES)
-def test_gemm_chain(m: int, k0: int, widths: list[int], residence: str, epis: list[str], dtype: torch.dtype) -> None:
+def test_gemm_chain(m: int, k0: int, widths: list[int], residence: str, epis: list[str], dtype: torch.dtype, device: str) -> None:
     chain = b2b.Chain(tuple(b2b.Stage(_epi(e), dtype) for e in epis))
-    x = torch.randn(m, k0, dtype=dtype)
+    x = torch.randn(m, k0, dtype=dtype, device=device)
     ks = [k0] + widths[:-1]
-    ws = [(torch.randn(k, n) / k**0.5).to(dtype) for k, n in zip(ks, widths, strict=True)]
-    ex = [_extras(e, (m,), n, dtype) for e, n in zip(epis, widths, strict=True)]
-    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype)
+    ws = [(torch.randn(k, n, device=device) / k**0.5).to(dtype) for k, n in zip(ks, widths, strict=True)]
+    ex = [_extras(e, (m,), n, dtype, device) for e, n in zip(epis, widths, strict=True)]
+    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype, device=device)
     cfg = b2b.default_config(m, widths, residence)
     assert cfg.residence == residence
     got = b2b.b2b_chain(chain, x, ws, [None] * len(ws), ex, cfg, out=out)
     assert got.data_ptr() == out.data_ptr()
-    _check(got, b2b.reference(chain, x, ws, [None] * len(ws), ex), dtype)
+    _check(got, _ref(chain, x, ws, [None] * len(ws), ex), dtype)
 
 
 @pytest.mark.parametrize("residence", ["register", "smem"])
 @pytest.mark.parametrize("widths,block_n", [([40, 24, 20], 32), ([32, 48], 16)])
-def test_preload_matches_reference(residence: str, widths: list[int], block_n: int) -> None:
+def test_preload_matches_reference(residence: str, widths: list[int], block_n: int, device: str) -> None:
     """Preloaded weights on a 3-stage chain (one N tile: preloaded) and on a chain whose last
     width needs an N loop (preload falls back to the loads in the loop); odd M and K."""
     dtype = torch.float32
     m, k0 = 37, 23
     epis = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
     chain = b2b.Chain(tuple(b2b.Stage(_epi(e), dtype) for e in epis))
-    x = torch.randn(m, k0, dtype=dtype)
-    ws = [(torch.randn(k, n) / k**0.5).to(dtype) for k, n in zip([k0] + widths[:-1], widths, strict=True)]
-    ex = [_extras(e, (m,), n, dtype) for e, n in zip(epis, widths, strict=True)]
+    x = torch.randn(m, k0, dtype=dtype, device=device)
+    ws = [(torch.randn(k, n, device=device) / k**0.5).to(dtype) for k, n in zip([k0] + widths[:-1], widths, strict=True)]
+    ex = [_extras(e, (m,), n, dtype, device) for e, n in zip(epis, widths, strict=True)]
     cfg = b2b.B2BConfig(16, 32, block_n, 4, 1, residence, preload=True)
-    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype)
+    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype, device=device)
     got = b2b.b2b_chain(chain, x, ws, [None] * len(ws), ex, cfg, out=out)
-    _check(got, b2b.reference(chain, x, ws, [None] * len(ws), ex), dtype)
+    _check(got, _ref(chain, x, ws, [None] * len(ws), ex), dtype)
 
 
-def test_gemm_chain_batched_rows_and_transposed_weight() -> None:
+def test_gemm_chain_batched_rows_and_transposed_weight(device: str) -> None:
     """Leading dims fold into M; a transposed (Linear-style) weight view works."""
     chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float32), b2b.Stage(_epi("none"), torch.float32)))
-    x = torch.randn(3, 7, 24)
-    w0 = torch.randn(40, 24).t() / 5
-    w1 = torch.randn(16, 40).t() / 6
-    ex = [[torch.randn(40)], []]
-    out = torch.full((3, 7, 16), float("nan"))
+    x = torch.randn(3, 7, 24, device=device)
+    w0 = torch.randn(40, 24, device=device).t() / 5
+    w1 = torch.randn(16, 40, device=device).t() / 6
+    ex = [[torch.randn(40, device=device)], []]
+    out = torch.full((3, 7, 16), float("nan"), device=device)
     got = b2b.b2b_chain(chain, x, [w0, w1], [None, None], ex, out=out)
     assert got.data_ptr() == out.data_ptr() and got.shape == (3, 7, 16)
-    _check(out, b2b.reference(chain, x, [w0, w1], [None, None], ex), torch.float32)
+    _check(out, _ref(chain, x, [w0, w1], [None, None], ex), torch.float32)
 
 
 CONV_CASES = [
@@ -118,41 +142,46 @@ CONV_CASES = [
 
 @pytest.mark.parametrize("n,c,h,w,k,stride,pad,widths,residence,cl,dtype", CONV_CASES)
 def test_conv_chain(
-    n: int, c: int, h: int, w: int, k: int, stride: int, pad: int, widths: list[int], residence: str, cl: bool, dtype: torch.dtype
-) -> None:
+    n: int, c: int, h: int, w: int, k: int, stride: int, pad: int, widths: list[int], residence: str, cl: bool, dtype: torch.dtype,
+    device: str,
+) -> None:  # fmt: skip
     chain = b2b.Chain((b2b.Stage(_epi("scale_clamp"), dtype, True), b2b.Stage(_epi("residual_sigmoid"), dtype, True)), conv=True)
-    x = torch.randn(n, c, h, w, dtype=dtype)
+    x = torch.randn(n, c, h, w, dtype=dtype, device=device)
     if cl:
         x = x.to(memory_format=torch.channels_last)
-    w0 = (torch.randn(widths[0], c, k, k) / (c * k * k) ** 0.5).to(dtype)
-    w1 = (torch.randn(widths[1], widths[0], 1, 1) / widths[0] ** 0.5).to(dtype)
-    bs = [torch.randn(widths[0], dtype=dtype), torch.randn(widths[1], dtype=dtype)]
+    w0 = (torch.randn(widths[0], c, k, k, device=device) / (c * k * k) ** 0.5).to(dtype)
+    w1 = (torch.randn(widths[1], widths[0], 1, 1, device=device) / widths[0] ** 0.5).to(dtype)
+    bs = [torch.randn(widths[0], dtype=dtype, device=device), torch.randn(widths[1], dtype=dtype, device=device)]
     geom = b2b.ConvGeom((stride, stride), (pad, pad))
     oh = (h + 2 * pad - k) // stride + 1
     ow = (w + 2 * pad - k) // stride + 1
-    ex = [[], [torch.randn(n, widths[1], oh, ow, dtype=dtype)]]
+    ex = [[], [torch.randn(n, widths[1], oh, ow, dtype=dtype, device=device)]]
     cfg = b2b.default_config(n * oh * ow, widths, residence)
     fmt = torch.channels_last if cl else torch.contiguous_format
-    out = torch.full((n, widths[1], oh, ow), float("nan"), dtype=dtype).contiguous(memory_format=fmt)
+    out = torch.full((n, widths[1], oh, ow), float("nan"), dtype=dtype, device=device).contiguous(memory_format=fmt)
     got = b2b.b2b_chain(chain, x, [w0, w1], bs, ex, cfg, geom=geom, channels_last=cl, out=out)
     assert got.data_ptr() == out.data_ptr() and got.shape == (n, widths[1], oh, ow)
     assert got.is_contiguous(memory_format=fmt)
-    _check(out, b2b.reference(chain, x, [w0, w1], bs, ex, geom), dtype)
+    _check(out, _ref(chain, x, [w0, w1], bs, ex, geom), dtype)
 
 
-def test_clear_errors() -> None:
+def test_clear_errors(device: str) -> None:
     chain = b2b.Chain((b2b.Stage(_epi("none"), torch.float32), b2b.Stage(_epi("none"), torch.float32)))
-    x = torch.randn(4, 8)
+    x = torch.randn(4, 8, device=device)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device)
+
     with pytest.raises(ValueError, match="resident limit"):  # 512 wide in a three-stage chain: not chunked
         three = b2b.Chain(chain.stages + chain.stages[:1])
-        b2b.b2b_chain(three, x, [torch.randn(8, 512), torch.randn(512, 8), torch.randn(8, 8)], [None] * 3, [[], [], []])
+        b2b.b2b_chain(three, x, [rand(8, 512), rand(512, 8), rand(8, 8)], [None] * 3, [[], [], []])
     with pytest.raises(ValueError, match="stage 1 takes K=16"):
-        b2b.b2b_chain(chain, x, [torch.randn(8, 32), torch.randn(16, 8)], [None, None], [[], []])
+        b2b.b2b_chain(chain, x, [rand(8, 32), rand(16, 8)], [None, None], [[], []])
     with pytest.raises(ValueError, match="expects 1 extra"):
         bad = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float32), b2b.Stage(_epi("none"), torch.float32)))
-        b2b.b2b_chain(bad, x, [torch.randn(8, 32), torch.randn(32, 8)], [None, None], [[], []])
+        b2b.b2b_chain(bad, x, [rand(8, 32), rand(32, 8)], [None, None], [[], []])
     with pytest.raises(ValueError, match="residence"):
-        b2b.b2b_chain(chain, x, [torch.randn(8, 32), torch.randn(32, 8)], [None, None], [[], []], b2b.B2BConfig(residence="l2"))
+        b2b.b2b_chain(chain, x, [rand(8, 32), rand(32, 8)], [None, None], [[], []], b2b.B2BConfig(residence="l2"))
 
 
 # ---- the generated code: the intermediate never touches global memory --------------------------
@@ -231,17 +260,18 @@ PERSISTENT_CASES = [
 
 
 @pytest.mark.parametrize("m,k0,widths,cfg", PERSISTENT_CASES)
-def test_persistent_equals_reference(m: int, k0: int, widths: list[int], cfg: b2b.B2BConfig) -> None:
+@pytest.mark.usefixtures("two_sms")
+def test_persistent_equals_reference(m: int, k0: int, widths: list[int], cfg: b2b.B2BConfig, device: str) -> None:
     torch.manual_seed(3)
     kinds = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
     chain = b2b.Chain(tuple(b2b.Stage(_epi(k), torch.float32) for k in kinds))
-    x = torch.randn(m, k0)
+    x = torch.randn(m, k0, device=device)
     dims = [k0, *widths]
-    ws = [torch.randn(dims[i], dims[i + 1]) / dims[i] ** 0.5 for i in range(len(widths))]
-    extras = [_extras(k, (m,), widths[i], torch.float32) for i, k in enumerate(kinds)]
-    out = torch.full((m, widths[-1]), float("nan"))
+    ws = [torch.randn(dims[i], dims[i + 1], device=device) / dims[i] ** 0.5 for i in range(len(widths))]
+    extras = [_extras(k, (m,), widths[i], torch.float32, device) for i, k in enumerate(kinds)]
+    out = torch.full((m, widths[-1]), float("nan"), device=device)
     got = b2b.b2b_chain(chain, x, ws, [None] * len(widths), extras, cfg, out=out)
-    _check(got, b2b.reference(chain, x, ws, [None] * len(widths), extras), torch.float32)
+    _check(got, _ref(chain, x, ws, [None] * len(widths), extras), torch.float32)
 
 
 def test_candidates_include_persistent_for_small_k0_gemm_chains() -> None:
@@ -292,36 +322,40 @@ TMA_CASES = [
 
 
 @pytest.mark.parametrize("m,k0,widths,cfg,dtype", TMA_CASES)
-def test_tma_persistent_equals_reference(monkeypatch, m: int, k0: int, widths: list[int], cfg: b2b.B2BConfig, dtype: torch.dtype) -> None:
+@pytest.mark.usefixtures("two_sms")
+def test_tma_persistent_equals_reference(
+    monkeypatch, m: int, k0: int, widths: list[int], cfg: b2b.B2BConfig, dtype: torch.dtype, device: str
+) -> None:
     used = []
     real = b2b.launcher._tma_descriptors
     monkeypatch.setattr(b2b.launcher, "_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
     torch.manual_seed(5)
     kinds = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
     chain = b2b.Chain(tuple(b2b.Stage(_epi(k), dtype) for k in kinds))
-    x = torch.randn(m, k0).to(dtype)
+    x = torch.randn(m, k0, device=device).to(dtype)
     dims = [k0, *widths]
-    ws = [(torch.randn(dims[i], dims[i + 1]) / dims[i] ** 0.5).to(dtype) for i in range(len(widths))]
-    extras = [_extras(k, (m,), widths[i], dtype) for i, k in enumerate(kinds)]
-    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype)
+    ws = [(torch.randn(dims[i], dims[i + 1], device=device) / dims[i] ** 0.5).to(dtype) for i in range(len(widths))]
+    extras = [_extras(k, (m,), widths[i], dtype, device) for i, k in enumerate(kinds)]
+    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype, device=device)
     got = b2b.b2b_chain(chain, x, ws, [None] * len(widths), extras, cfg, out=out)
     assert len(used) == 1 and used[0] is not None, "the TMA kernel was not used"
-    _check(got, b2b.reference(chain, x, ws, [None] * len(widths), extras), dtype)
+    _check(got, _ref(chain, x, ws, [None] * len(widths), extras), dtype)
 
 
-def test_tma_persistent_falls_back_when_rows_are_misaligned(monkeypatch) -> None:
+@pytest.mark.usefixtures("two_sms")
+def test_tma_persistent_falls_back_when_rows_are_misaligned(monkeypatch, device: str) -> None:
     """K0 = 20 fp16 columns (40-byte rows) cannot be a TMA operand: the pointer kernel runs."""
     used = []
     real = b2b.launcher._tma_descriptors
     monkeypatch.setattr(b2b.launcher, "_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
     chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
-    x = torch.randn(45, 20).half()
-    ws = [torch.randn(20, 32).half() / 5, torch.randn(32, 16).half() / 6]
-    ex = [_extras("bias_relu", (45,), 32, torch.float16), []]
+    x = torch.randn(45, 20, device=device).half()
+    ws = [torch.randn(20, 32, device=device).half() / 5, torch.randn(32, 16, device=device).half() / 6]
+    ex = [_extras("bias_relu", (45,), 32, torch.float16, device), []]
     cfg = b2b.B2BConfig(16, 32, 16, 4, 2, "register", True, tma=True)
-    got = b2b.b2b_chain(chain, x, ws, [None, None], ex, cfg, out=torch.full((45, 16), float("nan")).half())
+    got = b2b.b2b_chain(chain, x, ws, [None, None], ex, cfg, out=torch.full((45, 16), float("nan"), device=device).half())
     assert used == [None]
-    _check(got, b2b.reference(chain, x, ws, [None, None], ex), torch.float16)
+    _check(got, _ref(chain, x, ws, [None, None], ex), torch.float16)
 
 
 def test_candidates_include_tma_persistent_for_narrow_gemm_chains() -> None:
@@ -394,21 +428,24 @@ CHUNKED_CASES = [
 
 
 @pytest.mark.parametrize("m,k0,widths,epis,cfg,dtype", CHUNKED_CASES)
-def test_chunked_equals_reference(m: int, k0: int, widths: list[int], epis: list[str], cfg: b2b.B2BConfig, dtype: torch.dtype) -> None:
+@pytest.mark.usefixtures("two_sms")
+def test_chunked_equals_reference(
+    m: int, k0: int, widths: list[int], epis: list[str], cfg: b2b.B2BConfig, dtype: torch.dtype, device: str
+) -> None:
     """b2b_chunked_kernel: the intermediate made and consumed BLOCK_H columns at a time equals the
     stage-by-stage reference, on a NaN-poisoned output."""
     torch.manual_seed(11)
     chain = b2b.Chain(tuple(b2b.Stage(_epi(e), dtype) for e in epis))
-    x = torch.randn(m, k0).to(dtype)
+    x = torch.randn(m, k0, device=device).to(dtype)
     dims = [k0, *widths]
-    ws = [(torch.randn(dims[i], dims[i + 1]) / dims[i] ** 0.5).to(dtype) for i in range(2)]
-    ex = [_extras(e, (m,), n, dtype) for e, n in zip(epis, widths, strict=True)]
-    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype)
+    ws = [(torch.randn(dims[i], dims[i + 1], device=device) / dims[i] ** 0.5).to(dtype) for i in range(2)]
+    ex = [_extras(e, (m,), n, dtype, device) for e, n in zip(epis, widths, strict=True)]
+    out = torch.full((m, widths[-1]), float("nan"), dtype=dtype, device=device)
     got = b2b.b2b_chain(chain, x, ws, [None, None], ex, cfg, out=out)
-    _check(got, b2b.reference(chain, x, ws, [None, None], ex), dtype)
+    _check(got, _ref(chain, x, ws, [None, None], ex), dtype)
 
 
-def test_chunked_is_the_default_past_the_resident_width_and_refuses_what_it_cannot_run() -> None:
+def test_chunked_is_the_default_past_the_resident_width_and_refuses_what_it_cannot_run(device: str) -> None:
     assert b2b.default_config(1000, [512, 64]).residence == "chunked"
     assert all(c.residence == "chunked" for c in b2b.candidate_configs(1 << 18, [1024, 64], k0=64))
     assert any(c.residence == "chunked" for c in b2b.candidate_configs(1 << 18, [256, 256], k0=256))
@@ -419,13 +456,14 @@ def test_chunked_is_the_default_past_the_resident_width_and_refuses_what_it_cann
     assert "K0 <= 256" in b2b.chunked_eligible(False, [512, 64], 512)
     assert "16-byte" in b2b.chunked_eligible(False, [500, 64], 64)
     chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
-    x = torch.randn(8, 16).half()
-    ws = [torch.randn(16, 300).half(), torch.randn(300, 16).half()]
+    x = torch.randn(8, 16, device=device).half()
+    ws = [torch.randn(16, 300, device=device).half(), torch.randn(300, 16, device=device).half()]
     with pytest.raises(ValueError, match="16-byte rows"):
-        b2b.b2b_chain(chain, x, ws, [None, None], [[torch.randn(300).half()], []])
+        b2b.b2b_chain(chain, x, ws, [None, None], [[torch.randn(300, device=device).half()], []])
     with pytest.raises(ValueError, match="exceeds the resident limit"):
-        ws = [torch.randn(16, 512).half(), torch.randn(512, 16).half()]
-        b2b.b2b_chain(chain, x, ws, [None, None], [[torch.randn(512).half()], []], b2b.default_config(8, [512, 16], "register"))
+        ws = [torch.randn(16, 512, device=device).half(), torch.randn(512, 16, device=device).half()]
+        bias = torch.randn(512, device=device).half()
+        b2b.b2b_chain(chain, x, ws, [None, None], [[bias], []], b2b.default_config(8, [512, 16], "register"))
 
 
 def test_sm90_chunked_kernel() -> None:

@@ -1,8 +1,9 @@
 """The Hopper conv chain kernel (``b2b_conv_tma_kernel``): stage 0's A tiles are TMA boxes of the
 NHWC input shifted by each filter tap (the out-of-bounds part zero-filled: the padding), the
-output tiles are TMA stores of BH x BW pixel tiles. In the interpreter on the CPU against the
-stage-by-stage reference (the interpreter implements descriptor loads / stores with the same
-out-of-bounds rules, checked first); and compiled offline for sm_90."""
+output tiles are TMA stores of BH x BW pixel tiles. In the interpreter on the CPU, or compiled on a
+Hopper GPU, against the stage-by-stage reference (fp32, on the CPU); the out-of-bounds rules of
+descriptor loads / stores the kernel relies on are checked first (the interpreter implements them,
+the GPU's TMA unit has them); and compiled offline for sm_90."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from cubin_facts import sass_facts
-from test_b2b import _check, _epi
+from test_b2b import _check, _epi, _ref
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kfuse.kernels import b2b
@@ -38,23 +39,23 @@ def _nhwc_desc(t: torch.Tensor, box: list[int]) -> TensorDescriptor:
 
 
 @pytest.mark.parametrize("h0,w0", [(-1, -1), (-2, 3), (3, 4), (4, -8)])
-def test_tma_box_zero_fills_out_of_bounds_and_store_clips(h0: int, w0: int) -> None:
+def test_tma_box_zero_fills_out_of_bounds_and_store_clips(h0: int, w0: int, device: str) -> None:
     """What the kernel relies on: a box at negative or past-the-end coordinates reads zeros there
     (the convolution's padding), and a box stored over the edge writes only the in-bounds part."""
-    x = torch.randn(2, 16, 5, 7).half().to(memory_format=torch.channels_last)
-    got = torch.full((32, 16), float("nan")).half()
+    x = torch.randn(2, 16, 5, 7, device=device).half().to(memory_format=torch.channels_last)
+    got = torch.full((32, 16), float("nan"), device=device).half()
     _box_copy[(1,)](_nhwc_desc(x, [1, 4, 8, 16]), got, h0, w0, BH=4, BW=8, BK=16)
-    want = torch.zeros(4, 8, 16).half()
-    xn = x.permute(0, 2, 3, 1)
+    want = torch.zeros(4, 8, 16).half()  # built and compared on the CPU
+    xn = x.permute(0, 2, 3, 1).cpu()
     for i in range(4):
         for j in range(8):
             if 0 <= h0 + i < 5 and 0 <= w0 + j < 7:
                 want[i, j] = xn[1, h0 + i, w0 + j]
-    assert torch.equal(got.view(4, 8, 16), want)
-    out = torch.full((2, 16, 5, 7), float("nan")).half().to(memory_format=torch.channels_last)
-    v = torch.randn(32, 16).half()
+    assert torch.equal(got.cpu().view(4, 8, 16), want)
+    out = torch.full((2, 16, 5, 7), float("nan"), device=device).half().to(memory_format=torch.channels_last)
+    v = torch.randn(32, 16, device=device).half()
     _box_store[(1,)](_nhwc_desc(out, [1, 4, 8, 16]), v, h0, w0, BH=4, BW=8, BK=16)
-    on = out.permute(0, 2, 3, 1)
+    on, v = out.permute(0, 2, 3, 1).cpu(), v.cpu()
     written = ~torch.isnan(on).all(-1)
     for hh in range(5):
         for ww in range(7):
@@ -68,32 +69,34 @@ def test_tma_box_zero_fills_out_of_bounds_and_store_clips(h0: int, w0: int) -> N
 # ---- the fused chain against the reference --------------------------------------------------
 def _run(
     monkeypatch: pytest.MonkeyPatch, c: int, hw: tuple[int, int], k: int, pad: int, widths: list[int], cfg: b2b.B2BConfig,
-    dtype: torch.dtype, stride: int = 1, dilation: int = 1, x_cl: bool = True, out_cl: bool = True, res_cl: bool = True,
-    n: int = 2,
+    dtype: torch.dtype, device: str, stride: int = 1, dilation: int = 1, x_cl: bool = True, out_cl: bool = True,
+    res_cl: bool = True, n: int = 2,
 ) -> list[object]:  # fmt: skip
     """Run the chain (batch ``n``, bias + relu on the inner stages, bias + residual on the last)
     into a NaN-filled output, check it against the reference; return the descriptor helper's results."""
     used: list[object] = []
     real = b2b.launcher._conv_tma_descriptors
     monkeypatch.setattr(b2b.launcher, "_conv_tma_descriptors", lambda *a: used.append(real(*a)) or used[-1])
+    # persistent grids for 2 SMs on either device (the interpreter's count): the tile loop loops on a GPU too
+    monkeypatch.setattr(b2b.launcher, "_num_sms", lambda dev: 2)
     torch.manual_seed(7)
     kinds = ["bias_relu"] * (len(widths) - 1) + ["residual_sigmoid"]
     chain = b2b.Chain(tuple(b2b.Stage(_epi(e), dtype, True) for e in kinds), conv=True)
-    x = torch.randn(n, c, *hw).to(dtype)
+    x = torch.randn(n, c, *hw, device=device).to(dtype)
     x = x.to(memory_format=torch.channels_last) if x_cl else x.contiguous()
-    ws = [(torch.randn(widths[0], c, k, k) / (c * k * k) ** 0.5).to(dtype)]
-    ws += [(torch.randn(widths[i], widths[i - 1], 1, 1) / widths[i - 1] ** 0.5).to(dtype) for i in range(1, len(widths))]
-    bs = [torch.randn(w).to(dtype) for w in widths]
+    ws = [(torch.randn(widths[0], c, k, k, device=device) / (c * k * k) ** 0.5).to(dtype)]
+    ws += [(torch.randn(widths[i], widths[i - 1], 1, 1, device=device) / widths[i - 1] ** 0.5).to(dtype) for i in range(1, len(widths))]
+    bs = [torch.randn(w, device=device).to(dtype) for w in widths]
     geom = b2b.ConvGeom((stride, stride), (pad, pad), (dilation, dilation))
     oh, ow = b2b.launcher._out_hw(hw[0], hw[1], k, k, geom)
-    res = torch.randn(n, widths[-1], oh, ow).to(dtype)
+    res = torch.randn(n, widths[-1], oh, ow, device=device).to(dtype)
     res = res.to(memory_format=torch.channels_last) if res_cl else res
-    ex = [[torch.randn(w, 1, 1).to(dtype)] for w in widths[:-1]] + [[res]]
+    ex = [[torch.randn(w, 1, 1, device=device).to(dtype)] for w in widths[:-1]] + [[res]]
     fmt = torch.channels_last if out_cl else torch.contiguous_format
-    out = torch.full((n, widths[-1], oh, ow), float("nan"), dtype=dtype).to(memory_format=fmt)
+    out = torch.full((n, widths[-1], oh, ow), float("nan"), dtype=dtype, device=device).to(memory_format=fmt)
     got = b2b.b2b_chain(chain, x, ws, bs, ex, cfg, geom=geom, out=out)
     assert got.data_ptr() == out.data_ptr()
-    _check(got, b2b.reference(chain, x, ws, bs, ex, geom), dtype)
+    _check(got, _ref(chain, x, ws, bs, ex, geom), dtype)
     return used
 
 
@@ -124,9 +127,9 @@ CASES = [
 @pytest.mark.parametrize("c,hw,k,pad,widths,cfg,dtype,dil", CASES)
 def test_conv_tma_chain_equals_reference(
     monkeypatch: pytest.MonkeyPatch, c: int, hw: tuple[int, int], k: int, pad: int, widths: list[int], cfg: b2b.B2BConfig,
-    dtype: torch.dtype, dil: int,
+    dtype: torch.dtype, dil: int, device: str,
 ) -> None:  # fmt: skip
-    used = _run(monkeypatch, c, hw, k, pad, widths, cfg, dtype, dilation=dil, res_cl=c != 8)
+    used = _run(monkeypatch, c, hw, k, pad, widths, cfg, dtype, device, dilation=dil, res_cl=c != 8)
     assert len(used) == 1 and used[0] is not None, "the TMA conv kernel was not used"
     if c == 32:
         assert used[0][0].block_shape[-1] == 32  # type: ignore[index]
@@ -140,10 +143,10 @@ def test_conv_tma_chain_equals_reference(
         ((7, 9), _cfg(16, 16, 32, "register", 1, tile_n=8), 5),  # 8 images x 1 x 2 pixels
     ],
 )
-def test_several_images_per_tile(monkeypatch: pytest.MonkeyPatch, hw: tuple[int, int], cfg: b2b.B2BConfig, n: int) -> None:
+def test_several_images_per_tile(monkeypatch: pytest.MonkeyPatch, hw: tuple[int, int], cfg: b2b.B2BConfig, n: int, device: str) -> None:
     """``tile_n`` images per program (boxes [tile_n, BH, BW, C]): rows past the batch are computed
     but never stored, and the residual extra is addressed per row's image."""
-    used = _run(monkeypatch, 16, hw, 3, 1, [16, 24], cfg, torch.float32, n=n)
+    used = _run(monkeypatch, 16, hw, 3, 1, [16, 24], cfg, torch.float32, device, n=n)
     assert len(used) == 1 and used[0] is not None, "the TMA conv kernel was not used"
     assert used[0][0].block_shape[:3] == [cfg.tile_n, cfg.tile_h, cfg.block_m // (cfg.tile_h * cfg.tile_n)]  # type: ignore[index]
     assert f"tma {cfg.tile_n}x" in cfg.describe() and cfg.as_dict()["tile_n"] == cfg.tile_n
@@ -158,17 +161,17 @@ def test_several_images_per_tile(monkeypatch: pytest.MonkeyPatch, hw: tuple[int,
         ("C * 2 bytes not a multiple of 16", dict(c=12)),
     ],
 )
-def test_ineligible_inputs_fall_back_to_b2b_kernel(monkeypatch: pytest.MonkeyPatch, why: str, kw: dict) -> None:
-    args = dict(c=16, hw=(7, 9), k=3, pad=1, widths=[16, 24], cfg=_cfg(32, 16, 32, "register", 4), dtype=torch.float16)
+def test_ineligible_inputs_fall_back_to_b2b_kernel(monkeypatch: pytest.MonkeyPatch, why: str, kw: dict, device: str) -> None:
+    args = dict(c=16, hw=(7, 9), k=3, pad=1, widths=[16, 24], cfg=_cfg(32, 16, 32, "register", 4), dtype=torch.float16, device=device)
     args.update(kw)
     used = _run(monkeypatch, **args)
     assert used == [None], why
 
 
-def test_bad_spatial_tile_is_an_error() -> None:
+def test_bad_spatial_tile_is_an_error(device: str) -> None:
     chain = b2b.Chain((b2b.Stage(_epi("none"), torch.float32), b2b.Stage(_epi("none"), torch.float32)), conv=True)
-    x = torch.randn(1, 8, 5, 5).to(memory_format=torch.channels_last)
-    ws = [torch.randn(16, 8, 3, 3), torch.randn(16, 16, 1, 1)]
+    x = torch.randn(1, 8, 5, 5, device=device).to(memory_format=torch.channels_last)
+    ws = [torch.randn(16, 8, 3, 3, device=device), torch.randn(16, 16, 1, 1, device=device)]
     with pytest.raises(ValueError, match="tile_h"):
         b2b.b2b_chain(chain, x, ws, [None, None], [[], []], _cfg(32, 16, 16, "register", 3), geom=b2b.ConvGeom((1, 1), (1, 1)))
 

@@ -82,14 +82,18 @@ def test_three_per_sm_candidates_of_a_64_128_64_chain_fit_three() -> None:
         assert programs_per_sm(sass["REG"], asm["shared"], cfg.num_warps) >= 3, (cfg.describe(), sass["REG"], asm["shared"])
 
 
-def test_a_capped_grid_still_covers_every_tile_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launcher's cap, run in the interpreter: a persistent TMA config asking for 3 programs per
-    "SM" whose kernel fits 1 runs with 1 x SMs programs (each looping over more row tiles), gives the
-    reference result on a NaN-poisoned output, and the decision's report names what it ran with."""
-    from test_b2b import _extras
+def test_a_capped_grid_still_covers_every_tile_and_says_so(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    """The launcher's cap, in the interpreter or on a GPU: a persistent TMA config asking for 3
+    programs per "SM" whose kernel fits 1 runs with 1 x SMs programs (each looping over more row
+    tiles), gives the reference result on a NaN-poisoned output, and the decision's report names
+    what it ran with."""
+    from test_b2b import _extras, _ref
 
-    monkeypatch.setattr(launcher, "interpreting", lambda: False)  # the kernels still run in the interpreter
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)  # on the CPU the kernels still run in the interpreter
     monkeypatch.setattr(launcher, "programs_that_fit", lambda *a, **k: 1)
+    # 2 "SMs" on either device (the interpreter's count): 13 row tiles are past the 2 x 1 programs
+    # that fit, while a GPU's real count (132 x 3) would cover them all and nothing would be capped
+    monkeypatch.setattr(launcher, "_num_sms", lambda dev: 2)
     grids: list[int] = []
     real_tma = launcher._tma_descriptors
     monkeypatch.setattr(launcher, "_tma_descriptors", lambda *a: grids.append(1) or real_tma(*a))
@@ -98,13 +102,13 @@ def test_a_capped_grid_still_covers_every_tile_and_says_so(monkeypatch: pytest.M
     m, k0 = 203, 32
     cfg = b2b.B2BConfig(16, 32, 64, 4, 3, "register", True, tma=True, programs_per_sm=3)
     chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float32), b2b.Stage(_epi("residual_sigmoid"), torch.float32)))
-    x = torch.randn(m, k0)
-    ws = [torch.randn(k0, 48) / k0**0.5, torch.randn(48, 40) / 48**0.5]
-    extras = [_extras("bias_relu", (m,), 48, torch.float32), _extras("residual_sigmoid", (m,), 40, torch.float32)]
-    out = torch.full((m, 40), float("nan"))
+    x = torch.randn(m, k0, device=device)
+    ws = [torch.randn(k0, 48, device=device) / k0**0.5, torch.randn(48, 40, device=device) / 48**0.5]
+    extras = [_extras("bias_relu", (m,), 48, torch.float32, device), _extras("residual_sigmoid", (m,), 40, torch.float32, device)]
+    out = torch.full((m, 40), float("nan"), device=device)
     got = b2b.b2b_chain(chain, x, ws, [None, None], extras, cfg, out=out)
     assert grids, "the TMA kernel was not used"
-    torch.testing.assert_close(got, b2b.reference(chain, x, ws, [None, None], extras), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.cpu(), _ref(chain, x, ws, [None, None], extras), rtol=1e-4, atol=1e-4)
     assert launcher.CAPPED == {cfg: 1} and launcher.capped_note(cfg) == " (ran x1)"
     assert launcher.capped_note(b2b.B2BConfig()) == ""
     launcher.CAPPED.clear()

@@ -1,8 +1,9 @@
 """The Hopper conv template (``conv_tma_kernel``): the input is read as TMA boxes of BH x BW pixels
 shifted by each filter tap (the out-of-bounds part zero-filled: the padding), the output stored as
-TMA boxes where the output allows it. In the interpreter on the CPU against ``conv.reference`` on
-images that are not multiples of the pixel tile; ineligible convs fall back to ``conv_kernel`` with
-the same results; and compiled offline for sm_90 (4-D TMA loads, wgmma, no spills)."""
+TMA boxes where the output allows it. In the interpreter on the CPU, or compiled on a Hopper GPU,
+against ``conv.reference`` (fp32, on the CPU) on images that are not multiples of the pixel tile;
+ineligible convs fall back to ``conv_kernel`` with the same results; and compiled offline for sm_90
+(4-D TMA loads, wgmma, no spills)."""
 
 from __future__ import annotations
 
@@ -42,18 +43,19 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
 
 def _run(
     c: int, oc: int, hw: tuple[int, int], k: int, pad: int, dil: int, stride: int, dtype: torch.dtype, epi: Epilogue,
-    cfg: ConvConfig, x_cl: bool = True, out_cl: bool = True, nb: int = 2,
+    cfg: ConvConfig, device: str, x_cl: bool = True, out_cl: bool = True, nb: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """conv + bias + epilogue (batch ``nb``; residual NCHW so its strides differ from the output's)
-    into a NaN-poisoned output; returns (kernel output, reference)."""
+    into a NaN-poisoned output; returns (kernel output, reference). The reference is computed on CPU
+    copies: on a GPU, cuDNN would compute the fp32 convolution in TF32."""
     torch.manual_seed(3)
     p = ConvParams((stride, stride), (pad, pad), (dil, dil))
-    x = torch.randn(nb, c, *hw).to(dtype)
+    x = torch.randn(nb, c, *hw, device=device).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last) if x_cl else x.contiguous()
-    wt = (torch.randn(oc, c, k, k) / (c * k * k) ** 0.5).to(dtype)
-    b = torch.randn(oc).to(dtype)
+    wt = (torch.randn(oc, c, k, k, device=device) / (c * k * k) ** 0.5).to(dtype)
+    b = torch.randn(oc, device=device).to(dtype)
     oh, ow = conv.out_hw(hw[0], hw[1], k, k, p)
-    ex = [torch.randn(nb, oc, oh, ow).to(dtype)] if epi.n_inputs else []
+    ex = [torch.randn(nb, oc, oh, ow, device=device).to(dtype)] if epi.n_inputs else []
     # the launcher allocates the output: poison the allocation so unwritten pixels show as NaN
     real_empty = torch.empty
 
@@ -65,10 +67,11 @@ def _run(
         got = conv_epilogue(x, wt, b, ex, epi, p, dtype, cfg, channels_last=out_cl)
     finally:
         torch.empty = real_empty  # type: ignore[assignment]
-    return got, reference(x, wt, b, ex, epi, p, dtype)
+    return got, reference(x.cpu(), wt.cpu(), b.cpu(), [e.cpu() for e in ex], epi, p, dtype)
 
 
 def _check(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    got = got.cpu()
     assert not torch.isnan(got).any(), "pixels or channels left unwritten"
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
@@ -94,10 +97,10 @@ CASES = [
 @pytest.mark.parametrize("c,oc,hw,k,pad,dil,dtype,epi,cfg", CASES)
 def test_conv_tma_equals_reference(
     monkeypatch: pytest.MonkeyPatch, c: int, oc: int, hw: tuple[int, int], k: int, pad: int, dil: int, dtype: torch.dtype,
-    epi: Epilogue, cfg: ConvConfig,
+    epi: Epilogue, cfg: ConvConfig, device: str,
 ) -> None:  # fmt: skip
     calls = _spy(monkeypatch)
-    got, ref = _run(c, oc, hw, k, pad, dil, 1, dtype, epi, cfg)
+    got, ref = _run(c, oc, hw, k, pad, dil, 1, dtype, epi, cfg, device)
     assert [name for name, _ in calls] == ["conv_tma_kernel"]
     kw = calls[0][1]
     assert kw["TMA_STORE"] and (kw["BNI"], kw["BH"], kw["BW"]) == (1, cfg.tile_h, cfg.block_m // cfg.tile_h)
@@ -114,11 +117,11 @@ def test_conv_tma_equals_reference(
         ((3, 3), _cfg(16, 16, 16, 1, tile_n=8), 5),  # 8 images x 1 x 2 pixels
     ],
 )
-def test_several_images_per_tile(monkeypatch: pytest.MonkeyPatch, hw: tuple[int, int], cfg: ConvConfig, nb: int) -> None:
+def test_several_images_per_tile(monkeypatch: pytest.MonkeyPatch, hw: tuple[int, int], cfg: ConvConfig, nb: int, device: str) -> None:
     """``tile_n`` images per program: boxes [tile_n, BH, BW, C]; rows past the batch are computed
     and never stored; the residual is addressed per row's image."""
     calls = _spy(monkeypatch)
-    got, ref = _run(24, 40, hw, 3, 1, 1, 1, torch.float32, ADD_RELU, cfg, nb=nb)
+    got, ref = _run(24, 40, hw, 3, 1, 1, 1, torch.float32, ADD_RELU, cfg, device, nb=nb)
     assert [name for name, _ in calls] == ["conv_tma_kernel"]
     kw = calls[0][1]
     assert (kw["BNI"], kw["BH"], kw["BW"]) == (cfg.tile_n, cfg.tile_h, cfg.block_m // (cfg.tile_h * cfg.tile_n)) and kw["TMA_STORE"]
@@ -127,9 +130,9 @@ def test_several_images_per_tile(monkeypatch: pytest.MonkeyPatch, hw: tuple[int,
 
 
 @pytest.mark.parametrize("oc,out_cl", [(20, True), (16, False)], ids=["OC*2 bytes not a multiple of 16", "NCHW output"])
-def test_pointer_store_when_the_output_is_not_a_tma_tensor(monkeypatch: pytest.MonkeyPatch, oc: int, out_cl: bool) -> None:
+def test_pointer_store_when_the_output_is_not_a_tma_tensor(monkeypatch: pytest.MonkeyPatch, oc: int, out_cl: bool, device: str) -> None:
     calls = _spy(monkeypatch)
-    got, ref = _run(16, oc, (7, 9), 3, 1, 1, 1, torch.float16, ADD_RELU, _cfg(32, 16, 16, 4), out_cl=out_cl)
+    got, ref = _run(16, oc, (7, 9), 3, 1, 1, 1, torch.float16, ADD_RELU, _cfg(32, 16, 16, 4), device, out_cl=out_cl)
     assert [name for name, _ in calls] == ["conv_tma_kernel"] and not calls[0][1]["TMA_STORE"]
     assert got.is_contiguous(memory_format=torch.channels_last if out_cl else torch.contiguous_format)
     _check(got, ref, torch.float16)
@@ -143,10 +146,10 @@ def test_pointer_store_when_the_output_is_not_a_tma_tensor(monkeypatch: pytest.M
         ("C * 2 bytes not a multiple of 16", dict(c=12)),
     ],
 )
-def test_ineligible_convs_fall_back_to_conv_kernel(monkeypatch: pytest.MonkeyPatch, why: str, kw: dict) -> None:
+def test_ineligible_convs_fall_back_to_conv_kernel(monkeypatch: pytest.MonkeyPatch, why: str, kw: dict, device: str) -> None:
     """Same results as the config without tile_h (conv_kernel with the same tiles), bit for bit."""
     calls = _spy(monkeypatch)
-    args: dict[str, Any] = dict(c=16, oc=24, hw=(7, 9), k=3, pad=1, dil=1, stride=1, dtype=torch.float16, epi=ADD_RELU)
+    args: dict[str, Any] = dict(c=16, oc=24, hw=(7, 9), k=3, pad=1, dil=1, stride=1, dtype=torch.float16, epi=ADD_RELU, device=device)
     args.update(kw)
     got, ref = _run(**args, cfg=_cfg(32, 16, 16, 4))
     plain, _ = _run(**args, cfg=_cfg(32, 16, 16, 0))
@@ -155,7 +158,7 @@ def test_ineligible_convs_fall_back_to_conv_kernel(monkeypatch: pytest.MonkeyPat
     _check(got, ref, torch.float16)
 
 
-def test_config_tile_h_and_the_tuner_space() -> None:
+def test_config_tile_h_and_the_tuner_space(device: str) -> None:
     """``tile_h`` is not an axis: the tuner's space for a stride-1 conv on Hopper holds each g1
     pointer config once more as the TMA kernel on the problem's least-waste tile; stride 2 and
     pre-Hopper GPUs get none, and a hand-made TMA config there is rejected with the reason."""
@@ -178,9 +181,10 @@ def test_config_tile_h_and_the_tuner_space() -> None:
     assert "stride 1 only" in (hard_reject(cfg, p_s2, h200) or "")
     assert "Hopper" in (hard_reject(cfg, p28, a100) or "")
     assert "BLOCK_N >= 64" in (hard_reject(ConvConfig(128, 32, 64, 1, 4, 3, tile_h=8), p28, h200) or "")
-    x = torch.randn(1, 16, 5, 5).contiguous(memory_format=torch.channels_last)
+    x = torch.randn(1, 16, 5, 5, device=device).contiguous(memory_format=torch.channels_last)
+    wt = torch.randn(16, 16, 3, 3, device=device)
     with pytest.raises(ValueError, match="tile_h"):
-        conv_epilogue(x, torch.randn(16, 16, 3, 3), None, [], RELU, ConvParams(padding=(1, 1)), torch.float32, _cfg(32, 16, 16, 3))
+        conv_epilogue(x, wt, None, [], RELU, ConvParams(padding=(1, 1)), torch.float32, _cfg(32, 16, 16, 3))
 
 
 # ---- compiled for sm_90 --------------------------------------------------------------------------

@@ -49,6 +49,8 @@ def _conv(b: GraphBuilder, x: str, c: int, oc: int, k: int, stride: int = 1, pad
 
 
 def _run(g: Graph) -> tuple[Graph, list[torch.Tensor], list[torch.Tensor]]:
+    """The pass, and both graphs through the reference executor: PyTorch only, no kernel, so on the CPU
+    on any machine (the kernels are run by the tests that lower a plan)."""
     fused = fuse_b2b(fuse_epilogues(g))
     xs = [torch.randn(t.shape) for _, t in g.inputs]
     return fused, reference_run(g, xs), reference_run(fused, xs)
@@ -89,7 +91,7 @@ def test_wide_intermediate_is_not_fused_and_chain_stops_there() -> None:
     _close(ref, got)
 
 
-def test_wide_intermediate_fuses_chunked_in_two_stage_chains() -> None:
+def test_wide_intermediate_fuses_chunked_in_two_stage_chains(device: str) -> None:
     """Past 256 columns a two-GEMM chain still fuses (the intermediate made and consumed in
     column chunks); the chain then stops at two stages, and the lowering runs the chunked kernel."""
     g, ref, got = _run(_mlp([512, 32]))
@@ -100,9 +102,10 @@ def test_wide_intermediate_fuses_chunked_in_two_stage_chains() -> None:
     chain = next(n for n in g3.nodes if n.op == "b2b_chain")
     assert list(chain.attrs["widths"]) == [512, 32] and "two stages only" in chain.attrs["b2b_stopped"]
     _close(ref3, got3)
-    plan = lower(g, torch.device("cpu"), "triton-interpreter")
+    # backend "triton-interpreter": the rule's config, not a measured decision (on a GPU the kernel is compiled)
+    plan = lower(g, torch.device(device), "triton-interpreter")
     x = torch.randn(13, 24)
-    torch.testing.assert_close(execute(plan, [x])[0], reference_run(g, [x])[0], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(execute(plan, [x.to(device)])[0].cpu(), reference_run(g, [x])[0], rtol=1e-3, atol=1e-3)
     assert plan.steps[0].b2b["residence"] == "chunked"
 
 
@@ -181,13 +184,14 @@ def test_compile_end_to_end_report(device: str) -> None:
     torch.testing.assert_close(c(x), off(x), rtol=1e-4, atol=1e-4)
 
 
-def test_kernel_plan_runs_fused_chain() -> None:
-    """Lowered on the interpreter backend, the chain runs the b2b template."""
+def test_kernel_plan_runs_fused_chain(device: str) -> None:
+    """Lowered on the interpreter backend (the rule's config, no measured decision; on a GPU the
+    kernel is compiled), the chain runs the b2b template."""
     g = fuse_b2b(fuse_epilogues(_mlp([32, 64, 16], m=11)))
-    plan = lower(g, torch.device("cpu"), "triton-interpreter")
+    plan = lower(g, torch.device(device), "triton-interpreter")
     assert [k.template for k in plan.kernels] == ["b2b_chain"]
-    xs = [torch.randn(11, 24)]
-    torch.testing.assert_close(execute(plan, xs)[0], reference_run(g, xs)[0], rtol=1e-4, atol=1e-4)
+    x = torch.randn(11, 24)
+    torch.testing.assert_close(execute(plan, [x.to(device)])[0].cpu(), reference_run(g, [x])[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name,batch,n_chains", [("nerf-mlp", 3, 1), ("mlp-tiny", 5, 1), ("repvgg-tiny", 1, 6), ("mixer-tiny", 1, 4)])
@@ -201,7 +205,7 @@ def test_zoo_models_fuse(name: str, batch: int, n_chains: int, device: str) -> N
 
 
 @pytest.mark.parametrize("fused_faster", [True, False])
-def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster: bool) -> None:
+def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster: bool, device: str) -> None:
     """The GPU decision path (timings mocked): the faster of fused / unfused is kept, and the
     step records both times, the configs tried and the residence."""
     from kfuse.kernels.b2b import lower as k
@@ -227,8 +231,9 @@ def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster
         assert template == "b2b_chain" and d["fused"] and d["residence"] == "register" and d["fused_ms"] == 0.51
     else:
         assert template == "b2b_chain(unfused)" and not d["fused"] and d["residence"] == "none"
-    xs = [torch.randn(9, 24)] + [g.constants[i] for i in node.inputs[1:]]
-    torch.testing.assert_close(run(xs), reference_run(g, xs[:1])[0], rtol=1e-4, atol=1e-4)
+    x = torch.randn(9, 24)
+    xs = [x.to(device)] + [g.constants[i].to(device) for i in node.inputs[1:]]
+    torch.testing.assert_close(run(xs).cpu(), reference_run(g, [x])[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("enabled", [False, True])
@@ -301,13 +306,15 @@ def test_pdl_candidates_only_with_the_option(monkeypatch: pytest.MonkeyPatch, en
     assert any(c.pdl for c in tried) == enabled and not Options().b2b_pdl
 
 
-def test_report_says_what_each_chain_became() -> None:
+def test_report_says_what_each_chain_became(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     """The human-readable summary has one line per chain: fused with which config, or kept
     unfused, with the measured times and what the unfused stages run; and the links not fused."""
     from kfuse.report import b2b_lines, summary_lines
 
-    m = nn.Sequential(nn.Linear(24, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
-    c = kfuse.compile(m, (torch.randn(11, 24),))
+    # the compiled line is the rule's: on a GPU the decision would otherwise be measured
+    monkeypatch.setenv("KFUSE_B2B_DECIDE", "rule")
+    m = nn.Sequential(nn.Linear(24, 64), nn.ReLU(), nn.Linear(64, 16)).eval().to(device)
+    c = kfuse.compile(m, (torch.randn(11, 24, device=device),))
     lines = [ln for ln in summary_lines(c.report) if ln.startswith("b2b ")]
     assert len(lines) == 1 and ": fused, register" in lines[0] and "(rule)" in lines[0], lines
     stage = "gemm_epilogue 64x128x256 g1 w4 s4 tma resident"
@@ -323,7 +330,7 @@ def test_report_says_what_each_chain_became() -> None:
     assert b2b_lines(None) == [] and b2b_lines({"fused": [], "not_fused": []}) == []
 
 
-def test_vit_ti16_ffns_fuse_as_chunked_chains() -> None:
+def test_vit_ti16_ffns_fuse_as_chunked_chains(device: str) -> None:
     """ViT-Ti/16 (DeiT-Tiny): every FFN (192 -> 768 -> 192, GELU, residual) is a two-stage chain
     with a 768-wide intermediate, fused by the default pipeline, and the fused graph computes
     what the imported one computes (on a 2-layer cut of the same widths, to keep the CPU run short)."""
@@ -341,12 +348,13 @@ def test_vit_ti16_ffns_fuse_as_chunked_chains() -> None:
     fused = optimize(imported, Options(layout="nchw")).graph
     assert fused.op_counts().get("b2b_chain") == 2
     _close(reference_run(imported, [x]), reference_run(fused, [x]))
-    plan = lower(fused, torch.device("cpu"), "triton-interpreter")  # the chunked kernel itself
+    # the chunked kernel itself (the rule's config; on a GPU compiled), against the reference on the CPU
+    plan = lower(fused, torch.device(device), "triton-interpreter")
     assert [s.b2b["residence"] for s in plan.steps if hasattr(s, "b2b")] == ["chunked", "chunked"]
-    torch.testing.assert_close(execute(plan, [x])[0], reference_run(imported, [x])[0], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(execute(plan, [x.to(device)])[0].cpu(), reference_run(imported, [x])[0], rtol=1e-3, atol=1e-3)
 
 
-def test_chunked_chain_runs_unfused_before_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunked_chain_runs_unfused_before_hopper(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     """A chain past 256 columns fuses only through the chunked kernel, which needs TMA: on a GPU
     before Hopper the lowering runs the pair, by rule, and says why."""
     from kfuse.kernels.b2b import lower as k
@@ -356,6 +364,5 @@ def test_chunked_chain_runs_unfused_before_hopper(monkeypatch: pytest.MonkeyPatc
     step = k.lower_b2b_chain(g.nodes[0], g, "triton")
     assert step.info.template == "b2b_chain(unfused)" and "needs TMA" in step.b2b["config"] and step.b2b["decided_by"] == "rule"
     x = torch.randn(13, 24)
-    torch.testing.assert_close(
-        step.fn([x] + [g.constants[i] for i in g.nodes[0].inputs[1:]]), reference_run(g, [x])[0], rtol=1e-3, atol=1e-3
-    )
+    got = step.fn([x.to(device)] + [g.constants[i].to(device) for i in g.nodes[0].inputs[1:]])
+    torch.testing.assert_close(got.cpu(), reference_run(g, [x])[0], rtol=1e-3, atol=1e-3)
