@@ -10,12 +10,13 @@ from kfuse.kernels.tma import least_waste_tile
 from kfuse.tune.hardware import TABLE
 
 
-def default_config(m: int, widths: list[int], residence: str | None = None) -> B2BConfig:
+def default_config(m: int, widths: list[int], residence: str | None = None, elem: int = 2) -> B2BConfig:
     """A tile for the chain when nothing was measured. Register residence while the widest
-    resident tile is at most 128 columns; wider tiles go through shared memory."""
+    resident tile is at most 128 columns; wider tiles go through shared memory. ``elem``: the
+    operands' element size in bytes (what the chunked kernel's buffers take)."""
     widest = max(pad_width(w) for w in widths[:-1])
     if residence == "chunked" or (residence is None and len(widths) == 2 and widths[0] > MAX_RESIDENT):
-        return chunked_config(widths)
+        return chunked_config(widths, elem=elem)
     res = residence or ("register" if widest <= 128 else "smem")
     last = min(pad_width(widths[-1]), 128)
     if interpreting():
@@ -30,30 +31,33 @@ def default_config(m: int, widths: list[int], residence: str | None = None) -> B
 SMEM_LIMIT = TABLE["H200"].smem_per_block  # shared memory a program may use on an H100 / H200 SM (227 KB)
 
 
-def chunked_smem_bytes(block_m: int, k: int, block_h: int, n: int, stages: int) -> int:
-    """fp16 shared memory of ``b2b_chunked_kernel``, as planned: the x tile (block_m x k) and
-    ``stages`` buffers of both weight chunks (k x block_h and block_h x n)."""
-    return 2 * (block_m * k + stages * block_h * (k + n))
+def chunked_smem_bytes(block_m: int, k: int, block_h: int, n: int, stages: int, elem: int = 2) -> int:
+    """Shared memory of ``b2b_chunked_kernel``, as planned: the x tile (block_m x k) and ``stages``
+    buffers of both weight chunks (k x block_h and block_h x n), ``elem`` bytes an element."""
+    return elem * (block_m * k + stages * block_h * (k + n))
 
 
 def chunked_config(widths: list[int], k0: int = 256, block_m: int = 64, block_h: int = 128, stages: int = 1, persistent: bool = False,
-                   programs_per_sm: int = 1) -> B2BConfig:  # fmt: skip
+                   programs_per_sm: int = 1, elem: int = 2) -> B2BConfig:  # fmt: skip
     """``b2b_chunked_kernel``'s tiling. The default is the best of the session-15 H200 sweep at
     256 -> 256 -> 256 (M = 262144 and 1M, 34 tilings): 64-row tiles on one warpgroup, 128-column
     chunks, no buffering (160 KB of shared memory: x tile + one chunk of each weight), one
     program per row tile: 0.168 / 0.681 ms against 0.186 / 0.725 for 128-row tiles with two
-    64-column buffers. ``block_h`` shrinks until the buffers fit 227 KB."""
+    64-column buffers. ``block_h`` shrinks until the buffers fit 227 KB (at ``elem`` bytes an element:
+    an fp32 chain's buffers are twice an fp16 one's)."""
     last = pad_width(widths[-1])
     if interpreting():
         return B2BConfig(16, 32, last, 4, 1, "chunked", block_h=min(block_h, 32))
     bk = pad_width(k0)  # K0 in one step (the launcher's x box)
-    while block_h > 16 and chunked_smem_bytes(block_m, bk, block_h, last, stages) > SMEM_LIMIT:
+    while block_h > 16 and chunked_smem_bytes(block_m, bk, block_h, last, stages, elem) > SMEM_LIMIT:
         block_h //= 2
     warps = 8 if block_m == 128 else 4
     return B2BConfig(block_m, bk, last, warps, stages, "chunked", persistent=persistent, programs_per_sm=programs_per_sm, block_h=block_h)
 
 
-def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: tuple[int, int, int] | None = None) -> list[B2BConfig]:
+def candidate_configs(
+    m: int, widths: list[int], k0: int | None = None, image: tuple[int, int, int] | None = None, elem: int = 2
+) -> list[B2BConfig]:
     """The few configs the fused-vs-unfused decision measures on the GPU. Chains of more than
     three stages compile slowly (a wide register-resident 9-stage chain takes minutes of ptxas):
     they try only the default and one smem-resident alternative. GEMM chains whose first K
@@ -70,9 +74,9 @@ def candidate_configs(m: int, widths: list[int], k0: int | None = None, image: t
         # the best of the session-15 sweeps: the default; 128-row tiles with two 64-column buffers
         # on a persistent grid; 64-column chunks with two persistent programs per SM (256-wide
         # chains); 64-column chunks double-buffered (best at 64 -> 1024 -> 64: 0.122 vs 0.130 ms)
-        chunked = [chunked_config(widths, k0), chunked_config(widths, k0, 128, 64, 2, persistent=True),
-                   chunked_config(widths, k0, 64, 64, 1, persistent=True, programs_per_sm=2),
-                   chunked_config(widths, k0, 64, 64, 2)]  # fmt: skip
+        chunked = [chunked_config(widths, k0, elem=elem), chunked_config(widths, k0, 128, 64, 2, persistent=True, elem=elem),
+                   chunked_config(widths, k0, 64, 64, 1, persistent=True, programs_per_sm=2, elem=elem),
+                   chunked_config(widths, k0, 64, 64, 2, elem=elem)]  # fmt: skip
         if widths[0] > MAX_RESIDENT:
             return list(dict.fromkeys(chunked))
     persistent: list[B2BConfig] = []

@@ -58,7 +58,8 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
 
     m = _rows(graph, node, chain)
     widths = list(a["widths"])
-    cfg = a.get("config") or default_config(m, widths)
+    elem = node.attrs["out_type"].dtype.itemsize  # the chunked kernel's buffers are sized by it
+    cfg = a.get("config") or default_config(m, widths, elem=elem)
     decision: dict[str, Any] = {"residence": cfg.residence, "config": cfg.describe(), "decided_by": "rule"}
     run = fused_with(cfg)
     template = "b2b_chain"
@@ -159,7 +160,7 @@ def _decide(
     k0 = None if node.attrs["chain"].conv or x_t.rank < 2 else int(x_t.shape[-1])
     out_shape = node.attrs["out_type"].shape
     image = (int(out_shape[0]), int(out_shape[2]), int(out_shape[3])) if node.attrs["chain"].conv and len(out_shape) == 4 else None
-    cands = candidate_configs(m, widths, k0, image)
+    cands = candidate_configs(m, widths, k0, image, elem=node.attrs["out_type"].dtype.itemsize)
     if not getattr(options, "b2b_conv_tma", True):  # Options.b2b_conv_tma=False: without the TMA conv kernel
         cands = [c for c in cands if not (node.attrs["chain"].conv and c.tile_h > 0)]
     if not getattr(options, "b2b_pdl", False):  # Options.b2b_pdl: programmatic dependent launch, opt-in
