@@ -222,7 +222,7 @@ def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster
         return 0.5 + i * 0.01 if fused_faster else 2.0
 
     monkeypatch.setattr(k, "graph_time_ms", fake_time)
-    two = lambda m, w, k0=None, image=None: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")]  # noqa: E731
+    two = lambda m, w, k0=None, image=None, elem=2: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")]  # noqa: E731
     monkeypatch.setattr(k, "candidate_configs", two)
     step = k.lower_b2b_chain(node, g, "triton-interpreter")
     run, template, d = k._decide(node, g, "triton-interpreter", None, lambda cfg: step.fn, 9, [32, 16])
@@ -254,7 +254,7 @@ def test_tma_conv_candidates_only_when_enabled(monkeypatch: pytest.MonkeyPatch, 
     real = k.candidate_configs
     cands = real(84, [16, 12])
     assert any(c.tile_h > 0 for c in cands)  # the list itself has them
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None: cands)
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: cands)
     fused_with = lambda cfg: tried.append(cfg) or (lambda xs: None)  # noqa: E731
     k._decide(node, g, "triton-interpreter", Options(b2b_conv_tma=enabled), fused_with, 84, [16, 12])
     assert any(c.tile_h > 0 for c in tried) == enabled
@@ -274,7 +274,7 @@ def test_identical_chains_reuse_the_measured_decision(monkeypatch: pytest.Monkey
         return 1.0 if len(timed) == 1 else 0.5
 
     monkeypatch.setattr(k, "graph_time_ms", fake_time)
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None: [k.default_config(m, w, "register")])
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: [k.default_config(m, w, "register")])
     g = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=9)))
     node = g.nodes[0]
     step = k.lower_b2b_chain(node, g, "triton-interpreter")
@@ -299,7 +299,7 @@ def test_pdl_candidates_only_with_the_option(monkeypatch: pytest.MonkeyPatch, en
     node = g.nodes[0]
     cands = k.candidate_configs(262144, [64, 64], 64)
     assert any(c.pdl for c in cands)
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None: cands)
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: cands)
     tried: list[object] = []
     fused_with = lambda cfg: tried.append(cfg) or (lambda xs: None)  # noqa: E731
     k._decide(node, g, "triton-interpreter", Options(b2b_pdl=enabled), fused_with, 9, [32, 16])
