@@ -1,0 +1,40 @@
+"""Every tiling the fused-vs-unfused decision measures, on the demo's mlp-tiny chain (64 -> 128 GELU
+-> 128 ReLU -> 32, fp16) at M = 1-3 rows, far under one row tile: the persistent, TMA and preloading
+kernels with all but one program idle. Session 27's whole-suite run on the H200 lost a worker to an
+illegal address first seen in ``kfuse demo --model mlp-tiny --batch 2``; the b2b kernels had run on
+the GPU only at benchmark sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kfuse.kernels import b2b
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+R = Operand("reg", 0)
+BIAS_GELU = Epilogue((EpilogueStep("add", (R, Operand("in", 0))), EpilogueStep("gelu", (Operand("reg", 1),))), 1)
+BIAS_RELU = Epilogue((EpilogueStep("add", (R, Operand("in", 0))), EpilogueStep("relu", (Operand("reg", 1),))), 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 3, 130])
+def test_every_candidate_tiling_on_a_few_rows(m: int) -> None:
+    torch.manual_seed(m)
+    dt, k0, widths = torch.float16, 64, [128, 128, 32]
+    chain = b2b.Chain((b2b.Stage(BIAS_GELU, dt), b2b.Stage(BIAS_RELU, dt), b2b.Stage(Epilogue(), dt)))
+    x = torch.randn(m, k0, device="cuda", dtype=dt)
+    ks = [k0] + widths[:-1]
+    ws = [(torch.randn(n, k, device="cuda") / k**0.5).to(dt).t() for k, n in zip(ks, widths, strict=True)]  # nn.Linear's layout
+    ex = [[torch.randn(widths[0], device="cuda", dtype=dt)], [torch.randn(widths[1], device="cuda", dtype=dt)], []]
+    ref = b2b.reference(chain, x.cpu(), [w.cpu() for w in ws], [None] * 3, [[e.cpu() for e in es] for es in ex]).double()
+    cfgs = b2b.candidate_configs(m, widths, k0)
+    assert cfgs
+    for cfg in cfgs:
+        out = torch.full((m, widths[-1]), float("nan"), device="cuda", dtype=dt)
+        b2b.b2b_chain(chain, x, ws, [None] * 3, ex, cfg, out=out)
+        torch.cuda.synchronize()  # a fault shows here, on its tiling
+        got = out.cpu().double()
+        assert not torch.isnan(got).any(), cfg.describe()
+        err = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+        assert err < 2e-2, (cfg.describe(), err)
