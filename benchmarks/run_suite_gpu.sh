@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test suite on the GPU machine, in one device call, keeping what it found if the call's limit
+# cuts it short: pytest is stopped with SIGINT (it then prints its summary), every failure is logged
+# as it happens (tests/failure_log.py), and tests/conftest.py pins a CUDA fault on the test that
+# caused it (the xdist worker exits and is replaced). pyelftools comes from the carried .whl/.
+#   benchmarks/run_suite_gpu.sh [LIMIT_S] [pytest args...]     e.g. run_suite_gpu.sh 500 -m gpu tests/
+set -u
+limit="${1:-500}"; shift || true
+root="$(cd "$(dirname "$0")/.." && pwd)"
+whl=$(ls "$root"/.whl/pyelftools*.whl "$root"/../../.whl/pyelftools*.whl 2>/dev/null | head -1)
+export PYTHONPATH="$root${whl:+:$whl}" KFUSE_FAILURE_LOG="$OUT/failures.log"
+workers=$(python -c "import xdist" 2>/dev/null && echo "-n 14" || echo "")
+cd "$root" && timeout -s INT "$limit" python -m pytest -q $workers -p tests.failure_log -p no:cacheprovider --tb=line -rfE "${@:-tests/}" \
+  > "$OUT/suite.log" 2>&1
+echo "pytest rc=$? (124: cut at ${limit}s)"
+tail -n 5 "$OUT/suite.log"
+[ -f "$OUT/failures.log" ] && { echo "--- failures by message:"; grep "^    E " "$OUT/failures.log" | sort | uniq -c | sort -rn | head -20; }
