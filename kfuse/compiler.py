@@ -47,7 +47,9 @@ class Options:
     varlen: bool | None = None  # padding-free mode; None: when an attention mask is given (issue 4)
     tune: str = "none"  # "none" | "fast" | "full" (issue 3)
     # GEMMs: "auto" times the template against cuBLAS(Lt) + the rest of the epilogue on the GPU and
-    # keeps the faster; "never": always the template; "always": always the library (tests, A/B runs)
+    # keeps the faster; "never": always the template; "always": always the library (tests, A/B runs).
+    # "never" also fuses bias + residual into the GEMM epilogues rather than the norm kernel (no cuBLAS
+    # to leave a plain GEMM for); $KFUSE_GEMM_LIBRARY overrides the per-node choice only, not that
     gemm_library: str = "auto"
     memory_plan: bool = True  # static buffer reuse (issue 6)
     profile: bool = False  # per-kernel timing after compile (issue 6)
