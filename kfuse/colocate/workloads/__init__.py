@@ -42,7 +42,9 @@ def resolve(name: str) -> str:
 
 
 def make(name: str, small: bool = False, device: str | torch.device = "cpu", seed: int = 0) -> Workload:
-    """Build workload ``name`` with fresh random inputs on ``device``."""
+    """Build workload ``name`` with fresh random inputs on ``device``. ``small``: the tests' odd-sized
+    problem with the interpreter's small blocks on either device, so that it splits into several
+    blocks on a GPU too (the GPU's blocks would leave most small problems one block)."""
     mod = importlib.import_module(f"kfuse.colocate.workloads.{resolve(name)}")
     g = torch.Generator().manual_seed(seed)
     return mod.make(small, torch.device(device), g)

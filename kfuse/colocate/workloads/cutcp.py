@@ -51,7 +51,7 @@ def cutcp_block(bid, atoms, out, n_atoms, gx, gy, gz, h, cutoff2, BLOCK: tl.cons
 
 def make(small: bool, device: torch.device, g: torch.Generator) -> Workload:
     (gx, gy, gz), n_atoms = ((7, 6, 5), 41) if small else ((128, 128, 96), 384)
-    block, ac = (16, 16) if interpreting() else (32, 32)
+    block, ac = (16, 16) if small or interpreting() else (32, 32)
     h, cutoff = (0.5, 4.0) if small else (0.25, 4.0)
     ext = torch.tensor([gx, gy, gz], dtype=torch.float32) * h
     atoms = torch.cat([torch.rand(n_atoms, 3, generator=g) * ext, torch.randn(n_atoms, 1, generator=g)], 1).to(device).contiguous()

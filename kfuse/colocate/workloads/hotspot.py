@@ -32,7 +32,7 @@ def hotspot_block(bid, temp, power, out, rows, cols, step_c, rx_1, ry_1, rz_1, a
 
 def make(small: bool, device: torch.device, g: torch.Generator) -> Workload:
     rows, cols = (13, 19) if small else (4096, 4096)
-    by, bx = (4, 8) if interpreting() else (16, 64)
+    by, bx = (4, 8) if small or interpreting() else (16, 64)
     temp = (320.0 + 10 * torch.rand(rows, cols, generator=g)).to(device)
     power = torch.rand(rows, cols, generator=g).to(device)
     out = torch.empty_like(temp)

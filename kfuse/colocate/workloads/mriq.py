@@ -62,7 +62,7 @@ def mriq_block(bid, kx, ky, kz, phimag, x, y, z, qr, qi, num_k, num_x, BLOCK: tl
 
 def make(small: bool, device: torch.device, g: torch.Generator) -> Workload:
     num_k, num_x = (37, 53) if small else (64, 1 << 20)
-    block, kc = (16, 16) if interpreting() else (32, 32)
+    block, kc = (16, 16) if small or interpreting() else (32, 32)
     ks = [(torch.rand(num_k, generator=g) - 0.5).to(device) for _ in range(3)]
     phi = torch.rand(num_k, generator=g).to(device)
     xs = [(torch.rand(num_x, generator=g) - 0.5).to(device) for _ in range(3)]

@@ -48,7 +48,7 @@ def reference(wall: torch.Tensor, src: torch.Tensor, row0: int, rows: int) -> to
 
 def make(small: bool, device: torch.device, g: torch.Generator) -> Workload:
     cols, rows = (53, 4) if small else (1 << 22, 16)
-    w = 16 if interpreting() else 256
+    w = 16 if small or interpreting() else 256
     wall = torch.randint(0, 10, (rows + 1, cols), generator=g, dtype=torch.int32).to(device)
     src = wall[0].clone()
     dst = torch.empty(cols, dtype=torch.int32, device=device)

@@ -25,6 +25,6 @@ def make(small: bool, device: torch.device, g: torch.Generator) -> Workload:
     a = torch.randn(m, k, generator=g).to(device)
     b = torch.randn(k, n, generator=g).to(device)
     c = torch.empty(m, n, device=device)
-    cfg = PtbGemmConfig(16, 16, 16, 2, 4, 1) if interpreting() else PtbGemmConfig(64, 64, 16, 8, 4, 2)
+    cfg = PtbGemmConfig(16, 16, 16, 2, 4, 1) if small or interpreting() else PtbGemmConfig(64, 64, 16, 8, 4, 2)
     kern = gemm_kernel(a, b, c, cfg, precision="ieee", name="sgemm")
     return Workload("sgemm", kern, lambda: a.double() @ b.double(), lambda: c, lambda: nan_fill(c), "compute", tol=1e-5)
