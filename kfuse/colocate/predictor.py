@@ -109,6 +109,11 @@ class TwoStageModel(FusedTimeModel):
         if len(x) < 3:
             raise ValueError(f"TwoStageModel.fit needs at least 3 samples, got {len(x)}")
         lo, hi = float(x.min()), float(x.max())
+        if hi - lo <= 1e-12 * max(1.0, abs(hi)):
+            # every sample at one load ratio (a BE kernel of one block): no slope to fit from them; the
+            # line from (0, 1) (no BE blocks: the LC kernel's own time) through their mean
+            c1 = (float(y.mean()) - 1.0) / hi if hi > 0 else 0.0
+            return cls(1.0, c1, 0.0, hi)
         cands = np.unique(np.concatenate([np.linspace(lo, hi, 64), x]))
         best: tuple[float, TwoStageModel] | None = None
         for xs_ in cands:

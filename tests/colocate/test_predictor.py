@@ -81,3 +81,15 @@ def test_sample_model_aims_by_the_average_or_the_marginal_rule(monkeypatch: pyte
     assert m.opportune_ratio == pytest.approx(1.16)
     monkeypatch.setattr(P, "EFFICIENCY", 1.0)  # no allowance to ration: the largest absolute saving 1 + x - y
     assert m.opportune_ratio == pytest.approx(4.12)
+
+
+def test_two_stage_fit_at_one_load_ratio_is_the_line_from_the_lc_time() -> None:
+    """A one-block BE kernel gives every sample the same load ratio: no warning, no degenerate fit; the
+    line from (0, 1) (the LC kernel alone) through the samples' mean."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = TwoStageModel.fit([0.4, 0.4, 0.4], [1.10, 1.14, 1.12])
+    assert (m.c0, m.c2, m.x_star) == (1.0, 0.0, 0.4)
+    assert abs(m.c1 * 0.4 + m.c0 - 1.12) < 1e-12
