@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kfuse.ir.graph import Graph
 from kfuse.passes.fold import constant_fold, fold_batch_norm
 from kfuse.passes.fuse_epilogue import fuse_epilogues
 from kfuse.passes.simplify import algebraic_simplify, cse, dce
+
+if TYPE_CHECKING:
+    import torch
 
 Pass = Callable[[Graph], Graph]
 
@@ -68,7 +72,8 @@ class Options:
     backend: str | None = None  # "triton", "triton-interpreter", "torch"; None: by device
 
 
-def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
+def default_pipeline(options: Options, device: torch.device | None = None) -> list[tuple[str, Pass]]:
+    """The stages ``options`` asks for; ``device``: where the compiled plan runs (the tuning stage times kernels there)."""
     stages: list[tuple[str, Pass]] = [
         ("dce", dce),
         ("fold_batch_norm", fold_batch_norm),
@@ -131,7 +136,7 @@ def default_pipeline(options: Options) -> list[tuple[str, Pass]]:
     if options.tune != "none":  # it tunes the GEMM/conv kernels the fusion stages made
         from kfuse.tune.tuner import tune_graph
 
-        stages.append(("tune", lambda g: tune_graph(g, options)))
+        stages.append(("tune", lambda g: tune_graph(g, options, device=device)))
     if options.fuse_gated_mlp and options.fuse_pointwise:  # after tuning: the unfused side keeps its tuned GEMM
         from kfuse.passes.fuse_gated_mlp import fuse_gated_mlp
 
@@ -145,10 +150,13 @@ class Optimized:
     stages: list[tuple[str, Graph]] = field(default_factory=list)
 
 
-def optimize(graph: Graph, options: Options | None = None, pipeline: list[tuple[str, Pass]] | None = None) -> Optimized:
+def optimize(
+    graph: Graph, options: Options | None = None, pipeline: list[tuple[str, Pass]] | None = None, device: torch.device | None = None
+) -> Optimized:
+    """Run the stages (``pipeline``, else ``default_pipeline``) on ``graph``; ``device``: where the plan will run."""
     options = options or Options()
     stages = [("import", graph)]
-    for name, fn in pipeline or default_pipeline(options):
+    for name, fn in pipeline or default_pipeline(options, device):
         graph = fn(graph)
         graph.verify()
         stages.append((name, graph))

@@ -45,11 +45,14 @@ def _flush_l2() -> None:
     _L2_FLUSH.zero_()
 
 
-def time_ms(fn: Callable[[], Any], warmup: int = 10, rep: int = 50, flush_l2: bool = False) -> float:
-    """Median time of ``fn()`` in milliseconds (CUDA events on a GPU, wall clock otherwise)."""
+def time_ms(
+    fn: Callable[[], Any], warmup: int = 10, rep: int = 50, flush_l2: bool = False, device: torch.device | str | None = None
+) -> float:
+    """Median time of ``fn()`` in milliseconds (CUDA events on a GPU, wall clock otherwise). ``device``: where
+    ``fn`` runs (None: the GPU when there is one); work on the CPU is timed by the wall clock on a GPU machine too."""
     for _ in range(warmup):
         fn()
-    if not torch.cuda.is_available():
+    if not (torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"):
         times = []
         for _ in range(rep):
             t0 = time.perf_counter()
@@ -121,7 +124,7 @@ def cuda_graph_callable(
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     own_cublas_workspace(torch.cuda)  # see there: a later reduce-overhead compile must not free its workspace
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):  # this device's stream (the process-wide default may be another GPU's)
         for _ in range(calls):
             out = fn(*args, **kwargs)
 

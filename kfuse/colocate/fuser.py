@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from kfuse.colocate.ptb import BlockKernel, _params, num_sms
+from kfuse.colocate.ptb import BlockKernel, _params, kernel_device, num_sms
 from kfuse.kernels.codegen import interpreting, load_generated
 
 
@@ -261,7 +261,7 @@ def launch_args(
 ) -> tuple[int, list[Any], dict[str, Any]]:  # fmt: skip
     """(grid, positional args, launch options) of one fused launch. ``trace`` (``tailsm`` only): an int32
     tensor with one slot per LC block of the range, which receives the SM that ran each block."""
-    s = sms or num_sms()
+    s = sms or num_sms(kernel_device(lc))
     grid = version.grid(s)
     if version.mode == "partition":
         period, r1 = grid, version.r1 * s

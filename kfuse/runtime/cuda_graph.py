@@ -143,7 +143,9 @@ class CudaGraphRunner:
         cuda.synchronize()
         g = cuda.CUDAGraph()
         own_cublas_workspace(cuda)
-        with cuda.graph(g, pool=pool):
+        # on the warm-up stream: torch.cuda.graph's default capture stream is one per process, made on whichever
+        # device was current at the first capture, and capturing on it makes that device current
+        with cuda.graph(g, pool=pool, stream=stream):
             outs = execute(self.plan, self.static_inputs)
         self.static_outputs = list(outs)
         self.graph = g

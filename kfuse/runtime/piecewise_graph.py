@@ -127,7 +127,7 @@ class PiecewiseGraphRunner:
                 continue
             g = cuda.CUDAGraph()
             own_cublas_workspace(cuda)
-            with cuda.graph(g):
+            with cuda.graph(g, stream=stream):  # the warm-up stream, on this device (CudaGraphRunner._capture says why)
                 run_steps(plan, env, seg.lo, seg.hi)
             g.replay()  # real values for the host-sync step that follows
             seg.graph = g

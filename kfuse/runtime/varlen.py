@@ -217,7 +217,7 @@ class BucketedRunner:
             torch.cuda.current_stream().wait_stream(stream)
             g = torch.cuda.CUDAGraph()
             own_cublas_workspace(torch.cuda)
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, stream=stream):  # this device's stream (the process-wide default may be another GPU's)
                 bucket.outputs = self._body(tb, bucket.inputs, bucket.packed)
             bucket.graph = g
         except Exception as e:  # capture is an optimisation: run eagerly

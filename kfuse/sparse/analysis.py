@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.runtime.device import on_device
 from kfuse.sparse.inputs import TriangularCSR
 from kfuse.sparse.sync import acquire_fence, hw_fence_enabled, wait_flags
 from kfuse.sparse.variants import DEFAULT, DEFAULT_LONG_ROWS, LEGACY, SyncOptions
@@ -175,17 +176,18 @@ def compute_levels(tri: TriangularCSR, tiling: Tiling) -> torch.Tensor:
     ticket = torch.zeros(1, dtype=torch.int32, device=tri.device)
     r, w = tiling.rows_per_program, tiling.lanes_per_row
     grid = (triton.cdiv(n, r),)
-    _levels_kernel[grid](
-        tri.rowptr.to(torch.int32),
-        tri.cols.to(torch.int32),
-        lev,
-        ticket,
-        n,
-        R=r,
-        W=w,
-        HW_FENCE=hw_fence_enabled(tri.device),
-        num_warps=tiling.num_warps,
-    )
+    with on_device(tri.device):  # Triton launches on the current GPU, not on the tensors' (a matrix on cuda:1)
+        _levels_kernel[grid](
+            tri.rowptr.to(torch.int32),
+            tri.cols.to(torch.int32),
+            lev,
+            ticket,
+            n,
+            R=r,
+            W=w,
+            HW_FENCE=hw_fence_enabled(tri.device),
+            num_warps=tiling.num_warps,
+        )
     return lev
 
 

@@ -20,6 +20,7 @@ import torch
 import triton
 
 from kfuse.kernels.codegen import interpreting
+from kfuse.runtime.device import on_device
 from kfuse.sparse.analysis import (
     MAX_RHS_PER_LAUNCH,
     LevelOrdered,
@@ -151,7 +152,9 @@ class SptrsvPlan:
             priv.solve(static_b, out=static_x, sync=sync, tiling=tiling)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # on the plan's device's stream: torch.cuda.graph's default capture stream is one per process, made on
+        # whichever device was current at the first capture, and capturing on it makes that device current
+        with torch.cuda.graph(graph, stream=stream):
             priv.solve(static_b, out=static_x, sync=sync, tiling=tiling)
         return CapturedSolve(graph, static_b, static_x, priv)
 
@@ -179,48 +182,49 @@ class SptrsvPlan:
         x = _prepare_out(out, b2)
         k = b2.shape[1]
         opts = sync or self.sync
-        if self.n > 0:
-            fence = hw_fence_enabled(self.device)
-            for g0 in range(0, k, MAX_RHS_PER_LAUNCH):
-                kg = min(MAX_RHS_PER_LAUNCH, k - g0)
-                kp = _pow2_ceil(kg)
-                til = self.tiling_for(kp, tiling)
-                r = til.rows_per_program
-                if opts.long_row_min:
-                    self._solve_mixed(b2[:, g0:], x[:, g0:], kg, kp, til, opts, fence)
-                    continue
-                n_tiles = triton.cdiv(self.n, r)
-                grid = persistent_grid(self.device, n_tiles, opts) if opts.persistent else n_tiles
-                # a persistent program also takes the one ticket past the end that stops it
-                epoch, base = self._next_epoch(n_tiles + grid if opts.persistent else n_tiles)
-                tile = opts.flag_kind == "tile"
-                tdep_ptr, tdeps = self.tile_deps(r) if tile else (self._ticket, self._ticket)
-                lo = self.lo
-                if opts.prefetch:
-                    kind = opts.flag_kind
-                    sent = SENTINEL[self.dtype]
-                    if kind == "value":  # x starts as the sentinel: "not solved yet"
-                        xp = torch.full((self.n * kg,), sent, dtype=_INT_OF[self.dtype], device=self.device).view(self.dtype)
-                    else:
-                        xp = torch.empty(self.n * kg, dtype=self.dtype, device=self.device)
-                    _syncfree_fast_kernel[(grid,)](
+        with on_device(self.device):  # Triton launches on the current GPU, not on the tensors' (a plan on cuda:1)
+            if self.n > 0:
+                fence = hw_fence_enabled(self.device)
+                for g0 in range(0, k, MAX_RHS_PER_LAUNCH):
+                    kg = min(MAX_RHS_PER_LAUNCH, k - g0)
+                    kp = _pow2_ceil(kg)
+                    til = self.tiling_for(kp, tiling)
+                    r = til.rows_per_program
+                    if opts.long_row_min:
+                        self._solve_mixed(b2[:, g0:], x[:, g0:], kg, kp, til, opts, fence)
+                        continue
+                    n_tiles = triton.cdiv(self.n, r)
+                    grid = persistent_grid(self.device, n_tiles, opts) if opts.persistent else n_tiles
+                    # a persistent program also takes the one ticket past the end that stops it
+                    epoch, base = self._next_epoch(n_tiles + grid if opts.persistent else n_tiles)
+                    tile = opts.flag_kind == "tile"
+                    tdep_ptr, tdeps = self.tile_deps(r) if tile else (self._ticket, self._ticket)
+                    lo = self.lo
+                    if opts.prefetch:
+                        kind = opts.flag_kind
+                        sent = SENTINEL[self.dtype]
+                        if kind == "value":  # x starts as the sentinel: "not solved yet"
+                            xp = torch.full((self.n * kg,), sent, dtype=_INT_OF[self.dtype], device=self.device).view(self.dtype)
+                        else:
+                            xp = torch.empty(self.n * kg, dtype=self.dtype, device=self.device)
+                        _syncfree_fast_kernel[(grid,)](
+                            lo.rowptr, lo.cols, lo.vals, lo.diag, lo.perm, lo.levels,
+                            b2[:, g0:], x[:, g0:], xp, self._done, self._ticket, tdep_ptr, tdeps,
+                            self.n, kg, b2.stride(0), x.stride(0), epoch, base, n_tiles, sent,
+                            R=r, W=til.lanes_per_row, KP=kp, HW_FENCE=fence, FLAGS=_FLAG_CODE[kind], DW=DEP_LANES,
+                            BACKOFF_NS=opts.backoff_ns, ACQUIRE=opts.acquire, ST_RELEASE=opts.st_release, PERSISTENT=opts.persistent,
+                            num_warps=til.num_warps,
+                        )  # fmt: skip
+                        continue
+                    xp = torch.empty(self.n * kg, dtype=self.dtype, device=self.device)
+                    _syncfree_kernel[(grid,)](
                         lo.rowptr, lo.cols, lo.vals, lo.diag, lo.perm, lo.levels,
                         b2[:, g0:], x[:, g0:], xp, self._done, self._ticket, tdep_ptr, tdeps,
-                        self.n, kg, b2.stride(0), x.stride(0), epoch, base, n_tiles, sent,
-                        R=r, W=til.lanes_per_row, KP=kp, HW_FENCE=fence, FLAGS=_FLAG_CODE[kind], DW=DEP_LANES,
-                        BACKOFF_NS=opts.backoff_ns, ACQUIRE=opts.acquire, ST_RELEASE=opts.st_release, PERSISTENT=opts.persistent,
+                        self.n, kg, b2.stride(0), x.stride(0), epoch, base, n_tiles,
+                        R=r, W=til.lanes_per_row, KP=kp, HW_FENCE=fence,
+                        TILE_FLAGS=tile, DW=DEP_LANES, BACKOFF_NS=opts.backoff_ns, PERSISTENT=opts.persistent,
                         num_warps=til.num_warps,
                     )  # fmt: skip
-                    continue
-                xp = torch.empty(self.n * kg, dtype=self.dtype, device=self.device)
-                _syncfree_kernel[(grid,)](
-                    lo.rowptr, lo.cols, lo.vals, lo.diag, lo.perm, lo.levels,
-                    b2[:, g0:], x[:, g0:], xp, self._done, self._ticket, tdep_ptr, tdeps,
-                    self.n, kg, b2.stride(0), x.stride(0), epoch, base, n_tiles,
-                    R=r, W=til.lanes_per_row, KP=kp, HW_FENCE=fence,
-                    TILE_FLAGS=tile, DW=DEP_LANES, BACKOFF_NS=opts.backoff_ns, PERSISTENT=opts.persistent,
-                    num_warps=til.num_warps,
-                )  # fmt: skip
         return _finish(x, out, was_1d, was_numpy)
 
     def _solve_mixed(self, b2: torch.Tensor, x: torch.Tensor, kg: int, kp: int, til: Tiling, opts: SyncOptions, fence: bool) -> None:

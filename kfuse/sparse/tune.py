@@ -11,6 +11,7 @@ candidate is checked but not timed; when no candidate is correct, tuning raises 
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
@@ -54,9 +55,9 @@ def label(c: Candidate) -> str:
     return f"{s.name}@{t.rows_per_program}x{t.lanes_per_row}w{t.num_warps}"
 
 
-def _event_ms(fn: Callable[[], object]) -> float:
-    """One solve's time: CUDA events on a GPU, wall clock otherwise (the harness's timer, no warm-up)."""
-    return time_ms(fn, warmup=0, rep=1)
+def _event_ms(fn: Callable[[], object], device: torch.device | None = None) -> float:
+    """One solve's time: CUDA events on a GPU device, wall clock otherwise (the harness's timer, no warm-up)."""
+    return time_ms(fn, warmup=0, rep=1, device=device)
 
 
 Timer = Callable[[Callable[[], object]], float]
@@ -93,7 +94,7 @@ def _solves_correctly(plan: SptrsvPlan, b: torch.Tensor, x: torch.Tensor, c: Can
     return True
 
 
-def tune(plan: SptrsvPlan, cands: list[Candidate] | None = None, timer: Timer = _event_ms) -> dict[str, float | str]:
+def tune(plan: SptrsvPlan, cands: list[Candidate] | None = None, timer: Timer | None = None) -> dict[str, float | str]:
     """Time ``cands`` (default: :func:`candidates` of the plan's stats) on the plan's device and
     set ``plan.sync`` / ``plan.tiling`` to the fastest correct one. Returns label -> median ms
     (or ``"failed: ..."``); the plan's own workspace is used, so the plan stays consistent.
@@ -109,6 +110,8 @@ def tune(plan: SptrsvPlan, cands: list[Candidate] | None = None, timer: Timer = 
         cands = [current] + [c for c in cands if c != current]
     if not cands:
         raise ValueError("sptrsv tune: no candidates")
+    if timer is None:  # the plan's device, not the machine's: a CPU plan (the interpreter) on a GPU machine has no events to time
+        timer = functools.partial(_event_ms, device=plan.device)
     b = torch.randn(plan.n, 1, dtype=plan.dtype, device=plan.device)
     x = torch.empty_like(b)
     results: dict[str, float | str] = {}

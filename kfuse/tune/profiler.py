@@ -369,7 +369,7 @@ class Profiler:
             return None
         try:
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, stream=torch.cuda.Stream(dev)):  # dev's stream: the process-wide default may be another GPU's
                 for i in range(self.GRAPH_LAUNCHES):
                     runner.run(cfg, i)
             g.replay()

@@ -29,6 +29,7 @@ import torch
 
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
 from kfuse.kernels.epilogue import Epilogue, exact_gelu
+from kfuse.runtime.device import on_device
 from kfuse.tune.cost_model import CostModel
 from kfuse.tune.database import Record, TuningDB
 from kfuse.tune.hardware import Hardware, query
@@ -230,8 +231,9 @@ class Tuner:
         runner = None
         if self.device.type == "cuda" or (self.measure is not None and self.profiler.do_check and self._small(problem)):
             runner = make_runner(problem, self.device, epi)
-        res = search(problem, self.hw, self.profiler, runner, self._model(tmpl), self.budget,
-                     self._neighbours(tmpl), self._history(tmpl), space=space, on_result=commit, already=already)  # fmt: skip
+        with on_device(self.device):  # Triton launches, CUDA events and graphs on the tuned GPU, also where another is current
+            res = search(problem, self.hw, self.profiler, runner, self._model(tmpl), self.budget,
+                         self._neighbours(tmpl), self._history(tmpl), space=space, on_result=commit, already=already)  # fmt: skip
         if res.best is not None and not is_valid(res.best, problem, self.hw):  # never: search filters; never store or use one
             warnings.warn(f"kfuse tune: {sig}: the search returned an invalid config {res.best.describe()}; not used", stacklevel=2)
             res.best, res.best_ms = None, None
@@ -299,9 +301,12 @@ class Tuner:
                 prog.advance(task)
 
 
-def tune_graph(graph: Graph, options: Any = None, tuner: Tuner | None = None, verbose: bool = True) -> Graph:
+def tune_graph(
+    graph: Graph, options: Any = None, tuner: Tuner | None = None, verbose: bool = True, device: torch.device | str | None = None
+) -> Graph:
     """Pipeline stage: set ``attrs["config"]`` of every GEMM / conv kernel node from the
-    database or by tuning. ``options.tune`` picks the mode ("none" returns ``graph``)."""
+    database or by tuning. ``options.tune`` picks the mode ("none" returns ``graph``). ``device``:
+    where the plan runs (the compile's inputs' device); None: the weights' device."""
     mode = getattr(options, "tune", "fast") if tuner is None else tuner.mode
     if mode == "none":
         return graph
@@ -313,10 +318,13 @@ def tune_graph(graph: Graph, options: Any = None, tuner: Tuner | None = None, ve
     if not nodes:
         return graph
     if tuner is None:
-        # the model's device (its weights'), not the machine's: a CPU model compiled on a GPU machine
-        # runs on the CPU, where there is nothing to time
-        weights = [t for t in graph.constants.values() if isinstance(t, torch.Tensor)]
-        tuner = Tuner(mode, progress=verbose, device=weights[0].device if weights else None)
+        # the model's device, not the machine's: a CPU model compiled on a GPU machine runs on the CPU,
+        # where there is nothing to time. The compile passes the inputs' device, where the plan runs; the
+        # weights' device is only a fallback (ONNX initializers are CPU tensors even for a GPU model)
+        if device is None:
+            weights = [t for t in graph.constants.values() if isinstance(t, torch.Tensor)]
+            device = weights[0].device if weights else None
+        tuner = Tuner(mode, progress=verbose, device=device)
     LAST.clear()
     LAST.append(tuner)  # the benchmark and the report read the stats of the latest compile
     ctx = graph.replace(nodes=tuple(graph.nodes) + tuple(inner)) if inner else graph

@@ -62,7 +62,7 @@ class FakeCuda:
         return FakeGraph(self.log)
 
     @contextlib.contextmanager
-    def graph(self, g: FakeGraph, pool: Any = None) -> Iterator[None]:
+    def graph(self, g: FakeGraph, pool: Any = None, stream: Any = None) -> Iterator[None]:
         self.log.append("capture_begin")
         self.capturing = True
         try:

@@ -42,8 +42,8 @@ class _RecordingCuda(FakeCuda):
         return _RecordingGraph(self.log)
 
     @contextlib.contextmanager
-    def graph(self, g: _RecordingGraph, pool: Any = None) -> Iterator[None]:
-        with super().graph(g, pool):
+    def graph(self, g: _RecordingGraph, pool: Any = None, stream: Any = None) -> Iterator[None]:
+        with super().graph(g, pool, stream):
             self.current = g
             try:
                 yield

@@ -105,7 +105,7 @@ def test_capture_keeps_every_buffer_the_graph_writes(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Stream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: contextlib.nullcontext())
     xs, runner = _bert_tiny_region()
     written: list[weakref.ref] = []
     body = runner._body

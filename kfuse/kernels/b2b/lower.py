@@ -13,6 +13,7 @@ from kfuse.kernels.b2b.configs import candidate_configs, default_config
 from kfuse.kernels.b2b.launcher import ConvGeom, b2b_chain, capped_note, pack_first, pack_next
 from kfuse.kernels.codegen import as_pair
 from kfuse.kernels.tma import tma_device
+from kfuse.runtime.device import on_device
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run
 
@@ -126,9 +127,12 @@ def _first_calls(runs: list[Any], xs: list[torch.Tensor]) -> list[str | None]:
     frontend and ptxas, seconds each), and compiles of different configs are independent.
     Returns the error of each candidate that does not compile or run (registers, smem), else None."""
 
+    dev = xs[0].device if xs else None
+
     def first(run: Any) -> str | None:
         try:
-            run(xs)
+            with on_device(dev):  # a worker thread's current device is its own (device 0), not the caller's
+                run(xs)
             return None
         except Exception as e:  # noqa: BLE001 - recorded per candidate
             return f"failed: {type(e).__name__}"

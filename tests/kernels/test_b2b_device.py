@@ -1,0 +1,44 @@
+"""The b2b decision compiles its candidates by a first call each in worker threads; a thread's current
+CUDA device is its own (device 0), not the lowering's, and Triton launches on the current device, so
+each first call makes the decision inputs' device current (a chain of a model on cuda:1 launched its
+candidates on cuda:0)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import kfuse.kernels.b2b.lower as L
+
+
+def test_first_calls_run_on_the_inputs_device_in_every_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    local = threading.local()
+
+    @contextlib.contextmanager
+    def fake_on_device(d: Any) -> Iterator[None]:
+        before = getattr(local, "device", None)
+        local.device = None if d is None else torch.device(d)
+        try:
+            yield
+        finally:
+            local.device = before
+
+    monkeypatch.setattr(L, "on_device", fake_on_device)
+    seen: list[Any] = []
+
+    def run(xs: list[torch.Tensor]) -> None:
+        seen.append(getattr(local, "device", None))
+
+    def bad(xs: list[torch.Tensor]) -> None:
+        run(xs)
+        raise RuntimeError("out of resources")  # a candidate that fails keeps its error
+
+    xs = [torch.zeros(2, 3)]
+    errs = L._first_calls([run, bad, run], xs)
+    assert errs[0] is None and errs[2] is None and errs[1] == "failed: RuntimeError"
+    assert seen == [xs[0].device] * 3
