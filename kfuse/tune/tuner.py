@@ -349,16 +349,19 @@ def tune_graph(
     return b.build(graph.outputs)
 
 
-_LOOKUP: dict[str, Tuner] = {}
+_LOOKUP: dict[tuple[str, int], Tuner] = {}
 LAST: list[Tuner] = []
 
 
 def lookup_config(problem: Problem, mode: str = "fast") -> Config | None:
-    """The database's config for ``problem`` on the live GPU, without tuning (for lowerings
-    of graphs that did not go through the tuning stage)."""
+    """The database's config for ``problem`` on the current GPU (a compile makes its inputs' GPU
+    current), without tuning (for lowerings of graphs that did not go through the tuning stage)."""
     try:
-        if mode not in _LOOKUP:
-            _LOOKUP[mode] = Tuner(mode, progress=False)
-        return _LOOKUP[mode].lookup(problem)
+        # one lookup tuner per GPU: its records are keyed by that GPU's name (a node may mix models)
+        index = torch.cuda.current_device() if torch.cuda.is_available() else -1
+        key = (mode, index)
+        if key not in _LOOKUP:
+            _LOOKUP[key] = Tuner(mode, progress=False, device=torch.device("cuda", index) if index >= 0 else None)
+        return _LOOKUP[key].lookup(problem)
     except Exception:  # noqa: BLE001 - the database is an optimisation, never a failure
         return None

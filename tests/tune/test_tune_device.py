@@ -37,3 +37,29 @@ def test_tune_graph_tunes_on_the_weights_device(monkeypatch: pytest.MonkeyPatch)
     m, a, kw = zoo.build("mlp-tiny", batch=2)  # built on the CPU
     kfuse.compile(m, a, kw, tune="fast", check=False)
     assert seen and all(d is not None and torch.device(d).type == "cpu" for d in seen), seen
+
+
+def test_lookup_keeps_one_tuner_per_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lookup_config`` answers from the current GPU's records: on a node with two GPU models, one
+    cached tuner (made on whichever GPU was current first) would key every lookup by that GPU."""
+    made: list[object] = []
+
+    class Fake:
+        def __init__(self, mode: str, progress: bool = True, device: object = None) -> None:
+            made.append(device)
+            self.device = device
+
+        def lookup(self, problem: object) -> object:
+            return self.device
+
+    current = [0]
+    monkeypatch.setattr(T, "_LOOKUP", {})
+    monkeypatch.setattr(T, "Tuner", Fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    assert T.lookup_config(object()) == torch.device("cuda", 0)
+    current[0] = 1
+    assert T.lookup_config(object()) == torch.device("cuda", 1)
+    current[0] = 0
+    assert T.lookup_config(object()) == torch.device("cuda", 0)
+    assert made == [torch.device("cuda", 0), torch.device("cuda", 1)]
