@@ -11,7 +11,8 @@ import pytest
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get("KFUSE_FAILURE_LOG")
-    if not path or not report.failed:
+    # under pytest-xdist the controller receives every worker's reports: log there only, once a failure
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     text = str(report.longrepr) if report.longrepr is not None else ""
     lines = [ln for ln in text.splitlines() if ln.strip()]
