@@ -91,7 +91,15 @@ def launch_spec(
         verify_grid=v_grid,
         samples_per_launch=samples_per_launch,
         extra={"seed": seed},
+        device_index=_cuda_index(args),
     )
+
+
+def _cuda_index(args: Sequence[Any]) -> int:
+    """The GPU of the first CUDA tensor among ``args`` (0 when none is)."""
+    import torch
+
+    return next((a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.is_cuda), 0)
 
 
 def _verify_grid(

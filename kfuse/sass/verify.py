@@ -33,6 +33,7 @@ class LaunchSpec:
     verify_grid: tuple[int, int, int] | None = None  # its grid: required with verify_args
     samples_per_launch: int = 1  # independent random input sets one verification launch covers
     extra: dict[str, Any] = field(default_factory=dict)
+    device_index: int = 0  # the GPU the kernel's tensors are on: the spawned worker times and checks there
 
     def __post_init__(self) -> None:
         # the timing grid on a bigger verification problem would leave most of its outputs unwritten by
@@ -230,6 +231,9 @@ class _Runner:
 
 
 def _worker(conn: Any, spec: LaunchSpec) -> None:
+    import torch
+
+    torch.cuda.set_device(spec.device_index)  # a spawned process starts on device 0
     runner = _Runner(spec)
     conn.send(("ready", None))
     while True:
