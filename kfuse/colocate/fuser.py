@@ -58,8 +58,9 @@ from typing import Any
 
 import torch
 
-from kfuse.colocate.ptb import BlockKernel, _params, kernel_device, num_sms
+from kfuse.colocate.ptb import BlockKernel, _params, num_sms
 from kfuse.kernels.codegen import interpreting, load_generated
+from kfuse.runtime.device import first_device
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ def launch_args(
 ) -> tuple[int, list[Any], dict[str, Any]]:  # fmt: skip
     """(grid, positional args, launch options) of one fused launch. ``trace`` (``tailsm`` only): an int32
     tensor with one slot per LC block of the range, which receives the SM that ran each block."""
-    s = sms or num_sms(kernel_device(lc))
+    s = sms or num_sms(first_device(lc.args, None))
     grid = version.grid(s)
     if version.mode == "partition":
         period, r1 = grid, version.r1 * s
@@ -317,7 +318,7 @@ def ticket_counters(args: list[Any]) -> torch.Tensor:
     """The ``tailsm`` kernel's counters (one spare, BE ticket, BE programs done, one spare, then LC programs
     running per SM), one zeroed buffer per (device, stream): the kernel leaves them zeroed, and two launches
     sharing a buffer must not overlap, which holds within one stream."""
-    dev = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    dev = first_device(args)
     stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
     key = (str(dev), stream)
     if key not in _COUNTERS:

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels.codegen import interpreting, load_generated
+from kfuse.runtime.device import first_device
 
 
 @dataclass
@@ -56,11 +57,6 @@ def num_sms(device: torch.device | str | None = None) -> int:
     if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
         return torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device).multi_processor_count
     return 4
-
-
-def kernel_device(k: BlockKernel) -> torch.device | None:
-    """The device of ``k``'s first tensor argument (where it runs), None if it has none."""
-    return next((a.device for a in k.args if isinstance(a, torch.Tensor)), None)
 
 
 def _params(prefix: str, k: BlockKernel) -> tuple[list[str], list[str]]:
@@ -112,7 +108,7 @@ def launch_ptb(k: BlockKernel, start: int = 0, end: int | None = None, grid: int
         raise ValueError(f"{k.name}: block range [{start}, {end}) is outside [0, {k.n_blocks})")
     if start == end:
         return
-    g = max(1, min(grid or num_sms(kernel_device(k)), end - start))
+    g = max(1, min(grid or num_sms(first_device(k.args, None)), end - start))
     _module_for(k).ptb_kernel[(g,)](*k.args, start, end, *k.consts.values(), num_warps=k.num_warps, num_stages=k.num_stages)
 
 

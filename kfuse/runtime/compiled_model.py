@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 from kfuse.compiler import Options, optimize
 from kfuse.frontend.torch_export import Imported
 from kfuse.runtime.cuda_graph import CudaGraphRunner
-from kfuse.runtime.device import on_device
+from kfuse.runtime.device import first_device, on_device
 from kfuse.runtime.executor import Plan, execute, lower
 from kfuse.runtime.piecewise_graph import PiecewiseGraphRunner
 
@@ -49,11 +49,6 @@ def _b2b_section(plan: Plan) -> dict[str, Any]:
     from kfuse.passes.fuse_b2b import b2b_report
 
     return b2b_report(plan)
-
-
-def _device_of(flat: list[Any]) -> torch.device:
-    """Where a call runs: its first tensor input's device (the plan's constants are moved there)."""
-    return next((x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu"))
 
 
 def _signature(flat: list[Any]) -> tuple[Any, ...]:
@@ -106,13 +101,14 @@ class CompiledModel:
     # ---- compiling -----------------------------------------------------------------------
     def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> Variant:
         # everything below (tuning, measured choices, capture, the check) on the inputs' GPU, also where another is current
-        with on_device(_device_of(flat)):
-            return self._compile_on(args, kwargs, flat)
+        # (where a call runs: its first tensor input's device; the plan's constants are moved there)
+        device = first_device(flat)
+        with on_device(device):
+            return self._compile_on(args, kwargs, flat, device)
 
-    def _compile_on(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> Variant:
+    def _compile_on(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any], device: torch.device) -> Variant:
         t0 = time.perf_counter()
         imported = self._importer(args, kwargs)
-        device = _device_of(flat)
         # tuned on the device the plan runs on: the graph's constants need not be there (ONNX initializers are CPU tensors)
         opt = optimize(imported.graph, self.options, device=device)
         plan = lower(opt.graph, device, self.options.backend, options=self.options)
@@ -255,7 +251,7 @@ class CompiledModel:
         variant = self.variants.get(_signature(flat))
         if variant is None:  # a new shape signature: compile once more and cache
             variant = self._compile(tuple(args), dict(kwargs), flat)
-        with on_device(_device_of(flat)):  # kfuse's kernels and graph replays on the inputs' GPU
+        with on_device(first_device(flat)):  # kfuse's kernels and graph replays on the inputs' GPU
             out = variant.run(flat)
         return pytree.tree_unflatten(out, variant.imported.out_spec)
 

@@ -10,9 +10,17 @@ sparse plan's solves) make their tensors' device current while they run.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+CPU = torch.device("cpu")
+
+
+def first_device(values: Iterable[Any], default: torch.device | None = CPU) -> torch.device | None:
+    """The device of the first tensor among ``values`` (where work on them runs); ``default`` if none is a tensor."""
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), default)
 
 
 def on_device(device: torch.device | str | None) -> contextlib.AbstractContextManager[Any]:

@@ -18,6 +18,7 @@ import torch
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node
 from kfuse.kernels import pdl
+from kfuse.runtime.device import first_device
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ def run_steps(plan: Plan, env: dict[str, Any], lo: int, hi: int, *, poison_dead:
     """Run steps ``[lo, hi)`` of ``plan`` on ``env`` in place (values are released after their
     last use). Split out so a runner can capture a run of steps as one CUDA graph."""
     tensors = [env.get(n) for n, _ in plan.graph.inputs] + list(plan.constants.values())
-    device = next((x.device for x in tensors if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    device = first_device(tensors)
     outs = _prepare_memory(plan, device)
     dead_buffers = plan.memory.dead_after if (poison_dead and outs) else None
     with pdl.scope(plan.pdl):

@@ -19,6 +19,7 @@ import torch
 
 from kfuse.bench.harness import PEAK_BYTES, PEAK_FLOPS, floor_ms, gpu_time_ms, graph_ms_per_call
 from kfuse.ir.graph import Graph, Node, TensorType
+from kfuse.runtime.device import first_device
 from kfuse.runtime.executor import Plan, _prepare_memory
 
 
@@ -98,7 +99,7 @@ def profile_plan(plan: Plan, inputs: Sequence[torch.Tensor], warmup: int = 3, re
     graph = plan.graph
     nodes = graph.node_map()
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
-    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    device = first_device(inputs)
     outs = _prepare_memory(plan, device)
     times: list[list[float]] = [[] for _ in plan.steps]
     moved = [0] * len(plan.steps)

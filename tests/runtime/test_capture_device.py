@@ -30,7 +30,9 @@ class _Streams:
         self.captured_on: list[Any] = []
 
 
-class _StreamCuda(FakeCuda):
+class _RecordsStreams:
+    """Mixed into a fake ``torch.cuda``: records each warm-up stream and each capture's ``stream=``."""
+
     def __init__(self) -> None:
         super().__init__()
         self.rec = _Streams()
@@ -38,32 +40,22 @@ class _StreamCuda(FakeCuda):
     @contextlib.contextmanager
     def stream(self, s: Any) -> Iterator[None]:
         self.rec.side.append(s)
-        with super().stream(s):
+        with super().stream(s):  # type: ignore[misc]
             yield
 
     @contextlib.contextmanager
     def graph(self, g: Any, pool: Any = None, stream: Any = None) -> Iterator[None]:
         self.rec.captured_on.append(stream)
-        with super().graph(g, pool, stream):
+        with super().graph(g, pool, stream):  # type: ignore[misc]
             yield
 
 
-class _PiecewiseStreamCuda(_RecordingCuda):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rec = _Streams()
+class _StreamCuda(_RecordsStreams, FakeCuda):
+    pass
 
-    @contextlib.contextmanager
-    def stream(self, s: Any) -> Iterator[None]:
-        self.rec.side.append(s)
-        with super().stream(s):
-            yield
 
-    @contextlib.contextmanager
-    def graph(self, g: Any, pool: Any = None, stream: Any = None) -> Iterator[None]:
-        self.rec.captured_on.append(stream)
-        with super().graph(g, pool, stream):
-            yield
+class _PiecewiseStreamCuda(_RecordsStreams, _RecordingCuda):
+    pass
 
 
 def test_the_whole_plan_graph_is_captured_on_its_warm_up_stream() -> None:
