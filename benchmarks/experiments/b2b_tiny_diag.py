@@ -3,9 +3,10 @@
 Session 28's first GPU run failed ``tests/kernels/test_b2b_tiny_gpu.py`` on its first tiling
 ("register m64 k64 n32 w4 s2", relative error 1.0-1.8 at M = 1, 2, 3 and 130) and hit an illegal
 address compiling mlp-tiny. The test stops at the first bad tiling; this script runs every
-candidate of a few chains, each chain in its own process (a fault ends only that chain, and the
-last line it logged names the tiling), and for each bad tiling a few variants that isolate the
-cause (epilogue, residence, warps, pipelining).
+candidate of a few chains, each tiling in its own process (a fault ends only that tiling's runs,
+and the last line it logged names the row count), first with the weights preloaded (the suspected
+workaround: the preloading tiling passed where its plain twin failed), then as listed.
+Run 2 of session 28 (one process per chain) is in ``experiments/s28_b2b_tiny_diag_run2.json``.
 
     python benchmarks/experiments/b2b_tiny_diag.py OUT.json      # the driver
 """
@@ -16,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 CHAINS = {  # name: (k0, widths, epilogues per stage: "gelu" / "relu" / "")
@@ -28,7 +30,7 @@ ROWS = [int(r) for r in os.environ.get("DIAG_ROWS", "1,3,130,4096").split(",")]
 DEV = os.environ.get("DIAG_DEVICE", "cuda")  # "cpu": the interpreter (a check of this script)
 
 
-def one_chain(name: str) -> None:
+def one_chain(name: str, index: int | None) -> None:
     import torch
 
     import kfuse  # noqa: F401 - sets the interpreter on a CPU machine
@@ -67,47 +69,53 @@ def one_chain(name: str) -> None:
             return f"nan in {int(torch.isnan(got).sum())} of {got.numel()}"
         return round((got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6), 5)
 
-    for m in ROWS:
-        cands = list(dict.fromkeys([b2b.default_config(m, widths), *b2b.candidate_configs(m, widths, k0)]))
-        for cfg in cands:
-            print(json.dumps({"chain": name, "m": m, "config": cfg.describe(), "start": True}), flush=True)
+    cands = list(dict.fromkeys([b2b.default_config(130, widths), *b2b.candidate_configs(130, widths, k0)]))
+    if index is None:
+        print(json.dumps({"n_configs": len(cands)}), flush=True)
+        return
+    base = cands[index]
+    # the preloading form first: it is the suspected workaround, and a fault ends the process
+    for variant, cfg in (("preload", replace(base, preload=True)), ("as listed", base)):
+        for m in ROWS:
+            print(json.dumps({"chain": name, "m": m, "config": base.describe(), "variant": variant, "start": True}), flush=True)
             err = check(m, cfg)
-            print(json.dumps({"chain": name, "m": m, "config": cfg.describe(), "err": err}), flush=True)
-            if isinstance(err, float) and err > 2e-2 and m == 130:
-                variants = {
-                    "s1": replace(cfg, num_stages=1),
-                    "w8": replace(cfg, num_warps=8),
-                    "m128": replace(cfg, block_m=128),
-                    "m16": replace(cfg, block_m=16),
-                    "smem": replace(cfg, residence="smem"),
-                }
-                for vname, v in variants.items():
-                    print(json.dumps({"chain": name, "m": m, "config": cfg.describe(), "variant": vname, "err": check(m, v)}), flush=True)
+            print(json.dumps({"chain": name, "m": m, "config": base.describe(), "variant": variant, "err": err}), flush=True)
 
 
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--one":
-        one_chain(sys.argv[2])
+        one_chain(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)
         return
     out_path = sys.argv[1] if len(sys.argv) > 1 else "b2b_tiny_diag.json"
-    rows = []
+
+    def run(args: list[str]) -> tuple[str, str, int]:
+        p = subprocess.run([sys.executable, __file__, "--one", *args], capture_output=True, text=True, timeout=400)
+        return p.stdout, p.stderr, p.returncode
+
+    jobs = []
     for name in CHAINS:
-        p = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True, timeout=300)
-        lines = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
-        done = {(r["m"], r["config"]) for r in lines if "err" in r and "variant" not in r}
-        for r in lines:
-            if "start" in r and (r["m"], r["config"]) not in done:
-                last = p.stderr.strip().splitlines()[-1][:160] if p.stderr.strip() else ""
-                r = {**r, "err": f"process ended here (rc {p.returncode}): {last}"}
-                r.pop("start")
-            if "start" not in r:
-                rows.append(r)
+        out, err, _ = run([name])
+        n = json.loads(out.splitlines()[-1])["n_configs"]
+        jobs += [[name, str(i)] for i in range(n)]
+    rows = []
+    # one process per (chain, tiling), four at a time: a fault ends only its own tiling's runs
+    with ThreadPoolExecutor(4) as pool:
+        for out, err, rc in pool.map(run, jobs):
+            lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+            done = {(r["m"], r["variant"]) for r in lines if "err" in r}
+            for r in lines:
+                if "start" in r and (r["m"], r["variant"]) not in done:
+                    last = err.strip().splitlines()[-1][:160] if err.strip() else ""
+                    r = {**r, "err": f"process ended here (rc {rc}): {last}"}
+                    r.pop("start")
+                if "start" not in r:
+                    rows.append(r)
     with open(out_path, "w") as f:
         json.dump(rows, f, indent=1)
     bad = [r for r in rows if not (isinstance(r["err"], float) and r["err"] < 2e-2)]
     print(f"{len(rows)} runs, {len(bad)} bad")
     for r in bad:
-        print(r["chain"], r["m"], r["config"], r.get("variant", ""), r["err"])
+        print(r["chain"], r["m"], r["config"], r["variant"], r["err"])
 
 
 if __name__ == "__main__":
