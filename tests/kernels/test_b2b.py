@@ -502,3 +502,27 @@ def test_sm90_chunked_kernel_at_vit_ti_widths() -> None:
     assert asm["ptx"].count("cp.async.bulk.tensor.2d.global.shared") == 2  # the two output parts
     facts = sass_facts(asm["cubin"])
     assert facts["STL"] == 0 and facts["LOCAL"] == 0 and facts["HGMMA"] > 0, facts
+
+
+def test_one_program_per_tile_always_preloads_the_later_weights() -> None:
+    """Session 28, on the H200: ``b2b_kernel`` loading the last stage's weight tile after the
+    resident stages' products gave wrong results or illegal addresses (Triton 3.6, sm_90; 21 of 69
+    runs at 64 -> 128 -> 32 and 64 -> 128 -> 128 -> 32), the preloading form none of 80. So the
+    candidates say ``preload`` for every one-program-per-tile tiling whose last width is one tile,
+    do not list a tiling twice, and the persistent, TMA and N-loop tilings are left as they were."""
+    cands = b2b.candidate_configs(130, [128, 128, 32], k0=64)
+    per_tile = [c for c in cands if not (c.persistent or c.tma or c.residence == "chunked")]
+    assert per_tile and all(c.preload for c in per_tile)
+    assert len(set(cands)) == len(cands)
+    assert any(c.persistent and not c.preload for c in cands)
+    assert b2b.default_config(130, [128, 128, 32]).preload
+    assert not b2b.default_config(130, [128, 512]).preload  # the last width in N tiles: nothing to preload
+
+
+def test_sm90_one_program_per_tile_loads_every_weight_before_the_first_product() -> None:
+    """The offline sm_90 code of the tiling that failed on the H200 (64 -> 128 -> 32, 64-row tiles,
+    4 warps, asked for without preload): every global load comes before the first wgmma."""
+    chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float16), b2b.Stage(_epi("none"), torch.float16)))
+    ptx = b2b.compile_asm(chain, [128, 32], b2b.B2BConfig(64, 64, 32, 4, 2, "register"), torch.float16, 90, (1, 1), 64, True)["ptx"]
+    first_mma = ptx.index("wgmma.mma_async")
+    assert "ld.global" in ptx[:first_mma] and "ld.global" not in ptx[first_mma:]

@@ -42,3 +42,22 @@ def test_first_calls_run_on_the_inputs_device_in_every_thread(monkeypatch: pytes
     errs = L._first_calls([run, bad, run], xs)
     assert errs[0] is None and errs[2] is None and errs[1] == "failed: RuntimeError"
     assert seen == [xs[0].device] * 3
+
+
+def test_first_calls_reject_candidates_whose_output_is_not_the_unfused_chains() -> None:
+    """Session 28: Triton 3.6 miscompiled some tilings on the H200 (relative errors 0.9-1.8); the
+    decision timed them like the rest and could have chosen one. Each first call's output is now
+    compared with the unfused chain's before anything is timed."""
+    torch.manual_seed(0)
+    ref = torch.randn(5, 7)
+    rounded = lambda xs: ref.half().float()  # noqa: E731 - fp16 rounding: not wrong
+    negated = lambda xs: -ref  # noqa: E731
+    nans = lambda xs: torch.where(ref > 1, float("nan"), ref)  # noqa: E731
+    narrow = lambda xs: ref[:, :6]  # noqa: E731
+    errs = L._first_calls([rounded, negated, nans, narrow], [ref], ref)
+    assert errs[0] is None
+    assert errs[1] is not None and errs[1].startswith("wrong result (relative error 2")
+    assert errs[2] == "wrong result: non-finite values"
+    assert errs[3] is not None and "shape (5, 6)" in errs[3]
+    # without a reference only failures count (the old contract)
+    assert L._first_calls([negated], [ref]) == [None]

@@ -30,6 +30,9 @@ def test_every_candidate_tiling_on_a_few_rows(m: int) -> None:
     ref = b2b.reference(chain, x.cpu(), [w.cpu() for w in ws], [None] * 3, [[e.cpu() for e in es] for es in ex]).double()
     cfgs = b2b.candidate_configs(m, widths, k0)
     assert cfgs
+    # and the two tilings that session 28 found miscompiled, as a user would write them (without
+    # preload): the launcher preloads one-program-per-tile chains whatever the config says
+    cfgs += [b2b.B2BConfig(64, 64, 32, 4, 2, "register"), b2b.B2BConfig(128, 64, 32, 8, 2, "register")]
     for cfg in cfgs:
         out = torch.full((m, widths[-1]), float("nan"), device="cuda", dtype=dt)
         b2b.b2b_chain(chain, x, ws, [None] * 3, ex, cfg, out=out)

@@ -124,7 +124,9 @@ def compile_asm(
     const.update(SMEM=cfg.residence == "smem", PREC="tf32" if dtype == torch.float32 else "ieee")
     # the launcher's specialisations for a GEMM chain whose K0 and last width fit one tile each
     const.update(SINGLE_K=kernel_hw == (1, 1) and widths_k0 <= cfg.block_k, SINGLE_N=widths[-1] <= const["BLOCK_N"])
-    const.update(PRELOAD=cfg.preload and const["SINGLE_N"], N_STAGES=cfg.n_stages or cfg.num_stages)
+    # as launch(): one program per row tile always preloads (a Triton 3.6 sm_90 miscompile otherwise)
+    per_tile = jf is mod.b2b_kernel
+    const.update(PRELOAD=(cfg.preload or per_tile) and const["SINGLE_N"], N_STAGES=cfg.n_stages or cfg.num_stages)
     if cfg.persistent:
         const.update(NUM_PROGRAMS=264, TILE_STAGES=cfg.num_stages)
     if tma:

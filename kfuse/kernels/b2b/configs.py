@@ -20,12 +20,22 @@ def default_config(m: int, widths: list[int], residence: str | None = None, elem
     res = residence or ("register" if widest <= 128 else "smem")
     last = min(pad_width(widths[-1]), 128)
     if interpreting():
-        return B2BConfig(16, 32, min(last, 64), 4, 1, res)
-    if widest <= 64:
-        return B2BConfig(128, 64, last, 8 if res == "smem" else 4, 2, res)
-    if widest <= 128:
-        return B2BConfig(64, 64, last, 4, 2, res)
-    return B2BConfig(64, 32, min(last, 64), 8 if res == "smem" else 4, 2, res)
+        cfg = B2BConfig(16, 32, min(last, 64), 4, 1, res)
+    elif widest <= 64:
+        cfg = B2BConfig(128, 64, last, 8 if res == "smem" else 4, 2, res)
+    elif widest <= 128:
+        cfg = B2BConfig(64, 64, last, 4, 2, res)
+    else:
+        cfg = B2BConfig(64, 32, min(last, 64), 8 if res == "smem" else 4, 2, res)
+    return as_launched(cfg, widths)
+
+
+def as_launched(cfg: B2BConfig, widths: list[int]) -> B2BConfig:
+    """``cfg`` as the launcher runs it: a one-program-per-tile config whose last width is one tile
+    always preloads the later stages' weights (see ``launcher.launch``), so it says so, and the
+    candidate list does not measure the same kernel twice."""
+    per_tile = not (cfg.persistent or cfg.tma or cfg.residence == "chunked")
+    return replace(cfg, preload=True) if per_tile and widths[-1] <= min(cfg.block_n, pad_width(widths[-1])) else cfg
 
 
 SMEM_LIMIT = TABLE["H200"].smem_per_block  # shared memory a program may use on an H100 / H200 SM (227 KB)
@@ -164,7 +174,7 @@ def candidate_configs(
         if image is not None:
             out += _exact_tiles(image, widest, widths[-1], last)
     seen, uniq = set(), []
-    for c in out:
+    for c in map(lambda c: as_launched(c, widths), out):
         if c not in seen:
             seen.add(c)
             uniq.append(c)

@@ -210,6 +210,13 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
     else:
         kernel = _module(chain).b2b_kernel
         grid = (tiles,)
+        # one program per row tile: the later stages' weights are always loaded before stage 0
+        # (PRELOAD) when the last width is one tile. Loaded after the resident stages' products, as
+        # the tile's other operands are, Triton 3.6's sm_90 code gave wrong results or illegal
+        # addresses (64 -> 128 -> 32 chains at 4 warps, 64 -> 128 -> 128 -> 32 at 4 and 8; session
+        # 28, ``benchmarks/experiments/b2b_tiny_diag.py``: 21 of 69 runs wrong or faulting, 0 of 80
+        # preloaded). The cause is in the compiler, not found; the preloading form is the same math
+        single["PRELOAD"] = single["SINGLE_N"]
     args = (*ptrs, nb, c, h, w, oh, ow, *g.widths,
             g.x.stride(0), g.x.stride(1), g.x.stride(2), g.x.stride(3),
             o4.stride(0), o4.stride(1), o4.stride(2), o4.stride(3), *strides)  # fmt: skip

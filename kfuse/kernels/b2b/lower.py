@@ -122,27 +122,45 @@ def _decision_key(node: Any, graph: Any, options: Any) -> tuple:
     return (a["chain"].key(), types, geom, a["out_type"].layout, repr(options))
 
 
-def _first_calls(runs: list[Any], xs: list[torch.Tensor]) -> list[str | None]:
+# a candidate whose output differs from the unfused chain's by more than this (relative to the
+# output's largest magnitude) is wrong, not rounded differently: both sides round the
+# intermediates to the same dtype, and the miscompiles found so far were off by 0.9-1.8
+WRONG_RESULT = 5e-2
+
+
+def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | None = None) -> list[str | None]:
     """Each candidate's first call, in parallel threads: that call compiles its kernel (Triton's
     frontend and ptxas, seconds each), and compiles of different configs are independent.
-    Returns the error of each candidate that does not compile or run (registers, smem), else None."""
+    Returns the error of each candidate that does not compile or run (registers, smem), or whose
+    output is not ``ref`` (the unfused chain's, when given), else None: a tiling the compiler gets
+    wrong is never timed, let alone chosen."""
 
     dev = xs[0].device if xs else None
 
-    def first(run: Any) -> str | None:
+    def first(run: Any) -> tuple[str | None, torch.Tensor | None]:
         try:
             with on_device(dev):  # a worker thread's current device is its own (device 0), not the caller's
-                run(xs)
-            return None
+                return None, run(xs)
         except Exception as e:  # noqa: BLE001 - recorded per candidate
-            return f"failed: {type(e).__name__}"
+            return f"failed: {type(e).__name__}", None
 
     workers = max(1, min(8, len(runs), (os.cpu_count() or 2) - 1))
     with ThreadPoolExecutor(workers) as pool:
-        errs = list(pool.map(first, runs))
+        results = list(pool.map(first, runs))
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return errs
+    return [err if err is not None or ref is None else _wrong(out, ref) for err, out in results]
+
+
+def _wrong(out: torch.Tensor | None, ref: torch.Tensor) -> str | None:
+    """Why ``out`` is not the unfused chain's result ``ref``, or None when it is."""
+    if out is None or out.shape != ref.shape:
+        return f"wrong result: shape {None if out is None else tuple(out.shape)}, expected {tuple(ref.shape)}"
+    got, want = out.float(), ref.float()
+    if not torch.isfinite(got).all() and torch.isfinite(want).all():
+        return "wrong result: non-finite values"
+    rel = float((got - want).abs().nan_to_num(float("inf")).max()) / max(float(want.abs().max()), 1e-6)
+    return f"wrong result (relative error {rel:.3g})" if rel > WRONG_RESULT else None
 
 
 def _decide(
@@ -158,6 +176,7 @@ def _decide(
         return (fused_with(cfg), "b2b_chain", d) if cfg is not None else (unfused, "b2b_chain(unfused)", d)
     xs = decision_inputs(node, graph, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     t_unfused = graph_time_ms(lambda: unfused(xs))
+    ref = unfused(xs).clone()  # what every candidate must produce (see _first_calls)
     best: tuple[float, B2BConfig | None] = (float("inf"), None)
     tried = {}
     x_t = graph.type_of(node.inputs[0])
@@ -170,7 +189,7 @@ def _decide(
     if not getattr(options, "b2b_pdl", False):  # Options.b2b_pdl: programmatic dependent launch, opt-in
         cands = [c for c in cands if not c.pdl]
     runs = [fused_with(cfg) for cfg in cands]
-    errs = _first_calls(runs, xs) if torch.cuda.is_available() else [None] * len(runs)
+    errs = _first_calls(runs, xs, ref) if torch.cuda.is_available() else [None] * len(runs)
     for cfg, run, err in zip(cands, runs, errs, strict=True):
         if err is not None:
             tried[cfg.describe()] = err
