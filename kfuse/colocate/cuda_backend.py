@@ -55,8 +55,9 @@ def timed(fn: Callable[[], Any], retime: bool = True) -> float:
     tens of us per launch for 44 LC kernels of 50-260 us), which varies with what the host did in between
     (Aker plans between launches; time sharing does not). If enqueueing took longer than the spin, the GPU may have
     idled inside the window (session 8: 2,638-7,437 such windows a run, one of 852 ms): the spin grows, and with
-    ``retime`` the work runs once more and that window is the one returned (every launch here is idempotent GPU
-    work; the scheduler counts its blocks once)."""
+    ``retime`` the work runs once more and that window is the one returned (the scheduler counts its blocks once;
+    callers pass ``retime=False`` for work that is not idempotent: a histogram's atomics would count twice, which
+    session 28's first whole-suite GPU run caught in ``tests/colocate/test_prio_version.py``)."""
     if not torch.cuda.is_available():
         t0 = time.perf_counter()
         fn()
@@ -132,7 +133,7 @@ class CudaBackend(Backend):
     def run_be(self, be: str, start: int, end: int) -> float:
         self.launches += 1
         k = self.be[be].kernel
-        return timed(lambda: launch_ptb(k, start, end, self.be_grid))
+        return timed(lambda: launch_ptb(k, start, end, self.be_grid), retime=self.be[be].idempotent)
 
     def run_fused(self, i: int, be: str, start: int, end: int, version: Any) -> float:
         it = self.items[i]
@@ -147,15 +148,15 @@ class CudaBackend(Backend):
             # after the LC's programs a fresh block (a persistent grid would leave the programs that
             # do not fit beside the LC queued with their whole share of blocks)
             n = max(1, end - start)
-            return timed(lambda: run_prio(self.prio, lc, lambda: launch_ptb(bk, start, end, n)))
-        return timed(lambda: launch_fused(lk, bk, v, (0, lk.n_blocks), (start, end), self.sms))
+            return timed(lambda: run_prio(self.prio, lc, lambda: launch_ptb(bk, start, end, n)), retime=self.be[be].idempotent)
+        return timed(lambda: launch_fused(lk, bk, v, (0, lk.n_blocks), (start, end), self.sms), retime=self.be[be].idempotent)
 
     def run_concurrent(self, i: int, be: str, start: int, end: int) -> float:
         self.launches += 1
         lc = self._lc(i)
         k = self.be[be].kernel
         if not torch.cuda.is_available():
-            return timed(lambda: (lc(), launch_ptb(k, start, end, self.be_grid)))
+            return timed(lambda: (lc(), launch_ptb(k, start, end, self.be_grid)), retime=self.be[be].idempotent)
 
         def both() -> None:
             cur = torch.cuda.current_stream()
@@ -168,4 +169,4 @@ class CudaBackend(Backend):
             cur.wait_stream(self.s1)
             cur.wait_stream(self.s2)
 
-        return timed(both)
+        return timed(both, retime=self.be[be].idempotent)

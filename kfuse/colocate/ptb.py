@@ -184,7 +184,7 @@ def gemm_kernel(
     k2, n = b.shape
     if k != k2 or tuple(c.shape) != (m, n):
         raise ValueError(f"gemm_kernel: shapes {tuple(a.shape)} @ {tuple(b.shape)} -> {tuple(c.shape)} do not match")
-    cfg = config or default_ptb_config(a.dtype)
+    cfg = config or default_ptb_config(a.dtype, gpu=a.is_cuda)  # the tensors' device: CPU tensors run in the interpreter
     prec = precision or ("ieee" if a.dtype == torch.float32 else "tf32")
     nb = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     return BlockKernel(

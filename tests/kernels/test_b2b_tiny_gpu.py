@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 from kfuse.kernels import b2b
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
@@ -35,7 +36,10 @@ def test_every_candidate_tiling_on_a_few_rows(m: int) -> None:
     cfgs += [b2b.B2BConfig(64, 64, 32, 4, 2, "register"), b2b.B2BConfig(128, 64, 32, 8, 2, "register")]
     for cfg in cfgs:
         out = torch.full((m, widths[-1]), float("nan"), device="cuda", dtype=dt)
-        b2b.b2b_chain(chain, x, ws, [None] * 3, ex, cfg, out=out)
+        try:
+            b2b.b2b_chain(chain, x, ws, [None] * 3, ex, cfg, out=out)
+        except triton.runtime.errors.OutOfResources:
+            continue  # a tiling that does not fit (shared memory): the decision skips it the same way
         torch.cuda.synchronize()  # a fault shows here, on its tiling
         got = out.cpu().double()
         assert not torch.isnan(got).any(), cfg.describe()

@@ -32,6 +32,9 @@ class Workload:
     reset: Callable[[], None]  # poison / zero the outputs before a launch
     nominal_class: str  # what the kernel is expected to be: "compute" | "memory" | "neutral"
     tol: float = 1e-5  # max |out - ref| / max |ref|
+    # whether running a block range twice leaves the output as once (the GPU backend re-times a launch
+    # whose window the GPU may have idled in by running it again); atomics accumulate: not idempotent
+    idempotent: bool = True
 
 
 def resolve(name: str) -> str:
