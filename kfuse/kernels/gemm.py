@@ -674,7 +674,7 @@ def launch(g: GemmCall, epi: Epilogue, cfg: GemmConfig, warmup: bool = False) ->
     tma = tma_operands(a, b, cfg) if cfg.tma and split == 1 else None
     if ws is not None and tma is not None and gemm_ws.ws_eligible(a, b, c, split) is None:
         gemm_ws.launch(a, b, c, g.extras, epi, gemm_ws.ws_config(ws, a.element_size()), _num_sms(a.device), warmup,
-                       fast_gelu=not exact_gelu())  # fmt: skip
+                       fast_gelu=not exact_gelu(a.dtype))  # fmt: skip
         return
     if ws is not None and tma is not None:
         cfg = replace(cfg, persistent=True)

@@ -63,11 +63,12 @@ def _shift(epi: Epilogue, p: int) -> Epilogue | None:
     return Epilogue(tuple(steps), epi.n_inputs)
 
 
-def split_epilogue(epi: Epilogue, batched: bool, exact_gelu: bool | None = None) -> LibrarySplit:
+def split_epilogue(epi: Epilogue, batched: bool, exact_gelu: bool | None = None, dtype: torch.dtype | None = None) -> LibrarySplit:
     """The longest prefix of ``epi`` that cuBLAS(Lt) can fuse: ``add(acc, in_j)`` (a bias when
-    ``in_j`` turns out to be a row vector), then ``relu``/``gelu`` (2-D GEMMs only)."""
+    ``in_j`` turns out to be a row vector), then ``relu``/``gelu`` (2-D GEMMs only; GELU as the
+    policy ``epilogue.exact_gelu`` allows for the GEMM's ``dtype``)."""
     if exact_gelu is None:
-        exact_gelu = epilogue.exact_gelu()
+        exact_gelu = epilogue.exact_gelu(dtype)
     steps = epi.steps
     bias = act = None
     p = 0
@@ -147,7 +148,7 @@ def maybe_library_step(node: Any, graph: Any, backend: str, run_template: Any, i
     if a_t.dtype != b_t.dtype or a_t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return None
     epi: Epilogue = node.attrs["epilogue"]
-    split = split_epilogue(epi, batched=b_t.rank > 2)
+    split = split_epilogue(epi, batched=b_t.rank > 2, dtype=a_t.dtype)
     out_dtype = node.ttype.dtype
 
     def run_library(xs: list[torch.Tensor]) -> torch.Tensor:

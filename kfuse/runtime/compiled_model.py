@@ -53,7 +53,7 @@ def _b2b_section(plan: Plan) -> dict[str, Any]:
 
 def _signature(flat: list[Any]) -> tuple[Any, ...]:
     # the device with its index: inputs on cuda:1 must not replay a plan built for cuda:0
-    return tuple((tuple(x.shape), x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else ("py", repr(x)) for x in flat)
+    return tuple((x.shape, x.dtype, x.device) if isinstance(x, torch.Tensor) else ("py", repr(x)) for x in flat)
 
 
 def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
@@ -96,6 +96,9 @@ class CompiledModel:
         flat, self._in_spec = pytree.tree_flatten((tuple(example_args), dict(example_kwargs)))
         self._paths = _input_paths(example_args, example_kwargs)
         self._ranks = [(x.dim(), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else None for x in flat]
+        # compiled for tensors as positional arguments only: such calls skip pytree (its tree walk was
+        # half of the call wrapper's ~40 us, which a small model's one-kernel graph replay cannot hide)
+        self._positional = not example_kwargs and len(example_args) == len(flat) and all(isinstance(x, torch.Tensor) for x in flat)
         self._compile(tuple(example_args), dict(example_kwargs), flat)
 
     # ---- compiling -----------------------------------------------------------------------
@@ -241,19 +244,23 @@ class CompiledModel:
                 raise KfuseInputError(f"{self.name}: input {path} has rank {x.dim()} (shape {tuple(x.shape)}), compiled for rank {rank}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if set(kwargs) != set(self._kw_order):
-            raise KfuseInputError(f"{self.name}: called with keyword arguments {sorted(kwargs)}, compiled for {sorted(self._kw_order)}")
-        kwargs = {k: kwargs[k] for k in self._kw_order}  # the compile-time order: pytree specs are order-sensitive
-        flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-        if spec != self._in_spec:
-            raise KfuseInputError(f"{self.name}: called with inputs structured as {spec}, compiled for {self._in_spec}")
+        if self._positional and not kwargs and len(args) == len(self._ranks) and all(type(a) is torch.Tensor for a in args):
+            flat = list(args)  # the example's structure: nothing for pytree to find
+        else:
+            if set(kwargs) != set(self._kw_order):
+                raise KfuseInputError(f"{self.name}: called with keyword arguments {sorted(kwargs)}, compiled for {sorted(self._kw_order)}")
+            kwargs = {k: kwargs[k] for k in self._kw_order}  # the compile-time order: pytree specs are order-sensitive
+            flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+            if spec != self._in_spec:
+                raise KfuseInputError(f"{self.name}: called with inputs structured as {spec}, compiled for {self._in_spec}")
         self._validate(flat)
         variant = self.variants.get(_signature(flat))
         if variant is None:  # a new shape signature: compile once more and cache
             variant = self._compile(tuple(args), dict(kwargs), flat)
         with on_device(first_device(flat)):  # kfuse's kernels and graph replays on the inputs' GPU
             out = variant.run(flat)
-        return pytree.tree_unflatten(out, variant.imported.out_spec)
+        spec = variant.imported.out_spec
+        return out[0] if spec.is_leaf() else pytree.tree_unflatten(out, spec)
 
     # ---- reporting -----------------------------------------------------------------------
     @property

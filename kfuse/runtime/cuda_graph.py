@@ -28,7 +28,7 @@ Signature = tuple[tuple[tuple[int, ...], torch.dtype, str, tuple[int, ...]], ...
 
 def signature(inputs: Sequence[torch.Tensor]) -> Signature:
     """Shape, dtype, device (with its index) and strides of each input: what a capture is valid for."""
-    return tuple((tuple(x.shape), x.dtype, str(x.device), tuple(x.stride())) for x in inputs)
+    return tuple((x.shape, x.dtype, x.device, x.stride()) for x in inputs)  # compared every call: no string building
 
 
 def save_rng(cuda: Any) -> list[tuple[Any, Any]]:

@@ -69,7 +69,7 @@ def problem_of(node: Node, graph: Graph) -> Problem | None:
             m = a.shape[-2]
         if min(m, n, k, batch) <= 0:
             return None
-        erf = exact_gelu() and any(s.op == "gelu" for s in epi.steps)
+        erf = exact_gelu(a.dtype) and any(s.op == "gelu" for s in epi.steps)
         return GemmProblem(m, n, k, batch, dtype_name(a.dtype), n_extras=epi.n_inputs, erf_gelu=erf)
     if node.op == "conv_epilogue":
         nb, c, h, w = a.shape

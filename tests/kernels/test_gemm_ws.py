@@ -169,9 +169,10 @@ def test_render_takes_a_templates_own_expression() -> None:
 
 def test_exact_gelu_policy_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KFUSE_EXACT_GELU", raising=False)
-    assert not exact_gelu()
+    assert not exact_gelu() and not exact_gelu(torch.float16) and not exact_gelu(torch.bfloat16)
+    assert exact_gelu(torch.float32)  # fp32 keeps the erf form: the tanh form's 5e-4 is above its rounding
     monkeypatch.setenv("KFUSE_EXACT_GELU", "1")
-    assert exact_gelu()
+    assert exact_gelu() and exact_gelu(torch.float16)
 
 
 def test_not_eligible_without_a_hopper_gpu() -> None:

@@ -102,3 +102,27 @@ def test_keyword_arguments_in_any_order() -> None:
     torch.testing.assert_close(c(x, b=b, a=a), x * a - b)  # named the other way round
     with pytest.raises(KfuseInputError, match=r"keyword arguments \['a'\], compiled for \['a', 'b'\]"):
         c(x, a=a)
+
+
+def test_positional_calls_skip_pytree_and_keep_every_check() -> None:
+    """A model compiled for positional tensors is called without pytree (half the wrapper's host
+    time, session 28); the checks and the recompile on a new shape stay."""
+    import kfuse
+    from kfuse.runtime.compiled_model import KfuseInputError
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+    compiled = kfuse.compile(model, (x,))
+    assert compiled._positional
+    with torch.no_grad():
+        for m in (3, 5):  # the example's shape, then a new one (a second variant)
+            y = torch.randn(m, 8)
+            torch.testing.assert_close(compiled(y), model(y), rtol=1e-4, atol=1e-5)
+    assert len(compiled.variants) == 2
+    with pytest.raises(KfuseInputError, match="dtype"):
+        compiled(x.double())
+    with pytest.raises(KfuseInputError, match="keyword"):
+        compiled(x=x)
+    with pytest.raises(KfuseInputError, match="structured as"):
+        compiled(x, x)
