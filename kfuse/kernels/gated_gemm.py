@@ -30,7 +30,7 @@ from kfuse.kernels import pdl
 from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.pdl import pdl_start
 from kfuse.runtime.executor import KernelInfo, Step, lowering
-from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run
+from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run, wrong_result
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
 
@@ -231,10 +231,16 @@ def _decide(node: Any, graph: Any, backend: str, options: Any, fused_with: Any) 
     xs = decision_inputs(node, graph, torch.device("cuda" if torch.cuda.is_available() else "cpu"))  # the CPU only in tests
     unfused = unfused_run(node, graph, backend, options)  # lowered once, outside any timing or capture
     times = {"unfused": graph_time_ms(lambda: unfused(xs))}
+    ref = unfused(xs).clone()  # what every tile must compute before it is timed
     best: tuple[float, GatedConfig | None] = (times["unfused"], None)
+    wrong: list[str] = []
     for c in config_space(xs[0].element_size()):
         run = fused_with(c)
         try:
+            why = wrong_result(run(xs), ref)
+            if why is not None:  # a tile the compiler gets wrong is never timed, let alone chosen
+                wrong.append(f"{c.describe()}: {why}")
+                continue
             t = graph_time_ms(lambda run=run: run(xs))
         except Exception:  # noqa: BLE001 - a tile the compiler rejects (registers, shared memory) is skipped
             continue
@@ -244,5 +250,6 @@ def _decide(node: Any, graph: Any, backend: str, options: Any, fused_with: Any) 
     fused_best = min((t for n, t in times.items() if n != "unfused"), default=float("inf"))
     chosen = "unfused" if best[1] is None else best[1].describe()
     note = f"{chosen}: fused {fused_best * 1e3:.1f} us vs unfused {times['unfused'] * 1e3:.1f} us"
+    note += f"; skipped {'; '.join(wrong)}" if wrong else ""
     _DECIDED[key] = (best[1], note)
     return _DECIDED[key]

@@ -1,6 +1,7 @@
 """A fused node's measured decision: the original kernels it replaced (``attrs["unfused"]``, with
 ``attrs["input_names"]``) run one after the other, random inputs of the node's types, and the
-CUDA-graph timer both sides are timed with. Used by the b2b chains and the gated-MLP GEMM."""
+CUDA-graph timer both sides are timed with, and the check that a fused candidate computes what the
+unfused kernels do before it is timed. Used by the b2b chains and the gated-MLP GEMM."""
 
 from __future__ import annotations
 
@@ -29,6 +30,23 @@ def decision_inputs(node: Any, graph: Any, device: torch.device) -> list[torch.T
         c = graph.constants.get(name)
         xs.append(c.to(device) if c is not None else random_like(graph.type_of(name), device))
     return xs
+
+
+# a fused candidate whose output differs from the unfused kernels' by more than this (relative to the
+# output's largest magnitude) is wrong, not rounded differently: both sides round the intermediates
+# to the same dtypes, and the miscompiles found so far (Triton 3.6, sm_90, session 28) were off by 0.9-1.8
+WRONG_RESULT = 5e-2
+
+
+def wrong_result(out: Any, ref: torch.Tensor) -> str | None:
+    """Why a fused candidate's ``out`` is not the unfused kernels' result ``ref``, or None when it is."""
+    if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+        return f"wrong result: shape {tuple(out.shape) if isinstance(out, torch.Tensor) else None}, expected {tuple(ref.shape)}"
+    got, want = out.float(), ref.float()
+    if not torch.isfinite(got).all() and torch.isfinite(want).all():
+        return "wrong result: non-finite values"
+    rel = float((got - want).abs().nan_to_num(float("inf")).max()) / max(float(want.abs().max()), 1e-6)
+    return f"wrong result (relative error {rel:.3g})" if rel > WRONG_RESULT else None
 
 
 def graph_time_ms(fn: Any, reps: int = 15) -> float:

@@ -106,3 +106,27 @@ def test_decision_times_the_unfused_pair_and_every_tile(monkeypatch, device):
     assert "inf" not in note and (cfg is None or cfg in space)
     assert G._decide(node, g, backend, Options(), None) == (cfg, note)  # identical layers: decided once
     assert len(timed) == len(space) + 1  # and nothing timed again
+
+
+def test_decision_never_times_a_tile_that_computes_the_wrong_result(monkeypatch, device):
+    """Session 28 found Triton 3.6 miscompiling b2b tilings on the H200; every measured decision now
+    checks a candidate's output against the unfused kernels' before timing it."""
+    model, args, kwargs = kfuse.models.build("llama-tiny", batch=1, seq=8, seed=5, device=device)
+    _, g = _graphs(model, args, kwargs)
+    node = _ops(g, "gated_gemm")[0]
+    G._DECIDED.clear()
+    space = G.config_space(g.type_of(node.inputs[0]).dtype.itemsize)
+    bad = space[0]
+    timed: list[int] = []
+    real_time = G.graph_time_ms
+    monkeypatch.setattr(G, "graph_time_ms", lambda fn, *a, **k: timed.append(1) or real_time(fn, *a, **k))
+
+    def fused_with(c):
+        if c == bad:  # a miscompiled tile: right shape, wrong values
+            return lambda xs: -G.gated_gemm(xs[0], xs[1], config=c)
+        return lambda xs: G.gated_gemm(xs[0], xs[1], config=c)
+
+    cfg, note = G._decide(node, g, choose_backend(torch.device(device)), Options(), fused_with)
+    assert cfg != bad and f"skipped {bad.describe()}: wrong result" in note
+    assert len(timed) == len(space)  # the unfused pair and every tile but the wrong one
+    G._DECIDED.clear()

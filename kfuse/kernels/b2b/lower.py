@@ -15,7 +15,7 @@ from kfuse.kernels.codegen import as_pair
 from kfuse.kernels.tma import tma_device
 from kfuse.runtime.device import on_device
 from kfuse.runtime.executor import KernelInfo, Step, lowering
-from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run
+from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run, wrong_result
 
 
 @lowering("b2b_chain")
@@ -122,12 +122,6 @@ def _decision_key(node: Any, graph: Any, options: Any) -> tuple:
     return (a["chain"].key(), types, geom, a["out_type"].layout, repr(options))
 
 
-# a candidate whose output differs from the unfused chain's by more than this (relative to the
-# output's largest magnitude) is wrong, not rounded differently: both sides round the
-# intermediates to the same dtype, and the miscompiles found so far were off by 0.9-1.8
-WRONG_RESULT = 5e-2
-
-
 def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | None = None) -> list[str | None]:
     """Each candidate's first call, in parallel threads: that call compiles its kernel (Triton's
     frontend and ptxas, seconds each), and compiles of different configs are independent.
@@ -149,18 +143,7 @@ def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | No
         results = list(pool.map(first, runs))
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return [err if err is not None or ref is None else _wrong(out, ref) for err, out in results]
-
-
-def _wrong(out: torch.Tensor | None, ref: torch.Tensor) -> str | None:
-    """Why ``out`` is not the unfused chain's result ``ref``, or None when it is."""
-    if out is None or out.shape != ref.shape:
-        return f"wrong result: shape {None if out is None else tuple(out.shape)}, expected {tuple(ref.shape)}"
-    got, want = out.float(), ref.float()
-    if not torch.isfinite(got).all() and torch.isfinite(want).all():
-        return "wrong result: non-finite values"
-    rel = float((got - want).abs().nan_to_num(float("inf")).max()) / max(float(want.abs().max()), 1e-6)
-    return f"wrong result (relative error {rel:.3g})" if rel > WRONG_RESULT else None
+    return [err if err is not None or ref is None else wrong_result(out, ref) for err, out in results]
 
 
 def _decide(
