@@ -306,7 +306,12 @@ def _launch(
     if cfg is None and AUTOTUNE and q.is_cuda and not interpreting() and not torch.cuda.is_current_stream_capturing():
         # first launch of this problem on the GPU: a warm-up run, before any CUDA graph capture
         args = (q, k, v, o, strides, mask, mask_strides, mask_kind, cu, batch, heads, sq, sk, scale, causal)
-        cfg = _TUNED[key] = _measure_best(lambda c: _launch(*args, c, kv_group), d, causal, max_seq=sq, batch_heads=batch * heads)  # type: ignore[arg-type]
+
+        def run(c: AttnConfig) -> torch.Tensor:
+            _launch(*args, c, kv_group)
+            return o
+
+        cfg = _TUNED[key] = _measure_best(run, d, causal, max_seq=sq, batch_heads=batch * heads)
     cfg = cfg or default_config(sq, batch * heads, d)
     q_tiles = triton.cdiv(max(sq, 1), cfg.block_m)
     paired = cfg.paired and causal
@@ -432,17 +437,24 @@ def _measure_best(run, head_dim: int, causal: bool = False, rounds: int = 5, max
     one-shot timings picked tiles 40% apart in two runs at Llama-1b B1 causal (session 23).
     ``max_seq`` and ``batch_heads`` (the grid) drop paired configs that cannot fill the GPU."""
     from kfuse.bench.harness import cuda_graph_callable, time_ms
+    from kfuse.runtime.unfused import AgreeingOutputs
 
     calls = 10
     replays = {}
+    outputs = AgreeingOutputs()
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     space = [c for c in config_space(head_dim, causal) if not batch_heads or worth_timing(c, max_seq, batch_heads, sms)]
     for c in space:
         try:
-            run(c)  # compile and warm up outside the capture
+            out = run(c)  # compile and warm up outside the capture
+            if isinstance(out, torch.Tensor):
+                outputs.add(c, out)
             replays[c] = cuda_graph_callable(lambda c=c: run(c), (), calls=calls)
         except Exception:  # a config the compiler rejects (out of resources) is skipped
             torch.cuda.synchronize()
+    if outputs.groups:  # a tile whose output disagrees with most tiles' (a miscompile) is not timed
+        agree, _ = outputs.agreeing(prefer=default_config(max_seq, batch_heads, head_dim) if batch_heads else None)
+        replays = {c: r for c, r in replays.items() if c in agree}
     if not replays:
         raise RuntimeError("attention: no config of the space ran")
     return pick_fastest(list(replays), lambda c: time_ms(replays[c], warmup=2, rep=5) / calls, rounds)

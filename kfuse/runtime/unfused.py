@@ -49,6 +49,30 @@ def wrong_result(out: Any, ref: torch.Tensor) -> str | None:
     return f"wrong result (relative error {rel:.3g})" if rel > WRONG_RESULT else None
 
 
+class AgreeingOutputs:
+    """Candidates grouped by what they compute, for an autotuner with no cheaper reference than its own
+    candidates (the attention tiles): each output joins the first group whose first output it matches
+    (``wrong_result``), else starts a group. The largest group is what the kernel computes; a tile the
+    compiler gets wrong stands apart and is not timed."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[torch.Tensor, list[Any]]] = []
+
+    def add(self, key: Any, out: torch.Tensor) -> None:
+        for first, members in self.groups:
+            if wrong_result(out, first) is None:
+                members.append(key)
+                return
+        self.groups.append((out.detach().clone(), [key]))
+
+    def agreeing(self, prefer: Any = None) -> tuple[list[Any], list[Any]]:
+        """(the largest group, ties to the one holding ``prefer``; every other candidate)."""
+        if not self.groups:
+            return [], []
+        best = max(self.groups, key=lambda g: (len(g[1]), prefer in g[1]))[1]
+        return list(best), [k for _, ms in self.groups if ms is not best for k in ms]
+
+
 def graph_time_ms(fn: Any, reps: int = 15) -> float:
     """GPU time of ``fn()`` per call (wall clock without a GPU)."""
     # GPU time from CUDA-graph replays: the plan runs in a CUDA graph, so the unfused side's

@@ -331,3 +331,27 @@ def test_autotuner_picks_a_config_of_the_space(causal, monkeypatch):
     (key, cfg), *_ = A.tuned_configs().items()
     assert key == (s, d, A.MASK_NONE, causal, False, b * h) and cfg in A.config_space(d, causal)
     torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_autotuner_never_picks_a_config_whose_output_disagrees():
+    """A tile the compiler gets wrong (the b2b miscompile of session 28) must not win the timing: the
+    autotuner groups the outputs of the space and times only the largest group. Here every config but
+    one writes the right answer; the odd one out writes noise and is also made the fastest."""
+    gen = torch.Generator().manual_seed(22)
+    b, h, s, d = 1, 2, 96, 64
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to("cuda", torch.float16) for _ in range(3))
+    ref = A.reference(q, k, v).to(torch.float16)
+    space = A.config_space(d)
+    liar = space[-1]
+    o = torch.empty_like(ref)
+
+    def run(c):
+        if c == liar:
+            o.copy_(torch.randn_like(ref))  # wrong, and nearly free
+        else:
+            o.copy_(ref)
+            torch.cuda._sleep(20_000)  # right, and slow
+        return o
+
+    assert A._measure_best(run, d) != liar
