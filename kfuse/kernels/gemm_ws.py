@@ -73,6 +73,7 @@ numerical tests run on the GPU.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,36 @@ def _gelu_fast(x):
     p = gl.fma(h * h, 0.285419265090401, 1.5957691216057308)
     t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [h * p], dtype=gl.float32, is_pure=True, pack=1)
     return gl.fma(h, t, h)
+
+
+@gluon.jit
+def _gelu_f16x2(x):
+    # the tanh-form GELU of _gelu_fast, for an fp16 output, two values an instruction: the fp32 value
+    # rounded to fp16 (the store's conversion, moved ahead), then HMUL2 / HFMA2 on f16x2 pairs and
+    # tanh.approx.f16x2 (one MUFU op for two values): 2.5 FMA-pipe instructions a value where
+    # _gelu_fast takes 5. The FMA pipe is what an epilogue takes from the other consumer's wgmma
+    # (session 18); tanh.approx.f32 is as coarse (2^-10.9) as the f16 one, so the error stays in
+    # the same range (tests/kernels/test_fast_math.py emulates it)
+    return gl.inline_asm_elementwise(
+        "{{ .reg .b32 %kf_h, %kf_q, %kf_c, %kf_k; mov.b32 %kf_c, 0x38003800; mul.rn.f16x2 %kf_h, $1, %kf_c; "
+        "mul.rn.f16x2 %kf_q, %kf_h, %kf_h; mov.b32 %kf_c, 0x34913491; mov.b32 %kf_k, 0x3E623E62; "
+        "fma.rn.f16x2 %kf_q, %kf_q, %kf_c, %kf_k; mul.rn.f16x2 %kf_q, %kf_h, %kf_q; tanh.approx.f16x2 %kf_q, %kf_q; "
+        "fma.rn.f16x2 $0, %kf_h, %kf_q, %kf_h; }}",
+        "=r,r", [x.to(gl.float16)], dtype=gl.float16, is_pure=True, pack=2)
+
+
+@gluon.jit
+def _bias_gelu_f16x2(x, row):
+    # gelu(x + row) for an fp16 output, as _gelu_f16x2 with the add folded into the halving:
+    # h = x / 2 + row / 2 in one HFMA2 (halving is exact, so this is (x + row) / 2 rounded once);
+    # row / 2 is computed on the (1, N) row before it is broadcast
+    x, half_row = gl.broadcast(x, (row.to(gl.float32) * 0.5).to(gl.float16))
+    return gl.inline_asm_elementwise(
+        "{{ .reg .b32 %kf_h, %kf_q, %kf_c, %kf_k; mov.b32 %kf_c, 0x38003800; fma.rn.f16x2 %kf_h, $1, %kf_c, $2; "
+        "mul.rn.f16x2 %kf_q, %kf_h, %kf_h; mov.b32 %kf_c, 0x34913491; mov.b32 %kf_k, 0x3E623E62; "
+        "fma.rn.f16x2 %kf_q, %kf_q, %kf_c, %kf_k; mul.rn.f16x2 %kf_q, %kf_h, %kf_q; tanh.approx.f16x2 %kf_q, %kf_q; "
+        "fma.rn.f16x2 $0, %kf_h, %kf_q, %kf_h; }}",
+        "=r,r,r", [x.to(gl.float16), half_row], dtype=gl.float16, is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -541,6 +572,28 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
 
 
 FAST_EXPRS = {"gelu": "_gelu_fast({0})", "gelu_tanh": "_gelu_fast({0})"}
+GELU_OPS = ("gelu", "gelu_tanh")
+
+
+def gelu16_enabled() -> bool:
+    """The f16x2 GELU (``_gelu_f16x2``) for fp16 outputs where the fast GELU applies; ``KFUSE_GELU16=0``
+    keeps the fp32 form (``_gelu_fast``) everywhere."""
+    return os.environ.get("KFUSE_GELU16", "1") != "0"
+
+
+def gelu16_form(epi: Epilogue) -> tuple[str, int | None] | None:
+    """How the epilogue can end in f16x2 (``gelu16``): ("bias_gelu", j) for exactly add(product,
+    input j) then GELU; ("gelu", None) when GELU is its last step and its only GELU (the steps
+    before stay fp32, the value is rounded to fp16 once, at the GELU); else None."""
+    steps = epi.steps
+    if not steps or steps[-1].op not in GELU_OPS or sum(s.op in GELU_OPS for s in steps) != 1:
+        return None
+    if steps[-1].args[0].kind != "reg" or steps[-1].args[0].index != len(steps) - 1:
+        return None
+    j = folded_input(epi)
+    if len(steps) == 2 and j is not None:
+        return "bias_gelu", j
+    return "gelu", None
 
 
 # where the ping-pong kernel reads a bias row: "epilogue" (kfuse's kernels) loads it beside the
@@ -574,7 +627,13 @@ def folded_input(epi: Epilogue) -> int | None:
 
 
 def _epilogue(
-    epi: Epilogue, indent: str, fast_gelu: bool = False, mode: str = "epilogue", piece: tuple[str, str, str] = (), last_piece: bool = True
+    epi: Epilogue,
+    indent: str,
+    fast_gelu: bool = False,
+    mode: str = "epilogue",
+    piece: tuple[str, str, str] = (),
+    last_piece: bool = True,
+    gelu16: bool = False,
 ) -> str:
     """The epilogue in the accumulator's layout: extra input j as a (1, BLOCK_N) row when it is the
     same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps. ``mode``
@@ -582,7 +641,9 @@ def _epilogue(
     it into the accumulator's layout through shared memory (``piece``: the names of the piece's
     first column, width and layout); "fold" skips the first step's add of a row the accumulator
     started from (``folded_input``); "tma" reads the row the loader brought into ``bias_bufs`` and,
-    in the tile's ``last_piece``, frees its slot at once (fewer registers live through the steps)."""
+    in the tile's ``last_piece``, frees its slot at once (fewer registers live through the steps).
+    ``gelu16`` (an fp16 output, the fast GELU): the GELU, and the bias add before it, on f16x2 pairs
+    (``gelu16_form``); the tile leaves the epilogue as fp16."""
     folded = folded_input(epi) if mode == "fold" else None
     tma_row = folded_input(epi) if mode == "tma" else None
     tile = "gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)"
@@ -601,7 +662,13 @@ def _epilogue(
             off, width, layout = piece
             load_row = f"_row_blocked(x{j}_ptr, stride_x{j}n, {off}, N, {width}, {layout})"
         lines += [f"{indent}if XB{j}:", f"{indent}    x{j} = {load_row}", f"{indent}else:", f"{indent}    x{j} = {tile.format(j=j)}"]
-    body = render(epi, indent=indent, exprs=FAST_EXPRS if fast_gelu else None)
+    form = gelu16_form(epi) if gelu16 and fast_gelu else None
+    exprs = FAST_EXPRS if fast_gelu else None
+    if form is not None:
+        exprs = {op: "_gelu_f16x2({0})" for op in GELU_OPS}
+    body = render(epi, indent=indent, exprs=exprs)
+    if form is not None and form[0] == "bias_gelu" and folded is None:
+        body = f"{indent}acc = _bias_gelu_f16x2(acc, x{form[1]})"
     if body and folded is not None:
         first, _, rest = body.partition("\n")  # the first step: acc_r1 = (acc + x<j>)
         j = folded
@@ -631,9 +698,10 @@ def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
     return no_fold, "        pass"
 
 
-def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue") -> str:
+def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False) -> str:
     """The Gluon module of the kernels specialised to ``epi`` (``fast_gelu``: GELU in the tanh form
-    on ``tanh.approx.f32``; ``bias_mode``: where the ping-pong kernel reads a bias row, ``BIAS_MODES``)."""
+    on ``tanh.approx.f32``, or with ``gelu16`` on f16x2 pairs for an fp16 output; ``bias_mode``: where
+    the ping-pong kernel reads a bias row, ``BIAS_MODES``)."""
     if bias_mode not in BIAS_MODES:
         raise ValueError(f"bias_mode {bias_mode!r}: one of {BIAS_MODES}")
     n = epi.n_inputs
@@ -647,10 +715,12 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         extra_args="".join(f"x{j}_ptr, " for j in range(n)),
         extra_stride_args="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
-        epilogue_12=_epilogue(epi, " " * 12, fast_gelu),
-        rows_epilogue=_epilogue(epi, " " * 8, fast_gelu),
-        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, ("off_n", "N_HI", "acc_layout")),
-        pp_epilogue_12=_epilogue(epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout"), last_piece=False),
+        epilogue_12=_epilogue(epi, " " * 12, fast_gelu, gelu16=gelu16),
+        rows_epilogue=_epilogue(epi, " " * 8, fast_gelu, gelu16=gelu16),
+        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, ("off_n", "N_HI", "acc_layout"), gelu16=gelu16),
+        pp_epilogue_12=_epilogue(
+            epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout"), last_piece=False, gelu16=gelu16
+        ),
         first_k=first_k,
         acc_init=tile_start,
         bias_tma=tma_row is not None,
@@ -658,9 +728,11 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
     )
 
 
-def module(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue") -> Any:
-    key = epi.key() + ("_fastgelu" if fast_gelu else "") + ("" if bias_mode == "epilogue" else f"_{bias_mode}")
-    return generated("gemm_ws", key, lambda: kernel_source(epi, fast_gelu, bias_mode))
+def module(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False) -> Any:
+    gelu16 = gelu16 and fast_gelu and gelu16_form(epi) is not None
+    key = epi.key() + ("_fastgelu" if fast_gelu else "") + ("_gelu16" if gelu16 else "")
+    key += "" if bias_mode == "epilogue" else f"_{bias_mode}"
+    return generated("gemm_ws", key, lambda: kernel_source(epi, fast_gelu, bias_mode, gelu16))
 
 
 @dataclass(frozen=True)
@@ -797,7 +869,8 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
     falls back to "epilogue" where the row cannot come by TMA (``launch_bias_mode``)."""
     if bias_mode == "tma":
         bias_mode = launch_bias_mode(epi, extras, cfg, a.element_size())
-    run_module(module(epi, fast_gelu, bias_mode), a, b, c, extras, cfg, num_programs, warmup)
+    gelu16 = c.dtype == torch.float16 and gelu16_enabled()
+    run_module(module(epi, fast_gelu, bias_mode, gelu16), a, b, c, extras, cfg, num_programs, warmup)
 
 
 def launch_bias_mode(epi: Epilogue, extras: list[torch.Tensor], cfg: WsConfig, elem: int = 2) -> str:
@@ -882,7 +955,7 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
 
 def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_programs: int = 132, b_kmajor: bool = False,
                     row_broadcast: tuple[bool, ...] = (), dtype: torch.dtype = torch.float16, fast_gelu: bool = False,
-                    bias_mode: str = "epilogue", pdl_wait: bool = False) -> Any:  # fmt: skip
+                    bias_mode: str = "epilogue", pdl_wait: bool = False, gelu16: bool = False) -> Any:  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (``triton.compile`` on the Gluon source) and return
     Triton's ``CompiledKernel`` (``.asm["sass"]`` needs ``nvdisasm``, which the Triton wheel carries).
     ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``); ``bias_mode``: ``BIAS_MODES``."""
@@ -908,7 +981,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     c_d = desc((m, n), [m_hi, cfg.store_n])
     b_lo = (desc((n, k), [lo, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, lo])) if lo else b_d
     c_lo = desc((m, n), [cfg.block_m, lo]) if lo else (desc((m, n), [m_lo, cfg.block_n]) if m_lo else c_d)
-    mod = module(epi, fast_gelu, bias_mode)
+    mod = module(epi, fast_gelu, bias_mode, gelu16 and dtype == torch.float16)
     rows = cfg.schedule == "rows"
     fn = mod.gemm_coop_kernel if coop else (mod.gemm_rows_kernel if rows else mod.gemm_pingpong_kernel)
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"

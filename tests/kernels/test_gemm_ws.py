@@ -197,6 +197,83 @@ def test_dispatch_falls_back_to_the_persistent_tma_kernel(ws: str, block_m: int,
     torch.testing.assert_close(out.float(), reference(a, b, [bias], BIAS_GELU, torch.float32), rtol=tol, atol=tol)
 
 
+# ---- the f16x2 GELU (gelu16) ----------------------------------------------------------------------
+GELU = Epilogue((EpilogueStep("gelu", (Operand("reg", 0),)),), 0)
+BIAS_RES_GELU = Epilogue((ADD, EpilogueStep("add", (Operand("reg", 1), Operand("in", 1))), EpilogueStep("gelu", (Operand("reg", 2),))), 2)
+GELU_THEN_ADD = Epilogue((EpilogueStep("gelu", (Operand("reg", 0),)), EpilogueStep("add", (Operand("reg", 1), Operand("in", 0)))), 1)
+
+
+def test_gelu16_applies_to_an_epilogue_that_ends_in_its_only_gelu() -> None:
+    """bias + GELU folds the add into the f16x2 code; a longer chain ending in GELU keeps its steps in
+    fp32 and rounds to fp16 at the GELU; anything after the GELU (or no GELU) keeps the fp32 form."""
+    assert gemm_ws.gelu16_form(BIAS_GELU) == ("bias_gelu", 0)
+    assert gemm_ws.gelu16_form(GELU) == ("gelu", None)
+    assert gemm_ws.gelu16_form(BIAS_RES_GELU) == ("gelu", None)
+    assert gemm_ws.gelu16_form(GELU_THEN_ADD) is None and gemm_ws.gelu16_form(BIAS_RES) is None
+    src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, gelu16=True)
+    assert "acc = _bias_gelu_f16x2(acc, x0)" in src and "_gelu_fast(" not in src.split("def _bias_gelu_f16x2")[1]
+    assert "= _gelu_f16x2(acc_r2)" in gemm_ws.kernel_source(BIAS_RES_GELU, fast_gelu=True, gelu16=True)
+    # the erf form (fast_gelu off) and an epilogue it does not apply to are the same module as without it
+    assert gemm_ws.module(BIAS_GELU, False, gelu16=True) is gemm_ws.module(BIAS_GELU, False)
+    assert gemm_ws.module(BIAS_RES, True, gelu16=True) is gemm_ws.module(BIAS_RES, True)
+
+
+def test_gelu16_policy_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KFUSE_GELU16", raising=False)
+    assert gemm_ws.gelu16_enabled()
+    monkeypatch.setenv("KFUSE_GELU16", "0")
+    assert not gemm_ws.gelu16_enabled()
+
+
+def _f16(x):  # noqa: ANN001, ANN202 - numpy arrays
+    import numpy as np
+
+    with np.errstate(over="ignore"):  # past 65504: inf, as the f16x2 instructions give
+        return np.asarray(x, dtype=np.float64).astype(np.float16).astype(np.float64)
+
+
+def _gelu16_emulated(acc, row, tanh_rel_err: float = 0.0):  # noqa: ANN001, ANN202 - numpy arrays
+    """``_bias_gelu_f16x2`` step by step in numpy: every f16x2 instruction rounds to fp16 (an FMA
+    once); tanh.approx.f16 as the exact tanh off by ``tanh_rel_err`` (relative) where it is not
+    saturated, then rounded."""
+    import numpy as np
+
+    c0, c1 = _f16(1.5957691216057308), _f16(0.285419265090401)
+    h = _f16(_f16(acc) * 0.5 + _f16(_f16(row) * 0.5))
+    q = _f16(h * h)
+    q = _f16(q * c1 + c0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        u = _f16(h * q)
+        exact = np.tanh(u)  # (where it rounds to +-1 in fp16 the MUFU returns +-1: saturated, no error)
+        t = _f16(np.where(np.abs(_f16(exact)) < 1, exact * (1 + tanh_rel_err), exact))
+        return _f16(h * t + h)
+
+
+@pytest.mark.parametrize("tanh_rel_err", [0.0, 2**-10.9, -(2**-10.9)])
+def test_gelu16_arithmetic_stays_within_the_fp32_forms_error(tanh_rel_err: float) -> None:
+    """The f16x2 code's rounding, emulated: within 1.2e-3 of max |y| of the exact (erf) GELU on a wide
+    Gaussian sample with a bias row (the fp32 tanh form: ~5e-4, tanh.approx.f32 being as coarse as
+    tanh.approx.f16), within 2 fp16 ulps where |y| >= 1, and finite, with gelu(-x) -> 0 and
+    gelu(x) -> x far out (h * h and h * q overflow to inf there)."""
+    import math
+
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    acc = rng.standard_normal((512, 96)) * 3.0
+    row = rng.standard_normal((1, 96))
+    got = _gelu16_emulated(acc, row, tanh_rel_err)
+    x = _f16(acc) + _f16(row)
+    exact = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    assert np.isfinite(got).all()
+    assert np.abs(got - exact).max() / np.abs(exact).max() < 1.2e-3
+    big = np.abs(exact) >= 1
+    assert (np.abs(got - exact)[big] / np.abs(exact)[big]).max() < 2 * 2**-10
+    far = np.array([[-300.0, -40.0, 40.0, 300.0, 600.0]])
+    tails = _gelu16_emulated(far, np.zeros_like(far), tanh_rel_err)
+    assert np.isfinite(tails).all() and (np.abs(tails[0, :2]) < 1e-3).all() and np.allclose(tails[0, 2:], far[0, 2:], rtol=1e-3)
+
+
 # ---- compiled for sm_90 -------------------------------------------------------------------------
 # Compiled in a fresh process: the interpreter (the CPU tests before these) patches triton.language
 # functions that Gluon shares, and a Gluon compile after it can fail.
@@ -436,3 +513,65 @@ def test_gpu_tiny_problems(cfg: WsConfig, m: int, n: int, k: int) -> None:
         ref = reference(a, b, extras, epi, torch.float32)
         err = float((out.float() - ref).abs().max() / ref.abs().max())
         assert err < 2e-3, (cfg.describe(), (m, n, k), epi.describe(), err)
+
+
+_GELU16_SCRIPT = r"""
+import json, re, sys
+from cubin_facts import sass_facts
+from kfuse.ir import ops
+from kfuse.kernels import gemm_ws
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+from kfuse.kernels.gemm_ws import WsConfig
+add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
+epi = Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
+out = []
+for cfg in json.loads(sys.argv[1]):
+    for gelu16 in (False, True):
+        ck = gemm_ws.compile_offline(epi, 4096, 3072, 768, WsConfig(*cfg), b_kmajor=True, row_broadcast=(True,), fast_gelu=True,
+                                     gelu16=gelu16)
+        sass, ptx = ck.asm["sass"], ck.asm["ptx"]
+        count = lambda ops: sum(len(re.findall(rf"\b{op}\b", sass)) for op in ops)
+        out.append({"fp32": count(("FADD", "FMUL", "FFMA")), "half2": count(("HADD2", "HMUL2", "HFMA2")),
+                    "tanh16": "tanh.approx.f16x2" in ptx, "tanh32": "tanh.approx.f32" in ptx, "facts": sass_facts(ck.asm["cubin"])})
+print(json.dumps(out))
+"""
+
+
+def test_sm90_gelu16_moves_the_epilogue_off_the_fp32_pipe() -> None:
+    """Offline sm_90, bias + GELU on the 128 x 128 and 192 x 128 ping-pong tiles: with gelu16 the
+    epilogue is f16x2 code (tanh.approx.f16x2, HFMA2 / HMUL2), under half the FP32 instructions of the
+    fp32 form (which takes 6 a value: the bias FADD and the GELU's 5), on tensor cores still, with no
+    more stack than the fp32 form (the 192 x 128 tile's pointer spills shrink)."""
+    cfgs = [("pingpong", 128, 128, 64, 5, 8), ("pingpong", 192, 128, 64, 4, 1, 2, True)]
+    got = run_offline_script(_GELU16_SCRIPT, cfgs, timeout=600)
+    for i in range(len(cfgs)):
+        f32, f16 = got[2 * i], got[2 * i + 1]
+        assert f32["tanh32"] and not f32["tanh16"] and f16["tanh16"] and not f16["tanh32"], (f32, f16)
+        assert f16["fp32"] < 0.5 * f32["fp32"] and f16["half2"] > f32["half2"], (cfgs[i], f32, f16)
+        assert f16["facts"]["HGMMA"] > 0 and f16["facts"]["STACK"] <= f32["facts"]["STACK"], (cfgs[i], f32["facts"], f16["facts"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), WsConfig("pingpong", 128, 128, 64, 5, 8),
+                                 WsConfig("pingpong", 128, 192, 64, 3, 8), WsConfig("coop", 128, 256, 64, 4, 8, 1),
+                                 WsConfig("rows", 192, 128, 64, 4, 1)],
+                         ids=lambda c: c.describe())  # fmt: skip
+def test_gpu_gelu16_matches_the_reference(cfg: WsConfig) -> None:
+    """The f16x2 GELU on odd shapes, random inputs, the output poisoned: a bias row + GELU (the folded
+    form), a full tile in its place, GELU alone and bias + residual + GELU (rounded at the GELU), both B
+    layouts, against the tanh-form GELU in fp32 and within 1.5e-3 of max |y| of the fp32 form's kernel."""
+    a, w, bias, res, sms = _odd_fp16_problem(seed=3)
+    m, n = a.shape[0], w.shape[0]
+    for b in (w.t().contiguous(), w.t()):
+        for epi, extras in ((BIAS_GELU, [bias]), (BIAS_GELU, [res]), (GELU, []), (BIAS_RES_GELU, [bias, res])):
+            outs = []
+            for gelu16 in (True, False):
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+                g = prepare(a, b, extras, torch.float16, out)
+                gemm_ws.run_module(gemm_ws.module(epi, True, "epilogue", gelu16), g.a, g.b, g.c, g.extras, cfg, sms)
+                outs.append(out.float())
+            x = a.float() @ b.float() + sum((e.float() for e in extras), torch.zeros(()))
+            ref = torch.nn.functional.gelu(x, approximate="tanh")
+            scale = float(ref.abs().max())
+            err, vs_fp32 = float((outs[0] - ref).abs().max()) / scale, float((outs[0] - outs[1]).abs().max()) / scale
+            assert err < 2e-3 and vs_fp32 < 1.5e-3, (cfg.describe(), epi.describe(), err, vs_fp32)
