@@ -42,6 +42,8 @@ cuBLAS on 8-11 of 12 (0.88-1.03x) where with bias + GELU on 3-5; the rows kernel
 tile) 10-11 of 12 bare (0.88-1.02x) but 1.04-1.16x with its epilogue, 1.01-1.17x with an epilogue
 warpgroup beside its main loop; the output stored from the registers 1.03-1.30x.
 
+Run 8 (session 29): see docs/perf-notes.md, "Session 29".
+
     PYTHONPATH=. python benchmarks/experiments/ws_power_probe.py --out $OUT   # H200, ~90 s
 """
 
@@ -62,22 +64,26 @@ ADD = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
 BIAS_GELU = Epilogue((ADD, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 LAYERS = {"qkv": (768, 2304), "attn_out": (768, 768), "ffn1": (768, 3072), "ffn2": (3072, 768)}  # (K, N)
 MODELS = {"bert": (4096, 16384), "gpt2": (8192,)}
-VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; "bare": no epilogue at all)
+VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; "bare": no epilogue at all; gelu16)
     # Runs 1-2 (experiments/s20_ws_power_probe_v{1,2}.json) also timed 128x128 s5 g8 fold, 128x128 s6 g8 sc,
     # 192x128 s3 g8 fold, 192x128 s4 g{1,8} sc fold and 128x128 s4 g8 sc; runs 3-7 (s21_ws_power_probe_v{3..7}.json)
     # the bias row "blocked", 128x128 s5 g8 with the TMA row, the rows kernel at 256x128 s3, the rows kernel with
     # an epilogue warpgroup (commit f2cb384) and the output stored from the registers (commit 638bfbf; both
-    # removed since): each behind "192x128 s4 g1 sc epi" where a program holds many tiles
-    "128x128 s5 g8": (WsConfig("pingpong", 128, 128, 64, 5, 8), "epilogue"),
-    # the bias loaded in the epilogue: 344 B of spills at sm_90 (the tuner's pick on 11 of 12 shapes)
-    "192x128 s4 g1 sc epi": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "epilogue"),
-    # the bias row by TMA (the loader warp, a 4-slot ring in shared memory): no global loads in the epilogue
-    "192x128 s4 g1 sc tma": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "tma"),
-    # two warpgroups on one tile, a row piece each (gemm_ws "rows"): a program's last epilogue on both
-    "rows 192x128 s4 g1": (WsConfig("rows", 192, 128, 64, 4, 1), "epilogue"),
+    # removed since): each behind "192x128 s4 g1 sc epi" where a program holds many tiles.
+    # Run 8 (session 29): the GELU on f16x2 pairs ("g16", gemm_ws._bias_gelu_f16x2) on the tiles and schedules
+    # the tuner's space holds and on the rows kernel, whose exposed epilogue it shortens
+    "192x128 s4 g1 sc epi": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "epilogue", False),
+    "192x128 s4 g1 sc g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "epilogue", True),
+    "192x128 s4 g8 sc g16": (WsConfig("pingpong", 192, 128, 64, 4, 8, shared_c=True), "epilogue", True),
+    "192x128 s4 g1 sc tma g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "tma", True),
+    "128x128 s6 g8 sc g16": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "epilogue", True),
+    "128x192 s4 g8 sc g16": (WsConfig("pingpong", 128, 192, 64, 4, 8, shared_c=True), "epilogue", True),
+    "coop 128x256 s4 g8 g16": (WsConfig("coop", 128, 256, 64, 4, 8, 1), "epilogue", True),
+    "rows 192x128 s4 g1 g16": (WsConfig("rows", 192, 128, 64, 4, 1), "epilogue", True),
+    "rows 256x128 s3 g8 g16": (WsConfig("rows", 256, 128, 64, 3, 8), "epilogue", True),
     # the tuned tile and the rows kernel without an epilogue (what bias + GELU costs)
-    "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare"),
-    "rows 192x128 s4 g1 bare": (WsConfig("rows", 192, 128, 64, 4, 1), "bare"),
+    "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare", False),
+    "rows 192x128 s4 g1 bare": (WsConfig("rows", 192, 128, 64, 4, 1), "bare", False),
 }
 
 
@@ -90,8 +96,8 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     torch.manual_seed(0)
     # the generated modules the variants use ("bare": no epilogue)
-    mods = {mode: gemm_ws.module(Epilogue((), 0) if mode == "bare" else BIAS_GELU, True, "epilogue" if mode == "bare" else mode)
-            for mode in {mode for _, mode in VARIANTS.values()}}  # fmt: skip
+    mods = {(mode, g16): gemm_ws.module(Epilogue((), 0) if mode == "bare" else BIAS_GELU, True, "epilogue" if mode == "bare" else mode, g16)
+            for mode, g16 in {(mode, g16) for _, mode, g16 in VARIANTS.values()}}  # fmt: skip
     recs = []
     for mdl, toks in MODELS.items():
         for m in toks:
@@ -101,18 +107,18 @@ def main() -> None:
                 w = (torch.randn(n, k, device=dev) / k**0.5).to(dt)
                 b = w.t().contiguous()  # kfuse folds nn.Linear's transpose at compile time
                 bias = torch.randn(n, device=dev, dtype=dt)
-                ref = torch.nn.functional.gelu(a.float() @ b.float() + bias.float())
+                ref = torch.nn.functional.gelu(a.float() @ b.float() + bias.float(), approximate="tanh")
                 mm_out = torch.empty(m, n, device=dev, dtype=dt)
                 fns = {
                     "cublas mm alone": lambda a=a, b=b, o=mm_out: torch.mm(a, b, out=o),
                     "cublaslt bias+gelu": lambda a=a, b=b, bias=bias: torch._addmm_activation(bias, a, b, use_gelu=True),
                 }
                 rec: dict = {"case": case, "m": m, "n": n, "k": k, "errors": {}}
-                for label, (cfg, mode) in VARIANTS.items():
+                for label, (cfg, mode, g16) in VARIANTS.items():
                     out = torch.full((m, n), float("nan"), device=dev, dtype=dt)
                     g = prepare(a, b, [] if mode == "bare" else [bias], dt, out)
 
-                    def run(g=g, cfg=cfg, mod=mods[mode]) -> None:
+                    def run(g=g, cfg=cfg, mod=mods[mode, g16]) -> None:
                         gemm_ws.run_module(mod, g.a, g.b, g.c, g.extras, cfg, sms)
 
                     try:
@@ -133,17 +139,18 @@ def main() -> None:
     write_experiment("ws_power_probe", args.out, records=recs, rounds=args.rounds,
                      timing="one call a CUDA-graph replay, all sides interleaved in rotated rounds (median)")  # fmt: skip
     labels = ["cublaslt bias+gelu", *VARIANTS]
-    print(f"\n{'case':20s} {'mm us':>7s} " + " ".join(f"{lab[:13]:>13s}" for lab in labels) + "   (time / bare cuBLAS)")
+    print("\ncolumns: " + "; ".join(f"[{i}] {lab}" for i, lab in enumerate(labels)))
+    print(f"{'case':20s} {'mm us':>7s} " + " ".join(f"{f'[{i}]':>6s}" for i in range(len(labels))) + "   (time / bare cuBLAS)")
     wins = dict.fromkeys(labels, 0)
     for r in recs:
         mm = r["ms"]["cublas mm alone"]
         cells = []
         for lab in labels:
             t = r["ms"].get(lab)
-            cells.append(f"{t / mm:13.3f}" if t else f"{'-':>13s}")
+            cells.append(f"{t / mm:6.3f}" if t else f"{'-':>6s}")
             wins[lab] += bool(t and t <= mm)
         print(f"{r['case']:20s} {mm * 1e3:7.1f} " + " ".join(cells))
-    print(f"{'at or under cuBLAS':28s} " + " ".join(f"{wins[lab]:13d}" for lab in labels))
+    print(f"{'at or under cuBLAS':28s} " + " ".join(f"{wins[lab]:6d}" for lab in labels))
     best = [min((t for lab, t in r["ms"].items() if lab in VARIANTS), default=None) for r in recs]
     n_best = sum(1 for r, t in zip(recs, best, strict=True) if t is not None and t <= r["ms"]["cublas mm alone"])
     print(f"best kfuse variant per shape at or under cuBLAS: {n_best}/{len(recs)}")
