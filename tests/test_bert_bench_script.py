@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.interpreter
 @pytest.mark.timeout(300)
 def test_isolated_case_runs_in_its_own_process(tmp_path: Path) -> None:
     # --smoke is the script's CPU run (the model on the CPU, the interpreter): no GPU visible to it on a GPU

@@ -284,7 +284,8 @@ def test_identical_chains_reuse_the_measured_decision(monkeypatch: pytest.Monkey
     assert len(timed) == 2, "the identical chain was measured again"
     assert t2 == t1 and d2["config"] == d1["config"] and "identical chain" in d2["decided_by"]
     g2 = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=11)))
-    k._decide(g2.nodes[0], g2, "triton-interpreter", None, lambda cfg: step.fn, 11, [32, 16])
+    step2 = k.lower_b2b_chain(g2.nodes[0], g2, "triton-interpreter")  # its own kernel: the decision checks its output
+    k._decide(g2.nodes[0], g2, "triton-interpreter", None, lambda cfg: step2.fn, 11, [32, 16])
     assert len(timed) == 4  # another M: measured
 
 

@@ -33,8 +33,11 @@ def test_profile_rows(device: str, tmp_path: Path) -> None:
     assert mm["flops"] == 2 * 6 * 5 * 8 and mm["bytes"] == (6 * 8 + 8 * 5 + 6 * 5) * 4
     pw = next(r for r in rows if r["template"] == "pointwise")
     assert pw["flops"] == 0 and pw["bound"] == "memory" and pw["floor_ms"] > 0
+    # on the GPU a step's time is its graph replay less the launch's share: a step shorter than the
+    # launch's spread reads 0 (a view, a tiny pointwise), the matmul does not
+    assert mm["time_ms"] > 0
     for r in rows:
-        assert r["time_ms"] > 0 and r["of_floor"] >= 0
+        assert r["time_ms"] >= 0 and r["of_floor"] >= 0
     s = profile_summary(rows)
     assert s["launches"] == len(rows) and s["total_ms"] > 0
     png = plot_profile(rows, tmp_path / "p" / "profile.png")

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kfuse.sparse.variants import EXPERIMENT_DEFAULT
 
 
@@ -26,6 +28,7 @@ def _env(root: Path) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=pythonpath, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
 
 
+@pytest.mark.interpreter
 def test_variants_script_smoke(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     env = _env(root)
@@ -49,6 +52,7 @@ def test_variants_script_smoke(tmp_path: Path) -> None:
     assert "best " in res.stdout.splitlines()[-1]  # the table is printed last
 
 
+@pytest.mark.interpreter
 def test_variants_script_mixed_smoke(tmp_path: Path) -> None:
     """--mixed --smoke: the mixed-tiling preset on the small heavy-row stand-in, every variant correct."""
     from kfuse.sparse.variants import MIXED_EXPERIMENT, MIXED_EXPERIMENT_TILED

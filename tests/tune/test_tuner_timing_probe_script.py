@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.interpreter
 def test_tuner_timing_probe_smoke(tmp_path: Path) -> None:
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     # --smoke is the script's CPU run (device "cpu", the interpreter): no GPU visible to it on a GPU machine
