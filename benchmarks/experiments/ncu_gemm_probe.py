@@ -74,6 +74,17 @@ SETS = {
             # run 1 also profiled the rows kernel with an epilogue warpgroup (commit f2cb384, removed since)
         ],
     ),
+    # session 30: the one-tile shape with the GELU on f16x2 pairs, its bias row loaded in the epilogue or
+    # prefetched before the turn wait (``bias_mode="prefetch"``), and bare; with ``--source`` the SASS source
+    # page (stall samples per instruction) says where the exposed epilogue's time goes
+    "s30": (
+        {"bert_T4096_attn_out": (4096, 768, 768)},
+        [
+            ("pingpong 192x128 s4 g1 sc g16", "pingpong", 192, 128, 4, 1, "bias_gelu", True, "epilogue", True),
+            ("pingpong 192x128 s4 g1 sc pre g16", "pingpong", 192, 128, 4, 1, "bias_gelu", True, "prefetch", True),
+            ("pingpong 192x128 s4 g1 sc bare", "pingpong", 192, 128, 4, 1, "bare", True, "epilogue", False),
+        ],
+    ),
 }
 TENSOR_METRIC_HINTS = (
     "sm__pipe_tensor_op_gmma_cycles_active",
@@ -113,11 +124,11 @@ def child(which: str | None) -> None:
         ref = a.float() @ b.float()
         out = torch.empty(m, n, device="cuda", dtype=torch.float16)
         calls.append((case, "cublas mm", lambda a=a, b=b, out=out: torch.mm(a, b, out=out), None))
-        for label, sched, bm, bn, st, gm, epi, shared, mode in variants:
+        for label, sched, bm, bn, st, gm, epi, shared, mode, *g16 in variants:
             c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
             g = prepare(a, b, [] if epi == "bare" else [bias], torch.float16, c)
             cfg = WsConfig(sched, bm, bn, 64, st, gm, 1, shared)  # coop: one staging buffer (s4 fits only so)
-            mod = gemm_ws.module(epis[epi], fast_gelu=True, bias_mode=mode)
+            mod = gemm_ws.module(epis[epi], fast_gelu=True, bias_mode=mode, gelu16=bool(g16 and g16[0]))
             fn = lambda g=g, cfg=cfg, mod=mod: gemm_ws.run_module(mod, g.a, g.b, g.c, g.extras, cfg, sms)  # noqa: E731
             want = ref if epi == "bare" else torch.nn.functional.gelu(ref + bias.float(), approximate="tanh")
             calls.append((case, label, fn, (c, want)))
@@ -146,6 +157,7 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--set", choices=sorted(SETS), help="another set of shapes and variants (default: session 20's)")
+    ap.add_argument("--source", action="store_true", help="stall samples per SASS instruction: the source pages")
     args = ap.parse_args()
     if args.child:
         child(args.set)
@@ -169,9 +181,15 @@ def main() -> None:
            "--section", "WarpStateStats", "--section", "LaunchStats", "--section", "Occupancy"]  # fmt: skip
     if metric_args:
         cmd += ["--metrics", ",".join(metric_args)]
+    rep = os.path.join(args.out or ".", f"{name}.ncu-rep")
+    if args.source:  # a report file as well, for the source pages below
+        cmd += ["--section", "SourceCounters", "-f", "--export", rep]
     cmd += [sys.executable, __file__, "--child"] + (["--set", args.set] if args.set else [])
     print("$", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
+    if args.source and os.path.exists(rep):  # with --export, ncu prints no page: read the raw one back
+        raw = subprocess.run([ncu, "-i", rep, "--csv", "--page", "raw"], capture_output=True, text=True)
+        r = subprocess.CompletedProcess(r.args, r.returncode, r.stdout + "\n" + raw.stdout, r.stderr + raw.stderr)
     order = [ln.split("ORDER ", 1)[1].split(" | ") for ln in r.stdout.splitlines() if ln.startswith("ORDER ")]
     checks = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECK ")]
     body = r.stdout[r.stdout.find('"ID"') :] if '"ID"' in r.stdout else ""
@@ -194,6 +212,11 @@ def main() -> None:
     gemm_rows = [x for x in rows if "memset" not in x.get("Kernel Name", "").lower() and "fill" not in x.get("Kernel Name", "").lower()]
     for (case, label), x in zip(order, gemm_rows, strict=False):
         recs.append({"case": case, "variant": label, "kernel": x.get("Kernel Name", ""), **{k: x[k] for k in keep}})
+    if args.source and os.path.exists(rep):  # the source pages of every profiled kernel, in launch order
+        src = subprocess.run([ncu, "-i", rep, "--page", "source", "--csv", "--print-source", "sass"], capture_output=True, text=True)
+        with open(os.path.join(args.out or ".", f"{name}_source.csv"), "w") as f:
+            f.write(src.stdout + src.stderr[-2000:])
+        os.remove(rep)  # large; the pages are what is kept
     write_experiment(name, args.out, command=" ".join(cmd), records=recs, checks=checks, kernel_names=names,
                      stderr_tail=r.stderr[-3000:], tensor_metrics=tensor, rc=r.returncode)  # fmt: skip
     print("\n".join(checks))

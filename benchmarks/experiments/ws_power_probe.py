@@ -42,7 +42,7 @@ cuBLAS on 8-11 of 12 (0.88-1.03x) where with bias + GELU on 3-5; the rows kernel
 tile) 10-11 of 12 bare (0.88-1.02x) but 1.04-1.16x with its epilogue, 1.01-1.17x with an epilogue
 warpgroup beside its main loop; the output stored from the registers 1.03-1.30x.
 
-Run 8 (session 29): see docs/perf-notes.md, "Session 29".
+Run 8 (session 29): see docs/perf-notes.md, "Session 29"; run 9 (session 30): "Session 30".
 
     PYTHONPATH=. python benchmarks/experiments/ws_power_probe.py --out $OUT   # H200, ~90 s
 """
@@ -72,18 +72,16 @@ VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; 
     # removed since): each behind "192x128 s4 g1 sc epi" where a program holds many tiles.
     # Run 8 (session 29): the GELU on f16x2 pairs ("g16", gemm_ws._bias_gelu_f16x2) on the tiles and schedules
     # the tuner's space holds and on the rows kernel, whose exposed epilogue it shortens
-    "192x128 s4 g1 sc epi": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "epilogue", False),
+    # Run 9 (session 30): the bias row prefetched before the turn wait ("pre", bias mode "prefetch"), beside the
+    # row loaded in the epilogue, on the tuned tiles; the rows kernel for the one-tile shapes
     "192x128 s4 g1 sc g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "epilogue", True),
-    "192x128 s4 g8 sc g16": (WsConfig("pingpong", 192, 128, 64, 4, 8, shared_c=True), "epilogue", True),
-    "192x128 s4 g1 sc tma g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "tma", True),
+    "192x128 s4 g1 sc pre g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True),
+    "192x128 s4 g8 sc pre g16": (WsConfig("pingpong", 192, 128, 64, 4, 8, shared_c=True), "prefetch", True),
     "128x128 s6 g8 sc g16": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "epilogue", True),
-    "128x192 s4 g8 sc g16": (WsConfig("pingpong", 128, 192, 64, 4, 8, shared_c=True), "epilogue", True),
-    "coop 128x256 s4 g8 g16": (WsConfig("coop", 128, 256, 64, 4, 8, 1), "epilogue", True),
+    "128x128 s6 g8 sc pre g16": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "prefetch", True),
     "rows 192x128 s4 g1 g16": (WsConfig("rows", 192, 128, 64, 4, 1), "epilogue", True),
-    "rows 256x128 s3 g8 g16": (WsConfig("rows", 256, 128, 64, 3, 8), "epilogue", True),
-    # the tuned tile and the rows kernel without an epilogue (what bias + GELU costs)
+    # the tuned tile without an epilogue (what bias + GELU costs)
     "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare", False),
-    "rows 192x128 s4 g1 bare": (WsConfig("rows", 192, 128, 64, 4, 1), "bare", False),
 }
 
 

@@ -597,7 +597,8 @@ def gelu16_form(epi: Epilogue) -> tuple[str, int | None] | None:
 
 
 # where the ping-pong kernel reads a bias row: "epilogue" (kfuse's kernels) loads it beside the
-# accumulator (32 pointers a thread: the 192 x 128 tile spills 344 B, sm_90 offline). The others were
+# accumulator (16 four-byte loads a thread and a piece, no spills as the JIT specialises a launch: the
+# 344 B of spills sessions 20-21 counted came from an offline compile without the row's stride 1). The others were
 # measured slower on the H200 where a program holds many tiles (session 21, ``ws_power_probe.py``):
 # "tma" has the loader warp bring each tile's row into a 4-slot ring of shared memory, which the
 # epilogue reads in the accumulator's layout (no global loads, pointers or spills): 3-4% slower on BERT
@@ -605,9 +606,11 @@ def gelu16_form(epi: Epilogue) -> tuple[str, int | None] | None:
 # within those shapes' run-to-run spread); "blocked" loads the row one column a thread and converts it
 # through shared memory (the same pattern); "fold" starts the accumulator from it, 2-5% slower (session
 # 20). Both spill-free forms read the row from shared memory, which the other consumer's wgmma and the
-# TMA loads keep busy: the likely cost (not proven)
+# TMA loads keep busy: the likely cost (not proven). "prefetch" (session 30) issues the row's loads at the
+# tile's start, before the consumer's turn wait, so their latency hides behind the other consumer's main
+# loop, and the 192 x 128 tile's two row pieces share them (half the LDG)
 
-BIAS_MODES = ("epilogue", "fold", "blocked", "tma")
+BIAS_MODES = ("epilogue", "fold", "blocked", "tma", "prefetch")
 TMA_BIAS_SLOTS = 4  # bias mode "tma": rows in flight (the loader refills a slot four tiles on)
 
 
@@ -658,6 +661,8 @@ def _epilogue(
                 lines.append(f"{indent}mbarrier.arrive(bias_free.index(i % BIAS_SLOTS), count=1)")
             continue
         load_row = f"gl.load(x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N)[None, :]"
+        if mode == "prefetch":  # loaded at the tile's start (``_tile_start``)
+            load_row = f"x{j}_pre" + ("_lo" if piece[2] == "lo_layout" else "")
         if mode == "blocked":
             off, width, layout = piece
             load_row = f"_row_blocked(x{j}_ptr, stride_x{j}n, {off}, N, {width}, {layout})"
@@ -695,6 +700,15 @@ def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
             f"                acc_lo = gl.broadcast(_bias_row(x{j}_ptr, stride_x{j}n, off_n + LO_DN, N, LO_N, lo_layout), acc_lo)[0]",
         ])  # fmt: skip
         return first, init
+    if mode == "prefetch":  # every bias row's loads issued before the turn wait, where the other consumer's
+        # main loop hides their latency (the epilogue, run after this consumer's main loop, waits for none)
+        lines = []
+        for j in range(epi.n_inputs):
+            row = "gl.load(x{j}_ptr + {cols} * stride_x{j}n, mask={cols} < N)[None, :]"
+            hi = row.format(j=j, cols="(off_n + gl.arange(0, N_HI, layout=gl.SliceLayout(0, acc_layout)))")
+            lo = row.format(j=j, cols="(off_n + LO_DN + gl.arange(0, LO_N, layout=gl.SliceLayout(0, lo_layout)))")
+            lines += [f"        if XB{j}:", f"            x{j}_pre = {hi}", "            if HAS_LO:", f"                x{j}_pre_lo = {lo}"]
+        return no_fold, "\n".join(lines) if lines else "        pass"
     return no_fold, "        pass"
 
 
@@ -1001,10 +1015,17 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     for j in range(epi.n_inputs):
         sig[f"x{j}_ptr"] = ptr
     sig.update(M="i32", N="i32", K="i32")
+    # as the JIT specialises a launch (``launch``): a contiguous input's column stride 1 is a constexpr,
+    # a row's row stride 0 and 16-divisible sizes carry the divisibility hint, so the offline code is
+    # the code that runs (the bias row's loads vectorise only with its stride known)
+    hinted = [n for n, v in (("M", m), ("N", n), ("K", k)) if v % 16 == 0]
+    constexprs: dict[str, Any] = {}
     for j in range(epi.n_inputs):
+        is_row = j < len(row_broadcast) and bool(row_broadcast[j])
         sig[f"stride_x{j}m"] = "i32"
-        sig[f"stride_x{j}n"] = "i32"
-    constexprs: dict[str, Any] = {f"XB{j}": bool(row_broadcast[j]) if j < len(row_broadcast) else False for j in range(epi.n_inputs)}
+        hinted += [f"x{j}_ptr"] + ([f"stride_x{j}m"] if is_row or n % 16 == 0 else [])
+        constexprs[f"stride_x{j}n"] = 1
+    constexprs.update({f"XB{j}": bool(row_broadcast[j]) if j < len(row_broadcast) else False for j in range(epi.n_inputs)})
     # in the kernels' argument order
     constexprs.update(NUM_PROGRAMS=num_programs, GROUP_M=cfg.group_m, STAGES=cfg.stages, **({"C_BUFS": cfg.c_bufs} if coop else {}))
     constexprs["B_KMAJOR"] = b_kmajor
@@ -1017,5 +1038,6 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     for name in constexprs:
         sig[name] = "constexpr"
     keyed = {(fn.arg_names.index(name),): v for name, v in constexprs.items()}
-    src = GluonASTSource(fn, sig, keyed)
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in hinted}
+    src = GluonASTSource(fn, sig, keyed, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8 if coop else 4})
