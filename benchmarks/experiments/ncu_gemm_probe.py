@@ -182,11 +182,14 @@ def main() -> None:
     if metric_args:
         cmd += ["--metrics", ",".join(metric_args)]
     rep = os.path.join(args.out or ".", f"{name}.ncu-rep")
-    if args.source:  # a report file as well, for the source pages below
-        cmd += ["--section", "SourceCounters", "-f", "--export", rep]
+    if args.source:  # a report file instead of the printed page (ncu takes one or the other), read back below
+        cmd = [x for x in cmd if x not in ("--csv", "--page", "raw")] + ["--section", "SourceCounters", "-f", "--export", rep]
     cmd += [sys.executable, __file__, "--child"] + (["--set", args.set] if args.set else [])
     print("$", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
+    if args.out:  # what ncu said, whatever it was (session 30's first --source run failed silently)
+        with open(os.path.join(args.out, f"{name}_ncu_stdout.txt"), "w") as f:
+            f.write(r.stdout[-20000:] + "\n--- stderr ---\n" + r.stderr[-5000:])
     if args.source and os.path.exists(rep):  # with --export, ncu prints no page: read the raw one back
         raw = subprocess.run([ncu, "-i", rep, "--csv", "--page", "raw"], capture_output=True, text=True)
         r = subprocess.CompletedProcess(r.args, r.returncode, r.stdout + "\n" + raw.stdout, r.stderr + raw.stderr)
