@@ -181,6 +181,8 @@ def main() -> None:
            "--section", "WarpStateStats", "--section", "LaunchStats", "--section", "Occupancy"]  # fmt: skip
     if metric_args:
         cmd += ["--metrics", ",".join(metric_args)]
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
     rep = os.path.join(args.out or ".", f"{name}.ncu-rep")
     if args.source:  # a report file instead of the printed page (ncu takes one or the other), read back below
         cmd = [x for x in cmd if x not in ("--csv", "--page", "raw")] + ["--section", "SourceCounters", "-f", "--export", rep]
@@ -188,6 +190,7 @@ def main() -> None:
     print("$", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if args.out:  # what ncu said, whatever it was (session 30's first --source run failed silently)
+        os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"{name}_ncu_stdout.txt"), "w") as f:
             f.write(r.stdout[-20000:] + "\n--- stderr ---\n" + r.stderr[-5000:])
     if args.source and os.path.exists(rep):  # with --export, ncu prints no page: read the raw one back
