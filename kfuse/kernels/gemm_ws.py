@@ -126,7 +126,8 @@ def _gelu_fast(x):
 def _gelu_f16x2(x):
     # the tanh-form GELU of _gelu_fast, for an fp16 output, two values an instruction: the fp32 value
     # rounded to fp16 (the store's conversion, moved ahead), then HMUL2 / HFMA2 on f16x2 pairs and
-    # tanh.approx.f16x2 (one MUFU op for two values): 2.5 FMA-pipe instructions a value where
+    # tanh.approx.f16x2 (which ptxas splits into two MUFU.TANH.F16 on sm_90: one MUFU op a value, as the
+    # fp32 form; session 30): 2.5 FMA-pipe instructions a value where
     # _gelu_fast takes 5. The FMA pipe is what an epilogue takes from the other consumer's wgmma
     # (session 18); tanh.approx.f32 is as coarse (2^-10.9) as the f16 one, so the error stays in
     # the same range (tests/kernels/test_fast_math.py emulates it)
