@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -29,9 +30,10 @@ import torch.nn.functional as F
 from kfuse.bench.harness import (
     floor_ms,
     graph_or_plain,
-    interleaved_ms,
+    interleaved_ms_rounds,
     make_record,
     max_rel_err,
+    paired_ratio_band,
     pytorch_baselines,
     time_ms,
     write_results,
@@ -44,6 +46,10 @@ from kfuse.kernels.gemm_library import gemm_library, split_epilogue
 EPI = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 LAYERS = {"qkv": (768, 2304), "attn_out": (768, 768), "ffn1": (768, 3072), "ffn2": (3072, 768)}  # (K, N)
 MODELS = {"bert": (4096, 16384), "gpt2": (8192,)}
+
+
+def _medians(per_round: dict[str, list[float | None]]) -> dict[str, float]:
+    return {n: statistics.median(ts) for n, t in per_round.items() if (ts := [x for x in t if x is not None])}
 
 
 def shapes(smoke: bool) -> list[tuple[str, int, int, int]]:
@@ -146,8 +152,12 @@ def main() -> None:
                 "kfuse_f32gelu": kfuse_f32gelu,
             }
             rounds = 3 if args.smoke else 9
-            single = interleaved_ms(sides, rounds=rounds, calls=1, rep=10)
-            steady = interleaved_ms(sides, rounds=rounds, calls=20, rep=3)
+            single_rounds = interleaved_ms_rounds(sides, rounds=rounds, calls=1, rep=10)
+            steady_rounds = interleaved_ms_rounds(sides, rounds=rounds, calls=20, rep=3)
+            single, steady = _medians(single_rounds), _medians(steady_rounds)
+            # kfuse / gemm_only round by round: a tie where the rounds' spread holds parity
+            band = paired_ratio_band(single_rounds["kfuse"], single_rounds["gemm_only"])
+            steady_band = paired_ratio_band(steady_rounds["kfuse"], steady_rounds["gemm_only"])
             kf, lib, base["gemm_only"] = single["kfuse"], single["library"], single["gemm_only"]
             f32gelu_err = max_rel_err(out_f32gelu, ref)
             print(f"  {'gemm_only':16s} {base['gemm_only']:9.4f} ms")
@@ -174,9 +184,12 @@ def main() -> None:
                 timing="kfuse, gemm_only and the library path replayed from CUDA graphs, one call a replay, interleaved in "
                        f"{rounds} rotated rounds (median); steady_ms: the same with 20 calls a graph; eager/compile baselines as called",
                 steady_ms=steady, steady_vs_gemm_only=steady["gemm_only"] / steady["kfuse"],
+                kfuse_over_gemm_only_rounds=band, steady_kfuse_over_gemm_only_rounds=steady_band,
+                rounds_are="kfuse / gemm_only time in each rotated round: median, quartiles, verdict -1 (kfuse faster in most rounds), "
+                           "0 (the quartiles hold parity: a tie within the rounds' spread), +1 (slower)",
             )  # fmt: skip
             records.append(rec)
-            rows.append((case, kf, base, steady, single["kfuse_f32gelu"]))
+            rows.append((case, kf, base, steady, single["kfuse_f32gelu"], band))
         except Exception as e:  # one shape failing must not stop the others
             print(f"  {case} failed: {type(e).__name__}: {str(e)[:300]}")
     path = write_results("gemm_epilogue", records, args.out)
@@ -184,7 +197,10 @@ def main() -> None:
     head = f"{'case':28s} {'kfuse':>8s} {'gemm_only':>9s} {'eager':>8s} {'compile':>8s} {'max_at':>8s}"
     print(head + "  kfuse<=gemm_only  steady: kfuse gemm_only  fp32-gelu kfuse")
     wins = steady_wins = f32_wins = 0
-    for case, kf, base, steady, f32gelu in rows:
+    verdicts = {-1: 0, 0: 0, 1: 0}
+    for case, kf, base, steady, f32gelu, band in rows:
+        if band is not None:
+            verdicts[band["verdict"]] += 1
         ok, steady_ok = kf <= base["gemm_only"], steady["kfuse"] <= steady["gemm_only"]
         wins += ok
         steady_wins += steady_ok
@@ -196,6 +212,8 @@ def main() -> None:
         print(f"kfuse <= cuBLAS GEMM alone on {wins}/{len(rows)} shapes ({100 * wins / len(rows):.0f}%; target 80%); "
               f"in the steady state (20 calls a graph) on {steady_wins}/{len(rows)}; "
               f"with the fp32 GELU on {f32_wins}/{len(rows)}")  # fmt: skip
+        print(f"round by round (kfuse / gemm_only quartiles): faster on {verdicts[-1]}, a tie within the rounds' spread on "
+              f"{verdicts[0]}, slower on {verdicts[1]}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -148,31 +148,58 @@ def graph_ms_per_call(fn: Callable[..., Any], args: Sequence[Any], calls: int = 
     return time_ms(replay, warmup, rep) / calls, out
 
 
-def interleaved_medians(sides: Sequence[Any], time_one: Callable[[Any], float | None], rounds: int) -> dict[Any, float]:
-    """Median of ``time_one(side)`` for each side, over ``rounds`` rounds that each time every side
-    once, in an order rotated every round: a GPU that clocks down under sustained load (an H200 at
-    its power limit, seen in session 19: cuBLAS's steady-state time 20% above its one-call time when
-    measured after kfuse's) then slows every side alike, instead of whichever is timed last. A side
-    whose every timing is None is left out."""
+def interleaved_rounds(sides: Sequence[Any], time_one: Callable[[Any], float | None], rounds: int) -> dict[Any, list[float | None]]:
+    """``time_one(side)`` for each side in each of ``rounds`` rounds (entry r: round r; None where a
+    timing failed), every side timed once a round in an order rotated every round: a GPU that clocks
+    down under sustained load (an H200 at its power limit, seen in session 19: cuBLAS's steady-state
+    time 20% above its one-call time when measured after kfuse's) then slows every side alike, instead
+    of whichever is timed last. Two sides' times of one round were taken close together, so their
+    ratio round by round (``paired_ratio_band``) says how far apart they are beyond the drift."""
     order = list(sides)
-    times: dict[Any, list[float]] = {s: [] for s in order}
+    times: dict[Any, list[float | None]] = {s: [] for s in order}
     for r in range(rounds):
         for s in order[r % len(order) :] + order[: r % len(order)]:
-            t = time_one(s)
-            if t is not None:
-                times[s].append(t)
-    return {s: statistics.median(t) for s, t in times.items() if t}
+            times[s].append(time_one(s))
+    return times
 
 
-def interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 7, calls: int = 1, rep: int = 10) -> dict[str, float]:
-    """Median time (ms per call) of each function, timed in rotated rounds (``interleaved_medians``).
-    ``calls`` = 1: one call a graph replay (the graph's launch included); > 1: that many calls a
-    graph, the replay's time divided by it. Without a GPU, plain wall-clock timing."""
+def interleaved_medians(sides: Sequence[Any], time_one: Callable[[Any], float | None], rounds: int) -> dict[Any, float]:
+    """Median of ``time_one(side)`` for each side over ``interleaved_rounds``; a side whose every timing
+    is None is left out."""
+    per_round = interleaved_rounds(sides, time_one, rounds)
+    return {s: statistics.median(ts) for s, t in per_round.items() if (ts := [x for x in t if x is not None])}
+
+
+def paired_ratio_band(a: Sequence[float | None], b: Sequence[float | None]) -> dict[str, float] | None:
+    """The round-by-round ratio a / b of two sides of ``interleaved_rounds``: its median and quartiles
+    (``q1``, ``q3``), with ``verdict`` -1 where even the upper quartile is under 1 (a faster in most
+    rounds), +1 where even the lower quartile is over 1, 0 where the band holds 1 (a tie within the
+    rounds' spread). None without two paired rounds."""
+    ratios = sorted(x / y for x, y in zip(a, b, strict=True) if x is not None and y is not None and y > 0)
+    if len(ratios) < 2:
+        return None
+    q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    verdict = -1 if q3 < 1.0 else (1 if q1 > 1.0 else 0)
+    return {"median": med, "q1": q1, "q3": q3, "rounds": len(ratios), "verdict": verdict}
+
+
+def interleaved_ms_rounds(
+    fns: dict[str, Callable[[], Any]], rounds: int = 7, calls: int = 1, rep: int = 10
+) -> dict[str, list[float | None]]:
+    """``interleaved_ms`` before the medians: each function's time (ms per call) in every round."""
     if torch.cuda.is_available():
         replays = {n: cuda_graph_callable(fn, (), calls=calls) for n, fn in fns.items()}
     else:
         calls, replays = 1, dict(fns)
-    return interleaved_medians(list(fns), lambda n: time_ms(replays[n], warmup=2, rep=rep) / calls, rounds)
+    return interleaved_rounds(list(fns), lambda n: time_ms(replays[n], warmup=2, rep=rep) / calls, rounds)
+
+
+def interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 7, calls: int = 1, rep: int = 10) -> dict[str, float]:
+    """Median time (ms per call) of each function, timed in rotated rounds (``interleaved_rounds``).
+    ``calls`` = 1: one call a graph replay (the graph's launch included); > 1: that many calls a
+    graph, the replay's time divided by it. Without a GPU, plain wall-clock timing."""
+    per_round = interleaved_ms_rounds(fns, rounds, calls, rep)
+    return {n: statistics.median(ts) for n, t in per_round.items() if (ts := [x for x in t if x is not None])}
 
 
 def ab_ms(fns: dict[str, Callable[[], Any]], rounds: int = 7, warmup: int = 3, rep: int = 30) -> dict[str, float]:

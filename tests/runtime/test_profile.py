@@ -72,3 +72,34 @@ def test_interleaved_timing_rotates_the_order_and_takes_medians(monkeypatch: pyt
     got = harness.interleaved_ms(fns, rounds=3)
     assert got == {"a": 1.0, "b": 3.0, "c": 2.0}
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_paired_ratio_band_calls_a_tie_where_the_rounds_disagree() -> None:
+    """The round-by-round ratio of two interleaved sides: a side faster in every round is a win (-1),
+    slower in every round a loss (+1), and one whose rounds straddle parity a tie (0), whatever the
+    drift that moves both sides together round to round; failed timings are left out of the pairs."""
+    from kfuse.bench.harness import paired_ratio_band
+
+    drift = [1.0, 1.3, 0.9, 1.1, 1.2, 1.0, 0.95, 1.05, 1.15]  # the clock, shared by both sides of a round
+    base = [10.0 * d for d in drift]
+    win = paired_ratio_band([0.97 * x for x in base], base)
+    assert win is not None and win["verdict"] == -1 and abs(win["median"] - 0.97) < 1e-9 and win["rounds"] == 9
+    loss = paired_ratio_band([1.02 * x for x in base], base)
+    assert loss is not None and loss["verdict"] == 1
+    wobble = [0.98, 1.03, 0.99, 1.02, 0.97, 1.01, 1.04, 0.99, 1.0]
+    tie = paired_ratio_band([w * x for w, x in zip(wobble, base, strict=True)], base)
+    assert tie is not None and tie["verdict"] == 0 and tie["q1"] < 1.0 < tie["q3"]
+    assert paired_ratio_band([None, 1.0], [1.0, None]) is None
+    assert paired_ratio_band([None, 2.0, 3.0], [1.0, 1.0, 1.0])["rounds"] == 2
+
+
+def test_interleaved_rounds_keep_each_rounds_time_and_its_failures() -> None:
+    """``interleaved_rounds``: one entry a round for every side (None where that timing failed), so two
+    sides' timings of one round can be paired; the medians leave the failures out."""
+    from kfuse.bench import harness
+
+    t = {"a": iter([1.0, None, 3.0]), "b": iter([2.0, 2.0, 2.0])}
+    got = harness.interleaved_rounds(["a", "b"], lambda s: next(t[s]), 3)
+    assert got == {"a": [1.0, None, 3.0], "b": [2.0, 2.0, 2.0]}
+    t = {"a": iter([1.0, None, 3.0]), "b": iter([None, None, None])}
+    assert harness.interleaved_medians(["a", "b"], lambda s: next(t[s]), 3) == {"a": 2.0}
