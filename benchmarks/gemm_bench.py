@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -35,6 +34,7 @@ from kfuse.bench.harness import (
     max_rel_err,
     paired_ratio_band,
     pytorch_baselines,
+    round_medians,
     time_ms,
     write_results,
 )
@@ -46,10 +46,6 @@ from kfuse.kernels.gemm_library import gemm_library, split_epilogue
 EPI = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 LAYERS = {"qkv": (768, 2304), "attn_out": (768, 768), "ffn1": (768, 3072), "ffn2": (3072, 768)}  # (K, N)
 MODELS = {"bert": (4096, 16384), "gpt2": (8192,)}
-
-
-def _medians(per_round: dict[str, list[float | None]]) -> dict[str, float]:
-    return {n: statistics.median(ts) for n, t in per_round.items() if (ts := [x for x in t if x is not None])}
 
 
 def shapes(smoke: bool) -> list[tuple[str, int, int, int]]:
@@ -154,7 +150,7 @@ def main() -> None:
             rounds = 3 if args.smoke else 9
             single_rounds = interleaved_ms_rounds(sides, rounds=rounds, calls=1, rep=10)
             steady_rounds = interleaved_ms_rounds(sides, rounds=rounds, calls=20, rep=3)
-            single, steady = _medians(single_rounds), _medians(steady_rounds)
+            single, steady = round_medians(single_rounds), round_medians(steady_rounds)
             # kfuse / gemm_only round by round: a tie where the rounds' spread holds parity
             band = paired_ratio_band(single_rounds["kfuse"], single_rounds["gemm_only"])
             steady_band = paired_ratio_band(steady_rounds["kfuse"], steady_rounds["gemm_only"])

@@ -190,7 +190,6 @@ def main() -> None:
     print("$", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if args.out:  # what ncu said, whatever it was (session 30's first --source run failed silently)
-        os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"{name}_ncu_stdout.txt"), "w") as f:
             f.write(r.stdout[-20000:] + "\n--- stderr ---\n" + r.stderr[-5000:])
     if args.source and os.path.exists(rep):  # with --export, ncu prints no page: read the raw one back

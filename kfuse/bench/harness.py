@@ -166,7 +166,12 @@ def interleaved_rounds(sides: Sequence[Any], time_one: Callable[[Any], float | N
 def interleaved_medians(sides: Sequence[Any], time_one: Callable[[Any], float | None], rounds: int) -> dict[Any, float]:
     """Median of ``time_one(side)`` for each side over ``interleaved_rounds``; a side whose every timing
     is None is left out."""
-    per_round = interleaved_rounds(sides, time_one, rounds)
+    return round_medians(interleaved_rounds(sides, time_one, rounds))
+
+
+def round_medians(per_round: dict[Any, list[float | None]]) -> dict[Any, float]:
+    """Each side's median over its rounds (``interleaved_rounds``), failed timings left out; a side
+    whose every timing failed is left out."""
     return {s: statistics.median(ts) for s, t in per_round.items() if (ts := [x for x in t if x is not None])}
 
 
@@ -198,8 +203,7 @@ def interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int = 7, calls: in
     """Median time (ms per call) of each function, timed in rotated rounds (``interleaved_rounds``).
     ``calls`` = 1: one call a graph replay (the graph's launch included); > 1: that many calls a
     graph, the replay's time divided by it. Without a GPU, plain wall-clock timing."""
-    per_round = interleaved_ms_rounds(fns, rounds, calls, rep)
-    return {n: statistics.median(ts) for n, t in per_round.items() if (ts := [x for x in t if x is not None])}
+    return round_medians(interleaved_ms_rounds(fns, rounds, calls, rep))
 
 
 def ab_ms(fns: dict[str, Callable[[], Any]], rounds: int = 7, warmup: int = 3, rep: int = 30) -> dict[str, float]:

@@ -175,10 +175,17 @@ def _b_block(b_bufs, s, B_KMAJOR: gl.constexpr):
 
 
 @gluon.jit
-def _bias_row(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
-    # columns off_n .. off_n + WIDTH of a bias row as a (1, WIDTH) fp32 row in the accumulator's layout
+def _row(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
+    # columns off_n .. off_n + WIDTH of a row input as a (1, WIDTH) row in the accumulator's layout, in
+    # the input's dtype (bias mode "prefetch" keeps it so through the main loop: half an fp32 row's registers)
     offs = off_n + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-    return gl.load(ptr + offs * stride, mask=offs < N, other=0.0).to(gl.float32)[None, :]
+    return gl.load(ptr + offs * stride, mask=offs < N, other=0.0)[None, :]
+
+
+@gluon.jit
+def _bias_row(ptr, stride, off_n, N, WIDTH: gl.constexpr, layout: gl.constexpr):
+    # the same row in fp32
+    return _row(ptr, stride, off_n, N, WIDTH, layout).to(gl.float32)
 
 
 @gluon.jit
@@ -710,9 +717,8 @@ def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
         # main loop hides their latency (the epilogue, run after this consumer's main loop, waits for none)
         lines = []
         for j in range(epi.n_inputs):
-            row = "gl.load(x{j}_ptr + {cols} * stride_x{j}n, mask={cols} < N)[None, :]"
-            hi = row.format(j=j, cols="(off_n + gl.arange(0, N_HI, layout=gl.SliceLayout(0, acc_layout)))")
-            lo = row.format(j=j, cols="(off_n + LO_DN + gl.arange(0, LO_N, layout=gl.SliceLayout(0, lo_layout)))")
+            hi = f"_row(x{j}_ptr, stride_x{j}n, off_n, N, N_HI, acc_layout)"
+            lo = f"_row(x{j}_ptr, stride_x{j}n, off_n + LO_DN, N, LO_N, lo_layout)"
             lines += [f"        if XB{j}:", f"            x{j}_pre = {hi}", "            if HAS_LO:", f"                x{j}_pre_lo = {lo}"]
         return no_fold, "\n".join(lines) if lines else "        pass"
     return no_fold, "        pass"
@@ -1024,7 +1030,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     # as the JIT specialises a launch (``launch``): a contiguous input's column stride 1 is a constexpr,
     # a row's row stride 0 and 16-divisible sizes carry the divisibility hint, so the offline code is
     # the code that runs (the bias row's loads vectorise only with its stride known)
-    hinted = [n for n, v in (("M", m), ("N", n), ("K", k)) if v % 16 == 0]
+    hinted = [name for name, size in (("M", m), ("N", n), ("K", k)) if size % 16 == 0]
     constexprs: dict[str, Any] = {}
     for j in range(epi.n_inputs):
         is_row = j < len(row_broadcast) and bool(row_broadcast[j])

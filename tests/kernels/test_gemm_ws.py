@@ -371,7 +371,7 @@ def test_sm90_prefetch_loads_the_bias_row_once_a_tile_before_the_turn_wait(compi
     for its turn (the other consumer's main loop hides their latency), and the 192 x 128 tile's two row
     pieces share one load (they cover the same columns): half the epilogue mode's LDG, no spills."""
     src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="prefetch")
-    start, turn, main = src.index("x0_pre = gl.load("), src.index("mbarrier.wait(turn.index(WG)"), src.index("def gemm_pingpong_kernel")
+    start, turn, main = src.index("x0_pre = _row("), src.index("mbarrier.wait(turn.index(WG)"), src.index("def gemm_pingpong_kernel")
     assert start < turn < main and "x0 = x0_pre_lo" in src and "x0 = x0_pre\n" in src
     pre, epi = _compiled_case(compiled, "bias_gelu", _TILE_192, "prefetch"), _compiled_case(compiled, "bias_gelu", _TILE_192, "epilogue")
     assert 0 < 2 * pre["ldg"] <= epi["ldg"] and pre["facts"]["STACK"] == 0, (pre, epi)
