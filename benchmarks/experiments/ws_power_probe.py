@@ -42,7 +42,7 @@ cuBLAS on 8-11 of 12 (0.88-1.03x) where with bias + GELU on 3-5; the rows kernel
 tile) 10-11 of 12 bare (0.88-1.02x) but 1.04-1.16x with its epilogue, 1.01-1.17x with an epilogue
 warpgroup beside its main loop; the output stored from the registers 1.03-1.30x.
 
-Run 8 (session 29): see docs/perf-notes.md, "Session 29"; run 9 (session 30): "Session 30".
+Run 8 (session 29): see docs/perf-notes.md, "Session 29"; run 9 (session 30): "Session 30"; run 10 (session 31): "Session 31".
 
     PYTHONPATH=. python benchmarks/experiments/ws_power_probe.py --out $OUT   # H200, ~90 s
 """
@@ -64,7 +64,7 @@ ADD = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
 BIAS_GELU = Epilogue((ADD, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 LAYERS = {"qkv": (768, 2304), "attn_out": (768, 768), "ffn1": (768, 3072), "ffn2": (3072, 768)}  # (K, N)
 MODELS = {"bert": (4096, 16384), "gpt2": (8192,)}
-VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; "bare": no epilogue at all; gelu16)
+VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; "bare": no epilogue at all; gelu16, gelu_mix)
     # Runs 1-2 (experiments/s20_ws_power_probe_v{1,2}.json) also timed 128x128 s5 g8 fold, 128x128 s6 g8 sc,
     # 192x128 s3 g8 fold, 192x128 s4 g{1,8} sc fold and 128x128 s4 g8 sc; runs 3-7 (s21_ws_power_probe_v{3..7}.json)
     # the bias row "blocked", 128x128 s5 g8 with the TMA row, the rows kernel at 256x128 s3, the rows kernel with
@@ -73,15 +73,16 @@ VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; 
     # Run 8 (session 29): the GELU on f16x2 pairs ("g16", gemm_ws._bias_gelu_f16x2) on the tiles and schedules
     # the tuner's space holds and on the rows kernel, whose exposed epilogue it shortens
     # Run 9 (session 30): the bias row prefetched before the turn wait ("pre", bias mode "prefetch"), beside the
-    # row loaded in the epilogue, on the tuned tiles; the rows kernel for the one-tile shapes
-    "192x128 s4 g1 sc g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "epilogue", True),
-    "192x128 s4 g1 sc pre g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True),
-    "192x128 s4 g8 sc pre g16": (WsConfig("pingpong", 192, 128, 64, 4, 8, shared_c=True), "prefetch", True),
-    "128x128 s6 g8 sc g16": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "epilogue", True),
-    "128x128 s6 g8 sc pre g16": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "prefetch", True),
-    "rows 192x128 s4 g1 g16": (WsConfig("rows", 192, 128, 64, 4, 1), "epilogue", True),
+    # row loaded in the epilogue (g1 / g8, 128x128 s6, the rows kernel: experiments/s30_ws_power_probe_v9.json)
+    # Run 10 (session 31): half the GELU's values on gelu_poly's FMA-pipe polynomial instead of the MUFU, in a
+    # program's last tile ("mixlast") or in every tile ("mixall"), against the same kernel on the MUFU alone
+    "192x128 s4 g1 sc pre g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True, "off"),
+    "192x128 s4 g1 sc pre mixlast": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True, "last"),
+    "192x128 s4 g1 sc pre mixall": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True, "all"),
+    "128x128 s6 g8 sc pre g16": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "prefetch", True, "off"),
+    "128x128 s6 g8 sc pre mixlast": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "prefetch", True, "last"),
     # the tuned tile without an epilogue (what bias + GELU costs)
-    "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare", False),
+    "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare", False, "off"),
 }
 
 
@@ -94,8 +95,9 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     torch.manual_seed(0)
     # the generated modules the variants use ("bare": no epilogue)
-    mods = {(mode, g16): gemm_ws.module(Epilogue((), 0) if mode == "bare" else BIAS_GELU, True, "epilogue" if mode == "bare" else mode, g16)
-            for mode, g16 in {(mode, g16) for _, mode, g16 in VARIANTS.values()}}  # fmt: skip
+    mods = {(mode, g16, mix): gemm_ws.module(Epilogue((), 0) if mode == "bare" else BIAS_GELU, True, "epilogue" if mode == "bare" else mode,
+                                             g16, mix)
+            for _, mode, g16, mix in VARIANTS.values()}  # fmt: skip
     recs = []
     for mdl, toks in MODELS.items():
         for m in toks:
@@ -112,11 +114,11 @@ def main() -> None:
                     "cublaslt bias+gelu": lambda a=a, b=b, bias=bias: torch._addmm_activation(bias, a, b, use_gelu=True),
                 }
                 rec: dict = {"case": case, "m": m, "n": n, "k": k, "errors": {}}
-                for label, (cfg, mode, g16) in VARIANTS.items():
+                for label, (cfg, mode, g16, mix) in VARIANTS.items():
                     out = torch.full((m, n), float("nan"), device=dev, dtype=dt)
                     g = prepare(a, b, [] if mode == "bare" else [bias], dt, out)
 
-                    def run(g=g, cfg=cfg, mod=mods[mode, g16]) -> None:
+                    def run(g=g, cfg=cfg, mod=mods[mode, g16, mix]) -> None:
                         gemm_ws.run_module(mod, g.a, g.b, g.c, g.extras, cfg, sms)
 
                     try:

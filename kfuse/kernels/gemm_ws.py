@@ -84,7 +84,7 @@ from typing import Any
 
 import torch
 
-from kfuse.kernels import pdl
+from kfuse.kernels import gelu_poly, pdl
 from kfuse.kernels.codegen import cdiv, generated, interpreting
 from kfuse.kernels.epilogue import Epilogue, render
 
@@ -152,6 +152,7 @@ def _bias_gelu_f16x2(x, row):
         "fma.rn.f16x2 $0, %kf_h, %kf_q, %kf_h; }}",
         "=r,r,r", [x.to(gl.float16), half_row], dtype=gl.float16, is_pure=True, pack=2)
 
+{gelu_mix_fns}
 
 @gluon.jit
 def _tile_coords(t, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
@@ -642,6 +643,44 @@ def folded_input(epi: Epilogue) -> int | None:
     return None if used_later else j
 
 
+# gelu_mix (the f16x2 GELU only): where a tile's GELU sends half its values through gelu_poly's
+# polynomial on the FMA pipe instead of the MUFU: "off"; "all" tiles; or only a program's "last" tile,
+# whose epilogue runs with no main loop beside it (the one-tile shapes: the MUFU bounds that epilogue,
+# session 30), while every other epilogue shares the FMA pipe with the other consumer's wgmma
+GELU_MIX_MODES = ("off", "all", "last")
+_MUFU_PAIR = (  # h (f16x2, x / 2) -> %kf_o = h + h tanh(h (2 k0 + 8 k1 h^2)): the tanh form of _gelu_f16x2
+    "mul.rn.f16x2 %kf_q, %kf_h, %kf_h; mov.b32 %kf_c, 0x34913491; mov.b32 %kf_k, 0x3E623E62; "
+    "fma.rn.f16x2 %kf_q, %kf_q, %kf_c, %kf_k; mul.rn.f16x2 %kf_q, %kf_h, %kf_q; tanh.approx.f16x2 %kf_q, %kf_q; "
+    "fma.rn.f16x2 $0, %kf_h, %kf_q, %kf_h;"
+)
+
+
+def _gelu_mix_source() -> str:
+    """The generated module's mixed-pipe GELUs (``gelu_mix``): of every four values (``pack=4``: two
+    f16x2 registers), the first pair takes the MUFU's tanh (as ``_gelu_f16x2``), the second
+    ``gelu_poly``'s polynomial on the FMA pipe; the bias form adds the row as ``_bias_gelu_f16x2``."""
+    regs = ".reg .b32 %kf_h, %kf_q, %kf_c, %kf_k, %kf_v; " + gelu_poly.PTX_REGS
+    plain = (f"{{{{ {regs} mov.b32 %kf_c, 0x38003800; mul.rn.f16x2 %kf_h, $2, %kf_c; {_MUFU_PAIR} "
+             f"{gelu_poly.ptx_pair('$1', '$3')} }}}}")  # fmt: skip
+    bias = (f"{{{{ {regs} mov.b32 %kf_c, 0x38003800; fma.rn.f16x2 %kf_h, $2, %kf_c, $4; {_MUFU_PAIR} "
+            "fma.rn.f16x2 %kf_v, $3, %kf_c, $5; add.rn.f16x2 %kf_v, %kf_v, %kf_v; "
+            f"{gelu_poly.ptx_pair('$1', '%kf_v')} }}}}")  # fmt: skip
+    return f"""
+@gluon.jit
+def _gelu_mix_f16x2(x):
+    # _gelu_f16x2 with half the values on gelu_poly's polynomial (FMA pipe) instead of the MUFU
+    return gl.inline_asm_elementwise("{plain}", "=r,=r,r,r", [x.to(gl.float16)], dtype=gl.float16, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _bias_gelu_mix_f16x2(x, row):
+    # _bias_gelu_f16x2 with half the values on gelu_poly's polynomial: h = x / 2 + row / 2, v = 2 h
+    x, half_row = gl.broadcast(x, (row.to(gl.float32) * 0.5).to(gl.float16))
+    return gl.inline_asm_elementwise("{bias}", "=r,=r,r,r,r,r", [x.to(gl.float16), half_row], dtype=gl.float16, is_pure=True,
+                                     pack=4)
+"""
+
+
 def _epilogue(
     epi: Epilogue,
     indent: str,
@@ -650,6 +689,7 @@ def _epilogue(
     piece: tuple[str, str, str] = (),
     last_piece: bool = True,
     gelu16: bool = False,
+    gelu_mix: str = "off",
 ) -> str:
     """The epilogue in the accumulator's layout: extra input j as a (1, BLOCK_N) row when it is the
     same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps. ``mode``
@@ -659,7 +699,8 @@ def _epilogue(
     started from (``folded_input``); "tma" reads the row the loader brought into ``bias_bufs`` and,
     in the tile's ``last_piece``, frees its slot at once (fewer registers live through the steps).
     ``gelu16`` (an fp16 output, the fast GELU): the GELU, and the bias add before it, on f16x2 pairs
-    (``gelu16_form``); the tile leaves the epilogue as fp16."""
+    (``gelu16_form``); the tile leaves the epilogue as fp16. ``gelu_mix`` (ping-pong, with ``gelu16``):
+    ``GELU_MIX_MODES``."""
     folded = folded_input(epi) if mode == "fold" else None
     tma_row = folded_input(epi) if mode == "tma" else None
     tile = "gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)"
@@ -682,11 +723,21 @@ def _epilogue(
         lines += [f"{indent}if XB{j}:", f"{indent}    x{j} = {load_row}", f"{indent}else:", f"{indent}    x{j} = {tile.format(j=j)}"]
     form = gelu16_form(epi) if gelu16 and fast_gelu else None
     exprs = FAST_EXPRS if fast_gelu else None
-    if form is not None:
-        exprs = {op: "_gelu_f16x2({0})" for op in GELU_OPS}
-    body = render(epi, indent=indent, exprs=exprs)
-    if form is not None and form[0] == "bias_gelu" and folded is None:
-        body = f"{indent}acc = _bias_gelu_f16x2(acc, x{form[1]})"
+
+    def gelu_body(mix: bool, ind: str, out: str = "acc") -> str:
+        suffix = "_mix_f16x2" if mix else "_f16x2"
+        if form is not None and form[0] == "bias_gelu" and folded is None:
+            return f"{ind}{out} = _bias_gelu{suffix}(acc, x{form[1]})"
+        text = render(epi, indent=ind, exprs={op: f"_gelu{suffix}({{0}})" for op in GELU_OPS} if form is not None else exprs)
+        head, _, last = text.rpartition("\n")  # the rendered steps end with "acc = acc_r<n>"
+        return f"{head}\n{last.replace('acc = ', f'{out} = ', 1)}"
+
+    body = gelu_body(form is not None and gelu_mix == "all", indent)
+    if form is not None and gelu_mix == "last":  # the program's last tile: no main loop runs beside its epilogue
+        # (both branches bind one new name, one a piece: an if may not change acc's type from fp32 to fp16)
+        out = "acc_gelu_lo" if piece and piece[2] == "lo_layout" else "acc_gelu"
+        body = "\n".join([f"{indent}if i + 1 >= my_tiles:", gelu_body(True, indent + "    ", out), f"{indent}else:",
+                          gelu_body(False, indent + "    ", out), f"{indent}acc = {out}"])  # fmt: skip
     if body and folded is not None:
         first, _, rest = body.partition("\n")  # the first step: acc_r1 = (acc + x<j>)
         j = folded
@@ -724,12 +775,18 @@ def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
     return no_fold, "        pass"
 
 
-def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False) -> str:
+def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False,
+                  gelu_mix: str = "off") -> str:  # fmt: skip
     """The Gluon module of the kernels specialised to ``epi`` (``fast_gelu``: GELU in the tanh form
     on ``tanh.approx.f32``, or with ``gelu16`` on f16x2 pairs for an fp16 output; ``bias_mode``: where
-    the ping-pong kernel reads a bias row, ``BIAS_MODES``)."""
+    the ping-pong kernel reads a bias row, ``BIAS_MODES``; ``gelu_mix``: which of the ping-pong kernel's
+    tiles send half their GELU values to the FMA pipe, ``GELU_MIX_MODES``)."""
     if bias_mode not in BIAS_MODES:
         raise ValueError(f"bias_mode {bias_mode!r}: one of {BIAS_MODES}")
+    if gelu_mix not in GELU_MIX_MODES:
+        raise ValueError(f"gelu_mix {gelu_mix!r}: one of {GELU_MIX_MODES}")
+    if gelu_mix != "off" and bias_mode == "fold":
+        raise ValueError("gelu_mix applies to the f16x2 GELU after a bias add; bias_mode 'fold' removes that add")
     n = epi.n_inputs
     first_k, tile_start = _tile_start(epi, bias_mode)
     tma_row = folded_input(epi) if bias_mode == "tma" else None
@@ -743,10 +800,11 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         extra_flag_args="".join(f"XB{j}, " for j in range(n)),
         epilogue_12=_epilogue(epi, " " * 12, fast_gelu, gelu16=gelu16),
         rows_epilogue=_epilogue(epi, " " * 8, fast_gelu, gelu16=gelu16),
-        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, ("off_n", "N_HI", "acc_layout"), gelu16=gelu16),
+        pp_epilogue=_epilogue(epi, " " * 8, fast_gelu, bias_mode, ("off_n", "N_HI", "acc_layout"), gelu16=gelu16, gelu_mix=gelu_mix),
         pp_epilogue_12=_epilogue(
-            epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout"), last_piece=False, gelu16=gelu16
+            epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout"), last_piece=False, gelu16=gelu16, gelu_mix=gelu_mix
         ),
+        gelu_mix_fns=_gelu_mix_source(),
         first_k=first_k,
         acc_init=tile_start,
         bias_tma=tma_row is not None,
@@ -754,11 +812,13 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
     )
 
 
-def module(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False) -> Any:
+def module(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False, gelu_mix: str = "off") -> Any:
     gelu16 = gelu16 and fast_gelu and gelu16_form(epi) is not None
+    gelu_mix = gelu_mix if gelu16 else "off"
     key = epi.key() + ("_fastgelu" if fast_gelu else "") + ("_gelu16" if gelu16 else "")
     key += "" if bias_mode == "epilogue" else f"_{bias_mode}"
-    return generated("gemm_ws", key, lambda: kernel_source(epi, fast_gelu, bias_mode, gelu16))
+    key += "" if gelu_mix == "off" else f"_mix{gelu_mix}"
+    return generated("gemm_ws", key, lambda: kernel_source(epi, fast_gelu, bias_mode, gelu16, gelu_mix))
 
 
 @dataclass(frozen=True)
@@ -888,15 +948,17 @@ def ws_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int 
 
 
 def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, cfg: WsConfig,
-           num_programs: int, warmup: bool = False, fast_gelu: bool = False, bias_mode: str = "prefetch") -> None:  # fmt: skip
+           num_programs: int, warmup: bool = False, fast_gelu: bool = False, bias_mode: str = "prefetch",
+           gelu_mix: str = "off") -> None:  # fmt: skip
     """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``ws_eligible``) with the
     schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
     compile only. ``bias_mode``: where the ping-pong kernel reads a bias row (``BIAS_MODES``; "prefetch" by
-    default); "tma" falls back to "epilogue" where the row cannot come by TMA (``launch_bias_mode``)."""
+    default); "tma" falls back to "epilogue" where the row cannot come by TMA (``launch_bias_mode``).
+    ``gelu_mix``: which tiles send half their f16x2 GELU values to the FMA pipe (``GELU_MIX_MODES``)."""
     if bias_mode == "tma":
         bias_mode = launch_bias_mode(epi, extras, cfg, a.element_size())
     gelu16 = c.dtype == torch.float16 and gelu16_enabled()
-    run_module(module(epi, fast_gelu, bias_mode, gelu16), a, b, c, extras, cfg, num_programs, warmup)
+    run_module(module(epi, fast_gelu, bias_mode, gelu16, gelu_mix), a, b, c, extras, cfg, num_programs, warmup)
 
 
 def launch_bias_mode(epi: Epilogue, extras: list[torch.Tensor], cfg: WsConfig, elem: int = 2) -> str:
@@ -981,10 +1043,11 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
 
 def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_programs: int = 132, b_kmajor: bool = False,
                     row_broadcast: tuple[bool, ...] = (), dtype: torch.dtype = torch.float16, fast_gelu: bool = False,
-                    bias_mode: str = "epilogue", pdl_wait: bool = False, gelu16: bool = False) -> Any:  # fmt: skip
+                    bias_mode: str = "epilogue", pdl_wait: bool = False, gelu16: bool = False, gelu_mix: str = "off") -> Any:  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (``triton.compile`` on the Gluon source) and return
     Triton's ``CompiledKernel`` (``.asm["sass"]`` needs ``nvdisasm``, which the Triton wheel carries).
-    ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``); ``bias_mode``: ``BIAS_MODES``."""
+    ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``); ``bias_mode``: ``BIAS_MODES``;
+    ``gelu_mix``: ``GELU_MIX_MODES``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -1007,7 +1070,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     c_d = desc((m, n), [m_hi, cfg.store_n])
     b_lo = (desc((n, k), [lo, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, lo])) if lo else b_d
     c_lo = desc((m, n), [cfg.block_m, lo]) if lo else (desc((m, n), [m_lo, cfg.block_n]) if m_lo else c_d)
-    mod = module(epi, fast_gelu, bias_mode, gelu16 and dtype == torch.float16)
+    mod = module(epi, fast_gelu, bias_mode, gelu16 and dtype == torch.float16, gelu_mix)
     rows = cfg.schedule == "rows"
     fn = mod.gemm_coop_kernel if coop else (mod.gemm_rows_kernel if rows else mod.gemm_pingpong_kernel)
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"
