@@ -151,7 +151,7 @@ def main() -> None:
             wins[lab] += bool(t and t <= mm)
         print(f"{r['case']:20s} {mm * 1e3:7.1f} " + " ".join(cells))
     print(f"{'at or under cuBLAS':28s} " + " ".join(f"{wins[lab]:6d}" for lab in labels))
-    with_epilogue = [lab for lab, (_, mode, _) in VARIANTS.items() if mode != "bare"]
+    with_epilogue = [lab for lab, (_, mode, *_) in VARIANTS.items() if mode != "bare"]
     best = [min((t for lab, t in r["ms"].items() if lab in with_epilogue), default=None) for r in recs]
     n_best = sum(1 for r, t in zip(recs, best, strict=True) if t is not None and t <= r["ms"]["cublas mm alone"])
     print(f"best kfuse variant with bias + GELU per shape at or under cuBLAS: {n_best}/{len(recs)}")

@@ -662,9 +662,9 @@ def _gelu_mix_source() -> str:
     regs = ".reg .b32 %kf_h, %kf_q, %kf_c, %kf_k, %kf_v; " + gelu_poly.PTX_REGS
     plain = (f"{{{{ {regs} mov.b32 %kf_c, 0x38003800; mul.rn.f16x2 %kf_h, $2, %kf_c; {_MUFU_PAIR} "
              f"{gelu_poly.ptx_pair('$1', '$3')} }}}}")  # fmt: skip
-    bias = (f"{{{{ {regs} mov.b32 %kf_c, 0x38003800; fma.rn.f16x2 %kf_h, $2, %kf_c, $4; {_MUFU_PAIR} "
-            "fma.rn.f16x2 %kf_v, $3, %kf_c, $5; add.rn.f16x2 %kf_v, %kf_v, %kf_v; "
-            f"{gelu_poly.ptx_pair('$1', '%kf_v')} }}}}")  # fmt: skip
+    # (the second pair's h before _MUFU_PAIR, which reuses %kf_c)
+    bias = (f"{{{{ {regs} mov.b32 %kf_c, 0x38003800; fma.rn.f16x2 %kf_h, $2, %kf_c, $4; fma.rn.f16x2 %kf_v, $3, %kf_c, $5; "
+            f"add.rn.f16x2 %kf_v, %kf_v, %kf_v; {_MUFU_PAIR} {gelu_poly.ptx_pair('$1', '%kf_v')} }}}}")  # fmt: skip
     return f"""
 @gluon.jit
 def _gelu_mix_f16x2(x):

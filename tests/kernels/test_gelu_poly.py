@@ -67,3 +67,36 @@ def test_ptx_is_fma_pipe_only() -> None:
     assert ptx.count("min.f16x2") == 1 and ptx.count("max.NaN.f16x2") == 1 and ptx.count("abs.f16x2") == 1
     declared = set(re.findall(r"%kp_\w+", gelu_poly.PTX_REGS))
     assert set(re.findall(r"%kp_\w+", ptx)) <= declared
+
+
+# ---- the generated module's GELU asm, run by an f16x2 PTX emulator ----------------------------------
+
+BIAS_GELU_FNS = {"_gelu_f16x2": (1, False), "_bias_gelu_f16x2": (1, True), "_gelu_mix_f16x2": (2, False), "_bias_gelu_mix_f16x2": (2, True)}
+
+
+def test_every_inline_asm_gelu_of_gemm_ws_computes_the_tanh_form() -> None:
+    """Each f16x2 GELU of the generated ping-pong module (MUFU only, the mixed ones, with and without the
+    bias row) on random fp16 pairs of x and row / 2 and on special values: every output register equals
+    the tanh-form GELU of x + row within the fp16 forms' error (the bias forms round (x + row) / 2 once)."""
+    from ptx_f16x2 import asm_of, run
+
+    from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue uses
+    from kfuse.kernels import gemm_ws
+    from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+    add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
+    src = gemm_ws.kernel_source(Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1), True, "prefetch", True, "all")
+    rng = np.random.default_rng(0)
+    n = 4096
+    for fn, (regs, has_row) in BIAS_GELU_FNS.items():
+        asm = asm_of(src, fn)
+        xs = [tuple(gelu_poly._f16(rng.uniform(-7, 7, n)) for _ in range(2)) for _ in range(regs)]
+        xs[0] = (gelu_poly._f16(np.r_[np.array([0.0, -0.0, 1e-4, -1e-4, 3.99, -4.01, 20.0, -20.0]), rng.uniform(-7, 7, n - 8)]), xs[0][1])
+        rows = [tuple(gelu_poly._f16(rng.uniform(-1, 1, n)) for _ in range(2)) for _ in range(regs)] if has_row else []
+        outs = run(asm, xs + rows, regs)
+        for r in range(regs):
+            for h in (0, 1):
+                x = xs[r][h].astype(np.float64) + (2 * rows[r][h].astype(np.float64) if has_row else 0.0)
+                ref = gelu_poly.reference(x)
+                err = np.abs(outs[r][h].astype(np.float64) - ref) / np.maximum(np.abs(ref), 1.0)
+                assert err.max() < 2.5e-3, (fn, r, h, float(err.max()), x[err.argmax()])
