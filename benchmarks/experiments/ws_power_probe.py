@@ -74,15 +74,15 @@ VARIANTS = {  # label: (config, where the bias row is read: gemm_ws.BIAS_MODES; 
     # the tuner's space holds and on the rows kernel, whose exposed epilogue it shortens
     # Run 9 (session 30): the bias row prefetched before the turn wait ("pre", bias mode "prefetch"), beside the
     # row loaded in the epilogue (g1 / g8, 128x128 s6, the rows kernel: experiments/s30_ws_power_probe_v9.json)
-    # Run 10 (session 31): half the GELU's values on gelu_poly's FMA-pipe polynomial instead of the MUFU, in a
-    # program's last tile ("mixlast") or in every tile ("mixall"), against the same kernel on the MUFU alone
-    "192x128 s4 g1 sc pre g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True, "off"),
-    "192x128 s4 g1 sc pre mixlast": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True, "last"),
-    "192x128 s4 g1 sc pre mixall": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True, "all"),
-    "128x128 s6 g8 sc pre g16": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "prefetch", True, "off"),
-    "128x128 s6 g8 sc pre mixlast": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "prefetch", True, "last"),
+    # Run 10 (session 31): half the GELU's values on gelu_poly's FMA-pipe polynomial instead of the MUFU, in every
+    # tile ("mixall", gelu_mix) or only in a program's last tile (a branch, removed since: no better on the one-tile
+    # shapes, up to 4% slower on 128x128 s6): experiments/s31_ws_power_probe_v10.json
+    "192x128 s4 g1 sc pre g16": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True, False),
+    "192x128 s4 g1 sc pre mixall": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "prefetch", True, True),
+    "128x128 s6 g8 sc pre g16": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "prefetch", True, False),
+    "128x128 s6 g8 sc pre mixall": (WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), "prefetch", True, True),
     # the tuned tile without an epilogue (what bias + GELU costs)
-    "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare", False, "off"),
+    "192x128 s4 g1 sc bare": (WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), "bare", False, False),
 }
 
 

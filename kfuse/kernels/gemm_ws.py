@@ -643,11 +643,12 @@ def folded_input(epi: Epilogue) -> int | None:
     return None if used_later else j
 
 
-# gelu_mix (the f16x2 GELU only): where a tile's GELU sends half its values through gelu_poly's
-# polynomial on the FMA pipe instead of the MUFU: "off"; "all" tiles; or only a program's "last" tile,
-# whose epilogue runs with no main loop beside it (the one-tile shapes: the MUFU bounds that epilogue,
-# session 30), while every other epilogue shares the FMA pipe with the other consumer's wgmma
-GELU_MIX_MODES = ("off", "all", "last")
+# gelu_mix (the f16x2 GELU only): half of every tile's GELU values go through gelu_poly's polynomial on
+# the FMA pipe instead of the MUFU. ``launch`` turns it on where a program holds one tile, whose epilogue
+# runs with no main loop beside it, so the MUFU bounds it (session 30); session 31 measured BERT T4096
+# attn_out 2.5% and ffn2 0.7% faster that way, and the many-tile shapes within -0.7..+0.7% (their
+# epilogues share the FMA pipe with the other consumer's wgmma). A branch on the program's last tile
+# (both epilogues in one kernel) measured no better there and up to 4% slower on the 128 x 128 tile.
 _MUFU_PAIR = (  # h (f16x2, x / 2) -> %kf_o = h + h tanh(h (2 k0 + 8 k1 h^2)): the tanh form of _gelu_f16x2
     "mul.rn.f16x2 %kf_q, %kf_h, %kf_h; mov.b32 %kf_c, 0x34913491; mov.b32 %kf_k, 0x3E623E62; "
     "fma.rn.f16x2 %kf_q, %kf_q, %kf_c, %kf_k; mul.rn.f16x2 %kf_q, %kf_h, %kf_q; tanh.approx.f16x2 %kf_q, %kf_q; "
@@ -689,7 +690,7 @@ def _epilogue(
     piece: tuple[str, str, str] = (),
     last_piece: bool = True,
     gelu16: bool = False,
-    gelu_mix: str = "off",
+    gelu_mix: bool = False,
 ) -> str:
     """The epilogue in the accumulator's layout: extra input j as a (1, BLOCK_N) row when it is the
     same for every row (``XB<j>``: a bias), else as a tile; then the rendered steps. ``mode``
@@ -699,8 +700,8 @@ def _epilogue(
     started from (``folded_input``); "tma" reads the row the loader brought into ``bias_bufs`` and,
     in the tile's ``last_piece``, frees its slot at once (fewer registers live through the steps).
     ``gelu16`` (an fp16 output, the fast GELU): the GELU, and the bias add before it, on f16x2 pairs
-    (``gelu16_form``); the tile leaves the epilogue as fp16. ``gelu_mix`` (ping-pong, with ``gelu16``):
-    ``GELU_MIX_MODES``."""
+    (``gelu16_form``); the tile leaves the epilogue as fp16. ``gelu_mix`` (with ``gelu16``): half the
+    GELU's values on the FMA pipe (``_gelu_mix_source``)."""
     folded = folded_input(epi) if mode == "fold" else None
     tma_row = folded_input(epi) if mode == "tma" else None
     tile = "gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)"
@@ -723,21 +724,12 @@ def _epilogue(
         lines += [f"{indent}if XB{j}:", f"{indent}    x{j} = {load_row}", f"{indent}else:", f"{indent}    x{j} = {tile.format(j=j)}"]
     form = gelu16_form(epi) if gelu16 and fast_gelu else None
     exprs = FAST_EXPRS if fast_gelu else None
-
-    def gelu_body(mix: bool, ind: str, out: str = "acc") -> str:
-        suffix = "_mix_f16x2" if mix else "_f16x2"
-        if form is not None and form[0] == "bias_gelu" and folded is None:
-            return f"{ind}{out} = _bias_gelu{suffix}(acc, x{form[1]})"
-        text = render(epi, indent=ind, exprs={op: f"_gelu{suffix}({{0}})" for op in GELU_OPS} if form is not None else exprs)
-        head, _, last = text.rpartition("\n")  # the rendered steps end with "acc = acc_r<n>"
-        return f"{head}\n{last.replace('acc = ', f'{out} = ', 1)}"
-
-    body = gelu_body(form is not None and gelu_mix == "all", indent)
-    if form is not None and gelu_mix == "last":  # the program's last tile: no main loop runs beside its epilogue
-        # (both branches bind one new name, one a piece: an if may not change acc's type from fp32 to fp16)
-        out = "acc_gelu_lo" if piece and piece[2] == "lo_layout" else "acc_gelu"
-        body = "\n".join([f"{indent}if i + 1 >= my_tiles:", gelu_body(True, indent + "    ", out), f"{indent}else:",
-                          gelu_body(False, indent + "    ", out), f"{indent}acc = {out}"])  # fmt: skip
+    suffix = "_mix_f16x2" if gelu_mix else "_f16x2"
+    if form is not None:
+        exprs = {op: f"_gelu{suffix}({{0}})" for op in GELU_OPS}
+    body = render(epi, indent=indent, exprs=exprs)
+    if form is not None and form[0] == "bias_gelu" and folded is None:
+        body = f"{indent}acc = _bias_gelu{suffix}(acc, x{form[1]})"
     if body and folded is not None:
         first, _, rest = body.partition("\n")  # the first step: acc_r1 = (acc + x<j>)
         j = folded
@@ -776,16 +768,14 @@ def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
 
 
 def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False,
-                  gelu_mix: str = "off") -> str:  # fmt: skip
+                  gelu_mix: bool = False) -> str:  # fmt: skip
     """The Gluon module of the kernels specialised to ``epi`` (``fast_gelu``: GELU in the tanh form
     on ``tanh.approx.f32``, or with ``gelu16`` on f16x2 pairs for an fp16 output; ``bias_mode``: where
-    the ping-pong kernel reads a bias row, ``BIAS_MODES``; ``gelu_mix``: which of the ping-pong kernel's
-    tiles send half their GELU values to the FMA pipe, ``GELU_MIX_MODES``)."""
+    the ping-pong kernel reads a bias row, ``BIAS_MODES``; ``gelu_mix``: the ping-pong kernel sends half
+    its f16x2 GELU values to the FMA pipe)."""
     if bias_mode not in BIAS_MODES:
         raise ValueError(f"bias_mode {bias_mode!r}: one of {BIAS_MODES}")
-    if gelu_mix not in GELU_MIX_MODES:
-        raise ValueError(f"gelu_mix {gelu_mix!r}: one of {GELU_MIX_MODES}")
-    if gelu_mix != "off" and bias_mode == "fold":
+    if gelu_mix and bias_mode == "fold":
         raise ValueError("gelu_mix applies to the f16x2 GELU after a bias add; bias_mode 'fold' removes that add")
     n = epi.n_inputs
     first_k, tile_start = _tile_start(epi, bias_mode)
@@ -812,12 +802,12 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
     )
 
 
-def module(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False, gelu_mix: str = "off") -> Any:
+def module(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False, gelu_mix: bool = False) -> Any:
     gelu16 = gelu16 and fast_gelu and gelu16_form(epi) is not None
-    gelu_mix = gelu_mix if gelu16 else "off"
+    gelu_mix = gelu_mix and gelu16
     key = epi.key() + ("_fastgelu" if fast_gelu else "") + ("_gelu16" if gelu16 else "")
     key += "" if bias_mode == "epilogue" else f"_{bias_mode}"
-    key += "" if gelu_mix == "off" else f"_mix{gelu_mix}"
+    key += "_mix" if gelu_mix else ""
     return generated("gemm_ws", key, lambda: kernel_source(epi, fast_gelu, bias_mode, gelu16, gelu_mix))
 
 
@@ -949,16 +939,25 @@ def ws_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int 
 
 def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, cfg: WsConfig,
            num_programs: int, warmup: bool = False, fast_gelu: bool = False, bias_mode: str = "prefetch",
-           gelu_mix: str = "off") -> None:  # fmt: skip
+           gelu_mix: bool | None = None) -> None:  # fmt: skip
     """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``ws_eligible``) with the
     schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
     compile only. ``bias_mode``: where the ping-pong kernel reads a bias row (``BIAS_MODES``; "prefetch" by
     default); "tma" falls back to "epilogue" where the row cannot come by TMA (``launch_bias_mode``).
-    ``gelu_mix``: which tiles send half their f16x2 GELU values to the FMA pipe (``GELU_MIX_MODES``)."""
+    ``gelu_mix``: half the f16x2 GELU's values on the FMA pipe; by default where every program holds
+    at most one tile (``mix_gelu_by_default``)."""
     if bias_mode == "tma":
         bias_mode = launch_bias_mode(epi, extras, cfg, a.element_size())
     gelu16 = c.dtype == torch.float16 and gelu16_enabled()
+    if gelu_mix is None:
+        gelu_mix = mix_gelu_by_default(a.shape[1], b.shape[2], cfg, num_programs)
     run_module(module(epi, fast_gelu, bias_mode, gelu16, gelu_mix), a, b, c, extras, cfg, num_programs, warmup)
+
+
+def mix_gelu_by_default(m: int, n: int, cfg: WsConfig, num_programs: int) -> bool:
+    """``launch``'s ``gelu_mix`` policy: on where the ping-pong kernel gives each program at most one
+    tile, so no main loop runs beside any epilogue and the MUFU bounds it (see ``_gelu_mix_source``)."""
+    return cfg.schedule == "pingpong" and cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) <= num_programs
 
 
 def launch_bias_mode(epi: Epilogue, extras: list[torch.Tensor], cfg: WsConfig, elem: int = 2) -> str:
@@ -1043,11 +1042,11 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
 
 def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_programs: int = 132, b_kmajor: bool = False,
                     row_broadcast: tuple[bool, ...] = (), dtype: torch.dtype = torch.float16, fast_gelu: bool = False,
-                    bias_mode: str = "epilogue", pdl_wait: bool = False, gelu16: bool = False, gelu_mix: str = "off") -> Any:  # fmt: skip
+                    bias_mode: str = "epilogue", pdl_wait: bool = False, gelu16: bool = False, gelu_mix: bool = False) -> Any:  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (``triton.compile`` on the Gluon source) and return
     Triton's ``CompiledKernel`` (``.asm["sass"]`` needs ``nvdisasm``, which the Triton wheel carries).
     ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``); ``bias_mode``: ``BIAS_MODES``;
-    ``gelu_mix``: ``GELU_MIX_MODES``."""
+    ``gelu_mix``: half the f16x2 GELU's values on the FMA pipe."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl

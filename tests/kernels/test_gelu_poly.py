@@ -85,7 +85,7 @@ def test_every_inline_asm_gelu_of_gemm_ws_computes_the_tanh_form() -> None:
     from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 
     add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
-    src = gemm_ws.kernel_source(Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1), True, "prefetch", True, "all")
+    src = gemm_ws.kernel_source(Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1), True, "prefetch", True, True)
     rng = np.random.default_rng(0)
     n = 4096
     for fn, (regs, has_row) in BIAS_GELU_FNS.items():

@@ -605,24 +605,23 @@ def test_gpu_gelu16_matches_the_reference(cfg: WsConfig) -> None:
 # ---- half the GELU's values on the FMA pipe (gelu_mix) ------------------------------------------------
 
 
-def test_gelu_mix_source_and_its_refusals() -> None:
-    """gelu_mix "all" calls the mixed GELUs everywhere; "last" branches on the program's last tile (one name per
-    accumulator piece, bound in both branches); "off" keeps the MUFU form and its module; a mode
-    not in GELU_MIX_MODES, or with the folded bias, is refused; without the f16x2 GELU it is ignored."""
-    src_all = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="prefetch", gelu16=True, gelu_mix="all")
-    # the ping-pong consumer's two pieces; the rows and coop kernels keep the MUFU form
-    assert src_all.count("acc = _bias_gelu_mix_f16x2(acc, x0)") == 2, src_all
-    src_last = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="prefetch", gelu16=True, gelu_mix="last")
-    assert "if i + 1 >= my_tiles:" in src_last and "acc_gelu = _bias_gelu_mix_f16x2(acc, x0)" in src_last
-    assert "acc_gelu_lo = _bias_gelu_f16x2(acc, x0)" in src_last and "acc = acc_gelu_lo" in src_last
-    assert "_gelu_mix_f16x2(acc_r2)" in gemm_ws.kernel_source(BIAS_RES_GELU, fast_gelu=True, gelu16=True, gelu_mix="all")
-    off = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="prefetch", gelu16=True)
-    assert "_bias_gelu_mix_f16x2(acc" not in off
-    with pytest.raises(ValueError, match="gelu_mix"):
-        gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, gelu16=True, gelu_mix="half")
+def test_gelu_mix_source_its_refusals_and_its_policy() -> None:
+    """gelu_mix calls the mixed GELUs in the ping-pong consumer's two pieces (the rows and coop kernels
+    keep the MUFU form); without it, or without the f16x2 GELU, the module is the MUFU one; it is refused
+    with the folded bias (no add left); ``launch`` turns it on where every program holds one tile."""
+    src = gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="prefetch", gelu16=True, gelu_mix=True)
+    assert src.count("acc = _bias_gelu_mix_f16x2(acc, x0)") == 2, src
+    assert "_gelu_mix_f16x2(acc_r2)" in gemm_ws.kernel_source(BIAS_RES_GELU, fast_gelu=True, gelu16=True, gelu_mix=True)
+    assert "_bias_gelu_mix_f16x2(acc" not in gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="prefetch", gelu16=True)
     with pytest.raises(ValueError, match="fold"):
-        gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="fold", gelu16=True, gelu_mix="all")
-    assert gemm_ws.module(BIAS_GELU, True, "prefetch", False, "all") is gemm_ws.module(BIAS_GELU, True, "prefetch", False)
+        gemm_ws.kernel_source(BIAS_GELU, fast_gelu=True, bias_mode="fold", gelu16=True, gelu_mix=True)
+    assert gemm_ws.module(BIAS_GELU, True, "prefetch", False, True) is gemm_ws.module(BIAS_GELU, True, "prefetch", False)
+    assert gemm_ws.module(BIAS_GELU, True, "prefetch", True, True) is not gemm_ws.module(BIAS_GELU, True, "prefetch", True)
+    tile192 = WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True)
+    assert gemm_ws.mix_gelu_by_default(4096, 768, tile192, 132)  # BERT T4096 attn_out / ffn2: 22 x 6 = 132 tiles
+    assert not gemm_ws.mix_gelu_by_default(4096, 2304, tile192, 132)  # qkv: 396 tiles, three a program
+    assert not gemm_ws.mix_gelu_by_default(4096, 768, WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True), 132)  # 192 tiles
+    assert not gemm_ws.mix_gelu_by_default(128, 256, WsConfig("coop", 128, 256, 64, 4, 8, 1), 132)  # ping-pong only
 
 
 _GELU_MIX_SCRIPT = r"""
@@ -635,7 +634,7 @@ from kfuse.kernels.gemm_ws import WsConfig
 add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
 epi = Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 out = []
-for mix in ("off", "all", "last"):
+for mix in (False, True):
     ck = gemm_ws.compile_offline(epi, 4096, 768, 768, WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True), b_kmajor=True,
                                  row_broadcast=(True,), fast_gelu=True, bias_mode="prefetch", gelu16=True, gelu_mix=mix)
     sass = ck.asm["sass"]
@@ -646,40 +645,37 @@ print(json.dumps(out))
 
 
 def test_sm90_gelu_mix_halves_the_mufu_ops() -> None:
-    """Offline sm_90, bias + GELU on the 192 x 128 ping-pong tile as launched ("prefetch"): "all" issues
-    half the MUFU.TANH of the MUFU-only form and takes the other half's work as HFMA2 / HMNMX2 (gelu_poly's
-    clamp and NaN-propagating max: two a pair), on tensor cores, with no spills; "last" keeps both
-    epilogues (more MUFU ops in the code than "off", since its last tile's are there too), no spills."""
-    off, every, last = run_offline_script(_GELU_MIX_SCRIPT, [], timeout=600)
-    assert off["mufu_tanh"] > 0 and every["mufu_tanh"] == off["mufu_tanh"] // 2, (off, every)
-    assert every["hmnmx2"] >= off["mufu_tanh"] // 4 and every["hfma2"] > off["hfma2"], (off, every)
-    assert last["mufu_tanh"] > off["mufu_tanh"] and last["hmnmx2"] > 0, (off, last)
-    for got in (off, every, last):
+    """Offline sm_90, bias + GELU on the 192 x 128 ping-pong tile as launched ("prefetch"): with gelu_mix
+    the kernel issues half the MUFU.TANH of the MUFU-only form and takes the other half's work as HFMA2
+    and HMNMX2 (gelu_poly's clamp and NaN-propagating max: two a pair), on tensor cores, with no spills."""
+    off, mix = run_offline_script(_GELU_MIX_SCRIPT, [], timeout=600)
+    assert off["mufu_tanh"] > 0 and mix["mufu_tanh"] == off["mufu_tanh"] // 2, (off, mix)
+    assert mix["hmnmx2"] >= off["mufu_tanh"] // 4 and mix["hfma2"] > off["hfma2"], (off, mix)
+    for got in (off, mix):
         assert got["facts"]["HGMMA"] > 0 and got["facts"]["LOCAL"] == 0, got["facts"]
-    assert every["facts"]["STL"] == 0 and last["facts"]["STL"] == 0, (every["facts"], last["facts"])
+    assert mix["facts"]["STL"] == 0, mix["facts"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mix", ["all", "last"])
 @pytest.mark.parametrize("cfg", [WsConfig("pingpong", 192, 128, 64, 4, 1, shared_c=True),
                                  WsConfig("pingpong", 128, 128, 64, 6, 8, shared_c=True)], ids=lambda c: c.describe())  # fmt: skip
-def test_gpu_gelu_mix_matches_the_reference(cfg: WsConfig, mix: str) -> None:
+def test_gpu_gelu_mix_matches_the_reference(cfg: WsConfig) -> None:
     """gelu_mix on odd shapes, random inputs, the output poisoned: a bias row + GELU and bias + residual +
-    GELU, both B layouts, on 132 programs and on 7 (many tiles a program, so "last" runs both branches):
-    within 2e-3 of max |y| of the tanh-form GELU in fp32 and 1.5e-3 of the MUFU-only kernel."""
+    GELU, both B layouts, on the GPU's SM count of programs and on 7 (many tiles a program): within 2e-3
+    of max |y| of the tanh-form GELU in fp32 and 1.5e-3 of the MUFU-only kernel."""
     a, w, bias, res, sms = _odd_fp16_problem(seed=5)
     m, n = a.shape[0], w.shape[0]
     for programs in (sms, 7):
         for b in (w.t().contiguous(), w.t()):
             for epi, extras in ((BIAS_GELU, [bias]), (BIAS_RES_GELU, [bias, res])):
                 outs = []
-                for mode in (mix, "off"):
+                for mix in (True, False):
                     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
                     g = prepare(a, b, extras, torch.float16, out)
-                    gemm_ws.run_module(gemm_ws.module(epi, True, "prefetch", True, mode), g.a, g.b, g.c, g.extras, cfg, programs)
+                    gemm_ws.run_module(gemm_ws.module(epi, True, "prefetch", True, mix), g.a, g.b, g.c, g.extras, cfg, programs)
                     outs.append(out.float())
                 x = a.float() @ b.float() + sum((e.float() for e in extras), torch.zeros(()))
                 ref = torch.nn.functional.gelu(x, approximate="tanh")
                 scale = float(ref.abs().max())
                 err, vs_mufu = float((outs[0] - ref).abs().max()) / scale, float((outs[0] - outs[1]).abs().max()) / scale
-                assert err < 2e-3 and vs_mufu < 1.5e-3, (cfg.describe(), mix, programs, epi.describe(), err, vs_mufu)
+                assert err < 2e-3 and vs_mufu < 1.5e-3, (cfg.describe(), programs, epi.describe(), err, vs_mufu)
