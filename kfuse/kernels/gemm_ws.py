@@ -70,6 +70,10 @@ consumer's turn wait (``bias_mode="prefetch"``, kfuse's default since): the 128 
 the K = 768 shapes (at or under the bare cuBLAS GEMM on 5 of 12 shapes, from 0), the 192 x 128 tile 1-2%
 on BERT T4096 qkv / ffn1 and within 0.6% elsewhere.
 
+Session 31 (``ws_power_probe.py`` run 10): half the f16x2 GELU's values on an FMA-pipe polynomial
+(``gelu_mix``, ``gelu_poly``) where every program holds one tile: 2.4% faster on BERT T4096 attn_out, where the MUFU
+bounded the exposed epilogue; the many-tile shapes within -0.4..+0.7% with it, so they keep the MUFU form.
+
 Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
 TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
 the kernels for sm_90 offline (``compile_offline``) and check their SASS (HGMMA, TMA, no spills); the
