@@ -72,7 +72,8 @@ on BERT T4096 qkv / ffn1 and within 0.6% elsewhere.
 
 Session 31 (``ws_power_probe.py`` run 10): half the f16x2 GELU's values on an FMA-pipe polynomial
 (``gelu_mix``, ``gelu_poly``) where every program holds one tile: 2.4% faster on BERT T4096 attn_out, where the MUFU
-bounded the exposed epilogue; the many-tile shapes within -0.4..+0.7% with it, so they keep the MUFU form.
+bounded the exposed epilogue (now bound by one warp's issue: ~0.6 us); the many-tile shapes within -0.7..+0.7% with
+it, so they keep the MUFU form.
 
 Requirements (``ws_eligible``): an sm_90 GPU, one batch, fp16/bf16 operands and output,
 TMA-describable A, B and C, no split-K. Gluon does not run in TRITON_INTERPRET: the CPU tests compile
@@ -650,10 +651,10 @@ def folded_input(epi: Epilogue) -> int | None:
 # gelu_mix (the f16x2 GELU only): half of every tile's GELU values go through gelu_poly's polynomial on
 # the FMA pipe instead of the MUFU. ``launch`` turns it on where a program holds one tile, whose epilogue
 # runs with no main loop beside it, so the MUFU bounds it (session 30); session 31 measured BERT T4096
-# attn_out 2.5% and ffn2 0.7% faster that way, and the many-tile shapes within -0.7..+0.7% (their
+# attn_out 2.4% and ffn2 0.7% faster that way, and the many-tile shapes within -0.7..+0.7% (their
 # epilogues share the FMA pipe with the other consumer's wgmma). A branch on the program's last tile
 # (both epilogues in one kernel) measured no better there and up to 4% slower on the 128 x 128 tile.
-_MUFU_PAIR = (  # h (f16x2, x / 2) -> %kf_o = h + h tanh(h (2 k0 + 8 k1 h^2)): the tanh form of _gelu_f16x2
+_MUFU_PAIR = (  # %kf_h (f16x2, h = x / 2) -> $0 = h + h tanh(h (2 k0 + 8 k1 h^2)): the tanh form of _gelu_f16x2
     "mul.rn.f16x2 %kf_q, %kf_h, %kf_h; mov.b32 %kf_c, 0x34913491; mov.b32 %kf_k, 0x3E623E62; "
     "fma.rn.f16x2 %kf_q, %kf_q, %kf_c, %kf_k; mul.rn.f16x2 %kf_q, %kf_h, %kf_q; tanh.approx.f16x2 %kf_q, %kf_q; "
     "fma.rn.f16x2 $0, %kf_h, %kf_q, %kf_h;"
