@@ -15,8 +15,11 @@ The form: with t = min(|x|, 4) and q(t) ~ -(1 - tanh(u(t))) / 2, u the tanh form
 a degree-6 polynomial in s = t / 2 - 1 on [-1, 1] (Chebyshev least squares, rounded to fp16). In
 fp16 arithmetic (``emulate``) its error against the tanh form is 1.25e-3 at most, as large as the
 MUFU path's own fp16 error (1.29e-3 with an exact tanh; ``tests/kernels/test_gelu_poly.py``).
-Per pair of values: 8 HFMA2 and 2 HMNMX2 (``min`` with ``|x|``, a NaN-propagating ``max``), against
-the MUFU path's 5 FMA-pipe instructions and 2 MUFU ops.
+Per pair of values the PTX is 8 ``fma.rn.f16x2`` and 2 ``min``/``max`` (HMNMX2: ``min`` with ``|x|``, a
+NaN-propagating ``max``), against the MUFU path's 5 FMA-pipe instructions and 2 MUFU ops; ptxas adds moves
+of the constants (on sm_90 the 192 x 128 tile's epilogue grew by ~12 FMA-pipe instructions a pair sent
+here). Session 31 measured that epilogue, with half its pairs here, bound by one warp's issue rate, no
+longer by the MUFU (docs/perf-notes.md).
 """
 
 from __future__ import annotations
