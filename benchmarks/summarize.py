@@ -105,6 +105,45 @@ def plot_for(name: str, records: list[dict]) -> Path | None:
     return path
 
 
+ROUNDS_KEY = "kfuse_over_gemm_only_rounds"  # gemm_bench: kfuse / gemm_only round by round (harness.paired_ratio_band)
+
+
+def rounds_plot_for(name: str, records: list[dict], out_dir: Path = RESULTS) -> Path | None:
+    """For records with kfuse / gemm_only measured round by round (issue 3's ``gemm_epilogue``): per case
+    the median ratio with its quartiles as a whisker, against parity, coloured by the band's verdict
+    (faster in most rounds, a tie within the rounds' spread, slower). Returns the path, or None."""
+    rows = [r for r in records if isinstance(r.get(ROUNDS_KEY), dict) and "median" in r[ROUNDS_KEY]]
+    if len(rows) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bands = [r[ROUNDS_KEY] for r in rows]
+    colour = {-1: "#2a9d8f", 0: "#8d99ae", 1: "#e76f51"}
+    label = {-1: "faster in most rounds", 0: "a tie within the rounds' spread", 1: "slower in most rounds"}
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.6))
+    for y, b in enumerate(bands):
+        v = int(b.get("verdict", 0))
+        ax.plot([b["q1"], b["q3"]], [y, y], color=colour[v], lw=2)
+        ax.scatter([b["median"]], [y], color=colour[v], s=22, zorder=3, label=label[v])
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles, strict=True))  # one legend entry a verdict
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(range(len(rows)), [str(r["case"]) for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("kfuse / cuBLAS GEMM alone: median and quartiles over the rotated rounds (< 1: kfuse faster)")
+    ax.set_title(f"{name}: kfuse with its epilogue against the bare GEMM, round by round (H200)", fontsize=9)
+    ax.legend(seen.values(), seen.keys(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35 / (0.32 * len(rows) + 1.2) - 0.06),
+              ncol=3, frameon=False)  # fmt: skip
+    fig.tight_layout()
+    path = out_dir / f"summary_{name}_rounds.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def table_for(name: str, records: list[dict]) -> str:
     lines = [f"### {name}", ""]
     if not records:
@@ -156,6 +195,9 @@ def main() -> int:
         png = plot_for(path.stem, records)
         if part and png is not None:
             part += f"\n![{path.stem}]({png.relative_to(ROOT.parent).as_posix()})\n"
+        rounds_png = rounds_plot_for(path.stem, records)
+        if part and rounds_png is not None:
+            part += f"\n![{path.stem} round by round]({rounds_png.relative_to(ROOT.parent).as_posix()})\n"
         parts.append(part)
     generated = "\n".join(p for p in parts if p)
     text = OUT.read_text() if OUT.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
