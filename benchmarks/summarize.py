@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "h200"
@@ -73,6 +74,31 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
+def _case_axes(n_cases: int) -> tuple[Any, Any]:
+    """A figure with one row a case (matplotlib on the Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(8, 0.32 * n_cases + 1.6))
+
+
+def _finish(fig: Any, ax: Any, cases: list[str], path: Path, ncol: int, **legend: Any) -> Path:
+    """Case labels top to bottom, a parity line, the legend under the axes; saved to ``path``."""
+    import matplotlib.pyplot as plt
+
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(range(len(cases)), cases, fontsize=7)
+    ax.invert_yaxis()
+    anchor = (0.5, -0.35 / (0.32 * len(cases) + 1.2) - 0.06)
+    ax.legend(**legend, fontsize=7, loc="upper center", bbox_to_anchor=anchor, ncol=ncol, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_for(name: str, records: list[dict]) -> Path | None:
     """For kfuse-vs-baselines records: one PNG per benchmark with, per case, kfuse's time as a
     fraction of the best baseline's (bars; < 1 is faster) and of the floor's (dots; 1 = at the
@@ -80,29 +106,15 @@ def plot_for(name: str, records: list[dict]) -> Path | None:
     rows = [r for r in records if isinstance(r.get("baselines_ms"), dict) and r["baselines_ms"] and r.get("kfuse_ms")]
     if len(rows) < 2 or "policy" in rows[0]:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = [str(r["case"]) for r in rows]
     rel = [r["kfuse_ms"] / min(r["baselines_ms"].values()) for r in rows]
     floor = [r["floor_ms"] / r["kfuse_ms"] if r.get("floor_ms") else float("nan") for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.6))
+    fig, ax = _case_axes(len(rows))
     y = list(range(len(rows)))
     ax.barh(y, rel, color=["#2a9d8f" if v <= 1 else "#e76f51" for v in rel], label="kfuse / best PyTorch baseline")
     ax.scatter(floor, y, color="black", s=14, zorder=3, label="floor / kfuse (1 = at the roofline)")
-    ax.axvline(1.0, color="grey", lw=0.8)
-    ax.set_yticks(y, cases, fontsize=7)
-    ax.invert_yaxis()
     ax.set_xlabel("fraction (lower bars are faster)")
     ax.set_title(f"{name}: kfuse against the best baseline and the floor (H200)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35 / (0.32 * len(rows) + 1.2) - 0.06), ncol=2, frameon=False)
-    fig.tight_layout()
-    path = RESULTS / f"summary_{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, [str(r["case"]) for r in rows], RESULTS / f"summary_{name}.png", ncol=2)
 
 
 ROUNDS_KEY = "kfuse_over_gemm_only_rounds"  # gemm_bench: kfuse / gemm_only round by round (harness.paired_ratio_band)
@@ -115,33 +127,19 @@ def rounds_plot_for(name: str, records: list[dict], out_dir: Path = RESULTS) -> 
     rows = [r for r in records if isinstance(r.get(ROUNDS_KEY), dict) and "median" in r[ROUNDS_KEY]]
     if len(rows) < 2:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    bands = [r[ROUNDS_KEY] for r in rows]
     colour = {-1: "#2a9d8f", 0: "#8d99ae", 1: "#e76f51"}
     label = {-1: "faster in most rounds", 0: "a tie within the rounds' spread", 1: "slower in most rounds"}
-    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.6))
-    for y, b in enumerate(bands):
+    fig, ax = _case_axes(len(rows))
+    for y, b in enumerate(r[ROUNDS_KEY] for r in rows):
         v = int(b.get("verdict", 0))
         ax.plot([b["q1"], b["q3"]], [y, y], color=colour[v], lw=2)
         ax.scatter([b["median"]], [y], color=colour[v], s=22, zorder=3, label=label[v])
     handles, labels = ax.get_legend_handles_labels()
     seen = dict(zip(labels, handles, strict=True))  # one legend entry a verdict
-    ax.axvline(1.0, color="grey", lw=0.8)
-    ax.set_yticks(range(len(rows)), [str(r["case"]) for r in rows], fontsize=7)
-    ax.invert_yaxis()
     ax.set_xlabel("kfuse / cuBLAS GEMM alone: median and quartiles over the rotated rounds (< 1: kfuse faster)")
     ax.set_title(f"{name}: kfuse with its epilogue against the bare GEMM, round by round (H200)", fontsize=9)
-    ax.legend(seen.values(), seen.keys(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35 / (0.32 * len(rows) + 1.2) - 0.06),
-              ncol=3, frameon=False)  # fmt: skip
-    fig.tight_layout()
-    path = out_dir / f"summary_{name}_rounds.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    cases = [str(r["case"]) for r in rows]
+    return _finish(fig, ax, cases, out_dir / f"summary_{name}_rounds.png", ncol=3, handles=list(seen.values()), labels=list(seen))
 
 
 def table_for(name: str, records: list[dict]) -> str:

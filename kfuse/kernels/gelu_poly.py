@@ -32,15 +32,16 @@ CLAMP = 4.0  # t = min(|x|, CLAMP): past it the tanh form's x (1 - Phi(x)) is un
 DEGREE = 6
 
 
-def _tanh_gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+def _tanh_phi(x: np.ndarray) -> np.ndarray:
+    # Phi(x) as the tanh form writes it: gelu(x) = x Phi(x)
+    return 0.5 * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
 
 @lru_cache(maxsize=1)
 def coefficients() -> tuple[float, ...]:
     """q's coefficients in s = t / 2 - 1, lowest power first, as fp16 values."""
     t = np.linspace(0.0, CLAMP, 40001)
-    q = -0.5 * (1.0 - np.tanh(np.sqrt(2.0 / np.pi) * (t + 0.044715 * t**3)))
+    q = _tanh_phi(t) - 1.0  # -(1 - tanh(u(t))) / 2
     s = t * (2.0 / CLAMP) - 1.0
     fit = np.polynomial.chebyshev.Chebyshev.fit(s, q, DEGREE, domain=[-1.0, 1.0])
     return tuple(float(c) for c in fit.convert(kind=np.polynomial.Polynomial).coef.astype(np.float16))
@@ -71,7 +72,8 @@ def emulate(x: np.ndarray) -> np.ndarray:
 
 def reference(x: np.ndarray) -> np.ndarray:
     """The tanh-form GELU in float64 (what both epilogue paths approximate)."""
-    return _tanh_gelu(np.asarray(x, np.float64))
+    x = np.asarray(x, np.float64)
+    return x * _tanh_phi(x)
 
 
 def _splat(value: float) -> str:

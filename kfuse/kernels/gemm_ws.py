@@ -127,37 +127,7 @@ def _gelu_fast(x):
     return gl.fma(h, t, h)
 
 
-@gluon.jit
-def _gelu_f16x2(x):
-    # the tanh-form GELU of _gelu_fast, for an fp16 output, two values an instruction: the fp32 value
-    # rounded to fp16 (the store's conversion, moved ahead), then HMUL2 / HFMA2 on f16x2 pairs and
-    # tanh.approx.f16x2 (which ptxas splits into two MUFU.TANH.F16 on sm_90: one MUFU op a value, as the
-    # fp32 form; session 30): 2.5 FMA-pipe instructions a value where
-    # _gelu_fast takes 5. The FMA pipe is what an epilogue takes from the other consumer's wgmma
-    # (session 18); tanh.approx.f32 is as coarse (2^-10.9) as the f16 one, so the error stays in
-    # the same range (tests/kernels/test_fast_math.py emulates it)
-    return gl.inline_asm_elementwise(
-        "{{ .reg .b32 %kf_h, %kf_q, %kf_c, %kf_k; mov.b32 %kf_c, 0x38003800; mul.rn.f16x2 %kf_h, $1, %kf_c; "
-        "mul.rn.f16x2 %kf_q, %kf_h, %kf_h; mov.b32 %kf_c, 0x34913491; mov.b32 %kf_k, 0x3E623E62; "
-        "fma.rn.f16x2 %kf_q, %kf_q, %kf_c, %kf_k; mul.rn.f16x2 %kf_q, %kf_h, %kf_q; tanh.approx.f16x2 %kf_q, %kf_q; "
-        "fma.rn.f16x2 $0, %kf_h, %kf_q, %kf_h; }}",
-        "=r,r", [x.to(gl.float16)], dtype=gl.float16, is_pure=True, pack=2)
-
-
-@gluon.jit
-def _bias_gelu_f16x2(x, row):
-    # gelu(x + row) for an fp16 output, as _gelu_f16x2 with the add folded into the halving:
-    # h = x / 2 + row / 2 in one HFMA2 (halving is exact, so this is (x + row) / 2 rounded once);
-    # row / 2 is computed on the (1, N) row before it is broadcast
-    x, half_row = gl.broadcast(x, (row.to(gl.float32) * 0.5).to(gl.float16))
-    return gl.inline_asm_elementwise(
-        "{{ .reg .b32 %kf_h, %kf_q, %kf_c, %kf_k; mov.b32 %kf_c, 0x38003800; fma.rn.f16x2 %kf_h, $1, %kf_c, $2; "
-        "mul.rn.f16x2 %kf_q, %kf_h, %kf_h; mov.b32 %kf_c, 0x34913491; mov.b32 %kf_k, 0x3E623E62; "
-        "fma.rn.f16x2 %kf_q, %kf_q, %kf_c, %kf_k; mul.rn.f16x2 %kf_q, %kf_h, %kf_q; tanh.approx.f16x2 %kf_q, %kf_q; "
-        "fma.rn.f16x2 $0, %kf_h, %kf_q, %kf_h; }}",
-        "=r,r,r", [x.to(gl.float16), half_row], dtype=gl.float16, is_pure=True, pack=2)
-
-{gelu_mix_fns}
+{gelu16_fns}
 
 @gluon.jit
 def _tile_coords(t, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
@@ -659,30 +629,55 @@ _MUFU_PAIR = (  # %kf_h (f16x2, h = x / 2) -> $0 = h + h tanh(h (2 k0 + 8 k1 h^2
     "fma.rn.f16x2 %kf_q, %kf_q, %kf_c, %kf_k; mul.rn.f16x2 %kf_q, %kf_h, %kf_q; tanh.approx.f16x2 %kf_q, %kf_q; "
     "fma.rn.f16x2 $0, %kf_h, %kf_q, %kf_h;"
 )
+_HALF = "mov.b32 %kf_c, 0x38003800;"  # 0.5 in both halves
 
 
-def _gelu_mix_source() -> str:
-    """The generated module's mixed-pipe GELUs (``gelu_mix``): of every four values (``pack=4``: two
-    f16x2 registers), the first pair takes the MUFU's tanh (as ``_gelu_f16x2``), the second
-    ``gelu_poly``'s polynomial on the FMA pipe; the bias form adds the row as ``_bias_gelu_f16x2``."""
-    regs = ".reg .b32 %kf_h, %kf_q, %kf_c, %kf_k, %kf_v; " + gelu_poly.PTX_REGS
-    plain = (f"{{{{ {regs} mov.b32 %kf_c, 0x38003800; mul.rn.f16x2 %kf_h, $2, %kf_c; {_MUFU_PAIR} "
-             f"{gelu_poly.ptx_pair('$1', '$3')} }}}}")  # fmt: skip
+def _gelu16_source() -> str:
+    """The generated module's f16x2 GELUs, all built on ``_MUFU_PAIR``: ``_gelu_f16x2`` and
+    ``_bias_gelu_f16x2`` (every value on the MUFU's tanh) and their ``gelu_mix`` forms, which of every
+    four values (``pack=4``: two f16x2 registers) send the second pair through ``gelu_poly``'s
+    polynomial on the FMA pipe."""
+    regs = ".reg .b32 %kf_h, %kf_q, %kf_c, %kf_k;"
+    mix_regs = ".reg .b32 %kf_h, %kf_q, %kf_c, %kf_k, %kf_v; " + gelu_poly.PTX_REGS
+    plain = f"{{ {regs} {_HALF} mul.rn.f16x2 %kf_h, $1, %kf_c; {_MUFU_PAIR} }}"
+    bias = f"{{ {regs} {_HALF} fma.rn.f16x2 %kf_h, $1, %kf_c, $2; {_MUFU_PAIR} }}"
+    mix = f"{{ {mix_regs} {_HALF} mul.rn.f16x2 %kf_h, $2, %kf_c; {_MUFU_PAIR} {gelu_poly.ptx_pair('$1', '$3')} }}"
     # (the second pair's h before _MUFU_PAIR, which reuses %kf_c)
-    bias = (f"{{{{ {regs} mov.b32 %kf_c, 0x38003800; fma.rn.f16x2 %kf_h, $2, %kf_c, $4; fma.rn.f16x2 %kf_v, $3, %kf_c, $5; "
-            f"add.rn.f16x2 %kf_v, %kf_v, %kf_v; {_MUFU_PAIR} {gelu_poly.ptx_pair('$1', '%kf_v')} }}}}")  # fmt: skip
+    bias_mix = (f"{{ {mix_regs} {_HALF} fma.rn.f16x2 %kf_h, $2, %kf_c, $4; fma.rn.f16x2 %kf_v, $3, %kf_c, $5; "
+                f"add.rn.f16x2 %kf_v, %kf_v, %kf_v; {_MUFU_PAIR} {gelu_poly.ptx_pair('$1', '%kf_v')} }}")  # fmt: skip
     return f"""
+@gluon.jit
+def _gelu_f16x2(x):
+    # the tanh-form GELU of _gelu_fast, for an fp16 output, two values an instruction: the fp32 value
+    # rounded to fp16 (the store's conversion, moved ahead), then HMUL2 / HFMA2 on f16x2 pairs and
+    # tanh.approx.f16x2 (which ptxas splits into two MUFU.TANH.F16 on sm_90: one MUFU op a value, as the
+    # fp32 form; session 30): 2.5 FMA-pipe instructions a value where
+    # _gelu_fast takes 5. The FMA pipe is what an epilogue takes from the other consumer's wgmma
+    # (session 18); tanh.approx.f32 is as coarse (2^-10.9) as the f16 one, so the error stays in
+    # the same range (tests/kernels/test_fast_math.py emulates it)
+    return gl.inline_asm_elementwise("{plain}", "=r,r", [x.to(gl.float16)], dtype=gl.float16, is_pure=True, pack=2)
+
+
+@gluon.jit
+def _bias_gelu_f16x2(x, row):
+    # gelu(x + row) for an fp16 output, as _gelu_f16x2 with the add folded into the halving:
+    # h = x / 2 + row / 2 in one HFMA2 (halving is exact, so this is (x + row) / 2 rounded once);
+    # row / 2 is computed on the (1, N) row before it is broadcast
+    x, half_row = gl.broadcast(x, (row.to(gl.float32) * 0.5).to(gl.float16))
+    return gl.inline_asm_elementwise("{bias}", "=r,r,r", [x.to(gl.float16), half_row], dtype=gl.float16, is_pure=True, pack=2)
+
+
 @gluon.jit
 def _gelu_mix_f16x2(x):
     # _gelu_f16x2 with half the values on gelu_poly's polynomial (FMA pipe) instead of the MUFU
-    return gl.inline_asm_elementwise("{plain}", "=r,=r,r,r", [x.to(gl.float16)], dtype=gl.float16, is_pure=True, pack=4)
+    return gl.inline_asm_elementwise("{mix}", "=r,=r,r,r", [x.to(gl.float16)], dtype=gl.float16, is_pure=True, pack=4)
 
 
 @gluon.jit
 def _bias_gelu_mix_f16x2(x, row):
     # _bias_gelu_f16x2 with half the values on gelu_poly's polynomial: h = x / 2 + row / 2, v = 2 h
     x, half_row = gl.broadcast(x, (row.to(gl.float32) * 0.5).to(gl.float16))
-    return gl.inline_asm_elementwise("{bias}", "=r,=r,r,r,r,r", [x.to(gl.float16), half_row], dtype=gl.float16, is_pure=True,
+    return gl.inline_asm_elementwise("{bias_mix}", "=r,=r,r,r,r,r", [x.to(gl.float16), half_row], dtype=gl.float16, is_pure=True,
                                      pack=4)
 """
 
@@ -706,7 +701,7 @@ def _epilogue(
     in the tile's ``last_piece``, frees its slot at once (fewer registers live through the steps).
     ``gelu16`` (an fp16 output, the fast GELU): the GELU, and the bias add before it, on f16x2 pairs
     (``gelu16_form``); the tile leaves the epilogue as fp16. ``gelu_mix`` (with ``gelu16``): half the
-    GELU's values on the FMA pipe (``_gelu_mix_source``)."""
+    GELU's values on the FMA pipe (``_gelu16_source``)."""
     folded = folded_input(epi) if mode == "fold" else None
     tma_row = folded_input(epi) if mode == "tma" else None
     tile = "gl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)"
@@ -799,7 +794,7 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         pp_epilogue_12=_epilogue(
             epi, " " * 12, fast_gelu, bias_mode, ("off_n + LO_DN", "LO_N", "lo_layout"), last_piece=False, gelu16=gelu16, gelu_mix=gelu_mix
         ),
-        gelu_mix_fns=_gelu_mix_source(),
+        gelu16_fns=_gelu16_source(),
         first_k=first_k,
         acc_init=tile_start,
         bias_tma=tma_row is not None,
@@ -961,7 +956,7 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch
 
 def mix_gelu_by_default(m: int, n: int, cfg: WsConfig, num_programs: int) -> bool:
     """``launch``'s ``gelu_mix`` policy: on where the ping-pong kernel gives each program at most one
-    tile, so no main loop runs beside any epilogue and the MUFU bounds it (see ``_gelu_mix_source``)."""
+    tile, so no main loop runs beside any epilogue and the MUFU bounds it (see ``_gelu16_source``)."""
     return cfg.schedule == "pingpong" and cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) <= num_programs
 
 

@@ -17,9 +17,7 @@ def _all_fp16() -> np.ndarray:
 
 def _mufu_path(x: np.ndarray) -> np.ndarray:
     # the f16x2 tanh form of gemm_ws._gelu_f16x2 in fp16 steps, with an exact tanh (the MUFU's error aside)
-    def fma(a, b, c):  # noqa: ANN001, ANN202 - numpy arrays
-        return (np.asarray(a, np.float64) * np.float64(b) + np.asarray(c, np.float64)).astype(np.float16)
-
+    fma = gelu_poly._fma
     h = fma(x, 0.5, 0.0)  # gelu(x) = h + h tanh(h (2 k0 + 8 k1 h^2)): the constants as gemm_ws writes them (0x3491, 0x3E62)
     q = fma(fma(h, h, 0.0), np.float16(0.285419265090401), np.float16(1.5957691216057308))
     q = fma(h, q, 0.0)
