@@ -17,7 +17,7 @@ from kfuse.compiler import Options, optimize
 from kfuse.frontend.torch_export import Imported
 from kfuse.runtime.cuda_graph import CudaGraphRunner
 from kfuse.runtime.device import first_device, on_device
-from kfuse.runtime.executor import Plan, execute, lower
+from kfuse.runtime.executor import Plan, execute, lower, precompile_plan
 from kfuse.runtime.piecewise_graph import PiecewiseGraphRunner
 
 
@@ -117,6 +117,7 @@ class CompiledModel:
         plan = lower(opt.graph, device, self.options.backend, options=self.options)
         plan.use_memory_plan = self.options.memory_plan
         xs = [flat[i] for i in imported.flat_input_index]
+        precompiled = precompile_plan(plan, xs) if plan.backend == "triton" and device.type == "cuda" else None
         if self.options.b2b_recheck and plan.backend == "triton" and device.type == "cuda":
             from kfuse.runtime.b2b_recheck import recheck_b2b
 
@@ -141,6 +142,8 @@ class CompiledModel:
         variant.report = self._make_report(variant, cuda_graph_note)
         if self.options.check and self._reference is not None:
             variant.report.update(self._check(variant, args, kwargs, flat))
+        if precompiled is not None and precompiled.requests:
+            variant.report["parallel_compile"] = precompiled.summary()
         if plan.memory is not None:
             variant.report["memory"] = plan.memory.report()
         if self.options.tune != "none":

@@ -224,6 +224,36 @@ def plan_values(plan: Plan, inputs: Sequence[Any]) -> dict[str, Any]:
     return env
 
 
+def precompile_plan(plan: Plan, inputs: Sequence[torch.Tensor]) -> Any:
+    """Compile the kernels of ``plan``'s first run on worker processes (``parallel_compile``):
+    its steps run once with every Triton compile recorded and skipped, up to the first step that
+    reads a device value on the host (after it, skipped kernels' outputs would steer the host).
+    Returns the ``PrecompileReport``."""
+    import functools
+
+    from kfuse.runtime import parallel_compile
+
+    env = initial_env(plan, inputs)
+
+    def run(i: int) -> None:
+        step = plan.steps[i]
+        env[step.output] = step.fn([env[v] for v in step.inputs])
+
+    def release(i: int) -> None:
+        for v in plan.release_after[i]:
+            env.pop(v, None)
+
+    def calls() -> Any:
+        for i, step in enumerate(plan.steps):
+            if step.host_sync:
+                return
+            yield functools.partial(run, i)
+            release(i)
+
+    with pdl.scope(plan.pdl), torch.no_grad():
+        return parallel_compile.precompile(calls())
+
+
 def run_steps(plan: Plan, env: dict[str, Any], lo: int, hi: int, *, poison_dead: bool = False) -> None:
     """Run steps ``[lo, hi)`` of ``plan`` on ``env`` in place (values are released after their
     last use). Split out so a runner can capture a run of steps as one CUDA graph."""

@@ -24,6 +24,7 @@ cost-model logic run without a GPU; with a ``runner`` too, each config is still 
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from kfuse.bench.harness import interleaved_medians
 from kfuse.kernels.conv import ConvConfig, ConvParams, conv_epilogue, pack_weight
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference
 from kfuse.kernels.gemm import GemmConfig, launch, prepare
+from kfuse.runtime import parallel_compile
 from kfuse.tune.space import Config, ConvProblem, GemmProblem, Problem
 
 Measure = Callable[[Config, Problem], float]
@@ -237,6 +239,7 @@ class Profiler:
         self.timeout_ms, self.compile_timeout_s = timeout_ms, compile_timeout_s
         self.workers, self.do_check = workers, check
         self.compile_s = 0.0
+        self.precompile: parallel_compile.PrecompileReport | None = None  # the last batch's worker compiles
 
     def profile(self, problem: Problem, configs: Sequence[Config], runner: Runner | None = None,
                 on_result: Callable[[Measurement], None] | None = None) -> list[Measurement]:  # fmt: skip
@@ -280,10 +283,14 @@ class Profiler:
         return interleaved_medians(configs, time_one, rounds)
 
     def _compile_all(self, configs: Sequence[Config], runner: Runner) -> dict[Config, Measurement]:
-        """Compile every candidate before timing any: Triton's async-compile mode sends each
-        compile to a thread pool (the launcher's argument handling stays on this thread)."""
+        """Compile every candidate before timing any: worker processes compile them into Triton's
+        cache (``parallel_compile``; threads alone are held back by the GIL), then Triton's
+        async-compile mode loads each on a thread pool (the launcher's argument handling stays on
+        this thread), compiling here whatever the workers could not."""
         t0 = time.perf_counter()
         failed: dict[Config, Measurement] = {}
+        if torch.device(getattr(runner, "device", "cuda")).type == "cuda":
+            self.precompile = parallel_compile.precompile([functools.partial(runner.compile, cfg) for cfg in configs])
         try:
             from triton.runtime._async_compile import AsyncCompileMode
         except ImportError:  # an older Triton: compile one after the other

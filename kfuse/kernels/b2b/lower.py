@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -13,6 +14,7 @@ from kfuse.kernels.b2b.configs import candidate_configs, default_config
 from kfuse.kernels.b2b.launcher import ConvGeom, b2b_chain, capped_note, pack_first, pack_next
 from kfuse.kernels.codegen import as_pair
 from kfuse.kernels.tma import tma_device
+from kfuse.runtime import parallel_compile
 from kfuse.runtime.device import on_device
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run, wrong_result
@@ -138,6 +140,9 @@ def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | No
         except Exception as e:  # noqa: BLE001 - recorded per candidate
             return f"failed: {type(e).__name__}", None
 
+    if dev is not None and dev.type == "cuda":  # compiles on worker processes, into Triton's cache
+        with on_device(dev):
+            parallel_compile.precompile([functools.partial(run, xs) for run in runs])
     workers = max(1, min(8, len(runs), (os.cpu_count() or 2) - 1))
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(first, runs))
