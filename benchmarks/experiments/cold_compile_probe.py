@@ -22,8 +22,15 @@ import time
 from pathlib import Path
 
 
-def child(name: str, batch: int, seq: int | None) -> None:
+def child(name: str, batch: int, seq: int | None, timeout: float) -> None:
+    import faulthandler
+    import logging
+
     import torch
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("kfuse.parallel_compile").setLevel(logging.INFO)
+    faulthandler.dump_traceback_later(max(10.0, timeout - 15), exit=False)  # where the time went, if it runs out
 
     import kfuse
     import kfuse.models as zoo
@@ -43,6 +50,10 @@ def child(name: str, batch: int, seq: int | None) -> None:
         "b2b_fused": len((r.get("b2b") or {}).get("fused", [])),
         "max_rel_err": r.get("max_rel_err"),
         "check": r.get("check"),
+        "b2b_decisions": [
+            {k: v for k, v in d.items() if k in ("node", "widths", "config", "fused_ms", "unfused_ms", "candidates_compiled_in", "tried")}
+            for d in ((r.get("b2b") or {}).get("fused") or [])
+        ],
     }
     print("RESULT " + json.dumps(out, default=str))
 
@@ -57,7 +68,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         name, *rest = a.child.split(":")
-        child(name, int(rest[0]), int(rest[1]) if len(rest) > 1 else None)
+        child(name, int(rest[0]), int(rest[1]) if len(rest) > 1 else None, a.timeout)
         return
     records = []
     for case in a.cases.split(","):
@@ -68,15 +79,17 @@ def main() -> None:
                     env["KFUSE_COMPILE_WORKERS"] = "0"
                 t0 = time.perf_counter()
                 try:
-                    p = subprocess.run([sys.executable, __file__, "--out", a.out, "--child", case], env=env,
+                    p = subprocess.run([sys.executable, __file__, "--out", a.out, "--child", case, "--timeout", str(a.timeout)], env=env,
                                        capture_output=True, text=True, timeout=a.timeout)  # fmt: skip
                     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
                     rec = json.loads(line[7:]) if line else {"error": p.stderr[-1500:]}
-                except subprocess.TimeoutExpired:
-                    rec = {"error": f"timeout after {a.timeout:.0f} s"}
+                    rec["log"] = p.stderr[-6000:]
+                except subprocess.TimeoutExpired as e:
+                    err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+                    rec = {"error": f"timeout after {a.timeout:.0f} s", "log": err[-12000:]}
                 rec.update(case=case, mode=mode, wall_s=round(time.perf_counter() - t0, 1), cpus=os.cpu_count())
                 records.append(rec)
-                print(json.dumps(rec, default=str), flush=True)
+                print(json.dumps({k: v for k, v in rec.items() if k != "log"}, default=str), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "cold_compile_probe.json").write_text(json.dumps(records, indent=2, default=str))
     print(f"\n{'case':18s} {'mode':8s} {'compile_s':>9s} {'wall_s':>7s}  parallel_compile")

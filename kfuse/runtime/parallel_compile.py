@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import queue
 import subprocess
@@ -28,6 +29,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+_LOG = logging.getLogger("kfuse.parallel_compile")
 
 # a worker per core beyond the caller's, at most this many (each holds a Triton + torch import)
 MAX_WORKERS = 12
@@ -57,6 +60,7 @@ class PrecompileReport:
     requests: int = 0
     compiled: int = 0
     hashes: list[str] = field(default_factory=list)  # of the kernels compiled (Triton's ``CompiledKernel.hash``)
+    durations: list[tuple[str, float]] = field(default_factory=list)  # (kernel, worker seconds), longest first
     failed: dict[str, str] = field(default_factory=dict)
     call_errors: int = 0
     workers: int = 0
@@ -316,6 +320,7 @@ def compile_in_workers(requests: list[CompileRequest], workers: int | None = Non
                     report.failed[req.qualname] = f"{type(e).__name__}: {e}"
                 return
             with lock:
+                report.durations.append((req.qualname, round(float(ans.get("s", 0.0)), 2)))
                 if ans.get("ok"):
                     report.compiled += 1
                     report.hashes.append(str(ans["hash"]))
@@ -331,6 +336,7 @@ def compile_in_workers(requests: list[CompileRequest], workers: int | None = Non
     if any(t.is_alive() for t in threads):  # a compile that hangs: stop the pool, the caller compiles the rest
         shutdown()
     report.seconds = time.perf_counter() - t0
+    report.durations.sort(key=lambda d: -d[1])
     return report
 
 
@@ -345,6 +351,10 @@ def precompile(calls: Iterable[Callable[[], Any]], workers: int | None = None) -
     report = compile_in_workers(requests, workers)
     report.call_errors = errors
     report.seconds = time.perf_counter() - t0
+    if report.requests:
+        _LOG.info("%s; longest %s", report.summary(), report.durations[:3])
+        for name, why in report.failed.items():
+            _LOG.info("worker compile of %s failed: %s", name, why)
     return report
 
 

@@ -270,6 +270,8 @@ def programs_that_fit(
         try:
             ck = kernel.warmup(*args, grid=grid, **kw)
             ck = ck.result() if hasattr(ck, "result") else ck  # an asynchronous compile hands back a future
+            if ck is None:  # compiles being recorded for worker processes (parallel_compile): not known yet
+                return 0
             ck._init_handles()  # loads the binary: sets n_regs
             _FIT[key] = programs_per_sm(int(ck.n_regs), int(ck.metadata.shared), int(kw["num_warps"]), query(device))
         except Exception:  # a kernel that does not compile or load fails at its launch, with its own error

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -140,9 +141,6 @@ def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | No
         except Exception as e:  # noqa: BLE001 - recorded per candidate
             return f"failed: {type(e).__name__}", None
 
-    if dev is not None and dev.type == "cuda":  # compiles on worker processes, into Triton's cache
-        with on_device(dev):
-            parallel_compile.precompile([functools.partial(run, xs) for run in runs])
     workers = max(1, min(8, len(runs), (os.cpu_count() or 2) - 1))
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(first, runs))
@@ -177,7 +175,12 @@ def _decide(
     if not getattr(options, "b2b_pdl", False):  # Options.b2b_pdl: programmatic dependent launch, opt-in
         cands = [c for c in cands if not c.pdl]
     runs = [fused_with(cfg) for cfg in cands]
+    t0 = time.perf_counter()
+    pre = None
+    if torch.cuda.is_available():  # the candidates' kernels compiled on worker processes, into Triton's cache
+        pre = parallel_compile.precompile([functools.partial(run, xs) for run in runs])
     errs = _first_calls(runs, xs, ref) if torch.cuda.is_available() else [None] * len(runs)
+    compile_note = f"{time.perf_counter() - t0:.1f} s" + (f" ({pre.summary()})" if pre is not None and pre.requests else "")
     for cfg, run, err in zip(cands, runs, errs, strict=True):
         if err is not None:
             tried[cfg.describe()] = err
@@ -192,7 +195,7 @@ def _decide(
             best = (t, cfg)
     t_fused, cfg = best
     d: dict[str, Any] = {"unfused_ms": round(t_unfused, 4), "fused_ms": round(t_fused, 4), "tried": tried, "decided_by": "measured",
-                         "unfused_kernels": getattr(unfused, "kernels", [])}  # fmt: skip
+                         "unfused_kernels": getattr(unfused, "kernels", []), "candidates_compiled_in": compile_note}  # fmt: skip
     # the returned copy also carries both sides (popped by lower_b2b_chain; never in the report)
     sides = {"_sides": {"best_config": cfg, "unfused": unfused}} if cfg is not None else {}
     if cfg is not None and t_fused < t_unfused:
