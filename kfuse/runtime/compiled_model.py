@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 
 from kfuse.compiler import Options, optimize
 from kfuse.frontend.torch_export import Imported
+from kfuse.runtime import parallel_compile
 from kfuse.runtime.cuda_graph import CudaGraphRunner
 from kfuse.runtime.device import first_device, on_device
 from kfuse.runtime.executor import Plan, execute, lower, precompile_plan
@@ -111,6 +112,8 @@ class CompiledModel:
 
     def _compile_on(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any], device: torch.device) -> Variant:
         t0 = time.perf_counter()
+        if device.type == "cuda":  # compile workers start now and import while the model is traced
+            parallel_compile.start_pool()
         imported = self._importer(args, kwargs)
         # tuned on the device the plan runs on: the graph's constants need not be there (ONNX initializers are CPU tensors)
         opt = optimize(imported.graph, self.options, device=device)

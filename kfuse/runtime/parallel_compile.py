@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -62,13 +63,16 @@ class PrecompileReport:
     hashes: list[str] = field(default_factory=list)  # of the kernels compiled (Triton's ``CompiledKernel.hash``)
     durations: list[tuple[str, float]] = field(default_factory=list)  # (kernel, worker seconds), longest first
     failed: dict[str, str] = field(default_factory=dict)
+    timed_out: list[int] = field(default_factory=list)  # requests whose compile passed the kernel time-out
+    slow_calls: list[int] = field(default_factory=list)  # calls with such a request (``precompile``)
     call_errors: int = 0
     workers: int = 0
     seconds: float = 0.0
 
     def summary(self) -> str:
         return (f"{self.compiled}/{self.requests} kernels compiled on {self.workers} worker processes in {self.seconds:.1f} s"
-                + (f", {len(self.failed)} failed" if self.failed else ""))  # fmt: skip
+                + (f", {len(self.failed)} failed" if self.failed else "")
+                + (f" ({len(self.timed_out)} past the time-out)" if self.timed_out else ""))  # fmt: skip
 
 
 def enabled() -> bool:
@@ -137,21 +141,30 @@ def recording() -> Iterator[list[CompileRequest]]:
                 _PREVIOUS_HOOK.clear()
 
 
-def record(calls: Iterable[Callable[[], Any]]) -> tuple[list[CompileRequest], int]:
-    """The distinct compile requests of ``calls`` (run once each while recording), and how many
-    calls raised (a launcher that needs a real compile result, or a candidate that cannot run:
-    its own first call reports that later)."""
+def record(calls: Iterable[Callable[[], Any]]) -> tuple[list[CompileRequest], list[list[int]], int]:
+    """The distinct compile requests of ``calls`` (run once each while recording), which of them
+    each call made (indexes), and how many calls raised (a launcher that needs a real compile
+    result, or a candidate that cannot run: its own first call reports that later)."""
     errors = 0
-    seen: dict[str, CompileRequest] = {}
+    index: dict[str, int] = {}
+    requests: list[CompileRequest] = []
+    per_call: list[list[int]] = []
     with recording() as sink:
         for call in calls:
+            before = len(sink)
             try:
                 call()
             except Exception:  # noqa: BLE001 - the real first call raises it again, where it is recorded
                 errors += 1
-    for r in sink:
-        seen.setdefault(r.as_json(), r)
-    return list(seen.values()), errors
+            mine = []
+            for r in sink[before:]:
+                key = r.as_json()
+                if key not in index:
+                    index[key] = len(requests)
+                    requests.append(r)
+                mine.append(index[key])
+            per_call.append(mine)
+    return requests, per_call, errors
 
 
 # ------------------------------------------------------------------------------------------
@@ -222,10 +235,24 @@ def compile_request(req: CompileRequest) -> str:
     return str(kernel.hash)
 
 
+# imported by each worker before it says it is ready (while the caller is still tracing its model):
+# the modules whose kernels kfuse compiles most, so a request does not wait for torch and Triton's compiler
+PRELOAD = ("triton.compiler.compiler", "kfuse.kernels.gemm", "kfuse.kernels.gemm_ws", "kfuse.kernels.conv",
+           "kfuse.kernels.attention", "kfuse.kernels.b2b.launcher")  # fmt: skip
+
+
 def worker_main() -> None:
-    """A worker: one JSON request a line on stdin, one JSON answer a line on stdout."""
+    """A worker: imports ``PRELOAD``, says "ready", then one JSON request a line on stdin, one JSON
+    answer a line on stdout."""
+    import importlib
+
     out = sys.stdout
     sys.stdout = sys.stderr  # anything a kernel module prints must not corrupt the answers
+    for name in PRELOAD:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    out.write("ready\n")
+    out.flush()
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -242,7 +269,7 @@ def worker_main() -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# the pool: long-lived worker processes (started once, reused by every later batch)
+# the pool: long-lived worker processes (started once, early, and reused by every later batch)
 # ------------------------------------------------------------------------------------------
 class _Worker:
     def __init__(self) -> None:
@@ -255,11 +282,27 @@ class _Worker:
             [sys.executable, "-m", "kfuse.runtime.parallel_compile", "--worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         )  # fmt: skip
+        self.ready = threading.Event()
+        self.busy = threading.Lock()  # held by the batch thread that is using this worker
+        threading.Thread(target=self._wait_ready, daemon=True).start()
 
-    def ask(self, req: CompileRequest) -> dict[str, Any]:
+    def _wait_ready(self) -> None:
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() == "ready":
+            self.ready.set()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ask(self, req: CompileRequest, timeout_s: float) -> dict[str, Any]:
+        """The worker's answer to ``req``; past ``timeout_s`` the worker is killed (TimeoutError)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(req.as_json() + "\n")
         self.proc.stdin.flush()
+        # one request in flight, so nothing is buffered ahead of the answer: select sees it
+        if not select.select([self.proc.stdout], [], [], timeout_s)[0]:
+            self.close()
+            raise TimeoutError(f"compile took over {timeout_s:g} s")
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"compile worker exited (code {self.proc.poll()})")
@@ -275,14 +318,20 @@ _POOL: list[_Worker] = []
 _POOL_LOCK = threading.Lock()
 
 
-def _workers(n: int) -> list[_Worker]:
+def start_pool(n: int | None = None) -> int:
+    """Start worker processes up to ``n`` (default ``worker_count()``) without waiting for them:
+    a compile calls this first, so the workers import while the model is traced. Returns the
+    pool's size (0 where worker compiles are off)."""
+    if not enabled():
+        return 0
+    n = worker_count() if n is None else n
     with _POOL_LOCK:
-        _POOL[:] = [w for w in _POOL if w.proc.poll() is None]
+        _POOL[:] = [w for w in _POOL if w.alive()]
         if not _POOL:
             atexit.register(shutdown)
         while len(_POOL) < n:
             _POOL.append(_Worker())
-        return _POOL[:n]
+        return len(_POOL)
 
 
 def shutdown() -> None:
@@ -293,63 +342,99 @@ def shutdown() -> None:
         _POOL.clear()
 
 
-def compile_in_workers(requests: list[CompileRequest], workers: int | None = None, timeout_s: float = 600.0) -> PrecompileReport:
-    """Compile ``requests`` on ``workers`` processes (default ``worker_count()``); a worker that
-    dies or a batch past ``timeout_s`` leaves the rest to the caller's own compiles."""
+# how long a worker may take to start (import torch, Triton and kfuse's kernels) before a batch gives up on it
+START_TIMEOUT_S = 120.0
+
+
+def compile_in_workers(
+    requests: list[CompileRequest], workers: int | None = None, kernel_timeout_s: float = 600.0, batch_timeout_s: float = 1800.0
+) -> PrecompileReport:  # fmt: skip
+    """Compile ``requests`` on the pool's ready workers (at most ``workers``, default
+    ``worker_count()``): each takes the next request as it finishes one, and workers that become
+    ready during the batch join it. A kernel past ``kernel_timeout_s`` is reported in
+    ``timed_out`` and its worker replaced; what is left when no worker can help (none starts,
+    or the batch passes ``batch_timeout_s``) is left to the caller's own compiles."""
     report = PrecompileReport(requests=len(requests))
     if not requests:
         return report
     n = min(workers if workers is not None else worker_count(), len(requests))
-    report.workers = n
+    start_pool(max(n, len(_POOL)))
     t0 = time.perf_counter()
-    todo: queue.Queue[CompileRequest] = queue.Queue()
-    for r in requests:
-        todo.put(r)
+    todo: queue.Queue[tuple[int, CompileRequest]] = queue.Queue()
+    for i, r in enumerate(requests):
+        todo.put((i, r))
     lock = threading.Lock()
+    answered = threading.Semaphore(0)
+    used: set[int] = set()
 
     def drain(w: _Worker) -> None:
-        while True:
-            try:
-                req = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                ans = w.ask(req)
-            except Exception as e:  # noqa: BLE001 - a dead worker: its requests go back to the caller
+        with w.busy:
+            while True:
+                try:
+                    i, req = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    ans = w.ask(req, kernel_timeout_s)
+                except TimeoutError as e:
+                    start_pool(len(_POOL))  # a fresh worker in its place
+                    with lock:
+                        report.timed_out.append(i)
+                        report.failed[req.qualname] = str(e)
+                    answered.release()
+                    return
+                except Exception as e:  # noqa: BLE001 - a dead worker: the caller compiles this one
+                    with lock:
+                        report.failed[req.qualname] = f"{type(e).__name__}: {e}"
+                    answered.release()
+                    return
                 with lock:
-                    report.failed[req.qualname] = f"{type(e).__name__}: {e}"
-                return
-            with lock:
-                report.durations.append((req.qualname, round(float(ans.get("s", 0.0)), 2)))
-                if ans.get("ok"):
-                    report.compiled += 1
-                    report.hashes.append(str(ans["hash"]))
-                else:
-                    report.failed[req.qualname] = str(ans.get("error"))
+                    report.durations.append((req.qualname, round(float(ans.get("s", 0.0)), 2)))
+                    if ans.get("ok"):
+                        report.compiled += 1
+                        report.hashes.append(str(ans["hash"]))
+                    else:
+                        report.failed[req.qualname] = str(ans.get("error"))
+                answered.release()
 
-    threads = [threading.Thread(target=drain, args=(w,), daemon=True) for w in _workers(n)]
-    for t in threads:
-        t.start()
-    deadline = t0 + timeout_s
-    for t in threads:
-        t.join(max(0.0, deadline - time.perf_counter()))
-    if any(t.is_alive() for t in threads):  # a compile that hangs: stop the pool, the caller compiles the rest
-        shutdown()
+    done = 0
+    while done < len(requests):
+        now = time.perf_counter()
+        with _POOL_LOCK:
+            pool = list(_POOL)
+        active = sum(1 for w in pool if id(w) in used and w.alive())
+        for w in pool:
+            if active < n and id(w) not in used and w.ready.is_set() and w.alive() and w.busy.acquire(blocking=False):
+                active += 1
+                w.busy.release()
+                used.add(id(w))
+                threading.Thread(target=drain, args=(w,), daemon=True).start()
+        starting = any(w.alive() and not w.ready.is_set() for w in pool)
+        working = any(id(w) in used and w.alive() for w in pool)
+        if now - t0 > batch_timeout_s or not (working or (starting and now - t0 < START_TIMEOUT_S)):
+            break  # nothing left that can answer: the caller compiles the rest
+        if answered.acquire(timeout=0.05):
+            done += 1
+    report.workers = len(used)
     report.seconds = time.perf_counter() - t0
     report.durations.sort(key=lambda d: -d[1])
     return report
 
 
-def precompile(calls: Iterable[Callable[[], Any]], workers: int | None = None) -> PrecompileReport:
+def precompile(calls: Iterable[Callable[[], Any]], workers: int | None = None, kernel_timeout_s: float = 600.0) -> PrecompileReport:
     """Record the kernels ``calls`` would compile and compile them on worker processes, so that
-    the calls, made for real afterwards, find their cubins in Triton's cache. Nothing to do (an
-    empty report) where ``enabled()`` is false."""
+    the calls, made for real afterwards, find their cubins in Triton's cache. ``slow_calls`` of
+    the report: the calls with a kernel that took over ``kernel_timeout_s`` to compile (a caller
+    choosing among candidates drops them; compiling them itself would take as long). Nothing to
+    do (an empty report) where ``enabled()`` is false."""
     if not enabled():
         return PrecompileReport()
     t0 = time.perf_counter()
-    requests, errors = record(calls)
-    report = compile_in_workers(requests, workers)
+    requests, per_call, errors = record(calls)
+    report = compile_in_workers(requests, workers, kernel_timeout_s)
     report.call_errors = errors
+    slow = set(report.timed_out)
+    report.slow_calls = [c for c, reqs in enumerate(per_call) if slow & set(reqs)]
     report.seconds = time.perf_counter() - t0
     if report.requests:
         _LOG.info("%s; longest %s", report.summary(), report.durations[:3])

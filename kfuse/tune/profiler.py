@@ -290,7 +290,12 @@ class Profiler:
         t0 = time.perf_counter()
         failed: dict[Config, Measurement] = {}
         if torch.device(getattr(runner, "device", "cuda")).type == "cuda":
-            self.precompile = parallel_compile.precompile([functools.partial(runner.compile, cfg) for cfg in configs])
+            calls = [functools.partial(runner.compile, cfg) for cfg in configs]
+            self.precompile = parallel_compile.precompile(calls, kernel_timeout_s=self.compile_timeout_s)
+            for i in self.precompile.slow_calls:  # never compiled again here: as slow, and the tuner must not stall
+                cfg = configs[i]
+                failed[cfg] = Measurement(cfg, None, "timeout", f"compile took over {self.compile_timeout_s:.0f} s")
+            configs = [c for c in configs if c not in failed]
         try:
             from triton.runtime._async_compile import AsyncCompileMode
         except ImportError:  # an older Triton: compile one after the other

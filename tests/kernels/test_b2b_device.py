@@ -61,3 +61,27 @@ def test_first_calls_reject_candidates_whose_output_is_not_the_unfused_chains() 
     assert errs[3] is not None and "shape (5, 6)" in errs[3]
     # without a reference only failures count (the old contract)
     assert L._first_calls([negated], [ref]) == [None]
+
+
+def test_a_candidate_whose_compile_times_out_is_dropped_not_compiled_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker compiles (parallel_compile) report candidate 1 past the time-out: it is never
+    called here, and its error says why; the others run and are checked against the reference."""
+    from kfuse.runtime import parallel_compile
+    from kfuse.runtime.parallel_compile import PrecompileReport
+
+    ref = torch.randn(5, 3)
+    called: list[int] = []
+
+    def cand(i: int, out: torch.Tensor):
+        def run(xs):
+            called.append(i)
+            return out
+
+        return run
+
+    runs = [cand(0, ref.clone()), cand(1, ref.clone()), cand(2, -ref)]
+    monkeypatch.setattr(parallel_compile, "precompile", lambda calls, kernel_timeout_s=None: PrecompileReport(requests=3, slow_calls=[1]))
+    errs, note = L._compile_candidates(runs, [ref], ref, on_gpu=True)
+    assert errs[0] is None and "compile took over" in errs[1] and errs[2] is not None and "wrong" in errs[2]
+    assert sorted(called) == [0, 2] and note.endswith(")")
+    assert L._compile_candidates(runs, [ref], ref, on_gpu=False) == ([None, None, None], "not compiled (no GPU)")

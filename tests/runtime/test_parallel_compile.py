@@ -58,8 +58,8 @@ out["hook_restored"] = knobs.runtime.jit_cache_hook is sentinel
 knobs.runtime.jit_cache_hook = None
 out["other_thread_compiled"] = other.get("k") is not None
 out["recorded"] = len(sink)
-requests, errors = pc.record(calls)
-out["requests"], out["call_errors"] = len(requests), errors
+requests, per_call, errors = pc.record(calls)
+out["requests"], out["call_errors"], out["per_call"] = len(requests), errors, per_call
 out["in_process_kernels"] = sum(len(c[0]) for c in scaled_add.device_caches.values())
 
 from kfuse.kernels import gemm_ws
@@ -70,7 +70,7 @@ c = torch.empty(1, 200, 136, device=dev, dtype=torch.float16)
 bias = torch.randn(1, 1, 136, device=dev, dtype=torch.float16).expand(1, 200, 136)
 cfg = gemm_ws.WsConfig("pingpong", 128, 128, 64, 3, 8, 1, False)
 gluon_call = lambda: gemm_ws.launch(a, b, c, [bias], epi, cfg, 4, warmup=True)
-gluon_requests, _ = pc.record([gluon_call])
+gluon_requests, _, _ = pc.record([gluon_call])
 out["gluon_requests"] = len(gluon_requests)
 
 bogus = pc.CompileRequest("no_such_module_kfuse", None, "k", requests[0].specialization, requests[0].target)
@@ -86,6 +86,11 @@ GluonASTSource.make_ir = no_ir
 hashes = [str(scaled_add.warmup(x, x, x, n, 0.5, BLOCK=bl, ACT=ac, grid=(1,)).hash) for bl, ac, n in specs[:4]]
 out["hits"] = sum(h in rep.hashes for h in hashes)
 t0 = time.perf_counter(); gluon_call(); out["gluon_hit_s"] = time.perf_counter() - t0
+
+# a kernel past the time-out: its call is reported slow and its worker replaced
+slow = pc.precompile([lambda: scaled_add[(1,)](x, x, x, 1000, 0.5, BLOCK=2048, ACT="relu")], workers=1, kernel_timeout_s=0.01)
+out["slow_calls"], out["timed_out"] = slow.slow_calls, slow.timed_out
+out["pool_alive"] = sum(w.alive() for w in pc._POOL)
 pc.shutdown()
 print(json.dumps(out))
 """
@@ -106,12 +111,15 @@ def test_workers_compile_what_was_recorded_and_the_caller_loads_it_from_the_cach
     out = _run_script(tmp_path)
     assert out["hook_restored"] and out["other_thread_compiled"]
     assert out["recorded"] == 5 and out["requests"] == 4 and out["call_errors"] == 0
+    assert out["per_call"] == [[0], [1], [2], [3], [0]]  # the repeated specialisation is one request
     assert out["in_process_kernels"] == 1  # only the other thread's: recording compiled nothing
     assert out["gluon_requests"] == 1
     assert out["workers"] == 2 and out["compiled"] == 5
     assert list(out["failed"]) == ["k"] and "no_such_module_kfuse" in out["failed"]["k"]
     assert out["hits"] == 4
     assert out["gluon_hit_s"] < 5.0  # loaded, not compiled (the IR builders raise if called)
+    assert out["slow_calls"] == [0] and out["timed_out"] == [0]
+    assert out["pool_alive"] >= 2  # the timed-out worker was replaced
 
 
 def test_disabled_in_the_interpreter_and_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,7 +171,7 @@ def test_precompile_plan_runs_the_steps_before_the_first_host_sync(monkeypatch: 
     plan = executor.Plan(graph, steps, "triton", release_after=[[], ["a"], [], []])
     seen = {}
 
-    def fake_compile(requests, workers=None):
+    def fake_compile(requests, workers=None, kernel_timeout_s=None):
         seen["requests"] = requests
         return PrecompileReport(requests=len(requests))
 
@@ -182,6 +190,6 @@ def test_precompile_plan_survives_a_failing_step(monkeypatch: pytest.MonkeyPatch
     steps = [_step("a", ("x",), boom), _step("b", ("a",), lambda xs: xs[0])]
     plan = executor.Plan(graph, steps, "triton", release_after=[[], []])
     monkeypatch.setattr(parallel_compile, "enabled", lambda: True)
-    monkeypatch.setattr(parallel_compile, "compile_in_workers", lambda r, w=None: PrecompileReport(requests=len(r)))
+    monkeypatch.setattr(parallel_compile, "compile_in_workers", lambda r, w=None, t=None: PrecompileReport(requests=len(r)))
     rep = executor.precompile_plan(plan, [torch.zeros(3)])
     assert rep.call_errors == 2  # the failing step and the one that needed its output

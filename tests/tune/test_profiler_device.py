@@ -92,3 +92,33 @@ def test_the_search_runs_with_the_tuned_device_current(monkeypatch: pytest.Monke
     with pytest.raises(_Stop):
         tuner.tune(GemmProblem(64, 64, 64))
     assert seen == [torch.device("cuda", 1)]
+
+
+def test_a_config_whose_compile_times_out_on_a_worker_is_recorded_and_not_compiled_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Profiler._compile_all`` on a GPU runner: worker compiles (parallel_compile) report config
+    1 past ``compile_timeout_s``; it is a "timeout" measurement and the runner never compiles it."""
+    from kfuse.kernels.gemm import GemmConfig
+    from kfuse.runtime import parallel_compile
+    from kfuse.runtime.parallel_compile import PrecompileReport
+
+    cfgs = [GemmConfig(64, 64, 32, 8, 4, 3), GemmConfig(128, 64, 32, 8, 4, 3), GemmConfig(64, 128, 32, 8, 4, 3)]
+    compiled: list[Any] = []
+
+    class Runner:
+        device = torch.device("cuda")
+
+        def compile(self, cfg: Any) -> None:
+            compiled.append(cfg)
+
+    seen: dict[str, Any] = {}
+
+    def fake_precompile(calls: list[Any], kernel_timeout_s: float = 0.0) -> PrecompileReport:
+        seen["calls"], seen["timeout"] = len(calls), kernel_timeout_s
+        return PrecompileReport(requests=3, compiled=2, timed_out=[1], slow_calls=[1])
+
+    monkeypatch.setattr(parallel_compile, "precompile", fake_precompile)
+    prof = Profiler(compile_timeout_s=45.0)
+    failed = prof._compile_all(cfgs, Runner())
+    assert seen == {"calls": 3, "timeout": 45.0}
+    assert list(failed) == [cfgs[1]] and failed[cfgs[1]].status == "timeout" and "45 s" in failed[cfgs[1]].error
+    assert compiled == [cfgs[0], cfgs[2]] and prof.precompile is not None

@@ -125,6 +125,11 @@ def _decision_key(node: Any, graph: Any, options: Any) -> tuple:
     return (a["chain"].key(), types, geom, a["out_type"].layout, repr(options))
 
 
+# a candidate whose kernel takes longer than this to compile (on a worker process) is dropped: long
+# register-resident chains can spend minutes in ptxas, more than any fused kernel saves at run time
+CANDIDATE_COMPILE_S = 60.0
+
+
 def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | None = None) -> list[str | None]:
     """Each candidate's first call, in parallel threads: that call compiles its kernel (Triton's
     frontend and ptxas, seconds each), and compiles of different configs are independent.
@@ -147,6 +152,21 @@ def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | No
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return [err if err is not None or ref is None else wrong_result(out, ref) for err, out in results]
+
+
+def _compile_candidates(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor, on_gpu: bool) -> tuple[list[str | None], str]:
+    """``_first_calls`` of the candidates (on a GPU; elsewhere nothing to compile), their kernels
+    compiled first on worker processes into Triton's cache. A candidate with a kernel past
+    ``CANDIDATE_COMPILE_S`` is dropped, not compiled again here. Returns each candidate's error
+    (None: it runs and agrees) and a note of how long that took."""
+    if not on_gpu:
+        return [None] * len(runs), "not compiled (no GPU)"
+    t0 = time.perf_counter()
+    pre = parallel_compile.precompile([functools.partial(run, xs) for run in runs], kernel_timeout_s=CANDIDATE_COMPILE_S)
+    slow = set(pre.slow_calls)
+    kept = iter(_first_calls([r for i, r in enumerate(runs) if i not in slow], xs, ref))
+    errs = [f"failed: compile took over {CANDIDATE_COMPILE_S:g} s" if i in slow else next(kept) for i in range(len(runs))]
+    return errs, f"{time.perf_counter() - t0:.1f} s" + (f" ({pre.summary()})" if pre.requests else "")
 
 
 def _decide(
@@ -175,12 +195,7 @@ def _decide(
     if not getattr(options, "b2b_pdl", False):  # Options.b2b_pdl: programmatic dependent launch, opt-in
         cands = [c for c in cands if not c.pdl]
     runs = [fused_with(cfg) for cfg in cands]
-    t0 = time.perf_counter()
-    pre = None
-    if torch.cuda.is_available():  # the candidates' kernels compiled on worker processes, into Triton's cache
-        pre = parallel_compile.precompile([functools.partial(run, xs) for run in runs])
-    errs = _first_calls(runs, xs, ref) if torch.cuda.is_available() else [None] * len(runs)
-    compile_note = f"{time.perf_counter() - t0:.1f} s" + (f" ({pre.summary()})" if pre is not None and pre.requests else "")
+    errs, compile_note = _compile_candidates(runs, xs, ref, torch.cuda.is_available())
     for cfg, run, err in zip(cands, runs, errs, strict=True):
         if err is not None:
             tried[cfg.describe()] = err
