@@ -421,14 +421,27 @@ def compile_in_workers(
     return report
 
 
-def precompile(calls: Iterable[Callable[[], Any]], workers: int | None = None, kernel_timeout_s: float = 600.0) -> PrecompileReport:
+def ready_workers() -> int:
+    """How many of the pool's workers are started and idle-ready."""
+    with _POOL_LOCK:
+        return sum(1 for w in _POOL if w.ready.is_set() and w.alive())
+
+
+def precompile(calls: Iterable[Callable[[], Any]], workers: int | None = None, kernel_timeout_s: float = 600.0,
+               wait: bool = True) -> PrecompileReport:  # fmt: skip
     """Record the kernels ``calls`` would compile and compile them on worker processes, so that
     the calls, made for real afterwards, find their cubins in Triton's cache. ``slow_calls`` of
     the report: the calls with a kernel that took over ``kernel_timeout_s`` to compile (a caller
-    choosing among candidates drops them; compiling them itself would take as long). Nothing to
-    do (an empty report) where ``enabled()`` is false."""
+    choosing among candidates drops them; compiling them itself would take as long).
+    ``wait=False``: nothing is done unless half the pool is ready (a worker takes ~10 s to start
+    on the H200 host; a caller whose own threads compile as fast needs no time-out and should not
+    wait for them). Nothing to do (an empty report) where ``enabled()`` is false."""
     if not enabled():
         return PrecompileReport()
+    if not wait:
+        n = start_pool()
+        if ready_workers() < max(2, n // 2):
+            return PrecompileReport()
     t0 = time.perf_counter()
     requests, per_call, errors = record(calls)
     report = compile_in_workers(requests, workers, kernel_timeout_s)

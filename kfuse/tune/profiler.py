@@ -291,7 +291,8 @@ class Profiler:
         failed: dict[Config, Measurement] = {}
         if torch.device(getattr(runner, "device", "cuda")).type == "cuda":
             calls = [functools.partial(runner.compile, cfg) for cfg in configs]
-            self.precompile = parallel_compile.precompile(calls, kernel_timeout_s=self.compile_timeout_s)
+            # the workers only once they are up: the pool thread below compiles about as fast meanwhile (session 32)
+            self.precompile = parallel_compile.precompile(calls, kernel_timeout_s=self.compile_timeout_s, wait=False)
             for i in self.precompile.slow_calls:  # never compiled again here: as slow, and the tuner must not stall
                 cfg = configs[i]
                 failed[cfg] = Measurement(cfg, None, "timeout", f"compile took over {self.compile_timeout_s:.0f} s")

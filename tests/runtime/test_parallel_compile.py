@@ -193,3 +193,16 @@ def test_precompile_plan_survives_a_failing_step(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(parallel_compile, "compile_in_workers", lambda r, w=None, t=None: PrecompileReport(requests=len(r)))
     rep = executor.precompile_plan(plan, [torch.zeros(3)])
     assert rep.call_errors == 2  # the failing step and the one that needed its output
+
+
+def test_without_waiting_nothing_is_recorded_until_half_the_pool_is_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[int] = []
+    monkeypatch.setattr(parallel_compile, "enabled", lambda: True)
+    monkeypatch.setattr(parallel_compile, "start_pool", lambda n=None: 12)
+    monkeypatch.setattr(parallel_compile, "compile_in_workers", lambda r, w=None, t=None: PrecompileReport(requests=len(r)))
+    monkeypatch.setattr(parallel_compile, "ready_workers", lambda: 5)
+    assert parallel_compile.precompile([lambda: ran.append(1)], wait=False) == PrecompileReport()
+    assert ran == []  # the caller's own threads compile: its calls were not run here
+    monkeypatch.setattr(parallel_compile, "ready_workers", lambda: 6)
+    rep = parallel_compile.precompile([lambda: ran.append(1)], wait=False)
+    assert ran == [1] and rep.requests == 0 and rep.call_errors == 0

@@ -112,7 +112,7 @@ def test_a_config_whose_compile_times_out_on_a_worker_is_recorded_and_not_compil
 
     seen: dict[str, Any] = {}
 
-    def fake_precompile(calls: list[Any], kernel_timeout_s: float = 0.0) -> PrecompileReport:
+    def fake_precompile(calls: list[Any], kernel_timeout_s: float = 0.0, wait: bool = True) -> PrecompileReport:
         seen["calls"], seen["timeout"] = len(calls), kernel_timeout_s
         return PrecompileReport(requests=3, compiled=2, timed_out=[1], slow_calls=[1])
 
