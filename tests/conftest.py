@@ -20,6 +20,8 @@ else:
     # of the attention file took past its 100 s limit (session 24). Tests pass configs explicitly;
     # test_attention.py::test_autotuner_picks_a_config_of_the_space turns it on for itself
     os.environ.setdefault("KFUSE_ATTN_AUTOTUNE", "0")
+    # each test process (14 under xdist on the GPU host) would start a compile worker per core but one
+    os.environ.setdefault("KFUSE_COMPILE_WORKERS", "2")
 
 
 def _interpreter_numpy_ok() -> bool:

@@ -241,6 +241,10 @@ PRELOAD = ("triton.compiler.compiler", "kfuse.kernels.gemm", "kfuse.kernels.gemm
            "kfuse.kernels.attention", "kfuse.kernels.b2b.launcher")  # fmt: skip
 
 
+# seconds a worker waits for a request before it exits
+IDLE_EXIT_S = 300.0
+
+
 def worker_main() -> None:
     """A worker: imports ``PRELOAD``, says "ready", then one JSON request a line on stdin, one JSON
     answer a line on stdout."""
@@ -253,7 +257,14 @@ def worker_main() -> None:
             importlib.import_module(name)
     out.write("ready\n")
     out.flush()
-    for line in sys.stdin:
+    idle_s = float(os.environ.get("KFUSE_COMPILE_WORKER_IDLE_S", IDLE_EXIT_S))
+    while True:
+        # an idle worker exits (a serving process keeps no idle compilers); the pool starts another on demand
+        if not select.select([sys.stdin], [], [], idle_s)[0]:
+            return
+        line = sys.stdin.readline()
+        if not line:
+            return
         if not line.strip():
             continue
         t0 = time.perf_counter()

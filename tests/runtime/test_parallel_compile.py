@@ -206,3 +206,15 @@ def test_without_waiting_nothing_is_recorded_until_half_the_pool_is_ready(monkey
     monkeypatch.setattr(parallel_compile, "ready_workers", lambda: 6)
     rep = parallel_compile.precompile([lambda: ran.append(1)], wait=False)
     assert ran == [1] and rep.requests == 0 and rep.call_errors == 0
+
+
+def test_an_idle_worker_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that gets no request for ``KFUSE_COMPILE_WORKER_IDLE_S`` exits on its own (a
+    serving process keeps no idle compilers); the pool starts another when a batch needs one."""
+    monkeypatch.setenv("KFUSE_COMPILE_WORKER_IDLE_S", "0.5")
+    w = parallel_compile._Worker()
+    try:
+        assert w.ready.wait(180)
+        assert w.proc.wait(timeout=60) == 0 and not w.alive()
+    finally:
+        w.close()
