@@ -8,6 +8,12 @@ the calling thread (no kernel launches: the calls only specialise their kernels)
 compile what was recorded into Triton's on-disk cache, and the real first calls afterwards load the
 cubins from that cache in milliseconds.
 
+Measured on the H200 host (16 cores, session 32, fresh caches): a cold compile of bert-base B8 S128
+31.3 s against 37.3 with thread pools alone, vit-tiny 47.6 against 58.2. A batch still waits for its
+slowest kernel, and a worker takes ~10 s to start (it imports torch and kfuse's kernels), so the pool
+starts when a compile starts. Processes also make a compile time-out possible (a thread cannot be
+stopped): a candidate whose kernel passes it is reported in ``slow_calls`` and dropped by its caller.
+
 The workers only warm the cache. A request they cannot reproduce (a kernel defined where a fresh
 process cannot import it, a specialisation that does not round-trip) costs its compile time
 twice at worst; it never changes which kernel runs, because the caller still compiles and runs
