@@ -7,6 +7,7 @@ op, for fallback nodes). Intermediate values are released after their last use.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ import torch
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node
 from kfuse.kernels import pdl
+from kfuse.runtime import parallel_compile
 from kfuse.runtime.device import first_device
 
 
@@ -224,15 +226,11 @@ def plan_values(plan: Plan, inputs: Sequence[Any]) -> dict[str, Any]:
     return env
 
 
-def precompile_plan(plan: Plan, inputs: Sequence[torch.Tensor]) -> Any:
+def precompile_plan(plan: Plan, inputs: Sequence[torch.Tensor]) -> parallel_compile.PrecompileReport:
     """Compile the kernels of ``plan``'s first run on worker processes (``parallel_compile``):
     its steps run once with every Triton compile recorded and skipped, up to the first step that
     reads a device value on the host (after it, skipped kernels' outputs would steer the host).
     Returns the ``PrecompileReport``."""
-    import functools
-
-    from kfuse.runtime import parallel_compile
-
     env = initial_env(plan, inputs)
 
     def run(i: int) -> None:

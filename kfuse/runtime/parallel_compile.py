@@ -152,7 +152,7 @@ def record(calls: Iterable[Callable[[], Any]]) -> tuple[list[CompileRequest], li
     each call made (indexes), and how many calls raised (a launcher that needs a real compile
     result, or a candidate that cannot run: its own first call reports that later)."""
     errors = 0
-    index: dict[str, int] = {}
+    index: dict[CompileRequest, int] = {}
     requests: list[CompileRequest] = []
     per_call: list[list[int]] = []
     with recording() as sink:
@@ -164,11 +164,10 @@ def record(calls: Iterable[Callable[[], Any]]) -> tuple[list[CompileRequest], li
                 errors += 1
             mine = []
             for r in sink[before:]:
-                key = r.as_json()
-                if key not in index:
-                    index[key] = len(requests)
+                if r not in index:
+                    index[r] = len(requests)
                     requests.append(r)
-                mine.append(index[key])
+                mine.append(index[r])
             per_call.append(mine)
     return requests, per_call, errors
 
@@ -300,7 +299,7 @@ class _Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         )  # fmt: skip
         self.ready = threading.Event()
-        self.busy = threading.Lock()  # held by the batch thread that is using this worker
+        self.busy = threading.Lock()  # taken by a batch for the thread it gives this worker, released when that thread ends
         threading.Thread(target=self._wait_ready, daemon=True).start()
 
     def _wait_ready(self) -> None:
@@ -385,7 +384,7 @@ def compile_in_workers(
     used: set[int] = set()
 
     def drain(w: _Worker) -> None:
-        with w.busy:
+        try:
             while True:
                 try:
                     i, req = todo.get_nowait()
@@ -413,6 +412,8 @@ def compile_in_workers(
                     else:
                         report.failed[req.qualname] = str(ans.get("error"))
                 answered.release()
+        finally:
+            w.busy.release()
 
     done = 0
     while done < len(requests):
@@ -423,7 +424,6 @@ def compile_in_workers(
         for w in pool:
             if active < n and id(w) not in used and w.ready.is_set() and w.alive() and w.busy.acquire(blocking=False):
                 active += 1
-                w.busy.release()
                 used.add(id(w))
                 threading.Thread(target=drain, args=(w,), daemon=True).start()
         starting = any(w.alive() and not w.ready.is_set() for w in pool)

@@ -284,7 +284,7 @@ class Profiler:
 
     def _compile_all(self, configs: Sequence[Config], runner: Runner) -> dict[Config, Measurement]:
         """Compile every candidate before timing any: worker processes compile them into Triton's
-        cache (``parallel_compile``; threads alone are held back by the GIL), then Triton's
+        cache (``parallel_compile``; unlike threads, a process past the time-out can be stopped), then Triton's
         async-compile mode loads each on a thread pool (the launcher's argument handling stays on
         this thread), compiling here whatever the workers could not."""
         t0 = time.perf_counter()
