@@ -34,6 +34,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         "stages: " + " -> ".join(f"{s['name']}({s['nodes']})" for s in report["stages"]),
         "fallback to PyTorch: " + (", ".join(report["fallback"]) or "none"),
     ]
+    if report.get("compile_phases_s"):
+        lines.append("compile time by phase: " + ", ".join(f"{k} {v:.2f} s" for k, v in report["compile_phases_s"].items()))
     lines += b2b_lines(report.get("b2b"))
     if "max_abs_err" in report:
         lines.append(f"vs PyTorch on the example inputs: max_abs_err {report['max_abs_err']:.3g}, max_rel_err {report['max_rel_err']:.3g}")

@@ -38,15 +38,36 @@ def child(name: str, batch: int, seq: int | None, timeout: float) -> None:
     dtype = torch.float16 if name.startswith(("bert", "gpt", "vit", "llama")) else torch.float32
     kw = {"batch": batch} | ({"seq": seq} if seq else {})
     model, args, kwargs = zoo.build(name, dtype=dtype, device="cuda", **kw)
+    prof = None
+    if os.environ.get("KFUSE_PROBE_CPROFILE") == "1":  # where the main process's compile time goes (workers not included)
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     t0 = time.perf_counter()
     c = kfuse.compile(model, args, kwargs, tune="fast")
     compile_s = time.perf_counter() - t0
+    if prof is not None:
+        import io
+        import pstats
+
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(45)
+        print("CPROFILE\n" + buf.getvalue()[-9000:], file=sys.stderr)
     r = c.report
     tune = r.get("tune")
     out = {
         "compile_s": round(compile_s, 2),
         "parallel_compile": r.get("parallel_compile"),
         "tune_s": round(getattr(tune, "seconds", 0.0), 2) if tune is not None else None,
+        "phases_s": r.get("compile_phases_s"),
+        # which kernel each GELU GEMM runs (issue 3: the tuned ping-pong kernel or cuBLASLt + a pointwise kernel)
+        "gelu_gemms": [
+            {k: v for k, v in kern.items() if k in ("name", "template", "config", "epilogue")}
+            for kern in r.get("kernels", [])
+            if "gelu" in str(kern.get("epilogue", "")) + " ".join(kern.get("ops", []))
+        ],
         "b2b_fused": len((r.get("b2b") or {}).get("fused", [])),
         "max_rel_err": r.get("max_rel_err"),
         "check": r.get("check"),
@@ -65,6 +86,7 @@ def main() -> None:
     ap.add_argument("--modes", default="workers,threads")
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--child", default=None)
+    ap.add_argument("--cprofile", action="store_true", help="profile the main process's compile (printed into each record's log)")
     a = ap.parse_args()
     if a.child:
         name, *rest = a.child.split(":")
@@ -77,13 +99,15 @@ def main() -> None:
                 env = dict(os.environ, TRITON_CACHE_DIR=f"{tmp}/triton", KFUSE_CACHE_DIR=f"{tmp}/kfuse", HOME=tmp)
                 if mode == "threads":
                     env["KFUSE_COMPILE_WORKERS"] = "0"
+                if a.cprofile:
+                    env["KFUSE_PROBE_CPROFILE"] = "1"
                 t0 = time.perf_counter()
                 try:
                     p = subprocess.run([sys.executable, __file__, "--out", a.out, "--child", case, "--timeout", str(a.timeout)], env=env,
                                        capture_output=True, text=True, timeout=a.timeout)  # fmt: skip
                     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
                     rec = json.loads(line[7:]) if line else {"error": p.stderr[-1500:]}
-                    rec["log"] = p.stderr[-6000:]
+                    rec["log"] = p.stderr[-16000:]
                 except subprocess.TimeoutExpired as e:
                     err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
                     rec = {"error": f"timeout after {a.timeout:.0f} s", "log": err[-12000:]}

@@ -3,10 +3,11 @@ signature, with the compile report."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,37 @@ from kfuse.runtime.cuda_graph import CudaGraphRunner
 from kfuse.runtime.device import first_device, on_device
 from kfuse.runtime.executor import Plan, execute, lower, precompile_plan
 from kfuse.runtime.piecewise_graph import PiecewiseGraphRunner
+
+
+class PhaseClock:
+    """Wall time of a compile's phases, in the order they ran (``report["compile_phases_s"]``): which part
+    of a slow compile to look at. A phase that did nothing reads 0.0 and is left out."""
+
+    def __init__(self) -> None:
+        self._s: dict[str, float] = {}
+        self._open: tuple[str, float] | None = None
+
+    def start(self, name: str) -> None:
+        self.stop()
+        self._open = (name, time.perf_counter())
+
+    def stop(self) -> None:
+        if self._open is not None:
+            name, t = self._open
+            self._s[name] = self._s.get(name, 0.0) + time.perf_counter() - t
+            self._open = None
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop()
+
+    def seconds(self) -> dict[str, float]:
+        self.stop()
+        return {k: round(v, 3) for k, v in self._s.items() if v >= 5e-4}
 
 
 class KfuseInputError(TypeError):
@@ -112,25 +144,32 @@ class CompiledModel:
 
     def _compile_on(self, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any], device: torch.device) -> Variant:
         t0 = time.perf_counter()
+        phases = PhaseClock()
         if device.type == "cuda":  # compile workers start now and import while the model is traced
             parallel_compile.start_pool()
-        imported = self._importer(args, kwargs)
+        with phases("import"):
+            imported = self._importer(args, kwargs)
         # tuned on the device the plan runs on: the graph's constants need not be there (ONNX initializers are CPU tensors)
-        opt = optimize(imported.graph, self.options, device=device)
-        plan = lower(opt.graph, device, self.options.backend, options=self.options)
+        with phases("graph_passes"):  # includes the measured b2b / gated-MLP decisions taken while fusing
+            opt = optimize(imported.graph, self.options, device=device)
+        with phases("lower"):  # kernel choice: tuning, measured library / template decisions
+            plan = lower(opt.graph, device, self.options.backend, options=self.options)
         plan.use_memory_plan = self.options.memory_plan
         xs = [flat[i] for i in imported.flat_input_index]
-        precompiled = precompile_plan(plan, xs) if plan.backend == "triton" and device.type == "cuda" else None
+        with phases("first_run_compile"):
+            precompiled = precompile_plan(plan, xs) if plan.backend == "triton" and device.type == "cuda" else None
         if self.options.b2b_recheck and plan.backend == "triton" and device.type == "cuda":
             from kfuse.runtime.b2b_recheck import recheck_b2b
 
-            with torch.no_grad():  # close fused-vs-unfused decisions timed again on the whole plan
+            with torch.no_grad(), phases("b2b_recheck"):  # close fused-vs-unfused decisions timed again on the whole plan
                 recheck_b2b(plan, xs)
         # before the CUDA graph is captured: a tuned cubin replaces the kernel the graph would record
-        sass_report = self._sass(plan, xs, device) if self.options.sass else None
+        with phases("sass"):
+            sass_report = self._sass(plan, xs, device) if self.options.sass else None
         runner = None
         cuda_graph_note = "off"
         if self.options.cuda_graphs and device.type == "cuda":
+            phases.start("cuda_graph")  # the first run (every kernel's first launch) and the capture
             if any(s.host_sync for s in plan.steps):
                 runner = PiecewiseGraphRunner(plan, xs)
                 n_sync = runner.stats()["host_sync_steps"]
@@ -141,10 +180,13 @@ class CompiledModel:
             cuda_graph_note = ok if runner.captured else f"not captured ({runner.reason})"
             if not runner.captured:
                 runner = None
+            phases.stop()
         variant = Variant(imported, opt.stages, plan, runner, time.perf_counter() - t0)
         variant.report = self._make_report(variant, cuda_graph_note)
         if self.options.check and self._reference is not None:
-            variant.report.update(self._check(variant, args, kwargs, flat))
+            with phases("check"):
+                variant.report.update(self._check(variant, args, kwargs, flat))
+        variant.report["compile_phases_s"] = phases.seconds()
         if precompiled is not None and precompiled.requests:
             variant.report["parallel_compile"] = precompiled.summary()
         if plan.memory is not None:

@@ -98,3 +98,23 @@ def test_sass_option_without_a_gpu_is_reported_not_silently_ignored() -> None:
         compiled = kfuse.compile(TwoHeads().eval(), tuple(t.cpu() for t in inputs()), sass=True)
     assert compiled.report["sass"]["applied"] is False
     assert "CUDA GPU" in compiled.report["sass"]["reason"]
+
+
+def test_report_times_the_compile_phases() -> None:
+    from kfuse.report import summary_lines
+    from kfuse.runtime.compiled_model import PhaseClock
+
+    compiled = kfuse.compile(TwoHeads().to(DEVICE).eval(), inputs())
+    phases = compiled.report["compile_phases_s"]
+    assert list(phases)[:2] == ["import", "graph_passes"], phases  # in the order they ran
+    assert "check" in phases and all(v > 0 for v in phases.values())
+    assert sum(phases.values()) <= compiled.report["compile_s"] + phases["check"] + 0.05
+    assert any(line.startswith("compile time by phase: import") for line in summary_lines(compiled.report))
+
+    clock = PhaseClock()  # a phase entered twice adds up; an empty one is left out; start closes the open phase
+    for _ in range(2):
+        with clock("a"):
+            sum(range(200_000))
+    clock.start("b")
+    clock.start("c")
+    assert set(clock.seconds()) == {"a"} and clock.seconds()["a"] > 0
