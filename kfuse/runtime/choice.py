@@ -104,8 +104,16 @@ def _gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
+# attributes that describe a node without changing what it computes: the tuner's config, and the
+# notes passes leave for the report (a b2b "not fused" reason names its node, so with it in the key
+# every one of BERT-base's twelve identical FFN1 GEMMs was timed again and the noise chose
+# cuBLASLt for some and kfuse's kernel for others; session 33)
+NOT_THE_PROBLEM = frozenset({"config", "b2b", "note"})
+
+
 def problem_key(node: Any, graph: Any, *extra: Hashable) -> tuple:
-    """Input shapes/dtypes and the node's attributes (minus the tuner's config) as a cache key."""
+    """Input shapes/dtypes and the node's attributes (minus the config and report notes,
+    ``NOT_THE_PROBLEM``) as a cache key: identical layers share one measured choice."""
     types = [graph.type_of(i) for i in node.inputs]
-    attrs = tuple(sorted((k, str(v)) for k, v in node.attrs.items() if k != "config"))
+    attrs = tuple(sorted((k, str(v)) for k, v in node.attrs.items() if k not in NOT_THE_PROBLEM))
     return (node.op, tuple((tuple(t.shape), str(t.dtype)) for t in types), attrs, *extra)

@@ -510,7 +510,7 @@ def test_one_program_per_tile_always_preloads_the_later_weights() -> None:
     runs at 64 -> 128 -> 32 and 64 -> 128 -> 128 -> 32), the preloading form none of 80. So the
     candidates say ``preload`` for every one-program-per-tile tiling whose last width is one tile,
     do not list a tiling twice, and the persistent, TMA and N-loop tilings are left as they were."""
-    cands = b2b.candidate_configs(130, [128, 128, 32], k0=64)
+    cands = b2b.candidate_configs(130, [128, 128, 32], k0=64, sms=1)  # sms=1: the persistent tilings too
     per_tile = [c for c in cands if not (c.persistent or c.tma or c.residence == "chunked")]
     assert per_tile and all(c.preload for c in per_tile)
     assert len(set(cands)) == len(cands)
@@ -526,3 +526,20 @@ def test_sm90_one_program_per_tile_loads_every_weight_before_the_first_product()
     ptx = b2b.compile_asm(chain, [128, 32], b2b.B2BConfig(64, 64, 32, 4, 2, "register"), torch.float16, 90, (1, 1), 64, True)["ptx"]
     first_mma = ptx.index("wgmma.mma_async")
     assert "ld.global" in ptx[:first_mma] and "ld.global" not in ptx[first_mma:]
+
+
+def test_persistent_candidates_only_where_a_program_gets_a_second_row_tile() -> None:
+    """A persistent kernel pipelines the next row tile's loads behind this one's GEMMs; with fewer row
+    tiles than SMs there is no next tile, and these kernels are the slowest to compile (session 33:
+    ViT-tiny's fp32 34-row chain waited 60 s for two ``b2b_tma_kernel`` compiles that were dropped)."""
+    small = b2b.candidate_configs(34, [256, 64], k0=64, elem=4)
+    assert small and not any(c.persistent for c in small)
+    assert any(c.persistent for c in b2b.candidate_configs(1 << 18, [256, 64], k0=64, elem=4))
+    # the boundary: 132 tiles of a config's rows keep it, one row fewer drops it
+    for c in (c for c in b2b.candidate_configs(1 << 18, [128, 64], k0=64) if c.persistent):
+        at = b2b.candidate_configs(132 * c.block_m, [128, 64], k0=64)
+        under = b2b.candidate_configs(131 * c.block_m, [128, 64], k0=64)
+        assert any(d.describe() == c.describe() for d in at), c.describe()
+        assert not any(d.describe() == c.describe() for d in under), c.describe()
+    chunked_only = b2b.candidate_configs(34, [1024, 64], k0=64)  # past the resident widths: chunked, one per tile
+    assert chunked_only and all(c.residence == "chunked" and not c.persistent for c in chunked_only)

@@ -29,7 +29,7 @@ def test_every_candidate_tiling_on_a_few_rows(m: int) -> None:
     ws = [(torch.randn(n, k, device="cuda") / k**0.5).to(dt).t() for k, n in zip(ks, widths, strict=True)]  # nn.Linear's layout
     ex = [[torch.randn(widths[0], device="cuda", dtype=dt)], [torch.randn(widths[1], device="cuda", dtype=dt)], []]
     ref = b2b.reference(chain, x.cpu(), [w.cpu() for w in ws], [None] * 3, [[e.cpu() for e in es] for es in ex]).double()
-    cfgs = b2b.candidate_configs(m, widths, k0)
+    cfgs = b2b.candidate_configs(m, widths, k0, sms=1)  # sms=1: the persistent tilings too, which a decision skips on so few rows
     assert cfgs
     # and the two tilings that session 28 found miscompiled, as a user would write them (without
     # preload): the launcher preloads one-program-per-tile chains whatever the config says

@@ -107,3 +107,20 @@ def test_choices_persist_in_the_tuning_database(monkeypatch, tmp_path, device) -
     assert calls["n"] > 0 and db.stats()["choices"] == 2
     db.clear()
     assert db.stats()["choices"] == 0
+
+
+def test_identical_layers_share_one_problem_key_whatever_the_report_notes() -> None:
+    """Two GEMMs of one shape in different layers: the b2b pass's "not fused" note names each node
+    and the tuner's config may be set, but what they compute is the same problem (session 33: with
+    the note in the key, BERT-base's twelve FFN1 GEMMs were each timed again and split between the
+    library and the template by noise). A real attribute difference still changes the key."""
+    gb = GraphBuilder("g")
+    x = gb.add_input("x", TensorType((4, 8), torch.float32))
+    t = TensorType((4, 8), torch.float32)
+    a = gb.add_node(Node("gelu_59", "relu", (x,), t, {"b2b": "not fused: N0 of gelu_59 > 256", "config": "c1", "alpha": 1}))
+    b = gb.add_node(Node("gelu_91", "relu", (a,), t, {"b2b": "not fused: N0 of gelu_91 > 256", "note": "n", "alpha": 1}))
+    c = gb.add_node(Node("gelu_123", "relu", (b,), t, {"alpha": 2}))
+    g = gb.build([c])
+    na, nb, nc = g.nodes
+    assert choice.problem_key(na, g) == choice.problem_key(nb, g)
+    assert choice.problem_key(na, g) != choice.problem_key(nc, g)

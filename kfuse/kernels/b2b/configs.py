@@ -66,7 +66,7 @@ def chunked_config(widths: list[int], k0: int = 256, block_m: int = 64, block_h:
 
 
 def candidate_configs(
-    m: int, widths: list[int], k0: int | None = None, image: tuple[int, int, int] | None = None, elem: int = 2
+    m: int, widths: list[int], k0: int | None = None, image: tuple[int, int, int] | None = None, elem: int = 2, sms: int = 132
 ) -> list[B2BConfig]:
     """The few configs the fused-vs-unfused decision measures on the GPU. Chains of more than
     three stages compile slowly (a wide register-resident 9-stage chain takes minutes of ptxas):
@@ -74,7 +74,11 @@ def candidate_configs(
     (``k0``) fits one K step also try the persistent kernel pipelined across row tiles, the form
     for memory-bound chains (small widths, large M): the next tiles' loads are in flight while
     a tile's GEMMs and store run. ``image`` (batch, OH, OW) of a conv chain's output adds the TMA
-    kernel's tiles of several images that cover it with the least waste (``least_waste_tile``)."""
+    kernel's tiles of several images that cover it with the least waste (``least_waste_tile``).
+    Persistent candidates are left out where the rows make fewer tiles than the GPU has SMs
+    (``sms``): no program then holds a second tile, so there is nothing to pipeline across tiles,
+    and their kernels are the slowest to compile (an fp32 ``b2b_tma_kernel`` past 60 s of ptxas for
+    ViT-tiny's 34-row chain, session 33)."""
     widest = max(pad_width(w) for w in widths[:-1])
     last = min(pad_width(widths[-1]), 128)
     chunked: list[B2BConfig] = []
@@ -88,7 +92,7 @@ def candidate_configs(
                    chunked_config(widths, k0, 64, 64, 1, persistent=True, programs_per_sm=2, elem=elem),
                    chunked_config(widths, k0, 64, 64, 2, elem=elem)]  # fmt: skip
         if widths[0] > MAX_RESIDENT:
-            return list(dict.fromkeys(chunked))
+            return list(dict.fromkeys(_pipelined_where_tiles_repeat(chunked, m, sms)))
     persistent: list[B2BConfig] = []
     if k0 is not None and k0 <= 128 and widths[-1] <= 128 and len(widths) <= 3:
         bk = max(16, pad_width(k0))
@@ -174,11 +178,17 @@ def candidate_configs(
         if image is not None:
             out += _exact_tiles(image, widest, widths[-1], last)
     seen, uniq = set(), []
-    for c in map(lambda c: as_launched(c, widths), out):
+    for c in map(lambda c: as_launched(c, widths), _pipelined_where_tiles_repeat(out, m, sms)):
         if c not in seen:
             seen.add(c)
             uniq.append(c)
     return uniq
+
+
+def _pipelined_where_tiles_repeat(cands: list[B2BConfig], m: int, sms: int) -> list[B2BConfig]:
+    """``cands`` without the persistent configs whose row tiles (of ``block_m`` rows out of ``m``) are
+    fewer than ``sms``: there every program of a persistent grid holds at most one tile."""
+    return [c for c in cands if not c.persistent or -(-m // c.block_m) >= sms]
 
 
 def _exact_tiles(image: tuple[int, int, int], widest: int, n_last: int, last: int) -> list[B2BConfig]:

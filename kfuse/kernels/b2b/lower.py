@@ -189,7 +189,8 @@ def _decide(
     k0 = None if node.attrs["chain"].conv or x_t.rank < 2 else int(x_t.shape[-1])
     out_shape = node.attrs["out_type"].shape
     image = (int(out_shape[0]), int(out_shape[2]), int(out_shape[3])) if node.attrs["chain"].conv and len(out_shape) == 4 else None
-    cands = candidate_configs(m, widths, k0, image, elem=node.attrs["out_type"].dtype.itemsize)
+    sms = torch.cuda.get_device_properties(xs[0].device).multi_processor_count if xs and xs[0].is_cuda else 132
+    cands = candidate_configs(m, widths, k0, image, elem=node.attrs["out_type"].dtype.itemsize, sms=sms)
     if not getattr(options, "b2b_conv_tma", True):  # Options.b2b_conv_tma=False: without the TMA conv kernel
         cands = [c for c in cands if not (node.attrs["chain"].conv and c.tile_h > 0)]
     if not getattr(options, "b2b_pdl", False):  # Options.b2b_pdl: programmatic dependent launch, opt-in
