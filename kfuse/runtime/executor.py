@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,17 +82,6 @@ Lowering = Callable[..., Step | None]  # (node, graph, backend[, options=])
 LOWERINGS: dict[str, Lowering] = {}
 
 
-# run by ``lower`` before the first node is lowered, each with (graph, backend, options): work that
-# is cheaper for all nodes at once than node by node (compiling every b2b decision's candidates
-# together, ``kfuse.kernels.b2b.lower.compile_ahead``)
-AHEAD_OF_LOWERING: list[Callable[[Graph, str, Any], None]] = []
-
-
-def ahead_of_lowering(fn: Callable[[Graph, str, Any], None]) -> Callable[[Graph, str, Any], None]:
-    AHEAD_OF_LOWERING.append(fn)
-    return fn
-
-
 def lowering(op: str) -> Callable[[Lowering], Lowering]:
     def deco(fn: Lowering) -> Lowering:
         LOWERINGS[op] = fn
@@ -141,12 +129,6 @@ def lower(graph: Graph, device: torch.device, backend: str | None = None, option
     """Turn an optimised graph into a plan of steps for ``device``. ``options`` (the compile
     ``Options``) is passed to the lowerings that take an ``options`` parameter."""
     backend = backend or choose_backend(device)
-    for ahead in AHEAD_OF_LOWERING:
-        try:
-            ahead(graph, backend, options)
-        except Exception as e:  # noqa: BLE001 - only an optimisation: the lowerings do the work themselves
-            what = getattr(ahead, "__name__", ahead)
-            warnings.warn(f"kfuse: {what} before lowering failed ({type(e).__name__}: {e}); lowering without it", stacklevel=2)
     steps: list[Step] = []
     for node in graph.nodes:
         step = None

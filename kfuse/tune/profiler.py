@@ -240,9 +240,6 @@ class Profiler:
         self.workers, self.do_check = workers, check
         self.compile_s = 0.0
         self.precompile: parallel_compile.PrecompileReport | None = None  # the last batch's worker compiles
-        # configs known to compile past ``compile_timeout_s``, by problem signature (``Tuner.compile_ahead``):
-        # recorded as time-outs, never compiled again
-        self.slow_configs: dict[str, set[Config]] = {}
 
     def profile(self, problem: Problem, configs: Sequence[Config], runner: Runner | None = None,
                 on_result: Callable[[Measurement], None] | None = None) -> list[Measurement]:  # fmt: skip
@@ -251,12 +248,9 @@ class Profiler:
         ``CudaContextLost`` (after ``on_result`` of the config that caused it) when a failure left
         the GPU unusable: the configs after it would all fail and must not be recorded."""
         results: list[Measurement] = []
-        slow = self.slow_configs.get(problem.signature(), set())
-        known = {c: Measurement(c, None, "timeout", f"compile took over {self.compile_timeout_s:.0f} s") for c in configs if c in slow}
-        failed = self._compile_all([c for c in configs if c not in known], runner) if runner is not None and self.measure is None else {}
+        failed = self._compile_all(configs, runner) if runner is not None and self.measure is None else {}
         if failed and (why := _cuda_lost(runner)) is not None:  # a compile's warm-up launch broke the context
             raise CudaContextLost(next(iter(failed.values())), why, record=False)
-        failed |= known
         for cfg in configs:
             try:
                 m = failed.get(cfg) or self._one(problem, cfg, runner)

@@ -257,13 +257,31 @@ def search(
     def eligible(c: Config) -> bool:
         return (in_space is None or c in in_space) and hard_reject(c, problem, hw) is None
 
-    valid, samples, seeds = _start(problem, hw, model, budget, tuned_neighbours, history, space, already)
+    valid = [c for c in space if hard_reject(c, problem, hw) is None] if space is not None else None
+    if valid is None:
+        valid = valid_configs(problem, hw)
     measured: list[Measurement] = list(already)
     done = {m.config for m in measured}
+    samples = list(history) + [(m.config, problem, m.time_ms) for m in measured if m.ok and m.time_ms is not None]
+    if not model.trained:
+        model.fit(samples)
+    seeds = transfer_candidates(problem, tuned_neighbours, hw, budget.transfer)
+    if space is not None:
+        seeds = [s for s in seeds if s in set(valid)]
     considered = len(valid)
     for rnd in range(budget.rounds):
-        batch, n_ranked = _round_batch(rnd, problem, hw, model, budget, valid, seeds, samples, done, seed)
-        considered = max(considered, n_ranked)
+        if len(valid) > budget.enumerate_limit:
+            start = model.rank(random.Random(seed + rnd).sample(valid, budget.population), problem)
+            ranked = evolve(list(seeds) + start, problem, hw, lambda cs: model.predict(cs, problem),
+                            budget.population, budget.generations, seed=seed + rnd)  # fmt: skip
+            considered = max(considered, len(ranked))
+        else:
+            ranked = model.rank(valid, problem)
+        ranked = _rules_within_unseen(ranked, samples, problem, hw)
+        batch = [s for s in seeds if s not in done] if rnd == 0 else []
+        batch += _varied_top(ranked, max(0, budget.top_k - len(batch)), done | set(batch))
+        if rnd == 0:
+            batch = _with_rules_best(batch, valid, problem, hw, done, budget.top_k)
         if not batch:
             break
         results = profiler.profile(problem, batch, runner, on_result)
@@ -279,54 +297,6 @@ def search(
         return SearchResult(problem, None, None, considered, new)
     best_cfg, best_ms = _recheck_finalists(ok, profiler, runner)
     return SearchResult(problem, best_cfg, best_ms, considered, new)
-
-
-def _start(
-    problem: Problem, hw: Hardware, model: CostModel, budget: Budget, tuned_neighbours: Sequence[tuple[Problem, Config]],
-    history: Sequence[tuple[Config, Problem, float]], space: Sequence[Config] | None, already: Sequence[Measurement],
-) -> tuple[list[Config], list[tuple[Config, Problem, float]], list[Config]]:  # fmt: skip
-    """A search's starting point: the valid configs, the samples the model learns from (fitted
-    now if it is untrained) and the configs transferred from tuned neighbours."""
-    valid = [c for c in space if hard_reject(c, problem, hw) is None] if space is not None else valid_configs(problem, hw)
-    samples = list(history) + [(m.config, problem, m.time_ms) for m in already if m.ok and m.time_ms is not None]
-    if not model.trained:
-        model.fit(samples)
-    seeds = transfer_candidates(problem, tuned_neighbours, hw, budget.transfer)
-    if space is not None:
-        seeds = [s for s in seeds if s in set(valid)]
-    return valid, samples, seeds
-
-
-def _round_batch(
-    rnd: int, problem: Problem, hw: Hardware, model: CostModel, budget: Budget, valid: list[Config], seeds: list[Config],
-    samples: Sequence[tuple[Config, Problem, float]], done: set[Config], seed: int,
-) -> tuple[list[Config], int]:  # fmt: skip
-    """The configs round ``rnd`` measures, and how many configs it ranked."""
-    n_ranked = len(valid)
-    if len(valid) > budget.enumerate_limit:
-        start = model.rank(random.Random(seed + rnd).sample(valid, budget.population), problem)
-        ranked = evolve(list(seeds) + start, problem, hw, lambda cs: model.predict(cs, problem),
-                        budget.population, budget.generations, seed=seed + rnd)  # fmt: skip
-        n_ranked = len(ranked)
-    else:
-        ranked = model.rank(valid, problem)
-    ranked = _rules_within_unseen(ranked, list(samples), problem, hw)
-    batch = [s for s in seeds if s not in done] if rnd == 0 else []
-    batch += _varied_top(ranked, max(0, budget.top_k - len(batch)), done | set(batch))
-    if rnd == 0:
-        batch = _with_rules_best(batch, valid, problem, hw, done, budget.top_k)
-    return batch, n_ranked
-
-
-def first_batch(
-    problem: Problem, hw: Hardware, model: CostModel, budget: Budget, tuned_neighbours: Sequence[tuple[Problem, Config]] = (),
-    history: Sequence[tuple[Config, Problem, float]] = (), already: Sequence[Measurement] = (), seed: int = 0,
-) -> list[Config]:  # fmt: skip
-    """The configs ``search`` with the same arguments measures first, without measuring them: what
-    the tuner compiles ahead for every problem of a model at once (``Tuner.choose``). It may fit an
-    untrained ``model``, as ``search`` would."""
-    valid, samples, seeds = _start(problem, hw, model, budget, tuned_neighbours, history, None, already)
-    return _round_batch(0, problem, hw, model, budget, valid, seeds, samples, {m.config for m in already}, seed)[0]
 
 
 RECHECK_TOP = 3  # finalists re-timed against each other

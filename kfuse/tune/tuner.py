@@ -16,7 +16,6 @@ it (nothing read counts as "no data"; measurements are then not stored).
 
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 import sys
@@ -30,13 +29,12 @@ import torch
 
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
 from kfuse.kernels.epilogue import Epilogue, exact_gelu
-from kfuse.runtime import parallel_compile
 from kfuse.runtime.device import on_device
 from kfuse.tune.cost_model import CostModel
 from kfuse.tune.database import Record, TuningDB
 from kfuse.tune.hardware import Hardware, query
 from kfuse.tune.profiler import Measure, Measurement, Profiler, make_runner
-from kfuse.tune.search import Budget, SearchResult, first_batch, search, transfer_candidates
+from kfuse.tune.search import Budget, SearchResult, search, transfer_candidates
 from kfuse.tune.space import Config, ConvProblem, GemmProblem, Problem, config_from_dict, is_valid, problem_from_dict
 
 # what a database read can raise that means "this data is unusable": SQLite errors (a locked file,
@@ -98,16 +96,12 @@ class TuneStats:
     failed: int = 0
     seconds: float = 0.0
     measuring: bool = True
-    compiled_ahead: int = 0  # first-batch kernels compiled on worker processes before any measurement
-    compile_ahead_s: float = 0.0
     results: list[SearchResult] = field(default_factory=list)
 
     def line(self, mode: str) -> str:
         s = (f"kfuse tune ({mode}): {self.problems} kernel problems: {self.from_db} from the database, {self.tuned} tuned"
              f" ({self.considered} candidates considered, {self.measured} measured, {self.failed} failed)"
              f" in {self.seconds:.1f} s")  # fmt: skip
-        if self.compiled_ahead:
-            s += f" ({self.compiled_ahead} first-batch kernels compiled ahead in {self.compile_ahead_s:.1f} s)"
         if not self.measuring:
             s += f"; no GPU: nothing measured, {self.transferred} from nearest tuned problem"
         if self.default:
@@ -224,44 +218,12 @@ class Tuner:
         return self.model[template]
 
     # ---- tuning --------------------------------------------------------------------------
-    def _earlier(self, problem: Problem) -> list[Measurement]:
-        """The problem's measurements in the database (an interrupted run's), not measured again."""
-        tmpl, sig = problem.template, problem.signature()
-        earlier = [r for r in self._read(lambda: self.db.measured(self.gpu, tmpl, sig)) if r.status != "done"]
-        return [Measurement(cfg, r.time_ms, r.status, r.error) for r, _, cfg in self._parsed(earlier, tmpl)]
-
-    def compile_ahead(self, todo: Sequence[tuple[Problem, Epilogue | None]]) -> None:
-        """Compile the first batch of every problem in ``todo`` at once, on the compile worker
-        processes (``parallel_compile``), before any is measured. Problem by problem, each batch
-        waits for its slowest kernel while most workers idle: ResNet-50's 25 conv problems spent
-        ~80 s of a 109 s cold tuning so (session 33). A batch that later differs (a neighbour tuned
-        meanwhile transfers its winner) compiles the difference as before; a config past the compile
-        time-out here is recorded as such by the profiler, not compiled again."""
-        if self.device.type != "cuda" or self.measure is not None or len(todo) < 2 or not parallel_compile.enabled():
-            return
-        t0 = time.perf_counter()
-        calls: list[Callable[[], Any]] = []
-        owners: list[tuple[str, Config]] = []
-        with on_device(self.device):
-            for p, e in todo:
-                runner = make_runner(p, self.device, e)
-                tmpl = p.template
-                batch = first_batch(p, self.hw, self._model(tmpl), self.budget, self._neighbours(tmpl), self._history(tmpl),
-                                    self._earlier(p))  # fmt: skip
-                calls += [functools.partial(runner.compile, cfg) for cfg in batch]
-                owners += [(p.signature(), cfg) for cfg in batch]
-            report = parallel_compile.precompile(calls, kernel_timeout_s=self.profiler.compile_timeout_s)
-        for i in report.slow_calls:
-            sig, cfg = owners[i]
-            self.profiler.slow_configs.setdefault(sig, set()).add(cfg)
-        self.stats.compiled_ahead = len(calls) if report.requests else 0
-        self.stats.compile_ahead_s += time.perf_counter() - t0
-
     def tune(self, problem: Problem, epi: Epilogue | None = None, space: Sequence[Config] | None = None) -> SearchResult:
         """Search + measure one problem (resuming from its earlier measurements)."""
         tmpl, sig = problem.template, problem.signature()
         pj = json.dumps(problem.as_dict())
-        already = self._earlier(problem)
+        earlier = [r for r in self._read(lambda: self.db.measured(self.gpu, tmpl, sig)) if r.status != "done"]
+        already = [Measurement(cfg, r.time_ms, r.status, r.error) for r, _, cfg in self._parsed(earlier, tmpl)]
 
         def commit(m: Measurement) -> None:
             self._write(self.gpu, tmpl, sig, pj, m.config.as_dict(), m.time_ms, m.status, m.error)
@@ -309,7 +271,6 @@ class Tuner:
                 else:
                     self.stats.default += 1
         if todo:
-            self.compile_ahead(todo)
             for p, e in self._with_progress(todo):
                 res = self.tune(p, e)
                 out[p.signature()] = res.best

@@ -21,7 +21,6 @@ def _fresh_decisions() -> None:
     from kfuse.kernels.b2b import lower as k
 
     k._DECIDED.clear()
-    k._SLOW.clear()
 
 
 def _linear(b: GraphBuilder, x: str, k: int, n: int, act: str | None = "relu") -> str:
@@ -223,7 +222,7 @@ def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster
         return 0.5 + i * 0.01 if fused_faster else 2.0
 
     monkeypatch.setattr(k, "graph_time_ms", fake_time)
-    two = lambda m, w, k0=None, image=None, elem=2, sms=132: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")]  # noqa: E731
+    two = lambda m, w, k0=None, image=None, elem=2: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")]  # noqa: E731
     monkeypatch.setattr(k, "candidate_configs", two)
     step = k.lower_b2b_chain(node, g, "triton-interpreter")
     run, template, d = k._decide(node, g, "triton-interpreter", None, lambda cfg: step.fn, 9, [32, 16])
@@ -255,7 +254,7 @@ def test_tma_conv_candidates_only_when_enabled(monkeypatch: pytest.MonkeyPatch, 
     real = k.candidate_configs
     cands = real(84, [16, 12])
     assert any(c.tile_h > 0 for c in cands)  # the list itself has them
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2, sms=132: cands)
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: cands)
     fused_with = lambda cfg: tried.append(cfg) or (lambda xs: None)  # noqa: E731
     k._decide(node, g, "triton-interpreter", Options(b2b_conv_tma=enabled), fused_with, 84, [16, 12])
     assert any(c.tile_h > 0 for c in tried) == enabled
@@ -275,7 +274,7 @@ def test_identical_chains_reuse_the_measured_decision(monkeypatch: pytest.Monkey
         return 1.0 if len(timed) == 1 else 0.5
 
     monkeypatch.setattr(k, "graph_time_ms", fake_time)
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2, sms=132: [k.default_config(m, w, "register")])
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: [k.default_config(m, w, "register")])
     g = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=9)))
     node = g.nodes[0]
     step = k.lower_b2b_chain(node, g, "triton-interpreter")
@@ -301,7 +300,7 @@ def test_pdl_candidates_only_with_the_option(monkeypatch: pytest.MonkeyPatch, en
     node = g.nodes[0]
     cands = k.candidate_configs(262144, [64, 64], 64)
     assert any(c.pdl for c in cands)
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2, sms=132: cands)
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: cands)
     tried: list[object] = []
     fused_with = lambda cfg: tried.append(cfg) or (lambda xs: None)  # noqa: E731
     k._decide(node, g, "triton-interpreter", Options(b2b_pdl=enabled), fused_with, 9, [32, 16])
@@ -368,54 +367,3 @@ def test_chunked_chain_runs_unfused_before_hopper(monkeypatch: pytest.MonkeyPatc
     x = torch.randn(13, 24)
     got = step.fn([x.to(device)] + [g.constants[i].to(device) for i in g.nodes[0].inputs[1:]])
     torch.testing.assert_close(got.cpu(), reference_run(g, [x])[0], rtol=1e-3, atol=1e-3)
-
-
-def test_compile_ahead_compiles_every_decisions_candidates_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``compile_ahead`` (run by ``lower`` before the first node): the candidates of every distinct
-    b2b decision of the graph in one worker batch, an identical chain once; a candidate past the
-    compile time-out there is dropped by its decision without being compiled again."""
-    from kfuse.kernels.b2b import lower as k
-    from kfuse.runtime import parallel_compile
-    from kfuse.runtime.parallel_compile import PrecompileReport
-
-    b = GraphBuilder("three")
-    x = b.add_input("x", TensorType((13, 24), torch.float32))
-    h1 = _linear(b, _linear(b, x, 24, 32), 32, 16, None)
-    h2 = _linear(b, _linear(b, h1, 16, 32), 32, 16, None)  # K0 = 16: another decision
-    h3 = _linear(b, _linear(b, h2, 16, 32), 32, 16, None)  # identical to the second
-    g = fuse_b2b(fuse_epilogues(b.build([h1, h2, h3])))
-    assert [n.op for n in g.nodes] == ["b2b_chain"] * 3
-    cands = [k.default_config(13, [32, 16], "register"), k.default_config(13, [32, 16], "smem")]
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2, sms=132: cands)
-    batches: list[list[object]] = []
-
-    def fake_precompile(calls, workers=None, kernel_timeout_s=600.0, wait=True):  # noqa: ANN001, ANN202
-        outs = [c() for c in calls]  # the fused kernels really run (the interpreter): each call is a candidate's first call
-        batches.append(outs)
-        return PrecompileReport(requests=len(calls), compiled=len(calls), slow_calls=[1] if len(batches) == 1 else [])
-
-    monkeypatch.setattr(parallel_compile, "precompile", fake_precompile)
-    monkeypatch.setattr(k, "_ahead_device", lambda backend: torch.device("cpu"))
-    k.compile_ahead(g, "triton-interpreter", None)
-    assert len(batches) == 1 and len(batches[0]) == 4  # two distinct decisions x two candidates
-    assert all(isinstance(o, torch.Tensor) and o.shape == (13, 16) for o in batches[0])
-    key0 = k._decision_key(g.nodes[0], g, None)
-    assert k._SLOW == {key0: {cands[1]}}
-
-    # the first decision then drops the slow candidate without compiling it (its batch holds only the other)
-    monkeypatch.setattr(k, "graph_time_ms", lambda fn, reps=20: 1.0)
-    monkeypatch.setattr(k.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(k, "_first_calls", lambda runs, xs, ref=None: [None] * len(runs))
-    real_inputs = k.decision_inputs
-    monkeypatch.setattr(k, "decision_inputs", lambda node, graph, device: real_inputs(node, graph, torch.device("cpu")))
-    _, _, d = k._decide(g.nodes[0], g, "triton-interpreter", None, lambda cfg: lambda xs: xs[0], 13, [32, 16])
-    assert d["tried"][cands[1].describe()].startswith("failed: compile took over")
-    assert len(batches) == 2 and len(batches[1]) == 1
-
-    # off the GPU (or with worker compiles off) nothing is compiled ahead
-    monkeypatch.undo()
-    k._SLOW.clear()
-    calls: list[int] = []
-    monkeypatch.setattr(parallel_compile, "precompile", lambda *a, **kw: calls.append(1) or PrecompileReport())
-    k.compile_ahead(g, "triton-interpreter", None)
-    assert calls == [] and k._ahead_device("torch") is None

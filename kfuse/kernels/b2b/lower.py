@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +17,7 @@ from kfuse.kernels.codegen import as_pair
 from kfuse.kernels.tma import tma_device
 from kfuse.runtime import parallel_compile
 from kfuse.runtime.device import on_device
-from kfuse.runtime.executor import KernelInfo, Step, ahead_of_lowering, lowering
+from kfuse.runtime.executor import KernelInfo, Step, lowering
 from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run, wrong_result
 
 
@@ -31,14 +30,44 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
     a = node.attrs
     chain: Chain = a["chain"]
     stages = a["unfused"]
-    fused_with = _fused_factory(node)
+    # operand positions of each stage inside the fused node's inputs
+    pos, slices = 0, []
+    for s, n in enumerate(stages):
+        take = len(n.inputs) - (0 if s == 0 else 1)
+        slices.append((pos, pos + take))
+        pos += take
+    packed_cache: dict[torch.device, list[torch.Tensor]] = {}
+    geom = ConvGeom(as_pair(a.get("stride"), 1), as_pair(a.get("padding"), 0), as_pair(a.get("dilation"), 1))
+    channels_last = a["out_type"].layout == "channels_last"
+
+    def split(xs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], list[Any], list[list[torch.Tensor]]]:
+        ws, bs, es = [], [], []
+        for s, (lo, hi) in enumerate(slices):
+            part = xs[lo:hi] if s == 0 else [None, *xs[lo:hi]]
+            nconv = 3 if chain.stages[s].has_bias else 2
+            ws.append(part[1])
+            bs.append(part[2] if chain.stages[s].has_bias else None)
+            es.append(list(part[nconv:]))
+        return xs[0], ws, bs, es
+
+    def fused_with(cfg: B2BConfig) -> Any:
+        def run(xs: list[torch.Tensor]) -> torch.Tensor:
+            x, ws, bs, es = split(xs)
+            pk = packed_cache.get(x.device)
+            if pk is None:
+                pk = packed_cache[x.device] = [pack_first(ws[0], chain.conv)] + [pack_next(w) for w in ws[1:]]
+            return b2b_chain(chain, x, ws, bs, es, cfg, pk, geom, channels_last)
+
+        return run
+
     m = _rows(graph, node, chain)
     widths = list(a["widths"])
-    cfg = _rule_config(node, graph)
+    elem = node.attrs["out_type"].dtype.itemsize  # the chunked kernel's buffers are sized by it
+    cfg = a.get("config") or default_config(m, widths, elem=elem)
     decision: dict[str, Any] = {"residence": cfg.residence, "config": cfg.describe(), "decided_by": "rule"}
     run = fused_with(cfg)
     template = "b2b_chain"
-    measure = _measured(backend)
+    measure = backend == "triton" and os.environ.get("KFUSE_B2B_DECIDE", "measure") == "measure"
     if cfg.residence == "chunked" and backend == "triton" and not _tma_gpu():
         # past 256 columns only the chunked kernel fuses, and it needs TMA: before Hopper, the pair
         run, template = unfused_run(node, graph, backend, options), "b2b_chain(unfused)"
@@ -67,56 +96,6 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
         }  # fmt: skip
         step.b2b_key = _decision_key(node, graph, options)  # type: ignore[attr-defined]  # the re-check's cache key
     return step
-
-
-def _fused_factory(node: Any) -> Callable[[B2BConfig], Callable[[list[torch.Tensor]], torch.Tensor]]:
-    """``fused_with(cfg)``: the fused chain with ``cfg`` as a step's run function (the node's inputs
-    split into x, weights, biases and epilogue extras; the weights packed once per device)."""
-    a = node.attrs
-    chain: Chain = a["chain"]
-    # operand positions of each stage inside the fused node's inputs
-    pos, slices = 0, []
-    for s, n in enumerate(a["unfused"]):
-        take = len(n.inputs) - (0 if s == 0 else 1)
-        slices.append((pos, pos + take))
-        pos += take
-    packed_cache: dict[torch.device, list[torch.Tensor]] = {}
-    geom = ConvGeom(as_pair(a.get("stride"), 1), as_pair(a.get("padding"), 0), as_pair(a.get("dilation"), 1))
-    channels_last = a["out_type"].layout == "channels_last"
-
-    def split(xs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], list[Any], list[list[torch.Tensor]]]:
-        ws, bs, es = [], [], []
-        for s, (lo, hi) in enumerate(slices):
-            part = xs[lo:hi] if s == 0 else [None, *xs[lo:hi]]
-            nconv = 3 if chain.stages[s].has_bias else 2
-            ws.append(part[1])
-            bs.append(part[2] if chain.stages[s].has_bias else None)
-            es.append(list(part[nconv:]))
-        return xs[0], ws, bs, es
-
-    def fused_with(cfg: B2BConfig) -> Callable[[list[torch.Tensor]], torch.Tensor]:
-        def run(xs: list[torch.Tensor]) -> torch.Tensor:
-            x, ws, bs, es = split(xs)
-            pk = packed_cache.get(x.device)
-            if pk is None:
-                pk = packed_cache[x.device] = [pack_first(ws[0], chain.conv)] + [pack_next(w) for w in ws[1:]]
-            return b2b_chain(chain, x, ws, bs, es, cfg, pk, geom, channels_last)
-
-        return run
-
-    return fused_with
-
-
-def _rule_config(node: Any, graph: Any) -> B2BConfig:
-    """The node's config before any measurement: the pass's, else the rules' default."""
-    a = node.attrs
-    elem = a["out_type"].dtype.itemsize  # the chunked kernel's buffers are sized by it
-    return a.get("config") or default_config(_rows(graph, node, a["chain"]), list(a["widths"]), elem=elem)
-
-
-def _measured(backend: str) -> bool:
-    """Whether fused-vs-unfused is measured (a GPU; ``KFUSE_B2B_DECIDE=measure``, the default)."""
-    return backend == "triton" and os.environ.get("KFUSE_B2B_DECIDE", "measure") == "measure"
 
 
 def _tma_gpu() -> bool:
@@ -175,86 +154,19 @@ def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | No
     return [err if err is not None or ref is None else wrong_result(out, ref) for err, out in results]
 
 
-def _compile_candidates(
-    runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor, on_gpu: bool, known_slow: list[bool] | None = None
-) -> tuple[list[str | None], str]:
+def _compile_candidates(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor, on_gpu: bool) -> tuple[list[str | None], str]:
     """``_first_calls`` of the candidates (on a GPU; elsewhere nothing to compile), their kernels
     compiled first on worker processes into Triton's cache. A candidate with a kernel past
-    ``CANDIDATE_COMPILE_S`` (here, or ``known_slow`` from ``compile_ahead``) is dropped, not
-    compiled again. Returns each candidate's error (None: it runs and agrees) and a note of how
-    long that took."""
+    ``CANDIDATE_COMPILE_S`` is dropped, not compiled again here. Returns each candidate's error
+    (None: it runs and agrees) and a note of how long that took."""
     if not on_gpu:
         return [None] * len(runs), "not compiled (no GPU)"
     t0 = time.perf_counter()
-    known = {i for i, k in enumerate(known_slow or []) if k}
-    todo = [i for i in range(len(runs)) if i not in known]
-    pre = parallel_compile.precompile([functools.partial(runs[i], xs) for i in todo], kernel_timeout_s=CANDIDATE_COMPILE_S)
-    slow = known | {todo[c] for c in pre.slow_calls}
+    pre = parallel_compile.precompile([functools.partial(run, xs) for run in runs], kernel_timeout_s=CANDIDATE_COMPILE_S)
+    slow = set(pre.slow_calls)
     kept = iter(_first_calls([r for i, r in enumerate(runs) if i not in slow], xs, ref))
     errs = [f"failed: compile took over {CANDIDATE_COMPILE_S:g} s" if i in slow else next(kept) for i in range(len(runs))]
     return errs, f"{time.perf_counter() - t0:.1f} s" + (f" ({pre.summary()})" if pre.requests else "")
-
-
-def _candidates(node: Any, graph: Any, options: Any, m: int, widths: list[int], device: torch.device | None) -> list[B2BConfig]:
-    """The fused configs a decision measures (``candidate_configs``, less what the options turn off)."""
-    chain: Chain = node.attrs["chain"]
-    x_t = graph.type_of(node.inputs[0])
-    k0 = None if chain.conv or x_t.rank < 2 else int(x_t.shape[-1])
-    out_shape = node.attrs["out_type"].shape
-    image = (int(out_shape[0]), int(out_shape[2]), int(out_shape[3])) if chain.conv and len(out_shape) == 4 else None
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device is not None and device.type == "cuda" else 132
-    cands = candidate_configs(m, widths, k0, image, elem=node.attrs["out_type"].dtype.itemsize, sms=sms)
-    if not getattr(options, "b2b_conv_tma", True):  # Options.b2b_conv_tma=False: without the TMA conv kernel
-        cands = [c for c in cands if not (chain.conv and c.tile_h > 0)]
-    if not getattr(options, "b2b_pdl", False):  # Options.b2b_pdl: programmatic dependent launch, opt-in
-        cands = [c for c in cands if not c.pdl]
-    return cands
-
-
-def _ahead_device(backend: str) -> torch.device | None:
-    """The GPU to compile the decisions' candidates ahead for; None where nothing is measured or
-    compiled on workers (no GPU, ``KFUSE_B2B_DECIDE`` off, ``KFUSE_COMPILE_WORKERS=0``)."""
-    if not (_measured(backend) and torch.cuda.is_available() and parallel_compile.enabled()):
-        return None
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-# candidates whose kernels passed CANDIDATE_COMPILE_S when compiled ahead (``compile_ahead``), by
-# decision key: dropped by their decision without compiling them again
-_SLOW: dict[tuple, set[B2BConfig]] = {}
-
-
-@ahead_of_lowering
-def compile_ahead(graph: Any, backend: str, options: Any = None) -> None:
-    """Compile the candidates of every b2b decision of ``graph`` at once, on the compile worker
-    processes, before the first decision is measured. Decision by decision, each waits for its
-    slowest candidate while most workers idle (ResNet-50's conv chains: 24 kernels in 18 s, then
-    the next decision's; session 33). The decisions then load their kernels from Triton's cache."""
-    device = _ahead_device(backend)
-    if device is None:
-        return
-    calls: list[Callable[[], Any]] = []
-    owners: list[tuple[tuple, B2BConfig]] = []
-    keys: set[tuple] = set()
-    for node in graph.nodes:
-        if node.op != "b2b_chain":
-            continue
-        key = _decision_key(node, graph, options)
-        if key in _DECIDED or key in keys or (_rule_config(node, graph).residence == "chunked" and not _tma_gpu()):
-            continue
-        keys.add(key)
-        fused_with = _fused_factory(node)
-        xs = decision_inputs(node, graph, device)
-        for cfg in _candidates(node, graph, options, _rows(graph, node, node.attrs["chain"]), list(node.attrs["widths"]), device):
-            calls.append(functools.partial(fused_with(cfg), xs))
-            owners.append((key, cfg))
-    if len(keys) < 2:  # one decision compiles its own candidates the same way
-        return
-    with on_device(device):
-        report = parallel_compile.precompile(calls, kernel_timeout_s=CANDIDATE_COMPILE_S)
-    for i in report.slow_calls:
-        key, cfg = owners[i]
-        _SLOW.setdefault(key, set()).add(cfg)
 
 
 def _decide(
@@ -273,9 +185,18 @@ def _decide(
     ref = unfused(xs).clone()  # what every candidate must produce (see _first_calls)
     best: tuple[float, B2BConfig | None] = (float("inf"), None)
     tried = {}
-    cands = _candidates(node, graph, options, m, widths, xs[0].device if xs else None)
+    x_t = graph.type_of(node.inputs[0])
+    k0 = None if node.attrs["chain"].conv or x_t.rank < 2 else int(x_t.shape[-1])
+    out_shape = node.attrs["out_type"].shape
+    image = (int(out_shape[0]), int(out_shape[2]), int(out_shape[3])) if node.attrs["chain"].conv and len(out_shape) == 4 else None
+    sms = torch.cuda.get_device_properties(xs[0].device).multi_processor_count if xs and xs[0].is_cuda else 132
+    cands = candidate_configs(m, widths, k0, image, elem=node.attrs["out_type"].dtype.itemsize, sms=sms)
+    if not getattr(options, "b2b_conv_tma", True):  # Options.b2b_conv_tma=False: without the TMA conv kernel
+        cands = [c for c in cands if not (node.attrs["chain"].conv and c.tile_h > 0)]
+    if not getattr(options, "b2b_pdl", False):  # Options.b2b_pdl: programmatic dependent launch, opt-in
+        cands = [c for c in cands if not c.pdl]
     runs = [fused_with(cfg) for cfg in cands]
-    errs, compile_note = _compile_candidates(runs, xs, ref, torch.cuda.is_available(), [c in _SLOW.get(key, ()) for c in cands])
+    errs, compile_note = _compile_candidates(runs, xs, ref, torch.cuda.is_available())
     for cfg, run, err in zip(cands, runs, errs, strict=True):
         if err is not None:
             tried[cfg.describe()] = err
