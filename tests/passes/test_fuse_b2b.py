@@ -222,7 +222,7 @@ def test_decision_keeps_the_faster(monkeypatch: pytest.MonkeyPatch, fused_faster
         return 0.5 + i * 0.01 if fused_faster else 2.0
 
     monkeypatch.setattr(k, "graph_time_ms", fake_time)
-    two = lambda m, w, k0=None, image=None, elem=2: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")]  # noqa: E731
+    two = lambda m, w, k0=None, image=None, elem=2, sms=132: [k.default_config(m, w, "register"), k.default_config(m, w, "smem")]  # noqa: E731
     monkeypatch.setattr(k, "candidate_configs", two)
     step = k.lower_b2b_chain(node, g, "triton-interpreter")
     run, template, d = k._decide(node, g, "triton-interpreter", None, lambda cfg: step.fn, 9, [32, 16])
@@ -254,7 +254,7 @@ def test_tma_conv_candidates_only_when_enabled(monkeypatch: pytest.MonkeyPatch, 
     real = k.candidate_configs
     cands = real(84, [16, 12])
     assert any(c.tile_h > 0 for c in cands)  # the list itself has them
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: cands)
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2, sms=132: cands)
     fused_with = lambda cfg: tried.append(cfg) or (lambda xs: None)  # noqa: E731
     k._decide(node, g, "triton-interpreter", Options(b2b_conv_tma=enabled), fused_with, 84, [16, 12])
     assert any(c.tile_h > 0 for c in tried) == enabled
@@ -274,7 +274,7 @@ def test_identical_chains_reuse_the_measured_decision(monkeypatch: pytest.Monkey
         return 1.0 if len(timed) == 1 else 0.5
 
     monkeypatch.setattr(k, "graph_time_ms", fake_time)
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: [k.default_config(m, w, "register")])
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2, sms=132: [k.default_config(m, w, "register")])
     g = fuse_b2b(fuse_epilogues(_mlp([32, 16], m=9)))
     node = g.nodes[0]
     step = k.lower_b2b_chain(node, g, "triton-interpreter")
@@ -300,7 +300,7 @@ def test_pdl_candidates_only_with_the_option(monkeypatch: pytest.MonkeyPatch, en
     node = g.nodes[0]
     cands = k.candidate_configs(262144, [64, 64], 64)
     assert any(c.pdl for c in cands)
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: cands)
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2, sms=132: cands)
     tried: list[object] = []
     fused_with = lambda cfg: tried.append(cfg) or (lambda xs: None)  # noqa: E731
     k._decide(node, g, "triton-interpreter", Options(b2b_pdl=enabled), fused_with, 9, [32, 16])
@@ -367,3 +367,45 @@ def test_chunked_chain_runs_unfused_before_hopper(monkeypatch: pytest.MonkeyPatc
     x = torch.randn(13, 24)
     got = step.fn([x.to(device)] + [g.constants[i].to(device) for i in g.nodes[0].inputs[1:]])
     torch.testing.assert_close(got.cpu(), reference_run(g, [x])[0], rtol=1e-3, atol=1e-3)
+
+
+def _nhwc_convnet(c_in: int = 8) -> Graph:
+    """A 3x3 -> 1x1 conv chain after the layout pass (NHWC inside the graph)."""
+    from kfuse.passes.layout import layout_pass
+
+    b = GraphBuilder("convs")
+    x = b.add_input("x", TensorType((2, c_in, 9, 6), torch.float32))
+    h = _conv(b, x, c_in, 16, 3, 1, 1)
+    y = _conv(b, h, 16, 16, 1, 1, 0)
+    return fuse_b2b(fuse_epilogues(layout_pass()(b.build([y]))))
+
+
+def test_where_the_tma_conv_kernel_runs_only_its_tilings_are_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stride-1 NHWC conv chain with 16-byte channel rows runs ``b2b_conv_tma_kernel`` for its TMA tilings;
+    there the pointer-based tilings (which lost every recorded H200 decision) are not compiled or timed.
+    Channel rows not 16-byte aligned, NCHW, or the TMA conv kernel turned off: every tiling is measured."""
+    from kfuse.compiler import Options
+    from kfuse.kernels.b2b import lower as k
+
+    monkeypatch.setattr(k, "graph_time_ms", lambda fn, reps=20: 1.0)
+
+    def tried_on(g: Graph, options: object = None) -> tuple[list[object], list[object]]:
+        node = next(n for n in g.nodes if n.op == "b2b_chain")
+        m, widths = k._rows(g, node, node.attrs["chain"]), list(node.attrs["widths"])
+        image = tuple(int(v) for v in (node.attrs["out_type"].shape[0], *node.attrs["out_type"].shape[2:]))
+        cands = k.candidate_configs(m, widths, None, image, elem=4)
+        tried: list[object] = []
+        k._DECIDED.clear()
+        k._decide(node, g, "triton-interpreter", options, lambda cfg: tried.append(cfg) or (lambda xs: None), m, widths)
+        return tried, cands
+
+    g = _nhwc_convnet()
+    node = next(n for n in g.nodes if n.op == "b2b_chain")
+    assert k._conv_tma_runs(node, g)
+    tried, cands = tried_on(g)
+    assert tried and all(c.tile_h > 0 for c in tried) and len(tried) == sum(c.tile_h > 0 for c in cands) < len(cands)
+    odd = _nhwc_convnet(c_in=6)  # 24-byte channel rows: no TMA box
+    assert not k._conv_tma_runs(next(n for n in odd.nodes if n.op == "b2b_chain"), odd)
+    for other, options in ((odd, None), (fuse_b2b(fuse_epilogues(_convnet(1, 0))), None), (g, Options(b2b_conv_tma=False))):
+        tried, cands = tried_on(other, options)
+        assert any(c.tile_h == 0 for c in tried)  # the pointer-based tilings are measured

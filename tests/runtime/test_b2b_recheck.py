@@ -41,7 +41,7 @@ def _plan(monkeypatch: pytest.MonkeyPatch, fused_ms: float, unfused_ms: float, d
         return unfused_ms if calls["n"] == 1 else fused_ms
 
     monkeypatch.setattr(k, "graph_time_ms", fake_time)
-    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2: [k.default_config(m, w, "register")])
+    monkeypatch.setattr(k, "candidate_configs", lambda m, w, k0=None, image=None, elem=2, sms=132: [k.default_config(m, w, "register")])
     # the measured decision runs for backend "triton"; on the CPU the kernels run in the interpreter
     plan = lower(g, torch.device(device), "triton")
     if device == "cpu":

@@ -98,6 +98,18 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
     return step
 
 
+def _conv_tma_runs(node: Any, graph: Any) -> bool:
+    """Whether a conv chain's TMA tilings run ``b2b_conv_tma_kernel`` (``launcher._conv_tma_descriptors``):
+    stride 1, NHWC input and output with 16-byte aligned channel rows, a GPU with TMA."""
+    a = node.attrs
+    if not a["chain"].conv or as_pair(a.get("stride"), 1) != (1, 1) or a["out_type"].layout != "channels_last" or not _tma_gpu():
+        return False
+    x_t, out_t = graph.type_of(node.inputs[0]), a["out_type"]
+    if getattr(x_t, "layout", "") != "channels_last" or x_t.dtype != out_t.dtype:
+        return False
+    return all(t.shape[1] * t.dtype.itemsize % 16 == 0 for t in (x_t, out_t))
+
+
 def _tma_gpu() -> bool:
     """Whether the current GPU has TMA (sm_90 or later); without a GPU, True (the interpreter emulates it)."""
     return tma_device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
@@ -193,6 +205,12 @@ def _decide(
     cands = candidate_configs(m, widths, k0, image, elem=node.attrs["out_type"].dtype.itemsize, sms=sms)
     if not getattr(options, "b2b_conv_tma", True):  # Options.b2b_conv_tma=False: without the TMA conv kernel
         cands = [c for c in cands if not (node.attrs["chain"].conv and c.tile_h > 0)]
+    elif _conv_tma_runs(node, graph):
+        # where the TMA conv kernel runs, the pointer-based conv tilings are not measured: in all ten
+        # recorded H200 decisions (resnet50.json B1 / B64, b2b_conv.json) they lost to the best TMA tiling
+        # by 9-62% wherever a fused kernel won, and where they were faster the unfused pair won; they were
+        # 6-7 of each decision's 24 compiles (7-12 s of ptxas each, session 33)
+        cands = [c for c in cands if c.tile_h > 0] or cands
     if not getattr(options, "b2b_pdl", False):  # Options.b2b_pdl: programmatic dependent launch, opt-in
         cands = [c for c in cands if not c.pdl]
     runs = [fused_with(cfg) for cfg in cands]
