@@ -66,6 +66,9 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/h200")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--mode", default="fast", choices=["fast", "full"])
+    p.add_argument("--fresh-triton-cache", action="store_true",
+                   help="compile every kernel from scratch (an empty TRITON_CACHE_DIR), as on a fresh machine; "
+                        "without it Triton's cache is used as found")  # fmt: skip
     args = p.parse_args()
     command = "PYTHONPATH=. python benchmarks/tuning_bench.py " + " ".join(sys.argv[1:])
     t_start = time.perf_counter()
@@ -73,6 +76,9 @@ def main() -> None:
     dtype = torch.float16 if dev == "cuda" else torch.float32
     tmp = tempfile.mkdtemp(prefix="kfuse_tune_")
     os.environ["KFUSE_TUNE_DB"] = os.path.join(tmp, "tune.sqlite")  # an empty database
+    if args.fresh_triton_cache:  # read by Triton at each compile: set before the first one
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
+    triton_cache = "fresh" if args.fresh_triton_cache else "as found"
     if args.smoke:
         orig = tuner_mod.Tuner
 
@@ -130,7 +136,7 @@ def main() -> None:
                 cold_s=round(st.seconds, 2), cold_compile_s=round(cold_total, 2), warm_s=round(warm_s, 2),
                 warm_tune_s=round(st2.seconds, 3), warm_measured=st2.measured,
                 problems=st.problems, candidates_considered=st.considered, candidates_measured=st.measured, failed=st.failed,
-                gap_vs_exhaustive=g.get("gap"), gap_detail=g,
+                gap_vs_exhaustive=g.get("gap"), gap_detail=g, triton_cache=triton_cache,
                 reference_max_autotune_compile_s={"bert-base": 138, "resnet50": 300}.get(name),
             )  # fmt: skip
             records.append(rec)
