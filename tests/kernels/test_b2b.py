@@ -543,3 +543,14 @@ def test_persistent_candidates_only_where_a_program_gets_a_second_row_tile() -> 
         assert not any(d.describe() == c.describe() for d in under), c.describe()
     chunked_only = b2b.candidate_configs(34, [1024, 64], k0=64)  # past the resident widths: chunked, one per tile
     assert chunked_only and all(c.residence == "chunked" and not c.persistent for c in chunked_only)
+
+
+def test_gemm_chains_wider_than_128_measure_no_register_resident_tiling() -> None:
+    """A GEMM chain whose intermediate is wider than 128 columns holds it in shared memory or in chunks:
+    the register-resident tilings lost every recorded H200 decision there (22-61%) and are the slowest
+    fp32 compiles. Chains up to 128 wide and conv chains keep them."""
+    for widths, k0, elem in (([256, 64], 64, 4), ([256, 256], 256, 2), ([512, 64], 64, 2)):
+        cands = b2b.candidate_configs(1 << 18, widths, k0=k0, elem=elem)
+        assert cands and all(c.residence != "register" for c in cands), widths
+    assert any(c.residence == "register" for c in b2b.candidate_configs(1 << 18, [128, 64], k0=64))
+    assert any(c.residence == "register" for c in b2b.candidate_configs(64 * 14 * 14, [256, 1024], None, (64, 14, 14)))

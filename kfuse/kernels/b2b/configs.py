@@ -177,6 +177,11 @@ def candidate_configs(
                     B2BConfig(64, 64, min(last, 64), 4, 2, "smem", tma=True, tile_h=8)]  # fmt: skip
         if image is not None:
             out += _exact_tiles(image, widest, widths[-1], last)
+    if k0 is not None and widest > 128:
+        # GEMM chains wider than 128: no register-resident candidates. They lost every recorded H200
+        # decision (b2b_gemm.json 256-wide chains by 22-37%, ViT-tiny's 256 -> 64 by 36-61%), and in fp32
+        # they are the slowest kernels to compile (15-36 s of ptxas each, session 33)
+        out = [c for c in out if c.residence != "register"]
     seen, uniq = set(), []
     for c in map(lambda c: as_launched(c, widths), _pipelined_where_tiles_repeat(out, m, sms)):
         if c not in seen:
