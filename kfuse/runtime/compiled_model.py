@@ -150,9 +150,9 @@ class CompiledModel:
         with phases("import"):
             imported = self._importer(args, kwargs)
         # tuned on the device the plan runs on: the graph's constants need not be there (ONNX initializers are CPU tensors)
-        with phases("graph_passes"):  # includes the measured b2b / gated-MLP decisions taken while fusing
+        with phases("graph_passes"):  # includes tuning (the pipeline's "tune" stage)
             opt = optimize(imported.graph, self.options, device=device)
-        with phases("lower"):  # kernel choice: tuning, measured library / template decisions
+        with phases("lower"):  # measured choices: b2b and gated-MLP fused-vs-unfused, library vs template
             plan = lower(opt.graph, device, self.options.backend, options=self.options)
         plan.use_memory_plan = self.options.memory_plan
         xs = [flat[i] for i in imported.flat_input_index]
