@@ -4,7 +4,9 @@ Each (model, mode) compiles in a fresh process with empty Triton, kfuse-kernel a
 every kernel is compiled from scratch: mode "workers" is the default (recorded kernels compiled on
 worker processes), mode "threads" sets KFUSE_COMPILE_WORKERS=0 (the previous behaviour: thread pools
 in the tuner and the b2b decision, the rest one kernel after the other). A child past ``--timeout``
-is stopped and reported as such.
+is stopped and reported as such. Each record holds the compile's phases (``report["compile_phases_s"]``),
+the kernel each GELU GEMM runs, the b2b decisions, and with ``--cprofile`` the main process's profile in
+its log (session 33).
 
     PYTHONPATH=. python benchmarks/experiments/cold_compile_probe.py --out $OUT \
         --cases bert-base:8:128,nerf-mlp:3 --modes workers,threads --timeout 240
