@@ -169,18 +169,17 @@ class CompiledModel:
         runner = None
         cuda_graph_note = "off"
         if self.options.cuda_graphs and device.type == "cuda":
-            phases.start("cuda_graph")  # the first run (every kernel's first launch) and the capture
-            if any(s.host_sync for s in plan.steps):
-                runner = PiecewiseGraphRunner(plan, xs)
-                n_sync = runner.stats()["host_sync_steps"]
-                ok = f"captured piecewise: {runner.graphs} graphs around {n_sync} host-sync step(s)"
-            else:
-                runner = CudaGraphRunner(plan, xs)
-                ok = "captured"
+            with phases("cuda_graph"):  # the first run (every kernel's first launch) and the capture
+                if any(s.host_sync for s in plan.steps):
+                    runner = PiecewiseGraphRunner(plan, xs)
+                    n_sync = runner.stats()["host_sync_steps"]
+                    ok = f"captured piecewise: {runner.graphs} graphs around {n_sync} host-sync step(s)"
+                else:
+                    runner = CudaGraphRunner(plan, xs)
+                    ok = "captured"
             cuda_graph_note = ok if runner.captured else f"not captured ({runner.reason})"
             if not runner.captured:
                 runner = None
-            phases.stop()
         variant = Variant(imported, opt.stages, plan, runner, time.perf_counter() - t0)
         variant.report = self._make_report(variant, cuda_graph_note)
         if self.options.check and self._reference is not None:
