@@ -66,6 +66,8 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/h200")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--mode", default="fast", choices=["fast", "full"])
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+    p.add_argument("--no-gap", action="store_true", help="skip the comparison with exhaustive search")
     p.add_argument("--fresh-triton-cache", action="store_true",
                    help="compile every kernel from scratch (an empty TRITON_CACHE_DIR), as on a fresh machine; "
                         "without it Triton's cache is used as found")  # fmt: skip
@@ -93,7 +95,7 @@ def main() -> None:
     subset = {"gemm": GemmProblem(4096, 3072, 768, n_extras=1), "conv": ConvProblem(64, 64, 56, 56, 64, 3, 3, (1, 1), (1, 1))}
     if args.smoke:
         subset = {"gemm": GemmProblem(512, 384, 256, n_extras=1), "conv": ConvProblem(4, 64, 16, 16, 64, 3, 3, (1, 1), (1, 1))}
-    for tmpl, prob in subset.items():
+    for tmpl, prob in ({} if args.no_gap else subset).items():
         try:
             space = sub_space(tmpl)
             t = tuner_mod.Tuner(args.mode, db=TuningDB(":memory:"), progress=False)
@@ -117,7 +119,8 @@ def main() -> None:
 
     # ---- cold and warm compiles of whole models ------------------------------------------
     records = []
-    for name, kw in (SMOKE_MODELS if args.smoke else MODELS).items():
+    chosen = SMOKE_MODELS if args.smoke else {m: MODELS[m] for m in args.models.split(",")}
+    for name, kw in chosen.items():
         try:
             model, margs, mkw = zoo.build(name, dtype=dtype, device=dev, **kw)
             t0 = time.perf_counter()
@@ -137,6 +140,9 @@ def main() -> None:
                 warm_tune_s=round(st2.seconds, 3), warm_measured=st2.measured,
                 problems=st.problems, candidates_considered=st.considered, candidates_measured=st.measured, failed=st.failed,
                 gap_vs_exhaustive=g.get("gap"), gap_detail=g, triton_cache=triton_cache,
+                deferred=st.deferred, late_wins=st.late_wins, defer=tuner_mod.defer_enabled(),
+                new_compiles=tuner_mod.LAST[0].budget.new_compiles if tuner_mod.LAST else None,
+                slowest_problems_s=sorted(st.problem_s.items(), key=lambda kv: -kv[1])[:6],
                 reference_max_autotune_compile_s={"bert-base": 138, "resnet50": 300}.get(name),
             )  # fmt: skip
             records.append(rec)
