@@ -1,6 +1,7 @@
 """Tuning alone, from empty caches: a model's GEMM / conv problems (as ``kfuse.compile`` finds them)
 tuned by ``Tuner.choose`` in a fresh process with an empty tuning database and an empty Triton
-cache, per variant of the tuner's compile handling (session 34):
+cache, per variant of the tuner's compile handling (session 34; ``--dtype float32`` for the fp32 compiles of
+session 33's ``cold_compile_probe.py``, which builds CNNs in fp32):
 
 * ``on``: the defaults, batches measured before their slowest compiles (``parallel_compile.Quorum``;
   the stragglers measured when ready) and at most ``Budget.new_compiles`` new kernels a batch where
@@ -30,7 +31,7 @@ from pathlib import Path
 VARIANTS = {"on": {}, "off": {"KFUSE_TUNE_DEFER": "0", "KFUSE_TUNE_NEW_COMPILES": "none"}}
 
 
-def child(name: str, batch: int, seq: int | None) -> None:
+def child(name: str, batch: int, seq: int | None, dtype_name: str) -> None:
     import logging
 
     import torch
@@ -55,7 +56,7 @@ def child(name: str, batch: int, seq: int | None) -> None:
 
     T.Tuner.choose = capture  # type: ignore[method-assign]
     kw = {"batch": batch} | ({"seq": seq} if seq else {})
-    model, args, kwargs = zoo.build(name, dtype=torch.float16, device="cuda", **kw)
+    model, args, kwargs = zoo.build(name, dtype=getattr(torch, dtype_name), device="cuda", **kw)
     parallel_compile.start_pool()  # as kfuse.compile does at its start
     t_trace = time.perf_counter()
     try:
@@ -86,11 +87,12 @@ def main() -> None:
     ap.add_argument("--cases", default="resnet50:32,bert-base:32:128")
     ap.add_argument("--variants", default="off,on")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--dtype", default="float16", choices=["float16", "float32"])
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         name, *nums = a.child.split(":")
-        child(name, int(nums[0]), int(nums[1]) if len(nums) > 1 else None)
+        child(name, int(nums[0]), int(nums[1]) if len(nums) > 1 else None, a.dtype)
         return
     command = "PYTHONPATH=. python benchmarks/experiments/tune_only_probe.py " + " ".join(sys.argv[1:])
     records = []
@@ -101,14 +103,14 @@ def main() -> None:
                        KFUSE_TUNE_DB=os.path.join(tmp, "tune.sqlite"), **VARIANTS[variant])  # fmt: skip
             t0 = time.perf_counter()
             try:
-                r = subprocess.run([sys.executable, __file__, "--out", a.out, "--child", case], env=env, capture_output=True,
-                                   text=True, timeout=a.timeout)  # fmt: skip
+                argv = [sys.executable, __file__, "--out", a.out, "--child", case, "--dtype", a.dtype]
+                r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=a.timeout)
                 lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
                 rec = json.loads(lines[-1][7:]) if lines else {"error": f"rc {r.returncode}: {r.stderr[-1500:]}"}
                 rec["log"] = "\n".join(ln for ln in r.stderr.splitlines() if "parallel_compile" in ln)[-6000:]
             except subprocess.TimeoutExpired:
                 rec = {"error": f"timeout after {a.timeout:.0f} s"}
-            rec.update(case=case, variant=variant, wall_s=round(time.perf_counter() - t0, 1), command=command)
+            rec.update(case=case, variant=variant, dtype=a.dtype, wall_s=round(time.perf_counter() - t0, 1), command=command)
             records.append(rec)
             print(f"{case:18s} {variant:4s} tune {rec.get('tune_s', '-')} s, measured {rec.get('measured', '-')}, "
                   f"deferred {rec.get('deferred', '-')} ({rec.get('late_wins', '-')} won), sum best {rec.get('sum_best_ms', '-')} ms"
