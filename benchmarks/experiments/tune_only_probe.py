@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = {"on": {}, "off": {"KFUSE_TUNE_DEFER": "0", "KFUSE_TUNE_NEW_COMPILES": "none"}}
+VARIANTS = {"on": {}, "off": {"KFUSE_TUNE_DEFER": "0", "KFUSE_TUNE_NEW_COMPILES": "none"}, "prefer": {"KFUSE_TUNE_NEW_COMPILES": "4"}}
 
 
 def child(name: str, batch: int, seq: int | None, dtype_name: str) -> None:
@@ -76,6 +76,7 @@ def child(name: str, batch: int, seq: int | None, dtype_name: str) -> None:
         "sum_best_ms": round(sum(v for v in best.values() if v), 4),
         "problem_s": st.problem_s,
         "chosen": {sig: (cfg.describe() if cfg else None, best.get(sig)) for sig, cfg in out.items()},
+        "measured_detail": {r.problem.signature(): [(m.config.describe(), m.time_ms, m.status) for m in r.measured] for r in st.results},
         "line": st.line("fast"),
     }  # fmt: skip
     print("RESULT " + json.dumps(rec))

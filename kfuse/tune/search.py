@@ -43,11 +43,11 @@ class Budget:
     @staticmethod
     def for_mode(mode: str) -> Budget:
         if mode == "full":
-            return Budget(top_k=16, rounds=3, transfer=4, new_compiles=8)
+            return Budget(top_k=16, rounds=3, transfer=4)
         if mode == "fast":
             # top 10 (was 6): the bert-base gap to exhaustive search was 3.13% (over the 3% target)
             # while cold tuning took 7.8 s of its 60 s; a superset of the same ranking can only narrow it
-            return Budget(top_k=10, rounds=1, transfer=3, new_compiles=4)
+            return Budget(top_k=10, rounds=1, transfer=3)
         raise ValueError(f"tune mode must be 'none', 'fast' or 'full', got {mode!r}")
 
 
