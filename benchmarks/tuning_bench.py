@@ -112,7 +112,6 @@ def main() -> None:
                 problems=st.problems, candidates_considered=st.considered, candidates_measured=st.measured, failed=st.failed,
                 triton_cache=triton_cache,
                 deferred=st.deferred, late_wins=st.late_wins, defer=tuner_mod.defer_enabled(),
-                new_compiles=tuner_mod.LAST[0].budget.new_compiles if tuner_mod.LAST else None,
                 slowest_problems_s=sorted(st.problem_s.items(), key=lambda kv: -kv[1])[:6],
                 reference_max_autotune_compile_s={"bert-base": 138, "resnet50": 300}.get(name),
             )  # fmt: skip

@@ -3,10 +3,12 @@ tuned by ``Tuner.choose`` in a fresh process with an empty tuning database and a
 cache, per variant of the tuner's compile handling (session 34; ``--dtype float32`` for the fp32 compiles of
 session 33's ``cold_compile_probe.py``, which builds CNNs in fp32):
 
-* ``on``: the defaults, batches measured before their slowest compiles (``parallel_compile.Quorum``;
-  the stragglers measured when ready) and at most ``Budget.new_compiles`` new kernels a batch where
-  compiled ones rank near the top (``search._prefer_compiled``);
-* ``off``: neither (``KFUSE_TUNE_DEFER=0 KFUSE_TUNE_NEW_COMPILES=none``), the tuner of session 33.
+* ``on``: the default, batches measured before their slowest compiles (``parallel_compile.Quorum``;
+  the stragglers measured when ready);
+* ``off``: ``KFUSE_TUNE_DEFER=0``, the tuner of session 33.
+
+(Run 1 and 2 of session 34 had a third mechanism in ``on``, compiled candidates measured in place of
+new compiles, refuted in run 2 and removed.)
 
 Each record: tuning seconds, candidates measured, deferred and late wins, each problem's seconds,
 and each problem's chosen config with its measured time (the sum over problems says whether a
@@ -72,7 +74,7 @@ def child(name: str, batch: int, seq: int | None, dtype_name: str) -> None:
     rec = {
         "tune_s": round(st.seconds, 2), "trace_s": round(trace_s, 2), "problems": st.problems, "tuned": st.tuned,
         "measured": st.measured, "failed": st.failed, "deferred": st.deferred, "late_wins": st.late_wins,
-        "new_compiles": tuner.budget.new_compiles, "defer": T.defer_enabled(),
+        "defer": T.defer_enabled(),
         "sum_best_ms": round(sum(v for v in best.values() if v), 4),
         "problem_s": st.problem_s,
         "chosen": {sig: (cfg.describe() if cfg else None, best.get(sig)) for sig, cfg in out.items()},

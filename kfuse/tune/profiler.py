@@ -95,24 +95,6 @@ class Runner(Protocol):
     def check(self, out: torch.Tensor, i: int) -> str | None: ...
 
 
-def compiled_configs(runner: Runner, configs: Sequence[Config]) -> set[Config]:
-    """Which of ``configs`` the runner can launch without compiling a kernel (Triton has it in
-    memory): each compile call is recorded, not run (``parallel_compile.record``), and one that
-    asks for no kernel is compiled. On the GPU only (the interpreter compiles nothing)."""
-    if torch.device(getattr(runner, "device", "cpu")).type != "cuda" or not parallel_compile.enabled():
-        return set()
-    raised: set[int] = set()
-
-    def call(i: int, cfg: Config) -> None:
-        try:
-            runner.compile(cfg)
-        except Exception:  # noqa: BLE001 - a config that cannot run is not "compiled"; its own measurement says why
-            raised.add(i)
-
-    _, per_call, _ = parallel_compile.record([functools.partial(call, i, c) for i, c in enumerate(configs)])
-    return {c for i, (c, reqs) in enumerate(zip(configs, per_call, strict=True)) if not reqs and i not in raised}
-
-
 def _bias_gelu(n_extras: int) -> Epilogue:
     """A representative epilogue when the caller has none: bias add (+ residuals) then GELU."""
     steps = [EpilogueStep("add", (Operand("reg", j), Operand("in", j))) for j in range(n_extras)]
@@ -146,9 +128,6 @@ class GemmRunner:
     def compile(self, cfg: Config) -> None:
         assert isinstance(cfg, GemmConfig)
         launch(self.calls[0], self.epi, cfg, warmup=True)
-
-    def compiled(self, configs: Sequence[Config]) -> set[Config]:
-        return compiled_configs(self, configs)
 
     def poison(self, i: int) -> None:
         """NaN into input set ``i``'s output buffer: the buffer is reused across configs, so without
@@ -196,9 +175,6 @@ class ConvRunner:
         assert isinstance(cfg, ConvConfig)
         x, w, wp, bias, ex = self.sets[0]
         conv_epilogue(x, w, bias, ex, self.epi, self.params, self.dtype, cfg, wp, warmup=True)
-
-    def compiled(self, configs: Sequence[Config]) -> set[Config]:
-        return compiled_configs(self, configs)
 
     def poison(self, i: int) -> None:
         """NaN into input set ``i``'s output buffer (see ``GemmRunner.poison``)."""

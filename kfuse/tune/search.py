@@ -34,11 +34,6 @@ class Budget:
     enumerate_limit: int = 4096
     population: int = 96
     generations: int = 4
-    # at most this many candidates a batch that need a new kernel compiled, where the window of the
-    # ranking (``free_window`` x top_k) holds already-compiled ones to measure in their place
-    # (``_prefer_compiled``); None: no limit
-    new_compiles: int | None = None
-    free_window: int = 3
 
     @staticmethod
     def for_mode(mode: str) -> Budget:
@@ -238,45 +233,6 @@ def _varied_top_tiles(ranked: Sequence[Config], k: int, skip: set[Config]) -> li
     return out
 
 
-def _prefer_compiled(
-    batch: list[Config],
-    ranked: Sequence[Config],
-    done: set[Config],
-    compiled: Callable[[Sequence[Config]], set[Config]],
-    k: int,
-    max_new: int,
-    window: int,
-) -> list[Config]:
-    """``batch`` with at most ``max(max_new, k - free)`` of its configs that need a new kernel
-    compiled, the rest of its ``k`` places going to configs whose kernels are compiled already
-    (``free`` of them in the first ``window`` unmeasured configs of ``ranked``, taken in rank order).
-
-    A batch waits for its slowest compile, and in fresh caches compiling is most of a model's tuning
-    (session 33: 80 of ResNet-50's 109 s, one batch of 0.5-8 s per conv problem). Problems of one
-    kernel class (same taps, stride, epilogue) compile the same kernels, so once a class-mate is
-    tuned its candidates cost a measurement (~0.1 s), not a compile. Where nothing near the top of
-    the ranking is compiled (the first problem of a class) the batch is unchanged."""
-    head = [c for c in ranked if c not in done][:window]
-    have = compiled(list(dict.fromkeys([*batch, *head])))
-    free = [c for c in head if c in have]
-    if not free:
-        return batch
-    allowed = max(max_new, k - len(free))
-    out: list[Config] = []
-    for c in batch:
-        if c in have:
-            out.append(c)
-        elif allowed > 0:
-            out.append(c)
-            allowed -= 1
-    for c in free:
-        if len(out) >= k:
-            break
-        if c not in out:
-            out.append(c)
-    return out
-
-
 def search(
     problem: Problem,
     hw: Hardware,
@@ -290,18 +246,12 @@ def search(
     on_result: Callable[[Measurement], None] | None = None,
     already: Sequence[Measurement] = (),
     seed: int = 0,
-    compiled: Callable[[Sequence[Config]], set[Config]] | None = None,
 ) -> SearchResult:
     """Tune one problem. ``already`` are earlier measurements of it (a resumed run): they are
     not measured again, and compete for best only where today's hard rules accept them and they
     lie in ``space`` (a record of an older kfuse whose rules allowed a config that deadlocks is
     never chosen). ``space`` restricts the candidates (e.g. to compare with exhaustive search of
-    a sub-space). The best config returned is always valid for ``problem``. ``compiled`` says which
-    configs' kernels are compiled already (``Runner.compiled``; default: the runner's, where it has
-    one): with ``budget.new_compiles`` set, a batch measures those in place of new compiles
-    (``_prefer_compiled``)."""
-    if compiled is None:
-        compiled = getattr(runner, "compiled", None)
+    a sub-space). The best config returned is always valid for ``problem``."""
     in_space = set(space) if space is not None else None
 
     def eligible(c: Config) -> bool:
@@ -330,8 +280,6 @@ def search(
         ranked = _rules_within_unseen(ranked, samples, problem, hw)
         batch = [s for s in seeds if s not in done] if rnd == 0 else []
         batch += _varied_top(ranked, max(0, budget.top_k - len(batch)), done | set(batch))
-        if compiled is not None and budget.new_compiles is not None:
-            batch = _prefer_compiled(batch, ranked, done, compiled, budget.top_k, budget.new_compiles, budget.free_window * budget.top_k)
         if rnd == 0:
             batch = _with_rules_best(batch, valid, problem, hw, done, budget.top_k)
         if not batch:

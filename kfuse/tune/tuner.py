@@ -23,7 +23,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -140,9 +140,6 @@ class Tuner:
         check: bool = True,
     ) -> None:
         self.budget = Budget.for_mode(mode)
-        if os.environ.get("KFUSE_TUNE_NEW_COMPILES", "").strip():  # for A/B measurements: "none" lifts the limit
-            v = os.environ["KFUSE_TUNE_NEW_COMPILES"].strip()
-            self.budget = replace(self.budget, new_compiles=None if v == "none" else int(v))
         self.mode = mode
         self._db_warned = False
         self._db_writable = True

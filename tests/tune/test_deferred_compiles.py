@@ -1,7 +1,6 @@
 """Batches measured before their slowest compiles (``parallel_compile.Quorum``), the stragglers
 measured when ready (``Profiler.settle``) and folded into their problem's result (``merge_late``,
-``Tuner._settle``); and batches that measure already-compiled candidates in place of new compiles
-(``search._prefer_compiled``). All on the CPU: stand-in workers, runners and profilers."""
+``Tuner._settle``). All on the CPU: stand-in workers, runners and profilers."""
 
 from __future__ import annotations
 
@@ -15,12 +14,11 @@ import torch
 from kfuse.kernels.gemm import GemmConfig
 from kfuse.runtime import parallel_compile
 from kfuse.runtime.parallel_compile import CompileRequest, PrecompileReport, Quorum
-from kfuse.tune.cost_model import CostModel
 from kfuse.tune.database import TuningDB
 from kfuse.tune.hardware import DEFAULT
 from kfuse.tune.profiler import Deferred, Measurement, Profiler
-from kfuse.tune.search import Budget, SearchResult, _prefer_compiled, merge_late, search
-from kfuse.tune.space import GemmProblem, estimate_ms, valid_configs
+from kfuse.tune.search import SearchResult, merge_late
+from kfuse.tune.space import GemmProblem
 from kfuse.tune.tuner import Tuner
 
 CFGS = [GemmConfig(bm, bn, 32, 8, 4, 3) for bm, bn in ((64, 64), (128, 64), (64, 128), (128, 128))]
@@ -194,58 +192,3 @@ def test_the_tuner_adopts_a_late_winner_and_records_it_as_done(tmp_path: Any) ->
     t._settle({PROBLEM.signature(): res}, out, block=True)
     assert out[PROBLEM.signature()] == CFGS[1] and t.lookup(PROBLEM) == CFGS[1]
     assert t.stats.deferred == 1 and t.stats.late_wins == 1 and "1 won" in t.stats.line("fast")
-
-
-# ---- measuring compiled candidates in place of new compiles ---------------------------------
-def test_prefer_compiled_keeps_the_batch_where_nothing_is_compiled() -> None:
-    ranked = valid_configs(PROBLEM, DEFAULT)
-    batch = ranked[:10]
-    assert _prefer_compiled(batch, ranked, set(), lambda cs: set(), 10, 4, 30) == batch
-
-
-def test_prefer_compiled_limits_new_compiles_where_compiled_ones_rank_near_the_top() -> None:
-    ranked = sorted(valid_configs(PROBLEM, DEFAULT), key=lambda c: estimate_ms(c, PROBLEM, DEFAULT))
-    batch = ranked[:10]
-    have = set(ranked[5:20])  # 15 compiled in the window of 30, 5 of them in the batch
-    out = _prefer_compiled(batch, ranked, set(), lambda cs: {c for c in cs if c in have}, 10, 4, 30)
-    assert len(out) == 10 and len(set(out)) == 10
-    assert sum(c not in have for c in out) == 4 and out[:4] == batch[:4]  # the best-ranked new ones kept
-    assert set(batch[5:10]) <= set(out)  # compiled batch members stay
-    # few compiled ones: the new-compile allowance grows so the batch stays full
-    few = set(ranked[20:22])
-    out = _prefer_compiled(batch, ranked, set(), lambda cs: {c for c in cs if c in few}, 10, 4, 30)
-    assert len(out) == 10 and sum(c not in few for c in out) == 8 and set(ranked[20:22]) <= set(out)
-
-
-def test_search_asks_the_runner_which_configs_are_compiled() -> None:
-    asked: list[int] = []
-
-    def compiled(cs: Any) -> set[Any]:
-        asked.append(len(cs))
-        return set(list(cs)[5:25])
-
-    prof = Profiler(measure=lambda c, p: estimate_ms(c, p, DEFAULT))
-    res = search(PROBLEM, DEFAULT, prof, None, CostModel(DEFAULT), Budget(top_k=10, new_compiles=3), compiled=compiled)
-    assert asked and res.best is not None and res.n_measured <= 12
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_compiled_configs_tells_loaded_kernels_from_new_ones_on_the_gpu() -> None:
-    from kfuse.tune.profiler import GemmRunner, compiled_configs
-
-    if not parallel_compile.enabled():
-        pytest.skip("worker compiles off")
-    runner = GemmRunner(GemmProblem(256, 192, 128, dtype="fp16"), "cuda")
-    a, b = GemmConfig(64, 64, 32, 8, 4, 3), GemmConfig(64, 64, 64, 1, 4, 2)
-    runner.compile(a)
-    assert compiled_configs(runner, [a, b]) == {a} and runner.compiled([b]) == set()
-    runner.compile(b)
-    assert runner.compiled([a, b]) == {a, b}
-
-
-def test_compiled_configs_is_empty_off_the_gpu() -> None:
-    from kfuse.tune.profiler import GemmRunner, compiled_configs
-
-    runner = GemmRunner(GemmProblem(40, 24, 16, dtype="fp32"), "cpu")
-    assert compiled_configs(runner, CFGS) == set()
