@@ -111,7 +111,6 @@ def main() -> None:
                 warm_tune_s=round(st2.seconds, 3), warm_measured=st2.measured,
                 problems=st.problems, candidates_considered=st.considered, candidates_measured=st.measured, failed=st.failed,
                 triton_cache=triton_cache,
-                deferred=st.deferred, late_wins=st.late_wins, defer=tuner_mod.defer_enabled(),
                 slowest_problems_s=sorted(st.problem_s.items(), key=lambda kv: -kv[1])[:6],
                 reference_max_autotune_compile_s={"bert-base": 138, "resnet50": 300}.get(name),
             )  # fmt: skip

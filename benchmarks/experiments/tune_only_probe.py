@@ -1,22 +1,18 @@
 """Tuning alone, from empty caches: a model's GEMM / conv problems (as ``kfuse.compile`` finds them)
 tuned by ``Tuner.choose`` in a fresh process with an empty tuning database and an empty Triton
-cache, per variant of the tuner's compile handling (session 34; ``--dtype float32`` for the fp32 compiles of
-session 33's ``cold_compile_probe.py``, which builds CNNs in fp32):
+cache (session 34; ``--dtype float32`` for the fp32 compiles of session 33's ``cold_compile_probe.py``,
+which builds CNNs in fp32). Variants: ``default``; ``threads`` (``KFUSE_COMPILE_WORKERS=0``: no worker
+processes). Session 34's runs compared two tuner mechanisms as ``on`` / ``off`` (compiled candidates
+measured in place of new compiles; batches measured before their slowest compiles); both were refuted
+and removed (docs/perf-notes.md, session 34).
 
-* ``on``: the default, batches measured before their slowest compiles (``parallel_compile.Quorum``;
-  the stragglers measured when ready);
-* ``off``: ``KFUSE_TUNE_DEFER=0``, the tuner of session 33.
-
-(Run 1 and 2 of session 34 had a third mechanism in ``on``, compiled candidates measured in place of
-new compiles, refuted in run 2 and removed.)
-
-Each record: tuning seconds, candidates measured, deferred and late wins, each problem's seconds,
+Each record: tuning seconds, candidates measured, each problem's seconds,
 and each problem's chosen config with its measured time (the sum over problems says whether a
 variant chose worse configs). Unlike ``cold_compile_probe.py`` (fp32 for CNNs) the models run in
 fp16, as ``tuning_bench.py``.
 
     PYTHONPATH=. python benchmarks/experiments/tune_only_probe.py --out $OUT \
-        --cases resnet50:32,bert-base:32:128 --variants off,on
+        --cases resnet50:32,bert-base:32:128
 """
 
 from __future__ import annotations
@@ -73,8 +69,7 @@ def child(name: str, batch: int, seq: int | None, dtype_name: str) -> None:
     best = {r.problem.signature(): r.best_ms for r in st.results}
     rec = {
         "tune_s": round(st.seconds, 2), "trace_s": round(trace_s, 2), "problems": st.problems, "tuned": st.tuned,
-        "measured": st.measured, "failed": st.failed, "deferred": st.deferred, "late_wins": st.late_wins,
-        "defer": T.defer_enabled(),
+        "measured": st.measured, "failed": st.failed,
         "sum_best_ms": round(sum(v for v in best.values() if v), 4),
         "problem_s": st.problem_s,
         "chosen": {sig: (cfg.describe() if cfg else None, best.get(sig)) for sig, cfg in out.items()},
@@ -88,7 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default="resnet50:32,bert-base:32:128")
-    ap.add_argument("--variants", default="off,on")
+    ap.add_argument("--variants", default="default")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--dtype", default="float16", choices=["float16", "float32"])
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -116,14 +111,14 @@ def main() -> None:
             rec.update(case=case, variant=variant, dtype=a.dtype, wall_s=round(time.perf_counter() - t0, 1), command=command)
             records.append(rec)
             print(f"{case:18s} {variant:4s} tune {rec.get('tune_s', '-')} s, measured {rec.get('measured', '-')}, "
-                  f"deferred {rec.get('deferred', '-')} ({rec.get('late_wins', '-')} won), sum best {rec.get('sum_best_ms', '-')} ms"
+                  f"sum best {rec.get('sum_best_ms', '-')} ms"
                   + (f"  ERROR {rec['error'][:300]}" if "error" in rec else ""), flush=True)  # fmt: skip
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "tune_only_probe.json").write_text(json.dumps(records, indent=1))
-    print("\ncase               variant tune_s measured deferred late_wins sum_best_ms")
+    print("\ncase               variant tune_s measured sum_best_ms")
     for r in records:
         print(f"{r['case']:18s} {r['variant']:7s} {r.get('tune_s', '-')!s:>6} {r.get('measured', '-')!s:>8} "
-              f"{r.get('deferred', '-')!s:>8} {r.get('late_wins', '-')!s:>9} {r.get('sum_best_ms', '-')!s:>11}")  # fmt: skip
+              f"{r.get('sum_best_ms', '-')!s:>11}")  # fmt: skip
 
 
 if __name__ == "__main__":

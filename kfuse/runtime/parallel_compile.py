@@ -26,7 +26,6 @@ import atexit
 import contextlib
 import json
 import logging
-import math
 import os
 import queue
 import select
@@ -63,9 +62,7 @@ class CompileRequest:
 @dataclass
 class PrecompileReport:
     """What one ``precompile`` did: requests recorded, compiled by the workers, failed (with the
-    worker's reason), calls that raised while recording, and the wall time. A batch that settled
-    early (``quorum``) returns with ``pending`` requests still compiling on their workers:
-    ``wait_pending`` blocks until they are answered, and the fields fill in as they are."""
+    worker's reason), calls that raised while recording, and the wall time."""
 
     requests: int = 0
     compiled: int = 0
@@ -77,45 +74,11 @@ class PrecompileReport:
     call_errors: int = 0
     workers: int = 0
     seconds: float = 0.0
-    pending: list[int] = field(default_factory=list)  # requests not answered when the batch returned
-    pending_calls: list[int] = field(default_factory=list)  # calls with such a request (``precompile``)
-    per_call: list[list[int]] = field(default_factory=list)  # the requests of each call (``precompile``)
-    _answered: set[int] = field(default_factory=set, repr=False, compare=False)
-    _cond: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
 
     def summary(self) -> str:
         return (f"{self.compiled}/{self.requests} kernels compiled on {self.workers} worker processes in {self.seconds:.1f} s"
                 + (f", {len(self.failed)} failed" if self.failed else "")
-                + (f" ({len(self.timed_out)} past the time-out)" if self.timed_out else "")
-                + (f", {len(self.pending)} left compiling" if self.pending else ""))  # fmt: skip
-
-    def _answer(self, i: int) -> None:
-        with self._cond:
-            self._answered.add(i)
-            self._cond.notify_all()
-
-    def pending_answered(self) -> bool:
-        with self._cond:
-            return set(self.pending) <= self._answered
-
-    def answered(self) -> int:
-        with self._cond:
-            return len(self._answered)
-
-    def wait_pending(self, timeout_s: float | None = None) -> bool:
-        """Block until every ``pending`` request is answered (compiled, failed or timed out); False
-        when ``timeout_s`` passed first or no worker is left to answer them. ``slow_calls`` is
-        brought up to date."""
-        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
-        with self._cond:
-            while not set(self.pending) <= self._answered:
-                left = None if deadline is None else deadline - time.perf_counter()
-                if (left is not None and left <= 0) or not any(w.alive() for w in _POOL):
-                    return False
-                self._cond.wait(timeout=0.05 if left is None else min(0.05, left))
-            slow = set(self.timed_out)
-            self.slow_calls = [c for c, reqs in enumerate(self.per_call) if slow & set(reqs)]
-            return True
+                + (f" ({len(self.timed_out)} past the time-out)" if self.timed_out else ""))  # fmt: skip
 
 
 def enabled() -> bool:
@@ -399,40 +362,14 @@ def shutdown() -> None:
 START_TIMEOUT_S = 120.0
 
 
-@dataclass(frozen=True)
-class Quorum:
-    """When a batch may return before its slowest kernels: once ``fraction`` of its requests are
-    answered, it waits ``grace`` times as long again (at least ``min_grace_s``) and returns with the
-    rest ``pending``. A batch otherwise waits for its slowest compile, and in Triton's fresh caches
-    that is most of a tuning run (session 33, ResNet-50 B32: the slowest kernel of each problem's
-    batch summed to 80 of 109 s, the second slowest to 42)."""
-
-    fraction: float = 0.6
-    grace: float = 0.5
-    min_grace_s: float = 0.5
-
-    def settled(self, answered: int, total: int, t_quorum: float | None, now: float, t0: float) -> bool:
-        if answered >= total:
-            return True
-        if t_quorum is None:
-            return False
-        return now - t_quorum >= max(self.min_grace_s, self.grace * (t_quorum - t0))
-
-    def reached(self, answered: int, total: int) -> bool:
-        return answered >= max(1, math.ceil(self.fraction * total))
-
-
 def compile_in_workers(
-    requests: list[CompileRequest], workers: int | None = None, kernel_timeout_s: float = 600.0, batch_timeout_s: float = 1800.0,
-    quorum: Quorum | None = None,
+    requests: list[CompileRequest], workers: int | None = None, kernel_timeout_s: float = 600.0, batch_timeout_s: float = 1800.0
 ) -> PrecompileReport:  # fmt: skip
     """Compile ``requests`` on the pool's ready workers (at most ``workers``, default
     ``worker_count()``): each takes the next request as it finishes one, and workers that become
     ready during the batch join it. A kernel past ``kernel_timeout_s`` is reported in
     ``timed_out`` and its worker replaced; what is left when no worker can help (none starts,
-    or the batch passes ``batch_timeout_s``) is left to the caller's own compiles. With a
-    ``quorum`` the call may return while the slowest requests still compile (``pending``; see
-    ``PrecompileReport.wait_pending``): the workers go on with them."""
+    or the batch passes ``batch_timeout_s``) is left to the caller's own compiles."""
     report = PrecompileReport(requests=len(requests))
     if not requests:
         return report
@@ -443,6 +380,7 @@ def compile_in_workers(
     for i, r in enumerate(requests):
         todo.put((i, r))
     lock = threading.Lock()
+    answered = threading.Semaphore(0)
     used: set[int] = set()
 
     def drain(w: _Worker) -> None:
@@ -459,12 +397,12 @@ def compile_in_workers(
                     with lock:
                         report.timed_out.append(i)
                         report.failed[req.qualname] = str(e)
-                    report._answer(i)
+                    answered.release()
                     return
                 except Exception as e:  # noqa: BLE001 - a dead worker: the caller compiles this one
                     with lock:
                         report.failed[req.qualname] = f"{type(e).__name__}: {e}"
-                    report._answer(i)
+                    answered.release()
                     return
                 with lock:
                     report.durations.append((req.qualname, round(float(ans.get("s", 0.0)), 2)))
@@ -473,18 +411,13 @@ def compile_in_workers(
                         report.hashes.append(str(ans["hash"]))
                     else:
                         report.failed[req.qualname] = str(ans.get("error"))
-                report._answer(i)
+                answered.release()
         finally:
             w.busy.release()
 
-    t_quorum: float | None = None
-    while True:
+    done = 0
+    while done < len(requests):
         now = time.perf_counter()
-        done = report.answered()
-        if quorum is not None and t_quorum is None and quorum.reached(done, len(requests)):
-            t_quorum = now
-        if done >= len(requests) or (quorum is not None and quorum.settled(done, len(requests), t_quorum, now, t0)):
-            break
         with _POOL_LOCK:
             pool = list(_POOL)
         active = sum(1 for w in pool if id(w) in used and w.alive())
@@ -497,12 +430,8 @@ def compile_in_workers(
         working = any(id(w) in used and w.alive() for w in pool)
         if now - t0 > batch_timeout_s or not (working or (starting and now - t0 < START_TIMEOUT_S)):
             break  # nothing left that can answer: the caller compiles the rest
-        with report._cond:
-            if report.answered() == done:
-                report._cond.wait(timeout=0.05)
-    if quorum is not None:
-        with report._cond:
-            report.pending = [i for i in range(len(requests)) if i not in report._answered]
+        if answered.acquire(timeout=0.05):
+            done += 1
     report.workers = len(used)
     report.seconds = time.perf_counter() - t0
     report.durations.sort(key=lambda d: -d[1])
@@ -516,17 +445,14 @@ def ready_workers() -> int:
 
 
 def precompile(calls: Iterable[Callable[[], Any]], workers: int | None = None, kernel_timeout_s: float = 600.0,
-               wait: bool = True, quorum: Quorum | None = None) -> PrecompileReport:  # fmt: skip
+               wait: bool = True) -> PrecompileReport:  # fmt: skip
     """Record the kernels ``calls`` would compile and compile them on worker processes, so that
     the calls, made for real afterwards, find their cubins in Triton's cache. ``slow_calls`` of
     the report: the calls with a kernel that took over ``kernel_timeout_s`` to compile (a caller
     choosing among candidates drops them; compiling them itself would take as long).
     ``wait=False``: nothing is done unless half the pool is ready (a worker takes ~10 s to start
     on the H200 host; a caller whose own threads compile as fast needs no time-out and should not
-    wait for them). With a ``quorum`` the batch may return before its slowest kernels
-    (``compile_in_workers``): ``pending_calls`` are the calls whose kernels still compile, which
-    the caller must not run before ``wait_pending``. Nothing to do (an empty report) where
-    ``enabled()`` is false."""
+    wait for them). Nothing to do (an empty report) where ``enabled()`` is false."""
     if not enabled():
         return PrecompileReport()
     if not wait:
@@ -535,12 +461,10 @@ def precompile(calls: Iterable[Callable[[], Any]], workers: int | None = None, k
             return PrecompileReport()
     t0 = time.perf_counter()
     requests, per_call, errors = record(calls)
-    report = compile_in_workers(requests, workers, kernel_timeout_s, quorum=quorum)
+    report = compile_in_workers(requests, workers, kernel_timeout_s)
     report.call_errors = errors
-    report.per_call = per_call
-    slow, pending = set(report.timed_out), set(report.pending)
+    slow = set(report.timed_out)
     report.slow_calls = [c for c, reqs in enumerate(per_call) if slow & set(reqs)]
-    report.pending_calls = [c for c, reqs in enumerate(per_call) if pending & set(reqs)]
     report.seconds = time.perf_counter() - t0
     if report.requests:
         _LOG.info("%s; longest %s", report.summary(), report.durations[:3])

@@ -218,27 +218,8 @@ def _flush_l2(device: torch.device) -> None:
     _L2[key].zero_()
 
 
-@dataclass
-class Deferred:
-    """Configs of one problem whose kernels were still compiling on the workers when their batch
-    settled (``Profiler.quorum``): measured later by ``Profiler.settle``."""
-
-    problem: Problem
-    runner: Runner
-    configs: list[Config]
-    calls: list[int]  # each config's call in its batch's ``report``
-    report: parallel_compile.PrecompileReport
-
-    def ready(self) -> bool:
-        return self.report.pending_answered()
-
-
 class Profiler:
-    """Measures configs of one problem; never raises for a bad config (it is recorded).
-
-    With ``quorum`` set (the tuner sets it while it tunes a model's problems), a batch is measured
-    once most of its kernels are compiled; the configs whose kernels still compile are left in
-    ``deferred`` and measured by ``settle`` when they are ready."""
+    """Measures configs of one problem; never raises for a bad config (it is recorded)."""
 
     def __init__(
         self,
@@ -259,8 +240,6 @@ class Profiler:
         self.workers, self.do_check = workers, check
         self.compile_s = 0.0
         self.precompile: parallel_compile.PrecompileReport | None = None  # the last batch's worker compiles
-        self.quorum: parallel_compile.Quorum | None = None
-        self.deferred: list[Deferred] = []
 
     def profile(self, problem: Problem, configs: Sequence[Config], runner: Runner | None = None,
                 on_result: Callable[[Measurement], None] | None = None) -> list[Measurement]:  # fmt: skip
@@ -268,31 +247,10 @@ class Profiler:
         commits it there, so an interrupted run keeps what it measured). Raises
         ``CudaContextLost`` (after ``on_result`` of the config that caused it) when a failure left
         the GPU unusable: the configs after it would all fail and must not be recorded."""
-        failed, later = self._compile_all(configs, runner) if runner is not None and self.measure is None else ({}, [])
+        results: list[Measurement] = []
+        failed = self._compile_all(configs, runner) if runner is not None and self.measure is None else {}
         if failed and (why := _cuda_lost(runner)) is not None:  # a compile's warm-up launch broke the context
             raise CudaContextLost(next(iter(failed.values())), why, record=False)
-        if later:
-            assert runner is not None and self.precompile is not None
-            self.deferred.append(Deferred(problem, runner, [configs[i] for i in later], later, self.precompile))
-        return self._measure_all(problem, [c for i, c in enumerate(configs) if i not in later], runner, failed, on_result)
-
-    def settle(self, item: Deferred, on_result: Callable[[Measurement], None] | None = None,
-               timeout_s: float | None = None) -> list[Measurement]:  # fmt: skip
-        """Measure ``item``'s configs once their worker compiles are answered (those past the
-        compile time-out are recorded ``timeout``; where no worker answers within ``timeout_s``
-        they compile here)."""
-        if item in self.deferred:
-            self.deferred.remove(item)
-        item.report.wait_pending(self.compile_timeout_s if timeout_s is None else timeout_s)
-        slow = set(item.report.slow_calls)
-        failed = {cfg: Measurement(cfg, None, "timeout", f"compile took over {self.compile_timeout_s:.0f} s")
-                  for cfg, i in zip(item.configs, item.calls, strict=True) if i in slow}  # fmt: skip
-        failed.update(self._compile_here([c for c in item.configs if c not in failed], item.runner))
-        return self._measure_all(item.problem, item.configs, item.runner, failed, on_result)
-
-    def _measure_all(self, problem: Problem, configs: Sequence[Config], runner: Runner | None,
-                     failed: dict[Config, Measurement], on_result: Callable[[Measurement], None] | None) -> list[Measurement]:  # fmt: skip
-        results: list[Measurement] = []
         for cfg in configs:
             try:
                 m = failed.get(cfg) or self._one(problem, cfg, runner)
@@ -324,32 +282,21 @@ class Profiler:
 
         return interleaved_medians(configs, time_one, rounds)
 
-    def _compile_all(self, configs: Sequence[Config], runner: Runner) -> tuple[dict[Config, Measurement], list[int]]:
+    def _compile_all(self, configs: Sequence[Config], runner: Runner) -> dict[Config, Measurement]:
         """Compile every candidate before timing any: worker processes compile them into Triton's
         cache (``parallel_compile``; unlike threads, a process past the time-out can be stopped), then Triton's
         async-compile mode loads each on a thread pool (the launcher's argument handling stays on
-        this thread), compiling here whatever the workers could not. Returns the configs that
-        failed, and (with ``quorum``) the indexes of those whose kernels were still compiling on
-        the workers when the batch settled: not compiled here, left to ``settle``."""
+        this thread), compiling here whatever the workers could not."""
         t0 = time.perf_counter()
         failed: dict[Config, Measurement] = {}
-        later: list[int] = []
         if torch.device(getattr(runner, "device", "cuda")).type == "cuda":
             calls = [functools.partial(runner.compile, cfg) for cfg in configs]
             # the workers only once they are up: the pool thread below compiles about as fast meanwhile (session 32)
-            self.precompile = parallel_compile.precompile(calls, kernel_timeout_s=self.compile_timeout_s, wait=False, quorum=self.quorum)
+            self.precompile = parallel_compile.precompile(calls, kernel_timeout_s=self.compile_timeout_s, wait=False)
             for i in self.precompile.slow_calls:  # never compiled again here: as slow, and the tuner must not stall
                 cfg = configs[i]
                 failed[cfg] = Measurement(cfg, None, "timeout", f"compile took over {self.compile_timeout_s:.0f} s")
-            later = [i for i in self.precompile.pending_calls if configs[i] not in failed]
-            configs = [c for i, c in enumerate(configs) if c not in failed and i not in later]
-        failed.update(self._compile_here(configs, runner))
-        self.compile_s += time.perf_counter() - t0
-        return failed, later
-
-    def _compile_here(self, configs: Sequence[Config], runner: Runner) -> dict[Config, Measurement]:
-        """Compile (or load from Triton's cache) on a thread pool in this process; the failures."""
-        failed: dict[Config, Measurement] = {}
+            configs = [c for c in configs if c not in failed]
         try:
             from triton.runtime._async_compile import AsyncCompileMode
         except ImportError:  # an older Triton: compile one after the other
@@ -363,6 +310,7 @@ class Profiler:
                     except Exception as e:  # noqa: BLE001 - any compile error marks the config failed
                         failed[cfg] = Measurement(cfg, None, "failed", f"compile: {type(e).__name__}: {_first_line(e)}")
         # a compile that failed in the pool fails again, synchronously, at the first run: recorded there
+        self.compile_s += time.perf_counter() - t0
         return failed
 
     def _one(self, problem: Problem, cfg: Config, runner: Runner | None) -> Measurement:

@@ -319,22 +319,6 @@ def _recheck_finalists(ok: Sequence[Measurement], profiler: Profiler, runner: Ru
     return cfg, again[cfg]
 
 
-def merge_late(res: SearchResult, late: Sequence[Measurement], profiler: Profiler, runner: Runner | None) -> bool:
-    """Fold measurements made after ``res`` was returned (configs whose kernels were still
-    compiling when their batch was measured: ``Profiler.settle``) into it: the best of both, after
-    the finalists are re-timed against each other as in ``search``. True when the best changed."""
-    res.measured += list(late)
-    ok = [m for m in late if m.ok]
-    if not ok:
-        return False
-    if res.best is not None and res.best_ms is not None:
-        ok.append(Measurement(res.best, res.best_ms, "ok"))
-    best, best_ms = _recheck_finalists(ok, profiler, runner)
-    changed = best != res.best
-    res.best, res.best_ms = best, best_ms
-    return changed
-
-
 def exhaustive(problem: Problem, hw: Hardware, profiler: Profiler, runner: Runner | None,
                space: Sequence[Config] | None = None, on_result: Callable[[Measurement], None] | None = None) -> SearchResult:  # fmt: skip
     """Measure every valid config (of ``space`` if given): the yardstick for the search."""

@@ -17,7 +17,6 @@ it (nothing read counts as "no data"; measurements are then not stored).
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import sys
 import time
@@ -31,12 +30,11 @@ import torch
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
 from kfuse.kernels.epilogue import Epilogue, exact_gelu
 from kfuse.runtime.device import on_device
-from kfuse.runtime.parallel_compile import Quorum
 from kfuse.tune.cost_model import CostModel
 from kfuse.tune.database import Record, TuningDB
 from kfuse.tune.hardware import Hardware, query
 from kfuse.tune.profiler import Measure, Measurement, Profiler, make_runner
-from kfuse.tune.search import Budget, SearchResult, merge_late, search, transfer_candidates
+from kfuse.tune.search import Budget, SearchResult, search, transfer_candidates
 from kfuse.tune.space import Config, ConvProblem, GemmProblem, Problem, config_from_dict, is_valid, problem_from_dict
 
 # what a database read can raise that means "this data is unusable": SQLite errors (a locked file,
@@ -86,11 +84,6 @@ def problem_of(node: Node, graph: Graph) -> Problem | None:
     return None
 
 
-def defer_enabled() -> bool:
-    """Deferred straggler compiles are on unless ``KFUSE_TUNE_DEFER=0`` (for A/B measurements)."""
-    return os.environ.get("KFUSE_TUNE_DEFER", "1").strip() != "0"
-
-
 @dataclass
 class TuneStats:
     problems: int = 0
@@ -101,8 +94,6 @@ class TuneStats:
     considered: int = 0
     measured: int = 0
     failed: int = 0
-    deferred: int = 0  # measured after their batch, their kernels still compiling then (``Profiler.quorum``)
-    late_wins: int = 0  # problems whose best config was one of those
     problem_s: dict[str, float] = field(default_factory=dict)  # wall seconds of each tuned problem's search
     seconds: float = 0.0
     measuring: bool = True
@@ -112,8 +103,6 @@ class TuneStats:
         s = (f"kfuse tune ({mode}): {self.problems} kernel problems: {self.from_db} from the database, {self.tuned} tuned"
              f" ({self.considered} candidates considered, {self.measured} measured, {self.failed} failed)"
              f" in {self.seconds:.1f} s")  # fmt: skip
-        if self.deferred:
-            s += f"; {self.deferred} measured after their slowest compiles ({self.late_wins} won)"
         if not self.measuring:
             s += f"; no GPU: nothing measured, {self.transferred} from nearest tuned problem"
         if self.default:
@@ -250,39 +239,8 @@ class Tuner:
             warnings.warn(f"kfuse tune: {sig}: the search returned an invalid config {res.best.describe()}; not used", stacklevel=2)
             res.best, res.best_ms = None, None
         if res.best is not None and space is None:  # a sub-space's best is not the problem's tuned config
-            self._done(problem, res)
+            self._write(self.gpu, tmpl, sig, pj, res.best.as_dict(), res.best_ms, "done", f"mode={self.mode}")
         return res
-
-    def _done(self, problem: Problem, res: SearchResult) -> None:
-        assert res.best is not None
-        pj = json.dumps(problem.as_dict())
-        self._write(self.gpu, problem.template, problem.signature(), pj, res.best.as_dict(), res.best_ms, "done", f"mode={self.mode}")
-
-    def _settle(self, results: dict[str, SearchResult], out: dict[str, Config | None], block: bool) -> None:
-        """Measure the deferred configs (``Profiler.quorum``) whose kernels are compiled (all of them
-        with ``block``: the end of a model's tuning), fold them into their problem's result and, where
-        one is faster, into the chosen config and the database's "done" record."""
-        for item in list(self.profiler.deferred):
-            if not block and not item.ready():
-                continue
-            problem = item.problem
-            sig, pj = problem.signature(), json.dumps(problem.as_dict())
-
-            def commit(m: Measurement, sig: str = sig, pj: str = pj, tmpl: str = problem.template) -> None:
-                self._write(self.gpu, tmpl, sig, pj, m.config.as_dict(), m.time_ms, m.status, m.error)
-
-            with on_device(self.device):
-                late = self.profiler.settle(item, on_result=commit)
-                res = results.get(sig)
-                if res is None:
-                    continue
-                self.stats.measured += len(late)
-                self.stats.failed += sum(1 for m in late if not m.ok)
-                self.stats.deferred += len(late)
-                if merge_late(res, late, self.profiler, item.runner) and res.best is not None and is_valid(res.best, problem, self.hw):
-                    out[sig] = res.best
-                    self.stats.late_wins += 1
-                    self._done(problem, res)
 
     @staticmethod
     def _small(problem: Problem) -> bool:
@@ -314,33 +272,19 @@ class Tuner:
                 else:
                     self.stats.default += 1
         if todo:
-            # batches measured before their slowest compiles, which are measured when ready
-            # (``Profiler.quorum``): on the GPU, where the profiler compiles on worker processes
-            defer = self.measure is None and self.device.type == "cuda" and self.profiler.quorum is None and defer_enabled()
-            if defer:
-                self.profiler.quorum = Quorum()
-            results: dict[str, SearchResult] = {}
-            try:
-                for p, e in self._with_progress(todo):
-                    t_problem = time.perf_counter()
-                    res = self.tune(p, e)
-                    self.stats.problem_s[p.signature()] = round(time.perf_counter() - t_problem, 2)
-                    out[p.signature()] = res.best
-                    results[p.signature()] = res
-                    if res.considered == 0:  # no valid config in the space (tiny problem): template default
-                        self.stats.default += 1
-                    else:
-                        self.stats.tuned += 1
-                        self.stats.considered += res.considered
-                        self.stats.measured += res.n_measured
-                        self.stats.failed += sum(1 for m in res.measured if not m.ok)
-                        self.stats.results.append(res)
-                    self._settle(results, out, block=False)
-                self._settle(results, out, block=True)
-            finally:
-                if defer:
-                    self.profiler.quorum = None
-                    self.profiler.deferred.clear()
+            for p, e in self._with_progress(todo):
+                t_problem = time.perf_counter()
+                res = self.tune(p, e)
+                self.stats.problem_s[p.signature()] = round(time.perf_counter() - t_problem, 2)
+                out[p.signature()] = res.best
+                if res.considered == 0:  # no valid config in the space (tiny problem): template default
+                    self.stats.default += 1
+                    continue
+                self.stats.tuned += 1
+                self.stats.considered += res.considered
+                self.stats.measured += res.n_measured
+                self.stats.failed += sum(1 for m in res.measured if not m.ok)
+                self.stats.results.append(res)
         self.stats.seconds += time.perf_counter() - t0
         return out
 

@@ -171,7 +171,7 @@ def test_precompile_plan_runs_the_steps_before_the_first_host_sync(monkeypatch: 
     plan = executor.Plan(graph, steps, "triton", release_after=[[], ["a"], [], []])
     seen = {}
 
-    def fake_compile(requests, workers=None, kernel_timeout_s=None, quorum=None):
+    def fake_compile(requests, workers=None, kernel_timeout_s=None):
         seen["requests"] = requests
         return PrecompileReport(requests=len(requests))
 
@@ -190,7 +190,7 @@ def test_precompile_plan_survives_a_failing_step(monkeypatch: pytest.MonkeyPatch
     steps = [_step("a", ("x",), boom), _step("b", ("a",), lambda xs: xs[0])]
     plan = executor.Plan(graph, steps, "triton", release_after=[[], []])
     monkeypatch.setattr(parallel_compile, "enabled", lambda: True)
-    monkeypatch.setattr(parallel_compile, "compile_in_workers", lambda r, w=None, t=None, quorum=None: PrecompileReport(requests=len(r)))
+    monkeypatch.setattr(parallel_compile, "compile_in_workers", lambda r, w=None, t=None: PrecompileReport(requests=len(r)))
     rep = executor.precompile_plan(plan, [torch.zeros(3)])
     assert rep.call_errors == 2  # the failing step and the one that needed its output
 
@@ -199,7 +199,7 @@ def test_without_waiting_nothing_is_recorded_until_half_the_pool_is_ready(monkey
     ran: list[int] = []
     monkeypatch.setattr(parallel_compile, "enabled", lambda: True)
     monkeypatch.setattr(parallel_compile, "start_pool", lambda n=None: 12)
-    monkeypatch.setattr(parallel_compile, "compile_in_workers", lambda r, w=None, t=None, quorum=None: PrecompileReport(requests=len(r)))
+    monkeypatch.setattr(parallel_compile, "compile_in_workers", lambda r, w=None, t=None: PrecompileReport(requests=len(r)))
     monkeypatch.setattr(parallel_compile, "ready_workers", lambda: 5)
     assert parallel_compile.precompile([lambda: ran.append(1)], wait=False) == PrecompileReport()
     assert ran == []  # the caller's own threads compile: its calls were not run here

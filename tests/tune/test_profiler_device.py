@@ -112,14 +112,13 @@ def test_a_config_whose_compile_times_out_on_a_worker_is_recorded_and_not_compil
 
     seen: dict[str, Any] = {}
 
-    def fake_precompile(calls: list[Any], kernel_timeout_s: float = 0.0, wait: bool = True, quorum: Any = None) -> PrecompileReport:
+    def fake_precompile(calls: list[Any], kernel_timeout_s: float = 0.0, wait: bool = True) -> PrecompileReport:
         seen["calls"], seen["timeout"] = len(calls), kernel_timeout_s
         return PrecompileReport(requests=3, compiled=2, timed_out=[1], slow_calls=[1])
 
     monkeypatch.setattr(parallel_compile, "precompile", fake_precompile)
     prof = Profiler(compile_timeout_s=45.0)
-    failed, later = prof._compile_all(cfgs, Runner())
-    assert later == []
+    failed = prof._compile_all(cfgs, Runner())
     assert seen == {"calls": 3, "timeout": 45.0}
     assert list(failed) == [cfgs[1]] and failed[cfgs[1]].status == "timeout" and "45 s" in failed[cfgs[1]].error
     assert compiled == [cfgs[0], cfgs[2]] and prof.precompile is not None
