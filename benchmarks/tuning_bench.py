@@ -72,6 +72,8 @@ def main() -> None:
                    help="compile every kernel from scratch (an empty TRITON_CACHE_DIR), as on a fresh machine; "
                         "without it Triton's cache is used as found")  # fmt: skip
     args = p.parse_args()
+    if unknown := [m for m in args.models.split(",") if m not in MODELS]:
+        p.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(MODELS)})")
     command = "PYTHONPATH=. python benchmarks/tuning_bench.py " + " ".join(sys.argv[1:])
     t_start = time.perf_counter()
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = {"on": {}, "off": {"KFUSE_TUNE_DEFER": "0", "KFUSE_TUNE_NEW_COMPILES": "none"}, "prefer": {"KFUSE_TUNE_NEW_COMPILES": "4"}}
+VARIANTS = {"default": {}, "threads": {"KFUSE_COMPILE_WORKERS": "0"}}
 
 
 def child(name: str, batch: int, seq: int | None, dtype_name: str) -> None:
@@ -88,6 +88,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float16", choices=["float16", "float32"])
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if unknown := [v for v in a.variants.split(",") if v not in VARIANTS]:
+        ap.error(f"--variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
     if a.child:
         name, *nums = a.child.split(":")
         child(name, int(nums[0]), int(nums[1]) if len(nums) > 1 else None, a.dtype)
