@@ -78,14 +78,23 @@ class _Slot:
         self.i = i
 
 
-def _make_fallback(ctx: Ctx, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A node that runs ``target`` through PyTorch with the node's tensor operands."""
+def _make_fallback(ctx: Ctx, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, Any]) -> Any:
+    """A node that runs ``target`` through PyTorch with the node's tensor operands. ``args`` and ``kwargs`` are
+    the FX node's own: an operand is an FX node (its kfuse value in ``env``), anything else a literal, strings
+    included (``aten.pad``'s ``mode="constant"`` is not a value name)."""
     names: list[str] = []
 
-    def lift(a: Any) -> Any:
-        if isinstance(a, str):
-            names.append(a)
+    def slot(v: Any) -> Any:
+        if isinstance(v, str):  # a kfuse value name
+            names.append(v)
             return _Slot(len(names) - 1)
+        if isinstance(v, list | tuple):
+            return type(v)(slot(x) for x in v)
+        return v
+
+    def lift(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return slot(env[a.name])
         if isinstance(a, list | tuple):
             return type(a)(lift(x) for x in a)
         return a
@@ -199,7 +208,7 @@ def _import_nodes(
             if _is_metadata_only(target):
                 env[node.name] = None
                 continue
-            env[node.name] = _make_fallback(ctx, target, tuple(args), dict(kwargs))
+            env[node.name] = _make_fallback(ctx, target, tuple(node.args), dict(node.kwargs), env)
         elif node.op == "output":
             flat = node.args[0]
             flat = flat if isinstance(flat, list | tuple) else (flat,)

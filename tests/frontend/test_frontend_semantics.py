@@ -182,3 +182,23 @@ def test_float64_chains_keep_float64_precision_with_pointwise_fusion_on() -> Non
     got, want = c(x2), F64()(x2)
     assert got.dtype == torch.float64
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-14
+
+
+# --- a fallback op's literal string arguments (session 35: MobileBERT's ``F.pad(..., value=0.0)``) ----------
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+def test_fallback_keeps_string_arguments_literal(mode: str) -> None:
+    """``aten.pad`` runs in PyTorch (a fallback) with ``mode`` as a string; the importer took every string
+    argument for a kfuse value name, so the compile failed with "fallback reads undefined value 'constant'"."""
+    x = torch.randn(2, 5, 7)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(t * 2.0, (1, 2), mode=mode, value=0.5 if mode == "constant" else None) + 1.0
+
+    cm = _compile(fn, x)
+    assert "aten.pad.default" in cm.report["fallback"]
+    out = cm(x)
+    ref = fn(x)
+    assert out.shape == ref.shape == (2, 5, 10)
+    torch.testing.assert_close(out, ref)
