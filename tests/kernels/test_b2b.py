@@ -118,16 +118,19 @@ def test_preload_matches_reference(residence: str, widths: list[int], block_n: i
     _check(got, _ref(chain, x, ws, [None] * len(ws), ex), dtype)
 
 
-def test_gemm_chain_batched_rows_and_transposed_weight(device: str) -> None:
-    """Leading dims fold into M; a transposed (Linear-style) weight view works."""
+@pytest.mark.parametrize("lead", [(3, 7), (2, 3, 5), (2, 1, 3, 2)])
+def test_gemm_chain_batched_rows_and_transposed_weight(lead: tuple[int, ...], device: str) -> None:
+    """Leading dims of any number fold into M; a transposed (Linear-style) weight view works. A 4-D
+    output (ConvNeXt's (B, H, W, C) MLP, lead (2, 3, 5)) was once taken for an NCHW image: its rows
+    were written at the batch stride, out of bounds (a segfault in the interpreter, session 35)."""
     chain = b2b.Chain((b2b.Stage(_epi("bias_relu"), torch.float32), b2b.Stage(_epi("none"), torch.float32)))
-    x = torch.randn(3, 7, 24, device=device)
+    x = torch.randn(*lead, 24, device=device)
     w0 = torch.randn(40, 24, device=device).t() / 5
     w1 = torch.randn(16, 40, device=device).t() / 6
     ex = [[torch.randn(40, device=device)], []]
-    out = torch.full((3, 7, 16), float("nan"), device=device)
+    out = torch.full((*lead, 16), float("nan"), device=device)
     got = b2b.b2b_chain(chain, x, [w0, w1], [None, None], ex, out=out)
-    assert got.data_ptr() == out.data_ptr() and got.shape == (3, 7, 16)
+    assert got.data_ptr() == out.data_ptr() and got.shape == (*lead, 16)
     _check(out, _ref(chain, x, [w0, w1], [None, None], ex), torch.float32)
 
 

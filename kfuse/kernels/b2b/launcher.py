@@ -137,7 +137,9 @@ def launch(chain: Chain, g: B2BArgs, cfg: B2BConfig, warmup: bool = False) -> to
         raise ValueError(f"b2b: intermediate width {max(g.widths[:-1])} exceeds the resident limit {MAX_RESIDENT} ('chunked' has none)")
     grid: tuple[int, ...]
     out = g.out
-    o4 = out if out.dim() == 4 else out.reshape(m, g.widths[-1])[:, :, None, None]
+    # a GEMM chain's output is (..., N) of any rank: as an (m, N, 1, 1) "image" (a 4-D one, e.g. ConvNeXt's
+    # (B, H, W, C) MLP, taken as NCHW was written with its batch stride as the row stride: out of bounds)
+    o4 = out if chain.conv else out.reshape(m, g.widths[-1])[:, :, None, None]
     ptrs: list[Any] = [g.x, *g.weights, o4]
     strides: list[int] = []
     rowbcast: dict[str, bool] = {}
