@@ -289,13 +289,17 @@ def _matmul(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("matmul", [a[0], a[1]])
 
 
-@converts(aten.addmm)
+@converts(aten.addmm, aten.baddbmm)
 def _addmm(c: Ctx, a: tuple, k: dict) -> str:
+    """beta * input + alpha * (x @ w); baddbmm batched (BLOOM's attention scores with the ALiBi bias). With
+    beta = 0 PyTorch ignores the input, NaNs included."""
     bias, x, w = a[:3]
     beta, alpha = k.get("beta", 1), k.get("alpha", 1)
     y = c.op("matmul", [x, w])
     if alpha != 1:
         y = c.op("mul", [y, c.value(alpha, y)])
+    if beta == 0:
+        return y  # the input only broadcasts to the product's shape
     if beta != 1:
         bias = c.op("mul", [bias, c.value(beta, bias)])
     return c.op("add", [y, bias])
@@ -311,16 +315,31 @@ def _conv2d(c: Ctx, a: tuple, k: dict) -> str:
     x, w = a[0], a[1]
     bias = a[2] if len(a) > 2 else k.get("bias")
     stride, padding, dilation, groups = (list(a[3:]) + [None] * 4)[:4]
-    if isinstance(padding, str):
-        raise _Unsupported()
     attrs = {
         "stride": as_pair(k.get("stride") if stride is None else stride, 1),
-        "padding": as_pair(k.get("padding") if padding is None else padding, 0),
         "dilation": as_pair(k.get("dilation") if dilation is None else dilation, 1),
         "groups": int(groups if groups is not None else k.get("groups", 1)),
     }
+    padding = k.get("padding") if padding is None else padding
+    if isinstance(padding, str):  # aten.conv2d.padding (EfficientNet's depthwise convs)
+        padding = _string_padding(padding, tuple(c.ttype(w).shape[2:]), attrs["dilation"], attrs["stride"])
+    attrs["padding"] = as_pair(padding, 0)
     ins = [x, w] + ([bias] if bias is not None else [])
     return c.op("conv2d", ins, **attrs)
+
+
+def _string_padding(mode: str, kernel: tuple[int, ...], dilation: tuple[int, int], stride: tuple[int, int]) -> tuple[int, int]:
+    """``padding="valid"`` / ``"same"`` as kfuse's symmetric padding. PyTorch's "same" (stride 1 only) pads
+    ``d * (k - 1)`` in all, the odd element on the right; where that total is odd the padding is
+    asymmetric, which kfuse's conv does not take: the op stays in PyTorch."""
+    if mode == "valid":
+        return (0, 0)
+    if mode != "same" or stride != (1, 1) or len(kernel) != 2:
+        raise _Unsupported()
+    total = [d * (kk - 1) for d, kk in zip(dilation, kernel, strict=True)]
+    if any(t % 2 for t in total):
+        raise _Unsupported()
+    return (total[0] // 2, total[1] // 2)
 
 
 @converts(aten.convolution)

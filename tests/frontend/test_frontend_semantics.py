@@ -202,3 +202,48 @@ def test_fallback_keeps_string_arguments_literal(mode: str) -> None:
     ref = fn(x)
     assert out.shape == ref.shape == (2, 5, 10)
     torch.testing.assert_close(out, ref)
+
+
+# --- conv2d with padding="same" / "valid" (aten.conv2d.padding: EfficientNet's depthwise convs) --------------
+
+
+@pytest.mark.parametrize(
+    "k,dilation,groups,native",
+    [(3, 1, 1, True), (5, 2, 4, True), (4, 2, 1, True), (4, 1, 1, False), (1, 1, 4, True)],
+)
+@pytest.mark.parametrize("mode", ["same", "valid"])
+def test_conv2d_string_padding(mode: str, k: int, dilation: int, groups: int, native: bool) -> None:
+    """ "same" becomes kfuse's symmetric padding where PyTorch's is symmetric (d * (k - 1) even); an odd total
+    (k = 4, d = 1) pads one more on the right, which stays in PyTorch. "valid" is padding 0."""
+    x = torch.randn(2, 8, 9, 11)
+    w = torch.randn(8, 8 // groups, k, k) / k
+    b = torch.randn(8)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv2d(t, w, b, padding=mode, dilation=dilation, groups=groups).relu()
+
+    cm = _compile(fn, x)
+    stays = mode == "same" and not native
+    assert ("aten.conv2d.padding" in cm.report["fallback"]) == stays, cm.report["fallback"]
+    torch.testing.assert_close(cm(x), fn(x), rtol=1e-4, atol=1e-4)
+
+
+# --- addmm / baddbmm: beta * input + alpha * product (BLOOM's ALiBi attention scores) ---------------------
+
+
+@pytest.mark.parametrize("beta,alpha", [(1.0, 1.0), (1.0, 0.125), (0.5, 2.0), (0.0, 0.25)])
+def test_baddbmm_is_imported_natively(beta: float, alpha: float) -> None:
+    """No fallback; with beta = 0 the input is ignored, NaNs included (as PyTorch does)."""
+    bias = torch.randn(6, 1, 7)
+    if beta == 0.0:
+        bias[0, 0, 0] = float("nan")
+    q, kt = torch.randn(6, 5, 8), torch.randn(6, 8, 7)
+
+    def fn(b: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(b, x, y, beta=beta, alpha=alpha).softmax(-1)
+
+    cm = _compile(fn, bias, q, kt)
+    assert "aten.baddbmm.default" not in cm.report["fallback_at_import"]
+    out = cm(bias, q, kt)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, fn(bias, q, kt), rtol=1e-5, atol=1e-5)
