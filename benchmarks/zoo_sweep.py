@@ -1,0 +1,376 @@
+"""Robustness sweep: kfuse on Hugging Face architectures outside the embedded zoo, built from their configs
+with random weights. Each one is compiled, checked against eager on the same inputs and, on a GPU, timed
+against PyTorch eager, eager in a CUDA graph and (``--baselines``) ``torch.compile``.
+
+What it is for: a user's first question is whether kfuse takes *their* model. The embedded zoo covers
+BERT, GPT-2, Llama, ViT, ResNet, an MLP, NeRF, MLP-Mixer and RepVGG; this sweep runs 22 more
+architectures (encoders, decoders, CNNs, hierarchical and hybrid vision models) and records for each:
+compiled or not, the error against eager, the ops left to PyTorch (``fallback``), compile seconds and
+launches. Session 35's CPU run of it found two bugs: MobileBERT failed to import (a fallback op's
+string argument read as a value name) and ConvNeXt's MLP chain wrote out of bounds (a 4-D GEMM output
+taken for an NCHW image).
+
+Each case runs in a worker process; a case that kills its worker (a CUDA fault poisons the context) is
+recorded as crashed and the next worker goes on with the rest.
+
+    PYTHONPATH=. python benchmarks/zoo_sweep.py --out $OUT                 # H200, fp16
+    PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/z --smoke       # CPU: tiny configs, interpreter
+    PYTHONPATH=. python benchmarks/zoo_sweep.py --only convnext,swin ...
+
+Decoders run 4 of their layers (widths of the named checkpoint): the sweep is about coverage, and per
+layer the work is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A Hugging Face architecture: its config and model classes (names in ``transformers``), the input kind,
+    the config fields for the GPU run (``gpu``: a named checkpoint's widths) and for the CPU smoke run (``tiny``)."""
+
+    config: str
+    model: str
+    kind: str  # "text" (input_ids) or "image" (pixel_values)
+    checkpoint: str  # whose widths ``gpu`` follows
+    gpu: dict[str, Any] = field(default_factory=dict)
+    tiny: dict[str, Any] = field(default_factory=dict)
+
+
+TEXT_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=256,
+                 max_position_embeddings=128, num_key_value_heads=2, d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16,
+                 n_embd=64, n_layer=2, n_head=4, ffn_dim=128, embedding_size=64, head_dim=16)  # fmt: skip
+IMAGE_TINY = dict(image_size=64, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+DECODER_LAYERS = 4
+
+ARCHS: dict[str, Arch] = {
+    # encoders (B8 S128 on the GPU)
+    "distilbert": Arch(
+        "DistilBertConfig", "DistilBertModel", "text", "distilbert-base-uncased", {}, dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128)
+    ),  # fmt: skip
+    "roberta": Arch("RobertaConfig", "RobertaModel", "text", "roberta-base", {"vocab_size": 50265}),
+    "albert": Arch(
+        "AlbertConfig", "AlbertModel", "text", "albert-base-v2", dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072)
+    ),  # fmt: skip
+    "deberta-v2": Arch(
+        "DebertaV2Config",
+        "DebertaV2Model",
+        "text",
+        "deberta-v3-base",
+        dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    ),  # fmt: skip
+    "mobilebert": Arch(
+        "MobileBertConfig",
+        "MobileBertModel",
+        "text",
+        "mobilebert-uncased",
+        {},
+        dict(embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32, num_feedforward_networks=2),
+    ),  # fmt: skip
+    "mpnet": Arch("MPNetConfig", "MPNetModel", "text", "mpnet-base"),
+    "t5-encoder": Arch("T5Config", "T5EncoderModel", "text", "t5-base", dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12)),
+    # decoders (B1 S512 prefill, 4 layers)
+    "opt": Arch("OPTConfig", "OPTModel", "text", "opt-125m", {}, dict(word_embed_proj_dim=64)),
+    "bloom": Arch("BloomConfig", "BloomModel", "text", "bloom-560m", dict(hidden_size=1024, n_head=16)),
+    "gpt-neox": Arch(
+        "GPTNeoXConfig", "GPTNeoXModel", "text", "pythia-160m", dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072)
+    ),  # fmt: skip
+    "qwen2": Arch(
+        "Qwen2Config",
+        "Qwen2Model",
+        "text",
+        "Qwen2-0.5B",
+        dict(hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
+    ),  # fmt: skip
+    "phi": Arch("PhiConfig", "PhiModel", "text", "phi-1_5", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32)),
+    "gemma": Arch(
+        "GemmaConfig",
+        "GemmaModel",
+        "text",
+        "gemma-2b",
+        dict(hidden_size=2048, intermediate_size=16384, num_attention_heads=8, num_key_value_heads=1, head_dim=256),
+    ),  # fmt: skip
+    # vision (B32 224 x 224 on the GPU)
+    "convnext": Arch(
+        "ConvNextConfig", "ConvNextModel", "image", "convnext-tiny-224", {}, dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1])
+    ),  # fmt: skip
+    "swin": Arch(
+        "SwinConfig",
+        "SwinModel",
+        "image",
+        "swin-tiny-patch4-window7-224",
+        {},
+        dict(embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4),
+    ),  # fmt: skip
+    "regnet": Arch(
+        "RegNetConfig",
+        "RegNetModel",
+        "image",
+        "regnet-y-040",
+        {},
+        dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], embedding_size=16, groups_width=8),
+    ),  # fmt: skip
+    "mobilenet-v2": Arch("MobileNetV2Config", "MobileNetV2Model", "image", "mobilenet_v2_1.0_224", {}, dict(depth_multiplier=0.35)),
+    "efficientnet": Arch(
+        "EfficientNetConfig",
+        "EfficientNetModel",
+        "image",
+        "efficientnet-b0",
+        dict(width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280),
+        dict(width_coefficient=0.25, depth_coefficient=0.2, hidden_dim=320),
+    ),  # fmt: skip
+    "deit": Arch(
+        "DeiTConfig", "DeiTModel", "image", "deit-small-patch16-224", dict(hidden_size=384, num_attention_heads=6, intermediate_size=1536)
+    ),  # fmt: skip
+    "dinov2": Arch(
+        "Dinov2Config", "Dinov2Model", "image", "dinov2-small", dict(hidden_size=384, num_attention_heads=6, image_size=224, patch_size=14)
+    ),  # fmt: skip
+    "segformer": Arch(
+        "SegformerConfig",
+        "SegformerModel",
+        "image",
+        "segformer-b0",
+        {},
+        dict(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4]),
+    ),  # fmt: skip
+    "clip-vision": Arch("CLIPVisionConfig", "CLIPVisionModel", "image", "clip-vit-base-patch32"),
+}
+ENCODERS = ("distilbert", "roberta", "albert", "deberta-v2", "mobilebert", "mpnet", "t5-encoder")
+BATCH = {"text": 8, "image": 32}
+DECODER_BATCH, DECODER_SEQ, ENCODER_SEQ = 1, 512, 128
+TOLERANCE = 2e-2  # kfuse's own check (fp16)
+
+
+def build(name: str, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """The model (random weights, seeded) and its inputs."""
+    import torch
+    import transformers
+
+    a = ARCHS[name]
+    cfg = getattr(transformers, a.config)()
+    over = {**(TEXT_TINY if a.kind == "text" else IMAGE_TINY), **a.tiny} if smoke else dict(a.gpu)
+    if not smoke and a.kind == "text" and name not in ENCODERS:
+        over = {**over, **{k: DECODER_LAYERS for k in ("num_hidden_layers", "n_layer", "num_layers")}}
+    for k, v in over.items():
+        if hasattr(cfg, k):
+            try:
+                setattr(cfg, k, v)
+            except AttributeError:  # a derived property (e.g. Falcon's head_dim)
+                pass
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = getattr(transformers, a.model)(cfg)
+        if a.kind == "image":
+            fan_in_init(model)
+        model = model.to(dtype).eval()
+    gen = torch.Generator().manual_seed(1)
+    if a.kind == "text":
+        vocab = int(getattr(cfg, "vocab_size", 256))
+        b, s = (2, 16) if smoke else ((BATCH["text"], ENCODER_SEQ) if name in ENCODERS else (DECODER_BATCH, DECODER_SEQ))
+        x = torch.randint(3, min(vocab, 30000), (b, s), generator=gen).to(device)
+    else:
+        size = int(getattr(cfg, "image_size", 224)) if smoke else 224
+        b = 2 if smoke else BATCH["image"]
+        x = torch.randn(b, int(getattr(cfg, "num_channels", 3)), size, size, generator=gen).to(device=device, dtype=dtype)
+    return model, (x,), {}
+
+
+def fan_in_init(model: Any) -> None:
+    """Weights that keep a deep CNN's activations alive: Hugging Face's initialisation (std 0.02, unit batch
+    norms) left EfficientNet-B0's and MobileNet-V2's outputs at 0 and 1e-21, so any kernel would have
+    passed the check. Convolutions and linears at std sqrt(2 / fan_in), batch norms with random statistics."""
+    import torch
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Conv2d | torch.nn.Linear):
+            torch.nn.init.kaiming_normal_(mod.weight, nonlinearity="relu")
+            if mod.bias is not None:
+                torch.nn.init.normal_(mod.bias, std=0.05)
+        elif isinstance(mod, torch.nn.BatchNorm2d):
+            torch.nn.init.uniform_(mod.weight, 0.5, 1.5)
+            torch.nn.init.normal_(mod.bias, std=0.1)
+            mod.running_mean.normal_(std=0.1)
+            mod.running_var.uniform_(0.5, 1.5)
+
+
+def first_tensor(out: Any) -> Any:
+    """The model's main output (``last_hidden_state``, else the first tensor)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
+        return out.last_hidden_state
+    return next(t for t in pytree.tree_leaves(out.to_tuple() if hasattr(out, "to_tuple") else out) if isinstance(t, torch.Tensor))
+
+
+def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    import kfuse
+    from kfuse.bench.harness import max_rel_err, pytorch_baselines, time_ms
+
+    gpu = torch.cuda.is_available() and not args.smoke
+    device, dtype = ("cuda", torch.float16) if gpu else ("cpu", torch.float32)
+    model, a, kw = build(name, args.smoke, device, dtype)
+    params = sum(p.numel() for p in model.parameters())
+    rec: dict[str, Any] = {"arch": name, "checkpoint_widths": ARCHS[name].checkpoint, "params_m": round(params / 1e6, 2),
+                           "input": list(a[0].shape), "device": device}  # fmt: skip
+    with torch.no_grad():
+        ref = first_tensor(model(*a, **kw))
+        t0 = time.perf_counter()
+        try:
+            compiled = kfuse.compile(model, a, kw, tune=args.tune if gpu else "none")
+        except Exception as e:  # a model kfuse cannot compile: recorded, the sweep goes on
+            rec.update(compiled=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+            return rec
+        rec["kfuse_compile_s"] = round(time.perf_counter() - t0, 2)
+        rep = compiled.report
+        out = first_tensor(compiled(*a, **kw))
+        err = max_rel_err(out, ref)
+        rec["ref_abs_max"] = float(ref.abs().max())
+        if not rec["ref_abs_max"] > 0:  # a zero reference checks nothing
+            err = float("inf")
+        rec.update(compiled=True, max_rel_err=err, ok=err <= TOLERANCE, fallback=rep.get("fallback", []),
+                   launches=len(rep.get("kernels", [])), cuda_graph=rep.get("cuda_graph"),
+                   b2b_fused=len((rep.get("b2b") or {}).get("fused", [])), templates=templates(rep))  # fmt: skip
+        if gpu:
+            which = args.baselines.split(",")
+            times, _, base_s = pytorch_baselines(model, a, kw, which=which, warmup=args.warmup, rep=args.rep, log=lambda s: None)
+            rec["baselines_ms"] = times
+            rec["baseline_compile_s"] = {k: round(v, 1) for k, v in base_s.items()}
+            rec["kfuse_ms"] = time_ms(lambda: compiled(*a, **kw), args.warmup, args.rep)
+            if times:
+                rec["speedup_vs_best"] = min(times.values()) / rec["kfuse_ms"]
+    return rec
+
+
+def templates(report: dict[str, Any]) -> dict[str, int]:
+    """Launches per template (``torch`` marks a step run by PyTorch inside the plan)."""
+    out: dict[str, int] = {}
+    for k in report.get("kernels", []):
+        out[k["template"]] = out.get(k["template"], 0) + 1
+    return out
+
+
+def worker(args: argparse.Namespace, names: list[str]) -> None:
+    """Run ``names`` in order, one JSON line per finished case in ``args.jsonl``."""
+    for name in names:
+        with open(args.jsonl, "a") as f:  # the case about to run: a crash leaves this line as its record
+            f.write(json.dumps({"arch": name, "started": True}) + "\n")
+        if os.environ.get("ZOO_SWEEP_CRASH") == name:  # tests: a worker that dies mid-case, as a CUDA fault makes it
+            os._exit(1)
+        try:
+            rec = run_case(name, args)
+        except Exception as e:  # noqa: BLE001 - anything a model does wrong is its record, not the sweep's end
+            rec = {"arch": name, "compiled": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        with open(args.jsonl, "a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+        print(f"  {name:14s} {summary_line(rec)}", flush=True)
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    if r.get("crashed"):
+        return "CRASHED (worker died)"
+    if not r.get("compiled"):
+        return f"FAILED {r.get('error', '')[:150]}"
+    t = f"  kfuse {r['kfuse_ms']:.3f} ms vs best {min(r['baselines_ms'].values()):.3f}" if r.get("baselines_ms") else ""
+    fb = ",".join(r["fallback"]) or "-"
+    return f"{'ok ' if r['ok'] else 'ERR'} err {r['max_rel_err']:.1e}  compile {r['kfuse_compile_s']:.1f} s  fallback {fb}{t}"
+
+
+def collect(path: Path) -> dict[str, dict[str, Any]]:
+    """Each case's last line; a case whose last line is its start marker crashed its worker."""
+    last: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            last[r["arch"]] = r
+    return {k: ({"arch": k, "compiled": False, "crashed": True} if r.get("started") else r) for k, r in last.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="benchmarks/results/h200")
+    p.add_argument("--only", default=",".join(ARCHS), help="comma list of: " + ",".join(ARCHS))
+    p.add_argument("--baselines", default="eager,eager_cudagraph,compile")
+    p.add_argument("--tune", default="fast", choices=("none", "fast", "full"))
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rep", type=int, default=20)
+    p.add_argument("--case-timeout", type=int, default=240, help="seconds a worker may spend on one case")
+    p.add_argument("--smoke", action="store_true", help="tiny configs on the CPU (interpreter), no timing")
+    p.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    p.add_argument("--jsonl", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    names = [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in ARCHS]
+    if unknown:
+        p.error(f"unknown architecture(s) {', '.join(unknown)}; known: {', '.join(ARCHS)}")
+    if args.worker:
+        worker(args, args.worker.split(","))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "zoo_sweep.jsonl"
+    jsonl.unlink(missing_ok=True)
+    passthrough = ["--out", str(out), "--baselines", args.baselines, "--tune", args.tune, "--warmup", str(args.warmup),
+                   "--rep", str(args.rep)] + (["--smoke"] if args.smoke else [])  # fmt: skip
+    t0 = time.time()
+    while True:
+        done = collect(jsonl)
+        left = [n for n in names if n not in done]
+        if not left:
+            break
+        cmd = [sys.executable, __file__, *passthrough, "--worker", ",".join(left), "--jsonl", str(jsonl)]
+        try:
+            subprocess.run(cmd, timeout=args.case_timeout * len(left), check=False)
+        except subprocess.TimeoutExpired:
+            pass
+        after = collect(jsonl)
+        if len(after) == len(done):  # the worker died before starting a case: do not loop forever
+            for n in left:
+                after.setdefault(n, {"arch": n, "compiled": False, "crashed": True})
+            with open(jsonl, "a") as f:
+                f.writelines(json.dumps(after[n]) + "\n" for n in left)
+    records = write_records(collect(jsonl), names, args, out)
+    print(f"\n{len(records)} architectures in {time.time() - t0:.0f} s -> {out / 'zoo_sweep.json'}")
+    print(f"{'arch':14s} {'result':4s} {'err':>8s} {'compile_s':>9s} {'kfuse ms':>9s} {'best ms':>9s} {'speedup':>7s}  fallback")
+    for r in records:
+        ok = "ok" if r.get("ok") else ("CRASH" if r.get("crashed") else ("ERR" if r.get("compiled") else "FAIL"))
+        best = min(r["baselines_ms"].values()) if r.get("baselines_ms") else None
+        cols = [f"{r['max_rel_err']:.1e}" if r.get("compiled") else "-", f"{r.get('kfuse_compile_s', 0):.1f}",
+                f"{r['kfuse_ms']:.3f}" if r.get("kfuse_ms") else "-", f"{best:.3f}" if best else "-",
+                f"{best / r['kfuse_ms']:.2f}x" if best and r.get("kfuse_ms") else "-"]  # fmt: skip
+        fb = ",".join(r.get("fallback", [])) or "-"
+        print(f"{r['arch']:14s} {ok:4s} {cols[0]:>8s} {cols[1]:>9s} {cols[2]:>9s} {cols[3]:>9s} {cols[4]:>7s}  {fb}")
+
+
+def write_records(done: dict[str, dict[str, Any]], names: list[str], args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    from kfuse.bench.harness import make_record, write_results
+
+    command = "PYTHONPATH=. python benchmarks/zoo_sweep.py " + " ".join(a for a in sys.argv[1:] if not a.startswith("--out"))
+    records = []
+    for n in names:
+        r = dict(done[n])
+        rec = make_record("zoo_sweep", n, r.pop("kfuse_ms", None), r.pop("baselines_ms", {}), None, r.pop("max_rel_err", None), command,
+                          dtype="fp32" if args.smoke else "fp16", **r)  # fmt: skip
+        rec["smoke"] = bool(args.smoke)
+        records.append(rec)
+    write_results("zoo_sweep", records, out)
+    return records
+
+
+if __name__ == "__main__":
+    main()
