@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ TEXT_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, int
                  n_embd=64, n_layer=2, n_head=4, ffn_dim=128, embedding_size=64, head_dim=16)  # fmt: skip
 IMAGE_TINY = dict(image_size=64, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 DECODER_LAYERS = 4
+TRACEBACKS: dict[str, str] = {}  # a failed compile's traceback, kept with a CUDA fault's record
 
 ARCHS: dict[str, Arch] = {
     # encoders (B8 S128 on the GPU)
@@ -234,6 +236,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         try:
             compiled = kfuse.compile(model, a, kw, tune=args.tune if gpu else "none")
         except Exception as e:  # a model kfuse cannot compile: recorded, the sweep goes on
+            TRACEBACKS[name] = traceback.format_exc()[-3000:]
             rec.update(compiled=False, error=f"{type(e).__name__}: {str(e)[:300]}")
             return rec
         rec["kfuse_compile_s"] = round(time.perf_counter() - t0, 2)
@@ -276,9 +279,15 @@ def worker(args: argparse.Namespace, names: list[str]) -> None:
             rec = run_case(name, args)
         except Exception as e:  # noqa: BLE001 - anything a model does wrong is its record, not the sweep's end
             rec = {"arch": name, "compiled": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        if "CUDA error" in str(rec.get("error", "")):  # the context is poisoned: every later case here would fail
+            rec["tb"] = TRACEBACKS.get(name, "")
+            rec["crashed"] = True
         with open(args.jsonl, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
         print(f"  {name:14s} {summary_line(rec)}", flush=True)
+        if rec.get("crashed"):
+            print(rec["tb"], flush=True)
+            os._exit(1)  # the driver starts a fresh worker for the rest
 
 
 def summary_line(r: dict[str, Any]) -> str:
