@@ -149,7 +149,8 @@ def table_for(name: str, records: list[dict]) -> str:
     first = records[0]
     lines.append(f"GPU {first.get('gpu')}, {first.get('date')}, torch {first.get('torch_version', '?')}. Command: `{first.get('command')}`")
     lines.append("")
-    if "kfuse_ms" in first and isinstance(first.get("baselines_ms"), dict) and "policy" not in first:
+    # records without baselines (tuning: kfuse_ms None, baselines_ms {}) show their own fields
+    if "kfuse_ms" in first and isinstance(first.get("baselines_ms"), dict) and first["baselines_ms"] and "policy" not in first:
         bases = sorted({b for r in records for b in (r.get("baselines_ms") or {})})
         head = ["case", "kfuse ms"] + [f"{b} ms" for b in bases] + ["speedup vs best", "floor ms", "max_rel_err"]
         lines.append("| " + " | ".join(head) + " |")

@@ -218,6 +218,28 @@ def first_tensor(out: Any) -> Any:
     return next(t for t in pytree.tree_leaves(out.to_tuple() if hasattr(out, "to_tuple") else out) if isinstance(t, torch.Tensor))
 
 
+def fp32_reference(model: Any, a: tuple[Any, ...], kw: dict[str, Any], eager16: Any, kfuse16: Any) -> dict[str, float]:
+    """Both fp16 results against the model in fp32 (TF32 off): some random-weight CNNs amplify rounding so much
+    that eager's own fp16 output is 18% off (session 35: MobileNet-V2 and RegNet-Y with fan-in weights, where
+    kfuse's was as far or closer), so kfuse is judged wrong only where it is much farther off than eager."""
+    import copy
+
+    import torch
+
+    from kfuse.bench.harness import max_rel_err
+
+    m32 = copy.deepcopy(model).float()
+    a32 = tuple(x.float() if x.is_floating_point() else x for x in a)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        ref32 = first_tensor(m32(*a32, **kw)).float()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    del m32
+    return {"err_vs_fp32": max_rel_err(kfuse16.float(), ref32), "eager_err_vs_fp32": max_rel_err(eager16.float(), ref32)}
+
+
 def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -246,7 +268,11 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         rec["ref_abs_max"] = float(ref.abs().max())
         if not rec["ref_abs_max"] > 0:  # a zero reference checks nothing
             err = float("inf")
-        rec.update(compiled=True, max_rel_err=err, ok=err <= TOLERANCE, fallback=rep.get("fallback", []),
+        ok = err <= TOLERANCE
+        if dtype != torch.float32:  # judged against fp32, as eager's own fp16 result is
+            rec.update(fp32_reference(model, a, kw, ref, out))
+            ok = rec["err_vs_fp32"] <= max(TOLERANCE, 2.0 * rec["eager_err_vs_fp32"])
+        rec.update(compiled=True, max_rel_err=err, ok=ok, fallback=rep.get("fallback", []),
                    launches=len(rep.get("kernels", [])), cuda_graph=rep.get("cuda_graph"),
                    b2b_fused=len((rep.get("b2b") or {}).get("fused", [])), templates=templates(rep))  # fmt: skip
         if gpu:

@@ -427,6 +427,8 @@ CHUNKED_CASES = [
     (9, 16, [64, 24], ["scale_clamp", "bias_relu"], _chunk(16, 16, 32, 1, 16, True), torch.float16),
     # ViT-Ti-like widths: K0 = 192 in three 64-column steps, N1 = 192 as 128 + 64 (both parts' epilogues)
     (37, 192, [160, 192], ["bias_gelu", "residual_sigmoid"], _chunk(16, 64, 256, 1, 32), torch.float16),
+    # ConvNeXt-T / Swin-T widths: K0 = 96 in three 32-column steps, N1 = 96 as 64 + 32 (session 35)
+    (50, 96, [384, 96], ["bias_gelu", "bias_relu"], _chunk(16, 32, 128, 1, 32), torch.float16),
 ]  # fmt: skip
 
 
