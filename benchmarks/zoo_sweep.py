@@ -305,7 +305,7 @@ def worker(args: argparse.Namespace, names: list[str]) -> None:
             rec = run_case(name, args)
         except Exception as e:  # noqa: BLE001 - anything a model does wrong is its record, not the sweep's end
             rec = {"arch": name, "compiled": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-        if "CUDA error" in str(rec.get("error", "")):  # the context is poisoned: every later case here would fail
+        if any(t in str(rec.get("error", "")) for t in ("CUDA error", "GPU faulted")):  # the context is poisoned: later cases would fail
             rec["tb"] = TRACEBACKS.get(name, "")
             rec["crashed"] = True
         with open(args.jsonl, "a") as f:

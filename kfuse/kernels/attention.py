@@ -31,6 +31,7 @@ import triton.language as tl
 from kfuse.kernels import pdl
 from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.pdl import pdl_start
+from kfuse.runtime import cuda_fault
 
 MASK_NONE, MASK_KEY_PADDING, MASK_DENSE_BOOL, MASK_DENSE_ADD = 0, 1, 2, 3
 _LOG2E = 1.4426950408889634
@@ -450,8 +451,8 @@ def _measure_best(run, head_dim: int, causal: bool = False, rounds: int = 5, max
             if isinstance(out, torch.Tensor):
                 outputs.add(c, out)
             replays[c] = cuda_graph_callable(lambda c=c: run(c), (), calls=calls)
-        except Exception:  # a config the compiler rejects (out of resources) is skipped
-            torch.cuda.synchronize()
+        except Exception as e:  # a config the compiler rejects (out of resources) is skipped; a GPU fault stops the compile
+            cuda_fault.check(e, f"attention config {c}")
     if outputs.groups:  # a tile whose output disagrees with most tiles' (a miscompile) is not timed
         agree, _ = outputs.agreeing(prefer=default_config(max_seq, batch_heads, head_dim) if batch_heads else None)
         replays = {c: r for c, r in replays.items() if c in agree}

@@ -29,6 +29,7 @@ from kfuse.ir.graph import TensorType, ValueType
 from kfuse.kernels import pdl
 from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.pdl import pdl_start
+from kfuse.runtime import cuda_fault
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run, wrong_result
 
@@ -214,6 +215,7 @@ def lower_gated_gemm(node: Any, graph: Any, backend: str, options: Any = None) -
         try:
             cfg, note = _decide(node, graph, backend, options, fused_with)
         except Exception as e:  # noqa: BLE001 - a measurement that fails keeps the rule's choice, and says why
+            cuda_fault.check(e, f"the gated-GEMM decision of {node.name}")
             note = f"{cfg.describe()} (rule; measurement failed: {type(e).__name__}: {str(e)[:120]})"
     ops_ = tuple(a["fused_ops"])
     if cfg is None:
@@ -242,7 +244,8 @@ def _decide(node: Any, graph: Any, backend: str, options: Any, fused_with: Any) 
                 wrong.append(f"{c.describe()}: {why}")
                 continue
             t = graph_time_ms(lambda run=run: run(xs))
-        except Exception:  # noqa: BLE001 - a tile the compiler rejects (registers, shared memory) is skipped
+        except Exception as e:  # noqa: BLE001 - a tile the compiler rejects (registers, shared memory) is skipped
+            cuda_fault.check(e, f"gated-GEMM tile {c.describe()} of {node.name}")
             continue
         times[c.describe()] = t
         if t < best[0]:

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from kfuse.runtime import cuda_fault
+
 _CACHE: dict[Hashable, tuple[str, dict[str, float]]] = {}
 
 
@@ -72,7 +74,8 @@ def choose(
         for name, fn in candidates.items():
             try:
                 times[name] = gpu_time_ms(lambda fn=fn: fn(xs))
-            except Exception:  # noqa: BLE001 - a candidate that cannot run loses
+            except Exception as e:  # noqa: BLE001 - a candidate that cannot run loses, unless it faulted the GPU
+                cuda_fault.check(e, f"candidate {name!r} of {getattr(node, 'name', node)} ({getattr(node, 'op', '?')})")
                 times[name] = float("inf")
         _CACHE[full_key] = (min(times, key=lambda k: times[k]), times)
         if db is not None and any(t != float("inf") for t in times.values()):  # never store a failure

@@ -409,3 +409,21 @@ def test_where_the_tma_conv_kernel_runs_only_its_tilings_are_measured(monkeypatc
     for other, options in ((odd, None), (fuse_b2b(fuse_epilogues(_convnet(1, 0))), None), (g, Options(b2b_conv_tma=False))):
         tried, cands = tried_on(other, options)
         assert any(c.tile_h == 0 for c in tried)  # the pointer-based tilings are measured
+
+
+def test_first_calls_tell_a_gpu_fault_from_a_failure() -> None:
+    """A candidate whose first call faults the GPU is marked "fault:" (the decision then stops the compile with
+    the candidates named, kfuse.runtime.cuda_fault), one that only fails "failed:", and a right one passes."""
+    from kfuse.kernels.b2b import lower
+
+    xs = [torch.randn(4, 8)]
+
+    def fault(xs):  # noqa: ANN001, ANN202
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def fails(xs):  # noqa: ANN001, ANN202
+        raise ValueError("b2b: chunked residence needs TMA")
+
+    errs = lower._first_calls([fault, fails, lambda xs: xs[0] * 1.0], xs, ref=xs[0])
+    assert errs[0].startswith("fault: RuntimeError") and "illegal memory access" in errs[0]
+    assert errs[1] == "failed: ValueError" and errs[2] is None

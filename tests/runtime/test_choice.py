@@ -124,3 +124,31 @@ def test_identical_layers_share_one_problem_key_whatever_the_report_notes() -> N
     na, nb, nc = g.nodes
     assert choice.problem_key(na, g) == choice.problem_key(nb, g)
     assert choice.problem_key(na, g) != choice.problem_key(nc, g)
+
+
+def test_a_gpu_fault_stops_the_compile_and_names_the_candidate(monkeypatch) -> None:
+    """An illegal address is not a candidate that lost: the CUDA context is gone, so going on made the error
+    surface at an unrelated later call (session 35: ConvNeXt-T and Swin-T on the H200). An ordinary failure
+    (a compile error, out of memory) still only loses. CPU: the faults are raised as torch reports them."""
+    from kfuse.runtime import cuda_fault
+
+    monkeypatch.setattr(choice, "example_inputs", lambda node, graph, device="cpu": [torch.randn(4, 8)])
+    g, node = _graph()
+
+    def ok(xs):
+        return xs[0]
+
+    def oom(xs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def fault(xs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    assert choice.choose(node, g, {"ok": ok, "oom": oom}, ("fault", 1))[0] == "ok"
+    with pytest.raises(cuda_fault.CudaFault, match=r"candidate 'bad' of y \(relu\).*illegal memory access.*restart"):
+        choice.choose(node, g, {"ok": ok, "bad": fault}, ("fault", 2))
+    acc = getattr(torch, "AcceleratorError", None)
+    if acc is not None:
+        assert cuda_fault.is_fault(acc("whatever text"))
+    assert not cuda_fault.is_fault(RuntimeError("triton: out of resources: shared memory"))
+    assert not cuda_fault.is_fault(RuntimeError("CUDA error: out of memory"))

@@ -15,7 +15,7 @@ from kfuse.kernels.b2b.configs import candidate_configs, default_config
 from kfuse.kernels.b2b.launcher import ConvGeom, b2b_chain, capped_note, pack_first, pack_next
 from kfuse.kernels.codegen import as_pair
 from kfuse.kernels.tma import tma_device
-from kfuse.runtime import parallel_compile
+from kfuse.runtime import cuda_fault, parallel_compile
 from kfuse.runtime.device import on_device
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run, wrong_result
@@ -78,7 +78,8 @@ def lower_b2b_chain(node: Any, graph: Any, backend: str, options: Any = None) ->
         try:
             run, template, decision = _decide(node, graph, backend, options, fused_with, m, widths)
             sides = decision.pop("_sides", None)
-        except Exception as e:  # a measurement that fails keeps the rule's choice, and says why
+        except Exception as e:  # a measurement that fails keeps the rule's choice, and says why (a GPU fault stops the compile)
+            cuda_fault.check(e, f"the b2b decision of {node.name}")
             decision["decided_by"] = f"rule (measurement failed: {type(e).__name__}: {str(e)[:120]})"
     epis = " => ".join(n.attrs["epilogue"].describe() for n in stages)
     info = KernelInfo(node.name, template, a["fused_ops"], decision.get("config", ""), epis)
@@ -156,12 +157,14 @@ def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | No
             with on_device(dev):  # a worker thread's current device is its own (device 0), not the caller's
                 return None, run(xs)
         except Exception as e:  # noqa: BLE001 - recorded per candidate
+            if cuda_fault.is_fault(e):
+                return f"fault: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}", None
             return f"failed: {type(e).__name__}", None
 
     workers = max(1, min(8, len(runs), (os.cpu_count() or 2) - 1))
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(first, runs))
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not any(err and err.startswith("fault:") for err, _ in results):
         torch.cuda.synchronize()
     return [err if err is not None or ref is None else wrong_result(out, ref) for err, out in results]
 
@@ -215,6 +218,12 @@ def _decide(
         cands = [c for c in cands if not c.pdl]
     runs = [fused_with(cfg) for cfg in cands]
     errs, compile_note = _compile_candidates(runs, xs, ref, torch.cuda.is_available())
+    faulted = [f"{cfg.describe()} ({err})" for cfg, err in zip(cands, errs, strict=True) if err and err.startswith("fault:")]
+    if faulted:  # the context is lost: nothing more can run in this process (first calls run in parallel threads)
+        raise cuda_fault.CudaFault(
+            f"kfuse: the GPU faulted in the first calls of {node.name}'s b2b candidates: {'; '.join(faulted)}. "
+            "The CUDA context is lost: restart the process (fuse_b2b=False avoids these kernels)."
+        )
     for cfg, run, err in zip(cands, runs, errs, strict=True):
         if err is not None:
             tried[cfg.describe()] = err
@@ -222,6 +231,7 @@ def _decide(
         try:
             t = graph_time_ms(lambda run=run: run(xs))
         except Exception as e:  # a config that does not compile (registers, smem) is skipped
+            cuda_fault.check(e, f"b2b candidate {cfg.describe()} of {node.name}")
             tried[cfg.describe()] = f"failed: {type(e).__name__}"
             continue
         tried[cfg.describe() + capped_note(cfg)] = round(t, 4)

@@ -1,0 +1,54 @@
+"""A GPU fault while a compile measures a candidate is not a candidate that lost.
+
+Compile-time decisions (template vs library, fused vs unfused, attention tiles, gated GEMMs) run
+their candidates and let one that fails lose. An illegal address or a launch failure is different:
+it leaves the CUDA context unusable, so every later CUDA call of the process fails too. Until
+session 35 those decisions caught the fault like any failure and went on, and the error surfaced
+at an unrelated call (ConvNeXt-T's compile on the H200 reported it while packing a convolution's
+weight, Swin-T's while drawing random inputs for an attention choice): nothing named the kernel.
+``check`` turns such a failure into a ``CudaFault`` that names the candidate and the node.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# messages of the sticky errors (cudaErrorIllegalAddress, LaunchFailure, MisalignedAddress, ...);
+# an out-of-memory error is an ordinary failure, the context survives it
+_FAULT_TEXT = ("illegal memory access", "illegal address", "unspecified launch failure", "misaligned address",
+               "illegal instruction", "CUDA error")  # fmt: skip
+
+
+class CudaFault(RuntimeError):
+    """The GPU faulted while kfuse ran ``what``; the process's CUDA context is lost."""
+
+
+def is_fault(e: BaseException) -> bool:
+    """Whether ``e`` is a GPU fault (not an ordinary failure such as a compile error or out of memory)."""
+    text = str(e)
+    if "out of memory" in text:
+        return False
+    acc = getattr(torch, "AcceleratorError", None)
+    return (acc is not None and isinstance(e, acc)) or any(t in text for t in _FAULT_TEXT)
+
+
+def check(e: BaseException, what: str) -> None:
+    """Raise ``CudaFault`` (from ``e``) when ``e`` is a GPU fault, or when the GPU no longer synchronizes
+    after it; return when it is an ordinary failure, which the caller records (the candidate loses)."""
+    why = f"{type(e).__name__}: {_first_line(e)}" if is_fault(e) else None
+    if why is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        try:
+            torch.cuda.synchronize()
+        except Exception as e2:  # noqa: BLE001 - any failure to synchronize means the context is gone
+            why = f"{type(e).__name__}: {_first_line(e)}; then {type(e2).__name__}: {_first_line(e2)}"
+    if why is not None:
+        raise CudaFault(
+            f"kfuse: the GPU faulted while running {what} ({why}). The CUDA context is lost: restart the process. "
+            "Please report it with the model; compiling with the option that makes this candidate (see the report) "
+            "turned off avoids it."
+        ) from e
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else ""
