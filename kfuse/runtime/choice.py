@@ -71,11 +71,19 @@ def choose(
     if full_key not in _CACHE:
         xs = inputs if inputs is not None else example_inputs(node, graph)
         times: dict[str, float] = {}
+        faulted = _faulted(db, problem, names)
         for name, fn in candidates.items():
+            if name in faulted:  # it faulted the GPU in an earlier process: never run again
+                times[name] = float("inf")
+                continue
             try:
                 times[name] = gpu_time_ms(lambda fn=fn: fn(xs))
             except Exception as e:  # noqa: BLE001 - a candidate that cannot run loses, unless it faulted the GPU
-                cuda_fault.check(e, f"candidate {name!r} of {getattr(node, 'name', node)} ({getattr(node, 'op', '?')})")
+                try:
+                    cuda_fault.check(e, f"candidate {name!r} of {getattr(node, 'name', node)} ({getattr(node, 'op', '?')})")
+                except cuda_fault.CudaFault:
+                    _remember_fault(db, problem, names, faulted | {name})
+                    raise
                 times[name] = float("inf")
         _CACHE[full_key] = (min(times, key=lambda k: times[k]), times)
         if db is not None and any(t != float("inf") for t in times.values()):  # never store a failure
@@ -86,6 +94,29 @@ def choose(
     return _CACHE[full_key]
 
 
+def _faulted(db: Any, problem: str, names: str) -> set[str]:
+    """Candidates of this problem that faulted the GPU in an earlier process (``_remember_fault``)."""
+    if db is None:
+        return set()
+    try:
+        hit = db.get_choice(_gpu_name(), problem, FAULTED + names)
+    except Exception:  # noqa: BLE001 - a database problem never fails a compile
+        return set()
+    return set(hit[0].split(",")) if hit is not None and hit[0] else set()
+
+
+def _remember_fault(db: Any, problem: str, names: str, faulted: set[str]) -> None:
+    """Store the candidates that faulted, so the compile the user retries in a new process skips them
+    (as the tuner records a config that lost the context as failed)."""
+    if db is None:
+        return
+    try:
+        db.put_choice(_gpu_name(), problem, FAULTED + names, ",".join(sorted(faulted)), {})
+    except Exception:  # noqa: BLE001
+        pass
+
+
+FAULTED = "faulted:"  # the choices table's candidates column for a problem's faulted candidates
 _DB: list[Any] = []
 
 

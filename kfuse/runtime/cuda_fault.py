@@ -43,9 +43,9 @@ def check(e: BaseException, what: str) -> None:
             why = f"{type(e).__name__}: {_first_line(e)}; then {type(e2).__name__}: {_first_line(e2)}"
     if why is not None:
         raise CudaFault(
-            f"kfuse: the GPU faulted while running {what} ({why}). The CUDA context is lost: restart the process. "
-            "Please report it with the model; compiling with the option that makes this candidate (see the report) "
-            "turned off avoids it."
+            f"kfuse: the GPU faulted while running {what} ({why}). The CUDA context is lost: restart the process "
+            "(a template-vs-library candidate is remembered in the tuning database and skipped from then on). "
+            "Please report it with the model."
         ) from e
 
 

@@ -152,3 +152,30 @@ def test_a_gpu_fault_stops_the_compile_and_names_the_candidate(monkeypatch) -> N
         assert cuda_fault.is_fault(acc("whatever text"))
     assert not cuda_fault.is_fault(RuntimeError("triton: out of resources: shared memory"))
     assert not cuda_fault.is_fault(RuntimeError("CUDA error: out of memory"))
+
+
+def test_a_candidate_that_faulted_is_skipped_by_the_next_process(monkeypatch, tmp_path) -> None:
+    """The fault is remembered in the tuning database: the compile retried in a new process (an empty
+    in-process cache) never runs that candidate again and chooses among the others."""
+    from kfuse.runtime import cuda_fault
+    from kfuse.tune.database import TuningDB
+
+    db = TuningDB(tmp_path / "t.sqlite")
+    monkeypatch.setattr(choice, "_persistent_db", lambda: db)
+    monkeypatch.setattr(choice, "example_inputs", lambda node, graph, device="cpu": [torch.randn(4, 8)])
+    g, node = _graph()
+    runs = {"bad": 0}
+
+    def ok(xs):
+        return xs[0]
+
+    def bad(xs):
+        runs["bad"] += 1
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(cuda_fault.CudaFault, match="remembered"):
+        choice.choose(node, g, {"bad": bad, "ok": ok}, ("retry", 1))
+    choice._CACHE.clear()  # a new process
+    runs["bad"] = 0
+    name, times = choice.choose(node, g, {"bad": bad, "ok": ok}, ("retry", 1))
+    assert name == "ok" and times["bad"] == float("inf") and runs["bad"] == 0
