@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import torch
 
-# messages of the sticky errors (cudaErrorIllegalAddress, LaunchFailure, MisalignedAddress, ...);
-# an out-of-memory error is an ordinary failure, the context survives it
-_FAULT_TEXT = ("illegal memory access", "illegal address", "unspecified launch failure", "misaligned address",
-               "illegal instruction", "CUDA error")  # fmt: skip
+# messages of the sticky errors (cudaErrorIllegalAddress, LaunchFailure, MisalignedAddress, ...): the context
+# is lost whatever else. Any other CUDA error (an invalid launch argument, no kernel image) is a fault only
+# if the GPU no longer synchronizes after it; out of memory is an ordinary failure, the context survives it
+_STICKY_TEXT = ("illegal memory access", "illegal address", "unspecified launch failure", "misaligned address",
+                "illegal instruction", "hardware stack error", "uncorrectable ECC")  # fmt: skip
 
 
 class CudaFault(RuntimeError):
@@ -24,23 +25,36 @@ class CudaFault(RuntimeError):
 
 
 def is_fault(e: BaseException) -> bool:
-    """Whether ``e`` is a GPU fault (not an ordinary failure such as a compile error or out of memory)."""
+    """Whether ``e`` is a GPU fault that lost the context (not an ordinary failure: a compile error, out of
+    memory, or a CUDA error after which the GPU still synchronizes)."""
     text = str(e)
     if "out of memory" in text:
         return False
+    if any(t in text for t in _STICKY_TEXT):
+        return True
     acc = getattr(torch, "AcceleratorError", None)
-    return (acc is not None and isinstance(e, acc)) or any(t in text for t in _FAULT_TEXT)
+    if (acc is not None and isinstance(e, acc)) or "CUDA error" in text:
+        return _context_lost() is not None
+    return False
+
+
+def _context_lost() -> str | None:
+    """The error of ``torch.cuda.synchronize()`` where the GPU no longer works, else None."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any failure to synchronize means the context is gone
+        return f"{type(e).__name__}: {_first_line(e)}"
+    return None
 
 
 def check(e: BaseException, what: str) -> None:
     """Raise ``CudaFault`` (from ``e``) when ``e`` is a GPU fault, or when the GPU no longer synchronizes
     after it; return when it is an ordinary failure, which the caller records (the candidate loses)."""
     why = f"{type(e).__name__}: {_first_line(e)}" if is_fault(e) else None
-    if why is None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        try:
-            torch.cuda.synchronize()
-        except Exception as e2:  # noqa: BLE001 - any failure to synchronize means the context is gone
-            why = f"{type(e).__name__}: {_first_line(e)}; then {type(e2).__name__}: {_first_line(e2)}"
+    if why is None and (lost := _context_lost()) is not None:  # an innocent-looking error, and the GPU is gone
+        why = f"{type(e).__name__}: {_first_line(e)}; then {lost}"
     if why is not None:
         raise CudaFault(
             f"kfuse: the GPU faulted while running {what} ({why}). The CUDA context is lost: restart the process "
