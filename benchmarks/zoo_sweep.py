@@ -277,8 +277,10 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
                    b2b_fused=len((rep.get("b2b") or {}).get("fused", [])), templates=templates(rep))  # fmt: skip
         if gpu:
             which = args.baselines.split(",")
-            times, _, base_s = pytorch_baselines(model, a, kw, which=which, warmup=args.warmup, rep=args.rep, log=lambda s: None)
+            lines: list[str] = []
+            times, _, base_s = pytorch_baselines(model, a, kw, which=which, warmup=args.warmup, rep=args.rep, log=lines.append)
             rec["baselines_ms"] = times
+            rec["baseline_errors"] = [ln.strip() for ln in lines if "failed" in ln]  # a side that could not run, and why
             rec["baseline_compile_s"] = {k: round(v, 1) for k, v in base_s.items()}
             rec["kfuse_ms"] = time_ms(lambda: compiled(*a, **kw), args.warmup, args.rep)
             if times:
