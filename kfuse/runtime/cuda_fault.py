@@ -52,6 +52,8 @@ def _context_lost() -> str | None:
 def check(e: BaseException, what: str) -> None:
     """Raise ``CudaFault`` (from ``e``) when ``e`` is a GPU fault, or when the GPU no longer synchronizes
     after it; return when it is an ordinary failure, which the caller records (the candidate loses)."""
+    if isinstance(e, CudaFault):  # raised further in, with the candidate named: pass it on as it is
+        raise e
     why = f"{type(e).__name__}: {_first_line(e)}" if is_fault(e) else None
     if why is None and (lost := _context_lost()) is not None:  # an innocent-looking error, and the GPU is gone
         why = f"{type(e).__name__}: {_first_line(e)}; then {lost}"

@@ -155,6 +155,10 @@ def test_a_gpu_fault_stops_the_compile_and_names_the_candidate(monkeypatch) -> N
     assert not cuda_fault.is_fault(RuntimeError("triton: out of resources: shared memory"))
     assert not cuda_fault.is_fault(RuntimeError("CUDA error: out of memory"))
     assert cuda_fault.is_fault(RuntimeError("CUDA error: unspecified launch failure"))
+    inner = cuda_fault.CudaFault("kfuse: the GPU faulted in the first calls of x's b2b candidates: ...")
+    with pytest.raises(cuda_fault.CudaFault) as got:  # an outer decision passes an inner one on unchanged
+        cuda_fault.check(inner, "the b2b decision of x")
+    assert got.value is inner
 
 
 def test_a_candidate_that_faulted_is_skipped_by_the_next_process(monkeypatch, tmp_path) -> None:
