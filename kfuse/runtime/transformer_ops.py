@@ -101,7 +101,9 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
     kind = a["mask_kind"]
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        q, k, v = _qkv(xs, a)
+        # the kernel reads the head dim with stride 1; a model that keeps its projections channels-first
+        # (SqueezeBERT's (B, C, S) convs) hands it transposed views: one copy each (session 35)
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in _qkv(xs, a))
         mask = xs[3] if len(xs) > 3 else None
         mk = K.MASK_NONE
         if mask is not None and kind == "padding":

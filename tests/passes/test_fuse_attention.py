@@ -138,3 +138,31 @@ def test_merge_qkv_and_norm_fusion(device):
         qkv = [nodes[i] for i in att.inputs[:3]]
         assert [n.op for n in qkv] == ["slice"] * 3 and len({n.inputs[0] for n in qkv}) == 1
         assert [(n.attrs["start"], n.attrs["end"]) for n in qkv] == [(0, 128), (128, 256), (256, 384)]
+
+
+class _ChannelsFirstAttention(torch.nn.Module):
+    """SqueezeBERT's layout: projections are 1x1 convs on (B, C, S), so q, k and v reach attention as
+    views whose head dim is strided (session 35: the compile failed with "q must be contiguous in the head
+    dim"), and the explicit matmul-softmax form is the one HF writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Conv1d(16, 16, 1) for _ in range(3))
+
+    def forward(self, x):  # x: (B, C, S)
+        b, c, s = x.shape
+
+        def heads(t):
+            return t.view(b, 2, 8, s).permute(0, 1, 3, 2)  # (B, H, S, D), head dim strided by S
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return o.permute(0, 1, 3, 2).reshape(b, c, s)
+
+
+def test_attention_on_head_dim_strided_views(device):
+    m = _ChannelsFirstAttention().to(device).eval()
+    x = torch.randn(2, 16, 11, device=device)
+    cm = kfuse.compile(m, (x,))
+    assert any(k["template"] in ("fused_attention", "library_attention") for k in cm.report["kernels"])
+    torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
