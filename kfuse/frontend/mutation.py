@@ -79,7 +79,8 @@ def functional_program(ep: ExportedProgram) -> ExportedProgram:
     except Exception as e:  # noqa: BLE001 - a rename would be wrong here, so no import without it
         raise StatefulModelError(
             f"the graph writes tensors that have views (in-place ops on slices), and torch.export could not "
-            f"functionalise it ({type(e).__name__}: {str(e)[:200]}); write those ops out of place"
+            f"functionalise it ({type(e).__name__}: {str(e)[:200]}); write those ops out of place, or compile the model "
+            'with torch.compile(model, backend="kfuse"), whose Dynamo frontend takes it (e.g. Mixtral-style MoE routing)'
         ) from e
     written = [
         f"{spec.kind.name.lower().replace('_mutation', '')} {spec.target}"

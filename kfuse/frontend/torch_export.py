@@ -44,7 +44,10 @@ def export_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
                 return _export(model, args, kwargs)
             except Exception as e2:
                 e = e2
-        raise FrontendError(f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}") from e
+        raise FrontendError(
+            f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}\n"
+            'torch.compile(model, backend="kfuse") compiles through Dynamo instead, which splits the graph where it must'
+        ) from e
 
 
 def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> ExportedProgram:

@@ -136,3 +136,22 @@ def test_exported_program_without_example_inputs_is_a_clear_error() -> None:
     ep._example_inputs = None  # as a program loaded from an older save, which records none
     with pytest.raises(TypeError, match="pass them"):
         kfuse.compile(ep)
+
+
+def test_moe_routing_goes_through_the_dynamo_backend_and_export_says_so() -> None:
+    """Mixtral's expert routing writes into slices that torch.export cannot functionalise: kfuse.compile
+    refuses it with an error that names the way that works, and torch.compile(backend="kfuse") compiles it
+    right (Dynamo splits the graph where it must; session 35's architecture sweep)."""
+    from kfuse.frontend.torch_export import FrontendError
+
+    shape = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=96, num_local_experts=4, num_experts_per_tok=2)  # fmt: skip
+    m = transformers.MixtralModel(transformers.MixtralConfig(**shape)).to(DEVICE).eval()
+    ids = torch.randint(3, 90, (2, 11), device=DEVICE)
+    with torch.no_grad():
+        ref = m(ids).last_hidden_state
+        with pytest.raises(FrontendError, match=r'torch\.compile\(model, backend="kfuse"\)'):
+            kfuse.compile(m, (ids,))
+        torch._dynamo.reset()
+        out = torch.compile(m, backend="kfuse")(ids).last_hidden_state
+    assert max_rel_err(out, ref) < (2e-2 if DEVICE == "cuda" else 1e-4)
