@@ -118,7 +118,10 @@ def _make_fallback(ctx: Ctx, target: Any, args: tuple[Any, ...], kwargs: dict[st
 
     out_type = _fx_type(ctx.node.meta.get("val"))
     if out_type is None:
-        raise NotImplementedError(f"op {target} returns a non-tensor value")
+        raise NotImplementedError(
+            f"op {target} returns a non-tensor value (a value read on the host inside forward, e.g. .item()), which one "
+            'kfuse graph cannot hold; torch.compile(model, backend="kfuse") breaks the graph there and compiles the rest'
+        )
     op_name = str(target)
     ctx.fallbacks.append(op_name)
     name = ctx.b.op("fallback", names, {"fn": fn, "target": op_name, "out_type": out_type}, name=ctx.b.fresh("fallback"))
