@@ -56,7 +56,6 @@ TEXT_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, int
                  n_embd=64, n_layer=2, n_head=4, ffn_dim=128, embedding_size=64, head_dim=16)  # fmt: skip
 IMAGE_TINY = dict(image_size=64, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 DECODER_LAYERS = 4
-TRACEBACKS: dict[str, str] = {}  # a failed compile's traceback, kept with a CUDA fault's record
 
 ARCHS: dict[str, Arch] = {
     # encoders (B8 S128 on the GPU)
@@ -258,8 +257,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         try:
             compiled = kfuse.compile(model, a, kw, tune=args.tune if gpu else "none")
         except Exception as e:  # a model kfuse cannot compile: recorded, the sweep goes on
-            TRACEBACKS[name] = traceback.format_exc()[-3000:]
-            rec.update(compiled=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+            rec.update(failure(e), compiled=False)
             return rec
         rec["kfuse_compile_s"] = round(time.perf_counter() - t0, 2)
         rep = compiled.report
@@ -282,9 +280,18 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
             rec["baselines_ms"] = times
             rec["baseline_errors"] = [ln.strip() for ln in lines if "failed" in ln]  # a side that could not run, and why
             rec["baseline_compile_s"] = {k: round(v, 1) for k, v in base_s.items()}
-            rec["kfuse_ms"] = time_ms(lambda: compiled(*a, **kw), args.warmup, args.rep)
-            if times:
-                rec["speedup_vs_best"] = min(times.values()) / rec["kfuse_ms"]
+            rec["kfuse_ms"] = time_ms(lambda: compiled(*a, **kw), args.warmup, args.rep)  # make_record adds the speedup
+    return rec
+
+
+def failure(e: BaseException) -> dict[str, Any]:
+    """A case's failure: its error, and where it faulted the GPU (the context is lost: every later case of
+    this worker would fail with it), ``crashed`` with the traceback."""
+    from kfuse.runtime import cuda_fault
+
+    rec: dict[str, Any] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    if isinstance(e, cuda_fault.CudaFault) or cuda_fault.is_fault(e):
+        rec.update(crashed=True, tb=traceback.format_exc()[-3000:])
     return rec
 
 
@@ -306,10 +313,7 @@ def worker(args: argparse.Namespace, names: list[str]) -> None:
         try:
             rec = run_case(name, args)
         except Exception as e:  # noqa: BLE001 - anything a model does wrong is its record, not the sweep's end
-            rec = {"arch": name, "compiled": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-        if any(t in str(rec.get("error", "")) for t in ("CUDA error", "GPU faulted")):  # the context is poisoned: later cases would fail
-            rec["tb"] = TRACEBACKS.get(name, "")
-            rec["crashed"] = True
+            rec = {"arch": name, "compiled": False, **failure(e)}
         with open(args.jsonl, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
         print(f"  {name:14s} {summary_line(rec)}", flush=True)

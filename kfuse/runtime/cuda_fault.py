@@ -34,18 +34,20 @@ def is_fault(e: BaseException) -> bool:
         return True
     acc = getattr(torch, "AcceleratorError", None)
     if (acc is not None and isinstance(e, acc)) or "CUDA error" in text:
-        return _context_lost() is not None
+        return context_lost() is not None
     return False
 
 
-def _context_lost() -> str | None:
-    """The error of ``torch.cuda.synchronize()`` where the GPU no longer works, else None."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+def context_lost(device: torch.device | str | None = None) -> str | None:
+    """The error of ``torch.cuda.synchronize(device)`` where the GPU no longer works, else None. Without a
+    ``device``, also None without a GPU or before CUDA was initialised (nothing can have faulted); a given
+    device (the tuner's runner's) is synchronised as it is."""
+    if device is None and not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return None
     try:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     except Exception as e:  # noqa: BLE001 - any failure to synchronize means the context is gone
-        return f"{type(e).__name__}: {_first_line(e)}"
+        return f"{type(e).__name__}: {first_line(e)}"
     return None
 
 
@@ -54,9 +56,9 @@ def check(e: BaseException, what: str) -> None:
     after it; return when it is an ordinary failure, which the caller records (the candidate loses)."""
     if isinstance(e, CudaFault):  # raised further in, with the candidate named: pass it on as it is
         raise e
-    why = f"{type(e).__name__}: {_first_line(e)}" if is_fault(e) else None
-    if why is None and (lost := _context_lost()) is not None:  # an innocent-looking error, and the GPU is gone
-        why = f"{type(e).__name__}: {_first_line(e)}; then {lost}"
+    why = f"{type(e).__name__}: {first_line(e)}" if is_fault(e) else None
+    if why is None and (lost := context_lost()) is not None:  # an innocent-looking error, and the GPU is gone
+        why = f"{type(e).__name__}: {first_line(e)}; then {lost}"
     if why is not None:
         raise CudaFault(
             f"kfuse: the GPU faulted while running {what} ({why}). The CUDA context is lost: restart the process "
@@ -65,6 +67,7 @@ def check(e: BaseException, what: str) -> None:
         ) from e
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first line of ``e``'s message, at most ``limit`` characters."""
     lines = str(e).strip().splitlines()
-    return lines[0][:200] if lines else ""
+    return lines[0][:limit] if lines else ""

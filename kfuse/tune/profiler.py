@@ -38,7 +38,7 @@ from kfuse.bench.harness import interleaved_medians
 from kfuse.kernels.conv import ConvConfig, ConvParams, conv_epilogue, pack_weight
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference
 from kfuse.kernels.gemm import GemmConfig, launch, prepare
-from kfuse.runtime import parallel_compile
+from kfuse.runtime import cuda_fault, parallel_compile
 from kfuse.tune.space import Config, ConvProblem, GemmProblem, Problem
 
 Measure = Callable[[Config, Problem], float]
@@ -65,11 +65,7 @@ def _cuda_lost(runner: Any) -> str | None:
     dev = getattr(runner, "device", None) if runner is not None else None
     if dev is None or torch.device(dev).type != "cuda":
         return None
-    try:
-        torch.cuda.synchronize(dev)
-    except Exception as e:  # noqa: BLE001 - any failure here means the context is gone
-        return f"{type(e).__name__}: {_first_line(e)}"
-    return None
+    return cuda_fault.context_lost(dev)
 
 
 @dataclass(frozen=True)
@@ -403,8 +399,7 @@ class Profiler:
 
 
 def _first_line(e: BaseException) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0][:300] if s else ""
+    return cuda_fault.first_line(e, 300)
 
 
 def describe(m: Measurement) -> dict[str, Any]:

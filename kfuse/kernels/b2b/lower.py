@@ -158,7 +158,7 @@ def _first_calls(runs: list[Any], xs: list[torch.Tensor], ref: torch.Tensor | No
                 return None, run(xs)
         except Exception as e:  # noqa: BLE001 - recorded per candidate
             if cuda_fault.is_fault(e):
-                return f"fault: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}", None
+                return f"fault: {type(e).__name__}: {cuda_fault.first_line(e, 120)}", None
             return f"failed: {type(e).__name__}", None
 
     workers = max(1, min(8, len(runs), (os.cpu_count() or 2) - 1))
