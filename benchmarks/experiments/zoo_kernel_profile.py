@@ -1,0 +1,85 @@
+"""Why is a zoo_sweep architecture slower compiled than eager? Kernel-by-kernel time of one call, both ways.
+
+Session 35: OPT-125m (0.88x) and Pythia-160m / GPT-NeoX (0.85x) at B1 S512 fp16 were the two of sixteen timed
+architectures kfuse made slower. This builds one architecture as the sweep does, compiles it (tune fast),
+profiles a few calls of eager and of the compiled model under ``torch.profiler`` and prints, for each, the
+summed kernel time per kernel name (largest first) and the span of one call, so the kernels that lose stand out.
+
+    PYTHONPATH=. python benchmarks/experiments/zoo_kernel_profile.py --arch opt --out $OUT   # H200, ~60 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import zoo_sweep  # noqa: E402
+
+import kfuse  # noqa: E402
+
+
+def kernel_table(fn: Any, calls: int) -> tuple[list[tuple[str, float, int]], float]:
+    """(name, microseconds per call, launches per call) largest first, and the mean span of one call (us)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+            torch.cuda.synchronize()
+    ks = sorted(
+        ((e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda r: r[1],
+    )
+    total: dict[str, float] = collections.defaultdict(float)
+    count: collections.Counter[str] = collections.Counter()
+    for name, t0, t1 in ks:
+        total[name] += (t1 - t0) / calls
+        count[name] += 1
+    # calls are separated by syncs: split at gaps > 30 us and take the mean span
+    spans, start, prev_end = [], ks[0][1], ks[0][2]
+    for _, t0, t1 in ks[1:]:
+        if t0 - prev_end > 30:
+            spans.append(prev_end - start)
+            start = t0
+        prev_end = max(prev_end, t1)
+    spans.append(prev_end - start)
+    rows = sorted(((n, us, count[n] // calls) for n, us in total.items()), key=lambda r: -r[1])
+    return rows, sum(spans) / len(spans)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", required=True, choices=sorted(zoo_sweep.ARCHS))
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--top", type=int, default=14)
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    model, a, kw = zoo_sweep.build(args.arch, False, "cuda", torch.float16)
+    record: dict[str, Any] = {"arch": args.arch, "shape": list(a[0].shape)}
+    with torch.no_grad():
+        cm = kfuse.compile(model, a, kw, tune="fast")
+        for label, fn in (("eager", lambda: model(*a, **kw)), ("kfuse", lambda: cm(*a, **kw))):
+            rows, span = kernel_table(fn, args.calls)
+            busy = sum(us * 1 for _, us, _ in rows)
+            print(f"{args.arch} {label}: span {span:.1f} us, kernels {busy:.1f} us, {sum(c for *_, c in rows)} launches")
+            for name, us, c in rows[: args.top]:
+                print(f"  {us:8.1f} us  x{c:<3d} {name[:100]}")
+            record[label] = {"span_us": span, "kernel_us": busy, "kernels": [{"name": n, "us": u, "n": c} for n, u, c in rows]}
+    record["report"] = {k: v for k, v in cm.report.items() if isinstance(v, int | float | str)}
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, f"zoo_kernel_profile_{args.arch}.json").write_text(json.dumps(record, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
