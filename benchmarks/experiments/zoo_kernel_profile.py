@@ -3,7 +3,7 @@
 Session 35: OPT-125m (0.88x) and Pythia-160m / GPT-NeoX (0.85x) at B1 S512 fp16 were the two of sixteen timed
 architectures kfuse made slower. This builds one architecture as the sweep does, compiles it (tune fast),
 profiles a few calls of eager and of the compiled model under ``torch.profiler`` and prints, for each, the
-summed kernel time per kernel name (largest first) and the span of one call, so the kernels that lose stand out.
+summed kernel time per kernel name (largest first), so the kernels that lose stand out.
 
     PYTHONPATH=. python benchmarks/experiments/zoo_kernel_profile.py --arch opt --out $OUT   # H200, ~60 s
 """
@@ -27,8 +27,8 @@ import zoo_sweep  # noqa: E402
 import kfuse  # noqa: E402
 
 
-def kernel_table(fn: Any, calls: int) -> tuple[list[tuple[str, float, int]], float]:
-    """(name, microseconds per call, launches per call) largest first, and the mean span of one call (us)."""
+def kernel_table(fn: Any, calls: int) -> list[tuple[str, float, int]]:
+    """(name, microseconds per call, launches per call), largest first."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -45,16 +45,8 @@ def kernel_table(fn: Any, calls: int) -> tuple[list[tuple[str, float, int]], flo
     for name, t0, t1 in ks:
         total[name] += (t1 - t0) / calls
         count[name] += 1
-    # calls are separated by syncs: split at gaps > 30 us and take the mean span
-    spans, start, prev_end = [], ks[0][1], ks[0][2]
-    for _, t0, t1 in ks[1:]:
-        if t0 - prev_end > 30:
-            spans.append(prev_end - start)
-            start = t0
-        prev_end = max(prev_end, t1)
-    spans.append(prev_end - start)
     rows = sorted(((n, us, count[n] // calls) for n, us in total.items()), key=lambda r: -r[1])
-    return rows, sum(spans) / len(spans)
+    return rows
 
 
 def main() -> None:
@@ -69,12 +61,12 @@ def main() -> None:
     with torch.no_grad():
         cm = kfuse.compile(model, a, kw, tune="fast")
         for label, fn in (("eager", lambda: model(*a, **kw)), ("kfuse", lambda: cm(*a, **kw))):
-            rows, span = kernel_table(fn, args.calls)
+            rows = kernel_table(fn, args.calls)
             busy = sum(us * 1 for _, us, _ in rows)
-            print(f"{args.arch} {label}: span {span:.1f} us, kernels {busy:.1f} us, {sum(c for *_, c in rows)} launches")
+            print(f"{args.arch} {label}: kernels {busy:.1f} us a call, {sum(c for *_, c in rows)} launches")
             for name, us, c in rows[: args.top]:
                 print(f"  {us:8.1f} us  x{c:<3d} {name[:100]}")
-            record[label] = {"span_us": span, "kernel_us": busy, "kernels": [{"name": n, "us": u, "n": c} for n, u, c in rows]}
+            record[label] = {"kernel_us": busy, "kernels": [{"name": n, "us": u, "n": c} for n, u, c in rows]}
     record["report"] = {k: v for k, v in cm.report.items() if isinstance(v, int | float | str)}
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

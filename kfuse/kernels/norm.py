@@ -95,6 +95,14 @@ def _period(a: torch.Tensor, out_shape: tuple[int, ...]) -> int:
     return max(period, 1)
 
 
+def launch_config(m: int, block_n: int) -> tuple[int, int]:
+    """(rows a program, warps) for ``m`` rows of ``block_n`` (padded) columns."""
+    if interpreting():
+        return 4, 1
+    rows = max(1, min(16, 4096 // block_n))
+    return rows, 4 if block_n * rows <= 4096 else 8
+
+
 def norm(
     x: torch.Tensor,
     addends: Sequence[torch.Tensor] = (),
@@ -104,8 +112,11 @@ def norm(
     eps: float = 1e-5,
     rms: bool = False,
     out: torch.Tensor | None = None,
+    rows: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
-    """``layer_norm(x + sum(addends)) * weight + bias`` (or RMSNorm with ``rms=True``) over the last dim."""
+    """``layer_norm(x + sum(addends)) * weight + bias`` (or RMSNorm with ``rms=True``) over the last dim.
+    ``rows`` (rows a program, a power of two) and ``num_warps`` override ``launch_config``'s choice."""
     if len(addends) > MAX_ADDENDS:
         raise ValueError(f"norm: at most {MAX_ADDENDS} addends, got {len(addends)}")
     n = x.shape[-1]
@@ -132,11 +143,8 @@ def norm(
         periods.append(1)
     weight, bias = _vector(weight, n, "weight"), _vector(bias, n, "bias")
     block_n = triton.next_power_of_2(n)
-    if interpreting():
-        rows, warps = 4, 1
-    else:
-        rows = max(1, min(16, 4096 // block_n))
-        warps = 4 if block_n * rows <= 4096 else 8
+    auto_rows, auto_warps = launch_config(m, block_n)
+    rows, warps = rows or auto_rows, num_warps or auto_warps
     _norm_fwd[(triton.cdiv(m, rows),)](
         x2, adds[0], adds[1], adds[2],
         weight if weight is not None else x2, bias if bias is not None else x2, y2,

@@ -60,12 +60,23 @@ def _as_4d(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t.expand(shape)
 
 
+def rows_per_program(n_rows: int, block_h: int) -> int:
+    """Rows one program rotates (a power of two)."""
+    return 16 if interpreting() else max(1, min(64, 4096 // block_h))
+
+
 def rotary(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None, dtype: torch.dtype | None = None
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    out: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+    block_r: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` for ``x`` of rank <= 4 with an even last dim; ``cos`` and
     ``sin`` broadcast to ``x``. Returns a contiguous tensor of ``dtype`` (default ``x.dtype``), or
-    writes the contiguous ``out``."""
+    writes the contiguous ``out``. ``block_r`` (rows a program) overrides ``rows_per_program``."""
     if x.dim() > 4 or x.dim() < 1 or x.shape[-1] % 2:
         raise ValueError(f"rotary: x must have rank 1-4 and an even last dim, got shape {tuple(x.shape)}")
     shape = x.shape
@@ -83,11 +94,11 @@ def rotary(
         return o
     half = d // 2
     block_h = max(16, triton.next_power_of_2(half))
-    block_r = 16 if interpreting() else max(1, min(64, 4096 // block_h))
+    block_r = block_r or rows_per_program(n_rows, block_h)
     grid = (triton.cdiv(n_rows, block_r),)
     _rotary_fwd[grid](
         x4, c4, s4, o, r1, r2, n_rows, half, *x4.stride(), *c4.stride(), *s4.stride(),
-        BLOCK_R=block_r, BLOCK_H=block_h, num_warps=4, **pdl.launch_kwargs(),
+        BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps, **pdl.launch_kwargs(),
     )  # fmt: skip
     return o
 
