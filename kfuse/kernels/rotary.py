@@ -27,9 +27,9 @@ from kfuse.kernels.pdl import pdl_start
 @triton.jit
 def _rotary_fwd(
     X, C, S, Out,
-    R1, R2, n_rows, HALF,
+    R1, R2, n_rows, HALF, N_PASS,
     sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3,
-    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -49,9 +49,13 @@ def _rotary_fwd(
     c2 = tl.load(C + cr + hi * sc3, mask=mask, other=0.0).to(tl.float32)
     s1 = tl.load(S + sr + lo * ss3, mask=mask, other=0.0).to(tl.float32)
     s2 = tl.load(S + sr + hi * ss3, mask=mask, other=0.0).to(tl.float32)
-    out = Out + rows[:, None] * (2 * HALF)
+    out = Out + rows[:, None] * (2 * HALF + N_PASS)
     tl.store(out + lo, (x1 * c1 - x2 * s1).to(Out.dtype.element_ty), mask=mask)
     tl.store(out + hi, (x2 * c2 + x1 * s2).to(Out.dtype.element_ty), mask=mask)
+    if BLOCK_P > 0:  # partial rotary: the columns past the rotated ones are copied (the model's cat)
+        pc = (2 * HALF + tl.arange(0, BLOCK_P))[None, :]
+        pm = (rows < n_rows)[:, None] & (pc < 2 * HALF + N_PASS)
+        tl.store(out + pc, tl.load(X + xr + pc * sx3, mask=pm, other=0.0).to(Out.dtype.element_ty), mask=pm)
 
 
 def _as_4d(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -73,16 +77,20 @@ def rotary(
     dtype: torch.dtype | None = None,
     block_r: int | None = None,
     num_warps: int = 4,
+    rotary_dims: int | None = None,
 ) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` for ``x`` of rank <= 4 with an even last dim; ``cos`` and
     ``sin`` broadcast to ``x``. Returns a contiguous tensor of ``dtype`` (default ``x.dtype``), or
-    writes the contiguous ``out``. ``block_r`` (rows a program) overrides ``rows_per_program``."""
-    if x.dim() > 4 or x.dim() < 1 or x.shape[-1] % 2:
-        raise ValueError(f"rotary: x must have rank 1-4 and an even last dim, got shape {tuple(x.shape)}")
+    writes the contiguous ``out``. ``block_r`` (rows a program) overrides ``rows_per_program``.
+    ``rotary_dims``: only the first ``rotary_dims`` columns rotate (``cos``/``sin`` have that width), the
+    rest are copied: ``cat([rotary(x[..., :r]), x[..., r:]], -1)`` (GPT-NeoX, Phi) in one pass."""
+    rd = x.shape[-1] if rotary_dims is None else rotary_dims
+    if x.dim() > 4 or x.dim() < 1 or rd % 2 or not 0 < rd <= x.shape[-1]:
+        raise ValueError(f"rotary: x must have rank 1-4 and an even number of rotated dims, got shape {tuple(x.shape)}, {rd} rotated")
     shape = x.shape
     x4 = _as_4d(x, torch.Size((1,) * (4 - x.dim()) + tuple(shape)))
     try:
-        c4, s4 = _as_4d(cos, x4.shape), _as_4d(sin, x4.shape)
+        c4, s4 = _as_4d(cos, x4.shape[:-1] + (rd,)), _as_4d(sin, x4.shape[:-1] + (rd,))
     except RuntimeError:
         raise ValueError(f"rotary: cos {tuple(cos.shape)} / sin {tuple(sin.shape)} do not broadcast to x {tuple(shape)}") from None
     o = out if out is not None else torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
@@ -92,20 +100,22 @@ def rotary(
     n_rows = r0 * r1 * r2
     if n_rows == 0 or d == 0:
         return o
-    half = d // 2
+    half, n_pass = rd // 2, d - rd
     block_h = max(16, triton.next_power_of_2(half))
+    block_p = triton.next_power_of_2(n_pass) if n_pass else 0
     block_r = block_r or rows_per_program(n_rows, block_h)
     grid = (triton.cdiv(n_rows, block_r),)
     _rotary_fwd[grid](
-        x4, c4, s4, o, r1, r2, n_rows, half, *x4.stride(), *c4.stride(), *s4.stride(),
-        BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps, **pdl.launch_kwargs(),
+        x4, c4, s4, o, r1, r2, n_rows, half, n_pass, *x4.stride(), *c4.stride(), *s4.stride(),
+        BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, num_warps=num_warps, **pdl.launch_kwargs(),
     )  # fmt: skip
     return o
 
 
-def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int | None = None) -> torch.Tensor:
     """The oracle, as Hugging Face writes it (in float32)."""
     xf = x.float()
-    h = x.shape[-1] // 2
-    rot = torch.cat((-xf[..., h:], xf[..., :h]), dim=-1)
-    return xf * cos.float() + rot * sin.float()
+    rd = x.shape[-1] if rotary_dims is None else rotary_dims
+    xr, h = xf[..., :rd], rd // 2
+    rot = torch.cat((-xr[..., h:], xr[..., :h]), dim=-1)
+    return torch.cat((xr * cos.float() + rot * sin.float(), xf[..., rd:]), dim=-1)

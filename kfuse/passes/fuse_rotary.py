@@ -6,6 +6,10 @@ writes it for Llama, Mistral, Qwen and GPT-NeoX. Left to the pointwise pass, the
 concatenation (a copy) and the multiply-add are three launches per Q and per K in every layer.
 The two products may come in either order and with their operands either way round; the slices,
 negation, concatenation and products must have no other users (``x`` itself may).
+
+Partial rotary (GPT-NeoX, Phi): ``cat([rotary(t[..., :r]), t[..., r:]], -1)`` becomes one ``rotary`` node on
+``t`` with ``rotary_dims=r``, which copies the last ``D - r`` columns as it writes: the concatenation was a
+second launch reading and writing the whole of Q and K again.
 """
 
 from __future__ import annotations
@@ -104,4 +108,31 @@ def fuse_rotary(graph: Graph) -> Graph:
         m = _match(node, nodes, users, graph)
         if m is not None:
             found[node.name] = Node(node.name, "rotary", m[0], node.ttype, {"fused_ops": _FUSED_OPS})
+    return _absorb_pass_through(substitute(graph, found))
+
+
+def _absorb_pass_through(graph: Graph) -> Graph:
+    """``cat([rotary(slice(t, :r)), slice(t, r:)], -1)`` -> ``rotary(t, cos, sin, rotary_dims=r)``."""
+    nodes = graph.node_map()
+    users = graph.users()
+    found: dict[str, Node] = {}
+    for cat in graph.nodes:
+        if cat.op != "cat" or len(cat.inputs) != 2 or not isinstance(cat.type, TensorType):
+            continue
+        if cat.attrs.get("dim", 0) % cat.ttype.rank != cat.ttype.rank - 1:
+            continue
+        rot = nodes.get(cat.inputs[0])
+        if rot is None or rot.op != "rotary" or "rotary_dims" in rot.attrs or not _only_user(users, graph, rot.name):
+            continue
+        lo, hi = _last_dim_slice(nodes.get(rot.inputs[0]), graph), _last_dim_slice(nodes.get(cat.inputs[1]), graph)
+        if lo is None or hi is None or lo[0] != hi[0]:
+            continue
+        t = graph.type_of(lo[0])
+        r = rot.ttype.shape[-1]
+        if not isinstance(t, TensorType) or lo[1:] != (0, r) or hi[1:] != (r, t.shape[-1]) or t.shape != cat.ttype.shape:
+            continue
+        if rot.ttype.dtype != cat.ttype.dtype or t.dtype != cat.ttype.dtype:
+            continue
+        attrs = {"fused_ops": (*rot.attrs["fused_ops"], "slice", "slice", "cat"), "rotary_dims": r}
+        found[cat.name] = Node(cat.name, "rotary", [lo[0], *rot.inputs[1:]], cat.ttype, attrs)
     return substitute(graph, found)

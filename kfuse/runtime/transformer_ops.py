@@ -275,8 +275,10 @@ def _rotary_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
 @ops.register("rotary", ops.FUSED, infer=_rotary_type)
 def _rotary_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     x, cos, sin = xs
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+    rd = a.get("rotary_dims") or x.shape[-1]  # partial rotary: the columns past rd pass through
+    xr, h = x[..., :rd], rd // 2
+    y = xr * cos + torch.cat((-xr[..., h:], xr[..., :h]), dim=-1) * sin
+    return torch.cat((y, x[..., rd:].to(y.dtype)), dim=-1) if rd < x.shape[-1] else y
 
 
 @lowering("rotary")
@@ -288,7 +290,9 @@ def _lower_rotary(node: Node, graph: Graph, backend: str) -> Step | None:
     out_dtype = node.ttype.dtype
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        return rotary(xs[0], xs[1], xs[2], dtype=out_dtype)
+        return rotary(xs[0], xs[1], xs[2], dtype=out_dtype, rotary_dims=rd)
 
-    info = KernelInfo(node.name, "rotary", tuple(node.attrs.get("fused_ops", ("rotary",))), "x * cos + rotate_half(x) * sin")
+    rd = node.attrs.get("rotary_dims")
+    what = "x * cos + rotate_half(x) * sin" + (f" on {rd} of {node.ttype.shape[-1]} columns, the rest copied" if rd else "")
+    info = KernelInfo(node.name, "rotary", tuple(node.attrs.get("fused_ops", ("rotary",))), what)
     return Step(node.name, node.inputs, run, info)

@@ -39,6 +39,27 @@ def test_partial_rotary_on_a_slice_and_per_batch_tables(device):
     torch.testing.assert_close(got, R.reference(q[..., :rot], cos, sin), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("d,rot", [(64, 16), (24, 6), (80, 32), (10, 2)])
+def test_partial_rotary_with_the_pass_through_columns(dtype, d, rot, device):
+    # cat([rotary(x[..., :rot]), x[..., rot:]], -1) in one kernel (GPT-NeoX, Phi): the copied columns
+    # follow the rotated ones in a contiguous output, from a strided head-split view
+    gen = torch.Generator().manual_seed(d + rot)
+    b, h, s = 2, 3, 11
+    proj = torch.randn(b, s, 3 * h * d, generator=gen).to(device, dtype)
+    x = proj[..., : h * d].reshape(b, s, h, d).permute(0, 2, 1, 3)
+    cos, sin = (t.to(device)[None, None] for t in _cos_sin(s, rot, gen, dtype))
+    out = torch.full((b, h, s, d), float("nan"), dtype=dtype, device=device)
+    R.rotary(x, cos, sin, out=out, rotary_dims=rot)
+    want = torch.cat((R.reference(x[..., :rot], cos, sin), x[..., rot:].float()), -1)
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
+    torch.testing.assert_close(R.reference(x, cos, sin, rotary_dims=rot), want, atol=tol, rtol=tol)
+    assert torch.equal(out[..., rot:], x[..., rot:])  # copied bit for bit
+    with pytest.raises(ValueError, match="even number of rotated dims"):
+        R.rotary(x, cos, sin, rotary_dims=d + 2)
+
+
 def test_reference_is_hf_rotate_half():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 4, 8, generator=gen)
@@ -50,7 +71,7 @@ def test_reference_is_hf_rotate_half():
 
 def test_clear_errors(device):
     x = torch.randn(2, 3, 5, device=device)
-    with pytest.raises(ValueError, match="even last dim"):
+    with pytest.raises(ValueError, match="even number of rotated dims"):
         R.rotary(x, x, x)
     y = torch.randn(2, 3, 4, device=device)
     with pytest.raises(ValueError, match="do not broadcast"):

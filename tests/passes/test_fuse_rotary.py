@@ -103,3 +103,48 @@ def test_compiled_llama_runs_rotary_and_gqa_kernels(dtype, device, monkeypatch):
     assert (got - ref).abs().max() / ref.abs().max() < (2e-2 if dtype == torch.float16 else 1e-4)
     off = kfuse.compile(model, args, kwargs, fuse_rotary=False)
     assert "rotary" not in [k["template"] for k in off.report["kernels"]]
+
+
+class _PartialRope(nn.Module):
+    """GPT-NeoX's partial rotary: rotate the first ``rot`` columns of each head, concatenate the rest back
+    (``pass_from`` != rot: a look-alike whose concatenation skips columns, which must stay as it is)."""
+
+    def __init__(self, rot: int, pass_from: int) -> None:
+        super().__init__()
+        self.rot, self.pass_from = rot, pass_from
+        self.proj = nn.Linear(32, 96)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):  # noqa: ANN201
+        q = self.proj(x).view(x.shape[0], x.shape[1], 2, 48).transpose(1, 2)
+        q_rot, q_pass = q[..., : self.rot], q[..., self.pass_from :]
+        x1, x2 = q_rot[..., : self.rot // 2], q_rot[..., self.rot // 2 :]
+        emb = q_rot * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return torch.cat([emb, q_pass], dim=-1)
+
+
+@pytest.mark.parametrize("rot,pass_from,absorbed", [(16, 16, True), (12, 12, True), (16, 20, False)])
+def test_partial_rotary_absorbs_the_concatenation(rot, pass_from, absorbed, device):
+    gen = torch.Generator().manual_seed(rot)
+    x = torch.randn(2, 5, 32, generator=gen).to(device)
+    cos, sin = torch.rand(5, rot, generator=gen).to(device), torch.rand(5, rot, generator=gen).to(device)
+    model = _PartialRope(rot, pass_from).to(device).eval()
+    g, xs = _imported(model, (x, cos, sin))
+    r = fuse_rotary(g)
+    rots = _ops(r, "rotary")
+    assert len(rots) == 1
+    assert (rots[0].attrs.get("rotary_dims") == rot) == absorbed
+    assert len(_ops(r, "cat")) == (0 if absorbed else 1)
+    _close(g, r, xs)
+
+
+def test_compiled_partial_rotary_matches_eager(device):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 9, 32, generator=gen).to(device)
+    cos, sin = torch.rand(9, 16, generator=gen).to(device), torch.rand(9, 16, generator=gen).to(device)
+    model = _PartialRope(16, 16).to(device).eval()
+    compiled = kfuse.compile(model, (x, cos, sin))
+    rots = [k for k in compiled.report["kernels"] if k["template"] == "rotary"]
+    assert len(rots) == 1 and "16 of 48 columns" in rots[0]["config"]
+    x2 = torch.randn(2, 9, 32, generator=gen).to(device)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x2, cos, sin), model(x2, cos, sin), atol=1e-5, rtol=1e-4)
