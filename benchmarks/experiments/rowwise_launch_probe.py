@@ -6,7 +6,7 @@ Session 36: in OPT-125m at B1 S512 (fp16) kfuse's ``_norm_fwd`` took 7.8 us a ca
 with one residual = 2.4 MB / 4.3 TB/s = 0.55 us; the rotary's 6144 x 16 x 2 B x 2 = 0.4 MB, 0.1 us: both
 are latency-bound, so the grid should give every SM several programs. This times each kernel for every
 (rows, warps) at each shape, 20 launches captured in one CUDA graph (per-launch time, graph overhead
-amortised), beside PyTorch's own op, so ``launch_config`` / ``rows_per_program`` can be set from the data.
+amortised), beside PyTorch's own op, so the two ``launch_config`` rules can be set from the data.
 
     PYTHONPATH=. python benchmarks/experiments/rowwise_launch_probe.py --out $OUT   # H200, ~60 s
 """
@@ -88,7 +88,7 @@ def main() -> None:
         torch_us = per_launch_us(lambda: x * cos + torch.cat((-x2, x1), -1) * sin)
         n_rows = bsz * h * s
         block_h = max(16, triton.next_power_of_2(half))
-        auto = (rot_mod.rows_per_program(n_rows, block_h), 4)
+        auto = rot_mod.launch_config(n_rows, block_h)
         best = None
         for br in (2, 4, 8, 16, 32, 64):
             for warps in (1, 2, 4):

@@ -76,3 +76,22 @@ def test_clear_errors(device):
     y = torch.randn(2, 3, 4, device=device)
     with pytest.raises(ValueError, match="do not broadcast"):
         R.rotary(y, torch.randn(3, 3, 4, device=device), y)
+
+
+def test_launch_rules_give_every_sm_two_programs(monkeypatch):
+    # the GPU's rules (the interpreter's are fixed): short grids shrink the rows a program, long ones keep
+    # 4096 elements a program; warps follow the elements (8 a thread)
+    from kfuse.kernels import norm as N
+
+    monkeypatch.setattr(R, "interpreting", lambda: False)
+    monkeypatch.setattr(N, "interpreting", lambda: False)
+    assert R.launch_config(6144, 16, sms=132) == (16, 1)  # GPT-NeoX's partial rotary: 384 programs, was 96
+    assert R.launch_config(1 << 20, 64, sms=132) == (64, 4)  # a long grid keeps the widest tile
+    assert N.launch_config(512, 1024, sms=132) == (1, 4)  # OPT-125m's 512 x 768: 512 programs, was 128
+    assert N.launch_config(16384, 1024, sms=132) == (4, 4)
+    assert N.launch_config(512, 256, sms=132) == (1, 1)
+    for m in (1, 7, 300, 5000, 1 << 16):
+        for bn in (16, 256, 1024, 4096, 8192):
+            rows, warps = N.launch_config(m, bn, sms=132)
+            assert rows >= 1 and rows & (rows - 1) == 0 and rows * bn <= max(4096, bn) and 1 <= warps <= 8
+            assert rows == 1 or -(-m // rows) >= 2 * 132  # short grids were shrunk

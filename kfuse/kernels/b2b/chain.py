@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,20 +38,24 @@ def chunked_eligible(conv: bool, widths: list[int], k0: int, elem_bytes: int = 2
     return None
 
 
-def chunked_parts(k0: int, n1: int) -> tuple[int, int, int, int]:
+def chunked_parts(k0: int, n1: int, min_part: int | None = None) -> tuple[int, int, int, int]:
     """(K_STEP, K_PARTS, N_A, N_B) of ``b2b_chunked_kernel``: K0 in one power-of-two step, or in up to
     four steps of K_STEP columns when it is not a power of two (192 = 3 x 64); N1 in one power-of-two
     tile N_A, or two (N_A the largest power of two below N1, N_B the rest padded: 192 = 128 + 64), so
-    a width between powers of two does not run at the next one."""
-    if pad_width(k0) == k0:
+    a width between powers of two does not run at the next one. No step or part is narrower than
+    ``min_part`` columns (``$KFUSE_B2B_MIN_PART``, default 16); TMA zero-fills what lies past K0 / N1."""
+    if min_part is None:
+        min_part = int(os.environ.get("KFUSE_B2B_MIN_PART", "16"))
+    min_part = max(16, min_part)
+    if pad_width(k0) == k0 and k0 >= min_part:
         k_step, k_parts = k0, 1
     else:
-        k_step = max(16, pad_width(-(-k0 // 4)))
+        k_step = max(min_part, pad_width(-(-k0 // 4)))
         k_parts = -(-k0 // k_step)
     n_a = pad_width(n1)
-    if n_a != n1 and n_a // 2 >= 16:
+    if n_a != n1 and n_a // 2 >= min_part:
         n_a //= 2
-    n_b = 0 if n_a >= n1 else pad_width(n1 - n_a)
+    n_b = 0 if n_a >= n1 else max(min_part, pad_width(n1 - n_a))
     return k_step, k_parts, n_a, n_b
 
 
