@@ -63,6 +63,7 @@ def main() -> None:
     p.add_argument("--n0", type=int, default=384)
     p.add_argument("--case", default="", help="k0,n1[,config index]: run one case in this process")
     p.add_argument("--sanitize", action="store_true")
+    p.add_argument("--cases", default="", help="k0,n1:k0,n1:... (default: all of CASES)")
     args = p.parse_args()
     if args.case:
         k0, n1, *only = (int(v) for v in args.case.split(","))
@@ -80,8 +81,9 @@ def main() -> None:
         err_tail = [ln for ln in r.stderr.splitlines() if "Error" in ln][-1:]
         return {"k0": case[0], "n1": case[1], "rc": r.returncode, "done": done, "faulted_at": faulted, "error": err_tail}
 
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(child, CASES))
+    cases = [tuple(int(v) for v in c.split(",")) for c in args.cases.split(":")] if args.cases else CASES
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(child, cases))
     print(f"{'K0':>4} {'N1':>4}  result")
     for r in results:
         verdict = "FAULT at " + r["faulted_at"][4:] if r["faulted_at"] else ("ok" if r["rc"] == 0 else f"rc {r['rc']} {r['error']}")
@@ -90,7 +92,8 @@ def main() -> None:
             print("      " + d[5:])
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        Path(args.out, "b2b_chunked_fault_probe.json").write_text(json.dumps(results, indent=1))
+        record = {"min_part": os.environ.get("KFUSE_B2B_MIN_PART", "16"), "m": args.m, "n0": args.n0, "cases": results}
+        Path(args.out, "b2b_chunked_fault_probe.json").write_text(json.dumps(record, indent=1))
     first = next((r for r in results if r["faulted_at"]), None)
     if args.sanitize and first is not None:
         idx = first["faulted_at"].split()[1]
