@@ -491,8 +491,13 @@ def test_sm90_chunked_kernel() -> None:
 def test_chunked_parts_split_widths_between_powers_of_two() -> None:
     assert b2b.chunked_parts(256, 256) == (256, 1, 256, 0)  # powers of two: one step, one tile
     assert b2b.chunked_parts(192, 192) == (64, 3, 128, 64)  # ViT-Ti: 3 x 64, 128 + 64
-    assert b2b.chunked_parts(96, 40) == (32, 3, 32, 16)
-    assert b2b.chunked_parts(200, 16) == (64, 4, 16, 0)
+    assert b2b.chunked_parts(96, 40, min_part=16) == (32, 3, 32, 16)
+    assert b2b.chunked_parts(200, 16, min_part=16) == (64, 4, 16, 0)
+    # no box narrower than 64 columns by default (session 36: ConvNeXt's 96-wide chain faulted with 32-wide ones)
+    assert b2b.chunked_parts(96, 96) == (64, 2, 64, 64)
+    assert b2b.chunked_parts(96, 40) == (64, 2, 64, 0)
+    assert b2b.chunked_parts(200, 16) == (64, 4, 64, 0)
+    assert b2b.chunked_parts(32, 256) == (64, 1, 256, 0)
 
 
 def test_sm90_chunked_kernel_at_vit_ti_widths() -> None:
@@ -507,6 +512,23 @@ def test_sm90_chunked_kernel_at_vit_ti_widths() -> None:
     assert asm["ptx"].count("cp.async.bulk.tensor.2d.global.shared") == 2  # the two output parts
     facts = sass_facts(asm["cubin"])
     assert facts["STL"] == 0 and facts["LOCAL"] == 0 and facts["HGMMA"] > 0, facts
+
+
+def test_sm90_chunked_kernel_at_convnext_widths_has_no_narrow_boxes() -> None:
+    """96 -> 384 -> 96 (ConvNeXt-T's / Swin-T's first-stage MLP) compiled for sm_90 with the decision's
+    first tiling: K0 in two 64-column TMA boxes (8 KB each for a 64-row tile), W1 and the output in 64-column
+    parts, so no 32-column box and no n32 wgmma remain (session 36: those tilings faulted on the H200)."""
+    import re
+
+    chain = b2b.Chain((b2b.Stage(_epi("bias_gelu"), torch.float16), b2b.Stage(_epi("bias_relu"), torch.float16)))
+    cfg = dataclasses.replace(b2b.chunked_config([384, 96], 96), block_m=64, num_warps=4, num_stages=1, block_h=128)
+    asm = b2b.compile_asm(chain, [384, 96], cfg, torch.float16, 90, (1, 1), 96, True, None, True)
+    tx = [int(v) for v in re.findall(r"expect_tx\.shared\.b64 _, \[%r\d+\], (\d+);", asm["ptx"])]
+    assert tx and min(tx) >= 64 * 64 * 2, tx  # every box at least 64 x 64 fp16
+    assert "n32k16" not in asm["ptx"] and "m64n64k16" in asm["ptx"]
+    assert asm["ptx"].count("cp.async.bulk.tensor.2d.global.shared") == 2  # the two 64-column output parts
+    facts = sass_facts(asm["cubin"])
+    assert facts["STL"] == 0 and facts["HGMMA"] > 0, facts
 
 
 def test_one_program_per_tile_always_preloads_the_later_weights() -> None:

@@ -43,16 +43,19 @@ def chunked_parts(k0: int, n1: int, min_part: int | None = None) -> tuple[int, i
     four steps of K_STEP columns when it is not a power of two (192 = 3 x 64); N1 in one power-of-two
     tile N_A, or two (N_A the largest power of two below N1, N_B the rest padded: 192 = 128 + 64), so
     a width between powers of two does not run at the next one. No step or part is narrower than
-    ``min_part`` columns (``$KFUSE_B2B_MIN_PART``, default 16); TMA zero-fills what lies past K0 / N1."""
+    ``min_part`` columns (``$KFUSE_B2B_MIN_PART``, default 64); TMA zero-fills what lies past K0 / N1.
+    Why 64: session 36, ConvNeXt-T's and Swin-T's 96 -> 384 -> 96 MLP (K0 in 3 x 32, N1 as 64 + 32: the only
+    chains with 32-column boxes) faulted on the H200 in every chunked tiling, while ViT-Ti's 192 -> 768 -> 192
+    (3 x 64, 128 + 64) has always run; at 64, 96 runs as 2 x 64 and 64 + 64, a third of each product zero fill."""
     if min_part is None:
-        min_part = int(os.environ.get("KFUSE_B2B_MIN_PART", "16"))
+        min_part = int(os.environ.get("KFUSE_B2B_MIN_PART", "64"))
     min_part = max(16, min_part)
     if pad_width(k0) == k0 and k0 >= min_part:
         k_step, k_parts = k0, 1
     else:
         k_step = max(min_part, pad_width(-(-k0 // 4)))
         k_parts = -(-k0 // k_step)
-    n_a = pad_width(n1)
+    n_a = max(min_part, pad_width(n1))
     if n_a != n1 and n_a // 2 >= min_part:
         n_a //= 2
     n_b = 0 if n_a >= n1 else max(min_part, pad_width(n1 - n_a))
