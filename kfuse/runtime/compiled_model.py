@@ -69,11 +69,12 @@ class Variant:
     compile_s: float
     report: dict[str, Any] = field(default_factory=dict)
     profile: list[dict[str, Any]] | None = None
+    copy_outputs: bool = True
 
     def run(self, flat_inputs: list[Any]) -> list[torch.Tensor]:
         xs = [flat_inputs[i] for i in self.imported.flat_input_index]
         if self.runner is not None:
-            return self.runner(xs)
+            return self.runner(xs, clone_outputs=self.copy_outputs)
         return execute(self.plan, xs)
 
 
@@ -180,7 +181,7 @@ class CompiledModel:
             cuda_graph_note = ok if runner.captured else f"not captured ({runner.reason})"
             if not runner.captured:
                 runner = None
-        variant = Variant(imported, opt.stages, plan, runner, time.perf_counter() - t0)
+        variant = Variant(imported, opt.stages, plan, runner, time.perf_counter() - t0, copy_outputs=self.options.copy_outputs)
         variant.report = self._make_report(variant, cuda_graph_note)
         if self.options.check and self._reference is not None:
             with phases("check"):

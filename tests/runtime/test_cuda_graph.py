@@ -219,3 +219,40 @@ def test_replay_survives_a_cleared_cublas_workspace() -> None:
 
     p = subprocess.run([sys.executable, "-c", _WORKSPACE_SCRIPT], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
+
+
+def test_copy_outputs_option_reaches_the_graph_runner() -> None:
+    from types import SimpleNamespace
+
+    from kfuse.compiler import Options
+    from kfuse.runtime.compiled_model import Variant
+
+    seen: list[bool] = []
+
+    class Runner:
+        def __call__(self, xs: list[torch.Tensor], clone_outputs: bool = True) -> list[torch.Tensor]:
+            seen.append(clone_outputs)
+            return xs
+
+    for flag in (True, False):
+        Variant(SimpleNamespace(flat_input_index=[0]), [], None, Runner(), 0.0, copy_outputs=flag).run([torch.ones(1)])  # type: ignore[arg-type]
+    assert seen == [True, False] and Options().copy_outputs is True
+
+
+@pytest.mark.gpu
+def test_outputs_without_copy_are_the_graph_buffers() -> None:
+    import kfuse
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16)).cuda().eval()
+    x1, x2 = torch.randn(8, 32, device="cuda"), torch.randn(8, 32, device="cuda")
+    with torch.no_grad():
+        kept = kfuse.compile(model, (x1,))
+        reused = kfuse.compile(model, (x1,), copy_outputs=False)
+        a1, a2 = kept(x1), kept(x2)
+        b1 = reused(x1)
+        b1_values = b1.clone()
+        b2 = reused(x2)
+        assert a1.data_ptr() != a2.data_ptr() and b1.data_ptr() == b2.data_ptr()  # the next call overwrote b1
+        torch.testing.assert_close(b1_values, model(x1), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(b2, model(x2), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(a1, model(x1), rtol=1e-3, atol=1e-3)
