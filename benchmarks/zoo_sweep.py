@@ -401,7 +401,12 @@ def main() -> None:
 def write_records(done: dict[str, dict[str, Any]], names: list[str], args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     from kfuse.bench.harness import make_record, write_results
 
-    command = "PYTHONPATH=. python benchmarks/zoo_sweep.py " + " ".join(a for a in sys.argv[1:] if not a.startswith("--out"))
+    argv, skip = [], False
+    for a in sys.argv[1:]:  # the command without the machine's output folder (--out DIR or --out=DIR)
+        if not skip and not a.startswith("--out"):
+            argv.append(a)
+        skip = a == "--out"
+    command = "PYTHONPATH=. python benchmarks/zoo_sweep.py " + " ".join(argv)
     records = []
     for n in names:
         r = dict(done[n])

@@ -92,7 +92,7 @@ def main() -> None:
             print("      " + d[5:])
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        record = {"min_part": os.environ.get("KFUSE_B2B_MIN_PART", "16"), "m": args.m, "n0": args.n0, "cases": results}
+        record = {"min_part": os.environ.get("KFUSE_B2B_MIN_PART", "64 (default)"), "m": args.m, "n0": args.n0, "cases": results}
         Path(args.out, "b2b_chunked_fault_probe.json").write_text(json.dumps(record, indent=1))
     first = next((r for r in results if r["faulted_at"]), None)
     if args.sanitize and first is not None:

@@ -73,7 +73,7 @@ def main() -> None:
                 err = ((y.float() - want).abs().max()).item()
                 rows_out.append({"kernel": "norm", "m": m, "n": n, "rows": rows, "warps": warps, "us": us, "err": err})
                 best = min(best or (us, rows, warps), (us, rows, warps))
-        auto_us = next(o["us"] for o in rows_out if o["kernel"] == "norm" and (o["m"], o["n"], o["rows"], o["warps"]) == (m, n, *auto))
+        auto_us = next(o["us"] for o in rows_out if o["kernel"] == "norm" and (o["m"], o["n"], o.get("rows"), o.get("warps")) == (m, n, *auto))
         rows_out.append({"kernel": "norm", "m": m, "n": n, "torch_us": torch_us, "auto": auto, "auto_us": auto_us, "best": best})
         print(f"norm {m:6d} x {n:5d}: torch {torch_us:6.2f} us  now {auto} {auto_us:6.2f}  best rows {best[1]} w{best[2]} {best[0]:6.2f}")
     for bsz, h, s, rd, hd in ROT_SHAPES:
@@ -99,7 +99,7 @@ def main() -> None:
                 rows_out.append({"kernel": "rotary", "shape": [bsz, h, s, rd], "block_r": br, "warps": warps, "us": us, "err": err})
                 best = min(best or (us, br, warps), (us, br, warps))
         auto_us = next(o_["us"] for o_ in rows_out if o_["kernel"] == "rotary" and o_["shape"] == [bsz, h, s, rd]
-                       and (o_["block_r"], o_["warps"]) == auto)  # fmt: skip
+                       and (o_.get("block_r"), o_.get("warps")) == auto)  # fmt: skip
         shape = [bsz, h, s, rd]
         rows_out.append({"kernel": "rotary", "shape": shape, "torch_us": torch_us, "auto": auto, "auto_us": auto_us, "best": best})
         print(f"rotary {shape}: torch (3 ops) {torch_us:6.2f} us  now {auto} {auto_us:6.2f}  best r{best[1]} w{best[2]} {best[0]:6.2f}")
