@@ -73,7 +73,8 @@ def main() -> None:
                 err = ((y.float() - want).abs().max()).item()
                 rows_out.append({"kernel": "norm", "m": m, "n": n, "rows": rows, "warps": warps, "us": us, "err": err})
                 best = min(best or (us, rows, warps), (us, rows, warps))
-        auto_us = next(o["us"] for o in rows_out if o["kernel"] == "norm" and (o["m"], o["n"], o.get("rows"), o.get("warps")) == (m, n, *auto))
+        key = (m, n, *auto)
+        auto_us = next(o["us"] for o in rows_out if o["kernel"] == "norm" and (o["m"], o["n"], o.get("rows"), o.get("warps")) == key)
         rows_out.append({"kernel": "norm", "m": m, "n": n, "torch_us": torch_us, "auto": auto, "auto_us": auto_us, "best": best})
         print(f"norm {m:6d} x {n:5d}: torch {torch_us:6.2f} us  now {auto} {auto_us:6.2f}  best rows {best[1]} w{best[2]} {best[0]:6.2f}")
     for bsz, h, s, rd, hd in ROT_SHAPES:

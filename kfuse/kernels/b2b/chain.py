@@ -44,9 +44,10 @@ def chunked_parts(k0: int, n1: int, min_part: int | None = None) -> tuple[int, i
     tile N_A, or two (N_A the largest power of two below N1, N_B the rest padded: 192 = 128 + 64), so
     a width between powers of two does not run at the next one. No step or part is narrower than
     ``min_part`` columns (``$KFUSE_B2B_MIN_PART``, default 64); TMA zero-fills what lies past K0 / N1.
-    Why 64: session 36, ConvNeXt-T's and Swin-T's 96 -> 384 -> 96 MLP (K0 in 3 x 32, N1 as 64 + 32: the only
-    chains with 32-column boxes) faulted on the H200 in every chunked tiling, while ViT-Ti's 192 -> 768 -> 192
-    (3 x 64, 128 + 64) has always run; at 64, 96 runs as 2 x 64 and 64 + 64, a third of each product zero fill."""
+    Why 64: session 36 on the H200 (Triton 3.6), a 32-column second output part (N1 = 96 as 64 + 32, ConvNeXt-T's
+    and Swin-T's MLP) gave wrong results (errors 0.9-21) or an illegal address in the one-warpgroup tilings;
+    32-column K steps with N1 = 128 and ViT-Ti's 3 x 64, 128 + 64 were right. At 64, 96 runs as 2 x 64 and
+    64 + 64 (a third of each product zero fill): 16 of 16 runs right (``b2b_chunked_fault_probe.py``)."""
     if min_part is None:
         min_part = int(os.environ.get("KFUSE_B2B_MIN_PART", "64"))
     min_part = max(16, min_part)
