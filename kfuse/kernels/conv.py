@@ -16,8 +16,8 @@ Two K orders (a template parameter):
 the same GEMM over tile_n x BH x BW pixel tiles of one or more images: A is a TMA box of the NHWC input per (tap,
 channel block), zero-filled outside the image (the padding), the output a TMA box store.
 
-groups=1 only: grouped/depthwise convolutions have no template and run through PyTorch
-(cuDNN), reported as a fallback in the kernel plan.
+groups=1 only: grouped convolutions run through PyTorch (cuDNN), reported as a fallback in the kernel plan;
+depthwise ones through ``kfuse.kernels.depthwise`` (on a GPU where measured faster than PyTorch).
 """
 
 from __future__ import annotations
@@ -566,10 +566,33 @@ def _pad_input(x: torch.Tensor, pad: int) -> torch.Tensor:
 
 @lowering("conv2d")
 def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
-    """conv2d nodes left after epilogue fusion are the ones without a template (grouped,
-    depthwise): they run in PyTorch and the plan says why."""
-    w_t = graph.type_of(node.inputs[1])
-    why = supported(w_t.shape if isinstance(w_t, TensorType) else (), ConvParams.of(node.attrs)) or "not fused"
+    """conv2d nodes left after epilogue fusion are the ones without the implicit-GEMM template (grouped,
+    depthwise). Depthwise ones run ``kfuse.kernels.depthwise`` (on a GPU only where measured faster than
+    PyTorch); the rest run in PyTorch and the plan says why."""
+    x_t, w_t = graph.type_of(node.inputs[0]), graph.type_of(node.inputs[1])
+    params = ConvParams.of(node.attrs)
+    why = supported(w_t.shape if isinstance(w_t, TensorType) else (), params) or "not fused"
     attrs = node.attrs
-    return Step(node.name, node.inputs, lambda xs: ops.run_reference("conv2d", xs, attrs),
-                KernelInfo(node.name, "fallback", ("conv2d",), why))  # fmt: skip
+    torch_step = Step(node.name, node.inputs, lambda xs: ops.run_reference("conv2d", xs, attrs),
+                      KernelInfo(node.name, "fallback", ("conv2d",), why))  # fmt: skip
+    from kfuse.kernels.depthwise import depthwise_conv2d, is_depthwise
+
+    if backend == "torch" or not (isinstance(x_t, TensorType) and isinstance(w_t, TensorType) and x_t.rank == 4):
+        return torch_step
+    if not is_depthwise(w_t.shape, x_t.shape[1], params.groups) or x_t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return torch_step
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation)
+
+    desc = f"depthwise {w_t.shape[2]}x{w_t.shape[3]} s{params.stride} p{params.padding} over {x_t.shape[1]} channels"
+    if backend == "triton" and torch.cuda.is_available():
+        from kfuse.runtime.choice import choose, problem_key
+
+        choice, times = choose(node, graph, {"kernel": run, "torch": torch_step.fn}, problem_key(node, graph))
+        if choice != "kernel":
+            return Step(node.name, node.inputs, torch_step.fn,
+                        KernelInfo(node.name, "fallback", ("conv2d",), f"depthwise: PyTorch measured faster ({times['torch'] * 1e3:.1f} "
+                                   f"us vs {times['kernel'] * 1e3:.1f})"))  # fmt: skip
+        desc += f"; {times['kernel'] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"
+    return Step(node.name, node.inputs, run, KernelInfo(node.name, "depthwise_conv", ("conv2d",), desc))

@@ -69,17 +69,19 @@ def test_grouped_is_refused_with_reason(device):
         )
 
 
-def test_depthwise_conv_model_reports_fallback(device, exact_fp32_convs, monkeypatch):
+def test_grouped_conv_model_reports_fallback_and_depthwise_runs_its_kernel(device, exact_fp32_convs, monkeypatch):
     import kfuse
 
     # the template, not a cuDNN candidate timed faster on the GPU (the CPU times nothing)
     monkeypatch.setenv("KFUSE_CONV_VS_CUDNN", "0")
-    m = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)).to(device).eval()
+    m = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1, groups=4),
+                            torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)).to(device).eval()  # fmt: skip
     x = torch.randn(2, 8, 6, 6, device=device)
     c = kfuse.compile(m, (x,))
     kinds = {k["template"] for k in c.report["kernels"]}
     fb = [k for k in c.report["kernels"] if k["template"] == "fallback"]
-    assert "conv_epilogue" in kinds and fb and "groups=8" in fb[0]["config"]
+    assert "conv_epilogue" in kinds and "depthwise_conv" in kinds
+    assert len(fb) == 1 and "groups=4" in fb[0]["config"]
     torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)
 
 

@@ -1,0 +1,78 @@
+"""Depthwise conv kernel vs F.conv2d(groups=C): odd sizes, strides, dilation, padding, both memory formats,
+with and without bias, on a NaN-poisoned output; the lowering in a compiled ConvNeXt-style block."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kfuse
+from kfuse.kernels.depthwise import depthwise_conv2d, is_depthwise
+
+CASES = [  # (N, C, H, W, K, stride, padding, dilation)
+    (2, 24, 13, 11, 7, 1, 3, 1),  # ConvNeXt's 7x7 'same'
+    (1, 40, 9, 10, 3, 2, 1, 1),  # MobileNet's strided 3x3
+    (3, 17, 8, 12, 5, 1, 4, 2),  # dilated, odd channel count
+    (1, 130, 5, 6, 3, 1, 0, 1),  # more channels than one tile, no padding
+]
+
+
+COMBOS = [(CASES[0], True, torch.float16), (CASES[0], False, torch.float32), (CASES[1], True, torch.float32),
+          (CASES[2], False, torch.float16), (CASES[3], True, torch.float16)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case,channels_last,dtype", COMBOS)
+def test_equals_grouped_conv(case, channels_last, dtype, device):
+    n, c, h, w, k, s, p, d = case
+    gen = torch.Generator().manual_seed(n * 1000 + c * 10 + k)
+    x = torch.randn(n, c, h, w, generator=gen).to(device, dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    wt = (torch.randn(c, 1, k, k, generator=gen) / k).to(device, dtype)
+    b = torch.randn(c, generator=gen).to(device, dtype)
+    for bias in (b, None):
+        want = F.conv2d(x.float(), wt.float(), None if bias is None else bias.float(), s, p, d, groups=c)
+        out = torch.full(want.shape, float("nan"), dtype=dtype, device=device)
+        if channels_last:
+            out = out.contiguous(memory_format=torch.channels_last)
+        got = depthwise_conv2d(x, wt, bias, s, p, d, out=out)
+        tol = 2e-2 if dtype == torch.float16 else 1e-4
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+        fresh = depthwise_conv2d(x, wt, bias, s, p, d)
+        assert fresh.is_contiguous(memory_format=torch.channels_last) == (channels_last and fresh.shape[1] > 1)
+        torch.testing.assert_close(fresh.float(), want, atol=tol, rtol=tol)
+
+
+def test_what_it_takes_and_clear_errors(device):
+    assert is_depthwise((8, 1, 3, 3), 8, 8)
+    assert not is_depthwise((16, 1, 3, 3), 8, 8)  # a channel multiplier: left to PyTorch
+    assert not is_depthwise((8, 2, 3, 3), 16, 8)  # grouped, not depthwise
+    x = torch.randn(1, 8, 5, 5, device=device)
+    with pytest.raises(ValueError, match="not a depthwise conv"):
+        depthwise_conv2d(x, torch.randn(8, 2, 3, 3, device=device))
+    with pytest.raises(ValueError, match="bias has shape"):
+        depthwise_conv2d(x, torch.randn(8, 1, 3, 3, device=device), torch.randn(4, device=device))
+
+
+class _Block(torch.nn.Module):
+    """ConvNeXt's block head: depthwise 7x7 conv, then channels-last LayerNorm and an MLP."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.dw = torch.nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = torch.nn.LayerNorm(c)
+        self.fc = torch.nn.Linear(c, 2 * c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(self.dw(x).permute(0, 2, 3, 1)))
+
+
+def test_compiled_block_runs_the_depthwise_kernel(device):
+    torch.manual_seed(3)
+    model = _Block(24).to(device).eval()
+    x = torch.randn(2, 24, 11, 9, device=device)
+    compiled = kfuse.compile(model, (x,))
+    kinds = {k["template"]: k for k in compiled.report["kernels"]}
+    assert "depthwise_conv" in kinds and "depthwise 7x7" in kinds["depthwise_conv"]["config"], compiled.report["kernels"]
+    x2 = torch.randn(2, 24, 11, 9, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x2), model(x2), atol=1e-4, rtol=1e-4)
