@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import triton
 
+from kfuse.bench.harness import graph_ms_per_call
 from kfuse.kernels import norm as norm_mod
 from kfuse.kernels import rotary as rot_mod
 
@@ -30,24 +31,7 @@ ROT_SHAPES = [(1, 12, 512, 16, 64), (1, 32, 512, 128, 128), (8, 12, 128, 64, 64)
 
 
 def per_launch_us(fn: Any, launches: int = 20, rep: int = 30) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(launches):
-            fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(rep):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / launches)
-    return sorted(ts)[len(ts) // 2]
+    return graph_ms_per_call(fn, (), calls=launches, rep=rep)[0] * 1e3
 
 
 def main() -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import torch
+
 _LOAD_LOCK = threading.Lock()
 _LOADED: dict[str, ModuleType] = {}
 
@@ -21,6 +23,11 @@ _LOADED: dict[str, ModuleType] = {}
 def interpreting() -> bool:
     """Whether Triton kernels run in the interpreter (TRITON_INTERPRET=1, the CPU path)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def num_sms(device: torch.device, cpu_default: int) -> int:
+    """The GPU's streaming multiprocessors; ``cpu_default`` for the interpreter (launch rules sized for it)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else cpu_default
 
 
 def cdiv(a: int, b: int) -> int:

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels.codegen import as_pair, cdiv, generated, interpreting
+from kfuse.kernels.depthwise import depthwise_conv2d, is_depthwise
 from kfuse.kernels.epilogue import Epilogue, Operand, apply_reference, render
 from kfuse.kernels.gemm import _go
 from kfuse.kernels.tma import nhwc_box_descriptor, spatial_tile, tma_device
@@ -575,8 +576,6 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
     attrs = node.attrs
     torch_step = Step(node.name, node.inputs, lambda xs: ops.run_reference("conv2d", xs, attrs),
                       KernelInfo(node.name, "fallback", ("conv2d",), why))  # fmt: skip
-    from kfuse.kernels.depthwise import depthwise_conv2d, is_depthwise
-
     if backend == "torch" or not (isinstance(x_t, TensorType) and isinstance(w_t, TensorType) and x_t.rank == 4):
         return torch_step
     if not is_depthwise(w_t.shape, x_t.shape[1], params.groups) or x_t.dtype not in (torch.float16, torch.bfloat16, torch.float32):

@@ -2,8 +2,7 @@
 
 ConvNeXt-T runs 18 depthwise 7x7 convs (96-768 channels); in session 36 they were PyTorch fallbacks and
 ConvNeXt-T B32 compiled was 0.79x of eager in a CUDA graph. A depthwise conv is memory-bound (49 FMAs per
-output element): one program owns a [pixels, channels] tile whose channel dimension is contiguous, so each
-tap is a 16-byte-vector load and the overlapping taps hit L2, as in ``kfuse.kernels.pool``. The floor at
+output element): one program owns a [pixels, channels] tile (``kfuse.kernels.nhwc_window``, as the max pool). The floor at
 ConvNeXt-T's first stage (B32, 56 x 56 x 96 fp16): read + write 2 x 19.3 MB = 9 us at 4.3 TB/s. Like every
 kfuse kernel that has a PyTorch twin, the lowering times both on the GPU and keeps the faster.
 """
@@ -15,7 +14,8 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels import pdl
-from kfuse.kernels.codegen import as_pair, cdiv, interpreting
+from kfuse.kernels.codegen import as_pair
+from kfuse.kernels.nhwc_window import out_size, output_like, tile, tiling
 from kfuse.kernels.pdl import pdl_start
 
 
@@ -28,14 +28,7 @@ def _depthwise_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
-    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat output pixel n*OH*OW + oh*OW + ow
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask_p = offs_p < N * OH * OW
-    mask_c = offs_c < C
-    n = (offs_p // (OH * OW)).to(tl.int64)
-    rem = offs_p % (OH * OW)
-    oh = rem // OW
-    ow = rem % OW
+    offs_c, mask_p, mask_c, n, oh, ow = tile(N, C, OH, OW, BLOCK_P, BLOCK_C)
     acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
     for kh in tl.static_range(KH):
         for kw in tl.static_range(KW):
@@ -70,18 +63,12 @@ def depthwise_conv2d(
     (sh, sw), (ph, pw), (dh, dw) = as_pair(stride, 1), as_pair(padding, 0), as_pair(dilation, 1)
     nb, c, h, w = x.shape
     kh, kw = weight.shape[2], weight.shape[3]
-    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    if out is None:
-        nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-        fmt = torch.channels_last if nhwc else torch.contiguous_format
-        out = torch.empty((nb, c, max(oh, 0), max(ow, 0)), dtype=x.dtype, device=x.device, memory_format=fmt)
-    elif tuple(out.shape) != (nb, c, oh, ow) or out.device != x.device:
-        raise ValueError(f"depthwise_conv2d: out is {tuple(out.shape)} on {out.device}, expected {(nb, c, oh, ow)} on {x.device}")
+    oh, ow = max(out_size(h, kh, sh, ph, dh), 0), max(out_size(w, kw, sw, pw, dw), 0)
+    out = output_like(x, (nb, c, oh, ow), out, "depthwise_conv2d")
     if out.numel() == 0:
         return out
     wc = weight.contiguous()
-    block_p, block_c = (16, 16) if interpreting() else (32, min(128, triton.next_power_of_2(c)))
-    grid = (cdiv(nb * oh * ow, block_p), cdiv(c, block_c))
+    block_p, block_c, grid = tiling(nb * oh * ow, c)
     _depthwise_kernel[grid](
         x, wc, bias if bias is not None else wc, out, nb, c, h, w, oh, ow, *x.stride(), *out.stride(),
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, HAS_BIAS=bias is not None,

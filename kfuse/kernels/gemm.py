@@ -66,7 +66,7 @@ from typing import Any
 import torch
 
 from kfuse.kernels import gemm_ws, pdl
-from kfuse.kernels.codegen import cdiv, generated, interpreting
+from kfuse.kernels.codegen import cdiv, generated, interpreting, num_sms
 from kfuse.kernels.epilogue import Epilogue, apply_reference, exact_gelu, render
 from kfuse.kernels.tma import TMA_DTYPES, tma_device
 
@@ -469,9 +469,7 @@ def _module(epi: Epilogue):  # noqa: ANN202 - a generated module of triton JITFu
 
 
 def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    return num_sms(device, 4)
 
 
 def _as_batched(x: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:

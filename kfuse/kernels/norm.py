@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels import pdl
-from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.codegen import interpreting, num_sms
 from kfuse.kernels.pdl import pdl_start
 
 MAX_ADDENDS = 3
@@ -95,10 +95,6 @@ def _period(a: torch.Tensor, out_shape: tuple[int, ...]) -> int:
     return max(period, 1)
 
 
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-
-
 def launch_config(m: int, block_n: int, sms: int = 132) -> tuple[int, int]:
     """(rows a program, warps) for ``m`` rows of ``block_n`` (padded) columns. Up to 4096 elements a
     program, but a norm is latency-bound when its grid is short: fewer rows a program until every SM
@@ -153,7 +149,7 @@ def norm(
         periods.append(1)
     weight, bias = _vector(weight, n, "weight"), _vector(bias, n, "bias")
     block_n = triton.next_power_of_2(n)
-    auto_rows, auto_warps = launch_config(m, block_n, _num_sms(x.device))
+    auto_rows, auto_warps = launch_config(m, block_n, num_sms(x.device, 132))
     rows, warps = rows or auto_rows, num_warps or auto_warps
     _norm_fwd[(triton.cdiv(m, rows),)](
         x2, adds[0], adds[1], adds[2],

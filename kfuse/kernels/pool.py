@@ -18,8 +18,11 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels import pdl
-from kfuse.kernels.codegen import as_pair, cdiv, interpreting
+from kfuse.kernels.codegen import as_pair
+from kfuse.kernels.nhwc_window import out_size, output_like, tile, tiling
 from kfuse.kernels.pdl import pdl_start
+
+__all__ = ["lower_max_pool2d", "max_pool2d", "out_size"]
 
 
 @triton.jit
@@ -31,14 +34,7 @@ def _max_pool2d_kernel(
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
-    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat output pixel n*OH*OW + oh*OW + ow
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask_p = offs_p < N * OH * OW
-    mask_c = offs_c < C
-    n = (offs_p // (OH * OW)).to(tl.int64)
-    rem = offs_p % (OH * OW)
-    oh = rem // OW
-    ow = rem % OW
+    offs_c, mask_p, mask_c, n, oh, ow = tile(N, C, OH, OW, BLOCK_P, BLOCK_C)
     acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
     for kh in tl.static_range(KH):
         for kw in tl.static_range(KW):
@@ -50,15 +46,6 @@ def _max_pool2d_kernel(
             acc = tl.maximum(acc, v.to(tl.float32), propagate_nan=tl.PropagateNan.ALL)  # NaN wins, as in PyTorch
     y_ptrs = y_ptr + (n * syn + oh * syh + ow * syw)[:, None] + offs_c[None, :] * syc
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_p[:, None] & mask_c[None, :])
-
-
-def out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    """PyTorch's output length (with its ceil_mode rule: the last window starts inside the input)."""
-    span = size + 2 * p - d * (k - 1) - 1
-    o = (span + (s - 1 if ceil_mode else 0)) // s + 1
-    if ceil_mode and (o - 1) * s >= size + p:
-        o -= 1
-    return o
 
 
 def max_pool2d(
@@ -82,16 +69,10 @@ def max_pool2d(
         raise ValueError(f"max_pool2d: padding {(ph, pw)} must be at most half the kernel {(kh, kw)}")
     nb, c, h, w = x.shape
     oh, ow = out_size(h, kh, sh, ph, dh, ceil_mode), out_size(w, kw, sw, pw, dw, ceil_mode)
-    if out is None:
-        nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-        fmt = torch.channels_last if nhwc else torch.contiguous_format
-        out = torch.empty((nb, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=fmt)
-    elif tuple(out.shape) != (nb, c, oh, ow) or out.device != x.device:
-        raise ValueError(f"max_pool2d: out is {tuple(out.shape)} on {out.device}, expected {(nb, c, oh, ow)} on {x.device}")
+    out = output_like(x, (nb, c, oh, ow), out, "max_pool2d")
     if out.numel() == 0:
         return out
-    block_p, block_c = (16, 16) if interpreting() else (32, min(128, triton.next_power_of_2(c)))
-    grid = (cdiv(nb * oh * ow, block_p), cdiv(c, block_c))
+    block_p, block_c, grid = tiling(nb * oh * ow, c)
     _max_pool2d_kernel[grid](
         x, out, nb, c, h, w, oh, ow, *x.stride(), *out.stride(),
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, BLOCK_P=block_p, BLOCK_C=block_c,

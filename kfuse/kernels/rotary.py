@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels import pdl
-from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.codegen import interpreting, num_sms
 from kfuse.kernels.pdl import pdl_start
 
 
@@ -110,8 +110,7 @@ def rotary(
     half, n_pass = rd // 2, d - rd
     block_h = max(16, triton.next_power_of_2(half))
     block_p = triton.next_power_of_2(n_pass) if n_pass else 0
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else 132
-    auto_r, auto_w = launch_config(n_rows, block_h, sms)
+    auto_r, auto_w = launch_config(n_rows, block_h, num_sms(x.device, 132))
     block_r, num_warps = block_r or auto_r, num_warps or auto_w
     grid = (triton.cdiv(n_rows, block_r),)
     _rotary_fwd[grid](

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from kfuse.kernels.b2b.chain import MAX_RESIDENT, RESIDENCES, B2BConfig, Chain, chunked_eligible, chunked_parts, pad_constexprs, pad_width
 from kfuse.kernels.b2b.configs import default_config
 from kfuse.kernels.b2b.source import _TL, _module
-from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.codegen import interpreting, num_sms
 from kfuse.kernels.epilogue import apply_reference
 from kfuse.kernels.tma import nhwc_box_descriptor, spatial_tile, tma_device
 from kfuse.tune.hardware import programs_per_sm, query
@@ -359,9 +359,7 @@ def _conv_tma_descriptors(chain: Chain, g: B2BArgs, cfg: B2BConfig, block_n: int
 
 
 def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2  # the interpreter: a few programs, so the tile loop really loops
+    return num_sms(device, 2)  # the interpreter: a few programs, so the tile loop really loops
 
 
 def b2b_chain(

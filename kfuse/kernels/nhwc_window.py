@@ -1,0 +1,54 @@
+"""What the sliding-window kernels over channels-last tiles share (``pool``, ``depthwise``): the output
+length, the output tensor in the input's memory format, the [pixels, channels] tiling and, inside the
+kernel, a tile's decode into image, row and column.
+
+One program owns BLOCK_P output pixels x BLOCK_C channels; the channel dimension is contiguous in NHWC, so
+each window tap is a 16-byte-vector load and overlapping taps hit L2.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kfuse.kernels.codegen import cdiv, interpreting
+
+
+def out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool = False) -> int:
+    """PyTorch's output length (with its ceil_mode rule: the last window starts inside the input)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    o = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (o - 1) * s >= size + p:
+        o -= 1
+    return o
+
+
+def output_like(x: torch.Tensor, shape: tuple[int, int, int, int], out: torch.Tensor | None, who: str) -> torch.Tensor:
+    """``out`` checked against ``shape`` and ``x``'s device, or a new tensor in ``x``'s memory format
+    (channels-last in, channels-last out)."""
+    if out is None:
+        nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        fmt = torch.channels_last if nhwc else torch.contiguous_format
+        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    if tuple(out.shape) != shape or out.device != x.device:
+        raise ValueError(f"{who}: out is {tuple(out.shape)} on {out.device}, expected {shape} on {x.device}")
+    return out
+
+
+def tiling(pixels: int, channels: int) -> tuple[int, int, tuple[int, int]]:
+    """(BLOCK_P, BLOCK_C, grid) for ``pixels`` output pixels of ``channels`` channels."""
+    block_p, block_c = (16, 16) if interpreting() else (32, min(128, triton.next_power_of_2(channels)))
+    return block_p, block_c, (cdiv(pixels, block_p), cdiv(channels, block_c))
+
+
+@triton.jit
+def tile(N, C, OH, OW, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's channels and masks, and each pixel's image (int64), row and column."""
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat output pixel n*OH*OW + oh*OW + ow
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_p = offs_p < N * OH * OW
+    mask_c = offs_c < C
+    n = (offs_p // (OH * OW)).to(tl.int64)
+    rem = offs_p % (OH * OW)
+    return offs_c, mask_p, mask_c, n, rem // OW, rem % OW
