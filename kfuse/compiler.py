@@ -105,6 +105,12 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.fuse_rotary import fuse_rotary
 
         stages.append(("fuse_rotary", fuse_rotary))
+    if options.fuse_epilogue or options.fuse_pointwise:  # after the attention / rotary matchers, which read permutes
+        from kfuse.passes.sink_permutes import sink_permutes
+
+        # residual adds behind a shared permute (ConvNeXt) move into the GEMM epilogue and stay in the
+        # producers' layout; the simplify composes the moved permute with the next block's inverse one
+        stages += [("sink_permutes", sink_permutes), ("algebraic_simplify_3", algebraic_simplify)]
     # bias + residual + LayerNorm in the norm kernel (before epilogue fusion), leaving a plain GEMM
     # that cuBLAS runs at full speed: the norm reads one more tensor, the GEMM loses its 1.6x
     # slower fused-epilogue main loop (docs/perf-notes.md, "GEMM: library vs template")

@@ -1,0 +1,112 @@
+"""Operator sinking: move a permute that every full-size operand of an elementwise op shares below it.
+
+Models written for NCHW that run their channel MLPs in NHWC (ConvNeXt:
+``x.permute(0, 2, 3, 1) -> LayerNorm -> Linear -> GELU -> Linear -> * gamma -> .permute(0, 3, 1, 2)``, then
+``input + x``) put a permute between the last GEMM and the residual add. The add then runs as its own
+kernel and writes a new NCHW-contiguous tensor, which the next block reads through a permute again (the
+depthwise conv with a channel stride of H*W, the LayerNorm after a copy). The rewrite
+
+    e(permute(a, p), permute(b, p), c...)  ->  permute(e(a, b, c'...), p)
+
+keeps the values in the layout their producers wrote, lets the epilogue of ``a``'s GEMM take the add,
+and cancels against the next block's ``permute(., p^-1)`` (``algebraic_simplify`` composes permutes).
+``c`` is a broadcast operand (a scalar, or a tensor with size-1 dims wherever the output is larger), given
+to ``e`` as ``permute(c, p^-1)`` (after a reshape to the output's rank when it has fewer dims).
+
+It applies only where every operand of the output's full size is a permute by the same ``p``, or, for
+``p = (0, 3, 1, 2)``, a channels-last value (a conv's output), whose ``permute(., (0, 2, 3, 1))`` is its
+memory as it is: no full-size tensor is read through a permute it did not have. The new permute keeps the elementwise node's name, so the
+rest of the graph is unchanged. Permutes only move towards the consumers, so the fixpoint is reached.
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import ops
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.passes.simplify import dce
+
+
+_TO_NCHW = (0, 3, 1, 2)
+
+
+def _inverse(p: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(p)
+    for i, d in enumerate(p):
+        inv[d] = i
+    return tuple(inv)
+
+
+def _sinkable(e: Node, graph: Graph, producer: dict[str, Node]) -> tuple[int, ...] | None:
+    """The permute ``p`` shared by every full-size operand of ``e``, or None when the rewrite does not apply."""
+    if not ops.is_elementwise(e.op) or not isinstance(e.type, TensorType) or e.ttype.rank < 2:
+        return None
+    shape = e.ttype.shape
+    perm: tuple[int, ...] | None = None
+    for i in e.inputs:
+        t = graph.type_of(i)
+        if not isinstance(t, TensorType):
+            return None
+        if t.shape != shape:
+            if t.rank > len(shape):
+                return None
+            continue  # a broadcast operand: permuted along with the output
+        p = producer.get(i)
+        if p is not None and p.op == "permute":
+            dims = tuple(p.attrs["dims"])
+        elif t.layout == "channels_last" and t.rank == 4:
+            dims = _TO_NCHW  # NHWC in memory: viewed through permute(., (0, 2, 3, 1)) it is contiguous
+        else:
+            return None
+        if perm is not None and dims != perm:
+            return None
+        perm = dims
+    return perm
+
+
+def _rewrite_once(graph: Graph) -> Graph | None:
+    producer = graph.node_map()
+    for e in graph.nodes:
+        perm = _sinkable(e, graph, producer)
+        if perm is None:
+            continue
+        return _replace(graph, e, perm, producer)
+    return None
+
+
+def _replace(graph: Graph, e: Node, perm: tuple[int, ...], producer: dict[str, Node]) -> Graph:
+    """``e`` becomes ``permute(e'(...), perm)`` under ``e``'s name."""
+    inv = _inverse(perm)
+    rank = len(perm)
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        if node.name != e.name:
+            b.add_node(node)
+            continue
+        inputs = []
+        for i in node.inputs:
+            t = graph.type_of(i)
+            assert isinstance(t, TensorType)
+            if t.shape == e.ttype.shape:
+                p = producer.get(i)
+                inputs.append(p.inputs[0] if p is not None and p.op == "permute" else b.op("permute", [i], {"dims": inv}))
+            elif t.numel == 1:  # broadcasts the same way whatever the layout
+                inputs.append(i)
+            elif i in graph.constants:  # a weight (layer scale, bias): permuted once, here
+                c = graph.constants[i].reshape((1,) * (rank - t.rank) + tuple(t.shape))
+                inputs.append(b.add_constant(c.permute(inv).contiguous()))
+            else:
+                full = i if t.rank == rank else b.op("reshape", [i], {"shape": (1,) * (rank - t.rank) + tuple(t.shape)})
+                inputs.append(b.op("permute", [full], {"dims": inv}))
+        inner = b.op(node.op, inputs, node.attrs, name=b.fresh(node.op))
+        b.op("permute", [inner], {"dims": perm}, name=node.name)
+    return dce(b.build(graph.outputs))
+
+
+def sink_permutes(graph: Graph, max_rewrites: int = 10_000) -> Graph:
+    """Apply the rewrite until it no longer applies."""
+    for _ in range(max_rewrites):
+        new = _rewrite_once(graph)
+        if new is None:
+            return graph
+        graph = new
+    return graph
