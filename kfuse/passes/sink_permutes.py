@@ -25,7 +25,6 @@ from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
 from kfuse.passes.simplify import dce
 
-
 _TO_NCHW = (0, 3, 1, 2)
 
 
