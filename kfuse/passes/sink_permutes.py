@@ -16,7 +16,7 @@ to ``e`` as ``permute(c, p^-1)`` (after a reshape to the output's rank when it h
 It applies only where every operand of the output's full size is a permute by the same ``p``, or, for
 ``p = (0, 3, 1, 2)``, a channels-last value (a conv's output), whose ``permute(., (0, 2, 3, 1))`` is its
 memory as it is: no full-size tensor is read through a permute it did not have. The new permute keeps the elementwise node's name, so the
-rest of the graph is unchanged. Permutes only move towards the consumers, so the fixpoint is reached.
+rest of the graph is unchanged. One sweep in graph order; no node is rewritten twice.
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ def _inverse(p: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
-def _sinkable(e: Node, graph: Graph, producer: dict[str, Node]) -> tuple[int, ...] | None:
+def _sinkable(e: Node, b: GraphBuilder, producer: dict[str, Node]) -> tuple[int, ...] | None:
     """The permute ``p`` shared by every full-size operand of ``e``, or None when the rewrite does not apply."""
     if not ops.is_elementwise(e.op) or not isinstance(e.type, TensorType) or e.ttype.rank < 2:
         return None
     shape = e.ttype.shape
     perm: tuple[int, ...] | None = None
+    moved = False  # at least one real permute moves; a channels-last operand alone is left as it is
     for i in e.inputs:
-        t = graph.type_of(i)
+        t = b.type_of(i)
         if not isinstance(t, TensorType):
             return None
         if t.shape != shape:
@@ -51,7 +52,7 @@ def _sinkable(e: Node, graph: Graph, producer: dict[str, Node]) -> tuple[int, ..
             continue  # a broadcast operand: permuted along with the output
         p = producer.get(i)
         if p is not None and p.op == "permute":
-            dims = tuple(p.attrs["dims"])
+            dims, moved = tuple(p.attrs["dims"]), True
         elif t.layout == "channels_last" and t.rank == 4:
             dims = _TO_NCHW  # NHWC in memory: viewed through permute(., (0, 2, 3, 1)) it is contiguous
         else:
@@ -59,53 +60,54 @@ def _sinkable(e: Node, graph: Graph, producer: dict[str, Node]) -> tuple[int, ..
         if perm is not None and dims != perm:
             return None
         perm = dims
-    return perm
+    return perm if moved else None
 
 
-def _rewrite_once(graph: Graph) -> Graph | None:
-    producer = graph.node_map()
-    for e in graph.nodes:
-        perm = _sinkable(e, graph, producer)
-        if perm is None:
-            continue
-        return _replace(graph, e, perm, producer)
-    return None
+def _permuted(b: GraphBuilder, i: str, dims: tuple[int, ...], producer: dict[str, Node]) -> str:
+    """``permute(i, dims)``, composed with ``i``'s own permute (the source itself when they cancel)."""
+    p = producer.get(i)
+    if p is not None and p.op == "permute":
+        dims, i = tuple(p.attrs["dims"][d] for d in dims), p.inputs[0]
+    if dims == tuple(range(len(dims))):
+        return i
+    return b.op("permute", [i], {"dims": dims})
 
 
-def _replace(graph: Graph, e: Node, perm: tuple[int, ...], producer: dict[str, Node]) -> Graph:
-    """``e`` becomes ``permute(e'(...), perm)`` under ``e``'s name."""
+def _sink(b: GraphBuilder, e: Node, perm: tuple[int, ...], graph: Graph, producer: dict[str, Node]) -> None:
+    """Append ``permute(e'(...), perm)`` under ``e``'s name."""
     inv = _inverse(perm)
     rank = len(perm)
+    inputs = []
+    for i in e.inputs:
+        t = b.type_of(i)
+        assert isinstance(t, TensorType)
+        if t.shape == e.ttype.shape:
+            inputs.append(_permuted(b, i, inv, producer))
+        elif t.numel == 1:  # broadcasts the same way whatever the layout
+            inputs.append(i)
+        elif i in graph.constants:  # a weight (layer scale, bias): permuted once, here
+            c = b.constants[i].reshape((1,) * (rank - t.rank) + tuple(t.shape))
+            inputs.append(b.add_constant(c.permute(inv).contiguous()))
+        else:
+            full = i if t.rank == rank else b.op("reshape", [i], {"shape": (1,) * (rank - t.rank) + tuple(t.shape)})
+            inputs.append(_permuted(b, full, inv, producer))
+    inner = b.op(e.op, inputs, e.attrs, name=b.fresh(e.op))
+    b.op("permute", [inner], {"dims": perm}, name=e.name)
+
+
+def sink_permutes(graph: Graph) -> Graph:
+    """One sweep in graph order: a rewritten node's permute is seen by the elementwise ops after it, so a
+    chain of them is handled in the same sweep, and no node is rewritten twice."""
     b = GraphBuilder.from_graph(graph)
+    producer: dict[str, Node] = {}
+    changed, seen = False, 0
     for node in graph.nodes:
-        if node.name != e.name:
+        perm = _sinkable(node, b, producer)
+        if perm is None:
             b.add_node(node)
-            continue
-        inputs = []
-        for i in node.inputs:
-            t = graph.type_of(i)
-            assert isinstance(t, TensorType)
-            if t.shape == e.ttype.shape:
-                p = producer.get(i)
-                inputs.append(p.inputs[0] if p is not None and p.op == "permute" else b.op("permute", [i], {"dims": inv}))
-            elif t.numel == 1:  # broadcasts the same way whatever the layout
-                inputs.append(i)
-            elif i in graph.constants:  # a weight (layer scale, bias): permuted once, here
-                c = graph.constants[i].reshape((1,) * (rank - t.rank) + tuple(t.shape))
-                inputs.append(b.add_constant(c.permute(inv).contiguous()))
-            else:
-                full = i if t.rank == rank else b.op("reshape", [i], {"shape": (1,) * (rank - t.rank) + tuple(t.shape)})
-                inputs.append(b.op("permute", [full], {"dims": inv}))
-        inner = b.op(node.op, inputs, node.attrs, name=b.fresh(node.op))
-        b.op("permute", [inner], {"dims": perm}, name=node.name)
-    return dce(b.build(graph.outputs))
-
-
-def sink_permutes(graph: Graph, max_rewrites: int = 10_000) -> Graph:
-    """Apply the rewrite until it no longer applies."""
-    for _ in range(max_rewrites):
-        new = _rewrite_once(graph)
-        if new is None:
-            return graph
-        graph = new
-    return graph
+        else:
+            _sink(b, node, perm, graph, producer)
+            changed = True
+        producer.update((n.name, n) for n in b.nodes[seen:])
+        seen = len(b.nodes)
+    return dce(b.build(graph.outputs)) if changed else graph

@@ -107,3 +107,13 @@ def test_convnext_residual_adds_join_the_mlp_and_norm_kernels() -> None:
     assert any(e.endswith("add(in2)") for e in epilogues), epilogues
     with torch.no_grad():
         torch.testing.assert_close(compiled(x)[0], model(x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_channels_last_value_alone_is_left_as_it_is() -> None:
+    """relu(conv output) has no permute to move: the graph comes back unchanged, at once (the first version of
+    the pass rewrote such a node back and forth until its rewrite budget ran out)."""
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((B, C, H, W), torch.float32, "channels_last"))
+    y = b.op("relu", [x])
+    g = b.build([b.op("add", [y, x])])
+    assert sink_permutes(g) is g
