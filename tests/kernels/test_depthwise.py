@@ -72,7 +72,11 @@ def test_compiled_block_runs_the_depthwise_kernel(device):
     x = torch.randn(2, 24, 11, 9, device=device)
     compiled = kfuse.compile(model, (x,))
     kinds = {k["template"]: k for k in compiled.report["kernels"]}
-    assert "depthwise_conv" in kinds and "depthwise 7x7" in kinds["depthwise_conv"]["config"], compiled.report["kernels"]
+    if device == "cpu":
+        assert "depthwise_conv" in kinds and "depthwise 7x7" in kinds["depthwise_conv"]["config"], compiled.report["kernels"]
+    else:  # on a GPU the kernel is timed against PyTorch and the faster kept; the report says which and why
+        picked = kinds.get("depthwise_conv") or kinds.get("fallback")
+        assert picked is not None and "depthwise" in picked["config"] and " us" in picked["config"], compiled.report["kernels"]
     x2 = torch.randn(2, 24, 11, 9, device=device)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x2), model(x2), atol=1e-4, rtol=1e-4)

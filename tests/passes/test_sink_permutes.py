@@ -94,17 +94,18 @@ def test_a_unary_op_and_a_graph_output_keep_their_values(device: str) -> None:
         torch.testing.assert_close(got, want)
 
 
-def test_convnext_residual_adds_join_the_mlp_and_norm_kernels() -> None:
+def test_convnext_residual_adds_join_the_mlp_and_norm_kernels(device: str) -> None:
     """ConvNeXt's blocks: no residual add is left as its own kernel; the compiled model matches."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.ConvNextConfig(hidden_sizes=[8, 16], depths=[2, 1], layer_scale_init_value=0.5, num_stages=2)
-    model = transformers.ConvNextModel(cfg).eval()
-    x = torch.randn(1, 3, 32, 32)
-    compiled = kfuse.compile(model, (x,), backend="triton-interpreter")
+    model = transformers.ConvNextModel(cfg).to(device).eval()
+    x = torch.randn(1, 3, 32, 32, device=device)
+    compiled = kfuse.compile(model, (x,))
     report = compiled.report
     assert report["op_counts"].get("pointwise", 0) <= 1, report["op_counts"]  # the pooler's mean only
-    epilogues = [k.get("epilogue", "") for k in report["kernels"] if k["template"] == "b2b_chain"]
-    assert any(e.endswith("add(in2)") for e in epilogues), epilogues
+    if device == "cpu":  # on a GPU the b2b decision is measured and may leave the two GEMMs apart
+        epilogues = [k.get("epilogue", "") for k in report["kernels"] if k["template"] == "b2b_chain"]
+        assert any(e.endswith("add(in2)") for e in epilogues), epilogues
     with torch.no_grad():
         torch.testing.assert_close(compiled(x)[0], model(x)[0], rtol=1e-4, atol=1e-4)
 
