@@ -106,8 +106,9 @@ def test_convnext_residual_adds_join_the_mlp_and_norm_kernels(device: str) -> No
     if device == "cpu":  # on a GPU the b2b decision is measured and may leave the two GEMMs apart
         epilogues = [k.get("epilogue", "") for k in report["kernels"] if k["template"] == "b2b_chain"]
         assert any(e.endswith("add(in2)") for e in epilogues), epilogues
+    tol = 1e-4 if device == "cpu" else 2e-3  # on a GPU eager's fp32 cuDNN convs run in TF32 (cudnn.allow_tf32)
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x)[0], model(x)[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(compiled(x)[0], model(x)[0], rtol=tol, atol=tol)
 
 
 def test_a_channels_last_value_alone_is_left_as_it_is() -> None:
