@@ -48,10 +48,14 @@ def _depthwise_kernel(
 def launch_config(channels: int) -> tuple[int, int, int]:
     """(BLOCK_P, BLOCK_C, num_warps). Registers bound this kernel: a thread holds its share of the fp32
     tile and of the KW loads of one kernel row in flight (ptxas, sm_90: 32 x 128 with 4 warps 206 registers,
-    16 x 128 145, 32 x 64 113; the fully unrolled 49 taps took 255 and spilled)."""
+    16 x 128 145, 32 x 64 113; the fully unrolled 49 taps took 255 and spilled). 64 pixels x 32 channels
+    with 2 warps was within 4% of the best of 24 tiles at each of MobileNet-V2's 3x3 layers on the H200
+    (``benchmarks/experiments/depthwise_probe.py``, session 37), 1.2-2.5x faster than cuDNN there; at
+    ConvNeXt's 7x7 layers no tile beat cuDNN (49 loads an output, L1/L2-bound), and the compiler keeps
+    PyTorch's there by measurement."""
     if interpreting():
         return 16, 16, 4
-    return 32, min(64, triton.next_power_of_2(channels)), 4
+    return 64, min(32, triton.next_power_of_2(channels)), 2
 
 
 def is_depthwise(weight_shape: tuple[int, ...], in_channels: int, groups: int) -> bool:
