@@ -1,5 +1,5 @@
-"""Depthwise conv kernel vs F.conv2d(groups=C): odd sizes, strides, dilation, padding, both memory formats,
-with and without bias, on a NaN-poisoned output; the lowering in a compiled ConvNeXt-style block."""
+"""Depthwise conv kernels (dense channels-last and general) vs F.conv2d(groups=C): odd sizes, strides, dilation,
+padding, both memory formats, with and without bias, on a NaN-poisoned output; the lowering in a compiled ConvNeXt-style block."""
 
 import pytest
 import torch
@@ -13,11 +13,13 @@ CASES = [  # (N, C, H, W, K, stride, padding, dilation)
     (1, 40, 9, 10, 3, 2, 1, 1),  # MobileNet's strided 3x3
     (3, 17, 8, 12, 5, 1, 4, 2),  # dilated, odd channel count
     (1, 130, 5, 6, 3, 1, 0, 1),  # more channels than one tile, no padding
+    (2, 32, 7, 9, 3, 2, 2, 2),  # whole channel tiles (no channel mask in the dense NHWC kernel), strided, dilated
 ]
 
 
 COMBOS = [(CASES[0], True, torch.float16), (CASES[0], False, torch.float32), (CASES[1], True, torch.float32),
-          (CASES[2], False, torch.float16), (CASES[3], True, torch.float16)]  # fmt: skip
+          (CASES[2], False, torch.float16), (CASES[3], True, torch.float16), (CASES[4], True, torch.float16),
+          (CASES[4], False, torch.float32)]  # fmt: skip
 
 
 @pytest.mark.parametrize("case,channels_last,dtype", COMBOS)
@@ -40,6 +42,31 @@ def test_equals_grouped_conv(case, channels_last, dtype, device):
         fresh = depthwise_conv2d(x, wt, bias, s, p, d)
         assert fresh.is_contiguous(memory_format=torch.channels_last) == (channels_last and fresh.shape[1] > 1)
         torch.testing.assert_close(fresh.float(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous", "strided"])
+def test_dense_channels_last_takes_the_specialised_kernel(layout, device, monkeypatch):
+    from kfuse.kernels import depthwise as dw
+
+    launched = []
+
+    class Spy:
+        def __init__(self, kernel, name):
+            self.kernel, self.name = kernel, name
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return self.kernel[grid]
+
+    monkeypatch.setattr(dw, "_depthwise_nhwc_kernel", Spy(dw._depthwise_nhwc_kernel, "nhwc"))
+    monkeypatch.setattr(dw, "_depthwise_kernel", Spy(dw._depthwise_kernel, "general"))
+    x = torch.randn(1, 20, 6, 7, device=device)
+    x = {"channels_last": x.contiguous(memory_format=torch.channels_last), "contiguous": x,
+         "strided": torch.randn(1, 6, 7, 40, device=device).permute(0, 3, 1, 2)[:, ::2]}[layout]  # fmt: skip
+    wt = torch.randn(20, 1, 3, 3, device=device)
+    got = depthwise_conv2d(x, wt, None, 1, 1, 1)
+    torch.testing.assert_close(got, F.conv2d(x, wt, None, 1, 1, 1, groups=20), atol=1e-4, rtol=1e-4)
+    assert launched == (["nhwc"] if layout == "channels_last" else ["general"])
 
 
 def test_what_it_takes_and_clear_errors(device):
