@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kfuse.ir.graph import Graph
 from kfuse.passes.fold import constant_fold, fold_batch_norm
+from kfuse.passes.fold_pad import fold_pad
 from kfuse.passes.fuse_epilogue import fuse_epilogues
 from kfuse.passes.simplify import algebraic_simplify, cse, dce
 
@@ -87,6 +88,7 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         ("cse", cse),
         ("constant_fold_2", constant_fold),
         ("algebraic_simplify_2", algebraic_simplify),
+        ("fold_pad", fold_pad),  # before the layout pass and conv fusion see the convs
     ]
     if options.fuse_epilogue:  # reshapes out of GEMM chains, so the epilogue sees bias/GELU/residual
         from kfuse.passes.sink_reshapes import sink_reshapes

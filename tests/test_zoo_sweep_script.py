@@ -31,5 +31,5 @@ def test_sweep_compiles_checks_and_survives_a_crashed_worker(tmp_path: Path) -> 
     for name in ("convnext", "mobilebert"):
         r = recs[name]
         assert r["compiled"] and r["ok"] and r["max_rel_err"] < 1e-4 and r["ref_abs_max"] > 0, r
-    assert "aten.pad.default" in recs["mobilebert"]["fallback"]
+    assert "aten.pad.default" not in recs["mobilebert"]["fallback"]  # its constant pad is a kfuse op since session 37
     assert recs["convnext"]["b2b_fused"] >= 1  # the chain the fix is about did run fused

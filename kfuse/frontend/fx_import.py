@@ -345,6 +345,31 @@ def _string_padding(mode: str, kernel: tuple[int, ...], dilation: tuple[int, int
     return (total[0] // 2, total[1] // 2)
 
 
+@converts(aten.pad)
+def _pad(c: Ctx, a: tuple, k: dict) -> str:
+    """Constant padding is a ``pad`` node (a zero-width one is no node: HF's TF-style "same" padding pads every
+    1x1 conv by nothing), which a conv after it can absorb (``passes.fold_pad``); reflect / replicate /
+    circular padding stays in PyTorch."""
+    mode = a[2] if len(a) > 2 else k.get("mode", "constant")
+    if mode != "constant":
+        raise _Unsupported()
+    return _constant_pad(c, a[0], a[1], a[3] if len(a) > 3 else k.get("value"))
+
+
+@converts(aten.constant_pad_nd)
+def _constant_pad_nd(c: Ctx, a: tuple, k: dict) -> str:
+    return _constant_pad(c, a[0], a[1], a[2] if len(a) > 2 else k.get("value", 0.0))
+
+
+def _constant_pad(c: Ctx, x: str, pads_in: Any, value: Any) -> str:
+    pads = tuple(int(p) for p in pads_in)
+    if any(p < 0 for p in pads) or len(pads) % 2 or len(pads) // 2 > c.ttype(x).rank:  # negative: a crop
+        raise _Unsupported()
+    if not any(pads):
+        return x
+    return c.op("pad", [x], pads=pads, value=float(value if value is not None else 0.0))
+
+
 @converts(aten.convolution)
 def _convolution(c: Ctx, a: tuple, k: dict) -> str:
     x, w, bias, stride, padding, dilation, transposed, _out_pad, groups = a[:9]

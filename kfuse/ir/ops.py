@@ -429,6 +429,12 @@ def _contiguous(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return xs[0].contiguous(memory_format=fmt)
 
 
+@register("pad", OTHER, arity=1)
+def _pad(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    """Constant padding, ``F.pad``'s order: (left, right) of the last dim, then of the one before, ..."""
+    return F.pad(xs[0], a["pads"], value=a.get("value", 0.0))
+
+
 @register("getitem", OTHER, arity=1, infer=lambda ts, a: ts[0][a["index"]])  # type: ignore[index]
 def _getitem(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return xs[0][a["index"]]

@@ -197,7 +197,8 @@ def test_fallback_keeps_string_arguments_literal(mode: str) -> None:
         return torch.nn.functional.pad(t * 2.0, (1, 2), mode=mode, value=0.5 if mode == "constant" else None) + 1.0
 
     cm = _compile(fn, x)
-    assert "aten.pad.default" in cm.report["fallback"]
+    # constant padding is imported as kfuse's own pad op since session 37; the other modes stay in PyTorch
+    assert ("aten.pad.default" in cm.report["fallback"]) == (mode != "constant")
     out = cm(x)
     ref = fn(x)
     assert out.shape == ref.shape == (2, 5, 10)
