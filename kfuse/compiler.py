@@ -142,6 +142,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.fuse_b2b import fuse_b2b
 
         stages.append(("fuse_b2b", fuse_b2b))
+    if options.fuse_epilogue:  # a depthwise conv's activation into its kernel, before fuse_pointwise takes it
+        from kfuse.passes.fuse_conv_activation import fuse_conv_activation
+
+        stages.append(("fuse_conv_activation", fuse_conv_activation))
     if options.fuse_pointwise:  # last fusion stage: takes whatever elementwise glue is left
         from kfuse.passes.fuse_pointwise import fuse_pointwise
 

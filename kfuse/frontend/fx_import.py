@@ -445,6 +445,12 @@ def _clamp(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("clamp", [a[0]], lo=lo, hi=hi)
 
 
+@converts(aten.relu6)
+def _relu6(c: Ctx, a: tuple, k: dict) -> str:
+    """torchvision's MobileNet-V2 (``nn.ReLU6``): a fallback before session 37."""
+    return c.op("clamp", [a[0]], lo=0.0, hi=6.0)
+
+
 def _binary_conv(op: str, swap: bool = False) -> Converter:
     def conv(c: Ctx, a: tuple, k: dict) -> str:
         x, y = a[0], a[1]

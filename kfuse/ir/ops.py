@@ -282,10 +282,22 @@ def _matmul(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return torch.matmul(xs[0], xs[1])
 
 
+def apply_activation(y: torch.Tensor, act: tuple[Any, ...] | None) -> torch.Tensor:
+    """A conv's absorbed activation (``passes.fuse_conv_activation``): None, ("clamp", lo, hi) or ("silu",)."""
+    if act is None:
+        return y
+    if act[0] == "clamp":
+        return torch.clamp(y, act[1], act[2])
+    if act[0] == "silu":
+        return F.silu(y)
+    raise ValueError(f"unknown conv activation {act!r}")
+
+
 @register("conv2d", CONV)
 def _conv2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     bias = xs[2] if len(xs) > 2 else None
-    return F.conv2d(xs[0], xs[1], bias, a.get("stride", (1, 1)), a.get("padding", (0, 0)), a.get("dilation", (1, 1)), a.get("groups", 1))
+    y = F.conv2d(xs[0], xs[1], bias, a.get("stride", (1, 1)), a.get("padding", (0, 0)), a.get("dilation", (1, 1)), a.get("groups", 1))
+    return apply_activation(y, a.get("act"))
 
 
 @register("batch_norm", OTHER, arity=5)

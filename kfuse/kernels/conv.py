@@ -581,10 +581,13 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
     if not is_depthwise(w_t.shape, x_t.shape[1], params.groups) or x_t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return torch_step
 
+    act = attrs.get("act")
+
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation)
+        return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation, act=act)
 
     desc = f"depthwise {w_t.shape[2]}x{w_t.shape[3]} s{params.stride} p{params.padding} over {x_t.shape[1]} channels"
+    desc += f" + {act[0]}" if act else ""
     if backend == "triton" and torch.cuda.is_available():
         from kfuse.runtime.choice import choose, problem_key
 

@@ -20,12 +20,26 @@ from kfuse.kernels.pdl import pdl_start
 
 
 @triton.jit
+def _activation(acc, ACT: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr):
+    """The conv's absorbed activation (``passes.fuse_conv_activation``); NaN stays NaN, as in PyTorch."""
+    if ACT == "clamp":
+        if LO is not None:
+            acc = tl.maximum(acc, LO, propagate_nan=tl.PropagateNan.ALL)
+        if HI is not None:
+            acc = tl.minimum(acc, HI, propagate_nan=tl.PropagateNan.ALL)
+    elif ACT == "silu":
+        acc = acc / (1.0 + tl.exp(-acc))
+    return acc
+
+
+@triton.jit
 def _depthwise_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, C, H, W, OH, OW, n_rows,
     sxn, sxc, sxh, sxw, syn, syc, syh, syw,
     KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
+    ACT: tl.constexpr = "", LO: tl.constexpr = None, HI: tl.constexpr = None,
 ):  # fmt: skip
     pdl_start(PDL)
     offs_c, mask_p, mask_c, n, oh, ow = tile(N, C, OH, OW, BLOCK_P, BLOCK_C)
@@ -41,6 +55,7 @@ def _depthwise_kernel(
             acc += v.to(tl.float32) * wt.to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+    acc = _activation(acc, ACT, LO, HI)
     y_ptrs = y_ptr + (n * syn + oh * syh + ow * syw)[:, None] + offs_c[None, :] * syc
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_p[:, None] & mask_c[None, :])
 
@@ -52,6 +67,7 @@ def _depthwise_nhwc_kernel(
     KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, EVEN_C: tl.constexpr, PDL: tl.constexpr,
+    ACT: tl.constexpr = "", LO: tl.constexpr = None, HI: tl.constexpr = None,
 ):  # fmt: skip
     """The same conv on dense channels-last tensors, with every size but the batch a constant: a tap's
     offset from the pixel's first tap, (kh * DH * W + kw * DW) * C, is then a constant the load takes as
@@ -76,6 +92,7 @@ def _depthwise_nhwc_kernel(
             acc += v.to(tl.float32) * wt.to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+    acc = _activation(acc, ACT, LO, HI)
     y_ptrs = y_ptr + (n * (OH * OW * C) + oh * (OW * C) + ow * C)[:, None] + offs_c[None, :]
     ym = mask_p[:, None] if EVEN_C else mask_p[:, None] & mask_c[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ym)
@@ -96,6 +113,10 @@ def launch_config(channels: int) -> tuple[int, int, int]:
     return 64, min(32, triton.next_power_of_2(channels)), 2
 
 
+def _const(v: object) -> float | None:
+    return None if v is None else float(v)  # type: ignore[arg-type]
+
+
 def is_depthwise(weight_shape: tuple[int, ...], in_channels: int, groups: int) -> bool:
     """A conv this kernel runs: one filter per input channel (``groups == C_in == C_out``), 2-D."""
     return len(weight_shape) == 4 and groups == in_channels and weight_shape[0] == in_channels and weight_shape[1] == 1
@@ -103,11 +124,12 @@ def is_depthwise(weight_shape: tuple[int, ...], in_channels: int, groups: int) -
 
 def depthwise_conv2d(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: object = 1, padding: object = 0, dilation: object = 1,
-    out: torch.Tensor | None = None, config: tuple[int, int, int] | None = None,
+    out: torch.Tensor | None = None, config: tuple[int, int, int] | None = None, act: tuple | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """``F.conv2d(x, weight, bias, stride, padding, dilation, groups=C)`` for a depthwise ``weight`` (C, 1, KH, KW);
     any memory format in, the input's format out (channels-last in, channels-last out). ``config``:
-    (BLOCK_P, BLOCK_C, num_warps), else ``launch_config``'s."""
+    (BLOCK_P, BLOCK_C, num_warps), else ``launch_config``'s. ``act``: None, ("clamp", lo, hi) or ("silu",),
+    applied before the store."""
     if x.dim() != 4 or not is_depthwise(tuple(weight.shape), x.shape[1], x.shape[1]):
         raise ValueError(f"depthwise_conv2d: x {tuple(x.shape)} and weight {tuple(weight.shape)} are not a depthwise conv")
     if bias is not None and tuple(bias.shape) != (x.shape[1],):
@@ -119,6 +141,9 @@ def depthwise_conv2d(
     out = output_like(x, (nb, c, oh, ow), out, "depthwise_conv2d")
     if out.numel() == 0:
         return out
+    if act is not None and act[0] not in ("clamp", "silu"):
+        raise ValueError(f"depthwise_conv2d: unknown activation {act!r}")
+    acts = {"ACT": act[0], "LO": _const(act[1]), "HI": _const(act[2])} if act and act[0] == "clamp" else {"ACT": act[0] if act else ""}
     wc = weight.contiguous()
     block_p, block_c, warps = config or launch_config(c)
     grid = (triton.cdiv(nb * oh * ow, block_p), triton.cdiv(c, block_c))
@@ -127,12 +152,12 @@ def depthwise_conv2d(
         _depthwise_nhwc_kernel[grid](
             x, wc, bias if bias is not None else wc, out, nb, kh, C=c, H=h, W=w, OH=oh, OW=ow,
             KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, HAS_BIAS=bias is not None,
-            BLOCK_P=block_p, BLOCK_C=block_c, EVEN_C=c % block_c == 0, num_warps=warps, **pdl.launch_kwargs(),
+            BLOCK_P=block_p, BLOCK_C=block_c, EVEN_C=c % block_c == 0, num_warps=warps, **acts, **pdl.launch_kwargs(),
         )  # fmt: skip
         return out
     _depthwise_kernel[grid](
         x, wc, bias if bias is not None else wc, out, nb, c, h, w, oh, ow, kh, *x.stride(), *out.stride(),
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, HAS_BIAS=bias is not None,
-        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=warps, **pdl.launch_kwargs(),
+        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=warps, **acts, **pdl.launch_kwargs(),
     )  # fmt: skip
     return out

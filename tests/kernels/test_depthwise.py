@@ -107,3 +107,23 @@ def test_compiled_block_runs_the_depthwise_kernel(device):
     x2 = torch.randn(2, 24, 11, 9, device=device)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x2), model(x2), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("act", [("clamp", 0.0, 6.0), ("clamp", 0.0, None), ("clamp", None, 0.5), ("silu",)])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_activation_before_the_store(act, channels_last, device):
+    """MobileNet's ReLU6 / EfficientNet's SiLU applied by the kernel (both kernels), NaN kept as PyTorch does."""
+    gen = torch.Generator().manual_seed(7)
+    x = (3 * torch.randn(2, 20, 7, 9, generator=gen)).to(device)
+    x[0, 3, 2, 4] = float("nan")
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    wt, b = torch.randn(20, 1, 3, 3, generator=gen).to(device), torch.randn(20, generator=gen).to(device)
+    want = F.conv2d(x, wt, b, 1, 1, 1, groups=20)
+    want = F.silu(want) if act[0] == "silu" else torch.clamp(want, act[1], act[2])
+    out = torch.full_like(want, float("nan"))
+    got = depthwise_conv2d(x, wt, b, 1, 1, 1, out=out, act=act)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, equal_nan=True)
+    assert got.isnan().sum() == want.isnan().sum() > 0
+    with pytest.raises(ValueError, match="unknown activation"):
+        depthwise_conv2d(x, wt, b, 1, 1, 1, act=("gelu",))
