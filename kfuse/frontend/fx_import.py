@@ -440,9 +440,29 @@ def _leaky(c: Ctx, a: tuple, k: dict) -> str:
 def _clamp(c: Ctx, a: tuple, k: dict) -> str:
     lo = a[1] if len(a) > 1 else k.get("min", -1.0 if "hardtanh" in str(c.node.target) else None)
     hi = a[2] if len(a) > 2 else k.get("max", 1.0 if "hardtanh" in str(c.node.target) else None)
-    if isinstance(lo, str) or isinstance(hi, str):
-        raise _Unsupported()
+    if isinstance(lo, str) or isinstance(hi, str):  # clamp.Tensor (T5's fp16 overflow guard): max, then min
+        y = a[0] if lo is None else c.op("maximum", [a[0], c.value(lo, a[0])])
+        return y if hi is None else c.op("minimum", [y, c.value(hi, a[0])])
     return c.op("clamp", [a[0]], lo=lo, hi=hi)
+
+
+@converts(aten.isinf)
+def _isinf(c: Ctx, a: tuple, k: dict) -> str:
+    """|x| == inf (NaN is not infinite, as in PyTorch); one of T5's fp16 guard ops, a fallback before session 37."""
+    return c.op("eq", [c.op("abs", [a[0]]), c.value(float("inf"), a[0])])
+
+
+@converts(aten.any)
+def _any(c: Ctx, a: tuple, k: dict) -> str:
+    """any(x) = max(x != 0) over the dims, as a float reduction (kfuse's reductions take numbers, not bools)."""
+    x = a[0]
+    r = c.ttype(x).rank
+    dims = a[1] if len(a) > 1 else k.get("dim")
+    keepdim = bool(a[2] if len(a) > 2 else k.get("keepdim", False))
+    dims = tuple(range(r)) if dims is None else (dims,) if isinstance(dims, int) else tuple(dims) or tuple(range(r))
+    nz = c.op("cast", [c.op("ne", [x, c.value(0, x)])], dtype=torch.float32)
+    m = c.op("amax", [nz], dims=tuple(_dim(d, r) for d in dims), keepdim=keepdim)
+    return c.op("ne", [m, c.value(0.0, m)])
 
 
 @converts(aten.relu6)

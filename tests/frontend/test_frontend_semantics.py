@@ -248,3 +248,26 @@ def test_baddbmm_is_imported_natively(beta: float, alpha: float) -> None:
     out = cm(bias, q, kt)
     assert not out.isnan().any()
     torch.testing.assert_close(out, fn(bias, q, kt), rtol=1e-5, atol=1e-5)
+
+
+# --- T5's fp16 overflow guard: isinf, any, clamp with tensor bounds (72 fallbacks in T5-encoder before session 37)
+
+
+class _T5Guard(torch.nn.Module):
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        big = torch.finfo(torch.float16).max
+        clamp_value = torch.where(torch.isinf(h).any(), big - 1000, big)
+        h = torch.clamp(h * 3.0e4, min=-clamp_value, max=clamp_value)
+        per_row = torch.isinf(h * 10).any(dim=-1, keepdim=True)
+        return torch.where(per_row, 0.0, h + 1.0)
+
+
+@pytest.mark.parametrize("with_inf", [False, True])
+def test_t5_overflow_guard_is_imported_natively(with_inf: bool) -> None:
+    x = torch.randn(2, 5, 8) * 3
+    if with_inf:
+        x[1, 2, 3] = float("inf")
+    x[0, 1, 1] = float("nan")
+    cm = kfuse.compile(_T5Guard(), (x,))
+    assert cm.report["fallback"] == [], cm.report["fallback"]
+    torch.testing.assert_close(cm(x), _T5Guard()(x), equal_nan=True)
