@@ -283,13 +283,15 @@ def _matmul(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
 
 
 def apply_activation(y: torch.Tensor, act: tuple[Any, ...] | None) -> torch.Tensor:
-    """A conv's absorbed activation (``passes.fuse_conv_activation``): None, ("clamp", lo, hi) or ("silu",)."""
+    """A conv's absorbed activation (``passes.fuse_conv_activation``): None, ("clamp", lo, hi), ("silu",), ("gelu",)."""
     if act is None:
         return y
     if act[0] == "clamp":
         return torch.clamp(y, act[1], act[2])
     if act[0] == "silu":
         return F.silu(y)
+    if act[0] == "gelu":
+        return F.gelu(y)
     raise ValueError(f"unknown conv activation {act!r}")
 
 

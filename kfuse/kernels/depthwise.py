@@ -29,6 +29,11 @@ def _activation(acc, ACT: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr):
             acc = tl.minimum(acc, HI, propagate_nan=tl.PropagateNan.ALL)
     elif ACT == "silu":
         acc = acc / (1.0 + tl.exp(-acc))
+    elif ACT == "gelu":  # exact GELU with erfc from Abramowitz & Stegun 7.1.26, as kfuse's GEMM epilogues
+        t = 1.0 / (1.0 + 0.3275911 * tl.abs(acc * 0.7071067811865476))
+        erfc = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        erfc = erfc * tl.exp(-0.5 * acc * acc)
+        acc = acc * tl.where(acc >= 0.0, 1.0 - 0.5 * erfc, 0.5 * erfc)
     return acc
 
 
@@ -128,7 +133,7 @@ def depthwise_conv2d(
 ) -> torch.Tensor:  # fmt: skip
     """``F.conv2d(x, weight, bias, stride, padding, dilation, groups=C)`` for a depthwise ``weight`` (C, 1, KH, KW);
     any memory format in, the input's format out (channels-last in, channels-last out). ``config``:
-    (BLOCK_P, BLOCK_C, num_warps), else ``launch_config``'s. ``act``: None, ("clamp", lo, hi) or ("silu",),
+    (BLOCK_P, BLOCK_C, num_warps), else ``launch_config``'s. ``act``: None, ("clamp", lo, hi), ("silu",) or ("gelu",),
     applied before the store."""
     if x.dim() != 4 or not is_depthwise(tuple(weight.shape), x.shape[1], x.shape[1]):
         raise ValueError(f"depthwise_conv2d: x {tuple(x.shape)} and weight {tuple(weight.shape)} are not a depthwise conv")
@@ -141,7 +146,7 @@ def depthwise_conv2d(
     out = output_like(x, (nb, c, oh, ow), out, "depthwise_conv2d")
     if out.numel() == 0:
         return out
-    if act is not None and act[0] not in ("clamp", "silu"):
+    if act is not None and act[0] not in ("clamp", "silu", "gelu"):
         raise ValueError(f"depthwise_conv2d: unknown activation {act!r}")
     acts = {"ACT": act[0], "LO": _const(act[1]), "HI": _const(act[2])} if act and act[0] == "clamp" else {"ACT": act[0] if act else ""}
     wc = weight.contiguous()

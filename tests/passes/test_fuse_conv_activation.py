@@ -21,13 +21,13 @@ def conv_then(act: str, groups: int = C, second_user: bool = False):
     return b.build([a, y] if second_user else [a])
 
 
-@pytest.mark.parametrize("act", ["relu", "clamp", "silu"])
+@pytest.mark.parametrize("act", ["relu", "clamp", "silu", "gelu"])
 def test_depthwise_conv_takes_its_activation(act: str) -> None:
     g = conv_then(act)
     fused = fuse_conv_activation(g)
     assert fused.op_counts() == {"conv2d": 1}, str(fused)
     (conv,) = fused.nodes
-    assert conv.name == g.outputs[0] and conv.attrs["act"][0] == ("silu" if act == "silu" else "clamp")
+    assert conv.name == g.outputs[0] and conv.attrs["act"][0] == (act if act in ("silu", "gelu") else "clamp")
     x = 4 * torch.randn(2, C, 5, 7)
     torch.testing.assert_close(reference_run(fused, [x])[0], reference_run(g, [x])[0])
 
@@ -60,3 +60,17 @@ def test_compiled_block_runs_the_activation_in_the_depthwise_step(device: str) -
     tol = 1e-4 if device == "cpu" else 2e-3  # eager's fp32 cuDNN convs run in TF32 on a GPU
     with torch.no_grad():
         torch.testing.assert_close(cm(x), model(x), rtol=tol, atol=tol)
+
+
+def test_through_the_views_between_conv_and_activation() -> None:
+    """SegFormer's Mix-FFN: ``dwconv -> flatten(2) -> GELU -> transpose``."""
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((2, C, 5, 7), torch.float32))
+    w = b.add_constant(torch.randn(C, 1, 3, 3))
+    y = b.op("conv2d", [x, w], {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": C})
+    f = b.op("reshape", [y], {"shape": (2, C, 35)})
+    g = b.build([b.op("permute", [b.op("gelu", [f])], {"dims": (0, 2, 1)})])
+    fused = fuse_conv_activation(g)
+    assert fused.op_counts() == {"conv2d": 1, "reshape": 1, "permute": 1}, str(fused)
+    xv = torch.randn(2, C, 5, 7)
+    torch.testing.assert_close(reference_run(fused, [xv])[0], reference_run(g, [xv])[0])
