@@ -15,8 +15,9 @@ to ``e`` as ``permute(c, p^-1)`` (after a reshape to the output's rank when it h
 
 It applies only where every operand of the output's full size is a permute by the same ``p``, or, for
 ``p = (0, 3, 1, 2)``, a channels-last value (a conv's output), whose ``permute(., (0, 2, 3, 1))`` is its
-memory as it is: no full-size tensor is read through a permute it did not have. The new permute keeps the elementwise node's name, so the
-rest of the graph is unchanged. One sweep in graph order; no node is rewritten twice.
+memory as it is: no full-size tensor is read through a permute it did not have; at least one operand must be a
+real permute (a channels-last value alone is left as it is). The new permute keeps the elementwise node's
+name, so the rest of the graph is unchanged. One sweep in graph order; no node is rewritten twice.
 """
 
 from __future__ import annotations
