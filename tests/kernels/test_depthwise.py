@@ -127,3 +127,21 @@ def test_activation_before_the_store(act, channels_last, device):
     assert got.isnan().sum() == want.isnan().sum() > 0
     with pytest.raises(ValueError, match="unknown activation"):
         depthwise_conv2d(x, wt, b, 1, 1, 1, act=("tanh",))
+
+
+@pytest.mark.parametrize("act", [("clamp", 0.0, None), ("gelu", None, None)])
+def test_both_kernels_compile_for_sm90(act):
+    """The interpreter does not compile: the constexpr activation and None bounds must also pass Triton's sm_90
+    code generator (offline, no GPU needed)."""
+    from kfuse.kernels.depthwise import _depthwise_kernel, _depthwise_nhwc_kernel
+    from kfuse.sass.examples import compile_sm90
+
+    ptrs = {k: "*fp16" for k in ["x_ptr", "w_ptr", "b_ptr", "y_ptr"]}
+    acts = dict(ACT=act[0], LO=act[1], HI=act[2])
+    common = dict(KH=3, KW=3, SH=1, SW=1, PH=1, PW=1, DH=1, DW=1, HAS_BIAS=True, BLOCK_P=64, BLOCK_C=32, PDL=False, **acts)
+    dense = compile_sm90(_depthwise_nhwc_kernel, {"N": "i32", "n_rows": "i32", **ptrs},
+                         dict(C=96, H=14, W=14, OH=14, OW=14, EVEN_C=True, **common), num_warps=2)  # fmt: skip
+    general = compile_sm90(_depthwise_kernel, {**{k: "i32" for k in "N C H W OH OW n_rows sxn sxh sxw syn syh syw".split()}, **ptrs},
+                           dict(sxc=1, syc=1, **common), num_warps=2)  # fmt: skip
+    for k in (dense, general):
+        assert k.asm["cubin"][:4] == b"\x7fELF" and ".target sm_90" in k.asm["ptx"]
