@@ -456,12 +456,10 @@ def _isinf(c: Ctx, a: tuple, k: dict) -> str:
 def _any(c: Ctx, a: tuple, k: dict) -> str:
     """any(x) = max(x != 0) over the dims, as a float reduction (kfuse's reductions take numbers, not bools)."""
     x = a[0]
-    r = c.ttype(x).rank
-    dims = a[1] if len(a) > 1 else k.get("dim")
+    dims = _reduced_dims(c.ttype(x).rank, a[1] if len(a) > 1 else k.get("dim"))
     keepdim = bool(a[2] if len(a) > 2 else k.get("keepdim", False))
-    dims = tuple(range(r)) if dims is None else (dims,) if isinstance(dims, int) else tuple(dims) or tuple(range(r))
     nz = c.op("cast", [c.op("ne", [x, c.value(0, x)])], dtype=torch.float32)
-    m = c.op("amax", [nz], dims=tuple(_dim(d, r) for d in dims), keepdim=keepdim)
+    m = c.op("amax", [nz], dims=dims, keepdim=keepdim)
     return c.op("ne", [m, c.value(0.0, m)])
 
 
@@ -787,24 +785,24 @@ def _sum(c: Ctx, a: tuple, k: dict) -> str:
     return _reduce(c, "sum", a, k)
 
 
+def _reduced_dims(rank: int, dims: Any) -> tuple[int, ...]:
+    """A reduction's ``dim`` argument as non-negative dims: None or empty means all of them."""
+    if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
+        return tuple(range(rank))
+    return tuple(_dim(d, rank) for d in ((dims,) if isinstance(dims, int) else dims))
+
+
 def _reduce(c: Ctx, op: str, a: tuple, k: dict) -> str:
     x = a[0]
-    r = c.ttype(x).rank
     dims = a[1] if len(a) > 1 and not isinstance(a[1], torch.dtype) else k.get("dim")
     keepdim = a[2] if len(a) > 2 else k.get("keepdim", False)
-    dtype = k.get("dtype")
-    if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
-        dims = tuple(range(r))
-    dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    return c.op(op, [x], dims=tuple(_dim(d, r) for d in dims), keepdim=bool(keepdim), dtype=dtype)
+    return c.op(op, [x], dims=_reduced_dims(c.ttype(x).rank, dims), keepdim=bool(keepdim), dtype=k.get("dtype"))
 
 
 @converts(aten.amax)
 def _amax(c: Ctx, a: tuple, k: dict) -> str:
-    r = c.ttype(a[0]).rank
-    dims = a[1] if len(a) > 1 else k.get("dim", ())
-    dims = (dims,) if isinstance(dims, int) else tuple(dims) or tuple(range(r))
-    return c.op("amax", [a[0]], dims=tuple(_dim(d, r) for d in dims), keepdim=bool(a[2] if len(a) > 2 else k.get("keepdim", False)))
+    dims = _reduced_dims(c.ttype(a[0]).rank, a[1] if len(a) > 1 else k.get("dim"))
+    return c.op("amax", [a[0]], dims=dims, keepdim=bool(a[2] if len(a) > 2 else k.get("keepdim", False)))
 
 
 @converts(aten.max_pool2d, aten.max_pool2d_with_indices)

@@ -282,6 +282,9 @@ def _matmul(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return torch.matmul(xs[0], xs[1])
 
 
+CONV_ACTIVATIONS = ("clamp", "silu", "gelu")  # what a conv node's ``act`` attribute may name
+
+
 def apply_activation(y: torch.Tensor, act: tuple[Any, ...] | None) -> torch.Tensor:
     """A conv's absorbed activation (``passes.fuse_conv_activation``): None, ("clamp", lo, hi), ("silu",), ("gelu",)."""
     if act is None:

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kfuse.ir.ops import CONV_ACTIVATIONS
 from kfuse.kernels import pdl
 from kfuse.kernels.codegen import as_pair, interpreting
 from kfuse.kernels.nhwc_window import out_size, output_like, tile
@@ -146,9 +147,11 @@ def depthwise_conv2d(
     out = output_like(x, (nb, c, oh, ow), out, "depthwise_conv2d")
     if out.numel() == 0:
         return out
-    if act is not None and act[0] not in ("clamp", "silu", "gelu"):
+    if act is not None and act[0] not in CONV_ACTIVATIONS:
         raise ValueError(f"depthwise_conv2d: unknown activation {act!r}")
-    acts = {"ACT": act[0], "LO": _const(act[1]), "HI": _const(act[2])} if act and act[0] == "clamp" else {"ACT": act[0] if act else ""}
+    acts = {"ACT": act[0] if act else ""}
+    if act and act[0] == "clamp":
+        acts.update(LO=_const(act[1]), HI=_const(act[2]))
     wc = weight.contiguous()
     block_p, block_c, warps = config or launch_config(c)
     grid = (triton.cdiv(nb * oh * ow, block_p), triton.cdiv(c, block_c))

@@ -1,6 +1,7 @@
 """What the sliding-window kernels over channels-last tiles share (``pool``, ``depthwise``): the output
-length, the output tensor in the input's memory format, the [pixels, channels] tiling and, inside the
-kernel, a tile's decode into image, row and column.
+length, the output tensor in the input's memory format and, inside the kernel, a tile's decode into image,
+row and column. ``tiling`` is the max pool's tile rule (the depthwise kernel has its own measured one,
+``depthwise.launch_config``).
 
 One program owns BLOCK_P output pixels x BLOCK_C channels; the channel dimension is contiguous in NHWC, so
 each window tap is a 16-byte-vector load and overlapping taps hit L2.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kfuse.ir.graph import Graph, Node, TensorType, freeze_attrs
+from kfuse.kernels.depthwise import is_depthwise
 from kfuse.passes.simplify import dce
 
 
@@ -26,12 +27,10 @@ def _activation(node: Node) -> tuple[Any, ...] | None:
 
 
 def _is_depthwise(conv: Node, graph: Graph) -> bool:
-    w = graph.type_of(conv.inputs[1])
-    x = graph.type_of(conv.inputs[0])
-    if not (isinstance(w, TensorType) and isinstance(x, TensorType)) or w.rank != 4 or x.rank != 4:
+    w, x = graph.type_of(conv.inputs[1]), graph.type_of(conv.inputs[0])
+    if not (isinstance(w, TensorType) and isinstance(x, TensorType)) or x.rank != 4:
         return False
-    c = x.shape[1]
-    return conv.attrs.get("groups", 1) == c and w.shape[0] == c and w.shape[1] == 1
+    return is_depthwise(w.shape, x.shape[1], conv.attrs.get("groups", 1))
 
 
 def _conv_behind_views(act_node: Node, producer: dict[str, Node], users: dict[str, list[Node]], outputs: set[str]) -> list[Node]:
