@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels.codegen import as_pair, cdiv, generated, interpreting
-from kfuse.kernels.depthwise import depthwise_conv2d, is_depthwise
+from kfuse.kernels.depthwise import depthwise_conv2d, is_depthwise, pack_rows_weight
 from kfuse.kernels.epilogue import Epilogue, Operand, apply_reference, render
 from kfuse.kernels.gemm import _go
 from kfuse.kernels.tma import nhwc_box_descriptor, spatial_tile, tma_device
@@ -582,9 +582,19 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
         return torch_step
 
     act = attrs.get("act")
+    w_const = graph.constants.get(node.inputs[1])
+    packed: dict[torch.device, torch.Tensor] = {}  # the rows kernel's (KH, KW, C) fp32 weight, packed once per device
+    if w_const is not None:  # at lowering time, as the implicit-GEMM conv's weight (never inside a graph capture)
+        packed[w_const.device] = pack_rows_weight(w_const)
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation, act=act)
+        wp = None
+        if w_const is not None:
+            wp = packed.get(xs[1].device)
+            if wp is None:
+                wp = packed[xs[1].device] = pack_rows_weight(xs[1])
+        return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation,
+                                act=act, packed_weight=wp)  # fmt: skip
 
     desc = f"depthwise {w_t.shape[2]}x{w_t.shape[3]} s{params.stride} p{params.padding} over {x_t.shape[1]} channels"
     desc += f" + {act[0]}" if act else ""

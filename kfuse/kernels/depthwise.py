@@ -104,6 +104,111 @@ def _depthwise_nhwc_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ym)
 
 
+@triton.jit
+def _rows_fma(v, acc, wk, J: tl.constexpr, KW: tl.constexpr, KH: tl.constexpr, C: tl.constexpr, mask_c, EVEN_C: tl.constexpr):
+    """acc (pending output row J of the ring) += v x its tap: row J takes kernel row KH - 1 - J."""
+    if J < KH:
+        ptr = wk + (KH - 1 - J) * (KW * C)
+        wt = tl.load(ptr) if EVEN_C else tl.load(ptr, mask=mask_c, other=0.0)
+        acc += v * wt[None, :]
+    return acc
+
+
+@triton.jit
+def _rows_next(acc_next, J: tl.constexpr, KH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Ring slot J after a step: the next slot's partial row, or a new (zero) row for the last slot."""
+    if J + 1 < KH:
+        return acc_next
+    return tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+
+
+@triton.jit
+def _depthwise_rows_kernel(
+    x_ptr, wp_ptr, b_ptr, y_ptr,
+    C: tl.constexpr, H: tl.constexpr, W: tl.constexpr, OH: tl.constexpr, OW: tl.constexpr,
+    KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, EVEN_C: tl.constexpr,
+    PDL: tl.constexpr, ACT: tl.constexpr = "", LO: tl.constexpr = None, HI: tl.constexpr = None,
+):  # fmt: skip
+    """Stride 1, dilation 1, KH <= 7, dense channels-last: each input row is loaded and converted once per
+    program, not KH times. A program walks ROWS output rows of one image down a strip of BLOCK_W columns
+    x BLOCK_C channels, holding the KH output rows an input row contributes to (a ring a0..a6: a_j takes
+    kernel row KH - 1 - j); after each input row a0 is complete, is stored, and the ring shifts. Per
+    output: KW loads and conversions instead of KH x KW (7 instead of 49 at 7x7), the same KH x KW FMAs.
+    The weight is packed (KH, KW, C) fp32 (``pack_rows_weight``) so a tap's channels are one vector load."""
+    pdl_start(PDL)
+    CHUNKS: tl.constexpr = (OH + ROWS - 1) // ROWS
+    pid = tl.program_id(0)
+    n = (pid // CHUNKS).to(tl.int64)
+    oh0 = (pid % CHUNKS) * ROWS
+    ow = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_w = ow < OW
+    mask_c = offs_c < C
+    first_tap = x_ptr + n * (H * W * C) + ((ow - PW) * C)[:, None] + offs_c[None, :]
+    y_row = y_ptr + n * (OH * OW * C) + (ow * C)[:, None] + offs_c[None, :]
+    bias = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_BIAS else None
+    a0 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+    a1 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+    a2 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+    a3 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+    a4 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+    a5 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+    a6 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+    for i in range(0, ROWS + KH - 1):
+        ih = oh0 - PH + i
+        row_ok = (ih >= 0) & (ih < H)
+        row = first_tap + ih * (W * C)
+        for kw in tl.static_range(KW):
+            iw = ow - PW + kw
+            ok = row_ok & (iw >= 0) & (iw < W)
+            m = ok[:, None] if EVEN_C else ok[:, None] & mask_c[None, :]
+            v = tl.load(row + kw * C, mask=m, other=0.0).to(tl.float32)
+            wk = wp_ptr + kw * C + offs_c
+            a0 = _rows_fma(v, a0, wk, 0, KW, KH, C, mask_c, EVEN_C)
+            a1 = _rows_fma(v, a1, wk, 1, KW, KH, C, mask_c, EVEN_C)
+            a2 = _rows_fma(v, a2, wk, 2, KW, KH, C, mask_c, EVEN_C)
+            a3 = _rows_fma(v, a3, wk, 3, KW, KH, C, mask_c, EVEN_C)
+            a4 = _rows_fma(v, a4, wk, 4, KW, KH, C, mask_c, EVEN_C)
+            a5 = _rows_fma(v, a5, wk, 5, KW, KH, C, mask_c, EVEN_C)
+            a6 = _rows_fma(v, a6, wk, 6, KW, KH, C, mask_c, EVEN_C)
+        oh = oh0 + i - (KH - 1)  # a0's row; rows above oh0 belong to the previous chunk's program
+        out = a0
+        if HAS_BIAS:
+            out += bias[None, :]
+        out = _activation(out, ACT, LO, HI)
+        keep = mask_w & (oh >= oh0) & (oh < OH)
+        ym = keep[:, None] if EVEN_C else keep[:, None] & mask_c[None, :]
+        tl.store(y_row + oh * (OW * C), out.to(y_ptr.dtype.element_ty), mask=ym)
+        a0 = _rows_next(a1, 0, KH, BLOCK_W, BLOCK_C)
+        a1 = _rows_next(a2, 1, KH, BLOCK_W, BLOCK_C)
+        a2 = _rows_next(a3, 2, KH, BLOCK_W, BLOCK_C)
+        a3 = _rows_next(a4, 3, KH, BLOCK_W, BLOCK_C)
+        a4 = _rows_next(a5, 4, KH, BLOCK_W, BLOCK_C)
+        a5 = _rows_next(a6, 5, KH, BLOCK_W, BLOCK_C)
+        a6 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+
+
+MAX_RING_ROWS = 7  # _depthwise_rows_kernel's ring: a0..a6
+
+
+def pack_rows_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A depthwise weight (C, 1, KH, KW) as the rows kernel reads it: (KH, KW, C) fp32, contiguous."""
+    return weight[:, 0].permute(1, 2, 0).to(torch.float32).contiguous()
+
+
+def use_rows(kh: int, kw: int) -> bool:
+    """Whether "auto" takes the rows kernel for an eligible conv (see ``depthwise_probe.py``)."""
+    return kh * kw >= 25
+
+
+def rows_config(width: int, channels: int, height: int) -> tuple[int, int, int, int]:
+    """(BLOCK_W, BLOCK_C, ROWS, num_warps) for the rows kernel (set from ``depthwise_probe.py``)."""
+    if interpreting():
+        return 8, 16, 4, 4
+    return min(32, triton.next_power_of_2(width)), min(32, triton.next_power_of_2(channels)), min(14, height), 2
+
+
 def launch_config(channels: int) -> tuple[int, int, int]:
     """(BLOCK_P, BLOCK_C, num_warps). Registers bound this kernel: a thread holds its share of the fp32
     tile and of the KW loads of one kernel row in flight (ptxas, sm_90: 32 x 128 with 4 warps 206 registers,
@@ -130,12 +235,16 @@ def is_depthwise(weight_shape: tuple[int, ...], in_channels: int, groups: int) -
 
 def depthwise_conv2d(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: object = 1, padding: object = 0, dilation: object = 1,
-    out: torch.Tensor | None = None, config: tuple[int, int, int] | None = None, act: tuple | None = None,
+    out: torch.Tensor | None = None, config: tuple[int, ...] | None = None, act: tuple | None = None,
+    kernel: str = "auto", packed_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """``F.conv2d(x, weight, bias, stride, padding, dilation, groups=C)`` for a depthwise ``weight`` (C, 1, KH, KW);
-    any memory format in, the input's format out (channels-last in, channels-last out). ``config``:
-    (BLOCK_P, BLOCK_C, num_warps), else ``launch_config``'s. ``act``: None, ("clamp", lo, hi), ("silu",) or ("gelu",),
-    applied before the store."""
+    any memory format in, the input's format out (channels-last in, channels-last out). ``act``: None,
+    ("clamp", lo, hi), ("silu",) or ("gelu",), applied before the store. ``kernel``: "rows" (the row-ring kernel:
+    dense channels-last, stride 1, dilation 1, KH <= 7), "taps" (one program a pixel tile, every tap loaded), or
+    "auto" (``use_rows``). ``config``: the kernel's tile, (BLOCK_W, BLOCK_C, ROWS, num_warps) for "rows",
+    (BLOCK_P, BLOCK_C, num_warps) for "taps"; else ``rows_config`` / ``launch_config``. ``packed_weight``:
+    ``pack_rows_weight(weight)``, computed once by a caller whose weight is a constant."""
     if x.dim() != 4 or not is_depthwise(tuple(weight.shape), x.shape[1], x.shape[1]):
         raise ValueError(f"depthwise_conv2d: x {tuple(x.shape)} and weight {tuple(weight.shape)} are not a depthwise conv")
     if bias is not None and tuple(bias.shape) != (x.shape[1],):
@@ -152,10 +261,25 @@ def depthwise_conv2d(
     acts = {"ACT": act[0] if act else ""}
     if act and act[0] == "clamp":
         acts.update(LO=_const(act[1]), HI=_const(act[2]))
+    dense = x.is_contiguous(memory_format=torch.channels_last) and out.is_contiguous(memory_format=torch.channels_last)
+    rows_ok = dense and c > 1 and (sh, sw, dh, dw) == (1, 1, 1, 1) and kh <= MAX_RING_ROWS
+    if kernel == "rows" and not rows_ok:
+        raise ValueError("depthwise_conv2d: the rows kernel takes dense channels-last tensors, stride 1, dilation 1, KH <= 7")
+    if kernel not in ("auto", "rows", "taps"):
+        raise ValueError(f"depthwise_conv2d: kernel must be 'auto', 'rows' or 'taps', not {kernel!r}")
+    if kernel == "rows" or (kernel == "auto" and rows_ok and use_rows(kh, kw)):
+        wp = packed_weight if packed_weight is not None else pack_rows_weight(weight)
+        block_w, block_c, rows, warps = config or rows_config(ow, c, oh)
+        grid = (nb * triton.cdiv(oh, rows), triton.cdiv(ow, block_w), triton.cdiv(c, block_c))
+        _depthwise_rows_kernel[grid](
+            x, wp, bias if bias is not None else wp, out, C=c, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, PH=ph, PW=pw,
+            HAS_BIAS=bias is not None, BLOCK_W=block_w, BLOCK_C=block_c, ROWS=rows, EVEN_C=c % block_c == 0,
+            num_warps=warps, **acts, **pdl.launch_kwargs(),
+        )  # fmt: skip
+        return out
     wc = weight.contiguous()
     block_p, block_c, warps = config or launch_config(c)
     grid = (triton.cdiv(nb * oh * ow, block_p), triton.cdiv(c, block_c))
-    dense = x.is_contiguous(memory_format=torch.channels_last) and out.is_contiguous(memory_format=torch.channels_last)
     if dense and c > 1:  # (a 1-channel tensor is channels-last and contiguous alike: the general kernel)
         _depthwise_nhwc_kernel[grid](
             x, wc, bias if bias is not None else wc, out, nb, kh, C=c, H=h, W=w, OH=oh, OW=ow,
