@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels.codegen import as_pair, cdiv, generated, interpreting
-from kfuse.kernels.depthwise import depthwise_conv2d, is_depthwise, pack_rows_weight
+from kfuse.kernels.depthwise import MAX_RING_ROWS, depthwise_conv2d, is_depthwise, pack_rows_weight
 from kfuse.kernels.epilogue import Epilogue, Operand, apply_reference, render
 from kfuse.kernels.gemm import _go
 from kfuse.kernels.tma import nhwc_box_descriptor, spatial_tile, tma_device
@@ -587,24 +587,36 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
     if w_const is not None:  # at lowering time, as the implicit-GEMM conv's weight (never inside a graph capture)
         packed[w_const.device] = pack_rows_weight(w_const)
 
-    def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        wp = None
-        if w_const is not None:
-            wp = packed.get(xs[1].device)
-            if wp is None:
-                wp = packed[xs[1].device] = pack_rows_weight(xs[1])
-        return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation,
-                                act=act, packed_weight=wp)  # fmt: skip
+    def make(kernel: str) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+        def run(xs: list[torch.Tensor]) -> torch.Tensor:
+            wp = None
+            if w_const is not None and kernel != "taps":
+                wp = packed.get(xs[1].device)
+                if wp is None:
+                    wp = packed[xs[1].device] = pack_rows_weight(xs[1])
+            return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation,
+                                    act=act, kernel=kernel, packed_weight=wp)  # fmt: skip
 
+        return run
+
+    run = make("auto")
     desc = f"depthwise {w_t.shape[2]}x{w_t.shape[3]} s{params.stride} p{params.padding} over {x_t.shape[1]} channels"
     desc += f" + {act[0]}" if act else ""
     if backend == "triton" and torch.cuda.is_available():
         from kfuse.runtime.choice import choose, problem_key
 
-        choice, times = choose(node, graph, {"kernel": run, "torch": torch_step.fn}, problem_key(node, graph))
-        if choice != "kernel":
+        # both kfuse kernels and PyTorch's, timed: which is fastest depends on the image size, channels and
+        # taps (depthwise_probe.py, session 38: the rows kernel wins at 112 x 112 x 32, loses at 7x7 / 56 x 56 x 96)
+        candidates = {"taps": make("taps")}
+        rows_ok = (tuple(params.stride), tuple(params.dilation)) == ((1, 1), (1, 1)) and w_t.shape[2] <= MAX_RING_ROWS
+        if rows_ok and x_t.layout == "channels_last":
+            candidates["rows"] = make("rows")
+        choice, times = choose(node, graph, {**candidates, "torch": torch_step.fn}, problem_key(node, graph))
+        ours = min(candidates, key=lambda k: times[k])
+        if choice == "torch":
             return Step(node.name, node.inputs, torch_step.fn,
                         KernelInfo(node.name, "fallback", ("conv2d",), f"depthwise: PyTorch measured faster ({times['torch'] * 1e3:.1f} "
-                                   f"us vs {times['kernel'] * 1e3:.1f})"))  # fmt: skip
-        desc += f"; {times['kernel'] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"
+                                   f"us vs {times[ours] * 1e3:.1f})"))  # fmt: skip
+        run = candidates[choice]
+        desc += f"; {choice} kernel {times[choice] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"
     return Step(node.name, node.inputs, run, KernelInfo(node.name, "depthwise_conv", ("conv2d",), desc))

@@ -123,6 +123,35 @@ def _rows_next(acc_next, J: tl.constexpr, KH: tl.constexpr, BLOCK_W: tl.constexp
 
 
 @triton.jit
+def _rows_tap(first_tap, ih, ow, KWI: tl.constexpr, KW: tl.constexpr, PW: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
+              C: tl.constexpr, mask_c, EVEN_C: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+    """Input row ih at kernel column KWI, in the input's dtype (zeros past the kernel's width or the image)."""
+    if KWI < KW:
+        iw = ow - PW + KWI
+        ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        m = ok[:, None] if EVEN_C else ok[:, None] & mask_c[None, :]
+        return tl.load(first_tap + ih * (W * C) + KWI * C, mask=m, other=0.0)
+    return tl.zeros((BLOCK_W, BLOCK_C), first_tap.dtype.element_ty)
+
+
+@triton.jit
+def _rows_tap_fmas(v, KWI: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, wk, KW: tl.constexpr, KH: tl.constexpr, C: tl.constexpr,
+                   mask_c, EVEN_C: tl.constexpr):  # fmt: skip
+    """One input row's kernel column KWI into every ring slot it reaches."""
+    if KWI < KW:
+        vf = v.to(tl.float32)
+        wc = wk + KWI * C
+        a0 = _rows_fma(vf, a0, wc, 0, KW, KH, C, mask_c, EVEN_C)
+        a1 = _rows_fma(vf, a1, wc, 1, KW, KH, C, mask_c, EVEN_C)
+        a2 = _rows_fma(vf, a2, wc, 2, KW, KH, C, mask_c, EVEN_C)
+        a3 = _rows_fma(vf, a3, wc, 3, KW, KH, C, mask_c, EVEN_C)
+        a4 = _rows_fma(vf, a4, wc, 4, KW, KH, C, mask_c, EVEN_C)
+        a5 = _rows_fma(vf, a5, wc, 5, KW, KH, C, mask_c, EVEN_C)
+        a6 = _rows_fma(vf, a6, wc, 6, KW, KH, C, mask_c, EVEN_C)
+    return a0, a1, a2, a3, a4, a5, a6
+
+
+@triton.jit
 def _depthwise_rows_kernel(
     x_ptr, wp_ptr, b_ptr, y_ptr,
     C: tl.constexpr, H: tl.constexpr, W: tl.constexpr, OH: tl.constexpr, OW: tl.constexpr,
@@ -155,23 +184,33 @@ def _depthwise_rows_kernel(
     a4 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
     a5 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
     a6 = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)
+    # the next input row's taps are loaded before this row's FMAs (a software pipeline by hand: Triton
+    # pipelines only loads that feed tl.dot; without it every step waited on L2, session 38's first probe)
+    v0 = _rows_tap(first_tap, oh0 - PH, ow, 0, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+    v1 = _rows_tap(first_tap, oh0 - PH, ow, 1, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+    v2 = _rows_tap(first_tap, oh0 - PH, ow, 2, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+    v3 = _rows_tap(first_tap, oh0 - PH, ow, 3, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+    v4 = _rows_tap(first_tap, oh0 - PH, ow, 4, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+    v5 = _rows_tap(first_tap, oh0 - PH, ow, 5, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+    v6 = _rows_tap(first_tap, oh0 - PH, ow, 6, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
     for i in range(0, ROWS + KH - 1):
-        ih = oh0 - PH + i
-        row_ok = (ih >= 0) & (ih < H)
-        row = first_tap + ih * (W * C)
-        for kw in tl.static_range(KW):
-            iw = ow - PW + kw
-            ok = row_ok & (iw >= 0) & (iw < W)
-            m = ok[:, None] if EVEN_C else ok[:, None] & mask_c[None, :]
-            v = tl.load(row + kw * C, mask=m, other=0.0).to(tl.float32)
-            wk = wp_ptr + kw * C + offs_c
-            a0 = _rows_fma(v, a0, wk, 0, KW, KH, C, mask_c, EVEN_C)
-            a1 = _rows_fma(v, a1, wk, 1, KW, KH, C, mask_c, EVEN_C)
-            a2 = _rows_fma(v, a2, wk, 2, KW, KH, C, mask_c, EVEN_C)
-            a3 = _rows_fma(v, a3, wk, 3, KW, KH, C, mask_c, EVEN_C)
-            a4 = _rows_fma(v, a4, wk, 4, KW, KH, C, mask_c, EVEN_C)
-            a5 = _rows_fma(v, a5, wk, 5, KW, KH, C, mask_c, EVEN_C)
-            a6 = _rows_fma(v, a6, wk, 6, KW, KH, C, mask_c, EVEN_C)
+        ih = oh0 - PH + i + 1
+        n0 = _rows_tap(first_tap, ih, ow, 0, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+        n1 = _rows_tap(first_tap, ih, ow, 1, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+        n2 = _rows_tap(first_tap, ih, ow, 2, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+        n3 = _rows_tap(first_tap, ih, ow, 3, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+        n4 = _rows_tap(first_tap, ih, ow, 4, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+        n5 = _rows_tap(first_tap, ih, ow, 5, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+        n6 = _rows_tap(first_tap, ih, ow, 6, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+        wk = wp_ptr + offs_c
+        a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v0, 0, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
+        a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v1, 1, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
+        a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v2, 2, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
+        a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v3, 3, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
+        a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v4, 4, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
+        a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v5, 5, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
+        a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v6, 6, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
+        v0, v1, v2, v3, v4, v5, v6 = n0, n1, n2, n3, n4, n5, n6
         oh = oh0 + i - (KH - 1)  # a0's row; rows above oh0 belong to the previous chunk's program
         out = a0
         if HAS_BIAS:
@@ -197,9 +236,12 @@ def pack_rows_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight[:, 0].permute(1, 2, 0).to(torch.float32).contiguous()
 
 
-def use_rows(kh: int, kw: int) -> bool:
-    """Whether "auto" takes the rows kernel for an eligible conv (see ``depthwise_probe.py``)."""
-    return kh * kw >= 25
+def use_rows(kh: int, kw: int, out_h: int) -> bool:
+    """Whether "auto" takes the rows kernel for an eligible conv. Measured (``depthwise_probe.py``, session 38,
+    before the rows kernel's prefetch): it won only at MobileNet-V2's 3x3 on 112 x 112 x 32 (26.0 us against
+    the taps kernel's 31.7 and cuDNN's 56.5); at 7x7 and 5x5 the taps kernel was 1.2-3x faster (a rows program
+    walks 20 input rows one after another and waited on each). A compiled model times both (and PyTorch)."""
+    return kh * kw <= 9 and out_h >= 96
 
 
 def rows_config(width: int, channels: int, height: int) -> tuple[int, int, int, int]:
@@ -210,15 +252,13 @@ def rows_config(width: int, channels: int, height: int) -> tuple[int, int, int, 
 
 
 def launch_config(channels: int) -> tuple[int, int, int]:
-    """(BLOCK_P, BLOCK_C, num_warps). Registers bound this kernel: a thread holds its share of the fp32
-    tile and of the KW loads of one kernel row in flight (ptxas, sm_90: 32 x 128 with 4 warps 206 registers,
-    16 x 128 145, 32 x 64 113; the fully unrolled 49 taps took 255 and spilled). 64 pixels x 32 channels
-    with 2 warps was within 4% of the best of 24 tiles at each of MobileNet-V2's 3x3 layers on the H200
-    (``benchmarks/experiments/depthwise_probe.py``, session 37), 1.2-2.5x faster than cuDNN there; at
-    ConvNeXt's 7x7 layers no tile beat cuDNN (49 loads an output, L1/L2-bound), and the compiler keeps
-    PyTorch's there by measurement. The probe timed ``_depthwise_kernel``; the dense channels-last kernel
-    (what a compiled model runs) takes ~25% fewer SASS instructions and 100-131 registers instead of
-    149-210 at the same tiles (offline, sm_90), not yet timed."""
+    """(BLOCK_P, BLOCK_C, num_warps) of the taps kernels. Registers bound them: a thread holds its share of the
+    fp32 tile and of the KW loads of one kernel row in flight (the fully unrolled 49 taps took 255 registers and
+    spilled). 64 pixels x 32 channels with 2 warps was within 4% of the best of 24 tiles at each of MobileNet-V2's
+    3x3 layers on the H200 (session 37, the general kernel). Session 38 timed the dense channels-last kernel
+    (``benchmarks/experiments/depthwise_probe.py``): with this tile it beats cuDNN + bias at every 7x7 layer of
+    ConvNeXt-T (stage 1 83.7 us vs 91.2; the general kernel took 115.7) and every 5x5 one of EfficientNet-B0,
+    within 0-15% of the best of four tiles."""
     if interpreting():
         return 16, 16, 4
     return 64, min(32, triton.next_power_of_2(channels)), 2
@@ -267,7 +307,7 @@ def depthwise_conv2d(
         raise ValueError("depthwise_conv2d: the rows kernel takes dense channels-last tensors, stride 1, dilation 1, KH <= 7")
     if kernel not in ("auto", "rows", "taps"):
         raise ValueError(f"depthwise_conv2d: kernel must be 'auto', 'rows' or 'taps', not {kernel!r}")
-    if kernel == "rows" or (kernel == "auto" and rows_ok and use_rows(kh, kw)):
+    if kernel == "rows" or (kernel == "auto" and rows_ok and use_rows(kh, kw, oh)):
         wp = packed_weight if packed_weight is not None else pack_rows_weight(weight)
         block_w, block_c, rows, warps = config or rows_config(ow, c, oh)
         grid = (nb * triton.cdiv(oh, rows), triton.cdiv(ow, block_w), triton.cdiv(c, block_c))

@@ -145,3 +145,77 @@ def test_both_kernels_compile_for_sm90(act):
                            dict(sxc=1, syc=1, **common), num_warps=2)  # fmt: skip
     for k in (dense, general):
         assert k.asm["cubin"][:4] == b"\x7fELF" and ".target sm_90" in k.asm["ptx"]
+
+
+ROWS_CASES = [  # (N, C, H, W, KH, KW, padding, config (BLOCK_W, BLOCK_C, ROWS, warps) or None)
+    (1, 20, 9, 8, 7, 7, 3, (8, 16, 4, 4)),  # ConvNeXt's 7x7 'same': chunks of 4 rows (9 is not a multiple), channel mask
+    (2, 32, 6, 11, 5, 5, 2, (8, 16, 5, 4)),  # whole channel tiles (no mask), a strip past the width
+    (1, 16, 7, 5, 3, 3, 0, (4, 16, 8, 4)),  # no padding, one chunk taller than the image
+    (1, 17, 5, 6, 3, 5, (1, 2), None),  # unequal kernel and padding, the default tile
+    (1, 16, 4, 9, 1, 3, (0, 1), (8, 16, 2, 4)),  # one kernel row: the ring is one slot
+]
+
+
+@pytest.mark.parametrize("case", ROWS_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_rows_kernel_equals_grouped_conv(case, dtype, device):
+    """The rows kernel (a ring of KH output rows, each input row loaded once, the next row prefetched) on
+    NaN-poisoned outputs, with and without bias, with the packed weight given or packed by the call."""
+    from kfuse.kernels.depthwise import pack_rows_weight
+
+    n, c, h, w, kh, kw, pad, cfg = case
+    gen = torch.Generator().manual_seed(c * 100 + kh * 10 + kw)
+    x = torch.randn(n, c, h, w, generator=gen).to(device, dtype).contiguous(memory_format=torch.channels_last)
+    wt = (torch.randn(c, 1, kh, kw, generator=gen) / kw).to(device, dtype)
+    b = torch.randn(c, generator=gen).to(device, dtype)
+    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    for bias, packed in ((b, pack_rows_weight(wt)), (None, None)):
+        want = F.conv2d(x.float(), wt.float(), None if bias is None else bias.float(), 1, pad, 1, groups=c)
+        out = torch.full(want.shape, float("nan"), dtype=dtype, device=device).contiguous(memory_format=torch.channels_last)
+        got = depthwise_conv2d(x, wt, bias, 1, pad, 1, out=out, config=cfg, kernel="rows", packed_weight=packed)
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+def test_rows_kernel_takes_only_what_it_can_run(device):
+    x = torch.randn(1, 16, 6, 6, device=device)
+    wt = torch.randn(16, 1, 3, 3, device=device)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    for args, what in (((x, wt, None, 1, 1), "NCHW"), ((cl, wt, None, 2, 1), "stride 2"), ((cl, wt, None, 1, 2, 2), "dilation 2"),
+                       ((cl, torch.randn(16, 1, 9, 9, device=device), None, 1, 4), "KH 9")):  # fmt: skip
+        with pytest.raises(ValueError, match="rows kernel takes"):
+            depthwise_conv2d(*args, kernel="rows")
+    with pytest.raises(ValueError, match="kernel must be"):
+        depthwise_conv2d(cl, wt, None, 1, 1, kernel="ring")
+
+
+def test_auto_takes_the_rows_kernel_where_measured_faster(device, monkeypatch):
+    """``use_rows``: large 3x3 images only (session 38's probe); 7x7 stays on the taps kernel."""
+    from kfuse.kernels import depthwise as dw
+
+    assert dw.use_rows(3, 3, 112) and not dw.use_rows(3, 3, 28) and not dw.use_rows(7, 7, 112)
+    launched = []
+    monkeypatch.setattr(dw, "use_rows", lambda kh, kw, oh: kh == 3)
+    for name in ("_depthwise_rows_kernel", "_depthwise_nhwc_kernel"):
+        kernel = getattr(dw, name)
+        monkeypatch.setattr(dw, name, type("Spy", (), {"__getitem__": lambda self, g, k=kernel, n=name: launched.append(n) or k[g]})())
+    x = torch.randn(1, 16, 5, 7, device=device).contiguous(memory_format=torch.channels_last)
+    for k in (3, 5):
+        wt = torch.randn(16, 1, k, k, device=device)
+        torch.testing.assert_close(depthwise_conv2d(x, wt, None, 1, k // 2), F.conv2d(x, wt, None, 1, k // 2, 1, 16), atol=1e-4, rtol=1e-4)
+    assert launched == ["_depthwise_rows_kernel", "_depthwise_nhwc_kernel"]
+
+
+@pytest.mark.parametrize("kh,act", [(7, ("gelu", None, None)), (3, ("clamp", 0.0, 6.0))])
+def test_rows_kernel_compiles_for_sm90_without_spills(kh, act):
+    """The ring (KH slots) and the prefetched row must fit the registers at the default tile (ptxas, offline)."""
+    from kfuse.kernels.depthwise import _depthwise_rows_kernel
+    from kfuse.sass.examples import compile_sm90
+
+    ptrs = {"x_ptr": "*fp16", "wp_ptr": "*fp32", "b_ptr": "*fp16", "y_ptr": "*fp16"}
+    k = compile_sm90(_depthwise_rows_kernel, ptrs, dict(C=96, H=56, W=56, OH=56, OW=56, KH=kh, KW=kh, PH=kh // 2, PW=kh // 2,
+                     HAS_BIAS=True, BLOCK_W=16, BLOCK_C=32, ROWS=14, EVEN_C=True, PDL=False, ACT=act[0], LO=act[1], HI=act[2]),
+                     num_warps=2)  # fmt: skip
+    from kfuse.sass.disasm import _run_nvdisasm
+
+    sass = _run_nvdisasm(k.asm["cubin"], "-c")
+    assert "FFMA" in sass and "STL" not in sass and "LDL" not in sass  # no spills to local memory
