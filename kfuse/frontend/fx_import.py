@@ -458,7 +458,9 @@ def _any(c: Ctx, a: tuple, k: dict) -> str:
     x = a[0]
     dims = _reduced_dims(c.ttype(x).rank, a[1] if len(a) > 1 else k.get("dim"))
     keepdim = bool(a[2] if len(a) > 2 else k.get("keepdim", False))
-    nz = c.op("cast", [c.op("ne", [x, c.value(0, x)])], dtype=torch.float32)
+    xt = c.ttype(x).dtype
+    flag = xt if xt.is_floating_point else torch.float32  # 0/1 is exact in any float type: fp16 halves the bytes
+    nz = c.op("cast", [c.op("ne", [x, c.value(0, x)])], dtype=flag)
     m = c.op("amax", [nz], dims=dims, keepdim=keepdim)
     return c.op("ne", [m, c.value(0.0, m)])
 

@@ -565,6 +565,21 @@ def _pad_input(x: torch.Tensor, pad: int) -> torch.Tensor:
     return xp
 
 
+def nhwc_at_run_time(graph: Graph, name: str) -> bool:
+    """Whether value ``name`` is channels-last in memory when the model runs: typed so (a conv's output), or a
+    (0, 3, 1, 2) permute of a contiguous NHWC tensor, which the IR types as NCHW-contiguous (ConvNeXt's block
+    inputs after ``sink_permutes``; session 38: timing those depthwise convs on NCHW inputs kept PyTorch's for
+    15 of 18 layers where the channels-last kernel is faster)."""
+    t = graph.type_of(name)
+    if isinstance(t, TensorType) and t.layout == "channels_last":
+        return True
+    p = graph.node_map().get(name)
+    if p is None or p.op != "permute" or tuple(p.attrs.get("dims", ())) != (0, 3, 1, 2):
+        return False
+    src = graph.type_of(p.inputs[0])
+    return isinstance(src, TensorType) and src.rank == 4 and src.layout == "contiguous"
+
+
 @lowering("conv2d")
 def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
     """conv2d nodes left after epilogue fusion are the ones without the implicit-GEMM template (grouped,
@@ -603,15 +618,19 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
     desc = f"depthwise {w_t.shape[2]}x{w_t.shape[3]} s{params.stride} p{params.padding} over {x_t.shape[1]} channels"
     desc += f" + {act[0]}" if act else ""
     if backend == "triton" and torch.cuda.is_available():
-        from kfuse.runtime.choice import choose, problem_key
-
         # both kfuse kernels and PyTorch's, timed: which is fastest depends on the image size, channels and
         # taps (depthwise_probe.py, session 38: the rows kernel wins at 112 x 112 x 32, loses at 7x7 / 56 x 56 x 96)
+        from kfuse.runtime.choice import choose, example_inputs, problem_key
+
         candidates = {"taps": make("taps")}
+        nhwc = nhwc_at_run_time(graph, node.inputs[0])
+        xs = example_inputs(node, graph)
+        if nhwc:  # timed on the memory format the call will see: NCHW runs the general (slower) kernel
+            xs[0] = xs[0].contiguous(memory_format=torch.channels_last)
         rows_ok = (tuple(params.stride), tuple(params.dilation)) == ((1, 1), (1, 1)) and w_t.shape[2] <= MAX_RING_ROWS
-        if rows_ok and x_t.layout == "channels_last":
+        if rows_ok and nhwc:
             candidates["rows"] = make("rows")
-        choice, times = choose(node, graph, {**candidates, "torch": torch_step.fn}, problem_key(node, graph))
+        choice, times = choose(node, graph, {**candidates, "torch": torch_step.fn}, (problem_key(node, graph), nhwc), xs)
         ours = min(candidates, key=lambda k: times[k])
         if choice == "torch":
             return Step(node.name, node.inputs, torch_step.fn,

@@ -271,3 +271,27 @@ def test_t5_overflow_guard_is_imported_natively(with_inf: bool) -> None:
     cm = kfuse.compile(_T5Guard(), (x,))
     assert cm.report["fallback"] == [], cm.report["fallback"]
     torch.testing.assert_close(cm(x), _T5Guard()(x), equal_nan=True)
+
+
+def test_a_whole_tensor_reduction_is_left_to_pytorch() -> None:
+    """Session 38: T5's any(isinf(h)) over (32, 128, 768), one generated program a row, one row: 24 such made
+    T5-encoder 5.8x slower. A few long rows are not the generated reduction's; a row per token still is."""
+    from kfuse.ir.graph import GraphBuilder, TensorType
+    from kfuse.passes.fuse_pointwise import FEW_ROWS, FEW_ROWS_MIN_LENGTH, reduction_dims
+
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((4, 128, 256), torch.float16))
+    whole = b.op("amax", [x], {"dims": [0, 1, 2], "keepdim": False})
+    rows = b.op("amax", [x], {"dims": [-1], "keepdim": True})
+    few = b.op("sum", [x], {"dims": [1, 2], "keepdim": False})  # 4 rows of 32768: short enough to keep
+    g = b.build([whole, rows, few])
+    nodes = g.node_map()
+    assert 4 * 128 * 256 >= FEW_ROWS_MIN_LENGTH and 4 < FEW_ROWS
+    assert reduction_dims(nodes[whole], g) is None
+    assert reduction_dims(nodes[rows], g) == ((2,), True)
+    assert reduction_dims(nodes[few], g) == ((1, 2), False)
+    h = torch.randn(4, 128, 256) * 3
+    h[3, 5, 7] = float("inf")
+    cm = kfuse.compile(_T5Guard(), (h,))
+    assert cm.report["fallback"] == [], cm.report["fallback"]
+    torch.testing.assert_close(cm(h), _T5Guard()(h), equal_nan=True)
