@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels.codegen import as_pair, cdiv, generated, interpreting
-from kfuse.kernels.depthwise import MAX_RING_ROWS, depthwise_conv2d, is_depthwise, pack_rows_weight
+from kfuse.kernels.depthwise import MAX_RING_ROWS, depthwise_conv2d, is_depthwise, may_use_rows, pack_rows_weight
 from kfuse.kernels.epilogue import Epilogue, Operand, apply_reference, render
 from kfuse.kernels.gemm import _go
 from kfuse.kernels.tma import nhwc_box_descriptor, spatial_tile, tma_device
@@ -618,8 +618,7 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
     desc = f"depthwise {w_t.shape[2]}x{w_t.shape[3]} s{params.stride} p{params.padding} over {x_t.shape[1]} channels"
     desc += f" + {act[0]}" if act else ""
     if backend == "triton" and torch.cuda.is_available():
-        # both kfuse kernels and PyTorch's, timed: which is fastest depends on the image size, channels and
-        # taps (depthwise_probe.py, session 38: the rows kernel wins at 112 x 112 x 32, loses at 7x7 / 56 x 56 x 96)
+        # kfuse's kernels and PyTorch's, timed: which is fastest depends on the image size, channels and taps
         from kfuse.runtime.choice import choose, example_inputs, problem_key
 
         candidates = {"taps": make("taps")}
@@ -628,7 +627,7 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
         if nhwc:  # timed on the memory format the call will see: NCHW runs the general (slower) kernel
             xs[0] = xs[0].contiguous(memory_format=torch.channels_last)
         rows_ok = (tuple(params.stride), tuple(params.dilation)) == ((1, 1), (1, 1)) and w_t.shape[2] <= MAX_RING_ROWS
-        if rows_ok and nhwc:
+        if rows_ok and nhwc and may_use_rows(w_t.shape[2], w_t.shape[3], node.ttype.shape[2]):
             candidates["rows"] = make("rows")
         choice, times = choose(node, graph, {**candidates, "torch": torch_step.fn}, (problem_key(node, graph), nhwc), xs)
         ours = min(candidates, key=lambda k: times[k])

@@ -244,24 +244,37 @@ def use_rows(kh: int, kw: int, out_h: int) -> bool:
     return kh * kw <= 9 and out_h >= 96
 
 
+def may_use_rows(kh: int, kw: int, out_h: int) -> bool:
+    """Whether a compile should time the rows kernel at all: at 3x3 on images of 56 rows or more it was
+    within 10% of the best or the best (session 38's two probes; 112 x 112 x 32: 29.6 us vs the taps kernel's
+    31.1, 56 x 56 x 144: 39.3 vs 44.2); at 5x5 and 7x7 it lost everywhere (1.2-6x). Every candidate is one
+    more Triton compile per conv shape (EfficientNet-B0's compile took 158 s with both for every layer, 52 s
+    before)."""
+    return kh * kw <= 9 and out_h >= 56
+
+
 def rows_config(width: int, channels: int, height: int) -> tuple[int, int, int, int]:
-    """(BLOCK_W, BLOCK_C, ROWS, num_warps) for the rows kernel (set from ``depthwise_probe.py``)."""
+    """(BLOCK_W, BLOCK_C, ROWS, num_warps) for the rows kernel: 16 x 32 with 2 warps (8 fp32 values a thread
+    and ring slot, 144 registers, no spills) and 28 rows a program won both layers it won (session 38's
+    second probe: 112 x 112 x 32 29.6 us vs 32.8 with 14 rows; 56 x 56 x 144 39.3 vs 48.2)."""
     if interpreting():
         return 8, 16, 4, 4
-    return min(32, triton.next_power_of_2(width)), min(32, triton.next_power_of_2(channels)), min(14, height), 2
+    return min(16, triton.next_power_of_2(width)), min(32, triton.next_power_of_2(channels)), min(28, height), 2
 
 
-def launch_config(channels: int) -> tuple[int, int, int]:
+def launch_config(channels: int, in_h: int = 0, taps: int = 49) -> tuple[int, int, int]:
     """(BLOCK_P, BLOCK_C, num_warps) of the taps kernels. Registers bound them: a thread holds its share of the
     fp32 tile and of the KW loads of one kernel row in flight (the fully unrolled 49 taps took 255 registers and
     spilled). 64 pixels x 32 channels with 2 warps was within 4% of the best of 24 tiles at each of MobileNet-V2's
     3x3 layers on the H200 (session 37, the general kernel). Session 38 timed the dense channels-last kernel
     (``benchmarks/experiments/depthwise_probe.py``): with this tile it beats cuDNN + bias at every 7x7 layer of
     ConvNeXt-T (stage 1 83.7 us vs 91.2; the general kernel took 115.7) and every 5x5 one of EfficientNet-B0,
-    within 0-15% of the best of four tiles."""
+    within 0-15% of the best of four tiles. On 112-row images at 3x3 half the pixels a program (32) was better:
+    MobileNet-V2's 112 x 112 x 32 31.4 us vs 38.7, its stride-2 112 x 112 x 96 40.4 vs 55.8."""
     if interpreting():
         return 16, 16, 4
-    return 64, min(32, triton.next_power_of_2(channels)), 2
+    block_p = 32 if taps <= 9 and in_h >= 112 else 64
+    return block_p, min(32, triton.next_power_of_2(channels)), 2
 
 
 def _const(v: object) -> float | None:
@@ -318,7 +331,7 @@ def depthwise_conv2d(
         )  # fmt: skip
         return out
     wc = weight.contiguous()
-    block_p, block_c, warps = config or launch_config(c)
+    block_p, block_c, warps = config or launch_config(c, h, kh * kw)
     grid = (triton.cdiv(nb * oh * ow, block_p), triton.cdiv(c, block_c))
     if dense and c > 1:  # (a 1-channel tensor is channels-last and contiguous alike: the general kernel)
         _depthwise_nhwc_kernel[grid](

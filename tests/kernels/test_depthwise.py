@@ -220,4 +220,28 @@ def test_rows_kernel_compiles_for_sm90_without_spills(kh, act):
     from kfuse.sass.disasm import _run_nvdisasm
 
     sass = _run_nvdisasm(k.asm["cubin"], "-c")
-    assert "FFMA" in sass and "STL" not in sass and "LDL" not in sass  # no spills to local memory
+    spills = sass.count("STL") + sass.count("LDL")
+    regs = getattr(k, "n_regs", None) or getattr(k.metadata, "n_regs", "?")
+    assert "FFMA" in sass and spills == 0, f"{spills} local-memory instructions, {regs} registers (ptxas spilled)"
+
+
+def test_which_values_are_channels_last_when_the_model_runs():
+    """The depthwise choice is timed on the memory format the call will see (``nhwc_at_run_time``): a (0, 3, 1, 2)
+    permute of a contiguous NHWC tensor is channels-last in memory though the IR types it NCHW (ConvNeXt's
+    block inputs after sink_permutes); a plain NCHW input or another permute is not."""
+    from kfuse.ir.graph import GraphBuilder, TensorType
+    from kfuse.kernels.conv import nhwc_at_run_time
+    from kfuse.kernels.depthwise import may_use_rows
+
+    b = GraphBuilder()
+    nhwc = b.add_input("nhwc", TensorType((2, 7, 9, 16), torch.float16))
+    nchw = b.add_input("nchw", TensorType((2, 16, 7, 9), torch.float16))
+    cl = b.add_input("cl", TensorType((2, 16, 7, 9), torch.float16, "channels_last"))
+    to_nchw = b.op("permute", [nhwc], {"dims": [0, 3, 1, 2]})
+    other = b.op("permute", [nchw], {"dims": [0, 1, 3, 2]})
+    g = b.build([to_nchw, other])
+    assert nhwc_at_run_time(g, to_nchw) and nhwc_at_run_time(g, cl)
+    assert not nhwc_at_run_time(g, nchw) and not nhwc_at_run_time(g, other)
+    x = torch.randn(2, 7, 9, 16).permute(0, 3, 1, 2)
+    assert x.is_contiguous(memory_format=torch.channels_last)  # what the claim rests on
+    assert may_use_rows(3, 3, 112) and may_use_rows(3, 3, 56) and not may_use_rows(3, 3, 28) and not may_use_rows(7, 7, 56)
