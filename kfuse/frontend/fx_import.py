@@ -331,6 +331,43 @@ def _conv2d(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("conv2d", ins, **attrs)
 
 
+def _one(v: Any, default: int) -> int:
+    """A 1-D conv's stride / padding / dilation: an int or a one-element list."""
+    if v is None:
+        return default
+    return int(v[0]) if isinstance(v, list | tuple) else int(v)
+
+
+@converts(aten.conv1d)
+def _conv1d(c: Ctx, a: tuple, k: dict) -> str:
+    """A 1-D conv as a 2-D one over (N, C, L, 1) with a (K, 1) kernel: ConvBERT's separable convs, audio
+    models' feature extractors (PyTorch fallbacks before session 38). The reshapes are views; the weight's
+    folds into a constant."""
+    x, w = a[0], a[1]
+    bias = a[2] if len(a) > 2 else k.get("bias")
+    stride, padding, dilation, groups = (list(a[3:]) + [None] * 4)[:4]
+    s, d = _one(k.get("stride") if stride is None else stride, 1), _one(k.get("dilation") if dilation is None else dilation, 1)
+    g = int(groups if groups is not None else k.get("groups", 1))
+    padding = k.get("padding") if padding is None else padding
+    return _conv1d_as_2d(c, x, w, bias, s, padding, d, g)
+
+
+def _conv1d_as_2d(c: Ctx, x: str, w: str, bias: str | None, stride: int, padding: Any, dilation: int, groups: int) -> str:
+    xt, wt = c.ttype(x), c.ttype(w)
+    if xt.rank != 3 or wt.rank != 3:
+        raise _Unsupported()
+    if isinstance(padding, str):
+        p = _string_padding(padding, (wt.shape[2], 1), (dilation, 1), (stride, 1))[0]
+    else:
+        p = _one(padding, 0)
+    x4 = c.op("reshape", [x], shape=(*xt.shape, 1))
+    w4 = c.op("reshape", [w], shape=(*wt.shape, 1))
+    ins = [x4, w4] + ([bias] if bias is not None else [])
+    y = c.op("conv2d", ins, stride=(stride, 1), padding=(p, 0), dilation=(dilation, 1), groups=groups)
+    yt = c.ttype(y)
+    return c.op("reshape", [y], shape=yt.shape[:3])
+
+
 def _string_padding(mode: str, kernel: tuple[int, ...], dilation: tuple[int, int], stride: tuple[int, int]) -> tuple[int, int]:
     """``padding="valid"`` / ``"same"`` as kfuse's symmetric padding. PyTorch's "same" (stride 1 only) pads
     ``d * (k - 1)`` in all, the odd element on the right; where that total is odd the padding is
@@ -373,6 +410,8 @@ def _constant_pad(c: Ctx, x: str, pads_in: Any, value: Any) -> str:
 @converts(aten.convolution)
 def _convolution(c: Ctx, a: tuple, k: dict) -> str:
     x, w, bias, stride, padding, dilation, transposed, _out_pad, groups = a[:9]
+    if not transposed and c.ttype(x).rank == 3:
+        return _conv1d_as_2d(c, x, w, bias, _one(stride, 1), padding, _one(dilation, 1), int(groups))
     if transposed or c.ttype(x).rank != 4:
         raise _Unsupported()
     ins = [x, w] + ([bias] if bias is not None else [])
@@ -465,6 +504,33 @@ def _any(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("ne", [m, c.value(0.0, m)])
 
 
+@converts(aten.max, aten.min)
+def _max_min(c: Ctx, a: tuple, k: dict) -> str:
+    """``max.other`` / ``min.other`` (two tensors: XGLM's attention-mask floor, T5's position buckets) as
+    maximum / minimum; the reducing overloads (``max(x)``, ``max(x, dim)``) stay PyTorch's."""
+    if len(a) != 2 or not isinstance(a[1], str) or k:
+        raise _Unsupported()
+    return c.op("maximum" if "max" in str(c.node.target) else "minimum", [a[0], a[1]])
+
+
+@converts(aten.full_like)
+def _full_like(c: Ctx, a: tuple, k: dict) -> str:
+    """A constant of ``x``'s shape (T5's relative position buckets): a 0-d constant expanded, so the chain
+    after it can fold when its other inputs are constants too."""
+    value = a[1] if len(a) > 1 else k.get("fill_value")
+    xt = c.ttype(a[0])
+    dtype = k.get("dtype") or xt.dtype
+    if not isinstance(value, bool | int | float) or k.get("layout") not in (None, torch.strided):
+        raise _Unsupported()
+    return c.op("expand", [c.b.scalar(value, dtype=dtype)], shape=tuple(xt.shape))
+
+
+@converts(aten.square)
+def _square(c: Ctx, a: tuple, k: dict) -> str:
+    """x * x (Persimmon's and Nemotron's layer norms)."""
+    return c.op("mul", [a[0], a[0]])
+
+
 @converts(aten.relu6)
 def _relu6(c: Ctx, a: tuple, k: dict) -> str:
     """torchvision's MobileNet-V2 (``nn.ReLU6``): a fallback before session 37."""
@@ -505,6 +571,15 @@ for _packet, _op in [
     (aten.le, "le"),
     (aten.gt, "gt"),
     (aten.ge, "ge"),
+    (aten.multiply, "mul"),  # the long names: export keeps them as written (ConvBERT's torch.multiply)
+    (aten.subtract, "sub"),
+    (aten.divide, "div"),
+    (aten.true_divide, "div"),
+    (aten.greater, "gt"),
+    (aten.greater_equal, "ge"),
+    (aten.less, "lt"),
+    (aten.less_equal, "le"),
+    (aten.not_equal, "ne"),
     (aten.logical_and, "logical_and"),
     (aten.logical_or, "logical_or"),
     (aten.bitwise_and, "logical_and"),

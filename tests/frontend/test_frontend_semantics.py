@@ -295,3 +295,47 @@ def test_a_whole_tensor_reduction_is_left_to_pytorch() -> None:
     cm = kfuse.compile(_T5Guard(), (h,))
     assert cm.report["fallback"] == [], cm.report["fallback"]
     torch.testing.assert_close(cm(h), _T5Guard()(h), equal_nan=True)
+
+
+class _Conv1dBlock(torch.nn.Module):
+    """ConvBERT's separable conv (depthwise + pointwise Conv1d, then torch.multiply) and the other 1-D forms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dw = torch.nn.Conv1d(12, 12, 5, padding=2, groups=12, bias=False)
+        self.pw = torch.nn.Conv1d(12, 16, 1)
+        self.strided = torch.nn.Conv1d(16, 8, 3, stride=2, dilation=2, padding=1)
+        self.same = torch.nn.Conv1d(8, 8, 3, padding="same")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.multiply(self.pw(self.dw(x)), 2.0)
+        y = torch.subtract(self.strided(y), 1.0)
+        return torch.divide(self.same(y), torch.true_divide(y, 4.0).abs() + 1.0) * torch.greater(y, 0.1) + torch.less_equal(y, 0.1)
+
+
+def test_conv1d_and_the_long_op_names_are_imported_natively() -> None:
+    """Session 38's third exploratory sweep: ConvBERT fell back on aten.conv1d and aten.multiply."""
+    torch.manual_seed(5)
+    m = _Conv1dBlock().eval()
+    x = torch.randn(2, 12, 37)  # an odd length, a stride-2 dilated conv, "same" padding
+    cm = kfuse.compile(m, (x,))
+    assert cm.report["fallback"] == [], cm.report["fallback"]
+    assert sum(k["ops"] == ["conv2d"] for k in cm.report["kernels"]) == 4, cm.report["kernels"]
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+class _MaxMinSquareFull(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.max(x, y) + torch.min(x, y * 2)  # max.other / min.other (XGLM, T5)
+        b = torch.square(a) + torch.full_like(a, 3.0) + torch.full_like(x, 2, dtype=torch.int64)  # square (Persimmon), full_like (T5)
+        return b, torch.max(x, dim=-1).values + torch.max(x)  # the reducing overloads stay PyTorch's
+
+
+def test_binary_max_min_square_and_full_like_are_imported_natively() -> None:
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    x[1, 2] = float("nan")  # maximum / minimum propagate NaN, as torch.max(x, y) does
+    cm = kfuse.compile(_MaxMinSquareFull(), (x, y))
+    assert sorted(cm.report["fallback"]) == ["aten.max.default", "aten.max.dim"], cm.report["fallback"]
+    for got, want in zip(cm(x, y), _MaxMinSquareFull()(x, y), strict=True):
+        torch.testing.assert_close(got, want, equal_nan=True)
