@@ -525,6 +525,18 @@ def _full_like(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("expand", [c.b.scalar(value, dtype=dtype)], shape=tuple(xt.shape))
 
 
+@converts(aten.clamp_min, aten.clamp_max)
+def _clamp_one_side(c: Ctx, a: tuple, k: dict) -> str:
+    """``clamp_min`` / ``clamp_max`` (F.normalize's eps floor) as a clamp, or maximum / minimum for a tensor bound."""
+    lo = "min" in str(c.node.target)
+    bound = a[1] if len(a) > 1 else k.get("min" if lo else "max")
+    if isinstance(bound, str):
+        return c.op("maximum" if lo else "minimum", [a[0], bound])
+    if not isinstance(bound, int | float):
+        raise _Unsupported()
+    return c.op("clamp", [a[0]], lo=bound if lo else None, hi=None if lo else bound)
+
+
 @converts(aten.square)
 def _square(c: Ctx, a: tuple, k: dict) -> str:
     """x * x (Persimmon's and Nemotron's layer norms)."""
@@ -775,6 +787,24 @@ def _transpose(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("permute", [a[0]], dims=tuple(dims))
 
 
+@converts(aten.expand_as)
+def _expand_as(c: Ctx, a: tuple, k: dict) -> str:
+    return _expand(c, (a[0], c.ttype(a[1]).shape), {})
+
+
+@converts(aten.unflatten)
+def _unflatten(c: Ctx, a: tuple, k: dict) -> str:
+    """``x.unflatten(dim, sizes)`` (SigLIP's attention heads) as a reshape."""
+    t = c.ttype(a[0])
+    dim, sizes = _dim(a[1], t.rank), [int(s) for s in a[2]]
+    if -1 in sizes:
+        known = 1
+        for s in sizes:
+            known *= s if s != -1 else 1
+        sizes[sizes.index(-1)] = t.shape[dim] // known if known else 0
+    return _reshape_to(c, a[0], (*t.shape[:dim], *sizes, *t.shape[dim + 1 :]))
+
+
 @converts(aten.expand)
 def _expand(c: Ctx, a: tuple, k: dict) -> str:
     src = c.ttype(a[0]).shape
@@ -906,6 +936,26 @@ def _avg_pool(c: Ctx, a: tuple, k: dict) -> str:
     return c.op(
         "avg_pool2d", [a[0]], kernel_size=ks, stride=stride, padding=pad, ceil_mode=ceil, count_include_pad=cip, divisor_override=div
     )
+
+
+@converts(aten.adaptive_avg_pool1d)
+def _adaptive_avg_1d(c: Ctx, a: tuple, k: dict) -> str:
+    """The global 1-D pool (FocalNet's and Swin-V2's poolers, over the tokens) as a mean; other sizes stay PyTorch's."""
+    if _one(a[1], 0) != 1:
+        raise _Unsupported()
+    return c.op("mean", [a[0]], dims=(c.ttype(a[0]).rank - 1,), keepdim=True, dtype=None)
+
+
+@converts(aten.linalg_vector_norm)
+def _vector_norm(c: Ctx, a: tuple, k: dict) -> str:
+    """The 2-norm (``F.normalize``: Swin-V2's cosine attention) as sqrt(sum(x * x)); other orders stay PyTorch's."""
+    order = a[1] if len(a) > 1 else k.get("ord", 2)
+    if order != 2 or k.get("dtype") is not None or not c.ttype(a[0]).dtype.is_floating_point:
+        raise _Unsupported()
+    dims = _reduced_dims(c.ttype(a[0]).rank, a[2] if len(a) > 2 else k.get("dim"))
+    keepdim = bool(a[3] if len(a) > 3 else k.get("keepdim", False))
+    sq = c.op("sum", [c.op("mul", [a[0], a[0]])], dims=dims, keepdim=keepdim, dtype=None)
+    return c.op("sqrt", [sq])
 
 
 @converts(aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d)

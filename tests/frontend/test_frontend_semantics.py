@@ -339,3 +339,24 @@ def test_binary_max_min_square_and_full_like_are_imported_natively() -> None:
     assert sorted(cm.report["fallback"]) == ["aten.max.default", "aten.max.dim"], cm.report["fallback"]
     for got, want in zip(cm(x, y), _MaxMinSquareFull()(x, y), strict=True):
         torch.testing.assert_close(got, want, equal_nan=True)
+
+
+class _NormalizePoolUnflatten(torch.nn.Module):
+    """Swin-V2's cosine attention (F.normalize: vector_norm, clamp_min, expand_as), FocalNet's 1-D pooler,
+    SigLIP's unflatten, one-sided clamps with a tensor and a number."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q = torch.nn.functional.normalize(x, dim=-1)
+        pooled = torch.nn.functional.adaptive_avg_pool1d(x.transpose(1, 2), 1)
+        heads = x.unflatten(-1, (2, -1)).sum(-2)
+        clamped = torch.clamp_max(y, 0.3) + torch.clamp_min(y, x[..., :1])
+        return q, pooled, heads, clamped, torch.linalg.vector_norm(x, ord=1, dim=-1)  # ord 1: PyTorch's
+
+
+def test_normalize_pool1d_unflatten_and_one_sided_clamps_are_native() -> None:
+    x, y = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    x[1, 0] = 0.0  # a zero row: normalize's eps floor decides it
+    cm = kfuse.compile(_NormalizePoolUnflatten(), (x, y))
+    assert cm.report["fallback"] == ["aten.linalg_vector_norm.default"], cm.report["fallback"]
+    for got, want in zip(cm(x, y), _NormalizePoolUnflatten()(x, y), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
