@@ -47,6 +47,11 @@ def _add_leaves(
     return leaves, adds
 
 
+# The template holds a row in registers (BLOCK_N = the next power of two): 16384 fp32 values are 64 a thread
+# at 8 warps; a longer row (a norm over a whole image's C x H x W) would spill, and stays PyTorch's.
+MAX_FEATURES = 16384
+
+
 def fuse_norms(graph: Graph) -> Graph:
     """Replace each last-dim ``layer_norm``/``rms_norm`` (and the adds feeding it) with ``fused_norm``."""
     nodes = graph.node_map()
@@ -56,7 +61,7 @@ def fuse_norms(graph: Graph) -> Graph:
         if node.op not in ("layer_norm", "rms_norm") or not isinstance(node.type, TensorType):
             continue
         out = node.ttype
-        if tuple(node.attrs["normalized_shape"]) != (out.shape[-1],):
+        if tuple(node.attrs["normalized_shape"]) != (out.shape[-1],) or out.shape[-1] > MAX_FEATURES:
             continue
         x = node.inputs[0]
         ins_root = users.get(x, [])

@@ -243,3 +243,25 @@ def test_epilogue_pow_keeps_negative_bases_finite(exponent: object) -> None:
     assert (want < 0).any() or exponent != "tensor"
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_norm_over_more_features_than_registers_hold_stays_pytorch():
+    """``fuse_norm.MAX_FEATURES``: the template holds a row in registers; a LayerNorm over more features
+    (a whole C x H x W image) is left to PyTorch, and gives the right answer; a normal one is still fused."""
+    from kfuse.passes.fuse_norm import MAX_FEATURES
+
+    class TwoNorms(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.long, self.short = torch.nn.LayerNorm(MAX_FEATURES + 8), torch.nn.LayerNorm(64)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.long(x), self.short(y)
+
+    model = TwoNorms().eval()
+    x, y = torch.randn(2, MAX_FEATURES + 8) * 3 + 1, torch.randn(2, 64)
+    cm = kfuse.compile(model, (x, y))
+    kinds = sorted(k["template"] for k in cm.report["kernels"] if "layer_norm" in k["ops"])
+    assert kinds == ["fused_norm", "torch"], cm.report["kernels"]
+    for got, want in zip(cm(x, y), model(x, y), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
