@@ -537,6 +537,25 @@ def _clamp_one_side(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("clamp", [a[0]], lo=bound if lo else None, hi=None if lo else bound)
 
 
+@converts(aten.index)
+def _index(c: Ctx, a: tuple, k: dict) -> str:
+    """``x[..., idx, ...]`` with one constant index of consecutive ascending positions along one dim: a slice
+    (Falcon's ``qkv[..., [-2], :]`` key / value split: a fallback in the middle of its attention before
+    session 38). Any other advanced indexing stays PyTorch's."""
+    x, idx = a[0], list(a[1])
+    t = c.ttype(x)
+    where = [i for i, v in enumerate(idx) if v is not None]
+    if len(where) != 1 or not isinstance(idx[where[0]], str) or idx[where[0]] not in c.b.constants:
+        raise _Unsupported()
+    dim, pos = where[0], c.b.constants[idx[where[0]]]
+    if pos.dim() != 1 or pos.numel() == 0 or pos.dtype not in (torch.int64, torch.int32) or dim >= t.rank:
+        raise _Unsupported()
+    pos = [int(v) % t.shape[dim] if -t.shape[dim] <= int(v) < t.shape[dim] else None for v in pos.tolist()]
+    if None in pos or pos != list(range(pos[0], pos[0] + len(pos))):
+        raise _Unsupported()
+    return c.op("slice", [x], dim=dim, start=pos[0], end=pos[0] + len(pos), step=1)
+
+
 @converts(aten.square)
 def _square(c: Ctx, a: tuple, k: dict) -> str:
     """x * x (Persimmon's and Nemotron's layer norms)."""

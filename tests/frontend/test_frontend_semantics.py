@@ -360,3 +360,18 @@ def test_normalize_pool1d_unflatten_and_one_sided_clamps_are_native() -> None:
     assert cm.report["fallback"] == ["aten.linalg_vector_norm.default"], cm.report["fallback"]
     for got, want in zip(cm(x, y), _NormalizePoolUnflatten()(x, y), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+class _ConstantIndex(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        key = x[..., [-2], :] * 2  # Falcon's key / value split: a negative, one-element constant index
+        first = x[:, [0, 1, 2]] + 1  # consecutive positions on dim 1
+        return key, first, x[..., [3, 1], :]  # not consecutive: PyTorch's gather
+
+
+def test_a_constant_consecutive_index_is_a_slice() -> None:
+    x = torch.randn(2, 4, 6, 3)
+    cm = kfuse.compile(_ConstantIndex(), (x,))
+    assert cm.report["fallback"] == ["aten.index.Tensor"], cm.report["fallback"]  # only the [3, 1] one
+    for got, want in zip(cm(x), _ConstantIndex()(x), strict=True):
+        torch.testing.assert_close(got, want)
