@@ -609,8 +609,10 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
                 wp = packed.get(xs[1].device)
                 if wp is None:
                     wp = packed[xs[1].device] = pack_rows_weight(xs[1])
+            # the rows kernel was chosen on channels-last inputs; a call that passes another layout gets "auto"
+            dense = xs[0].is_contiguous(memory_format=torch.channels_last)
             return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation,
-                                    act=act, kernel=kernel, packed_weight=wp)  # fmt: skip
+                                    act=act, kernel=kernel if kernel != "rows" or dense else "auto", packed_weight=wp)  # fmt: skip
 
         return run
 

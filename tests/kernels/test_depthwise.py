@@ -245,3 +245,35 @@ def test_which_values_are_channels_last_when_the_model_runs():
     x = torch.randn(2, 7, 9, 16).permute(0, 3, 1, 2)
     assert x.is_contiguous(memory_format=torch.channels_last)  # what the claim rests on
     assert may_use_rows(3, 3, 112) and may_use_rows(3, 3, 56) and not may_use_rows(3, 3, 28) and not may_use_rows(7, 7, 56)
+
+
+def test_the_chosen_rows_kernel_takes_any_layout_a_call_passes(monkeypatch):
+    """The lowering's choice is timed on channels-last inputs (``nhwc_at_run_time``); a call that passes
+    another layout must still get the right answer (the rows kernel alone would refuse it). The GPU timing is
+    replaced by a choice of "rows" so the lowering's GPU branch runs here."""
+    import kfuse.runtime.choice as choice
+    from kfuse.ir.graph import GraphBuilder, TensorType
+    from kfuse.kernels.conv import lower_conv2d
+
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((1, 16, 6, 7), torch.float32, "channels_last"))
+    w = b.add_constant(torch.randn(16, 1, 3, 3), name="w")
+    y = b.op("conv2d", [x, w], {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": 16})
+    g = b.build([y])
+    seen = {}
+
+    def fake_choose(node, graph, candidates, key, inputs=None):
+        seen.update(candidates=sorted(candidates), layout=inputs[0].is_contiguous(memory_format=torch.channels_last))
+        return "rows", {name: 1.0 for name in candidates}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(choice, "choose", fake_choose)
+    monkeypatch.setattr(choice, "example_inputs", lambda node, graph: [torch.randn(1, 16, 6, 7), graph.constants["w"]])
+    monkeypatch.setattr("kfuse.kernels.depthwise.may_use_rows", lambda kh, kw, oh: True)
+    monkeypatch.setattr("kfuse.kernels.conv.may_use_rows", lambda kh, kw, oh: True)
+    step = lower_conv2d(g.nodes[0], g, "triton")
+    assert seen == {"candidates": ["rows", "taps", "torch"], "layout": True} and "rows kernel" in step.info.config
+    for layout in (torch.channels_last, torch.contiguous_format):
+        xin = torch.randn(1, 16, 6, 7).contiguous(memory_format=layout)
+        got = step.fn([xin, g.constants["w"]])
+        torch.testing.assert_close(got, F.conv2d(xin, g.constants["w"], None, 1, 1, 1, 16), atol=1e-4, rtol=1e-4)
