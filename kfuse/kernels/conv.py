@@ -635,7 +635,7 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
         ours = min(candidates, key=lambda k: times[k])
         if choice == "torch":
             return Step(node.name, node.inputs, torch_step.fn,
-                        KernelInfo(node.name, "fallback", ("conv2d",), f"depthwise: PyTorch measured faster ({times['torch'] * 1e3:.1f} "
+                        KernelInfo(node.name, "fallback", ("conv2d",), f"{desc}: PyTorch measured faster ({times['torch'] * 1e3:.1f} "
                                    f"us vs {times[ours] * 1e3:.1f})"))  # fmt: skip
         run = candidates[choice]
         desc += f"; {choice} kernel {times[choice] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"
