@@ -16,6 +16,7 @@ recorded as crashed and the next worker goes on with the rest.
     PYTHONPATH=. python benchmarks/zoo_sweep.py --out $OUT                 # H200, fp16
     PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/z --smoke       # CPU: tiny configs, interpreter
     PYTHONPATH=. python benchmarks/zoo_sweep.py --only convnext,swin ...
+    PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/e --smoke --set explore   # 31 more, CPU only (~25 min)
 
 Decoders run 4 of their layers (widths of the named checkpoint): the sweep is about coverage, and per
 layer the work is the same.
@@ -149,6 +150,51 @@ ARCHS: dict[str, Arch] = {
     ),  # fmt: skip
     "clip-vision": Arch("CLIPVisionConfig", "CLIPVisionModel", "image", "clip-vit-base-patch32"),
 }
+# ``--set explore``: 31 more architectures that compile and match eager on the CPU (session 38's third exploratory
+# sweep, which found the fallbacks conv1d, max/min.other, square, full_like, F.normalize's parts, adaptive_avg_pool1d,
+# unflatten and Falcon's constant index, now native). CPU smoke coverage only: no checkpoint widths for the GPU.
+EXPLORE: dict[str, Arch] = {
+    name: Arch(cfg, model, kind, "-", {}, tiny or {})
+    for name, cfg, model, kind, tiny in [
+        ("electra", "ElectraConfig", "ElectraModel", "text", None),
+        ("xlm-roberta", "XLMRobertaConfig", "XLMRobertaModel", "text", None),
+        ("convbert", "ConvBertConfig", "ConvBertModel", "text", None),
+        ("megatron-bert", "MegatronBertConfig", "MegatronBertModel", "text", None),
+        ("rembert", "RemBertConfig", "RemBertModel", "text", dict(input_embedding_size=32, output_embedding_size=32)),
+        ("ernie", "ErnieConfig", "ErnieModel", "text", None),
+        ("mpt", "MptConfig", "MptModel", "text", dict(d_model=64, n_heads=4, n_layers=2)),
+        ("falcon", "FalconConfig", "FalconModel", "text", None),
+        ("mistral", "MistralConfig", "MistralModel", "text", None),
+        ("phi3", "Phi3Config", "Phi3Model", "text", dict(pad_token_id=0)),
+        ("gemma2", "Gemma2Config", "Gemma2Model", "text", None),
+        ("qwen3", "Qwen3Config", "Qwen3Model", "text", None),
+        ("granite", "GraniteConfig", "GraniteModel", "text", None),
+        ("olmo2", "Olmo2Config", "Olmo2Model", "text", None),
+        ("persimmon", "PersimmonConfig", "PersimmonModel", "text", None),
+        ("xglm", "XGLMConfig", "XGLMModel", "text", dict(d_model=64, num_layers=2, attention_heads=4, ffn_dim=128)),
+        ("biogpt", "BioGptConfig", "BioGptModel", "text", None),
+        ("gpt-neo", "GPTNeoConfig", "GPTNeoModel", "text", dict(attention_types=[[["global", "local"], 1]], window_size=8)),
+        ("nemotron", "NemotronConfig", "NemotronModel", "text", None),
+        ("beit", "BeitConfig", "BeitModel", "image", None),
+        ("mobilevit", "MobileViTConfig", "MobileViTModel", "image",
+         dict(image_size=64, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32])),
+        ("mobilevitv2", "MobileViTV2Config", "MobileViTV2Model", "image", dict(image_size=128, width_multiplier=0.25, patch_size=2)),
+        ("resnet", "ResNetConfig", "ResNetModel", "image", dict(embedding_size=16, hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1])),
+        ("focalnet", "FocalNetConfig", "FocalNetModel", "image",
+         dict(embed_dim=16, depths=[1, 1], focal_levels=[2, 2], focal_windows=[3, 3])),
+        ("swinv2", "Swinv2Config", "Swinv2Model", "image", dict(embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4)),
+        ("vit", "ViTConfig", "ViTModel", "image", None),
+        ("siglip-vision", "SiglipVisionConfig", "SiglipVisionModel", "image", None),
+        ("pvt-v2", "PvtV2Config", "PvtV2Model", "image",
+         dict(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4])),
+        ("vitdet", "VitDetConfig", "VitDetModel", "image", None),
+        ("dpt", "DPTConfig", "DPTModel", "image", None),
+        ("glpn", "GLPNConfig", "GLPNModel", "image",
+         dict(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4], decoder_hidden_size=16)),
+    ]
+}  # fmt: skip
+SETS = {"zoo": ARCHS, "explore": EXPLORE}
+ALL_ARCHS = {**ARCHS, **EXPLORE}
 ENCODERS = ("distilbert", "roberta", "albert", "deberta-v2", "mobilebert", "mpnet", "t5-encoder")
 BATCH = {"text": 8, "image": 32}
 DECODER_BATCH, DECODER_SEQ, ENCODER_SEQ = 1, 512, 128
@@ -160,7 +206,7 @@ def build(name: str, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[A
     import torch
     import transformers
 
-    a = ARCHS[name]
+    a = ALL_ARCHS[name]
     cfg = getattr(transformers, a.config)()
     over = {**(TEXT_TINY if a.kind == "text" else IMAGE_TINY), **a.tiny} if smoke else dict(a.gpu)
     if not smoke and a.kind == "text" and name not in ENCODERS:
@@ -249,7 +295,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     device, dtype = ("cuda", torch.float16) if gpu else ("cpu", torch.float32)
     model, a, kw = build(name, args.smoke, device, dtype)
     params = sum(p.numel() for p in model.parameters())
-    rec: dict[str, Any] = {"arch": name, "checkpoint_widths": ARCHS[name].checkpoint, "params_m": round(params / 1e6, 2),
+    rec: dict[str, Any] = {"arch": name, "checkpoint_widths": ALL_ARCHS[name].checkpoint, "params_m": round(params / 1e6, 2),
                            "input": list(a[0].shape), "device": device}  # fmt: skip
     with torch.no_grad():
         ref = first_tensor(model(*a, **kw))
@@ -345,7 +391,8 @@ def collect(path: Path) -> dict[str, dict[str, Any]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/h200")
-    p.add_argument("--only", default=",".join(ARCHS), help="comma list of: " + ",".join(ARCHS))
+    p.add_argument("--set", default="zoo", choices=sorted(SETS), help="zoo: the 22 benchmarked architectures; explore: 31 more (--smoke)")
+    p.add_argument("--only", default="", help="comma list (default: the whole set) of: " + ",".join(ALL_ARCHS))
     p.add_argument("--baselines", default="eager,eager_cudagraph,compile")
     p.add_argument("--tune", default="fast", choices=("none", "fast", "full"))
     p.add_argument("--warmup", type=int, default=5)
@@ -355,10 +402,12 @@ def main() -> None:
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--jsonl", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
-    names = [n for n in args.only.split(",") if n]
-    unknown = [n for n in names if n not in ARCHS]
+    names = [n for n in args.only.split(",") if n] or list(SETS[args.set])
+    unknown = [n for n in names if n not in ALL_ARCHS]
     if unknown:
-        p.error(f"unknown architecture(s) {', '.join(unknown)}; known: {', '.join(ARCHS)}")
+        p.error(f"unknown architecture(s) {', '.join(unknown)}; known: {', '.join(ALL_ARCHS)}")
+    if not args.smoke and any(n in EXPLORE for n in names):
+        p.error("the explore set has no GPU widths: run it with --smoke")
     if args.worker:
         worker(args, args.worker.split(","))
         return

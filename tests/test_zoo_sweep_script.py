@@ -33,3 +33,34 @@ def test_sweep_compiles_checks_and_survives_a_crashed_worker(tmp_path: Path) -> 
         assert r["compiled"] and r["ok"] and r["max_rel_err"] < 1e-4 and r["ref_abs_max"] > 0, r
     assert "aten.pad.default" not in recs["mobilebert"]["fallback"]  # its constant pad is a kfuse op since session 37
     assert recs["convnext"]["b2b_fused"] >= 1  # the chain the fix is about did run fused
+
+
+def test_the_explore_set_names_real_classes_and_is_smoke_only() -> None:
+    import transformers
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import zoo_sweep
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert len(zoo_sweep.EXPLORE) == 31 and not set(zoo_sweep.EXPLORE) & set(zoo_sweep.ARCHS)
+    missing = [n for n, a in zoo_sweep.EXPLORE.items() if not (hasattr(transformers, a.config) and hasattr(transformers, a.model))]
+    assert missing == []
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/zoo_sweep.py"), "--set", "explore", "--out", "/nonexistent"],
+                          capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    assert proc.returncode != 0 and "--smoke" in proc.stderr
+
+
+@pytest.mark.interpreter
+@pytest.mark.timeout(600)
+def test_explore_architectures_compile_without_fallback(tmp_path: Path) -> None:
+    """Three of session 38's exploratory architectures, each with an op it used to leave to PyTorch: XGLM
+    (binary max), SigLIP (unflatten), Swin-V2 (F.normalize's norm, clamp_min and expand_as, the 1-D pool)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    argv = [sys.executable, str(ROOT / "benchmarks/zoo_sweep.py"), "--smoke", "--only", "xglm,siglip-vision,swinv2", "--out", str(tmp_path)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = {r["case"]: r for r in json.loads((tmp_path / "zoo_sweep.json").read_text())}
+    for name in ("xglm", "siglip-vision", "swinv2"):
+        r = recs[name]
+        assert r["compiled"] and r["ok"] and r["max_rel_err"] < 1e-4 and r["fallback"] == [], r
