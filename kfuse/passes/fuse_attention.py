@@ -16,7 +16,8 @@ through strides, so no transpose is ever materialised.
 Grouped-query attention (Llama, Mistral): K and V repeated to Q's heads by
 ``reshape(expand(reshape(x, [B, Hkv, 1, S, D]), [B, Hkv, G, S, D]), [B, H, S, D])`` (HF's
 ``repeat_kv``) are taken unrepeated, with ``kv_group = G``: the kernel reads kv head h // G, so the
-repeated copies of K and V are never made.
+repeated copies of K and V are never made. K and V with one head that broadcasts to Q's (multi-query
+attention as Falcon writes it, no repeat) are read the same way, with ``kv_group = H``.
 """
 
 from __future__ import annotations
@@ -113,15 +114,17 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
 
 def _shapes_match(graph: Graph, m: _Match) -> bool:
     """Q, K and V are ``[B, H, S, D]`` with the same batch, heads and head dim (K^T ``[B, H, D, Sk]``
-    in the explicit form), and K and V have the same length: what the kernel computes. Broadcast
-    batch or head dims, or a value head dim other than Q's, stay unfused. (Grouped-query K and V
+    in the explicit form), and K and V have the same length: what the kernel computes. K and V with
+    one head broadcast to Q's (multi-query attention: Falcon) are read with ``kv_group = H``. A
+    broadcast batch dim, or a value head dim other than Q's, stays unfused. (Grouped-query K and V
     are matched here repeated to Q's heads; ``_ungrouped`` takes them apart afterwards.)"""
     ts = [graph.type_of(n) for n in (m.q, m.k, m.v)]
     if not all(isinstance(t, TensorType) and t.rank == 4 for t in ts):
         return False
     qt, kt, vt = (t.shape for t in ts)  # type: ignore[union-attr]
     k_len, k_dim = (kt[3], kt[2]) if m.k_transposed else (kt[2], kt[3])
-    return qt[:2] == kt[:2] == vt[:2] and k_dim == qt[3] == vt[3] and k_len == vt[2]
+    heads_ok = kt[1] == vt[1] and kt[1] in (qt[1], 1)
+    return qt[0] == kt[0] == vt[0] and heads_ok and k_dim == qt[3] == vt[3] and k_len == vt[2]
 
 
 def _bool_additive_mask(graph: Graph, m: _Match) -> bool:
@@ -209,6 +212,8 @@ def fuse_attention(graph: Graph) -> Graph:
         scale = float(m.scale) if m.scale is not None else 1.0 / math.sqrt(d)
         k_dims = (0, 2, 3, 1) if m.k_transposed else _HEADS_FIRST
         k, v, group = _ungrouped(m, nodes, graph)
+        if group == 1 and kt.shape[1] == 1:  # one K / V head broadcast to every query head (multi-query)
+            group = h
         srcs = (_bshd_source(m.q, nodes, graph), _bshd_source(k, nodes, graph, k_dims), _bshd_source(v, nodes, graph))
         merged = _merged_output(m.last, users, graph)
         attrs = {

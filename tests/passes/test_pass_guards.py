@@ -136,15 +136,15 @@ def test_broadcast_kv_batch_is_not_fused(kv_batch):
         _compiled_matches(fn, (q, k, v))
 
 
-def test_broadcast_kv_heads_is_not_fused():
+def test_one_kv_head_broadcast_to_every_query_head_is_fused_as_multi_query():
+    """Falcon's multi-query attention: K and V with one head broadcast over Q's heads (explicit and SDPA forms)
+    are read with kv_group = H; a K / V head count that does not broadcast is never matched."""
     torch.manual_seed(0)
     q, k, v = torch.randn(2, H, S, D), torch.randn(2, 1, S, D), torch.randn(2, 1, S, D)
-
-    def fn(q, k, v):
-        return _explicit(q, k, v, 0.0)
-
-    assert not _ops(fuse_attention(_imported(fn, (q, k, v))), "fused_attention")
-    _compiled_matches(fn, (q, k, v))
+    for fn in (lambda q, k, v: _explicit(q, k, v, 0.0), lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)):
+        fused = _ops(fuse_attention(_imported(fn, (q, k, v))), "fused_attention")
+        assert len(fused) == 1 and fused[0].attrs["kv_group"] == H, fused
+        _compiled_matches(fn, (q, k, v))
 
 
 def test_matching_shapes_still_fuse():
