@@ -68,8 +68,23 @@ def _match_sdpa(node: Node) -> _Match:
     return _Match(q, k, v, False, mask, node.attrs.get("scale"), bool(node.attrs.get("is_causal", False)), node, ["sdpa"])
 
 
+def _causal_where(graph: Graph, node: Node | None) -> bool:
+    """``where(tril, scores, very negative)`` with a constant lower-triangular square condition: the causal
+    mask as GPT-Neo, GPT-J and CodeGen write it (a slice of a registered ``tril`` buffer, folded to a constant)."""
+    if node is None or node.op != "where" or len(node.inputs) != 3:
+        return False
+    cond, fill = graph.constants.get(node.inputs[0]), _scalar(graph, node.inputs[2])
+    if cond is None or cond.dtype != torch.bool or cond.dim() < 2 or fill is None or fill > -1e4:
+        return False
+    sq, sk = cond.shape[-2:]
+    if sq != sk or any(d != 1 for d in cond.shape[:-2]) or not isinstance(node.type, TensorType) or node.ttype.shape[-2:] != (sq, sk):
+        return False
+    return bool(torch.equal(cond.reshape(sq, sk).cpu(), torch.ones(sq, sk, dtype=torch.bool).tril()))
+
+
 def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> _Match | None:
-    """``pv = matmul(softmax(scale * (q @ kT) [+ mask]), v)`` with optional casts around the softmax."""
+    """``pv = matmul(softmax(scale * (q @ kT) [+ mask]), v)`` with optional casts around the softmax, and a
+    causal ``where`` (``_causal_where``) before or after the scale."""
     if pv.op != "matmul" or not isinstance(pv.type, TensorType) or pv.ttype.rank != 4:
         return None
     fused = ["matmul"]
@@ -85,15 +100,24 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
         fused.append("cast")
         s = nodes.get(s.inputs[0])
     mask = None
+
+    def scores_side(n: Node | None) -> bool:
+        return n is not None and (n.op in ("mul", "div", "matmul") or _causal_where(graph, n))
+
     if s is not None and s.op == "add" and _single_user(users, s.name, graph):
         a, b = (nodes.get(i) for i in s.inputs)
-        if a is not None and a.op in ("mul", "div", "matmul"):
+        if scores_side(a):
             s, mask = a, s.inputs[1]
-        elif b is not None and b.op in ("mul", "div", "matmul"):
+        elif scores_side(b):
             s, mask = b, s.inputs[0]
         else:
             return None
         fused.append("add")
+    causal = False  # walking up from the softmax: a causal where here (GPT-Neo), or under the scale (GPT-J)
+    if _causal_where(graph, s) and _single_user(users, s.name, graph):  # type: ignore[union-attr]
+        causal = True
+        fused.append("where")
+        s = nodes.get(s.inputs[1])  # type: ignore[union-attr]
     scale = 1.0
     if s is not None and s.op in ("mul", "div") and _single_user(users, s.name, graph):
         c = _scalar(graph, s.inputs[1])
@@ -102,6 +126,10 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
         scale = c if s.op == "mul" else 1.0 / c
         fused.append(s.op)
         s = nodes.get(s.inputs[0])
+        if not causal and _causal_where(graph, s) and _single_user(users, s.name, graph):
+            causal = True
+            fused.append("where")
+            s = nodes.get(s.inputs[1])
     if s is None or s.op != "matmul" or not _single_user(users, s.name, graph):
         return None
     fused.append("matmul")
@@ -109,7 +137,7 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
     qt, ktt = graph.type_of(q), graph.type_of(kt)
     if not (isinstance(qt, TensorType) and isinstance(ktt, TensorType) and qt.rank == 4 and ktt.rank == 4):
         return None
-    return _Match(q, kt, pv.inputs[1], True, mask, scale, False, pv, list(reversed(fused)))
+    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)))
 
 
 def _shapes_match(graph: Graph, m: _Match) -> bool:

@@ -166,3 +166,47 @@ def test_attention_on_head_dim_strided_views(device):
     cm = kfuse.compile(m, (x,))
     assert any(k["template"] in ("fused_attention", "library_attention") for k in cm.report["kernels"])
     torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+class _WhereCausalAttention(torch.nn.Module):
+    """GPT-Neo / GPT-J / CodeGen: ``where(tril[:, :, :S, :S], q @ k^T, finfo.min)``, then the scale (GPT-J
+    divides after the where, GPT-Neo has none), plus HF's additive padding mask."""
+
+    def __init__(self, scale: float | None, lower: bool = True) -> None:
+        super().__init__()
+        tri = torch.ones(32, 32, dtype=torch.bool)
+        self.register_buffer("bias", (tri.tril() if lower else tri.triu()).view(1, 1, 32, 32))
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        s = q.shape[2]
+        w = torch.where(self.bias[:, :, :s, :s], q @ k.transpose(-1, -2), torch.tensor(torch.finfo(q.dtype).min))
+        if self.scale is not None:
+            w = w / self.scale
+        return torch.softmax(w + mask, dim=-1) @ v
+
+
+@pytest.mark.parametrize("scale", [None, 4.0])
+def test_where_causal_mask_is_fused_as_causal(scale):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 12, 16) for _ in range(3))
+    mask = torch.zeros(2, 1, 1, 12)
+    mask[1, ..., -3:] = torch.finfo(torch.float32).min  # right padding: no query row loses every key
+    model = _WhereCausalAttention(scale)
+    g, xs = _imported(model, (q, k, v, mask), {})
+    fused = _fused(fuse_attention(g))
+    assert len(fused) == 1 and fused[0].attrs["causal"] and "where" in fused[0].attrs["fused_ops"], fused
+    assert fused[0].attrs["scale"] == pytest.approx(1.0 / scale if scale else 1.0)
+    cm = kfuse.compile(model, (q, k, v, mask), check=False)
+    torch.testing.assert_close(cm(q, k, v, mask), model(q, k, v, mask), atol=1e-5, rtol=1e-4)
+
+
+def test_a_where_that_is_not_causal_is_not_fused():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    mask = torch.zeros(1, 1, 1, 8)
+    model = _WhereCausalAttention(None, lower=False)  # an upper-triangular condition: not the causal mask
+    g, xs = _imported(model, (q, k, v, mask), {})
+    assert not _fused(fuse_attention(g))
+    cm = kfuse.compile(model, (q, k, v, mask), check=False)
+    torch.testing.assert_close(cm(q, k, v, mask), model(q, k, v, mask), atol=1e-5, rtol=1e-4)
