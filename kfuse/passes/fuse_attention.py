@@ -68,23 +68,30 @@ def _match_sdpa(node: Node) -> _Match:
     return _Match(q, k, v, False, mask, node.attrs.get("scale"), bool(node.attrs.get("is_causal", False)), node, ["sdpa"])
 
 
-def _causal_where(graph: Graph, node: Node | None) -> bool:
-    """``where(tril, scores, very negative)`` with a constant lower-triangular square condition: the causal
-    mask as GPT-Neo, GPT-J and CodeGen write it (a slice of a registered ``tril`` buffer, folded to a constant)."""
-    if node is None or node.op != "where" or len(node.inputs) != 3:
-        return False
-    cond, fill = graph.constants.get(node.inputs[0]), _scalar(graph, node.inputs[2])
-    if cond is None or cond.dtype != torch.bool or cond.dim() < 2 or fill is None or fill > -1e4:
-        return False
-    sq, sk = cond.shape[-2:]
-    if sq != sk or any(d != 1 for d in cond.shape[:-2]) or not isinstance(node.type, TensorType) or node.ttype.shape[-2:] != (sq, sk):
-        return False
-    return bool(torch.equal(cond.reshape(sq, sk).cpu(), torch.ones(sq, sk, dtype=torch.bool).tril()))
+def _causal_where(graph: Graph, node: Node | None) -> str | None:
+    """The scores input of a causal-mask ``where``, or None: ``where(tril, scores, very negative)`` (GPT-Neo: a
+    slice of a registered ``tril`` buffer) or ``where(triu(1), very negative, scores)`` (``masked_fill``: MPT),
+    with a constant square condition that is the same causal pattern in every leading slice."""
+    if node is None or node.op != "where" or len(node.inputs) != 3 or not isinstance(node.type, TensorType):
+        return None
+    cond = graph.constants.get(node.inputs[0])
+    if cond is None or cond.dtype != torch.bool or cond.dim() < 2 or cond.shape[-1] != cond.shape[-2]:
+        return None
+    n = cond.shape[-1]
+    if node.ttype.shape[-2:] != (n, n):
+        return None
+    keep = torch.ones(n, n, dtype=torch.bool).tril()
+    slices = cond.reshape(-1, n, n).cpu()
+    for scores, fill, pattern in ((1, 2, keep), (2, 1, ~keep)):
+        value = _scalar(graph, node.inputs[fill])
+        if value is not None and value <= -1e4 and bool((slices == pattern).all()):
+            return node.inputs[scores]
+    return None
 
 
 def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> _Match | None:
     """``pv = matmul(softmax(scale * (q @ kT) [+ mask]), v)`` with optional casts around the softmax, and a
-    causal ``where`` (``_causal_where``) before or after the scale."""
+    causal ``where`` (``_causal_where``) under the softmax, the mask add or the scale."""
     if pv.op != "matmul" or not isinstance(pv.type, TensorType) or pv.ttype.rank != 4:
         return None
     fused = ["matmul"]
@@ -99,25 +106,30 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
     if s is not None and s.op == "cast" and _single_user(users, s.name, graph):
         fused.append("cast")
         s = nodes.get(s.inputs[0])
+    causal = False
+
+    def peel_causal(n: Node | None) -> Node | None:
+        """Past a causal where (at most one), noting it; ``n`` itself otherwise."""
+        nonlocal causal
+        scores = None if causal else _causal_where(graph, n)
+        if n is None or scores is None or not _single_user(users, n.name, graph):
+            return n
+        causal = True
+        fused.append("where")
+        return nodes.get(scores)
+
+    s = peel_causal(s)  # MPT: masked_fill over the biased scores, right under the softmax
     mask = None
-
-    def scores_side(n: Node | None) -> bool:
-        return n is not None and (n.op in ("mul", "div", "matmul") or _causal_where(graph, n))
-
     if s is not None and s.op == "add" and _single_user(users, s.name, graph):
         a, b = (nodes.get(i) for i in s.inputs)
-        if scores_side(a):
+        if a is not None and (a.op in ("mul", "div", "matmul") or _causal_where(graph, a)):
             s, mask = a, s.inputs[1]
-        elif scores_side(b):
+        elif b is not None and (b.op in ("mul", "div", "matmul") or _causal_where(graph, b)):
             s, mask = b, s.inputs[0]
         else:
             return None
         fused.append("add")
-    causal = False  # walking up from the softmax: a causal where here (GPT-Neo), or under the scale (GPT-J)
-    if _causal_where(graph, s) and _single_user(users, s.name, graph):  # type: ignore[union-attr]
-        causal = True
-        fused.append("where")
-        s = nodes.get(s.inputs[1])  # type: ignore[union-attr]
+    s = peel_causal(s)  # GPT-Neo: the where under HF's additive padding mask
     scale = 1.0
     if s is not None and s.op in ("mul", "div") and _single_user(users, s.name, graph):
         c = _scalar(graph, s.inputs[1])
@@ -126,10 +138,7 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
         scale = c if s.op == "mul" else 1.0 / c
         fused.append(s.op)
         s = nodes.get(s.inputs[0])
-        if not causal and _causal_where(graph, s) and _single_user(users, s.name, graph):
-            causal = True
-            fused.append("where")
-            s = nodes.get(s.inputs[1])
+        s = peel_causal(s)  # GPT-J (older transformers): the where under the scale
     if s is None or s.op != "matmul" or not _single_user(users, s.name, graph):
         return None
     fused.append("matmul")

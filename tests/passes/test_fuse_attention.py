@@ -210,3 +210,29 @@ def test_a_where_that_is_not_causal_is_not_fused():
     assert not _fused(fuse_attention(g))
     cm = kfuse.compile(model, (q, k, v, mask), check=False)
     torch.testing.assert_close(cm(q, k, v, mask), model(q, k, v, mask), atol=1e-5, rtol=1e-4)
+
+
+class _AlibiMaskedFillAttention(torch.nn.Module):
+    """MPT: ``masked_fill(triu(1), finfo.min)`` over the scaled scores plus an ALiBi bias ``[H, 1, Sk]``."""
+
+    def __init__(self, heads: int, seq: int) -> None:
+        super().__init__()
+        self.register_buffer("future", torch.ones(seq, seq, dtype=torch.bool).triu(1).view(1, 1, seq, seq).expand(2, 1, seq, seq).clone())
+        slopes = torch.tensor([2.0 ** (-(i + 1)) for i in range(heads)])
+        self.register_buffer("alibi", (slopes[:, None, None] * torch.arange(seq)[None, None, :]).float())
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        w = (q @ k.transpose(-1, -2)) * 0.25 + self.alibi
+        w = w.masked_fill(self.future, torch.finfo(q.dtype).min)
+        return torch.softmax(w, dim=-1) @ v
+
+
+def test_masked_fill_causal_over_an_alibi_bias_is_fused():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 12, 16) for _ in range(3))
+    model = _AlibiMaskedFillAttention(4, 12)
+    g, xs = _imported(model, (q, k, v), {})
+    fused = _fused(fuse_attention(g))
+    assert len(fused) == 1 and fused[0].attrs["causal"] and fused[0].attrs["scale"] == pytest.approx(0.25), fused
+    cm = kfuse.compile(model, (q, k, v), check=False)
+    torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=1e-5, rtol=1e-4)
