@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from kfuse.bench.harness import graph_ms_per_call
-from kfuse.kernels.depthwise import depthwise_conv2d, launch_config, pack_rows_weight, rows_config, use_rows
+from kfuse.kernels.depthwise import auto_kernel, depthwise_conv2d, pack_rows_weight
 
 # (name, batch, channels, height/width, kernel, stride)
 LAYERS = [
@@ -78,7 +78,7 @@ def main() -> None:
         out.fill_(float("nan"))
         auto_us = per_launch_us(lambda: depthwise_conv2d(x, w, b, s, pad, 1, out=out, packed_weight=wp))
         auto_err = (out.float() - want.float()).abs().max().item()
-        auto = ("rows", rows_config(hw, c, hw)) if s == 1 and use_rows(k, k, hw) else ("taps", launch_config(c, hw, k * k))
+        auto = auto_kernel(c, hw, out.shape[2], out.shape[3], k, k, rows_ok=s == 1)
         best_cfg, best_us = (best[1], best[0]) if best else (None, None)
         summary.append({"layer": name, "shape": [nb, c, hw, hw], "k": k, "stride": s, "floor_us": floor_us, "torch_us": torch_us,
                         "auto": auto, "auto_us": auto_us, "auto_err": auto_err, "best": best_cfg, "best_us": best_us})  # fmt: skip

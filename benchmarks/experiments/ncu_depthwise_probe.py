@@ -20,12 +20,10 @@ numbers per layer and kernel.
 from __future__ import annotations
 
 import argparse
-import csv
-import glob
-import io
-import shutil
 import subprocess
 import sys
+
+from ncu_calls import find_ncu, profile_calls, read_raw  # a sibling: the script's folder is sys.path[0]
 
 # (name, batch, channels, height/width, kernel): ConvNeXt's first and last stage, MobileNet-V2's 112 x 112 x 32
 LAYERS = [("convnext_s1", 32, 96, 56, 7), ("convnext_s4", 32, 768, 7, 7), ("mbv2_112_c32", 32, 32, 112, 3)]
@@ -63,19 +61,7 @@ def child() -> None:
             fn = lambda x=x, w=w, b=b, k=k, out=out, kind=kind, cfg=cfg, wp=wp: depthwise_conv2d(  # noqa: E731
                 x, w, b, 1, k // 2, 1, out=out, config=cfg, kernel=kind, packed_weight=wp)  # fmt: skip
             calls.append((name, label, fn, (out, want)))
-    for name, label, fn, check in calls:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        if check is not None:
-            got, want = check
-            print(f"CHECK {name} | {label} | max_abs_err {float((got.float() - want.float()).abs().max()):.2e}", flush=True)
-    torch.cuda.cudart().cudaProfilerStart()
-    for name, label, fn, _ in calls:
-        print(f"ORDER {name} | {label}", flush=True)
-        fn()
-        torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    profile_calls(calls, lambda gw: f"max_abs_err {float((gw[0].float() - gw[1].float()).abs().max()):.2e}")
 
 
 def main() -> None:
@@ -88,7 +74,7 @@ def main() -> None:
         return
     from kfuse.bench.harness import write_experiment
 
-    ncu = shutil.which("ncu") or next(iter(sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)), None)
+    ncu = find_ncu()
     if ncu is None:
         write_experiment("ncu_depthwise_probe", args.out, error="ncu not found")
         print("ncu not found")
@@ -98,10 +84,7 @@ def main() -> None:
            "--section", "LaunchStats", "--section", "Occupancy", sys.executable, __file__, "--child"]  # fmt: skip
     print("$", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
-    order = [ln.split("ORDER ", 1)[1].split(" | ") for ln in r.stdout.splitlines() if ln.startswith("ORDER ")]
-    checks = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECK ")]
-    body = r.stdout[r.stdout.find('"ID"') :] if '"ID"' in r.stdout else ""
-    rows = [x for x in csv.DictReader(io.StringIO(body)) if x.get("ID", "").strip().isdigit()] if body else []
+    order, checks, _, rows = read_raw(r.stdout)
     # cuDNN's call may launch more than one kernel (the conv, then the bias add): keep every profiled kernel,
     # tied to the call that launched it by launch order where the counts agree
     keep = [k for k in (rows[0].keys() if rows else []) if any(s in k for s in KEEP)]

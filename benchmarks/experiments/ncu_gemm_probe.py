@@ -28,13 +28,11 @@ kernel and shape.
 from __future__ import annotations
 
 import argparse
-import csv
-import glob
-import io
 import os
-import shutil
 import subprocess
 import sys
+
+from ncu_calls import find_ncu, profile_calls, read_raw  # a sibling: the script's folder is sys.path[0]
 
 SHAPES = {  # case: (M, K, N)
     "bert_T16384_ffn1": (16384, 768, 3072),
@@ -143,24 +141,7 @@ def child(which: str | None) -> None:
             fn = lambda g=g, cfg=cfg, mod=mod: gemm_ws.run_module(mod, g.a, g.b, g.c, g.extras, cfg, sms)  # noqa: E731
             want = ref if epi == "bare" else torch.nn.functional.gelu(ref + bias.float(), approximate="tanh")
             calls.append((case, label, fn, (c, want)))
-    for case, label, fn, check in calls:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        if check is not None:
-            got, want = check
-            err = float((got.float() - want).abs().max() / want.abs().max())
-            print(f"CHECK {case} | {label} | rel_err {err:.2e}", flush=True)
-    torch.cuda.cudart().cudaProfilerStart()
-    for case, label, fn, _ in calls:
-        print(f"ORDER {case} | {label}", flush=True)
-        fn()
-        torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-
-
-def find_ncu() -> str | None:
-    return shutil.which("ncu") or next(iter(sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)), None)
+    profile_calls(calls, lambda gw: f"rel_err {float((gw[0].float() - gw[1]).abs().max() / gw[1].abs().max()):.2e}")
 
 
 def main() -> None:
@@ -206,15 +187,11 @@ def main() -> None:
     if args.source and os.path.exists(rep):  # with --export, ncu prints no page: read the raw one back
         raw = subprocess.run([ncu, "-i", rep, "--csv", "--page", "raw"], capture_output=True, text=True)
         r = subprocess.CompletedProcess(r.args, r.returncode, r.stdout + "\n" + raw.stdout, r.stderr + raw.stderr)
-    order = [ln.split("ORDER ", 1)[1].split(" | ") for ln in r.stdout.splitlines() if ln.startswith("ORDER ")]
-    checks = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECK ")]
-    body = r.stdout[r.stdout.find('"ID"') :] if '"ID"' in r.stdout else ""
+    order, checks, body, rows = read_raw(r.stdout)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"{name}_raw.csv"), "w") as f:
             f.write(body)
-    rows = list(csv.DictReader(io.StringIO(body))) if body else []
-    rows = [x for x in rows if x.get("ID", "").strip().isdigit()]  # drop the units row
     keep = [k for k in (rows[0].keys() if rows else []) if any(s in k for s in (
         "gpu__time_duration.sum", "sm__throughput.avg.pct", "gpu__compute_memory_throughput.avg.pct", "lts__throughput.avg.pct",
         "l1tex__throughput.avg.pct", "dram__throughput.avg.pct", "lts__t_bytes.sum", "lts__t_sectors_srcunit_tex_op_read.sum",

@@ -530,11 +530,9 @@ def _clamp_one_side(c: Ctx, a: tuple, k: dict) -> str:
     """``clamp_min`` / ``clamp_max`` (F.normalize's eps floor) as a clamp, or maximum / minimum for a tensor bound."""
     lo = "min" in str(c.node.target)
     bound = a[1] if len(a) > 1 else k.get("min" if lo else "max")
-    if isinstance(bound, str):
-        return c.op("maximum" if lo else "minimum", [a[0], bound])
-    if not isinstance(bound, int | float):
+    if not isinstance(bound, str | int | float):
         raise _Unsupported()
-    return c.op("clamp", [a[0]], lo=bound if lo else None, hi=None if lo else bound)
+    return _clamp(c, (a[0], bound, None) if lo else (a[0], None, bound), {})
 
 
 @converts(aten.index)
@@ -815,13 +813,8 @@ def _expand_as(c: Ctx, a: tuple, k: dict) -> str:
 def _unflatten(c: Ctx, a: tuple, k: dict) -> str:
     """``x.unflatten(dim, sizes)`` (SigLIP's attention heads) as a reshape."""
     t = c.ttype(a[0])
-    dim, sizes = _dim(a[1], t.rank), [int(s) for s in a[2]]
-    if -1 in sizes:
-        known = 1
-        for s in sizes:
-            known *= s if s != -1 else 1
-        sizes[sizes.index(-1)] = t.shape[dim] // known if known else 0
-    return _reshape_to(c, a[0], (*t.shape[:dim], *sizes, *t.shape[dim + 1 :]))
+    dim = _dim(a[1], t.rank)
+    return _reshape(c, (a[0], [*t.shape[:dim], *a[2], *t.shape[dim + 1 :]]), {})  # a -1 size is inferred there
 
 
 @converts(aten.expand)

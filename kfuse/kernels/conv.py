@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.kernels.codegen import as_pair, cdiv, generated, interpreting
-from kfuse.kernels.depthwise import MAX_RING_ROWS, depthwise_conv2d, is_depthwise, may_use_rows, pack_rows_weight
+from kfuse.kernels.depthwise import depthwise_conv2d, is_depthwise, may_use_rows, pack_rows_weight, rows_kernel_takes
 from kfuse.kernels.epilogue import Epilogue, Operand, apply_reference, render
 from kfuse.kernels.gemm import _go
 from kfuse.kernels.tma import nhwc_box_descriptor, spatial_tile, tma_device
@@ -439,6 +439,21 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
     return Step(node.name, node.inputs, run, info)
 
 
+def once_per_device(convert: Callable[[torch.Tensor], torch.Tensor], constant: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``convert`` of a weight: a ``constant`` one converted on its first call per device, one computed in the
+    graph on every call."""
+    cache: dict[torch.device, torch.Tensor] = {}
+
+    def get(w: torch.Tensor) -> torch.Tensor:
+        if not constant:
+            return convert(w)
+        if w.device not in cache:
+            cache[w.device] = convert(w)
+        return cache[w.device]
+
+    return get
+
+
 def cudnn_fusable(epi: Epilogue) -> str | None:
     """The cuDNN fused call that covers ``epi`` (after conv + bias): "relu" (conv+bias+ReLU) or
     "add_relu" (ReLU(conv + bias + z), ResNet's residual block end); None otherwise."""
@@ -474,25 +489,12 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
     w_const = graph.constants.get(node.inputs[1])
     channels_last = node.ttype.layout == "channels_last"
 
-    def once_per_device(convert: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-        # a constant weight is converted on its first call per device; a weight computed in the
-        # graph, every call
-        cache: dict[torch.device, torch.Tensor] = {}
-
-        def get(w: torch.Tensor) -> torch.Tensor:
-            if w_const is None:
-                return convert(w)
-            if w.device not in cache:
-                cache[w.device] = convert(w)
-            return cache[w.device]
-
-        return get
-
-    padded_weight = once_per_device(lambda w: F.pad(w, (0, 0, 0, 0, 0, pad)).contiguous(memory_format=torch.channels_last))
+    constant = w_const is not None
+    padded_weight = once_per_device(lambda w: F.pad(w, (0, 0, 0, 0, 0, pad)).contiguous(memory_format=torch.channels_last), constant)
     # cuDNN's NHWC kernels take the weight channels-last too; F.conv2d converts a contiguous one
     # on every call (a strided copy kernel before each conv: 2-8 us each, ~15% of ResNet-50 B1 on
     # the H200, experiments/graph_timeline.py)
-    nhwc_weight = once_per_device(lambda w: w.contiguous(memory_format=torch.channels_last))
+    nhwc_weight = once_per_device(lambda w: w.contiguous(memory_format=torch.channels_last), constant)
 
     def weight(w: torch.Tensor) -> torch.Tensor:
         if not channels_last or w.is_contiguous(memory_format=torch.channels_last):
@@ -598,17 +600,13 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
 
     act = attrs.get("act")
     w_const = graph.constants.get(node.inputs[1])
-    packed: dict[torch.device, torch.Tensor] = {}  # the rows kernel's (KH, KW, C) fp32 weight, packed once per device
-    if w_const is not None:  # at lowering time, as the implicit-GEMM conv's weight (never inside a graph capture)
-        packed[w_const.device] = pack_rows_weight(w_const)
+    rows_weight = once_per_device(pack_rows_weight, w_const is not None)  # the rows kernel's (KH, KW, C) fp32 weight
+    if w_const is not None:  # packed at lowering time, as the implicit-GEMM conv's weight (never inside a graph capture)
+        rows_weight(w_const)
 
     def make(kernel: str) -> Callable[[list[torch.Tensor]], torch.Tensor]:
         def run(xs: list[torch.Tensor]) -> torch.Tensor:
-            wp = None
-            if w_const is not None and kernel != "taps":
-                wp = packed.get(xs[1].device)
-                if wp is None:
-                    wp = packed[xs[1].device] = pack_rows_weight(xs[1])
+            wp = rows_weight(xs[1]) if w_const is not None and kernel != "taps" else None
             # the rows kernel was chosen on channels-last inputs; a call that passes another layout gets "auto"
             dense = xs[0].is_contiguous(memory_format=torch.channels_last)
             return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation,
@@ -628,8 +626,8 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
         xs = example_inputs(node, graph)
         if nhwc:  # timed on the memory format the call will see: NCHW runs the general (slower) kernel
             xs[0] = xs[0].contiguous(memory_format=torch.channels_last)
-        rows_ok = (tuple(params.stride), tuple(params.dilation)) == ((1, 1), (1, 1)) and w_t.shape[2] <= MAX_RING_ROWS
-        if rows_ok and nhwc and may_use_rows(w_t.shape[2], w_t.shape[3], node.ttype.shape[2]):
+        rows_ok = nhwc and rows_kernel_takes(params.stride, params.dilation, w_t.shape[2])
+        if rows_ok and may_use_rows(w_t.shape[2], w_t.shape[3], node.ttype.shape[2]):
             candidates["rows"] = make("rows")
         choice, times = choose(node, graph, {**candidates, "torch": torch_step.fn}, (problem_key(node, graph), nhwc), xs)
         ours = min(candidates, key=lambda k: times[k])

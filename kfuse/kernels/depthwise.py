@@ -193,6 +193,7 @@ def _depthwise_rows_kernel(
     v4 = _rows_tap(first_tap, oh0 - PH, ow, 4, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
     v5 = _rows_tap(first_tap, oh0 - PH, ow, 5, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
     v6 = _rows_tap(first_tap, oh0 - PH, ow, 6, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
+    wk = wp_ptr + offs_c
     for i in range(0, ROWS + KH - 1):
         ih = oh0 - PH + i + 1
         n0 = _rows_tap(first_tap, ih, ow, 0, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
@@ -202,7 +203,6 @@ def _depthwise_rows_kernel(
         n4 = _rows_tap(first_tap, ih, ow, 4, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
         n5 = _rows_tap(first_tap, ih, ow, 5, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
         n6 = _rows_tap(first_tap, ih, ow, 6, KW, PW, H, W, C, mask_c, EVEN_C, BLOCK_W, BLOCK_C)
-        wk = wp_ptr + offs_c
         a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v0, 0, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
         a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v1, 1, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
         a0, a1, a2, a3, a4, a5, a6 = _rows_tap_fmas(v2, 2, a0, a1, a2, a3, a4, a5, a6, wk, KW, KH, C, mask_c, EVEN_C)
@@ -229,6 +229,12 @@ def _depthwise_rows_kernel(
 
 
 MAX_RING_ROWS = 7  # _depthwise_rows_kernel's ring: a0..a6
+
+
+def rows_kernel_takes(stride: tuple[int, int], dilation: tuple[int, int], kh: int) -> bool:
+    """The rows kernel's geometry: stride 1, dilation 1, at most ``MAX_RING_ROWS`` kernel rows (its tensors must
+    also be dense channels-last, which only the call can tell)."""
+    return tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and kh <= MAX_RING_ROWS
 
 
 def pack_rows_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -277,6 +283,14 @@ def launch_config(channels: int, in_h: int = 0, taps: int = 49) -> tuple[int, in
     return block_p, min(32, triton.next_power_of_2(channels)), 2
 
 
+def auto_kernel(channels: int, in_h: int, out_h: int, out_w: int, kh: int, kw: int, rows_ok: bool) -> tuple[str, tuple[int, ...]]:
+    """What ``kernel="auto"`` runs, with its tile: the rows kernel where it can run and ``use_rows`` says so,
+    else the taps kernel."""
+    if rows_ok and use_rows(kh, kw, out_h):
+        return "rows", rows_config(out_w, channels, out_h)
+    return "taps", launch_config(channels, in_h, kh * kw)
+
+
 def _const(v: object) -> float | None:
     return None if v is None else float(v)  # type: ignore[arg-type]
 
@@ -315,14 +329,18 @@ def depthwise_conv2d(
     if act and act[0] == "clamp":
         acts.update(LO=_const(act[1]), HI=_const(act[2]))
     dense = x.is_contiguous(memory_format=torch.channels_last) and out.is_contiguous(memory_format=torch.channels_last)
-    rows_ok = dense and c > 1 and (sh, sw, dh, dw) == (1, 1, 1, 1) and kh <= MAX_RING_ROWS
+    rows_ok = dense and c > 1 and rows_kernel_takes((sh, sw), (dh, dw), kh)
     if kernel == "rows" and not rows_ok:
         raise ValueError("depthwise_conv2d: the rows kernel takes dense channels-last tensors, stride 1, dilation 1, KH <= 7")
     if kernel not in ("auto", "rows", "taps"):
         raise ValueError(f"depthwise_conv2d: kernel must be 'auto', 'rows' or 'taps', not {kernel!r}")
-    if kernel == "rows" or (kernel == "auto" and rows_ok and use_rows(kh, kw, oh)):
+    if kernel == "auto":
+        kernel, tile_cfg = auto_kernel(c, h, oh, ow, kh, kw, rows_ok)
+    else:
+        tile_cfg = rows_config(ow, c, oh) if kernel == "rows" else launch_config(c, h, kh * kw)
+    if kernel == "rows":
         wp = packed_weight if packed_weight is not None else pack_rows_weight(weight)
-        block_w, block_c, rows, warps = config or rows_config(ow, c, oh)
+        block_w, block_c, rows, warps = config or tile_cfg
         grid = (nb * triton.cdiv(oh, rows), triton.cdiv(ow, block_w), triton.cdiv(c, block_c))
         _depthwise_rows_kernel[grid](
             x, wp, bias if bias is not None else wp, out, C=c, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, PH=ph, PW=pw,
@@ -331,7 +349,7 @@ def depthwise_conv2d(
         )  # fmt: skip
         return out
     wc = weight.contiguous()
-    block_p, block_c, warps = config or launch_config(c, h, kh * kw)
+    block_p, block_c, warps = config or tile_cfg
     grid = (triton.cdiv(nb * oh * ow, block_p), triton.cdiv(c, block_c))
     if dense and c > 1:  # (a 1-channel tensor is channels-last and contiguous alike: the general kernel)
         _depthwise_nhwc_kernel[grid](
