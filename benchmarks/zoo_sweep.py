@@ -332,12 +332,13 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def failure(e: BaseException) -> dict[str, Any]:
     """A case's failure: its error, and where it faulted the GPU (the context is lost: every later case of
-    this worker would fail with it), ``crashed`` with the traceback."""
+    this worker would fail with it), ``crashed``; ``tb`` the traceback's end (session 39's T5 failure, a
+    device mismatch, named no frame without it)."""
     from kfuse.runtime import cuda_fault
 
-    rec: dict[str, Any] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    rec: dict[str, Any] = {"error": f"{type(e).__name__}: {str(e)[:300]}", "tb": traceback.format_exc()[-3000:]}
     if isinstance(e, cuda_fault.CudaFault) or cuda_fault.is_fault(e):
-        rec.update(crashed=True, tb=traceback.format_exc()[-3000:])
+        rec.update(crashed=True)
     return rec
 
 
@@ -363,8 +364,9 @@ def worker(args: argparse.Namespace, names: list[str]) -> None:
         with open(args.jsonl, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
         print(f"  {name:14s} {summary_line(rec)}", flush=True)
+        if rec.get("tb"):
+            print(rec["tb"][-1500:], flush=True)
         if rec.get("crashed"):
-            print(rec["tb"], flush=True)
             os._exit(1)  # the driver starts a fresh worker for the rest
 
 

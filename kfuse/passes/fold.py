@@ -26,12 +26,20 @@ def _foldable(node: Node, b: GraphBuilder) -> bool:
     return node.ttype.numel <= max(largest_input, MAX_GROWTH_ELEMENTS)
 
 
+def _on_one_device(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The inputs on one device. A model on the GPU has its weights (and the constants of ops evaluated at
+    import, such as ``arange(device=cuda)``) there, while kfuse's own scalar constants are made on the
+    CPU: T5's ``min(relative_position, full_like(...))`` met both. Fold where the model's tensors are."""
+    dev = next((x.device for x in xs if x.device.type != "cpu"), None)
+    return xs if dev is None else [x.to(dev) for x in xs]
+
+
 def constant_fold(graph: Graph) -> Graph:
     """Evaluate every node whose inputs are all constants, with its reference implementation."""
     b = GraphBuilder.from_graph(graph)
     for node in graph.nodes:
         if _foldable(node, b):
-            value = ops.run_reference(node.op, [b.constants[i] for i in node.inputs], node.attrs)
+            value = ops.run_reference(node.op, _on_one_device([b.constants[i] for i in node.inputs]), node.attrs)
             b.add_constant(value.contiguous(), name=node.name)
         else:
             b.add_node(node)

@@ -109,6 +109,19 @@ def test_constant_fold_pretransposes_weights_and_evaluates_weight_only_math() ->
     same_numerics(g, out, [torch.randn(4, 6)])
 
 
+def test_constant_fold_meets_model_constants_on_another_device() -> None:
+    # T5 on the GPU: min(relative_position (from arange(device=cuda)), full_like(..., 15)), where kfuse's
+    # scalar is a CPU constant; "meta" stands in for the GPU (mixing it with a CPU tensor raises alike)
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((3, 3), torch.float32))
+    pos = b.add_constant(torch.empty(3, 3, device="meta"))
+    full = b.op("expand", [b.scalar(15.0)], {"shape": (3, 3)})
+    g = b.build([b.op("add", [x, b.op("minimum", [pos, full])])])
+    out = constant_fold(g)
+    assert out.op_counts() == {"add": 1}
+    assert [c.device.type for c in out.constants.values()] == ["meta"]
+
+
 def test_constant_fold_does_not_materialise_large_broadcasts() -> None:
     b = GraphBuilder()
     x = b.add_input("x", TensorType((512, 512), torch.float32))
