@@ -27,8 +27,9 @@ import zoo_sweep  # noqa: E402
 import kfuse  # noqa: E402
 
 
-def kernel_table(fn: Any, calls: int) -> list[tuple[str, float, int]]:
-    """(name, microseconds per call, launches per call), largest first."""
+def kernel_table(fn: Any, calls: int, sequence: list[float] | None = None, match: str = "") -> list[tuple[str, float, int]]:
+    """(name, microseconds per call, launches per call), largest first. ``sequence`` gets, in launch order,
+    the microseconds of each launch of the last call whose name holds ``match`` (one layer each)."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -45,6 +46,9 @@ def kernel_table(fn: Any, calls: int) -> list[tuple[str, float, int]]:
     for name, t0, t1 in ks:
         total[name] += (t1 - t0) / calls
         count[name] += 1
+    if sequence is not None and match:
+        hits = [t1 - t0 for name, t0, t1 in ks if any(m in name for m in match.split(","))]
+        sequence.extend(hits[len(hits) - len(hits) // calls :])
     rows = sorted(((n, us, count[n] // calls) for n, us in total.items()), key=lambda r: -r[1])
     return rows
 
@@ -55,19 +59,29 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--out", default="")
+    p.add_argument(
+        "--sequence", default="", help="also list each launch, in order, of the kernels whose name holds one of these (comma list)"
+    )
     args = p.parse_args()
     model, a, kw = zoo_sweep.build(args.arch, False, "cuda", torch.float16)
     record: dict[str, Any] = {"arch": args.arch, "shape": list(a[0].shape)}
     with torch.no_grad():
         cm = kfuse.compile(model, a, kw, tune="fast")
         for label, fn in (("eager", lambda: model(*a, **kw)), ("kfuse", lambda: cm(*a, **kw))):
-            rows = kernel_table(fn, args.calls)
+            seq: list[float] = []
+            rows = kernel_table(fn, args.calls, seq, args.sequence)
             busy = sum(us * 1 for _, us, _ in rows)
             print(f"{args.arch} {label}: kernels {busy:.1f} us a call, {sum(c for *_, c in rows)} launches")
             for name, us, c in rows[: args.top]:
                 print(f"  {us:8.1f} us  x{c:<3d} {name[:100]}")
-            record[label] = {"kernel_us": busy, "kernels": [{"name": n, "us": u, "n": c} for n, u, c in rows]}
+            if seq:
+                print(f"  each {args.sequence!r} launch, in order (us): " + " ".join(f"{u:.1f}" for u in seq))
+            record[label] = {"kernel_us": busy, "kernels": [{"name": n, "us": u, "n": c} for n, u, c in rows], "sequence_us": seq}
     record["report"] = {k: v for k, v in cm.report.items() if isinstance(v, int | float | str)}
+    record["plan"] = cm.report.get("kernels", [])  # each step's template and config (measured choices say their times)
+    for k in record["plan"]:
+        if args.sequence and k.get("template") not in ("torch",) and "us vs" in str(k.get("config", "")):
+            print(f"  {k['name']:28s} {k['template']:16s} {k['config']}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, f"zoo_kernel_profile_{args.arch}.json").write_text(json.dumps(record, indent=1, default=str))
