@@ -64,6 +64,21 @@ def child() -> None:
     profile_calls(calls, lambda gw: f"max_abs_err {float((gw[0].float() - gw[1].float()).abs().max()):.2e}")
 
 
+def label_by_launch_order(order: list, recs: list[dict]) -> None:
+    """Tie each profiled kernel to the call that launched it: a kfuse call launches one ``_depthwise`` kernel,
+    cuDNN's call every other kernel up to the next one (the conv, then the bias add: session 39's run had 15
+    kernels for 12 calls and was left unlabelled)."""
+    j = 0
+    for layer, label in order:
+        if label.startswith("cudnn"):
+            while j < len(recs) and not recs[j]["kernel"].startswith("_depthwise"):
+                recs[j].update(layer=layer, variant=label)
+                j += 1
+        elif j < len(recs):
+            recs[j].update(layer=layer, variant=label)
+            j += 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
@@ -85,13 +100,9 @@ def main() -> None:
     print("$", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     order, checks, _, rows = read_raw(r.stdout)
-    # cuDNN's call may launch more than one kernel (the conv, then the bias add): keep every profiled kernel,
-    # tied to the call that launched it by launch order where the counts agree
     keep = [k for k in (rows[0].keys() if rows else []) if any(s in k for s in KEEP)]
     recs = [{"kernel": x.get("Kernel Name", ""), **{k: x[k] for k in keep}} for x in rows]
-    if len(recs) == len(order):
-        for (layer, label), rec in zip(order, recs, strict=True):
-            rec.update(layer=layer, variant=label)
+    label_by_launch_order(order, recs)
     write_experiment("ncu_depthwise_probe", args.out, command=" ".join(cmd), records=recs, order=order, checks=checks,
                      stderr_tail=r.stderr[-3000:], rc=r.returncode)  # fmt: skip
     print("\n".join(checks))
@@ -103,7 +114,8 @@ def main() -> None:
 
     cols = [("us", "gpu__time_duration.sum"), ("SM%", "sm__throughput.avg.pct"), ("L1%", "l1tex__throughput.avg.pct"),
             ("L2%", "lts__throughput.avg.pct"), ("L1hit", "l1tex__t_sector_hit_rate.pct"), ("warps", "sm__warps_active"),
-            ("regs", "launch__registers_per_thread")]  # fmt: skip
+            ("regs", "launch__registers_per_thread"), ("issue", "smsp__issue_active.avg.per_cycle_active"),
+            ("lgSB", "stalled_long_scoreboard_per_issue_active")]  # fmt: skip
     print(f"{'layer':14s} {'variant':14s} {'kernel':28s} " + " ".join(f"{c:>7s}" for c, _ in cols))
     for x in recs:
         vals = " ".join(f"{pick(x, m)[:7]:>7s}" for _, m in cols)
