@@ -7,6 +7,7 @@ compile report lists it.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -705,6 +706,38 @@ def _native_layer_norm(c: Ctx, a: tuple, k: dict) -> list:
     if w is None or bias is None:
         raise _Unsupported()
     return [c.op("layer_norm", [x, w, bias], normalized_shape=tuple(shape), eps=float(eps)), None, None]
+
+
+@converts(aten.group_norm)
+def _group_norm(c: Ctx, a: tuple, k: dict) -> str:
+    arg = lambda i, name, default=None: a[i] if len(a) > i else k.get(name, default)  # noqa: E731
+    return _group_norm_of(c, a[0], int(arg(1, "num_groups")), arg(2, "weight"), arg(3, "bias"), float(arg(4, "eps", 1e-5)))
+
+
+@converts(aten.native_group_norm)
+def _native_group_norm(c: Ctx, a: tuple, k: dict) -> list:
+    x, w, bias, _n, _c, _hw, groups, eps = a[:8]
+    return [_group_norm_of(c, x, int(groups), w, bias, float(eps)), None, None]
+
+
+def _group_norm_of(c: Ctx, x: str, groups: int, w: str | None, bias: str | None, eps: float) -> str:
+    """GroupNorm as a layer norm over each (sample, group) row of ``C / G * H * W`` values, then the per-channel
+    affine: the norm template (or PyTorch's layer_norm for very long rows) and one fused elementwise step, not
+    a fallback (ConvBERT, MobileViT-V2, diffusion U-Nets)."""
+    t = c.ttype(x)
+    if t.rank < 2 or t.shape[1] % groups:
+        raise _Unsupported()
+    n, ch = t.shape[0], t.shape[1]
+    length = ch // groups * math.prod(t.shape[2:])
+    y = c.op("reshape", [x], shape=(n, groups, length))
+    y = c.op("layer_norm", [y], normalized_shape=(length,), eps=eps)
+    y = c.op("reshape", [y], shape=tuple(t.shape))
+    per_channel = (ch,) + (1,) * (t.rank - 2)
+    if w is not None:
+        y = c.op("mul", [y, c.op("reshape", [w], shape=per_channel)])
+    if bias is not None:
+        y = c.op("add", [y, c.op("reshape", [bias], shape=per_channel)])
+    return y
 
 
 @converts(aten.rms_norm)

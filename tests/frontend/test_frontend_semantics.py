@@ -375,3 +375,31 @@ def test_a_constant_consecutive_index_is_a_slice() -> None:
     assert cm.report["fallback"] == ["aten.index.Tensor"], cm.report["fallback"]  # only the [3, 1] one
     for got, want in zip(cm(x), _ConstantIndex()(x), strict=True):
         torch.testing.assert_close(got, want)
+
+
+class _GroupNorms(torch.nn.Module):
+    """GroupNorm with groups of several channels (U-Nets), one group (MobileViT-V2's), no affine, on a 3-D input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.g4 = torch.nn.GroupNorm(4, 12, eps=1e-6)
+        self.g1 = torch.nn.GroupNorm(1, 12)
+        self.bare = torch.nn.GroupNorm(3, 12, affine=False)
+        for p in (self.g4.weight, self.g4.bias, self.g1.weight, self.g1.bias):
+            torch.nn.init.normal_(p)  # not the identity affine
+
+    def forward(self, x: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.g4(x), self.g1(x) * 2, self.bare(s)
+
+
+def test_group_norm_is_a_layer_norm_over_groups_plus_the_channel_affine() -> None:
+    x, s = torch.randn(2, 12, 5, 7) * 3 + 1, torch.randn(3, 12, 9)
+    model = _GroupNorms()
+    cm = kfuse.compile(model, (x, s))
+    assert cm.report["fallback"] == [], cm.report["fallback"]
+    assert sum(k["template"] == "fused_norm" for k in cm.report["kernels"]) == 3, cm.report["kernels"]
+    for got, want in zip(cm(x, s), model(x, s), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    xc = x.contiguous(memory_format=torch.channels_last)  # a conv net's layout: the group rows are not contiguous
+    for got, want in zip(kfuse.compile(model, (xc, s))(xc, s), model(xc, s), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
