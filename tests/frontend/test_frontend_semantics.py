@@ -403,3 +403,23 @@ def test_group_norm_is_a_layer_norm_over_groups_plus_the_channel_affine() -> Non
     xc = x.contiguous(memory_format=torch.channels_last)  # a conv net's layout: the group rows are not contiguous
     for got, want in zip(kfuse.compile(model, (xc, s))(xc, s), model(xc, s), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+class _Patches(torch.nn.Module):
+    """MobileViT-V2's unfold into 2x2 patches and fold back, a rectangular tile, and ConvBERT's overlapping
+    (k, 1) unfold with padding, which stays PyTorch's."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        f = torch.nn.functional
+        p = f.unfold(x, kernel_size=2, stride=2)
+        back = f.fold(p * 2, output_size=x.shape[-2:], kernel_size=2, stride=2)
+        rect = f.unfold(x, kernel_size=(3, 2), stride=(3, 2))
+        return p, back, rect, f.fold(rect, output_size=x.shape[-2:], kernel_size=(3, 2), stride=(3, 2)), f.unfold(x, (3, 1), padding=(1, 0))
+
+
+def test_unfold_and_fold_of_whole_patches_are_a_reshape_and_a_permute() -> None:
+    x = torch.randn(2, 3, 6, 8)
+    cm = kfuse.compile(_Patches(), (x,))
+    assert cm.report["fallback"] == ["aten.im2col.default"], cm.report["fallback"]  # only the overlapping one
+    for got, want in zip(cm(x), _Patches()(x), strict=True):
+        torch.testing.assert_close(got, want)
