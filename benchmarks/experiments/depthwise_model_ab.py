@@ -10,6 +10,7 @@ gain is what compile timed) or about the same (if the layer times do not add up 
 changes the model by a few percent either way.
 
     PYTHONPATH=. python benchmarks/experiments/depthwise_model_ab.py --arch convnext --out $OUT   # H200, ~120 s (--pdl-off-too: ~200 s)
+    PYTHONPATH=. python benchmarks/experiments/depthwise_model_ab.py --arch convnext --pdl-off-too --profile --out $OUT
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zoo_sweep  # noqa: E402
+from experiments.zoo_kernel_profile import kernel_table  # noqa: E402
 
 import kfuse  # noqa: E402
 import kfuse.kernels.conv as conv  # noqa: E402
@@ -37,11 +39,13 @@ def main() -> None:
     p.add_argument("--rep", type=int, default=50)
     p.add_argument("--out", default="")
     p.add_argument("--pdl-off-too", action="store_true", help="also compile each with PDL off (two more compiles)")
+    p.add_argument("--profile", action="store_true", help="kernel time by name for each variant, side by side (spans add up with PDL off)")
     p.add_argument("--smoke", action="store_true", help="tiny config on the CPU (interpreter): checks the script, times nothing real")
     args = p.parse_args()
     model, a, kw = zoo_sweep.build(args.arch, args.smoke, "cpu" if args.smoke else "cuda", torch.float16)
     is_depthwise = conv.is_depthwise
     rows: list[dict[str, Any]] = []
+    tables: dict[tuple[bool, bool], dict[str, float]] = {}
     with torch.no_grad():
         ref = zoo_sweep.first_tensor(model(*a, **kw))
         for depthwise in (True, False):
@@ -56,13 +60,31 @@ def main() -> None:
                 print(f"depthwise kernel {depthwise!s:5s} pdl {pdl!s:5s}: {ms:.3f} ms  err {err:.1e}  kfuse depthwise {n_dw}", flush=True)
                 if depthwise and pdl:
                     first = cm
+                if args.profile and not args.smoke:
+                    tables[(depthwise, pdl)] = {n: us for n, us, _ in kernel_table(lambda cm=cm: cm(*a, **kw), 10)}
         conv.is_depthwise = is_depthwise
         # the first compiled model timed again: how far the timing drifts within the run
         rows.append({"depthwise_kernel": True, "pdl": True, "ms": time_ms(lambda: first(*a, **kw), 10, args.rep), "repeat": True})
         print(f"repeat of the first: {rows[-1]['ms']:.3f} ms")
+    side_by_side(tables)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        Path(args.out, f"depthwise_model_ab_{args.arch}.json").write_text(json.dumps({"arch": args.arch, "rows": rows}, indent=1))
+        out = {"arch": args.arch, "rows": rows, "kernel_us": {f"depthwise={d} pdl={q}": t for (d, q), t in tables.items()}}
+        Path(args.out, f"depthwise_model_ab_{args.arch}.json").write_text(json.dumps(out, indent=1))
+
+
+def side_by_side(tables: dict[tuple[bool, bool], dict[str, float]]) -> None:
+    """Per kernel name, microseconds a call with kfuse's depthwise kernel and without, at each PDL setting:
+    the neighbours whose time moves show what the depthwise kernel does to them (cache, layout)."""
+    for pdl in (True, False):
+        on, off = tables.get((True, pdl)), tables.get((False, pdl))
+        if on is None or off is None:
+            continue
+        print(
+            f"pdl {pdl}: kernel us a call, with / without kfuse's depthwise kernel (sum {sum(on.values()):.1f} / {sum(off.values()):.1f})"
+        )
+        for name in sorted(set(on) | set(off), key=lambda n: -max(on.get(n, 0.0), off.get(n, 0.0)))[:16]:
+            print(f"  {on.get(name, 0.0):8.1f} {off.get(name, 0.0):8.1f}  {name[:90]}")
 
 
 if __name__ == "__main__":
