@@ -526,6 +526,18 @@ def _full_like(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("expand", [c.b.scalar(value, dtype=dtype)], shape=tuple(xt.shape))
 
 
+@converts(aten.full)
+def _full(c: Ctx, a: tuple, k: dict) -> str:
+    """``torch.full(size, value)``: XGLM's ``finfo.min`` floor (a 0-d full) and causal-mask fill, made on the
+    model's device at import before; now a 0-d constant, expanded, which folds and fuses like any scalar."""
+    size, value = tuple(a[0]), a[1] if len(a) > 1 else k.get("fill_value")
+    val = c.node.meta.get("val")
+    if not isinstance(value, bool | int | float) or k.get("layout") not in (None, torch.strided) or not isinstance(val, torch.Tensor):
+        raise _Unsupported()
+    scalar = c.b.scalar(value, dtype=val.dtype)
+    return scalar if not size else c.op("expand", [scalar], shape=tuple(int(s) for s in size))
+
+
 @converts(aten.clamp_min, aten.clamp_max)
 def _clamp_one_side(c: Ctx, a: tuple, k: dict) -> str:
     """``clamp_min`` / ``clamp_max`` (F.normalize's eps floor) as a clamp, or maximum / minimum for a tensor bound."""

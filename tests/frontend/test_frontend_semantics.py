@@ -423,3 +423,23 @@ def test_unfold_and_fold_of_whole_patches_are_a_reshape_and_a_permute() -> None:
     assert cm.report["fallback"] == ["aten.im2col.default"], cm.report["fallback"]  # only the overlapping one
     for got, want in zip(cm(x), _Patches()(x), strict=True):
         torch.testing.assert_close(got, want)
+
+
+class _Fulls(torch.nn.Module):
+    """XGLM's floor, ``max(scores, full((), finfo.min))``, a full causal mask, and an integer full."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        floor = torch.max(x, torch.full((), torch.finfo(x.dtype).min, device=x.device))
+        mask = torch.full((x.shape[-1], x.shape[-1]), torch.finfo(x.dtype).min, device=x.device).triu(1)
+        counts = torch.full((2, 3), 7, device=x.device) * 2
+        return floor.softmax(-1), (x + mask).softmax(-1), counts
+
+
+def test_full_is_a_constant_not_a_fallback() -> None:
+    x = torch.randn(2, 5, 5)
+    x[0, 1, 2] = float("-inf")
+    cm = kfuse.compile(_Fulls(), (x,))
+    assert not any("full" in f for f in cm.report["fallback_at_import"]), cm.report["fallback_at_import"]
+    for got, want in zip(cm(x), _Fulls()(x), strict=True):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
