@@ -100,9 +100,11 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         stages.append(("layout", layout_pass(options)))
     if options.fuse_attention:  # before fuse_epilogue: the merged QKV GEMM still gets its bias epilogue
         from kfuse.passes.fuse_attention import fuse_attention
+        from kfuse.passes.lift_head_batch import lift_head_batch
         from kfuse.passes.merge_gemm import merge_gemms
 
-        stages += [("fuse_attention", fuse_attention), ("merge_gemm", merge_gemms)]
+        # (B*H, S, D) bmm attention (BLOOM, XGLM) lifted to the (B, H, S, D) chain that fuse_attention matches
+        stages += [("lift_head_batch", lift_head_batch), ("fuse_attention", fuse_attention), ("merge_gemm", merge_gemms)]
     if options.fuse_rotary:  # before fuse_pointwise, which would take its multiply-add alone
         from kfuse.passes.fuse_rotary import fuse_rotary
 

@@ -47,6 +47,7 @@ class _Match:
     causal: bool
     last: Node
     fused: list[str]
+    mask2: str | None = None  # a second additive mask, summed with ``mask`` into one dense mask
 
 
 def _single_user(users: dict[str, list[Node]], name: str, graph: Graph) -> Node | None:
@@ -106,6 +107,11 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
     if s is not None and s.op == "cast" and _single_user(users, s.name, graph):
         fused.append("cast")
         s = nodes.get(s.inputs[0])
+    if s is not None and s.op == "maximum" and _single_user(users, s.name, graph):
+        floor = _scalar(graph, s.inputs[1])
+        if floor is not None and floor <= -1e4:  # XGLM's max(scores, finfo.min): it only turns -inf into a finite floor
+            fused.append("maximum")
+            s = nodes.get(s.inputs[0])
     causal = False
 
     def peel_causal(n: Node | None) -> Node | None:
@@ -119,15 +125,28 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
         return nodes.get(scores)
 
     s = peel_causal(s)  # MPT: masked_fill over the biased scores, right under the softmax
-    mask = None
-    if s is not None and s.op == "add" and _single_user(users, s.name, graph):
-        a, b = (nodes.get(i) for i in s.inputs)
+    mask = mask2 = None
+
+    def split_add(n: Node) -> tuple[Node, str] | None:
+        """(scores, mask) of ``scores + mask`` in either order."""
+        a, b = (nodes.get(i) for i in n.inputs)
         if a is not None and (a.op in ("mul", "div", "matmul") or _causal_where(graph, a)):
-            s, mask = a, s.inputs[1]
-        elif b is not None and (b.op in ("mul", "div", "matmul") or _causal_where(graph, b)):
-            s, mask = b, s.inputs[0]
-        else:
-            return None
+            return a, n.inputs[1]
+        if b is not None and (b.op in ("mul", "div", "matmul") or _causal_where(graph, b)):
+            return b, n.inputs[0]
+        return None
+
+    if s is not None and s.op == "add" and _single_user(users, s.name, graph):
+        found = split_add(s)
+        if found is None:  # (scores + m1) + m2: BLOOM's ALiBi bias, then its causal / padding mask
+            inner = [(nodes.get(i), j) for i, j in zip(s.inputs, reversed(s.inputs), strict=True)]
+            inner = [(n, j) for n, j in inner if n is not None and n.op == "add" and _single_user(users, n.name, graph)]
+            found = split_add(inner[0][0]) if inner else None
+            if found is None:
+                return None
+            mask2 = inner[0][1]
+            fused.append("add")
+        s, mask = found
         fused.append("add")
     s = peel_causal(s)  # GPT-Neo: the where under HF's additive padding mask
     scale = 1.0
@@ -146,7 +165,7 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
     qt, ktt = graph.type_of(q), graph.type_of(kt)
     if not (isinstance(qt, TensorType) and isinstance(ktt, TensorType) and qt.rank == 4 and ktt.rank == 4):
         return None
-    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)))
+    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)), mask2)
 
 
 def _shapes_match(graph: Graph, m: _Match) -> bool:
@@ -245,7 +264,10 @@ def fuse_attention(graph: Graph) -> Graph:
         assert isinstance(qt, TensorType) and isinstance(kt, TensorType)
         b, h, sq, d = qt.shape
         sk = kt.shape[3] if m.k_transposed else kt.shape[2]
-        info = classify(graph, m.mask, qt, sk, additive=m.k_transposed)
+        if m.mask2 is None:
+            info = classify(graph, m.mask, qt, sk, additive=m.k_transposed)
+        else:  # two masks (BLOOM's ALiBi bias and causal mask) are read as one: their sum, made before the kernel
+            info = MaskInfo("dense", note="two additive masks summed")
         scale = float(m.scale) if m.scale is not None else 1.0 / math.sqrt(d)
         k_dims = (0, 2, 3, 1) if m.k_transposed else _HEADS_FIRST
         k, v, group = _ungrouped(m, nodes, graph)
@@ -266,6 +288,9 @@ def fuse_attention(graph: Graph) -> Graph:
             attrs["kv_group"] = group
         mask_in = _mask_input(m, info)
         emit: list[tuple[str, str, tuple[str, ...], dict]] = []
+        if m.mask2 is not None:
+            mask_in = (f"{m.last.name}_mask",)
+            emit.append((mask_in[0], "add", (m.mask, m.mask2), {}))
         if all(srcs):
             attrs["layout"] = "bshd"
             ins = tuple(s for s in srcs if s is not None) + mask_in

@@ -128,8 +128,9 @@ def _shape_rewrite(node: Node, b: GraphBuilder) -> str | None:
     producer = _producer(b, node.inputs[0]) if node.inputs else None
     if producer is None:
         return None
-    if node.op == "reshape" and producer.op == "reshape":
-        return b.op("reshape", [producer.inputs[0]], {"shape": node.attrs["shape"]})
+    if node.op == "reshape" and producer.op == "reshape":  # a split of a merge (lift_head_batch) is no reshape at all
+        src = producer.inputs[0]
+        return src if _same_type(b, node, src) else b.op("reshape", [src], {"shape": node.attrs["shape"]})
     if node.op == "permute" and producer.op == "permute":
         inner, outer = producer.attrs["dims"], node.attrs["dims"]
         dims = tuple(inner[d] for d in outer)

@@ -1,0 +1,121 @@
+"""Lift attention written over a merged ``(B*H, S, D)`` batch back to ``(B, H, S, D)``.
+
+Older Hugging Face attention (BLOOM, XGLM, the BART family) folds batch and heads into one dim and uses
+3-D ``bmm``/``baddbmm``: ``reshape(q, (B*H, Sq, D)) @ reshape(k, (B*H, Sk, D))^T``, then a split to
+``(B, H, Sq, Sk)`` for the mask, a merge back for the softmax or the second ``bmm``. ``fuse_attention``
+matches the 4-D chain only, so these stayed three or four kernels a layer with the scores in memory.
+
+Two rewrites, applied until neither applies, each turning one 3-D op into a 4-D one (so it ends):
+
+* ``matmul(merge(A), merge(B))`` -> ``merge(matmul(A, B))``, where ``merge(X)`` is a reshape of a 4-D ``X``
+  that folds its first two dims, and ``B`` may also be ``permute(merge(B'), (0, 2, 1))`` (K^T), lifted as
+  ``permute(B', (0, 1, 3, 2))``;
+* ``e(merge(X), others)`` -> ``merge(e(X, others'))`` for an elementwise op or a softmax over a dim past the
+  first: ``others`` of rank 3 with ``B*H`` rows are split to ``(B, H, ...)``; an operand with one row, or of
+  lower rank, broadcasts as it did.
+
+Then ``algebraic_simplify`` cancels the split-of-merge pairs this leaves. The rewritten node keeps its name
+(as a reshape of the new 4-D node), so the rest of the graph is unchanged.
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import ops
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.passes.simplify import algebraic_simplify, dce
+
+_ROW_OPS = ("softmax", "log_softmax")
+
+
+def _merged_source(graph: Graph, name: str, producer: dict[str, Node]) -> str | None:
+    """``X`` when ``name`` is ``reshape(X)`` folding the first two dims of a 4-D ``X``."""
+    r = producer.get(name)
+    if r is None or r.op != "reshape":
+        return None
+    x, out = graph.type_of(r.inputs[0]), graph.type_of(name)
+    if not (isinstance(x, TensorType) and isinstance(out, TensorType) and x.rank == 4 and out.rank == 3):
+        return None
+    return r.inputs[0] if out.shape == (x.shape[0] * x.shape[1], *x.shape[2:]) else None
+
+
+def _transposed_merged_source(graph: Graph, name: str, producer: dict[str, Node]) -> str | None:
+    """``X`` when ``name`` is ``permute(merge(X), (0, 2, 1))``."""
+    p = producer.get(name)
+    if p is None or p.op != "permute" or tuple(p.attrs["dims"]) != (0, 2, 1):
+        return None
+    return _merged_source(graph, p.inputs[0], producer)
+
+
+def _shape(graph: Graph, name: str) -> tuple[int, ...] | None:
+    t = graph.type_of(name)
+    return t.shape if isinstance(t, TensorType) else None
+
+
+def _rewrite_once(graph: Graph) -> Graph | None:
+    producer = graph.node_map()
+    for node in graph.nodes:
+        if not isinstance(node.type, TensorType) or node.ttype.rank != 3:
+            continue
+        if node.op == "matmul":
+            a = _merged_source(graph, node.inputs[0], producer)
+            b = _merged_source(graph, node.inputs[1], producer)
+            b_t = None if b is not None else _transposed_merged_source(graph, node.inputs[1], producer)
+            if a is None or (b is None and b_t is None):
+                continue
+            if graph.type_of(a).shape[:2] != graph.type_of(b or b_t).shape[:2]:
+                continue
+            return _lift(graph, node, {node.inputs[0]: (a, None), node.inputs[1]: (b or b_t, None if b else (0, 1, 3, 2))})
+        if ops.is_elementwise(node.op) or (node.op in _ROW_OPS and node.attrs["dim"] % 3 != 0):
+            main = [i for i in node.inputs if _shape(graph, i) == node.ttype.shape and _merged_source(graph, i, producer)]
+            if len(main) != 1:
+                continue
+            x = _merged_source(graph, main[0], producer)
+            bh = node.ttype.shape[0]
+            heads = graph.type_of(x).shape[:2]
+            plan: dict[str, tuple[str, tuple[int, ...] | None] | None] = {main[0]: (x, None)}
+            for i in node.inputs:
+                t = graph.type_of(i)
+                if i in plan or not isinstance(t, TensorType) or t.rank < 3 or t.shape[0] == 1:
+                    continue
+                if t.rank > 3 or t.shape[0] != bh:
+                    break
+                plan[i] = None  # split (B*H, ...) -> (B, H, ...)
+            else:
+                return _lift(graph, node, plan, heads)
+    return None
+
+
+def _lift(graph: Graph, node: Node, plan: dict, heads: tuple[int, ...] = ()) -> Graph:
+    """``node`` redone on 4-D operands (``plan``: input -> (4-D source, permute or None), or None to split
+    that input's first dim into ``heads``), then merged back under ``node``'s name."""
+    b = GraphBuilder.from_graph(graph)
+    for n in graph.nodes:
+        if n.name != node.name:
+            b.add_node(n)
+            continue
+        ins = []
+        for i in n.inputs:
+            how = plan[i] if i in plan else (i, None)
+            if how is None:
+                t = graph.type_of(i)
+                ins.append(b.op("reshape", [i], {"shape": (*heads, *t.shape[1:])}))
+                continue
+            src, perm = how
+            ins.append(b.op("permute", [src], {"dims": perm}) if perm else src)
+        attrs = dict(n.attrs)
+        if n.op in _ROW_OPS:
+            attrs["dim"] = n.attrs["dim"] % 3 + 1
+        lifted = b.op(n.op, ins, attrs)
+        b.op("reshape", [lifted], {"shape": node.ttype.shape}, name=node.name)
+    return dce(b.build(graph.outputs))
+
+
+def lift_head_batch(graph: Graph, max_rewrites: int = 10_000) -> Graph:
+    """Apply both rewrites until none applies, then cancel the reshape pairs they leave."""
+    changed = False
+    for _ in range(max_rewrites):
+        new = _rewrite_once(graph)
+        if new is None:
+            break
+        graph, changed = new, True
+    return algebraic_simplify(graph) if changed else graph

@@ -1,0 +1,104 @@
+"""Attention over a merged (B*H, S, D) batch (BLOOM, XGLM): lifted to the 4-D chain, then fused."""
+
+from __future__ import annotations
+
+import torch
+
+import kfuse
+from kfuse.compiler import Options, optimize
+from kfuse.frontend.torch_export import import_module
+from kfuse.ir.interpret import reference_run
+from kfuse.passes.fuse_attention import fuse_attention
+from kfuse.passes.lift_head_batch import lift_head_batch
+
+BASE = Options(fuse_attention=False, fuse_epilogue=False, fuse_pointwise=False, fuse_b2b=False, tune="none")
+
+
+class _BloomAttention(torch.nn.Module):
+    """BLOOM: ``baddbmm(alibi, q, k^T)`` over ``(B*H, S, D)``, a split for the causal / padding mask, softmax,
+    a merge for ``bmm`` with V."""
+
+    def __init__(self, heads: int, seq: int) -> None:
+        super().__init__()
+        self.heads = heads
+        slopes = torch.tensor([2.0 ** (-(i + 1)) for i in range(heads)])
+        self.register_buffer("alibi", (slopes[:, None, None] * torch.arange(seq)[None, None, :]).float())  # [H, 1, S]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, h, s, d = q.shape
+        alibi = self.alibi.repeat(b, 1, 1)  # [B*H, 1, S]
+        scores = alibi.baddbmm(q.reshape(b * h, s, d), k.reshape(b * h, s, d).transpose(1, 2), beta=1.0, alpha=d**-0.5)
+        w = scores.view(b, h, s, s) + mask
+        p = torch.softmax(w, dim=-1).view(b * h, s, s)
+        return torch.bmm(p, v.reshape(b * h, s, d)).view(b, h, s, d)
+
+
+class _XglmAttention(torch.nn.Module):
+    """XGLM: pre-scaled queries, ``bmm`` scores split for the mask, merged back, floored at ``finfo.min``,
+    softmax over the merged batch."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, h, s, d = q.shape
+        w = torch.bmm((q * d**-0.5).reshape(b * h, s, d), k.reshape(b * h, s, d).transpose(1, 2))
+        w = (w.view(b, h, s, s) + mask).view(b * h, s, s)
+        w = torch.max(w, torch.full((), torch.finfo(w.dtype).min))
+        out = torch.bmm(torch.softmax(w, dim=-1), v.reshape(b * h, s, d))
+        return out.view(b, h, s, d).transpose(1, 2).reshape(b, s, h * d)
+
+
+def _inputs(b: int = 2, h: int = 3, s: int = 10, d: int = 16) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    causal = torch.full((s, s), torch.finfo(torch.float32).min).triu(1)
+    padding = torch.zeros(b, 1, 1, s)
+    padding[1, ..., -3:] = torch.finfo(torch.float32).min  # the second sequence is 3 shorter
+    return q, k, v, (causal + padding).clamp_min(torch.finfo(torch.float32).min)
+
+
+def _graph(model: torch.nn.Module, xs: tuple[torch.Tensor, ...]):
+    return optimize(import_module(model, xs, {}).graph, BASE).graph
+
+
+def test_lifting_leaves_no_merged_batch_matmul_and_keeps_the_numbers() -> None:
+    for model in (_BloomAttention(3, 10), _XglmAttention()):
+        xs = _inputs()
+        g = _graph(model, xs)
+        assert any(n.op == "matmul" and n.ttype.rank == 3 for n in g.nodes)
+        lifted = lift_head_batch(g)
+        left_3d = [n for n in lifted.nodes if n.op in ("matmul", "softmax") and n.ttype.rank == 3]
+        assert not left_3d, left_3d
+        for got, want in zip(reference_run(lifted, list(xs)), reference_run(g, list(xs)), strict=True):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_bloom_attention_is_fused_with_alibi_and_mask_summed() -> None:
+    model, xs = _BloomAttention(3, 10), _inputs()
+    fused = [n for n in fuse_attention(lift_head_batch(_graph(model, xs))).nodes if n.op == "fused_attention"]
+    assert len(fused) == 1 and fused[0].attrs["mask_kind"] == "dense" and "summed" in fused[0].attrs["note"], fused
+    cm = kfuse.compile(model, xs, check=False)
+    assert [k["template"] for k in cm.report["kernels"]].count("fused_attention") == 1, cm.report["kernels"]
+    torch.testing.assert_close(cm(*xs), model(*xs), atol=1e-5, rtol=1e-4)
+
+
+def test_xglm_attention_is_fused_through_its_finfo_min_floor() -> None:
+    model, xs = _XglmAttention(), _inputs()
+    cm = kfuse.compile(model, xs, check=False)
+    assert [k["template"] for k in cm.report["kernels"]].count("fused_attention") == 1, cm.report["kernels"]
+    torch.testing.assert_close(cm(*xs), model(*xs), atol=1e-5, rtol=1e-4)
+
+
+class _NotHeads(torch.nn.Module):
+    """A 3-D bmm of real 3-D inputs (no head split to lift) next to a merged one with a mismatched batch."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.bmm(a, b).softmax(-1), torch.bmm(x.reshape(6, 4, 5), b[:, :5, :].repeat(2, 1, 1))
+
+
+def test_batched_matmuls_that_are_not_merged_heads_stay_3d() -> None:
+    torch.manual_seed(0)
+    xs = (torch.randn(3, 4, 5), torch.randn(3, 5, 7), torch.randn(2, 3, 4, 5))
+    g = _graph(_NotHeads(), xs)
+    lifted = lift_head_batch(g)
+    assert [n.ttype.rank for n in lifted.nodes if n.op == "matmul"] == [3, 3]
+    for got, want in zip(reference_run(lifted, list(xs)), reference_run(g, list(xs)), strict=True):
+        torch.testing.assert_close(got, want)
