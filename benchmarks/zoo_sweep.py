@@ -193,6 +193,12 @@ EXPLORE: dict[str, Arch] = {
          dict(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4], decoder_hidden_size=16)),
     ]
 }  # fmt: skip
+# explore architectures with a named checkpoint's widths (their config class's defaults), so a GPU run can time
+# what the CPU sweep made fusable: XGLM's (B*H, S, D) attention, Falcon's multi-query, MPT's and GPT-Neo's
+# causal masks, MobileViT-V2's group norm and patch fold (session 39). The rest stay smoke-only.
+GPU_WIDTHS = {"xglm": "xglm-564M", "falcon": "falcon-7b", "mpt": "mpt-1b-redpajama-200b", "gpt-neo": "gpt-neo-1.3B",
+              "mobilevitv2": "mobilevitv2-1.0-imagenet1k-256"}  # fmt: skip
+EXPLORE.update({n: Arch(a.config, a.model, a.kind, GPU_WIDTHS[n], {}, a.tiny) for n, a in EXPLORE.items() if n in GPU_WIDTHS})
 SETS = {"zoo": ARCHS, "explore": EXPLORE}
 ALL_ARCHS = {**ARCHS, **EXPLORE}
 ENCODERS = ("distilbert", "roberta", "albert", "deberta-v2", "mobilebert", "mpnet", "t5-encoder")
@@ -394,7 +400,12 @@ def collect(path: Path) -> dict[str, dict[str, Any]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/h200")
-    p.add_argument("--set", default="zoo", choices=sorted(SETS), help="zoo: the 22 benchmarked architectures; explore: 31 more (--smoke)")
+    p.add_argument(
+        "--set",
+        default="zoo",
+        choices=sorted(SETS),
+        help="zoo: the 22 benchmarked architectures; explore: 31 more (--smoke; GPU widths for a few)",
+    )
     p.add_argument("--only", default="", help="comma list (default: the whole set) of: " + ",".join(ALL_ARCHS))
     p.add_argument("--baselines", default="eager,eager_cudagraph,compile")
     p.add_argument("--tune", default="fast", choices=("none", "fast", "full"))
@@ -409,8 +420,9 @@ def main() -> None:
     unknown = [n for n in names if n not in ALL_ARCHS]
     if unknown:
         p.error(f"unknown architecture(s) {', '.join(unknown)}; known: {', '.join(ALL_ARCHS)}")
-    if not args.smoke and any(n in EXPLORE for n in names):
-        p.error("the explore set has no GPU widths: run it with --smoke")
+    no_widths = [n for n in names if ALL_ARCHS[n].checkpoint == "-"]
+    if not args.smoke and no_widths:
+        p.error(f"no GPU widths for {', '.join(no_widths)} (explore set; GPU widths: {', '.join(GPU_WIDTHS)}): run it with --smoke")
     if args.worker:
         worker(args, args.worker.split(","))
         return

@@ -35,7 +35,7 @@ def test_sweep_compiles_checks_and_survives_a_crashed_worker(tmp_path: Path) -> 
     assert recs["convnext"]["b2b_fused"] >= 1  # the chain the fix is about did run fused
 
 
-def test_the_explore_set_names_real_classes_and_is_smoke_only() -> None:
+def test_the_explore_set_names_real_classes_and_is_smoke_only_without_widths() -> None:
     import transformers
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -48,7 +48,10 @@ def test_the_explore_set_names_real_classes_and_is_smoke_only() -> None:
     assert missing == []
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/zoo_sweep.py"), "--set", "explore", "--out", "/nonexistent"],
                           capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
-    assert proc.returncode != 0 and "--smoke" in proc.stderr
+    refused = proc.stderr.split("no GPU widths for")[-1].split("(explore set")[0]
+    assert proc.returncode != 0 and "--smoke" in proc.stderr and "electra" in refused and "xglm" not in refused
+    with_widths = [n for n, a in zoo_sweep.EXPLORE.items() if a.checkpoint != "-"]
+    assert sorted(with_widths) == sorted(zoo_sweep.GPU_WIDTHS)
 
 
 @pytest.mark.interpreter
