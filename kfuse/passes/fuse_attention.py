@@ -264,10 +264,7 @@ def fuse_attention(graph: Graph) -> Graph:
         assert isinstance(qt, TensorType) and isinstance(kt, TensorType)
         b, h, sq, d = qt.shape
         sk = kt.shape[3] if m.k_transposed else kt.shape[2]
-        if m.mask2 is None:
-            info = classify(graph, m.mask, qt, sk, additive=m.k_transposed)
-        else:  # two masks (BLOOM's ALiBi bias and causal mask) are read as one: their sum, made before the kernel
-            info = MaskInfo("dense", note="two additive masks summed")
+        info, summed = _classify_masks(graph, m, qt, sk)
         scale = float(m.scale) if m.scale is not None else 1.0 / math.sqrt(d)
         k_dims = (0, 2, 3, 1) if m.k_transposed else _HEADS_FIRST
         k, v, group = _ungrouped(m, nodes, graph)
@@ -288,7 +285,7 @@ def fuse_attention(graph: Graph) -> Graph:
             attrs["kv_group"] = group
         mask_in = _mask_input(m, info)
         emit: list[tuple[str, str, tuple[str, ...], dict]] = []
-        if m.mask2 is not None:
+        if summed:
             mask_in = (f"{m.last.name}_mask",)
             emit.append((mask_in[0], "add", (m.mask, m.mask2), {}))
         if all(srcs):
@@ -331,6 +328,23 @@ def fuse_attention(graph: Graph) -> Graph:
         elif node.name not in removed:
             b.add_node(node)
     return dce(b.build(graph.outputs))
+
+
+def _classify_masks(graph: Graph, m: _Match, qt: TensorType, sk: int) -> tuple[MaskInfo, bool]:
+    """The mask's meaning, and whether two masks must be summed into one dense mask before the kernel. With two
+    (BLOOM: ALiBi, then the causal / padding mask), one that means nothing but causality (the causal mask
+    when no padding mask is passed) becomes the causal flag and the other is the mask (``m.mask`` is made
+    that one); only two real masks are summed."""
+    info = classify(graph, m.mask, qt, sk, additive=m.k_transposed)
+    if m.mask2 is None:
+        return info, False
+    info2 = classify(graph, m.mask2, qt, sk, additive=m.k_transposed)
+    if info2.kind == "none":
+        return MaskInfo(info.kind, info.causal or info2.causal, info.source, info.note), False
+    if info.kind == "none":
+        m.mask = m.mask2
+        return MaskInfo(info2.kind, info.causal or info2.causal, info2.source, info2.note), False
+    return MaskInfo("dense", note="two additive masks summed"), True  # the sum holds any causal part
 
 
 def _mask_input(m: _Match, info: MaskInfo) -> tuple[str, ...]:

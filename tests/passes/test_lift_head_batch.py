@@ -33,6 +33,15 @@ class _BloomAttention(torch.nn.Module):
         return torch.bmm(p, v.reshape(b * h, s, d)).view(b, h, s, d)
 
 
+class _BloomCausalOnly(_BloomAttention):
+    """BLOOM called without a padding mask: its causal mask is built in the model, a constant."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        s = q.shape[2]
+        causal = torch.full((s, s), torch.finfo(q.dtype).min, device=q.device).triu(1)
+        return super().forward(q, k, v, causal)
+
+
 class _XglmAttention(torch.nn.Module):
     """XGLM: pre-scaled queries, ``bmm`` scores split for the mask, merged back, floored at ``finfo.min``,
     softmax over the merged batch."""
@@ -77,6 +86,16 @@ def test_bloom_attention_is_fused_with_alibi_and_mask_summed() -> None:
     assert len(fused) == 1 and fused[0].attrs["mask_kind"] == "dense" and "summed" in fused[0].attrs["note"], fused
     cm = kfuse.compile(model, xs, check=False)
     assert [k["template"] for k in cm.report["kernels"]].count("fused_attention") == 1, cm.report["kernels"]
+    torch.testing.assert_close(cm(*xs), model(*xs), atol=1e-5, rtol=1e-4)
+
+
+def test_a_causal_only_second_mask_is_the_causal_flag_not_a_sum() -> None:
+    model, xs = _BloomCausalOnly(3, 10), _inputs()[:3]
+    g = fuse_attention(lift_head_batch(_graph(model, xs)))
+    fused = [n for n in g.nodes if n.op == "fused_attention"]
+    assert len(fused) == 1 and fused[0].attrs["causal"] and fused[0].attrs["mask_kind"] == "dense", fused
+    assert not any(n.name.endswith("_mask") for n in g.nodes)  # ALiBi alone is the mask: nothing summed
+    cm = kfuse.compile(model, xs, check=False)
     torch.testing.assert_close(cm(*xs), model(*xs), atol=1e-5, rtol=1e-4)
 
 
