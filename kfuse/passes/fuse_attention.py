@@ -48,6 +48,7 @@ class _Match:
     last: Node
     fused: list[str]
     mask2: str | None = None  # a second additive mask, summed with ``mask`` into one dense mask
+    mask_allows: bool = False  # ``mask`` is a bool "may attend" mask (from a masked where), not added
 
 
 def _single_user(users: dict[str, list[Node]], name: str, graph: Graph) -> Node | None:
@@ -90,6 +91,32 @@ def _causal_where(graph: Graph, node: Node | None) -> str | None:
     return None
 
 
+def _masked_where(graph: Graph, node: Node, nodes: dict[str, Node]) -> tuple[str | None, str] | None:
+    """(allowed, scores) of ``where(~allowed, very negative, scores)`` or ``where(allowed, scores, very
+    negative)``: the condition read as a bool "may attend" mask, the way SDPA reads one. A constant condition
+    that never masks (DeBERTa called without a padding mask) gives ``allowed`` None; any other constant one is
+    ``_causal_where``'s or stays unfused."""
+    if node.op != "where" or len(node.inputs) != 3:
+        return None
+    cond = graph.type_of(node.inputs[0])
+    if not isinstance(cond, TensorType) or cond.dtype != torch.bool:
+        return None
+    fill_first = _scalar(graph, node.inputs[1])
+    fills_where_true = fill_first is not None and fill_first <= -1e4
+    fill_last = _scalar(graph, node.inputs[2])
+    if not fills_where_true and not (fill_last is not None and fill_last <= -1e4):
+        return None
+    scores = node.inputs[2] if fills_where_true else node.inputs[1]
+    const = graph.constants.get(node.inputs[0])
+    if const is not None:
+        never = not bool(const.any()) if fills_where_true else bool(const.all())
+        return (None, scores) if never else None
+    if not fills_where_true:
+        return node.inputs[0], scores
+    neg = nodes.get(node.inputs[0])
+    return (neg.inputs[0], scores) if neg is not None and neg.op == "logical_not" else None
+
+
 def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> _Match | None:
     """``pv = matmul(softmax(scale * (q @ kT) [+ mask]), v)`` with optional casts around the softmax, and a
     causal ``where`` (``_causal_where``) under the softmax, the mask add or the scale."""
@@ -126,6 +153,12 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
 
     s = peel_causal(s)  # MPT: masked_fill over the biased scores, right under the softmax
     mask = mask2 = None
+    masked = _masked_where(graph, s, nodes) if s is not None and _single_user(users, s.name, graph) else None
+    allowed = None
+    if masked is not None:  # DeBERTa: masked_fill(scores, ~mask, finfo.min), the mask from the input
+        fused.append("where")
+        allowed, scores = masked
+        mask, s = allowed, nodes.get(scores)
 
     def split_add(n: Node) -> tuple[Node, str] | None:
         """(scores, mask) of ``scores + mask`` in either order."""
@@ -136,7 +169,7 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
             return b, n.inputs[0]
         return None
 
-    if s is not None and s.op == "add" and _single_user(users, s.name, graph):
+    if masked is None and s is not None and s.op == "add" and _single_user(users, s.name, graph):
         found = split_add(s)
         if found is None:  # (scores + m1) + m2: BLOOM's ALiBi bias, then its causal / padding mask
             inner = [(nodes.get(i), j) for i, j in zip(s.inputs, reversed(s.inputs), strict=True)]
@@ -162,10 +195,17 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
         return None
     fused.append("matmul")
     q, kt = s.inputs
+    k_scaled = nodes.get(kt)
+    if k_scaled is not None and k_scaled.op in ("mul", "div") and _single_user(users, kt, graph):
+        c = _scalar(graph, k_scaled.inputs[1])  # DeBERTa scales K^T, not the scores
+        if c is not None and c != 0:
+            scale *= c if k_scaled.op == "mul" else 1.0 / c
+            fused.append(k_scaled.op)
+            kt = k_scaled.inputs[0]
     qt, ktt = graph.type_of(q), graph.type_of(kt)
     if not (isinstance(qt, TensorType) and isinstance(ktt, TensorType) and qt.rank == 4 and ktt.rank == 4):
         return None
-    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)), mask2)
+    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)), mask2, allowed is not None)
 
 
 def _shapes_match(graph: Graph, m: _Match) -> bool:
@@ -185,7 +225,7 @@ def _shapes_match(graph: Graph, m: _Match) -> bool:
 
 def _bool_additive_mask(graph: Graph, m: _Match) -> bool:
     """A bool mask added to the scores (explicit form) adds 0/1; the kernel would read it as "True = attend"."""
-    if not m.k_transposed or m.mask is None:
+    if not m.k_transposed or m.mask is None or m.mask_allows:
         return False
     t = graph.type_of(m.mask)
     return isinstance(t, TensorType) and t.dtype == torch.bool
@@ -335,7 +375,7 @@ def _classify_masks(graph: Graph, m: _Match, qt: TensorType, sk: int) -> tuple[M
     (BLOOM: ALiBi, then the causal / padding mask), one that means nothing but causality (the causal mask
     when no padding mask is passed) becomes the causal flag and the other is the mask (``m.mask`` is made
     that one); only two real masks are summed."""
-    info = classify(graph, m.mask, qt, sk, additive=m.k_transposed)
+    info = classify(graph, m.mask, qt, sk, additive=m.k_transposed and not m.mask_allows)
     if m.mask2 is None:
         return info, False
     info2 = classify(graph, m.mask2, qt, sk, additive=m.k_transposed)

@@ -12,7 +12,8 @@ Two rewrites, applied until neither applies, each turning one 3-D op into a 4-D 
   ``permute(B', (0, 1, 3, 2))``;
 * ``e(merge(X), others)`` -> ``merge(e(X, others'))`` for an elementwise op or a softmax over a dim past the
   first: ``others`` of rank 3 with ``B*H`` rows are split to ``(B, H, ...)``; an operand with one row, or of
-  lower rank, broadcasts as it did.
+  lower rank, broadcasts as it did; and ``permute(merge(X), (0, 2, 1))`` -> ``merge(permute(X, (0, 1, 3, 2)))``
+  (DeBERTa scales K^T before the ``bmm``).
 
 Then ``algebraic_simplify`` cancels the split-of-merge pairs this leaves. The rewritten node keeps its name
 (as a reshape of the new 4-D node), so the rest of the graph is unchanged.
@@ -65,6 +66,11 @@ def _rewrite_once(graph: Graph) -> Graph | None:
             if graph.type_of(a).shape[:2] != graph.type_of(b or b_t).shape[:2]:
                 continue
             return _lift(graph, node, {node.inputs[0]: (a, None), node.inputs[1]: (b or b_t, None if b else (0, 1, 3, 2))})
+        if node.op == "permute" and tuple(node.attrs["dims"]) == (0, 2, 1):  # K^T of a merge (DeBERTa scales it next)
+            x = _merged_source(graph, node.inputs[0], producer)
+            if x is not None:
+                return _lift(graph, node, {node.inputs[0]: (x, (0, 1, 3, 2))})
+            continue
         if ops.is_elementwise(node.op) or (node.op in _ROW_OPS and node.attrs["dim"] % 3 != 0):
             main = [i for i in node.inputs if _shape(graph, i) == node.ttype.shape and _merged_source(graph, i, producer)]
             if len(main) != 1:
@@ -105,7 +111,7 @@ def _lift(graph: Graph, node: Node, plan: dict, heads: tuple[int, ...] = ()) -> 
         attrs = dict(n.attrs)
         if n.op in _ROW_OPS:
             attrs["dim"] = n.attrs["dim"] % 3 + 1
-        lifted = b.op(n.op, ins, attrs)
+        lifted = ins[0] if n.op == "permute" else b.op(n.op, ins, attrs)  # a permute is lifted by its plan
         b.op("reshape", [lifted], {"shape": node.ttype.shape}, name=node.name)
     return dce(b.build(graph.outputs))
 

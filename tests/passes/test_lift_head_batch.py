@@ -121,3 +121,30 @@ def test_batched_matmuls_that_are_not_merged_heads_stay_3d() -> None:
     assert [n.ttype.rank for n in lifted.nodes if n.op == "matmul"] == [3, 3]
     for got, want in zip(reference_run(lifted, list(xs)), reference_run(g, list(xs)), strict=True):
         torch.testing.assert_close(got, want)
+
+
+class _DebertaAttention(torch.nn.Module):
+    """DeBERTa-v2: K^T scaled before a merged ``bmm``, then ``masked_fill(~mask, finfo.min)`` with the mask
+    from the input (here key padding, ``[B, 1, 1, S]``)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b, h, s, d = q.shape
+        kt = k.reshape(b * h, s, d).transpose(-1, -2) * d**-0.5
+        w = torch.bmm(q.reshape(b * h, s, d), kt).view(b, h, s, s)
+        w = w.masked_fill(~keep[:, None, None, :].bool(), torch.finfo(w.dtype).min)
+        return torch.softmax(w, dim=-1) @ v
+
+
+def test_deberta_attention_is_fused_with_its_scaled_k_and_masked_fill() -> None:
+    q, k, v, _ = _inputs()
+    keep = torch.ones(2, 10, dtype=torch.long)
+    keep[1, -4:] = 0
+    model = _DebertaAttention()
+    g = fuse_attention(lift_head_batch(_graph(model, (q, k, v, keep))))
+    fused = [n for n in g.nodes if n.op == "fused_attention"]
+    assert len(fused) == 1 and fused[0].attrs["scale"] == 0.25 and fused[0].attrs["mask_kind"] in ("padding", "dense"), fused
+    cm = kfuse.compile(model, (q, k, v, keep), check=False)
+    torch.testing.assert_close(cm(q, k, v, keep), model(q, k, v, keep), atol=1e-5, rtol=1e-4)
+    keep2 = torch.ones(2, 10, dtype=torch.long)
+    keep2[0, -2:] = 0  # another padding pattern through the same compiled model
+    torch.testing.assert_close(cm(q, k, v, keep2), model(q, k, v, keep2), atol=1e-5, rtol=1e-4)
