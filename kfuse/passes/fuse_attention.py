@@ -49,6 +49,7 @@ class _Match:
     fused: list[str]
     mask2: str | None = None  # a second additive mask, summed with ``mask`` into one dense mask
     mask_allows: bool = False  # ``mask`` is a bool "may attend" mask (from a masked where), not added
+    allowed_extra: str | None = None  # a "may attend" mask under the additive ``mask``: one of them must mean nothing
 
 
 def _single_user(users: dict[str, list[Node]], name: str, graph: Graph) -> Node | None:
@@ -94,8 +95,8 @@ def _causal_where(graph: Graph, node: Node | None) -> str | None:
 def _masked_where(graph: Graph, node: Node, nodes: dict[str, Node]) -> tuple[str | None, str] | None:
     """(allowed, scores) of ``where(~allowed, very negative, scores)`` or ``where(allowed, scores, very
     negative)``: the condition read as a bool "may attend" mask, the way SDPA reads one. A constant condition
-    that never masks (DeBERTa called without a padding mask) gives ``allowed`` None; any other constant one is
-    ``_causal_where``'s or stays unfused."""
+    that never masks (DeBERTa called without a padding mask) gives ``allowed`` None; a causal one is
+    ``_causal_where``'s (matched first); another constant ``allowed`` (GPT-Neo's local window) is the mask."""
     if node.op != "where" or len(node.inputs) != 3:
         return None
     cond = graph.type_of(node.inputs[0])
@@ -107,10 +108,15 @@ def _masked_where(graph: Graph, node: Node, nodes: dict[str, Node]) -> tuple[str
     if not fills_where_true and not (fill_last is not None and fill_last <= -1e4):
         return None
     scores = node.inputs[2] if fills_where_true else node.inputs[1]
+    if scores in graph.constants:  # where(allowed, 0, min) builds an additive mask: it is not the scores
+        return None
     const = graph.constants.get(node.inputs[0])
     if const is not None:
         never = not bool(const.any()) if fills_where_true else bool(const.all())
-        return (None, scores) if never else None
+        if never:
+            return None, scores
+        # a constant pattern that is not causal (GPT-Neo's local window): itself the "may attend" mask
+        return None if fills_where_true else (node.inputs[0], scores)
     if not fills_where_true:
         return node.inputs[0], scores
     neg = nodes.get(node.inputs[0])
@@ -163,9 +169,13 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
     def split_add(n: Node) -> tuple[Node, str] | None:
         """(scores, mask) of ``scores + mask`` in either order."""
         a, b = (nodes.get(i) for i in n.inputs)
-        if a is not None and (a.op in ("mul", "div", "matmul") or _causal_where(graph, a)):
+
+        def scores_like(x: Node | None) -> bool:
+            return x is not None and (x.op in ("mul", "div", "matmul") or bool(_causal_where(graph, x) or _masked_where(graph, x, nodes)))
+
+        if scores_like(a):
             return a, n.inputs[1]
-        if b is not None and (b.op in ("mul", "div", "matmul") or _causal_where(graph, b)):
+        if scores_like(b):
             return b, n.inputs[0]
         return None
 
@@ -182,6 +192,13 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
         s, mask = found
         fused.append("add")
     s = peel_causal(s)  # GPT-Neo: the where under HF's additive padding mask
+    allowed_extra = None
+    if masked is None and mask2 is None and s is not None and _single_user(users, s.name, graph):
+        under = _masked_where(graph, s, nodes)  # GPT-Neo's local layers: the window where under the padding mask
+        if under is not None:
+            fused.append("where")
+            allowed_extra, scores = under
+            s = nodes.get(scores)
     scale = 1.0
     if s is not None and s.op in ("mul", "div") and _single_user(users, s.name, graph):
         c = _scalar(graph, s.inputs[1])
@@ -205,7 +222,9 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
     qt, ktt = graph.type_of(q), graph.type_of(kt)
     if not (isinstance(qt, TensorType) and isinstance(ktt, TensorType) and qt.rank == 4 and ktt.rank == 4):
         return None
-    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)), mask2, allowed is not None)
+    if mask is None and allowed_extra is not None:  # the window where alone: it is the mask
+        mask, allowed, allowed_extra = allowed_extra, allowed_extra, None
+    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)), mask2, allowed is not None, allowed_extra)
 
 
 def _shapes_match(graph: Graph, m: _Match) -> bool:
@@ -304,7 +323,10 @@ def fuse_attention(graph: Graph) -> Graph:
         assert isinstance(qt, TensorType) and isinstance(kt, TensorType)
         b, h, sq, d = qt.shape
         sk = kt.shape[3] if m.k_transposed else kt.shape[2]
-        info, summed = _classify_masks(graph, m, qt, sk)
+        classified = _classify_masks(graph, m, qt, sk)
+        if classified is None:
+            continue
+        info, summed = classified
         scale = float(m.scale) if m.scale is not None else 1.0 / math.sqrt(d)
         k_dims = (0, 2, 3, 1) if m.k_transposed else _HEADS_FIRST
         k, v, group = _ungrouped(m, nodes, graph)
@@ -370,12 +392,21 @@ def fuse_attention(graph: Graph) -> Graph:
     return dce(b.build(graph.outputs))
 
 
-def _classify_masks(graph: Graph, m: _Match, qt: TensorType, sk: int) -> tuple[MaskInfo, bool]:
+def _classify_masks(graph: Graph, m: _Match, qt: TensorType, sk: int) -> tuple[MaskInfo, bool] | None:
     """The mask's meaning, and whether two masks must be summed into one dense mask before the kernel. With two
     (BLOOM: ALiBi, then the causal / padding mask), one that means nothing but causality (the causal mask
     when no padding mask is passed) becomes the causal flag and the other is the mask (``m.mask`` is made
-    that one); only two real masks are summed."""
+    that one); only two real masks are summed. None: a bool and an additive mask that both mean something
+    (not fused)."""
     info = classify(graph, m.mask, qt, sk, additive=m.k_transposed and not m.mask_allows)
+    if m.allowed_extra is not None:  # a bool and an additive mask: only one of them may mean something
+        extra = classify(graph, m.allowed_extra, qt, sk, additive=False)
+        if info.kind == "none":
+            m.mask, m.mask_allows, m.allowed_extra = m.allowed_extra, True, None
+            return MaskInfo(extra.kind, extra.causal or info.causal, extra.source, extra.note), False
+        if extra.kind != "none":
+            return None
+        return MaskInfo(info.kind, info.causal or extra.causal, info.source, info.note), False
     if m.mask2 is None:
         return info, False
     info2 = classify(graph, m.mask2, qt, sk, additive=m.k_transposed)

@@ -201,7 +201,8 @@ def test_where_causal_mask_is_fused_as_causal(scale):
     torch.testing.assert_close(cm(q, k, v, mask), model(q, k, v, mask), atol=1e-5, rtol=1e-4)
 
 
-def test_a_where_that_is_not_causal_is_not_fused():
+def test_a_non_causal_where_beside_a_real_additive_mask_is_not_fused():
+    # the kernel takes one mask: a constant "may attend" pattern and an input's additive mask are two
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
     mask = torch.zeros(1, 1, 1, 8)
@@ -234,5 +235,32 @@ def test_masked_fill_causal_over_an_alibi_bias_is_fused():
     g, xs = _imported(model, (q, k, v), {})
     fused = _fused(fuse_attention(g))
     assert len(fused) == 1 and fused[0].attrs["causal"] and fused[0].attrs["scale"] == pytest.approx(0.25), fused
+    cm = kfuse.compile(model, (q, k, v), check=False)
+    torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=1e-5, rtol=1e-4)
+
+
+class _LocalWindowAttention(torch.nn.Module):
+    """GPT-Neo's local layers: ``where(window, q @ k^T, finfo.min)`` with a constant causal window of 4 keys, and
+    HF's additive padding mask built from an all-ones attention mask (which means nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        tri = torch.ones(32, 32, dtype=torch.bool).tril()
+        self.register_buffer("bias", (tri & ~tri.tril(-4)).view(1, 1, 32, 32))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        s = q.shape[2]
+        w = torch.where(self.bias[:, :, :s, :s], q @ k.transpose(-1, -2), torch.tensor(torch.finfo(q.dtype).min))
+        pad = (1.0 - torch.ones(q.shape[0], 1, 1, s)) * torch.finfo(q.dtype).min
+        return torch.softmax(w + pad, dim=-1) @ v
+
+
+def test_a_constant_window_where_is_the_kernels_bool_mask():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 12, 16) for _ in range(3))
+    model = _LocalWindowAttention()
+    g, xs = _imported(model, (q, k, v), {})
+    fused = _fused(fuse_attention(g))
+    assert len(fused) == 1 and not fused[0].attrs["causal"] and fused[0].attrs["mask_kind"] == "dense", fused
     cm = kfuse.compile(model, (q, k, v), check=False)
     torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=1e-5, rtol=1e-4)
