@@ -50,6 +50,7 @@ class _Match:
     mask2: str | None = None  # a second additive mask, summed with ``mask`` into one dense mask
     mask_allows: bool = False  # ``mask`` is a bool "may attend" mask (from a masked where), not added
     allowed_extra: str | None = None  # a "may attend" mask under the additive ``mask``: one of them must mean nothing
+    q_scale: str | None = None  # a constant per-head scale of the scores, applied to Q before the kernel
 
 
 def _single_user(users: dict[str, list[Node]], name: str, graph: Graph) -> Node | None:
@@ -90,6 +91,16 @@ def _causal_where(graph: Graph, node: Node | None) -> str | None:
         if value is not None and value <= -1e4 and bool((slices == pattern).all()):
             return node.inputs[scores]
     return None
+
+
+def _per_head(graph: Graph, node: Node) -> bool:
+    """``node`` multiplies the ``[B, H, Sq, Sk]`` scores by a constant that varies over the heads only."""
+    c = graph.constants.get(node.inputs[1])
+    t = graph.type_of(node.inputs[0])
+    if c is None or c.dim() < 3 or c.dim() > 4 or not isinstance(t, TensorType) or t.rank != 4:
+        return False
+    shape = (1,) * (4 - c.dim()) + tuple(c.shape)
+    return shape[0] == 1 and shape[1] == t.shape[1] and shape[2:] == (1, 1)
 
 
 def _masked_where(graph: Graph, node: Node, nodes: dict[str, Node]) -> tuple[str | None, str] | None:
@@ -200,6 +211,11 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
             allowed_extra, scores = under
             s = nodes.get(scores)
     scale = 1.0
+    q_scale = None
+    if s is not None and s.op == "mul" and _single_user(users, s.name, graph) and _per_head(graph, s):
+        q_scale = s.inputs[1]  # Swin-V2's learned per-head logit scale: multiplies Q's rows instead
+        fused.append("mul")
+        s = nodes.get(s.inputs[0])
     if s is not None and s.op in ("mul", "div") and _single_user(users, s.name, graph):
         c = _scalar(graph, s.inputs[1])
         if c is None or c == 0:
@@ -224,7 +240,8 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
         return None
     if mask is None and allowed_extra is not None:  # the window where alone: it is the mask
         mask, allowed, allowed_extra = allowed_extra, allowed_extra, None
-    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)), mask2, allowed is not None, allowed_extra)
+    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)), mask2, allowed is not None, allowed_extra,
+                  q_scale)  # fmt: skip
 
 
 def _shapes_match(graph: Graph, m: _Match) -> bool:
@@ -332,7 +349,9 @@ def fuse_attention(graph: Graph) -> Graph:
         k, v, group = _ungrouped(m, nodes, graph)
         if group == 1 and kt.shape[1] == 1:  # one K / V head broadcast to every query head (multi-query)
             group = h
-        srcs = (_bshd_source(m.q, nodes, graph), _bshd_source(k, nodes, graph, k_dims), _bshd_source(v, nodes, graph))
+        # a Q scaled before the kernel (q_scale) is a new [B, H, S, D] value, not a view of the projection
+        q_src = _bshd_source(m.q, nodes, graph) if m.q_scale is None else None
+        srcs = (q_src, _bshd_source(k, nodes, graph, k_dims), _bshd_source(v, nodes, graph))
         merged = _merged_output(m.last, users, graph)
         attrs = {
             "heads": h,
@@ -347,6 +366,10 @@ def fuse_attention(graph: Graph) -> Graph:
             attrs["kv_group"] = group
         mask_in = _mask_input(m, info)
         emit: list[tuple[str, str, tuple[str, ...], dict]] = []
+        if m.q_scale is not None:  # (s_h q) . k = s_h (q . k): the per-head scale goes on Q, in Q's dtype
+            sc, q_scaled = f"{m.last.name}_qscale", f"{m.last.name}_q"
+            emit += [(sc, "cast", (m.q_scale,), {"dtype": qt.dtype}), (q_scaled, "mul", (m.q, sc), {})]
+            m.q = q_scaled
         if summed:
             mask_in = (f"{m.last.name}_mask",)
             emit.append((mask_in[0], "add", (m.mask, m.mask2), {}))

@@ -264,3 +264,33 @@ def test_a_constant_window_where_is_the_kernels_bool_mask():
     assert len(fused) == 1 and not fused[0].attrs["causal"] and fused[0].attrs["mask_kind"] == "dense", fused
     cm = kfuse.compile(model, (q, k, v), check=False)
     torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=1e-5, rtol=1e-4)
+
+
+class _CosineAttention(torch.nn.Module):
+    """Swin-V2: normalised Q and K, the scores times a learned per-head scale ``exp(clamp(logit_scale))``
+    ``[H, 1, 1]``, plus a relative-position bias ``[1, H, S, S]``."""
+
+    def __init__(self, heads: int, seq: int) -> None:
+        super().__init__()
+        self.logit_scale = torch.nn.Parameter(torch.log(10 * torch.rand(heads, 1, 1) + 1))
+        self.bias = torch.nn.Parameter(torch.randn(1, heads, seq, seq))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        f = torch.nn.functional
+        w = f.normalize(q, dim=-1) @ f.normalize(k, dim=-1).transpose(-2, -1)
+        w = w * torch.clamp(self.logit_scale, max=4.6052).exp() + self.bias
+        return torch.softmax(w, dim=-1) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_per_head_scale_of_the_scores_goes_on_q(dtype):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 10, 16, dtype=dtype) for _ in range(3))
+    model = _CosineAttention(3, 10).to(dtype)
+    g, xs = _imported(model, (q, k, v), {})
+    fused = _fused(fuse_attention(g))
+    assert len(fused) == 1 and fused[0].attrs["scale"] == 1.0 and fused[0].attrs["mask_kind"] == "dense", fused
+    cm = kfuse.compile(model, (q, k, v), check=False)
+    assert [kk["template"] for kk in cm.report["kernels"]].count("fused_attention") == 1
+    tol = 1e-4 if dtype == torch.float32 else 3e-3
+    torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=tol, rtol=tol)
