@@ -5,15 +5,16 @@ Older Hugging Face attention (BLOOM, XGLM, the BART family) folds batch and head
 ``(B, H, Sq, Sk)`` for the mask, a merge back for the softmax or the second ``bmm``. ``fuse_attention``
 matches the 4-D chain only, so these stayed three or four kernels a layer with the scores in memory.
 
-Two rewrites, applied until neither applies, each turning one 3-D op into a 4-D one (so it ends):
+Three rewrites, applied until none applies, each turning one 3-D op into a 4-D one (so it ends):
 
 * ``matmul(merge(A), merge(B))`` -> ``merge(matmul(A, B))``, where ``merge(X)`` is a reshape of a 4-D ``X``
   that folds its first two dims, and ``B`` may also be ``permute(merge(B'), (0, 2, 1))`` (K^T), lifted as
   ``permute(B', (0, 1, 3, 2))``;
+* ``permute(merge(X), (0, 2, 1))`` -> ``merge(permute(X, (0, 1, 3, 2)))`` (DeBERTa scales K^T before the
+  ``bmm``);
 * ``e(merge(X), others)`` -> ``merge(e(X, others'))`` for an elementwise op or a softmax over a dim past the
-  first: ``others`` of rank 3 with ``B*H`` rows are split to ``(B, H, ...)``; an operand with one row, or of
-  lower rank, broadcasts as it did; and ``permute(merge(X), (0, 2, 1))`` -> ``merge(permute(X, (0, 1, 3, 2)))``
-  (DeBERTa scales K^T before the ``bmm``).
+  first: ``others`` of rank 3 with ``B*H`` rows (another merge too) are split to ``(B, H, ...)``; an operand
+  with one row, or of lower rank, broadcasts as it did.
 
 Then ``algebraic_simplify`` cancels the split-of-merge pairs this leaves. The rewritten node keeps its name
 (as a reshape of the new 4-D node), so the rest of the graph is unchanged.
@@ -73,7 +74,7 @@ def _rewrite_once(graph: Graph) -> Graph | None:
             continue
         if ops.is_elementwise(node.op) or (node.op in _ROW_OPS and node.attrs["dim"] % 3 != 0):
             main = [i for i in node.inputs if _shape(graph, i) == node.ttype.shape and _merged_source(graph, i, producer)]
-            if len(main) != 1:
+            if not main:  # another merged operand is split like any (B*H, ...) one, then simplifies away
                 continue
             x = _merged_source(graph, main[0], producer)
             bh = node.ttype.shape[0]
@@ -117,7 +118,7 @@ def _lift(graph: Graph, node: Node, plan: dict, heads: tuple[int, ...] = ()) -> 
 
 
 def lift_head_batch(graph: Graph, max_rewrites: int = 10_000) -> Graph:
-    """Apply both rewrites until none applies, then cancel the reshape pairs they leave."""
+    """Apply the rewrites until none applies, then cancel the reshape pairs they leave."""
     changed = False
     for _ in range(max_rewrites):
         new = _rewrite_once(graph)

@@ -148,3 +148,22 @@ def test_deberta_attention_is_fused_with_its_scaled_k_and_masked_fill() -> None:
     keep2 = torch.ones(2, 10, dtype=torch.long)
     keep2[0, -2:] = 0  # another padding pattern through the same compiled model
     torch.testing.assert_close(cm(q, k, v, keep2), model(q, k, v, keep2), atol=1e-5, rtol=1e-4)
+
+
+class _TwoMergedOperands(torch.nn.Module):
+    """Scores and a per-head bias both merged to (B*H, S, S) before they are added."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        b, h, s, d = q.shape
+        w = torch.bmm(q.reshape(b * h, s, d), k.reshape(b * h, s, d).transpose(1, 2)) + bias.reshape(b * h, s, s)
+        return torch.bmm(torch.softmax(w, dim=-1), v.reshape(b * h, s, d)).view(b, h, s, d)
+
+
+def test_an_add_of_two_merges_is_lifted_and_fused() -> None:
+    q, k, v, _ = _inputs()
+    bias = torch.randn(2, 3, 10, 10)
+    model = _TwoMergedOperands()
+    g = fuse_attention(lift_head_batch(_graph(model, (q, k, v, bias))))
+    assert [n.op for n in g.nodes].count("fused_attention") == 1
+    cm = kfuse.compile(model, (q, k, v, bias), check=False)
+    torch.testing.assert_close(cm(q, k, v, bias), model(q, k, v, bias), atol=1e-5, rtol=1e-4)
