@@ -516,26 +516,28 @@ def _max_min(c: Ctx, a: tuple, k: dict) -> str:
 
 @converts(aten.full_like)
 def _full_like(c: Ctx, a: tuple, k: dict) -> str:
-    """A constant of ``x``'s shape (T5's relative position buckets): a 0-d constant expanded, so the chain
-    after it can fold when its other inputs are constants too."""
-    value = a[1] if len(a) > 1 else k.get("fill_value")
+    """A constant of ``x``'s shape (T5's relative position buckets)."""
     xt = c.ttype(a[0])
-    dtype = k.get("dtype") or xt.dtype
-    if not isinstance(value, bool | int | float) or k.get("layout") not in (None, torch.strided):
-        raise _Unsupported()
-    return c.op("expand", [c.b.scalar(value, dtype=dtype)], shape=tuple(xt.shape))
+    return _filled(c, xt.shape, a[1] if len(a) > 1 else k.get("fill_value"), k.get("dtype") or xt.dtype, k)
 
 
 @converts(aten.full)
 def _full(c: Ctx, a: tuple, k: dict) -> str:
     """``torch.full(size, value)``: XGLM's ``finfo.min`` floor (a 0-d full) and causal-mask fill, made on the
-    model's device at import before; now a 0-d constant, expanded, which folds and fuses like any scalar."""
-    size, value = tuple(a[0]), a[1] if len(a) > 1 else k.get("fill_value")
+    model's device at import before."""
     val = c.node.meta.get("val")
-    if not isinstance(value, bool | int | float) or k.get("layout") not in (None, torch.strided) or not isinstance(val, torch.Tensor):
+    if not isinstance(val, torch.Tensor):
         raise _Unsupported()
-    scalar = c.b.scalar(value, dtype=val.dtype)
-    return scalar if not size else c.op("expand", [scalar], shape=tuple(int(s) for s in size))
+    return _filled(c, tuple(int(s) for s in a[0]), a[1] if len(a) > 1 else k.get("fill_value"), val.dtype, k)
+
+
+def _filled(c: Ctx, shape: tuple[int, ...], value: Any, dtype: torch.dtype, k: dict) -> str:
+    """A 0-d constant, expanded to ``shape``: it folds and fuses like any scalar, so the chain after it can fold
+    when its other inputs are constants too."""
+    if not isinstance(value, bool | int | float) or k.get("layout") not in (None, torch.strided):
+        raise _Unsupported()
+    scalar = c.b.scalar(value, dtype=dtype)
+    return c.op("expand", [scalar], shape=tuple(shape)) if shape else scalar
 
 
 @converts(aten.clamp_min, aten.clamp_max)

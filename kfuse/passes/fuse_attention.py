@@ -23,7 +23,7 @@ attention as Falcon writes it, no repeat) are read the same way, with ``kv_group
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -72,25 +72,34 @@ def _match_sdpa(node: Node) -> _Match:
     return _Match(q, k, v, False, mask, node.attrs.get("scale"), bool(node.attrs.get("is_causal", False)), node, ["sdpa"])
 
 
+def _fill_where(graph: Graph, node: Node | None) -> tuple[str, str, bool] | None:
+    """(condition, scores, fills where True) of ``where(c, very negative, scores)`` (``masked_fill``) or
+    ``where(c, scores, very negative)``: the two ways a mask ``where`` is written over the scores."""
+    if node is None or node.op != "where" or len(node.inputs) != 3:
+        return None
+    for scores, fill, where_true in ((2, 1, True), (1, 2, False)):
+        value = _scalar(graph, node.inputs[fill])
+        if value is not None and value <= -1e4:
+            return node.inputs[0], node.inputs[scores], where_true
+    return None
+
+
 def _causal_where(graph: Graph, node: Node | None) -> str | None:
     """The scores input of a causal-mask ``where``, or None: ``where(tril, scores, very negative)`` (GPT-Neo: a
     slice of a registered ``tril`` buffer) or ``where(triu(1), very negative, scores)`` (``masked_fill``: MPT),
     with a constant square condition that is the same causal pattern in every leading slice."""
-    if node is None or node.op != "where" or len(node.inputs) != 3 or not isinstance(node.type, TensorType):
+    parsed = _fill_where(graph, node)
+    if parsed is None or node is None or not isinstance(node.type, TensorType):
         return None
-    cond = graph.constants.get(node.inputs[0])
+    cond_name, scores, where_true = parsed
+    cond = graph.constants.get(cond_name)
     if cond is None or cond.dtype != torch.bool or cond.dim() < 2 or cond.shape[-1] != cond.shape[-2]:
         return None
     n = cond.shape[-1]
     if node.ttype.shape[-2:] != (n, n):
         return None
     keep = torch.ones(n, n, dtype=torch.bool).tril()
-    slices = cond.reshape(-1, n, n).cpu()
-    for scores, fill, pattern in ((1, 2, keep), (2, 1, ~keep)):
-        value = _scalar(graph, node.inputs[fill])
-        if value is not None and value <= -1e4 and bool((slices == pattern).all()):
-            return node.inputs[scores]
-    return None
+    return scores if bool((cond.reshape(-1, n, n).cpu() == (~keep if where_true else keep)).all()) else None
 
 
 def _per_head(graph: Graph, node: Node) -> bool:
@@ -108,29 +117,23 @@ def _masked_where(graph: Graph, node: Node, nodes: dict[str, Node]) -> tuple[str
     negative)``: the condition read as a bool "may attend" mask, the way SDPA reads one. A constant condition
     that never masks (DeBERTa called without a padding mask) gives ``allowed`` None; a causal one is
     ``_causal_where``'s (matched first); another constant ``allowed`` (GPT-Neo's local window) is the mask."""
-    if node.op != "where" or len(node.inputs) != 3:
+    parsed = _fill_where(graph, node)
+    cond = graph.type_of(node.inputs[0]) if parsed is not None else None
+    if parsed is None or not isinstance(cond, TensorType) or cond.dtype != torch.bool:
         return None
-    cond = graph.type_of(node.inputs[0])
-    if not isinstance(cond, TensorType) or cond.dtype != torch.bool:
-        return None
-    fill_first = _scalar(graph, node.inputs[1])
-    fills_where_true = fill_first is not None and fill_first <= -1e4
-    fill_last = _scalar(graph, node.inputs[2])
-    if not fills_where_true and not (fill_last is not None and fill_last <= -1e4):
-        return None
-    scores = node.inputs[2] if fills_where_true else node.inputs[1]
+    cond_name, scores, fills_where_true = parsed
     if scores in graph.constants:  # where(allowed, 0, min) builds an additive mask: it is not the scores
         return None
-    const = graph.constants.get(node.inputs[0])
+    const = graph.constants.get(cond_name)
     if const is not None:
         never = not bool(const.any()) if fills_where_true else bool(const.all())
         if never:
             return None, scores
         # a constant pattern that is not causal (GPT-Neo's local window): itself the "may attend" mask
-        return None if fills_where_true else (node.inputs[0], scores)
+        return None if fills_where_true else (cond_name, scores)
     if not fills_where_true:
-        return node.inputs[0], scores
-    neg = nodes.get(node.inputs[0])
+        return cond_name, scores
+    neg = nodes.get(cond_name)
     return (neg.inputs[0], scores) if neg is not None and neg.op == "logical_not" else None
 
 
@@ -422,22 +425,17 @@ def _classify_masks(graph: Graph, m: _Match, qt: TensorType, sk: int) -> tuple[M
     that one); only two real masks are summed. None: a bool and an additive mask that both mean something
     (not fused)."""
     info = classify(graph, m.mask, qt, sk, additive=m.k_transposed and not m.mask_allows)
-    if m.allowed_extra is not None:  # a bool and an additive mask: only one of them may mean something
-        extra = classify(graph, m.allowed_extra, qt, sk, additive=False)
-        if info.kind == "none":
-            m.mask, m.mask_allows, m.allowed_extra = m.allowed_extra, True, None
-            return MaskInfo(extra.kind, extra.causal or info.causal, extra.source, extra.note), False
-        if extra.kind != "none":
-            return None
-        return MaskInfo(info.kind, info.causal or extra.causal, info.source, info.note), False
-    if m.mask2 is None:
+    other = m.allowed_extra if m.allowed_extra is not None else m.mask2
+    if other is None:
         return info, False
-    info2 = classify(graph, m.mask2, qt, sk, additive=m.k_transposed)
-    if info2.kind == "none":
-        return MaskInfo(info.kind, info.causal or info2.causal, info.source, info.note), False
-    if info.kind == "none":
-        m.mask = m.mask2
-        return MaskInfo(info2.kind, info.causal or info2.causal, info2.source, info2.note), False
+    info2 = classify(graph, other, qt, sk, additive=m.allowed_extra is None and m.k_transposed)
+    if info2.kind == "none":  # the other mask means nothing but (maybe) causality
+        return replace(info, causal=info.causal or info2.causal), False
+    if info.kind == "none":  # the other one is the mask
+        m.mask, m.mask_allows = other, m.allowed_extra is not None
+        return replace(info2, causal=info.causal or info2.causal), False
+    if m.allowed_extra is not None:  # a bool and an additive mask that both mean something: not fused
+        return None
     return MaskInfo("dense", note="two additive masks summed"), True  # the sum holds any causal part
 
 

@@ -8,10 +8,9 @@ matches the 4-D chain only, so these stayed three or four kernels a layer with t
 Three rewrites, applied until none applies, each turning one 3-D op into a 4-D one (so it ends):
 
 * ``matmul(merge(A), merge(B))`` -> ``merge(matmul(A, B))``, where ``merge(X)`` is a reshape of a 4-D ``X``
-  that folds its first two dims, and ``B`` may also be ``permute(merge(B'), (0, 2, 1))`` (K^T), lifted as
-  ``permute(B', (0, 1, 3, 2))``;
-* ``permute(merge(X), (0, 2, 1))`` -> ``merge(permute(X, (0, 1, 3, 2)))`` (DeBERTa scales K^T before the
-  ``bmm``);
+  that folds its first two dims;
+* ``permute(merge(X), (0, 2, 1))`` -> ``merge(permute(X, (0, 1, 3, 2)))``: K^T, which the matmul then sees
+  as a merge (DeBERTa also scales it before the ``bmm``);
 * ``e(merge(X), others)`` -> ``merge(e(X, others'))`` for an elementwise op or a softmax over a dim past the
   first: ``others`` of rank 3 with ``B*H`` rows (another merge too) are split to ``(B, H, ...)``; an operand
   with one row, or of lower rank, broadcasts as it did.
@@ -40,14 +39,6 @@ def _merged_source(graph: Graph, name: str, producer: dict[str, Node]) -> str | 
     return r.inputs[0] if out.shape == (x.shape[0] * x.shape[1], *x.shape[2:]) else None
 
 
-def _transposed_merged_source(graph: Graph, name: str, producer: dict[str, Node]) -> str | None:
-    """``X`` when ``name`` is ``permute(merge(X), (0, 2, 1))``."""
-    p = producer.get(name)
-    if p is None or p.op != "permute" or tuple(p.attrs["dims"]) != (0, 2, 1):
-        return None
-    return _merged_source(graph, p.inputs[0], producer)
-
-
 def _shape(graph: Graph, name: str) -> tuple[int, ...] | None:
     t = graph.type_of(name)
     return t.shape if isinstance(t, TensorType) else None
@@ -59,14 +50,12 @@ def _rewrite_once(graph: Graph) -> Graph | None:
         if not isinstance(node.type, TensorType) or node.ttype.rank != 3:
             continue
         if node.op == "matmul":
+            # K^T as permute(merge(K)) was lifted to merge(permute(K)) already: the permute comes first
             a = _merged_source(graph, node.inputs[0], producer)
             b = _merged_source(graph, node.inputs[1], producer)
-            b_t = None if b is not None else _transposed_merged_source(graph, node.inputs[1], producer)
-            if a is None or (b is None and b_t is None):
+            if a is None or b is None or graph.type_of(a).shape[:2] != graph.type_of(b).shape[:2]:
                 continue
-            if graph.type_of(a).shape[:2] != graph.type_of(b or b_t).shape[:2]:
-                continue
-            return _lift(graph, node, {node.inputs[0]: (a, None), node.inputs[1]: (b or b_t, None if b else (0, 1, 3, 2))})
+            return _lift(graph, node, {node.inputs[0]: (a, None), node.inputs[1]: (b, None)})
         if node.op == "permute" and tuple(node.attrs["dims"]) == (0, 2, 1):  # K^T of a merge (DeBERTa scales it next)
             x = _merged_source(graph, node.inputs[0], producer)
             if x is not None:
