@@ -238,13 +238,40 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
             scale *= c if k_scaled.op == "mul" else 1.0 / c
             fused.append(k_scaled.op)
             kt = k_scaled.inputs[0]
+    k_transposed = True
+    narrow = _upcast_qk(q, kt, pv.inputs[1], nodes, users, graph)
+    if narrow is not None:  # GPT-Neo: Q and K cast up to fp32 for the scores; the kernel accumulates in fp32 anyway
+        q, kt, k_transposed = *narrow, False
+        fused += ["cast", "cast", "permute"]
     qt, ktt = graph.type_of(q), graph.type_of(kt)
     if not (isinstance(qt, TensorType) and isinstance(ktt, TensorType) and qt.rank == 4 and ktt.rank == 4):
         return None
     if mask is None and allowed_extra is not None:  # the window where alone: it is the mask
         mask, allowed, allowed_extra = allowed_extra, allowed_extra, None
-    return _Match(q, kt, pv.inputs[1], True, mask, scale, causal, pv, list(reversed(fused)), mask2, allowed is not None, allowed_extra,
-                  q_scale)  # fmt: skip
+    return _Match(q, kt, pv.inputs[1], k_transposed, mask, scale, causal, pv, list(reversed(fused)), mask2, allowed is not None,
+                  allowed_extra, q_scale)  # fmt: skip
+
+
+def _upcast_qk(q: str, kt: str, v: str, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> tuple[str, str] | None:
+    """(Q, K) in V's dtype, K untransposed, when ``q`` is ``cast(Q, fp32)`` and ``kt`` is ``cast(K, fp32)^T``
+    with Q, K and V fp16 or bf16 (GPT-Neo scores in fp32). Products of fp16 values are exact in fp32, so the
+    kernel's fp32 accumulation of the narrow operands computes the same scores."""
+    vt = graph.type_of(v)
+    perm = nodes.get(kt)
+    if not isinstance(vt, TensorType) or vt.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    if perm is None or perm.op != "permute" or tuple(perm.attrs["dims"]) != (0, 1, 3, 2) or not _single_user(users, kt, graph):
+        return None
+
+    def source(name: str) -> str | None:
+        n = nodes.get(name)
+        if n is None or n.op != "cast" or not _single_user(users, name, graph) or n.ttype.dtype != torch.float32:
+            return None
+        src = graph.type_of(n.inputs[0])
+        return n.inputs[0] if isinstance(src, TensorType) and src.dtype == vt.dtype else None
+
+    q16, k16 = source(q), source(perm.inputs[0])
+    return (q16, k16) if q16 is not None and k16 is not None else None
 
 
 def _shapes_match(graph: Graph, m: _Match) -> bool:
@@ -341,6 +368,9 @@ def fuse_attention(graph: Graph) -> Graph:
         qt = graph.type_of(m.q)
         kt = graph.type_of(m.k)
         assert isinstance(qt, TensorType) and isinstance(kt, TensorType)
+        vt = graph.type_of(m.v)
+        if not isinstance(vt, TensorType) or not qt.dtype == kt.dtype == vt.dtype:  # the kernel reads one dtype
+            continue
         b, h, sq, d = qt.shape
         sk = kt.shape[3] if m.k_transposed else kt.shape[2]
         classified = _classify_masks(graph, m, qt, sk)

@@ -294,3 +294,42 @@ def test_a_per_head_scale_of_the_scores_goes_on_q(dtype):
     assert [kk["template"] for kk in cm.report["kernels"]].count("fused_attention") == 1
     tol = 1e-4 if dtype == torch.float32 else 3e-3
     torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=tol, rtol=tol)
+
+
+class _UpcastScoresAttention(torch.nn.Module):
+    """GPT-Neo: Q and K cast to fp32 for the scores, the probabilities cast back to V's dtype."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        s = q.shape[2]
+        w = q.to(torch.float32) @ k.to(torch.float32).transpose(-1, -2)
+        keep = torch.ones(s, s, dtype=torch.bool).tril()
+        w = torch.where(keep, w, torch.tensor(torch.finfo(torch.float32).min))
+        return torch.softmax(w, dim=-1).to(v.dtype) @ v
+
+
+def test_q_and_k_cast_up_for_the_scores_are_read_in_their_own_dtype():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 13, 16, dtype=torch.float16) for _ in range(3))
+    model = _UpcastScoresAttention()
+    g, xs = _imported(model, (q, k, v), {})
+    fused = _fused(fuse_attention(g))
+    assert len(fused) == 1 and fused[0].attrs["causal"], fused
+    cm = kfuse.compile(model, (q, k, v), check=False)
+    assert [kk["template"] for kk in cm.report["kernels"]].count("fused_attention") == 1
+    torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=3e-3, rtol=3e-3)
+
+
+def test_mixed_qkv_dtypes_stay_unfused():
+    """K cast after its transpose is not the peeled form: the fp32 Q, K and fp16 V must not reach the kernel."""
+
+    class _CastAfterTranspose(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(q.to(torch.float32) @ k.transpose(-1, -2).to(torch.float32), dim=-1).to(v.dtype) @ v
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.float16) for _ in range(3))
+    model = _CastAfterTranspose()
+    g, _ = _imported(model, (q, k, v), {})
+    assert not _fused(fuse_attention(g))
+    cm = kfuse.compile(model, (q, k, v), check=False)
+    torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=3e-3, rtol=3e-3)
