@@ -88,7 +88,9 @@ def compile_cmd(
     profile: Annotated[bool, typer.Option(help="time each kernel of the plan (GPU) and write a PNG bar chart")] = False,
     sass: Annotated[bool, typer.Option(help="SASS schedule tuning of the 2 hottest Triton kernels, verified before use (GPU)")] = False,
     cuda_graphs: Annotated[bool, typer.Option(help="launch the whole plan as one CUDA graph (GPU)")] = True,
-    pdl: Annotated[bool, typer.Option(help="programmatic dependent launch: each kernel starts while the previous drains (sm_90)")] = True,
+    pdl: Annotated[
+        str, typer.Option(help="programmatic dependent launch (sm_90): auto (time the plan with it on and off, keep the faster) | on | off")
+    ] = "auto",
     library: Annotated[
         str, typer.Option(help="auto (time kfuse kernels vs cuBLAS/cuDNN/SDPA per node on the GPU, keep the faster) | never | always")
     ] = "auto",
@@ -103,10 +105,13 @@ def compile_cmd(
         raise typer.BadParameter(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}", param_hint="--dtype")
     dev = _device(device)
     m, args, kwargs = _load(model, batch, seq, dtype, dev, varlen, avg_len_ratio)
+    if pdl not in ("auto", "on", "off"):
+        raise typer.BadParameter(f"unknown choice {pdl!r}; choose auto, on or off", param_hint="--pdl")
     if library not in ("auto", "never", "always"):
         raise typer.BadParameter(f"unknown choice {library!r}; choose auto, never or always", param_hint="--library")
     overrides: dict[str, Any] = {"tune": tune, "profile": profile, "sass": sass, "cuda_graphs": cuda_graphs, "gemm_library": library,
-                                 "fuse_b2b": b2b, "b2b_recheck": b2b_recheck, "pdl": pdl}  # fmt: skip
+                                 "fuse_b2b": b2b, "b2b_recheck": b2b_recheck,
+                                 "pdl": {"auto": "auto", "on": True, "off": False}[pdl]}  # fmt: skip
     if varlen:
         overrides["varlen"] = True
     with console.status(f"compiling {model} ..."):

@@ -71,8 +71,9 @@ class Options:
     # programmatic dependent launch (kfuse.kernels.pdl): each kfuse kernel may start while the previous
     # one drains and waits for it in-kernel. Measured on the H200 (session 23, A/B in one process, outputs
     # bit-equal): BERT-base B1 0.481 -> 0.438 ms, B32 1.587 -> 1.569, Llama-1b B1 S512 2.647 -> 2.587,
-    # ResNet-50 B1 0.391 -> 0.384
-    pdl: bool = True
+    # ResNet-50 B1 0.391 -> 0.384. It cost ConvNeXt-T B32 12% (session 40: 2.029 vs 1.780 ms), so "auto"
+    # (the default) times the plan with it on and off and keeps the faster (kfuse.runtime.pdl_choice)
+    pdl: bool | str = "auto"
     explain: bool = False
     check: bool = True  # compare with the original model on the example inputs
     backend: str | None = None  # "triton", "triton-interpreter", "torch"; None: by device

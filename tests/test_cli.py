@@ -174,3 +174,13 @@ def test_a_subsystem_that_fails_to_import_says_why(monkeypatch: pytest.MonkeyPat
     assert r.exit_code == 2 and "kfuse sparse is unavailable: ImportError: no module named scipy" in r.output
     r = runner.invoke(cli.app, ["--help"])
     assert "unavailable here" in r.output and "sass" in r.output
+
+
+def test_compile_pdl_choice(tmp_path) -> None:
+    """--pdl off reaches the plan (the report's ``pdl``); an unknown choice is refused with its name."""
+    path = tmp_path / "rep.json"
+    r = runner.invoke(app, ["compile", "mlp-tiny", "--batch", "3", "--pdl", "off", "--report", str(path)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(path.read_text())["pdl"] is False
+    r = runner.invoke(app, ["compile", "mlp-tiny", "--pdl", "sometimes"])
+    assert r.exit_code != 0 and "sometimes" in r.output

@@ -164,6 +164,12 @@ class CompiledModel:
 
             with torch.no_grad(), phases("b2b_recheck"):  # close fused-vs-unfused decisions timed again on the whole plan
                 recheck_b2b(plan, xs)
+        pdl_choice = None
+        if self.options.pdl == "auto" and plan.pdl and device.type == "cuda":
+            from kfuse.runtime.pdl_choice import choose_pdl
+
+            with torch.no_grad(), phases("pdl_choice"):  # on or off, whichever runs the whole plan faster
+                pdl_choice = choose_pdl(plan, xs, precompile=precompile_plan if precompiled is not None else None)
         # before the CUDA graph is captured: a tuned cubin replaces the kernel the graph would record
         with phases("sass"):
             sass_report = self._sass(plan, xs, device) if self.options.sass else None
@@ -198,6 +204,8 @@ class CompiledModel:
                 variant.report["tune"] = getattr(tuner.LAST[0], "stats", None)
         if sass_report is not None:
             variant.report["sass"] = sass_report
+        if pdl_choice is not None:
+            variant.report["pdl_choice"] = pdl_choice
         if self.options.profile:
             from kfuse.runtime.profile import profile_plan, profile_summary
 

@@ -137,7 +137,7 @@ def lower(graph: Graph, device: torch.device, backend: str | None = None, option
             step = fn(node, graph, backend, options=options) if _takes_options(fn) else fn(node, graph, backend)
         steps.append(step or _torch_step(node))
     constants = {k: v.to(device) for k, v in graph.constants.items()}
-    plan = Plan(graph, steps, backend, constants, pdl=bool(getattr(options, "pdl", False)) and backend == "triton")
+    plan = Plan(graph, steps, backend, constants, pdl=pdl_wanted(getattr(options, "pdl", False)) and backend == "triton")
     plan.release_after = _liveness(graph, steps)
     return plan
 
@@ -224,6 +224,13 @@ def plan_values(plan: Plan, inputs: Sequence[Any]) -> dict[str, Any]:
         for step in plan.steps:
             env[step.output] = step.fn([env[v] for v in step.inputs])
     return env
+
+
+def pdl_wanted(setting: bool | str) -> bool:
+    """``Options.pdl``: True, False or "auto" (on, then timed off by ``kfuse.runtime.pdl_choice``)."""
+    if setting not in (True, False, "auto"):
+        raise ValueError(f"Options.pdl must be True, False or 'auto', got {setting!r}")
+    return setting is not False
 
 
 def precompile_plan(plan: Plan, inputs: Sequence[torch.Tensor]) -> parallel_compile.PrecompileReport:
