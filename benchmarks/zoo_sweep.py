@@ -314,6 +314,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
         rec["kfuse_compile_s"] = round(time.perf_counter() - t0, 2)
         rep = compiled.report
         rec["compile_phases_s"] = rep.get("compile_phases_s")  # where a long compile went (EfficientNet: 161 s, session 39)
+        rec["pdl_choice"] = rep.get("pdl_choice")  # the plan timed with PDL on and off (Options.pdl="auto")
         out = first_tensor(compiled(*a, **kw))
         err = max_rel_err(out, ref)
         rec["ref_abs_max"] = float(ref.abs().max())
