@@ -754,11 +754,12 @@ def _group_norm_of(c: Ctx, x: str, groups: int, w: str | None, bias: str | None,
     return y
 
 
-def _patches_tile(kernel: Any, dilation: Any, padding: Any, stride: Any, h: int, w: int) -> tuple[int, int] | None:
-    """(kh, kw) when unfold / fold cut the image into whole, non-overlapping patches (kernel = stride, no
-    padding or dilation, sizes divisible): then they are a reshape and a permute, not a gather."""
+def _patches_tile(kernel: Any, dilation: Any, padding: Any, stride: Any) -> tuple[int, int] | None:
+    """(kh, kw) when unfold / fold cut the image into non-overlapping patches (kernel = stride, no padding or
+    dilation): then they are a reshape and a permute, not a gather. Rows and columns past the last whole
+    patch are dropped by unfold and come back as zeros from fold (MobileViT-V2's 7 x 7 maps, 2 x 2 patches)."""
     k, d, p, st = as_pair(kernel, 1), as_pair(dilation, 1), as_pair(padding, 0), as_pair(stride, 1)
-    if k != st or d != (1, 1) or p != (0, 0) or h % k[0] or w % k[1]:
+    if k != st or d != (1, 1) or p != (0, 0):
         return None
     return k
 
@@ -767,27 +768,37 @@ def _patches_tile(kernel: Any, dilation: Any, padding: Any, stride: Any, h: int,
 def _im2col(c: Ctx, a: tuple, k: dict) -> str:
     """F.unfold into non-overlapping patches (MobileViT-V2): (N, C, H, W) -> (N, C*kh*kw, H/kh * W/kw)."""
     t = c.ttype(a[0])
-    tile = _patches_tile(*a[1:5], *t.shape[2:]) if t.rank == 4 and len(a) >= 5 else None
-    if tile is None:
+    tile = _patches_tile(*a[1:5]) if t.rank == 4 and len(a) >= 5 else None
+    if tile is None or t.shape[2] < tile[0] or t.shape[3] < tile[1]:
         raise _Unsupported()
     (n, ch, h, w), (kh, kw) = t.shape, tile
-    y = c.op("reshape", [a[0]], shape=(n, ch, h // kh, kh, w // kw, kw))
+    ph, pw = h // kh, w // kw
+    x = a[0]
+    for dim, whole, size in ((2, ph * kh, h), (3, pw * kw, w)):
+        if whole < size:  # the rows / columns no whole patch covers are not read
+            x = c.op("slice", [x], dim=dim, start=0, end=whole, step=1)
+    y = c.op("reshape", [x], shape=(n, ch, ph, kh, pw, kw))
     y = c.op("permute", [y], dims=(0, 1, 3, 5, 2, 4))
-    return c.op("reshape", [y], shape=(n, ch * kh * kw, (h // kh) * (w // kw)))
+    return c.op("reshape", [y], shape=(n, ch * kh * kw, ph * pw))
 
 
 @converts(aten.col2im)
 def _col2im(c: Ctx, a: tuple, k: dict) -> str:
-    """F.fold of non-overlapping patches, the inverse of ``_im2col``: nothing overlaps, so nothing is summed."""
+    """F.fold of non-overlapping patches, the inverse of ``_im2col``: nothing overlaps, so nothing is summed,
+    and what no patch covers is zero."""
     t = c.ttype(a[0])
     size = as_pair(a[1], 1) if len(a) >= 6 else None
-    tile = _patches_tile(*a[2:6], *size) if t.rank == 3 and size is not None else None
+    tile = _patches_tile(*a[2:6]) if t.rank == 3 and size is not None else None
     if tile is None:
         raise _Unsupported()
-    (n, ckk, _), (h, w), (kh, kw) = t.shape, size, tile
-    y = c.op("reshape", [a[0]], shape=(n, ckk // (kh * kw), kh, kw, h // kh, w // kw))
+    (n, ckk, blocks), (h, w), (kh, kw) = t.shape, size, tile
+    ph, pw = h // kh, w // kw
+    if ckk % (kh * kw) or blocks != ph * pw or ph == 0 or pw == 0:
+        raise _Unsupported()
+    y = c.op("reshape", [a[0]], shape=(n, ckk // (kh * kw), kh, kw, ph, pw))
     y = c.op("permute", [y], dims=(0, 1, 4, 2, 5, 3))
-    return c.op("reshape", [y], shape=(n, ckk // (kh * kw), h, w))
+    y = c.op("reshape", [y], shape=(n, ckk // (kh * kw), ph * kh, pw * kw))
+    return _constant_pad(c, y, (0, w - pw * kw, 0, h - ph * kh), 0.0)
 
 
 @converts(aten.rms_norm)

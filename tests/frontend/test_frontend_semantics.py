@@ -425,6 +425,24 @@ def test_unfold_and_fold_of_whole_patches_are_a_reshape_and_a_permute() -> None:
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("size", [(7, 7), (7, 8), (5, 9)])
+def test_unfold_and_fold_drop_and_zero_what_no_whole_patch_covers(size: tuple[int, int]) -> None:
+    """MobileViT-V2 at 224 pixels: its 7 x 7 maps cut into 2 x 2 patches; unfold drops the last row and
+    column, fold gives them back as zeros (the test feeds fold non-zero patches, so a missed zero shows)."""
+
+    class _Cut(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            f = torch.nn.functional
+            p = f.unfold(x, kernel_size=2, stride=2)
+            return p, f.fold(p + 1.0, output_size=x.shape[-2:], kernel_size=2, stride=2)
+
+    x = torch.randn(2, 3, *size)
+    cm = kfuse.compile(_Cut(), (x,))
+    assert cm.report["fallback"] == [], cm.report["fallback"]
+    for got, want in zip(cm(x), _Cut()(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 class _Fulls(torch.nn.Module):
     """XGLM's floor, ``max(scores, full((), finfo.min))``, a full causal mask, and an integer full."""
 
