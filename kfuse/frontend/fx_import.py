@@ -459,6 +459,8 @@ for _packet, _op in [
     (aten.sqrt, "sqrt"),
     (aten.rsqrt, "rsqrt"),
     (aten.erf, "erf"),
+    (aten.sin, "sin"),
+    (aten.cos, "cos"),
     (aten.reciprocal, "reciprocal"),
     (aten.logical_not, "logical_not"),
 ]:

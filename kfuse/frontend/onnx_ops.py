@@ -153,6 +153,8 @@ for _t, _op in [
     ("Sqrt", "sqrt"),
     ("Reciprocal", "reciprocal"),
     ("Exp", "exp"),
+    ("Sin", "sin"),
+    ("Cos", "cos"),
     ("Log", "log"),
     ("Neg", "neg"),
     ("Abs", "abs"),

@@ -189,6 +189,10 @@ _unary("log", torch.log, "tl.log({0})")
 _unary("sqrt", torch.sqrt, "tl.sqrt({0})")
 _unary("rsqrt", torch.rsqrt, "tl.rsqrt({0})")
 _unary("erf", torch.erf, "tl.erf({0})")
+# libdevice's sin / cos (full range reduction): rotary angles reach position x frequency ~ 1e4 rad, where
+# sin.approx loses every digit
+_unary("sin", torch.sin, "tl.sin({0})")
+_unary("cos", torch.cos, "tl.cos({0})")
 _unary("reciprocal", torch.reciprocal, "(1.0 / {0})")
 _unary("identity", lambda x: x, "{0}", _same_rule)
 

@@ -39,6 +39,8 @@ CASES = [
             "sqrt",
             "rsqrt",
             "erf",
+            "sin",
+            "cos",
             "reciprocal",
             "identity",
             "gelu",

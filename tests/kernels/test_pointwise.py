@@ -13,7 +13,7 @@ from kfuse.ir.interpret import reference_run
 from kfuse.passes.fuse_pointwise import PointwiseLaunch, fuse_pointwise
 from kfuse.runtime.executor import execute, lower
 
-UNARY = ["relu", "sigmoid", "tanh", "silu", "gelu", "gelu_tanh", "neg", "abs", "exp_small", "hardswish", "erf", "sqrt_abs"]
+UNARY = ["relu", "sigmoid", "tanh", "silu", "gelu", "gelu_tanh", "neg", "abs", "exp_small", "hardswish", "erf", "sqrt_abs", "sin", "cos"]
 BINARY = ["add", "sub", "mul", "div_safe", "maximum", "minimum"]
 
 
@@ -266,3 +266,15 @@ def test_generated_kernels_compile_for_sm90(tmp_path) -> None:
     lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
     assert set(lines) == {"row", "loop", "ew"}
     assert "v4" in lines["row"] and "v4" in lines["ew"]
+
+
+@pytest.mark.parametrize("dtype,scale", [(torch.float32, 1e4), (torch.float16, 8.0)])
+def test_sin_and_cos_hold_at_rotary_angles(dtype: torch.dtype, scale: float, device: str) -> None:
+    """Rotary tables are sin / cos of position x frequency, up to ~1e4 rad at long contexts: the kernel's
+    sin / cos must reduce the range in full (an approximate sine is wrong by O(1) there). Odd shape."""
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((37, 53), dtype))
+    s, c = b.op("sin", [x]), b.op("cos", [x])
+    g = b.build([b.op("add", [b.op("mul", [s, s]), b.op("mul", [c, b.scalar(0.5)])]), s])
+    xs = [(torch.rand(37, 53) * 2 - 1).mul(scale).to(dtype).to(device)]
+    _check(g, xs, device, 1e-5 if dtype == torch.float32 else 2e-3)
