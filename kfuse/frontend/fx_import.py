@@ -953,6 +953,28 @@ def _cat(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("cat", xs, dim=_dim(dim, c.ttype(xs[0]).rank))
 
 
+@converts(aten.roll)
+def _roll(c: Ctx, a: tuple, k: dict) -> str:
+    """torch.roll along given dims (Swin's shifted windows): per dim, the last ``shift`` entries, then the
+    rest, as two slices and a cat. A roll of the flattened tensor (no dims) stays PyTorch's."""
+    shifts, dims = a[1], a[2] if len(a) > 2 else k.get("dims", ())
+    shifts = [int(shifts)] if isinstance(shifts, int) else [int(v) for v in shifts]
+    dims = [int(dims)] if isinstance(dims, int) else [int(v) for v in dims]
+    if not dims or len(dims) != len(shifts):
+        raise _Unsupported()
+    y = a[0]
+    for shift, d in zip(shifts, dims, strict=True):
+        t = c.ttype(y)
+        dim = _dim(d, t.rank)
+        n = t.shape[dim]
+        s = shift % n if n else 0
+        if s:
+            tail = c.op("slice", [y], dim=dim, start=n - s, end=n, step=1)
+            head = c.op("slice", [y], dim=dim, start=0, end=n - s, step=1)
+            y = c.op("cat", [tail, head], dim=dim)
+    return y
+
+
 @converts(aten.split, aten.split_with_sizes)
 def _split(c: Ctx, a: tuple, k: dict) -> list:
     x, sizes = a[0], a[1]

@@ -461,3 +461,20 @@ def test_full_is_a_constant_not_a_fallback() -> None:
     for got, want in zip(cm(x), _Fulls()(x), strict=True):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want)
+
+
+class _Rolls(torch.nn.Module):
+    """Swin's shifted windows (roll by -3 and back by +3 over H and W), a shift longer than the dim, a zero
+    shift, and a roll of the flattened tensor (no dims: stays PyTorch's)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        shifted = torch.roll(x, shifts=(-3, -3), dims=(1, 2))
+        return shifted, torch.roll(shifted * 2, shifts=(3, 3), dims=(1, 2)), torch.roll(x, 9, -1), torch.roll(x, 0, 1), torch.roll(x, 5)
+
+
+def test_roll_along_dims_is_two_slices_and_a_cat() -> None:
+    x = torch.randn(2, 7, 5, 4)
+    cm = kfuse.compile(_Rolls(), (x,))
+    assert cm.report["fallback"] == ["aten.roll.default"], cm.report["fallback"]  # only the flattened roll
+    for got, want in zip(cm(x), _Rolls()(x), strict=True):
+        torch.testing.assert_close(got, want)
