@@ -824,6 +824,20 @@ def _sdpa(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("sdpa", ins, is_causal=bool(causal), scale=scale)
 
 
+@converts(aten.cumsum)
+def _cumsum(c: Ctx, a: tuple, k: dict) -> str:
+    t = c.ttype(a[0])
+    dtype = a[2] if len(a) > 2 else k.get("dtype")
+    return c.op("cumsum", [a[0]], dim=_dim(a[1] if len(a) > 1 else k["dim"], max(t.rank, 1)), dtype=dtype)
+
+
+@converts(aten.gather)
+def _gather(c: Ctx, a: tuple, k: dict) -> str:
+    if (a[3] if len(a) > 3 else k.get("sparse_grad", False)) or c.ttype(a[0]).rank != c.ttype(a[2]).rank:
+        raise _Unsupported()
+    return c.op("gather", [a[0], a[2]], dim=_dim(a[1], c.ttype(a[0]).rank))
+
+
 @converts(aten.embedding)
 def _embedding(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("embedding", [a[0], a[1]])

@@ -519,6 +519,27 @@ def _split(c: OnnxCtx) -> list[str | None]:
     return out
 
 
+@converts("GatherElements")
+def _gather_elements(c: OnnxCtx) -> str:
+    t = c.ttype(c.x(0))
+    if t.rank != c.ttype(c.x(1)).rank:
+        raise Unsupported("GatherElements of different ranks")
+    # ONNX allows negative indices; torch.gather does not
+    idx = c.x(1)
+    size = c.op("add", [idx, c.scalar(t.shape[_axis(int(c.attr("axis", 0)), t.rank)], idx)])
+    idx = c.op("where", [c.op("lt", [idx, c.scalar(0, idx)]), size, idx])
+    return c.op("gather", [c.x(0), idx], dim=_axis(int(c.attr("axis", 0)), t.rank))
+
+
+@converts("CumSum")
+def _cumsum(c: OnnxCtx) -> str:
+    axis = c.const_scalar(1)
+    if axis is None or c.attr("exclusive", 0) or c.attr("reverse", 0):
+        raise Unsupported("CumSum with a run-time axis, exclusive or reverse")
+    t = c.ttype(c.x(0))
+    return c.op("cumsum", [c.x(0)], dim=_axis(int(axis), max(t.rank, 1)), dtype=t.dtype)
+
+
 @converts("Gather")
 def _gather(c: OnnxCtx) -> str:
     data, idx = c.x(0), c.x(1)

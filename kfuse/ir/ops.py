@@ -354,6 +354,17 @@ def _embedding(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return F.embedding(idx, weight)
 
 
+@register("cumsum", OTHER, arity=1)
+def _cumsum(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    # RoBERTa / MPNet position ids: cumsum of the non-padding mask; PyTorch runs it in the plan
+    return torch.cumsum(xs[0], a["dim"], dtype=a.get("dtype"))
+
+
+@register("gather", OTHER, arity=2)
+def _gather(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return torch.gather(xs[0], a["dim"], xs[1])
+
+
 # ---------------------------------------------------------------------------------------
 # reductions and pooling
 # ---------------------------------------------------------------------------------------

@@ -478,3 +478,26 @@ def test_roll_along_dims_is_two_slices_and_a_cat() -> None:
     assert cm.report["fallback"] == ["aten.roll.default"], cm.report["fallback"]  # only the flattened roll
     for got, want in zip(cm(x), _Rolls()(x), strict=True):
         torch.testing.assert_close(got, want)
+
+
+class _PositionIds(torch.nn.Module):
+    """RoBERTa's position ids (cumsum of the non-padding mask) and token types gathered by them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("types", torch.arange(64).remainder(3).unsqueeze(0))
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = ids.ne(1).int()
+        pos = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + 1
+        return pos, torch.gather(self.types.expand(ids.shape[0], -1), 1, pos)
+
+
+def test_cumsum_and_gather_are_native() -> None:
+    ids = torch.randint(0, 5, (3, 11))
+    ids[:, -3:] = 1  # padding
+    cm = kfuse.compile(_PositionIds(), (ids,))
+    assert cm.report["fallback"] == [], cm.report["fallback"]
+    assert not {"aten.cumsum.default", "aten.gather.default"} & set(cm.report["fallback_at_import"])
+    for got, want in zip(cm(ids), _PositionIds()(ids), strict=True):
+        torch.testing.assert_close(got, want)

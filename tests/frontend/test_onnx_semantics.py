@@ -137,3 +137,33 @@ def test_pool_auto_pad_same(auto_pad: str) -> None:
     # stride 1, kernel 2: one pad row/col, at the end (UPPER) or the beginning (LOWER)
     b, e = ((0, 0), (1, 1)) if auto_pad == "SAME_UPPER" else ((1, 1), (0, 0))
     _run_all(m, [x], _np_pool(x, "max", 2, 1, b, e, False))
+
+
+# ---------------------------------------------------------------------------------------
+# GatherElements (negative indices count from the end) and CumSum (RoBERTa's position ids)
+# ---------------------------------------------------------------------------------------
+def test_gather_elements_with_negative_indices() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    idx = np.array([[0, -1, 4], [2, -5, 1], [3, 3, -2]], dtype=np.int64)
+    m = _model(
+        [helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)],
+        [helper.make_tensor_value_info("x", F, [3, 5]), helper.make_tensor_value_info("i", TP.INT64, [3, 3])],
+        "y",
+        [],
+    )
+    _run_all(m, [x, idx], np.take_along_axis(x, np.where(idx < 0, idx + 5, idx), axis=1))
+    assert import_onnx(m, (torch.from_numpy(x), torch.from_numpy(idx))).fallbacks == ()
+
+
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_cumsum_along_a_constant_axis(axis: int) -> None:
+    x = np.random.default_rng(1).standard_normal((4, 7)).astype(np.float32)
+    m = _model(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"])],
+        [helper.make_tensor_value_info("x", F, [4, 7])],
+        "y",
+        [nh.from_array(np.array(axis, dtype=np.int64), "axis")],
+    )
+    _run_all(m, [x], np.cumsum(x, axis=axis))
+    assert import_onnx(m, (torch.from_numpy(x),)).fallbacks == ()
