@@ -243,6 +243,13 @@ def _match_explicit(pv: Node, nodes: dict[str, Node], users: dict[str, list[Node
     if narrow is not None:  # GPT-Neo: Q and K cast up to fp32 for the scores; the kernel accumulates in fp32 anyway
         q, kt, k_transposed = *narrow, False
         fused += ["cast", "cast", "permute"]
+    q_scaled = nodes.get(q)
+    if q_scaled is not None and q_scaled.op in ("mul", "div") and _single_user(users, q, graph) and q_scale is None:
+        c = _scalar(graph, q_scaled.inputs[1])  # ViTDet / SAM scale Q, not the scores
+        if c is not None and c != 0:
+            scale *= c if q_scaled.op == "mul" else 1.0 / c
+            fused.append(q_scaled.op)
+            q = q_scaled.inputs[0]
     qt, ktt = graph.type_of(q), graph.type_of(kt)
     if not (isinstance(qt, TensorType) and isinstance(ktt, TensorType) and qt.rank == 4 and ktt.rank == 4):
         return None

@@ -5,12 +5,14 @@ Older Hugging Face attention (BLOOM, XGLM, the BART family) folds batch and head
 ``(B, H, Sq, Sk)`` for the mask, a merge back for the softmax or the second ``bmm``. ``fuse_attention``
 matches the 4-D chain only, so these stayed three or four kernels a layer with the scores in memory.
 
-Three rewrites, applied until none applies, each turning one 3-D op into a 4-D one (so it ends):
+Four rewrites, applied until none applies, each turning one 3-D op into a 4-D one (so it ends):
 
 * ``matmul(merge(A), merge(B))`` -> ``merge(matmul(A, B))``, where ``merge(X)`` is a reshape of a 4-D ``X``
   that folds its first two dims;
 * ``permute(merge(X), (0, 2, 1))`` -> ``merge(permute(X, (0, 1, 3, 2)))``: K^T, which the matmul then sees
   as a merge (DeBERTa also scales it before the ``bmm``);
+* ``select(reshape(P, (T, B*H, S, D)), 0, i)`` -> ``merge(select(P, 0, i))``: Q, K and V unbound from one
+  stacked merge (ViTDet, SAM), which makes each a merge the other rewrites see;
 * ``e(merge(X), others)`` -> ``merge(e(X, others'))`` for an elementwise op or a softmax over a dim past the
   first: ``others`` of rank 3 with ``B*H`` rows (another merge too) are split to ``(B, H, ...)``; an operand
   with one row, or of lower rank, broadcasts as it did.
@@ -56,6 +58,11 @@ def _rewrite_once(graph: Graph) -> Graph | None:
             if a is None or b is None or graph.type_of(a).shape[:2] != graph.type_of(b).shape[:2]:
                 continue
             return _lift(graph, node, {node.inputs[0]: (a, None), node.inputs[1]: (b, None)})
+        if node.op == "select" and node.attrs["dim"] == 0:  # ViTDet / SAM: q, k, v = reshape(qkv, (3, B*H, S, D)).unbind(0)
+            src = _merged_stack(graph, node.inputs[0], producer)
+            if src is not None:
+                return _select_then_merge(graph, node, src)
+            continue
         if node.op == "permute" and tuple(node.attrs["dims"]) == (0, 2, 1):  # K^T of a merge (DeBERTa scales it next)
             x = _merged_source(graph, node.inputs[0], producer)
             if x is not None:
@@ -79,6 +86,29 @@ def _rewrite_once(graph: Graph) -> Graph | None:
             else:
                 return _lift(graph, node, plan, heads)
     return None
+
+
+def _merged_stack(graph: Graph, name: str, producer: dict[str, Node]) -> str | None:
+    """``P`` when ``name`` is ``reshape(P)`` folding dims 1 and 2 of a 5-D ``P`` ``(T, B, H, S, D)``."""
+    r = producer.get(name)
+    if r is None or r.op != "reshape":
+        return None
+    p, out = graph.type_of(r.inputs[0]), graph.type_of(name)
+    if not (isinstance(p, TensorType) and isinstance(out, TensorType) and p.rank == 5 and out.rank == 4):
+        return None
+    return r.inputs[0] if out.shape == (p.shape[0], p.shape[1] * p.shape[2], *p.shape[3:]) else None
+
+
+def _select_then_merge(graph: Graph, node: Node, stack: str) -> Graph:
+    """``select(merge(P), 0, i)`` -> ``merge(select(P, 0, i))``: the (B, H, S, D) slice, then the fold."""
+    b = GraphBuilder.from_graph(graph)
+    for n in graph.nodes:
+        if n.name != node.name:
+            b.add_node(n)
+            continue
+        part = b.op("select", [stack], dict(n.attrs))
+        b.op("reshape", [part], {"shape": node.ttype.shape}, name=node.name)
+    return dce(b.build(graph.outputs))
 
 
 def _lift(graph: Graph, node: Node, plan: dict, heads: tuple[int, ...] = ()) -> Graph:

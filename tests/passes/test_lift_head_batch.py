@@ -167,3 +167,33 @@ def test_an_add_of_two_merges_is_lifted_and_fused() -> None:
     assert [n.op for n in g.nodes].count("fused_attention") == 1
     cm = kfuse.compile(model, (q, k, v, bias), check=False)
     torch.testing.assert_close(cm(q, k, v, bias), model(q, k, v, bias), atol=1e-5, rtol=1e-4)
+
+
+class _StackedQkvAttention(torch.nn.Module):
+    """ViTDet / SAM: one qkv projection viewed as ``(3, B*H, S, D)`` and unbound, Q scaled before ``q @ k^T``."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4).reshape(3, b * self.heads, s, -1).unbind(0)
+        p = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        return (p @ v).view(b, self.heads, s, -1).permute(0, 2, 1, 3).reshape(b, s, c)
+
+
+def test_q_k_v_unbound_from_a_stacked_merge_are_lifted_and_fused() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 13, 48)
+    model = _StackedQkvAttention(48, 3)
+    g = optimize(import_module(model, (x,), {}).graph, BASE).graph
+    assert not [n for n in fuse_attention(g).nodes if n.op == "fused_attention"]  # 3-D: not matched as imported
+    lifted = lift_head_batch(g)
+    torch.testing.assert_close(reference_run(lifted, [x])[0], reference_run(g, [x])[0])
+    fused = [n for n in fuse_attention(lifted).nodes if n.op == "fused_attention"]
+    assert len(fused) == 1 and abs(fused[0].attrs["scale"] - 16**-0.5) < 1e-7, fused  # Q's scale went into the kernel
+    cm = kfuse.compile(model, (x,), check=False)
+    assert [k["template"] for k in cm.report["kernels"]].count("fused_attention") == 1
+    torch.testing.assert_close(cm(x), model(x), atol=1e-5, rtol=1e-4)
