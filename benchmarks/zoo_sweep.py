@@ -195,9 +195,12 @@ EXPLORE: dict[str, Arch] = {
 }  # fmt: skip
 # explore architectures with a named checkpoint's widths (their config class's defaults), so a GPU run can time
 # what the CPU sweep made fusable: XGLM's (B*H, S, D) attention, Falcon's multi-query, MPT's and GPT-Neo's
-# causal masks, MobileViT-V2's group norm and patch fold (session 39). The rest stay smoke-only.
+# causal masks, MobileViT-V2's group norm and patch fold (session 39), Swin-V2's window mask and ViTDet's stacked
+# Q, K, V (session 40). The rest stay smoke-only.
 GPU_WIDTHS = {"xglm": "xglm-564M", "falcon": "falcon-7b", "mpt": "mpt-1b-redpajama-200b", "gpt-neo": "gpt-neo-1.3B",
-              "mobilevitv2": "mobilevitv2-1.0-imagenet1k-256"}  # fmt: skip
+              "mobilevitv2": "mobilevitv2-1.0-imagenet1k-256",
+              # config defaults: Swin-V2-T at 224 px with 7 x 7 windows (half its layers shifted), ViTDet-B (global attention)
+              "swinv2": "swinv2-tiny (Swinv2Config defaults)", "vitdet": "vitdet-base (VitDetConfig defaults)"}  # fmt: skip
 EXPLORE.update({n: Arch(a.config, a.model, a.kind, GPU_WIDTHS[n], {}, a.tiny) for n, a in EXPLORE.items() if n in GPU_WIDTHS})
 SETS = {"zoo": ARCHS, "explore": EXPLORE}
 ALL_ARCHS = {**ARCHS, **EXPLORE}

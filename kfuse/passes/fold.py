@@ -34,6 +34,35 @@ def _on_one_device(xs: list[torch.Tensor]) -> list[torch.Tensor]:
     return xs if dev is None else [x.to(dev) for x in xs]
 
 
+def constant_value(graph: Graph, name: str) -> torch.Tensor | None:
+    """``name``'s value when it depends on constants only, evaluated without ``constant_fold``'s growth limit
+    (a pass that needs the value itself: Swin-V2's 64 x 49 x 49 window mask is built from two small
+    constants, 2.3x the larger); None where an input or an impure op feeds it."""
+    if name in graph.constants:
+        return graph.constants[name]
+    nodes = graph.node_map()
+    order: list[Node] = []
+    seen: set[str] = set()
+    stack = [name]
+    while stack:
+        v = stack.pop()
+        if v in seen or v in graph.constants:
+            continue
+        seen.add(v)
+        node = nodes.get(v)
+        if node is None or isinstance(node.type, tuple):  # a graph input, or a multi-output op
+            return None
+        if node.op == "fallback" and any(t in node.attrs["target"] for t in _IMPURE):
+            return None
+        order.append(node)
+        stack.extend(node.inputs)
+    values = dict(graph.constants)
+    position = {n.name: i for i, n in enumerate(graph.nodes)}
+    for node in sorted(order, key=lambda n: position[n.name]):
+        values[node.name] = ops.run_reference(node.op, _on_one_device([values[i] for i in node.inputs]), node.attrs)
+    return values[name]
+
+
 def constant_fold(graph: Graph) -> Graph:
     """Evaluate every node whose inputs are all constants, with its reference implementation."""
     b = GraphBuilder.from_graph(graph)

@@ -7,11 +7,12 @@ the sum back::
     reshape(add(add(reshape(s, (B, nW, H, N, N)), m1), m2), (B*nW, H, N, N))
 
 ``fuse_attention`` matches 4-D chains only, so those layers kept their scores in memory. When every
-``m`` is a constant the chain is ``s + M`` with ``M = (m1 + m2)`` broadcast to ``(B, nW, Hm, N, N)`` and
-merged to ``(B*nW, Hm, N, N)`` (``Hm`` is 1 unless a mask varies over heads): this pass writes that,
-``M`` one new constant, which the attention kernel reads as its dense mask. The mask then costs
-``B*nW*N*N`` elements (Swin-V2-T B32, stage 1: 2,048 windows of 64 x 64, 16 MB in fp16) for a plan that
-is compiled for one batch size anyway.
+``m`` is computed from constants alone (``fold.constant_value``: stage 1's 64 x 49 x 49 mask is past
+``constant_fold``'s growth limit, so it is still a chain of ``where`` ops here), the chain is ``s + M``
+with ``M = (m1 + m2)`` broadcast to ``(B, nW, Hm, N, N)`` and merged to ``(B*nW, Hm, N, N)`` (``Hm`` is 1
+unless a mask varies over heads): this pass writes that, ``M`` one new constant, which the attention
+kernel reads as its dense mask. The mask then costs ``B*nW*N*N`` elements (Swin-V2-T B32, stage 1: 2,048
+windows of 49 x 49, 9.8 MB in fp16) for a plan that is compiled for one batch size anyway.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.passes.fold import constant_value
 from kfuse.passes.simplify import dce
 
 
@@ -37,22 +39,25 @@ def _window_split(graph: Graph, node: Node, producer: dict[str, Node]) -> str | 
     return node.inputs[0] if out.shape[0] * out.shape[1] == s.shape[0] and out.shape[2:] == s.shape[1:] else None
 
 
-def _match(graph: Graph, merge: Node, producer: dict[str, Node], users: dict[str, list[Node]]) -> tuple[str, list[str], list[str]] | None:
-    """(scores, the constant masks, the nodes the rewrite removes) for ``merge = reshape(add*(split(s), m...))``."""
+def _match(
+    graph: Graph, merge: Node, producer: dict[str, Node], users: dict[str, list[Node]]
+) -> tuple[str, list[torch.Tensor], list[str]] | None:
+    """(scores, the masks' values, the nodes the rewrite removes) for ``merge = reshape(add*(split(s), m...))``
+    with every ``m`` computed from constants alone."""
     if merge.op != "reshape" or merge.ttype.rank != 4:
         return None
-    masks: list[str] = []
+    masks: list[torch.Tensor] = []
     removed = [merge.name]
     cur = producer.get(merge.inputs[0])
     while cur is not None and cur.op == "add" and cur.ttype.rank == 5 and _single_user(users, cur.name, graph):
         removed.append(cur.name)
         a, b = cur.inputs
-        if b in graph.constants:
-            masks.append(b)
-            cur = producer.get(a)
-        elif a in graph.constants:
-            masks.append(a)
-            cur = producer.get(b)
+        for mask, rest in ((b, a), (a, b)):
+            value = constant_value(graph, mask)  # None on the scores' side, which an input feeds
+            if value is not None:
+                masks.append(value)
+                cur = producer.get(rest)
+                break
         else:
             return None
     if not masks or cur is None or not _single_user(users, cur.name, graph):
@@ -76,8 +81,9 @@ def fold_window_mask(graph: Graph) -> Graph:
             continue
         s, masks, removed = found
         five = graph.type_of(producer[removed[-1]].name).shape  # (B, nW, H, N, N)
-        total = sum(graph.constants[m] for m in masks[1:]) if len(masks) > 1 else None
-        total = graph.constants[masks[0]] + total if total is not None else graph.constants[masks[0]]
+        total = masks[0]
+        for m in masks[1:]:
+            total = total + m
         if total.dim() > 5:
             continue
         total = total.reshape((1,) * (5 - total.dim()) + tuple(total.shape))

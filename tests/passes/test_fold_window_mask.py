@@ -66,3 +66,30 @@ def test_a_mask_from_an_input_is_left_alone() -> None:
     assert fold_window_mask(g) is g
     cm = kfuse.compile(model, (q, k, v, m), check=False)
     torch.testing.assert_close(cm(q, k, v, m), model(q, k, v, m), atol=1e-5, rtol=1e-4)
+
+
+class _BuiltWindowMask(_ShiftedWindowAttention):
+    """Swin-V2 stage 1: the mask built in the graph from two small region tables (``where(r_i - r_j != 0)``),
+    larger than constant folding's growth limit lets it fold (32 windows of 49 tokens: 76,832 elements)."""
+
+    def __init__(self, windows: int, heads: int, n: int) -> None:
+        super().__init__(windows, heads, n)
+        self.register_buffer("region", torch.randint(0, 4, (windows, n)).float())
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
+        diff = self.region[:, None, :] - self.region[:, :, None]
+        mask = torch.where(diff != 0, -100.0, 0.0)
+        bw, h, n, _ = q.shape
+        s = ((q @ k.transpose(-1, -2)) * 0.25 + self.bias).view(bw // self.windows, self.windows, h, n, n)
+        return torch.softmax((s + mask[None, :, None]).view(bw, h, n, n), dim=-1) @ v
+
+
+def test_a_mask_computed_from_constants_past_the_fold_limit_folds_too() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(32, 1, 49, 8) for _ in range(3))
+    model = _BuiltWindowMask(32, 1, 49)
+    g = optimize(import_module(model, (q, k, v), {}).graph, BASE).graph
+    assert any(n.op == "where" for n in g.nodes)  # constant folding left the mask's chain in the graph
+    assert len(_fused(fuse_attention(fold_window_mask(g)))) == 1
+    cm = kfuse.compile(model, (q, k, v), check=False)
+    torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=1e-5, rtol=1e-4)
