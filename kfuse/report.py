@@ -37,9 +37,19 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if report.get("compile_phases_s"):
         lines.append("compile time by phase: " + ", ".join(f"{k} {v:.2f} s" for k, v in report["compile_phases_s"].items()))
     lines += b2b_lines(report.get("b2b"))
+    lines += pdl_lines(report)
     if "max_abs_err" in report:
         lines.append(f"vs PyTorch on the example inputs: max_abs_err {report['max_abs_err']:.3g}, max_rel_err {report['max_rel_err']:.3g}")
     return lines
+
+
+def pdl_lines(report: dict[str, Any]) -> list[str]:
+    """Programmatic dependent launch: on or off, and the plan times that decided it (``pdl="auto"``)."""
+    c = report.get("pdl_choice")
+    if not c or not c.get("timed"):
+        return [f"programmatic dependent launch: {'on' if report.get('pdl') else 'off'}"] if "pdl" in report else []
+    state = "on" if c["kept"] else "off"
+    return [f"programmatic dependent launch: {state} (whole plan timed: {c['on_ms']} ms with it, {c['off_ms']} ms without)"]
 
 
 def b2b_lines(b2b: dict[str, Any] | None) -> list[str]:

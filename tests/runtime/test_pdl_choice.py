@@ -94,3 +94,12 @@ def test_auto_times_the_compiled_plan_both_ways_and_keeps_its_outputs(monkeypatc
         for w, o in zip(torch.utils._pytree.tree_leaves(plain(*a, **kw)), torch.utils._pytree.tree_leaves(auto(*a, **kw)), strict=True):
             if isinstance(w, torch.Tensor):
                 assert torch.equal(w, o)
+
+
+def test_the_summary_says_whether_pdl_was_kept_and_on_what_times() -> None:
+    from kfuse.report import pdl_lines
+
+    timed = {"pdl": False, "pdl_choice": {"on_ms": 2.029, "off_ms": 1.78, "kept": False, "timed": True}}
+    assert pdl_lines(timed) == ["programmatic dependent launch: off (whole plan timed: 2.029 ms with it, 1.78 ms without)"]
+    assert pdl_lines({"pdl": True}) == ["programmatic dependent launch: on"]
+    assert pdl_lines({}) == []
