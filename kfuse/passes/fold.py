@@ -12,6 +12,11 @@ from kfuse.passes.simplify import dce
 
 # a folded tensor may not grow past this many elements (an expand of a scalar would)
 MAX_GROWTH_ELEMENTS = 1 << 16
+# ... unless it is computed, not broadcast: weight-only math (Swin-V2's relative-position MLP over a constant
+# coordinate table, 225 x 512; a window mask from two region tables, 64 x 49 x 49) folds up to this size, so
+# it is not recomputed every call. An expand (or a PyTorch fallback, which may repeat) keeps the limit above.
+MAX_COMPUTED_ELEMENTS = 1 << 20
+_BROADCASTS = ("expand", "fallback")
 _IMPURE = ("rand", "empty", "bernoulli", "normal", "uniform", "dropout")
 
 
@@ -23,7 +28,9 @@ def _foldable(node: Node, b: GraphBuilder) -> bool:
     if node.op == "fallback" and any(s in node.attrs["target"] for s in _IMPURE):
         return False
     largest_input = max((b.constants[i].numel() for i in node.inputs), default=0)
-    return node.ttype.numel <= max(largest_input, MAX_GROWTH_ELEMENTS)
+    if node.ttype.numel <= max(largest_input, MAX_GROWTH_ELEMENTS):
+        return True
+    return node.op not in _BROADCASTS and node.ttype.numel <= MAX_COMPUTED_ELEMENTS
 
 
 def _on_one_device(xs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -7,8 +7,8 @@ the sum back::
     reshape(add(add(reshape(s, (B, nW, H, N, N)), m1), m2), (B*nW, H, N, N))
 
 ``fuse_attention`` matches 4-D chains only, so those layers kept their scores in memory. When every
-``m`` is computed from constants alone (``fold.constant_value``: stage 1's 64 x 49 x 49 mask is past
-``constant_fold``'s growth limit, so it is still a chain of ``where`` ops here), the chain is ``s + M``
+``m`` is computed from constants alone (``fold.constant_value``: a mask past ``constant_fold``'s size
+limits is still a chain of ops on constants here), the chain is ``s + M``
 with ``M = (m1 + m2)`` broadcast to ``(B, nW, Hm, N, N)`` and merged to ``(B*nW, Hm, N, N)`` (``Hm`` is 1
 unless a mask varies over heads): this pass writes that, ``M`` one new constant, which the attention
 kernel reads as its dense mask. The mask then costs ``B*nW*N*N`` elements (Swin-V2-T B32, stage 1: 2,048

@@ -130,6 +130,24 @@ def test_constant_fold_does_not_materialise_large_broadcasts() -> None:
     assert "expand" in constant_fold(g).op_counts()
 
 
+def test_constant_fold_computes_weight_only_math_past_the_broadcast_limit() -> None:
+    """Swin-V2's relative-position MLP: a 225 x 512 hidden layer over a constant table folds (it is computed,
+    not broadcast), an expand of the same size does not, and nothing past MAX_COMPUTED_ELEMENTS folds."""
+    from kfuse.passes.fold import MAX_COMPUTED_ELEMENTS, MAX_GROWTH_ELEMENTS
+
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((225, 512), torch.float32))
+    table, w = torch.randn(225, 2), torch.randn(2, 512)
+    hidden = b.op("relu", [b.op("matmul", [b.add_constant(table), b.add_constant(w)])])
+    wide = b.op("expand", [b.add_constant(torch.randn(1, 512))], {"shape": (225, 512)})
+    huge = b.op("matmul", [b.add_constant(torch.randn(1100, 2)), b.add_constant(torch.randn(2, 1000))])
+    g = b.build([b.op("add", [b.op("add", [x, hidden]), wide]), huge])
+    assert 225 * 512 > MAX_GROWTH_ELEMENTS and 1100 * 1000 > MAX_COMPUTED_ELEMENTS
+    out = constant_fold(g)
+    assert out.op_counts() == {"expand": 1, "add": 2, "matmul": 1}, out.op_counts()
+    torch.testing.assert_close(next(c for c in out.constants.values() if c.shape == (225, 512)), torch.relu(table @ w))
+
+
 def _conv_bn_graph(with_conv_bias: bool) -> tuple[Graph, torch.Tensor]:
     b = GraphBuilder()
     x = b.add_input("x", TensorType((2, 3, 8, 8), torch.float32))
