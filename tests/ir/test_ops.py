@@ -94,6 +94,9 @@ CASES = [
     ("contiguous", [((2, 3), F32)], {}),
     ("pad", [((2, 3, 4, 5), F32)], {"pads": (1, 2, 0, 3), "value": 0.5}),
     ("to_nhwc", [((2, 3, 4, 5), F32)], {"pad_c": 5}),
+    ("cumsum", [((3, 5), I64)], {"dim": 1, "dtype": None}),  # an integer cumsum accumulates in int64
+    ("cumsum", [((3, 5), F16)], {"dim": 0, "dtype": torch.float32}),
+    ("gather", [((3, 8), F32), ((3, 4), I64)], {"dim": 1}),
 ]
 
 
