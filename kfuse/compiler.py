@@ -43,6 +43,8 @@ class Options:
     fuse_attention: bool = True  # attention recognition + fused kernel (issue 4)
     fuse_pointwise: bool = True  # memory-bound chains -> generated kernels (issue 6)
     fuse_rotary: bool = True  # x * cos + rotate_half(x) * sin -> one rotary kernel (Llama-style decoders)
+    # row-only data movement (Swin's roll + window partition) -> one row gather, folded into the LayerNorm before it
+    gather_rows: bool = True
     fuse_gated_mlp: bool = True  # merged gate/up GEMM + act(gate) * up -> one two-accumulator GEMM, where measured faster
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
     # 4-D outputs of an NHWC graph: "channels_last" keeps them as the kernels wrote them, "nchw"
@@ -137,6 +139,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.fuse_norm import fuse_norms
 
         stages.append(("fuse_norm", fuse_norms))
+    if options.gather_rows:  # after fuse_norm, whose LayerNorms take the row gathers in front of windows
+        from kfuse.passes.gather_rows import gather_rows
+
+        stages.append(("gather_rows", gather_rows))
     if options.varlen is not False:  # padding-free: before fuse_pointwise, whose kernels have static shapes
         from kfuse.passes.varlen import varlen_pass
 

@@ -461,6 +461,20 @@ def _contiguous(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return xs[0].contiguous(memory_format=fmt)
 
 
+def _gather_rows_type(types: Sequence[ValueType], a: Mapping[str, Any]) -> ValueType:
+    x = types[0]
+    assert isinstance(x, TensorType)
+    return x.with_shape(a["shape"])
+
+
+@register("gather_rows", OTHER, arity=2, infer=_gather_rows_type)
+def _gather_rows(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    """Rows of ``x`` over its last dim, ``index`` (1-D int) picking them: a row-only reordering
+    (``kfuse.passes.gather_rows``) as one op."""
+    x, index = xs
+    return x.reshape(-1, x.shape[-1]).index_select(0, index).reshape(a["shape"])
+
+
 @register("pad", OTHER, arity=1)
 def _pad(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     """Constant padding, ``F.pad``'s order: (left, right) of the last dim, then of the one before, ..."""

@@ -25,10 +25,10 @@ MAX_ADDENDS = 3
 
 @triton.jit
 def _norm_fwd(
-    X, A0, A1, A2, W, Bias, Y,
+    X, A0, A1, A2, W, Bias, Y, Index,
     M, N, stride_x, stride_a0, stride_a1, stride_a2, stride_y, per0, per1, per2,
     eps,
-    N_ADD: tl.constexpr, RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    N_ADD: tl.constexpr, RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, GATHER: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
@@ -37,13 +37,16 @@ def _norm_fwd(
     row_ok = rows < M
     col_ok = cols < N
     mask = row_ok[:, None] & col_ok[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    src = rows
+    if GATHER:  # output row r normalises source row Index[r] (a row reordering folded in)
+        src = tl.load(Index + rows, mask=row_ok, other=0)
+    x = tl.load(X + src[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if N_ADD >= 1:
-        x += tl.load(A0 + (rows % per0)[:, None] * stride_a0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x += tl.load(A0 + (src % per0)[:, None] * stride_a0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if N_ADD >= 2:
-        x += tl.load(A1 + (rows % per1)[:, None] * stride_a1 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x += tl.load(A1 + (src % per1)[:, None] * stride_a1 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if N_ADD >= 3:
-        x += tl.load(A2 + (rows % per2)[:, None] * stride_a2 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x += tl.load(A2 + (src % per2)[:, None] * stride_a2 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if RMS:
         var = tl.sum(x * x, 1) / N
         xhat = x * tl.rsqrt(var + eps)[:, None]
@@ -120,17 +123,24 @@ def norm(
     out: torch.Tensor | None = None,
     rows: int | None = None,
     num_warps: int | None = None,
+    row_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``layer_norm(x + sum(addends)) * weight + bias`` (or RMSNorm with ``rms=True``) over the last dim.
-    ``rows`` (rows a program, a power of two) and ``num_warps`` override ``launch_config``'s choice."""
+    ``rows`` (rows a program, a power of two) and ``num_warps`` override ``launch_config``'s choice.
+    ``row_index`` (1-D int): output row ``r`` is the norm of source row ``row_index[r]``, the result
+    ``[len(row_index), N]``."""
     if len(addends) > MAX_ADDENDS:
         raise ValueError(f"norm: at most {MAX_ADDENDS} addends, got {len(addends)}")
     n = x.shape[-1]
     x2, sx = _rows2d(x, n, "input")
-    m = x2.shape[0]
-    if out is not None and (tuple(out.shape) != tuple(x.shape) or out.device != x.device):
-        raise ValueError(f"norm: out is {tuple(out.shape)} on {out.device}, expected {tuple(x.shape)} on {x.device}")
-    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    src_m = x2.shape[0]
+    if row_index is not None and (row_index.dim() != 1 or row_index.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"norm: row_index must be a 1-D int32/int64 tensor, got {row_index.dtype} of rank {row_index.dim()}")
+    out_shape = tuple(x.shape) if row_index is None else (row_index.numel(), n)
+    m = src_m if row_index is None else row_index.numel()
+    if out is not None and (tuple(out.shape) != out_shape or out.device != x.device):
+        raise ValueError(f"norm: out is {tuple(out.shape)} on {out.device}, expected {out_shape} on {x.device}")
+    y = out if out is not None else torch.empty(out_shape, dtype=x.dtype, device=x.device)
     y2, sy = _rows2d(y, n, "output")
     if m == 0:
         return y
@@ -142,7 +152,7 @@ def norm(
         a2, sa = _rows2d(a.reshape(per, n) if a.numel() == per * n else a, n, f"addend {j}")
         adds.append(a2)
         strides.append(sa)
-        periods.append(per if per < m else m)
+        periods.append(per if per < src_m else src_m)
     while len(adds) < MAX_ADDENDS:
         adds.append(x2)
         strides.append(0)
@@ -154,9 +164,10 @@ def norm(
     _norm_fwd[(triton.cdiv(m, rows),)](
         x2, adds[0], adds[1], adds[2],
         weight if weight is not None else x2, bias if bias is not None else x2, y2,
+        row_index if row_index is not None else x2,
         m, n, sx, strides[0], strides[1], strides[2], sy, periods[0], periods[1], periods[2],
         float(eps),
-        N_ADD=len(addends), RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None,
+        N_ADD=len(addends), RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None, GATHER=row_index is not None,
         ROWS=rows, BLOCK_N=block_n, num_warps=warps, **pdl.launch_kwargs(),
     )  # fmt: skip
     return y

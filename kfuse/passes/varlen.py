@@ -128,6 +128,8 @@ class _Analysis:
             return lay if lay is not None and node.inputs[0] not in self.layout and self.out_layout(out, True) == lay else None
         if op not in _TOKENWISE and not ops.is_elementwise(op):
             return None
+        if node.attrs.get("row_index"):  # rows reordered (a gather folded into a norm): not token by token
+            return None
         lay = self.out_layout(out, allow_flat=(first_lay == "flat"))
         if lay is None:
             return None

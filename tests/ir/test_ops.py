@@ -97,6 +97,7 @@ CASES = [
     ("cumsum", [((3, 5), I64)], {"dim": 1, "dtype": None}),  # an integer cumsum accumulates in int64
     ("cumsum", [((3, 5), F16)], {"dim": 0, "dtype": torch.float32}),
     ("gather", [((3, 8), F32), ((3, 4), I64)], {"dim": 1}),
+    ("gather_rows", [((2, 4, 8), F32), ((4,), I64)], {"shape": (2, 2, 8)}),  # index values 0..6 of 8 rows
 ]
 
 

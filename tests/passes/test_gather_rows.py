@@ -1,0 +1,89 @@
+"""Row-only data movement (Swin's roll + window partition and its reverse) becomes one row gather, folded
+into the LayerNorm in front of it (kfuse.passes.gather_rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kfuse
+from kfuse.compiler import Options, optimize
+from kfuse.frontend.torch_export import import_module
+from kfuse.ir.interpret import reference_run
+from kfuse.passes.gather_rows import gather_rows
+
+
+class _ShiftedWindows(torch.nn.Module):
+    """HF Swin's token path around a window attention, the attention replaced by a per-window linear:
+    LayerNorm, roll, partition into windows, a projection, the reverse partition, roll back, residual."""
+
+    def __init__(self, c: int, h: int, w: int, window: int, shift: int) -> None:
+        super().__init__()
+        self.h, self.w, self.win, self.shift = h, w, window, shift
+        self.norm = torch.nn.LayerNorm(c)
+        self.proj = torch.nn.Linear(c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, c = x.shape
+        h, w, k, s = self.h, self.w, self.win, self.shift
+        y = self.norm(x).view(b, h, w, c)
+        if s:
+            y = torch.roll(y, shifts=(-s, -s), dims=(1, 2))
+        y = y.view(b, h // k, k, w // k, k, c).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, k * k, c)
+        y = self.proj(y)
+        y = y.view(b, h // k, w // k, k, k, c).permute(0, 1, 3, 2, 4, 5).contiguous().view(b, h, w, c)
+        if s:
+            y = torch.roll(y, shifts=(s, s), dims=(1, 2))
+        return x + y.view(b, h * w, c)
+
+
+def _ops(cm) -> list[str]:
+    """The ops PyTorch runs (a gather lists the moves it replaced among its own ops)."""
+    return [op for k in cm.report["kernels"] if k["template"] == "torch" for op in k["ops"]]
+
+
+@pytest.mark.parametrize("b,c,h,k,s", [(2, 24, 10, 5, 2), (1, 16, 8, 4, 0), (3, 40, 6, 3, 1)])
+def test_partition_and_roll_become_gathers(b: int, c: int, h: int, k: int, s: int) -> None:
+    torch.manual_seed(b + c + s)
+    model = _ShiftedWindows(c, h, h, k, s).eval()
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(b, h * h, c)
+    cm = kfuse.compile(model, (x,), check=False)
+    templates = [kk["template"] for kk in cm.report["kernels"]]
+    assert "cat" not in _ops(cm) and templates.count("gather_rows") == 1
+    norms = [kk for kk in cm.report["kernels"] if kk["template"] == "fused_norm"]
+    assert len(norms) == 1 and "gather_rows" in norms[0]["ops"]  # the partition folded into the norm
+    torch.testing.assert_close(cm(x), model(x), atol=1e-5, rtol=1e-4)
+    off = kfuse.compile(model, (x,), options=Options(gather_rows=False), check=False)
+    assert "gather_rows" not in [kk["template"] for kk in off.report["kernels"]]
+    assert ("cat" in _ops(off)) == bool(s)
+
+
+def test_the_pass_keeps_the_graph_s_values() -> None:
+    torch.manual_seed(0)
+    model = _ShiftedWindows(16, 8, 8, 4, 2)
+    x = torch.randn(2, 64, 16)
+    g = optimize(import_module(model, (x,), {}).graph, Options(gather_rows=False, fuse_attention=False, fuse_pointwise=False)).graph
+    gathered = gather_rows(g)
+    assert sum(n.op == "gather_rows" for n in gathered.nodes) == 2 and not any(n.op == "cat" for n in gathered.nodes)
+    torch.testing.assert_close(reference_run(gathered, [x])[0], reference_run(g, [x])[0])
+
+
+class _NotRows(torch.nn.Module):
+    """Data movement that is not a row reordering (the feature dim transposed), and one that is a view."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = x.transpose(1, 2).contiguous() * 2.0
+        v = x.view(x.shape[0], 1, x.shape[1], 1, x.shape[2]).permute(0, 3, 2, 1, 4).reshape(x.shape) + 1.0
+        return t, v
+
+
+def test_other_data_movement_is_left_alone() -> None:
+    x = torch.randn(2, 12, 16)
+    g = import_module(_NotRows(), (x,), {}).graph
+    assert gather_rows(g) is g
+    # rows of 4 features: the index would cost as many bytes as the data
+    g2 = import_module(_ShiftedWindows(4, 4, 3, 1, 1), (torch.randn(1, 12, 4),), {}).graph
+    assert not any(n.op == "gather_rows" for n in gather_rows(g2).nodes)
