@@ -11,7 +11,9 @@ with the index as a new constant (4 bytes a row).
 
 When ``S`` is a ``fused_norm`` read by the chain alone, the gather folds into it: the norm kernel
 reads source row ``index[r]`` and writes row ``r`` (a row-wise op commutes with a row reordering), so
-the partition costs nothing (Swin: the LayerNorm before every window attention).
+the partition costs nothing (Swin: the LayerNorm before every window attention). When the chain's one
+reader is a norm with no addends, the gather folds into that norm the same way (Swin-V2, whose
+LayerNorm follows the reverse partition).
 
 Chains that are views in PyTorch (no element moves) are left alone where they cost nothing: read by
 elementwise ops (whose kernels take any strides), or with rows one stride apart. A view whose rows are
@@ -99,6 +101,15 @@ def _reads_rows(graph: Graph, user: Node, value: str) -> bool:
     return False
 
 
+def _reading_norm(us: list[Node], value: str, outputs: set[str]) -> Node | None:
+    """The one reader of ``value`` when it is a norm with no addends that reads it as its input."""
+    if len(us) != 1 or value in outputs:
+        return None
+    n = us[0]
+    ok = n.op == "fused_norm" and n.inputs[0] == value and n.attrs["n_add"] == 0 and not n.attrs.get("row_index")
+    return n if ok else None
+
+
 def _rows_view(y: torch.Tensor, n: int) -> bool:
     try:
         y.view(-1, n)
@@ -121,6 +132,7 @@ def gather_rows(graph: Graph) -> Graph:
     outputs = set(graph.outputs)
     done: set[str] = set()
     rewrites: dict[str, tuple[str, torch.Tensor, Node | None, tuple[str, ...]]] = {}
+    readers: dict[str, tuple[str, torch.Tensor, Node]] = {}
     for end in reversed(graph.nodes):
         if end.op not in MOVES or end.name in done or not isinstance(end.type, TensorType):
             continue
@@ -142,11 +154,21 @@ def gather_rows(graph: Graph) -> Graph:
             continue
         done |= names
         moved = tuple(dict.fromkeys(n.op for n in ordered))
-        rewrites[end.name] = (source, index, _foldable_norm(graph, source, names, producer, users), moved)
-    if not rewrites:
+        reader = _reading_norm(us, end.name, outputs)
+        if reader is not None and _foldable_norm(graph, source, names, producer, users) is None:
+            readers[reader.name] = (source, index, reader)
+        else:
+            rewrites[end.name] = (source, index, _foldable_norm(graph, source, names, producer, users), moved)
+    if not rewrites and not readers:
         return graph
     b = GraphBuilder.from_graph(graph)
     for node in graph.nodes:
+        if node.name in readers:  # norm(gather(x)) = gather(norm(x)) for a norm with no addends
+            source, index, norm = readers[node.name]
+            idx = b.add_constant(index, name=b.fresh(f"{node.name}_rows"))
+            attrs = {**norm.attrs, "row_index": True, "fused_ops": ("gather_rows", *norm.attrs.get("fused_ops", ()))}
+            b.add_node(Node(node.name, "fused_norm", (source, *norm.inputs[1:], idx), node.type, attrs))
+            continue
         if node.name not in rewrites:
             b.add_node(node)
             continue

@@ -87,3 +87,31 @@ def test_other_data_movement_is_left_alone() -> None:
     # rows of 4 features: the index would cost as many bytes as the data
     g2 = import_module(_ShiftedWindows(4, 4, 3, 1, 1), (torch.randn(1, 12, 4),), {}).graph
     assert not any(n.op == "gather_rows" for n in gather_rows(g2).nodes)
+
+
+class _PostNormWindows(_ShiftedWindows):
+    """Swin-V2's order: the window path first, its LayerNorm after the reverse partition, then the residual."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, c = x.shape
+        h, w, k, s = self.h, self.w, self.win, self.shift
+        y = torch.roll(x.view(b, h, w, c), shifts=(-s, -s), dims=(1, 2))
+        y = self.proj(y.view(b, h // k, k, w // k, k, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, k * k, c))
+        y = y.view(b, h // k, w // k, k, k, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+        y = torch.roll(y, shifts=(s, s), dims=(1, 2)).reshape(b, h * w, c)
+        return x + self.norm(y)
+
+
+def test_a_gather_read_by_a_norm_folds_into_it() -> None:
+    torch.manual_seed(5)
+    model = _PostNormWindows(24, 10, 10, 5, 2).eval()
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 100, 24)
+    cm = kfuse.compile(model, (x,), check=False)
+    norms = [kk for kk in cm.report["kernels"] if kk["template"] == "fused_norm"]
+    assert len(norms) == 1 and norms[0]["ops"][0] == "gather_rows"  # the reverse partition, read by the norm
+    assert [kk["template"] for kk in cm.report["kernels"]].count("gather_rows") == 1  # the forward one, standalone
+    assert "cat" not in _ops(cm)
+    torch.testing.assert_close(cm(x), model(x), atol=1e-5, rtol=1e-4)
