@@ -55,7 +55,7 @@ def kernel_table(fn: Any, calls: int, sequence: list[float] | None = None, match
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", required=True, choices=sorted(zoo_sweep.ARCHS))
+    p.add_argument("--arch", required=True, choices=sorted(zoo_sweep.ALL_ARCHS))
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--out", default="")
