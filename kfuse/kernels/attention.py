@@ -302,7 +302,8 @@ def _launch(
     tiles: int | None = None,
 ) -> None:
     d = q.shape[-1]
-    key = problem_key(sq, d, mask_kind, causal, cu is not None, batch * heads)
+    streamed = mask_kind in (MASK_DENSE_BOOL, MASK_DENSE_ADD) and batch > 1 and mask_strides[0] != 0
+    key = problem_key(sq, d, mask_kind, causal, cu is not None, batch * heads, streamed)
     cfg = config or _TUNED.get(key)
     if cfg is None and AUTOTUNE and q.is_cuda and not interpreting() and not torch.cuda.is_current_stream_capturing():
         # first launch of this problem on the GPU: a warm-up run, before any CUDA graph capture
@@ -469,9 +470,15 @@ def pick_fastest(configs: list[AttnConfig], time_one, rounds: int) -> AttnConfig
     return min(medians, key=medians.__getitem__)
 
 
-def problem_key(max_seq: int, head_dim: int, mask_kind: int, causal: bool, varlen: bool, batch_heads: int) -> tuple:
-    """What the autotuner keys its pick by: problems with the same key share a tile."""
-    return (max_seq, head_dim, mask_kind, bool(causal), bool(varlen), batch_heads)
+def problem_key(
+    max_seq: int, head_dim: int, mask_kind: int, causal: bool, varlen: bool, batch_heads: int, mask_streamed: bool = False
+) -> tuple:
+    """What the autotuner keys its pick by: problems with the same key share a tile. ``mask_streamed``: a
+    dense mask that differs per batch entry, read from memory once a program, against one broadcast over
+    the batch that stays in L2. Swin-V2-T's shifted and unshifted windows had one key: the tile timed on
+    the broadcast relative-position bias (several within noise there) then ran the 50 MB shifted mask, and
+    two compiles of the same plan ran the attention in 246 and 739 us (session 41)."""
+    return (max_seq, head_dim, mask_kind, bool(causal), bool(varlen), batch_heads, bool(mask_streamed))
 
 
 def tuned_configs() -> dict[tuple, AttnConfig]:
@@ -480,10 +487,16 @@ def tuned_configs() -> dict[tuple, AttnConfig]:
 
 
 def tuned_config(
-    max_seq: int, head_dim: int, batch_heads: int, causal: bool = False, mask_kind: int = MASK_NONE, varlen: bool = False
+    max_seq: int,
+    head_dim: int,
+    batch_heads: int,
+    causal: bool = False,
+    mask_kind: int = MASK_NONE,
+    varlen: bool = False,
+    mask_streamed: bool = False,
 ) -> AttnConfig | None:
     """The config the autotuner picked for this problem, or None before its first GPU launch."""
-    return _TUNED.get(problem_key(max_seq, head_dim, mask_kind, causal, varlen, batch_heads))
+    return _TUNED.get(problem_key(max_seq, head_dim, mask_kind, causal, varlen, batch_heads, mask_streamed))
 
 
 def reference(

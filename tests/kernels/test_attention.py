@@ -329,8 +329,25 @@ def test_autotuner_picks_a_config_of_the_space(causal, monkeypatch):
     out = _poisoned((b, h, s, d), torch.float16, "cuda")
     A.attention(q, k, v, causal=causal, out=out)
     (key, cfg), *_ = A.tuned_configs().items()
-    assert key == (s, d, A.MASK_NONE, causal, False, b * h) and cfg in A.config_space(d, causal)
+    assert key == (s, d, A.MASK_NONE, causal, False, b * h, False) and cfg in A.config_space(d, causal)
     torch.testing.assert_close(out.float(), A.reference(q, k, v, causal=causal), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_a_per_batch_mask_is_tuned_apart_from_a_broadcast_one(monkeypatch):
+    """Swin-V2's unshifted windows add a bias broadcast over the batch (it stays in L2); its shifted ones a
+    mask per window, streamed from memory. The same shapes, two problem keys, each tuned on its own data."""
+    monkeypatch.setattr(A, "AUTOTUNE", True)
+    monkeypatch.setattr(A, "_TUNED", {})
+    gen = torch.Generator().manual_seed(23)
+    b, h, s, d = 8, 3, 49, 32
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to("cuda", torch.float16) for _ in range(3))
+    for mask in (torch.randn(1, h, s, s, generator=gen), torch.randn(b, h, s, s, generator=gen)):
+        m = mask.to("cuda", torch.float16)
+        out = _poisoned((b, h, s, d), torch.float16, "cuda")
+        A.attention(q, k, v, mask=m, mask_kind=A.MASK_DENSE_ADD, out=out)
+        torch.testing.assert_close(out.float(), A.reference(q, k, v, mask=m, mask_kind=A.MASK_DENSE_ADD), atol=2e-2, rtol=2e-2)
+    assert sorted(key[-1] for key in A.tuned_configs()) == [False, True]
 
 
 @pytest.mark.gpu
