@@ -1,7 +1,8 @@
 """Horizontal GEMM merge: GEMMs that read the same activation with constant weights (the Q, K and
 V projections) become one GEMM over the concatenated weight ``[K, N1 + N2 + ...]``, built once at
-compile time. When every branch adds a constant bias, the biases are concatenated too, so the
-epilogue fuser later puts one bias add in the merged GEMM's epilogue.
+compile time. When a branch adds a constant bias, the biases are concatenated too (zeros for a branch
+without one: Swin-V2's key projection has none), so the epilogue fuser later puts one bias add in the
+merged GEMM's epilogue.
 
 Each branch's value becomes a ``slice`` of the merged output along the last dim: a strided view,
 never a copy (and the attention kernel reads Q, K and V through those strides).
@@ -52,8 +53,9 @@ def merge_gemms(graph: Graph, min_group: int = 2) -> Graph:
         if len(members) < min_group:
             continue
         biases = [_const_bias(m, users, graph) for m in members]
-        if not all(biases) and any(biases):
-            biases = [None] * len(members)  # mixed: merge the GEMMs, leave the bias adds alone
+        given = [bb[1] for bb in biases if bb is not None]
+        if given and len({(t.dtype, t.device) for t in given}) != 1:
+            biases = [None] * len(members)  # biases of different types: merge the GEMMs, leave the adds alone
         plans[members[0].name] = (members, biases)
     if not plans:
         return graph
@@ -70,9 +72,11 @@ def merge_gemms(graph: Graph, min_group: int = 2) -> Graph:
         members, biases = plans[node.name]
         w = torch.cat([graph.constants[m.inputs[1]] for m in members], dim=1).contiguous()
         y = b.op("matmul", [node.inputs[0], b.add_constant(w, b.fresh("w_merged"))], name=b.fresh("matmul_merged"))
-        if all(biases):
-            bias = torch.cat([bb[1] for bb in biases if bb is not None]).contiguous()
-            y = b.op("add", [y, b.add_constant(bias, b.fresh("b_merged"))], name=b.fresh("add_merged"))
+        given = [bb[1] for bb in biases if bb is not None]
+        if given:  # a branch without a bias (Swin-V2's key) adds zeros, so the epilogue takes all the adds
+            like = given[0]
+            parts = [bb[1] if bb is not None else like.new_zeros(m.ttype.shape[-1]) for m, bb in zip(members, biases, strict=True)]
+            y = b.op("add", [y, b.add_constant(torch.cat(parts).contiguous(), b.fresh("b_merged"))], name=b.fresh("add_merged"))
         rank = node.ttype.rank
         start = 0
         for m, bb in zip(members, biases, strict=True):

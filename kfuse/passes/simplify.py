@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
-from kfuse.ir.ops import scalar_value
+from kfuse.ir.ops import infer_type, is_elementwise, scalar_value
 
 
 def dce(graph: Graph) -> Graph:
@@ -212,7 +212,27 @@ def _gelu_tanh_rewrite(node: Node, b: GraphBuilder) -> str | None:
     return None
 
 
-RULES: list[Rewrite] = [_identity_rewrite, _strength_rewrite, _shape_rewrite, _gelu_tanh_rewrite]
+def _expand_operand_rewrite(node: Node, b: GraphBuilder) -> str | None:
+    """``e(x, expand(y))`` becomes ``e(x, y)`` for an elementwise ``e`` whose result keeps its type: the op
+    broadcasts ``y`` itself (expand aligns dims the same way). An explicit expand between a reduction
+    and its elementwise reader (``F.normalize``: ``x / norm.clamp_min(eps).expand_as(x)``) is a node the
+    memory-bound fusion cannot take, so the divide ran as a second kernel over the whole tensor."""
+    if not is_elementwise(node.op) or not isinstance(node.type, TensorType):
+        return None
+    inputs = []
+    for i in node.inputs:
+        p = _producer(b, i)
+        inputs.append(p.inputs[0] if p is not None and p.op == "expand" else i)
+    if tuple(inputs) == node.inputs:
+        return None
+    try:
+        t = infer_type(node.op, [b.type_of(i) for i in inputs], node.attrs)
+    except (ValueError, RuntimeError):
+        return None
+    return b.op(node.op, inputs, node.attrs) if t == node.type else None
+
+
+RULES: list[Rewrite] = [_identity_rewrite, _strength_rewrite, _shape_rewrite, _gelu_tanh_rewrite, _expand_operand_rewrite]
 
 
 def algebraic_simplify(graph: Graph, rules: list[Rewrite] | None = None) -> Graph:

@@ -16,8 +16,9 @@ to ``e`` as ``permute(c, p^-1)`` (after a reshape to the output's rank when it h
 It applies only where every operand of the output's full size is a permute by the same ``p``, or, for
 ``p = (0, 3, 1, 2)``, a channels-last value (a conv's output), whose ``permute(., (0, 2, 3, 1))`` is its
 memory as it is: no full-size tensor is read through a permute it did not have; at least one operand must be a
-real permute (a channels-last value alone is left as it is). The new permute keeps the elementwise node's
-name, so the rest of the graph is unchanged. One sweep in graph order; no node is rewritten twice.
+real permute (a channels-last value alone is left as it is), and one permute moved must be read by the
+elementwise op alone (when all stay for other readers, the move would only part the op from them). The new permute
+keeps the elementwise node's name, so the rest of the graph is unchanged. One sweep in graph order; no node is rewritten twice.
 """
 
 from __future__ import annotations
@@ -36,13 +37,17 @@ def _inverse(p: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
-def _sinkable(e: Node, b: GraphBuilder, producer: dict[str, Node]) -> tuple[int, ...] | None:
+def _sinkable(e: Node, b: GraphBuilder, producer: dict[str, Node], readers: dict[str, set[str]]) -> tuple[int, ...] | None:
     """The permute ``p`` shared by every full-size operand of ``e``, or None when the rewrite does not apply."""
     if not ops.is_elementwise(e.op) or not isinstance(e.type, TensorType) or e.ttype.rank < 2:
         return None
     shape = e.ttype.shape
     perm: tuple[int, ...] | None = None
     moved = False  # at least one real permute moves; a channels-last operand alone is left as it is
+    # and one of them is read by ``e`` alone: when every one stays for other readers (an elementwise kernel
+    # reads a permute through strides for free), moving ``e`` out of their frame only parts it from them
+    # (Swin-V2's q * q, its sum over the head dim and q / norm: one row kernel in the permuted frame)
+    private = False
     for i in e.inputs:
         t = b.type_of(i)
         if not isinstance(t, TensorType):
@@ -54,6 +59,7 @@ def _sinkable(e: Node, b: GraphBuilder, producer: dict[str, Node]) -> tuple[int,
         p = producer.get(i)
         if p is not None and p.op == "permute":
             dims, moved = tuple(p.attrs["dims"]), True
+            private = private or not (readers.get(i, set()) - {e.name})
         elif t.layout == "channels_last" and t.rank == 4:
             dims = _TO_NCHW  # NHWC in memory: viewed through permute(., (0, 2, 3, 1)) it is contiguous
         else:
@@ -61,7 +67,7 @@ def _sinkable(e: Node, b: GraphBuilder, producer: dict[str, Node]) -> tuple[int,
         if perm is not None and dims != perm:
             return None
         perm = dims
-    return perm if moved else None
+    return perm if moved and private else None
 
 
 def _permuted(b: GraphBuilder, i: str, dims: tuple[int, ...], producer: dict[str, Node]) -> str:
@@ -101,9 +107,12 @@ def sink_permutes(graph: Graph) -> Graph:
     chain of them is handled in the same sweep, and no node is rewritten twice."""
     b = GraphBuilder.from_graph(graph)
     producer: dict[str, Node] = {}
+    readers = {v: {n.name for n in ns} for v, ns in graph.users().items()}
+    for o in graph.outputs:  # a graph output is read from outside
+        readers.setdefault(o, set()).add("<output>")
     changed, seen = False, 0
     for node in graph.nodes:
-        perm = _sinkable(node, b, producer)
+        perm = _sinkable(node, b, producer, readers)
         if perm is None:
             b.add_node(node)
         else:

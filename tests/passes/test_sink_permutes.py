@@ -84,14 +84,28 @@ def test_a_unary_op_and_a_graph_output_keep_their_values(device: str) -> None:
     b = GraphBuilder()
     x = b.add_input("x", TensorType((B, H, W, C), torch.float32))
     p = b.op("permute", [x], {"dims": TO_NCHW})
-    g = b.build([b.op("gelu", [p]), p])
+    private = b.op("permute", [b.op("neg", [x])], {"dims": TO_NCHW})
+    g = b.build([b.op("gelu", [p]), p, b.op("gelu", [private])])
     sunk = sink_permutes(g)
     assert sunk.outputs == g.outputs
-    gelu = next(n for n in sunk.nodes if n.op == "gelu")
-    assert gelu.inputs == ("x",)
+    gelus = [n for n in sunk.nodes if n.op == "gelu"]
+    # the permute that is also an output stays, so its gelu stays in its frame; the private one moves
+    assert gelus[0].inputs == (p,) and sunk.node_map()[gelus[1].inputs[0]].op == "neg"
     xs = inputs(g, device)
     for got, want in zip(reference_run(sunk, xs), reference_run(g, xs), strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_a_permute_read_by_others_too_keeps_its_elementwise_readers() -> None:
+    """Swin-V2's cosine attention: ``q * q`` and ``q / norm`` both read the permuted ``q``; sinking the permute
+    below ``q * q`` would part it from the sum over the head dim and the divide that follow in q's frame."""
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((B, H, W, C), torch.float32))
+    q = b.op("permute", [x], {"dims": (0, 2, 1, 3)})
+    sq = b.op("mul", [q, q])
+    norm = b.op("sqrt", [b.op("sum", [sq], {"dims": (3,), "keepdim": True})])
+    g = b.build([b.op("div", [q, norm])])
+    assert sink_permutes(g) is g
 
 
 def test_convnext_residual_adds_join_the_mlp_and_norm_kernels(device: str) -> None:
