@@ -59,11 +59,12 @@ def gather_rows(
     x: torch.Tensor, index: torch.Tensor, out_shape: tuple[int, ...] | None = None, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``x.reshape(-1, N)[index]`` reshaped to ``out_shape`` (default ``(len(index), N)``), ``N = x.shape[-1]``;
-    into ``out`` (contiguous, that shape) when given."""
+    into ``out`` (contiguous, that shape) when given. ``out_shape``'s last dim may be a multiple of ``N``
+    (source rows side by side)."""
     n = x.shape[-1]
     shape = tuple(out_shape) if out_shape is not None else (index.numel(), n)
     m = index.numel()
-    if shape[-1] != n or m * n != _numel(shape):
+    if shape[-1] % max(n, 1) or m * n != _numel(shape):
         raise ValueError(f"gather_rows: {m} rows of {n} do not make the output shape {shape}")
     x2 = rows_view(x)
     if index.dtype not in (torch.int32, torch.int64) or index.dim() != 1:

@@ -7,7 +7,9 @@ runs it as a copy a step (Swin-T B32 stage 1: five passes over 19 MB where one w
 finds each maximal chain of reshapes, permutes, slices, cats, selects and contiguous copies from one
 value ``S`` to a value ``V``, runs it on ``arange(numel(S))`` to learn where every element of ``V``
 comes from, and, when every row of ``V`` is one whole row of ``S``, writes ``V = gather_rows(S, index)``
-with the index as a new constant (4 bytes a row).
+with the index as a new constant (4 bytes a row). The result's rows may also be whole source rows laid side by
+side (Swin's patch merging: four strided slices of ``(B, H, W, C)`` concatenated to ``(B, H/2, W/2, 4C)``):
+the gather then picks ``4`` source rows an output row.
 
 When ``S`` is a ``fused_norm`` read by the chain alone, the gather folds into it: the norm kernel
 reads source row ``index[r]`` and writes row ``r`` (a row-wise op commutes with a row reordering), so
@@ -72,7 +74,7 @@ def _row_index(graph: Graph, nodes: list[Node], source: str, rows_read: bool) ->
     if not isinstance(st, TensorType) or st.rank < 1 or st.layout != "contiguous" or st.numel > MAX_ELEMENTS:
         return None
     n = st.shape[-1]
-    if n < MIN_FEATURES or end.ttype.rank < 1 or end.ttype.shape[-1] != n or end.ttype.numel == 0:
+    if n < MIN_FEATURES or end.ttype.rank < 1 or end.ttype.shape[-1] % n or end.ttype.numel == 0:
         return None
     src = torch.arange(st.numel, dtype=torch.int32).reshape(st.shape)
     env = {source: src}
@@ -154,7 +156,9 @@ def gather_rows(graph: Graph) -> Graph:
             continue
         done |= names
         moved = tuple(dict.fromkeys(n.op for n in ordered))
-        reader = _reading_norm(us, end.name, outputs)
+        # a norm over the gathered rows commutes with the gather only when they are the source's rows
+        whole = end.ttype.shape[-1] == graph.type_of(source).shape[-1]  # type: ignore[union-attr]
+        reader = _reading_norm(us, end.name, outputs) if whole else None
         if reader is not None and _foldable_norm(graph, source, names, producer, users) is None:
             readers[reader.name] = (source, index, reader)
         else:

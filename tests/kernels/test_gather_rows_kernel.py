@@ -29,6 +29,16 @@ def test_gather_rows_reads_a_strided_source_and_reshapes(device):
     assert torch.equal(y, x.reshape(-1, 48).index_select(0, index).reshape(5, 6, 48))
 
 
+def test_gather_rows_side_by_side(device):
+    """Output rows made of several source rows (Swin's patch merging: 4 of C make one of 4C)."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(30, 24, generator=gen).to(device, torch.float16)
+    index = torch.randint(0, 30, (36,), generator=gen).to(device)
+    out = torch.full((3, 3, 96), float("nan"), dtype=torch.float16, device=device)
+    gather_rows(x, index, (3, 3, 96), out=out)
+    assert torch.equal(out, x.index_select(0, index).reshape(3, 3, 96))
+
+
 def test_gather_rows_errors(device):
     x = torch.randn(4, 16, device=device)
     with pytest.raises(ValueError, match="index must be a 1-D int32/int64"):

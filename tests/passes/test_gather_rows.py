@@ -115,3 +115,27 @@ def test_a_gather_read_by_a_norm_folds_into_it() -> None:
     assert [kk["template"] for kk in cm.report["kernels"]].count("gather_rows") == 1  # the forward one, standalone
     assert "cat" not in _ops(cm)
     torch.testing.assert_close(cm(x), model(x), atol=1e-5, rtol=1e-4)
+
+
+class _PatchMerging(torch.nn.Module):
+    """HF Swin's patch merging: four strided slices of (B, H, W, C) side by side, a LayerNorm over 4C, a linear."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4 * c)
+        self.reduce = torch.nn.Linear(4 * c, 2 * c, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x0, x1 = x[:, 0::2, 0::2, :], x[:, 1::2, 0::2, :]
+        x2, x3 = x[:, 0::2, 1::2, :], x[:, 1::2, 1::2, :]
+        y = torch.cat([x0, x1, x2, x3], -1).view(x.shape[0], -1, 4 * x.shape[-1])
+        return self.reduce(self.norm(y))
+
+
+def test_patch_merging_gathers_four_rows_an_output_row() -> None:
+    torch.manual_seed(7)
+    model = _PatchMerging(12).eval()
+    x = torch.randn(2, 6, 10, 12)
+    cm = kfuse.compile(model, (x,), check=False)
+    assert [kk["template"] for kk in cm.report["kernels"]].count("gather_rows") == 1 and "cat" not in _ops(cm)
+    torch.testing.assert_close(cm(x), model(x), atol=1e-5, rtol=1e-4)
