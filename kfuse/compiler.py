@@ -143,6 +143,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.gather_rows import gather_rows
 
         stages.append(("gather_rows", gather_rows))
+    if options.fuse_attention:  # post-norm residuals (Swin-V2) into the norm kernel, after the gathers folded
+        from kfuse.passes.fuse_norm import fuse_norm_residuals
+
+        stages.append(("fuse_norm_residual", fuse_norm_residuals))
     if options.varlen is not False:  # padding-free: before fuse_pointwise, whose kernels have static shapes
         from kfuse.passes.varlen import varlen_pass
 

@@ -25,10 +25,11 @@ MAX_ADDENDS = 3
 
 @triton.jit
 def _norm_fwd(
-    X, A0, A1, A2, W, Bias, Y, Index,
-    M, N, stride_x, stride_a0, stride_a1, stride_a2, stride_y, per0, per1, per2,
+    X, A0, A1, A2, W, Bias, Y, Index, R,
+    M, N, stride_x, stride_a0, stride_a1, stride_a2, stride_y, stride_r, per0, per1, per2,
     eps,
     N_ADD: tl.constexpr, RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, GATHER: tl.constexpr,
+    POST: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
@@ -59,6 +60,8 @@ def _norm_fwd(
         xhat = xhat * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_B:
         xhat = xhat + tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if POST:  # a post-norm residual (Swin-V2: x + LayerNorm(f(x))), added before the one rounding
+        xhat = xhat + tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], xhat.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -124,11 +127,12 @@ def norm(
     rows: int | None = None,
     num_warps: int | None = None,
     row_index: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``layer_norm(x + sum(addends)) * weight + bias`` (or RMSNorm with ``rms=True``) over the last dim.
     ``rows`` (rows a program, a power of two) and ``num_warps`` override ``launch_config``'s choice.
     ``row_index`` (1-D int): output row ``r`` is the norm of source row ``row_index[r]``, the result
-    ``[len(row_index), N]``."""
+    ``[len(row_index), N]``. ``residual`` (the output's shape): added to the result in fp32, one rounding."""
     if len(addends) > MAX_ADDENDS:
         raise ValueError(f"norm: at most {MAX_ADDENDS} addends, got {len(addends)}")
     n = x.shape[-1]
@@ -157,6 +161,11 @@ def norm(
         adds.append(x2)
         strides.append(0)
         periods.append(1)
+    r2, sr = x2, 0
+    if residual is not None:
+        if residual.numel() != m * n or residual.shape[-1] != n:
+            raise ValueError(f"norm: residual of shape {tuple(residual.shape)} does not match the output {out_shape}")
+        r2, sr = _rows2d(residual, n, "residual")
     weight, bias = _vector(weight, n, "weight"), _vector(bias, n, "bias")
     block_n = triton.next_power_of_2(n)
     auto_rows, auto_warps = launch_config(m, block_n, num_sms(x.device, 132))
@@ -164,10 +173,11 @@ def norm(
     _norm_fwd[(triton.cdiv(m, rows),)](
         x2, adds[0], adds[1], adds[2],
         weight if weight is not None else x2, bias if bias is not None else x2, y2,
-        row_index if row_index is not None else x2,
-        m, n, sx, strides[0], strides[1], strides[2], sy, periods[0], periods[1], periods[2],
+        row_index if row_index is not None else x2, r2,
+        m, n, sx, strides[0], strides[1], strides[2], sy, sr, periods[0], periods[1], periods[2],
         float(eps),
-        N_ADD=len(addends), RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None, GATHER=row_index is not None,
+        N_ADD=len(addends), RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None,
+        GATHER=row_index is not None, POST=residual is not None,
         ROWS=rows, BLOCK_N=block_n, num_warps=warps, **pdl.launch_kwargs(),
     )  # fmt: skip
     return y

@@ -101,3 +101,28 @@ def _type(graph: Graph, v: str) -> TensorType:
     t = graph.type_of(v)
     assert isinstance(t, TensorType)
     return t
+
+
+def fuse_norm_residuals(graph: Graph) -> Graph:
+    """``add(fused_norm(...), r)`` becomes one ``fused_norm`` that adds ``r`` to its output (``post_add``), when
+    the add is the norm's only reader and ``r`` has the output's type: a post-norm residual (Swin-V2's
+    ``x + LayerNorm(attention(x))`` and ``x + LayerNorm(mlp(x))``), which otherwise ran as its own kernel
+    over a value the norm had just written."""
+    nodes = graph.node_map()
+    users = graph.users()
+    new: dict[str, Node] = {}
+    for add in graph.nodes:
+        if add.op != "add" or len(add.inputs) != 2 or not isinstance(add.type, TensorType):
+            continue
+        for v, r in (add.inputs, add.inputs[::-1]):
+            n = nodes.get(v)
+            if n is None or n.op != "fused_norm" or n.attrs.get("post_add") or v == r:
+                continue
+            if len(users.get(v, [])) != 1 or v in graph.outputs or n.ttype != add.ttype or graph.type_of(r) != add.ttype:
+                continue
+            tail = (n.inputs[-1],) if n.attrs.get("row_index") else ()  # the row index stays last
+            body = n.inputs[:-1] if tail else n.inputs
+            attrs = {**n.attrs, "post_add": True, "fused_ops": (*n.attrs.get("fused_ops", ()), "add")}
+            new[add.name] = Node(add.name, "fused_norm", (*body, r, *tail), add.type, attrs)
+            break  # the norm, read by the add alone, is dropped with it
+    return substitute(graph, new)

@@ -231,13 +231,18 @@ def _split_norm_inputs(xs: list[Any], a: Mapping[str, Any]) -> tuple[Any, list[A
     return x, adds, w, bias
 
 
-def _row_index(xs: list[Any], a: Mapping[str, Any]) -> tuple[list[Any], Any]:
-    """The inputs without the row index (``row_index``: a gather folded in, ``kfuse.passes.gather_rows``), and it."""
-    return (list(xs[:-1]), xs[-1]) if a.get("row_index") else (list(xs), None)
+def _row_index(xs: list[Any], a: Mapping[str, Any]) -> tuple[list[Any], Any, Any]:
+    """The inputs without the trailing optional ones, then the row index (``row_index``: a gather folded in,
+    ``kfuse.passes.gather_rows``) and the residual added to the output (``post_add``: a post-norm residual,
+    ``fuse_norm.fuse_norm_residuals``); inputs end ``..., residual, index``."""
+    xs = list(xs)
+    index = xs.pop() if a.get("row_index") else None
+    residual = xs.pop() if a.get("post_add") else None
+    return xs, index, residual
 
 
 def _fused_norm_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
-    xs, index = _row_index(xs, a)
+    xs, index, residual = _row_index(xs, a)
     x, adds, w, bias = _split_norm_inputs(xs, a)
     for t in adds:
         x = x + t
@@ -245,6 +250,8 @@ def _fused_norm_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tenso
     y = F.rms_norm(x, n, w, a["eps"]) if a["rms"] else F.layer_norm(x, n, w, bias, a["eps"])
     if index is not None:  # output row r is source row index[r]
         y = y.reshape(-1, n[0]).index_select(0, index).reshape(a["out_type"].shape)
+    if residual is not None:
+        y = y + residual
     return y
 
 
@@ -263,16 +270,17 @@ def _lower_norm(node: Node, graph: Graph, backend: str) -> Step | None:
     out_shape = tuple(node.ttype.shape)
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        xs, index = _row_index(xs, a)
+        xs, index, residual = _row_index(xs, a)
         x, adds, w, bias = _split_norm_inputs(xs, a)
         eps = a["eps"] if a["eps"] is not None else torch.finfo(x.dtype).eps
-        y = norm(x, adds, w, bias, eps=eps, rms=a["rms"], row_index=index)
+        y = norm(x, adds, w, bias, eps=eps, rms=a["rms"], row_index=index, residual=residual)
         if index is not None:
             y = y.view(out_shape)
         return y if y.dtype == out_dtype else y.to(out_dtype)
 
     what = ("rms_norm" if a["rms"] else "layer_norm") + (f" + {a['n_add']} addends" if a["n_add"] else "")
     what += ", rows gathered" if a.get("row_index") else ""
+    what += ", + residual" if a.get("post_add") else ""
     info = KernelInfo(node.name, "fused_norm", tuple(a.get("fused_ops", ("layer_norm",))), what)
     return Step(node.name, node.inputs, run, info)
 

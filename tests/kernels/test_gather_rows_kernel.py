@@ -65,3 +65,22 @@ def test_norm_with_row_index_normalises_the_gathered_rows(dtype, rms, device):
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
     with pytest.raises(ValueError, match="row_index must be"):
         norm(x, row_index=index.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_norm_adds_a_residual_to_its_output(dtype, device):
+    """A post-norm residual (Swin-V2: x + LayerNorm(f(x))) in the norm kernel, with and without a gather."""
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(3, 11, 40, generator=gen).to(device, dtype)
+    w, b = torch.randn(40, generator=gen).to(device, dtype), torch.randn(40, generator=gen).to(device, dtype)
+    r = torch.randn(3, 11, 40, generator=gen).to(device, dtype)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    out = torch.full((3, 11, 40), float("nan"), dtype=dtype, device=device)
+    norm(x, (), w, b, eps=1e-5, residual=r, out=out)
+    torch.testing.assert_close(out.float(), reference(x, (), w, b, eps=1e-5) + r.float(), atol=tol, rtol=tol)
+    index = torch.randperm(33, generator=gen).to(device)
+    y = norm(x, (), w, b, eps=1e-5, residual=r.reshape(33, 40), row_index=index)
+    want = reference(x, (), w, b, eps=1e-5).reshape(33, 40).index_select(0, index) + r.reshape(33, 40).float()
+    torch.testing.assert_close(y.float(), want, atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="residual of shape"):
+        norm(x, (), w, b, residual=r[:, :5])

@@ -139,3 +139,17 @@ def test_patch_merging_gathers_four_rows_an_output_row() -> None:
     cm = kfuse.compile(model, (x,), check=False)
     assert [kk["template"] for kk in cm.report["kernels"]].count("gather_rows") == 1 and "cat" not in _ops(cm)
     torch.testing.assert_close(cm(x), model(x), atol=1e-5, rtol=1e-4)
+
+
+def test_a_post_norm_residual_joins_the_norm() -> None:
+    """Swin-V2's ``x + LayerNorm(...)``: the residual add is the norm kernel's last step (``post_add``)."""
+    torch.manual_seed(9)
+    model = _PostNormWindows(24, 10, 10, 5, 2).eval()
+    x = torch.randn(2, 100, 24)
+    cm = kfuse.compile(model, (x,), check=False)
+    norms = [kk for kk in cm.report["kernels"] if kk["template"] == "fused_norm"]
+    assert len(norms) == 1 and norms[0]["ops"] == ["gather_rows", "layer_norm", "add"]
+    assert not [kk for kk in cm.report["kernels"] if kk["template"] == "pointwise"]
+    torch.testing.assert_close(cm(x), model(x), atol=1e-5, rtol=1e-4)
+    off = kfuse.compile(model, (x,), check=False, fuse_attention=False)  # the stage runs with the attention fusions
+    assert [kk["template"] for kk in off.report["kernels"]].count("pointwise") == 1
