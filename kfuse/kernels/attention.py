@@ -42,8 +42,9 @@ FMA_SCALE = True
 @triton.jit
 def _attn_block(
     acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
-    stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2,
+    stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, M2b, stride_m2q, stride_m2k,
     MASKED: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, FMA_SCALE: tl.constexpr,
+    MASK2: tl.constexpr,
 ):  # fmt: skip
     # one K/V tile of the online softmax. MASKED False: every key of the tile exists and every row may
     # see it (no causal edge, no mask input), so no compares, selects or masked loads are issued.
@@ -72,6 +73,9 @@ def _attn_block(
         if MASK_KIND == 3:
             mp = M + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mq + cols[None, :] * stride_mk
             madd = tl.load(mp, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            if MASK2:  # a second additive mask (M2b: this (batch, head)'s base), read beside the first, never summed in memory
+                mp2 = M2b + offs_m[:, None] * stride_m2q + cols[None, :] * stride_m2k
+                madd += tl.load(mp2, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
             if FMA_SCALE:
                 qk = qk + madd * (1.4426950408889634 / scale_log2)
             else:
@@ -100,9 +104,10 @@ def _attn_block(
 def _attn_rows(
     Q, Out, M, k_base, v_base, pid_m, b, h, q_start, q_len, k_start, k_len, scale_log2,
     stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
-    stride_mb, stride_mh, stride_mq, stride_mk, D,
+    stride_mb, stride_mh, stride_mq, stride_mk, D, M2b, stride_m2q, stride_m2k,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TILES: tl.constexpr, FMA_SCALE: tl.constexpr,
+    MASK2: tl.constexpr,
 ):  # fmt: skip
     # one BLOCK_M tile of query rows of one (batch, head), every key tile it may see
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -130,13 +135,15 @@ def _attn_rows(
     for start_n in range(0, full, BLOCK_N):
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
-            stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, False, MASK_KIND, CAUSAL, PRECISION, FMA_SCALE,
+            stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, M2b, stride_m2q, stride_m2k,
+            False, MASK_KIND, CAUSAL, PRECISION, FMA_SCALE, MASK2,
         )  # fmt: skip
     if TILES < 2:
         for start_n in range(full, hi, BLOCK_N):
             acc, l_i, m_i = _attn_block(
                 acc, l_i, m_i, q, k_base, v_base, M, start_n, offs_m, offs_n, offs_d, mask_d, row_ok, k_start, k_len, b, h,
-                stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, True, MASK_KIND, CAUSAL, PRECISION, FMA_SCALE,
+                stride_ks, stride_vs, stride_mb, stride_mh, stride_mq, stride_mk, scale_log2, M2b, stride_m2q, stride_m2k,
+                True, MASK_KIND, CAUSAL, PRECISION, FMA_SCALE, MASK2,
             )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -146,15 +153,16 @@ def _attn_rows(
 
 @triton.jit
 def _attn_fwd(
-    Q, K, V, Out, M, CU,
+    Q, K, V, Out, M, CU, M2,
     scale_log2,
     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
     stride_mb, stride_mh, stride_mq, stride_mk,
+    stride_m2b, stride_m2h, stride_m2q, stride_m2k,
     H, SQ, SK, D, KV_GROUP, Q_TILES,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TILES: tl.constexpr,
-    PAIRED: tl.constexpr, FMA_SCALE: tl.constexpr, PDL: tl.constexpr,
+    PAIRED: tl.constexpr, FMA_SCALE: tl.constexpr, PDL: tl.constexpr, MASK2: tl.constexpr,
 ):  # fmt: skip
     # TILES (``key_tiles``): 2 every key tile is whole and unmasked (one loop), 1 the interior tiles
     # unmasked and the edge ones masked (two loops), 0 every tile masked (the kernel before session 23).
@@ -181,6 +189,7 @@ def _attn_fwd(
     kv_h = h // KV_GROUP
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
+    m2_base = M2 + b * stride_m2b + h * stride_m2h
     first = pid_m
     if PAIRED:
         first = Q_TILES - 1 - pid_m
@@ -195,8 +204,8 @@ def _attn_fwd(
             _attn_rows(
                 Q, Out, M, k_base, v_base, tile, b, h, q_start, q_len, k_start, k_len, scale_log2,
                 stride_qb, stride_qh, stride_qs, stride_ks, stride_vs, stride_ob, stride_oh, stride_os,
-                stride_mb, stride_mh, stride_mq, stride_mk, D,
-                BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES, FMA_SCALE,
+                stride_mb, stride_mh, stride_mq, stride_mk, D, m2_base, stride_m2q, stride_m2k,
+                BLOCK_M, BLOCK_N, BLOCK_D, MASK_KIND, CAUSAL, PRECISION, TILES, FMA_SCALE, MASK2,
             )  # fmt: skip
 
 
@@ -300,9 +309,13 @@ def _launch(
     config: AttnConfig | None,
     kv_group: int = 1,
     tiles: int | None = None,
+    mask2: MaskArgs = (None, (0, 0, 0, 0)),
 ) -> None:
     d = q.shape[-1]
-    streamed = mask_kind in (MASK_DENSE_BOOL, MASK_DENSE_ADD) and batch > 1 and mask_strides[0] != 0
+    m2, m2_strides = mask2
+    streamed = (
+        mask_kind in (MASK_DENSE_BOOL, MASK_DENSE_ADD) and batch > 1 and (mask_strides[0] != 0 or (m2 is not None and m2_strides[0] != 0))
+    )
     key = problem_key(sq, d, mask_kind, causal, cu is not None, batch * heads, streamed)
     cfg = config or _TUNED.get(key)
     if cfg is None and AUTOTUNE and q.is_cuda and not interpreting() and not torch.cuda.is_current_stream_capturing():
@@ -310,7 +323,7 @@ def _launch(
         args = (q, k, v, o, strides, mask, mask_strides, mask_kind, cu, batch, heads, sq, sk, scale, causal)
 
         def run(c: AttnConfig) -> torch.Tensor:
-            _launch(*args, c, kv_group)
+            _launch(*args, c, kv_group, mask2=mask2)
             return o
 
         cfg = _TUNED[key] = _measure_best(run, d, causal, max_seq=sq, batch_heads=batch * heads)
@@ -322,15 +335,16 @@ def _launch(
     cu_t = cu if cu is not None else o
     (sqb, sqh, sqs), (skb, skh, sks), (svb, svh, svs), (sob, soh, sos) = strides
     _attn_fwd[grid](
-        q, k, v, o, dummy, cu_t,
+        q, k, v, o, dummy, cu_t, m2 if m2 is not None else dummy,
         scale * _LOG2E,
         sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
         *mask_strides,
+        *m2_strides,
         heads, sq, sk, d, kv_group, q_tiles,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
         VARLEN=cu is not None, MASK_KIND=mask_kind, CAUSAL=bool(causal), PRECISION=_precision(q.dtype),
         TILES=key_tiles(cfg, mask_kind, causal, cu is not None, sk) if tiles is None else tiles, PAIRED=paired,
-        FMA_SCALE=FMA_SCALE and scale > 0,
+        FMA_SCALE=FMA_SCALE and scale > 0, MASK2=m2 is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
 
@@ -366,6 +380,7 @@ def attention(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     config: AttnConfig | None = None,
+    mask2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dense attention on ``[B, H, S, D]`` tensors (any strides with a contiguous head dim).
 
@@ -373,7 +388,9 @@ def attention(
     query head ``h`` reads key/value head ``h // G``, with no copy of K and V per group.
     ``mask_kind``: MASK_KEY_PADDING with ``mask`` ``[B, Sk]`` (nonzero = attend), MASK_DENSE_BOOL
     (True = attend) or MASK_DENSE_ADD (added to the scores) with a mask broadcastable to
-    ``[B, H, Sq, Sk]``. Returns ``[B, H, Sq, D]`` (or writes ``out``, any strides)."""
+    ``[B, H, Sq, Sk]``. ``mask2``: a second additive mask, broadcastable the same way, added beside ``mask``
+    (MASK_DENSE_ADD only): Swin-V2's per-head relative bias and per-window shift mask are never summed into a
+    ``[B*nW, H, N, N]`` tensor. Returns ``[B, H, Sq, D]`` (or writes ``out``, any strides)."""
     _check_qkv(q, k, v, 4, "attention")
     b, h, sq, d = q.shape
     sk, hk = k.shape[2], k.shape[1]
@@ -382,11 +399,14 @@ def attention(
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     o = out if out is not None else torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     m, ms = _mask_args(mask, mask_kind, b, h, sq, sk)
+    if mask2 is not None and (mask_kind != MASK_DENSE_ADD or m is None or mask2.dtype == torch.bool):
+        raise ValueError("attention: mask2 is a second additive mask beside an additive mask (MASK_DENSE_ADD)")
+    m2 = _mask_args(mask2, MASK_DENSE_ADD, b, h, sq, sk) if mask2 is not None else (None, (0, 0, 0, 0))
     if sq == 0 or b * h == 0:
         return o
     strides = tuple((t.stride(0), t.stride(1), t.stride(2)) for t in (q, k, v, o))
     kind = mask_kind if m is not None else MASK_NONE
-    _launch(q, k, v, o, strides, m, ms, kind, None, b, h, sq, sk, scale, causal, config, h // hk)  # type: ignore[arg-type]
+    _launch(q, k, v, o, strides, m, ms, kind, None, b, h, sq, sk, scale, causal, config, h // hk, mask2=m2)  # type: ignore[arg-type]
     return o
 
 
@@ -508,8 +528,9 @@ def reference(
     mask_kind: int = MASK_NONE,
     causal: bool = False,
     scale: float | None = None,
+    mask2: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The oracle for ``attention`` in float32: softmax(q k^T * scale + mask) v; all-masked rows are 0.
+    """The oracle for ``attention`` in float32: softmax(q k^T * scale + mask (+ mask2)) v; all-masked rows are 0.
     K and V with fewer heads than Q (grouped-query) are repeated to Q's heads."""
     qf, kf, vf = q.float(), k.float(), v.float()
     b, h, sq, d = q.shape
@@ -527,6 +548,8 @@ def reference(
         allowed = allowed & mask.bool()
     elif mask is not None and mask_kind == MASK_DENSE_ADD:
         s = s + mask.float()
+    if mask2 is not None:
+        s = s + mask2.float()
     s = s.masked_fill(~allowed, float("-inf"))
     p = torch.softmax(s, -1).nan_to_num(0.0)
     return torch.matmul(p, vf)

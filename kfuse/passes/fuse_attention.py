@@ -410,7 +410,11 @@ def fuse_attention(graph: Graph) -> Graph:
             sc, q_scaled = f"{m.last.name}_qscale", f"{m.last.name}_q"
             emit += [(sc, "cast", (m.q_scale,), {"dtype": qt.dtype}), (q_scaled, "mul", (m.q, sc), {})]
             m.q = q_scaled
-        if summed:
+        if summed and _both_float(graph, m.mask, m.mask2):  # the kernel adds both: no summed mask in memory
+            mask_in = (m.mask, m.mask2)
+            attrs["mask2"] = True
+            attrs["note"] = "two additive masks"
+        elif summed:
             mask_in = (f"{m.last.name}_mask",)
             emit.append((mask_in[0], "add", (m.mask, m.mask2), {}))
         if all(srcs):
@@ -453,6 +457,11 @@ def fuse_attention(graph: Graph) -> Graph:
         elif node.name not in removed:
             b.add_node(node)
     return dce(b.build(graph.outputs))
+
+
+def _both_float(graph: Graph, a: str | None, b: str | None) -> bool:
+    ts = [graph.type_of(x) for x in (a, b) if x is not None]
+    return len(ts) == 2 and all(isinstance(t, TensorType) and t.rank <= 4 and t.dtype.is_floating_point for t in ts)
 
 
 def _classify_masks(graph: Graph, m: _Match, qt: TensorType, sk: int) -> tuple[MaskInfo, bool] | None:

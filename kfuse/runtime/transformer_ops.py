@@ -64,9 +64,16 @@ def _sdpa_mask(mask: torch.Tensor | None, a: Mapping[str, Any], sq: int, sk: int
     return m, False
 
 
+def _attention_mask(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor | None:
+    """The one mask SDPA takes: the sum of the two additive masks where the kernel reads two (``mask2``)."""
+    if a.get("mask2"):
+        return xs[3].float() + xs[4].float()
+    return xs[3] if len(xs) > 3 else None
+
+
 def _fused_attention_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     q, k, v = _qkv(xs, a)
-    mask, causal = _sdpa_mask(xs[3] if len(xs) > 3 else None, a, q.shape[2], k.shape[2], q.device)
+    mask, causal = _sdpa_mask(_attention_mask(xs, a), a, q.shape[2], k.shape[2], q.device)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
     gqa = a.get("kv_group", 1) > 1
@@ -105,6 +112,7 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         # (SqueezeBERT's (B, C, S) convs) hands it transposed views: one copy each (session 35)
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in _qkv(xs, a))
         mask = xs[3] if len(xs) > 3 else None
+        mask2 = xs[4] if a.get("mask2") else None
         mk = K.MASK_NONE
         if mask is not None and kind == "padding":
             mk = K.MASK_KEY_PADDING
@@ -114,9 +122,9 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         if out_layout(a) == "bshd":
             out = torch.empty((b, sq, h * d), dtype=q.dtype, device=q.device)
             o4 = out.view(b, sq, h, d).permute(0, 2, 1, 3)
-            K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], out=o4)
+            K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], out=o4, mask2=mask2)
             return out
-        return K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"])
+        return K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], mask2=mask2)
 
     ops_ = tuple(a.get("fused_ops", ("sdpa",)))
     info = KernelInfo(node.name, "fused_attention", ops_, describe_attention(a))

@@ -372,3 +372,24 @@ def test_autotuner_never_picks_a_config_whose_output_disagrees():
         return o
 
     assert A._measure_best(run, d) != liar
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_two_additive_masks_read_beside_each_other(dtype, device):
+    """Swin-V2's shifted windows: a per-head bias broadcast over the windows and a per-window mask broadcast over
+    the heads, added in the kernel without a summed [B*nW, H, N, N] tensor; odd sizes, output poisoned."""
+    gen = torch.Generator().manual_seed(31)
+    b, h, s, d = 6, 3, 49, 32
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to(device, dtype) for _ in range(3))
+    bias = (torch.randn(1, h, s, s, generator=gen) * 2).to(device, dtype)
+    region = torch.randint(0, 3, (b, 1, s), generator=gen)
+    window = torch.where(region[..., :, None] == region[..., None, :], 0.0, -100.0).to(device, dtype)  # (b, 1, s, s)
+    out = _poisoned((b, h, s, d), dtype, device)
+    A.attention(q, k, v, mask=bias, mask_kind=A.MASK_DENSE_ADD, mask2=window, out=out)
+    want = A.reference(q, k, v, mask=bias, mask_kind=A.MASK_DENSE_ADD, mask2=window)
+    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
+    summed = A.reference(q, k, v, mask=(bias.float() + window.float()), mask_kind=A.MASK_DENSE_ADD)
+    torch.testing.assert_close(want, summed)
+    with pytest.raises(ValueError, match="mask2 is a second additive mask"):
+        A.attention(q, k, v, mask=bias > 0, mask_kind=A.MASK_DENSE_BOOL, mask2=window)
