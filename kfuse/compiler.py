@@ -139,7 +139,9 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.fuse_norm import fuse_norms
 
         stages.append(("fuse_norm", fuse_norms))
-    if options.gather_rows:  # after fuse_norm, whose LayerNorms take the row gathers in front of windows
+    # after fuse_norm, whose LayerNorms take the row gathers in front of windows; memory-bound glue, so with
+    # fuse_pointwise (off, as in the tests that stop before fusion, the copies stay PyTorch's)
+    if options.gather_rows and options.fuse_pointwise:
         from kfuse.passes.gather_rows import gather_rows
 
         stages.append(("gather_rows", gather_rows))
