@@ -96,6 +96,9 @@ def compile_cmd(
     ] = "auto",
     b2b: Annotated[bool, typer.Option(help="back-to-back GEMM/conv chains in one kernel where measured faster")] = True,
     b2b_recheck: Annotated[bool, typer.Option(help="time close fused-vs-unfused chain decisions again on the whole plan (GPU)")] = True,
+    gather_rows: Annotated[
+        bool, typer.Option(help="row-only data movement (Swin's shifted windows, patch merging) as one gather, folded into LayerNorms")
+    ] = True,
 ) -> None:
     """Compile MODEL, check it against PyTorch on random inputs and print the kernel plan."""
     import kfuse
@@ -110,7 +113,7 @@ def compile_cmd(
     if library not in ("auto", "never", "always"):
         raise typer.BadParameter(f"unknown choice {library!r}; choose auto, never or always", param_hint="--library")
     overrides: dict[str, Any] = {"tune": tune, "profile": profile, "sass": sass, "cuda_graphs": cuda_graphs, "gemm_library": library,
-                                 "fuse_b2b": b2b, "b2b_recheck": b2b_recheck,
+                                 "fuse_b2b": b2b, "b2b_recheck": b2b_recheck, "gather_rows": gather_rows,
                                  "pdl": {"auto": "auto", "on": True, "off": False}[pdl]}  # fmt: skip
     if varlen:
         overrides["varlen"] = True
@@ -120,7 +123,7 @@ def compile_cmd(
     rep["model"] = model
     rep["command"] = _command_line(
         "compile", model, batch=batch, seq=seq, dtype=dtype, varlen=varlen, avg_len_ratio=avg_len_ratio, tune=tune,
-        no_b2b=not b2b, no_b2b_recheck=not b2b_recheck,
+        no_b2b=not b2b, no_b2b_recheck=not b2b_recheck, no_gather_rows=not gather_rows,
     )  # fmt: skip
     if not explain:
         console.print(plan_table(rep))

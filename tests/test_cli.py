@@ -184,3 +184,31 @@ def test_compile_pdl_choice(tmp_path) -> None:
     assert json.loads(path.read_text())["pdl"] is False
     r = runner.invoke(app, ["compile", "mlp-tiny", "--pdl", "sometimes"])
     assert r.exit_code != 0 and "sometimes" in r.output
+
+
+
+def test_compile_gather_rows_switch(tmp_path) -> None:
+    """--no-gather-rows keeps a shifted-window token reordering (roll, window partition) as PyTorch copies; by
+    default it is one gather folded into the LayerNorm. Through the CLI's ONNX loader, on an export."""
+    import torch
+
+    class Windows(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.proj = torch.nn.LayerNorm(16), torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.roll(self.norm(x).view(1, 8, 8, 16), shifts=(-2, -2), dims=(1, 2))
+            y = y.view(1, 2, 4, 2, 4, 16).permute(0, 1, 3, 2, 4, 5).reshape(4, 16, 16)
+            return self.proj(y)
+
+    onnx_path = tmp_path / "windows.onnx"
+    torch.onnx.export(Windows().eval(), (torch.randn(1, 64, 16),), str(onnx_path), dynamo=False)
+    path = tmp_path / "rep.json"
+    for flags, gathered in (([], True), (["--no-gather-rows"], False)):
+        r = runner.invoke(app, ["compile", str(onnx_path), "--report", str(path), *flags])
+        assert r.exit_code == 0, r.output
+        rep = json.loads(path.read_text())
+        norms_with_gather = [k for k in rep["kernels"] if k["template"] == "fused_norm" and "gather_rows" in k["ops"]]
+        assert bool(norms_with_gather) == gathered and rep["max_rel_err"] < 1e-4
+        assert ("--no-gather-rows" in rep["command"]) == (not gathered)
