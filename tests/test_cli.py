@@ -186,7 +186,6 @@ def test_compile_pdl_choice(tmp_path) -> None:
     assert r.exit_code != 0 and "sometimes" in r.output
 
 
-
 def test_compile_gather_rows_switch(tmp_path) -> None:
     """--no-gather-rows keeps a shifted-window token reordering (roll, window partition) as PyTorch copies; by
     default it is one gather folded into the LayerNorm. Through the CLI's ONNX loader, on an export."""
