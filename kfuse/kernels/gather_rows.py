@@ -8,6 +8,7 @@ write of the tensor plus four bytes of index a row (``kfuse.passes.gather_rows``
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ import triton.language as tl
 
 from kfuse.kernels import pdl
 from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.norm import rows2d
 from kfuse.kernels.pdl import pdl_start
 
 
@@ -33,17 +35,6 @@ def _gather_rows(
         mask = row_ok[:, None] & (cols < N)[None, :]
         v = tl.load(X + src[:, None] * stride_x + cols[None, :], mask=mask)
         tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :], v, mask=mask)
-
-
-def rows_view(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as ``[rows, features]`` with a unit-stride feature dim (a copy only when no view has one)."""
-    n = t.shape[-1]
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    try:
-        return t.view(-1, n)
-    except RuntimeError:
-        return t.reshape(-1, n)
 
 
 def launch_config(n: int) -> tuple[int, int, int]:
@@ -64,9 +55,9 @@ def gather_rows(
     n = x.shape[-1]
     shape = tuple(out_shape) if out_shape is not None else (index.numel(), n)
     m = index.numel()
-    if shape[-1] % max(n, 1) or m * n != _numel(shape):
+    if shape[-1] % max(n, 1) or m * n != math.prod(shape):
         raise ValueError(f"gather_rows: {m} rows of {n} do not make the output shape {shape}")
-    x2 = rows_view(x)
+    x2, sx = rows2d(x, n, "input")
     if index.dtype not in (torch.int32, torch.int64) or index.dim() != 1:
         raise ValueError(f"gather_rows: index must be a 1-D int32/int64 tensor, got {index.dtype} of rank {index.dim()}")
     if out is not None and (tuple(out.shape) != shape or not out.is_contiguous() or out.dtype != x.dtype or out.device != x.device):
@@ -76,17 +67,10 @@ def gather_rows(
         return y
     rows, block_n, warps = launch_config(n)
     _gather_rows[(triton.cdiv(m, rows),)](
-        x2, index, y, m, n, x2.stride(0) if x2.shape[0] > 1 else n, n,
+        x2, index, y, m, n, sx, n,
         ROWS=rows, BLOCK_N=block_n, num_warps=warps, **pdl.launch_kwargs(),
     )  # fmt: skip
     return y
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    p = 1
-    for s in shape:
-        p *= s
-    return p
 
 
 def lower_gather_rows(node: Any, graph: Any, backend: str, options: Any = None) -> Any:
@@ -101,5 +85,5 @@ def lower_gather_rows(node: Any, graph: Any, backend: str, options: Any = None) 
         return gather_rows(xs[0], xs[1], shape)
 
     fused = tuple(node.attrs.get("fused_ops", ("gather_rows",)))
-    desc = f"{shape[-1]} features, {_numel(shape) // max(shape[-1], 1)} rows"
+    desc = f"{shape[-1]} features, {math.prod(shape) // max(shape[-1], 1)} rows"
     return Step(node.name, node.inputs, run, KernelInfo(node.name, "gather_rows", fused, desc))

@@ -65,7 +65,7 @@ def _norm_fwd(
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], xhat.to(Y.dtype.element_ty), mask=mask)
 
 
-def _rows2d(t: torch.Tensor, n: int, what: str) -> tuple[torch.Tensor, int]:
+def rows2d(t: torch.Tensor, n: int, what: str) -> tuple[torch.Tensor, int]:
     """A ``[rows, n]`` view of ``t`` with a contiguous feature dim, and its row stride."""
     if t.shape[-1] != n:
         raise ValueError(f"norm: {what} has last dim {t.shape[-1]}, expected {n}")
@@ -136,7 +136,7 @@ def norm(
     if len(addends) > MAX_ADDENDS:
         raise ValueError(f"norm: at most {MAX_ADDENDS} addends, got {len(addends)}")
     n = x.shape[-1]
-    x2, sx = _rows2d(x, n, "input")
+    x2, sx = rows2d(x, n, "input")
     src_m = x2.shape[0]
     if row_index is not None and (row_index.dim() != 1 or row_index.dtype not in (torch.int32, torch.int64)):
         raise ValueError(f"norm: row_index must be a 1-D int32/int64 tensor, got {row_index.dtype} of rank {row_index.dim()}")
@@ -145,15 +145,15 @@ def norm(
     if out is not None and (tuple(out.shape) != out_shape or out.device != x.device):
         raise ValueError(f"norm: out is {tuple(out.shape)} on {out.device}, expected {out_shape} on {x.device}")
     y = out if out is not None else torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    y2, sy = _rows2d(y, n, "output")
+    y2, sy = rows2d(y, n, "output")
     if m == 0:
         return y
-    if y2.data_ptr() != y.data_ptr():  # _rows2d copied: the kernel would write a temporary, not ``out``
+    if y2.data_ptr() != y.data_ptr():  # rows2d copied: the kernel would write a temporary, not ``out``
         raise ValueError(f"norm: out (strides {tuple(y.stride())}) must have a unit-stride last dim and rows of one stride")
     adds, strides, periods = [], [], []
     for j, a in enumerate(addends):
         per = _period(a, tuple(x.shape))
-        a2, sa = _rows2d(a.reshape(per, n) if a.numel() == per * n else a, n, f"addend {j}")
+        a2, sa = rows2d(a.reshape(per, n) if a.numel() == per * n else a, n, f"addend {j}")
         adds.append(a2)
         strides.append(sa)
         periods.append(per if per < src_m else src_m)
@@ -165,7 +165,7 @@ def norm(
     if residual is not None:
         if residual.numel() != m * n or residual.shape[-1] != n:
             raise ValueError(f"norm: residual of shape {tuple(residual.shape)} does not match the output {out_shape}")
-        r2, sr = _rows2d(residual, n, "residual")
+        r2, sr = rows2d(residual, n, "residual")
     weight, bias = _vector(weight, n, "weight"), _vector(bias, n, "bias")
     block_n = triton.next_power_of_2(n)
     auto_rows, auto_warps = launch_config(m, block_n, num_sms(x.device, 132))

@@ -159,10 +159,11 @@ def gather_rows(graph: Graph) -> Graph:
         # a norm over the gathered rows commutes with the gather only when they are the source's rows
         whole = end.ttype.shape[-1] == graph.type_of(source).shape[-1]  # type: ignore[union-attr]
         reader = _reading_norm(us, end.name, outputs) if whole else None
-        if reader is not None and _foldable_norm(graph, source, names, producer, users) is None:
+        before = _foldable_norm(graph, source, names, producer, users)
+        if reader is not None and before is None:
             readers[reader.name] = (source, index, reader)
         else:
-            rewrites[end.name] = (source, index, _foldable_norm(graph, source, names, producer, users), moved)
+            rewrites[end.name] = (source, index, before, moved)
     if not rewrites and not readers:
         return graph
     b = GraphBuilder.from_graph(graph)

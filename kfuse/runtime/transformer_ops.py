@@ -239,7 +239,7 @@ def _split_norm_inputs(xs: list[Any], a: Mapping[str, Any]) -> tuple[Any, list[A
     return x, adds, w, bias
 
 
-def _row_index(xs: list[Any], a: Mapping[str, Any]) -> tuple[list[Any], Any, Any]:
+def _trailing_inputs(xs: list[Any], a: Mapping[str, Any]) -> tuple[list[Any], Any, Any]:
     """The inputs without the trailing optional ones, then the row index (``row_index``: a gather folded in,
     ``kfuse.passes.gather_rows``) and the residual added to the output (``post_add``: a post-norm residual,
     ``fuse_norm.fuse_norm_residuals``); inputs end ``..., residual, index``."""
@@ -250,7 +250,7 @@ def _row_index(xs: list[Any], a: Mapping[str, Any]) -> tuple[list[Any], Any, Any
 
 
 def _fused_norm_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
-    xs, index, residual = _row_index(xs, a)
+    xs, index, residual = _trailing_inputs(xs, a)
     x, adds, w, bias = _split_norm_inputs(xs, a)
     for t in adds:
         x = x + t
@@ -278,7 +278,7 @@ def _lower_norm(node: Node, graph: Graph, backend: str) -> Step | None:
     out_shape = tuple(node.ttype.shape)
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        xs, index, residual = _row_index(xs, a)
+        xs, index, residual = _trailing_inputs(xs, a)
         x, adds, w, bias = _split_norm_inputs(xs, a)
         eps = a["eps"] if a["eps"] is not None else torch.finfo(x.dtype).eps
         y = norm(x, adds, w, bias, eps=eps, rms=a["rms"], row_index=index, residual=residual)
