@@ -46,7 +46,7 @@ class Arch:
 
     config: str
     model: str
-    kind: str  # "text" (input_ids) or "image" (pixel_values)
+    kind: str  # "text" (input_ids), "image" (pixel_values), or audio: "wave", "mel", "spectrogram" (``audio_shape``)
     checkpoint: str  # whose widths ``gpu`` follows
     gpu: dict[str, Any] = field(default_factory=dict)
     tiny: dict[str, Any] = field(default_factory=dict)
@@ -205,7 +205,8 @@ EXPLORE.update({n: Arch(a.config, a.model, a.kind, GPU_WIDTHS[n], {}, a.tiny) fo
 SETS = {"zoo": ARCHS, "explore": EXPLORE}
 ALL_ARCHS = {**ARCHS, **EXPLORE}
 ENCODERS = ("distilbert", "roberta", "albert", "deberta-v2", "mobilebert", "mpnet", "t5-encoder")
-BATCH = {"text": 8, "image": 32}
+BATCH = {"text": 8, "image": 32, "audio": 8}
+AUDIO_SAMPLES = 16000 * 10  # ten seconds at 16 kHz
 DECODER_BATCH, DECODER_SEQ, ENCODER_SEQ = 1, 512, 128
 TOLERANCE = 2e-2  # kfuse's own check (fp16)
 
@@ -224,12 +225,12 @@ def build(name: str, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[A
         if hasattr(cfg, k):
             try:
                 setattr(cfg, k, v)
-            except AttributeError:  # a derived property (e.g. Falcon's head_dim)
+            except (AttributeError, NotImplementedError):  # a derived property (Falcon's head_dim, Funnel's layer count)
                 pass
     torch.manual_seed(0)
     with torch.device(device):
         model = getattr(transformers, a.model)(cfg)
-        if a.kind == "image":
+        if a.kind != "text":
             fan_in_init(model)
         model = model.to(dtype).eval()
     gen = torch.Generator().manual_seed(1)
@@ -237,11 +238,27 @@ def build(name: str, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[A
         vocab = int(getattr(cfg, "vocab_size", 256))
         b, s = (2, 16) if smoke else ((BATCH["text"], ENCODER_SEQ) if name in ENCODERS else (DECODER_BATCH, DECODER_SEQ))
         x = torch.randint(3, min(vocab, 30000), (b, s), generator=gen).to(device)
-    else:
-        size = int(getattr(cfg, "image_size", 224)) if smoke else 224
+    elif a.kind == "image":
+        size = getattr(cfg, "image_size", 224) if smoke else 224
+        h, w = (int(size), int(size)) if isinstance(size, int) else (int(size[0]), int(size[1]))  # YOLOS, Hiera: [H, W]
         b = 2 if smoke else BATCH["image"]
-        x = torch.randn(b, int(getattr(cfg, "num_channels", 3)), size, size, generator=gen).to(device=device, dtype=dtype)
+        x = torch.randn(b, int(getattr(cfg, "num_channels", 3)), h, w, generator=gen).to(device=device, dtype=dtype)
+    else:
+        x = torch.randn(audio_shape(a.kind, cfg, smoke), generator=gen).to(device=device, dtype=dtype)
     return model, (x,), {}
+
+
+def audio_shape(kind: str, cfg: Any, smoke: bool) -> tuple[int, ...]:
+    """An audio model's input: a waveform (``wave``: wav2vec2's family, 16 kHz samples), a log-mel spectrogram
+    (``mel``: Whisper's encoder, [B, mels, 2 x source positions]) or its transpose (``spectrogram``: AST)."""
+    b = 2 if smoke else BATCH["audio"]
+    if kind == "wave":
+        return (b, 8000 if smoke else AUDIO_SAMPLES)
+    if kind == "mel":
+        return (b, int(cfg.num_mel_bins), 2 * int(cfg.max_source_positions))
+    if kind == "spectrogram":
+        return (b, int(cfg.max_length), int(cfg.num_mel_bins))
+    raise ValueError(f"unknown input kind {kind!r}")
 
 
 def fan_in_init(model: Any) -> None:

@@ -507,13 +507,26 @@ def _any(c: Ctx, a: tuple, k: dict) -> str:
     return c.op("ne", [m, c.value(0.0, m)])
 
 
+def _indices_unused(c: Ctx) -> bool:
+    """The node returns (values, indices) and nothing reads the indices."""
+    return all(u.target is operator.getitem and (u.args[1] == 0 or not u.users) for u in c.node.users)
+
+
 @converts(aten.max, aten.min)
-def _max_min(c: Ctx, a: tuple, k: dict) -> str:
+def _max_min(c: Ctx, a: tuple, k: dict) -> Any:
     """``max.other`` / ``min.other`` (two tensors: XGLM's attention-mask floor, T5's position buckets) as
-    maximum / minimum; the reducing overloads (``max(x)``, ``max(x, dim)``) stay PyTorch's."""
+    maximum / minimum; ``max(x, dim)`` whose indices nothing reads (Hiera's query pooling) as ``amax``, and
+    ``min(x, dim)`` as ``-amax(-x)``. The other reducing overloads stay PyTorch's."""
+    is_max = "max" in str(c.node.target)
+    if len(a) >= 2 and isinstance(a[1], int) and not isinstance(a[1], bool) and _indices_unused(c):
+        keepdim = bool(a[2] if len(a) > 2 else k.get("keepdim", False))
+        dims = _reduced_dims(c.ttype(a[0]).rank, a[1])
+        if is_max:
+            return [c.op("amax", [a[0]], dims=dims, keepdim=keepdim), None]
+        return [c.op("neg", [c.op("amax", [c.op("neg", [a[0]])], dims=dims, keepdim=keepdim)]), None]
     if len(a) != 2 or not isinstance(a[1], str) or k:
         raise _Unsupported()
-    return c.op("maximum" if "max" in str(c.node.target) else "minimum", [a[0], a[1]])
+    return c.op("maximum" if is_max else "minimum", [a[0], a[1]])
 
 
 @converts(aten.full_like)
@@ -857,6 +870,11 @@ def _reshape(c: Ctx, a: tuple, k: dict) -> str:
     return _reshape_to(c, x, tuple(int(s) for s in shape))
 
 
+@converts(aten.reshape_as, aten.view_as)
+def _reshape_as(c: Ctx, a: tuple, k: dict) -> str:
+    return _reshape_to(c, a[0], tuple(c.ttype(a[1]).shape))
+
+
 def _reshape_to(c: Ctx, x: str, shape: tuple[int, ...]) -> str:
     if c.ttype(x).shape == shape:
         return x
@@ -936,6 +954,49 @@ def _expand(c: Ctx, a: tuple, k: dict) -> str:
     return a[0] if shape == src else c.op("expand", [a[0]], shape=shape)
 
 
+@converts(aten.repeat)
+def _repeat(c: Ctx, a: tuple, k: dict) -> str:
+    """``x.repeat(reps)`` (SwiftFormer's global query) as a reshape that gives each repeated dim a size-1 dim
+    in front, an expand of those to the repeat counts, and a reshape that merges each pair."""
+    reps = [int(r) for r in a[1]]
+    src = (1,) * (len(reps) - c.ttype(a[0]).rank) + tuple(c.ttype(a[0]).shape)
+    if all(r == 1 for r in reps):
+        return _reshape_to(c, a[0], src)
+    pairs = [(1, n) for n in src]
+    y = _reshape_to(c, a[0], tuple(v for p in pairs for v in p))
+    y = c.op("expand", [y], shape=tuple(v for r, n in zip(reps, src, strict=True) for v in (r, n)))
+    return _reshape_to(c, y, tuple(r * n for r, n in zip(reps, src, strict=True)))
+
+
+@converts(aten.tile)
+def _tile(c: Ctx, a: tuple, k: dict) -> str:
+    """``x.tile(reps)``: ``repeat`` with the counts padded by leading ones to x's rank."""
+    reps = [int(r) for r in a[1]]
+    return _repeat(c, (a[0], [1] * (c.ttype(a[0]).rank - len(reps)) + reps), {})
+
+
+@converts(aten.meshgrid)
+def _meshgrid(c: Ctx, a: tuple, k: dict) -> list:
+    """``torch.meshgrid`` (DINOv3's patch coordinates): each 1-D input reshaped onto its own dim of the
+    grid and expanded over the others; ``indexing="xy"`` swaps the first two dims."""
+    xs = list(a[0])
+    indexing = a[1] if len(a) > 1 else k.get("indexing", "ij")
+    sizes = [c.ttype(x).numel for x in xs]
+    where = list(range(len(xs)))
+    if indexing == "xy" and len(xs) > 1:
+        where[0], where[1] = 1, 0
+    grid = [0] * len(xs)
+    for i, d in enumerate(where):
+        grid[d] = sizes[i]
+    out = []
+    for i, x in enumerate(xs):
+        shape = [1] * len(xs)
+        shape[where[i]] = sizes[i]
+        y = _reshape_to(c, x, tuple(shape))
+        out.append(y if tuple(shape) == tuple(grid) else c.op("expand", [y], shape=tuple(grid)))
+    return out
+
+
 @converts(aten.slice)
 def _slice(c: Ctx, a: tuple, k: dict) -> str:
     t = c.ttype(a[0])
@@ -960,11 +1021,29 @@ def _select(c: Ctx, a: tuple, k: dict) -> str:
 
 @converts(aten.cat, aten.concat)
 def _cat(c: Ctx, a: tuple, k: dict) -> str:
-    xs = [x for x in a[0] if c.ttype(x).numel > 0 or c.ttype(x).rank > 1]
+    # empty inputs add nothing (a partial rotary whose pass-through part is empty, PyTorch's legacy 1-D (0,)
+    # tensors); kept when all are empty, or when one would change the promoted dtype
+    dtypes = {c.ttype(x).dtype for x in a[0]}
+    xs = [x for x in a[0] if c.ttype(x).numel > 0 or (c.ttype(x).rank > 1 and len(dtypes) > 1)] or list(a[0][:1])
     dim = a[1] if len(a) > 1 else k.get("dim", 0)
     if len(xs) == 1:
         return xs[0]
     return c.op("cat", xs, dim=_dim(dim, c.ttype(xs[0]).rank))
+
+
+@converts(aten.stack)
+def _stack(c: Ctx, a: tuple, k: dict) -> str:
+    """torch.stack as a cat of unsqueezed inputs (GPT-J's and RoFormer's interleaved rotary stack the rotated
+    halves on a new last dim, then flatten it)."""
+    xs = list(a[0])
+    rank = c.ttype(xs[0]).rank + 1
+    dim = _dim(a[1] if len(a) > 1 else k.get("dim", 0), rank)
+    parts = []
+    for x in xs:
+        shape = list(c.ttype(x).shape)
+        shape.insert(dim, 1)
+        parts.append(_reshape_to(c, x, tuple(shape)))
+    return parts[0] if len(parts) == 1 else c.op("cat", parts, dim=dim)
 
 
 @converts(aten.roll)
@@ -1065,6 +1144,8 @@ def _max_pool(c: Ctx, a: tuple, k: dict) -> Any:
     ceil = bool(a[5]) if len(a) > 5 else False
     y = c.op("max_pool2d", [a[0]], kernel_size=ks, stride=stride, padding=pad, dilation=dil, ceil_mode=ceil)
     if c.node.target == aten.max_pool2d_with_indices.default:
+        if not _indices_unused(c):
+            raise _Unsupported()
         return [y, None]
     return y
 

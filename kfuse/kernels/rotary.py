@@ -11,6 +11,9 @@ and reads each row's two halves once:
 ``x`` is any 4-D strided view (the head-split view of a QKV projection, or a slice of it when only
 part of the head dim rotates); ``cos`` and ``sin`` are read through broadcast strides (stride 0 over
 the batch or head dims), so nothing is materialised. Arithmetic is fp32; the output is contiguous.
+
+``INTERLEAVED`` (GPT-J, CodeGen, Cohere, RoFormer: ``rotate_every_two``) pairs column 2i with 2i + 1 instead
+of i with i + D/2; the same code reads the pairs through the column map, at stride 2.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ def _rotary_fwd(
     X, C, S, Out,
     R1, R2, n_rows, HALF, N_PASS,
     sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3,
-    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -42,7 +45,10 @@ def _rotary_fwd(
     xr = (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None]
     cr = (i0 * sc0 + i1 * sc1 + i2 * sc2)[:, None]
     sr = (i0 * ss0 + i1 * ss1 + i2 * ss2)[:, None]
-    lo, hi = cols[None, :], (cols + HALF)[None, :]
+    if INTERLEAVED:  # pairs (2i, 2i + 1)
+        lo, hi = (2 * cols)[None, :], (2 * cols + 1)[None, :]
+    else:  # pairs (i, i + D/2)
+        lo, hi = cols[None, :], (cols + HALF)[None, :]
     x1 = tl.load(X + xr + lo * sx3, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(X + xr + hi * sx3, mask=mask, other=0.0).to(tl.float32)
     c1 = tl.load(C + cr + lo * sc3, mask=mask, other=0.0).to(tl.float32)
@@ -85,12 +91,14 @@ def rotary(
     block_r: int | None = None,
     num_warps: int | None = None,
     rotary_dims: int | None = None,
+    interleaved: bool = False,
 ) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` for ``x`` of rank <= 4 with an even last dim; ``cos`` and
     ``sin`` broadcast to ``x``. Returns a contiguous tensor of ``dtype`` (default ``x.dtype``), or
     writes the contiguous ``out``. ``block_r`` (rows a program) and ``num_warps`` override ``launch_config``.
     ``rotary_dims``: only the first ``rotary_dims`` columns rotate (``cos``/``sin`` have that width), the
-    rest are copied: ``cat([rotary(x[..., :r]), x[..., r:]], -1)`` (GPT-NeoX, Phi) in one pass."""
+    rest are copied: ``cat([rotary(x[..., :r]), x[..., r:]], -1)`` (GPT-NeoX, Phi) in one pass.
+    ``interleaved``: ``rotate_every_two`` (GPT-J), pairing columns 2i and 2i + 1."""
     rd = x.shape[-1] if rotary_dims is None else rotary_dims
     if x.dim() > 4 or x.dim() < 1 or rd % 2 or not 0 < rd <= x.shape[-1]:
         raise ValueError(f"rotary: x must have rank 1-4 and an even number of rotated dims, got shape {tuple(x.shape)}, {rd} rotated")
@@ -115,15 +123,20 @@ def rotary(
     grid = (triton.cdiv(n_rows, block_r),)
     _rotary_fwd[grid](
         x4, c4, s4, o, r1, r2, n_rows, half, n_pass, *x4.stride(), *c4.stride(), *s4.stride(),
-        BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, num_warps=num_warps, **pdl.launch_kwargs(),
+        BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, INTERLEAVED=interleaved, num_warps=num_warps, **pdl.launch_kwargs(),
     )  # fmt: skip
     return o
 
 
-def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int | None = None) -> torch.Tensor:
+def reference(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dims: int | None = None, interleaved: bool = False
+) -> torch.Tensor:
     """The oracle, as Hugging Face writes it (in float32)."""
     xf = x.float()
     rd = x.shape[-1] if rotary_dims is None else rotary_dims
     xr, h = xf[..., :rd], rd // 2
-    rot = torch.cat((-xr[..., h:], xr[..., :h]), dim=-1)
+    if interleaved:
+        rot = torch.stack((-xr[..., 1::2], xr[..., ::2]), dim=-1).flatten(-2)
+    else:
+        rot = torch.cat((-xr[..., h:], xr[..., :h]), dim=-1)
     return torch.cat((xr * cos.float() + rot * sin.float(), xf[..., rd:]), dim=-1)

@@ -362,8 +362,55 @@ def _merged_output(last: Node, users: dict[str, list[Node]], graph: Graph) -> No
     return r
 
 
+def _scale_before_mask(graph: Graph) -> Graph:
+    """``softmax((q @ kT + mask) * c)`` -> ``softmax(q @ kT * c + mask * c)``: CodeGen scales the scores after
+    adding its mask, and the kernel adds the mask to scaled scores. Only for ``0 < |c| <= 1``, where the scaled
+    mask cannot overflow (a ``finfo.min`` mask stays finite); a mask that several layers share is scaled once."""
+    nodes, users = graph.node_map(), graph.users()
+    emit: dict[str, list[Node]] = {}  # node name -> the nodes that take its place
+    scaled_masks: dict[tuple[str, str, str], str] = {}
+    for mul in graph.nodes:
+        if mul.op not in ("mul", "div") or not isinstance(mul.type, TensorType) or mul.ttype.rank != 4:
+            continue
+        c = _scalar(graph, mul.inputs[1])
+        if c is None or c == 0 or not abs(c if mul.op == "mul" else 1.0 / c) <= 1.0:
+            continue
+        reader = _single_user(users, mul.name, graph)
+        if reader is not None and reader.op == "cast":
+            reader = _single_user(users, reader.name, graph)
+        add = nodes.get(mul.inputs[0])
+        if reader is None or reader.op != "softmax" or add is None or add.op != "add" or not _single_user(users, add.name, graph):
+            continue
+        a, b = (nodes.get(i) for i in add.inputs)
+        pos = 0 if a is not None and a.op == "matmul" else 1 if b is not None and b.op == "matmul" else None
+        if pos is None:
+            continue
+        scores, mask = add.inputs[pos], add.inputs[1 - pos]
+        key = (mask, mul.op, mul.inputs[1])
+        new: list[Node] = []
+        if key not in scaled_masks:
+            scaled_masks[key] = f"{mul.name}_mask"
+            mt = graph.type_of(mask)
+            assert isinstance(mt, TensorType)
+            new.append(
+                Node(scaled_masks[key], mul.op, (mask, mul.inputs[1]), ops.infer_type(mul.op, [mt, graph.type_of(mul.inputs[1])], {}))
+            )
+        st = graph.type_of(scores)
+        assert isinstance(st, TensorType)
+        scaled = Node(f"{mul.name}_scores", mul.op, (scores, mul.inputs[1]), ops.infer_type(mul.op, [st, graph.type_of(mul.inputs[1])], {}))
+        emit[mul.name] = [*new, scaled, Node(mul.name, "add", (scaled.name, scaled_masks[key]), mul.ttype)]
+    if not emit:
+        return graph
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        for n in emit.get(node.name, [node]):
+            b.add_node(n)
+    return dce(b.build(graph.outputs))
+
+
 def fuse_attention(graph: Graph) -> Graph:
     """Replace every recognised attention with a ``fused_attention`` node."""
+    graph = _scale_before_mask(graph)
     nodes = graph.node_map()
     users = graph.users()
     replace: dict[str, list[tuple[str, str, tuple[str, ...], dict]]] = {}  # node name -> new nodes to emit there

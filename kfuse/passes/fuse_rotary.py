@@ -7,7 +7,12 @@ concatenation (a copy) and the multiply-add are three launches per Q and per K i
 The two products may come in either order and with their operands either way round; the slices,
 negation, concatenation and products must have no other users (``x`` itself may).
 
-Partial rotary (GPT-NeoX, Phi): ``cat([rotary(t[..., :r]), t[..., r:]], -1)`` becomes one ``rotary`` node on
+The interleaved form (GPT-J, CodeGen, Cohere, Helium, RoFormer) rotates pairs of neighbouring columns:
+``rotate_every_two(x) = stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)``, imported as two step-2 slices,
+the negation, two unsqueezing reshapes, a cat on the new last dim and the flattening reshape. It becomes a
+``rotary`` node with ``interleaved=True``: five copies of Q and K a layer before, one kernel after.
+
+Partial rotary (GPT-NeoX, Phi, GPT-J): ``cat([rotary(t[..., :r]), t[..., r:]], -1)`` becomes one ``rotary`` node on
 ``t`` with ``rotary_dims=r``, which copies the last ``D - r`` columns as it writes: the concatenation was a
 second launch reading and writing the whole of Q and K again.
 """
@@ -19,15 +24,16 @@ from kfuse.passes.simplify import substitute
 from kfuse.runtime import transformer_ops  # noqa: F401 - registers the rotary op and its lowering
 
 _FUSED_OPS = ("slice", "slice", "neg", "cat", "mul", "mul", "add")
+_FUSED_OPS_INTERLEAVED = ("slice", "slice", "neg", "reshape", "reshape", "cat", "reshape", "mul", "mul", "add")
 
 
 def _only_user(users: dict[str, list[Node]], graph: Graph, name: str) -> bool:
     return len(users.get(name, [])) == 1 and name not in graph.outputs
 
 
-def _last_dim_slice(n: Node | None, graph: Graph) -> tuple[str, int, int] | None:
-    """(source, start, end) of a unit-step slice over the last dim."""
-    if n is None or n.op != "slice" or n.attrs.get("step", 1) not in (1, None):
+def _last_dim_slice(n: Node | None, graph: Graph, step: int = 1) -> tuple[str, int, int] | None:
+    """(source, start, end) of a slice over the last dim with this step."""
+    if n is None or n.op != "slice" or (n.attrs.get("step") or 1) != step:
         return None
     src_t = graph.type_of(n.inputs[0])
     if not isinstance(src_t, TensorType) or n.attrs["dim"] % src_t.rank != src_t.rank - 1:
@@ -62,8 +68,44 @@ def _rotate_half_source(name: str, nodes: dict[str, Node], users: dict[str, list
     return x, [cat.name, neg.name, neg.inputs[0], cat.inputs[1]]
 
 
-def _match(add: Node, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> tuple[tuple[str, str, str], list[str]] | None:
-    """((x, cos, sin), fused node names) for ``add(mul(x, cos), mul(rotate_half(x), sin))``."""
+def _rotate_every_two_source(name: str, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> tuple[str, list[str]] | None:
+    """(x, the nodes it is made of) if ``name`` is ``stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)``
+    (a reshape of a last-dim cat of two unsqueezed halves) and nothing else reads them."""
+    flat = nodes.get(name)
+    if flat is None or flat.op != "reshape" or not _only_user(users, graph, name):
+        return None
+    cat = nodes.get(flat.inputs[0])
+    t = flat.ttype
+    if cat is None or cat.op != "cat" or len(cat.inputs) != 2 or not _only_user(users, graph, cat.name) or t.shape[-1] % 2:
+        return None
+    half = t.shape[-1] // 2
+    if cat.ttype.shape != (*t.shape[:-1], half, 2) or cat.attrs.get("dim", 0) % cat.ttype.rank != t.rank:
+        return None
+    unsq = [nodes.get(i) for i in cat.inputs]
+    if any(
+        u is None or u.op != "reshape" or u.ttype.shape != (*t.shape[:-1], half, 1) or not _only_user(users, graph, u.name) for u in unsq
+    ):
+        return None
+    neg, even = nodes.get(unsq[0].inputs[0]), nodes.get(unsq[1].inputs[0])
+    if neg is None or neg.op != "neg" or not _only_user(users, graph, neg.name):
+        return None
+    odd_s, even_s = _last_dim_slice(nodes.get(neg.inputs[0]), graph, 2), _last_dim_slice(even, graph, 2)
+    if odd_s is None or even_s is None or odd_s[0] != even_s[0] or odd_s[1] != 1 or even_s[1] != 0:
+        return None
+    x = odd_s[0]
+    x_t = graph.type_of(x)
+    if not isinstance(x_t, TensorType) or x_t.shape != t.shape:  # the step-2 slices cover the whole last dim
+        return None
+    if not (_only_user(users, graph, neg.inputs[0]) and _only_user(users, graph, even.name)):
+        return None
+    return x, [flat.name, cat.name, *cat.inputs, neg.name, neg.inputs[0], even.name]
+
+
+def _match(
+    add: Node, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph
+) -> tuple[tuple[str, str, str], list[str], bool] | None:
+    """((x, cos, sin), fused node names, interleaved) for ``add(mul(x, cos), mul(rotate(x), sin))``, ``rotate``
+    being ``rotate_half`` or (interleaved) ``rotate_every_two``."""
     if add.op != "add" or len(add.inputs) != 2 or not add.ttype.dtype.is_floating_point:
         return None
     muls = [nodes.get(i) for i in add.inputs]
@@ -72,6 +114,9 @@ def _match(add: Node, nodes: dict[str, Node], users: dict[str, list[Node]], grap
     for rot_mul, x_mul in (muls, muls[::-1]):
         for r_pos in (0, 1):
             rot = _rotate_half_source(rot_mul.inputs[r_pos], nodes, users, graph)
+            interleaved = rot is None
+            if interleaved:
+                rot = _rotate_every_two_source(rot_mul.inputs[r_pos], nodes, users, graph)
             if rot is None:
                 continue
             x, parts = rot
@@ -85,7 +130,7 @@ def _match(add: Node, nodes: dict[str, Node], users: dict[str, list[Node]], grap
                 return None
             if not all(_broadcasts(graph, t, add.ttype) for t in (cos, sin)):
                 return None
-            return (x, cos, sin), [add.name, rot_mul.name, x_mul.name, *parts]
+            return (x, cos, sin), [add.name, rot_mul.name, x_mul.name, *parts], interleaved
     return None
 
 
@@ -106,8 +151,12 @@ def fuse_rotary(graph: Graph) -> Graph:
         if node.op != "add" or not isinstance(node.type, TensorType) or node.ttype.rank > 4:
             continue
         m = _match(node, nodes, users, graph)
-        if m is not None:
-            found[node.name] = Node(node.name, "rotary", m[0], node.ttype, {"fused_ops": _FUSED_OPS})
+        if m is None:
+            continue
+        attrs: dict = {"fused_ops": _FUSED_OPS_INTERLEAVED if m[2] else _FUSED_OPS}
+        if m[2]:
+            attrs["interleaved"] = True
+        found[node.name] = Node(node.name, "rotary", m[0], node.ttype, attrs)
     return _absorb_pass_through(substitute(graph, found))
 
 
@@ -133,6 +182,6 @@ def _absorb_pass_through(graph: Graph) -> Graph:
             continue
         if rot.ttype.dtype != cat.ttype.dtype or t.dtype != cat.ttype.dtype:
             continue
-        attrs = {"fused_ops": (*rot.attrs["fused_ops"], "slice", "slice", "cat"), "rotary_dims": r}
+        attrs = {**rot.attrs, "fused_ops": (*rot.attrs["fused_ops"], "slice", "slice", "cat"), "rotary_dims": r}
         found[cat.name] = Node(cat.name, "rotary", [lo[0], *rot.inputs[1:]], cat.ttype, attrs)
     return substitute(graph, found)

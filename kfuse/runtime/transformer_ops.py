@@ -294,7 +294,7 @@ def _lower_norm(node: Node, graph: Graph, backend: str) -> Step | None:
 
 
 # ---------------------------------------------------------------------------------------
-# rotary: x, cos, sin -> x * cos + rotate_half(x) * sin (cos/sin broadcast to x)
+# rotary: x, cos, sin -> x * cos + rotate_half(x) * sin (cos/sin broadcast to x); interleaved: rotate_every_two
 # ---------------------------------------------------------------------------------------
 def _rotary_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
     x, c, s = types
@@ -307,7 +307,11 @@ def _rotary_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     x, cos, sin = xs
     rd = a.get("rotary_dims") or x.shape[-1]  # partial rotary: the columns past rd pass through
     xr, h = x[..., :rd], rd // 2
-    y = xr * cos + torch.cat((-xr[..., h:], xr[..., :h]), dim=-1) * sin
+    if a.get("interleaved"):  # GPT-J's rotate_every_two: column pairs (2i, 2i + 1)
+        rot = torch.stack((-xr[..., 1::2], xr[..., ::2]), dim=-1).flatten(-2)
+    else:
+        rot = torch.cat((-xr[..., h:], xr[..., :h]), dim=-1)
+    y = xr * cos + rot * sin
     return torch.cat((y, x[..., rd:].to(y.dtype)), dim=-1) if rd < x.shape[-1] else y
 
 
@@ -320,9 +324,11 @@ def _lower_rotary(node: Node, graph: Graph, backend: str) -> Step | None:
     out_dtype = node.ttype.dtype
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        return rotary(xs[0], xs[1], xs[2], dtype=out_dtype, rotary_dims=rd)
+        return rotary(xs[0], xs[1], xs[2], dtype=out_dtype, rotary_dims=rd, interleaved=interleaved)
 
-    rd = node.attrs.get("rotary_dims")
-    what = "x * cos + rotate_half(x) * sin" + (f" on {rd} of {node.ttype.shape[-1]} columns, the rest copied" if rd else "")
+    rd, interleaved = node.attrs.get("rotary_dims"), bool(node.attrs.get("interleaved"))
+    what = f"x * cos + {'rotate_every_two' if interleaved else 'rotate_half'}(x) * sin" + (
+        f" on {rd} of {node.ttype.shape[-1]} columns, the rest copied" if rd else ""
+    )
     info = KernelInfo(node.name, "rotary", tuple(node.attrs.get("fused_ops", ("rotary",))), what)
     return Step(node.name, node.inputs, run, info)

@@ -329,14 +329,14 @@ class _MaxMinSquareFull(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a = torch.max(x, y) + torch.min(x, y * 2)  # max.other / min.other (XGLM, T5)
         b = torch.square(a) + torch.full_like(a, 3.0) + torch.full_like(x, 2, dtype=torch.int64)  # square (Persimmon), full_like (T5)
-        return b, torch.max(x, dim=-1).values + torch.max(x)  # the reducing overloads stay PyTorch's
+        return b, torch.max(x, dim=-1).values + torch.max(x)  # max over a dim is an amax; max(x) stays PyTorch's
 
 
 def test_binary_max_min_square_and_full_like_are_imported_natively() -> None:
     x, y = torch.randn(3, 5), torch.randn(3, 5)
     x[1, 2] = float("nan")  # maximum / minimum propagate NaN, as torch.max(x, y) does
     cm = kfuse.compile(_MaxMinSquareFull(), (x, y))
-    assert sorted(cm.report["fallback"]) == ["aten.max.default", "aten.max.dim"], cm.report["fallback"]
+    assert sorted(cm.report["fallback"]) == ["aten.max.default"], cm.report["fallback"]
     for got, want in zip(cm(x, y), _MaxMinSquareFull()(x, y), strict=True):
         torch.testing.assert_close(got, want, equal_nan=True)
 
@@ -477,6 +477,53 @@ def test_roll_along_dims_is_two_slices_and_a_cat() -> None:
     cm = kfuse.compile(_Rolls(), (x,))
     assert cm.report["fallback"] == ["aten.roll.default"], cm.report["fallback"]  # only the flattened roll
     for got, want in zip(cm(x), _Rolls()(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+class _StackRepeatReshapeAs(torch.nn.Module):
+    """GPT-J's interleaved rotary (stack of the rotated halves on a new last dim, then flatten), a stack on a
+    middle dim, SwiftFormer's repeat (more repeat counts than dims), a repeat of ones, RoFormer's reshape_as, tile
+    and DINOv3's meshgrid (both indexings)."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
+        mid = torch.stack([x, y, x * y], dim=1)
+        rep = x[:, 0].unsqueeze(1).repeat(1, 3, 2) + 1
+        more = y[0, 0].repeat(2, 1, 3)
+        tiles = x.tile((2,)) * 2, y.tile(3, 1, 1, 1)  # fewer counts than dims, more
+        ij = torch.meshgrid(x[0, 0], y[1, :, 2], indexing="ij")
+        xy = torch.meshgrid(x[0, 0], y[1, :, 2], x[1, 1, :3], indexing="xy")
+        return (rot * y, mid, rep, more, x.repeat(1, 1, 1), (x * 2).reshape_as(y.transpose(1, 2)), x.view_as(y) + y, *tiles,
+                ij[0] + ij[1], *xy)  # fmt: skip
+
+
+def test_stack_repeat_tile_meshgrid_and_reshape_as_are_native() -> None:
+    x, y = torch.randn(2, 5, 6), torch.randn(2, 5, 6)
+    cm = kfuse.compile(_StackRepeatReshapeAs(), (x, y))
+    assert cm.report["fallback"] == [], cm.report["fallback"]
+    for got, want in zip(cm(x, y), _StackRepeatReshapeAs()(x, y), strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+
+
+class _ReduceWithIndices(torch.nn.Module):
+    """Hiera's query pooling (``max(dim).values``), a min over a dim, a max pool whose indices are dropped, and
+    the ones whose indices are read (those stay PyTorch's)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pooled = x.view(2, 4, 3, 5).max(dim=1).values
+        low = torch.min(x, -1, keepdim=True)[0]
+        pool = torch.nn.functional.max_pool2d(x.view(2, 3, 4, 5), 2, return_indices=True)[0]
+        vals, idx = x.max(dim=0)
+        return pooled + 1, low * 2, pool, vals, idx, torch.nn.functional.max_pool2d(x.view(2, 3, 4, 5) * 2, 2, return_indices=True)[1]
+
+
+def test_max_and_min_over_a_dim_are_native_when_their_indices_are_unread() -> None:
+    x = torch.randn(2, 12, 5)
+    cm = kfuse.compile(_ReduceWithIndices(), (x,))
+    assert sorted(cm.report["fallback"]) == ["aten.max.dim", "aten.max_pool2d_with_indices.default"], cm.report["fallback"]
+    for got, want in zip(cm(x), _ReduceWithIndices()(x), strict=True):
         torch.testing.assert_close(got, want)
 
 

@@ -95,3 +95,26 @@ def test_launch_rules_give_every_sm_two_programs(monkeypatch):
             rows, warps = N.launch_config(m, bn, sms=132)
             assert rows >= 1 and rows & (rows - 1) == 0 and rows * bn <= max(4096, bn) and 1 <= warps <= 8
             assert rows == 1 or -(-m // rows) >= 2 * 132  # short grids were shrunk
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("d,rot", [(32, 32), (24, 8), (80, 32), (10, 6)])
+def test_interleaved_rotary_pairs_neighbouring_columns(dtype, d, rot, device):
+    # GPT-J's rotate_every_two on a strided head-split view, with its repeat-interleaved tables (each angle
+    # on columns 2i and 2i + 1) and, where rot < d, the pass-through columns copied
+    gen = torch.Generator().manual_seed(d * 7 + rot)
+    b, h, s = 2, 3, 13
+    proj = torch.randn(b, s, 2 * h * d, generator=gen).to(device, dtype)
+    x = proj[..., h * d :].reshape(b, s, h, d)  # GPT-J rotates in (B, S, H, D) before the head transpose
+    ang = (torch.rand(s, rot // 2, generator=gen) * 6.0 + 0.1).repeat_interleave(2, -1)
+    cos, sin = (t.to(device, dtype)[None, :, None, :] for t in (ang.cos(), ang.sin()))  # [1, S, 1, rot]
+    out = torch.full((b, s, h, d), float("nan"), dtype=dtype, device=device)
+    R.rotary(x, cos, sin, out=out, rotary_dims=rot, interleaved=True)
+    xr = x[..., :rot].float()
+    hf = xr * cos.float() + torch.stack((-xr[..., 1::2], xr[..., ::2]), dim=-1).flatten(-2) * sin.float()
+    want = torch.cat((hf, x[..., rot:].float()), -1)
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
+    torch.testing.assert_close(R.reference(x, cos, sin, rotary_dims=rot, interleaved=True), want, atol=tol, rtol=tol)
+    half = R.rotary(x, cos, sin, rotary_dims=rot)  # the rotate_half pairing is a different function
+    assert not torch.allclose(half.float(), want, atol=1e-2)

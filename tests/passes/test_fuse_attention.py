@@ -333,3 +333,33 @@ def test_mixed_qkv_dtypes_stay_unfused():
     assert not _fused(fuse_attention(g))
     cm = kfuse.compile(model, (q, k, v), check=False)
     torch.testing.assert_close(cm(q, k, v), model(q, k, v), atol=3e-3, rtol=3e-3)
+
+
+class _MaskThenScale(torch.nn.Module):
+    """CodeGen's order: the mask added to the raw scores, the sum scaled (``factor``), then the softmax; the
+    mask from the input, shared by two attentions."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, q1: torch.Tensor, q2: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = v
+        for q in (q1, q2):
+            s = (q @ k.transpose(-1, -2) + mask) * self.factor
+            out = torch.softmax(s, dim=-1) @ out
+        return out
+
+
+@pytest.mark.parametrize("factor,fused", [(0.25, 2), (1.0, 2), (-0.5, 2), (4.0, 0)])
+def test_a_scale_after_the_mask_moves_onto_scores_and_mask(factor, fused, device):
+    gen = torch.Generator().manual_seed(3)
+    q1, q2, k, v = (torch.randn(2, 3, 7, 8, generator=gen).to(device) for _ in range(4))
+    mask = torch.where(torch.rand(2, 1, 7, 7, generator=gen) < 0.3, torch.finfo(torch.float32).min, 0.0).to(device)
+    model = _MaskThenScale(factor)
+    g, xs = _imported(model, (q1, q2, k, v, mask), {})
+    r = fuse_attention(g)
+    assert len(_fused(r)) == fused
+    if fused:  # one scaled mask for both attentions (none where the simplifier dropped the * 1)
+        assert sum(n.op == "mul" and n.inputs[0] == "mask" for n in r.nodes) == int(factor != 1.0)
+    _close(g, r, xs)

@@ -148,3 +148,52 @@ def test_compiled_partial_rotary_matches_eager(device):
     x2 = torch.randn(2, 9, 32, generator=gen).to(device)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x2, cos, sin), model(x2, cos, sin), atol=1e-5, rtol=1e-4)
+
+
+class _InterleavedRope(nn.Module):
+    """GPT-J's rotate_every_two (stack of the rotated neighbours, then flatten), partial over the first
+    ``rot`` columns; ``form``: "gptj", "swapped" (stack([x1, -x2]): a different function) or "shared" (the
+    rotated tensor is also an output)."""
+
+    def __init__(self, form: str, rot: int = 32) -> None:
+        super().__init__()
+        self.form, self.rot = form, rot
+        self.proj = nn.Linear(32, 64)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):  # noqa: ANN201
+        q = self.proj(x).view(x.shape[0], x.shape[1], 2, 32)
+        q_rot, q_pass = q[..., : self.rot], q[..., self.rot :]
+        x1, x2 = q_rot[..., ::2], q_rot[..., 1::2]
+        pair = (x1, -x2) if self.form == "swapped" else (-x2, x1)
+        rot = torch.stack(pair, dim=-1).flatten(-2)
+        out = torch.cat([q_rot * cos + rot * sin, q_pass], dim=-1).transpose(1, 2)
+        return (out, rot) if self.form == "shared" else out
+
+
+@pytest.mark.parametrize("form,rot,fused", [("gptj", 32, True), ("gptj", 16, True), ("swapped", 32, False), ("shared", 32, False)])
+def test_interleaved_rotary_is_fused(form, rot, fused, device):
+    gen = torch.Generator().manual_seed(rot + len(form))
+    x = torch.randn(2, 5, 32, generator=gen).to(device)
+    ang = (torch.rand(5, rot // 2, generator=gen) * 6.0).repeat_interleave(2, -1).to(device)[None, :, None, :]
+    model = _InterleavedRope(form, rot).to(device).eval()
+    g, xs = _imported(model, (x, ang.cos(), ang.sin()))
+    r = fuse_rotary(g)
+    rots = _ops(r, "rotary")
+    assert len(rots) == int(fused)
+    if fused:
+        assert rots[0].attrs["interleaved"] and rots[0].attrs.get("rotary_dims") == (rot if rot < 32 else None)
+        assert not _ops(r, "neg") and not _ops(r, "cat")
+    _close(g, r, xs)
+
+
+def test_compiled_interleaved_rotary_matches_eager(device):
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 7, 32, generator=gen).to(device)
+    ang = (torch.rand(7, 8, generator=gen) * 6.0).repeat_interleave(2, -1).to(device)[None, :, None, :]
+    model = _InterleavedRope("gptj", 16).to(device).eval()
+    compiled = kfuse.compile(model, (x, ang.cos(), ang.sin()))
+    rots = [k for k in compiled.report["kernels"] if k["template"] == "rotary"]
+    assert len(rots) == 1 and "rotate_every_two" in rots[0]["config"] and "16 of 32 columns" in rots[0]["config"]
+    x2 = torch.randn(2, 7, 32, generator=gen).to(device)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x2, ang.cos(), ang.sin()), model(x2, ang.cos(), ang.sin()), atol=1e-5, rtol=1e-4)
