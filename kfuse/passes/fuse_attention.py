@@ -30,7 +30,7 @@ import torch
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
 from kfuse.passes.attention_mask import MaskInfo, classify
-from kfuse.passes.simplify import dce
+from kfuse.passes.simplify import dce, substitute
 from kfuse.runtime import transformer_ops  # noqa: F401 - registers the fused ops and lowerings
 
 _HEADS_FIRST = (0, 2, 1, 3)
@@ -69,7 +69,8 @@ def _scalar(graph: Graph, name: str) -> float | None:
 def _match_sdpa(node: Node) -> _Match:
     q, k, v = node.inputs[:3]
     mask = node.inputs[3] if len(node.inputs) > 3 else None
-    return _Match(q, k, v, False, mask, node.attrs.get("scale"), bool(node.attrs.get("is_causal", False)), node, ["sdpa"])
+    fused = [*node.attrs.get("folded", ()), "sdpa"]  # the query's scale, folded in by _fold_query_scale
+    return _Match(q, k, v, False, mask, node.attrs.get("scale"), bool(node.attrs.get("is_causal", False)), node, fused)
 
 
 def _fill_where(graph: Graph, node: Node | None) -> tuple[str, str, bool] | None:
@@ -408,9 +409,37 @@ def _scale_before_mask(graph: Graph) -> Graph:
     return dce(b.build(graph.outputs))
 
 
+def _fold_query_scale(graph: Graph) -> Graph:
+    """``sdpa(view(q * c), ...)`` -> ``sdpa(view(q), ..., scale=scale * c)``: OPT, BART, Whisper and BioGPT scale
+    the query projection's output by ``head_dim ** -0.5`` and call SDPA with ``scale=1``; the multiply was a
+    pointwise kernel of its own in every layer. Through reshapes and permutes that nothing else reads."""
+    nodes, users = graph.node_map(), graph.users()
+    new: dict[str, Node] = {}
+    for sdpa in graph.nodes:
+        if sdpa.op != "sdpa" or not isinstance(sdpa.type, TensorType):
+            continue
+        last, cur = sdpa, nodes.get(sdpa.inputs[0])  # walk up Q's views to the multiply
+        while cur is not None and cur.op in ("reshape", "permute") and _single_user(users, cur.name, graph):
+            last, cur = cur, nodes.get(cur.inputs[0])
+        if cur is None or cur.op not in ("mul", "div") or not _single_user(users, cur.name, graph):
+            continue
+        c = _scalar(graph, cur.inputs[1])
+        qt = graph.type_of(sdpa.inputs[0])
+        if c is None or c == 0 or not isinstance(qt, TensorType) or graph.type_of(cur.inputs[0]) != cur.type:
+            continue
+        scale = sdpa.attrs.get("scale")
+        scale = (1.0 / math.sqrt(qt.shape[-1]) if scale is None else float(scale)) * (c if cur.op == "mul" else 1.0 / c)
+        q_ins = (cur.inputs[0], *last.inputs[1:])
+        if last is not sdpa:  # the first view reads the unscaled projection
+            new[last.name] = Node(last.name, last.op, q_ins, last.type, last.attrs)
+        attrs = {**sdpa.attrs, "scale": scale, "folded": (*sdpa.attrs.get("folded", ()), cur.op)}
+        new[sdpa.name] = Node(sdpa.name, "sdpa", q_ins if last is sdpa else sdpa.inputs, sdpa.type, attrs)
+    return substitute(graph, new)
+
+
 def fuse_attention(graph: Graph) -> Graph:
     """Replace every recognised attention with a ``fused_attention`` node."""
-    graph = _scale_before_mask(graph)
+    graph = _fold_query_scale(_scale_before_mask(graph))
     nodes = graph.node_map()
     users = graph.users()
     replace: dict[str, list[tuple[str, str, tuple[str, ...], dict]]] = {}  # node name -> new nodes to emit there

@@ -12,7 +12,11 @@ rewrites, applied to a fixpoint:
   restores ``X``'s leading dims (the GEMM template folds leading dims into M itself), and
   ``reshape(matmul(X, W))`` -> ``matmul(reshape(X), W)`` otherwise (the reshape moves to the input).
 
-Reshapes only ever move towards the producers, so the fixpoint is reached.
+A third rewrite moves the other way, in one case only: ``e(squeeze(conv2d(...)))`` -> ``squeeze(e(conv2d(...)))``
+for a unary elementwise ``e`` after a conv1d imported as a conv2d over a trailing unit dim (the squeeze
+changes the last dim, so the first rewrite never moves it back).
+
+Otherwise reshapes only ever move towards the producers, so the fixpoint is reached.
 
 The rewritten node keeps the reshape's name, so the rest of the graph is unchanged.
 """
@@ -79,7 +83,33 @@ def _rewrite_once(graph: Graph) -> Graph | None:
             # reshape(matmul(X, W)) -> matmul(reshape(X), W): the reshape moves to the GEMM's input,
             # so it never sits between the GEMM and its epilogue (reshapes only ever move upwards)
             return _replace_matmul(graph, r, src, src.inputs[0], tuple(out_t.shape[:-1]) + (w.shape[0],))
+    for e in graph.nodes:
+        r = producer.get(e.inputs[0]) if e.inputs else None
+        if r is None or r.op != "reshape" or not ops.is_elementwise(e.op) or len(users.get(r.name, [])) != 1 or r.name in outputs:
+            continue
+        conv = producer.get(r.inputs[0])
+        if conv is None or conv.op != "conv2d" or len(users.get(conv.name, [])) != 1 or conv.name in outputs:
+            continue
+        conv_t = conv.ttype
+        squeezed = conv_t.shape[: r.ttype.rank] == r.ttype.shape and all(d == 1 for d in conv_t.shape[r.ttype.rank :])
+        others = [_tt(types, i) for i in e.inputs[1:]]
+        if squeezed and conv_t.shape[-1:] != r.ttype.shape[-1:] and all(t is not None and t.rank == 0 for t in others):
+            return _sink_squeeze(graph, e, conv)
     return None
+
+
+def _sink_squeeze(graph: Graph, e: Node, conv: Node) -> Graph:
+    """``e(squeeze(conv), scalars)`` -> ``squeeze(e(conv, scalars))``: a conv1d runs as a conv2d over a trailing
+    unit dim (Whisper's and wav2vec2's front ends), and the squeeze back stood between the conv and its GELU,
+    stopping the epilogue fusion. The squeeze keeps ``e``'s name."""
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        if node.name == e.name:
+            inner = b.op(e.op, [conv.name, *e.inputs[1:]], dict(e.attrs))
+            b.add_node(Node(e.name, "reshape", (inner,), e.type, {"shape": tuple(e.ttype.shape)}))
+            continue
+        b.add_node(node)
+    return dce(b.build(graph.outputs))
 
 
 def _replace(graph: Graph, r: Node, e: Node, main: str) -> Graph | None:
@@ -119,7 +149,7 @@ def _replace_matmul(graph: Graph, r: Node, mm: Node, x: str, reshape_to: tuple[i
 
 
 def sink_reshapes(graph: Graph, max_rewrites: int = 10_000) -> Graph:
-    """Apply both rewrites until none applies."""
+    """Apply the rewrites until none applies."""
     for _ in range(max_rewrites):
         new = _rewrite_once(graph)
         if new is None:

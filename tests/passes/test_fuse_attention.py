@@ -363,3 +363,36 @@ def test_a_scale_after_the_mask_moves_onto_scores_and_mask(factor, fused, device
     if fused:  # one scaled mask for both attentions (none where the simplifier dropped the * 1)
         assert sum(n.op == "mul" and n.inputs[0] == "mask" for n in r.nodes) == int(factor != 1.0)
     _close(g, r, xs)
+
+
+class _ScaledQuery(torch.nn.Module):
+    """OPT's / Whisper's attention: the query projection times ``head_dim ** -0.5``, the heads split, SDPA at
+    ``scale`` (``form``: "mul", "div", "default" (SDPA's own 1/sqrt(d) on top), "shared" (the scaled query
+    is also an output: the multiply stays))."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.q, self.k, self.v = (torch.nn.Linear(32, 32) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        b, s, _ = x.shape
+        q = self.q(x) / 2.0 if self.form == "div" else self.q(x) * 0.25
+        heads = [t.view(b, s, 2, 16).transpose(1, 2) for t in (q, self.k(x), self.v(x))]
+        out = torch.nn.functional.scaled_dot_product_attention(*heads, scale=None if self.form == "default" else 1.0)
+        return (out, q) if self.form == "shared" else out
+
+
+@pytest.mark.parametrize("form,folded", [("mul", True), ("div", True), ("default", True), ("shared", False)])
+def test_the_query_scale_folds_into_the_attention(form, folded, device):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 9, 32, generator=gen).to(device)
+    model = _ScaledQuery(form).to(device).eval()
+    g, xs = _imported(model, (x,), {})
+    r = fuse_attention(g)
+    (att,) = _fused(r)
+    assert ("mul" in att.attrs["fused_ops"] or "div" in att.attrs["fused_ops"]) == folded
+    assert any(n.op in ("mul", "div") for n in r.nodes) == (not folded)
+    want = {"mul": 0.25, "div": 0.5, "default": 0.25 / 4.0, "shared": 1.0}[form]
+    assert att.attrs["scale"] == pytest.approx(want)
+    _close(g, r, xs)

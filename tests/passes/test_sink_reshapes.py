@@ -118,3 +118,39 @@ def test_flatten_below_a_plain_matmul_moves_to_its_input(device: str) -> None:
     assert list(gemm.attrs["fused_ops"]) == ["matmul", "add", "gelu_tanh"]
     xs = [torch.randn(B, S, K, device=device)]
     torch.testing.assert_close(reference_run(fused, xs)[0], reference_run(g, xs)[0])
+
+
+class _Conv1dFrontEnd(torch.nn.Module):
+    """Whisper's front end: conv1d -> GELU twice (the second strided), then a scaled ReLU; ``length`` 1 makes
+    the last conv's output [N, C, 1, 1] as a conv2d, where the squeeze keeps the last dim (1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv1d(6, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv1d(8, 8, 3, stride=2, padding=1)
+        self.c3 = torch.nn.Conv1d(8, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.nn.functional.gelu(self.c2(torch.nn.functional.gelu(self.c1(x))))
+        return y, torch.relu(self.c3(y[..., :3]))
+
+
+def test_a_conv1d_takes_its_activation_past_the_squeeze() -> None:
+    from kfuse.frontend.torch_export import import_module
+
+    x = torch.randn(2, 6, 11)
+    model = _Conv1dFrontEnd().eval()
+    g = import_module(model, (x,)).graph
+    s = sink_reshapes(g)
+    prod = s.node_map()
+    gelus = [n for n in s.nodes if n.op == "gelu"]
+    assert len(gelus) == 2 and all(prod[n.inputs[0]].op == "conv2d" for n in gelus)
+    relu = next(n for n in s.nodes if n.op == "relu")
+    assert prod[relu.inputs[0]].op == "reshape"  # the [N, C, 1, 1] squeeze stays where it was
+    for a, b in zip(reference_run(g, [x]), reference_run(s, [x]), strict=True):
+        torch.testing.assert_close(a, b)
+    cm = kfuse.compile(model, (x,))
+    convs = [k for k in cm.report["kernels"] if k["template"] == "conv_epilogue"]
+    assert sum("gelu" in k["ops"] for k in convs) == 2, convs
+    for got, want in zip(cm(x), model(x), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
