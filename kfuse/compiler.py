@@ -45,6 +45,8 @@ class Options:
     fuse_rotary: bool = True  # x * cos + rotate_half(x) * sin -> one rotary kernel (Llama-style decoders)
     # row-only data movement (Swin's roll + window partition) -> one row gather, folded into the LayerNorm before it
     gather_rows: bool = True
+    # a conv reads x * s[N, C, 1, 1] (squeeze-excitation: RegNet-Y, EfficientNet) through its input loads
+    input_scale: bool = True
     fuse_gated_mlp: bool = True  # merged gate/up GEMM + act(gate) * up -> one two-accumulator GEMM, where measured faster
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
     # 4-D outputs of an NHWC graph: "channels_last" keeps them as the kernels wrote them, "nchw"
@@ -153,6 +155,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.varlen import varlen_pass
 
         stages.append(("varlen", varlen_pass(options)))
+    if options.input_scale and options.fuse_epilogue:  # squeeze-excitation's x * s into the conv reading it, before b2b
+        from kfuse.passes.fuse_input_scale import fuse_input_scale
+
+        stages.append(("fuse_input_scale", fuse_input_scale))
     if options.fuse_b2b and options.fuse_epilogue:  # chains of the epilogue GEMMs/convs (issue 5)
         # after varlen: a chain inside a padding-free region would break the region (the region
         # packs token rows through the ops it knows; a transformer FFN whose hidden width is past

@@ -16,8 +16,11 @@ Two K orders (a template parameter):
 the same GEMM over tile_n x BH x BW pixel tiles of one or more images: A is a TMA box of the NHWC input per (tap,
 channel block), zero-filled outside the image (the padding), the output a TMA box store.
 
-groups=1 only: grouped convolutions run through PyTorch (cuDNN), reported as a fallback in the kernel plan;
-depthwise ones through ``kfuse.kernels.depthwise`` (on a GPU where measured faster than PyTorch).
+Grouped convolutions (RegNet, ResNeXt, SqueezeBERT's conv1d) are G independent implicit GEMMs: the grid's
+second axis is the group, whose program reads its C/G input channels and its packed weight block and writes
+its OC/G output channels (``conv_kernel`` only; ``pack_weight`` stacks the groups' (KH*KW*C/G, OC/G) blocks).
+Depthwise ones (one input channel a group) run ``kfuse.kernels.depthwise`` (on a GPU where measured faster
+than PyTorch), or PyTorch.
 """
 
 from __future__ import annotations
@@ -47,14 +50,14 @@ from kfuse.kernels.pdl import pdl_start
 
 @triton.jit
 def conv_kernel(
-    x_ptr, w_ptr, bias_ptr, c_ptr, {extra_ptrs}
+    x_ptr, w_ptr, bias_ptr, c_ptr, s_ptr, {extra_ptrs}
     NB, C, H, W, OC, OH, OW,
     stride_xn, stride_xc, stride_xh, stride_xw,
-    stride_cn, stride_cc, stride_ch, stride_cw, {extra_strides}
+    stride_cn, stride_cc, stride_ch, stride_cw, stride_sn, stride_sc, {extra_strides}
     SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, IN_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_start(PDL)
@@ -67,14 +70,20 @@ def conv_kernel(
     size_m = min(num_m - first_m, GROUP_M)
     pid_m = first_m + ((pid % group) % size_m)
     pid_n = (pid % group) // size_m
+    # grouped convs: C and OC are one group's channels; this program's group reads its own input
+    # channels and weight block (one group, the whole conv, when G = 1)
+    g = tl.program_id(1)
+    x_ptr += g * C * stride_xc
+    s_ptr += g * C * stride_sc
+    w_ptr += g * (KH * KW * C) * OC
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < OC
-    # weight columns past OC are masked, not clamped: offs_n stays provably contiguous, so the
+    # weight columns past OC are masked, not clamped: rn stays provably contiguous, so the
     # weight tiles load as 16-byte vectors (cp.async) instead of 2-byte scalars (see perf-notes)
-    rn = offs_n
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = g * OC + rn  # the output channels (bias, epilogue operands, store)
+    mask_m = offs_m < M
+    mask_n = rn < OC
     # output pixel -> (image, oh, ow) and the top-left input tap of its window
     n_idx = offs_m // (OH * OW)
     rem = offs_m % (OH * OW)
@@ -83,6 +92,7 @@ def conv_kernel(
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
     x_base = x_ptr + n_idx * stride_xn
+    s_base = s_ptr + n_idx * stride_sn  # IN_SCALE: the input times s[image, channel] (squeeze-excitation)
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FLAT_K:
@@ -95,6 +105,9 @@ def conv_kernel(
             iw = iw0[:, None] + (t % KW)[None, :] * DW
             ok = mask_m[:, None] & (kk < KTOT)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             a = tl.load(x_base[:, None] + c[None, :] * stride_xc + ih * stride_xh + iw * stride_xw, mask=ok, other=0.0)
+            if IN_SCALE:
+                sc = tl.load(s_base[:, None] + c[None, :] * stride_sc, mask=mask_m[:, None] & (kk < KTOT)[None, :], other=0.0)
+                a = (a.to(tl.float32) * sc.to(tl.float32)).to(a.dtype)
             b = tl.load(w_ptr + kk[:, None] * OC + rn[None, :], mask=(kk < KTOT)[:, None] & mask_n[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     else:
@@ -111,12 +124,15 @@ def conv_kernel(
             cc = cb * BLOCK_K + offs_k
             a_ptrs = x_base[:, None] + (ih * stride_xh + iw * stride_xw)[:, None] + cc[None, :] * stride_xc
             a = tl.load(a_ptrs, mask=ok[:, None] & (cc < C)[None, :], other=0.0)
+            if IN_SCALE:
+                sc = tl.load(s_base[:, None] + cc[None, :] * stride_sc, mask=mask_m[:, None] & (cc < C)[None, :], other=0.0)
+                a = (a.to(tl.float32) * sc.to(tl.float32)).to(a.dtype)
             b_ptrs = w_ptr + (tap * C + cc)[:, None] * OC + rn[None, :]
             b = tl.load(b_ptrs, mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
 {load_extras}
 {epilogue}
@@ -249,26 +265,33 @@ def out_hw(h: int, w: int, kh: int, kw: int, p: ConvParams) -> tuple[int, int]:
 
 def supported(weight_shape: tuple[int, ...], p: ConvParams) -> str | None:
     """None when the template covers the conv, else the reason it falls back."""
-    if p.groups != 1:
-        return f"groups={p.groups}: no grouped/depthwise template, runs in PyTorch (cuDNN)"
     if len(weight_shape) != 4:
         return "only 2-D convolutions"
+    if p.groups != 1 and weight_shape[1] == 1:
+        return f"groups={p.groups} with one input channel a group: depthwise (kfuse.kernels.depthwise or PyTorch)"
+    if weight_shape[0] % p.groups:
+        return f"groups={p.groups} does not divide {weight_shape[0]} output channels"
     return None
 
 
-def default_config(m: int, n: int, k: int, c: int) -> ConvConfig:
+def default_config(m: int, n: int, k: int, c: int, groups: int = 1) -> ConvConfig:
+    """``n``, ``k``, ``c``: one group's output channels, GEMM depth and input channels."""
     flat = c < 16
     if interpreting():
         return ConvConfig(32, 32, 16, 4, 4, 1, flat)
+    if groups > 1:  # a group's GEMM is narrow (RegNet: 64 channels): its tile no wider than the group
+        bn, bk = min(128, max(16, 1 << (n - 1).bit_length())), min(64, max(16, 1 << (c - 1).bit_length()))
+        return ConvConfig(128 if m * n * groups >= 1 << 20 else 64, bn, 32 if flat else bk, 8, 4, 3, flat)
     if m * n >= 1 << 20:
         return ConvConfig(128, 128, 32 if flat else 64, 8, 8, 3, flat)
     return ConvConfig(64, 64, 32 if flat else 64, 8, 4, 3, flat)
 
 
-def pack_weight(w: torch.Tensor) -> torch.Tensor:
-    """(OC, C, KH, KW) -> (KH*KW*C, OC) row-major: row (kh*KW + kw)*C + c, column oc."""
-    oc = w.shape[0]
-    return w.permute(2, 3, 1, 0).reshape(-1, oc).contiguous()
+def pack_weight(w: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """(OC, C/G, KH, KW) -> G blocks of (KH*KW*C/G, OC/G), stacked row-major: in group g's block, row
+    (kh*KW + kw)*C/G + c, column oc - g*OC/G. One (KH*KW*C, OC) matrix when G = 1."""
+    oc, cg, kh, kw = w.shape
+    return w.reshape(groups, oc // groups, cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(-1, oc // groups).contiguous()
 
 
 def _module(epi: Epilogue):  # noqa: ANN202 - a generated module of triton JITFunctions
@@ -288,19 +311,21 @@ def conv_epilogue(
     channels_last: bool = True,
     warmup: bool = False,
     out: torch.Tensor | None = None,
+    in_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``epi(conv2d(x, weight) + bias, *extras)`` in one kernel. ``x`` is (N, C, H, W) in any
     memory format (channels-last is the fast one); the output is channels-last unless asked
     otherwise. ``packed_weight`` is ``pack_weight(weight)``, computed once by the caller. ``out``:
     a buffer to write into (the tuner's check poisons it first), of the output's shape, dtype and
-    memory format."""
+    memory format. ``in_scale`` (N or 1, C, 1, 1): the conv reads ``x * in_scale`` (a squeeze-excitation's
+    channel weights), rounded to x's dtype as the separate multiply would be."""
     why = supported(tuple(weight.shape), params)
     if why is not None:
         raise ValueError(f"conv_epilogue: {why}")
     nb, c, h, w = x.shape
     oc, cw, kh, kw = weight.shape
-    if cw != c:
-        raise ValueError(f"conv_epilogue: input has {c} channels, weight expects {cw}")
+    if cw * params.groups != c:
+        raise ValueError(f"conv_epilogue: input has {c} channels, weight expects {cw} x {params.groups} groups")
     oh, ow = out_hw(h, w, kh, kw, params)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     if out is None:
@@ -313,15 +338,19 @@ def conv_epilogue(
         raise ValueError("conv_epilogue: tensors of 2**31 elements or more need 64-bit indexing (not in this template)")
     if len(extras) != epi.n_inputs:
         raise ValueError(f"epilogue expects {epi.n_inputs} extra inputs, got {len(extras)}")
-    wp = packed_weight if packed_weight is not None else pack_weight(weight)
+    wp = packed_weight if packed_weight is not None else pack_weight(weight, params.groups)
     ex = [torch.broadcast_to(e, out.shape) for e in extras]
-    m, kdim = nb * oh * ow, kh * kw * c
-    cfg = config or default_config(m, oc, kdim, c)
+    m, kdim = nb * oh * ow, kh * kw * cw
+    cfg = config or default_config(m, oc // params.groups, kdim, cw, params.groups)
     ex_strides: list[int] = []
     for e in ex:
         ex_strides += [e.stride(0), e.stride(1), e.stride(2), e.stride(3)]
     precision = "ieee" if x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
-    tma = tma_descriptors(x, out, cfg, params) if cfg.tile_h else None
+    if in_scale is not None:
+        if in_scale.dim() != 4 or in_scale.shape[2:] != (1, 1) or in_scale.shape[1] != c or in_scale.shape[0] not in (1, nb):
+            raise ValueError(f"conv_epilogue: in_scale must be (N or 1, {c}, 1, 1), got {tuple(in_scale.shape)}")
+        scale2d = in_scale.reshape(in_scale.shape[0], c).expand(nb, c)
+    tma = tma_descriptors(x, out, cfg, params) if cfg.tile_h and params.groups == 1 and in_scale is None else None
     if tma is not None:
         x_desc, c_desc, block_k = tma
         bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "conv", cfg.tile_n)
@@ -336,16 +365,17 @@ def conv_epilogue(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return out
-    grid = (cdiv(m, cfg.block_m) * cdiv(oc, cfg.block_n),)
+    grid = (cdiv(m, cfg.block_m) * cdiv(oc // params.groups, cfg.block_n), params.groups)
+    s_args = (scale2d, scale2d.stride(0), scale2d.stride(1)) if in_scale is not None else (wp, 0, 0)
     _go(_module(epi).conv_kernel, grid, warmup,
-        x, wp, bias if bias is not None else wp, out, *ex,
-        nb, c, h, w, oc, oh, ow,
+        x, wp, bias if bias is not None else wp, out, s_args[0], *ex,
+        nb, cw, h, w, oc // params.groups, oh, ow,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-        out.stride(0), out.stride(1), out.stride(2), out.stride(3), *ex_strides,
+        out.stride(0), out.stride(1), out.stride(2), out.stride(3), *s_args[1:], *ex_strides,
         SH=params.stride[0], SW=params.stride[1], PH=params.padding[0], PW=params.padding[1],
         DH=params.dilation[0], DW=params.dilation[1], KH=kh, KW=kw,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        FLAT_K=cfg.flat_k, HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
+        FLAT_K=cfg.flat_k, HAS_BIAS=bias is not None, IN_SCALE=in_scale is not None, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
@@ -377,15 +407,18 @@ def reference(
     epi: Epilogue,
     params: ConvParams,
     out_dtype: torch.dtype,
+    in_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The oracle: fp32 conv (+ bias) then the epilogue through the op registry."""
+    """The oracle: fp32 conv (+ bias) then the epilogue through the op registry; ``in_scale``: of ``x * in_scale``
+    (the product in x's dtype)."""
     b = None if bias is None else bias.float()
+    x = x if in_scale is None else x * in_scale
     acc = F.conv2d(x.float(), weight.float(), b, params.stride, params.padding, params.dilation, params.groups)
     return apply_reference(acc, [e.float() if e.is_floating_point() else e for e in extras], epi).to(out_dtype)
 
 
 # ---------------------------------------------------------------------------------------
-# lowerings: ``conv_epilogue`` nodes, and grouped ``conv2d`` reported as a fallback
+# lowerings: ``conv_epilogue`` nodes, and depthwise ``conv2d`` (the depthwise kernel or a reported fallback)
 # ---------------------------------------------------------------------------------------
 @lowering("conv_epilogue")
 def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
@@ -398,37 +431,42 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
     if supported(w_t.shape, params) is not None:
         return None
     epi: Epilogue = node.attrs["epilogue"]
-    has_bias = bool(node.attrs.get("has_bias"))
-    n_conv = 3 if has_bias else 2
+    has_bias, scaled = bool(node.attrs.get("has_bias")), bool(node.attrs.get("in_scale"))
+    n_conv = 2 + has_bias + scaled  # x, weight, (bias), (in_scale), then the epilogue's operands
     out_t = node.ttype
     nb, c, h, w = x_t.shape
-    oc, _, kh, kw = w_t.shape
+    oc, cg, kh, kw = w_t.shape
     oh, ow = out_hw(h, w, kh, kw, params)
     cfg = node.attrs.get("config")
-    if cfg is None and options is not None and getattr(options, "tune", "none") != "none" and backend == "triton":
+    tunable = params.groups == 1  # the tuner's conv problems are dense convs
+    if cfg is None and tunable and options is not None and getattr(options, "tune", "none") != "none" and backend == "triton":
         from kfuse.tune.tuner import lookup_config, problem_of
 
         prob = problem_of(node, graph)
         cfg = lookup_config(prob, options.tune) if prob is not None else None
-    cfg = cfg or default_config(nb * oh * ow, oc, kh * kw * c, c)
+    cfg = cfg or default_config(nb * oh * ow, oc // params.groups, kh * kw * cg, cg, params.groups)
     w_const = graph.constants.get(node.inputs[1])
     packed: dict[torch.device, torch.Tensor] = {}
     if w_const is not None:  # pack the constant weight once, at lowering time
-        packed[w_const.device] = pack_weight(w_const)
+        packed[w_const.device] = pack_weight(w_const, params.groups)
     channels_last = out_t.layout == "channels_last"
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
         wp = packed.get(xs[0].device)
         if wp is None:
-            wp = next(iter(packed.values())).to(xs[0].device) if packed else pack_weight(xs[1])
+            wp = next(iter(packed.values())).to(xs[0].device) if packed else pack_weight(xs[1], params.groups)
             if w_const is not None:
                 packed[xs[0].device] = wp
         bias = xs[2] if has_bias else None
-        return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last)
+        s = xs[n_conv - 1] if scaled else None
+        return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last, in_scale=s)
 
     info = KernelInfo(node.name, "conv_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
     if backend == "triton" and torch.cuda.is_available() and os.environ.get("KFUSE_CONV_VS_CUDNN", "1") == "1":
-        cands = {"template": run, **cudnn_candidates(node, graph, epi, params, has_bias, out_t.dtype)}
+        library = cudnn_candidates(node, graph, epi, params, has_bias, out_t.dtype)
+        if scaled:  # the library runs the multiply first, as the model did
+            library = {k: _scaling_first(f, n_conv) for k, f in library.items()}
+        cands = {"template": run, **library}
         from kfuse.runtime.choice import choose, problem_key
 
         choice, times = choose(node, graph, cands, problem_key(node, graph))
@@ -437,6 +475,15 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
             info = KernelInfo(node.name, "cudnn+epilogue", node.attrs["fused_ops"], why, epi.describe())
             return Step(node.name, node.inputs, cands[choice], info)
     return Step(node.name, node.inputs, run, info)
+
+
+def _scaling_first(run: Callable[[list[torch.Tensor]], torch.Tensor], n_conv: int) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+    """A library candidate of an ``in_scale`` conv: ``x * in_scale`` as its own op, then the conv on it."""
+
+    def scaled(xs: list[torch.Tensor]) -> torch.Tensor:
+        return run([xs[0] * xs[n_conv - 1], *xs[1 : n_conv - 1], *xs[n_conv:]])
+
+    return scaled
 
 
 def once_per_device(convert: Callable[[torch.Tensor], torch.Tensor], constant: bool) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -510,10 +557,10 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
             bias = xs[2] if has_bias else None
             st, pd, dl = list(params.stride), list(params.padding), list(params.dilation)
             if use_fused == "relu":
-                return torch.cudnn_convolution_relu(x, w, bias, st, pd, dl, 1).to(out_dtype)
+                return torch.cudnn_convolution_relu(x, w, bias, st, pd, dl, params.groups).to(out_dtype)
             if use_fused == "add_relu":
-                return torch.cudnn_convolution_add_relu(x, w, xs[n_conv], 1.0, bias, st, pd, dl, 1).to(out_dtype)
-            y = F.conv2d(x, w, bias, params.stride, params.padding, params.dilation)
+                return torch.cudnn_convolution_add_relu(x, w, xs[n_conv], 1.0, bias, st, pd, dl, params.groups).to(out_dtype)
+            y = F.conv2d(x, w, bias, params.stride, params.padding, params.dilation, params.groups)
             return apply_reference(y, xs[n_conv:], epi).to(out_dtype)
 
         return run_cudnn
@@ -521,7 +568,7 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
     cands = {"cudnn": make(False, None)}
     if fused:
         cands["cudnn_fused"] = make(False, fused)
-    if pad and c < 64:
+    if pad and c < 64 and params.groups == 1:
         cands["cudnn_pad8"] = make(True, None)
         if fused:
             cands["cudnn_pad8_fused"] = make(True, fused)

@@ -69,6 +69,8 @@ def _stage_reason(node: Node, g: Graph, first: bool) -> str | None:
     else:
         if w.dim() != 4 or int(node.attrs.get("groups", 1)) != 1:
             return f"{node.name} is a grouped convolution"
+        if node.attrs.get("in_scale"):
+            return f"{node.name} scales its input (squeeze-excitation)"
         if not first:
             kh, kw = w.shape[2], w.shape[3]
             if (kh, kw) != (1, 1):

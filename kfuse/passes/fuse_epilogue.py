@@ -1,8 +1,8 @@
 """Epilogue fusion: a GEMM or a conv2d followed by elementwise ops (bias, activation,
 residual, scale, casts) becomes one ``gemm_epilogue`` / ``conv_epilogue`` node whose kernel
 applies the chain to the accumulator tile before the single store to global memory (Bolt's
-epilogue fusion). Grouped/depthwise convolutions are not anchors (no template): they stay
-``conv2d`` and run in PyTorch, reported as a fallback.
+epilogue fusion). Grouped convolutions are anchors too (the template runs one GEMM a group); depthwise
+ones (one input channel a group) are not: they stay ``conv2d`` for the depthwise kernel or PyTorch.
 
 A region grows from the GEMM over elementwise consumers whose output has the GEMM's output
 shape and whose other operands do not depend on the region (no cycles). The region is cut to
@@ -21,6 +21,7 @@ import kfuse.kernels.conv as _conv_kernels  # noqa: F401 - registers the conv lo
 import kfuse.kernels.gemm as _gemm_kernels  # noqa: F401 - the GEMM lowering lives there
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, ValueType
+from kfuse.kernels.conv import ConvParams, supported
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference, pow_matches_torch
 from kfuse.passes.simplify import dce
 
@@ -38,6 +39,8 @@ def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
 
 def _conv_epilogue_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     n_conv = 3 if a["has_bias"] else 2
+    if a.get("in_scale"):  # x * s[image, channel] read by the conv (kfuse.passes.fuse_input_scale)
+        xs = [xs[0] * xs[n_conv], *xs[1:n_conv], *xs[n_conv + 1 :]]
     acc = ops.run_reference("conv2d", xs[:n_conv], a)
     return apply_reference(acc, xs[n_conv:], a["epilogue"]).to(a["out_type"].dtype)
 
@@ -49,7 +52,10 @@ ops.register("conv_epilogue", ops.FUSED, infer=_out_type)(_conv_epilogue_ref)
 def _is_gemm_anchor(node: Node, g: Graph) -> bool:
     if node.op == "conv2d":
         x, w = (g.type_of(i) for i in node.inputs[:2])
-        return isinstance(x, TensorType) and x.rank == 4 and isinstance(w, TensorType) and w.rank == 4 and node.attrs.get("groups", 1) == 1
+        if not (isinstance(x, TensorType) and x.rank == 4 and isinstance(w, TensorType) and w.rank == 4):
+            return False
+        # grouped convs have the template (one GEMM a group); depthwise ones (one input channel a group) do not
+        return supported(tuple(w.shape), ConvParams.of(node.attrs)) is None
     if node.op != "matmul":
         return False
     a, b = (g.type_of(i) for i in node.inputs)

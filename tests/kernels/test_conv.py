@@ -1,13 +1,13 @@
 """Implicit-GEMM conv template on NHWC (in the Triton interpreter on the CPU, compiled on a GPU):
 1x1/3x3/7x7, stride, padding, dilation, both K orders, bias + residual epilogue, NCHW input,
-poisoned outputs; grouped convs are refused with a reason and reported as a fallback by the
-lowering; the cuDNN candidates of the lowering."""
+poisoned outputs; grouped convs (one GEMM a group, both K orders); depthwise ones refused with a reason;
+the cuDNN candidates of the lowering."""
 
 import pytest
 import torch
 
 from kfuse.ir import ops  # noqa: F401
-from kfuse.kernels.conv import ConvConfig, ConvParams, conv_epilogue, reference, supported
+from kfuse.kernels.conv import ConvConfig, ConvParams, conv_epilogue, pack_weight, reference, supported
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 
 ADD_RELU = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("relu", (Operand("reg", 1),))), 1)
@@ -60,16 +60,51 @@ def test_fp16_nchw_input_no_bias(device):
     torch.testing.assert_close(out.cpu().float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_grouped_is_refused_with_reason(device):
-    p = ConvParams(groups=4)
-    assert "groups=4" in supported((8, 2, 3, 3), p)
-    with pytest.raises(ValueError, match="groups=4"):
+GROUPED = [  # (C, OC, groups, H, W, k, params): RegNet's 3x3 (64 channels a group), ResNeXt's narrow groups
+    # (4 input channels a group: the flat K order), a strided one, odd sizes, 2 output channels a group
+    (32, 32, 2, 7, 9, 3, ConvParams((1, 1), (1, 1), groups=2)),
+    (16, 24, 4, 9, 8, 3, ConvParams((2, 2), (1, 1), groups=4)),
+    (12, 6, 3, 5, 7, 1, ConvParams(groups=3)),
+    (24, 40, 8, 6, 6, 3, ConvParams((1, 1), (2, 2), (2, 2), groups=8)),
+]
+
+
+@pytest.mark.parametrize("case", GROUPED, ids=lambda c: f"c{c[0]}g{c[2]}k{c[5]}")
+@pytest.mark.parametrize("flat", [False, True])
+def test_grouped_conv_is_one_gemm_a_group(case, flat, device):
+    c, oc, g, h, w, k, p = case
+    gen = torch.Generator().manual_seed(c * 10 + g)
+    x = torch.randn(2, c, h, w, generator=gen).to(device).contiguous(memory_format=torch.channels_last)
+    wt, b = torch.randn(oc, c // g, k, k, generator=gen).to(device), torch.randn(oc, generator=gen).to(device)
+    shape = reference(x.cpu(), wt.cpu(), b.cpu(), [], Epilogue(), p, torch.float32).shape
+    res = torch.randn(shape, generator=gen).to(device)
+    out = torch.full(shape, float("nan"), device=device).contiguous(memory_format=torch.channels_last)
+    conv_epilogue(x, wt, b, [res], ADD_RELU, p, torch.float32, ConvConfig(32, 16, 16, 2, 4, 1, flat), out=out)
+    ref = reference(x.cpu(), wt.cpu(), b.cpu(), [res.cpu()], ADD_RELU, p, torch.float32)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    # the default config (a group's tile), and no config at all through the same packed weight
+    got = conv_epilogue(x, wt, b, [res], ADD_RELU, p, torch.float32, packed_weight=pack_weight(wt, g))
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_and_uneven_groups_are_refused_with_reason(device):
+    assert "depthwise" in supported((8, 1, 3, 3), ConvParams(groups=8))
+    assert "does not divide" in supported((9, 2, 3, 3), ConvParams(groups=4))
+    assert supported((8, 2, 3, 3), ConvParams(groups=4)) is None
+    with pytest.raises(ValueError, match="depthwise"):
         conv_epilogue(
-            torch.randn(1, 8, 5, 5, device=device), torch.randn(8, 2, 3, 3, device=device), None, [], Epilogue(), p, torch.float32
-        )
+            torch.randn(1, 8, 5, 5, device=device), torch.randn(8, 1, 3, 3, device=device), None, [], Epilogue(), ConvParams(groups=8),
+            torch.float32,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="2 x 4 groups"):
+        conv_epilogue(
+            torch.randn(1, 6, 5, 5, device=device), torch.randn(8, 2, 3, 3, device=device), None, [], Epilogue(), ConvParams(groups=4),
+            torch.float32,
+        )  # fmt: skip
 
 
-def test_grouped_conv_model_reports_fallback_and_depthwise_runs_its_kernel(device, exact_fp32_convs, monkeypatch):
+def test_grouped_conv_takes_its_epilogue_and_depthwise_runs_its_kernel(device, exact_fp32_convs, monkeypatch):
     import kfuse
 
     # the template, not a cuDNN candidate timed faster on the GPU (the CPU times nothing)
@@ -78,10 +113,13 @@ def test_grouped_conv_model_reports_fallback_and_depthwise_runs_its_kernel(devic
                             torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)).to(device).eval()  # fmt: skip
     x = torch.randn(2, 8, 6, 6, device=device)
     c = kfuse.compile(m, (x,))
-    kinds = {k["template"] for k in c.report["kernels"]}
-    fb = [k for k in c.report["kernels"] if k["template"] == "fallback"]
-    assert "conv_epilogue" in kinds and "depthwise_conv" in kinds
-    assert len(fb) == 1 and "groups=4" in fb[0]["config"]
+    kinds = [k["template"] for k in c.report["kernels"]]
+    assert kinds.count("conv_epilogue") == 2 and "depthwise_conv" in kinds and "fallback" not in kinds
+    assert any(
+        k["ops"] == ["conv2d", "relu"] or tuple(k["ops"]) == ("conv2d", "relu")
+        for k in c.report["kernels"]
+        if k["template"] == "conv_epilogue"
+    )
     torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)
 
 
@@ -122,6 +160,27 @@ def test_cudnn_candidates_cover_padding_and_fusion(device, exact_fp32_convs) -> 
     ref = F.relu(F.conv2d(xs[0], xs[1], xs[2], padding=1))
     for name in ("cudnn", "cudnn_pad8"):
         torch.testing.assert_close(cands[name](xs), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_cudnn_candidates_of_a_grouped_conv(device, exact_fp32_convs) -> None:
+    """A grouped conv's cuDNN candidates pass the groups on, and no channel-padded one is offered (padding a
+    group's channels would shift every later group)."""
+    import torch.nn.functional as F
+
+    from kfuse.ir.graph import GraphBuilder, Node, TensorType
+    from kfuse.kernels.conv import cudnn_candidates
+
+    gb = GraphBuilder("grouped")
+    x = gb.add_input("x", TensorType((2, 6, 7, 7), torch.float32, "channels_last"))
+    w = gb.add_constant(torch.randn(9, 2, 3, 3, device=device), "w")
+    b = gb.add_constant(torch.randn(9, device=device), "b")
+    attrs = dict(epilogue=RELU, has_bias=True, stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=3, fused_ops=("conv2d", "relu"))
+    y = gb.add_node(Node("y", "conv_epilogue", (x, w, b), TensorType((2, 9, 7, 7), torch.float32, "channels_last"), attrs))
+    g = gb.build([y])
+    cands = cudnn_candidates(g.nodes[-1], g, RELU, ConvParams.of(attrs), True, torch.float32)
+    assert set(cands) == {"cudnn", "cudnn_fused"}
+    xs = [torch.randn(2, 6, 7, 7, device=device).contiguous(memory_format=torch.channels_last), g.constants["w"], g.constants["b"]]
+    torch.testing.assert_close(cands["cudnn"](xs), F.relu(F.conv2d(xs[0], xs[1], xs[2], padding=1, groups=3)), rtol=1e-4, atol=1e-4)
 
 
 def test_cudnn_candidate_converts_a_constant_weight_to_channels_last_once(monkeypatch, device, exact_fp32_convs) -> None:
@@ -185,3 +244,23 @@ def test_patch_gemm_candidate_for_non_overlapping_windows(channels_last: bool, d
     y3 = Node("y3", "conv_epilogue", (x, w, b), TensorType((2, 8, 8, 7), torch.float32, layout), attrs3)
     g3 = g.replace(nodes=(y3,), outputs=("y3",))
     assert "patch_gemm" not in cudnn_candidates(y3, g3, epi, ConvParams.of(attrs3), True, torch.float32)
+
+
+@pytest.mark.parametrize("per_image", [True, False])
+@pytest.mark.parametrize("flat,groups,k", [(False, 1, 1), (True, 1, 3), (False, 2, 3)])
+def test_conv_reads_its_input_times_a_channel_scale(per_image, flat, groups, k, device):
+    # squeeze-excitation's x * s[N, C, 1, 1] (or a [1, C, 1, 1] scale) multiplied in as the conv loads x
+    gen = torch.Generator().manual_seed(k * 10 + groups)
+    c, oc = 20, 12
+    x = torch.randn(3, c, 7, 6, generator=gen).to(device).contiguous(memory_format=torch.channels_last)
+    s = torch.rand(3 if per_image else 1, c, 1, 1, generator=gen).to(device) + 0.1
+    wt, b = torch.randn(oc, c // groups, k, k, generator=gen).to(device), torch.randn(oc, generator=gen).to(device)
+    p = ConvParams((1, 1), (k // 2, k // 2), groups=groups)
+    ref = reference(x.cpu(), wt.cpu(), b.cpu(), [], RELU, p, torch.float32, in_scale=s.cpu())
+    torch.testing.assert_close(ref, reference((x * s).cpu(), wt.cpu(), b.cpu(), [], RELU, p, torch.float32))
+    out = torch.full(ref.shape, float("nan"), device=device).contiguous(memory_format=torch.channels_last)
+    conv_epilogue(x, wt, b, [], RELU, p, torch.float32, ConvConfig(32, 16, 16, 2, 4, 1, flat), out=out, in_scale=s)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="in_scale must be"):
+        conv_epilogue(x, wt, b, [], RELU, p, torch.float32, in_scale=s[:, :4])

@@ -1,0 +1,82 @@
+"""Squeeze-excitation's channel scale folded into the conv that reads it (kfuse.passes.fuse_input_scale): the
+RegNet-Y / EfficientNet block end, and the look-alikes that must stay a multiply."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kfuse
+from kfuse.compiler import Options, optimize
+from kfuse.frontend.torch_export import import_module
+from kfuse.ir.interpret import reference_run
+from kfuse.passes.fuse_input_scale import fuse_input_scale
+
+UP_TO_EPILOGUES = Options(fuse_b2b=False, fuse_pointwise=False, input_scale=False, varlen=False, layout="nchw")
+
+
+class _SEBlock(nn.Module):
+    """conv -> ReLU -> SE (pool, 1x1 convs, sigmoid) -> x * s -> 1x1 projection + residual -> ReLU.
+    ``form``: "se" (the block), "spatial" (a [N, 1, H, W] scale: not per channel), "shared" (the scaled map is
+    also an output), "constant" (a [1, C, 1, 1] parameter, a layer scale: the conv before takes it in its
+    epilogue, which is better still)."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.conv = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc1, self.fc2 = nn.Conv2d(16, 4, 1), nn.Conv2d(4, 16, 1)
+        self.proj = nn.Conv2d(16, 8, 1)
+        self.gamma = nn.Parameter(torch.rand(1, 16, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor):  # noqa: ANN201
+        y = torch.relu(self.conv(x))
+        if self.form == "spatial":
+            s = torch.sigmoid(y.mean(1, keepdim=True))
+        elif self.form == "constant":
+            s = self.gamma
+        else:
+            s = torch.sigmoid(self.fc2(torch.relu(self.fc1(y.mean((2, 3), keepdim=True)))))
+        scaled = y * s
+        out = torch.relu(self.proj(scaled) + x)
+        return (out, scaled) if self.form == "shared" else out
+
+
+def _graph(model: nn.Module, x: torch.Tensor):  # noqa: ANN202
+    return optimize(import_module(model, (x,)).graph, UP_TO_EPILOGUES).graph
+
+
+@pytest.mark.parametrize("form,fused,mul_left", [("se", True, False), ("constant", False, False), ("spatial", False, True),
+                                                  ("shared", False, True)])  # fmt: skip
+def test_a_channel_scale_moves_into_the_conv(form, fused, mul_left, device):
+    gen = torch.Generator().manual_seed(len(form))
+    x = torch.randn(2, 8, 7, 9, generator=gen).to(device)
+    model = _SEBlock(form).to(device).eval()
+    g = _graph(model, x)
+    r = fuse_input_scale(g)
+    scaled = [n for n in r.nodes if n.op == "conv_epilogue" and n.attrs.get("in_scale")]
+    assert len(scaled) == int(fused)
+    muls = [n for n in r.nodes if n.op == "mul" and len(n.inputs) == 2 and r.type_of(n.inputs[0]).rank == 4]
+    assert bool(muls) == mul_left
+    if fused:
+        assert scaled[0].attrs["fused_ops"][0] == "mul" and len(scaled[0].inputs) == 5  # x, w, b, s, residual
+    for a, b in zip(reference_run(g, [x]), reference_run(r, [x]), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_compiled_se_block_matches_eager(dtype, device, monkeypatch):
+    monkeypatch.setenv("KFUSE_CONV_VS_CUDNN", "0")  # the template, not a cuDNN candidate timed faster on a GPU
+    if dtype == torch.float16 and device == "cpu":
+        pytest.skip("fp16 convs: the GPU")
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 8, 7, 9, generator=gen).to(device, dtype)
+    model = _SEBlock("se").to(device, dtype).eval()
+    cm = kfuse.compile(model, (x,))
+    kern = [k for k in cm.report["kernels"] if k["template"] == "conv_epilogue" and k["ops"][0] == "mul"]
+    assert len(kern) == 1, cm.report["kernels"]
+    off = kfuse.compile(model, (x,), input_scale=False)
+    assert not any(k["ops"][0] == "mul" for k in off.report["kernels"] if k["template"] == "conv_epilogue")
+    x2 = torch.randn(2, 8, 7, 9, generator=gen).to(device, dtype)
+    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x2), model(x2), rtol=tol, atol=tol)
