@@ -17,6 +17,7 @@ recorded as crashed and the next worker goes on with the rest.
     PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/z --smoke       # CPU: tiny configs, interpreter
     PYTHONPATH=. python benchmarks/zoo_sweep.py --only convnext,swin ...
     PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/e --smoke --set explore   # 31 more, CPU only (~25 min)
+    PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/e --smoke --set explore2  # 27 more (audio too), CPU (~20 min)
 
 Decoders run 4 of their layers (widths of the named checkpoint): the sweep is about coverage, and per
 layer the work is the same.
@@ -202,9 +203,61 @@ GPU_WIDTHS = {"xglm": "xglm-564M", "falcon": "falcon-7b", "mpt": "mpt-1b-redpaja
               # config defaults: Swin-V2-T at 224 px with 7 x 7 windows (half its layers shifted), ViTDet-B (global attention)
               "swinv2": "swinv2-tiny (Swinv2Config defaults)", "vitdet": "vitdet-base (VitDetConfig defaults)"}  # fmt: skip
 EXPLORE.update({n: Arch(a.config, a.model, a.kind, GPU_WIDTHS[n], {}, a.tiny) for n, a in EXPLORE.items() if n in GPU_WIDTHS})
-SETS = {"zoo": ARCHS, "explore": EXPLORE}
-ALL_ARCHS = {**ARCHS, **EXPLORE}
-ENCODERS = ("distilbert", "roberta", "albert", "deberta-v2", "mobilebert", "mpnet", "t5-encoder")
+# ``--set explore2``: session 42's fourth exploratory sweep, 27 more (audio among them), each compiled and
+# matched against eager on the CPU. It found the fallbacks stack (GPT-J's interleaved rotary, now a rotary
+# kernel), repeat, tile, meshgrid, reshape_as, max over a dim and grouped convs (now the conv template), and
+# left unfused: CodeGen's mask-then-scale attention, the query scale of OPT / Whisper, a conv1d's GELU.
+_WAVE = dict(conv_dim=(32,) * 7, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+EXPLORE2: dict[str, Arch] = {
+    name: Arch(cfg, model, kind, "-", {}, tiny or {})
+    for name, cfg, model, kind, tiny in [
+        ("modernbert", "ModernBertConfig", "ModernBertModel", "text",
+         dict(global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, bos_token_id=1, eos_token_id=2, sep_token_id=2,
+              cls_token_id=1)),
+        ("squeezebert", "SqueezeBertConfig", "SqueezeBertModel", "text", None),
+        ("roformer", "RoFormerConfig", "RoFormerModel", "text", None),
+        ("esm", "EsmConfig", "EsmModel", "text", dict(position_embedding_type="rotary", pad_token_id=1, mask_token_id=2)),
+        ("gptj", "GPTJConfig", "GPTJModel", "text", dict(rotary_dim=8)),
+        ("codegen", "CodeGenConfig", "CodeGenModel", "text", dict(rotary_dim=8)),
+        ("cohere", "CohereConfig", "CohereModel", "text", None),
+        ("stablelm", "StableLmConfig", "StableLmModel", "text", None),
+        ("starcoder2", "Starcoder2Config", "Starcoder2Model", "text", None),
+        ("gpt-bigcode", "GPTBigCodeConfig", "GPTBigCodeModel", "text", None),
+        ("gemma3", "Gemma3TextConfig", "Gemma3TextModel", "text", dict(sliding_window=8)),
+        ("glm4", "Glm4Config", "Glm4Model", "text", dict(pad_token_id=0)),
+        ("bitnet", "BitNetConfig", "BitNetModel", "text", None),
+        ("convnextv2", "ConvNextV2Config", "ConvNextV2Model", "image", dict(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1])),
+        ("poolformer", "PoolFormerConfig", "PoolFormerModel", "image", dict(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1])),
+        ("yolos", "YolosConfig", "YolosModel", "image", dict(image_size=[64, 96], num_detection_tokens=4)),
+        ("hiera", "HieraConfig", "HieraModel", "image",
+         dict(image_size=[64, 64], patch_size=[7, 7], embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4])),
+        ("mobilenet-v1", "MobileNetV1Config", "MobileNetV1Model", "image", dict(depth_multiplier=0.25)),
+        ("swiftformer", "SwiftFormerConfig", "SwiftFormerModel", "image", dict(embed_dims=[16, 24, 32, 48], depths=[1, 1, 1, 1])),
+        ("dinov3-vit", "DINOv3ViTConfig", "DINOv3ViTModel", "image", dict(num_register_tokens=2)),
+        ("pvt", "PvtConfig", "PvtModel", "image",
+         dict(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4])),
+        ("wav2vec2", "Wav2Vec2Config", "Wav2Vec2Model", "wave", _WAVE),
+        ("hubert", "HubertConfig", "HubertModel", "wave", _WAVE),
+        ("wavlm", "WavLMConfig", "WavLMModel", "wave", _WAVE),
+        ("whisper-encoder", "WhisperConfig", "WhisperModel.encoder", "mel",
+         dict(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, decoder_attention_heads=4, decoder_layers=1,
+              decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=16)),
+        ("ast", "ASTConfig", "ASTModel", "spectrogram",
+         dict(max_length=32, num_mel_bins=32, patch_size=8, frequency_stride=8, time_stride=8)),
+        ("regnet-x", "RegNetConfig", "RegNetModel", "image",
+         dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], embedding_size=16, groups_width=8, layer_type="x")),
+    ]
+}  # fmt: skip
+# GPU widths (the config class's defaults: GPT-J-6B / CodeGen-6B widths at 4 layers, whisper-tiny's encoder, wav2vec2-base,
+# squeezebert-uncased), so a GPU run times the session's interleaved rotary, grouped conv1d and the audio front ends
+GPU_WIDTHS2 = {"gptj": "gpt-j-6b (GPTJConfig defaults)", "codegen": "codegen-6B (CodeGenConfig defaults)",
+               "whisper-encoder": "whisper-tiny (WhisperConfig defaults)", "wav2vec2": "wav2vec2-base (Wav2Vec2Config defaults)",
+               "squeezebert": "squeezebert-uncased (SqueezeBertConfig defaults)"}  # fmt: skip
+EXPLORE2.update({n: Arch(a.config, a.model, a.kind, GPU_WIDTHS2[n], {}, a.tiny) for n, a in EXPLORE2.items() if n in GPU_WIDTHS2})
+GPU_WIDTHS = {**GPU_WIDTHS, **GPU_WIDTHS2}
+SETS = {"zoo": ARCHS, "explore": EXPLORE, "explore2": EXPLORE2}
+ALL_ARCHS = {**ARCHS, **EXPLORE, **EXPLORE2}
+ENCODERS = ("distilbert", "roberta", "albert", "deberta-v2", "mobilebert", "mpnet", "t5-encoder", "squeezebert")
 BATCH = {"text": 8, "image": 32, "audio": 8}
 AUDIO_SAMPLES = 16000 * 10  # ten seconds at 16 kHz
 DECODER_BATCH, DECODER_SEQ, ENCODER_SEQ = 1, 512, 128
@@ -229,7 +282,9 @@ def build(name: str, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[A
                 pass
     torch.manual_seed(0)
     with torch.device(device):
-        model = getattr(transformers, a.model)(cfg)
+        cls, _, part = a.model.partition(".")  # "WhisperModel.encoder": that part of the model
+        model = getattr(transformers, cls)(cfg)
+        model = getattr(model, part) if part else model
         if a.kind != "text":
             fan_in_init(model)
         model = model.to(dtype).eval()
@@ -425,7 +480,7 @@ def main() -> None:
         "--set",
         default="zoo",
         choices=sorted(SETS),
-        help="zoo: the 22 benchmarked architectures; explore: 31 more (--smoke; GPU widths for a few)",
+        help="zoo: the 22 benchmarked architectures; explore, explore2: 31 and 27 more (--smoke; GPU widths for a few)",
     )
     p.add_argument("--only", default="", help="comma list (default: the whole set) of: " + ",".join(ALL_ARCHS))
     p.add_argument("--baselines", default="eager,eager_cudagraph,compile")

@@ -50,8 +50,11 @@ def test_the_explore_set_names_real_classes_and_is_smoke_only_without_widths() -
                           capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
     refused = proc.stderr.split("no GPU widths for")[-1].split("(explore set")[0]
     assert proc.returncode != 0 and "--smoke" in proc.stderr and "electra" in refused and "xglm" not in refused
-    with_widths = [n for n, a in zoo_sweep.EXPLORE.items() if a.checkpoint != "-"]
+    with_widths = [n for n, a in {**zoo_sweep.EXPLORE, **zoo_sweep.EXPLORE2}.items() if a.checkpoint != "-"]
     assert sorted(with_widths) == sorted(zoo_sweep.GPU_WIDTHS)
+    assert len(zoo_sweep.EXPLORE2) == 27 and not set(zoo_sweep.EXPLORE2) & (set(zoo_sweep.ARCHS) | set(zoo_sweep.EXPLORE))
+    classes = [a.model.split(".")[0] for a in zoo_sweep.EXPLORE2.values()] + [a.config for a in zoo_sweep.EXPLORE2.values()]
+    assert [c for c in classes if not hasattr(transformers, c)] == []
 
 
 @pytest.mark.interpreter
@@ -67,3 +70,24 @@ def test_explore_architectures_compile_without_fallback(tmp_path: Path) -> None:
     for name in ("xglm", "siglip-vision", "swinv2"):
         r = recs[name]
         assert r["compiled"] and r["ok"] and r["max_rel_err"] < 1e-4 and r["fallback"] == [], r
+
+
+@pytest.mark.interpreter
+@pytest.mark.timeout(600)
+def test_explore2_architectures_run_their_new_kernels(tmp_path: Path) -> None:
+    """Three of session 42's architectures: GPT-J (interleaved rotary: a stack that was a fallback, now one rotary
+    kernel for Q and one for K a layer), Whisper's encoder (an audio input; conv1d + GELU in one conv kernel, the
+    query's scale folded into the attention) and SqueezeBERT (grouped conv1d, now the conv template)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    names = "gptj,whisper-encoder,squeezebert"
+    argv = [sys.executable, str(ROOT / "benchmarks/zoo_sweep.py"), "--smoke", "--only", names, "--out", str(tmp_path)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = {r["case"]: r for r in json.loads((tmp_path / "zoo_sweep.json").read_text())}
+    for name in names.split(","):
+        r = recs[name]
+        assert r["compiled"] and r["ok"] and r["max_rel_err"] < 1e-4 and r["fallback"] == [], r
+        assert "fallback" not in r["templates"], (name, r["templates"])
+    assert recs["gptj"]["templates"]["rotary"] == 4
+    assert recs["whisper-encoder"]["input"] == [2, 16, 32] and recs["whisper-encoder"]["templates"]["conv_epilogue"] == 2
+    assert recs["squeezebert"]["templates"]["conv_epilogue"] >= 12
