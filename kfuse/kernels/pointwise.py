@@ -200,6 +200,11 @@ def kernel_source(prog: PointwiseProgram, var: Variant) -> str:
         "",
         "",
         "@triton.jit",
+        "def max_nan(a, b):  # torch.amax's max: a NaN wins (tl.max's default drops it on the GPU)",
+        "    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)",
+        "",
+        "",
+        "@triton.jit",
         f"def pointwise_kernel({', '.join(params + consts)}, PDL: tl.constexpr):",
         "    pdl_start(PDL)",
     ]
@@ -234,7 +239,7 @@ def _emit_steps(prog: PointwiseProgram, which: Sequence[int] | range, lines: lis
         if s.op == "rsum":
             expr = f"tl.sum(tl.where({mask}, {args[0]}, 0.0), axis=1, keep_dims=True)"
         elif s.op == "rmax":
-            expr = f"tl.max(tl.where({mask}, {args[0]}, float('-inf')), axis=1, keep_dims=True)"
+            expr = f"tl.reduce(tl.where({mask}, {args[0]}, float('-inf')), 1, max_nan, keep_dims=True)"
         else:
             expr = _expr(s, args)
         lines.append(f"{ind}r{i} = {expr}")
@@ -330,7 +335,7 @@ def _row_body(prog: PointwiseProgram, var: Variant, lines: list[str], ind: str) 
             if steps[i].op == "rsum":
                 lines.append(f"{ind2}r{i} += tl.sum(tl.where(mask, {src}, 0.0), axis=1, keep_dims=True)")
             else:
-                lines.append(f"{ind2}r{i} = tl.maximum(r{i}, tl.max(tl.where(mask, {src}, float('-inf')), axis=1, keep_dims=True))")
+                lines.append(f"{ind2}r{i} = max_nan(r{i}, tl.reduce(tl.where(mask, {src}, float('-inf')), 1, max_nan, keep_dims=True))")
         done.update(reds)
         emit_row_steps()
     if full_out:

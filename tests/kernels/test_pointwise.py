@@ -278,3 +278,18 @@ def test_sin_and_cos_hold_at_rotary_angles(dtype: torch.dtype, scale: float, dev
     g = b.build([b.op("add", [b.op("mul", [s, s]), b.op("mul", [c, b.scalar(0.5)])]), s])
     xs = [(torch.rand(37, 53) * 2 - 1).mul(scale).to(dtype).to(device)]
     _check(g, xs, device, 1e-5 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("length", [7, 4097])  # one block, and the chunked loop over blocks
+def test_amax_keeps_a_nan_as_torch_does(length: int, device: str) -> None:
+    # torch.amax (and max over a dim, imported as amax) returns NaN for a row holding one; Triton's tl.max
+    # drops it on the GPU, so the kernels reduce with a NaN-propagating maximum
+    b = GraphBuilder("amax_nan")
+    x = b.add_input("x", TensorType((3, length), torch.float32))
+    g = b.build([b.op("amax", [b.op("mul", [x, b.scalar(2.0)])], {"dims": (1,), "keepdim": False})])
+    xs = [torch.randn(3, length, device=device)]
+    xs[0][1, length // 2] = float("nan")
+    got = _run_fused(g, xs, device)[0]
+    want = (xs[0] * 2).amax(1)
+    assert torch.isnan(got[1]) and not torch.isnan(got[[0, 2]]).any()
+    torch.testing.assert_close(got, want, equal_nan=True)

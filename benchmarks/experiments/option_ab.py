@@ -1,0 +1,92 @@
+"""One compile option on and off, side by side in one process: each ``arch:option`` case is compiled twice
+(``kfuse.compile(..., option=True)`` and ``False``), checked against eager, and timed in alternating rounds.
+
+Session 42's cases and predictions (written before any GPU run; fp16, batch and widths as in zoo_sweep):
+
+* ``regnet:input_scale`` (RegNet-Y-040 B32): the squeeze-excitation multiply read by the 1x1 projection's
+  input loads. 22 blocks; the multiply read and wrote ~390 MB a call (stage 1: 2 x 51 MB, stage 2: 6 x 19 MB,
+  stage 3: 12 x 13 MB, stage 4: 2 x 7 MB), ~130 us at 3 TB/s, and 22 launches. The conv pays an extra load
+  per A element from an N x C table in L1/L2. Prediction: -70..-170 us of 2.82 ms.
+* ``efficientnet:input_scale`` (EfficientNet-B0 B32): 16 SE blocks on the expanded maps, ~300 MB.
+  Prediction: -50..-120 us of 2.02 ms, unless the projection conv was in a back-to-back chain (then smaller).
+* ``gptj:fuse_rotary`` (GPT-J-6B widths, 4 layers, B1 S512): rotate_every_two as one kernel for Q and one for K
+  a layer instead of the negation, copies and multiply-add (~5 launches each on ~2 MB tensors). Prediction:
+  -40..-80 us.
+
+    PYTHONPATH=. python benchmarks/experiments/option_ab.py --out $OUT                        # H200
+    PYTHONPATH=. python benchmarks/experiments/option_ab.py --smoke --case regnet:input_scale  # CPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import zoo_sweep  # noqa: E402
+
+import kfuse  # noqa: E402
+from kfuse.bench.harness import max_rel_err, time_ms  # noqa: E402
+
+CASES = "regnet:input_scale,efficientnet:input_scale,gptj:fuse_rotary"
+
+
+def ab(arch: str, option: str, smoke: bool, rounds: int, rep: int) -> dict[str, Any]:
+    model, a, kw = zoo_sweep.build(arch, smoke, "cpu" if smoke else "cuda", torch.float32 if smoke else torch.float16)
+    out: dict[str, Any] = {"arch": arch, "option": option, "checkpoint": zoo_sweep.ALL_ARCHS[arch].checkpoint}
+    compiled = {}
+    with torch.no_grad():
+        ref = zoo_sweep.first_tensor(model(*a, **kw))
+        for on in (True, False):
+            cm = kfuse.compile(model, a, kw, tune="none" if smoke else "fast", check=False, **{option: on})
+            compiled[on] = cm
+            kernels = cm.report["kernels"]
+            templates: dict[str, int] = {}
+            for k in kernels:
+                templates[k["template"]] = templates.get(k["template"], 0) + 1
+            out["on" if on else "off"] = {"max_rel_err": max_rel_err(zoo_sweep.first_tensor(cm(*a, **kw)), ref), "steps": len(kernels),
+                                          "templates": templates, "pdl_choice": cm.report.get("pdl_choice")}  # fmt: skip
+        if smoke:
+            return out
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(rounds):  # alternate, each side first in half the rounds
+            for on in (True, False) if r % 2 == 0 else (False, True):
+                times[on].append(time_ms(lambda cm=compiled[on]: cm(*a, **kw), 10, rep))
+    for on in (True, False):
+        side = out["on" if on else "off"]
+        side["ms_rounds"], side["ms"] = times[on], statistics.median(times[on])
+    out["gain_us"] = (out["off"]["ms"] - out["on"]["ms"]) * 1e3
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--case", default=CASES, help="comma-separated arch:option (zoo_sweep architectures, kfuse.compile options)")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rep", type=int, default=50)
+    p.add_argument("--out", default="")
+    p.add_argument("--smoke", action="store_true", help="tiny configs on the CPU (interpreter): checks the script, times nothing")
+    args = p.parse_args()
+    rows = []
+    for case in args.case.split(","):
+        arch, option = case.split(":")
+        rows.append(ab(arch, option, args.smoke, args.rounds, args.rep))
+        if args.out:  # after every case: a later one that fails leaves the earlier ones
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            Path(args.out, "option_ab.json").write_text(json.dumps({"command": " ".join(sys.argv[1:]), "rows": rows}, indent=1))
+    print(f"{'arch':13s} {'option':12s} {'on ms':>8s} {'off ms':>8s} {'gain us':>8s}  steps on/off  err on/off")
+    for r in rows:
+        on, off = r["on"], r["off"]
+        ms = f"{on.get('ms', float('nan')):8.3f} {off.get('ms', float('nan')):8.3f} {r.get('gain_us', float('nan')):8.1f}"
+        print(f"{r['arch']:13s} {r['option']:12s} {ms}  {on['steps']}/{off['steps']}  {on['max_rel_err']:.1e}/{off['max_rel_err']:.1e}")
+
+
+if __name__ == "__main__":
+    main()
