@@ -305,7 +305,11 @@ def apply_activation(y: torch.Tensor, act: tuple[Any, ...] | None) -> torch.Tens
 @register("conv2d", CONV)
 def _conv2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     bias = xs[2] if len(xs) > 2 else None
-    y = F.conv2d(xs[0], xs[1], bias, a.get("stride", (1, 1)), a.get("padding", (0, 0)), a.get("dilation", (1, 1)), a.get("groups", 1))
+    x = xs[0]
+    end = a.get("pad_end")  # padding past the bottom / right beyond ``padding`` (a folded asymmetric pad)
+    if end is not None and any(end):
+        x = F.pad(x, (0, end[1], 0, end[0]))
+    y = F.conv2d(x, xs[1], bias, a.get("stride", (1, 1)), a.get("padding", (0, 0)), a.get("dilation", (1, 1)), a.get("groups", 1))
     return apply_activation(y, a.get("act"))
 
 

@@ -250,16 +250,18 @@ class ConvParams:
     padding: tuple[int, int] = (0, 0)
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
+    pad_end: tuple[int, int] = (0, 0)  # more padding past the bottom / right (a folded asymmetric pad)
 
     @staticmethod
     def of(attrs: Mapping[str, Any]) -> ConvParams:
         stride, padding, dilation = as_pair(attrs.get("stride"), 1), as_pair(attrs.get("padding"), 0), as_pair(attrs.get("dilation"), 1)
-        return ConvParams(stride, padding, dilation, int(attrs.get("groups", 1)))
+        end = attrs.get("pad_end") or (0, 0)
+        return ConvParams(stride, padding, dilation, int(attrs.get("groups", 1)), (int(end[0]), int(end[1])))
 
 
 def out_hw(h: int, w: int, kh: int, kw: int, p: ConvParams) -> tuple[int, int]:
-    oh = (h + 2 * p.padding[0] - p.dilation[0] * (kh - 1) - 1) // p.stride[0] + 1
-    ow = (w + 2 * p.padding[1] - p.dilation[1] * (kw - 1) - 1) // p.stride[1] + 1
+    oh = (h + 2 * p.padding[0] + p.pad_end[0] - p.dilation[0] * (kh - 1) - 1) // p.stride[0] + 1
+    ow = (w + 2 * p.padding[1] + p.pad_end[1] - p.dilation[1] * (kw - 1) - 1) // p.stride[1] + 1
     return oh, ow
 
 
@@ -350,7 +352,8 @@ def conv_epilogue(
         if in_scale.dim() != 4 or in_scale.shape[2:] != (1, 1) or in_scale.shape[1] != c or in_scale.shape[0] not in (1, nb):
             raise ValueError(f"conv_epilogue: in_scale must be (N or 1, {c}, 1, 1), got {tuple(in_scale.shape)}")
         scale2d = in_scale.reshape(in_scale.shape[0], c).expand(nb, c)
-    tma = tma_descriptors(x, out, cfg, params) if cfg.tile_h and params.groups == 1 and in_scale is None else None
+    dense = params.groups == 1 and in_scale is None and params.pad_end == (0, 0)
+    tma = tma_descriptors(x, out, cfg, params) if cfg.tile_h and dense else None
     if tma is not None:
         x_desc, c_desc, block_k = tma
         bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "conv", cfg.tile_n)
@@ -413,6 +416,7 @@ def reference(
     (the product in x's dtype)."""
     b = None if bias is None else bias.float()
     x = x if in_scale is None else x * in_scale
+    x = F.pad(x, (0, params.pad_end[1], 0, params.pad_end[0])) if any(params.pad_end) else x
     acc = F.conv2d(x.float(), weight.float(), b, params.stride, params.padding, params.dilation, params.groups)
     return apply_reference(acc, [e.float() if e.is_floating_point() else e for e in extras], epi).to(out_dtype)
 
@@ -554,6 +558,8 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
     def make(use_pad: bool, use_fused: str | None) -> Any:
         def run_cudnn(xs: list[torch.Tensor]) -> torch.Tensor:
             x, w = padded(xs) if use_pad else (xs[0], weight(xs[1]))
+            if any(params.pad_end):  # the model's own asymmetric pad, a copy, as eager runs it
+                x = F.pad(x, (0, params.pad_end[1], 0, params.pad_end[0]))
             bias = xs[2] if has_bias else None
             st, pd, dl = list(params.stride), list(params.padding), list(params.dilation)
             if use_fused == "relu":
@@ -568,12 +574,18 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
     cands = {"cudnn": make(False, None)}
     if fused:
         cands["cudnn_fused"] = make(False, fused)
-    if pad and c < 64 and params.groups == 1:
+    if pad and c < 64 and params.groups == 1 and not any(params.pad_end):
         cands["cudnn_pad8"] = make(True, None)
         if fused:
             cands["cudnn_pad8_fused"] = make(True, fused)
     kh, kw = graph.type_of(node.inputs[1]).shape[2:]
-    if params.stride == (kh, kw) and params.padding == (0, 0) and params.dilation == (1, 1) and params.groups == 1:
+    if (
+        params.stride == (kh, kw)
+        and params.padding == (0, 0)
+        and params.dilation == (1, 1)
+        and params.groups == 1
+        and not any(params.pad_end)
+    ):
         cands["patch_gemm"] = _patch_gemm(node, graph, epi, has_bias, out_dtype)
     return cands
 
@@ -657,12 +669,14 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
             # the rows kernel was chosen on channels-last inputs; a call that passes another layout gets "auto"
             dense = xs[0].is_contiguous(memory_format=torch.channels_last)
             return depthwise_conv2d(xs[0], xs[1], xs[2] if len(xs) > 2 else None, params.stride, params.padding, params.dilation,
-                                    act=act, kernel=kernel if kernel != "rows" or dense else "auto", packed_weight=wp)  # fmt: skip
+                                    act=act, kernel=kernel if kernel != "rows" or dense else "auto", packed_weight=wp,
+                                    pad_end=params.pad_end)  # fmt: skip
 
         return run
 
     run = make("auto")
     desc = f"depthwise {w_t.shape[2]}x{w_t.shape[3]} s{params.stride} p{params.padding} over {x_t.shape[1]} channels"
+    desc += f" (+{params.pad_end} at the end)" if any(params.pad_end) else ""
     desc += f" + {act[0]}" if act else ""
     if backend == "triton" and torch.cuda.is_available():
         # kfuse's kernels and PyTorch's, timed: which is fastest depends on the image size, channels and taps
@@ -673,7 +687,7 @@ def lower_conv2d(node: Node, graph: Graph, backend: str) -> Step | None:
         xs = example_inputs(node, graph)
         if nhwc:  # timed on the memory format the call will see: NCHW runs the general (slower) kernel
             xs[0] = xs[0].contiguous(memory_format=torch.channels_last)
-        rows_ok = nhwc and rows_kernel_takes(params.stride, params.dilation, w_t.shape[2])
+        rows_ok = nhwc and rows_kernel_takes(params.stride, params.dilation, w_t.shape[2]) and not any(params.pad_end)
         if rows_ok and may_use_rows(w_t.shape[2], w_t.shape[3], node.ttype.shape[2]):
             candidates["rows"] = make("rows")
         choice, times = choose(node, graph, {**candidates, "torch": torch_step.fn}, (problem_key(node, graph), nhwc), xs)

@@ -303,7 +303,7 @@ def is_depthwise(weight_shape: tuple[int, ...], in_channels: int, groups: int) -
 def depthwise_conv2d(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: object = 1, padding: object = 0, dilation: object = 1,
     out: torch.Tensor | None = None, config: tuple[int, ...] | None = None, act: tuple | None = None,
-    kernel: str = "auto", packed_weight: torch.Tensor | None = None,
+    kernel: str = "auto", packed_weight: torch.Tensor | None = None, pad_end: tuple[int, int] = (0, 0),
 ) -> torch.Tensor:  # fmt: skip
     """``F.conv2d(x, weight, bias, stride, padding, dilation, groups=C)`` for a depthwise ``weight`` (C, 1, KH, KW);
     any memory format in, the input's format out (channels-last in, channels-last out). ``act``: None,
@@ -311,7 +311,8 @@ def depthwise_conv2d(
     dense channels-last, stride 1, dilation 1, KH <= 7), "taps" (one program a pixel tile, every tap loaded), or
     "auto" (``use_rows``). ``config``: the kernel's tile, (BLOCK_W, BLOCK_C, ROWS, num_warps) for "rows",
     (BLOCK_P, BLOCK_C, num_warps) for "taps"; else ``rows_config`` / ``launch_config``. ``packed_weight``:
-    ``pack_rows_weight(weight)``, computed once by a caller whose weight is a constant."""
+    ``pack_rows_weight(weight)``, computed once by a caller whose weight is a constant. ``pad_end``: more zero
+    padding past the bottom / right (a folded asymmetric pad, TF "same"): a larger output, read as zeros ("taps")."""
     if x.dim() != 4 or not is_depthwise(tuple(weight.shape), x.shape[1], x.shape[1]):
         raise ValueError(f"depthwise_conv2d: x {tuple(x.shape)} and weight {tuple(weight.shape)} are not a depthwise conv")
     if bias is not None and tuple(bias.shape) != (x.shape[1],):
@@ -319,7 +320,7 @@ def depthwise_conv2d(
     (sh, sw), (ph, pw), (dh, dw) = as_pair(stride, 1), as_pair(padding, 0), as_pair(dilation, 1)
     nb, c, h, w = x.shape
     kh, kw = weight.shape[2], weight.shape[3]
-    oh, ow = max(out_size(h, kh, sh, ph, dh), 0), max(out_size(w, kw, sw, pw, dw), 0)
+    oh, ow = max(out_size(h + pad_end[0], kh, sh, ph, dh), 0), max(out_size(w + pad_end[1], kw, sw, pw, dw), 0)
     out = output_like(x, (nb, c, oh, ow), out, "depthwise_conv2d")
     if out.numel() == 0:
         return out
@@ -329,7 +330,7 @@ def depthwise_conv2d(
     if act and act[0] == "clamp":
         acts.update(LO=_const(act[1]), HI=_const(act[2]))
     dense = x.is_contiguous(memory_format=torch.channels_last) and out.is_contiguous(memory_format=torch.channels_last)
-    rows_ok = dense and c > 1 and rows_kernel_takes((sh, sw), (dh, dw), kh)
+    rows_ok = dense and c > 1 and rows_kernel_takes((sh, sw), (dh, dw), kh) and not any(pad_end)
     if kernel == "rows" and not rows_ok:
         raise ValueError("depthwise_conv2d: the rows kernel takes dense channels-last tensors, stride 1, dilation 1, KH <= 7")
     if kernel not in ("auto", "rows", "taps"):

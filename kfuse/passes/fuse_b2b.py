@@ -71,6 +71,8 @@ def _stage_reason(node: Node, g: Graph, first: bool) -> str | None:
             return f"{node.name} is a grouped convolution"
         if node.attrs.get("in_scale"):
             return f"{node.name} scales its input (squeeze-excitation)"
+        if any(node.attrs.get("pad_end") or ()):
+            return f"{node.name} pads more at the bottom / right than at the top / left"
         if not first:
             kh, kw = w.shape[2], w.shape[3]
             if (kh, kw) != (1, 1):

@@ -25,7 +25,7 @@ from kfuse.kernels.conv import ConvParams, supported
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference, pow_matches_torch
 from kfuse.passes.simplify import dce
 
-_CONV_ATTRS = ("stride", "padding", "dilation", "groups")
+_CONV_ATTRS = ("stride", "padding", "dilation", "groups", "pad_end")
 
 
 def _gemm_epilogue_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:

@@ -72,8 +72,8 @@ def problem_of(node: Node, graph: Graph) -> Problem | None:
         erf = exact_gelu(a.dtype) and any(s.op == "gelu" for s in epi.steps)
         return GemmProblem(m, n, k, batch, dtype_name(a.dtype), n_extras=epi.n_inputs, erf_gelu=erf)
     if node.op == "conv_epilogue":
-        if int(node.attrs.get("groups", 1)) != 1:  # the conv problems are dense convs; grouped ones run the default tile
-            return None
+        if int(node.attrs.get("groups", 1)) != 1 or any(node.attrs.get("pad_end") or ()):
+            return None  # the conv problems are dense, symmetrically padded convs; the others run the default tile
         nb, c, h, w = a.shape
         oc, _, kh, kw = b.shape
 

@@ -264,3 +264,17 @@ def test_conv_reads_its_input_times_a_channel_scale(per_image, flat, groups, k, 
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="in_scale must be"):
         conv_epilogue(x, wt, b, [], RELU, p, torch.float32, in_scale=s[:, :4])
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_pad_end_makes_the_output_larger_and_reads_zeros(flat, device):
+    # a folded TF "same" pad: one more row and column at the end than at the start (stride 2), poisoned output
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 16, 10, 9, generator=gen).to(device).contiguous(memory_format=torch.channels_last)
+    wt, b = torch.randn(8, 16, 3, 3, generator=gen).to(device), torch.randn(8, generator=gen).to(device)
+    p = ConvParams((2, 2), (0, 0), pad_end=(1, 1))
+    want = torch.relu(torch.nn.functional.conv2d(torch.nn.functional.pad(x.cpu(), (0, 1, 0, 1)), wt.cpu(), b.cpu(), stride=2))
+    torch.testing.assert_close(reference(x.cpu(), wt.cpu(), b.cpu(), [], RELU, p, torch.float32), want)
+    out = torch.full(want.shape, float("nan"), device=device).contiguous(memory_format=torch.channels_last)
+    conv_epilogue(x, wt, b, [], RELU, p, torch.float32, ConvConfig(32, 16, 16, 2, 4, 1, flat), out=out)
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-4, atol=1e-4)
