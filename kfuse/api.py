@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from kfuse.compiler import Options
-from kfuse.frontend.torch_export import Imported, import_module
+from kfuse.frontend.torch_export import ExportError, Imported, import_module
 from kfuse.runtime.compiled_model import CompiledModel
 
 
@@ -25,7 +25,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
     or a path to an ``.onnx`` file) for the example inputs.
 
     Returns a ``CompiledModel`` that is called like the model. ``explain=True`` prints the graph
-    after each stage and the kernel plan; ``compiled.report`` holds the same as a dict.
+    after each stage and the kernel plan; ``compiled.report`` holds the same as a dict. An ``nn.Module`` that
+    torch.export cannot take is compiled through Dynamo instead (a ``DynamoCompiledModel``, its report says why),
+    unless ``frontend="export"``.
     """
     opts = replace(options or Options(), explain=explain, **option_overrides)
     if isinstance(example_inputs, torch.Tensor):
@@ -61,7 +63,16 @@ def compile(  # noqa: A001 - mirrors torch.compile
     def import_mod(a: tuple[Any, ...], k: dict[str, Any]) -> Imported:
         return import_module(model, a, k, name)
 
-    return CompiledModel(import_mod, model, args, kwargs, opts, name)
+    if opts.frontend not in ("auto", "export"):
+        raise ValueError(f'frontend must be "auto" or "export", got {opts.frontend!r}')
+    try:
+        return CompiledModel(import_mod, model, args, kwargs, opts, name)
+    except ExportError as e:
+        if opts.frontend != "auto":
+            raise
+        from kfuse.frontend.dynamo import DynamoCompiledModel
+
+        return DynamoCompiledModel(model, args, kwargs, opts, reason=str(e))
 
 
 def _channels_last(x: Any) -> bool:

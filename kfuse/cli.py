@@ -129,12 +129,13 @@ def compile_cmd(
         console.print(plan_table(rep))
         for line in summary_lines(rep):
             console.print(line, markup=False)
-    if profile and compiled.variant.profile:
+    variant = getattr(compiled, "variant", None)  # none through Dynamo's frontend (a DynamoCompiledModel): no profile
+    if profile and variant is not None and variant.profile:
         from kfuse.runtime.profile import plot_profile, print_profile
 
-        print_profile(compiled.variant.profile, console=console)
+        print_profile(variant.profile, console=console)
         png = (report.with_suffix("") if report else Path(f"kfuse_profile_{model.replace('/', '_')}")).as_posix() + "_profile.png"
-        plot_profile(compiled.variant.profile, png, title=f"kfuse profile: {model}")
+        plot_profile(variant.profile, png, title=f"kfuse profile: {model}")
         console.print(f"profile chart written to {png}")
     if report is not None:
         report.write_text(json.dumps(rep, indent=2, default=str))

@@ -80,6 +80,9 @@ class Options:
     pdl: bool | str = "auto"
     explain: bool = False
     check: bool = True  # compare with the original model on the example inputs
+    # "auto": torch.export, and where it cannot trace or functionalise the model (Mixtral's MoE routing writes
+    # through views) Dynamo's frontend, as torch.compile(model, backend="kfuse"); "export": torch.export only
+    frontend: str = "auto"
     backend: str | None = None  # "triton", "triton-interpreter", "torch"; None: by device
 
 

@@ -34,6 +34,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         "stages: " + " -> ".join(f"{s['name']}({s['nodes']})" for s in report["stages"]),
         "fallback to PyTorch: " + (", ".join(report["fallback"]) or "none"),
     ]
+    if report.get("frontend") == "dynamo":
+        lines.append(f"frontend: Dynamo, {report['graphs']} graph(s); torch.export could not take the model: {report['frontend_reason']}")
     if report.get("compile_phases_s"):
         lines.append("compile time by phase: " + ", ".join(f"{k} {v:.2f} s" for k, v in report["compile_phases_s"].items()))
     lines += b2b_lines(report.get("b2b"))

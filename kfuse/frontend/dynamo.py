@@ -1,8 +1,11 @@
 """``torch.compile(model, backend="kfuse")``: Dynamo hands us FX graphs; we export each to ATen,
-import it with the module's parameters and buffers frozen as constants, and compile it."""
+import it with the module's parameters and buffers frozen as constants, and compile it. ``DynamoCompiledModel``
+is ``kfuse.compile``'s result through this path, for a model torch.export cannot take."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,7 +57,9 @@ class _WeightsFrozen(torch.nn.Module):
         return self.gm(*args)
 
 
-def kfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
+def kfuse_backend(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], kfuse_options: Options | None = None, **kwargs: Any
+) -> Callable[..., Any]:
     """Compile a Dynamo graph with kfuse. A graph traced with static shapes is compiled now, for
     its example inputs. A dynamic-shape graph (Dynamo marks a dim dynamic when a second call
     changes it, and passes the sizes as SymInt inputs) is compiled on each call for that call's
@@ -66,7 +71,7 @@ def kfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs:
         i: x for i, (n, x) in enumerate(zip(placeholders, example_inputs, strict=True)) if isinstance(x, torch.Tensor) and _is_weight(n, x)
     }
     user_idx = [i for i in range(len(example_inputs)) if i not in weights]
-    options = Options(**kwargs.get("options", {})) if "options" in kwargs else Options()
+    options = kfuse_options or (Options(**kwargs["options"]) if "options" in kwargs else Options())
 
     def compile_for(inputs: list[Any]) -> tuple[CompiledModel, list[int]]:
         """A CompiledModel for ``inputs`` (all graph inputs, concrete), and which of them it takes."""
@@ -116,3 +121,67 @@ def register() -> None:
 
     if "kfuse" not in list_backends(exclude_tags=()):
         register_backend(compiler_fn=kfuse_backend, name="kfuse")
+
+
+class DynamoCompiledModel:
+    """What ``kfuse.compile`` returns for a model torch.export cannot take (``ExportError``): the model under
+    ``torch.compile`` with kfuse as the backend, compiled now on the example inputs. Dynamo splits the forward
+    where it must (Mixtral's expert routing runs in Python between graphs); each graph it hands over is a
+    ``CompiledModel``, checked against PyTorch on its own inputs. ``report`` joins theirs and says why."""
+
+    def __init__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options, reason: str) -> None:
+        self.options, self.name, self.reason = options, type(model).__name__, reason
+        self.graphs: list[Callable[..., Any]] = []
+
+        def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw: Any) -> Callable[..., Any]:
+            run = kfuse_backend(gm, example_inputs, kfuse_options=options)
+            self.graphs.append(run)
+            return run
+
+        t0 = time.perf_counter()
+        self._fn = torch.compile(model, backend=backend)
+        with torch.no_grad():
+            self._fn(*args, **kwargs)  # Dynamo traces and kfuse compiles every graph of this call now
+        self.compile_s = time.perf_counter() - t0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def compiled_graphs(self) -> list[Any]:
+        """The ``CompiledModel`` of every graph Dynamo handed over (each shape of a dynamic one)."""
+        out: list[Any] = []
+        for run in self.graphs:
+            out += [run.kfuse_compiled] if hasattr(run, "kfuse_compiled") else [c for c, _ in getattr(run, "kfuse_per_shape", {}).values()]
+        return out
+
+    @property
+    def report(self) -> dict[str, Any]:
+        reps = [c.report for c in self.compiled_graphs()]
+        kernels = [dict(k, name=f"g{i}.{k['name']}") for i, r in enumerate(reps) for k in r["kernels"]]
+        op_counts: dict[str, int] = {}
+        for r in reps:
+            for op, n in r.get("op_counts", {}).items():
+                op_counts[op] = op_counts.get(op, 0) + n
+        rep: dict[str, Any] = {
+            "model": self.name,
+            "frontend": "dynamo",
+            "frontend_reason": self.reason.split("\n")[0][:400],
+            "graphs": len(reps),
+            "backend": reps[0]["backend"] if reps else "-",
+            "compile_s": self.compile_s,
+            "cuda_graph": ", ".join(f"g{i} {r['cuda_graph']}" for i, r in enumerate(reps)),
+            "stages": [{"name": f"dynamo graph g{i}", "nodes": len(r["kernels"])} for i, r in enumerate(reps)],
+            "op_counts": op_counts,
+            "kernels": kernels,
+            "fallback": sorted({f for r in reps for f in r.get("fallback", [])}),
+            "per_graph": reps,
+        }
+        errs = [r for r in reps if "max_rel_err" in r]
+        if errs:
+            rep["max_abs_err"] = max(r["max_abs_err"] for r in errs)
+            rep["max_rel_err"] = max(r["max_rel_err"] for r in errs)
+        return rep
+
+    def save_report(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.report, f, indent=2, default=str)

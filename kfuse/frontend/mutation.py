@@ -18,6 +18,10 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
 
+class FunctionalisationError(RuntimeError):
+    """torch.export could not functionalise the graph's in-place writes to views (Dynamo's frontend can)."""
+
+
 class StatefulModelError(RuntimeError):
     """The model writes to its parameters, buffers or inputs in forward."""
 
@@ -77,7 +81,7 @@ def functional_program(ep: ExportedProgram) -> ExportedProgram:
     try:
         fn = ep.run_decompositions({})
     except Exception as e:  # noqa: BLE001 - a rename would be wrong here, so no import without it
-        raise StatefulModelError(
+        raise FunctionalisationError(
             f"the graph writes tensors that have views (in-place ops on slices), and torch.export could not "
             f"functionalise it ({type(e).__name__}: {str(e)[:200]}); write those ops out of place, or compile the model "
             'with torch.compile(model, backend="kfuse"), whose Dynamo frontend takes it (e.g. Mixtral-style MoE routing)'

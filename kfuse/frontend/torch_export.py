@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
 from kfuse.frontend.fx_import import import_fx
-from kfuse.frontend.mutation import StatefulModelError, functional_program
+from kfuse.frontend.mutation import FunctionalisationError, StatefulModelError, functional_program
 from kfuse.ir.graph import Graph, TensorType
 
 
@@ -30,6 +31,11 @@ class FrontendError(RuntimeError):
     """The model could not be imported; the message says what and where."""
 
 
+class ExportError(FrontendError):
+    """torch.export could not trace or functionalise the model. Dynamo's frontend, which splits the graph where
+    it must, may take it: ``kfuse.compile`` falls back to it (``Options.frontend="auto"``)."""
+
+
 def export_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> ExportedProgram:
     """``torch.export`` for inference: under ``no_grad``, so that a ``torch.no_grad()`` region in
     the model (Hugging Face rotary embeddings) is traced inline instead of as a
@@ -44,7 +50,7 @@ def export_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
                 return _export(model, args, kwargs)
             except Exception as e2:
                 e = e2
-        raise FrontendError(
+        raise ExportError(
             f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}\n"
             'torch.compile(model, backend="kfuse") compiles through Dynamo instead, which splits the graph where it must'
         ) from e
@@ -74,6 +80,8 @@ def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
     functionalised first (``kfuse.frontend.mutation``); a forward that writes state is refused."""
     try:
         ep = functional_program(ep)
+    except FunctionalisationError as e:
+        raise ExportError(f"{name}: {e}") from None
     except StatefulModelError as e:
         raise FrontendError(f"{name}: {e}") from None
     sig = ep.graph_signature
@@ -107,7 +115,13 @@ def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
 def import_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, name: str | None = None) -> Imported:
     """Export ``model`` on the example inputs and import it."""
     ep = export_module(model, args, kwargs)
-    return from_exported_program(ep, name or type(model).__name__)
+    try:
+        return from_exported_program(ep, name or type(model).__name__)
+    except GuardOnDataDependentSymNode as e:  # a shape that depends on values (nonzero, MoE routing): no static plan
+        raise ExportError(
+            f"{name or type(model).__name__}: a tensor's shape depends on the data ({str(e).splitlines()[0][:200]}); "
+            'torch.compile(model, backend="kfuse") compiles the static parts through Dynamo'
+        ) from None
 
 
 def flatten_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:

@@ -138,11 +138,13 @@ def test_exported_program_without_example_inputs_is_a_clear_error() -> None:
         kfuse.compile(ep)
 
 
-def test_moe_routing_goes_through_the_dynamo_backend_and_export_says_so() -> None:
-    """Mixtral's expert routing writes into slices that torch.export cannot functionalise: kfuse.compile
-    refuses it with an error that names the way that works, and torch.compile(backend="kfuse") compiles it
-    right (Dynamo splits the graph where it must; session 35's architecture sweep)."""
-    from kfuse.frontend.torch_export import FrontendError
+def test_moe_routing_goes_through_the_dynamo_frontend() -> None:
+    """Mixtral's expert routing writes into slices that torch.export cannot functionalise: kfuse.compile falls
+    back to Dynamo's frontend (as torch.compile(backend="kfuse"), which splits the graph where it must; session
+    35's architecture sweep) and its report says so; ``frontend="export"`` refuses it with an error that names
+    the way that works."""
+    from kfuse.frontend.dynamo import DynamoCompiledModel
+    from kfuse.frontend.torch_export import ExportError
 
     shape = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=96, num_local_experts=4, num_experts_per_tok=2)  # fmt: skip
@@ -150,8 +152,63 @@ def test_moe_routing_goes_through_the_dynamo_backend_and_export_says_so() -> Non
     ids = torch.randint(3, 90, (2, 11), device=DEVICE)
     with torch.no_grad():
         ref = m(ids).last_hidden_state
-        with pytest.raises(FrontendError, match=r'torch\.compile\(model, backend="kfuse"\)'):
-            kfuse.compile(m, (ids,))
+        with pytest.raises(ExportError, match=r'torch\.compile\(model, backend="kfuse"\)'):
+            kfuse.compile(m, (ids,), frontend="export")
         torch._dynamo.reset()
-        out = torch.compile(m, backend="kfuse")(ids).last_hidden_state
-    assert max_rel_err(out, ref) < (2e-2 if DEVICE == "cuda" else 1e-4)
+        cm = kfuse.compile(m, (ids,))
+        assert isinstance(cm, DynamoCompiledModel)
+        rep = cm.report
+        assert rep["frontend"] == "dynamo" and "functionalise" in rep["frontend_reason"] and rep["graphs"] >= 1, rep["graphs"]
+        assert rep["kernels"] and rep["max_rel_err"] < (2e-2 if DEVICE == "cuda" else 1e-4)
+        ids2 = torch.randint(3, 90, (2, 11), device=DEVICE)
+        out, ref2 = cm(ids2).last_hidden_state, m(ids2).last_hidden_state
+        torch._dynamo.reset()
+        out_tc = torch.compile(m, backend="kfuse")(ids).last_hidden_state
+    assert max_rel_err(out, ref2) < (2e-2 if DEVICE == "cuda" else 1e-4)
+    assert max_rel_err(out_tc, ref) < (2e-2 if DEVICE == "cuda" else 1e-4)
+
+
+def test_the_dynamo_fallback_report_prints() -> None:
+    """The joined report of a Dynamo-compiled model has what the CLI's summary reads (and the reason)."""
+    from kfuse.frontend.dynamo import DynamoCompiledModel
+    from kfuse.report import plan_table, summary_lines
+
+    class _Branch(torch.nn.Module):  # a branch on a value: torch.export cannot trace it, Dynamo breaks the graph there
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(x) * 2
+            if y.sum() > 10:
+                return torch.tanh(y) + 1
+            return y - 1
+
+    x = torch.randn(6, 8, device=DEVICE)
+    m = _Branch()
+    torch._dynamo.reset()
+    cm = kfuse.compile(m, (x,))
+    assert isinstance(cm, DynamoCompiledModel)
+    for t in (x, -x, x * 0.01):  # both branches
+        torch.testing.assert_close(cm(t), m(t))
+    lines = summary_lines(cm.report)
+    assert any(line.startswith("frontend: Dynamo") for line in lines), lines
+    assert cm.report["graphs"] >= 2 and "torch.export failed" in cm.report["frontend_reason"]
+    plan_table(cm.report)
+
+
+def test_a_data_dependent_shape_goes_through_dynamo() -> None:
+    """``nonzero`` makes a shape depend on the values: torch.export traces it with an unbacked size, which a
+    static kfuse plan cannot take; kfuse.compile goes through Dynamo, which runs the nonzero between graphs."""
+    from kfuse.frontend.dynamo import DynamoCompiledModel
+
+    class _Select(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            idx = (x[:, 0] > 0).nonzero().squeeze(1)
+            return torch.relu(x[idx] * 3).sum(0) + 1
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(9, 8, generator=gen).to(DEVICE)
+    m = _Select()
+    torch._dynamo.reset()
+    cm = kfuse.compile(m, (x,))
+    assert isinstance(cm, DynamoCompiledModel) and "depends on the data" in cm.report["frontend_reason"]
+    for _ in range(3):  # other rows selected: other sizes
+        t = torch.randn(9, 8, generator=gen).to(DEVICE)
+        torch.testing.assert_close(cm(t), m(t))
