@@ -57,7 +57,7 @@ def conv_kernel(
     SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, IN_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, IN_SCALE: tl.constexpr, GROUPED: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_start(PDL)
@@ -71,11 +71,13 @@ def conv_kernel(
     pid_m = first_m + ((pid % group) % size_m)
     pid_n = (pid % group) // size_m
     # grouped convs: C and OC are one group's channels; this program's group reads its own input
-    # channels and weight block (one group, the whole conv, when G = 1)
-    g = tl.program_id(1)
-    x_ptr += g * C * stride_xc
-    s_ptr += g * C * stride_sc
-    w_ptr += g * (KH * KW * C) * OC
+    # channels and weight block. Only when GROUPED: a runtime offset on the weight pointer hides its
+    # 16-byte alignment from the compiler, and the dense conv's weight tiles would load as scalars
+    g = tl.program_id(1) if GROUPED else 0
+    if GROUPED:
+        x_ptr += g * C * stride_xc
+        s_ptr += g * C * stride_sc
+        w_ptr += g * (KH * KW * C) * OC
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     # weight columns past OC are masked, not clamped: rn stays provably contiguous, so the
@@ -378,7 +380,8 @@ def conv_epilogue(
         SH=params.stride[0], SW=params.stride[1], PH=params.padding[0], PW=params.padding[1],
         DH=params.dilation[0], DW=params.dilation[1], KH=kh, KW=kw,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        FLAT_K=cfg.flat_k, HAS_BIAS=bias is not None, IN_SCALE=in_scale is not None, INPUT_PRECISION=precision,
+        FLAT_K=cfg.flat_k, HAS_BIAS=bias is not None, IN_SCALE=in_scale is not None, GROUPED=params.groups > 1,
+        INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

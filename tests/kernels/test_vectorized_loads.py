@@ -18,11 +18,12 @@ from kfuse.sass.examples import compile_sm90
 from kfuse.kernels.epilogue import Epilogue
 which = sys.argv[1]
 sig = {}
-if which == "conv":
+if which.startswith("conv"):  # conv, conv_grouped (one GEMM a group), conv_scaled (an SE scale on the input loads)
     from kfuse.kernels import conv as K
     fn = K._module(Epilogue()).conv_kernel
     const = dict(stride_xc=1, stride_cc=1, SH=1, SW=1, PH=1, PW=1, DH=1, DW=1, KH=3, KW=3, BLOCK_M=128, BLOCK_N=128,
-                 BLOCK_K=64, GROUP_M=8, FLAT_K=False, HAS_BIAS=True, INPUT_PRECISION="tf32")
+                 BLOCK_K=64, GROUP_M=8, FLAT_K=False, HAS_BIAS=True, INPUT_PRECISION="tf32", PDL=False,
+                 GROUPED=which == "conv_grouped", IN_SCALE=which == "conv_scaled", stride_sc=1)
 elif which == "gemm":
     from kfuse.kernels import gemm as K
     fn = K._module(Epilogue()).gemm_kernel
@@ -49,7 +50,7 @@ print(len(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], 0x
 """
 
 
-@pytest.mark.parametrize("template", ["gemm", "conv"])
+@pytest.mark.parametrize("template", ["gemm", "conv", "conv_grouped", "conv_scaled"])
 def test_tiles_load_as_16_byte_vectors(template: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", _SCRIPT, template], capture_output=True, text=True, env=env, timeout=600)
