@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from kfuse.ir.graph import Graph
@@ -45,6 +46,9 @@ class Options:
     fuse_rotary: bool = True  # x * cos + rotate_half(x) * sin -> one rotary kernel (Llama-style decoders)
     # row-only data movement (Swin's roll + window partition) -> one row gather, folded into the LayerNorm before it
     gather_rows: bool = True
+    # merge a GEMM whose value goes into a GELU / ReLU with the GEMMs that share its input (its activation then
+    # runs as a kernel of its own); off: it keeps its own GEMM, whose epilogue takes the activation (GPT-J, Phi)
+    merge_activated: bool = False
     # a conv reads x * s[N, C, 1, 1] (squeeze-excitation: RegNet-Y, EfficientNet) through its input loads
     input_scale: bool = True
     fuse_gated_mlp: bool = True  # merged gate/up GEMM + act(gate) * up -> one two-accumulator GEMM, where measured faster
@@ -115,7 +119,7 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         # (B*H, S, D) bmm attention (BLOOM, XGLM) lifted to the (B, H, S, D) chain that fuse_attention matches,
         # and Swin-V2's window mask added through a 5-D view folded into one 4-D mask
         stages += [("lift_head_batch", lift_head_batch), ("fold_window_mask", fold_window_mask), ("fuse_attention", fuse_attention),
-                   ("merge_gemm", merge_gemms)]  # fmt: skip
+                   ("merge_gemm", partial(merge_gemms, merge_activated=options.merge_activated))]  # fmt: skip
     if options.fuse_rotary:  # before fuse_pointwise, which would take its multiply-add alone
         from kfuse.passes.fuse_rotary import fuse_rotary
 

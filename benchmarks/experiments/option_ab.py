@@ -12,6 +12,11 @@ Session 42's cases and predictions (written before any GPU run; fp16, batch and 
 * ``gptj:fuse_rotary`` (GPT-J-6B widths, 4 layers, B1 S512): rotate_every_two as one kernel for Q and one for K
   a layer instead of the negation, copies and multiply-add (~5 launches each on ~2 MB tensors). Prediction:
   -40..-80 us.
+* ``gptj:merge_activated`` and ``phi:merge_activated`` (on = session 41's plan, fc_in merged with Q, K, V and
+  its GELU a pointwise kernel over [512, 4 x hidden]; off, the default now = fc_in its own GEMM with the GELU in
+  its epilogue). The pointwise pass moved 32 MB a layer on GPT-J (16 MB on Phi-1.5), ~11 / ~6 us at 3 TB/s, plus a
+  launch; the split costs one more GEMM launch and reads the LayerNorm output twice (4 / 2 MB). Prediction: off
+  faster by 20-50 us on GPT-J's 4 layers, 10-30 us on Phi's; more if the MLP pair then fuses back to back.
 
     PYTHONPATH=. python benchmarks/experiments/option_ab.py --out $OUT                        # H200
     PYTHONPATH=. python benchmarks/experiments/option_ab.py --smoke --case regnet:input_scale  # CPU check
@@ -35,7 +40,7 @@ import zoo_sweep  # noqa: E402
 import kfuse  # noqa: E402
 from kfuse.bench.harness import max_rel_err, time_ms  # noqa: E402
 
-CASES = "regnet:input_scale,efficientnet:input_scale,gptj:fuse_rotary"
+CASES = "regnet:input_scale,efficientnet:input_scale,gptj:fuse_rotary,gptj:merge_activated,phi:merge_activated"
 
 
 def ab(arch: str, option: str, smoke: bool, rounds: int, rep: int) -> dict[str, Any]:

@@ -40,13 +40,28 @@ def _const_bias(node: Node, users: dict[str, list[Node]], graph: Graph) -> tuple
     return add, bias
 
 
-def merge_gemms(graph: Graph, min_group: int = 2) -> Graph:
-    """Merge groups of at least ``min_group`` constant-weight GEMMs that share their input."""
+_EPILOGUE_ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+
+
+def _feeds_activation(node: Node, users: dict[str, list[Node]], graph: Graph) -> bool:
+    """The GEMM's value (after its bias add, if any) is read by one activation alone, which its own GEMM's
+    epilogue would take (SiLU is left out: a gated MLP's gate, which the gated-GEMM fusion wants merged)."""
+    bias = _const_bias(node, users, graph)
+    out = bias[0] if bias is not None else node
+    us = users.get(out.name, [])
+    return len(us) == 1 and us[0].op in _EPILOGUE_ACTIVATIONS and out.name not in graph.outputs
+
+
+def merge_gemms(graph: Graph, min_group: int = 2, merge_activated: bool = False) -> Graph:
+    """Merge groups of at least ``min_group`` constant-weight GEMMs that share their input. A GEMM whose value
+    goes into a GELU / ReLU stays out of the group unless ``merge_activated``: GPT-J's and Phi's parallel blocks
+    read one LayerNorm output in Q, K, V and fc_in, and merged, fc_in's GELU covers a column range of the merged
+    output that no epilogue takes, so it ran as a pointwise kernel over the 4x-wide activation."""
     users = graph.users()
     groups: dict[tuple, list[Node]] = {}
     for node in graph.nodes:
         w = _const_weight(node, graph)
-        if w is not None:
+        if w is not None and (merge_activated or not _feeds_activation(node, users, graph)):
             groups.setdefault((node.inputs[0], w.shape[0], w.dtype, w.device), []).append(node)
     plans: dict[str, tuple[list[Node], list[tuple[Node, torch.Tensor] | None]]] = {}
     for members in groups.values():
