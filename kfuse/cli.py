@@ -99,6 +99,12 @@ def compile_cmd(
     gather_rows: Annotated[
         bool, typer.Option(help="row-only data movement (Swin's shifted windows, patch merging) as one gather, folded into LayerNorms")
     ] = True,
+    input_scale: Annotated[
+        bool, typer.Option(help="a squeeze-excitation's x * s read by the next conv's input loads (RegNet-Y, EfficientNet)")
+    ] = True,
+    merge_activated: Annotated[
+        bool, typer.Option(help="merge a GEMM that feeds a GELU / ReLU with its siblings (the activation then runs alone)")
+    ] = False,
 ) -> None:
     """Compile MODEL, check it against PyTorch on random inputs and print the kernel plan."""
     import kfuse
@@ -114,6 +120,7 @@ def compile_cmd(
         raise typer.BadParameter(f"unknown choice {library!r}; choose auto, never or always", param_hint="--library")
     overrides: dict[str, Any] = {"tune": tune, "profile": profile, "sass": sass, "cuda_graphs": cuda_graphs, "gemm_library": library,
                                  "fuse_b2b": b2b, "b2b_recheck": b2b_recheck, "gather_rows": gather_rows,
+                                 "input_scale": input_scale, "merge_activated": merge_activated,
                                  "pdl": {"auto": "auto", "on": True, "off": False}[pdl]}  # fmt: skip
     if varlen:
         overrides["varlen"] = True
@@ -123,7 +130,8 @@ def compile_cmd(
     rep["model"] = model
     rep["command"] = _command_line(
         "compile", model, batch=batch, seq=seq, dtype=dtype, varlen=varlen, avg_len_ratio=avg_len_ratio, tune=tune,
-        no_b2b=not b2b, no_b2b_recheck=not b2b_recheck, no_gather_rows=not gather_rows,
+        no_b2b=not b2b, no_b2b_recheck=not b2b_recheck, no_gather_rows=not gather_rows, no_input_scale=not input_scale,
+        merge_activated=merge_activated,
     )  # fmt: skip
     if not explain:
         console.print(plan_table(rep))

@@ -211,3 +211,28 @@ def test_compile_gather_rows_switch(tmp_path) -> None:
         norms_with_gather = [k for k in rep["kernels"] if k["template"] == "fused_norm" and "gather_rows" in k["ops"]]
         assert bool(norms_with_gather) == gathered and rep["max_rel_err"] < 1e-4
         assert ("--no-gather-rows" in rep["command"]) == (not gathered)
+
+
+def test_compile_input_scale_switch(tmp_path) -> None:
+    """--no-input-scale leaves a squeeze-excitation's multiply as its own kernel; by default the 1x1 projection
+    reads x * s through its input loads. Through the CLI's ONNX loader, on an export."""
+    import torch
+
+    class SE(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc, self.proj = torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.Conv2d(16, 16, 1), torch.nn.Conv2d(16, 8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.conv(x))
+            return self.proj(y * torch.sigmoid(self.fc(y.mean((2, 3), keepdim=True))))
+
+    onnx_path = tmp_path / "se.onnx"
+    torch.onnx.export(SE().eval(), (torch.randn(2, 8, 6, 6),), str(onnx_path), dynamo=False)
+    path = tmp_path / "rep.json"
+    for flags, scaled in (([], True), (["--no-input-scale"], False)):
+        r = runner.invoke(app, ["compile", str(onnx_path), "--report", str(path), "--no-b2b", *flags])
+        assert r.exit_code == 0, r.output
+        rep = json.loads(path.read_text())
+        assert any(k["ops"][0] == "mul" and "conv2d" in k["ops"] for k in rep["kernels"]) == scaled, rep["kernels"]
+        assert rep["max_rel_err"] < 1e-4 and ("--no-input-scale" in rep["command"]) == (not scaled)
