@@ -40,23 +40,27 @@ def _const_bias(node: Node, users: dict[str, list[Node]], graph: Graph) -> tuple
     return add, bias
 
 
-_EPILOGUE_ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+_EPILOGUE_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 
 
 def _feeds_activation(node: Node, users: dict[str, list[Node]], graph: Graph) -> bool:
     """The GEMM's value (after its bias add, if any) is read by one activation alone, which its own GEMM's
-    epilogue would take (SiLU is left out: a gated MLP's gate, which the gated-GEMM fusion wants merged)."""
+    epilogue would take. Not a gated MLP's gate (the activation times another projection: GeGLU's GELU, SwiGLU's
+    SiLU), which the gated-GEMM fusion wants merged with its up projection."""
     bias = _const_bias(node, users, graph)
     out = bias[0] if bias is not None else node
     us = users.get(out.name, [])
-    return len(us) == 1 and us[0].op in _EPILOGUE_ACTIVATIONS and out.name not in graph.outputs
+    if len(us) != 1 or us[0].op not in _EPILOGUE_ACTIVATIONS or out.name in graph.outputs:
+        return False
+    return not any(u.op == "mul" for u in users.get(us[0].name, []))
 
 
 def merge_gemms(graph: Graph, min_group: int = 2, merge_activated: bool = False) -> Graph:
     """Merge groups of at least ``min_group`` constant-weight GEMMs that share their input. A GEMM whose value
-    goes into a GELU / ReLU stays out of the group unless ``merge_activated``: GPT-J's and Phi's parallel blocks
-    read one LayerNorm output in Q, K, V and fc_in, and merged, fc_in's GELU covers a column range of the merged
-    output that no epilogue takes, so it ran as a pointwise kernel over the 4x-wide activation."""
+    goes into a GELU / ReLU / SiLU (not a gated MLP's gate) stays out of the group unless ``merge_activated``:
+    GPT-J's and Phi's parallel blocks read one LayerNorm output in Q, K, V and fc_in, and merged, fc_in's GELU
+    covers a column range of the merged output that no epilogue takes, so it ran as a pointwise kernel over the
+    4x-wide activation."""
     users = graph.users()
     groups: dict[tuple, list[Node]] = {}
     for node in graph.nodes:

@@ -43,7 +43,8 @@ def test_a_branch_without_a_bias_adds_zeros_so_one_add_serves_all() -> None:
 
 class _ParallelBlock(torch.nn.Module):
     """GPT-J's / Phi's parallel block: Q, K, V and the MLP's fc_in read one LayerNorm output; fc_in's value goes
-    into a GELU (``act``), or into a SiLU times another projection (a gated MLP: gate and up stay mergeable)."""
+    into a GELU (``act``), or into a SiLU / GELU times another projection (a gated MLP, SwiGLU / GeGLU: gate and
+    up stay mergeable)."""
 
     def __init__(self, c: int, act: str) -> None:
         super().__init__()
@@ -57,6 +58,8 @@ class _ParallelBlock(torch.nn.Module):
         att = torch.softmax(self.q(h) @ self.k(h).transpose(-1, -2), -1) @ self.v(h)
         if self.act == "gelu":
             mlp = torch.nn.functional.gelu(self.fc_in(h), approximate="tanh")
+        elif self.act == "geglu":
+            mlp = torch.nn.functional.gelu(self.fc_in(h), approximate="tanh") * self.up(h)
         else:
             mlp = torch.nn.functional.silu(self.fc_in(h)) * self.up(h)
         return att + mlp[..., : x.shape[-1]]
@@ -65,7 +68,7 @@ class _ParallelBlock(torch.nn.Module):
 def test_a_gemm_into_a_gelu_keeps_its_own_epilogue() -> None:
     torch.manual_seed(1)
     x = torch.randn(2, 5, 16)
-    for act, merge_activated, widths in [("gelu", False, [48]), ("gelu", True, [96]), ("silu", False, [144])]:
+    for act, merge_activated, widths in [("gelu", False, [48]), ("gelu", True, [96]), ("silu", False, [144]), ("geglu", False, [144])]:
         model = _ParallelBlock(16, act).eval()
         g = optimize(import_module(model, (x,), {}).graph, BASE).graph
         merged = merge_gemms(g, merge_activated=merge_activated)
