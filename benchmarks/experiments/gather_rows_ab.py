@@ -15,51 +15,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import zoo_sweep  # noqa: E402
+import option_ab  # noqa: E402
 
-import kfuse  # noqa: E402
-from kfuse.bench.harness import max_rel_err, time_ms  # noqa: E402
+
+def gather_counts(kernels: list[dict[str, Any]]) -> dict[str, int]:
+    """PyTorch's copies (cats, rolls), the standalone gathers and the norms with a gather folded in."""
+    return {
+        "torch_copies": sum(k["template"] == "torch" and bool({"cat", "roll"} & set(k["ops"])) for k in kernels),
+        "gathers": sum(k["template"] == "gather_rows" for k in kernels),
+        "norms_with_gather": sum(k["template"] == "fused_norm" and "gather_rows" in k["ops"] for k in kernels),
+    }
 
 
 def ab(arch: str, smoke: bool, rounds: int, rep: int) -> dict[str, Any]:
-    model, a, kw = zoo_sweep.build(arch, smoke, "cpu" if smoke else "cuda", torch.float16 if not smoke else torch.float32)
-    out: dict[str, Any] = {"arch": arch, "checkpoint": zoo_sweep.ALL_ARCHS[arch].checkpoint}
-    with torch.no_grad():
-        ref = zoo_sweep.first_tensor(model(*a, **kw))
-        compiled = {}
-        for on in (True, False):
-            cm = kfuse.compile(model, a, kw, tune="none" if smoke else "fast", gather_rows=on, check=False)
-            kernels = cm.report["kernels"]
-            compiled[on] = cm
-            out[f"gather_{'on' if on else 'off'}"] = {
-                "max_rel_err": max_rel_err(zoo_sweep.first_tensor(cm(*a, **kw)), ref),
-                "steps": len(kernels),
-                "torch_copies": sum(k["template"] == "torch" and bool({"cat", "roll"} & set(k["ops"])) for k in kernels),
-                "gathers": sum(k["template"] == "gather_rows" for k in kernels),
-                "norms_with_gather": sum(k["template"] == "fused_norm" and "gather_rows" in k["ops"] for k in kernels),
-                "pdl_choice": cm.report.get("pdl_choice"),
-            }
-        if smoke:
-            return out
-        times: dict[bool, list[float]] = {True: [], False: []}
-        for r in range(rounds):  # alternate, each side first in half the rounds
-            for on in (True, False) if r % 2 == 0 else (False, True):
-                cm = compiled[on]
-                times[on].append(time_ms(lambda cm=cm: cm(*a, **kw), 10, rep))
-    for on in (True, False):
-        side = out[f"gather_{'on' if on else 'off'}"]
-        side["ms_rounds"] = times[on]
-        side["ms"] = statistics.median(times[on])
-    out["gain_us"] = (out["gather_off"]["ms"] - out["gather_on"]["ms"]) * 1e3
+    """``option_ab.ab`` on ``gather_rows``, in this script's record form (``gather_on`` / ``gather_off``)."""
+    out = option_ab.ab(arch, "gather_rows", smoke, rounds, rep, counts=gather_counts)
+    out["gather_on"], out["gather_off"] = out.pop("on"), out.pop("off")
+    del out["option"]
     return out
 
 

@@ -28,6 +28,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,11 @@ from kfuse.bench.harness import max_rel_err, time_ms  # noqa: E402
 CASES = "regnet:input_scale,efficientnet:input_scale,gptj:fuse_rotary,gptj:merge_activated,phi:merge_activated"
 
 
-def ab(arch: str, option: str, smoke: bool, rounds: int, rep: int) -> dict[str, Any]:
+def ab(
+    arch: str, option: str, smoke: bool, rounds: int, rep: int, counts: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The case compiled with ``option`` on and off, checked against eager and timed in alternating rounds;
+    ``counts``: more per-side figures from the plan's kernel list."""
     model, a, kw = zoo_sweep.build(arch, smoke, "cpu" if smoke else "cuda", torch.float32 if smoke else torch.float16)
     out: dict[str, Any] = {"arch": arch, "option": option, "checkpoint": zoo_sweep.ALL_ARCHS[arch].checkpoint}
     compiled = {}
@@ -57,7 +62,8 @@ def ab(arch: str, option: str, smoke: bool, rounds: int, rep: int) -> dict[str, 
             for k in kernels:
                 templates[k["template"]] = templates.get(k["template"], 0) + 1
             out["on" if on else "off"] = {"max_rel_err": max_rel_err(zoo_sweep.first_tensor(cm(*a, **kw)), ref), "steps": len(kernels),
-                                          "templates": templates, "pdl_choice": cm.report.get("pdl_choice")}  # fmt: skip
+                                          "templates": templates, "pdl_choice": cm.report.get("pdl_choice"),
+                                          **(counts(kernels) if counts else {})}  # fmt: skip
         if smoke:
             return out
         times: dict[bool, list[float]] = {True: [], False: []}

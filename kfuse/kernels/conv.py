@@ -291,6 +291,23 @@ def default_config(m: int, n: int, k: int, c: int, groups: int = 1) -> ConvConfi
     return ConvConfig(64, 64, 32 if flat else 64, 8, 4, 3, flat)
 
 
+def conv_operand_count(attrs: Mapping[str, Any]) -> int:
+    """How many of a ``conv_epilogue`` node's inputs the conv itself reads: x, weight, (bias), (in_scale); the
+    epilogue's operands follow."""
+    return 2 + bool(attrs.get("has_bias")) + bool(attrs.get("in_scale"))
+
+
+def scaled_first(xs: list[Any], n_conv: int) -> list[Any]:
+    """An ``in_scale`` conv's inputs as the plain conv takes them: ``x * in_scale`` in x's place, the scale
+    (input ``n_conv - 1``) dropped."""
+    return [xs[0] * xs[n_conv - 1], *xs[1 : n_conv - 1], *xs[n_conv:]]
+
+
+def _pad_end(x: torch.Tensor, params: ConvParams) -> torch.Tensor:
+    """``x`` with the conv's ``pad_end`` rows and columns of zeros added (a copy; ``x`` itself without one)."""
+    return F.pad(x, (0, params.pad_end[1], 0, params.pad_end[0])) if any(params.pad_end) else x
+
+
 def pack_weight(w: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """(OC, C/G, KH, KW) -> G blocks of (KH*KW*C/G, OC/G), stacked row-major: in group g's block, row
     (kh*KW + kw)*C/G + c, column oc - g*OC/G. One (KH*KW*C, OC) matrix when G = 1."""
@@ -418,8 +435,7 @@ def reference(
     """The oracle: fp32 conv (+ bias) then the epilogue through the op registry; ``in_scale``: of ``x * in_scale``
     (the product in x's dtype)."""
     b = None if bias is None else bias.float()
-    x = x if in_scale is None else x * in_scale
-    x = F.pad(x, (0, params.pad_end[1], 0, params.pad_end[0])) if any(params.pad_end) else x
+    x = _pad_end(x if in_scale is None else x * in_scale, params)
     acc = F.conv2d(x.float(), weight.float(), b, params.stride, params.padding, params.dilation, params.groups)
     return apply_reference(acc, [e.float() if e.is_floating_point() else e for e in extras], epi).to(out_dtype)
 
@@ -439,7 +455,7 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
         return None
     epi: Epilogue = node.attrs["epilogue"]
     has_bias, scaled = bool(node.attrs.get("has_bias")), bool(node.attrs.get("in_scale"))
-    n_conv = 2 + has_bias + scaled  # x, weight, (bias), (in_scale), then the epilogue's operands
+    n_conv = conv_operand_count(node.attrs)
     out_t = node.ttype
     nb, c, h, w = x_t.shape
     oc, cg, kh, kw = w_t.shape
@@ -488,7 +504,7 @@ def _scaling_first(run: Callable[[list[torch.Tensor]], torch.Tensor], n_conv: in
     """A library candidate of an ``in_scale`` conv: ``x * in_scale`` as its own op, then the conv on it."""
 
     def scaled(xs: list[torch.Tensor]) -> torch.Tensor:
-        return run([xs[0] * xs[n_conv - 1], *xs[1 : n_conv - 1], *xs[n_conv:]])
+        return run(scaled_first(xs, n_conv))
 
     return scaled
 
@@ -561,8 +577,7 @@ def cudnn_candidates(node: Node, graph: Graph, epi: Epilogue, params: ConvParams
     def make(use_pad: bool, use_fused: str | None) -> Any:
         def run_cudnn(xs: list[torch.Tensor]) -> torch.Tensor:
             x, w = padded(xs) if use_pad else (xs[0], weight(xs[1]))
-            if any(params.pad_end):  # the model's own asymmetric pad, a copy, as eager runs it
-                x = F.pad(x, (0, params.pad_end[1], 0, params.pad_end[0]))
+            x = _pad_end(x, params)  # the model's own asymmetric pad, a copy, as eager runs it
             bias = xs[2] if has_bias else None
             st, pd, dl = list(params.stride), list(params.padding), list(params.dilation)
             if use_fused == "relu":

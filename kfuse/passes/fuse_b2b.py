@@ -31,6 +31,7 @@ from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, ValueType
 from kfuse.kernels.b2b import MAX_RESIDENT, Chain, Stage, chunked_eligible
 from kfuse.kernels.codegen import as_pair
+from kfuse.kernels.conv import conv_operand_count
 
 STAGE_OPS = ("gemm_epilogue", "conv_epilogue")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -129,7 +130,7 @@ def _width(n: Node) -> int:
 
 def _n_conv_inputs(n: Node) -> int:
     if n.op == "conv_epilogue":
-        return 3 if n.attrs.get("has_bias") else 2
+        return conv_operand_count(n.attrs)
     return 2
 
 

@@ -11,6 +11,7 @@ the conv, as the separate multiply's output was, so the result is bit-comparable
 from __future__ import annotations
 
 from kfuse.ir.graph import Graph, Node, TensorType
+from kfuse.kernels.conv import conv_operand_count
 from kfuse.passes.simplify import substitute
 
 
@@ -42,7 +43,7 @@ def fuse_input_scale(graph: Graph) -> Graph:
         if found is None:
             continue
         x, s = found
-        n_conv = 3 if conv.attrs.get("has_bias") else 2
+        n_conv = conv_operand_count(conv.attrs)
         ins = (x, *conv.inputs[1:n_conv], s, *conv.inputs[n_conv:])  # x, weight, (bias), in_scale, epilogue operands
         attrs = {**conv.attrs, "in_scale": True, "fused_ops": ("mul", *conv.attrs.get("fused_ops", ("conv2d",)))}
         new[conv.name] = Node(conv.name, conv.op, ins, conv.type, attrs)
