@@ -536,6 +536,16 @@ def _full_like(c: Ctx, a: tuple, k: dict) -> str:
     return _filled(c, xt.shape, a[1] if len(a) > 1 else k.get("fill_value"), k.get("dtype") or xt.dtype, k)
 
 
+@converts(aten.new_zeros, aten.new_ones, aten.new_full)
+def _new_filled(c: Ctx, a: tuple, k: dict) -> str:
+    """``x.new_zeros(size)`` and its kin: a constant of x's dtype, not of its values (torchvision's Swin builds its
+    shifted-window mask in one, then writes region ids into slices of it: all of it folds)."""
+    target = str(c.node.target)
+    size = a[1] if len(a) > 1 else k.get("size")
+    value = 0 if "new_zeros" in target else 1 if "new_ones" in target else a[2] if len(a) > 2 else k.get("fill_value")
+    return _filled(c, tuple(int(n) for n in size), value, k.get("dtype") or c.ttype(a[0]).dtype, k)
+
+
 @converts(aten.full)
 def _full(c: Ctx, a: tuple, k: dict) -> str:
     """``torch.full(size, value)``: XGLM's ``finfo.min`` floor (a 0-d full) and causal-mask fill, made on the
@@ -921,7 +931,24 @@ def _permute(c: Ctx, a: tuple, k: dict) -> str:
     return a[0] if dims == tuple(range(r)) else c.op("permute", [a[0]], dims=dims)
 
 
-@converts(aten.transpose)
+@converts(aten.einsum)
+def _einsum(c: Ctx, a: tuple, k: dict) -> str:
+    """``torch.einsum`` as permutes, sums and one batched matmul (``kfuse.frontend.einsum``)."""
+    from kfuse.frontend import einsum
+
+    operands = list(a[1])
+    try:
+        steps = einsum.plan(a[0], [c.ttype(x).shape for x in operands])
+    except einsum.EinsumUnsupported as e:
+        raise _Unsupported() from e
+    results: list[str] = []
+    for step in steps:
+        ins = [operands[i] if kind == "in" else results[i] for kind, i in step.inputs]
+        results.append(c.op(step.op, ins, **dict(step.attrs)))
+    return results[-1] if results else operands[0]
+
+
+@converts(aten.transpose, aten.swapaxes, aten.swapdims)
 def _transpose(c: Ctx, a: tuple, k: dict) -> str:
     r = c.ttype(a[0]).rank
     d0, d1 = _dim(a[1], r), _dim(a[2], r)

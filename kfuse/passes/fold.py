@@ -17,6 +17,9 @@ MAX_GROWTH_ELEMENTS = 1 << 16
 # it is not recomputed every call. An expand (or a PyTorch fallback, which may repeat) keeps the limit above.
 MAX_COMPUTED_ELEMENTS = 1 << 20
 _BROADCASTS = ("expand", "fallback")
+# ... but a fallback that gathers a constant table by a constant index computes its result (torchvision's Swin-V2
+# picks its relative-position bias, [225, H] -> [4096, H], by an index buffer): it folds like computed math
+_GATHERS = ("aten.index.Tensor", "aten.index_select", "aten.gather")
 _IMPURE = ("rand", "empty", "bernoulli", "normal", "uniform", "dropout")
 
 
@@ -30,7 +33,8 @@ def _foldable(node: Node, b: GraphBuilder) -> bool:
     largest_input = max((b.constants[i].numel() for i in node.inputs), default=0)
     if node.ttype.numel <= max(largest_input, MAX_GROWTH_ELEMENTS):
         return True
-    return node.op not in _BROADCASTS and node.ttype.numel <= MAX_COMPUTED_ELEMENTS
+    gathers = node.op == "fallback" and any(node.attrs["target"].startswith(t) for t in _GATHERS)
+    return (node.op not in _BROADCASTS or gathers) and node.ttype.numel <= MAX_COMPUTED_ELEMENTS
 
 
 def _on_one_device(xs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -10,7 +10,8 @@ the report shows.
 When Q, K and V are head-split views of ``[B, S, H*D]`` projections
 (``permute(reshape(x, [B, S, H, D]), (0, 2, 1, 3))``) the node takes the projections (layout
 ``bshd``); when the output is merged back the same way, it returns ``[B, S, H*D]`` (``out_layout``
-``bshd``, also for ``bhsd`` inputs such as rotary-embedded Q and K). The kernel reads and writes
+``bshd``, also for ``bhsd`` inputs such as rotary-embedded Q and K), or ``[S, B, H*D]`` when it is merged back
+sequence first (``sbhd``: ``nn.MultiheadAttention`` with ``batch_first=False``). The kernel reads and writes
 through strides, so no transpose is ever materialised.
 
 Grouped-query attention (Llama, Mistral): K and V repeated to Q's heads by
@@ -34,6 +35,7 @@ from kfuse.passes.simplify import dce, substitute
 from kfuse.runtime import transformer_ops  # noqa: F401 - registers the fused ops and lowerings
 
 _HEADS_FIRST = (0, 2, 1, 3)
+_SEQ_FIRST = (2, 0, 1, 3)  # [B, H, S, D] -> [S, B, H, D]
 
 
 @dataclass
@@ -349,18 +351,20 @@ def _ungrouped(m: _Match, nodes: dict[str, Node], graph: Graph) -> tuple[str, st
     return gk[0], gv[0], gk[1]
 
 
-def _merged_output(last: Node, users: dict[str, list[Node]], graph: Graph) -> Node | None:
-    """The reshape that merges the heads back: ``reshape(permute(o, (0, 2, 1, 3)), [B, S, H*D] or [B*S, H*D])``."""
+def _merged_output(last: Node, users: dict[str, list[Node]], graph: Graph) -> tuple[Node, str] | None:
+    """The reshape that merges the heads back, and the layout it gives: ``reshape(permute(o, (0, 2, 1, 3)),
+    [B, S, H*D] or [B*S, H*D])`` ("bshd"), or sequence first, ``reshape(permute(o, (2, 0, 1, 3)), [S, B, H*D] or
+    [S*B, H*D])`` ("sbhd", ``nn.MultiheadAttention``)."""
     p = _single_user(users, last.name, graph)
-    if p is None or p.op != "permute" or tuple(p.attrs["dims"]) != _HEADS_FIRST:
+    if p is None or p.op != "permute" or tuple(p.attrs["dims"]) not in (_HEADS_FIRST, _SEQ_FIRST):
         return None
     r = _single_user(users, p.name, graph)
     if r is None or r.op != "reshape":
         return None
-    b, s, h, d = p.ttype.shape
-    if r.ttype.shape not in ((b, s, h * d), (b * s, h * d)):
+    s0, s1, h, d = p.ttype.shape
+    if r.ttype.shape not in ((s0, s1, h * d), (s0 * s1, h * d)):
         return None
-    return r
+    return r, "bshd" if tuple(p.attrs["dims"]) == _HEADS_FIRST else "sbhd"
 
 
 def _scale_before_mask(graph: Graph) -> Graph:
@@ -468,7 +472,8 @@ def fuse_attention(graph: Graph) -> Graph:
         # a Q scaled before the kernel (q_scale) is a new [B, H, S, D] value, not a view of the projection
         q_src = _bshd_source(m.q, nodes, graph) if m.q_scale is None else None
         srcs = (q_src, _bshd_source(k, nodes, graph, k_dims), _bshd_source(v, nodes, graph))
-        merged = _merged_output(m.last, users, graph)
+        merged_layout = _merged_output(m.last, users, graph)
+        merged, merged_as = merged_layout if merged_layout is not None else (None, "bhsd")
         attrs = {
             "heads": h,
             "head_dim": d,
@@ -504,12 +509,12 @@ def fuse_attention(graph: Graph) -> Graph:
                 emit.append((k_in, "permute", (k,), {"dims": (0, 1, 3, 2)}))
             ins = (m.q, k_in, v) + mask_in
         if merged is not None:
-            # the output merged back to [B, S, H*D]: written there by the kernel
-            attrs["out_layout"] = "bshd"
-            if merged.ttype.shape == (b, sq, h * d):
+            # the output merged back to [B, S, H*D] (or [S, B, H*D]): written there by the kernel
+            attrs["out_layout"] = merged_as
+            if merged.ttype.shape == ((b, sq, h * d) if merged_as == "bshd" else (sq, b, h * d)):
                 emit.append((merged.name, "fused_attention", ins, attrs))
             else:
-                tmp = f"{m.last.name}_bshd"
+                tmp = f"{m.last.name}_merged"
                 emit.append((tmp, "fused_attention", ins, attrs))
                 emit.append((merged.name, "reshape", (tmp,), {"shape": merged.ttype.shape}))
             replace[merged.name] = emit
@@ -582,4 +587,6 @@ def _fused_type(b: GraphBuilder, ins: tuple[str, ...], attrs: dict) -> TensorTyp
     b_, sq = (q.shape[0], q.shape[1]) if attrs["layout"] == "bshd" else (q.shape[0], q.shape[2])
     if attrs["out_layout"] == "bshd":
         return TensorType((b_, sq, attrs["heads"] * attrs["head_dim"]), q.dtype)
+    if attrs["out_layout"] == "sbhd":
+        return TensorType((sq, b_, attrs["heads"] * attrs["head_dim"]), q.dtype)
     return TensorType((b_, attrs["heads"], sq, attrs["head_dim"]), q.dtype)

@@ -79,7 +79,8 @@ def _rewrite_once(graph: Graph) -> Graph | None:
                 x_t = _tt(types, a.inputs[0])
                 if x_t is not None and x_t.rank >= 2 and x_t.shape[:-1] == out_t.shape[:-1] and x_t.shape[-1] == w.shape[0]:
                     return _replace_matmul(graph, r, src, a.inputs[0])
-                continue
+            # (a reshape input that the output does not restore gets the reshape on top, which the simplify composes:
+            # nn.MultiheadAttention's [S*B, E] heads merged back, then its [S, B, E] out-projection)
             # reshape(matmul(X, W)) -> matmul(reshape(X), W): the reshape moves to the GEMM's input,
             # so it never sits between the GEMM and its epilogue (reshapes only ever move upwards)
             return _replace_matmul(graph, r, src, src.inputs[0], tuple(out_t.shape[:-1]) + (w.shape[0],))

@@ -27,7 +27,8 @@ def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
 # fused_attention: q, k, v (, mask)
 #   layout "bshd": q/k/v are [B, S, H*D] (projection outputs, read in place)
 #   layout "bhsd": q/k/v are [B, H, S, D]
-#   out_layout (default: layout) "bshd": output [B, Sq, H*D]; "bhsd": output [B, H, Sq, D]
+#   out_layout (default: layout) "bshd": output [B, Sq, H*D]; "bhsd": output [B, H, Sq, D]; "sbhd": output
+#   [Sq, B, H*D] (nn.MultiheadAttention's sequence-first heads merged back)
 #   kv_group G (default 1): k/v have H / G heads, query head h reads kv head h // G (GQA)
 #   mask_kind "none" | "padding" (mask is the [B, Sk] input, nonzero = attend) | "dense"
 #   (bool: True = attend; float: added to the scores), plus ``causal``
@@ -80,6 +81,8 @@ def _fused_attention_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=a["scale"], enable_gqa=gqa)
     if out_layout(a) == "bshd":
         return o.permute(0, 2, 1, 3).reshape(q.shape[0], q.shape[2], -1)
+    if out_layout(a) == "sbhd":
+        return o.permute(2, 0, 1, 3).reshape(q.shape[2], q.shape[0], -1)
     return o
 
 
@@ -119,9 +122,10 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         elif mask is not None and kind == "dense":
             mk = K.MASK_DENSE_BOOL if mask.dtype == torch.bool else K.MASK_DENSE_ADD
         b, h, sq, d = q.shape
-        if out_layout(a) == "bshd":
-            out = torch.empty((b, sq, h * d), dtype=q.dtype, device=q.device)
-            o4 = out.view(b, sq, h, d).permute(0, 2, 1, 3)
+        if out_layout(a) in ("bshd", "sbhd"):  # the heads merged back, written in place through strides
+            seq_first = out_layout(a) == "sbhd"
+            out = torch.empty((sq, b, h * d) if seq_first else (b, sq, h * d), dtype=q.dtype, device=q.device)
+            o4 = out.view(sq, b, h, d).permute(1, 2, 0, 3) if seq_first else out.view(b, sq, h, d).permute(0, 2, 1, 3)
             K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], out=o4, mask2=mask2)
             return out
         return K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], mask2=mask2)

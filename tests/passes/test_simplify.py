@@ -148,6 +148,26 @@ def test_constant_fold_computes_weight_only_math_past_the_broadcast_limit() -> N
     torch.testing.assert_close(next(c for c in out.constants.values() if c.shape == (225, 512)), torch.relu(table @ w))
 
 
+def test_constant_fold_gathers_a_constant_table_past_the_broadcast_limit() -> None:
+    """torchvision's Swin-V2 picks its relative-position bias from a computed [225, H] table by a constant index
+    ([4096, H]): a fallback gather of constants folds like computed math; a fallback of another kind does not."""
+    from kfuse.passes.fold import MAX_GROWTH_ELEMENTS
+
+    table, index = torch.randn(225, 24), torch.randint(0, 225, (4096,))
+    b = GraphBuilder()
+    x = b.add_input("x", TensorType((4096, 24), torch.float32))
+    ins = [b.add_constant(table), b.add_constant(index)]
+    out_t = TensorType((4096, 24), torch.float32)
+    picked = b.op("fallback", ins, {"fn": lambda xs: xs[0][xs[1]], "target": "aten.index.Tensor", "out_type": out_t})
+    tiled = b.op("fallback", [ins[0]], {"fn": lambda xs: xs[0].repeat(19, 1), "target": "aten.repeat.default",
+                                        "out_type": TensorType((4275, 24), torch.float32)})  # fmt: skip
+    g = b.build([b.op("add", [x, picked]), tiled])
+    assert 4096 * 24 > MAX_GROWTH_ELEMENTS
+    out = constant_fold(g)
+    assert out.op_counts() == {"add": 1, "fallback": 1}, out.op_counts()
+    torch.testing.assert_close(next(c for c in out.constants.values() if c.shape == (4096, 24)), table[index])
+
+
 def _conv_bn_graph(with_conv_bias: bool) -> tuple[Graph, torch.Tensor]:
     b = GraphBuilder()
     x = b.add_input("x", TensorType((2, 3, 8, 8), torch.float32))

@@ -1,0 +1,114 @@
+"""Move a permute of the leading dims above the GEMM rows it reorders, into the copy that made the GEMM's input.
+
+``nn.MultiheadAttention`` with ``batch_first=True`` computes in ``[S, B, E]`` and transposes back at the end:
+
+    o = reshape(permute(attention, (2, 0, 1, 3)), [S, B, E])     # a copy: the heads merged, rows in (s, b) order
+    y = permute(matmul(o, W) + bias, (1, 0, 2))                  # [B, S, E], read by the residual add
+
+The output projection and its bias act on each row alone, so reordering rows after them is reordering them
+before: ``permute(e(matmul(A, W), c), p) = e(matmul(permute(A, p), W), c)`` for a permute ``p`` that keeps the
+last dim, an elementwise ``e`` whose other operands broadcast along the last dim only, and a 2-D ``W``. Moved up,
+the permute joins the view chain that made ``A``, and ``compose_views``' algebra writes the two as one chain:
+here ``reshape(permute(attention, (0, 2, 1, 3)), [B, S, E])``, the form ``fuse_attention`` writes from the kernel
+(``out_layout="bshd"``). The GEMM's rows are then in the residual's order and its epilogue takes the add.
+
+It applies only where ``A``'s chain already copies and the joined chain copies no more, so the permute costs
+nothing where it lands (a permute of a plain value would only move a copy from the output to the input).
+"""
+
+from __future__ import annotations
+
+from kfuse.ir import ops
+from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
+from kfuse.passes.compose_views import VIEW_OPS, Layout, NotAView, canonical_steps, copies, emit_steps, view_chain, with_shapes
+from kfuse.passes.simplify import dce
+
+
+def _row_broadcast(t: TensorType, rank: int) -> bool:
+    """A scalar or a vector over the last dim: the same for every row, whatever their order."""
+    return t.rank <= rank and all(n == 1 for n in t.shape[:-1])
+
+
+def _row_chain(
+    p: Node, producer: dict[str, Node], users: dict[str, list[Node]], graph: Graph
+) -> tuple[Node, list[tuple[Node, str]]] | None:
+    """The GEMM and the row-wise elementwise ops between it and the permute ``p`` (each with its full-size
+    operand, the GEMM's first), or None."""
+    shape = p.ttype.shape
+    cur, chain = p.inputs[0], []
+    while True:
+        n = producer.get(cur)
+        if n is None or cur in graph.outputs or len(users.get(cur, [])) != 1 or not isinstance(n.type, TensorType):
+            return None
+        if n.op == "matmul":
+            w = graph.type_of(n.inputs[1])
+            if not isinstance(w, TensorType) or w.rank != 2 or n.ttype.rank != len(shape):
+                return None
+            return n, chain[::-1]
+        if not ops.is_elementwise(n.op):
+            return None
+        full = [i for i in n.inputs if (t := graph.type_of(i)) is not None and isinstance(t, TensorType) and t.shape == n.ttype.shape]
+        rest = [graph.type_of(i) for i in n.inputs if i not in full]
+        if len(full) != 1 or not all(isinstance(t, TensorType) and _row_broadcast(t, len(shape)) for t in rest):
+            return None
+        chain.append((n, full[0]))
+        cur = full[0]
+
+
+def hoist_row_views(graph: Graph) -> Graph:
+    """Apply the rewrite to every permute it fits (one sweep; each permute moves at most once)."""
+    producer = graph.node_map()
+    users = graph.users()
+    plans: dict[str, tuple[Node, list[tuple[Node, str]], str, list]] = {}  # permute -> (GEMM, row ops, base, steps)
+    for p in graph.nodes:
+        if p.op != "permute" or not isinstance(p.type, TensorType) or p.ttype.rank < 3:
+            continue
+        dims = tuple(p.attrs["dims"])
+        if dims[-1] != len(dims) - 1 or dims == tuple(range(len(dims))):
+            continue
+        found = _row_chain(p, producer, users, graph)
+        if found is None:
+            continue
+        mm, row_ops = found
+        a = producer.get(mm.inputs[0])
+        if a is None or a.op not in VIEW_OPS:
+            continue
+        base, chain = view_chain(a, producer)
+        base_t = graph.type_of(base)
+        if not isinstance(base_t, TensorType):
+            continue
+        old = [(n.op, dict(n.attrs), n.ttype.shape) for n in chain]
+        a_shape = a.ttype.shape
+        moved = tuple(a_shape[d] for d in dims[:-1]) + (a_shape[-1],)
+        try:
+            layout = Layout.contiguous(base_t.shape)
+            for op, attrs, shape in [*old, ("permute", {"dims": dims}, moved)]:
+                layout = layout.apply(op, attrs, shape)
+            steps = canonical_steps(base_t.shape, layout)
+        except NotAView:
+            continue
+        before = copies(base_t.shape, old)
+        if before == 0 or copies(base_t.shape, with_shapes(base_t.shape, steps)) > before:
+            continue
+        plans[p.name] = (mm, row_ops, base, steps)
+    if not plans:
+        return graph
+    drop = {n.name for mm, row_ops, _, _ in plans.values() for n in (mm, *(r for r, _ in row_ops))}
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        if node.name in drop:
+            continue
+        if node.name not in plans:
+            b.add_node(node)
+            continue
+        mm, row_ops, base, steps = plans[node.name]
+        a = graph.type_of(mm.inputs[0])
+        assert isinstance(a, TensorType)
+        dims = tuple(node.attrs["dims"])
+        a_moved = tuple(a.shape[d] for d in dims[:-1]) + (a.shape[-1],)
+        cur = emit_steps(b, base, steps, a_moved, None)
+        cur = b.op("matmul", [cur, mm.inputs[1]], dict(mm.attrs), name=None if row_ops else node.name)
+        for i, (r, full) in enumerate(row_ops):
+            ins = [cur if x == full else x for x in r.inputs]
+            cur = b.op(r.op, ins, dict(r.attrs), name=node.name if i == len(row_ops) - 1 else None)
+    return dce(b.build(graph.outputs))
