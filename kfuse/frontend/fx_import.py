@@ -931,6 +931,27 @@ def _permute(c: Ctx, a: tuple, k: dict) -> str:
     return a[0] if dims == tuple(range(r)) else c.op("permute", [a[0]], dims=dims)
 
 
+@converts(aten.upsample_bilinear2d, aten.upsample_nearest2d)
+def _upsample(c: Ctx, a: tuple, k: dict) -> str:
+    """``F.interpolate(x, size or scale_factor, mode="bilinear" | "nearest")`` on a 4-D tensor: the output size from
+    the traced value; the scale factors (``.vec``'s last argument, or the default overload's ``scales_h/w``) kept,
+    as they set PyTorch's coordinate step."""
+    val = c.node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() != 4:
+        raise _Unsupported()
+    bilinear = "bilinear" in str(c.node.target)
+    rest = list(a[2:]) if len(a) > 2 else []
+    align = bool(rest.pop(0) if bilinear and rest else k.get("align_corners", False)) if bilinear else False
+    if ".vec" in str(c.node.target):
+        scales = rest[0] if rest else k.get("scale_factors")
+        sh, sw = (float(scales[0]), float(scales[1])) if scales else (None, None)
+    else:
+        sh = rest[0] if rest else k.get("scales_h")
+        sw = rest[1] if len(rest) > 1 else k.get("scales_w")
+    size = (int(val.shape[2]), int(val.shape[3]))
+    return c.op("upsample2d", [a[0]], mode="bilinear" if bilinear else "nearest", size=size, align_corners=align, scale_factors=(sh, sw))
+
+
 @converts(aten.einsum)
 def _einsum(c: Ctx, a: tuple, k: dict) -> str:
     """``torch.einsum`` as permutes, sums and one batched matmul (``kfuse.frontend.einsum``)."""

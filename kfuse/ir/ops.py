@@ -418,6 +418,16 @@ def _avg_pool2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     )
 
 
+@register("upsample2d", OTHER, arity=1)
+def _upsample2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    """``F.interpolate`` on 4-D input, bilinear or nearest, as PyTorch's own op (the scale factor the caller gave,
+    if any, sets the coordinate step, as it does in eager)."""
+    sh, sw = a.get("scale_factors", (None, None))
+    if a["mode"] == "bilinear":
+        return torch.ops.aten.upsample_bilinear2d(xs[0], list(a["size"]), bool(a.get("align_corners", False)), sh, sw)
+    return torch.ops.aten.upsample_nearest2d(xs[0], list(a["size"]), sh, sw)
+
+
 @register("adaptive_avg_pool2d", REDUCTION, arity=1)
 def _adaptive_avg_pool2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return F.adaptive_avg_pool2d(xs[0], a["output_size"])

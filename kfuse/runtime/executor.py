@@ -105,6 +105,13 @@ def _lower_max_pool(node: Node, graph: Graph, backend: str, options: Any = None)
     return lower_max_pool2d(node, graph, backend, options)
 
 
+@lowering("upsample2d")
+def _lower_upsample(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
+    from kfuse.kernels.resize import lower_upsample2d
+
+    return lower_upsample2d(node, graph, backend, options)
+
+
 @lowering("gather_rows")
 def _lower_gather_rows(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
     from kfuse.kernels.gather_rows import lower_gather_rows
