@@ -18,6 +18,7 @@ recorded as crashed and the next worker goes on with the rest.
     PYTHONPATH=. python benchmarks/zoo_sweep.py --only convnext,swin ...
     PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/e --smoke --set explore   # 31 more, CPU only (~25 min)
     PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/e --smoke --set explore2  # 27 more (audio too), CPU (~20 min)
+    PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/t --set torchvision        # 15 torchvision models (GPU)
 
 Decoders run 4 of their layers (widths of the named checkpoint): the sweep is about coverage, and per
 layer the work is the same.
@@ -255,8 +256,27 @@ GPU_WIDTHS2 = {"gptj": "gpt-j-6b (GPTJConfig defaults)", "codegen": "codegen-6B 
                "squeezebert": "squeezebert-uncased (SqueezeBertConfig defaults)"}  # fmt: skip
 EXPLORE2.update({n: Arch(a.config, a.model, a.kind, GPU_WIDTHS2[n], {}, a.tiny) for n, a in EXPLORE2.items() if n in GPU_WIDTHS2})
 GPU_WIDTHS = {**GPU_WIDTHS, **GPU_WIDTHS2}
-SETS = {"zoo": ARCHS, "explore": EXPLORE, "explore2": EXPLORE2}
-ALL_ARCHS = {**ARCHS, **EXPLORE, **EXPLORE2}
+
+# ``--set torchvision``: session 43's models from torchvision (``config="torchvision"``, ``model`` the builder's name
+# in ``torchvision.models``, ``segmentation.`` for the heads; widths are the architecture's own, ``gpu`` and ``tiny``
+# give the image size). A CPU probe of all 80 classification and 6 segmentation builders found the fallbacks closed
+# that session: ``nn.MultiheadAttention``'s head split copies (ViT; now views, and its attention fused like Hugging
+# Face's), ``new_zeros`` / slice writes (Swin's shifted-window mask, now constant), Swin-V2's bias gather (folded),
+# MaxViT's einsum over five dims (now a batched matmul, then fused attention), and the segmentation heads' bilinear
+# upsampling (now a kernel). On the GPU machine torchvision imports; on a CPU with PyPI's CUDA wheel of torchvision
+# beside a CPU torch it does not (``torchvision::nms``), and the sweep says so.
+TORCHVISION: dict[str, Arch] = {
+    f"tv-{n.split('.')[-1].replace('_', '-')}": Arch("torchvision", n, "image", n, {"size": size}, {"size": tiny})
+    for n, size, tiny in [
+        ("vit_b_16", 224, 64), ("swin_t", 224, 64), ("swin_v2_t", 256, 64), ("maxvit_t", 224, 224), ("convnext_tiny", 224, 64),
+        ("efficientnet_v2_s", 384, 64), ("regnet_y_1_6gf", 224, 64), ("resnext50_32x4d", 224, 64), ("mobilenet_v3_large", 224, 64),
+        ("densenet121", 224, 64), ("inception_v3", 299, 96), ("shufflenet_v2_x1_0", 224, 64),
+        ("segmentation.fcn_resnet50", 520, 64), ("segmentation.deeplabv3_resnet50", 520, 64),
+        ("segmentation.lraspp_mobilenet_v3_large", 520, 64),
+    ]
+}  # fmt: skip
+SETS = {"zoo": ARCHS, "explore": EXPLORE, "explore2": EXPLORE2, "torchvision": TORCHVISION}
+ALL_ARCHS = {**ARCHS, **EXPLORE, **EXPLORE2, **TORCHVISION}
 ENCODERS = ("distilbert", "roberta", "albert", "deberta-v2", "mobilebert", "mpnet", "t5-encoder", "squeezebert")
 BATCH = {"text": 8, "image": 32, "audio": 8}
 AUDIO_SAMPLES = 16000 * 10  # ten seconds at 16 kHz
@@ -267,9 +287,11 @@ TOLERANCE = 2e-2  # kfuse's own check (fp16)
 def build(name: str, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The model (random weights, seeded) and its inputs."""
     import torch
-    import transformers
+    import transformers  # noqa: F401 - before the torchvision branch too: the sweep needs it either way
 
     a = ALL_ARCHS[name]
+    if a.config == "torchvision":
+        return build_torchvision(a, smoke, device, dtype)
     cfg = getattr(transformers, a.config)()
     over = {**(TEXT_TINY if a.kind == "text" else IMAGE_TINY), **a.tiny} if smoke else dict(a.gpu)
     if not smoke and a.kind == "text" and name not in ENCODERS:
@@ -300,6 +322,35 @@ def build(name: str, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[A
         x = torch.randn(b, int(getattr(cfg, "num_channels", 3)), h, w, generator=gen).to(device=device, dtype=dtype)
     else:
         x = torch.randn(audio_shape(a.kind, cfg, smoke), generator=gen).to(device=device, dtype=dtype)
+    return model, (x,), {}
+
+
+def build_torchvision(a: Arch, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """A torchvision model (random weights, fan-in initialised, 10 classes; no auxiliary heads) and its image."""
+    import torch
+
+    try:
+        import torchvision
+    except RuntimeError as e:  # PyPI's CUDA torchvision beside a CPU torch: its C ops are missing
+        raise RuntimeError(f"torchvision does not import here ({e}); install the torchvision built for this torch") from e
+    size = (a.tiny if smoke else a.gpu)["size"]
+    kind, _, fn = a.model.rpartition(".")
+    builder = getattr(getattr(torchvision.models, kind) if kind else torchvision.models, fn)
+    kw: dict[str, Any] = {"weights": None, "num_classes": 10}
+    if kind == "segmentation":
+        kw.update(weights_backbone=None, aux_loss=False)
+    if fn in ("inception_v3", "googlenet"):
+        kw.update(aux_logits=False, init_weights=False)
+    if fn.startswith("vit_"):
+        kw["image_size"] = size
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = builder(**kw)
+        fan_in_init(model)
+        model = model.to(dtype).eval()
+    gen = torch.Generator().manual_seed(1)
+    b = 2 if smoke else BATCH["image"]
+    x = torch.randn(b, 3, size, size, generator=gen).to(device=device, dtype=dtype)
     return model, (x,), {}
 
 
@@ -480,7 +531,8 @@ def main() -> None:
         "--set",
         default="zoo",
         choices=sorted(SETS),
-        help="zoo: the 22 benchmarked architectures; explore, explore2: 31 and 27 more (--smoke; GPU widths for a few)",
+        help="zoo: the 22 benchmarked architectures; explore, explore2: 31 and 27 more (--smoke; GPU widths for a few); "
+        "torchvision: 15 torchvision models (12 classifiers, 3 segmentation heads)",
     )
     p.add_argument("--only", default="", help="comma list (default: the whole set) of: " + ",".join(ALL_ARCHS))
     p.add_argument("--baselines", default="eager,eager_cudagraph,compile")

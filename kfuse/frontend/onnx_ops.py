@@ -636,3 +636,57 @@ def _reduce(op: str, axes_input_from: int) -> Converter:
 CONVERTERS["ReduceMean"] = _reduce("mean", 18)
 CONVERTERS["ReduceSum"] = _reduce("sum", 13)
 CONVERTERS["ReduceMax"] = _reduce("amax", 18)
+
+
+@converts("Resize")
+def _resize(c: OnnxCtx) -> str:
+    """``Resize`` on the last two dims of a 4-D tensor, where PyTorch's ``upsample2d`` computes the same: linear with
+    ``half_pixel`` (``pytorch_half_pixel`` where no output dim is 1) or ``align_corners``, and nearest with
+    ``asymmetric`` coordinates and ``nearest_mode="floor"`` (what ``torch.onnx.export`` writes for both). Cubic,
+    antialiasing, ``tf_crop_and_resize``, other rounding modes and ``axes`` fall back."""
+    x = c.x(0)
+    xt = c.ttype(x)
+    mode = c.attr("mode", "nearest")
+    coords = c.attr("coordinate_transformation_mode", "half_pixel")
+    if xt.rank != 4 or c.attr("antialias", 0) or c.attr("axes") is not None or c.attr("exclude_outside", 0):
+        raise Unsupported("Resize: not a plain 4-D resize")
+    scales = c.const(2) if c.opt(2) is not None else None
+    sizes = c.const_ints(3) if c.opt(3) is not None else None
+    if scales is not None and scales.numel() == 0:
+        scales = None
+    if (scales is None) == (sizes is None):
+        raise Unsupported("Resize: needs constant scales or sizes")
+    n, ch, h, w = xt.shape
+    if sizes is not None:
+        if list(sizes[:2]) != [n, ch]:
+            raise Unsupported("Resize: batch or channels resized")
+        size, factors = (int(sizes[2]), int(sizes[3])), (None, None)
+    else:
+        s = [float(v) for v in scales.reshape(-1).tolist()]
+        if s[:2] != [1.0, 1.0]:
+            raise Unsupported("Resize: batch or channels scaled")
+        size, factors = (int(math.floor(h * s[2])), int(math.floor(w * s[3]))), (s[2], s[3])
+    if mode == "linear" and (coords == "half_pixel" or (coords == "pytorch_half_pixel" and min(size) > 1)):
+        return c.op("upsample2d", [x], mode="bilinear", size=size, align_corners=False, scale_factors=factors)
+    if mode == "linear" and coords == "align_corners":
+        return c.op("upsample2d", [x], mode="bilinear", size=size, align_corners=True, scale_factors=(None, None))
+    if mode == "nearest" and coords == "asymmetric" and c.attr("nearest_mode", "round_prefer_floor") == "floor":
+        return c.op("upsample2d", [x], mode="nearest", size=size, align_corners=False, scale_factors=factors, nearest_divide=True)
+    raise Unsupported(f"Resize: mode {mode!r} with {coords!r} coordinates")
+
+
+@converts("Einsum")
+def _einsum_onnx(c: OnnxCtx) -> str:
+    """``Einsum`` as permutes, sums and one batched matmul (``kfuse.frontend.einsum``)."""
+    from kfuse.frontend import einsum
+
+    operands = [c.x(i) for i in range(len(c.inputs))]
+    try:
+        steps = einsum.plan(c.attr("equation"), [c.ttype(x).shape for x in operands])
+    except einsum.EinsumUnsupported as e:
+        raise Unsupported(str(e)) from e
+    results: list[str] = []
+    for step in steps:
+        ins = [operands[i] if kind == "in" else results[i] for kind, i in step.inputs]
+        results.append(c.op(step.op, ins, **dict(step.attrs)))
+    return results[-1] if results else c.op("reshape", [operands[0]], shape=c.ttype(operands[0]).shape)

@@ -423,9 +423,18 @@ def _upsample2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     """``F.interpolate`` on 4-D input, bilinear or nearest, as PyTorch's own op (the scale factor the caller gave,
     if any, sets the coordinate step, as it does in eager)."""
     sh, sw = a.get("scale_factors", (None, None))
+    if a.get("nearest_divide"):  # ONNX's floor(dst / scale) pick (kfuse.kernels.resize.upsample2d)
+        x = xs[0]
+        rows, cols = (_nearest_divided(n_in, n_out, s, x.device) for n_in, n_out, s in zip(x.shape[2:], a["size"], (sh, sw), strict=True))
+        return x[:, :, rows[:, None], cols[None, :]]
     if a["mode"] == "bilinear":
         return torch.ops.aten.upsample_bilinear2d(xs[0], list(a["size"]), bool(a.get("align_corners", False)), sh, sw)
     return torch.ops.aten.upsample_nearest2d(xs[0], list(a["size"]), sh, sw)
+
+
+def _nearest_divided(n_in: int, n_out: int, scale: float | None, device: torch.device) -> torch.Tensor:
+    step = torch.tensor(scale if scale else n_out / n_in, dtype=torch.float32)
+    return torch.clamp(torch.floor(torch.arange(n_out, dtype=torch.float32) / step).long(), max=n_in - 1).to(device)
 
 
 @register("adaptive_avg_pool2d", REDUCTION, arity=1)

@@ -46,7 +46,8 @@ def source_scale(size_in: int, size_out: int, align_corners: bool, scale_factor:
 def _upsample2d_kernel(
     x_ptr, y_ptr, N, C, H, W, OH, OW, scale_h, scale_w,
     sxn, sxc, sxh, sxw, syn, syc, syh, syw,
-    BILINEAR: tl.constexpr, ALIGN_CORNERS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
+    BILINEAR: tl.constexpr, ALIGN_CORNERS: tl.constexpr, DIVIDE: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     offs_c, mask_p, mask_c, n, oh, ow = tile(N, C, OH, OW, BLOCK_P, BLOCK_C)
@@ -80,8 +81,12 @@ def _upsample2d_kernel(
         bottom = lw0[:, None] * x10 + lw1[:, None] * x11
         y = lh0[:, None] * top + lh1[:, None] * bottom
     else:
-        ih = tl.minimum(tl.floor(oh.to(tl.float32) * scale_h).to(tl.int32), H - 1)
-        iw = tl.minimum(tl.floor(ow.to(tl.float32) * scale_w).to(tl.int32), W - 1)
+        if DIVIDE:  # ONNX's asymmetric mode: dst / (out / in), exact where PyTorch's dst * (in / out) rounds
+            ih = tl.minimum(tl.floor(oh.to(tl.float32) / scale_h).to(tl.int32), H - 1)
+            iw = tl.minimum(tl.floor(ow.to(tl.float32) / scale_w).to(tl.int32), W - 1)
+        else:
+            ih = tl.minimum(tl.floor(oh.to(tl.float32) * scale_h).to(tl.int32), H - 1)
+            iw = tl.minimum(tl.floor(ow.to(tl.float32) * scale_w).to(tl.int32), W - 1)
         y = tl.load(base + (ih.to(tl.int64) * sxh + iw.to(tl.int64) * sxw)[:, None], mask=mask, other=0.0)
     y_ptrs = y_ptr + (n * syn + oh * syh + ow * syw)[:, None] + offs_c[None, :] * syc
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -94,10 +99,13 @@ def upsample2d(
     align_corners: bool = False,
     scale_factors: tuple[float | None, float | None] = (None, None),
     out: torch.Tensor | None = None,
+    nearest_divide: bool = False,
 ) -> torch.Tensor:
     """``F.interpolate(x, size, mode=mode, align_corners=align_corners)`` for a 4-D tensor of any memory format
     (the output keeps it). ``scale_factors``: the ``scale_factor`` the caller gave, which PyTorch uses for the
-    coordinate step instead of ``in / out`` (not for ``align_corners``)."""
+    coordinate step instead of ``in / out`` (not for ``align_corners``). ``nearest_divide``: ONNX's nearest pick
+    ``floor(dst / scale)`` (its ``asymmetric`` mode with ``nearest_mode="floor"``) rather than PyTorch's
+    ``floor(dst * (1 / scale))``; the two differ where ``1 / scale`` rounds down (a 1-in-7 upsampling)."""
     if x.dim() != 4:
         raise ValueError(f"upsample2d: expected an (N, C, H, W) tensor, got shape {tuple(x.shape)}")
     if mode not in MODES:
@@ -114,10 +122,13 @@ def upsample2d(
     if (h, w) == (oh, ow):  # PyTorch copies here (the blend would turn a 0-weighted inf into NaN)
         return out.copy_(x)
     sh, sw = (source_scale(i, o, align_corners, s) for i, o, s in zip((h, w), (oh, ow), scale_factors, strict=True))
+    divide = nearest_divide and mode == "nearest"
+    if divide:  # the scale itself (out / in, or the factor given), which the kernel divides by
+        sh, sw = (s if s else o / i for i, o, s in zip((h, w), (oh, ow), scale_factors, strict=True))
     block_p, block_c, grid = tiling(nb * oh * ow, c)
     _upsample2d_kernel[grid](
         x, out, nb, c, h, w, oh, ow, sh, sw, *x.stride(), *out.stride(),
-        BILINEAR=mode == "bilinear", ALIGN_CORNERS=bool(align_corners), BLOCK_P=block_p, BLOCK_C=block_c,
+        BILINEAR=mode == "bilinear", ALIGN_CORNERS=bool(align_corners), DIVIDE=divide, BLOCK_P=block_p, BLOCK_C=block_c,
         num_warps=4, **pdl.launch_kwargs(),
     )  # fmt: skip
     return out
@@ -133,7 +144,8 @@ def lower_upsample2d(node: Any, graph: Any, backend: str, options: Any = None) -
     a = dict(node.attrs)
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        return upsample2d(xs[0], a["size"], a["mode"], a.get("align_corners", False), a.get("scale_factors", (None, None)))
+        return upsample2d(xs[0], a["size"], a["mode"], a.get("align_corners", False), a.get("scale_factors", (None, None)),
+                          nearest_divide=a.get("nearest_divide", False))  # fmt: skip
 
     desc = f"{a['mode']} -> {tuple(a['size'])}" + (" align_corners" if a.get("align_corners") else "")
     if backend == "triton" and torch.cuda.is_available():
