@@ -122,9 +122,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         # nn.MultiheadAttention: its batch-first transpose moved above the output projection, into the heads'
         # merge, and its head split (a copy of Q, K and V in eager) as views of the projection; (B*H, S, D) bmm
         # attention (BLOOM, XGLM) lifted to the (B, H, S, D) chain that fuse_attention matches, and Swin-V2's window
-        # mask added through a 5-D view folded into one 4-D mask; attention over five dims (MaxViT, Hiera) folded to four
-        stages += [("hoist_row_views", hoist_row_views), ("compose_views", compose_views), ("fold_batch_dims", fold_batch_dims),
-                   ("lift_head_batch", lift_head_batch), ("fold_window_mask", fold_window_mask), ("fuse_attention", fuse_attention),
+        # mask added through a 5-D view folded into one 4-D mask (first: a constant mask), and attention over five dims
+        # (MaxViT, Hiera) folded to four
+        stages += [("hoist_row_views", hoist_row_views), ("compose_views", compose_views), ("lift_head_batch", lift_head_batch),
+                   ("fold_window_mask", fold_window_mask), ("fold_batch_dims", fold_batch_dims), ("fuse_attention", fuse_attention),
                    ("merge_gemm", partial(merge_gemms, merge_activated=options.merge_activated))]  # fmt: skip
     if options.fuse_rotary:  # before fuse_pointwise, which would take its multiply-add alone
         from kfuse.passes.fuse_rotary import fuse_rotary

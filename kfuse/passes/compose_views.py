@@ -10,7 +10,9 @@ The pass follows each chain of ``reshape``, ``permute``, ``select``, ``slice`` a
 views, composes it into one layout (every dim a list of ``(size, stride)`` parts, as CuTe's nested layouts), and
 when the composite is one strided view of the base, writes it as ``reshape`` (the base's memory as it is) ->
 ``select`` (the fixed parts) -> ``permute`` -> ``reshape`` (merge parts a dim holds together). It rewrites a chain
-only where the new one copies less than the old: the chain's own PyTorch run counts the copies, on meta tensors.
+only where the new one copies less than the old (the chain's own PyTorch run counts the copies, on meta tensors), or
+as often but only in its last step where the old one copied earlier: WavLM's ``F.multi_head_attention_forward``
+keeps Q as ``[B*H, S, D]``, and with the copy last it is the merge of a 4-D view that ``lift_head_batch`` lifts.
 The new chain ends in a node of the old end's name, so its readers are unchanged; the old one is left to ``dce``.
 """
 
@@ -210,6 +212,12 @@ def copies(base_shape: tuple[int, ...], steps: list[tuple[str, dict, tuple[int, 
     return n
 
 
+def _copies_last(base_shape: tuple[int, ...], steps: list[tuple[str, dict, tuple[int, ...]]]) -> bool:
+    """The chain's one copy is its last step: everything before it is a view of the base, so a matcher sees the
+    merge it ends with (``reshape(X, [B*H, S, D])`` of a 4-D ``X``: ``lift_head_batch``'s form)."""
+    return copies(base_shape, steps) == 1 and copies(base_shape, steps[:-1]) == 0
+
+
 def view_chain(end: Node, producer: dict[str, Node]) -> tuple[str, list[Node]]:
     """The base ``end`` views and the view ops from it to ``end``, first op first."""
     chain = [end]
@@ -251,7 +259,8 @@ def compose_views(graph: Graph) -> Graph:
         except NotAView:
             continue
         new = with_shapes(base_shape, steps)
-        if copies(base_shape, new) < copies(base_shape, old):
+        before, after = copies(base_shape, old), copies(base_shape, new)
+        if after < before or (after == before and _copies_last(base_shape, new) and not _copies_last(base_shape, old)):
             plans[node.name] = (base, steps)
     if not plans:
         return graph

@@ -5,7 +5,7 @@ Older Hugging Face attention (BLOOM, XGLM, the BART family) folds batch and head
 ``(B, H, Sq, Sk)`` for the mask, a merge back for the softmax or the second ``bmm``. ``fuse_attention``
 matches the 4-D chain only, so these stayed three or four kernels a layer with the scores in memory.
 
-Four rewrites, applied until none applies, each turning one 3-D op into a 4-D one (so it ends):
+Five rewrites, applied until none applies, each turning one 3-D op into a 4-D one (so it ends):
 
 * ``matmul(merge(A), merge(B))`` -> ``merge(matmul(A, B))``, where ``merge(X)`` is a reshape of a 4-D ``X``
   that folds its first two dims;
@@ -13,6 +13,9 @@ Four rewrites, applied until none applies, each turning one 3-D op into a 4-D on
   as a merge (DeBERTa also scales it before the ``bmm``);
 * ``select(reshape(P, (T, B*H, S, D)), 0, i)`` -> ``merge(select(P, 0, i))``: Q, K and V unbound from one
   stacked merge (ViTDet, SAM), which makes each a merge the other rewrites see;
+* ``permute(reshape(P [S, B, H*D], [S, B*H, D]), (1, 0, 2))`` -> ``merge(permute(reshape(P, [S, B, H, D]),
+  (1, 2, 0, 3)))`` (and K^T, ``(1, 2, 0)``): ``F.multi_head_attention_forward``'s heads with separate projections
+  (WavLM), the same view written as a merge;
 * ``e(merge(X), others)`` -> ``merge(e(X, others'))`` for an elementwise op or a softmax over a dim past the
   first: ``others`` of rank 3 with ``B*H`` rows (another merge too) are split to ``(B, H, ...)``; an operand
   with one row, or of lower rank, broadcasts as it did.
@@ -63,6 +66,10 @@ def _rewrite_once(graph: Graph) -> Graph | None:
             if src is not None:
                 return _select_then_merge(graph, node, src)
             continue
+        if node.op == "permute" and tuple(node.attrs["dims"]) in _SEQ_FIRST_HEADS:
+            split = _seq_first_split(graph, node, producer)
+            if split is not None:
+                return _as_merge(graph, node, *split)
         if node.op == "permute" and tuple(node.attrs["dims"]) == (0, 2, 1):  # K^T of a merge (DeBERTa scales it next)
             x = _merged_source(graph, node.inputs[0], producer)
             if x is not None:
@@ -86,6 +93,39 @@ def _rewrite_once(graph: Graph) -> Graph | None:
             else:
                 return _lift(graph, node, plan, heads)
     return None
+
+
+# F.multi_head_attention_forward's heads: view(S, B*H, D).transpose(0, 1) -> [B*H, S, D], K^T -> [B*H, D, S]
+_SEQ_FIRST_HEADS = {(1, 0, 2): (1, 2, 0, 3), (1, 2, 0): (1, 2, 3, 0)}
+
+
+def _seq_first_split(graph: Graph, node: Node, producer: dict[str, Node]) -> tuple[str, tuple[int, int, int, int]] | None:
+    """``(P, (S, B, H, D))`` when ``node`` is ``permute(reshape(P [S, B, H*D] -> [S, B*H, D]), dims)``."""
+    r = producer.get(node.inputs[0])
+    if r is None or r.op != "reshape":
+        return None
+    p = graph.type_of(r.inputs[0])
+    if not isinstance(p, TensorType) or p.rank != 3 or r.ttype.rank != 3:
+        return None
+    s, b, e = p.shape
+    s2, bh, d = r.ttype.shape
+    if s2 != s or b < 1 or bh % b or d == 0 or (bh // b) * d != e:
+        return None
+    return r.inputs[0], (s, b, bh // b, d)
+
+
+def _as_merge(graph: Graph, node: Node, src: str, sbhd: tuple[int, int, int, int]) -> Graph:
+    """``node`` (a sequence-first head split, see ``_SEQ_FIRST_HEADS``) written as the merge of a 4-D view:
+    ``reshape(permute(reshape(P, [S, B, H, D]), dims4), node's shape)``, the same values, which the rewrites lift."""
+    b = GraphBuilder.from_graph(graph)
+    for n in graph.nodes:
+        if n.name != node.name:
+            b.add_node(n)
+            continue
+        x4 = b.op("reshape", [src], {"shape": sbhd})
+        y4 = b.op("permute", [x4], {"dims": _SEQ_FIRST_HEADS[tuple(n.attrs["dims"])]})
+        b.op("reshape", [y4], {"shape": n.ttype.shape}, name=n.name)
+    return dce(b.build(graph.outputs))
 
 
 def _merged_stack(graph: Graph, name: str, producer: dict[str, Node]) -> str | None:

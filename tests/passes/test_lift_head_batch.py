@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 import kfuse
 from kfuse.compiler import Options, optimize
@@ -198,3 +199,36 @@ def test_q_k_v_unbound_from_a_stacked_merge_are_lifted_and_fused() -> None:
     cm = kfuse.compile(model, (x,), check=False)
     assert [k["template"] for k in cm.report["kernels"]].count("fused_attention") == 1
     torch.testing.assert_close(cm(x), model(x), atol=1e-5, rtol=1e-4)
+
+
+class _WavLMAttention(torch.nn.Module):
+    """WavLM: ``F.multi_head_attention_forward`` sequence-first, with separate Q / K / V projections, the weights
+    asked for (and dropped), and a gated relative bias ``[B*H, S, S]`` as a float mask."""
+
+    def __init__(self, e: int, h: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(e, e) for _ in range(4))
+        self.h = h
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        xs = x.transpose(0, 1)
+        out, _ = F.multi_head_attention_forward(
+            xs, xs, xs, xs.shape[-1], self.h, torch.empty([0]), torch.cat((self.q.bias, self.k.bias, self.v.bias)), None, None, False,
+            0.0, self.o.weight, self.o.bias, False, None, need_weights=True, attn_mask=bias, use_separate_proj_weight=True,
+            q_proj_weight=self.q.weight, k_proj_weight=self.k.weight, v_proj_weight=self.v.weight,
+        )  # fmt: skip
+        return out.transpose(0, 1)
+
+
+def test_sequence_first_heads_with_separate_projections_are_lifted_and_fused() -> None:
+    torch.manual_seed(0)
+    b, s, e, h = 2, 7, 24, 3
+    m = _WavLMAttention(e, h).eval()
+    xs = (torch.randn(b, s, e), torch.randn(b * h, s, s))
+    g = _graph(m, xs)
+    lifted = lift_head_batch(g)
+    assert not [n for n in lifted.nodes if n.op in ("matmul", "softmax") and n.ttype.rank == 3 and n.ttype.shape[0] == b * h]
+    torch.testing.assert_close(reference_run(lifted, list(xs))[0], reference_run(g, list(xs))[0], atol=1e-5, rtol=1e-4)
+    cm = kfuse.compile(m, xs)
+    assert [k["template"] for k in cm.report["kernels"]].count("fused_attention") == 1, cm.report["kernels"]
+    torch.testing.assert_close(cm(*xs), m(*xs), atol=1e-5, rtol=1e-4)
