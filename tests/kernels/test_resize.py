@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from cubin_facts import run_offline_script
 
 import kfuse
 from kfuse.kernels.resize import source_scale, upsample2d
@@ -103,3 +104,37 @@ def test_segmentation_head_compiles_without_fallback() -> None:
     assert c.report["fallback"] == []
     assert [k["template"] for k in c.report["kernels"]].count("resize") == 2
     torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+_SM90_SCRIPT = r"""
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kfuse.kernels import resize
+
+k = resize._upsample2d_kernel
+names = k.arg_names
+sig = {n: "*fp16" for n in ("x_ptr", "y_ptr")}
+sig.update({n: "i32" for n in ("N", "C", "H", "W", "OH", "OW", "sxn", "sxh", "sxw", "syn", "syh", "syw")})
+sig.update({"scale_h": "fp32", "scale_w": "fp32", "sxc": "constexpr", "syc": "constexpr"})
+out = {}
+for bilinear in (True, False):
+    const = dict(BILINEAR=bilinear, ALIGN_CORNERS=False, DIVIDE=False, BLOCK_P=32, BLOCK_C=128, PDL=False, sxc=1, syc=1)
+    s = {n: sig.get(n, "constexpr") for n in names}
+    div = ("x_ptr", "y_ptr", "C", "sxn", "sxh", "sxw", "syn", "syh", "syw")  # a 64-channel NHWC map, as the JIT marks it
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div}
+    src = ASTSource(k, s, {(names.index(n),): v for n, v in const.items()}, attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    loads = re.findall(r"ld\.global[.\w]*\.v(\d)\.b(\d+)", ptx)
+    out[str(bilinear)] = {"vector_loads": len(loads), "stores": len(re.findall(r"st\.global", ptx))}
+print(json.dumps(out))
+"""
+
+
+def test_kernel_compiles_for_sm90_with_vector_channel_loads() -> None:
+    """Compiled for the H200 offline for a 64-channel NHWC map (strides and channels multiples of 16, as the JIT
+    specialises them): each tap is a vector load along the channels, four taps for bilinear, one for nearest."""
+    got = run_offline_script(_SM90_SCRIPT, None, timeout=600)
+    assert got["True"]["vector_loads"] >= 4 and got["False"]["vector_loads"] >= 1, got
+    assert got["True"]["stores"] >= 1 and got["False"]["stores"] >= 1, got
