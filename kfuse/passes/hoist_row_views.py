@@ -13,7 +13,9 @@ here ``reshape(permute(attention, (0, 2, 1, 3)), [B, S, E])``, the form ``fuse_a
 (``out_layout="bshd"``). The GEMM's rows are then in the residual's order and its epilogue takes the add.
 
 It applies only where ``A``'s chain already copies and the joined chain copies no more, so the permute costs
-nothing where it lands (a permute of a plain value would only move a copy from the output to the input).
+nothing where it lands (a permute of a plain value would only move a copy from the output to the input), and only
+where the permuted rows go (through views) into an elementwise op: a LayerNorm reading them folds the reorder into
+its row loads already (Swin-V2's post-norm), and the hoist would add a gather kernel there.
 """
 
 from __future__ import annotations
@@ -55,6 +57,23 @@ def _row_chain(
         cur = full[0]
 
 
+def _read_by_elementwise(p: Node, users: dict[str, list[Node]], graph: Graph) -> bool:
+    """Through views, the permute's value reaches an elementwise op (the residual add the GEMM's epilogue can then
+    take). A LayerNorm reading it takes the reorder as a row gather for free (Swin-V2's post-norm), so there the
+    permute stays."""
+    name = p.name
+    for _ in range(8):
+        us = users.get(name, [])
+        if len(us) != 1 or name in graph.outputs:
+            return False
+        if ops.is_elementwise(us[0].op):
+            return True
+        if us[0].op not in VIEW_OPS:
+            return False
+        name = us[0].name
+    return False
+
+
 def hoist_row_views(graph: Graph) -> Graph:
     """Apply the rewrite to every permute it fits (one sweep; each permute moves at most once)."""
     producer = graph.node_map()
@@ -65,6 +84,8 @@ def hoist_row_views(graph: Graph) -> Graph:
             continue
         dims = tuple(p.attrs["dims"])
         if dims[-1] != len(dims) - 1 or dims == tuple(range(len(dims))):
+            continue
+        if not _read_by_elementwise(p, users, graph):
             continue
         found = _row_chain(p, producer, users, graph)
         if found is None:

@@ -270,3 +270,18 @@ def test_hoist_then_compose_gives_the_head_merge_and_keeps_values() -> None:
     assert tuple(perm.attrs["dims"]) == (0, 2, 1, 3)  # [B, H, S, D] -> [B, S, H, D]: the bshd merge
     a = torch.randn(2, 3, 5, 8)
     torch.testing.assert_close(reference_run(g2, [a])[0], reference_run(g, [a])[0])
+
+
+def test_hoist_leaves_rows_that_a_layer_norm_reads() -> None:
+    """Swin-V2's post-norm: the reordered rows go into a LayerNorm, which takes the reorder as a row gather."""
+
+    def build(b: GraphBuilder) -> str:
+        a = b.add_input("a", TensorType((2, 3, 5, 8), torch.float32))
+        x = b.op("reshape", [b.op("permute", [a], {"dims": (2, 0, 1, 3)})], {"shape": (5, 2, 24)})
+        w = b.add_constant(torch.randn(24, 6))
+        y = b.op("add", [b.op("matmul", [x, w]), b.add_constant(torch.randn(6))])
+        p = b.op("permute", [y], {"dims": (1, 0, 2)})
+        return b.op("layer_norm", [p], {"normalized_shape": (6,), "eps": 1e-5})
+
+    g = _graph(build)
+    assert hoist_row_views(g) is g
