@@ -255,7 +255,8 @@ def test_hoist_then_compose_gives_the_head_merge_and_keeps_values() -> None:
         w = b.add_constant(torch.randn(24, 6))
         bias = b.add_constant(torch.randn(6))
         y = b.op("reshape", [b.op("add", [b.op("matmul", [x, w]), bias])], {"shape": (5, 2, 6)})
-        return b.op("permute", [y], {"dims": (1, 0, 2)})
+        r = b.add_input("r", TensorType((2, 5, 6), torch.float32))  # the residual, batch first
+        return b.op("add", [b.op("permute", [y], {"dims": (1, 0, 2)}), r])
 
     g = _graph(build)
     from kfuse.passes.simplify import algebraic_simplify
@@ -268,8 +269,8 @@ def test_hoist_then_compose_gives_the_head_merge_and_keeps_values() -> None:
     assert ops_.count("permute") == 1 and ops_[-1] == "add"
     perm = next(n for n in g2.nodes if n.op == "permute")
     assert tuple(perm.attrs["dims"]) == (0, 2, 1, 3)  # [B, H, S, D] -> [B, S, H, D]: the bshd merge
-    a = torch.randn(2, 3, 5, 8)
-    torch.testing.assert_close(reference_run(g2, [a])[0], reference_run(g, [a])[0])
+    a, r = torch.randn(2, 3, 5, 8), torch.randn(2, 5, 6)
+    torch.testing.assert_close(reference_run(g2, [a, r])[0], reference_run(g, [a, r])[0])
 
 
 def test_hoist_leaves_rows_that_a_layer_norm_reads() -> None:
