@@ -650,6 +650,8 @@ def _resize(c: OnnxCtx) -> str:
     coords = c.attr("coordinate_transformation_mode", "half_pixel")
     if xt.rank != 4 or c.attr("antialias", 0) or c.attr("axes") is not None or c.attr("exclude_outside", 0):
         raise Unsupported("Resize: not a plain 4-D resize")
+    if c.attr("keep_aspect_ratio_policy", "stretch") != "stretch":  # sizes adjusted to one scale: not followed here
+        raise Unsupported("Resize: keep_aspect_ratio_policy")
     scales = c.const(2) if c.opt(2) is not None else None
     sizes = c.const_ints(3) if c.opt(3) is not None else None
     if scales is not None and scales.numel() == 0:

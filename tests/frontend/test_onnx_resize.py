@@ -77,3 +77,27 @@ def test_einsum_imports_as_a_batched_matmul() -> None:
     c = _check(_model(nodes, {"a": (2, 3, 5, 8), "b": (2, 3, 7, 8)}, []), {"a": (2, 3, 5, 8), "b": (2, 3, 7, 8)})
     assert c.report["fallback_at_import"] == []
     assert "matmul" in c.report["op_counts"] or any("matmul" in k["ops"] for k in c.report["kernels"])
+
+
+def test_what_torch_onnx_export_writes_imports_natively() -> None:
+    """Both exporters write bilinear as linear / half_pixel and nearest as asymmetric / floor."""
+    import io
+
+    class _Seg(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = torch.nn.Conv2d(3, 8, 3, 2, 1)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = torch.relu(self.c(x))
+            up = torch.nn.functional.interpolate(y, size=x.shape[-2:], mode="bilinear", align_corners=False)
+            return up, torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+
+    torch.manual_seed(0)
+    m, x = _Seg().eval(), torch.randn(2, 3, 17, 13)
+    buf = io.BytesIO()
+    torch.onnx.export(m, (x,), buf, dynamo=False)
+    c = kfuse.compile(onnx.load_from_string(buf.getvalue()), (x,))
+    assert c.report["fallback_at_import"] == []
+    for got, want in zip(c(x), m(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
