@@ -34,6 +34,10 @@ def converts(*packets: Any) -> Callable[[Converter], Converter]:
     return deco
 
 
+class HostValueError(NotImplementedError):
+    """The exported graph reads a computed value on the host (``.item()``): one static kfuse graph cannot hold it."""
+
+
 @dataclass
 class Ctx:
     """What a converter sees: the builder and the node being converted."""
@@ -119,7 +123,7 @@ def _make_fallback(ctx: Ctx, target: Any, args: tuple[Any, ...], kwargs: dict[st
 
     out_type = _fx_type(ctx.node.meta.get("val"))
     if out_type is None:
-        raise NotImplementedError(
+        raise HostValueError(
             f"op {target} returns a non-tensor value (a value read on the host inside forward, e.g. .item()), which one "
             'kfuse graph cannot hold; torch.compile(model, backend="kfuse") breaks the graph there and compiles the rest'
         )
@@ -534,6 +538,32 @@ def _full_like(c: Ctx, a: tuple, k: dict) -> str:
     """A constant of ``x``'s shape (T5's relative position buckets)."""
     xt = c.ttype(a[0])
     return _filled(c, xt.shape, a[1] if len(a) > 1 else k.get("fill_value"), k.get("dtype") or xt.dtype, k)
+
+
+@converts(aten.item, aten._local_scalar_dense)
+def _item(c: Ctx, a: tuple, k: dict) -> Any:
+    """``t.item()`` of a constant (a buffer: YOLOv8's anchor strides, ``new_full(..., self.stride[i])``): its value,
+    read once at import, as the Python number every reader then gets. Of a computed tensor it stays unsupported (a
+    host read kfuse's static plan cannot hold; ``kfuse.compile`` then compiles through Dynamo)."""
+    t = _constant_of(c.b, a[0]) if isinstance(a[0], str) else None
+    if t is None or t.numel() != 1 or t.device.type == "meta":
+        raise _Unsupported()
+    return t.reshape(()).item()
+
+
+def _constant_of(b: GraphBuilder, name: str, depth: int = 16) -> torch.Tensor | None:
+    """``name``'s value when the ops making it read constants only (``self.stride[i]``: a select of a buffer)."""
+    if name in b.constants:
+        return b.constants[name]
+    node = next((n for n in reversed(b.nodes) if n.name == name), None)
+    if node is None or depth == 0 or node.op == "fallback" or isinstance(node.type, tuple):
+        return None
+    values = [_constant_of(b, i, depth - 1) for i in node.inputs]
+    if any(v is None for v in values):
+        return None
+    from kfuse.ir import ops
+
+    return ops.run_reference(node.op, values, node.attrs)
 
 
 @converts(aten.new_zeros, aten.new_ones, aten.new_full)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +13,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
-from kfuse.frontend.fx_import import import_fx
+from kfuse.frontend.fx_import import HostValueError, import_fx
 from kfuse.frontend.mutation import FunctionalisationError, StatefulModelError, functional_program
 from kfuse.ir.graph import Graph, TensorType
 
@@ -57,8 +59,25 @@ def export_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
 
 
 def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> ExportedProgram:
-    with torch.no_grad():
+    with torch.no_grad(), _attributes_kept(model):
         return torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+
+
+@contextmanager
+def _attributes_kept(model: torch.nn.Module) -> Iterator[None]:
+    """Every module's plain attributes as they were before tracing. A forward that caches tensors in attributes
+    (YOLOv8's ``Detect`` keeps its anchors and the input shape they are for) would otherwise keep the tracer's fake
+    tensors, and the next eager call (kfuse's own check against PyTorch, or the user's) would compute with them."""
+    saved = [(m, {k: v for k, v in vars(m).items() if not k.startswith("_")}) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs in saved:
+            for k in [k for k in vars(m) if not k.startswith("_") and k not in attrs]:
+                delattr(m, k)
+            for k, v in attrs.items():
+                if vars(m).get(k, v) is not v:
+                    setattr(m, k, v)
 
 
 def _register_hf_cache(error: Exception) -> bool:
@@ -117,6 +136,8 @@ def import_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
     ep = export_module(model, args, kwargs)
     try:
         return from_exported_program(ep, name or type(model).__name__)
+    except HostValueError as e:  # .item() of a computed tensor: Dynamo breaks the graph there
+        raise ExportError(f"{name or type(model).__name__}: {e}") from None
     except GuardOnDataDependentSymNode as e:  # a shape that depends on values (nonzero, MoE routing): no static plan
         raise ExportError(
             f"{name or type(model).__name__}: a tensor's shape depends on the data ({str(e).splitlines()[0][:200]}); "
