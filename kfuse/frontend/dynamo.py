@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from kfuse.compiler import Options
-from kfuse.frontend.torch_export import Imported, export_module, from_exported_program
+from kfuse.frontend.fx_import import HostValueError
+from kfuse.frontend.torch_export import FrontendError, Imported, export_module, from_exported_program
 
 
 def _is_weight(node: torch.fx.Node, example: Any) -> bool:
@@ -85,7 +86,10 @@ def kfuse_backend(
         return CompiledModel(importer, wrapper, tuple(inputs[i] for i in takes), {}, options, "dynamo_graph"), takes
 
     if not _symbolic(example_inputs):
-        compiled, takes = compile_for(list(example_inputs))
+        try:
+            compiled, takes = compile_for(list(example_inputs))
+        except (FrontendError, HostValueError) as e:  # this graph runs as PyTorch's; the rest of the model is kfuse's
+            return _eager(gm, e)
 
         def run(*all_inputs: Any) -> Any:
             return compiled(*[all_inputs[i] for i in takes])
@@ -98,13 +102,32 @@ def kfuse_backend(
     def run_dynamic(*all_inputs: Any) -> Any:
         user = (all_inputs[i] for i in user_idx)
         key = tuple((tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else int(x) for x in user)
-        if key not in per_shape:
-            per_shape[key] = compile_for(list(all_inputs))
+        if key not in per_shape and key not in eager_shapes:
+            try:
+                per_shape[key] = compile_for(list(all_inputs))
+            except (FrontendError, HostValueError) as e:  # as in the static case: PyTorch runs this graph
+                eager_shapes[key] = _eager(gm, e).kfuse_eager  # type: ignore[attr-defined]
+                run_dynamic.kfuse_eager = eager_shapes[key]  # type: ignore[attr-defined]
+        if key in eager_shapes:
+            return gm(*all_inputs)
         compiled, takes = per_shape[key]
         return compiled(*[all_inputs[i] for i in takes])
 
+    eager_shapes: dict[tuple, str] = {}
+
     run_dynamic.kfuse_per_shape = per_shape  # type: ignore[attr-defined]
     return run_dynamic
+
+
+def _eager(gm: torch.fx.GraphModule, error: Exception) -> Callable[..., Any]:
+    """A Dynamo graph kfuse cannot take (it returns a Python value; a host read of a computed tensor), run as
+    PyTorch runs it; ``kfuse_eager`` says why (``DynamoCompiledModel.report["eager_graphs"]``)."""
+
+    def run(*all_inputs: Any) -> Any:
+        return gm(*all_inputs)
+
+    run.kfuse_eager = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"  # type: ignore[attr-defined]
+    return run
 
 
 def _symbolic(inputs: list[Any]) -> bool:
@@ -176,6 +199,10 @@ class DynamoCompiledModel:
             "fallback": sorted({f for r in reps for f in r.get("fallback", [])}),
             "per_graph": reps,
         }
+        eager = [run.kfuse_eager for run in self.graphs if hasattr(run, "kfuse_eager")]
+        if eager:  # graphs left to PyTorch as a whole
+            rep["eager_graphs"] = eager
+            rep["fallback"] = sorted({*rep["fallback"], "dynamo graph (whole)"})
         errs = [r for r in reps if "max_rel_err" in r]
         if errs:
             rep["max_abs_err"] = max(r["max_abs_err"] for r in errs)

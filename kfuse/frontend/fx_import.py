@@ -165,8 +165,8 @@ def import_fx(
 
     outputs: list[str] = []
     for o, v in _import_nodes(gm, b, fallbacks, bind):
-        if not isinstance(v, str):
-            raise NotImplementedError(f"graph output {o} is not a tensor")
+        if not isinstance(v, str):  # Dynamo keeps Python values out of its graphs: kfuse.compile goes that way
+            raise HostValueError(f"graph output {o} is not a tensor (the model returns a Python value)")
         outputs.append(v)
     return ImportedGraph(b, outputs, fallbacks)
 

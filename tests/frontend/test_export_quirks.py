@@ -52,3 +52,20 @@ def test_item_of_a_computed_tensor_goes_through_dynamo() -> None:
     c = kfuse.compile(_HostRead(), (x,))
     assert c.report["frontend"] == "dynamo" and "item" in c.report["frontend_reason"]
     torch.testing.assert_close(c(x), _HostRead()(x))
+
+
+def test_a_dynamo_graph_kfuse_cannot_take_runs_as_pytorch() -> None:
+    """Funnel's Dynamo graphs return Python ints beside tensors: that graph runs eagerly, and says why."""
+    from kfuse.frontend.dynamo import kfuse_backend
+
+    class _ReturnsInt(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+            return x + 1, 3
+
+    gm = torch.fx.symbolic_trace(_ReturnsInt())
+    x = torch.randn(2, 3)
+    run = kfuse_backend(gm, [x])
+    assert "not a tensor" in run.kfuse_eager
+    got, n = run(x)
+    torch.testing.assert_close(got, x + 1)
+    assert n == 3
