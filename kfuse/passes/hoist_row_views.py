@@ -12,7 +12,11 @@ the permute joins the view chain that made ``A``, and ``compose_views``' algebra
 here ``reshape(permute(attention, (0, 2, 1, 3)), [B, S, E])``, the form ``fuse_attention`` writes from the kernel
 (``out_layout="bshd"``). The GEMM's rows are then in the residual's order and its epilogue takes the add.
 
-It applies only where ``A``'s chain already copies and the joined chain copies no more, so the permute costs
+``sink_row_permutes`` is the mirror on the input side: a transpose before the GEMM moves below it and its row ops
+when every view chain reading the result then composes into a copy-free view (``nn.MultiheadAttention``'s
+in-projection then runs on batch-first rows, and Q, K and V are head views of ``[B, S, 3E]``).
+
+The hoist applies only where ``A``'s chain already copies and the joined chain copies no more, so the permute costs
 nothing where it lands (a permute of a plain value would only move a copy from the output to the input), and only
 where the permuted rows go (through views) into an elementwise op: a LayerNorm reading them folds the reorder into
 its row loads already (Swin-V2's post-norm), and the hoist would add a gather kernel there.
@@ -74,8 +78,107 @@ def _read_by_elementwise(p: Node, users: dict[str, list[Node]], graph: Graph) ->
     return False
 
 
+def _view_ends(name: str, users: dict[str, list[Node]], graph: Graph, path: list[Node]) -> list[list[Node]] | None:
+    """Every chain of view ops from ``name`` to a value something else reads (or None where a non-view op reads
+    ``name`` itself)."""
+    out: list[list[Node]] = []
+    for u in users.get(name, []):
+        if u.op not in VIEW_OPS:
+            if not path:
+                return None
+            out.append(path)
+            continue
+        more = _view_ends(u.name, users, graph, [*path, u])
+        if more is None:
+            return None
+        out += more
+    if path and name in graph.outputs:
+        out.append(path)
+    return out
+
+
+def _sinkable(p: Node, producer: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> tuple[Node, list[Node]] | None:
+    """The GEMM reading the permute ``p`` and the row-wise ops after it, when the rows can be reordered after them
+    instead: every view chain reading the last of them is then one view of the unpermuted result."""
+    us = users.get(p.name, [])
+    if len(us) != 1 or p.name in graph.outputs or us[0].op != "matmul" or us[0].inputs[0] != p.name:
+        return None
+    mm = us[0]
+    w = graph.type_of(mm.inputs[1])
+    if not isinstance(w, TensorType) or w.rank != 2 or mm.ttype.rank != p.ttype.rank:
+        return None
+    rows: list[Node] = []
+    end = mm
+    while end.name not in graph.outputs and len(users.get(end.name, [])) == 1 and ops.is_elementwise(users[end.name][0].op):
+        e = users[end.name][0]
+        rest = [graph.type_of(i) for i in e.inputs if i != end.name]
+        if not isinstance(e.type, TensorType) or e.ttype.shape != end.ttype.shape or e.inputs.count(end.name) != 1:
+            break
+        if not all(isinstance(t, TensorType) and _row_broadcast(t, e.ttype.rank) for t in rest):
+            break
+        rows.append(e)
+        end = e
+    chains = _view_ends(end.name, users, graph, [])
+    if not chains or end.name in graph.outputs:
+        return None
+    dims = tuple(p.attrs["dims"])
+    x = graph.type_of(p.inputs[0])
+    assert isinstance(x, TensorType)
+    base = (*x.shape[:-1], end.ttype.shape[-1])
+    gained = False
+    for chain in chains:
+        old = [(n.op, dict(n.attrs), n.ttype.shape) for n in chain]
+        try:
+            layout = Layout.contiguous(base).apply("permute", {"dims": dims}, end.ttype.shape)
+            for op, attrs, shape in old:
+                layout = layout.apply(op, attrs, shape)
+            steps = canonical_steps(base, layout)
+        except NotAView:
+            return None
+        if copies(base, with_shapes(base, steps)):
+            return None
+        gained |= copies(end.ttype.shape, old) > 0
+    return (mm, rows) if gained else None
+
+
+def sink_row_permutes(graph: Graph) -> Graph:
+    """The mirror of the hoist, on the GEMM's input side: ``e(matmul(permute(x, p), W), c)`` read only by view chains
+    -> ``permute(e(matmul(x, W), c), p)``, where the chains then compose into copy-free views of the GEMM's output
+    (``nn.MultiheadAttention`` transposes ``[B, S, E]`` to ``[S, B, E]`` before its in-projection: moved after it,
+    Q, K and V are head views of a batch-first ``[B, S, 3E]``, the layout the TMA attention kernel reads)."""
+    producer, users = graph.node_map(), graph.users()
+    plans: dict[str, tuple[Node, Node, list[Node]]] = {}  # the last row op (or GEMM) -> (permute, GEMM, row ops)
+    for p in graph.nodes:
+        if p.op != "permute" or not isinstance(p.type, TensorType) or p.ttype.rank < 3:
+            continue
+        dims = tuple(p.attrs["dims"])
+        if dims[-1] != len(dims) - 1 or dims == tuple(range(len(dims))):
+            continue
+        found = _sinkable(p, producer, users, graph)
+        if found is not None:
+            mm, rows = found
+            plans[(rows[-1] if rows else mm).name] = (p, mm, rows)
+    if not plans:
+        return graph
+    drop = {n.name for _, mm, rows in plans.values() for n in (mm, *rows)}
+    b = GraphBuilder.from_graph(graph)
+    for node in graph.nodes:
+        if node.name in plans:
+            p, mm, rows = plans[node.name]
+            cur = b.op("matmul", [p.inputs[0], mm.inputs[1]], dict(mm.attrs))
+            prev = mm.name
+            for r in rows:
+                cur, prev = b.op(r.op, [cur if i == prev else i for i in r.inputs], dict(r.attrs)), r.name
+            b.op("permute", [cur], {"dims": tuple(p.attrs["dims"])}, name=node.name)
+        elif node.name not in drop:
+            b.add_node(node)
+    return dce(b.build(graph.outputs))
+
+
 def hoist_row_views(graph: Graph) -> Graph:
-    """Apply the rewrite to every permute it fits (one sweep; each permute moves at most once)."""
+    """Apply the rewrite to every permute it fits (one sweep; each permute moves at most once), after
+    ``sink_row_permutes`` on the input side."""
+    graph = sink_row_permutes(graph)
     producer = graph.node_map()
     users = graph.users()
     plans: dict[str, tuple[Node, list[tuple[Node, str]], str, list]] = {}  # permute -> (GEMM, row ops, base, steps)

@@ -16,7 +16,7 @@ from kfuse.frontend.torch_export import import_module
 from kfuse.ir.graph import GraphBuilder, TensorType
 from kfuse.ir.interpret import reference_run
 from kfuse.passes.compose_views import Layout, NotAView, canonical_steps, compose_views, copies, with_shapes
-from kfuse.passes.hoist_row_views import hoist_row_views
+from kfuse.passes.hoist_row_views import hoist_row_views, sink_row_permutes
 
 
 def _apply(x: torch.Tensor, op: str, attrs: dict, shape: tuple[int, ...]) -> torch.Tensor:
@@ -193,6 +193,10 @@ def test_multihead_attention_fuses_like_a_hugging_face_layer(batch_first: bool) 
         base = g.type_of(cur)
         assert isinstance(base, TensorType)
         assert copies(base.shape, chain[::-1]) == 0
+        # batch first: the in-projection runs on [B, S, E] rows (its transpose sunk below it), the layout the TMA
+        # attention kernel reads; sequence first: on [S, B, E]
+        assert base.shape == ((b, s, 3 * e) if batch_first else (s, b, 3 * e))
+    assert not [n for n in g.nodes if n.op == "fused_norm" and n.attrs.get("row_index")]  # no row gather left
     # the output projection reads the merged heads and takes bias and residual in its epilogue
     out_proj = [n for n in g.nodes if n.op == "gemm_epilogue" and n.inputs[0] == att[0].name]
     assert len(out_proj) == 1 and out_proj[0].attrs["epilogue"].describe() == "add(in0) -> add(in1)"
@@ -286,3 +290,19 @@ def test_hoist_leaves_rows_that_a_layer_norm_reads() -> None:
 
     g = _graph(build)
     assert hoist_row_views(g) is g
+
+
+def test_sink_leaves_a_permute_whose_views_would_still_copy() -> None:
+    """Swin's window partition before its QKV GEMM: after the GEMM the head split would still copy, so the
+    partition stays in front (where the LayerNorm takes it as a row gather)."""
+
+    def build(b: GraphBuilder) -> str:
+        x = b.add_input("x", TensorType((2, 4, 4, 8), torch.float32))  # [B, H, W, C], windows of 2 x 2
+        win = b.op("permute", [b.op("reshape", [x], {"shape": (2, 2, 2, 2, 2, 8)})], {"dims": (0, 1, 3, 2, 4, 5)})
+        w = b.add_constant(torch.randn(8, 24))
+        y = b.op("matmul", [win, w])  # [2, 2, 2, 2, 2, 24]
+        q = b.op("reshape", [y], {"shape": (8, 4, 2, 12)})  # windows x tokens x heads x dim: a copy
+        return b.op("softmax", [q], {"dim": -1})
+
+    g = _graph(build)
+    assert sink_row_permutes(g) is g
