@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import string
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -121,3 +122,13 @@ def plan(equation: str, shapes: list[tuple[int, ...]]) -> list[Op]:
             raise EinsumUnsupported(f"output {out!r} from {term!r}")
         emit("permute", y, dims=tuple(term.index(ch) for ch in out))
     return ops
+
+
+def emit(steps: list[Op], operands: Sequence[str], op: Callable[..., str]) -> str | None:
+    """Add the plan's ops with ``op(name, inputs, **attrs)`` (a frontend's node builder); the einsum's value, or None
+    for an empty plan (the result is operand 0 itself)."""
+    results: list[str] = []
+    for step in steps:
+        ins = [operands[i] if kind == "in" else results[i] for kind, i in step.inputs]
+        results.append(op(step.op, ins, **dict(step.attrs)))
+    return results[-1] if results else None

@@ -545,25 +545,12 @@ def _item(c: Ctx, a: tuple, k: dict) -> Any:
     """``t.item()`` of a constant (a buffer: YOLOv8's anchor strides, ``new_full(..., self.stride[i])``): its value,
     read once at import, as the Python number every reader then gets. Of a computed tensor it stays unsupported (a
     host read kfuse's static plan cannot hold; ``kfuse.compile`` then compiles through Dynamo)."""
-    t = _constant_of(c.b, a[0]) if isinstance(a[0], str) else None
+    from kfuse.passes.fold import constant_value
+
+    t = constant_value(c.b.build([a[0]]), a[0]) if isinstance(a[0], str) else None
     if t is None or t.numel() != 1 or t.device.type == "meta":
         raise _Unsupported()
     return t.reshape(()).item()
-
-
-def _constant_of(b: GraphBuilder, name: str, depth: int = 16) -> torch.Tensor | None:
-    """``name``'s value when the ops making it read constants only (``self.stride[i]``: a select of a buffer)."""
-    if name in b.constants:
-        return b.constants[name]
-    node = next((n for n in reversed(b.nodes) if n.name == name), None)
-    if node is None or depth == 0 or node.op == "fallback" or isinstance(node.type, tuple):
-        return None
-    values = [_constant_of(b, i, depth - 1) for i in node.inputs]
-    if any(v is None for v in values):
-        return None
-    from kfuse.ir import ops
-
-    return ops.run_reference(node.op, values, node.attrs)
 
 
 @converts(aten.new_zeros, aten.new_ones, aten.new_full)
@@ -992,11 +979,7 @@ def _einsum(c: Ctx, a: tuple, k: dict) -> str:
         steps = einsum.plan(a[0], [c.ttype(x).shape for x in operands])
     except einsum.EinsumUnsupported as e:
         raise _Unsupported() from e
-    results: list[str] = []
-    for step in steps:
-        ins = [operands[i] if kind == "in" else results[i] for kind, i in step.inputs]
-        results.append(c.op(step.op, ins, **dict(step.attrs)))
-    return results[-1] if results else operands[0]
+    return einsum.emit(steps, operands, c.op) or operands[0]
 
 
 @converts(aten.transpose, aten.swapaxes, aten.swapdims)

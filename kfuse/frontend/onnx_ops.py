@@ -687,8 +687,4 @@ def _einsum_onnx(c: OnnxCtx) -> str:
         steps = einsum.plan(c.attr("equation"), [c.ttype(x).shape for x in operands])
     except einsum.EinsumUnsupported as e:
         raise Unsupported(str(e)) from e
-    results: list[str] = []
-    for step in steps:
-        ins = [operands[i] if kind == "in" else results[i] for kind, i in step.inputs]
-        results.append(c.op(step.op, ins, **dict(step.attrs)))
-    return results[-1] if results else c.op("reshape", [operands[0]], shape=c.ttype(operands[0]).shape)
+    return einsum.emit(steps, operands, c.op) or c.op("reshape", [operands[0]], shape=c.ttype(operands[0]).shape)

@@ -9,6 +9,9 @@ each window tap is a 16-byte-vector load and overlapping taps hit L2.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -53,3 +56,22 @@ def tile(N, C, OH, OW, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     n = (offs_p // (OH * OW)).to(tl.int64)
     rem = offs_p % (OH * OW)
     return offs_c, mask_p, mask_c, n, rem // OW, rem % OW
+
+
+def measured_step(node: Any, graph: Any, backend: str, run: Callable[[list[torch.Tensor]], torch.Tensor], template: str, desc: str) -> Any:
+    """The Step running ``run`` for ``node``; on a GPU only where it is measured faster than the op's PyTorch
+    reference (None: the executor runs PyTorch's). The pool and resize kernels' lowering."""
+    if backend == "torch":
+        return None
+    from kfuse.ir import ops
+    from kfuse.runtime.executor import KernelInfo, Step
+
+    if backend == "triton" and torch.cuda.is_available():
+        from kfuse.runtime.choice import choose, problem_key
+
+        ref, a = ops.get(node.op).reference, dict(node.attrs)
+        choice, times = choose(node, graph, {"kernel": run, "torch": lambda xs: ref(xs, a)}, problem_key(node, graph))
+        if choice != "kernel":
+            return None
+        desc += f"; {times['kernel'] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"
+    return Step(node.name, node.inputs, run, KernelInfo(node.name, template, (node.op,), desc))

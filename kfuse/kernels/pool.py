@@ -19,7 +19,7 @@ import triton.language as tl
 
 from kfuse.kernels import pdl
 from kfuse.kernels.codegen import as_pair
-from kfuse.kernels.nhwc_window import out_size, output_like, tile, tiling
+from kfuse.kernels.nhwc_window import measured_step, out_size, output_like, tile, tiling
 from kfuse.kernels.pdl import pdl_start
 
 __all__ = ["lower_max_pool2d", "max_pool2d", "out_size"]
@@ -83,23 +83,9 @@ def max_pool2d(
 
 def lower_max_pool2d(node: Any, graph: Any, backend: str, options: Any = None) -> Any:
     """A Step running the kernel; on a GPU only where it is measured faster than PyTorch."""
-    if backend == "torch":
-        return None
-    from kfuse.ir import ops
-    from kfuse.runtime.executor import KernelInfo, Step
-
     a = dict(node.attrs)
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
         return max_pool2d(xs[0], a["kernel_size"], a.get("stride"), a.get("padding", 0), a.get("dilation", 1), a.get("ceil_mode", False))
 
-    desc = f"k{as_pair(a['kernel_size'], 1)} s{a.get('stride')} p{a.get('padding', 0)}"
-    if backend == "triton" and torch.cuda.is_available():
-        from kfuse.runtime.choice import choose, problem_key
-
-        ref = ops.get("max_pool2d").reference
-        choice, times = choose(node, graph, {"kernel": run, "torch": lambda xs: ref(xs, a)}, problem_key(node, graph))
-        if choice != "kernel":
-            return None
-        desc += f"; {times['kernel'] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"
-    return Step(node.name, node.inputs, run, KernelInfo(node.name, "pool", ("max_pool2d",), desc))
+    return measured_step(node, graph, backend, run, "pool", f"k{as_pair(a['kernel_size'], 1)} s{a.get('stride')} p{a.get('padding', 0)}")

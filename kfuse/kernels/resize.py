@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kfuse.kernels import pdl
-from kfuse.kernels.nhwc_window import output_like, tile, tiling
+from kfuse.kernels.nhwc_window import measured_step, output_like, tile, tiling
 from kfuse.kernels.pdl import pdl_start
 
 __all__ = ["MODES", "lower_upsample2d", "source_scale", "upsample2d"]
@@ -136,11 +136,6 @@ def upsample2d(
 
 def lower_upsample2d(node: Any, graph: Any, backend: str, options: Any = None) -> Any:
     """A Step running the kernel; on a GPU only where it is measured faster than PyTorch."""
-    if backend == "torch":
-        return None
-    from kfuse.ir import ops
-    from kfuse.runtime.executor import KernelInfo, Step
-
     a = dict(node.attrs)
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
@@ -148,12 +143,4 @@ def lower_upsample2d(node: Any, graph: Any, backend: str, options: Any = None) -
                           nearest_divide=a.get("nearest_divide", False))  # fmt: skip
 
     desc = f"{a['mode']} -> {tuple(a['size'])}" + (" align_corners" if a.get("align_corners") else "")
-    if backend == "triton" and torch.cuda.is_available():
-        from kfuse.runtime.choice import choose, problem_key
-
-        ref = ops.get("upsample2d").reference
-        choice, times = choose(node, graph, {"kernel": run, "torch": lambda xs: ref(xs, a)}, problem_key(node, graph))
-        if choice != "kernel":
-            return None
-        desc += f"; {times['kernel'] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"
-    return Step(node.name, node.inputs, run, KernelInfo(node.name, "resize", ("upsample2d",), desc))
+    return measured_step(node, graph, backend, run, "resize", desc)

@@ -48,6 +48,14 @@ class Layout:
         strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
         return Layout([[(n, s)] if n != 1 else [] for n, s in zip(shape, strides, strict=True)])
 
+    @staticmethod
+    def of(base_shape: tuple[int, ...], steps: list[tuple[str, dict, tuple[int, ...]]]) -> Layout:
+        """The layout ``steps`` (op, attrs, output shape) give a contiguous base; ``NotAView`` where they do not."""
+        layout = Layout.contiguous(base_shape)
+        for op, attrs, shape in steps:
+            layout = layout.apply(op, attrs, shape)
+        return layout
+
     def shape(self) -> tuple[int, ...]:
         return tuple(math.prod(n for n, _ in d) for d in self.dims)
 
@@ -252,10 +260,7 @@ def compose_views(graph: Graph) -> Graph:
         if copies(base_shape, old) == 0:
             continue
         try:
-            layout = Layout.contiguous(base_shape)
-            for op, attrs, shape in old:
-                layout = layout.apply(op, attrs, shape)
-            steps = canonical_steps(base_shape, layout)
+            steps = canonical_steps(base_shape, Layout.of(base_shape, old))
         except NotAView:
             continue
         new = with_shapes(base_shape, steps)

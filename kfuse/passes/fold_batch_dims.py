@@ -25,7 +25,7 @@ import math
 
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType
-from kfuse.passes.simplify import algebraic_simplify, dce
+from kfuse.passes.simplify import dce, rewrite_then_simplify
 
 _ROW_OPS = ("softmax", "log_softmax")
 
@@ -167,10 +167,4 @@ def _scaled(graph: Graph, name: str, producer: dict[str, Node], users: dict[str,
 
 def fold_batch_dims(graph: Graph, max_rewrites: int = 10_000) -> Graph:
     """Apply the rewrites until none applies, then cancel the reshape pairs they leave."""
-    changed = False
-    for _ in range(max_rewrites):
-        new = _rewrite_once(graph)
-        if new is None:
-            break
-        graph, changed = new, True
-    return algebraic_simplify(graph) if changed else graph
+    return rewrite_then_simplify(graph, _rewrite_once, max_rewrites)

@@ -35,6 +35,33 @@ def _row_broadcast(t: TensorType, rank: int) -> bool:
     return t.rank <= rank and all(n == 1 for n in t.shape[:-1])
 
 
+def _row_permute(p: Node) -> tuple[int, ...] | None:
+    """The dims of ``p`` when it reorders rows only: a permute of rank 3 or more that keeps the last dim in place."""
+    if p.op != "permute" or not isinstance(p.type, TensorType) or p.ttype.rank < 3:
+        return None
+    dims = tuple(p.attrs["dims"])
+    return dims if dims[-1] == len(dims) - 1 and dims != tuple(range(len(dims))) else None
+
+
+def _row_gemm(n: Node, rank: int, graph: Graph) -> bool:
+    """A matmul by a 2-D weight: each output row depends on its own input row alone."""
+    if n.op != "matmul" or not isinstance(n.type, TensorType) or n.ttype.rank != rank:
+        return False
+    w = graph.type_of(n.inputs[1])
+    return isinstance(w, TensorType) and w.rank == 2
+
+
+def _row_op(e: Node, main: str, graph: Graph) -> bool:
+    """An elementwise op on ``main`` (read once, same shape) whose other operands are the same for every row."""
+    t = graph.type_of(main)
+    if not ops.is_elementwise(e.op) or not isinstance(e.type, TensorType) or not isinstance(t, TensorType):
+        return False
+    if e.ttype.shape != t.shape or e.inputs.count(main) != 1:
+        return False
+    rest = [graph.type_of(i) for i in e.inputs if i != main]
+    return all(isinstance(r, TensorType) and _row_broadcast(r, e.ttype.rank) for r in rest)
+
+
 def _row_chain(
     p: Node, producer: dict[str, Node], users: dict[str, list[Node]], graph: Graph
 ) -> tuple[Node, list[tuple[Node, str]]] | None:
@@ -47,15 +74,9 @@ def _row_chain(
         if n is None or cur in graph.outputs or len(users.get(cur, [])) != 1 or not isinstance(n.type, TensorType):
             return None
         if n.op == "matmul":
-            w = graph.type_of(n.inputs[1])
-            if not isinstance(w, TensorType) or w.rank != 2 or n.ttype.rank != len(shape):
-                return None
-            return n, chain[::-1]
-        if not ops.is_elementwise(n.op):
-            return None
-        full = [i for i in n.inputs if (t := graph.type_of(i)) is not None and isinstance(t, TensorType) and t.shape == n.ttype.shape]
-        rest = [graph.type_of(i) for i in n.inputs if i not in full]
-        if len(full) != 1 or not all(isinstance(t, TensorType) and _row_broadcast(t, len(shape)) for t in rest):
+            return (n, chain[::-1]) if _row_gemm(n, len(shape), graph) else None
+        full = [i for i in n.inputs if isinstance(t := graph.type_of(i), TensorType) and t.shape == n.ttype.shape]
+        if len(full) != 1 or not _row_op(n, full[0], graph):
             return None
         chain.append((n, full[0]))
         cur = full[0]
@@ -101,23 +122,14 @@ def _sinkable(p: Node, producer: dict[str, Node], users: dict[str, list[Node]], 
     """The GEMM reading the permute ``p`` and the row-wise ops after it, when the rows can be reordered after them
     instead: every view chain reading the last of them is then one view of the unpermuted result."""
     us = users.get(p.name, [])
-    if len(us) != 1 or p.name in graph.outputs or us[0].op != "matmul" or us[0].inputs[0] != p.name:
+    if len(us) != 1 or p.name in graph.outputs or us[0].inputs[0] != p.name or not _row_gemm(us[0], p.ttype.rank, graph):
         return None
     mm = us[0]
-    w = graph.type_of(mm.inputs[1])
-    if not isinstance(w, TensorType) or w.rank != 2 or mm.ttype.rank != p.ttype.rank:
-        return None
     rows: list[Node] = []
     end = mm
-    while end.name not in graph.outputs and len(users.get(end.name, [])) == 1 and ops.is_elementwise(users[end.name][0].op):
-        e = users[end.name][0]
-        rest = [graph.type_of(i) for i in e.inputs if i != end.name]
-        if not isinstance(e.type, TensorType) or e.ttype.shape != end.ttype.shape or e.inputs.count(end.name) != 1:
-            break
-        if not all(isinstance(t, TensorType) and _row_broadcast(t, e.ttype.rank) for t in rest):
-            break
-        rows.append(e)
-        end = e
+    while end.name not in graph.outputs and len(users.get(end.name, [])) == 1 and _row_op(users[end.name][0], end.name, graph):
+        end = users[end.name][0]
+        rows.append(end)
     chains = _view_ends(end.name, users, graph, [])
     if not chains or end.name in graph.outputs:
         return None
@@ -129,10 +141,7 @@ def _sinkable(p: Node, producer: dict[str, Node], users: dict[str, list[Node]], 
     for chain in chains:
         old = [(n.op, dict(n.attrs), n.ttype.shape) for n in chain]
         try:
-            layout = Layout.contiguous(base).apply("permute", {"dims": dims}, end.ttype.shape)
-            for op, attrs, shape in old:
-                layout = layout.apply(op, attrs, shape)
-            steps = canonical_steps(base, layout)
+            steps = canonical_steps(base, Layout.of(base, [("permute", {"dims": dims}, end.ttype.shape), *old]))
         except NotAView:
             return None
         if copies(base, with_shapes(base, steps)):
@@ -149,10 +158,7 @@ def sink_row_permutes(graph: Graph) -> Graph:
     producer, users = graph.node_map(), graph.users()
     plans: dict[str, tuple[Node, Node, list[Node]]] = {}  # the last row op (or GEMM) -> (permute, GEMM, row ops)
     for p in graph.nodes:
-        if p.op != "permute" or not isinstance(p.type, TensorType) or p.ttype.rank < 3:
-            continue
-        dims = tuple(p.attrs["dims"])
-        if dims[-1] != len(dims) - 1 or dims == tuple(range(len(dims))):
+        if _row_permute(p) is None:
             continue
         found = _sinkable(p, producer, users, graph)
         if found is not None:
@@ -183,12 +189,8 @@ def hoist_row_views(graph: Graph) -> Graph:
     users = graph.users()
     plans: dict[str, tuple[Node, list[tuple[Node, str]], str, list]] = {}  # permute -> (GEMM, row ops, base, steps)
     for p in graph.nodes:
-        if p.op != "permute" or not isinstance(p.type, TensorType) or p.ttype.rank < 3:
-            continue
-        dims = tuple(p.attrs["dims"])
-        if dims[-1] != len(dims) - 1 or dims == tuple(range(len(dims))):
-            continue
-        if not _read_by_elementwise(p, users, graph):
+        dims = _row_permute(p)
+        if dims is None or not _read_by_elementwise(p, users, graph):
             continue
         found = _row_chain(p, producer, users, graph)
         if found is None:
@@ -205,10 +207,7 @@ def hoist_row_views(graph: Graph) -> Graph:
         a_shape = a.ttype.shape
         moved = tuple(a_shape[d] for d in dims[:-1]) + (a_shape[-1],)
         try:
-            layout = Layout.contiguous(base_t.shape)
-            for op, attrs, shape in [*old, ("permute", {"dims": dims}, moved)]:
-                layout = layout.apply(op, attrs, shape)
-            steps = canonical_steps(base_t.shape, layout)
+            steps = canonical_steps(base_t.shape, Layout.of(base_t.shape, [*old, ("permute", {"dims": dims}, moved)]))
         except NotAView:
             continue
         before = copies(base_t.shape, old)

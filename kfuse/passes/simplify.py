@@ -253,3 +253,15 @@ def algebraic_simplify(graph: Graph, rules: list[Rewrite] | None = None) -> Grap
             rename[node.name] = replacement
     outputs = [rename.get(o, o) for o in graph.outputs]
     return dce(b.build(outputs))
+
+
+def rewrite_then_simplify(graph: Graph, rewrite_once: Callable[[Graph], Graph | None], max_rewrites: int = 10_000) -> Graph:
+    """Apply ``rewrite_once`` until it returns None, then, if anything changed, ``algebraic_simplify`` (the rewrites
+    of ``lift_head_batch`` and ``fold_batch_dims`` leave reshape pairs that cancel)."""
+    changed = False
+    for _ in range(max_rewrites):
+        new = rewrite_once(graph)
+        if new is None:
+            break
+        graph, changed = new, True
+    return algebraic_simplify(graph) if changed else graph
