@@ -138,3 +138,27 @@ def test_kernel_compiles_for_sm90_with_vector_channel_loads() -> None:
     got = run_offline_script(_SM90_SCRIPT, None, timeout=600)
     assert got["True"]["vector_loads"] >= 4 and got["False"]["vector_loads"] >= 1, got
     assert got["True"]["stores"] >= 1 and got["False"]["stores"] >= 1, got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,align", [("bilinear", False), ("bilinear", True), ("nearest", False)])
+def test_fp16_channels_last_on_the_gpu(mode: str, align: bool) -> None:
+    """Session 43's kernel on the H200: a segmentation head's shapes (odd, 8x up), poisoned output, fp16 against
+    PyTorch's CUDA kernel in fp32."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 21, 33, 31, device="cuda").half().contiguous(memory_format=torch.channels_last)
+    ref = _reference(x.float(), (261, 247), None, mode, align)
+    out = torch.full(ref.shape, float("nan"), device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    got = upsample2d(x, (261, 247), mode, align, out=out)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.float(), ref, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+def test_segmentation_head_compiles_on_the_gpu() -> None:
+    torch.manual_seed(0)
+    m = _SegHead().eval().cuda().half()
+    x = torch.randn(2, 3, 65, 47, device="cuda").half()
+    c = kfuse.compile(m, (x,))
+    assert c.report["fallback"] == []
+    torch.testing.assert_close(c(x).float(), m(x).float(), rtol=2e-2, atol=2e-2)
