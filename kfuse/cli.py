@@ -105,6 +105,13 @@ def compile_cmd(
     merge_activated: Annotated[
         bool, typer.Option(help="merge a GEMM that feeds a GELU / ReLU with its siblings (the activation then runs alone)")
     ] = False,
+    step_errors: Annotated[
+        int,
+        typer.Option(
+            help="print the N steps with the largest error of their own (each on PyTorch's values of its inputs), to tell a "
+            "wrong kernel from error the network amplifies"
+        ),
+    ] = 0,
 ) -> None:
     """Compile MODEL, check it against PyTorch on random inputs and print the kernel plan."""
     import kfuse
@@ -145,9 +152,29 @@ def compile_cmd(
         png = (report.with_suffix("") if report else Path(f"kfuse_profile_{model.replace('/', '_')}")).as_posix() + "_profile.png"
         plot_profile(variant.profile, png, title=f"kfuse profile: {model}")
         console.print(f"profile chart written to {png}")
+    if step_errors > 0 and variant is not None:
+        _print_step_errors(compiled, args, kwargs, step_errors, rep)
     if report is not None:
         report.write_text(json.dumps(rep, indent=2, default=str))
         console.print(f"report written to {report}")
+
+
+def _print_step_errors(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], top: int, rep: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from kfuse.runtime.step_errors import worst
+
+    with console.status("running each step on PyTorch's values of its inputs ..."):
+        rows, whole = compiled.step_errors(*args, **kwargs)
+    table = Table(title=f"the {min(top, len(rows))} steps with the largest error of their own (of {len(rows)})")
+    for col in ("step", "template", "output", "shape", "rel err"):
+        table.add_column(col, justify="right" if col in ("step", "rel err") else "left")
+    for r in worst(rows, top):
+        table.add_row(str(r.index), r.template, r.output, "x".join(map(str, r.shape)), f"{r.rel_err:.2e}")
+    console.print(table)
+    largest = max((r.rel_err for r in rows), default=0.0)
+    console.print(f"output error {whole:.2e}, largest step error {largest:.2e}", markup=False)
+    rep["step_errors"] = {"output_rel_err": whole, "worst": [r.as_dict() for r in worst(rows, top)]}
 
 
 @app.command()

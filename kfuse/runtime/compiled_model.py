@@ -20,6 +20,7 @@ from kfuse.runtime import parallel_compile
 from kfuse.runtime.cuda_graph import CudaGraphRunner
 from kfuse.runtime.device import first_device, on_device
 from kfuse.runtime.executor import Plan, execute, lower, precompile_plan
+from kfuse.runtime.output_copy import copies_needed
 from kfuse.runtime.piecewise_graph import PiecewiseGraphRunner
 
 
@@ -70,11 +71,17 @@ class Variant:
     report: dict[str, Any] = field(default_factory=dict)
     profile: list[dict[str, Any]] | None = None
     copy_outputs: bool = True
+    # per output, whether a call copies it: False where the output structure's rebuild copies it anyway
+    # (``kfuse.runtime.output_copy.copies_needed``; Hugging Face's DynamicCache)
+    call_copies: tuple[bool, ...] | None = None
 
-    def run(self, flat_inputs: list[Any]) -> list[torch.Tensor]:
+    def run(self, flat_inputs: list[Any], rebuilt: bool = False) -> list[torch.Tensor]:
+        """The plan's flat outputs; ``rebuilt``: the caller unflattens them into the model's output structure
+        at once (``CompiledModel.__call__``), so outputs that rebuild copies are not copied here too."""
         xs = [flat_inputs[i] for i in self.imported.flat_input_index]
         if self.runner is not None:
-            return self.runner(xs, clone_outputs=self.copy_outputs)
+            which = self.call_copies if rebuilt and self.copy_outputs and self.call_copies is not None else self.copy_outputs
+            return self.runner(xs, clone_outputs=which)
         return execute(self.plan, xs)
 
 
@@ -188,6 +195,8 @@ class CompiledModel:
             if not runner.captured:
                 runner = None
         variant = Variant(imported, opt.stages, plan, runner, time.perf_counter() - t0, copy_outputs=self.options.copy_outputs)
+        if runner is not None:
+            variant.call_copies = copies_needed(runner.static_outputs, imported.out_spec)
         variant.report = self._make_report(variant, cuda_graph_note)
         if self.options.check and self._reference is not None:
             with phases("check"):
@@ -314,9 +323,20 @@ class CompiledModel:
         if variant is None:  # a new shape signature: compile once more and cache
             variant = self._compile(tuple(args), dict(kwargs), flat)
         with on_device(first_device(flat)):  # kfuse's kernels and graph replays on the inputs' GPU
-            out = variant.run(flat)
+            out = variant.run(flat, rebuilt=True)
         spec = variant.imported.out_spec
         return out[0] if spec.is_leaf() else pytree.tree_unflatten(out, spec)
+
+    def step_errors(self, *args: Any, **kwargs: Any) -> tuple[list[Any], float]:
+        """Each plan step's own error on these inputs against PyTorch's ops for the same graph, and the output's
+        error (``kfuse.runtime.step_errors``): a wrong kernel stands out as itself, error a deep net amplifies
+        as small step errors under a larger output error."""
+        from kfuse.runtime.step_errors import step_errors
+
+        flat, _ = pytree.tree_flatten((tuple(args), {k: kwargs[k] for k in self._kw_order if k in kwargs}))
+        variant = self.variants.get(_signature(flat)) or self._compile(tuple(args), dict(kwargs), flat)
+        with on_device(first_device(flat)):
+            return step_errors(variant.plan, [flat[i] for i in variant.imported.flat_input_index])
 
     # ---- reporting -----------------------------------------------------------------------
     @property

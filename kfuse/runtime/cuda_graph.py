@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from kfuse.runtime.executor import Plan, execute
+from kfuse.runtime.output_copy import fresh_copies
 
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, str, tuple[int, ...]], ...]
 
@@ -156,7 +157,7 @@ class CudaGraphRunner:
         return self.graph is not None
 
     # ---- calling -------------------------------------------------------------------------
-    def __call__(self, inputs: Sequence[torch.Tensor], clone_outputs: bool = True) -> list[torch.Tensor]:
+    def __call__(self, inputs: Sequence[torch.Tensor], clone_outputs: bool | Sequence[bool] = True) -> list[torch.Tensor]:
         if self.graph is None or signature(inputs) != self.signature:
             self.eager_calls += 1
             return execute(self.plan, inputs)
@@ -165,7 +166,7 @@ class CudaGraphRunner:
                 dst.copy_(src)
         self.graph.replay()
         self.replays += 1
-        return [o.clone() for o in self.static_outputs] if clone_outputs else list(self.static_outputs)
+        return fresh_copies(self.static_outputs, clone_outputs)  # the next replay overwrites them
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -212,3 +212,22 @@ def test_a_data_dependent_shape_goes_through_dynamo() -> None:
     for _ in range(3):  # other rows selected: other sizes
         t = torch.randn(9, 8, generator=gen).to(DEVICE)
         torch.testing.assert_close(cm(t), m(t))
+
+
+@pytest.mark.gpu
+def test_a_returned_kv_cache_survives_the_next_call_on_the_gpu() -> None:
+    """Under a CUDA graph the cache's tensors are not copied out of the graph's buffers by kfuse (the
+    DynamicCache rebuild copies them, ``kfuse.runtime.output_copy``): a second call must not change the first
+    call's cache, nor its hidden state, which kfuse does copy."""
+    model = _llama().half()
+    compiled = kfuse.compile(model, (_ids(),))
+    assert compiled.report["cuda_graph"] == "captured"
+    assert compiled.variant.call_copies is not None and not all(compiled.variant.call_copies)
+    a, b = _ids(), _ids()
+    with torch.no_grad():
+        got_a = compiled(a)
+        got_b = compiled(b)  # replays into the same buffers
+        ref_a, ref_b = model(a), model(b)
+    assert max_rel_err(got_a.last_hidden_state, ref_a.last_hidden_state) < 2e-2
+    assert _cache_err(got_a.past_key_values, ref_a.past_key_values) < 2e-2
+    assert _cache_err(got_b.past_key_values, ref_b.past_key_values) < 2e-2
