@@ -19,6 +19,7 @@ recorded as crashed and the next worker goes on with the rest.
     PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/e --smoke --set explore   # 31 more, CPU only (~25 min)
     PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/e --smoke --set explore2  # 27 more (audio too), CPU (~20 min)
     PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/t --set torchvision        # 15 torchvision models (GPU)
+    PYTHONPATH=. python benchmarks/zoo_sweep.py --out /tmp/d --set diffusers          # SD 1.5's UNet and VAE decoder
 
 Decoders run 4 of their layers (widths of the named checkpoint): the sweep is about coverage, and per
 layer the work is the same.
@@ -276,8 +277,26 @@ TORCHVISION: dict[str, Arch] = {
         ("segmentation.lraspp_mobilenet_v3_large", 520, 64),
     ]
 }  # fmt: skip
-SETS = {"zoo": ARCHS, "explore": EXPLORE, "explore2": EXPLORE2, "torchvision": TORCHVISION}
-ALL_ARCHS = {**ARCHS, **EXPLORE, **EXPLORE2, **TORCHVISION}
+# ``--set diffusers``: Stable Diffusion 1.5's denoising UNet (one step: latents [2, 4, 64, 64], the prompt's and the
+# empty prompt's text states [2, 77, 768], as classifier-free guidance runs it) and its VAE decoder (latents
+# [1, 4, 64, 64] -> a 512 x 512 image), the checkpoint's widths with random weights (``config="diffusers"``,
+# ``model`` the class in ``diffusers``, ``.decoder`` for a part). GroupNorm + SiLU, cross-attention and nearest
+# upsampling are the ops these add over the other sets. Needs ``diffusers`` (a dev dependency; on the GPU machine
+# carried as wheels).
+SD15_UNET = dict(cross_attention_dim=768)  # UNet2DConditionModel's defaults are SD 1.5's but this
+SD15_VAE = dict(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=4, sample_size=512)  # fmt: skip
+DIFFUSERS: dict[str, Arch] = {
+    "sd15-unet": Arch("diffusers", "UNet2DConditionModel", "latent-text", "stable-diffusion-v1-5 unet", SD15_UNET,
+                      dict(block_out_channels=(16, 32), layers_per_block=1, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                           up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16, attention_head_dim=8,
+                           norm_num_groups=4, sample_size=8)),
+    "sd15-vae-decoder": Arch("diffusers", "AutoencoderKL.decoder", "latent", "stable-diffusion-v1-5 vae", SD15_VAE,
+                             dict(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                                  block_out_channels=(16, 32), layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=8)),
+}  # fmt: skip
+SETS = {"zoo": ARCHS, "explore": EXPLORE, "explore2": EXPLORE2, "torchvision": TORCHVISION, "diffusers": DIFFUSERS}
+ALL_ARCHS = {**ARCHS, **EXPLORE, **EXPLORE2, **TORCHVISION, **DIFFUSERS}
 ENCODERS = ("distilbert", "roberta", "albert", "deberta-v2", "mobilebert", "mpnet", "t5-encoder", "squeezebert")
 BATCH = {"text": 8, "image": 32, "audio": 8}
 AUDIO_SAMPLES = 16000 * 10  # ten seconds at 16 kHz
@@ -293,6 +312,8 @@ def build(name: str, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[A
     a = ALL_ARCHS[name]
     if a.config == "torchvision":
         return build_torchvision(a, smoke, device, dtype)
+    if a.config == "diffusers":
+        return build_diffusers(a, smoke, device, dtype)
     cfg = getattr(transformers, a.config)()
     over = {**(TEXT_TINY if a.kind == "text" else IMAGE_TINY), **a.tiny} if smoke else dict(a.gpu)
     if not smoke and a.kind == "text" and name not in ENCODERS:
@@ -356,6 +377,30 @@ def build_torchvision(a: Arch, smoke: bool, device: str, dtype: Any) -> tuple[An
     x = torch.randn(b, 3, size, size, generator=gen).to(device=device)
     calibrate_batch_norms(model, x)
     return model.to(dtype), (x.to(dtype),), {}
+
+
+def build_diffusers(a: Arch, smoke: bool, device: str, dtype: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """A diffusers model with PyTorch's default initialisation (its GroupNorms keep activations in range) and its
+    inputs: the UNet's noisy latents, a timestep per image and the text states; the VAE decoder's latents."""
+    import diffusers
+    import torch
+
+    cls, _, part = a.model.partition(".")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = getattr(diffusers, cls)(**(a.tiny if smoke else a.gpu))
+        model = (getattr(model, part) if part else model).eval()
+    gen = torch.Generator().manual_seed(1)
+    size = (a.tiny if smoke else a.gpu).get("sample_size", 64)
+    if a.kind == "latent-text":  # the UNet: latents at the model's sample size, the text states [B, 77, cross_attention_dim]
+        b, tokens, width = (2, 7, a.tiny["cross_attention_dim"]) if smoke else (2, 77, a.gpu["cross_attention_dim"])
+        latents = torch.randn(b, 4, size, size, generator=gen)
+        text = torch.randn(b, tokens, width, generator=gen)
+        t = torch.full((b,), 981, dtype=torch.long)
+        return model.to(dtype), (latents.to(device, dtype), t.to(device), text.to(device, dtype)), {}
+    down = 2 ** (len((a.tiny if smoke else a.gpu)["block_out_channels"]) - 1)  # the decoder's latents: the image size / 2^(blocks-1)
+    z = torch.randn(1 if not smoke else 2, 4, size // down, size // down, generator=gen)
+    return model.to(dtype), (z.to(device, dtype),), {}
 
 
 def audio_shape(kind: str, cfg: Any, smoke: bool) -> tuple[int, ...]:
@@ -562,7 +607,8 @@ def main() -> None:
         default="zoo",
         choices=sorted(SETS),
         help="zoo: the 22 benchmarked architectures; explore, explore2: 31 and 27 more (--smoke; GPU widths for a few); "
-        "torchvision: 15 torchvision models (12 classifiers, 3 segmentation heads)",
+        "torchvision: 15 torchvision models (12 classifiers, 3 segmentation heads); diffusers: Stable Diffusion 1.5's UNet and "
+        "VAE decoder",
     )
     p.add_argument("--only", default="", help="comma list (default: the whole set) of: " + ",".join(ALL_ARCHS))
     p.add_argument("--baselines", default="eager,eager_cudagraph,compile")

@@ -51,6 +51,9 @@ class Options:
     merge_activated: bool = False
     # a conv reads x * s[N, C, 1, 1] (squeeze-excitation: RegNet-Y, EfficientNet) through its input loads
     input_scale: bool = True
+    # GroupNorm as one op with its SiLU (kfuse.kernels.group_norm: two passes over the map, timed against PyTorch's
+    # GroupNorm on the GPU); off: the layer-norm form the importer wrote before session 44, for an A/B
+    group_norm: bool = True
     fuse_gated_mlp: bool = True  # merged gate/up GEMM + act(gate) * up -> one two-accumulator GEMM, where measured faster
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
     # 4-D outputs of an NHWC graph: "channels_last" keeps them as the kernels wrote them, "nchw"
@@ -92,8 +95,12 @@ class Options:
 
 def default_pipeline(options: Options, device: torch.device | None = None) -> list[tuple[str, Pass]]:
     """The stages ``options`` asks for; ``device``: where the compiled plan runs (the tuning stage times kernels there)."""
-    stages: list[tuple[str, Pass]] = [
-        ("dce", dce),
+    stages: list[tuple[str, Pass]] = [("dce", dce)]
+    if not options.group_norm:
+        from kfuse.passes.group_norm import decompose
+
+        stages.append(("decompose_group_norm", decompose))
+    stages += [
         ("fold_batch_norm", fold_batch_norm),
         ("constant_fold", constant_fold),
         ("algebraic_simplify", algebraic_simplify),
@@ -184,6 +191,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.fuse_conv_activation import fuse_conv_activation
 
         stages.append(("fuse_conv_activation", fuse_conv_activation))
+    if options.group_norm:  # a GroupNorm's SiLU into its kernel, before fuse_pointwise takes it
+        from kfuse.passes.group_norm import fuse_silu
+
+        stages.append(("group_norm_silu", fuse_silu))
     if options.fuse_pointwise:  # last fusion stage: takes whatever elementwise glue is left
         from kfuse.passes.fuse_pointwise import fuse_pointwise
 

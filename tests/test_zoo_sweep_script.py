@@ -91,3 +91,20 @@ def test_explore2_architectures_run_their_new_kernels(tmp_path: Path) -> None:
     assert recs["gptj"]["templates"]["rotary"] == 4
     assert recs["whisper-encoder"]["input"] == [2, 16, 32] and recs["whisper-encoder"]["templates"]["conv_epilogue"] == 2
     assert recs["squeezebert"]["templates"]["conv_epilogue"] >= 12
+
+
+def test_diffusers_set_compiles_with_no_fallback(tmp_path: Path) -> None:
+    """Stable Diffusion 1.5's UNet (one denoising step: latents, a timestep per image, text states) and its VAE
+    decoder, tiny widths in the interpreter: compiled, checked against eager, no fallback op, every attention
+    fused and the nearest upsampling a kernel."""
+    pytest.importorskip("diffusers")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    argv = [sys.executable, str(ROOT / "benchmarks/zoo_sweep.py"), "--smoke", "--set", "diffusers", "--out", str(tmp_path)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = {r["case"]: r for r in json.loads((tmp_path / "zoo_sweep.json").read_text())}
+    assert set(recs) == {"sd15-unet", "sd15-vae-decoder"}
+    for r in recs.values():
+        assert r["compiled"] and r["ok"] and r["max_rel_err"] < 1e-4 and r["fallback"] == [], r
+        assert r["templates"]["resize"] >= 1 and r["templates"]["fused_attention"] >= 1, r["templates"]
+    assert recs["sd15-unet"]["input"] == [2, 4, 8, 8]

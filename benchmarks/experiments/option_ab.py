@@ -18,8 +18,19 @@ Session 42's cases and predictions (written before any GPU run; fp16, batch and 
   launch; the split costs one more GEMM launch and reads the LayerNorm output twice (4 / 2 MB). Prediction: off
   faster by 20-50 us on GPT-J's 4 layers, 10-30 us on Phi's; more if the MLP pair then fuses back to back.
 
+Session 44's cases (diffusers wheels on the path: BENCHMARKS.md "Next runs"):
+
+* ``sd15-unet:group_norm`` (SD 1.5's UNet, B2, latents 64 x 64) and ``sd15-vae-decoder:group_norm`` (B1, 512 x 512):
+  GroupNorm + SiLU as two passes over the map (on) or the layer-norm form, a copy, the norm and a pointwise
+  kernel (off). Floor of what it removes, counted from the architectures: the UNet's 61 GroupNorms read and write
+  ~150 MB of maps, 6x in the old form and 3x in the new, so ~450 MB (~150 us at 3 TB/s; most maps fit the L2) and
+  ~120 launches; the VAE decoder's ~30 read ~900 MB of maps (up to 67 MB each at 512 x 512), so ~2.7 GB (~0.9 ms).
+  Predictions: UNet -0.2..-0.5 ms, VAE decoder -0.6..-1.2 ms. On the GPU each norm also races PyTorch's own
+  GroupNorm + SiLU (two kernels) and keeps the faster, so "on" should be no slower than "off" on any shape.
+
     PYTHONPATH=. python benchmarks/experiments/option_ab.py --out $OUT                        # H200
     PYTHONPATH=. python benchmarks/experiments/option_ab.py --smoke --case regnet:input_scale  # CPU check
+    PYTHONPATH=.:/tmp/site python benchmarks/experiments/option_ab.py --case sd15-unet:group_norm,sd15-vae-decoder:group_norm --out $OUT
 """
 
 from __future__ import annotations

@@ -777,12 +777,14 @@ def _native_group_norm(c: Ctx, a: tuple, k: dict) -> list:
 
 
 def _group_norm_of(c: Ctx, x: str, groups: int, w: str | None, bias: str | None, eps: float) -> str:
-    """GroupNorm as a layer norm over each (sample, group) row of ``C / G * H * W`` values, then the per-channel
-    affine: the norm template (or PyTorch's layer_norm for very long rows) and one fused elementwise step, not
-    a fallback (ConvBERT, MobileViT-V2, diffusion U-Nets)."""
+    """GroupNorm with its affine as one ``group_norm`` op (``kfuse.kernels.group_norm``: diffusion U-Nets and VAEs,
+    MobileViT-V2, ConvBERT); without weight or bias, or on [N, C], a layer norm over each (sample, group) row of
+    ``C / G * H * W`` values, then the per-channel affine (``kfuse.passes.group_norm.decompose`` writes the same)."""
     t = c.ttype(x)
     if t.rank < 2 or t.shape[1] % groups:
         raise _Unsupported()
+    if t.rank >= 3 and w is not None and bias is not None:  # one op (two kernels); ``Options.group_norm=False`` decomposes it
+        return c.op("group_norm", [x, w, bias], groups=groups, eps=eps)
     n, ch = t.shape[0], t.shape[1]
     length = ch // groups * math.prod(t.shape[2:])
     y = c.op("reshape", [x], shape=(n, groups, length))

@@ -418,6 +418,14 @@ def _avg_pool2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     )
 
 
+@register("group_norm", OTHER, arity=3)
+def _group_norm(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    """``F.group_norm`` with weight and bias (inputs x, weight, bias), then SiLU where ``act`` is "silu"
+    (``kfuse.passes.group_norm``; the kernel in ``kfuse.kernels.group_norm``)."""
+    y = F.group_norm(xs[0], a["groups"], xs[1], xs[2], a.get("eps", 1e-5))
+    return F.silu(y) if a.get("act") == "silu" else y
+
+
 @register("upsample2d", OTHER, arity=1)
 def _upsample2d(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     """``F.interpolate`` on 4-D input, bilinear or nearest, as PyTorch's own op (the scale factor the caller gave,

@@ -105,6 +105,13 @@ def _lower_max_pool(node: Node, graph: Graph, backend: str, options: Any = None)
     return lower_max_pool2d(node, graph, backend, options)
 
 
+@lowering("group_norm")
+def _lower_group_norm(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
+    from kfuse.kernels.group_norm import lower_group_norm
+
+    return lower_group_norm(node, graph, backend, options)
+
+
 @lowering("upsample2d")
 def _lower_upsample(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
     from kfuse.kernels.resize import lower_upsample2d

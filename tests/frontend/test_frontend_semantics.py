@@ -393,13 +393,18 @@ class _GroupNorms(torch.nn.Module):
         return self.g4(x), self.g1(x) * 2, self.bare(s)
 
 
-def test_group_norm_is_a_layer_norm_over_groups_plus_the_channel_affine() -> None:
+def test_group_norm_is_its_own_kernel_with_affine_and_a_layer_norm_over_groups_without() -> None:
     x, s = torch.randn(2, 12, 5, 7) * 3 + 1, torch.randn(3, 12, 9)
     model = _GroupNorms()
     cm = kfuse.compile(model, (x, s))
     assert cm.report["fallback"] == [], cm.report["fallback"]
-    assert sum(k["template"] == "fused_norm" for k in cm.report["kernels"]) == 3, cm.report["kernels"]
+    templates = [k["template"] for k in cm.report["kernels"]]
+    assert templates.count("group_norm") == 2 and templates.count("fused_norm") == 1, cm.report["kernels"]
     for got, want in zip(cm(x, s), model(x, s), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    old = kfuse.compile(model, (x, s), group_norm=False)  # the layer-norm form for all three
+    assert sum(k["template"] == "fused_norm" for k in old.report["kernels"]) == 3, old.report["kernels"]
+    for got, want in zip(old(x, s), model(x, s), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     xc = x.contiguous(memory_format=torch.channels_last)  # a conv net's layout: the group rows are not contiguous
     for got, want in zip(kfuse.compile(model, (xc, s))(xc, s), model(xc, s), strict=True):
