@@ -146,4 +146,7 @@ def lower_group_norm(node: Any, graph: Any, backend: str, options: Any = None) -
         return group_norm(xs[0], a["groups"], xs[1], xs[2], a.get("eps", 1e-5), silu)
 
     desc = f"{a['groups']} groups" + (" + SiLU" if silu else "")
-    return measured_step(node, graph, backend, run, "group_norm", desc)
+    # in a graph the layout pass made NHWC, a 4-D map reaches the norm channels-last (PyTorch's ops and kfuse's
+    # kernels keep the format) even where its type, set on conv outputs only, does not say so
+    nhwc = any(n.op == "to_nhwc" for n in graph.nodes)
+    return measured_step(node, graph, backend, run, "group_norm", desc, channels_last=nhwc)

@@ -58,19 +58,28 @@ def tile(N, C, OH, OW, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     return offs_c, mask_p, mask_c, n, rem // OW, rem % OW
 
 
-def measured_step(node: Any, graph: Any, backend: str, run: Callable[[list[torch.Tensor]], torch.Tensor], template: str, desc: str) -> Any:
+def measured_step(
+    node: Any, graph: Any, backend: str, run: Callable[[list[torch.Tensor]], torch.Tensor], template: str, desc: str,
+    channels_last: bool = False,
+) -> Any:  # fmt: skip
     """The Step running ``run`` for ``node``; on a GPU only where it is measured faster than the op's PyTorch
-    reference (None: the executor runs PyTorch's). The pool and resize kernels' lowering."""
+    reference (None: the executor runs PyTorch's). The pool, resize and GroupNorm kernels' lowering.
+    ``channels_last``: time on a channels-last first input, the layout it has at run time, where the graph's
+    type does not say so (an NHWC graph's activations after ops other than convs)."""
     if backend == "torch":
         return None
     from kfuse.ir import ops
     from kfuse.runtime.executor import KernelInfo, Step
 
     if backend == "triton" and torch.cuda.is_available():
-        from kfuse.runtime.choice import choose, problem_key
+        from kfuse.runtime.choice import choose, example_inputs, problem_key
 
         ref, a = ops.get(node.op).reference, dict(node.attrs)
-        choice, times = choose(node, graph, {"kernel": run, "torch": lambda xs: ref(xs, a)}, problem_key(node, graph))
+        xs = example_inputs(node, graph) if channels_last else None  # None: choose makes them on a cache miss only
+        if xs is not None and xs[0].dim() == 4:
+            xs[0] = xs[0].contiguous(memory_format=torch.channels_last)
+        key = problem_key(node, graph, "channels_last") if channels_last else problem_key(node, graph)
+        choice, times = choose(node, graph, {"kernel": run, "torch": lambda xs: ref(xs, a)}, key, inputs=xs)
         if choice != "kernel":
             return None
         desc += f"; {times['kernel'] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"

@@ -135,3 +135,35 @@ def test_diffusion_shapes_on_the_gpu(shape, groups) -> None:
     w, b = torch.randn(shape[1], device="cuda").half(), torch.randn(shape[1], device="cuda").half()
     got = group_norm(x, groups, w, b, silu=True, out=torch.full_like(x, float("nan")))
     torch.testing.assert_close(got.float(), _reference(x, groups, w, b, True), rtol=5e-3, atol=5e-3)
+
+
+def test_the_gpu_choice_is_timed_on_the_layout_the_norm_runs_in(monkeypatch) -> None:
+    """In a graph the layout pass made NHWC the norm's input is channels-last at run time even where its type
+    (set on conv outputs only) says otherwise: the kernel-vs-PyTorch choice is timed on that layout, under its
+    own cache key. Elsewhere the inputs are the types' own (made on a cache miss only)."""
+    from kfuse.compiler import optimize
+    from kfuse.frontend.torch_export import import_module
+    from kfuse.kernels import group_norm as gn
+    from kfuse.runtime import choice
+
+    seen = []
+
+    def fake_choose(node, graph, candidates, key, inputs=None):
+        seen.append((key, inputs))
+        return "kernel", {"kernel": 1e-3, "torch": 2e-3}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(choice, "choose", fake_choose)
+    monkeypatch.setattr(choice, "example_inputs", lambda node, graph: [torch.randn(graph.type_of(i).shape) for i in node.inputs])
+    x = torch.randn(2, 8, 9, 7)
+    for nhwc in (True, False):
+        imp = import_module(_Block().eval(), (x,), {}, "block")
+        g = optimize(imp.graph, Options(tune="none", layout="auto" if nhwc else "nchw")).graph
+        node = next(n for n in g.nodes if n.op == "group_norm")
+        step = gn.lower_group_norm(node, g, "triton")
+        assert step is not None and "vs PyTorch" in step.info.config
+        key, inputs = seen[-1]
+        if nhwc:
+            assert "channels_last" in key and inputs[0].is_contiguous(memory_format=torch.channels_last)
+        else:
+            assert "channels_last" not in key and inputs is None
