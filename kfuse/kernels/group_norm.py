@@ -5,13 +5,14 @@ GroupNorm normalises each (image, group of C / G channels) over its channels and
 GroupNorm + SiLU cost a copy, the norm and a pointwise kernel: 3 reads and 3 writes of the map. Here it is
 2 reads and 1 write:
 
-1. ``_partial_sums``: program (image, pixel slice) sums x and x^2 per channel over its pixels, then per group
+1. ``_partial_sums``: program (image, pixel slice) sums x - k and (x - k)^2 per channel over its pixels, then per group
    (a one-hot [BLOCK_C, G] product, so a group may span channel blocks and C / G need not be a power of two),
    and writes its [G] partial sums. No atomics: the result is the same every run.
 2. ``_normalize``: program (image, pixel slice) reduces the [slices, G] partial sums of its image to each
    group's mean and 1 / std, and writes ``(x - mean) * rstd * w + b``, then SiLU if asked, over its pixels.
 
-The variance is E[x^2] - mean^2 in fp32 (clamped at 0); the tests include inputs with mean 3 and std 1. Pixels
+The variance is E[(x - k)^2] - E[x - k]^2 in fp32, k the group's first value, so a mean far from zero cancels
+nothing (the tests include mean 100, std 1). Pixels
 are one flattened dim, so any layout whose spatial dims merge (NCHW, NHWC, [N, C, L]) runs without a copy.
 """
 
@@ -39,14 +40,17 @@ def _partial_sums(x_ptr, part_ptr, C, HW, G, CG, ROWS, sxn, sxc, sxp,
     for c0 in range(0, C, BLOCK_C):
         cs = c0 + tl.arange(0, BLOCK_C)
         c_ok = cs < C
+        # sums of x - k, k the group's first value: no cancellation in E[x^2] - mean^2 where |mean| >> std
+        k = tl.load(x_ptr + n * sxn + (cs // CG) * CG * sxc, mask=c_ok, other=0.0).to(tl.float32)
         c_sum = tl.zeros([BLOCK_C], dtype=tl.float32)
         c_sq = tl.zeros([BLOCK_C], dtype=tl.float32)
         for r0 in range(r_lo, r_hi, BLOCK_R):
             rows = r0 + tl.arange(0, BLOCK_R)
             ok = (rows < r_hi)[:, None] & c_ok[None, :]
             x = tl.load(x_ptr + n * sxn + rows[:, None] * sxp + cs[None, :] * sxc, mask=ok, other=0.0).to(tl.float32)
-            c_sum += tl.sum(x, 0)
-            c_sq += tl.sum(x * x, 0)
+            d = tl.where(ok, x - k[None, :], 0.0)
+            c_sum += tl.sum(d, 0)
+            c_sq += tl.sum(d * d, 0)
         hot = ((cs[:, None] // CG) == gs[None, :]) & c_ok[:, None]  # channel -> its group
         g_sum += tl.sum(tl.where(hot, c_sum[:, None], 0.0), 0)
         g_sq += tl.sum(tl.where(hot, c_sq[:, None], 0.0), 0)
@@ -65,8 +69,9 @@ def _normalize(x_ptr, part_ptr, w_ptr, b_ptr, y_ptr, C, HW, G, CG, ROWS, S, coun
     ss = tl.arange(0, BLOCK_S)
     ok = (ss < S)[:, None] & (gs < G)[None, :]
     part = part_ptr + (n * S + ss[:, None]) * 2 * G + gs[None, :]
-    mean = tl.sum(tl.load(part, mask=ok, other=0.0), 0) / count
-    var = tl.maximum(tl.sum(tl.load(part + G, mask=ok, other=0.0), 0) / count - mean * mean, 0.0)
+    shifted = tl.sum(tl.load(part, mask=ok, other=0.0), 0) / count  # the mean of x - k
+    var = tl.maximum(tl.sum(tl.load(part + G, mask=ok, other=0.0), 0) / count - shifted * shifted, 0.0)
+    mean = tl.load(x_ptr + n * sxn + gs * CG * sxc, mask=gs < G, other=0.0).to(tl.float32) + shifted
     rstd = 1.0 / tl.sqrt(var + eps)
     r_lo = s * ROWS
     r_hi = tl.minimum(r_lo + ROWS, HW)

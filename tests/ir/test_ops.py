@@ -85,6 +85,8 @@ CASES = [
     ),
     ("avg_pool2d", [((2, 3, 9, 9), F32)], {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 0), "ceil_mode": True}),
     ("adaptive_avg_pool2d", [((2, 3, 9, 7), F32)], {"output_size": (1, 1)}),
+    ("group_norm", [((2, 6, 5, 7), F32), ((6,), F32), ((6,), F32)], {"groups": 3, "eps": 1e-5}),
+    ("group_norm", [((2, 8, 9), F32), ((8,), F32), ((8,), F32)], {"groups": 2, "act": "silu"}),
     ("upsample2d", [((2, 3, 5, 7), F32)], {"mode": "bilinear", "size": (11, 13), "align_corners": False}),
     ("upsample2d", [((2, 3, 5, 7), F32)], {"mode": "nearest", "size": (10, 14), "scale_factors": (2.0, 2.0)}),
     ("upsample2d", [((1, 2, 3, 4), F32)], {"mode": "nearest", "size": (21, 9), "nearest_divide": True}),
