@@ -152,7 +152,9 @@ def compile_cmd(
         png = (report.with_suffix("") if report else Path(f"kfuse_profile_{model.replace('/', '_')}")).as_posix() + "_profile.png"
         plot_profile(variant.profile, png, title=f"kfuse profile: {model}")
         console.print(f"profile chart written to {png}")
-    if step_errors > 0 and variant is not None:
+    if step_errors > 0 and variant is None:
+        console.print("--step-errors needs one compiled graph; this model went through Dynamo (report['frontend'])", markup=False)
+    elif step_errors > 0:
         _print_step_errors(compiled, args, kwargs, step_errors, rep)
     if report is not None:
         report.write_text(json.dumps(rep, indent=2, default=str))

@@ -104,6 +104,16 @@ def _pixel_stride(t: torch.Tensor) -> int | None:
     return step
 
 
+def row_tile(pixels: int, block_c: int, programs: int = 528) -> int:
+    """Pixels a tile: up to 64 (a 64 x 64 tile), fewer where the map is too small to give ``programs``
+    programs of 64 (SD's U-Net at 64 x 64 latents, B2: 8,192 pixels -> 8-pixel tiles, 512 programs instead of
+    128). Neither kernel pipelines its loads, so only more programs an SM hide their latency."""
+    tile = max(8, min(64, 4096 // block_c))
+    while tile > 8 and pixels < programs * tile:
+        tile //= 2
+    return tile
+
+
 def launch_shape(n: int, hw: int, block_r: int, programs: int = 528) -> tuple[int, int]:
     """(slices per image, pixels per slice): about ``programs`` programs in all (4 per SM on an H200), each
     slice a whole number of ``block_r`` row tiles."""
@@ -131,7 +141,7 @@ def group_norm(
     hw = x[0, 0].numel()
     cg = c // groups
     block_c = min(64, triton.next_power_of_2(c))
-    block_r = max(8, min(64, 4096 // block_c))
+    block_r = row_tile(n * hw, block_c)
     block_g = triton.next_power_of_2(groups)
     s, rows = launch_shape(n, hw, block_r)
     part = torch.empty((n, s, 2, groups), device=x.device, dtype=torch.float32)
