@@ -54,6 +54,9 @@ class Options:
     # GroupNorm as one op with its SiLU (kfuse.kernels.group_norm: two passes over the map, timed against PyTorch's
     # GroupNorm on the GPU); off: the layer-norm form the importer wrote before session 44, for an A/B
     group_norm: bool = True
+    # an NHWC graph's global average pools (squeeze-excitation, the head) as kfuse.kernels.global_pool, coalesced
+    # along the channels; off: the generated row reduction, as before session 44
+    global_pool: bool = True
     fuse_gated_mlp: bool = True  # merged gate/up GEMM + act(gate) * up -> one two-accumulator GEMM, where measured faster
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
     # 4-D outputs of an NHWC graph: "channels_last" keeps them as the kernels wrote them, "nchw"
@@ -198,7 +201,7 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
     if options.fuse_pointwise:  # last fusion stage: takes whatever elementwise glue is left
         from kfuse.passes.fuse_pointwise import fuse_pointwise
 
-        stages.append(("fuse_pointwise", fuse_pointwise))
+        stages.append(("fuse_pointwise", lambda g: fuse_pointwise(g, options.global_pool)))
     if options.tune != "none":  # it tunes the GEMM/conv kernels the fusion stages made
         from kfuse.tune.tuner import tune_graph
 

@@ -28,6 +28,11 @@ Session 44's cases (diffusers wheels on the path: BENCHMARKS.md "Next runs"):
   Predictions: UNet -0.2..-0.5 ms, VAE decoder -0.6..-1.2 ms. On the GPU each norm also races PyTorch's own
   GroupNorm + SiLU (two kernels) and keeps the faster, so "on" should be no slower than "off" on any shape.
 
+* ``regnet:global_pool`` and ``efficientnet:global_pool``: an NHWC graph's global average pools as a kernel reading
+  along the channels (on) or as the generated row reduction, whose rows read pixels C elements apart (off). Floor:
+  the SE maps, ~193 MB on RegNet-Y-040 B32 and ~148 MB on EfficientNet-B0. Predictions: RegNet-Y -60..-150 us,
+  EfficientNet-B0 -40..-100 us; less if the L2 absorbed the strided reads.
+
     PYTHONPATH=. python benchmarks/experiments/option_ab.py --out $OUT                        # H200
     PYTHONPATH=. python benchmarks/experiments/option_ab.py --smoke --case regnet:input_scale  # CPU check
     PYTHONPATH=.:/tmp/site python benchmarks/experiments/option_ab.py --case sd15-unet:group_norm,sd15-vae-decoder:group_norm --out $OUT

@@ -162,12 +162,15 @@ def _frame_for(node: Node, region: Region, inner: list[str]) -> str | None:
 
 
 class _Grouper:
-    def __init__(self, g: Graph) -> None:
+    def __init__(self, g: Graph, global_pool: bool = True) -> None:
         self.g = g
         self.users = g.users()
         self.order = {n.name: i for i, n in enumerate(g.nodes)}
         self.region_of: dict[str, int] = {}
         self.regions: list[Region] = []
+        # an NHWC graph's global average pools run kfuse.kernels.global_pool (coalesced along the channels), not
+        # the generated reduction, whose rows would read pixels C elements apart
+        self.nhwc = global_pool and any(n.op == "to_nhwc" for n in g.nodes)
 
     def reaches(self, rid: int, target: str) -> bool:
         """Is ``target`` reachable from region ``rid`` with regions contracted to one node?"""
@@ -250,6 +253,8 @@ class _Grouper:
         return out
 
     def visit(self, node: Node) -> None:
+        if node.op == "adaptive_avg_pool2d" and self.nhwc:
+            return
         red = reduction_dims(node, self.g)
         if red is not None:
             dims, keep = red
@@ -391,9 +396,10 @@ def _fused_node(g: Graph, reg: Region, outputs: list[Node], name: str) -> Node:
     return Node(name, "pointwise", tuple(pb.inputs), ty, attrs)
 
 
-def fuse_pointwise(graph: Graph) -> Graph:
-    """Replace each region of elementwise ops (+ one single-axis reduction) with a ``pointwise`` node."""
-    gr = _Grouper(graph)
+def fuse_pointwise(graph: Graph, global_pool: bool = True) -> Graph:
+    """Replace each region of elementwise ops (+ one single-axis reduction) with a ``pointwise`` node;
+    ``global_pool``: an NHWC graph's global average pools stay for ``kfuse.kernels.global_pool``."""
+    gr = _Grouper(graph, global_pool)
     for node in graph.nodes:
         gr.visit(node)
     graph_outputs = set(graph.outputs)

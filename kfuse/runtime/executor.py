@@ -112,6 +112,13 @@ def _lower_group_norm(node: Node, graph: Graph, backend: str, options: Any = Non
     return lower_group_norm(node, graph, backend, options)
 
 
+@lowering("adaptive_avg_pool2d")
+def _lower_global_pool(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
+    from kfuse.kernels.global_pool import lower_global_avg_pool
+
+    return lower_global_avg_pool(node, graph, backend, options)
+
+
 @lowering("upsample2d")
 def _lower_upsample(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
     from kfuse.kernels.resize import lower_upsample2d
