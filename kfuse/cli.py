@@ -171,12 +171,13 @@ def _print_step_errors(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, A
     table = Table(title=f"the {min(top, len(rows))} steps with the largest error of their own (of {len(rows)})")
     for col in ("step", "template", "output", "shape", "rel err"):
         table.add_column(col, justify="right" if col in ("step", "rel err") else "left")
-    for r in worst(rows, top):
+    top_rows = worst(rows, top)
+    for r in top_rows:
         table.add_row(str(r.index), r.template, r.output, "x".join(map(str, r.shape)), f"{r.rel_err:.2e}")
     console.print(table)
     largest = max((r.rel_err for r in rows), default=0.0)
     console.print(f"output error {whole:.2e}, largest step error {largest:.2e}", markup=False)
-    rep["step_errors"] = {"output_rel_err": whole, "worst": [r.as_dict() for r in worst(rows, top)]}
+    rep["step_errors"] = {"output_rel_err": whole, "worst": [r.as_dict() for r in top_rows]}
 
 
 @app.command()

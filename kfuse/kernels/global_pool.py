@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.nhwc_window import measured_step
+from kfuse.kernels.nhwc_window import measured_step, pixel_stride
 
 
 @triton.jit
@@ -36,21 +36,12 @@ def _mean_pixels(x_ptr, y_ptr, C, HW, inv, sxn, sxc, sxp, syn, syc, BLOCK_R: tl.
     tl.store(y_ptr + n * syn + cs * syc, (total * inv).to(y_ptr.dtype.element_ty), mask=c_ok)
 
 
-def _pixel_stride(t: torch.Tensor) -> int | None:
-    """The stride of the flattened H x W dims, or None where they do not merge into one."""
-    h, w = t.shape[2:]
-    sh, sw = t.stride()[2:]
-    if w == 1:
-        return sh
-    return sw if (h == 1 or sh == w * sw) else None
-
-
 def global_avg_pool(x: torch.Tensor, out: torch.Tensor | None = None, programs: int = 264) -> torch.Tensor:
     """``F.adaptive_avg_pool2d(x, 1)`` for a 4-D x of any memory format (coalesced where the channels are
     contiguous); the output is [N, C, 1, 1] in x's memory format."""
     if x.dim() != 4:
         raise ValueError(f"global_avg_pool: a 4-D input, got {tuple(x.shape)}")
-    if _pixel_stride(x) is None:
+    if pixel_stride(x) is None:
         x = x.contiguous(memory_format=torch.channels_last)
     n, c, h, w = x.shape
     hw = h * w
@@ -61,7 +52,7 @@ def global_avg_pool(x: torch.Tensor, out: torch.Tensor | None = None, programs: 
     block_c = min(64, triton.next_power_of_2(c))
     while block_c > 16 and n * triton.cdiv(c, block_c) < programs:  # narrower channel blocks: more programs
         block_c //= 2
-    _mean_pixels[(n, triton.cdiv(c, block_c))](x, y, c, hw, 1.0 / hw, x.stride(0), x.stride(1), _pixel_stride(x), y.stride(0),
+    _mean_pixels[(n, triton.cdiv(c, block_c))](x, y, c, hw, 1.0 / hw, x.stride(0), x.stride(1), pixel_stride(x), y.stride(0),
                                                 y.stride(1), BLOCK_R=64, BLOCK_C=block_c, num_warps=4)  # fmt: skip
     return y
 
@@ -71,6 +62,7 @@ def lower_global_avg_pool(node: Any, graph: Any, backend: str, options: Any = No
     only where timed faster than PyTorch's, on the channels-last input it runs on."""
     if tuple(node.attrs.get("output_size", ())) != (1, 1):
         return None
-    nhwc = any(n.op == "to_nhwc" for n in graph.nodes)  # the map is channels-last at run time
+    from kfuse.passes.layout import runs_nhwc
+
     return measured_step(node, graph, backend, lambda xs: global_avg_pool(xs[0]), "global_pool", "mean over H x W",
-                         channels_last=nhwc)  # fmt: skip
+                         channels_last=runs_nhwc(graph))  # fmt: skip

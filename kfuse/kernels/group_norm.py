@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kfuse.kernels.nhwc_window import measured_step
+from kfuse.kernels.nhwc_window import measured_step, pixel_stride
 
 
 @triton.jit
@@ -92,18 +92,6 @@ def _normalize(x_ptr, part_ptr, w_ptr, b_ptr, y_ptr, C, HW, G, CG, ROWS, S, coun
             tl.store(y_ptr + n * syn + rows[:, None] * syp + cs[None, :] * syc, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
-def _pixel_stride(t: torch.Tensor) -> int | None:
-    """The stride of the flattened pixel dim (dims 2..), or None where those dims do not merge into one."""
-    shape, strides = t.shape[2:], t.stride()[2:]
-    step = strides[-1] if shape else 1
-    expect = step
-    for size, stride in zip(reversed(shape), reversed(strides), strict=True):
-        if size != 1 and stride != expect:
-            return None
-        expect = expect * size
-    return step
-
-
 def row_tile(pixels: int, block_c: int, programs: int = 528) -> int:
     """Pixels a tile: up to 64 (a 64 x 64 tile), fewer where the map is too small to give ``programs``
     programs of 64 (SD's U-Net at 64 x 64 latents, B2: 8,192 pixels -> 8-pixel tiles, 512 programs instead of
@@ -132,10 +120,10 @@ def group_norm(
         raise ValueError(f"group_norm: {groups} groups do not divide the channels of a {tuple(x.shape)} input")
     if weight.shape != (x.shape[1],) or bias.shape != (x.shape[1],):
         raise ValueError(f"group_norm: weight {tuple(weight.shape)} and bias {tuple(bias.shape)} must be ({x.shape[1]},)")
-    if _pixel_stride(x) is None:
+    if pixel_stride(x) is None:
         x = x.contiguous()
     y = torch.empty_like(x) if out is None else out
-    if y.shape != x.shape or _pixel_stride(y) is None:
+    if y.shape != x.shape or pixel_stride(y) is None:
         raise ValueError(f"group_norm: out {tuple(y.shape)} must match x {tuple(x.shape)} with mergeable pixel dims")
     n, c = x.shape[:2]
     hw = x[0, 0].numel()
@@ -145,7 +133,7 @@ def group_norm(
     block_g = triton.next_power_of_2(groups)
     s, rows = launch_shape(n, hw, block_r)
     part = torch.empty((n, s, 2, groups), device=x.device, dtype=torch.float32)
-    sx, sy = (x.stride(0), x.stride(1), _pixel_stride(x)), (y.stride(0), y.stride(1), _pixel_stride(y))
+    sx, sy = (x.stride(0), x.stride(1), pixel_stride(x)), (y.stride(0), y.stride(1), pixel_stride(y))
     _partial_sums[(n, s)](x, part, c, hw, groups, cg, rows, *sx, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_G=block_g)
     _normalize[(n, s)](x, part, weight, bias, y, c, hw, groups, cg, rows, s, float(cg * hw), float(eps), *sx, *sy, SILU=silu,
                        BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_G=block_g, BLOCK_S=triton.next_power_of_2(s))  # fmt: skip
@@ -160,8 +148,7 @@ def lower_group_norm(node: Any, graph: Any, backend: str, options: Any = None) -
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
         return group_norm(xs[0], a["groups"], xs[1], xs[2], a.get("eps", 1e-5), silu)
 
+    from kfuse.passes.layout import runs_nhwc
+
     desc = f"{a['groups']} groups" + (" + SiLU" if silu else "")
-    # in a graph the layout pass made NHWC, a 4-D map reaches the norm channels-last (PyTorch's ops and kfuse's
-    # kernels keep the format) even where its type, set on conv outputs only, does not say so
-    nhwc = any(n.op == "to_nhwc" for n in graph.nodes)
-    return measured_step(node, graph, backend, run, "group_norm", desc, channels_last=nhwc)
+    return measured_step(node, graph, backend, run, "group_norm", desc, channels_last=runs_nhwc(graph))

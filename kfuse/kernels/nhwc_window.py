@@ -58,6 +58,18 @@ def tile(N, C, OH, OW, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     return offs_c, mask_p, mask_c, n, rem // OW, rem % OW
 
 
+def pixel_stride(t: torch.Tensor) -> int | None:
+    """The stride of the flattened pixel dim (dims 2..), or None where those dims do not merge into one."""
+    shape, strides = t.shape[2:], t.stride()[2:]
+    step = strides[-1] if shape else 1
+    expect = step
+    for size, stride in zip(reversed(shape), reversed(strides), strict=True):
+        if size != 1 and stride != expect:
+            return None
+        expect = expect * size
+    return step
+
+
 def measured_step(
     node: Any, graph: Any, backend: str, run: Callable[[list[torch.Tensor]], torch.Tensor], template: str, desc: str,
     channels_last: bool = False,

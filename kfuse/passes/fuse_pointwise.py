@@ -25,6 +25,7 @@ from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, ValueType
 from kfuse.kernels.pointwise import Arg, PointwiseProgram, PStep, pow_supported
 from kfuse.kernels.pointwise import reference as program_reference
+from kfuse.passes.layout import runs_nhwc
 
 REDUCTIONS = ("softmax", "log_softmax", "sum", "mean", "amax", "var", "adaptive_avg_pool2d")
 # The generated reduction gives each row one program. T5's fp16 guard, any(isinf(h)) over a whole (B, S, D)
@@ -170,7 +171,7 @@ class _Grouper:
         self.regions: list[Region] = []
         # an NHWC graph's global average pools run kfuse.kernels.global_pool (coalesced along the channels), not
         # the generated reduction, whose rows would read pixels C elements apart
-        self.nhwc = global_pool and any(n.op == "to_nhwc" for n in g.nodes)
+        self.nhwc = global_pool and runs_nhwc(g)
 
     def reaches(self, rid: int, target: str) -> bool:
         """Is ``target`` reachable from region ``rid`` with regions contracted to one node?"""

@@ -121,6 +121,12 @@ def to_nhwc(graph: Graph, pad: str = "auto", multiple: int = 8, keep_outputs: bo
     return dce(b.build(outputs))
 
 
+def runs_nhwc(graph: Graph) -> bool:
+    """Whether ``to_nhwc`` converted this graph: its 4-D activations are then channels-last at run time (PyTorch's
+    ops and kfuse's kernels keep the format) even where a type, set on conv outputs only, does not say so."""
+    return any(n.op == "to_nhwc" for n in graph.nodes)
+
+
 def layout_pass(options: Any = None) -> Any:
     """The pipeline stage for ``Options.layout``: "auto"/"nhwc" convert, "nchw" leaves as is."""
     mode = getattr(options, "layout", "auto")

@@ -308,7 +308,9 @@ class CompiledModel:
             if x.dim() != rank:
                 raise KfuseInputError(f"{self.name}: input {path} has rank {x.dim()} (shape {tuple(x.shape)}), compiled for rank {rank}")
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _variant_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Variant, list[Any]]:
+        """The variant for a call's inputs (compiled on a new shape signature) and the flat inputs, checked
+        against what the model was compiled for."""
         if self._positional and not kwargs and len(args) == len(self._ranks) and all(type(a) is torch.Tensor for a in args):
             flat = list(args)  # the example's structure: nothing for pytree to find
         else:
@@ -322,6 +324,10 @@ class CompiledModel:
         variant = self.variants.get(_signature(flat))
         if variant is None:  # a new shape signature: compile once more and cache
             variant = self._compile(tuple(args), dict(kwargs), flat)
+        return variant, flat
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        variant, flat = self._variant_for(args, kwargs)
         with on_device(first_device(flat)):  # kfuse's kernels and graph replays on the inputs' GPU
             out = variant.run(flat, rebuilt=True)
         spec = variant.imported.out_spec
@@ -333,8 +339,7 @@ class CompiledModel:
         as small step errors under a larger output error."""
         from kfuse.runtime.step_errors import step_errors
 
-        flat, _ = pytree.tree_flatten((tuple(args), {k: kwargs[k] for k in self._kw_order if k in kwargs}))
-        variant = self.variants.get(_signature(flat)) or self._compile(tuple(args), dict(kwargs), flat)
+        variant, flat = self._variant_for(args, kwargs)
         with on_device(first_device(flat)):
             return step_errors(variant.plan, [flat[i] for i in variant.imported.flat_input_index])
 
