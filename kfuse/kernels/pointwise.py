@@ -398,7 +398,8 @@ def run_program(
     """Run ``prog`` on ``inputs`` (each broadcastable to ``domain``); returns the outputs in the
     domain frame: full outputs have shape ``domain``, row outputs have the axis dims set to 1.
 
-    ``outs`` may give preallocated (contiguous) output tensors of those shapes."""
+    ``outs`` may give preallocated (contiguous) output tensors of those shapes: their bytes are used in the
+    layout the outputs take (``result_strides``)."""
     if len(inputs) != prog.n_inputs:
         raise ValueError(f"pointwise kernel takes {prog.n_inputs} inputs, got {len(inputs)}")
     device = inputs[0].device if inputs else torch.device("cuda")
@@ -407,10 +408,13 @@ def run_program(
     for k, r in enumerate(prog.outputs):
         shape = row_shape if prog.steps[r].row else domain
         given = outs[k] if outs is not None and k < len(outs) else None
+        strides = None if axis or prog.steps[r].row else result_strides(inputs, domain, given)
         if given is not None:
             if tuple(given.shape) != shape or not given.is_contiguous():
                 raise ValueError(f"pointwise out buffer {k} has shape {tuple(given.shape)}, expected contiguous {shape}")
-            result.append(given)
+            result.append(given if strides is None else given.as_strided(shape, strides))
+        elif strides is not None:
+            result.append(torch.empty_strided(shape, strides, dtype=out_dtypes[k], device=device))
         else:
             result.append(torch.empty(shape, dtype=out_dtypes[k], device=device))
     numel = math.prod(domain)
@@ -421,6 +425,27 @@ def run_program(
     if not axis:
         return _launch_ew(prog, ins, result, operands, domain, numel)
     return _launch_row(prog, ins, result, operands, domain, axis)
+
+
+def result_strides(inputs: Sequence[torch.Tensor], domain: tuple[int, ...], given: torch.Tensor | None = None) -> tuple[int, ...] | None:
+    """The strides of an elementwise result over ``domain``, None for the standard (row-major) ones.
+
+    A result is channels-last where a full-size 4-D operand is (PyTorch's rule for elementwise ops), so
+    a kernel between two NHWC convolutions writes what the next one reads along its channels; row-major
+    there would make this kernel's reads and the next conv's loads stride by the map's H*W. A result
+    written into an operand's own bytes (``given`` is that operand's buffer: the planner's in-place
+    reuse) takes that operand's strides, so every element lands where it was read."""
+    if given is not None:
+        for x in inputs:
+            if tuple(x.shape) == domain and x.data_ptr() == given.data_ptr():
+                return None if x.is_contiguous() else tuple(x.stride())
+    if len(domain) != 4:
+        return None
+    for x in inputs:
+        if tuple(x.shape) == domain and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+            n, c, h, w = domain
+            return (h * w * c, 1, w * c, c)
+    return None
 
 
 def _launch_ew(prog: PointwiseProgram, ins: list[torch.Tensor], result: list[torch.Tensor], operands: list[torch.Tensor],

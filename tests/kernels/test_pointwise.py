@@ -293,3 +293,66 @@ def test_amax_keeps_a_nan_as_torch_does(length: int, device: str) -> None:
     want = (xs[0] * 2).amax(1)
     assert torch.isnan(got[1]) and not torch.isnan(got[[0, 2]]).any()
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def test_result_strides_follow_channels_last_operands() -> None:
+    from kfuse.kernels.pointwise import result_strides
+
+    dom = (2, 5, 3, 7)
+    x, bias = torch.randn(dom), torch.randn(1, 5, 1, 1)
+    assert result_strides([x, bias], dom) is None
+    assert result_strides([bias, _cl(x)], dom) == (3 * 7 * 5, 1, 7 * 5, 5)
+    assert result_strides([_cl(x)], (2, 5, 3)) is None  # not 4-D: row-major
+    # written into an operand's own bytes: that operand's strides, whatever the others are
+    assert result_strides([_cl(x), x], dom, given=x.view(-1).view(dom)) is None
+    assert result_strides([x, _cl(x)], dom, given=torch.empty(dom)) == (3 * 7 * 5, 1, 7 * 5, 5)
+
+
+def _bn_relu_graph(shape: tuple[int, ...]) -> Graph:
+    b = GraphBuilder("bn_relu")
+    x = b.add_input("x", TensorType(shape, torch.float32))
+    s = b.add_input("s", TensorType((1, shape[1], 1, 1), torch.float32))
+    y = b.op("relu", [b.op("add", [b.op("mul", [x, s]), s])])
+    return b.build([y])
+
+
+def test_elementwise_result_is_channels_last_on_channels_last_input(device: str) -> None:
+    shape = (2, 5, 3, 7)  # channels and pixels not multiples of any tile
+    g = _bn_relu_graph(shape)
+    xs = [_cl(torch.randn(shape).to(device)), torch.randn(1, shape[1], 1, 1).to(device)]
+    out = _run_fused(g, xs, device)[0]
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    torch.testing.assert_close(out, reference_run(g, xs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_planned_out_buffer_takes_the_channels_last_layout(device: str) -> None:
+    shape = (2, 5, 3, 7)
+    fused = fuse_pointwise(_bn_relu_graph(shape))
+    launch = PointwiseLaunch(fused.nodes[-1], fused)
+    xs = [_cl(torch.randn(shape).to(device)), torch.randn(1, shape[1], 1, 1).to(device)]
+    buf = torch.full(shape, float("nan"), device=device)  # the planner's arena view: row-major bytes
+    out = launch(xs, out=buf)
+    assert out.data_ptr() == buf.data_ptr() and out.stride() == (3 * 7 * 5, 1, 7 * 5, 5)
+    torch.testing.assert_close(out, reference_run(_bn_relu_graph(shape), xs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_in_place_into_a_row_major_operand_keeps_its_layout(device: str) -> None:
+    """x (row-major) is overwritten by relu(x + y) while y is channels-last: the result must take x's strides, or
+    an element would be written where another one has not been read yet."""
+    shape = (2, 6, 5, 3)
+    b = GraphBuilder("mixed")
+    x = b.add_input("x", TensorType(shape, torch.float32))
+    y = b.add_input("y", TensorType(shape, torch.float32))
+    g = b.build([b.op("relu", [b.op("add", [x, y])])])
+    fused = fuse_pointwise(g)
+    launch = PointwiseLaunch(fused.nodes[-1], fused)
+    assert 0 in launch.inplace_inputs
+    xv, yv = torch.randn(shape).to(device), _cl(torch.randn(shape).to(device))
+    want = reference_run(g, [xv.clone(), yv])[0]
+    out = launch([xv, yv], out=xv)
+    assert out.data_ptr() == xv.data_ptr() and out.is_contiguous()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
