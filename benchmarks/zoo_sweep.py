@@ -552,7 +552,8 @@ def failure(e: BaseException) -> dict[str, Any]:
 
 
 def templates(report: dict[str, Any]) -> dict[str, int]:
-    """Launches per template (``torch`` marks a step run by PyTorch inside the plan)."""
+    """Steps per template (``torch`` marks a step run by PyTorch inside the plan, ``view`` a cat served as a view of
+    its inputs' shared buffer: no launch)."""
     out: dict[str, int] = {}
     for k in report.get("kernels", []):
         out[k["template"]] = out.get(k["template"], 0) + 1

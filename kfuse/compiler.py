@@ -71,6 +71,9 @@ class Options:
     # to leave a plain GEMM for); $KFUSE_GEMM_LIBRARY overrides the per-node choice only, not that
     gemm_library: str = "auto"
     memory_plan: bool = True  # static buffer reuse (issue 6)
+    # nested concatenations (DenseNet's dense layers) as views of one buffer each member is copied into once
+    # (kfuse.runtime.concat_in_place); off: every cat copies all its inputs, as before session 45
+    concat_in_place: bool = True
     profile: bool = False  # per-kernel timing after compile (issue 6)
     sass: bool = False  # SASS schedule tuning of the hottest kernels (issue 7; kfuse.runtime.sass_plan)
     sass_kernels: int = 2  # how many of the hottest tunable Triton kernels to tune

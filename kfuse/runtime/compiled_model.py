@@ -206,6 +206,10 @@ class CompiledModel:
             variant.report["parallel_compile"] = precompiled.summary()
         if plan.memory is not None:
             variant.report["memory"] = plan.memory.report()
+        if plan.concat_groups:
+            from kfuse.runtime.concat_in_place import report as concat_report
+
+            variant.report["concat_in_place"] = concat_report(plan.graph, plan.concat_groups)
         if self.options.tune != "none":
             from kfuse.tune import tuner
 

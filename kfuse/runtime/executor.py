@@ -64,6 +64,7 @@ class Plan:
     arena: torch.Tensor | None = None  # the device bytes planned buffers live in
     out_buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # value -> its planned tensor
     pdl: bool = False  # kernels launched with programmatic dependent launch (Options.pdl, kfuse.kernels.pdl)
+    concat_groups: list[Any] = field(default_factory=list)  # cats served as views of one buffer (kfuse.runtime.concat_in_place)
 
     @property
     def kernels(self) -> list[KernelInfo]:
@@ -164,8 +165,14 @@ def lower(graph: Graph, device: torch.device, backend: str | None = None, option
             fn = LOWERINGS[node.op]
             step = fn(node, graph, backend, options=options) if _takes_options(fn) else fn(node, graph, backend)
         steps.append(step or _torch_step(node))
+    groups: list[Any] = []
+    if getattr(options, "concat_in_place", True):
+        from kfuse.runtime.concat_in_place import place_concats
+
+        steps, groups = place_concats(graph, steps)
     constants = {k: v.to(device) for k, v in graph.constants.items()}
     plan = Plan(graph, steps, backend, constants, pdl=pdl_wanted(getattr(options, "pdl", False)) and backend == "triton")
+    plan.concat_groups = groups
     plan.release_after = _liveness(graph, steps)
     return plan
 

@@ -1,0 +1,176 @@
+"""Nested concatenations as views of one buffer (``kfuse.runtime.concat_in_place``): DenseNet-style blocks give the
+same values with and without it, with poisoned allocations, the cats become views, and nothing that assumes a
+dense input gets a slice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kfuse
+from kfuse.runtime.concat_in_place import ViewCat, one_view
+from kfuse.runtime.executor import plan_values
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: int, growth: int) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(c)
+        self.conv = nn.Conv2d(c, growth, 3, padding=1)
+
+    def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        return self.conv(torch.relu(self.bn(torch.cat(feats, 1))))
+
+
+class _DenseBlock(nn.Module):
+    """torchvision's dense block, small: each layer reads the cat of the block's input and every feature so far."""
+
+    def __init__(self, c0: int = 6, growth: int = 5, layers: int = 4, head: str = "mean") -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c0, 3, padding=1)
+        self.layers = nn.ModuleList(_Layer(c0 + k * growth, growth) for k in range(layers))
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats = [torch.relu(self.stem(x))]
+        for layer in self.layers:
+            feats.append(layer(feats))
+        y = torch.cat(feats, 1)
+        return y.mean((2, 3)) if self.head == "mean" else y
+
+
+def _model(**kw: Any) -> nn.Module:
+    torch.manual_seed(0)
+    m = _DenseBlock(**kw).eval()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.5, 0.5)
+                mod.running_var.uniform_(0.5, 2.0)
+    return m
+
+
+_REAL_EMPTY = torch.empty
+
+
+def _poisoned_empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+    t = _REAL_EMPTY(*args, **kwargs)
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    return t
+
+
+def test_dense_block_cats_become_views_of_one_buffer(device: str) -> None:
+    m, x = _model(), torch.randn(2, 3, 7, 9, device=device)  # 7 x 9 pixels, 6 + 4 x 5 channels: no tile multiple
+    m = m.to(device)
+    cm = kfuse.compile(m, (x,))
+    assert cm.report["concat_in_place"] == {"groups": 1, "view_cats": 4, "members": 5, "copy_mb_before": pytest.approx(0.071, abs=1e-3),
+                                            "copy_mb_after": pytest.approx(0.025, abs=1e-3)}  # fmt: skip
+    kinds = [k["template"] for k in cm.report["kernels"]]
+    assert kinds.count("view") == 4 and not [k for k in cm.report["kernels"] if k["template"] == "torch" and k["ops"] == ["cat"]]
+    with pytest.MonkeyPatch.context() as mp:  # a slice no member wrote would read NaN
+        mp.setattr(torch, "empty", _poisoned_empty)
+        x2 = torch.randn(2, 3, 7, 9, device=device)
+        out = cm(x2)
+    with torch.no_grad():
+        torch.testing.assert_close(out, m(x2), rtol=1e-4, atol=1e-4)
+    # the cats are views: each layer's input shares the widest cat's storage
+    plan = cm.plan
+    vals = plan_values(plan, [x.contiguous()])
+    views = [s.output for s in plan.steps if s.info.template == "view"]
+    storages = {vals[v].untyped_storage().data_ptr() for v in views}
+    assert len(storages) == 1
+
+
+def test_off_keeps_plain_cats_and_the_same_values(device: str) -> None:
+    m, x = _model().to(device), torch.randn(2, 3, 7, 9, device=device)
+    on, off = kfuse.compile(m, (x,)), kfuse.compile(m, (x,), concat_in_place=False)
+    assert "concat_in_place" not in off.report
+    assert sum(k["ops"] == ["cat"] and k["template"] == "torch" for k in off.report["kernels"]) == 4
+    torch.testing.assert_close(on(x), off(x), rtol=1e-5, atol=1e-5)
+
+
+def test_cat_as_output_survives_the_next_call() -> None:
+    """Each run allocates its own buffer: a returned view of the last run is not overwritten by the next."""
+    m = _model(head="none")
+    x1, x2 = torch.randn(2, 3, 5, 6), torch.randn(2, 3, 5, 6)
+    cm = kfuse.compile(m, (x1,), backend="torch")
+    assert cm.report["concat_in_place"]["view_cats"] >= 3
+    y1 = cm(x1)
+    cm(x2)
+    with torch.no_grad():
+        torch.testing.assert_close(y1, m(x1), rtol=1e-5, atol=1e-5)
+
+
+def test_step_errors_run_each_step_on_values_of_its_own() -> None:
+    """A tool runs a view cat on PyTorch's values, which are not slices of one buffer: it gets torch.cat."""
+    m, x = _model(), torch.randn(2, 3, 7, 9)
+    cm = kfuse.compile(m, (x,), backend="torch")
+    rows, whole = cm.step_errors(x)
+    assert any(r.template == "view" for r in rows)
+    assert max(r.rel_err for r in rows) < 1e-5 and whole < 1e-5
+
+
+def test_one_view_only_for_consecutive_slices_of_one_storage() -> None:
+    buf = torch.randn(2, 9, 4, 5).contiguous(memory_format=torch.channels_last)
+    a, b, c = buf[:, :2], buf[:, 2:6], buf[:, 6:]
+    v = one_view([a, b, c], 1)
+    assert v is not None and v.data_ptr() == buf.data_ptr() and torch.equal(v, buf)
+    assert torch.equal(one_view([b, c], 1), torch.cat([b, c], 1))
+    assert one_view([a, c], 1) is None  # a gap
+    assert one_view([b, a], 1) is None  # out of order
+    whole = torch.randn(10, 3)
+    assert one_view([whole[:4], whole[4:].clone()], 0) is None  # another storage
+    assert one_view([buf[:, :2], buf[:1, 2:4]], 1) is None  # another batch extent
+    # two separate tensors that happen to lie back to back are not one storage
+    raw = torch.randn(8)
+    p, q = raw[:4].clone(), raw[4:].clone()
+    assert one_view([p, q], 0) is None
+    cat = ViewCat(1, None)  # type: ignore[arg-type]
+    xs = [torch.randn(2, 3, 4, 5), torch.randn(2, 1, 4, 5)]
+    torch.testing.assert_close(cat(xs), torch.cat(xs, 1))
+
+
+class _Pair(nn.Module):
+    """A single cat (nothing nested): a group would save nothing and add launches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.a(x), self.b(x)], 1).sum((2, 3))
+
+
+class _DenseRead(nn.Module):
+    """Nested cats whose inner cat feeds a convolution directly: the conv must not get a strided slice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.a(x)
+        b = self.b(a)
+        ab = torch.cat([a, b], 1)
+        c = self.c(ab)
+        return torch.cat([a, b, c], 1).sum((2, 3))
+
+
+def test_no_group_where_it_saves_nothing_or_a_dense_reader_would_get_a_slice(device: str) -> None:
+    x = torch.randn(2, 3, 5, 6, device=device)
+    for m, backend in ((_Pair(), "torch"), (_DenseRead(), None)):  # None: the conv template, which wants dense NHWC
+        m = m.eval().to(device)
+        cm = kfuse.compile(m, (x,), backend=backend)
+        assert "concat_in_place" not in cm.report, type(m).__name__
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+    # PyTorch's convolution takes any strides: with backend="torch" the same block shares one buffer
+    m = _DenseRead().eval()
+    cm = kfuse.compile(m, (x.cpu(),), backend="torch")
+    assert cm.report["concat_in_place"]["view_cats"] == 2
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x.cpu()), m(x.cpu()), rtol=1e-5, atol=1e-5)
