@@ -337,9 +337,11 @@ def conv_epilogue(
     """``epi(conv2d(x, weight) + bias, *extras)`` in one kernel. ``x`` is (N, C, H, W) in any
     memory format (channels-last is the fast one); the output is channels-last unless asked
     otherwise. ``packed_weight`` is ``pack_weight(weight)``, computed once by the caller. ``out``:
-    a buffer to write into (the tuner's check poisons it first), of the output's shape, dtype and
-    memory format. ``in_scale`` (N or 1, C, 1, 1): the conv reads ``x * in_scale`` (a squeeze-excitation's
-    channel weights), rounded to x's dtype as the separate multiply would be."""
+    a buffer to write into (the tuner's check poisons it first), of the output's shape and dtype, any
+    strides (``concat_in_place`` passes a channel slice of a cat's buffer; the TMA store needs 16-byte
+    aligned pixels, else the kernel stores through pointers). ``in_scale`` (N or 1, C, 1, 1): the conv reads
+    ``x * in_scale`` (a squeeze-excitation's channel weights), rounded to x's dtype as the separate multiply
+    would be."""
     why = supported(tuple(weight.shape), params)
     if why is not None:
         raise ValueError(f"conv_epilogue: {why}")
@@ -351,8 +353,8 @@ def conv_epilogue(
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     if out is None:
         out = torch.empty((nb, oc, oh, ow), dtype=out_dtype, device=x.device, memory_format=fmt)
-    elif tuple(out.shape) != (nb, oc, oh, ow) or out.dtype != out_dtype or not out.is_contiguous(memory_format=fmt):
-        raise ValueError(f"conv_epilogue: out is {tuple(out.shape)} {out.dtype}, expected {(nb, oc, oh, ow)} {out_dtype} in {fmt}")
+    elif tuple(out.shape) != (nb, oc, oh, ow) or out.dtype != out_dtype:  # any strides: a channel slice of a cat's buffer too
+        raise ValueError(f"conv_epilogue: out is {tuple(out.shape)} {out.dtype}, expected {(nb, oc, oh, ow)} {out_dtype}")
     if out.numel() == 0:
         return out
     if max(x.numel(), out.numel()) >= 2**31:
@@ -474,7 +476,7 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
         packed[w_const.device] = pack_weight(w_const, params.groups)
     channels_last = out_t.layout == "channels_last"
 
-    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+    def run(xs: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
         wp = packed.get(xs[0].device)
         if wp is None:
             wp = next(iter(packed.values())).to(xs[0].device) if packed else pack_weight(xs[1], params.groups)
@@ -482,7 +484,9 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
                 packed[xs[0].device] = wp
         bias = xs[2] if has_bias else None
         s = xs[n_conv - 1] if scaled else None
-        return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last, in_scale=s)
+        return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last, out=out, in_scale=s)
+
+    run.writes_strided_out = True  # type: ignore[attr-defined]  # concat_in_place: straight into a cat's slice
 
     info = KernelInfo(node.name, "conv_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
     if backend == "triton" and torch.cuda.is_available() and os.environ.get("KFUSE_CONV_VS_CUDNN", "1") == "1":

@@ -398,8 +398,9 @@ def run_program(
     """Run ``prog`` on ``inputs`` (each broadcastable to ``domain``); returns the outputs in the
     domain frame: full outputs have shape ``domain``, row outputs have the axis dims set to 1.
 
-    ``outs`` may give preallocated (contiguous) output tensors of those shapes: their bytes are used in the
-    layout the outputs take (``result_strides``)."""
+    ``outs`` may give preallocated output tensors of those shapes: contiguous ones (the planner's arena) are
+    used in the layout the outputs take (``result_strides``), strided ones (elementwise only: a slice of a
+    cat's buffer) as they are."""
     if len(inputs) != prog.n_inputs:
         raise ValueError(f"pointwise kernel takes {prog.n_inputs} inputs, got {len(inputs)}")
     device = inputs[0].device if inputs else torch.device("cuda")
@@ -409,7 +410,9 @@ def run_program(
         shape = row_shape if prog.steps[r].row else domain
         given = outs[k] if outs is not None and k < len(outs) else None
         strides = None if axis or prog.steps[r].row else result_strides(inputs, domain, given)
-        if given is not None:
+        if given is not None and not axis and not given.is_contiguous() and tuple(given.shape) == shape:
+            result.append(given)  # an elementwise result into a strided slice (a cat's buffer): its own strides
+        elif given is not None:
             if tuple(given.shape) != shape or not given.is_contiguous():
                 raise ValueError(f"pointwise out buffer {k} has shape {tuple(given.shape)}, expected contiguous {shape}")
             result.append(given if strides is None else given.as_strided(shape, strides))

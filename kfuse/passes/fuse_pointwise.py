@@ -490,6 +490,8 @@ class PointwiseLaunch:
                 if isinstance(t, TensorType) and t.shape == self.domain and t.dtype.itemsize == self.out_types[0].dtype.itemsize:
                     inplace.append(j)
         self.inplace_inputs = tuple(inplace)
+        # concat_in_place: an elementwise result straight into a cat's slice (the kernel takes any output strides)
+        self.writes_strided_out = self.single and not self.axis and tuple(self.out_types[0].shape) == self.domain
 
     def __call__(self, xs: list[torch.Tensor], out: torch.Tensor | None = None) -> Any:
         from kfuse.kernels.pointwise import run_program

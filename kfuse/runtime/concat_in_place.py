@@ -1,25 +1,24 @@
-"""Concatenations without copies: each input is written once into its slice of one buffer, and every
+"""Concatenations without copies: each input is made in (or copied once into) its slice of one buffer, and every
 ``cat`` whose inputs are consecutive slices of that buffer becomes a view of it.
 
-DenseNet is the model this is for. Its dense layer k reads ``torch.cat`` of the block's input and all k - 1
-features made so far, so a block of L layers copies O(L^2) maps: DenseNet-121 at B32 224 px fp16 moves
-~1.3 GB through its 58 cats. Here the block's widest cat (the one at the block's end) owns a buffer, each
-feature is copied into its slice right after the step that makes it, and the layers' cats are views of the
-buffer's leading slices: ~0.19 GB, each map once.
+DenseNet's dense layer k reads ``torch.cat`` of the block's input and all k - 1 features made so far, so a block of
+L layers copies O(L^2) maps: DenseNet-121 at B32 224 px fp16 moves ~1.24 GB through its 58 cats. Inception's
+blocks cat four branch convs, ShuffleNet-V2's a slice and a branch conv, a UNet's decoder a feature and a skip.
 
 The plan keeps its steps, inputs and outputs; only some step functions change:
 
-- a *slot writer* wraps the step that makes a member: it runs the step, copies the result into the member's
-  slice of the group's buffer (allocated by the first member of each run, in the result's memory format),
-  and returns the slice, which is the member's value from then on;
+- a *slot writer* wraps the step that makes a member. A kernel that takes ``out=`` of any strides
+  (``writes_strided_out``: the conv template, elementwise kernels) computes the member in its slice of the
+  group's buffer; any other step runs as before and its result is copied into the slice. Either way the slice
+  is the member's value from then on. The first member of each run allocates the buffer;
 - a *view cat* checks at run time that its inputs are consecutive slices of one storage along its dim and
   returns the covering view; anything else (a tool that runs one step on values of its own) gets
   ``torch.cat``. So a wrong grouping costs a copy, never a wrong value.
 
-A group is formed only where it saves a copy: at least one cat besides the widest becomes a view. A member,
-and a view cat that is not the widest (a strided channel prefix of the buffer), must be read only by cats
-and by steps that take any strides (PyTorch's ops, generated pointwise kernels), so no kernel that assumes
-a dense input gets a slice (DenseNet's first layer reads the block's input itself, through its BN + ReLU).
+A group is kept where it moves fewer bytes: the members that are copied must weigh less than the cats that
+become views. A member, and a view cat that is not the widest (a strided channel prefix of the buffer), must be
+read only by cats and by steps that take any strides (``STRIDED_READERS``), so no kernel that assumes a dense
+input gets a slice.
 """
 
 from __future__ import annotations
@@ -34,7 +33,10 @@ from kfuse.ir.graph import Graph, TensorType
 if TYPE_CHECKING:
     from kfuse.runtime.executor import Step
 
-STRIDED_READERS = ("pointwise", "torch", "fallback", "view")  # templates whose steps take inputs of any strides
+# templates whose steps take inputs of any strides: PyTorch's ops, generated pointwise kernels, views, and the conv
+# template (pointer loads with the input's strides; its TMA descriptor is built from them and refused when unaligned)
+# with its cuDNN candidates
+STRIDED_READERS = ("pointwise", "torch", "fallback", "view", "conv_epilogue", "cudnn+epilogue")
 
 
 @dataclass
@@ -45,17 +47,20 @@ class ConcatGroup:
     dim: int
     slots: dict[str, tuple[int, int]]
     views: list[str] = field(default_factory=list)  # the cats that read the buffer as a view (the root included)
+    direct: list[str] = field(default_factory=list)  # members computed in their slice (the others are copied there)
     first: str = ""  # the member made first in the plan: it allocates the buffer of each run
     last: str = ""  # the member made last: the group lets go of the buffer after it
     shape: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.float32
     buffer: torch.Tensor | None = None
 
     def take(self, like: torch.Tensor, first: bool) -> torch.Tensor:
-        """The run's buffer: a new one for the first member (or when a tool runs a member on its own)."""
+        """The run's buffer, on ``like``'s device and in its memory format: a new one for the first member (or when a
+        tool runs a member on its own)."""
         b = self.buffer
-        if first or b is None or b.device != like.device or b.dtype != like.dtype:
+        if first or b is None or b.device != like.device:
             fmt = torch.channels_last if like.dim() == 4 and _channels_last(like) else torch.contiguous_format
-            b = torch.empty(self.shape, dtype=like.dtype, device=like.device, memory_format=fmt)
+            b = torch.empty(self.shape, dtype=self.dtype, device=like.device, memory_format=fmt)
             self.buffer = b
         return b
 
@@ -72,14 +77,34 @@ class SlotWriter:
         self.start, self.length = group.slots[name]
 
     def __call__(self, xs: list[torch.Tensor]) -> torch.Tensor:
-        y = self.fn(xs)
         g = self.group
-        buf = g.take(y, first=self.name == g.first)
-        slot = buf.narrow(g.dim, self.start, self.length)
-        slot.copy_(y)
+        if writes_direct(self.fn):
+            buf = g.take(self.like(xs), first=self.name == g.first)
+            slot = buf.narrow(g.dim, self.start, self.length)
+            y = self.fn(xs, out=slot)
+            if y.data_ptr() != slot.data_ptr():  # a kernel that allocated after all
+                slot.copy_(y)
+        else:
+            y = self.fn(xs)
+            buf = g.take(y, first=self.name == g.first)
+            slot = buf.narrow(g.dim, self.start, self.length)
+            slot.copy_(y)
         if self.name == g.last:  # the views hold the buffer from here; the group does not keep it past the run
             g.buffer = None
         return slot
+
+    @staticmethod
+    def like(xs: list[torch.Tensor]) -> torch.Tensor:
+        """What the buffer is laid out like before the member exists: a channels-last input if there is one (the conv
+        template and elementwise kernels write channels-last where their input is), else the first tensor."""
+        ts = [t for t in xs if isinstance(t, torch.Tensor)]
+        return next((t for t in ts if t.dim() == 4 and _channels_last(t)), ts[0])
+
+
+def writes_direct(fn: Any) -> bool:
+    """Whether a step function takes ``out=`` of any strides (``writes_strided_out``: the conv template, elementwise
+    kernels), so a member is computed in its slice with no copy."""
+    return bool(getattr(fn, "writes_strided_out", False))
 
 
 def one_view(xs: list[torch.Tensor], dim: int) -> torch.Tensor | None:
@@ -165,7 +190,7 @@ def plan_groups(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
                 sizes = [graph.type_of(v).shape[dim] for v in ins]  # type: ignore[union-attr]
                 starts = [sum(sizes[:k]) for k in range(len(sizes))]
                 g = ConcatGroup(name, dim, {v: (s, n) for v, s, n in zip(ins, starts, sizes, strict=True)}, [name])
-                g.shape = tuple(graph.type_of(name).shape)  # type: ignore[union-attr]
+                g.shape, g.dtype = tuple(graph.type_of(name).shape), graph.type_of(name).dtype  # type: ignore[union-attr]
                 groups.append(g)
                 for v in ins:
                     where[v] = g
@@ -177,10 +202,20 @@ def plan_groups(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
         consecutive = all(runs[k][0] + runs[k][1] == runs[k + 1][0] for k in range(len(runs) - 1))
         if g.dim == dim and consecutive and strided_ok(name):
             g.views.append(name)
-    kept = [g for g in groups if len(g.views) > 1]
+
+    def nbytes(v: str) -> int:
+        t = graph.type_of(v)
+        return t.numel * t.dtype.itemsize if isinstance(t, TensorType) else 0
+
+    def saves(g: ConcatGroup) -> bool:  # the cats' copies against the members that are copied, not computed in place
+        copied = [v for v in g.slots if not writes_direct(steps[made_by[v]].fn)]
+        return sum(nbytes(v) for v in copied) < sum(nbytes(c) for c in g.views)
+
+    kept = [g for g in groups if saves(g)]
     for g in kept:
         order = sorted(g.slots, key=lambda v: made_by[v])
         g.first, g.last = order[0], order[-1]
+        g.direct = [v for v in order if writes_direct(steps[made_by[v]].fn)]
     return kept
 
 
@@ -196,7 +231,7 @@ def place_concats(graph: Graph, steps: list[Step]) -> tuple[list[Step], list[Con
         if s.output in member:
             g = member[s.output]
             lo, n = g.slots[s.output]
-            note = f"written into [{lo}, {lo + n}) of {g.root}"
+            note = f"{'written straight' if s.output in g.direct else 'copied'} into [{lo}, {lo + n}) of {g.root}"
             info = KernelInfo(
                 s.info.name, s.info.template, s.info.ops, s.info.config, f"{s.info.epilogue}; {note}" if s.info.epilogue else note
             )
@@ -220,6 +255,7 @@ def report(graph: Graph, groups: list[ConcatGroup]) -> dict[str, Any]:
         return t.numel * t.dtype.itemsize if isinstance(t, TensorType) else 0
 
     before = sum(2 * nbytes(c) for g in groups for c in g.views)
-    after = sum(2 * nbytes(v) for g in groups for v in g.slots)
+    after = sum(2 * nbytes(v) for g in groups for v in g.slots if v not in g.direct)
     return {"groups": len(groups), "view_cats": sum(len(g.views) for g in groups), "members": sum(len(g.slots) for g in groups),
+            "members_in_place": sum(len(g.direct) for g in groups),
             "copy_mb_before": round(before / 2**20, 3), "copy_mb_after": round(after / 2**20, 3)}  # fmt: skip

@@ -278,3 +278,24 @@ def test_pad_end_makes_the_output_larger_and_reads_zeros(flat, device):
     out = torch.full(want.shape, float("nan"), device=device).contiguous(memory_format=torch.channels_last)
     conv_epilogue(x, wt, b, [], RELU, p, torch.float32, ConvConfig(32, 16, 16, 2, 4, 1, flat), out=out)
     torch.testing.assert_close(out.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("offset", [8, 3], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("tile_h", [0, 4], ids=["pointers", "tma"])
+def test_conv_reads_and_writes_channel_slices_of_wider_buffers(offset: int, tile_h: int, device: str) -> None:
+    """concat_in_place hands the conv a slice of a cat's buffer as its output, and a view cat (a channel prefix)
+    as its input: pixel strides wider than the channels. 16-byte aligned slices may take the TMA paths (on sm_90),
+    others store through pointers; the channels beside the slice stay untouched."""
+    dt = torch.float16
+    src = torch.randn(2, 40, 9, 11, device=device, dtype=dt).contiguous(memory_format=torch.channels_last)
+    x = src[:, :24]  # a channel prefix: pixel stride 40
+    wt, b = (torch.randn(16, 24, 3, 3, device=device) / 8).to(dt), torch.randn(16, device=device).to(dt)
+    p = ConvParams((1, 1), (1, 1))
+    buf = torch.full((2, offset + 16 + 5, 9, 11), float("nan"), device=device, dtype=dt).contiguous(memory_format=torch.channels_last)
+    out = buf[:, offset : offset + 16]
+    cfg = ConvConfig(64, 16, 16, 1, 4, 1, tile_h=tile_h)
+    got = conv_epilogue(x, wt, b, [], RELU, p, dt, cfg, out=out)
+    ref = reference(x.cpu().float(), wt.cpu().float(), b.cpu().float(), [], RELU, p, torch.float32)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out.cpu().float(), ref, rtol=2e-2, atol=2e-2)
+    assert torch.isnan(buf[:, :offset]).all() and torch.isnan(buf[:, offset + 16 :]).all()

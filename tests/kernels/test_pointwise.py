@@ -356,3 +356,17 @@ def test_in_place_into_a_row_major_operand_keeps_its_layout(device: str) -> None
     out = launch([xv, yv], out=xv)
     assert out.data_ptr() == xv.data_ptr() and out.is_contiguous()
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_elementwise_result_straight_into_a_channel_slice(device: str) -> None:
+    """concat_in_place's direct write: the kernel takes the slice's own strides; the channels beside it stay."""
+    shape = (2, 5, 3, 7)
+    fused = fuse_pointwise(_bn_relu_graph(shape))
+    launch = PointwiseLaunch(fused.nodes[-1], fused)
+    assert launch.writes_strided_out
+    xs = [_cl(torch.randn(shape).to(device)), torch.randn(1, shape[1], 1, 1).to(device)]
+    buf = _cl(torch.full((2, 12, 3, 7), float("nan"), device=device))
+    out = launch(xs, out=buf[:, 3:8])
+    assert out.data_ptr() == buf[:, 3:8].data_ptr()
+    torch.testing.assert_close(buf[:, 3:8], reference_run(_bn_relu_graph(shape), xs)[0], rtol=1e-5, atol=1e-5)
+    assert torch.isnan(buf[:, :3]).all() and torch.isnan(buf[:, 8:]).all()

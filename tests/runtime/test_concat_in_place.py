@@ -67,8 +67,9 @@ def test_dense_block_cats_become_views_of_one_buffer(device: str) -> None:
     m, x = _model(), torch.randn(2, 3, 7, 9, device=device)  # 7 x 9 pixels, 6 + 4 x 5 channels: no tile multiple
     m = m.to(device)
     cm = kfuse.compile(m, (x,))
-    assert cm.report["concat_in_place"] == {"groups": 1, "view_cats": 4, "members": 5, "copy_mb_before": pytest.approx(0.071, abs=1e-3),
-                                            "copy_mb_after": pytest.approx(0.025, abs=1e-3)}  # fmt: skip
+    # every member is a conv written straight into its slice: nothing is copied
+    assert cm.report["concat_in_place"] == {"groups": 1, "view_cats": 4, "members": 5, "members_in_place": 5,
+                                            "copy_mb_before": pytest.approx(0.071, abs=1e-3), "copy_mb_after": 0.0}  # fmt: skip
     kinds = [k["template"] for k in cm.report["kernels"]]
     assert kinds.count("view") == 4 and not [k for k in cm.report["kernels"] if k["template"] == "torch" and k["ops"] == ["cat"]]
     with pytest.MonkeyPatch.context() as mp:  # a slice no member wrote would read NaN
@@ -135,18 +136,30 @@ def test_one_view_only_for_consecutive_slices_of_one_storage() -> None:
 
 
 class _Pair(nn.Module):
-    """A single cat (nothing nested): a group would save nothing and add launches."""
+    """One cat of two convs (Inception's blocks cat four)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 5, 1)
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 5, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.a(x), self.b(x)], 1).sum((2, 3))
+        return torch.cat([self.a(x), torch.relu(self.b(x))], 1).sum((2, 3))
 
 
-class _DenseRead(nn.Module):
-    """Nested cats whose inner cat feeds a convolution directly: the conv must not get a strided slice."""
+class _Shuffle(nn.Module):
+    """ShuffleNet-V2's unit: half the channels pass through (a slice, copied), the other half through a conv (in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=1)
+        return torch.cat([x1, torch.relu(self.conv(x2))], 1).amax((2, 3))
+
+
+class _PoolRead(nn.Module):
+    """Nested cats whose inner cat feeds the max-pool kernel, which wants dense NHWC: that cat stays a copy."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -155,22 +168,40 @@ class _DenseRead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.a(x)
         b = self.b(a)
-        ab = torch.cat([a, b], 1)
-        c = self.c(ab)
-        return torch.cat([a, b, c], 1).sum((2, 3))
+        p = nn.functional.max_pool2d(torch.cat([a, b], 1), 3, 1, 1)
+        return torch.cat([a, b, self.c(p)], 1).sum((2, 3))
 
 
-def test_no_group_where_it_saves_nothing_or_a_dense_reader_would_get_a_slice(device: str) -> None:
-    x = torch.randn(2, 3, 5, 6, device=device)
-    for m, backend in ((_Pair(), "torch"), (_DenseRead(), None)):  # None: the conv template, which wants dense NHWC
-        m = m.eval().to(device)
-        cm = kfuse.compile(m, (x,), backend=backend)
-        assert "concat_in_place" not in cm.report, type(m).__name__
-        with torch.no_grad():
-            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
-    # PyTorch's convolution takes any strides: with backend="torch" the same block shares one buffer
-    m = _DenseRead().eval()
-    cm = kfuse.compile(m, (x.cpu(),), backend="torch")
-    assert cm.report["concat_in_place"]["view_cats"] == 2
+def _compiled_right(m: nn.Module, x: torch.Tensor, backend: str | None = None) -> kfuse.CompiledModel:
+    m = m.eval().to(x.device)
+    cm = kfuse.compile(m, (x,), backend=backend)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "empty", _poisoned_empty)
+        out = cm(x)
     with torch.no_grad():
-        torch.testing.assert_close(cm(x.cpu()), m(x.cpu()), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
+    return cm
+
+
+def test_a_cat_of_kernels_is_computed_in_place(device: str) -> None:
+    x = torch.randn(2, 3, 5, 6, device=device)
+    rep = _compiled_right(_Pair(), x).report["concat_in_place"]
+    assert rep["view_cats"] == 1 and rep["members_in_place"] == 2 and rep["copy_mb_after"] == 0.0
+
+
+def test_a_cat_that_would_only_copy_is_left_alone() -> None:
+    """With PyTorch's ops every member would be copied: one copy per member for one cat saves nothing."""
+    cm = _compiled_right(_Pair(), torch.randn(2, 3, 5, 6), backend="torch")
+    assert "concat_in_place" not in cm.report
+
+
+def test_a_slice_member_is_copied_and_the_conv_member_written_in_place(device: str) -> None:
+    rep = _compiled_right(_Shuffle(), torch.randn(2, 8, 5, 7, device=device)).report["concat_in_place"]
+    assert rep["members"] == 2 and rep["members_in_place"] == 1
+    assert 0 < rep["copy_mb_after"] < rep["copy_mb_before"]
+
+
+def test_a_cat_read_by_a_dense_only_kernel_stays_a_copy(device: str) -> None:
+    cm = _compiled_right(_PoolRead(), torch.randn(2, 3, 5, 6, device=device))
+    kernels = cm.report["kernels"]
+    assert [k["template"] for k in kernels if k["ops"] == ["cat"]] == ["torch", "view"], kernels
