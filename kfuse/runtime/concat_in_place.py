@@ -219,32 +219,34 @@ def plan_groups(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
     return kept
 
 
-def place_concats(graph: Graph, steps: list[Step]) -> tuple[list[Step], list[ConcatGroup]]:
-    """The plan's steps with the groups' members writing into their slices and their cats as views."""
-    from kfuse.runtime.executor import KernelInfo, Step
+def place_concats(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
+    """Make the groups' members write into their slices and their cats views. The steps are changed in place (their
+    function and report entry), so what other stages attached to a step (a b2b decision and its sides) stays."""
+    from kfuse.runtime.executor import KernelInfo
 
     groups = plan_groups(graph, steps)
     member = {v: g for g in groups for v in g.slots}
     view = {c: g for g in groups for c in g.views}
-    out: list[Step] = []
     for s in steps:
         if s.output in member:
             g = member[s.output]
             lo, n = g.slots[s.output]
             note = f"{'written straight' if s.output in g.direct else 'copied'} into [{lo}, {lo + n}) of {g.root}"
-            info = KernelInfo(
-                s.info.name, s.info.template, s.info.ops, s.info.config, f"{s.info.epilogue}; {note}" if s.info.epilogue else note
-            )
-            out.append(Step(s.output, s.inputs, SlotWriter(s.fn, g, s.output), info, s.host_sync))
+            epilogue = f"{s.info.epilogue}; {note}" if s.info.epilogue else note
+            s.info = KernelInfo(s.info.name, s.info.template, s.info.ops, s.info.config, epilogue)
+            s.fn = SlotWriter(s.fn, g, s.output)
         elif s.output in view:
             g = view[s.output]
             lo = g.slots[s.inputs[0]][0]
             hi = lo + graph.type_of(s.output).shape[g.dim]  # type: ignore[union-attr]
-            info = KernelInfo(s.info.name, "view", ("cat",), f"[{lo}, {hi}) of {g.root}'s buffer along dim {g.dim}")
-            out.append(Step(s.output, s.inputs, ViewCat(g.dim, g), info, s.host_sync))
-        else:
-            out.append(s)
-    return out, groups
+            s.info = KernelInfo(s.info.name, "view", ("cat",), f"[{lo}, {hi}) of {g.root}'s buffer along dim {g.dim}")
+            s.fn = ViewCat(g.dim, g)
+    return groups
+
+
+def rewrap(current: Any, fn: Any) -> Any:
+    """``fn`` in place of a step's function, keeping a member's slot writer around it (the b2b re-check swaps sides)."""
+    return SlotWriter(fn, current.group, current.name) if isinstance(current, SlotWriter) else fn
 
 
 def report(graph: Graph, groups: list[ConcatGroup]) -> dict[str, Any]:

@@ -169,7 +169,7 @@ def lower(graph: Graph, device: torch.device, backend: str | None = None, option
     if getattr(options, "concat_in_place", True):
         from kfuse.runtime.concat_in_place import place_concats
 
-        steps, groups = place_concats(graph, steps)
+        groups = place_concats(graph, steps)
     constants = {k: v.to(device) for k, v in graph.constants.items()}
     plan = Plan(graph, steps, backend, constants, pdl=pdl_wanted(getattr(options, "pdl", False)) and backend == "triton")
     plan.concat_groups = groups

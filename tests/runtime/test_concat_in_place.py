@@ -205,3 +205,21 @@ def test_a_cat_read_by_a_dense_only_kernel_stays_a_copy(device: str) -> None:
     cm = _compiled_right(_PoolRead(), torch.randn(2, 3, 5, 6, device=device))
     kernels = cm.report["kernels"]
     assert [k["template"] for k in kernels if k["ops"] == ["cat"]] == ["torch", "view"], kernels
+
+
+def test_a_swapped_step_function_still_writes_its_slice() -> None:
+    """The b2b re-check installs one side of a decision as a step's function: a member keeps its slot writer."""
+    from kfuse.runtime.b2b_recheck import _install
+    from kfuse.runtime.concat_in_place import SlotWriter
+
+    m, x = _model(), torch.randn(2, 3, 7, 9)
+    cm = kfuse.compile(m, (x,))
+    step = next(s for s in cm.plan.steps if isinstance(s.fn, SlotWriter))
+    inner = step.fn.fn
+    _install(step, (lambda xs: inner(xs), step.info, {}))  # a side that allocates its own output: copied into the slice
+    assert isinstance(step.fn, SlotWriter)
+    vals = plan_values(cm.plan, [x.contiguous(memory_format=torch.channels_last)])
+    views = [s.output for s in cm.plan.steps if s.info.template == "view"]
+    assert len({vals[v].untyped_storage().data_ptr() for v in views}) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
