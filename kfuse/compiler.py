@@ -49,7 +49,8 @@ class Options:
     # merge a GEMM whose value goes into a GELU / ReLU with the GEMMs that share its input (its activation then
     # runs as a kernel of its own); off: it keeps its own GEMM, whose epilogue takes the activation (GPT-J, Phi)
     merge_activated: bool = False
-    # a conv reads x * s[N, C, 1, 1] (squeeze-excitation: RegNet-Y, EfficientNet) through its input loads
+    # a conv reads x * s[N, C, 1, 1] (squeeze-excitation: RegNet-Y, EfficientNet), or relu(x * s + t) (a batch norm +
+    # ReLU before it: DenseNet), through its input loads
     input_scale: bool = True
     # GroupNorm as one op with its SiLU (kfuse.kernels.group_norm: two passes over the map, timed against PyTorch's
     # GroupNorm on the GPU); off: the layer-norm form the importer wrote before session 44, for an A/B

@@ -49,16 +49,29 @@ from kfuse.kernels.pdl import pdl_start
 
 
 @triton.jit
+def _prologue(a, s_ptrs, t_ptrs, table_mask, in_map, IN_SHIFT: tl.constexpr, IN_RELU: tl.constexpr):
+    # relu?(a * s + t) in fp32, rounded once to a's dtype as the separate kernel's store would be; taps outside the map
+    # (padding, the K tail) stay zero: the conv pads the transformed map, and relu(t) is not zero
+    af = a.to(tl.float32) * tl.load(s_ptrs, mask=table_mask, other=0.0).to(tl.float32)
+    if IN_SHIFT:
+        af += tl.load(t_ptrs, mask=table_mask, other=0.0).to(tl.float32)
+        af = tl.where(in_map, af, 0.0)
+    if IN_RELU:
+        af = tl.maximum(af, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    return af.to(a.dtype)
+
+
+@triton.jit
 def conv_kernel(
-    x_ptr, w_ptr, bias_ptr, c_ptr, s_ptr, {extra_ptrs}
+    x_ptr, w_ptr, bias_ptr, c_ptr, s_ptr, t_ptr, {extra_ptrs}
     NB, C, H, W, OC, OH, OW,
     stride_xn, stride_xc, stride_xh, stride_xw,
-    stride_cn, stride_cc, stride_ch, stride_cw, stride_sn, stride_sc, {extra_strides}
+    stride_cn, stride_cc, stride_ch, stride_cw, stride_sn, stride_sc, stride_tn, stride_tc, {extra_strides}
     SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, IN_SCALE: tl.constexpr, GROUPED: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, IN_SCALE: tl.constexpr, IN_SHIFT: tl.constexpr, IN_RELU: tl.constexpr,
+    GROUPED: tl.constexpr, INPUT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     M = NB * OH * OW
@@ -77,6 +90,7 @@ def conv_kernel(
     if GROUPED:
         x_ptr += g * C * stride_xc
         s_ptr += g * C * stride_sc
+        t_ptr += g * C * stride_tc
         w_ptr += g * (KH * KW * C) * OC
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -94,7 +108,10 @@ def conv_kernel(
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
     x_base = x_ptr + n_idx * stride_xn
-    s_base = s_ptr + n_idx * stride_sn  # IN_SCALE: the input times s[image, channel] (squeeze-excitation)
+    # IN_SCALE: the input times s[image, channel] (squeeze-excitation); IN_SHIFT / IN_RELU: relu(x * s + t), a batch
+    # norm + ReLU before the conv (DenseNet), where the map the conv pads with zeros is the normalised one
+    s_base = s_ptr + n_idx * stride_sn
+    t_base = t_ptr + n_idx * stride_tn
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FLAT_K:
@@ -108,8 +125,9 @@ def conv_kernel(
             ok = mask_m[:, None] & (kk < KTOT)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             a = tl.load(x_base[:, None] + c[None, :] * stride_xc + ih * stride_xh + iw * stride_xw, mask=ok, other=0.0)
             if IN_SCALE:
-                sc = tl.load(s_base[:, None] + c[None, :] * stride_sc, mask=mask_m[:, None] & (kk < KTOT)[None, :], other=0.0)
-                a = (a.to(tl.float32) * sc.to(tl.float32)).to(a.dtype)
+                in_mask = mask_m[:, None] & (kk < KTOT)[None, :]
+                a = _prologue(a, s_base[:, None] + c[None, :] * stride_sc, t_base[:, None] + c[None, :] * stride_tc, in_mask, ok,
+                              IN_SHIFT, IN_RELU)
             b = tl.load(w_ptr + kk[:, None] * OC + rn[None, :], mask=(kk < KTOT)[:, None] & mask_n[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     else:
@@ -125,10 +143,12 @@ def conv_kernel(
             ok = mask_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             cc = cb * BLOCK_K + offs_k
             a_ptrs = x_base[:, None] + (ih * stride_xh + iw * stride_xw)[:, None] + cc[None, :] * stride_xc
-            a = tl.load(a_ptrs, mask=ok[:, None] & (cc < C)[None, :], other=0.0)
+            a_mask = ok[:, None] & (cc < C)[None, :]
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
             if IN_SCALE:
-                sc = tl.load(s_base[:, None] + cc[None, :] * stride_sc, mask=mask_m[:, None] & (cc < C)[None, :], other=0.0)
-                a = (a.to(tl.float32) * sc.to(tl.float32)).to(a.dtype)
+                in_mask = mask_m[:, None] & (cc < C)[None, :]
+                a = _prologue(a, s_base[:, None] + cc[None, :] * stride_sc, t_base[:, None] + cc[None, :] * stride_tc, in_mask, a_mask,
+                              IN_SHIFT, IN_RELU)
             b_ptrs = w_ptr + (tap * C + cc)[:, None] * OC + rn[None, :]
             b = tl.load(b_ptrs, mask=(cc < C)[:, None] & mask_n[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
@@ -292,15 +312,38 @@ def default_config(m: int, n: int, k: int, c: int, groups: int = 1) -> ConvConfi
 
 
 def conv_operand_count(attrs: Mapping[str, Any]) -> int:
-    """How many of a ``conv_epilogue`` node's inputs the conv itself reads: x, weight, (bias), (in_scale); the
-    epilogue's operands follow."""
-    return 2 + bool(attrs.get("has_bias")) + bool(attrs.get("in_scale"))
+    """How many of a ``conv_epilogue`` node's inputs the conv itself reads: x, weight, (bias), (in_scale),
+    (in_shift); the epilogue's operands follow."""
+    return 2 + bool(attrs.get("has_bias")) + bool(attrs.get("in_scale")) + bool(attrs.get("in_shift"))
 
 
-def scaled_first(xs: list[Any], n_conv: int) -> list[Any]:
-    """An ``in_scale`` conv's inputs as the plain conv takes them: ``x * in_scale`` in x's place, the scale
-    (input ``n_conv - 1``) dropped."""
-    return [xs[0] * xs[n_conv - 1], *xs[1 : n_conv - 1], *xs[n_conv:]]
+def prologue_operands(xs: list[Any], attrs: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The ``in_scale`` and ``in_shift`` tables of a conv's inputs (None where the node has none)."""
+    n_conv = conv_operand_count(attrs)
+    shift = xs[n_conv - 1] if attrs.get("in_shift") else None
+    scale = xs[n_conv - 1 - bool(shift is not None)] if attrs.get("in_scale") else None
+    return scale, shift
+
+
+def apply_prologue(x: torch.Tensor, scale: Any, shift: Any, relu: bool) -> torch.Tensor:
+    """``relu?(x * scale + shift)`` computed in fp32 and rounded once to x's dtype, as the separate kernels were
+    (a pointwise kernel rounds at its store); a plain ``x * scale`` in x's dtype, as the separate multiply was."""
+    if shift is None and not relu:
+        return x * scale
+    y = x.float() * scale.float()
+    if shift is not None:
+        y = y + shift.float()
+    return (torch.relu(y) if relu else y).to(x.dtype)
+
+
+def scaled_first(xs: list[Any], attrs: Mapping[str, Any]) -> list[Any]:
+    """A conv with an input prologue (``in_scale``, ``in_shift``, ``in_act``) as the plain conv takes its inputs:
+    the transformed x in x's place, the tables dropped."""
+    n_conv = conv_operand_count(attrs)
+    scale, shift = prologue_operands(xs, attrs)
+    n_tables = bool(scale is not None) + bool(shift is not None)
+    x = apply_prologue(xs[0], scale, shift, attrs.get("in_act") == "relu")
+    return [x, *xs[1 : n_conv - n_tables], *xs[n_conv:]]
 
 
 def _pad_end(x: torch.Tensor, params: ConvParams) -> torch.Tensor:
@@ -333,6 +376,8 @@ def conv_epilogue(
     warmup: bool = False,
     out: torch.Tensor | None = None,
     in_scale: torch.Tensor | None = None,
+    in_shift: torch.Tensor | None = None,
+    in_relu: bool = False,
 ) -> torch.Tensor:
     """``epi(conv2d(x, weight) + bias, *extras)`` in one kernel. ``x`` is (N, C, H, W) in any
     memory format (channels-last is the fast one); the output is channels-last unless asked
@@ -341,7 +386,8 @@ def conv_epilogue(
     strides (``concat_in_place`` passes a channel slice of a cat's buffer; the TMA store needs 16-byte
     aligned pixels, else the kernel stores through pointers). ``in_scale`` (N or 1, C, 1, 1): the conv reads
     ``x * in_scale`` (a squeeze-excitation's channel weights), rounded to x's dtype as the separate multiply
-    would be."""
+    would be; with ``in_shift`` (same shapes) and ``in_relu`` it reads ``relu?(x * in_scale + in_shift)`` (a
+    batch norm and ReLU before the conv), computed in fp32 and rounded once."""
     why = supported(tuple(weight.shape), params)
     if why is not None:
         raise ValueError(f"conv_epilogue: {why}")
@@ -369,10 +415,20 @@ def conv_epilogue(
     for e in ex:
         ex_strides += [e.stride(0), e.stride(1), e.stride(2), e.stride(3)]
     precision = "ieee" if x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+    if in_scale is not None and in_scale.dim() == 3:  # (C, 1, 1): one value a channel for every image
+        in_scale = in_scale.unsqueeze(0)
+    if in_shift is not None and in_shift.dim() == 3:
+        in_shift = in_shift.unsqueeze(0)
     if in_scale is not None:
         if in_scale.dim() != 4 or in_scale.shape[2:] != (1, 1) or in_scale.shape[1] != c or in_scale.shape[0] not in (1, nb):
             raise ValueError(f"conv_epilogue: in_scale must be (N or 1, {c}, 1, 1), got {tuple(in_scale.shape)}")
         scale2d = in_scale.reshape(in_scale.shape[0], c).expand(nb, c)
+    if (in_shift is not None or in_relu) and in_scale is None:
+        raise ValueError("conv_epilogue: in_shift / in_relu need in_scale")
+    if in_shift is not None:
+        if in_shift.dim() != 4 or in_shift.shape[2:] != (1, 1) or in_shift.shape[1] != c or in_shift.shape[0] not in (1, nb):
+            raise ValueError(f"conv_epilogue: in_shift must be (N or 1, {c}, 1, 1), got {tuple(in_shift.shape)}")
+        shift2d = in_shift.reshape(in_shift.shape[0], c).expand(nb, c)
     dense = params.groups == 1 and in_scale is None and params.pad_end == (0, 0)
     tma = tma_descriptors(x, out, cfg, params) if cfg.tile_h and dense else None
     if tma is not None:
@@ -391,15 +447,17 @@ def conv_epilogue(
         return out
     grid = (cdiv(m, cfg.block_m) * cdiv(oc // params.groups, cfg.block_n), params.groups)
     s_args = (scale2d, scale2d.stride(0), scale2d.stride(1)) if in_scale is not None else (wp, 0, 0)
+    t_args = (shift2d, shift2d.stride(0), shift2d.stride(1)) if in_shift is not None else (wp, 0, 0)
     _go(_module(epi).conv_kernel, grid, warmup,
-        x, wp, bias if bias is not None else wp, out, s_args[0], *ex,
+        x, wp, bias if bias is not None else wp, out, s_args[0], t_args[0], *ex,
         nb, cw, h, w, oc // params.groups, oh, ow,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-        out.stride(0), out.stride(1), out.stride(2), out.stride(3), *s_args[1:], *ex_strides,
+        out.stride(0), out.stride(1), out.stride(2), out.stride(3), *s_args[1:], *t_args[1:], *ex_strides,
         SH=params.stride[0], SW=params.stride[1], PH=params.padding[0], PW=params.padding[1],
         DH=params.dilation[0], DW=params.dilation[1], KH=kh, KW=kw,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        FLAT_K=cfg.flat_k, HAS_BIAS=bias is not None, IN_SCALE=in_scale is not None, GROUPED=params.groups > 1,
+        FLAT_K=cfg.flat_k, HAS_BIAS=bias is not None, IN_SCALE=in_scale is not None, IN_SHIFT=in_shift is not None,
+        IN_RELU=in_relu, GROUPED=params.groups > 1,
         INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -433,11 +491,13 @@ def reference(
     params: ConvParams,
     out_dtype: torch.dtype,
     in_scale: torch.Tensor | None = None,
+    in_shift: torch.Tensor | None = None,
+    in_relu: bool = False,
 ) -> torch.Tensor:
-    """The oracle: fp32 conv (+ bias) then the epilogue through the op registry; ``in_scale``: of ``x * in_scale``
-    (the product in x's dtype)."""
+    """The oracle: fp32 conv (+ bias) then the epilogue through the op registry; ``in_scale`` (``in_shift``,
+    ``in_relu``): of ``relu?(x * in_scale + in_shift)`` in x's dtype (``apply_prologue``)."""
     b = None if bias is None else bias.float()
-    x = _pad_end(x if in_scale is None else x * in_scale, params)
+    x = _pad_end(x if in_scale is None else apply_prologue(x, in_scale, in_shift, in_relu), params)
     acc = F.conv2d(x.float(), weight.float(), b, params.stride, params.padding, params.dilation, params.groups)
     return apply_reference(acc, [e.float() if e.is_floating_point() else e for e in extras], epi).to(out_dtype)
 
@@ -457,6 +517,7 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
         return None
     epi: Epilogue = node.attrs["epilogue"]
     has_bias, scaled = bool(node.attrs.get("has_bias")), bool(node.attrs.get("in_scale"))
+    in_relu = node.attrs.get("in_act") == "relu"
     n_conv = conv_operand_count(node.attrs)
     out_t = node.ttype
     nb, c, h, w = x_t.shape
@@ -483,16 +544,17 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
             if w_const is not None:
                 packed[xs[0].device] = wp
         bias = xs[2] if has_bias else None
-        s = xs[n_conv - 1] if scaled else None
-        return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last, out=out, in_scale=s)
+        s, t = prologue_operands(xs, node.attrs)
+        return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last, out=out, in_scale=s,
+                             in_shift=t, in_relu=in_relu)  # fmt: skip
 
     run.writes_strided_out = True  # type: ignore[attr-defined]  # concat_in_place: straight into a cat's slice
 
     info = KernelInfo(node.name, "conv_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
     if backend == "triton" and torch.cuda.is_available() and os.environ.get("KFUSE_CONV_VS_CUDNN", "1") == "1":
         library = cudnn_candidates(node, graph, epi, params, has_bias, out_t.dtype)
-        if scaled:  # the library runs the multiply first, as the model did
-            library = {k: _scaling_first(f, n_conv) for k, f in library.items()}
+        if scaled:  # the library runs the multiply (norm, ReLU) first, as the model did
+            library = {k: _scaling_first(f, node.attrs) for k, f in library.items()}
         cands = {"template": run, **library}
         from kfuse.runtime.choice import choose, problem_key
 
@@ -504,11 +566,13 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
     return Step(node.name, node.inputs, run, info)
 
 
-def _scaling_first(run: Callable[[list[torch.Tensor]], torch.Tensor], n_conv: int) -> Callable[[list[torch.Tensor]], torch.Tensor]:
-    """A library candidate of an ``in_scale`` conv: ``x * in_scale`` as its own op, then the conv on it."""
+def _scaling_first(
+    run: Callable[[list[torch.Tensor]], torch.Tensor], attrs: Mapping[str, Any]
+) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+    """A library candidate of a conv with an input prologue: the prologue as its own ops, then the conv on it."""
 
     def scaled(xs: list[torch.Tensor]) -> torch.Tensor:
-        return run(scaled_first(xs, n_conv))
+        return run(scaled_first(xs, attrs))
 
     return scaled
 

@@ -71,7 +71,7 @@ def _stage_reason(node: Node, g: Graph, first: bool) -> str | None:
         if w.dim() != 4 or int(node.attrs.get("groups", 1)) != 1:
             return f"{node.name} is a grouped convolution"
         if node.attrs.get("in_scale"):
-            return f"{node.name} scales its input (squeeze-excitation)"
+            return f"{node.name} transforms its input loads (squeeze-excitation scale or norm + ReLU)"
         if any(node.attrs.get("pad_end") or ()):
             return f"{node.name} pads more at the bottom / right than at the top / left"
         if not first:

@@ -39,8 +39,9 @@ def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
 
 def _conv_epilogue_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     n_conv = conv_operand_count(a)
-    if a.get("in_scale"):  # x * s[image, channel] read by the conv (kfuse.passes.fuse_input_scale)
-        xs, n_conv = scaled_first(xs, n_conv), n_conv - 1
+    if a.get("in_scale"):  # relu?(x * s + t) read by the conv (kfuse.passes.fuse_input_scale)
+        xs = scaled_first(xs, a)
+        n_conv -= 1 + bool(a.get("in_shift"))
     acc = ops.run_reference("conv2d", xs[:n_conv], a)
     return apply_reference(acc, xs[n_conv:], a["epilogue"]).to(a["out_type"].dtype)
 

@@ -299,3 +299,37 @@ def test_conv_reads_and_writes_channel_slices_of_wider_buffers(offset: int, tile
     assert got.data_ptr() == out.data_ptr()
     torch.testing.assert_close(out.cpu().float(), ref, rtol=2e-2, atol=2e-2)
     assert torch.isnan(buf[:, :offset]).all() and torch.isnan(buf[:, offset + 16 :]).all()
+
+
+@pytest.mark.parametrize("flat,groups,k,pad", [(False, 1, 1, 0), (True, 1, 3, 1), (False, 1, 3, 1), (False, 2, 3, 1)])
+@pytest.mark.parametrize("table_rank", [3, 4])
+def test_conv_reads_relu_of_its_input_times_scale_plus_shift(flat, groups, k, pad, table_rank, device):
+    """A batch norm + ReLU before the conv in its input loads: relu(x * s + t). The shift makes a padded tap's
+    transform relu(t) > 0, so the padding must be applied to the transformed map (zeros), as the separate kernels
+    did. Per-channel tables as (C, 1, 1) constants or (1, C, 1, 1)."""
+    c, oc = 12, 10
+    x = torch.randn(2, c, 7, 9, device=device).contiguous(memory_format=torch.channels_last)
+    wt, b = torch.randn(oc, c // groups, k, k, device=device) / 4, torch.randn(oc, device=device)
+    shape = (c, 1, 1) if table_rank == 3 else (1, c, 1, 1)
+    s, t = torch.rand(shape, device=device) + 0.5, torch.randn(shape, device=device).abs() + 0.5  # relu(t) > 0 on padding
+    p = ConvParams((1, 1), (pad, pad), groups=groups)
+    out = torch.full((2, oc, 7 - k + 1 + 2 * pad, 9 - k + 1 + 2 * pad), float("nan"), device=device).contiguous(
+        memory_format=torch.channels_last
+    )
+    cfg = ConvConfig(32, 16, 16, 2, 4, 1, flat)
+    got = conv_epilogue(x, wt, b, [], RELU, p, torch.float32, cfg, out=out, in_scale=s, in_shift=t, in_relu=True)
+    ref = reference(x.cpu(), wt.cpu(), b.cpu(), [], RELU, p, torch.float32, in_scale=s.cpu(), in_shift=t.cpu(), in_relu=True)
+    manual = torch.relu(torch.nn.functional.conv2d(torch.relu(x.cpu() * s.cpu() + t.cpu()), wt.cpu(), b.cpu(), padding=pad, groups=groups))
+    torch.testing.assert_close(ref, manual, rtol=1e-5, atol=1e-5)
+    assert got.data_ptr() == out.data_ptr() and not torch.isnan(out).any()
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_prologue_arguments_are_checked(device):
+    x = torch.randn(1, 4, 5, 5, device=device)
+    wt = torch.randn(3, 4, 1, 1, device=device)
+    with pytest.raises(ValueError, match="need in_scale"):
+        conv_epilogue(x, wt, None, [], RELU, ConvParams(), torch.float32, in_shift=torch.randn(1, 4, 1, 1, device=device))
+    with pytest.raises(ValueError, match="in_shift must be"):
+        conv_epilogue(x, wt, None, [], RELU, ConvParams(), torch.float32, in_scale=torch.randn(1, 4, 1, 1, device=device),
+                      in_shift=torch.randn(1, 5, 1, 1, device=device))  # fmt: skip

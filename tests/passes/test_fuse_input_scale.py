@@ -80,3 +80,59 @@ def test_compiled_se_block_matches_eager(dtype, device, monkeypatch):
     tol = 2e-2 if dtype == torch.float16 else 1e-4
     with torch.no_grad():
         torch.testing.assert_close(cm(x2), model(x2), rtol=tol, atol=tol)
+
+
+class _PreAct(nn.Module):
+    """DenseNet's layer: BN -> ReLU -> conv on a map no conv made (here a max pool: nothing to take the norm in its
+    epilogue). ``form``: "bn_relu" (fused: scale, shift, ReLU), "bn" (no ReLU: a shift alone stays outside),
+    "shared" (the ReLU's output is also returned: the transformed map must exist)."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.bn = nn.BatchNorm2d(8)
+        self.conv = nn.Conv2d(8, 6, 3, padding=1)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            self.bn.bias.uniform_(0.2, 1)  # positive shifts: relu(t) > 0 where the conv pads
+
+    def forward(self, x: torch.Tensor):  # noqa: ANN201
+        y = self.bn(nn.functional.max_pool2d(x, 3, 1, 1))
+        z = torch.relu(y) if self.form != "bn" else y
+        out = self.conv(z)
+        return (out, z) if self.form == "shared" else out
+
+
+@pytest.mark.parametrize("form,fused", [("bn_relu", True), ("bn", False), ("shared", False)])
+def test_a_norm_and_relu_move_into_the_conv(form, fused, device):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 8, 7, 9, generator=gen).to(device)
+    model = _PreAct(form).to(device).eval()
+    g = _graph(model, x)
+    r = fuse_input_scale(g)
+    convs = [n for n in r.nodes if n.op == "conv_epilogue" and n.attrs.get("in_scale")]
+    assert len(convs) == int(fused)
+    if fused:
+        a = convs[0].attrs
+        assert a["in_shift"] and a["in_act"] == "relu" and a["fused_ops"][:3] == ("mul", "add", "relu")
+        assert len(convs[0].inputs) == 5  # x, w, b, scale, shift
+        assert not [n for n in r.nodes if n.op in ("mul", "add", "relu")]
+    for want, got in zip(reference_run(g, [x]), reference_run(r, [x]), strict=True):
+        torch.testing.assert_close(want, got, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_compiled_pre_activation_matches_eager(dtype, device, monkeypatch):
+    monkeypatch.setenv("KFUSE_CONV_VS_CUDNN", "0")
+    if dtype == torch.float16 and device == "cpu":
+        pytest.skip("fp16 convs: the GPU")
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 8, 7, 9, generator=gen).to(device, dtype)
+    model = _PreAct("bn_relu").to(device, dtype).eval()
+    cm = kfuse.compile(model, (x,))
+    assert [k["ops"][:3] for k in cm.report["kernels"] if k["template"] == "conv_epilogue"] == [["mul", "add", "relu"]]
+    x2 = torch.randn(2, 8, 7, 9, generator=gen).to(device, dtype)
+    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x2), model(x2), rtol=tol, atol=tol)
