@@ -33,9 +33,26 @@ Session 44's cases (diffusers wheels on the path: BENCHMARKS.md "Next runs"):
   the SE maps, ~193 MB on RegNet-Y-040 B32 and ~148 MB on EfficientNet-B0. Predictions: RegNet-Y -60..-150 us,
   EfficientNet-B0 -40..-100 us; less if the L2 absorbed the strided reads.
 
+Session 45's cases (torchvision at zoo_sweep's GPU sizes, B32 fp16; no device that session, so predictions only):
+
+* ``tv-densenet121:concat_in_place``: the dense layers' 58 cats as views of one buffer a block, each feature made in
+  its slice (on) or each cat copying the block's input and every feature so far (off). Floor: the cats read and
+  write 1.24 GB a call (blocks 1-4: 424, 405, 395, 79 MB); on, the four block inputs are copied once (~48 MB) and
+  the conv outputs are written in place where the template won their race (a cuDNN conv's output is copied, 32
+  channels). Block 3's cats are under 13 MB each and may be served from the L2. Prediction: -0.25..-0.45 ms,
+  and 54 fewer launches.
+* ``tv-densenet121:input_scale``: the batch norm + ReLU before each 1x1 conv (and each transition) in the conv's
+  input loads (on) or a pointwise kernel writing the normalised cat (off). Floor: the same ~1.24 GB as the cats,
+  plus the transitions. The prologue conv runs the pointer kernel (not TMA) and is raced against cuDNN with the
+  norm run first. Prediction: -0.1..-0.4 ms.
+* ``tv-inception-v3:concat_in_place``: each block's cat of four branch convs computed in place. Floor: 326 MB of
+  cat copies at B32 299 px. Prediction: -0.03..-0.11 ms, the upper end only if the template wins the branch convs.
+
     PYTHONPATH=. python benchmarks/experiments/option_ab.py --out $OUT                        # H200
     PYTHONPATH=. python benchmarks/experiments/option_ab.py --smoke --case regnet:input_scale  # CPU check
     PYTHONPATH=.:/tmp/site python benchmarks/experiments/option_ab.py --case sd15-unet:group_norm,sd15-vae-decoder:group_norm --out $OUT
+    PYTHONPATH=. python benchmarks/experiments/option_ab.py --out $OUT \
+        --case tv-densenet121:concat_in_place,tv-densenet121:input_scale,tv-inception-v3:concat_in_place
 """
 
 from __future__ import annotations

@@ -286,11 +286,12 @@ def _matmul(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return torch.matmul(xs[0], xs[1])
 
 
-CONV_ACTIVATIONS = ("clamp", "silu", "gelu")  # what a conv node's ``act`` attribute may name
+CONV_ACTIVATIONS = ("clamp", "silu", "gelu", "hardswish", "hardsigmoid")  # what a conv node's ``act`` attribute may name
 
 
 def apply_activation(y: torch.Tensor, act: tuple[Any, ...] | None) -> torch.Tensor:
-    """A conv's absorbed activation (``passes.fuse_conv_activation``): None, ("clamp", lo, hi), ("silu",), ("gelu",)."""
+    """A conv's absorbed activation (``passes.fuse_conv_activation``): None, ("clamp", lo, hi), ("silu",), ("gelu",),
+    ("hardswish",), ("hardsigmoid",)."""
     if act is None:
         return y
     if act[0] == "clamp":
@@ -299,6 +300,10 @@ def apply_activation(y: torch.Tensor, act: tuple[Any, ...] | None) -> torch.Tens
         return F.silu(y)
     if act[0] == "gelu":
         return F.gelu(y)
+    if act[0] == "hardswish":
+        return F.hardswish(y)
+    if act[0] == "hardsigmoid":
+        return F.hardsigmoid(y)
     raise ValueError(f"unknown conv activation {act!r}")
 
 

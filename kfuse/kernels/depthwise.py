@@ -30,6 +30,10 @@ def _activation(acc, ACT: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr):
             acc = tl.minimum(acc, HI, propagate_nan=tl.PropagateNan.ALL)
     elif ACT == "silu":
         acc = acc / (1.0 + tl.exp(-acc))
+    elif ACT == "hardswish":  # x * relu6(x + 3) / 6 (MobileNet-V3)
+        acc = acc * tl.minimum(tl.maximum(acc + 3.0, 0.0, propagate_nan=tl.PropagateNan.ALL), 6.0, propagate_nan=tl.PropagateNan.ALL) / 6.0
+    elif ACT == "hardsigmoid":
+        acc = tl.minimum(tl.maximum(acc + 3.0, 0.0, propagate_nan=tl.PropagateNan.ALL), 6.0, propagate_nan=tl.PropagateNan.ALL) / 6.0
     elif ACT == "gelu":  # exact GELU with erfc from Abramowitz & Stegun 7.1.26, as kfuse's GEMM epilogues
         t = 1.0 / (1.0 + 0.3275911 * tl.abs(acc * 0.7071067811865476))
         erfc = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
@@ -307,12 +311,13 @@ def depthwise_conv2d(
 ) -> torch.Tensor:  # fmt: skip
     """``F.conv2d(x, weight, bias, stride, padding, dilation, groups=C)`` for a depthwise ``weight`` (C, 1, KH, KW);
     any memory format in, the input's format out (channels-last in, channels-last out). ``act``: None,
-    ("clamp", lo, hi), ("silu",) or ("gelu",), applied before the store. ``kernel``: "rows" (the row-ring kernel:
-    dense channels-last, stride 1, dilation 1, KH <= 7), "taps" (one program a pixel tile, every tap loaded), or
-    "auto" (``use_rows``). ``config``: the kernel's tile, (BLOCK_W, BLOCK_C, ROWS, num_warps) for "rows",
-    (BLOCK_P, BLOCK_C, num_warps) for "taps"; else ``rows_config`` / ``launch_config``. ``packed_weight``:
-    ``pack_rows_weight(weight)``, computed once by a caller whose weight is a constant. ``pad_end``: more zero
-    padding past the bottom / right (a folded asymmetric pad, TF "same"): a larger output, read as zeros ("taps")."""
+    ("clamp", lo, hi), ("silu",), ("gelu",), ("hardswish",) or ("hardsigmoid",), applied before the store.
+    ``kernel``: "rows" (the row-ring kernel: dense channels-last, stride 1, dilation 1, KH <= 7), "taps" (one
+    program a pixel tile, every tap loaded), or "auto" (``use_rows``). ``config``: the kernel's tile, (BLOCK_W,
+    BLOCK_C, ROWS, num_warps) for "rows", (BLOCK_P, BLOCK_C, num_warps) for "taps"; else ``rows_config`` /
+    ``launch_config``. ``packed_weight``: ``pack_rows_weight(weight)``, computed once by a caller whose weight is a
+    constant. ``pad_end``: more zero padding past the bottom / right (a folded asymmetric pad, TF "same"): a larger
+    output, read as zeros ("taps")."""
     if x.dim() != 4 or not is_depthwise(tuple(weight.shape), x.shape[1], x.shape[1]):
         raise ValueError(f"depthwise_conv2d: x {tuple(x.shape)} and weight {tuple(weight.shape)} are not a depthwise conv")
     if bias is not None and tuple(bias.shape) != (x.shape[1],):

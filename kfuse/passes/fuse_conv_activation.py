@@ -1,4 +1,5 @@
-"""A depthwise conv takes the activation after it (MobileNet's ReLU6, EfficientNet's SiLU, SegFormer's GELU).
+"""A depthwise conv takes the activation after it (MobileNet's ReLU6, EfficientNet's SiLU, SegFormer's GELU,
+MobileNet-V3's hardswish).
 
 The implicit-GEMM convs get their activations from the epilogue fusion; depthwise convs (``groups == C``)
 have no epilogue template, so ``conv -> clamp`` was two kernels, the second a full read and write of the
@@ -21,7 +22,7 @@ def _activation(node: Node) -> tuple[Any, ...] | None:
         return ("clamp", 0.0, None)
     if node.op == "clamp":
         return ("clamp", node.attrs.get("lo"), node.attrs.get("hi"))
-    if node.op in ("silu", "gelu"):
+    if node.op in ("silu", "gelu", "hardswish", "hardsigmoid"):
         return (node.op,)
     return None
 

@@ -109,7 +109,8 @@ def test_compiled_block_runs_the_depthwise_kernel(device):
         torch.testing.assert_close(compiled(x2), model(x2), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("act", [("clamp", 0.0, 6.0), ("clamp", 0.0, None), ("clamp", None, 0.5), ("silu",), ("gelu",)])
+@pytest.mark.parametrize("act", [("clamp", 0.0, 6.0), ("clamp", 0.0, None), ("clamp", None, 0.5), ("silu",), ("gelu",), ("hardswish",),
+                                 ("hardsigmoid",)])  # fmt: skip
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_activation_before_the_store(act, channels_last, device):
     """MobileNet's ReLU6 / EfficientNet's SiLU applied by the kernel (both kernels), NaN kept as PyTorch does."""
@@ -120,7 +121,8 @@ def test_activation_before_the_store(act, channels_last, device):
         x = x.contiguous(memory_format=torch.channels_last)
     wt, b = torch.randn(20, 1, 3, 3, generator=gen).to(device), torch.randn(20, generator=gen).to(device)
     want = F.conv2d(x, wt, b, 1, 1, 1, groups=20)
-    want = {"silu": F.silu, "gelu": F.gelu}[act[0]](want) if act[0] != "clamp" else torch.clamp(want, act[1], act[2])
+    fns = {"silu": F.silu, "gelu": F.gelu, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid}
+    want = fns[act[0]](want) if act[0] != "clamp" else torch.clamp(want, act[1], act[2])
     out = torch.full_like(want, float("nan"))
     got = depthwise_conv2d(x, wt, b, 1, 1, 1, out=out, act=act)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, equal_nan=True)
@@ -129,7 +131,7 @@ def test_activation_before_the_store(act, channels_last, device):
         depthwise_conv2d(x, wt, b, 1, 1, 1, act=("tanh",))
 
 
-@pytest.mark.parametrize("act", [("clamp", 0.0, None), ("gelu", None, None)])
+@pytest.mark.parametrize("act", [("clamp", 0.0, None), ("gelu", None, None), ("hardswish", None, None)])
 def test_both_kernels_compile_for_sm90(act):
     """The interpreter does not compile: the constexpr activation and None bounds must also pass Triton's sm_90
     code generator (offline, no GPU needed)."""
