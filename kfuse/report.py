@@ -26,7 +26,7 @@ def plan_table(report: dict[str, Any], title: str = "kernel plan") -> Table:
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
-    kernels = report["kernels"]
+    kernels = [k for k in report["kernels"] if k["template"] != "view"]  # a cat served as a view launches nothing
     fused = [k for k in kernels if k["template"] not in ("torch", "fallback")]
     lines = [
         f"model {report['model']}: {len(kernels)} launches, {len(fused)} kfuse kernels, backend {report['backend']}, "
@@ -39,10 +39,20 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if report.get("compile_phases_s"):
         lines.append("compile time by phase: " + ", ".join(f"{k} {v:.2f} s" for k, v in report["compile_phases_s"].items()))
     lines += b2b_lines(report.get("b2b"))
+    lines += concat_lines(report.get("concat_in_place"))
     lines += pdl_lines(report)
     if "max_abs_err" in report:
         lines.append(f"vs PyTorch on the example inputs: max_abs_err {report['max_abs_err']:.3g}, max_rel_err {report['max_rel_err']:.3g}")
     return lines
+
+
+def concat_lines(c: dict[str, Any] | None) -> list[str]:
+    """Concatenations served as views (``runtime/concat_in_place.py``): how many, and the copies they save a call."""
+    if not c:
+        return []
+    return [f"concatenations: {c['view_cats']} cat(s) are views of {c['groups']} buffer(s); of their {c['members']} inputs "
+            f"{c['members_in_place']} are computed in place, the rest copied once; copies a call "
+            f"{c['copy_mb_before']} MB -> {c['copy_mb_after']} MB"]  # fmt: skip
 
 
 def pdl_lines(report: dict[str, Any]) -> list[str]:

@@ -243,3 +243,15 @@ def test_fp16_dense_block_on_the_gpu() -> None:
     x2 = torch.randn_like(x)
     with torch.no_grad():
         torch.testing.assert_close(cm(x2), m(x2), rtol=2e-2, atol=2e-2)
+
+
+def test_the_summary_counts_views_as_no_launch_and_says_what_they_save() -> None:
+    from kfuse.report import summary_lines
+
+    m, x = _model(), torch.randn(2, 3, 7, 9)
+    cm = kfuse.compile(m, (x,), backend="torch")
+    lines = summary_lines(cm.report)
+    views = sum(k["template"] == "view" for k in cm.report["kernels"])
+    assert views == 4 and f"{len(cm.report['kernels']) - views} launches" in lines[0]
+    line = next(s for s in lines if s.startswith("concatenations:"))
+    assert "4 cat(s) are views of 1 buffer(s)" in line and "MB ->" in line
