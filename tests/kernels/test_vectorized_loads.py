@@ -18,12 +18,14 @@ from kfuse.sass.examples import compile_sm90
 from kfuse.kernels.epilogue import Epilogue
 which = sys.argv[1]
 sig = {}
-if which.startswith("conv"):  # conv, conv_grouped (one GEMM a group), conv_scaled (an SE scale on the input loads)
+if which.startswith("conv"):  # conv, conv_grouped (one GEMM a group), conv_scaled (an SE scale on the input loads),
+    # conv_prologue (a batch norm + ReLU on the input loads: scale and shift tables)
     from kfuse.kernels import conv as K
     fn = K._module(Epilogue()).conv_kernel
     const = dict(stride_xc=1, stride_cc=1, SH=1, SW=1, PH=1, PW=1, DH=1, DW=1, KH=3, KW=3, BLOCK_M=128, BLOCK_N=128,
                  BLOCK_K=64, GROUP_M=8, FLAT_K=False, HAS_BIAS=True, INPUT_PRECISION="tf32", PDL=False,
-                 GROUPED=which == "conv_grouped", IN_SCALE=which == "conv_scaled", stride_sc=1)
+                 GROUPED=which == "conv_grouped", IN_SCALE=which in ("conv_scaled", "conv_prologue"), stride_sc=1,
+                 IN_SHIFT=which == "conv_prologue", IN_RELU=which == "conv_prologue", stride_tc=1)
 elif which == "gemm":
     from kfuse.kernels import gemm as K
     fn = K._module(Epilogue()).gemm_kernel
@@ -50,7 +52,7 @@ print(len(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], 0x
 """
 
 
-@pytest.mark.parametrize("template", ["gemm", "conv", "conv_grouped", "conv_scaled"])
+@pytest.mark.parametrize("template", ["gemm", "conv", "conv_grouped", "conv_scaled", "conv_prologue"])
 def test_tiles_load_as_16_byte_vectors(template: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", _SCRIPT, template], capture_output=True, text=True, env=env, timeout=600)
