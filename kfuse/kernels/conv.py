@@ -546,19 +546,30 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
                              in_shift=t, in_relu=in_relu)  # fmt: skip
 
     run.writes_strided_out = True  # type: ignore[attr-defined]  # concat_in_place: straight into a cat's slice
+    n_plain = n_conv - bool(scaled) - bool(node.attrs.get("in_shift"))
+
+    def run_plain(xs: list[torch.Tensor]) -> torch.Tensor:  # the inputs less the tables: x already transformed
+        wp = packed.get(xs[0].device)
+        wp = wp if wp is not None else next(iter(packed.values())).to(xs[0].device) if packed else pack_weight(xs[1], params.groups)
+        bias = xs[2] if has_bias else None
+        return conv_epilogue(xs[0], xs[1], bias, xs[n_plain:], epi, params, out_t.dtype, cfg, wp, channels_last)
 
     info = KernelInfo(node.name, "conv_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
     if backend == "triton" and torch.cuda.is_available() and os.environ.get("KFUSE_CONV_VS_CUDNN", "1") == "1":
         library = cudnn_candidates(node, graph, epi, params, has_bias, out_t.dtype)
         if scaled:  # the library runs the multiply (norm, ReLU) first, as the model did
             library = {k: _scaling_first(f, node.attrs) for k, f in library.items()}
+            # and the template on the transformed map, which may take the TMA kernel the prologue conv cannot: a plan
+            # that fused the transform is then never slower than the transform as its own ops and the best conv
+            library["template_after_prologue"] = _scaling_first(run_plain, node.attrs)
         cands = {"template": run, **library}
         from kfuse.runtime.choice import choose, problem_key
 
         choice, times = choose(node, graph, cands, problem_key(node, graph))
         if choice != "template":
             why = f"{choice} {times[choice] * 1e3:.1f} us vs template {cfg.describe()} {times['template'] * 1e3:.1f} us"
-            info = KernelInfo(node.name, "cudnn+epilogue", node.attrs["fused_ops"], why, epi.describe())
+            template = "conv_epilogue" if choice == "template_after_prologue" else "cudnn+epilogue"
+            info = KernelInfo(node.name, template, node.attrs["fused_ops"], why, epi.describe())
             return Step(node.name, node.inputs, cands[choice], info)
     return Step(node.name, node.inputs, run, info)
 

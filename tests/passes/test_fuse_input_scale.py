@@ -136,3 +136,34 @@ def test_compiled_pre_activation_matches_eager(dtype, device, monkeypatch):
     tol = 2e-2 if dtype == torch.float16 else 1e-4
     with torch.no_grad():
         torch.testing.assert_close(cm(x2), model(x2), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("choice", ["template", "template_after_prologue", "cudnn"])
+def test_every_candidate_of_a_prologue_conv_gives_the_same_values(choice, monkeypatch):
+    """On a GPU the prologue conv races cuDNN with the transform run first, and the template on the transformed
+    map (which may take TMA). Whichever wins, the step's values are the same (the race is forced here)."""
+    import kfuse.runtime.choice as choice_mod
+    from kfuse.kernels.conv import lower_conv_epilogue
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 8, 7, 9, generator=gen)
+    model = _PreAct("bn_relu").eval()
+    g = fuse_input_scale(_graph(model, x))
+    node = next(n for n in g.nodes if n.op == "conv_epilogue")
+    seen = {}
+
+    def fake_choose(node, graph, cands, key, inputs=None):  # noqa: ANN001, ANN202
+        seen.update(cands)
+        name = next(n for n in cands if n.startswith(choice))
+        return name, {n: 1.0 for n in cands}
+
+    monkeypatch.setattr(choice_mod, "choose", fake_choose)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    step = lower_conv_epilogue(node, g, "triton")
+    assert "template_after_prologue" in seen and any(n.startswith("cudnn") for n in seen)
+    from kfuse.ir import ops
+
+    t = g.type_of(node.inputs[0])
+    xs = [torch.randn(t.shape, generator=gen), *(g.constants[v] for v in node.inputs[1:])]
+    want = ops.run_reference(node.op, xs, dict(node.attrs))
+    torch.testing.assert_close(step.fn(xs), want, rtol=1e-4, atol=1e-4)
