@@ -176,23 +176,50 @@ def plan_groups(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
     def member_ok(v: str) -> bool:  # made by a step (its value becomes a slice)
         return v in made_by and strided_ok(v)
 
-    groups: list[ConcatGroup] = []
+    nodes = graph.node_map()
     where: dict[str, ConcatGroup] = {}
-    for i in sorted(cats, key=lambda i: (-len(steps[i].inputs), -i)):
+
+    def leaves(v: str, dim: int) -> tuple[list[str], list[str]]:
+        """(the maps, the inner cats) of ``v`` along ``dim``: a cat of cats (Inception's E blocks) is flattened, its
+        inner cats becoming views of the same buffer, where they may hand a strided slice to their readers."""
+        if v in cat_outputs and v not in where and _cat_dim(graph, v) == dim and strided_ok(v):
+            maps, inner = [], [v]
+            for u in nodes[v].inputs:
+                m, i = leaves(u, dim)
+                maps, inner = maps + m, inner + i
+            return maps, inner
+        return [v], []
+
+    def flat(name: str, dim: int) -> tuple[list[str], list[str]]:
+        maps, inner = [], []
+        for v in steps[made_by[name]].inputs:
+            m, i = leaves(v, dim)
+            maps, inner = maps + m, inner + i
+        if len(set(maps)) != len(maps):  # a map twice (cat([x, cat([x, y])])): no flattening
+            return list(steps[made_by[name]].inputs), []
+        return maps, inner
+
+    dims = {steps[i].output: _cat_dim(graph, steps[i].output) for i in cats}
+    width = {c: len(flat(c, d)[0]) if d is not None else 0 for c, d in dims.items()}
+    groups: list[ConcatGroup] = []
+    viewed: set[str] = set()
+    for i in sorted(cats, key=lambda i: (-width[steps[i].output], -i)):
         name = steps[i].output
-        dim = _cat_dim(graph, name)
-        if dim is None:
+        dim = dims[name]
+        if dim is None or name in viewed:
             continue
         ins = steps[i].inputs
         owners = {id(where[v]) if v in where else None for v in ins}
         if owners == {None}:
-            if all(member_ok(v) for v in ins):
-                sizes = [graph.type_of(v).shape[dim] for v in ins]  # type: ignore[union-attr]
+            maps, inner = flat(name, dim)
+            if all(v not in where and member_ok(v) for v in maps):
+                sizes = [graph.type_of(v).shape[dim] for v in maps]  # type: ignore[union-attr]
                 starts = [sum(sizes[:k]) for k in range(len(sizes))]
-                g = ConcatGroup(name, dim, {v: (s, n) for v, s, n in zip(ins, starts, sizes, strict=True)}, [name])
+                g = ConcatGroup(name, dim, {v: (s, n) for v, s, n in zip(maps, starts, sizes, strict=True)}, [name, *inner])
                 g.shape, g.dtype = tuple(graph.type_of(name).shape), graph.type_of(name).dtype  # type: ignore[union-attr]
                 groups.append(g)
-                for v in ins:
+                viewed.update(g.views)
+                for v in maps:
                     where[v] = g
             continue
         if len(owners) != 1 or None in owners:
@@ -202,6 +229,7 @@ def plan_groups(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
         consecutive = all(runs[k][0] + runs[k][1] == runs[k + 1][0] for k in range(len(runs) - 1))
         if g.dim == dim and consecutive and strided_ok(name):
             g.views.append(name)
+            viewed.add(name)
 
     def nbytes(v: str) -> int:
         t = graph.type_of(v)
@@ -237,11 +265,19 @@ def place_concats(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
             s.fn = SlotWriter(s.fn, g, s.output)
         elif s.output in view:
             g = view[s.output]
-            lo = g.slots[s.inputs[0]][0]
+            lo = _first_slot(graph, g, s.output)
             hi = lo + graph.type_of(s.output).shape[g.dim]  # type: ignore[union-attr]
             s.info = KernelInfo(s.info.name, "view", ("cat",), f"[{lo}, {hi}) of {g.root}'s buffer along dim {g.dim}")
             s.fn = ViewCat(g.dim, g)
     return groups
+
+
+def _first_slot(graph: Graph, g: ConcatGroup, cat: str) -> int:
+    """Where a view cat starts in its group's buffer: its first input's slice, through inner cats."""
+    v = cat
+    while v not in g.slots:
+        v = graph.node_map()[v].inputs[0]
+    return g.slots[v][0]
 
 
 def rewrap(current: Any, fn: Any) -> Any:

@@ -255,3 +255,24 @@ def test_the_summary_counts_views_as_no_launch_and_says_what_they_save() -> None
     assert views == 4 and f"{len(cm.report['kernels']) - views} launches" in lines[0]
     line = next(s for s in lines if s.startswith("concatenations:"))
     assert "4 cat(s) are views of 1 buffer(s)" in line and "MB ->" in line
+
+
+class _CatOfCats(nn.Module):
+    """Inception-v3's E block: the block's cat reads two cats of branch convs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(3, c, k, padding=k // 2) for c, k in ((4, 1), (3, 3), (5, 1), (2, 3), (6, 1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b, c, d, e = (torch.relu(conv(x)) for conv in self.convs)
+        return torch.cat([a, torch.cat([b, c], 1), torch.cat([d, e], 1)], 1).sum((2, 3))
+
+
+def test_a_cat_of_cats_is_one_buffer(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KFUSE_CONV_VS_CUDNN", "0")
+    cm = _compiled_right(_CatOfCats(), torch.randn(2, 3, 5, 7, device=device))
+    rep = cm.report["concat_in_place"]
+    assert rep["groups"] == 1 and rep["view_cats"] == 3 and rep["members"] == 5 and rep["members_in_place"] == 5
+    views = {k["name"]: k["config"] for k in cm.report["kernels"] if k["template"] == "view"}
+    assert {v.split(")")[0] for v in views.values()} == {"[0, 20", "[4, 12", "[12, 20"}
