@@ -39,16 +39,29 @@ def _command_line(cmd: str, positional: str, **opts: Any) -> str:
 
 
 def _load(
-    model: str, batch: int | None, seq: int | None, dtype: str, device: str, varlen: bool, avg_len_ratio: float | None
+    model: str,
+    batch: int | None,
+    seq: int | None,
+    dtype: str,
+    device: str,
+    varlen: bool,
+    avg_len_ratio: float | None,
+    image_size: int | None = None,
 ) -> tuple[Any, tuple, dict]:
-    """An embedded model by name, a local Hugging Face checkpoint directory, or an ONNX file, with
-    random inputs of its declared shapes."""
+    """An embedded model by name, a torchvision model (``torchvision:NAME``), a local Hugging Face checkpoint
+    directory, or an ONNX file, with random inputs of its declared shapes."""
     import torch
 
     import kfuse.models as zoo
     from kfuse.models.pretrained import PretrainedLoadError, is_checkpoint, load_pretrained
+    from kfuse.models.torchvision_models import TorchvisionLoadError, is_torchvision_name, load_torchvision
 
     tdtype = getattr(torch, DTYPES[dtype])
+    if is_torchvision_name(model):
+        try:
+            return load_torchvision(model, batch=batch, size=image_size, dtype=tdtype, device=device)
+        except TorchvisionLoadError as e:
+            raise typer.BadParameter(str(e), param_hint="MODEL") from None
     if is_checkpoint(model):
         try:
             return load_pretrained(model, batch=batch, seq=seq, dtype=tdtype, device=device, with_mask=varlen or avg_len_ratio is not None)
@@ -74,10 +87,17 @@ def _load(
 @app.command("compile")
 def compile_cmd(
     model: Annotated[
-        str, typer.Argument(help="an embedded model name (see `kfuse models`), a Hugging Face checkpoint directory, or an .onnx file")
+        str,
+        typer.Argument(
+            help="an embedded model name (see `kfuse models`), torchvision:NAME (random weights, e.g. torchvision:densenet121), "
+            "a Hugging Face checkpoint directory, or an .onnx file"
+        ),
     ],
-    batch: Annotated[int | None, typer.Option(help="batch size (default: the model's)")] = None,
+    batch: Annotated[int | None, typer.Option(help="batch size (default: the model's; 1 for torchvision)")] = None,
     seq: Annotated[int | None, typer.Option(help="sequence length for token models")] = None,
+    image_size: Annotated[
+        int | None, typer.Option(help="image side for torchvision models (default: the one its weights were evaluated at)")
+    ] = None,
     dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16")] = "fp32",
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
     explain: Annotated[bool, typer.Option(help="print the graph after each stage and the kernel plan")] = False,
@@ -100,7 +120,11 @@ def compile_cmd(
         bool, typer.Option(help="row-only data movement (Swin's shifted windows, patch merging) as one gather, folded into LayerNorms")
     ] = True,
     input_scale: Annotated[
-        bool, typer.Option(help="a squeeze-excitation's x * s read by the next conv's input loads (RegNet-Y, EfficientNet)")
+        bool,
+        typer.Option(help="a squeeze-excitation's x * s, or a batch norm + ReLU, read by the next conv's input loads (RegNet-Y, DenseNet)"),
+    ] = True,
+    concat_in_place: Annotated[
+        bool, typer.Option(help="concatenations as views of one buffer their inputs are computed into (DenseNet, Inception)")
     ] = True,
     merge_activated: Annotated[
         bool, typer.Option(help="merge a GEMM that feeds a GELU / ReLU with its siblings (the activation then runs alone)")
@@ -120,14 +144,14 @@ def compile_cmd(
     if dtype not in DTYPES:
         raise typer.BadParameter(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}", param_hint="--dtype")
     dev = _device(device)
-    m, args, kwargs = _load(model, batch, seq, dtype, dev, varlen, avg_len_ratio)
+    m, args, kwargs = _load(model, batch, seq, dtype, dev, varlen, avg_len_ratio, image_size)
     if pdl not in ("auto", "on", "off"):
         raise typer.BadParameter(f"unknown choice {pdl!r}; choose auto, on or off", param_hint="--pdl")
     if library not in ("auto", "never", "always"):
         raise typer.BadParameter(f"unknown choice {library!r}; choose auto, never or always", param_hint="--library")
     overrides: dict[str, Any] = {"tune": tune, "profile": profile, "sass": sass, "cuda_graphs": cuda_graphs, "gemm_library": library,
                                  "fuse_b2b": b2b, "b2b_recheck": b2b_recheck, "gather_rows": gather_rows,
-                                 "input_scale": input_scale, "merge_activated": merge_activated,
+                                 "input_scale": input_scale, "merge_activated": merge_activated, "concat_in_place": concat_in_place,
                                  "pdl": {"auto": "auto", "on": True, "off": False}[pdl]}  # fmt: skip
     if varlen:
         overrides["varlen"] = True
