@@ -360,13 +360,9 @@ def build_torchvision(a: Arch, smoke: bool, device: str, dtype: Any) -> tuple[An
     size = (a.tiny if smoke else a.gpu)["size"]
     kind, _, fn = a.model.rpartition(".")
     builder = getattr(getattr(torchvision.models, kind) if kind else torchvision.models, fn)
-    kw: dict[str, Any] = {"weights": None, "num_classes": 10}
-    if kind == "segmentation":
-        kw.update(weights_backbone=None, aux_loss=False)
-    if fn in ("inception_v3", "googlenet"):
-        kw.update(aux_logits=False, init_weights=False)
-    if fn.startswith("vit_"):
-        kw["image_size"] = size
+    from kfuse.models.torchvision_models import builder_kwargs
+
+    kw: dict[str, Any] = {**builder_kwargs(fn, kind == "segmentation", size), "num_classes": 10}
     torch.manual_seed(0)
     with torch.device(device):
         model = builder(**kw)

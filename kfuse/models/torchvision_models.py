@@ -45,6 +45,19 @@ def image_size(tv: Any, name: str) -> int:
     return int(size[0]) if size else 224
 
 
+def builder_kwargs(name: str, segmentation: bool, size: int | None = None) -> dict[str, Any]:
+    """The builder's arguments for an inference model with random weights: no auxiliary heads, no weight download,
+    and a ViT's position table for ``size`` where one is asked."""
+    kw: dict[str, Any] = {"weights": None}
+    if segmentation:
+        kw.update(weights_backbone=None, aux_loss=False)
+    if name in ("inception_v3", "googlenet"):
+        kw.update(aux_logits=False, init_weights=False)
+    if name.startswith("vit_") and size:
+        kw["image_size"] = size
+    return kw
+
+
 def load_torchvision(
     model: str,
     *,
@@ -64,16 +77,9 @@ def load_torchvision(
         hint = "" if name not in known else " (a detection, video or optical-flow model: they take other inputs)"
         raise TorchvisionLoadError(f"{name!r} is not a torchvision classifier or segmentation model{hint}; "
                                    f"classifiers: {', '.join(sorted(classifiers)[:8])}, ...")  # fmt: skip
-    kw: dict[str, Any] = {"weights": None}
-    if name in segmentation:
-        kw.update(weights_backbone=None, aux_loss=False)
-    if name in ("inception_v3", "googlenet"):
-        kw.update(aux_logits=False, init_weights=False)
     side = size or image_size(tv, name)
-    if name.startswith("vit_") and size:
-        kw["image_size"] = side
     torch.manual_seed(seed)
-    m = tv.models.get_model(name, **kw).eval().to(device=device, dtype=dtype)
+    m = tv.models.get_model(name, **builder_kwargs(name, name in segmentation, size)).eval().to(device=device, dtype=dtype)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch or 1, 3, side, side, generator=gen).to(device=device, dtype=dtype)
     return m, (x,), {}
