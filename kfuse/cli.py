@@ -281,9 +281,10 @@ def _bench_case(model: str, batch: int | None, seq: int | None) -> str:
 
 @app.command()
 def bench(
-    model: Annotated[str, typer.Argument(help="embedded model name")],
+    model: Annotated[str, typer.Argument(help="embedded model name, or torchvision:NAME (random weights; batch 32 unless given)")],
     batch: Annotated[int | None, typer.Option(help="batch size")] = None,
     seq: Annotated[int | None, typer.Option(help="sequence length")] = None,
+    image_size: Annotated[int | None, typer.Option(help="image side for torchvision models (default: the weights' own)")] = None,
     baselines: Annotated[
         str, typer.Option(help="comma list of eager,eager_cudagraph,compile,compile_cudagraphs,max_autotune")
     ] = "eager,eager_cudagraph,compile,compile_cudagraphs",
@@ -299,14 +300,24 @@ def bench(
     if not torch.cuda.is_available():
         console.print("[red]kfuse bench needs a CUDA GPU[/]")
         raise typer.Exit(2)
-    m, args, kwargs = zoo.build(model, batch=batch, seq=seq, dtype=torch.float16, device="cuda")
+    from kfuse.models.torchvision_models import TorchvisionLoadError, is_torchvision_name, load_torchvision
+
+    if is_torchvision_name(model):
+        try:
+            m, args, kwargs = load_torchvision(model, batch=batch or 32, size=image_size, dtype=torch.float16, device="cuda")
+        except TorchvisionLoadError as e:
+            raise typer.BadParameter(str(e), param_hint="MODEL") from None
+        case = f"B{args[0].shape[0]}_{args[0].shape[-1]}px"
+    else:
+        m, args, kwargs = zoo.build(model, batch=batch, seq=seq, dtype=torch.float16, device="cuda")
+        case = _bench_case(model, batch, seq)
     with torch.no_grad():
         compiled = kfuse.compile(m, args, kwargs)
         times, outs, _ = pytorch_baselines(m, args, kwargs, which=tuple(baselines.split(",")))
         t_k = time_ms(lambda: compiled(*args, **kwargs))
         err = max_rel_err(compiled(*args, **kwargs), outs["eager"]) if "eager" in outs else None
-    command = _command_line("bench", model, batch=batch, seq=seq, baselines=baselines)
-    rec = make_record(model, _bench_case(model, batch, seq), t_k, times, None, err, command)
+    command = _command_line("bench", model, batch=batch, seq=seq, image_size=image_size, baselines=baselines)
+    rec = make_record(model, case, t_k, times, None, err, command)
     console.print_json(json.dumps(rec, default=str))
     if out:
         out.write_text(json.dumps([rec], indent=2, default=str))

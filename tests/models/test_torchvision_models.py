@@ -90,3 +90,16 @@ def test_cli_compiles_a_torchvision_model(fake_tv: types.ModuleType, tmp_path: A
                                  "--report", str(report)])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "max_rel_err" in r.output and report.exists()
+
+
+@pytest.mark.gpu
+def test_bench_a_torchvision_model_on_the_gpu(tmp_path: Any) -> None:
+    pytest.importorskip("torchvision")
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(app, ["bench", "torchvision:squeezenet1_1", "--batch", "2", "--image-size", "64", "--baselines", "eager",
+                                 "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    import json
+
+    rec = json.loads(out.read_text())[0]
+    assert rec["case"] == "B2_64px" and rec["max_rel_err"] < 5e-2
