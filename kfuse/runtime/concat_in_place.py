@@ -78,8 +78,9 @@ class SlotWriter:
 
     def __call__(self, xs: list[torch.Tensor]) -> torch.Tensor:
         g = self.group
-        if writes_direct(self.fn):
-            buf = g.take(self.like(xs), first=self.name == g.first)
+        like = self.like(xs)
+        if writes_direct(self.fn) and like is not None:
+            buf = g.take(like, first=self.name == g.first)
             slot = buf.narrow(g.dim, self.start, self.length)
             y = self.fn(xs, out=slot)
             if y.data_ptr() != slot.data_ptr():  # a kernel that allocated after all
@@ -94,11 +95,12 @@ class SlotWriter:
         return slot
 
     @staticmethod
-    def like(xs: list[torch.Tensor]) -> torch.Tensor:
+    def like(xs: list[torch.Tensor]) -> torch.Tensor | None:
         """What the buffer is laid out like before the member exists: a channels-last input if there is one (the conv
-        template and elementwise kernels write channels-last where their input is), else the first tensor."""
+        template and elementwise kernels write channels-last where their input is), else the first tensor (None: no
+        tensor input, so the member is made first and copied)."""
         ts = [t for t in xs if isinstance(t, torch.Tensor)]
-        return next((t for t in ts if t.dim() == 4 and _channels_last(t)), ts[0])
+        return next((t for t in ts if t.dim() == 4 and _channels_last(t)), ts[0] if ts else None)
 
 
 def writes_direct(fn: Any) -> bool:
