@@ -106,6 +106,13 @@ def _lower_max_pool(node: Node, graph: Graph, backend: str, options: Any = None)
     return lower_max_pool2d(node, graph, backend, options)
 
 
+@lowering("avg_pool2d")
+def _lower_avg_pool(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
+    from kfuse.kernels.pool import lower_avg_pool2d
+
+    return lower_avg_pool2d(node, graph, backend, options)
+
+
 @lowering("group_norm")
 def _lower_group_norm(node: Node, graph: Graph, backend: str, options: Any = None) -> Step | None:
     from kfuse.kernels.group_norm import lower_group_norm
