@@ -215,6 +215,8 @@ def models() -> None:
     for s in zoo.list_models():
         t.add_row(s.name, s.family, str(s.default_batch), str(s.default_seq or "-"), s.description)
     console.print(t)
+    console.print("Also: torchvision:NAME (any torchvision classifier or segmentation model, random weights, where torchvision "
+                  "is installed), a Hugging Face checkpoint directory, or an .onnx file.")  # fmt: skip
 
 
 @app.command()

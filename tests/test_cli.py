@@ -12,7 +12,7 @@ runner = CliRunner()
 
 def test_models_lists_the_zoo() -> None:
     r = runner.invoke(app, ["models"])
-    assert r.exit_code == 0 and "bert-base" in r.output and "resnet50" in r.output
+    assert r.exit_code == 0 and "bert-base" in r.output and "resnet50" in r.output and "torchvision:NAME" in r.output
 
 
 def test_compile_writes_report(tmp_path) -> None:
