@@ -54,14 +54,11 @@ def _load(
 
     import kfuse.models as zoo
     from kfuse.models.pretrained import PretrainedLoadError, is_checkpoint, load_pretrained
-    from kfuse.models.torchvision_models import TorchvisionLoadError, is_torchvision_name, load_torchvision
+    from kfuse.models.torchvision_models import is_torchvision_name
 
     tdtype = getattr(torch, DTYPES[dtype])
     if is_torchvision_name(model):
-        try:
-            return load_torchvision(model, batch=batch, size=image_size, dtype=tdtype, device=device)
-        except TorchvisionLoadError as e:
-            raise typer.BadParameter(str(e), param_hint="MODEL") from None
+        return _load_torchvision(model, batch, image_size, tdtype, device)
     if is_checkpoint(model):
         try:
             return load_pretrained(model, batch=batch, seq=seq, dtype=tdtype, device=device, with_mask=varlen or avg_len_ratio is not None)
@@ -82,6 +79,16 @@ def _load(
         model, batch=batch, seq=seq, dtype=tdtype, device=device, with_mask=with_mask, avg_len_ratio=avg_len_ratio if with_mask else None
     )
     return m, args, kwargs
+
+
+def _load_torchvision(model: str, batch: int | None, size: int | None, dtype: Any, device: str) -> tuple[Any, tuple, dict]:
+    """``torchvision:NAME`` (``kfuse.models.torchvision_models``), its errors as the CLI's."""
+    from kfuse.models.torchvision_models import TorchvisionLoadError, load_torchvision
+
+    try:
+        return load_torchvision(model, batch=batch, size=size, dtype=dtype, device=device)
+    except TorchvisionLoadError as e:
+        raise typer.BadParameter(str(e), param_hint="MODEL") from None
 
 
 @app.command("compile")
@@ -302,13 +309,10 @@ def bench(
     if not torch.cuda.is_available():
         console.print("[red]kfuse bench needs a CUDA GPU[/]")
         raise typer.Exit(2)
-    from kfuse.models.torchvision_models import TorchvisionLoadError, is_torchvision_name, load_torchvision
+    from kfuse.models.torchvision_models import is_torchvision_name
 
     if is_torchvision_name(model):
-        try:
-            m, args, kwargs = load_torchvision(model, batch=batch or 32, size=image_size, dtype=torch.float16, device="cuda")
-        except TorchvisionLoadError as e:
-            raise typer.BadParameter(str(e), param_hint="MODEL") from None
+        m, args, kwargs = _load_torchvision(model, batch or 32, image_size, torch.float16, "cuda")
         case = f"B{args[0].shape[0]}_{args[0].shape[-1]}px"
     else:
         m, args, kwargs = zoo.build(model, batch=batch, seq=seq, dtype=torch.float16, device="cuda")

@@ -311,10 +311,15 @@ def default_config(m: int, n: int, k: int, c: int, groups: int = 1) -> ConvConfi
     return ConvConfig(64, 64, 32 if flat else 64, 8, 4, 3, flat)
 
 
+def plain_operand_count(attrs: Mapping[str, Any]) -> int:
+    """How many of a ``conv_epilogue`` node's inputs the plain conv reads: x, weight, (bias)."""
+    return 2 + bool(attrs.get("has_bias"))
+
+
 def conv_operand_count(attrs: Mapping[str, Any]) -> int:
     """How many of a ``conv_epilogue`` node's inputs the conv itself reads: x, weight, (bias), (in_scale),
     (in_shift); the epilogue's operands follow."""
-    return 2 + bool(attrs.get("has_bias")) + bool(attrs.get("in_scale")) + bool(attrs.get("in_shift"))
+    return plain_operand_count(attrs) + bool(attrs.get("in_scale")) + bool(attrs.get("in_shift"))
 
 
 def prologue_operands(xs: list[Any], attrs: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -336,11 +341,9 @@ def apply_prologue(x: torch.Tensor, scale: Any, shift: Any, relu: bool) -> torch
 def scaled_first(xs: list[Any], attrs: Mapping[str, Any]) -> list[Any]:
     """A conv with an input prologue (``in_scale``, ``in_shift``, ``in_act``) as the plain conv takes its inputs:
     the transformed x in x's place, the tables dropped."""
-    n_conv = conv_operand_count(attrs)
     scale, shift = prologue_operands(xs, attrs)
-    n_tables = bool(scale is not None) + bool(shift is not None)
     x = apply_prologue(xs[0], scale, shift, attrs.get("in_act") == "relu")
-    return [x, *xs[1 : n_conv - n_tables], *xs[n_conv:]]
+    return [x, *xs[1 : plain_operand_count(attrs)], *xs[conv_operand_count(attrs) :]]
 
 
 def _pad_end(x: torch.Tensor, params: ConvParams) -> torch.Tensor:
@@ -412,20 +415,10 @@ def conv_epilogue(
     for e in ex:
         ex_strides += [e.stride(0), e.stride(1), e.stride(2), e.stride(3)]
     precision = "ieee" if x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
-    if in_scale is not None and in_scale.dim() == 3:  # (C, 1, 1): one value a channel for every image
-        in_scale = in_scale.unsqueeze(0)
-    if in_shift is not None and in_shift.dim() == 3:
-        in_shift = in_shift.unsqueeze(0)
-    if in_scale is not None:
-        if in_scale.dim() != 4 or in_scale.shape[2:] != (1, 1) or in_scale.shape[1] != c or in_scale.shape[0] not in (1, nb):
-            raise ValueError(f"conv_epilogue: in_scale must be (N or 1, {c}, 1, 1), got {tuple(in_scale.shape)}")
-        scale2d = in_scale.reshape(in_scale.shape[0], c).expand(nb, c)
     if (in_shift is not None or in_relu) and in_scale is None:
         raise ValueError("conv_epilogue: in_shift / in_relu need in_scale")
-    if in_shift is not None:
-        if in_shift.dim() != 4 or in_shift.shape[2:] != (1, 1) or in_shift.shape[1] != c or in_shift.shape[0] not in (1, nb):
-            raise ValueError(f"conv_epilogue: in_shift must be (N or 1, {c}, 1, 1), got {tuple(in_shift.shape)}")
-        shift2d = in_shift.reshape(in_shift.shape[0], c).expand(nb, c)
+    scale2d = _channel_table(in_scale, "in_scale", nb, c)
+    shift2d = _channel_table(in_shift, "in_shift", nb, c)
     dense = params.groups == 1 and in_scale is None and params.pad_end == (0, 0)
     tma = tma_descriptors(x, out, cfg, params) if cfg.tile_h and dense else None
     if tma is not None:
@@ -443,8 +436,8 @@ def conv_epilogue(
         )  # fmt: skip
         return out
     grid = (cdiv(m, cfg.block_m) * cdiv(oc // params.groups, cfg.block_n), params.groups)
-    s_args = (scale2d, scale2d.stride(0), scale2d.stride(1)) if in_scale is not None else (wp, 0, 0)
-    t_args = (shift2d, shift2d.stride(0), shift2d.stride(1)) if in_shift is not None else (wp, 0, 0)
+    s_args = (scale2d, scale2d.stride(0), scale2d.stride(1)) if scale2d is not None else (wp, 0, 0)
+    t_args = (shift2d, shift2d.stride(0), shift2d.stride(1)) if shift2d is not None else (wp, 0, 0)
     _go(_module(epi).conv_kernel, grid, warmup,
         x, wp, bias if bias is not None else wp, out, s_args[0], t_args[0], *ex,
         nb, cw, h, w, oc // params.groups, oh, ow,
@@ -459,6 +452,17 @@ def conv_epilogue(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
+
+
+def _channel_table(t: torch.Tensor | None, name: str, nb: int, c: int) -> torch.Tensor | None:
+    """A prologue table (N or 1, C, 1, 1), or (C, 1, 1), as the kernel reads it: [N, C] (broadcast over images)."""
+    if t is None:
+        return None
+    if t.dim() == 3:  # (C, 1, 1): one value a channel for every image
+        t = t.unsqueeze(0)
+    if t.dim() != 4 or t.shape[2:] != (1, 1) or t.shape[1] != c or t.shape[0] not in (1, nb):
+        raise ValueError(f"conv_epilogue: {name} must be (N or 1, {c}, 1, 1), got {tuple(t.shape)}")
+    return t.reshape(t.shape[0], c).expand(nb, c)
 
 
 def tma_descriptors(x: torch.Tensor, out: torch.Tensor, cfg: ConvConfig, params: ConvParams) -> tuple[Any, Any, int] | None:
@@ -534,25 +538,26 @@ def lower_conv_epilogue(node: Node, graph: Graph, backend: str, options: Any = N
         packed[w_const.device] = pack_weight(w_const, params.groups)
     channels_last = out_t.layout == "channels_last"
 
-    def run(xs: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    def packed_weight(xs: list[torch.Tensor]) -> torch.Tensor:
         wp = packed.get(xs[0].device)
         if wp is None:
             wp = next(iter(packed.values())).to(xs[0].device) if packed else pack_weight(xs[1], params.groups)
             if w_const is not None:
                 packed[xs[0].device] = wp
+        return wp
+
+    def run(xs: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
         bias = xs[2] if has_bias else None
         s, t = prologue_operands(xs, node.attrs)
-        return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, wp, channels_last, out=out, in_scale=s,
-                             in_shift=t, in_relu=in_relu)  # fmt: skip
+        return conv_epilogue(xs[0], xs[1], bias, xs[n_conv:], epi, params, out_t.dtype, cfg, packed_weight(xs), channels_last, out=out,
+                             in_scale=s, in_shift=t, in_relu=in_relu)  # fmt: skip
 
     run.writes_strided_out = True  # type: ignore[attr-defined]  # concat_in_place: straight into a cat's slice
-    n_plain = n_conv - bool(scaled) - bool(node.attrs.get("in_shift"))
+    n_plain = plain_operand_count(node.attrs)
 
     def run_plain(xs: list[torch.Tensor]) -> torch.Tensor:  # the inputs less the tables: x already transformed
-        wp = packed.get(xs[0].device)
-        wp = wp if wp is not None else next(iter(packed.values())).to(xs[0].device) if packed else pack_weight(xs[1], params.groups)
         bias = xs[2] if has_bias else None
-        return conv_epilogue(xs[0], xs[1], bias, xs[n_plain:], epi, params, out_t.dtype, cfg, wp, channels_last)
+        return conv_epilogue(xs[0], xs[1], bias, xs[n_plain:], epi, params, out_t.dtype, cfg, packed_weight(xs), channels_last)
 
     info = KernelInfo(node.name, "conv_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
     if backend == "triton" and torch.cuda.is_available() and os.environ.get("KFUSE_CONV_VS_CUDNN", "1") == "1":

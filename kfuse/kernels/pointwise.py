@@ -409,12 +409,13 @@ def run_program(
     for k, r in enumerate(prog.outputs):
         shape = row_shape if prog.steps[r].row else domain
         given = outs[k] if outs is not None and k < len(outs) else None
-        strides = None if axis or prog.steps[r].row else result_strides(inputs, domain, given)
         if given is not None and not axis and not given.is_contiguous() and tuple(given.shape) == shape:
             result.append(given)  # an elementwise result into a strided slice (a cat's buffer): its own strides
-        elif given is not None:
-            if tuple(given.shape) != shape or not given.is_contiguous():
-                raise ValueError(f"pointwise out buffer {k} has shape {tuple(given.shape)}, expected contiguous {shape}")
+            continue
+        if given is not None and (tuple(given.shape) != shape or not given.is_contiguous()):
+            raise ValueError(f"pointwise out buffer {k} has shape {tuple(given.shape)}, expected contiguous {shape}")
+        strides = None if axis or prog.steps[r].row else result_strides(inputs, domain, given)
+        if given is not None:
             result.append(given if strides is None else given.as_strided(shape, strides))
         elif strides is not None:
             result.append(torch.empty_strided(shape, strides, dtype=out_dtypes[k], device=device))

@@ -177,11 +177,7 @@ def lower_avg_pool2d(node: Any, graph: Any, backend: str, options: Any = None) -
                           a.get("count_include_pad", True), a.get("divisor_override"), out=out)  # fmt: skip
 
     run.writes_strided_out = True  # type: ignore[attr-defined]
-    desc = f"avg k{as_pair(a['kernel_size'], 1)} s{a.get('stride')} p{a.get('padding', 0)}"
-    return measured_step(node, graph, backend, run, "pool", desc, channels_last=_runs_nhwc(graph))
-
-
-def _runs_nhwc(graph: Any) -> bool:
     from kfuse.passes.layout import runs_nhwc
 
-    return runs_nhwc(graph)
+    desc = f"avg k{as_pair(a['kernel_size'], 1)} s{a.get('stride')} p{a.get('padding', 0)}"
+    return measured_step(node, graph, backend, run, "pool", desc, channels_last=runs_nhwc(graph))

@@ -21,7 +21,7 @@ import kfuse.kernels.conv as _conv_kernels  # noqa: F401 - registers the conv lo
 import kfuse.kernels.gemm as _gemm_kernels  # noqa: F401 - the GEMM lowering lives there
 from kfuse.ir import ops
 from kfuse.ir.graph import Graph, GraphBuilder, Node, TensorType, ValueType
-from kfuse.kernels.conv import ConvParams, conv_operand_count, scaled_first, supported
+from kfuse.kernels.conv import ConvParams, conv_operand_count, plain_operand_count, scaled_first, supported
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference, pow_matches_torch
 from kfuse.passes.simplify import dce
 
@@ -40,8 +40,7 @@ def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
 def _conv_epilogue_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     n_conv = conv_operand_count(a)
     if a.get("in_scale"):  # relu?(x * s + t) read by the conv (kfuse.passes.fuse_input_scale)
-        xs = scaled_first(xs, a)
-        n_conv -= 1 + bool(a.get("in_shift"))
+        xs, n_conv = scaled_first(xs, a), plain_operand_count(a)
     acc = ops.run_reference("conv2d", xs[:n_conv], a)
     return apply_reference(acc, xs[n_conv:], a["epilogue"]).to(a["out_type"].dtype)
 

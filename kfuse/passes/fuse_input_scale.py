@@ -41,14 +41,10 @@ def _split(graph: Graph, node: Node) -> tuple[str, str] | None:
     return None
 
 
-def _channel_scale(graph: Graph, mul: Node) -> tuple[str, str] | None:
-    """(x, s) of ``mul = x * s`` (either order) with s per image and channel, same dtype as x."""
-    return _split(graph, mul) if mul.op == "mul" else None
-
-
-def _prologue(graph: Graph, conv: Node) -> tuple[str, str, str | None, str | None] | None:
+def _prologue(
+    graph: Graph, conv: Node, nodes: dict[str, Node], users: dict[str, list[Node]]
+) -> tuple[str, str, str | None, str | None] | None:
     """(x, scale, shift, act) where the conv's input is ``act?(x * scale + shift?)``, each value read only by the next."""
-    nodes, users = graph.node_map(), graph.users()
 
     def private(v: str) -> Node | None:  # the node making v, when the chain alone reads v
         n = nodes.get(v)
@@ -66,9 +62,7 @@ def _prologue(graph: Graph, conv: Node) -> tuple[str, str, str | None, str | Non
             return None
         y, shift = found
         node = private(y)
-    if node is None:
-        return None
-    found = _channel_scale(graph, node)
+    found = _split(graph, node) if node is not None and node.op == "mul" else None
     if found is None:
         return None
     return found[0], found[1], shift, act
@@ -77,10 +71,11 @@ def _prologue(graph: Graph, conv: Node) -> tuple[str, str, str | None, str | Non
 def fuse_input_scale(graph: Graph) -> Graph:
     """Give each ``conv_epilogue`` whose input is ``relu?(x * s + t)`` with per-channel tables the transform."""
     new: dict[str, Node] = {}
+    nodes, users = graph.node_map(), graph.users()
     for conv in graph.nodes:
         if conv.op != "conv_epilogue" or conv.attrs.get("in_scale"):
             continue
-        found = _prologue(graph, conv)
+        found = _prologue(graph, conv, nodes, users)
         if found is None:
             continue
         x, s, t, act = found

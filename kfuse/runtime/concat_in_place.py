@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kfuse.ir.graph import Graph, TensorType
+from kfuse.ir.graph import Graph, Node, TensorType
 
 if TYPE_CHECKING:
     from kfuse.runtime.executor import Step
@@ -78,8 +78,8 @@ class SlotWriter:
 
     def __call__(self, xs: list[torch.Tensor]) -> torch.Tensor:
         g = self.group
-        like = self.like(xs)
-        if writes_direct(self.fn) and like is not None:
+        like = self.like(xs) if writes_direct(self.fn) else None
+        if like is not None:
             buf = g.take(like, first=self.name == g.first)
             slot = buf.narrow(g.dim, self.start, self.length)
             y = self.fn(xs, out=slot)
@@ -137,16 +137,21 @@ def one_view(xs: list[torch.Tensor], dim: int) -> torch.Tensor | None:
 class ViewCat:
     """A cat whose inputs are slices of one buffer: the covering view, or ``torch.cat`` when they are not."""
 
-    def __init__(self, dim: int, group: ConcatGroup) -> None:
-        self.dim, self.group = dim, group
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
 
     def __call__(self, xs: list[torch.Tensor]) -> torch.Tensor:
         v = one_view(xs, self.dim)
         return v if v is not None else torch.cat(xs, self.dim)
 
 
-def _cat_dim(graph: Graph, name: str) -> int | None:
-    node = graph.node_map()[name]
+def _nbytes(graph: Graph, v: str) -> int:
+    t = graph.type_of(v)
+    return t.numel * t.dtype.itemsize if isinstance(t, TensorType) else 0
+
+
+def _cat_dim(graph: Graph, node: Node) -> int | None:
+    """The dim a ``cat`` node joins along, where it can share a buffer (2+ distinct inputs of its dtype and rank)."""
     t = node.type
     if not isinstance(t, TensorType) or len(node.inputs) < 2 or len(set(node.inputs)) != len(node.inputs):
         return None
@@ -161,13 +166,16 @@ def _cat_dim(graph: Graph, name: str) -> int | None:
 def plan_groups(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
     """The buffers to share: widest cats first; a cat whose inputs are a run of one group's consecutive slices
     is a view of it, one with only new members roots a group, any other stays a copy."""
+    nodes = graph.node_map()
+    cats = [i for i, s in enumerate(steps) if s.output in nodes and nodes[s.output].op == "cat"]
+    if not cats:
+        return []
     made_by = {s.output: i for i, s in enumerate(steps)}
     readers: dict[str, list[int]] = {}
     for i, s in enumerate(steps):
         for v in s.inputs:
             readers.setdefault(v, []).append(i)
     outputs = set(graph.outputs)
-    cats = [i for i, s in enumerate(steps) if graph.node_map().get(s.output) is not None and graph.node_map()[s.output].op == "cat"]
     cat_outputs = {steps[i].output for i in cats}
 
     def strided_ok(v: str) -> bool:  # a non-dense slice may go to every reader of v
@@ -178,13 +186,12 @@ def plan_groups(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
     def member_ok(v: str) -> bool:  # made by a step (its value becomes a slice)
         return v in made_by and strided_ok(v)
 
-    nodes = graph.node_map()
     where: dict[str, ConcatGroup] = {}
 
     def leaves(v: str, dim: int) -> tuple[list[str], list[str]]:
         """(the maps, the inner cats) of ``v`` along ``dim``: a cat of cats (Inception's E blocks) is flattened, its
         inner cats becoming views of the same buffer, where they may hand a strided slice to their readers."""
-        if v in cat_outputs and v not in where and _cat_dim(graph, v) == dim and strided_ok(v):
+        if v in cat_outputs and v not in where and _cat_dim(graph, nodes[v]) == dim and strided_ok(v):
             maps, inner = [], [v]
             for u in nodes[v].inputs:
                 m, i = leaves(u, dim)
@@ -201,7 +208,7 @@ def plan_groups(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
             return list(steps[made_by[name]].inputs), []
         return maps, inner
 
-    dims = {steps[i].output: _cat_dim(graph, steps[i].output) for i in cats}
+    dims = {steps[i].output: _cat_dim(graph, nodes[steps[i].output]) for i in cats}
     width = {c: len(flat(c, d)[0]) if d is not None else 0 for c, d in dims.items()}
     groups: list[ConcatGroup] = []
     viewed: set[str] = set()
@@ -233,13 +240,9 @@ def plan_groups(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
             g.views.append(name)
             viewed.add(name)
 
-    def nbytes(v: str) -> int:
-        t = graph.type_of(v)
-        return t.numel * t.dtype.itemsize if isinstance(t, TensorType) else 0
-
     def saves(g: ConcatGroup) -> bool:  # the cats' copies against the members that are copied, not computed in place
         copied = [v for v in g.slots if not writes_direct(steps[made_by[v]].fn)]
-        return sum(nbytes(v) for v in copied) < sum(nbytes(c) for c in g.views)
+        return sum(_nbytes(graph, v) for v in copied) < sum(_nbytes(graph, c) for c in g.views)
 
     kept = [g for g in groups if saves(g)]
     for g in kept:
@@ -255,6 +258,7 @@ def place_concats(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
     from kfuse.runtime.executor import KernelInfo
 
     groups = plan_groups(graph, steps)
+    nodes = graph.node_map()
     member = {v: g for g in groups for v in g.slots}
     view = {c: g for g in groups for c in g.views}
     for s in steps:
@@ -267,18 +271,18 @@ def place_concats(graph: Graph, steps: list[Step]) -> list[ConcatGroup]:
             s.fn = SlotWriter(s.fn, g, s.output)
         elif s.output in view:
             g = view[s.output]
-            lo = _first_slot(graph, g, s.output)
+            lo = _first_slot(nodes, g, s.output)
             hi = lo + graph.type_of(s.output).shape[g.dim]  # type: ignore[union-attr]
             s.info = KernelInfo(s.info.name, "view", ("cat",), f"[{lo}, {hi}) of {g.root}'s buffer along dim {g.dim}")
-            s.fn = ViewCat(g.dim, g)
+            s.fn = ViewCat(g.dim)
     return groups
 
 
-def _first_slot(graph: Graph, g: ConcatGroup, cat: str) -> int:
+def _first_slot(nodes: dict[str, Node], g: ConcatGroup, cat: str) -> int:
     """Where a view cat starts in its group's buffer: its first input's slice, through inner cats."""
     v = cat
     while v not in g.slots:
-        v = graph.node_map()[v].inputs[0]
+        v = nodes[v].inputs[0]
     return g.slots[v][0]
 
 
@@ -290,12 +294,8 @@ def rewrap(current: Any, fn: Any) -> Any:
 def report(graph: Graph, groups: list[ConcatGroup]) -> dict[str, Any]:
     """What the groups save a call: bytes the cats would have copied (read + written) against the members' copies."""
 
-    def nbytes(v: str) -> int:
-        t = graph.type_of(v)
-        return t.numel * t.dtype.itemsize if isinstance(t, TensorType) else 0
-
-    before = sum(2 * nbytes(c) for g in groups for c in g.views)
-    after = sum(2 * nbytes(v) for g in groups for v in g.slots if v not in g.direct)
+    before = sum(2 * _nbytes(graph, c) for g in groups for c in g.views)
+    after = sum(2 * _nbytes(graph, v) for g in groups for v in g.slots if v not in g.direct)
     return {"groups": len(groups), "view_cats": sum(len(g.views) for g in groups), "members": sum(len(g.slots) for g in groups),
             "members_in_place": sum(len(g.direct) for g in groups),
             "copy_mb_before": round(before / 2**20, 3), "copy_mb_after": round(after / 2**20, 3)}  # fmt: skip
