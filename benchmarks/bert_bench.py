@@ -175,7 +175,7 @@ def run_case(name: str, b: int, s: int, varlen: bool, smoke: bool, cmd: str) -> 
 
         v = list(compiled.variants.values())[-1]
         flat = torch.utils._pytree.tree_leaves((tuple(args), dict(kwargs)))
-        rows = profile_plan(v.plan, [flat[i] for i in v.imported.flat_input_index], warmup=1, rep=5)
+        rows = profile_plan(v.plan, v.imported.graph_inputs(flat), warmup=1, rep=5)
         extra["profile_summary"] = profile_summary(rows)
         top = sorted(rows, key=lambda r: -r["time_ms"])[:10]
         config_of = {k["name"]: k.get("config") for k in rep_["kernels"] if "name" in k}  # the tuned config of each step

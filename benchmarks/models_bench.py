@@ -85,7 +85,7 @@ def graph_flops_bytes(compiled: Any) -> tuple[float, float]:
 def plan_inputs(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[torch.Tensor]]:
     v = list(compiled.variants.values())[-1]
     flat = pytree.tree_leaves((tuple(args), dict(kwargs)))
-    return v, [flat[i] for i in v.imported.flat_input_index]
+    return v, v.imported.graph_inputs(flat)
 
 
 def peak_during(fn: Any) -> float:

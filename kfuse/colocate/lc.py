@@ -59,7 +59,7 @@ def lc_items(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], min_g
     variant = next(iter(compiled.variants.values()))
     plan = variant.plan
     flat = pytree.tree_leaves((tuple(args), dict(kwargs)))
-    xs = [flat[i] for i in variant.imported.flat_input_index]
+    xs = variant.imported.graph_inputs(flat)
     env = plan_values(plan, xs)  # one real run: every step's inputs are kept
     nodes = {n.name: n for n in plan.graph.nodes}
     device = xs[0].device if xs else torch.device("cpu")

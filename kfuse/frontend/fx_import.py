@@ -83,6 +83,40 @@ class _Slot:
         self.i = i
 
 
+class FallbackCall:
+    """A fallback node's call: ``target`` with the node's literal arguments and its tensor operands (``_Slot``s
+    into the step's inputs). ``call_as`` runs another overload on the same arguments: the runtime runs a
+    functional ``index_copy`` that forward writes back into its input as ``index_copy_``
+    (``kfuse.runtime.state_writes``)."""
+
+    def __init__(self, target: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        self.target = target
+        self.args = args
+        self.kwargs = kwargs
+
+    def first_operand(self) -> int | None:
+        """Which step input is the call's first positional argument (None if that is not a tensor operand)."""
+        return self.args[0].i if self.args and isinstance(self.args[0], _Slot) else None
+
+    def __call__(self, xs: list[torch.Tensor]) -> Any:
+        return self.call_as(self.target, xs)
+
+    def call_as(self, target: Any, xs: list[torch.Tensor]) -> Any:
+        def put(a: Any) -> Any:
+            if isinstance(a, _Slot):
+                return xs[a.i]
+            if isinstance(a, list | tuple):
+                return type(a)(put(x) for x in a)
+            if isinstance(a, torch.device) and xs:
+                return xs[0].device
+            return a
+
+        kw = {k: put(v) for k, v in self.kwargs.items()}
+        if "device" in kw and xs:
+            kw["device"] = xs[0].device
+        return target(*put(self.args), **kw)
+
+
 def _make_fallback(ctx: Ctx, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, Any]) -> Any:
     """A node that runs ``target`` through PyTorch with the node's tensor operands. ``args`` and ``kwargs`` are
     the FX node's own: an operand is an FX node (its kfuse value in ``env``), anything else a literal, strings
@@ -104,23 +138,7 @@ def _make_fallback(ctx: Ctx, target: Any, args: tuple[Any, ...], kwargs: dict[st
             return type(a)(lift(x) for x in a)
         return a
 
-    spec_args, spec_kwargs = lift(args), {k: lift(v) for k, v in kwargs.items()}
-
-    def fn(xs: list[torch.Tensor]) -> Any:
-        def put(a: Any) -> Any:
-            if isinstance(a, _Slot):
-                return xs[a.i]
-            if isinstance(a, list | tuple):
-                return type(a)(put(x) for x in a)
-            if isinstance(a, torch.device) and xs:
-                return xs[0].device
-            return a
-
-        kw = {k: put(v) for k, v in spec_kwargs.items()}
-        if "device" in kw and xs:
-            kw["device"] = xs[0].device
-        return target(*put(spec_args), **kw)
-
+    fn = FallbackCall(target, lift(args), {k: lift(v) for k, v in kwargs.items()})
     out_type = _fx_type(ctx.node.meta.get("val"))
     if out_type is None:
         raise HostValueError(

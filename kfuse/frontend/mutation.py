@@ -5,8 +5,10 @@ The importer turns ``y.relu_()`` into ``relu(y)`` and lets later readers of ``y`
 (``y[:, 0].zero_()``) must change ``y`` too, and a view taken of ``y`` before ``y.mul_(2)`` must see
 the new values: renaming gets both wrong, silently. Such graphs go through ``torch.export``'s
 functionalisation (``run_decompositions({})``), which writes them as ``select_scatter`` /
-``slice_scatter`` / copies. A mutated parameter, buffer or caller input (a model with state, such
-as a static KV cache) is refused: kfuse compiles stateless inference graphs.
+``slice_scatter`` / copies. A forward that writes a caller's input or one of its buffers (a static KV
+cache, a step counter) keeps doing so: the functionalised graph computes the new value, and the
+runtime writes it back (``kfuse.runtime.state_writes``; in place where the new value is an
+``index_copy`` / ``index_put`` of the old one). A forward that writes a parameter is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class FunctionalisationError(RuntimeError):
 
 
 class StatefulModelError(RuntimeError):
-    """The model writes to its parameters, buffers or inputs in forward."""
+    """The model writes to its parameters in forward."""
 
 
 def _schema(node: torch.fx.Node) -> Any:
@@ -74,8 +76,9 @@ def renames_are_exact(gm: torch.fx.GraphModule) -> bool:
 
 
 def functional_program(ep: ExportedProgram) -> ExportedProgram:
-    """``ep`` itself when its in-place ops are exact renames, else its functionalised form;
-    ``StatefulModelError`` when forward writes a parameter, buffer or input."""
+    """``ep`` itself when its in-place ops are exact renames, else its functionalised form, whose
+    output specs name the inputs and buffers forward writes; ``StatefulModelError`` when it writes
+    a parameter."""
     if renames_are_exact(ep.graph_module):
         return ep
     try:
@@ -86,14 +89,10 @@ def functional_program(ep: ExportedProgram) -> ExportedProgram:
             f"functionalise it ({type(e).__name__}: {str(e)[:200]}); write those ops out of place, or compile the model "
             'with torch.compile(model, backend="kfuse"), whose Dynamo frontend takes it (e.g. Mixtral-style MoE routing)'
         ) from e
-    written = [
-        f"{spec.kind.name.lower().replace('_mutation', '')} {spec.target}"
-        for spec in fn.graph_signature.output_specs
-        if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION, OutputKind.PARAMETER_MUTATION)
-    ]
+    written = [f"parameter {spec.target}" for spec in fn.graph_signature.output_specs if spec.kind == OutputKind.PARAMETER_MUTATION]
     if written:
         raise StatefulModelError(
-            f"forward writes in place to {', '.join(written)}: kfuse compiles stateless inference graphs "
-            "(a static KV cache or a running counter is state); compile the step without it"
+            f"forward writes in place to {', '.join(written)}: kfuse freezes parameters as constants; "
+            "keep state the forward updates (a KV cache, a counter) in a buffer or pass it as an input"
         )
     return fn

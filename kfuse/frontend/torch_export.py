@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
@@ -25,8 +25,19 @@ class Imported:
     graph: Graph
     in_spec: Any  # pytree spec of (args, kwargs)
     out_spec: Any  # pytree spec of the model's output
-    flat_input_index: tuple[int, ...]  # graph input i is flat user input flat_input_index[i]
+    # graph input i is flat user input flat_input_index[i]; a negative entry -1 - j is ``state[j]``
+    flat_input_index: tuple[int, ...]
     fallbacks: tuple[str, ...]
+    # buffers forward writes (a KV cache, a counter): the module's own tensors, graph inputs that every call
+    # passes, so the writes land in the module as eager PyTorch's do
+    state: tuple[torch.Tensor, ...] = ()
+    # (graph output position, graph input position): forward writes that output's value into that input
+    # (a caller's tensor or a state buffer); ``kfuse.runtime.state_writes``
+    input_writes: tuple[tuple[int, int], ...] = ()
+
+    def graph_inputs(self, flat: list[Any]) -> list[Any]:
+        """The graph's inputs for one call's flat inputs: the caller's tensors and the state buffers."""
+        return [flat[i] if i >= 0 else self.state[-1 - i] for i in self.flat_input_index]
 
 
 class FrontendError(RuntimeError):
@@ -96,7 +107,9 @@ def _register_hf_cache(error: Exception) -> bool:
 def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
     """Import an ExportedProgram; parameters, buffers and constants become graph constants. In-place
     ops that a rename cannot express (on views, or with views of the written tensor) are
-    functionalised first (``kfuse.frontend.mutation``); a forward that writes state is refused."""
+    functionalised first (``kfuse.frontend.mutation``). A buffer that forward writes stays a graph
+    input bound to the module's tensor, and each written input or buffer is an ``input_writes`` entry;
+    a forward that writes a parameter is refused."""
     try:
         ep = functional_program(ep)
     except FunctionalisationError as e:
@@ -104,14 +117,22 @@ def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
     except StatefulModelError as e:
         raise FrontendError(f"{name}: {e}") from None
     sig = ep.graph_signature
+    written_buffers = {spec.target for spec in sig.output_specs if spec.kind == OutputKind.BUFFER_MUTATION}
     values: dict[str, torch.Tensor | TensorType] = {}
-    user_names: list[str] = []
+    source: dict[str, int] = {}  # placeholder name -> flat user input index, or -1 - j for state[j]
+    state: list[torch.Tensor] = []
+    user_index = 0
     for spec in sig.input_specs:
         arg_name = getattr(spec.arg, "name", None)
         if arg_name is None:
             continue
         if spec.kind == InputKind.USER_INPUT:
-            user_names.append(arg_name)
+            source[arg_name] = user_index
+            user_index += 1
+        elif spec.kind == InputKind.BUFFER and spec.target in written_buffers:
+            source[arg_name] = -1 - len(state)
+            t = ep.state_dict.get(spec.target)  # the module's tensor itself: writes must reach it
+            state.append(t if t is not None else ep.constants[spec.target])  # non-persistent buffers are constants
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             t = ep.state_dict.get(spec.target)
             if t is None:
@@ -119,16 +140,26 @@ def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
             values[arg_name] = t
         elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
             values[arg_name] = ep.constants[spec.target]
-    placeholders = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
     flat_index: list[int] = []
-    for i, uname in enumerate(user_names):
-        val = placeholders[uname].meta.get("val")
-        if isinstance(val, torch.Tensor):
-            values[uname] = TensorType(tuple(int(s) for s in val.shape), val.dtype)
-            flat_index.append(i)
+    position: dict[str, int] = {}  # graph input position, by the user input's or buffer's name in the signature
+    for node in ep.graph_module.graph.nodes:  # graph inputs are added in placeholder order
+        val = node.meta.get("val")
+        if node.op == "placeholder" and node.name in source and isinstance(val, torch.Tensor):
+            values[node.name] = TensorType(tuple(int(s) for s in val.shape), val.dtype)
+            position[node.name] = len(flat_index)
+            flat_index.append(source[node.name])
+    targets = {spec.target: getattr(spec.arg, "name", None) for spec in sig.input_specs if spec.kind == InputKind.BUFFER}
+    writes = []
+    for k, spec in enumerate(sig.output_specs):
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            writes.append((k, position[spec.target]))
+        elif spec.kind == OutputKind.BUFFER_MUTATION:
+            writes.append((k, position[targets[spec.target]]))
     imported = import_fx(ep.graph_module, values, name)
     graph = imported.builder.build(imported.outputs)
-    return Imported(graph, ep.call_spec.in_spec, ep.call_spec.out_spec, tuple(flat_index), tuple(imported.fallbacks))
+    return Imported(
+        graph, ep.call_spec.in_spec, ep.call_spec.out_spec, tuple(flat_index), tuple(imported.fallbacks), tuple(state), tuple(writes)
+    )
 
 
 def import_module(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, name: str | None = None) -> Imported:

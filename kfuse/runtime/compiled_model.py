@@ -22,6 +22,7 @@ from kfuse.runtime.device import first_device, on_device
 from kfuse.runtime.executor import Plan, execute, lower, precompile_plan
 from kfuse.runtime.output_copy import copies_needed
 from kfuse.runtime.piecewise_graph import PiecewiseGraphRunner
+from kfuse.runtime.state_writes import protect, write_in_place, written_positions
 
 
 class PhaseClock:
@@ -78,7 +79,7 @@ class Variant:
     def run(self, flat_inputs: list[Any], rebuilt: bool = False) -> list[torch.Tensor]:
         """The plan's flat outputs; ``rebuilt``: the caller unflattens them into the model's output structure
         at once (``CompiledModel.__call__``), so outputs that rebuild copies are not copied here too."""
-        xs = [flat_inputs[i] for i in self.imported.flat_input_index]
+        xs = self.imported.graph_inputs(flat_inputs)
         if self.runner is not None:
             which = self.call_copies if rebuilt and self.copy_outputs and self.call_copies is not None else self.copy_outputs
             return self.runner(xs, clone_outputs=which)
@@ -162,8 +163,11 @@ class CompiledModel:
             opt = optimize(imported.graph, self.options, device=device)
         with phases("lower"):  # measured choices: b2b and gated-MLP fused-vs-unfused, library vs template
             plan = lower(opt.graph, device, self.options.backend, options=self.options)
+            state_report = self._state_writes(plan, imported)
         plan.use_memory_plan = self.options.memory_plan
-        xs = [flat[i] for i in imported.flat_input_index]
+        # every run below is the compiler's own (first compiles, timing, capture warm-up): on clones of the inputs
+        # forward writes, so compiling does not change the caller's state; the call after it does, once
+        xs = protect(imported.graph_inputs(flat), written_positions(plan))
         with phases("first_run_compile"):
             precompiled = precompile_plan(plan, xs) if plan.backend == "triton" and device.type == "cuda" else None
         if self.options.b2b_recheck and plan.backend == "triton" and device.type == "cuda":
@@ -184,15 +188,18 @@ class CompiledModel:
         cuda_graph_note = "off"
         if self.options.cuda_graphs and device.type == "cuda":
             with phases("cuda_graph"):  # the first run (every kernel's first launch) and the capture
-                if any(s.host_sync for s in plan.steps):
+                if any(s.host_sync for s in plan.steps) and plan.input_writes:
+                    runner = None
+                    ok = "not captured (a step reads a value on the host, and forward writes its inputs)"
+                elif any(s.host_sync for s in plan.steps):
                     runner = PiecewiseGraphRunner(plan, xs)
                     n_sync = runner.stats()["host_sync_steps"]
                     ok = f"captured piecewise: {runner.graphs} graphs around {n_sync} host-sync step(s)"
                 else:
-                    runner = CudaGraphRunner(plan, xs)
+                    runner = CudaGraphRunner(plan, xs, bound=written_positions(plan))
                     ok = "captured"
-            cuda_graph_note = ok if runner.captured else f"not captured ({runner.reason})"
-            if not runner.captured:
+            cuda_graph_note = ok if runner is None or runner.captured else f"not captured ({runner.reason})"
+            if runner is not None and not runner.captured:
                 runner = None
         variant = Variant(imported, opt.stages, plan, runner, time.perf_counter() - t0, copy_outputs=self.options.copy_outputs)
         if runner is not None:
@@ -217,6 +224,8 @@ class CompiledModel:
                 variant.report["tune"] = getattr(tuner.LAST[0], "stats", None)
         if sass_report is not None:
             variant.report["sass"] = sass_report
+        if state_report:
+            variant.report["state_writes"] = state_report
         if pdl_choice is not None:
             variant.report["pdl_choice"] = pdl_choice
         if self.options.profile:
@@ -230,6 +239,18 @@ class CompiledModel:
 
             print_explain(self, variant)
         return variant
+
+    @staticmethod
+    def _state_writes(plan: Plan, imported: Imported) -> list[dict[str, Any]]:
+        """The inputs and buffers forward writes: the plan writes them back, in place where it can
+        (``kfuse.runtime.state_writes``); one report entry per written input."""
+        if not imported.input_writes:
+            return []
+        n_out = len(plan.graph.outputs)
+        if any(o >= n_out for o, _ in imported.input_writes):  # a pass dropped an output: writing back would be wrong
+            raise RuntimeError(f"kfuse: the optimised graph has {n_out} outputs, fewer than the written inputs need")
+        plan.input_writes = imported.input_writes
+        return write_in_place(plan)
 
     def _sass(self, plan: Any, xs: list[Any], device: torch.device) -> dict[str, Any]:
         """SASS schedule tuning of the plan's hottest Triton kernels (``kfuse.runtime.sass_plan``)."""
@@ -261,13 +282,23 @@ class CompiledModel:
         }
 
     def _check(self, v: Variant, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> dict[str, Any]:
+        written = [v.imported.graph_inputs(flat)[i] for i in written_positions(v.plan)]
+        before = [t.clone() for t in written]
         with torch.no_grad():
             ref = self._reference(*args, **kwargs)
+            if written:  # an output may be a written input itself (a counter forward returns): kept as it is now
+                ref = pytree.tree_map(lambda r: r.clone() if isinstance(r, torch.Tensor) else r, ref)
+            ref_state = [t.clone() for t in written]  # what forward wrote, to check kfuse writes the same
+            for t, b in zip(written, before, strict=True):
+                t.copy_(b)
             out = v.run(flat)
+            out = list(out) + [t.clone() for t in written]
+            for t, b in zip(written, before, strict=True):  # the call after the compile writes, not the compile
+                t.copy_(b)
         ref_flat = [r for r in pytree.tree_leaves(ref) if isinstance(r, torch.Tensor)]
         from kfuse.runtime.varlen import zero_padded_reference  # padding-free outputs are zero at padded positions
 
-        ref_flat = zero_padded_reference(v.plan.graph, [flat[i] for i in v.imported.flat_input_index], ref_flat)
+        ref_flat = zero_padded_reference(v.plan.graph, v.imported.graph_inputs(flat), ref_flat) + ref_state
         if len(out) != len(ref_flat):
             raise RuntimeError(f"kfuse returned {len(out)} outputs where PyTorch returns {len(ref_flat)}")
         abs_err, rel_err = 0.0, 0.0
@@ -345,7 +376,8 @@ class CompiledModel:
 
         variant, flat = self._variant_for(args, kwargs)
         with on_device(first_device(flat)):
-            return step_errors(variant.plan, [flat[i] for i in variant.imported.flat_input_index])
+            xs = protect(variant.imported.graph_inputs(flat), written_positions(variant.plan))  # a diagnosis writes no state
+            return step_errors(variant.plan, xs)
 
     # ---- reporting -----------------------------------------------------------------------
     @property

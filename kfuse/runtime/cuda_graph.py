@@ -10,6 +10,11 @@ synchronises or reads a value to the host during capture, ...) the runner record
 (``reason``), leaves the device usable and runs the plan eagerly. A call whose inputs do not
 match the captured signature also runs eagerly, and is counted.
 
+Inputs the plan writes (``bound``: a static KV cache, a counter; ``kfuse.runtime.state_writes``) are not
+copied: the graph reads and writes the caller's tensor itself. A graph is captured for each set of their
+addresses (the first call with a new cache captures once more, without running anything), and the last
+few are kept (``MAX_BOUND_GRAPHS``): a decoder's generation loop passes the same cache every step.
+
 Everything CUDA-specific goes through ``cuda`` (``torch.cuda`` by default), so the bookkeeping
 is testable on a CPU with a mock.
 """
@@ -23,6 +28,9 @@ import torch
 
 from kfuse.runtime.executor import Plan, execute
 from kfuse.runtime.output_copy import fresh_copies
+
+# graphs kept per runner for inputs it writes in place, one per set of their addresses (least recently used dropped)
+MAX_BOUND_GRAPHS = 4
 
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, str, tuple[int, ...]], ...]
 
@@ -96,8 +104,11 @@ class CudaGraphRunner:
         warmup: int = 2,
         cuda: Any = None,
         pool: Any = None,
+        bound: Sequence[int] = (),
     ) -> None:
         self.plan = plan
+        self.bound = tuple(bound)  # input positions the plan writes: bound by address, never copied
+        self._bound_graphs: dict[tuple[int, ...], tuple[Any, list[torch.Tensor]]] = {}
         self.cuda = cuda if cuda is not None else torch.cuda
         self.graph: Any = None
         self.static_inputs: list[torch.Tensor] = []
@@ -151,6 +162,42 @@ class CudaGraphRunner:
         self.static_outputs = list(outs)
         self.graph = g
         self.captures += 1
+        if self.bound:
+            self._bound_graphs[self._addresses(self.static_inputs)] = (g, self.static_outputs)
+
+    def _addresses(self, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        return tuple(inputs[i].data_ptr() for i in self.bound)
+
+    def _bound_graph(self, inputs: Sequence[torch.Tensor]) -> tuple[Any, list[torch.Tensor]] | None:
+        """The graph that reads and writes these written inputs where they are; captured now for new addresses
+        (no warm-up: every kernel ran in the first capture's, and capturing runs nothing, so the caller's
+        state is not touched until the replay). None, with ``reason`` saying why, if that capture fails."""
+        key = self._addresses(inputs)
+        entry = self._bound_graphs.pop(key, None)
+        if entry is None:
+            if len(self._bound_graphs) >= MAX_BOUND_GRAPHS:
+                self._bound_graphs.pop(next(iter(self._bound_graphs)))
+            rng = save_rng(self.cuda)
+            try:
+                entry = self._capture_bound(inputs)
+            except Exception as e:  # as for the first capture: the call runs eagerly, and the runner says why
+                self.reason = "capture for new addresses of written inputs: " + why(e) + recover_after_failed_capture(self.cuda, rng)
+                return None
+        self._bound_graphs[key] = entry  # most recently used last
+        return entry
+
+    def _capture_bound(self, inputs: Sequence[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+        static = list(self.static_inputs)
+        for i in self.bound:
+            static[i] = inputs[i]
+        g = self.cuda.CUDAGraph()
+        stream = self.cuda.Stream()
+        stream.wait_stream(self.cuda.current_stream())
+        with self.cuda.graph(g, stream=stream):
+            outs = execute(self.plan, static)
+        self.cuda.current_stream().wait_stream(stream)
+        self.captures += 1
+        return g, list(outs)
 
     @property
     def captured(self) -> bool:
@@ -161,12 +208,17 @@ class CudaGraphRunner:
         if self.graph is None or signature(inputs) != self.signature:
             self.eager_calls += 1
             return execute(self.plan, inputs)
-        for dst, src in zip(self.static_inputs, inputs, strict=True):
-            if dst.data_ptr() != src.data_ptr():
+        entry = (self.graph, self.static_outputs) if not self.bound else self._bound_graph(inputs)
+        if entry is None:
+            self.eager_calls += 1
+            return execute(self.plan, inputs)
+        graph, outs = entry
+        for k, (dst, src) in enumerate(zip(self.static_inputs, inputs, strict=True)):
+            if dst.data_ptr() != src.data_ptr() and k not in self.bound:
                 dst.copy_(src)
-        self.graph.replay()
+        graph.replay()
         self.replays += 1
-        return fresh_copies(self.static_outputs, clone_outputs)  # the next replay overwrites them
+        return fresh_copies(outs, clone_outputs)  # the next replay overwrites them
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -175,4 +227,5 @@ class CudaGraphRunner:
             "captures": self.captures,
             "replays": self.replays,
             "eager_calls": self.eager_calls,
+            "bound_graphs": len(self._bound_graphs),
         }

@@ -65,6 +65,9 @@ class Plan:
     out_buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # value -> its planned tensor
     pdl: bool = False  # kernels launched with programmatic dependent launch (Options.pdl, kfuse.kernels.pdl)
     concat_groups: list[Any] = field(default_factory=list)  # cats served as views of one buffer (kfuse.runtime.concat_in_place)
+    # (graph output position, graph input position): a run writes that output's value into that input and returns
+    # the other outputs (kfuse.runtime.state_writes)
+    input_writes: tuple[tuple[int, int], ...] = ()
 
     @property
     def kernels(self) -> list[KernelInfo]:
@@ -225,9 +228,15 @@ def execute(plan: Plan, inputs: Sequence[torch.Tensor], *, poison_dead: bool = F
     that shared storage between live values would show in the numerics (tests use it)."""
     env = initial_env(plan, inputs)
     run_steps(plan, env, 0, len(plan.steps), poison_dead=poison_dead)
+    outputs = list(plan.graph.outputs)
+    if plan.input_writes:  # forward writes its inputs: the new values go there, the caller gets the rest
+        from kfuse.runtime.state_writes import user_outputs, write_back
+
+        write_back(plan, env, inputs)
+        outputs = user_outputs(plan, outputs)
     # constants that are outputs themselves (folding leaves views of constants as new constants)
-    consts = [plan.constants[o] for o in plan.graph.outputs if o in plan.constants]
-    return own_outputs([env[o] for o in plan.graph.outputs], [*inputs, *consts])
+    consts = [plan.constants[o] for o in outputs if o in plan.constants]
+    return own_outputs([env[o] for o in outputs], [*inputs, *consts])
 
 
 def own_outputs(outs: list[Any], held: Sequence[Any]) -> list[Any]:

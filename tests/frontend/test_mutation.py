@@ -1,5 +1,5 @@
 """In-place ops: exact as renames where nothing aliases the written tensor; functionalised where a
-view is written or a view of the written tensor is read; refused where forward writes state."""
+view is written or a view of the written tensor is read; written back where forward writes state."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ import torch.nn as nn
 import kfuse
 from kfuse.bench.harness import max_rel_err
 from kfuse.frontend.mutation import renames_are_exact
-from kfuse.frontend.torch_export import FrontendError, export_module
+from kfuse.frontend.torch_export import export_module
 
 
 class _WritesViews(nn.Module):
@@ -84,10 +84,17 @@ def test_compiled_result_equals_eager(cls, exact):
     assert compiled.report["max_rel_err"] < 1e-6
 
 
-@pytest.mark.parametrize("cls,what", [(_Counter, "buffer count"), (_WritesItsInput, "user_input x")])
-def test_forward_that_writes_state_is_refused(cls, what):
-    with pytest.raises(FrontendError, match=f"writes in place to {what}"):
-        kfuse.compile(cls().eval(), (torch.randn(3, 4),))
+@pytest.mark.parametrize("cls,written", [(_Counter, "b_count"), (_WritesItsInput, "x")])
+def test_forward_that_writes_state_writes_it(cls, written):
+    """Refused before session 46; now the compiled model writes what forward writes (tests/runtime/test_state_writes.py)."""
+    model, eager = cls().eval(), cls().eval()
+    x = torch.randn(3, 4)
+    compiled = kfuse.compile(model, (x.clone(),))
+    assert [w["input"] for w in compiled.report["state_writes"]] == [written]
+    mine, theirs = x.clone(), x.clone()
+    for _ in range(2):
+        torch.testing.assert_close(compiled(mine), eager(theirs))
+        torch.testing.assert_close(mine, theirs)
 
 
 def test_a_wrong_compile_warns(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -235,7 +235,8 @@ def test_copy_outputs_option_reaches_the_graph_runner() -> None:
             return xs
 
     for flag in (True, False):
-        Variant(SimpleNamespace(flat_input_index=[0]), [], None, Runner(), 0.0, copy_outputs=flag).run([torch.ones(1)])  # type: ignore[arg-type]
+        imported = SimpleNamespace(graph_inputs=lambda flat: flat[:1])
+        Variant(imported, [], None, Runner(), 0.0, copy_outputs=flag).run([torch.ones(1)])  # type: ignore[arg-type]
     assert seen == [True, False] and Options().copy_outputs is True
 
 
@@ -256,3 +257,52 @@ def test_outputs_without_copy_are_the_graph_buffers() -> None:
         torch.testing.assert_close(b1_values, model(x1), rtol=1e-3, atol=1e-3)
         torch.testing.assert_close(b2, model(x2), rtol=1e-3, atol=1e-3)
         torch.testing.assert_close(a1, model(x1), rtol=1e-3, atol=1e-3)
+
+
+def _writing_plan() -> Any:
+    """A plan whose run writes its second input (a cache): ``cache <- cache + x``, returns relu of it."""
+    b = GraphBuilder("state")
+    x = b.add_input("x", TensorType((4, 5), torch.float32))
+    cache = b.add_input("cache", TensorType((4, 5), torch.float32))
+    new = b.op("add", [cache, x])
+    g = b.build([new, b.op("relu", [new])])
+    plan = lower(g, torch.device("cpu"), "torch")
+    plan.input_writes = ((0, 1),)
+    return plan
+
+
+def test_written_inputs_are_bound_by_address_not_copied() -> None:
+    """A written input (a KV cache) is neither copied in nor out: each new address gets its own graph,
+    captured without a warm-up run (which would write the caller's state); a few are kept."""
+    from kfuse.runtime.cuda_graph import MAX_BOUND_GRAPHS
+
+    cuda = FakeCuda()
+    plan = _writing_plan()
+    example = [torch.randn(4, 5), torch.randn(4, 5)]
+    r = CudaGraphRunner(plan, example, cuda=cuda, bound=[1])
+    assert r.captured and r.captures == 1 and r.stats()["bound_graphs"] == 1
+    static_cache = r.static_inputs[1].clone()
+    cache, x = torch.randn(4, 5), torch.randn(4, 5)
+    warmups = cuda.log.count("side_stream")
+    r([x, cache])
+    assert r.captures == 2 and cuda.log.count("side_stream") == warmups  # captured for this cache, no warm-up
+    assert torch.equal(r.static_inputs[1], static_cache)  # the caller's cache was not copied into the graph's
+    torch.testing.assert_close(r.static_inputs[0], x)  # the other input was
+    r([torch.randn(4, 5), cache])
+    assert r.captures == 2 and r.replays == 2  # same cache, same graph
+    for _ in range(MAX_BOUND_GRAPHS + 2):
+        r([x, torch.randn(4, 5)])
+    assert r.stats()["bound_graphs"] == MAX_BOUND_GRAPHS and r.eager_calls == 0
+
+
+def test_a_failed_capture_for_a_new_cache_runs_eagerly() -> None:
+    cuda = FakeCuda()
+    plan = _writing_plan()
+    r = CudaGraphRunner(plan, [torch.randn(4, 5), torch.randn(4, 5)], cuda=cuda, bound=[1])
+    cuda.fail_capture = True
+    cache, x = torch.randn(4, 5), torch.randn(4, 5)
+    want = cache + x
+    out = r([x, cache])
+    assert r.eager_calls == 1 and "new addresses of written inputs" in r.reason
+    torch.testing.assert_close(cache, want)  # the eager run wrote the cache
+    torch.testing.assert_close(out[0], want.relu())

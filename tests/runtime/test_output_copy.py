@@ -94,7 +94,7 @@ def test_a_call_passes_the_per_output_copies_to_the_runner_and_other_callers_get
         seen.append(clone_outputs)
         return list(xs)
 
-    v = Variant(SimpleNamespace(flat_input_index=[0]), [], None, runner, 0.0, copy_outputs=True)
+    v = Variant(SimpleNamespace(graph_inputs=lambda flat: flat[:1]), [], None, runner, 0.0, copy_outputs=True)
     v.call_copies = (False,)
     v.run([torch.ones(1)], rebuilt=True)
     v.run([torch.ones(1)])  # a check, a profile: no rebuild follows, so every output is copied

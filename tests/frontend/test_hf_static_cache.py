@@ -1,0 +1,75 @@
+"""Generation with a static KV cache (``cache_implementation="static"``, the form Hugging Face recommends for
+``torch.compile``): the decode step writes the cache in place, and every step after the first replays one
+compiled plan. With a growing ``DynamicCache`` each new length would be another compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from kfuse.frontend.dynamo import kfuse_backend  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _llama(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(cfg).to(DEVICE, dtype).eval()
+
+
+def _generate_with_kfuse(model: torch.nn.Module, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, list]:
+    """Greedy generation the way Hugging Face compiles a static-cache decode step (``compile_config``; on the
+    CPU only when asked to), with kfuse as the backend; returns the tokens and what kfuse made of each graph."""
+    made: list = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object) -> object:
+        fn = kfuse_backend(gm, example_inputs, **kwargs)
+        made.append(fn)
+        return fn
+
+    torch._dynamo.reset()
+    config = transformers.CompileConfig(backend=backend)
+    config._compile_all_devices = True  # transformers compiles on CUDA by itself, on the CPU when told to
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=new, do_sample=False, cache_implementation="static", compile_config=config)
+    return out, made
+
+
+def test_static_cache_generation_equals_eager() -> None:
+    model = _llama()
+    ids = torch.randint(0, 97, (1, 5), device=DEVICE)
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
+    got, made = _generate_with_kfuse(model, ids, 5)
+    assert torch.equal(got, want)
+    assert len(made) == 1  # transformers compiles the decode step (the prefill runs eagerly)
+    decode = getattr(made[0], "kfuse_compiled", None)
+    assert decode is not None  # kfuse's, not left to PyTorch
+    assert len(decode.variants) == 1  # one plan for every decode step
+    writes = decode.report["state_writes"]
+    in_place = [w for w in writes if w["how"] == "in place"]
+    assert len(in_place) == 4 and all(w["op"] == "aten.index_copy.default" for w in in_place)  # K and V of 2 layers
+
+
+@pytest.mark.gpu
+def test_static_cache_decode_replays_one_cuda_graph_per_cache() -> None:
+    """On the GPU the decode step is one CUDA graph bound to the cache's tensors: a second generation (a new
+    cache) captures once more, no step copies a cache, and the tokens match eager PyTorch's."""
+    model = _llama(torch.float16)
+    ids = torch.randint(0, 97, (1, 7), device=DEVICE)
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    got, made = _generate_with_kfuse(model, ids, 6)
+    assert torch.equal(got, want)
+    decode = made[0].kfuse_compiled
+    runner = decode.variant.runner
+    assert decode.report["cuda_graph"] == "captured" and runner is not None
+    first = runner.stats()
+    assert first["replays"] >= 5 and first["eager_calls"] == 0
+    assert not any(k["template"] == "fallback" and "index_copy" in k["ops"][0] for k in decode.report["kernels"])

@@ -1,0 +1,185 @@
+"""Forward writes into its inputs or buffers (a static KV cache, a counter): the compiled model writes the same
+values into the same tensors, in place where the update is an ``index_copy`` / ``index_put`` of the old value,
+and compiling writes nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kfuse
+from kfuse.frontend.torch_export import FrontendError
+from kfuse.runtime.executor import plan_values
+from kfuse.runtime.state_writes import protect, written_positions
+
+
+class _IndexCopyCache(nn.Module):
+    """A decoder layer's cache update, as Hugging Face's ``StaticCache`` writes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2, 9, 5))
+        self.lin = nn.Linear(5, 5)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.k.index_copy_(1, pos, self.lin(x))
+        return self.k.sum(1) * 2
+
+
+class _IndexPutCache(nn.Module):
+    """gpt-fast's ``KVCache.update``: ``k_out[:, :, input_pos] = k_val``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 2, 7, 3))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        k = self.k
+        k[:, :, pos] = torch.tanh(x)
+        return k.softmax(-2)
+
+
+class _ReadsOldValue(nn.Module):
+    """Reads the cache before writing it: the update cannot run in place, the new value is copied back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2, 9, 5))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        before = self.k.sum()
+        self.k.index_copy_(1, pos, x)
+        return self.k.sum(1) + before
+
+
+class _Counter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        return x * 2 + self.count
+
+
+class _WritesItsInput(nn.Module):
+    def forward(self, cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(0, pos, x)
+        return cache.cumsum(0)
+
+
+class _WritesAParameter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.w.add_(1)
+        return x + self.w
+
+
+def _pair(cls: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    a = cls().eval()
+    b = cls().eval()
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _steps(cls: type[nn.Module], make_args, n: int = 4) -> kfuse.CompiledModel:
+    """Compile, then call ``n`` times beside eager PyTorch: outputs and buffers equal after every call."""
+    model, eager = _pair(cls)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    compiled = kfuse.compile(model, make_args(0))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), f"compiling wrote {k}"
+    for step in range(n):
+        args = make_args(step)
+        with torch.no_grad():
+            ref = eager(*[a.clone() for a in args])
+        got = compiled(*args)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        for (k, v), w in zip(model.state_dict().items(), eager.state_dict().values(), strict=True):
+            torch.testing.assert_close(v, w, rtol=1e-5, atol=1e-5, msg=f"buffer {k} after call {step}")
+    return compiled
+
+
+def test_index_copy_cache_updates_in_place() -> None:
+    compiled = _steps(_IndexCopyCache, lambda s: (torch.randn(2, 1, 5), torch.tensor([s + 2])))
+    (w,) = compiled.report["state_writes"]
+    assert w["how"] == "in place" and w["op"] == "aten.index_copy.default"
+    step = next(s for s in compiled.plan.steps if s.info.template == "in_place")
+    v = compiled.variant
+    xs = protect(v.imported.graph_inputs([torch.randn(2, 1, 5), torch.tensor([5])]), written_positions(v.plan))
+    buffer = xs[v.plan.input_writes[0][1]]
+    assert plan_values(v.plan, xs)[step.output] is buffer  # the update's value is the buffer itself: no copy
+
+
+def test_index_put_cache_updates_in_place() -> None:
+    compiled = _steps(_IndexPutCache, lambda s: (torch.randn(1, 2, 2, 3), torch.tensor([s, s + 3])))
+    (w,) = compiled.report["state_writes"]
+    assert w["how"] == "in place" and w["op"] == "aten.index_put.default"
+
+
+def test_reading_the_old_value_copies_back() -> None:
+    compiled = _steps(_ReadsOldValue, lambda s: (torch.randn(2, 1, 5), torch.tensor([s])))
+    (w,) = compiled.report["state_writes"]
+    assert w["how"] == "copied back" and "read the input's old value" in w["why"]
+
+
+def test_counter_buffer() -> None:
+    compiled = _steps(_Counter, lambda s: (torch.randn(3, 4),))
+    assert compiled.report["state_writes"][0]["input"] == "b_count"
+
+
+def test_written_caller_input() -> None:
+    """A caller's tensor that forward writes is written by the compiled model too, once a call."""
+    torch.manual_seed(1)
+    cache = torch.randn(6, 3)
+    compiled = kfuse.compile(_WritesItsInput(), (cache.clone(), torch.randn(1, 3), torch.tensor([2])))
+    assert compiled.report["state_writes"][0]["how"] == "in place"
+    mine, theirs = cache.clone(), cache.clone()
+    for step in range(3):
+        x, pos = torch.randn(1, 3), torch.tensor([step])
+        ref = _WritesItsInput()(theirs, x, pos)
+        got = compiled(mine, x, pos)
+        torch.testing.assert_close(got, ref)
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_compile_check_covers_the_written_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compile's own check compares what forward writes, not only what it returns: a plan that drops
+    the write-back is caught."""
+    import kfuse.runtime.state_writes as sw
+
+    monkeypatch.setattr(sw, "write_back", lambda plan, env, inputs: None)
+    monkeypatch.setattr(sw, "IN_PLACE", {})
+    with pytest.warns(UserWarning, match="differs from PyTorch"):
+        compiled = kfuse.compile(_Counter().eval(), (torch.randn(3, 4),))
+    assert compiled.report["max_rel_err"] > 0.1
+
+
+def test_writing_a_parameter_is_refused() -> None:
+    with pytest.raises(FrontendError, match="writes in place to parameter w"):
+        kfuse.compile(_WritesAParameter().eval(), (torch.randn(4),))
+
+
+def test_step_errors_leave_the_state_alone() -> None:
+    model, _ = _pair(_IndexCopyCache)
+    compiled = kfuse.compile(model, (torch.randn(2, 1, 5), torch.tensor([1])))
+    before = model.k.clone()
+    compiled.step_errors(torch.randn(2, 1, 5), torch.tensor([4]))
+    assert torch.equal(model.k, before)
+
+
+def test_torch_compile_backend_with_a_buffer_cache() -> None:
+    """Through Dynamo a module's buffers are frozen weights; one that forward writes stays the module's tensor."""
+    model, eager = _pair(_IndexCopyCache)
+    fast = torch.compile(model, backend="kfuse")
+    for step in range(3):
+        x, pos = torch.randn(2, 1, 5), torch.tensor([step])
+        with torch.no_grad():
+            torch.testing.assert_close(fast(x, pos), eager(x, pos), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.k, eager.k, rtol=1e-5, atol=1e-5)
