@@ -878,9 +878,12 @@ def _sdpa(c: Ctx, a: tuple, k: dict) -> str:
     dropout = a[4] if len(a) > 4 else k.get("dropout_p", 0.0)
     causal = a[5] if len(a) > 5 else k.get("is_causal", False)
     scale = a[6] if len(a) > 6 else k.get("scale")
-    if dropout or k.get("enable_gqa"):
+    gqa = a[7] if len(a) > 7 else k.get("enable_gqa", False)
+    if dropout:
         raise _Unsupported()
     ins = [q, kk, v] + ([mask] if mask is not None else [])
+    if gqa:  # K and V with H / G heads, each read by G query heads (PyTorch >= 2.5 models)
+        return c.op("sdpa", ins, is_causal=bool(causal), scale=scale, enable_gqa=True)
     return c.op("sdpa", ins, is_causal=bool(causal), scale=scale)
 
 

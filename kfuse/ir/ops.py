@@ -354,7 +354,9 @@ def _rms_norm(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
 def _sdpa(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) > 3 else None
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=a.get("is_causal", False), scale=a.get("scale"))
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=a.get("is_causal", False), scale=a.get("scale"), enable_gqa=a.get("enable_gqa", False)
+    )
 
 
 @register("embedding", OTHER, arity=2)

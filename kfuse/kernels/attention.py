@@ -272,7 +272,7 @@ def key_tiles(cfg: AttnConfig, mask_kind: int, causal: bool, varlen: bool, sk: i
     return 2 if mask_kind == MASK_NONE and not causal and not varlen and sk % cfg.block_n == 0 else 1
 
 
-def _precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"
@@ -342,7 +342,7 @@ def _launch(
         *m2_strides,
         heads, sq, sk, d, kv_group, q_tiles,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
-        VARLEN=cu is not None, MASK_KIND=mask_kind, CAUSAL=bool(causal), PRECISION=_precision(q.dtype),
+        VARLEN=cu is not None, MASK_KIND=mask_kind, CAUSAL=bool(causal), PRECISION=dot_precision(q.dtype),
         TILES=key_tiles(cfg, mask_kind, causal, cu is not None, sk) if tiles is None else tiles, PAIRED=paired,
         FMA_SCALE=FMA_SCALE and scale > 0, MASK2=m2 is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),

@@ -289,13 +289,15 @@ def _shapes_match(graph: Graph, m: _Match) -> bool:
     in the explicit form), and K and V have the same length: what the kernel computes. K and V with
     one head broadcast to Q's (multi-query attention: Falcon) are read with ``kv_group = H``. A
     broadcast batch dim, or a value head dim other than Q's, stays unfused. (Grouped-query K and V
-    are matched here repeated to Q's heads; ``_ungrouped`` takes them apart afterwards.)"""
+    are matched here repeated to Q's heads; ``_ungrouped`` takes them apart afterwards; SDPA's
+    ``enable_gqa`` takes them with H / G heads as they are.)"""
     ts = [graph.type_of(n) for n in (m.q, m.k, m.v)]
     if not all(isinstance(t, TensorType) and t.rank == 4 for t in ts):
         return False
     qt, kt, vt = (t.shape for t in ts)  # type: ignore[union-attr]
     k_len, k_dim = (kt[3], kt[2]) if m.k_transposed else (kt[2], kt[3])
-    heads_ok = kt[1] == vt[1] and kt[1] in (qt[1], 1)
+    gqa = m.last.op == "sdpa" and m.last.attrs.get("enable_gqa") and kt[1] > 0 and qt[1] % kt[1] == 0  # SDPA's enable_gqa
+    heads_ok = kt[1] == vt[1] and (kt[1] in (qt[1], 1) or bool(gqa))
     return qt[0] == kt[0] == vt[0] and heads_ok and k_dim == qt[3] == vt[3] and k_len == vt[2]
 
 
@@ -469,6 +471,8 @@ def fuse_attention(graph: Graph) -> Graph:
         k, v, group = _ungrouped(m, nodes, graph)
         if group == 1 and kt.shape[1] == 1:  # one K / V head broadcast to every query head (multi-query)
             group = h
+        elif group == 1 and kt.shape[1] != h:  # SDPA's enable_gqa: K and V with H / G heads as they are
+            group = h // kt.shape[1]
         # a Q scaled before the kernel (q_scale) is a new [B, H, S, D] value, not a view of the projection
         q_src = _bshd_source(m.q, nodes, graph) if m.q_scale is None else None
         srcs = (q_src, _bshd_source(k, nodes, graph, k_dims), _bshd_source(v, nodes, graph))

@@ -130,35 +130,80 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
             return out
         return K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], mask2=mask2)
 
+    def run_decode(xs: list[torch.Tensor]) -> torch.Tensor:
+        # a decode step's few query rows over a long cache: split along the keys, a key/value head's query heads in
+        # one tile (kfuse.kernels.decode_attention)
+        from kfuse.kernels.decode_attention import decode_attention
+
+        q, k, v = _qkv(xs, a)
+        mask = xs[3] if len(xs) > 3 and kind == "dense" else None
+        b, h, sq, d = q.shape
+        if out_layout(a) in ("bshd", "sbhd"):
+            seq_first = out_layout(a) == "sbhd"
+            out = torch.empty((sq, b, h * d) if seq_first else (b, sq, h * d), dtype=q.dtype, device=q.device)
+            o4 = out.view(sq, b, h, d).permute(1, 2, 0, 3) if seq_first else out.view(b, sq, h, d).permute(0, 2, 1, 3)
+            decode_attention(q, k, v, mask=mask, scale=a["scale"], out=o4)
+            return out
+        return decode_attention(q, k, v, mask=mask, scale=a["scale"])
+
     ops_ = tuple(a.get("fused_ops", ("sdpa",)))
-    info = KernelInfo(node.name, "fused_attention", ops_, describe_attention(a))
-    library = _attention_library_choice(node, graph, backend, options, run)
-    if library is not None:
-        run_sdpa, why = library
-        return Step(node.name, node.inputs, run_sdpa, KernelInfo(node.name, "library_attention", ops_, f"{describe_attention(a)}; {why}"))
-    return Step(node.name, node.inputs, run, info)
+    kernels = {"kernel": run}
+    if _decode_shaped(node, graph, a):
+        kernels["decode"] = run_decode
+    name, fn, why = _attention_choice(node, graph, backend, options, kernels)
+    if name == "sdpa":
+        return Step(node.name, node.inputs, fn, KernelInfo(node.name, "library_attention", ops_, f"{describe_attention(a)}; {why}"))
+    template = "decode_attention" if name == "decode" else "fused_attention"
+    return Step(node.name, node.inputs, fn, KernelInfo(node.name, template, ops_, describe_attention(a) + (f"; {why}" if why else "")))
 
 
-def _attention_library_choice(node: Node, graph: Graph, backend: str, options: Any, run_kernel: Any) -> tuple[Any, str] | None:
-    """PyTorch's SDPA (flash / memory-efficient kernels) as a measured second candidate of dense
-    attention: the lowering keeps whichever is faster on the GPU (the padded-mask and varlen cases
-    stay with kfuse's kernel when it wins, see BENCHMARKS.md ``attention``). ``gemm_library`` in
-    the options ("never" / "always" / "auto") governs library candidates in general."""
+def _bhsd_shape(shape: tuple[int, ...], a: Mapping[str, Any], kv: bool) -> tuple[int, ...]:
+    """The [B, H, S, D] shape ``to_bhsd`` gives an input of this shape."""
+    if a["layout"] == "bhsd":
+        return shape
+    heads = a["heads"] // a.get("kv_group", 1) if kv else a["heads"]
+    return (shape[0], heads, shape[1], a["head_dim"])
+
+
+def _decode_shaped(node: Node, graph: Graph, a: Mapping[str, Any]) -> bool:
+    """Whether the decode kernel takes this attention: a few query rows per key/value head, no causal flag,
+    no mask or a dense one (``kfuse.kernels.decode_attention.applies``), and a cache at least four times the
+    query rows (a prefill's square attention stays with the dense kernel where nothing is measured)."""
+    from kfuse.kernels.decode_attention import applies
+
+    if a["mask_kind"] not in ("none", "dense") or a.get("mask2"):
+        return False
+    tq, tk = graph.type_of(node.inputs[0]), graph.type_of(node.inputs[1])
+    if not isinstance(tq, TensorType) or not isinstance(tk, TensorType) or len(tq.shape) != (4 if a["layout"] == "bhsd" else 3):
+        return False
+    q, k = _bhsd_shape(tq.shape, a, False), _bhsd_shape(tk.shape, a, True)
+    return applies(q, k, bool(a.get("causal"))) and q[2] <= 16 and k[2] >= max(32, 4 * q[2])
+
+
+def _attention_choice(node: Node, graph: Graph, backend: str, options: Any, kernels: dict[str, Any]) -> tuple[str, Any, str]:
+    """Which attention runs: kfuse's kernels (the dense one, and the decode one where it applies) and PyTorch's
+    SDPA (flash / memory-efficient kernels) as measured candidates; the lowering keeps the fastest on the GPU.
+    ``gemm_library`` in the options ("never" / "always" / "auto") governs the library candidate, as for GEMMs.
+    Without a GPU to measure on: the decode kernel where it applies, else the dense one. Returns (name, run,
+    why)."""
     mode = library_mode(options)
-    if backend == "torch" or mode == "never":
-        return None
+    if backend == "torch":
+        return "kernel", kernels["kernel"], ""
 
     def run_sdpa(xs: list[torch.Tensor]) -> torch.Tensor:
         return _fused_attention_ref(xs, node.attrs)
 
     if mode == "always":
-        return run_sdpa, "SDPA (forced)"
-    if mode != "auto" or backend != "triton" or not torch.cuda.is_available():
-        return None
-    choice, times = choose(node, graph, {"kernel": run_kernel, "sdpa": run_sdpa}, problem_key(node, graph))
-    if choice != "sdpa":
-        return None
-    return run_sdpa, f"PyTorch SDPA {times['sdpa'] * 1e3:.1f} us vs kfuse kernel {times['kernel'] * 1e3:.1f} us"
+        return "sdpa", run_sdpa, "SDPA (forced)"
+    candidates = dict(kernels)
+    if mode == "auto":
+        candidates["sdpa"] = run_sdpa
+    if backend != "triton" or not torch.cuda.is_available() or len(candidates) == 1:
+        name = "decode" if "decode" in kernels else "kernel"
+        return name, kernels[name], ""
+    name, times = choose(node, graph, candidates, problem_key(node, graph))
+    label = {"kernel": "kfuse kernel", "decode": "kfuse decode kernel", "sdpa": "PyTorch SDPA"}
+    return name, candidates[name], ", ".join(f"{label[n]} {t * 1e3:.1f} us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
 
 
 # ---------------------------------------------------------------------------------------

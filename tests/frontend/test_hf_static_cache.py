@@ -23,7 +23,12 @@ def _llama(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     return transformers.LlamaForCausalLM(cfg).to(DEVICE, dtype).eval()
 
 
-def _generate_with_kfuse(model: torch.nn.Module, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, list]:
+def _cache(model: torch.nn.Module, slots: int) -> object:
+    """A static cache the caller makes and passes (room for ``slots`` tokens), as a server reusing its memory would."""
+    return transformers.StaticCache(config=model.config, max_cache_len=slots)
+
+
+def _generate_with_kfuse(model: torch.nn.Module, ids: torch.Tensor, new: int, cache: object = None) -> tuple[torch.Tensor, list]:
     """Greedy generation the way Hugging Face compiles a static-cache decode step (``compile_config``; on the
     CPU only when asked to), with kfuse as the backend; returns the tokens and what kfuse made of each graph."""
     made: list = []
@@ -37,7 +42,10 @@ def _generate_with_kfuse(model: torch.nn.Module, ids: torch.Tensor, new: int) ->
     config = transformers.CompileConfig(backend=backend)
     config._compile_all_devices = True  # transformers compiles on CUDA by itself, on the CPU when told to
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=new, do_sample=False, cache_implementation="static", compile_config=config)
+        if cache is None:
+            out = model.generate(ids, max_new_tokens=new, do_sample=False, cache_implementation="static", compile_config=config)
+        else:
+            out = model.generate(ids, max_new_tokens=new, do_sample=False, past_key_values=cache, compile_config=config)
     return out, made
 
 
@@ -55,6 +63,19 @@ def test_static_cache_generation_equals_eager() -> None:
     writes = decode.report["state_writes"]
     in_place = [w for w in writes if w["how"] == "in place"]
     assert len(in_place) == 4 and all(w["op"] == "aten.index_copy.default" for w in in_place)  # K and V of 2 layers
+
+
+def test_a_callers_long_cache_runs_the_decode_kernel() -> None:
+    """A cache with room for 48 tokens: the decode step's attention (1 query row, 2 query heads per key/value
+    head, 48 slots, the unfilled ones masked) runs the split-KV decode kernel; tokens equal eager's."""
+    model = _llama()
+    ids = torch.randint(0, 97, (1, 5), device=DEVICE)
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=4, do_sample=False, past_key_values=_cache(model, 48))
+    got, made = _generate_with_kfuse(model, ids, 4, _cache(model, 48))
+    assert torch.equal(got, want)
+    templates = [k["template"] for k in made[0].kfuse_compiled.report["kernels"]]
+    assert templates.count("decode_attention") == 2, templates  # one a layer
 
 
 @pytest.mark.gpu
