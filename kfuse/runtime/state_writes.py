@@ -34,6 +34,11 @@ IN_PLACE = {
 }
 
 
+# elementwise ops that PyTorch runs for a plan (integer counters: kfuse's kernels compute in floating point) and
+# that take ``out=``, which may be one of their operands
+TORCH_OUT = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "maximum": torch.maximum, "minimum": torch.minimum}
+
+
 def written_positions(plan: Plan) -> list[int]:
     """The graph input positions that a run writes."""
     return sorted({i for _, i in plan.input_writes})
@@ -78,40 +83,89 @@ def _in_place_step(step: Step, call: Any, inplace: Any) -> Step:
     return Step(step.output, step.inputs, run, info, step.host_sync)
 
 
+def _into_operand_step(step: Step, j: int) -> Step:
+    """``step`` (an elementwise kernel) writing its result into its operand ``j`` (the written input)."""
+    fn = step.fn
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        return fn(xs, xs[j])
+
+    info = KernelInfo(
+        step.info.name, step.info.template, step.info.ops, f"{step.info.config}; into input {step.inputs[j]}", step.info.epilogue
+    )
+    return Step(step.output, step.inputs, run, info, step.host_sync)
+
+
+def _how(plan: Plan, at: int | None, node: Any, name: str) -> tuple[Step | None, str]:
+    """The step that makes the new value in place, or why there is none (the value is then copied back)."""
+    if at is None or node is None:
+        return None, "the new value is not computed by a step of its own"
+    step = plan.steps[at]
+    call = node.attrs.get("fn") if node.op == "fallback" else None
+    if call is not None and hasattr(call, "call_as"):
+        inplace = IN_PLACE.get(node.attrs.get("target", ""))
+        if inplace is None:
+            return None, f"{node.attrs['target']} has no in-place form here"
+        if call.first_operand() is None or step.inputs[call.first_operand()] != name:
+            return None, "the update does not start from the input's old value"
+        return _in_place_step(step, call, inplace), ""
+    # an elementwise kernel reads each element before it writes it: it may write into the operand
+    slots = [j for j in getattr(step.fn, "inplace_inputs", ()) if step.inputs[j] == name]
+    if slots:
+        return _into_operand_step(step, slots[0]), ""
+    if step.info.template == "torch" and node.op in TORCH_OUT and len(step.inputs) == 2:  # a cache's int64 length counter
+        fn, j = TORCH_OUT[node.op], step.inputs.index(name)
+
+        def run(xs: list[torch.Tensor]) -> torch.Tensor:
+            return fn(xs[0], xs[1], out=xs[j])
+
+        info = KernelInfo(step.info.name, "torch", step.info.ops, f"into input {name}")
+        return Step(step.output, step.inputs, run, info, step.host_sync), ""
+    return None, f"a {step.info.template} step computes it into its own buffer"
+
+
+def _read_after(plan: Plan, name: str, at: int) -> bool:
+    """Whether a step other than ``at`` reads ``name`` (or a view of it) at or after ``at``: then writing the new
+    value into ``name``'s storage at ``at`` would change what it reads. Readers before ``at`` have read it
+    (one stream: a step starts after the ones before it end; PDL kernels wait for them first)."""
+    from kfuse.passes.memory_plan import may_alias
+
+    aliases = {name}
+    for k, s in enumerate(plan.steps):
+        if k == at or not aliases.intersection(s.inputs):
+            continue
+        if k > at:
+            return True
+        if may_alias(plan.graph, s.output):  # a view of the old value, read later, would see the new one
+            aliases.add(s.output)
+    return False
+
+
 def write_in_place(plan: Plan) -> list[dict[str, Any]]:
-    """Turn each write whose value is an in-place-able update of its input into that in-place update
-    (see the module doc); returns, per write, what runs: ``in place`` or ``copied back`` and why."""
+    """Make each written value in its input where that is exact (see the module doc); returns, per write,
+    what runs: ``in place`` (and the op), or ``copied back`` and why."""
     graph = plan.graph
     nodes = graph.node_map()
-    readers: dict[str, int] = {}
-    for s in plan.steps:
-        for v in s.inputs:
-            readers[v] = readers.get(v, 0) + 1
     targets = [i for _, i in plan.input_writes]
     result = []
     for o, i in plan.input_writes:
         name = graph.inputs[i][0]
         value = graph.outputs[o]
         at = next((k for k, s in enumerate(plan.steps) if s.output == value), None)
-        why = ""
         node = nodes.get(value)
-        call = node.attrs.get("fn") if node is not None and node.op == "fallback" else None
-        inplace = IN_PLACE.get(node.attrs.get("target", "")) if call is not None else None
-        if at is None or call is None or not hasattr(call, "call_as"):
-            why = "the new value is not a fallback step's (a kfuse kernel computes it into its own buffer)"
-        elif inplace is None:
-            why = f"{node.attrs['target']} has no in-place form here"
-        elif call.first_operand() is None or plan.steps[at].inputs[call.first_operand()] != name:
-            why = "the update does not start from the input's old value"
-        elif readers.get(name, 0) != 1 or plan.steps[at].inputs.count(name) != 1:
-            why = "other steps read the input's old value"
+        step, why = None, ""
+        if at is None or plan.steps[at].inputs.count(name) != 1 or _read_after(plan, name, at):
+            why = "a later step reads the input's old value"
         elif targets.count(i) != 1 or name in graph.outputs:
             why = "the input is written twice or returned"
-        elif node.type != graph.inputs[i][1]:
+        elif node is not None and node.type != graph.inputs[i][1]:
             why = "the new value's type differs from the input's"
-        if why:
+        else:
+            step, why = _how(plan, at, node, name)
+        if step is None:
             result.append({"input": name, "value": value, "how": "copied back", "why": why})
             continue
-        plan.steps[at] = _in_place_step(plan.steps[at], call, inplace)
-        result.append({"input": name, "value": value, "how": "in place", "op": node.attrs["target"]})
+        plan.steps[at] = step  # type: ignore[index]
+        op = node.attrs.get("target") if node.op == "fallback" else "+".join(step.info.ops)  # type: ignore[union-attr]
+        result.append({"input": name, "value": value, "how": "in place", "op": op})
     return result

@@ -41,7 +41,7 @@ class _IndexPutCache(nn.Module):
 
 
 class _ReadsOldValue(nn.Module):
-    """Reads the cache before writing it: the update cannot run in place, the new value is copied back."""
+    """Reads the cache before writing it: that read comes first in the plan, so the update still runs in place."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -61,6 +61,18 @@ class _Counter(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.count.add_(1)
         return x * 2 + self.count
+
+
+class _IntCounter(nn.Module):
+    """A cache's length as an int64 scalar buffer (Hugging Face's ``StaticLayer.cumulative_length``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("n", torch.tensor(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n.add_(2)
+        return x * self.n
 
 
 class _WritesItsInput(nn.Module):
@@ -123,15 +135,42 @@ def test_index_put_cache_updates_in_place() -> None:
     assert w["how"] == "in place" and w["op"] == "aten.index_put.default"
 
 
-def test_reading_the_old_value_copies_back() -> None:
+class _KeepsOldValue(nn.Module):
+    """Keeps the old cache (a clone, which kfuse imports as the same value) and reads it after the write: the
+    update cannot run in place, the new value is copied back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2, 9, 5))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        old = self.k.clone()
+        self.k.index_copy_(1, pos, x)
+        return self.k.sum(1) * old.sum(1).tanh()
+
+
+def test_reading_the_old_value_first_still_runs_in_place() -> None:
     compiled = _steps(_ReadsOldValue, lambda s: (torch.randn(2, 1, 5), torch.tensor([s])))
+    assert compiled.report["state_writes"][0]["how"] == "in place"
+
+
+def test_reading_the_old_value_after_the_write_copies_back() -> None:
+    compiled = _steps(_KeepsOldValue, lambda s: (torch.randn(2, 1, 5), torch.tensor([s])))
     (w,) = compiled.report["state_writes"]
-    assert w["how"] == "copied back" and "read the input's old value" in w["why"]
+    assert w["how"] == "copied back" and "a later step reads the input's old value" in w["why"]
 
 
 def test_counter_buffer() -> None:
     compiled = _steps(_Counter, lambda s: (torch.randn(3, 4),))
-    assert compiled.report["state_writes"][0]["input"] == "b_count"
+    (w,) = compiled.report["state_writes"]
+    assert w["input"] == "b_count" and w["how"] == "in place"  # the elementwise add writes into the buffer
+    assert any("into input b_count" in k.get("config", "") for k in compiled.report["kernels"])
+
+
+def test_int_counter_buffer() -> None:
+    compiled = _steps(_IntCounter, lambda s: (torch.randn(3, 4),))
+    (w,) = compiled.report["state_writes"]
+    assert w["how"] == "in place" and w["op"] == "add"  # PyTorch's add with out= the buffer: no copy after it
 
 
 def test_written_caller_input() -> None:
@@ -152,10 +191,11 @@ def test_written_caller_input() -> None:
 def test_compile_check_covers_the_written_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compile's own check compares what forward writes, not only what it returns: a plan that drops
     the write-back is caught."""
+    import kfuse.runtime.compiled_model as cm
     import kfuse.runtime.state_writes as sw
 
     monkeypatch.setattr(sw, "write_back", lambda plan, env, inputs: None)
-    monkeypatch.setattr(sw, "IN_PLACE", {})
+    monkeypatch.setattr(cm, "write_in_place", lambda plan: [])
     with pytest.warns(UserWarning, match="differs from PyTorch"):
         compiled = kfuse.compile(_Counter().eval(), (torch.randn(3, 4),))
     assert compiled.report["max_rel_err"] > 0.1
