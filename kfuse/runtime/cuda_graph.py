@@ -109,6 +109,7 @@ class CudaGraphRunner:
         self.plan = plan
         self.bound = tuple(bound)  # input positions the plan writes: bound by address, never copied
         self._bound_graphs: dict[tuple[int, ...], tuple[Any, list[torch.Tensor]]] = {}
+        self._warmup_key: tuple[int, ...] | None = None
         self.cuda = cuda if cuda is not None else torch.cuda
         self.graph: Any = None
         self.static_inputs: list[torch.Tensor] = []
@@ -162,8 +163,9 @@ class CudaGraphRunner:
         self.static_outputs = list(outs)
         self.graph = g
         self.captures += 1
-        if self.bound:
-            self._bound_graphs[self._addresses(self.static_inputs)] = (g, self.static_outputs)
+        if self.bound:  # captured on clones of the written inputs: dropped at the first capture for the caller's
+            self._warmup_key = self._addresses(self.static_inputs)
+            self._bound_graphs[self._warmup_key] = (g, self.static_outputs)
 
     def _addresses(self, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
         return tuple(inputs[i].data_ptr() for i in self.bound)
@@ -183,6 +185,11 @@ class CudaGraphRunner:
             except Exception as e:  # as for the first capture: the call runs eagerly, and the runner says why
                 self.reason = "capture for new addresses of written inputs: " + why(e) + recover_after_failed_capture(self.cuda, rng)
                 return None
+            if self._bound_graphs.pop(self._warmup_key, None) is not None:
+                # the clones (a whole KV cache) and their graph go; this graph is the runner's graph from now on
+                for i in self.bound:
+                    self.static_inputs[i] = inputs[i]
+                self.graph, self.static_outputs = entry
         self._bound_graphs[key] = entry  # most recently used last
         return entry
 

@@ -93,4 +93,5 @@ def test_static_cache_decode_replays_one_cuda_graph_per_cache() -> None:
     assert decode.report["cuda_graph"] == "captured" and runner is not None
     first = runner.stats()
     assert first["replays"] >= 5 and first["eager_calls"] == 0
+    assert first["bound_graphs"] == 1  # the graph on the cache's own tensors; the warm-up clones are gone
     assert not any(k["template"] == "fallback" and "index_copy" in k["ops"][0] for k in decode.report["kernels"])
