@@ -93,6 +93,10 @@ class Options:
     # (the default) times the plan with it on and off and keeps the faster (kfuse.runtime.pdl_choice)
     pdl: bool | str = "auto"
     explain: bool = False
+    # shape signatures compiled per model (kfuse.compile) or per Dynamo graph: a call with another one after that
+    # runs as PyTorch runs it, with one warning (torch.compile stops recompiling at 8 too). A generation loop with
+    # a growing DynamicCache would otherwise compile every token; a static cache has one shape
+    max_shapes: int = 8
     check: bool = True  # compare with the original model on the example inputs
     # "auto": torch.export, and where it cannot trace or functionalise the model (Mixtral's MoE routing writes
     # through views) Dynamo's frontend, as torch.compile(model, backend="kfuse"); "export": torch.export only

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -102,6 +103,15 @@ def kfuse_backend(
     def run_dynamic(*all_inputs: Any) -> Any:
         user = (all_inputs[i] for i in user_idx)
         key = tuple((tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else int(x) for x in user)
+        if key not in per_shape and key not in eager_shapes and len(per_shape) >= options.max_shapes:
+            if not any(v == _SHAPE_LIMIT for v in eager_shapes.values()):
+                warnings.warn(
+                    f"kfuse: a Dynamo graph was called with more than {options.max_shapes} input shapes; kfuse compiles "
+                    f"{options.max_shapes} a graph (Options.max_shapes) and runs further ones as PyTorch. Each "
+                    "shape is a compile: a generation loop should use a static KV cache (cache_implementation='static')",
+                    stacklevel=2,
+                )
+            eager_shapes[key] = _SHAPE_LIMIT
         if key not in per_shape and key not in eager_shapes:
             try:
                 per_shape[key] = compile_for(list(all_inputs))
@@ -117,6 +127,9 @@ def kfuse_backend(
 
     run_dynamic.kfuse_per_shape = per_shape  # type: ignore[attr-defined]
     return run_dynamic
+
+
+_SHAPE_LIMIT = "past Options.max_shapes"
 
 
 def _eager(gm: torch.fx.GraphModule, error: Exception) -> Callable[..., Any]:

@@ -134,6 +134,7 @@ class CompiledModel:
         self.options = options
         self.name = name
         self.variants: dict[tuple[Any, ...], Variant] = {}
+        self.eager_calls = 0  # calls past Options.max_shapes, run as PyTorch
         self._kw_order = list(example_kwargs)  # calls may name the keyword arguments in any order
         flat, self._in_spec = pytree.tree_flatten((tuple(example_args), dict(example_kwargs)))
         self._paths = _input_paths(example_args, example_kwargs)
@@ -357,12 +358,28 @@ class CompiledModel:
                 raise KfuseInputError(f"{self.name}: called with inputs structured as {spec}, compiled for {self._in_spec}")
         self._validate(flat)
         variant = self.variants.get(_signature(flat))
+        if variant is None and len(self.variants) >= self.options.max_shapes and self._reference is not None:
+            return None, flat  # past the shape limit: PyTorch runs this call (``__call__``)
         if variant is None:  # a new shape signature: compile once more and cache
             variant = self._compile(tuple(args), dict(kwargs), flat)
         return variant, flat
 
+    def _past_shape_limit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self.eager_calls:
+            warnings.warn(
+                f"kfuse: {self.name} was called with more than {self.options.max_shapes} input shapes; kfuse compiles "
+                f"{self.options.max_shapes} (Options.max_shapes) and runs further ones as PyTorch. Each shape "
+                "is a compile: a generation loop should use a static KV cache (cache_implementation='static')",
+                stacklevel=3,
+            )
+        self.eager_calls += 1
+        with torch.no_grad():
+            return self._reference(*args, **kwargs)  # type: ignore[misc]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         variant, flat = self._variant_for(args, kwargs)
+        if variant is None:
+            return self._past_shape_limit(args, kwargs)
         with on_device(first_device(flat)):  # kfuse's kernels and graph replays on the inputs' GPU
             out = variant.run(flat, rebuilt=True)
         spec = variant.imported.out_spec
@@ -375,6 +392,8 @@ class CompiledModel:
         from kfuse.runtime.step_errors import step_errors
 
         variant, flat = self._variant_for(args, kwargs)
+        if variant is None:
+            raise KfuseInputError(f"{self.name}: no compiled variant for these shapes (past Options.max_shapes)")
         with on_device(first_device(flat)):
             xs = protect(variant.imported.graph_inputs(flat), written_positions(variant.plan))  # a diagnosis writes no state
             return step_errors(variant.plan, xs)

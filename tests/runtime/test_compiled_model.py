@@ -118,3 +118,33 @@ def test_report_times_the_compile_phases() -> None:
     clock.start("b")
     clock.start("c")
     assert set(clock.seconds()) == {"a"} and clock.seconds()["a"] > 0
+
+
+def test_calls_past_the_shape_limit_run_as_pytorch() -> None:
+    """Each new shape is a compile; past ``Options.max_shapes`` a call runs the model as PyTorch, with one warning."""
+    import warnings
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.GELU()).eval()
+    compiled = kfuse.compile(model, (torch.randn(2, 6),), max_shapes=2)
+    compiled(torch.randn(3, 6))  # a second shape: compiled
+    assert len(compiled.variants) == 2
+    with pytest.warns(UserWarning, match="more than 2 input shapes"):
+        x = torch.randn(4, 6)
+        torch.testing.assert_close(compiled(x), model(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        x = torch.randn(5, 6)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert len(compiled.variants) == 2 and compiled.eager_calls == 2
+    torch.testing.assert_close(compiled(torch.ones(3, 6)), model(torch.ones(3, 6)))  # a compiled shape still replays
+
+
+def test_dynamo_graphs_stop_compiling_new_shapes_at_the_limit() -> None:
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh()).eval()
+    fast = torch.compile(model, backend="kfuse", options={"max_shapes": 2})
+    with pytest.warns(UserWarning, match="more than 2 input shapes"):
+        for rows in range(2, 7):  # the first shape static, then one dynamic graph compiled per shape up to the limit
+            x = torch.randn(rows, 6)
+            with torch.no_grad():
+                torch.testing.assert_close(fast(x), model(x))
