@@ -329,6 +329,56 @@ def bench(
         out.write_text(json.dumps([rec], indent=2, default=str))
 
 
+@app.command()
+def generate(
+    model: Annotated[str, typer.Argument(help="llama-1b / llama-tiny (random weights) or a local Hugging Face causal-LM checkpoint")],
+    batch: Annotated[int, typer.Option(help="sequences decoded together")] = 1,
+    prompt: Annotated[int, typer.Option(help="prompt tokens (prefilled eagerly)")] = 128,
+    cache: Annotated[int, typer.Option(help="static KV cache slots (prompt + new tokens must fit)")] = 512,
+    new_tokens: Annotated[int, typer.Option(help="tokens per timed generate call (0: time the decode step only)")] = 32,
+    dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (default: fp16 on a GPU, fp32 on the CPU)")] = "auto",
+    device: Annotated[str, typer.Option(help="auto | cuda | cpu")] = "auto",
+    out: Annotated[Path | None, typer.Option(help="write the JSON record here")] = None,
+) -> None:
+    """Decode with a static KV cache: one decode step timed for eager PyTorch (and, on a GPU, eager in a CUDA graph
+    and torch.compile) and for kfuse, checked against eager, then whole generate calls per token."""
+    import torch
+
+    import kfuse  # noqa: F401 - the torch.compile backend
+    from kfuse.bench.decode import SIDES, build, decode_case
+
+    dev = _device(device)
+    dt = getattr(torch, DTYPES[dtype]) if dtype != "auto" else (torch.float16 if dev == "cuda" else torch.float32)
+    if prompt + max(new_tokens, 1) > cache:
+        raise typer.BadParameter(f"prompt {prompt} + new tokens {new_tokens} do not fit {cache} cache slots", param_hint="--cache")
+    try:
+        m = build(model, dt, dev)
+    except (ValueError, OSError) as e:
+        raise typer.BadParameter(str(e), param_hint="MODEL") from None
+    console.print(f"decode {model}: batch {batch}, prompt {prompt}, {cache} cache slots, {dt}, {dev}")
+    r = decode_case(m, batch, prompt, cache, SIDES, new_tokens, warmup=10 if dev == "cuda" else 1, rep=50 if dev == "cuda" else 2,
+                    log=lambda line: console.print(line, highlight=False))  # fmt: skip
+    table = Table(title="one decode step (ms)")
+    for col in ("side", "ms", "kfuse speedup", "logits err", "generate ms/token"):
+        table.add_column(col)
+    k = r["kfuse_ms"]
+    gen = r["generate_ms_per_token"]
+    rows = [("kfuse", k)] + sorted(r["baselines_ms"].items(), key=lambda kv: kv[1])
+    for side, ms in rows:
+        g = gen.get("transformers_compile" if side == "compile_cudagraphs" else side)
+        err = r["logits_err"].get(side)
+        ratio = f"{ms / k:.2f}x" if k and ms else "-"
+        table.add_row(side, f"{ms:.4f}" if ms else "failed", ratio, f"{err:.1e}" if err is not None else "-", f"{g:.3f}" if g else "-")
+    console.print(table)
+    if dev != "cuda":
+        console.print("(on the CPU kfuse's kernels run in the Triton interpreter: the times check the wiring, not speed)")
+    console.print(f"floor {r['floor_ms']:.4f} ms; kfuse plan: {r['kfuse_plan'].get('kernels_by_template')}")
+    writes = r["kfuse_plan"].get("state_writes", [])
+    console.print(f"state writes: {sum(w['how'] == 'in place' for w in writes)} of {len(writes)} in place")
+    if out:
+        out.write_text(json.dumps(r, indent=2, default=str))
+
+
 def _mount_subcommands() -> None:
     """Each subsystem brings its own typer app; mount the ones that are installed."""
     for module, name, help_text in [

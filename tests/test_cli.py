@@ -61,7 +61,7 @@ def test_compile_missing_onnx_file() -> None:
     assert r.exit_code != 0 and "no such ONNX file" in r.output
 
 
-@pytest.mark.parametrize("cmd", [[], ["compile"], ["demo"], ["bench"], ["models"]])
+@pytest.mark.parametrize("cmd", [[], ["compile"], ["demo"], ["bench"], ["models"], ["generate"]])
 def test_help_on_every_command(cmd: list[str]) -> None:
     r = runner.invoke(app, cmd + ["--help"])
     assert r.exit_code == 0 and "Usage" in r.output
@@ -236,3 +236,28 @@ def test_compile_input_scale_switch(tmp_path) -> None:
         rep = json.loads(path.read_text())
         assert any(k["ops"][0] == "mul" and "conv2d" in k["ops"] for k in rep["kernels"]) == scaled, rep["kernels"]
         assert rep["max_rel_err"] < 1e-4 and ("--no-input-scale" in rep["command"]) == (not scaled)
+
+
+def test_generate_a_local_causal_lm_checkpoint(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kfuse generate DIR``: a saved LlamaForCausalLM decoded with a static cache, kfuse's step checked against
+    eager's, every cache write in place, the record written."""
+    import transformers
+
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "lm")
+    out = tmp_path / "gen.json"
+    r = runner.invoke(app, ["generate", str(tmp_path / "lm"), "--prompt", "5", "--cache", "36", "--new-tokens", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(out.read_text())
+    assert rec["max_rel_err"] < 1e-4 and rec["generate_tokens_equal_to_eager"]["kfuse"] == 1.0
+    assert rec["kfuse_plan"]["kernels_by_template"].get("decode_attention") == 1
+    assert all(w["how"] == "in place" for w in rec["kfuse_plan"]["state_writes"])
+
+
+def test_generate_refuses_a_cache_too_small() -> None:
+    r = runner.invoke(app, ["generate", "llama-tiny", "--prompt", "30", "--cache", "32", "--new-tokens", "8"])
+    assert r.exit_code != 0 and "do not fit" in r.output
