@@ -111,9 +111,7 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
     kind = a["mask_kind"]
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        # the kernel reads the head dim with stride 1; a model that keeps its projections channels-first
-        # (SqueezeBERT's (B, C, S) convs) hands it transposed views: one copy each (session 35)
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in _qkv(xs, a))
+        q, k, v = _unit_stride_heads(xs, a)
         mask = xs[3] if len(xs) > 3 else None
         mask2 = xs[4] if a.get("mask2") else None
         mk = K.MASK_NONE
@@ -121,30 +119,19 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
             mk = K.MASK_KEY_PADDING
         elif mask is not None and kind == "dense":
             mk = K.MASK_DENSE_BOOL if mask.dtype == torch.bool else K.MASK_DENSE_ADD
-        b, h, sq, d = q.shape
-        if out_layout(a) in ("bshd", "sbhd"):  # the heads merged back, written in place through strides
-            seq_first = out_layout(a) == "sbhd"
-            out = torch.empty((sq, b, h * d) if seq_first else (b, sq, h * d), dtype=q.dtype, device=q.device)
-            o4 = out.view(sq, b, h, d).permute(1, 2, 0, 3) if seq_first else out.view(b, sq, h, d).permute(0, 2, 1, 3)
-            K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], out=o4, mask2=mask2)
-            return out
-        return K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], mask2=mask2)
+        out, o4 = _merged_output(q, a)
+        res = K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], out=o4, mask2=mask2)
+        return res if out is None else out
 
     def run_decode(xs: list[torch.Tensor]) -> torch.Tensor:
         # a decode step's few query rows over a long cache: split along the keys, a key/value head's query heads in
         # one tile (kfuse.kernels.decode_attention)
         from kfuse.kernels.decode_attention import decode_attention
 
-        q, k, v = _qkv(xs, a)
-        mask = xs[3] if len(xs) > 3 and kind == "dense" else None
-        b, h, sq, d = q.shape
-        if out_layout(a) in ("bshd", "sbhd"):
-            seq_first = out_layout(a) == "sbhd"
-            out = torch.empty((sq, b, h * d) if seq_first else (b, sq, h * d), dtype=q.dtype, device=q.device)
-            o4 = out.view(sq, b, h, d).permute(1, 2, 0, 3) if seq_first else out.view(b, sq, h, d).permute(0, 2, 1, 3)
-            decode_attention(q, k, v, mask=mask, scale=a["scale"], out=o4)
-            return out
-        return decode_attention(q, k, v, mask=mask, scale=a["scale"])
+        q, k, v = _unit_stride_heads(xs, a)
+        out, o4 = _merged_output(q, a)
+        res = decode_attention(q, k, v, mask=xs[3] if len(xs) > 3 and kind == "dense" else None, scale=a["scale"], out=o4)
+        return res if out is None else out
 
     ops_ = tuple(a.get("fused_ops", ("sdpa",)))
     kernels = {"kernel": run}
@@ -155,6 +142,27 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         return Step(node.name, node.inputs, fn, KernelInfo(node.name, "library_attention", ops_, f"{describe_attention(a)}; {why}"))
     template = "decode_attention" if name == "decode" else "fused_attention"
     return Step(node.name, node.inputs, fn, KernelInfo(node.name, template, ops_, describe_attention(a) + (f"; {why}" if why else "")))
+
+
+def _unit_stride_heads(xs: list[torch.Tensor], a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as [B, H, S, D] views; the kernels read the head dim with stride 1, and a model that keeps its
+    projections channels-first (SqueezeBERT's (B, C, S) convs) hands them transposed views: one copy each."""
+    q, k, v = _qkv(xs, a)
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # type: ignore[return-value]
+
+
+def _merged_output(q: torch.Tensor, a: Mapping[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(the node's output, the [B, H, Sq, D] view of it a kernel writes) where the heads are merged back
+    (``bshd`` / ``sbhd``, written in place through strides); (None, None) where the kernel's own [B, H, Sq, D]
+    output is the node's."""
+    if out_layout(a) not in ("bshd", "sbhd"):
+        return None, None
+    b, h, sq, d = q.shape
+    if out_layout(a) == "sbhd":
+        out = torch.empty((sq, b, h * d), dtype=q.dtype, device=q.device)
+        return out, out.view(sq, b, h, d).permute(1, 2, 0, 3)
+    out = torch.empty((b, sq, h * d), dtype=q.dtype, device=q.device)
+    return out, out.view(b, sq, h, d).permute(0, 2, 1, 3)
 
 
 def _bhsd_shape(shape: tuple[int, ...], a: Mapping[str, Any], kv: bool) -> tuple[int, ...]:
