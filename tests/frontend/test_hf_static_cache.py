@@ -95,3 +95,36 @@ def test_static_cache_decode_replays_one_cuda_graph_per_cache() -> None:
     assert first["replays"] >= 5 and first["eager_calls"] == 0
     assert first["bound_graphs"] == 1  # the graph on the cache's own tensors; the warm-up clones are gone
     assert not any(k["template"] == "fallback" and "index_copy" in k["ops"][0] for k in decode.report["kernels"])
+
+
+_SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
+FAMILIES = {  # transformers class names and what differs from _SMALL
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2, sliding_window=None)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=1, head_dim=16)),  # multi-query
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=2, pad_token_id=0)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {}),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(ffn_dim=96, word_embed_proj_dim=64)),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_decoder_families_generate_as_eager_does(family: str) -> None:
+    """Across decoder families (grouped- and multi-query attention, partial rotary, learned positions): the decode
+    step is one kfuse graph, its cache and counters written in place, and the tokens are eager's."""
+    cfg_name, model_name, extra = FAMILIES[family]
+    shape = dict(_SMALL, **extra)
+    if family == "opt":
+        shape.pop("intermediate_size")
+    cfg = getattr(transformers, cfg_name)(**shape)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(cfg).to(DEVICE).eval()
+    ids = torch.randint(1, 97, (1, 5), device=DEVICE)
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=3, do_sample=False, past_key_values=_cache(model, 40))
+    got, made = _generate_with_kfuse(model, ids, 3, _cache(model, 40))
+    assert torch.equal(got, want)
+    assert len(made) == 1 and getattr(made[0], "kfuse_compiled", None) is not None, [getattr(f, "kfuse_eager", "") for f in made]
+    report = made[0].kfuse_compiled.report
+    assert report["state_writes"] and all(w["how"] == "in place" for w in report["state_writes"])
+    assert report["fallback"] == []
