@@ -7,10 +7,15 @@ eager PyTorch. Only the caller's other outputs are returned.
 
 A write-back is a copy of the whole tensor, and the functional form of a cache update
 (``index_copy(cache, 2, pos, k)``) is a second one: for a decoder's KV cache, two copies of every
-layer's cache per generated token. ``write_in_place`` removes both where it is exact: a fallback
-step that computes the new value as ``index_copy`` / ``index_put`` / ``copy`` of the old one, where
-nothing else reads the old one, runs as ``index_copy_`` / ``index_put_`` / ``copy_`` on the input
-itself, and its value *is* the input. The write-back then finds the value already in place.
+layer's cache per generated token. ``write_in_place`` removes both where it is exact, that is where no
+step at or after the write reads the old value (or a view of it):
+
+- a fallback step that computes the new value as ``index_copy`` / ``index_put`` / ``copy`` of the old
+  one runs as ``index_copy_`` / ``index_put_`` / ``copy_`` on the input itself;
+- an elementwise kfuse kernel writes into the operand, and PyTorch's ``add`` / ``sub`` / ... take
+  ``out=`` it (a cache's int64 length counter).
+
+The step's value *is* then the input, and the write-back finds it already in place.
 
 Whoever runs a plan that writes its inputs for its own purposes (timing, capture warm-up, the
 compile's check) runs it on clones of the written inputs (``protect``): a compile never changes
