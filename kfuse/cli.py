@@ -338,6 +338,9 @@ def generate(
     new_tokens: Annotated[int, typer.Option(help="tokens per timed generate call (0: time the decode step only)")] = 32,
     dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (default: fp16 on a GPU, fp32 on the CPU)")] = "auto",
     device: Annotated[str, typer.Option(help="auto | cuda | cpu")] = "auto",
+    sides: Annotated[
+        str, typer.Option(help="comma list of eager,eager_cudagraph,compile,compile_cudagraphs,kfuse (GPU-only sides skipped on the CPU)")
+    ] = "eager,eager_cudagraph,compile,compile_cudagraphs,kfuse",
     out: Annotated[Path | None, typer.Option(help="write the JSON record here")] = None,
 ) -> None:
     """Decode with a static KV cache: one decode step timed for eager PyTorch (and, on a GPU, eager in a CUDA graph
@@ -346,6 +349,10 @@ def generate(
 
     import kfuse  # noqa: F401 - the torch.compile backend
     from kfuse.bench.decode import SIDES, build, decode_case
+
+    unknown = set(sides.split(",")) - set(SIDES)
+    if unknown:
+        raise typer.BadParameter(f"unknown side(s) {', '.join(sorted(unknown))}: choose from {', '.join(SIDES)}", param_hint="--sides")
 
     dev = _device(device)
     dt = getattr(torch, DTYPES[dtype]) if dtype != "auto" else (torch.float16 if dev == "cuda" else torch.float32)
@@ -356,7 +363,8 @@ def generate(
     except (ValueError, OSError) as e:
         raise typer.BadParameter(str(e), param_hint="MODEL") from None
     console.print(f"decode {model}: batch {batch}, prompt {prompt}, {cache} cache slots, {dt}, {dev}")
-    r = decode_case(m, batch, prompt, cache, SIDES, new_tokens, warmup=10 if dev == "cuda" else 1, rep=50 if dev == "cuda" else 2,
+    gpu = dev == "cuda"
+    r = decode_case(m, batch, prompt, cache, tuple(sides.split(",")), new_tokens, warmup=10 if gpu else 1, rep=50 if gpu else 2,
                     log=lambda line: console.print(line, highlight=False))  # fmt: skip
     table = Table(title="one decode step (ms)")
     for col in ("side", "ms", "kfuse speedup", "logits err", "generate ms/token"):
