@@ -44,6 +44,9 @@ class Options:
     fuse_attention: bool = True  # attention recognition + fused kernel (issue 4)
     fuse_pointwise: bool = True  # memory-bound chains -> generated kernels (issue 6)
     fuse_rotary: bool = True  # x * cos + rotate_half(x) * sin -> one rotary kernel (Llama-style decoders)
+    # a KV cache's index_copy (with the key's rotary embedding before it) -> one cache_write kernel, run in place on
+    # a static cache (kfuse.passes.fuse_cache_write); off: PyTorch's index_copy after the rotary kernel
+    fuse_cache_write: bool = True
     # row-only data movement (Swin's roll + window partition) -> one row gather, folded into the LayerNorm before it
     gather_rows: bool = True
     # merge a GEMM whose value goes into a GELU / ReLU with the GEMMs that share its input (its activation then
@@ -149,6 +152,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.fuse_rotary import fuse_rotary
 
         stages.append(("fuse_rotary", fuse_rotary))
+    if options.fuse_cache_write:  # after fuse_rotary: the key's rotary node folds into its cache's write
+        from kfuse.passes.fuse_cache_write import fuse_cache_write
+
+        stages.append(("fuse_cache_write", fuse_cache_write))
     if options.fuse_epilogue or options.fuse_pointwise:  # after the attention / rotary matchers, which read permutes
         from kfuse.passes.sink_permutes import sink_permutes
 

@@ -480,9 +480,10 @@ def _launch_row(prog: PointwiseProgram, ins: list[torch.Tensor], result: list[to
     if list(axis) != list(range(axis[0], axis[-1] + 1)):
         raise ValueError(f"pointwise reduction dims {axis} are not adjacent")
     # merge the axis dims into one; an operand whose strides do not allow it is copied
+    real = [a for a in axis if domain[a] != 1]  # a size-1 dim's stride says nothing (a [1, 1, 1, 1] sum is (1, 0, 1, 0))
     for j, o in enumerate(operands):
         st = o.stride()
-        if any(st[a] != st[a + 1] * domain[a + 1] for a in axis[:-1]):
+        if any(st[a] != st[b] * domain[b] for a, b in zip(real, real[1:], strict=False)):
             if j >= len(ins):
                 raise AssertionError("outputs are contiguous")
             c = o.contiguous()

@@ -10,7 +10,9 @@ and reads each row's two halves once:
 
 ``x`` is any 4-D strided view (the head-split view of a QKV projection, or a slice of it when only
 part of the head dim rotates); ``cos`` and ``sin`` are read through broadcast strides (stride 0 over
-the batch or head dims), so nothing is materialised. Arithmetic is fp32; the output is contiguous.
+the batch or head dims), so nothing is materialised. Arithmetic is fp32; the output takes any strides.
+``write_rows`` writes the rows at the positions an index names instead (a KV cache's update: the key's rotary
+embedding and its ``index_copy`` in one pass; the value's rows without rotation).
 
 ``INTERLEAVED`` (GPT-J, CodeGen, Cohere, RoFormer: ``rotate_every_two``) pairs column 2i with 2i + 1 instead
 of i with i + D/2; the same code reads the pairs through the column map, at stride 2.
@@ -29,10 +31,11 @@ from kfuse.kernels.pdl import pdl_start
 
 @triton.jit
 def _rotary_fwd(
-    X, C, S, Out,
+    X, C, S, Out, OutIdx,
     R1, R2, n_rows, HALF, N_PASS,
-    sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3,
-    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, PDL: tl.constexpr,
+    sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3, so0, so1, so2, so3,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, OUT_INDEX: tl.constexpr,
+    ROTATE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -49,19 +52,26 @@ def _rotary_fwd(
         lo, hi = (2 * cols)[None, :], (2 * cols + 1)[None, :]
     else:  # pairs (i, i + D/2)
         lo, hi = cols[None, :], (cols + HALF)[None, :]
+    # the output row: (i0, i1, i2) through the output's strides, or (i0, i1, OutIdx[i2]) where the rows land at
+    # the positions an index names (a KV cache's slots: kfuse.runtime.transformer_ops' cache_write)
+    o2 = tl.load(OutIdx + i2, mask=rows < n_rows, other=0) if OUT_INDEX else i2
+    out = Out + (i0 * so0 + i1 * so1 + o2 * so2)[:, None]
     x1 = tl.load(X + xr + lo * sx3, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(X + xr + hi * sx3, mask=mask, other=0.0).to(tl.float32)
-    c1 = tl.load(C + cr + lo * sc3, mask=mask, other=0.0).to(tl.float32)
-    c2 = tl.load(C + cr + hi * sc3, mask=mask, other=0.0).to(tl.float32)
-    s1 = tl.load(S + sr + lo * ss3, mask=mask, other=0.0).to(tl.float32)
-    s2 = tl.load(S + sr + hi * ss3, mask=mask, other=0.0).to(tl.float32)
-    out = Out + rows[:, None] * (2 * HALF + N_PASS)
-    tl.store(out + lo, (x1 * c1 - x2 * s1).to(Out.dtype.element_ty), mask=mask)
-    tl.store(out + hi, (x2 * c2 + x1 * s2).to(Out.dtype.element_ty), mask=mask)
+    if ROTATE:
+        c1 = tl.load(C + cr + lo * sc3, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(C + cr + hi * sc3, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(S + sr + lo * ss3, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(S + sr + hi * ss3, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + lo * so3, (x1 * c1 - x2 * s1).to(Out.dtype.element_ty), mask=mask)
+        tl.store(out + hi * so3, (x2 * c2 + x1 * s2).to(Out.dtype.element_ty), mask=mask)
+    else:  # the rows as they are (a value cache's write)
+        tl.store(out + lo * so3, x1.to(Out.dtype.element_ty), mask=mask)
+        tl.store(out + hi * so3, x2.to(Out.dtype.element_ty), mask=mask)
     if BLOCK_P > 0:  # partial rotary: the columns past the rotated ones are copied (the model's cat)
         pc = (2 * HALF + tl.arange(0, BLOCK_P))[None, :]
         pm = (rows < n_rows)[:, None] & (pc < 2 * HALF + N_PASS)
-        tl.store(out + pc, tl.load(X + xr + pc * sx3, mask=pm, other=0.0).to(Out.dtype.element_ty), mask=pm)
+        tl.store(out + pc * so3, tl.load(X + xr + pc * sx3, mask=pm, other=0.0).to(Out.dtype.element_ty), mask=pm)
 
 
 def _as_4d(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -109,23 +119,60 @@ def rotary(
     except RuntimeError:
         raise ValueError(f"rotary: cos {tuple(cos.shape)} / sin {tuple(sin.shape)} do not broadcast to x {tuple(shape)}") from None
     o = out if out is not None else torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
-    if not o.is_contiguous() or o.shape != shape:
-        raise ValueError("rotary: out must be contiguous and of x's shape")
+    if o.shape != shape:
+        raise ValueError(f"rotary: out has shape {tuple(o.shape)}, not x's {tuple(shape)}")
+    _launch(x4, c4, s4, o, None, rd, interleaved, True, block_r, num_warps)
+    return o
+
+
+def write_rows(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    index: torch.Tensor,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    rotary_dims: int | None = None,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    """``out.index_copy_(2, index, rotary(x, cos, sin))`` (or of ``x`` itself without ``cos`` / ``sin``) in one
+    pass: a KV cache's update with the key's rotary embedding. ``x`` is ``[B, H, T, D]`` (any strides), ``out``
+    ``[B, H, L, D]`` (any strides), ``index`` ``T`` positions in ``[0, L)``; writes ``out`` and returns it."""
+    if x.dim() != 4 or out.dim() != 4 or out.shape[:2] != x.shape[:2] or out.shape[3] != x.shape[3]:
+        raise ValueError(f"write_rows: x {tuple(x.shape)} and out {tuple(out.shape)} are not [B, H, T, D] and [B, H, L, D]")
+    if index.dim() != 1 or index.shape[0] != x.shape[2] or index.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"write_rows: index must be {x.shape[2]} int32/int64 positions, got {index.dtype} {tuple(index.shape)}")
+    rotate = cos is not None and sin is not None
+    rd = x.shape[-1] if rotary_dims is None or not rotate else rotary_dims
+    if rd % 2:
+        raise ValueError(f"write_rows: an even number of columns is needed, got {rd}")
+    c4 = s4 = x
+    if rotate:
+        c4, s4 = _as_4d(cos, x.shape[:-1] + (rd,)), _as_4d(sin, x.shape[:-1] + (rd,))  # type: ignore[arg-type]
+    _launch(x, c4, s4, out, index.contiguous(), rd, interleaved and rotate, rotate, None, None)
+    return out
+
+
+def _launch(
+    x4: torch.Tensor, c4: torch.Tensor, s4: torch.Tensor, o: torch.Tensor, out_index: torch.Tensor | None, rd: int,
+    interleaved: bool, rotate: bool, block_r: int | None, num_warps: int | None,
+) -> None:  # fmt: skip
     r0, r1, r2, d = x4.shape
     n_rows = r0 * r1 * r2
     if n_rows == 0 or d == 0:
-        return o
+        return
+    o4 = o if out_index is not None or o.dim() == 4 else o.view((1,) * (4 - o.dim()) + tuple(o.shape))  # a view: writes land in o
     half, n_pass = rd // 2, d - rd
     block_h = max(16, triton.next_power_of_2(half))
     block_p = triton.next_power_of_2(n_pass) if n_pass else 0
-    auto_r, auto_w = launch_config(n_rows, block_h, num_sms(x.device, 132))
+    auto_r, auto_w = launch_config(n_rows, block_h, num_sms(x4.device, 132))
     block_r, num_warps = block_r or auto_r, num_warps or auto_w
     grid = (triton.cdiv(n_rows, block_r),)
     _rotary_fwd[grid](
-        x4, c4, s4, o, r1, r2, n_rows, half, n_pass, *x4.stride(), *c4.stride(), *s4.stride(),
-        BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, INTERLEAVED=interleaved, num_warps=num_warps, **pdl.launch_kwargs(),
+        x4, c4, s4, o4, out_index if out_index is not None else o4, r1, r2, n_rows, half, n_pass,
+        *x4.stride(), *c4.stride(), *s4.stride(), *o4.stride(),
+        BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, INTERLEAVED=interleaved, OUT_INDEX=out_index is not None,
+        ROTATE=rotate, num_warps=num_warps, **pdl.launch_kwargs(),
     )  # fmt: skip
-    return o
 
 
 def reference(

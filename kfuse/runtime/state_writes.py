@@ -114,6 +114,10 @@ def _how(plan: Plan, at: int | None, node: Any, name: str) -> tuple[Step | None,
         if call.first_operand() is None or step.inputs[call.first_operand()] != name:
             return None, "the update does not start from the input's old value"
         return _in_place_step(step, call, inplace), ""
+    in_place = getattr(step.fn, "in_place", None)  # a step with an in-place form on its first input (cache_write)
+    if in_place is not None and step.inputs and step.inputs[0] == name:
+        config = f"{step.info.config}; in place into input {name}"
+        return Step(step.output, step.inputs, in_place, KernelInfo(step.info.name, step.info.template, step.info.ops, config)), ""
     # an elementwise kernel reads each element before it writes it: it may write into the operand
     slots = [j for j in getattr(step.fn, "inplace_inputs", ()) if step.inputs[j] == name]
     if slots:
@@ -171,6 +175,6 @@ def write_in_place(plan: Plan) -> list[dict[str, Any]]:
             result.append({"input": name, "value": value, "how": "copied back", "why": why})
             continue
         plan.steps[at] = step  # type: ignore[index]
-        op = node.attrs.get("target") if node.op == "fallback" else "+".join(step.info.ops)  # type: ignore[union-attr]
+        op = node.attrs.get("target") if node.op == "fallback" else node.op  # type: ignore[union-attr]
         result.append({"input": name, "value": value, "how": "in place", "op": op})
     return result

@@ -372,6 +372,43 @@ def _rotary_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
     return torch.cat((y, x[..., rd:].to(y.dtype)), dim=-1) if rd < x.shape[-1] else y
 
 
+# ---------------------------------------------------------------------------------------
+# cache_write: cache [B, H, L, D], index [T], x [B, H, T, D] (, cos, sin): a KV cache's update,
+#   cache.index_copy(2, index, rotary(x, cos, sin) or x), with the rotary node's attrs (rotary_dims,
+#   interleaved); kfuse.passes.fuse_cache_write makes it, kfuse.runtime.state_writes runs it in place
+# ---------------------------------------------------------------------------------------
+def _cache_write_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
+    return types[0]
+
+
+@ops.register("cache_write", ops.FUSED, infer=_cache_write_type)
+def _cache_write_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    cache, index, x = xs[:3]
+    src = _rotary_ref([x, xs[3], xs[4]], a) if len(xs) == 5 else x
+    return cache.index_copy(2, index, src.to(cache.dtype))
+
+
+@lowering("cache_write")
+def _lower_cache_write(node: Node, graph: Graph, backend: str) -> Step | None:
+    if backend == "torch":
+        return None
+    from kfuse.kernels.rotary import write_rows
+
+    rd, interleaved = node.attrs.get("rotary_dims"), bool(node.attrs.get("interleaved"))
+    rotate = len(node.inputs) == 5
+
+    def in_place(xs: list[torch.Tensor]) -> torch.Tensor:
+        cos, sin = (xs[3], xs[4]) if rotate else (None, None)
+        return write_rows(xs[2], xs[0], xs[1], cos, sin, rotary_dims=rd, interleaved=interleaved)
+
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:  # functional: a new cache (state_writes runs in_place where it may)
+        return in_place([xs[0].clone(), *xs[1:]])
+
+    run.in_place = in_place  # type: ignore[attr-defined]
+    what = "rows at the index" + (f", {'rotate_every_two' if interleaved else 'rotate_half'} rotary first" if rotate else "")
+    return Step(node.name, node.inputs, run, KernelInfo(node.name, "cache_write", tuple(node.attrs.get("fused_ops", ())), what))
+
+
 @lowering("rotary")
 def _lower_rotary(node: Node, graph: Graph, backend: str) -> Step | None:
     if backend == "torch":

@@ -62,7 +62,9 @@ def test_static_cache_generation_equals_eager() -> None:
     assert len(decode.variants) == 1  # one plan for every decode step
     writes = decode.report["state_writes"]
     assert all(w["how"] == "in place" for w in writes), writes
-    assert sum(w["op"] == "aten.index_copy.default" for w in writes) == 4  # K and V of 2 layers (and 2 length counters)
+    assert sum(w["op"] == "cache_write" for w in writes) == 4  # K and V of 2 layers (and 2 length counters)
+    templates = [k["template"] for k in decode.report["kernels"]]
+    assert templates.count("cache_write") == 4 and templates.count("rotary") == 2  # the keys' rotary in their writes
 
 
 def test_a_callers_long_cache_runs_the_decode_kernel() -> None:

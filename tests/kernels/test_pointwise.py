@@ -161,6 +161,17 @@ def test_broadcasting_and_permuted_inputs(device: str) -> None:
     _check(g, _inputs(g, device), device, 1e-5)
 
 
+def test_full_reduction_over_size_one_dims_of_a_strided_view(device: str) -> None:
+    """``x.transpose(1, 2).sum()`` of a [1, 1, 2, 8] map (a decode step's rotated key, read elsewhere): the reduced
+    axis has size-1 parts whose strides say nothing, and the [1, 1, 1, 1] result's broadcast strides are
+    (1, 0, 1, 0); before session 46 that raised "outputs are contiguous"."""
+    b = GraphBuilder("sum_all")
+    x = b.add_input("x", TensorType((1, 1, 2, 8), torch.float32))
+    k = b.op("mul", [b.op("permute", [x], {"dims": (0, 2, 1, 3)}), b.scalar(2.0)])
+    g = b.build([b.op("sum", [k], {"dims": (0, 1, 2, 3), "keepdim": True})])
+    _check(g, _inputs(g, device), device, 1e-5)
+
+
 def test_global_average_pool_channels_last(device: str) -> None:
     b = GraphBuilder("gap")
     x = b.add_input("x", TensorType((2, 6, 5, 7), torch.float16))

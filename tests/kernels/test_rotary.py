@@ -3,6 +3,7 @@ partial rotary (a slice of the head dim), odd row counts and head dims that are 
 
 import pytest
 import torch
+from cubin_facts import run_offline_script
 
 from kfuse.kernels import rotary as R
 
@@ -118,3 +119,71 @@ def test_interleaved_rotary_pairs_neighbouring_columns(dtype, d, rot, device):
     torch.testing.assert_close(R.reference(x, cos, sin, rotary_dims=rot, interleaved=True), want, atol=tol, rtol=tol)
     half = R.rotary(x, cos, sin, rotary_dims=rot)  # the rotate_half pairing is a different function
     assert not torch.allclose(half.float(), want, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("variant", ["plain", "rotate_half", "interleaved", "partial"])
+def test_write_rows_is_index_copy_of_the_rotary(variant: str, dtype: torch.dtype) -> None:
+    """A KV cache's update in one pass: the rows at the index get rotary(x) (or x), every other row of the cache
+    keeps its value; the cache is a strided slice of a larger buffer, the index is not sorted."""
+    from kfuse.kernels.rotary import reference, write_rows
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(3)
+    b, h, t, d, slots = 2, 3, 4, 16, 11
+    x = torch.randn(b, t, h, d, generator=g).to(device, dtype).transpose(1, 2)  # [B, H, T, D] head-split view
+    cache = torch.randn(b, h, slots + 2, d, generator=g).to(device, dtype)[:, :, 1 : slots + 1]
+    before = cache.clone()
+    index = torch.tensor([7, 2, 9, 3], device=device)
+    rd = {"partial": 8}.get(variant)
+    cos = sin = None
+    if variant != "plain":
+        angle = torch.randn(1, 1, t, rd or d, generator=g).to(device)
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    out = write_rows(x, cache, index, cos, sin, rotary_dims=rd, interleaved=variant == "interleaved")
+    assert out is cache
+    rows = x if cos is None else reference(x, cos, sin, rotary_dims=rd, interleaved=variant == "interleaved").to(dtype)
+    want = before.index_copy(2, index, rows)
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(cache, want, rtol=tol, atol=tol)
+
+
+def test_write_rows_refuses_shapes_it_does_not_take() -> None:
+    from kfuse.kernels.rotary import write_rows
+
+    x, cache = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 9, 8)
+    with pytest.raises(ValueError, match="int32/int64 positions"):
+        write_rows(x, cache, torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="are not"):
+        write_rows(x, torch.randn(1, 3, 9, 8), torch.tensor([0, 1, 2]))
+
+
+_SM90_SCRIPT = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from cubin_facts import sass_facts
+from kfuse.kernels import rotary
+
+k = rotary._rotary_fwd
+names = k.arg_names
+sig = {n: "i32" for n in names}
+sig.update({"X": "*fp16", "C": "*fp16", "S": "*fp16", "Out": "*fp16", "OutIdx": "*i64"})
+out = {}
+for out_index, rotate in ((False, True), (True, True), (True, False)):
+    const = dict(BLOCK_R=4, BLOCK_H=32, BLOCK_P=0, INTERLEAVED=False, OUT_INDEX=out_index, ROTATE=rotate, PDL=True)
+    s = {n: ("constexpr" if n in const else sig[n]) for n in names}
+    src = ASTSource(k, s, {(names.index(n),): v for n, v in const.items()})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    out[f"{out_index}_{rotate}"] = sass_facts(ck.asm["cubin"])
+print(json.dumps(out))
+"""
+
+
+def test_sm90_cache_write_variants_compile_without_spills() -> None:
+    """The rotary kernel's cache-write forms (rows at an index; without rotation) compile for sm_90 offline."""
+    got = run_offline_script(_SM90_SCRIPT, None, timeout=600)
+    assert set(got) == {"False_True", "True_True", "True_False"}
+    for name, facts in got.items():
+        assert facts["STL"] == 0 and facts["LDL"] == 0, (name, facts)
