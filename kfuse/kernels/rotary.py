@@ -32,7 +32,7 @@ from kfuse.kernels.pdl import pdl_start
 @triton.jit
 def _rotary_fwd(
     X, C, S, Out, OutIdx,
-    R1, R2, n_rows, HALF, N_PASS,
+    R1, R2, n_rows, HALF, N_PASS, n_slots,
     sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3, so0, so1, so2, so3,
     BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, OUT_INDEX: tl.constexpr,
     ROTATE: tl.constexpr, PDL: tl.constexpr,
@@ -54,7 +54,11 @@ def _rotary_fwd(
         lo, hi = cols[None, :], (cols + HALF)[None, :]
     # the output row: (i0, i1, i2) through the output's strides, or (i0, i1, OutIdx[i2]) where the rows land at
     # the positions an index names (a KV cache's slots: kfuse.runtime.transformer_ops' cache_write)
-    o2 = tl.load(OutIdx + i2, mask=rows < n_rows, other=0) if OUT_INDEX else i2
+    if OUT_INDEX:  # a position past the cache is not written (PyTorch's index_copy raises there; no stray store here)
+        o2 = tl.load(OutIdx + i2, mask=rows < n_rows, other=0)
+        mask = mask & ((o2 >= 0) & (o2 < n_slots))[:, None]
+    else:
+        o2 = i2
     out = Out + (i0 * so0 + i1 * so1 + o2 * so2)[:, None]
     x1 = tl.load(X + xr + lo * sx3, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(X + xr + hi * sx3, mask=mask, other=0.0).to(tl.float32)
@@ -71,6 +75,8 @@ def _rotary_fwd(
     if BLOCK_P > 0:  # partial rotary: the columns past the rotated ones are copied (the model's cat)
         pc = (2 * HALF + tl.arange(0, BLOCK_P))[None, :]
         pm = (rows < n_rows)[:, None] & (pc < 2 * HALF + N_PASS)
+        if OUT_INDEX:
+            pm = pm & ((o2 >= 0) & (o2 < n_slots))[:, None]
         tl.store(out + pc * so3, tl.load(X + xr + pc * sx3, mask=pm, other=0.0).to(Out.dtype.element_ty), mask=pm)
 
 
@@ -168,7 +174,7 @@ def _launch(
     block_r, num_warps = block_r or auto_r, num_warps or auto_w
     grid = (triton.cdiv(n_rows, block_r),)
     _rotary_fwd[grid](
-        x4, c4, s4, o4, out_index if out_index is not None else o4, r1, r2, n_rows, half, n_pass,
+        x4, c4, s4, o4, out_index if out_index is not None else o4, r1, r2, n_rows, half, n_pass, o4.shape[2],
         *x4.stride(), *c4.stride(), *s4.stride(), *o4.stride(),
         BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, INTERLEAVED=interleaved, OUT_INDEX=out_index is not None,
         ROTATE=rotate, num_warps=num_warps, **pdl.launch_kwargs(),

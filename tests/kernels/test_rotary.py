@@ -148,6 +148,21 @@ def test_write_rows_is_index_copy_of_the_rotary(variant: str, dtype: torch.dtype
     torch.testing.assert_close(cache, want, rtol=tol, atol=tol)
 
 
+def test_write_rows_skips_positions_past_the_cache() -> None:
+    """A position outside the cache is not written (no stray store past the buffer); the others are."""
+    from kfuse.kernels.rotary import write_rows
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    backing = torch.randn(1, 2, 12, 8, device=device)
+    cache = backing[:, :, 2:8]  # 6 slots inside a larger buffer: a stray store would land in the rest
+    before = backing.clone()
+    x = torch.randn(1, 2, 3, 8, device=device)
+    write_rows(x, cache, torch.tensor([1, 6, -1], device=device))
+    want = before.clone()
+    want[:, :, 3] = x[:, :, 0]
+    torch.testing.assert_close(backing, want)
+
+
 def test_write_rows_refuses_shapes_it_does_not_take() -> None:
     from kfuse.kernels.rotary import write_rows
 
