@@ -44,6 +44,10 @@ IN_PLACE = {
 TORCH_OUT = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "maximum": torch.maximum, "minimum": torch.minimum}
 
 
+# in-place updates of many tensors by one scalar, one launch for all (``batch_scalar_updates``)
+FOREACH = {"add": torch._foreach_add_, "sub": torch._foreach_sub_, "mul": torch._foreach_mul_}
+
+
 def written_positions(plan: Plan) -> list[int]:
     """The graph input positions that a run writes."""
     return sorted({i for _, i in plan.input_writes})
@@ -128,6 +132,9 @@ def _how(plan: Plan, at: int | None, node: Any, name: str) -> tuple[Step | None,
         def run(xs: list[torch.Tensor]) -> torch.Tensor:
             return fn(xs[0], xs[1], out=xs[j])
 
+        other = plan.constants.get(step.inputs[1 - j])
+        if other is not None and other.dim() == 0 and node.op in FOREACH and (node.op != "sub" or j == 0):
+            run.scalar_update = (node.op, j, other.item())  # type: ignore[attr-defined]  # batch_scalar_updates
         info = KernelInfo(step.info.name, "torch", step.info.ops, f"into input {name}")
         return Step(step.output, step.inputs, run, info, step.host_sync), ""
     return None, f"a {step.info.template} step computes it into its own buffer"
@@ -177,4 +184,42 @@ def write_in_place(plan: Plan) -> list[dict[str, Any]]:
         plan.steps[at] = step  # type: ignore[index]
         op = node.attrs.get("target") if node.op == "fallback" else node.op  # type: ignore[union-attr]
         result.append({"input": name, "value": value, "how": "in place", "op": op})
+    batched = batch_scalar_updates(plan)
+    for r in result:
+        if r["value"] in batched:
+            r["batched"] = batched[r["value"]]
     return result
+
+
+def batch_scalar_updates(plan: Plan) -> dict[str, str]:
+    """Counters a plan bumps in place by the same scalar (transformers' static cache keeps a length per layer: 22
+    one-element int64 adds a decode step, each a launch), bumped together by one ``torch._foreach_add_`` at the
+    last of them. Only updates whose new value no step reads: the old value's readers all come before its own
+    update (``_read_after``), so before the last one too. Returns, per deferred value, the step that runs it."""
+    readers = {v for s in plan.steps for v in s.inputs}
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for k, s in enumerate(plan.steps):
+        spec = getattr(s.fn, "scalar_update", None)
+        if spec is not None and s.output not in readers:
+            groups.setdefault((spec[0], spec[2], plan.graph.type_of(s.inputs[spec[1]])), []).append(k)
+    batched: dict[str, str] = {}
+    for (op, scalar, _), ks in groups.items():
+        if len(ks) < 2:
+            continue
+        targets = tuple(plan.steps[k].inputs[plan.steps[k].fn.scalar_update[1]] for k in ks)  # type: ignore[attr-defined]
+        last = plan.steps[ks[-1]]
+        for k, t in zip(ks[:-1], targets[:-1], strict=True):  # no launch here: the value is the input, bumped later
+            s = plan.steps[k]
+            plan.steps[k] = Step(
+                s.output, (t,), lambda xs: xs[0], KernelInfo(s.info.name, "view", s.info.ops, f"{op} deferred to {last.output}")
+            )
+            batched[s.output] = last.output
+
+        def run(xs: list[torch.Tensor], op: str = op, scalar: Any = scalar) -> torch.Tensor:
+            FOREACH[op](xs, scalar)
+            return xs[-1]
+
+        info = KernelInfo(last.info.name, "torch", last.info.ops, f"_foreach_{op}_ of {len(ks)} inputs: {', '.join(targets)}")
+        plan.steps[ks[-1]] = Step(last.output, targets, run, info, last.host_sync)
+        batched[last.output] = last.output
+    return batched

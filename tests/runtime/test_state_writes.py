@@ -75,6 +75,23 @@ class _IntCounter(nn.Module):
         return x * self.n
 
 
+class _LayerLengths(nn.Module):
+    """A length counter per layer, each read (as the positions it writes at) and then bumped by one, as
+    transformers' static cache does in every layer of a decode step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i in range(3):
+            self.register_buffer(f"n{i}", torch.tensor(i))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(3):
+            n = getattr(self, f"n{i}")
+            x = x * (n + 2)  # reads the old length (n + 1 would be the new value itself, after CSE)
+            n.add_(1)
+        return x
+
+
 class _WritesItsInput(nn.Module):
     def forward(self, cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         cache.index_copy_(0, pos, x)
@@ -171,6 +188,16 @@ def test_int_counter_buffer() -> None:
     compiled = _steps(_IntCounter, lambda s: (torch.randn(3, 4),))
     (w,) = compiled.report["state_writes"]
     assert w["how"] == "in place" and w["op"] == "add"  # PyTorch's add with out= the buffer: no copy after it
+
+
+def test_counters_bumped_by_one_launch() -> None:
+    """The three counters' increments become one ``_foreach_add_`` at the last of them (two steps launch nothing)."""
+    compiled = _steps(_LayerLengths, lambda s: (torch.randn(3, 4),))
+    writes = compiled.report["state_writes"]
+    assert len(writes) == 3 and all(w["how"] == "in place" and "batched" in w for w in writes)
+    configs = [k.get("config", "") for k in compiled.report["kernels"]]
+    assert sum("_foreach_add_ of 3 inputs" in c for c in configs) == 1
+    assert sum("deferred to" in c for c in configs) == 2
 
 
 def test_written_caller_input() -> None:
