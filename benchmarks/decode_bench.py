@@ -32,7 +32,7 @@ if "--smoke" in sys.argv:
 import torch
 
 import kfuse  # noqa: F401 - registers the "kfuse" torch.compile backend
-from kfuse.bench.decode import SIDES, build, decode_case
+from kfuse.bench.decode import ABLATIONS, SIDES, build, decode_case
 from kfuse.bench.harness import make_record, write_results
 
 
@@ -43,7 +43,7 @@ def main() -> None:
     p.add_argument("--batches", default="1,8")
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--cache", type=int, default=1024, help="static cache slots")
-    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--sides", default=",".join(SIDES + tuple(ABLATIONS)), help="PyTorch sides, kfuse, and kfuse A/B variants")
     p.add_argument("--generate", type=int, default=64, help="new tokens per generate call (0: skip)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--rep", type=int, default=50)

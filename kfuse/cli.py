@@ -339,7 +339,11 @@ def generate(
     dtype: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 (default: fp16 on a GPU, fp32 on the CPU)")] = "auto",
     device: Annotated[str, typer.Option(help="auto | cuda | cpu")] = "auto",
     sides: Annotated[
-        str, typer.Option(help="comma list of eager,eager_cudagraph,compile,compile_cudagraphs,kfuse (GPU-only sides skipped on the CPU)")
+        str,
+        typer.Option(
+            help="comma list of eager,eager_cudagraph,compile,compile_cudagraphs,kfuse, and kfuse A/B variants kfuse_no_cache_write,"
+            "kfuse_no_pdl (GPU-only sides skipped on the CPU)"
+        ),
     ] = "eager,eager_cudagraph,compile,compile_cudagraphs,kfuse",
     out: Annotated[Path | None, typer.Option(help="write the JSON record here")] = None,
 ) -> None:
@@ -348,11 +352,12 @@ def generate(
     import torch
 
     import kfuse  # noqa: F401 - the torch.compile backend
-    from kfuse.bench.decode import SIDES, build, decode_case
+    from kfuse.bench.decode import ABLATIONS, SIDES, build, decode_case
 
-    unknown = set(sides.split(",")) - set(SIDES)
+    known = (*SIDES, *ABLATIONS)
+    unknown = set(sides.split(",")) - set(known)
     if unknown:
-        raise typer.BadParameter(f"unknown side(s) {', '.join(sorted(unknown))}: choose from {', '.join(SIDES)}", param_hint="--sides")
+        raise typer.BadParameter(f"unknown side(s) {', '.join(sorted(unknown))}: choose from {', '.join(known)}", param_hint="--sides")
 
     dev = _device(device)
     dt = getattr(torch, DTYPES[dtype]) if dtype != "auto" else (torch.float16 if dev == "cuda" else torch.float32)
@@ -371,7 +376,7 @@ def generate(
         table.add_column(col)
     k = r["kfuse_ms"]
     gen = r["generate_ms_per_token"]
-    rows = [("kfuse", k)] + sorted(r["baselines_ms"].items(), key=lambda kv: kv[1])
+    rows = [("kfuse", k), *r["ablation_ms"].items()] + sorted(r["baselines_ms"].items(), key=lambda kv: kv[1])
     for side, ms in rows:
         g = gen.get("transformers_compile" if side == "compile_cudagraphs" else side)
         err = r["logits_err"].get(side)

@@ -19,6 +19,8 @@ import torch
 from kfuse.bench.harness import cuda_graph_callable, floor_ms, max_rel_err, time_ms
 
 SIDES = ("eager", "eager_cudagraph", "compile", "compile_cudagraphs", "kfuse")
+# kfuse compiled with one option changed: an A/B in the same run, reported apart from the PyTorch baselines
+ABLATIONS = {"kfuse_no_cache_write": {"fuse_cache_write": False}, "kfuse_no_pdl": {"pdl": False}}
 _MODES = {"compile": None, "compile_cudagraphs": "reduce-overhead"}
 
 
@@ -69,7 +71,10 @@ def side_call(side: str, model: torch.nn.Module, cache: Any, args: tuple[torch.T
     if side == "eager_cudagraph":
         return cuda_graph_callable(step, args)
     torch._dynamo.reset()
-    compiled = torch.compile(step, backend=_recording_kfuse) if side == "kfuse" else torch.compile(step, mode=_MODES[side])
+    if side == "kfuse" or side in ABLATIONS:
+        compiled = torch.compile(step, backend=_recording_kfuse, options=ABLATIONS.get(side))
+    else:
+        compiled = torch.compile(step, mode=_MODES[side])
     return lambda: compiled(*args)
 
 
@@ -153,7 +158,7 @@ def decode_case(
     ref_logits = ref_slot = None
     plan: dict[str, Any] = {}
     _KFUSE_GRAPHS.clear()
-    for side in [s for s in sides if gpu or s in ("eager", "kfuse")]:
+    for side in [s for s in sides if gpu or s in ("eager", "kfuse", *ABLATIONS)]:
         cache, last = prefilled_cache(model, prompt, slots)
         ids = last.argmax(-1, keepdim=True)
         cpos = torch.tensor([prompt_len], device=device)
@@ -192,7 +197,9 @@ def decode_case(
         agree[how] = float((tokens[:, prompt_len:] == ref_tokens).float().mean())
         log(f"  generate {how:20s} {gen[how]:8.3f} ms/token (tokens equal to eager's: {agree[how]:.0%})")
     kfuse_ms = times.pop("kfuse", None)
+    ablations = {side: times.pop(side) for side in ABLATIONS if side in times}
     return {
+        "ablation_ms": ablations,
         "kfuse_ms": kfuse_ms, "baselines_ms": times, "floor_ms": floor, "min_bytes": nbytes, "max_rel_err": errs.get("kfuse"),
         "logits_err": errs, "cache_err": cache_errs, "compile_s": compile_s, "kfuse_plan": plan,
         "params": sum(p.numel() for p in model.parameters()), "batch": batch, "prompt": prompt_len, "cache_slots": slots,
