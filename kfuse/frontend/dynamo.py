@@ -4,10 +4,11 @@ is ``kfuse.compile``'s result through this path, for a model torch.export cannot
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -159,6 +160,53 @@ def register() -> None:
         register_backend(compiler_fn=kfuse_backend, name="kfuse")
 
 
+def _reachable_state(root: Any, depth: int = 6) -> tuple[list[torch.Tensor], list[tuple[Any, str, Any]]]:
+    """The tensors reachable from ``root`` through containers and plain objects' attributes (a transformers cache:
+    ``cache.layers[i].keys``), and those objects' scalar attributes (``layer.cumulative_length_int``) as
+    (object, name, value)."""
+    tensors: list[torch.Tensor] = []
+    scalars: list[tuple[Any, str, Any]] = []
+    seen: set[int] = set()
+
+    def walk(x: Any, d: int) -> None:
+        if id(x) in seen or d < 0:
+            return
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+        elif isinstance(x, list | tuple | set):
+            for v in x:
+                walk(v, d - 1)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v, d - 1)
+        elif not isinstance(x, torch.nn.Module | type) and not callable(x) and hasattr(x, "__dict__"):
+            for k, v in vars(x).items():
+                if isinstance(v, bool | int | float):
+                    scalars.append((x, k, v))
+                else:
+                    walk(v, d - 1)
+
+    walk(root, depth)
+    return tensors, scalars
+
+
+@contextlib.contextmanager
+def state_restored(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+    """Whatever a call of ``model`` writes in its buffers and in the tensors and plain objects its arguments
+    reach, as it was before the call (the call that traces a model for compiling must not advance its state)."""
+    tensors, scalars = _reachable_state((args, kwargs))
+    tensors += [b for b in model.buffers() if all(b is not t for t in tensors)]
+    saved = [t.clone() for t in tensors]
+    try:
+        yield
+    finally:
+        for t, v in zip(tensors, saved, strict=True):
+            t.copy_(v)
+        for obj, name, value in scalars:
+            setattr(obj, name, value)
+
+
 class DynamoCompiledModel:
     """What ``kfuse.compile`` returns for a model torch.export cannot take (``ExportError``): the model under
     ``torch.compile`` with kfuse as the backend, compiled now on the example inputs. Dynamo splits the forward
@@ -176,8 +224,10 @@ class DynamoCompiledModel:
 
         t0 = time.perf_counter()
         self._fn = torch.compile(model, backend=backend)
-        with torch.no_grad():
-            self._fn(*args, **kwargs)  # Dynamo traces and kfuse compiles every graph of this call now
+        # Dynamo traces and kfuse compiles every graph of this call now; the call runs the model, so what it writes
+        # (a static KV cache and its length, a buffer) is put back: the user's first call writes it, once
+        with torch.no_grad(), state_restored(model, args, kwargs):
+            self._fn(*args, **kwargs)
         self.compile_s = time.perf_counter() - t0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -216,6 +266,9 @@ class DynamoCompiledModel:
         if eager:  # graphs left to PyTorch as a whole
             rep["eager_graphs"] = eager
             rep["fallback"] = sorted({*rep["fallback"], "dynamo graph (whole)"})
+        writes = [dict(w, graph=f"g{i}") for i, r in enumerate(reps) for w in r.get("state_writes", [])]
+        if writes:
+            rep["state_writes"] = writes
         errs = [r for r in reps if "max_rel_err" in r]
         if errs:
             rep["max_abs_err"] = max(r["max_abs_err"] for r in errs)

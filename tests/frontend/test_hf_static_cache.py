@@ -130,3 +130,27 @@ def test_decoder_families_generate_as_eager_does(family: str) -> None:
     report = made[0].kfuse_compiled.report
     assert report["state_writes"] and all(w["how"] == "in place" for w in report["state_writes"])
     assert report["fallback"] == []
+
+
+def test_kfuse_compile_of_a_decode_step_with_a_static_cache() -> None:
+    """``kfuse.compile(model, (), {"past_key_values": StaticCache, ...})``: torch.export cannot take the cache, so
+    Dynamo's frontend compiles the step. Compiling runs the step once to trace it; the cache (and its length
+    counters) must be as before, so the caller's first call writes position 5, as eager's does."""
+    import kfuse
+
+    model = _llama()
+    mine, theirs = _cache(model, 40), _cache(model, 40)
+    ids = torch.randint(0, 97, (1, 5), device=DEVICE)
+    with torch.no_grad():
+        for cache in (mine, theirs):
+            model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(5, device=DEVICE))
+        before = [t.clone() for la in mine.layers for t in (la.keys, la.values)]
+        compiled = kfuse.compile(model, (), {"input_ids": ids[:, :1], "past_key_values": mine, "cache_position": torch.tensor([5])})
+        assert all(torch.equal(t, b) for t, b in zip([t for la in mine.layers for t in (la.keys, la.values)], before, strict=True))
+        assert type(compiled).__name__ == "DynamoCompiledModel" and compiled.report["state_writes"]
+        for pos in (5, 6):
+            step = {"input_ids": ids[:, pos - 5 : pos - 4], "cache_position": torch.tensor([pos], device=DEVICE)}
+            got = compiled(past_key_values=mine, **step).logits
+            want = model(past_key_values=theirs, **step).logits
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(mine.layers[1].keys, theirs.layers[1].keys, rtol=1e-4, atol=1e-4)
