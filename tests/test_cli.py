@@ -241,6 +241,7 @@ def test_compile_input_scale_switch(tmp_path) -> None:
 def test_generate_a_local_causal_lm_checkpoint(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``kfuse generate DIR``: a saved LlamaForCausalLM decoded with a static cache, kfuse's step checked against
     eager's, every cache write in place, the record written."""
+    import torch
     import transformers
 
     monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
@@ -250,11 +251,16 @@ def test_generate_a_local_causal_lm_checkpoint(tmp_path, monkeypatch: pytest.Mon
     )  # fmt: skip
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "lm")
     out = tmp_path / "gen.json"
-    r = runner.invoke(app, ["generate", str(tmp_path / "lm"), "--prompt", "5", "--cache", "36", "--new-tokens", "2", "--out", str(out)])
+    argv = ["generate", str(tmp_path / "lm"), "--prompt", "5", "--cache", "36", "--new-tokens", "2", "--sides", "eager,kfuse"]
+    r = runner.invoke(app, [*argv, "--out", str(out)])
     assert r.exit_code == 0, r.output
     rec = json.loads(out.read_text())
-    assert rec["max_rel_err"] < 1e-4 and rec["generate_tokens_equal_to_eager"]["kfuse"] == 1.0
-    assert rec["kfuse_plan"]["kernels_by_template"].get("decode_attention") == 1
+    cpu = not torch.cuda.is_available()  # on a GPU: fp16, and the attention timed against the dense kernel
+    assert rec["max_rel_err"] < (1e-4 if cpu else 2e-2)
+    assert rec["generate_tokens_equal_to_eager"]["kfuse"] == 1.0 or not cpu
+    templates = rec["kfuse_plan"]["kernels_by_template"]
+    attention = templates.get("decode_attention", 0) + (0 if cpu else templates.get("fused_attention", 0))
+    assert attention == 1, templates
     assert all(w["how"] == "in place" for w in rec["kfuse_plan"]["state_writes"])
 
 

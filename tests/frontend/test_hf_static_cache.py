@@ -77,7 +77,8 @@ def test_a_callers_long_cache_runs_the_decode_kernel() -> None:
     got, made = _generate_with_kfuse(model, ids, 4, _cache(model, 48))
     assert torch.equal(got, want)
     templates = [k["template"] for k in made[0].kfuse_compiled.report["kernels"]]
-    assert templates.count("decode_attention") == 2, templates  # one a layer
+    if DEVICE == "cpu":  # on a GPU the attention of each layer is timed against the dense kernel and SDPA
+        assert templates.count("decode_attention") == 2, templates  # one a layer
 
 
 @pytest.mark.gpu

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 import kfuse
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     h = x.shape[-1] // 2
@@ -34,7 +36,7 @@ class _Layer(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         self.k.index_copy_(2, pos, k)
         self.v.index_copy_(2, pos, v)
-        mask = torch.arange(self.slots)[None, None, None, :] <= pos[-1]
+        mask = torch.arange(self.slots, device=x.device)[None, None, None, :] <= pos[-1]
         o = F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask)
         out = o.transpose(1, 2).reshape(b, t, -1)
         return out + k.sum() if self.keep else out  # keep: the rotated key has a second reader
@@ -43,12 +45,12 @@ class _Layer(nn.Module):
 def _inputs(step: int) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(step)
     angle = torch.randn(1, 1, 1, 8, generator=g)
-    return torch.randn(1, 1, 16, generator=g), torch.tensor([step]), angle.cos(), angle.sin()
+    return tuple(t.to(DEVICE) for t in (torch.randn(1, 1, 16, generator=g), torch.tensor([step]), angle.cos(), angle.sin()))
 
 
 def _run(keep: bool) -> kfuse.CompiledModel:
     torch.manual_seed(0)
-    model, eager = _Layer(keep).eval(), _Layer(keep).eval()
+    model, eager = _Layer(keep).eval().to(DEVICE), _Layer(keep).eval().to(DEVICE)
     eager.load_state_dict(model.state_dict())
     compiled = kfuse.compile(model, _inputs(0))
     for step in range(3):
@@ -79,6 +81,6 @@ def test_a_rotated_key_read_elsewhere_keeps_its_rotary_node() -> None:
 
 def test_the_option_turns_it_off() -> None:
     torch.manual_seed(0)
-    compiled = kfuse.compile(_Layer().eval(), _inputs(0), fuse_cache_write=False)
+    compiled = kfuse.compile(_Layer().eval().to(DEVICE), _inputs(0), fuse_cache_write=False)
     assert not any(n.op == "cache_write" for n in compiled.plan.graph.nodes)
     assert all(w["how"] == "in place" and w["op"] == "aten.index_copy.default" for w in compiled.report["state_writes"])

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 import kfuse
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 class _Step(nn.Module):
     """A decode step's attention: the new token's query from a projection ([B, 1, H*D] heads split), the
@@ -34,24 +36,30 @@ def _inputs(b: int, sq: int, sk: int, kv_heads: int = 2, dim: int = 16) -> tuple
     x = torch.randn(b, sq, 4 * dim, generator=g)
     k, v = (torch.randn(b, kv_heads, sk, dim, generator=g) for _ in range(2))
     mask = torch.arange(sk)[None, None, None, :] < torch.tensor([sk - 9, sk - 2])[:b, None, None, None]
-    return x, k, v, mask
+    return tuple(t.to(DEVICE) for t in (x, k, v, mask))
 
 
 @pytest.mark.parametrize("kv_heads", [2, 4])
-def test_decode_step_runs_the_decode_kernel(kv_heads: int) -> None:
-    model = _Step(kv_heads=kv_heads).eval()
+def test_decode_step_runs_the_decode_kernel(kv_heads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")  # kfuse's kernels only: on a GPU, decode vs dense is measured
+    model = _Step(kv_heads=kv_heads).eval().to(DEVICE)
     args = _inputs(2, 1, 40, kv_heads)
     compiled = kfuse.compile(model, args)
     templates = [k["template"] for k in compiled.report["kernels"]]
-    assert "decode_attention" in templates and "fused_attention" not in templates, templates
+    if DEVICE == "cpu":
+        assert "decode_attention" in templates and "fused_attention" not in templates, templates
+    else:  # timed: either kfuse kernel, with both times in its config
+        (att,) = [k for k in compiled.report["kernels"] if k["template"] in ("decode_attention", "fused_attention")]
+        assert "kfuse decode kernel" in att["config"] and "kfuse kernel" in att["config"], att
     new = _inputs(2, 1, 40, kv_heads)
     with torch.no_grad():
         torch.testing.assert_close(compiled(*new), model(*new), rtol=2e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("sq,sk", [(12, 12), (2, 6)])
-def test_square_or_short_attention_keeps_the_dense_kernel(sq: int, sk: int) -> None:
-    model = _Step().eval()
+def test_square_or_short_attention_keeps_the_dense_kernel(sq: int, sk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KFUSE_GEMM_LIBRARY", "never")
+    model = _Step().eval().to(DEVICE)
     compiled = kfuse.compile(model, _inputs(2, sq, sk))
     templates = [k["template"] for k in compiled.report["kernels"]]
     assert "fused_attention" in templates and "decode_attention" not in templates, templates

@@ -13,6 +13,9 @@ from kfuse.frontend.torch_export import FrontendError
 from kfuse.runtime.executor import plan_values
 from kfuse.runtime.state_writes import protect, written_positions
 
+# on a GPU the plans run kfuse's kernels in CUDA graphs (written inputs bound by address); on the CPU, the interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 class _IndexCopyCache(nn.Module):
     """A decoder layer's cache update, as Hugging Face's ``StaticCache`` writes it."""
@@ -111,21 +114,25 @@ class _WritesAParameter(nn.Module):
 
 def _pair(cls: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
-    a = cls().eval()
-    b = cls().eval()
+    a = cls().eval().to(DEVICE)
+    b = cls().eval().to(DEVICE)
     b.load_state_dict(a.state_dict())
     return a, b
+
+
+def _on_device(args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(a.to(DEVICE) for a in args)
 
 
 def _steps(cls: type[nn.Module], make_args, n: int = 4) -> kfuse.CompiledModel:
     """Compile, then call ``n`` times beside eager PyTorch: outputs and buffers equal after every call."""
     model, eager = _pair(cls)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    compiled = kfuse.compile(model, make_args(0))
+    compiled = kfuse.compile(model, _on_device(make_args(0)))
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), f"compiling wrote {k}"
     for step in range(n):
-        args = make_args(step)
+        args = _on_device(make_args(step))
         with torch.no_grad():
             ref = eager(*[a.clone() for a in args])
         got = compiled(*args)
@@ -141,7 +148,7 @@ def test_index_copy_cache_updates_in_place() -> None:
     assert w["how"] == "in place" and w["op"] == "aten.index_copy.default"
     step = next(s for s in compiled.plan.steps if s.info.template == "in_place")
     v = compiled.variant
-    xs = protect(v.imported.graph_inputs([torch.randn(2, 1, 5), torch.tensor([5])]), written_positions(v.plan))
+    xs = protect(v.imported.graph_inputs(list(_on_device((torch.randn(2, 1, 5), torch.tensor([5]))))), written_positions(v.plan))
     buffer = xs[v.plan.input_writes[0][1]]
     assert plan_values(v.plan, xs)[step.output] is buffer  # the update's value is the buffer itself: no copy
 
@@ -203,12 +210,12 @@ def test_counters_bumped_by_one_launch() -> None:
 def test_written_caller_input() -> None:
     """A caller's tensor that forward writes is written by the compiled model too, once a call."""
     torch.manual_seed(1)
-    cache = torch.randn(6, 3)
-    compiled = kfuse.compile(_WritesItsInput(), (cache.clone(), torch.randn(1, 3), torch.tensor([2])))
+    cache = torch.randn(6, 3, device=DEVICE)
+    compiled = kfuse.compile(_WritesItsInput(), _on_device((cache.clone(), torch.randn(1, 3), torch.tensor([2]))))
     assert compiled.report["state_writes"][0]["how"] == "in place"
     mine, theirs = cache.clone(), cache.clone()
     for step in range(3):
-        x, pos = torch.randn(1, 3), torch.tensor([step])
+        x, pos = _on_device((torch.randn(1, 3), torch.tensor([step])))
         ref = _WritesItsInput()(theirs, x, pos)
         got = compiled(mine, x, pos)
         torch.testing.assert_close(got, ref)
@@ -224,7 +231,7 @@ def test_compile_check_covers_the_written_state(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(sw, "write_back", lambda plan, env, inputs: None)
     monkeypatch.setattr(cm, "write_in_place", lambda plan: [])
     with pytest.warns(UserWarning, match="differs from PyTorch"):
-        compiled = kfuse.compile(_Counter().eval(), (torch.randn(3, 4),))
+        compiled = kfuse.compile(_Counter().eval().to(DEVICE), _on_device((torch.randn(3, 4),)))
     assert compiled.report["max_rel_err"] > 0.1
 
 
@@ -235,9 +242,9 @@ def test_writing_a_parameter_is_refused() -> None:
 
 def test_step_errors_leave_the_state_alone() -> None:
     model, _ = _pair(_IndexCopyCache)
-    compiled = kfuse.compile(model, (torch.randn(2, 1, 5), torch.tensor([1])))
+    compiled = kfuse.compile(model, _on_device((torch.randn(2, 1, 5), torch.tensor([1]))))
     before = model.k.clone()
-    compiled.step_errors(torch.randn(2, 1, 5), torch.tensor([4]))
+    compiled.step_errors(*_on_device((torch.randn(2, 1, 5), torch.tensor([4]))))
     assert torch.equal(model.k, before)
 
 
@@ -246,7 +253,7 @@ def test_torch_compile_backend_with_a_buffer_cache() -> None:
     model, eager = _pair(_IndexCopyCache)
     fast = torch.compile(model, backend="kfuse")
     for step in range(3):
-        x, pos = torch.randn(2, 1, 5), torch.tensor([step])
+        x, pos = _on_device((torch.randn(2, 1, 5), torch.tensor([step])))
         with torch.no_grad():
             torch.testing.assert_close(fast(x, pos), eager(x, pos), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(model.k, eager.k, rtol=1e-5, atol=1e-5)
