@@ -40,6 +40,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append("compile time by phase: " + ", ".join(f"{k} {v:.2f} s" for k, v in report["compile_phases_s"].items()))
     lines += b2b_lines(report.get("b2b"))
     lines += concat_lines(report.get("concat_in_place"))
+    lines += state_lines(report.get("state_writes"))
     lines += pdl_lines(report)
     if "max_abs_err" in report:
         lines.append(f"vs PyTorch on the example inputs: max_abs_err {report['max_abs_err']:.3g}, max_rel_err {report['max_rel_err']:.3g}")
@@ -53,6 +54,16 @@ def concat_lines(c: dict[str, Any] | None) -> list[str]:
     return [f"concatenations: {c['view_cats']} cat(s) are views of {c['groups']} buffer(s); of their {c['members']} inputs "
             f"{c['members_in_place']} are computed in place, the rest copied once; copies a call "
             f"{c['copy_mb_before']} MB -> {c['copy_mb_after']} MB"]  # fmt: skip
+
+
+def state_lines(writes: list[dict[str, Any]] | None) -> list[str]:
+    """Inputs and buffers the forward writes (``runtime/state_writes.py``): how many in place, and why the others not."""
+    if not writes:
+        return []
+    in_place = [w for w in writes if w["how"] == "in place"]
+    batched = sum("batched" in w for w in in_place)
+    line = f"state writes: {len(in_place)} of {len(writes)} in place" + (f" ({batched} counters bumped in one launch)" if batched else "")
+    return [line] + [f"  {w['input']} copied back: {w['why']}" for w in writes if w["how"] != "in place"]
 
 
 def pdl_lines(report: dict[str, Any]) -> list[str]:

@@ -179,9 +179,13 @@ def test_reading_the_old_value_first_still_runs_in_place() -> None:
 
 
 def test_reading_the_old_value_after_the_write_copies_back() -> None:
+    from kfuse.report import summary_lines
+
     compiled = _steps(_KeepsOldValue, lambda s: (torch.randn(2, 1, 5), torch.tensor([s])))
     (w,) = compiled.report["state_writes"]
     assert w["how"] == "copied back" and "a later step reads the input's old value" in w["why"]
+    lines = summary_lines(compiled.report)  # what --explain and the CLI print
+    assert "state writes: 0 of 1 in place" in lines and "  b_k copied back: a later step reads the input's old value" in lines
 
 
 def test_counter_buffer() -> None:
