@@ -390,14 +390,15 @@ def _cache_write_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tens
 
 @lowering("cache_write")
 def _lower_cache_write(node: Node, graph: Graph, backend: str) -> Step | None:
-    if backend == "torch":
-        return None
     from kfuse.kernels.rotary import write_rows
 
     rd, interleaved = node.attrs.get("rotary_dims"), bool(node.attrs.get("interleaved"))
     rotate = len(node.inputs) == 5
 
     def in_place(xs: list[torch.Tensor]) -> torch.Tensor:
+        if backend == "torch":  # PyTorch's ops, still in place: a whole cache copied a token is what this op removes
+            src = _rotary_ref(xs[2:5], node.attrs) if rotate else xs[2]
+            return xs[0].index_copy_(2, xs[1], src.to(xs[0].dtype))
         cos, sin = (xs[3], xs[4]) if rotate else (None, None)
         return write_rows(xs[2], xs[0], xs[1], cos, sin, rotary_dims=rd, interleaved=interleaved)
 
@@ -406,7 +407,8 @@ def _lower_cache_write(node: Node, graph: Graph, backend: str) -> Step | None:
 
     run.in_place = in_place  # type: ignore[attr-defined]
     what = "rows at the index" + (f", {'rotate_every_two' if interleaved else 'rotate_half'} rotary first" if rotate else "")
-    return Step(node.name, node.inputs, run, KernelInfo(node.name, "cache_write", tuple(node.attrs.get("fused_ops", ())), what))
+    template = "torch" if backend == "torch" else "cache_write"
+    return Step(node.name, node.inputs, run, KernelInfo(node.name, template, tuple(node.attrs.get("fused_ops", ())), what))
 
 
 @lowering("rotary")

@@ -84,3 +84,18 @@ def test_the_option_turns_it_off() -> None:
     compiled = kfuse.compile(_Layer().eval().to(DEVICE), _inputs(0), fuse_cache_write=False)
     assert not any(n.op == "cache_write" for n in compiled.plan.graph.nodes)
     assert all(w["how"] == "in place" and w["op"] == "aten.index_copy.default" for w in compiled.report["state_writes"])
+
+
+def test_pytorch_backend_writes_the_cache_in_place_too() -> None:
+    """With ``backend="torch"`` (PyTorch's ops for every kernel) the cache's update still runs in place
+    (``index_copy_``): copying the whole cache back every token is what the op exists to avoid."""
+    torch.manual_seed(0)
+    model, eager = _Layer().eval().to(DEVICE), _Layer().eval().to(DEVICE)
+    eager.load_state_dict(model.state_dict())
+    compiled = kfuse.compile(model, _inputs(0), backend="torch")
+    assert all(w["how"] == "in place" for w in compiled.report["state_writes"]), compiled.report["state_writes"]
+    for step in range(2):
+        args = _inputs(step)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*args), eager(*args), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.k, eager.k, rtol=1e-5, atol=1e-5)
