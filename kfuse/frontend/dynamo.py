@@ -196,7 +196,8 @@ def state_restored(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     """Whatever a call of ``model`` writes in its buffers and in the tensors and plain objects its arguments
     reach, as it was before the call (the call that traces a model for compiling must not advance its state)."""
     tensors, scalars = _reachable_state((args, kwargs))
-    tensors += [b for b in model.buffers() if all(b is not t for t in tensors)]
+    reached = {id(t) for t in tensors}
+    tensors += [b for b in model.buffers() if id(b) not in reached]
     saved = [t.clone() for t in tensors]
     try:
         yield

@@ -117,7 +117,8 @@ def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
     except StatefulModelError as e:
         raise FrontendError(f"{name}: {e}") from None
     sig = ep.graph_signature
-    written_buffers = {spec.target for spec in sig.output_specs if spec.kind == OutputKind.BUFFER_MUTATION}
+    # buffer -> its placeholder's name (filled in below)
+    written_buffers = {spec.target: "" for spec in sig.output_specs if spec.kind == OutputKind.BUFFER_MUTATION}
     values: dict[str, torch.Tensor | TensorType] = {}
     source: dict[str, int] = {}  # placeholder name -> flat user input index, or -1 - j for state[j]
     state: list[torch.Tensor] = []
@@ -130,6 +131,7 @@ def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
             source[arg_name] = user_index
             user_index += 1
         elif spec.kind == InputKind.BUFFER and spec.target in written_buffers:
+            written_buffers[spec.target] = arg_name
             source[arg_name] = -1 - len(state)
             t = ep.state_dict.get(spec.target)  # the module's tensor itself: writes must reach it
             state.append(t if t is not None else ep.constants[spec.target])  # non-persistent buffers are constants
@@ -148,13 +150,12 @@ def from_exported_program(ep: ExportedProgram, name: str = "model") -> Imported:
             values[node.name] = TensorType(tuple(int(s) for s in val.shape), val.dtype)
             position[node.name] = len(flat_index)
             flat_index.append(source[node.name])
-    targets = {spec.target: getattr(spec.arg, "name", None) for spec in sig.input_specs if spec.kind == InputKind.BUFFER}
     writes = []
     for k, spec in enumerate(sig.output_specs):
         if spec.kind == OutputKind.USER_INPUT_MUTATION:
             writes.append((k, position[spec.target]))
         elif spec.kind == OutputKind.BUFFER_MUTATION:
-            writes.append((k, position[targets[spec.target]]))
+            writes.append((k, position[written_buffers[spec.target]]))
     imported = import_fx(ep.graph_module, values, name)
     graph = imported.builder.build(imported.outputs)
     return Imported(

@@ -85,6 +85,18 @@ def _avg_pool2d_kernel(
     tl.store(y_ptrs, (acc / div[:, None]).to(y_ptr.dtype.element_ty), mask=mask_p[:, None] & mask_c[None, :])
 
 
+def _window(op: str, x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any) -> tuple[tuple[int, int], ...]:
+    """(kernel, stride, padding) pairs of a 2-D pool as PyTorch reads them (no stride: the kernel's), checked."""
+    if x.dim() != 4:
+        raise ValueError(f"{op}: expected an (N, C, H, W) tensor, got shape {tuple(x.shape)}")
+    kh, kw = as_pair(kernel_size, 1)
+    sh, sw = as_pair(stride if stride not in (None, (), []) else kernel_size, 1)
+    ph, pw = as_pair(padding, 0)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(f"{op}: padding {(ph, pw)} must be at most half the kernel {(kh, kw)}")
+    return (kh, kw), (sh, sw), (ph, pw)
+
+
 def avg_pool2d(
     x: torch.Tensor,
     kernel_size: Any,
@@ -97,13 +109,7 @@ def avg_pool2d(
 ) -> torch.Tensor:
     """``F.avg_pool2d`` for a 4-D tensor of any memory format; the output keeps the input's format. ``out``: any
     strides (a slice of a concatenation's buffer)."""
-    if x.dim() != 4:
-        raise ValueError(f"avg_pool2d: expected an (N, C, H, W) tensor, got shape {tuple(x.shape)}")
-    kh, kw = as_pair(kernel_size, 1)
-    sh, sw = as_pair(stride if stride not in (None, (), []) else kernel_size, 1)
-    ph, pw = as_pair(padding, 0)
-    if ph > kh // 2 or pw > kw // 2:
-        raise ValueError(f"avg_pool2d: padding {(ph, pw)} must be at most half the kernel {(kh, kw)}")
+    (kh, kw), (sh, sw), (ph, pw) = _window("avg_pool2d", x, kernel_size, stride, padding)
     if divisor_override is not None and divisor_override <= 0:
         raise ValueError(f"avg_pool2d: divisor_override must be positive, got {divisor_override}")
     nb, c, h, w = x.shape
@@ -131,14 +137,8 @@ def max_pool2d(
 ) -> torch.Tensor:
     """``F.max_pool2d`` for a 4-D tensor of any memory format; the output keeps the input's
     format (channels-last in, channels-last out)."""
-    if x.dim() != 4:
-        raise ValueError(f"max_pool2d: expected an (N, C, H, W) tensor, got shape {tuple(x.shape)}")
-    kh, kw = as_pair(kernel_size, 1)
-    sh, sw = as_pair(stride if stride not in (None, (), []) else kernel_size, 1)
-    ph, pw = as_pair(padding, 0)
+    (kh, kw), (sh, sw), (ph, pw) = _window("max_pool2d", x, kernel_size, stride, padding)
     dh, dw = as_pair(dilation, 1)
-    if ph > kh // 2 or pw > kw // 2:
-        raise ValueError(f"max_pool2d: padding {(ph, pw)} must be at most half the kernel {(kh, kw)}")
     nb, c, h, w = x.shape
     oh, ow = out_size(h, kh, sh, ph, dh, ceil_mode), out_size(w, kw, sw, pw, dw, ceil_mode)
     out = output_like(x, (nb, c, oh, ow), out, "max_pool2d")

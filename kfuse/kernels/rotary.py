@@ -111,7 +111,7 @@ def rotary(
 ) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` for ``x`` of rank <= 4 with an even last dim; ``cos`` and
     ``sin`` broadcast to ``x``. Returns a contiguous tensor of ``dtype`` (default ``x.dtype``), or
-    writes the contiguous ``out``. ``block_r`` (rows a program) and ``num_warps`` override ``launch_config``.
+    writes ``out`` (x's shape, any strides). ``block_r`` (rows a program) and ``num_warps`` override ``launch_config``.
     ``rotary_dims``: only the first ``rotary_dims`` columns rotate (``cos``/``sin`` have that width), the
     rest are copied: ``cat([rotary(x[..., :r]), x[..., r:]], -1)`` (GPT-NeoX, Phi) in one pass.
     ``interleaved``: ``rotate_every_two`` (GPT-J), pairing columns 2i and 2i + 1."""

@@ -189,10 +189,11 @@ class CompiledModel:
         cuda_graph_note = "off"
         if self.options.cuda_graphs and device.type == "cuda":
             with phases("cuda_graph"):  # the first run (every kernel's first launch) and the capture
-                if any(s.host_sync for s in plan.steps) and plan.input_writes:
+                host_sync = any(s.host_sync for s in plan.steps)
+                if host_sync and plan.input_writes:
                     runner = None
                     ok = "not captured (a step reads a value on the host, and forward writes its inputs)"
-                elif any(s.host_sync for s in plan.steps):
+                elif host_sync:
                     runner = PiecewiseGraphRunner(plan, xs)
                     n_sync = runner.stats()["host_sync_steps"]
                     ok = f"captured piecewise: {runner.graphs} graphs around {n_sync} host-sync step(s)"
@@ -283,7 +284,8 @@ class CompiledModel:
         }
 
     def _check(self, v: Variant, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> dict[str, Any]:
-        written = [v.imported.graph_inputs(flat)[i] for i in written_positions(v.plan)]
+        xs = v.imported.graph_inputs(flat)
+        written = [xs[i] for i in written_positions(v.plan)]
         before = [t.clone() for t in written]
         with torch.no_grad():
             ref = self._reference(*args, **kwargs)
@@ -299,7 +301,7 @@ class CompiledModel:
         ref_flat = [r for r in pytree.tree_leaves(ref) if isinstance(r, torch.Tensor)]
         from kfuse.runtime.varlen import zero_padded_reference  # padding-free outputs are zero at padded positions
 
-        ref_flat = zero_padded_reference(v.plan.graph, v.imported.graph_inputs(flat), ref_flat) + ref_state
+        ref_flat = zero_padded_reference(v.plan.graph, xs, ref_flat) + ref_state
         if len(out) != len(ref_flat):
             raise RuntimeError(f"kfuse returned {len(out)} outputs where PyTorch returns {len(ref_flat)}")
         abs_err, rel_err = 0.0, 0.0

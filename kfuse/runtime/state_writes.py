@@ -81,28 +81,11 @@ def user_outputs(plan: Plan, outs: list[Any]) -> list[Any]:
     return [x for k, x in enumerate(outs) if k not in skip]
 
 
-def _in_place_step(step: Step, call: Any, inplace: Any) -> Step:
-    """``step`` run as the in-place overload on its first operand (the written input), which is its value."""
-
-    def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        return call.call_as(inplace, xs)
-
-    written = step.inputs[call.first_operand()]
-    info = KernelInfo(step.info.name, "in_place", step.info.ops, config=f"writes input {written}")
-    return Step(step.output, step.inputs, run, info, step.host_sync)
-
-
-def _into_operand_step(step: Step, j: int) -> Step:
-    """``step`` (an elementwise kernel) writing its result into its operand ``j`` (the written input)."""
-    fn = step.fn
-
-    def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        return fn(xs, xs[j])
-
-    info = KernelInfo(
-        step.info.name, step.info.template, step.info.ops, f"{step.info.config}; into input {step.inputs[j]}", step.info.epilogue
+def _rerun(step: Step, run: Any, template: str, config: str) -> Step:
+    """``step`` with another function (its in-place form) and what the report says of it."""
+    return Step(
+        step.output, step.inputs, run, KernelInfo(step.info.name, template, step.info.ops, config, step.info.epilogue), step.host_sync
     )
-    return Step(step.output, step.inputs, run, info, step.host_sync)
 
 
 def _how(plan: Plan, at: int | None, node: Any, name: str) -> tuple[Step | None, str]:
@@ -117,15 +100,15 @@ def _how(plan: Plan, at: int | None, node: Any, name: str) -> tuple[Step | None,
             return None, f"{node.attrs['target']} has no in-place form here"
         if call.first_operand() is None or step.inputs[call.first_operand()] != name:
             return None, "the update does not start from the input's old value"
-        return _in_place_step(step, call, inplace), ""
+        return _rerun(step, lambda xs: call.call_as(inplace, xs), "in_place", f"writes input {name}"), ""
     in_place = getattr(step.fn, "in_place", None)  # a step with an in-place form on its first input (cache_write)
     if in_place is not None and step.inputs and step.inputs[0] == name:
-        config = f"{step.info.config}; in place into input {name}"
-        return Step(step.output, step.inputs, in_place, KernelInfo(step.info.name, step.info.template, step.info.ops, config)), ""
+        return _rerun(step, in_place, step.info.template, f"{step.info.config}; in place into input {name}"), ""
     # an elementwise kernel reads each element before it writes it: it may write into the operand
     slots = [j for j in getattr(step.fn, "inplace_inputs", ()) if step.inputs[j] == name]
     if slots:
-        return _into_operand_step(step, slots[0]), ""
+        fn, j = step.fn, slots[0]
+        return _rerun(step, lambda xs: fn(xs, xs[j]), step.info.template, f"{step.info.config}; into input {name}"), ""
     if step.info.template == "torch" and node.op in TORCH_OUT and len(step.inputs) == 2:  # a cache's int64 length counter
         fn, j = TORCH_OUT[node.op], step.inputs.index(name)
 
@@ -135,8 +118,7 @@ def _how(plan: Plan, at: int | None, node: Any, name: str) -> tuple[Step | None,
         other = plan.constants.get(step.inputs[1 - j])
         if other is not None and other.dim() == 0 and node.op in FOREACH and (node.op != "sub" or j == 0):
             run.scalar_update = (node.op, j, other.item())  # type: ignore[attr-defined]  # batch_scalar_updates
-        info = KernelInfo(step.info.name, "torch", step.info.ops, f"into input {name}")
-        return Step(step.output, step.inputs, run, info, step.host_sync), ""
+        return _rerun(step, run, "torch", f"into input {name}"), ""
     return None, f"a {step.info.template} step computes it into its own buffer"
 
 
@@ -163,11 +145,12 @@ def write_in_place(plan: Plan) -> list[dict[str, Any]]:
     graph = plan.graph
     nodes = graph.node_map()
     targets = [i for _, i in plan.input_writes]
+    position = {s.output: k for k, s in enumerate(plan.steps)}
     result = []
     for o, i in plan.input_writes:
         name = graph.inputs[i][0]
         value = graph.outputs[o]
-        at = next((k for k, s in enumerate(plan.steps) if s.output == value), None)
+        at = position.get(value)
         node = nodes.get(value)
         step, why = None, ""
         if at is None or plan.steps[at].inputs.count(name) != 1 or _read_after(plan, name, at):

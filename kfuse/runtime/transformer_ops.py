@@ -395,12 +395,15 @@ def _lower_cache_write(node: Node, graph: Graph, backend: str) -> Step | None:
     rd, interleaved = node.attrs.get("rotary_dims"), bool(node.attrs.get("interleaved"))
     rotate = len(node.inputs) == 5
 
-    def in_place(xs: list[torch.Tensor]) -> torch.Tensor:
-        if backend == "torch":  # PyTorch's ops, still in place: a whole cache copied a token is what this op removes
-            src = _rotary_ref(xs[2:5], node.attrs) if rotate else xs[2]
-            return xs[0].index_copy_(2, xs[1], src.to(xs[0].dtype))
+    def kernel_in_place(xs: list[torch.Tensor]) -> torch.Tensor:
         cos, sin = (xs[3], xs[4]) if rotate else (None, None)
         return write_rows(xs[2], xs[0], xs[1], cos, sin, rotary_dims=rd, interleaved=interleaved)
+
+    def torch_in_place(xs: list[torch.Tensor]) -> torch.Tensor:  # PyTorch's ops, still in place: no cache copy a token
+        src = _rotary_ref(xs[2:5], node.attrs) if rotate else xs[2]
+        return xs[0].index_copy_(2, xs[1], src.to(xs[0].dtype))
+
+    in_place = torch_in_place if backend == "torch" else kernel_in_place
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:  # functional: a new cache (state_writes runs in_place where it may)
         return in_place([xs[0].clone(), *xs[1:]])
