@@ -86,6 +86,15 @@ def _as_4d(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t.expand(shape)
 
 
+def _cos_sin_4d(cos: torch.Tensor, sin: torch.Tensor, shape: torch.Size, x_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` broadcast to ``shape``; a ValueError naming both where they do not (``expand``'s own
+    error is a RuntimeError that names neither)."""
+    try:
+        return _as_4d(cos, shape), _as_4d(sin, shape)
+    except RuntimeError:
+        raise ValueError(f"rotary: cos {tuple(cos.shape)} / sin {tuple(sin.shape)} do not broadcast to x {tuple(x_shape)}") from None
+
+
 def launch_config(n_rows: int, block_h: int, sms: int = 132) -> tuple[int, int]:
     """(rows a program, warps): up to 4096 elements a program, fewer rows until every SM has two
     programs (GPT-NeoX's partial rotary, 6144 rows of 8 + 8 columns: 64 rows = 96 programs took 7.6 us),
@@ -120,10 +129,7 @@ def rotary(
         raise ValueError(f"rotary: x must have rank 1-4 and an even number of rotated dims, got shape {tuple(x.shape)}, {rd} rotated")
     shape = x.shape
     x4 = _as_4d(x, torch.Size((1,) * (4 - x.dim()) + tuple(shape)))
-    try:
-        c4, s4 = _as_4d(cos, x4.shape[:-1] + (rd,)), _as_4d(sin, x4.shape[:-1] + (rd,))
-    except RuntimeError:
-        raise ValueError(f"rotary: cos {tuple(cos.shape)} / sin {tuple(sin.shape)} do not broadcast to x {tuple(shape)}") from None
+    c4, s4 = _cos_sin_4d(cos, sin, x4.shape[:-1] + (rd,), shape)
     o = out if out is not None else torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
     if o.shape != shape:
         raise ValueError(f"rotary: out has shape {tuple(o.shape)}, not x's {tuple(shape)}")
@@ -153,7 +159,7 @@ def write_rows(
         raise ValueError(f"write_rows: an even number of columns is needed, got {rd}")
     c4 = s4 = x
     if rotate:
-        c4, s4 = _as_4d(cos, x.shape[:-1] + (rd,)), _as_4d(sin, x.shape[:-1] + (rd,))  # type: ignore[arg-type]
+        c4, s4 = _cos_sin_4d(cos, sin, x.shape[:-1] + (rd,), x.shape)  # type: ignore[arg-type]
     _launch(x, c4, s4, out, index.contiguous(), rd, interleaved and rotate, rotate, None, None)
     return out
 

@@ -171,6 +171,8 @@ def test_write_rows_refuses_shapes_it_does_not_take() -> None:
         write_rows(x, cache, torch.tensor([1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match="are not"):
         write_rows(x, torch.randn(1, 3, 9, 8), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        write_rows(x, cache, torch.tensor([0, 1, 2]), torch.randn(4, 8), torch.randn(4, 8))
 
 
 _SM90_SCRIPT = r"""
