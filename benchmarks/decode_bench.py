@@ -47,6 +47,7 @@ def main() -> None:
     p.add_argument("--generate", type=int, default=64, help="new tokens per generate call (0: skip)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--rep", type=int, default=50)
+    p.add_argument("--profile", default="", help="sides whose step is also profiled kernel by kernel (GPU; e.g. kfuse,eager_cudagraph)")
     p.add_argument("--smoke", action="store_true", help="llama-tiny on the CPU (interpreter), eager and kfuse only")
     args = p.parse_args()
     if args.smoke:
@@ -60,7 +61,7 @@ def main() -> None:
     for b in (int(x) for x in args.batches.split(",")):
         print(f"== decode {args.model} B{b} prompt {args.prompt} cache {args.cache} ({dtype}, {device})", flush=True)
         r = decode_case(model, b, args.prompt, args.cache, tuple(args.sides.split(",")), args.generate, args.warmup, args.rep,
-                        log=lambda s: print(s, flush=True))  # fmt: skip
+                        log=lambda s: print(s, flush=True), profile=tuple(filter(None, args.profile.split(","))))  # fmt: skip
         case = f"{args.model}_B{b}_P{args.prompt}_L{args.cache}"
         extra = {k: v for k, v in r.items() if k not in ("kfuse_ms", "baselines_ms", "floor_ms", "max_rel_err")}
         records.append(make_record("decode", case, r["kfuse_ms"], r["baselines_ms"], r["floor_ms"], r["max_rel_err"], command,

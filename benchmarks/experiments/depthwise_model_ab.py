@@ -26,11 +26,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zoo_sweep  # noqa: E402
-from experiments.zoo_kernel_profile import kernel_table  # noqa: E402
 
 import kfuse  # noqa: E402
 import kfuse.kernels.conv as conv  # noqa: E402
 from kfuse.bench.harness import max_rel_err, time_ms  # noqa: E402
+from kfuse.bench.kernel_profile import kernel_table  # noqa: E402
 
 
 def main() -> None:

@@ -11,46 +11,19 @@ summed kernel time per kernel name (largest first), so the kernels that lose sta
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zoo_sweep  # noqa: E402
 
 import kfuse  # noqa: E402
-
-
-def kernel_table(fn: Any, calls: int, sequence: list[float] | None = None, match: str = "") -> list[tuple[str, float, int]]:
-    """(name, microseconds per call, launches per call), largest first. ``sequence`` gets, in launch order,
-    the microseconds of each launch of the last call whose name holds ``match`` (one layer each)."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-            torch.cuda.synchronize()
-    ks = sorted(
-        ((e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-        key=lambda r: r[1],
-    )
-    total: dict[str, float] = collections.defaultdict(float)
-    count: collections.Counter[str] = collections.Counter()
-    for name, t0, t1 in ks:
-        total[name] += (t1 - t0) / calls
-        count[name] += 1
-    if sequence is not None and match:
-        hits = [t1 - t0 for name, t0, t1 in ks if any(m in name for m in match.split(","))]
-        sequence.extend(hits[len(hits) - len(hits) // calls :])
-    rows = sorted(((n, us, count[n] // calls) for n, us in total.items()), key=lambda r: -r[1])
-    return rows
+from kfuse.bench.kernel_profile import kernel_table  # noqa: E402
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kfuse.bench.harness import cuda_graph_callable, floor_ms, max_rel_err, time_ms
+from kfuse.bench.kernel_profile import profile_summary
 
 SIDES = ("eager", "eager_cudagraph", "compile", "compile_cudagraphs", "kfuse")
 # kfuse compiled with one option changed: an A/B in the same run, reported apart from the PyTorch baselines
@@ -143,10 +144,12 @@ def decode_case(
     warmup: int = 10,
     rep: int = 50,
     log: Callable[[str], None] = print,
+    profile: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Time one decode step of ``model`` for each side (those that need a GPU are skipped without one) and, with
     ``generate`` > 0, whole ``generate`` calls per new token; returns the measurements (``kfuse_ms``,
-    ``baselines_ms``, errors, the kfuse plan's summary, ``generate_ms_per_token``, ...)."""
+    ``baselines_ms``, errors, the kfuse plan's summary, ``generate_ms_per_token``, ...). The sides named in
+    ``profile`` (GPU only) also get a kernel-by-kernel profile of their step (``kernel_profile``)."""
     device = next(model.parameters()).device
     gpu = device.type == "cuda"
     g = torch.Generator().manual_seed(1)
@@ -157,6 +160,7 @@ def decode_case(
     compile_s: dict[str, float] = {}
     ref_logits = ref_slot = None
     plan: dict[str, Any] = {}
+    profiles: dict[str, Any] = {}
     _KFUSE_GRAPHS.clear()
     for side in [s for s in sides if gpu or s in ("eager", "kfuse", *ABLATIONS)]:
         cache, last = prefilled_cache(model, prompt, slots)
@@ -170,6 +174,8 @@ def decode_case(
                 logits = call().clone()
                 compile_s[side] = round(time.perf_counter() - t0, 2)
                 times[side] = time_ms(call, warmup, rep)
+                if gpu and side in profile:
+                    profiles[side] = profile_summary(call, times[side])
         except Exception as e:  # a side that cannot run is reported, not fatal
             log(f"  {side:18s} failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
             continue
@@ -182,6 +188,11 @@ def decode_case(
             plan = _kfuse_plan_summary()
         extra = f"   logits err {errs[side]:.2e}, cache err {cache_errs[side]:.2e}" if side in errs else ""
         log(f"  {side:18s} {times[side]:9.4f} ms (compile {compile_s[side]:.1f} s){extra}")
+        if side in profiles:
+            pr = profiles[side]
+            log(f"    kernels {pr['kernel_us']:.1f} us in {pr['launches']} launches, {pr['uncovered_us']:.1f} us of the step uncovered")
+            for name, us, n in pr["top"][:12]:
+                log(f"      {us:8.2f} us {n:4d}x  {name[:90]}")
     floor, nbytes = step_floor_ms(model, batch, slots)
     gen: dict[str, float] = {}
     agree: dict[str, float] = {}
@@ -201,7 +212,7 @@ def decode_case(
     return {
         "ablation_ms": ablations,
         "kfuse_ms": kfuse_ms, "baselines_ms": times, "floor_ms": floor, "min_bytes": nbytes, "max_rel_err": errs.get("kfuse"),
-        "logits_err": errs, "cache_err": cache_errs, "compile_s": compile_s, "kfuse_plan": plan,
+        "logits_err": errs, "cache_err": cache_errs, "kernel_profile": profiles, "compile_s": compile_s, "kfuse_plan": plan,
         "params": sum(p.numel() for p in model.parameters()), "batch": batch, "prompt": prompt_len, "cache_slots": slots,
         "generate_ms_per_token": gen, "generate_tokens_equal_to_eager": agree, "generate_new_tokens": generate,
     }  # fmt: skip
