@@ -31,11 +31,11 @@ from kfuse.kernels.pdl import pdl_start
 
 @triton.jit
 def _rotary_fwd(
-    X, C, S, Out, OutIdx,
+    X, C, S, Out, OutIdx, IdxOffset,
     R1, R2, n_rows, HALF, N_PASS, n_slots,
     sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3, so0, so1, so2, so3,
     BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, OUT_INDEX: tl.constexpr,
-    ROTATE: tl.constexpr, PDL: tl.constexpr,
+    INDEX_OFFSET: tl.constexpr, ROTATE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -56,6 +56,8 @@ def _rotary_fwd(
     # the positions an index names (a KV cache's slots: kfuse.runtime.transformer_ops' cache_write)
     if OUT_INDEX:  # a position past the cache is not written (PyTorch's index_copy raises there; no stray store here)
         o2 = tl.load(OutIdx + i2, mask=rows < n_rows, other=0)
+        if INDEX_OFFSET:  # the positions as a base plus a one-element offset (a cache's arange + its length)
+            o2 += tl.load(IdxOffset)
         mask = mask & ((o2 >= 0) & (o2 < n_slots))[:, None]
     else:
         o2 = i2
@@ -145,14 +147,19 @@ def write_rows(
     sin: torch.Tensor | None = None,
     rotary_dims: int | None = None,
     interleaved: bool = False,
+    index_offset: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out.index_copy_(2, index, rotary(x, cos, sin))`` (or of ``x`` itself without ``cos`` / ``sin``) in one
     pass: a KV cache's update with the key's rotary embedding. ``x`` is ``[B, H, T, D]`` (any strides), ``out``
-    ``[B, H, L, D]`` (any strides), ``index`` ``T`` positions in ``[0, L)``; writes ``out`` and returns it."""
+    ``[B, H, L, D]`` (any strides), ``index`` ``T`` positions in ``[0, L)``; writes ``out`` and returns it.
+    ``index_offset`` (one integer element): the positions are ``index + index_offset``, added as the kernel reads
+    them (transformers' static cache computes ``arange(T) + length`` in a launch of its own a layer)."""
     if x.dim() != 4 or out.dim() != 4 or out.shape[:2] != x.shape[:2] or out.shape[3] != x.shape[3]:
         raise ValueError(f"write_rows: x {tuple(x.shape)} and out {tuple(out.shape)} are not [B, H, T, D] and [B, H, L, D]")
     if index.dim() != 1 or index.shape[0] != x.shape[2] or index.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"write_rows: index must be {x.shape[2]} int32/int64 positions, got {index.dtype} {tuple(index.shape)}")
+    if index_offset is not None and (index_offset.numel() != 1 or index_offset.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"write_rows: index_offset must be one int32/int64 element, got {index_offset.dtype} {tuple(index_offset.shape)}")
     rotate = cos is not None and sin is not None
     rd = x.shape[-1] if rotary_dims is None or not rotate else rotary_dims
     if rd % 2:
@@ -160,13 +167,13 @@ def write_rows(
     c4 = s4 = x
     if rotate:
         c4, s4 = _cos_sin_4d(cos, sin, x.shape[:-1] + (rd,), x.shape)  # type: ignore[arg-type]
-    _launch(x, c4, s4, out, index.contiguous(), rd, interleaved and rotate, rotate, None, None)
+    _launch(x, c4, s4, out, index.contiguous(), rd, interleaved and rotate, rotate, None, None, index_offset)
     return out
 
 
 def _launch(
     x4: torch.Tensor, c4: torch.Tensor, s4: torch.Tensor, o: torch.Tensor, out_index: torch.Tensor | None, rd: int,
-    interleaved: bool, rotate: bool, block_r: int | None, num_warps: int | None,
+    interleaved: bool, rotate: bool, block_r: int | None, num_warps: int | None, index_offset: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     r0, r1, r2, d = x4.shape
     n_rows = r0 * r1 * r2
@@ -180,10 +187,11 @@ def _launch(
     block_r, num_warps = block_r or auto_r, num_warps or auto_w
     grid = (triton.cdiv(n_rows, block_r),)
     _rotary_fwd[grid](
-        x4, c4, s4, o4, out_index if out_index is not None else o4, r1, r2, n_rows, half, n_pass, o4.shape[2],
+        x4, c4, s4, o4, out_index if out_index is not None else o4, index_offset if index_offset is not None else o4,
+        r1, r2, n_rows, half, n_pass, o4.shape[2],
         *x4.stride(), *c4.stride(), *s4.stride(), *o4.stride(),
         BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, INTERLEAVED=interleaved, OUT_INDEX=out_index is not None,
-        ROTATE=rotate, num_warps=num_warps, **pdl.launch_kwargs(),
+        INDEX_OFFSET=index_offset is not None, ROTATE=rotate, num_warps=num_warps, **pdl.launch_kwargs(),
     )  # fmt: skip
 
 

@@ -11,9 +11,16 @@ forward writes, ``kfuse.runtime.state_writes`` runs it in place, so nothing but 
 Matched: a ``fallback`` of ``aten.index_copy`` along dim 2 of a 4-D cache that is a graph input, with a
 1-D integer index and a source of the cache's batch, heads, head dim and dtype. The rotary node is folded
 in when the update is its only reader.
+
+The positions themselves: transformers' static cache computes them per layer as ``arange(T) + length`` (an
+int64 add, a PyTorch launch of its own a layer). Where the index is such an ``add`` of a ``[T]`` integer
+tensor and a one-element integer one, and cache writes are its only readers, the writes take both operands and
+add them as they read the index (``index_offset``): the add is gone.
 """
 
 from __future__ import annotations
+
+import torch
 
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.passes.simplify import substitute
@@ -61,4 +68,41 @@ def fuse_cache_write(graph: Graph) -> Graph:
             new[node.name] = Node(node.name, "cache_write", (cache, index, *producer.inputs), node.type, attrs)
         else:
             new[node.name] = Node(node.name, "cache_write", (cache, index, src), node.type, {"fused_ops": ("index_copy",)})
-    return substitute(graph, new)
+    return substitute(graph, _fold_index_offsets(graph, new))
+
+
+def _base_plus_offset(graph: Graph, node: Node | None) -> tuple[str, str] | None:
+    """(base, offset) of an integer ``add(base, offset)`` whose base has the result's ``[T]`` shape and whose offset
+    is one element, else None."""
+    if node is None or node.op != "add" or len(node.inputs) != 2 or node.attrs.get("alpha", 1) != 1:
+        return None
+    out = node.type
+    types = [graph.type_of(i) for i in node.inputs]
+    if not isinstance(out, TensorType) or out.rank != 1 or out.dtype not in (torch.int32, torch.int64):
+        return None
+    for base, off, bt, ot in ((*node.inputs, *types), (node.inputs[1], node.inputs[0], types[1], types[0])):
+        if isinstance(bt, TensorType) and isinstance(ot, TensorType) and bt.shape == out.shape and bt.dtype == out.dtype:
+            if ot.numel == 1 and ot.dtype in (torch.int32, torch.int64):
+                return base, off
+    return None
+
+
+def _fold_index_offsets(graph: Graph, new: dict[str, Node]) -> dict[str, Node]:
+    """The cache writes in ``new`` with their index's ``base + offset`` read in the kernel (see the module doc),
+    where the writes are the add's only readers and it is no output."""
+    nodes, users = graph.node_map(), graph.users()
+    readers: dict[str, list[str]] = {}
+    for w in new.values():
+        readers.setdefault(w.inputs[1], []).append(w.name)
+    out = dict(new)
+    for index, writes in readers.items():
+        m = _base_plus_offset(graph, nodes.get(index))
+        if m is None or index in graph.outputs or {u.name for u in users.get(index, [])} != set(writes):
+            continue
+        base, off = m
+        for name in writes:
+            w = new[name]
+            ins = (w.inputs[0], base, *w.inputs[2:], off)
+            attrs = {**w.attrs, "index_offset": True, "fused_ops": ("add", *w.attrs["fused_ops"])}
+            out[name] = Node(name, "cache_write", ins, w.type, attrs)
+    return out

@@ -126,22 +126,59 @@ def _read_after(plan: Plan, name: str, at: int) -> bool:
     """Whether a step other than ``at`` reads ``name`` (or a view of it) at or after ``at``: then writing the new
     value into ``name``'s storage at ``at`` would change what it reads. Readers before ``at`` have read it
     (one stream: a step starts after the ones before it end; PDL kernels wait for them first)."""
+    return any(k > at for k in _readers_of_old_value(plan, name, skip=at))
+
+
+def _readers_of_old_value(plan: Plan, name: str, skip: int | None = None) -> list[int]:
+    """Positions of the steps (but ``skip``) that read ``name`` or a view of it: a view of the old value, read
+    later, would see a new value written into its storage."""
     from kfuse.passes.memory_plan import may_alias
 
-    aliases = {name}
+    aliases, found = {name}, []
     for k, s in enumerate(plan.steps):
-        if k == at or not aliases.intersection(s.inputs):
+        if k != skip and aliases.intersection(s.inputs):
+            found.append(k)
+            if may_alias(plan.graph, s.output):
+                aliases.add(s.output)
+    return found
+
+
+def sink_unread_updates(plan: Plan) -> list[str]:
+    """Move each step that computes a written input's new value that no step reads to just after the last step
+    that reads the input's old value (or a view of it), so that its in-place form is exact there
+    (``_read_after``). transformers' static cache bumps a layer's length counter before that layer's cache write
+    reads the length (``kfuse.passes.fuse_cache_write`` folds the positions' add into the write). Exact: the
+    moved value is read by no step (it is only written back), the input is written by this step alone, and its
+    other operands are no written input, so no step between changes them (a run writes nothing else). Returns
+    the moved values."""
+    graph = plan.graph
+    written = [graph.inputs[i][0] for _, i in plan.input_writes]
+    readers = {v for s in plan.steps for v in s.inputs}
+    moved = []
+    for o, i in plan.input_writes:
+        name, value = graph.inputs[i][0], graph.outputs[o]
+        at = next((k for k, s in enumerate(plan.steps) if s.output == value), None)
+        if at is None or value in readers or written.count(name) != 1:
             continue
-        if k > at:
-            return True
-        if may_alias(plan.graph, s.output):  # a view of the old value, read later, would see the new one
-            aliases.add(s.output)
-    return False
+        step = plan.steps[at]
+        if name not in step.inputs or any(v in written and v != name for v in step.inputs):
+            continue
+        later = [k for k in _readers_of_old_value(plan, name, skip=at) if k > at]
+        if not later:
+            continue
+        plan.steps.insert(later[-1], plan.steps.pop(at))  # after the pop, index later[-1] is just past that reader
+        moved.append(value)
+    if moved:
+        from kfuse.runtime.executor import _liveness
+
+        plan.release_after = _liveness(graph, plan.steps)
+    return moved
 
 
 def write_in_place(plan: Plan) -> list[dict[str, Any]]:
     """Make each written value in its input where that is exact (see the module doc); returns, per write,
     what runs: ``in place`` (and the op), or ``copied back`` and why."""
+    sink_unread_updates(plan)
     graph = plan.graph
     nodes = graph.node_map()
     targets = [i for _, i in plan.input_writes]

@@ -373,9 +373,10 @@ def _rotary_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# cache_write: cache [B, H, L, D], index [T], x [B, H, T, D] (, cos, sin): a KV cache's update,
-#   cache.index_copy(2, index, rotary(x, cos, sin) or x), with the rotary node's attrs (rotary_dims,
-#   interleaved); kfuse.passes.fuse_cache_write makes it, kfuse.runtime.state_writes runs it in place
+# cache_write: cache [B, H, L, D], index [T], x [B, H, T, D] (, cos, sin) (, offset): a KV cache's update,
+#   cache.index_copy(2, index (+ offset), rotary(x, cos, sin) or x), with the rotary node's attrs (rotary_dims,
+#   interleaved) and index_offset (the last input is one integer added to every position: the cache's length);
+#   kfuse.passes.fuse_cache_write makes it, kfuse.runtime.state_writes runs it in place
 # ---------------------------------------------------------------------------------------
 def _cache_write_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:
     return types[0]
@@ -383,8 +384,10 @@ def _cache_write_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType
 
 @ops.register("cache_write", ops.FUSED, infer=_cache_write_type)
 def _cache_write_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
-    cache, index, x = xs[:3]
-    src = _rotary_ref([x, xs[3], xs[4]], a) if len(xs) == 5 else x
+    cache, index, x, *rest = xs
+    if a.get("index_offset"):
+        index, rest = index + rest[-1].reshape(()), rest[:-1]
+    src = _rotary_ref([x, *rest], a) if rest else x
     return cache.index_copy(2, index, src.to(cache.dtype))
 
 
@@ -393,15 +396,18 @@ def _lower_cache_write(node: Node, graph: Graph, backend: str) -> Step | None:
     from kfuse.kernels.rotary import write_rows
 
     rd, interleaved = node.attrs.get("rotary_dims"), bool(node.attrs.get("interleaved"))
-    rotate = len(node.inputs) == 5
+    offset = bool(node.attrs.get("index_offset"))
+    rotate = len(node.inputs) - offset == 5
 
     def kernel_in_place(xs: list[torch.Tensor]) -> torch.Tensor:
         cos, sin = (xs[3], xs[4]) if rotate else (None, None)
-        return write_rows(xs[2], xs[0], xs[1], cos, sin, rotary_dims=rd, interleaved=interleaved)
+        off = xs[-1] if offset else None
+        return write_rows(xs[2], xs[0], xs[1], cos, sin, rotary_dims=rd, interleaved=interleaved, index_offset=off)
 
     def torch_in_place(xs: list[torch.Tensor]) -> torch.Tensor:  # PyTorch's ops, still in place: no cache copy a token
         src = _rotary_ref(xs[2:5], node.attrs) if rotate else xs[2]
-        return xs[0].index_copy_(2, xs[1], src.to(xs[0].dtype))
+        index = xs[1] + xs[-1].reshape(()) if offset else xs[1]
+        return xs[0].index_copy_(2, index, src.to(xs[0].dtype))
 
     in_place = torch_in_place if backend == "torch" else kernel_in_place
 
@@ -409,7 +415,8 @@ def _lower_cache_write(node: Node, graph: Graph, backend: str) -> Step | None:
         return in_place([xs[0].clone(), *xs[1:]])
 
     run.in_place = in_place  # type: ignore[attr-defined]
-    what = "rows at the index" + (f", {'rotate_every_two' if interleaved else 'rotate_half'} rotary first" if rotate else "")
+    pairing = "rotate_every_two" if interleaved else "rotate_half"
+    what = ("rows at the index + offset" if offset else "rows at the index") + (f", {pairing} rotary first" if rotate else "")
     template = "torch" if backend == "torch" else "cache_write"
     return Step(node.name, node.inputs, run, KernelInfo(node.name, template, tuple(node.attrs.get("fused_ops", ())), what))
 

@@ -121,11 +121,13 @@ def test_interleaved_rotary_pairs_neighbouring_columns(dtype, d, rot, device):
     assert not torch.allclose(half.float(), want, atol=1e-2)
 
 
+@pytest.mark.parametrize("offset", [None, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("variant", ["plain", "rotate_half", "interleaved", "partial"])
-def test_write_rows_is_index_copy_of_the_rotary(variant: str, dtype: torch.dtype) -> None:
+def test_write_rows_is_index_copy_of_the_rotary(variant: str, dtype: torch.dtype, offset: int | None) -> None:
     """A KV cache's update in one pass: the rows at the index get rotary(x) (or x), every other row of the cache
-    keeps its value; the cache is a strided slice of a larger buffer, the index is not sorted."""
+    keeps its value; the cache is a strided slice of a larger buffer, the index is not sorted. With an offset,
+    the rows land at index + offset (a one-element tensor: the cache's length)."""
     from kfuse.kernels.rotary import reference, write_rows
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -134,14 +136,16 @@ def test_write_rows_is_index_copy_of_the_rotary(variant: str, dtype: torch.dtype
     x = torch.randn(b, t, h, d, generator=g).to(device, dtype).transpose(1, 2)  # [B, H, T, D] head-split view
     cache = torch.randn(b, h, slots + 2, d, generator=g).to(device, dtype)[:, :, 1 : slots + 1]
     before = cache.clone()
-    index = torch.tensor([7, 2, 9, 3], device=device)
+    index = torch.tensor([7, 2, 9, 3], device=device) - (offset or 0)
+    off = None if offset is None else torch.tensor([offset], device=device)
     rd = {"partial": 8}.get(variant)
     cos = sin = None
     if variant != "plain":
         angle = torch.randn(1, 1, t, rd or d, generator=g).to(device)
         cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
-    out = write_rows(x, cache, index, cos, sin, rotary_dims=rd, interleaved=variant == "interleaved")
+    out = write_rows(x, cache, index, cos, sin, rotary_dims=rd, interleaved=variant == "interleaved", index_offset=off)
     assert out is cache
+    index = index + (offset or 0)
     rows = x if cos is None else reference(x, cos, sin, rotary_dims=rd, interleaved=variant == "interleaved").to(dtype)
     want = before.index_copy(2, index, rows)
     tol = 1e-6 if dtype == torch.float32 else 2e-3
@@ -173,6 +177,8 @@ def test_write_rows_refuses_shapes_it_does_not_take() -> None:
         write_rows(x, torch.randn(1, 3, 9, 8), torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match="do not broadcast"):
         write_rows(x, cache, torch.tensor([0, 1, 2]), torch.randn(4, 8), torch.randn(4, 8))
+    with pytest.raises(ValueError, match="index_offset must be one int32/int64 element"):
+        write_rows(x, cache, torch.tensor([0, 1, 2]), index_offset=torch.tensor([1, 2]))
 
 
 _SM90_SCRIPT = r"""
@@ -186,10 +192,11 @@ from kfuse.kernels import rotary
 k = rotary._rotary_fwd
 names = k.arg_names
 sig = {n: "i32" for n in names}
-sig.update({"X": "*fp16", "C": "*fp16", "S": "*fp16", "Out": "*fp16", "OutIdx": "*i64"})
+sig.update({"X": "*fp16", "C": "*fp16", "S": "*fp16", "Out": "*fp16", "OutIdx": "*i64", "IdxOffset": "*i64"})
 out = {}
 for out_index, rotate in ((False, True), (True, True), (True, False)):
-    const = dict(BLOCK_R=4, BLOCK_H=32, BLOCK_P=0, INTERLEAVED=False, OUT_INDEX=out_index, ROTATE=rotate, PDL=True)
+    const = dict(BLOCK_R=4, BLOCK_H=32, BLOCK_P=0, INTERLEAVED=False, OUT_INDEX=out_index, INDEX_OFFSET=out_index, ROTATE=rotate,
+                 PDL=True)
     s = {n: ("constexpr" if n in const else sig[n]) for n in names}
     src = ASTSource(k, s, {(names.index(n),): v for n, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})

@@ -99,3 +99,65 @@ def test_pytorch_backend_writes_the_cache_in_place_too() -> None:
         with torch.no_grad():
             torch.testing.assert_close(compiled(*args), eager(*args), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(model.k, eager.k, rtol=1e-5, atol=1e-5)
+
+
+class _CountedLayer(nn.Module):
+    """transformers' ``StaticLayer``: the positions are ``arange(T) + length``, the length a buffer bumped before the
+    writes read the positions. ``mask_from_positions``: the mask reads the positions too (a second reader)."""
+
+    def __init__(self, mask_from_positions: bool = False) -> None:
+        super().__init__()
+        self.heads, self.dim, self.slots = 2, 8, 12
+        self.qkv = nn.Linear(16, 3 * 16)
+        self.register_buffer("k", torch.zeros(1, self.heads, self.slots, self.dim))
+        self.register_buffer("v", torch.zeros(1, self.heads, self.slots, self.dim))
+        self.register_buffer("length", torch.tensor(0))
+        self.mask_from_positions = mask_from_positions
+
+    def forward(self, x: torch.Tensor, last: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (z.view(b, t, self.heads, self.dim).transpose(1, 2) for z in self.qkv(x).chunk(3, -1))
+        k = k * cos + _rotate_half(k) * sin
+        positions = torch.arange(t, device=x.device) + self.length
+        self.length.add_(t)
+        self.k.index_copy_(2, positions, k)
+        self.v.index_copy_(2, positions, v)
+        limit = positions[-1] if self.mask_from_positions else last[-1]
+        mask = torch.arange(self.slots, device=x.device)[None, None, None, :] <= limit
+        o = F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask)
+        return o.transpose(1, 2).reshape(b, t, -1)
+
+
+def _run_counted(mask_from_positions: bool) -> kfuse.CompiledModel:
+    torch.manual_seed(0)
+    model, eager = _CountedLayer(mask_from_positions).eval().to(DEVICE), _CountedLayer(mask_from_positions).eval().to(DEVICE)
+    eager.load_state_dict(model.state_dict())
+    compiled = kfuse.compile(model, _inputs(0))
+    assert int(model.length) == 0  # compiling wrote nothing
+    for step in range(4):
+        args = _inputs(step)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*args), eager(*args), rtol=1e-5, atol=1e-5)
+        for name in ("k", "v", "length"):
+            torch.testing.assert_close(getattr(model, name), getattr(eager, name), rtol=1e-5, atol=1e-5)
+    assert int(model.length) == 4
+    return compiled
+
+
+def test_the_positions_add_folds_into_the_writes_and_the_counter_moves_after_them() -> None:
+    """``arange + length`` is read by the two writes alone: both add it as they read the index (no add launch), and
+    the counter's bump, which came before the writes, runs after them, in place."""
+    compiled = _run_counted(mask_from_positions=False)
+    writes = [n for n in compiled.plan.graph.nodes if n.op == "cache_write"]
+    assert len(writes) == 2 and all(n.attrs.get("index_offset") for n in writes)
+    assert all(n.inputs[-1] == "length" or "length" in n.inputs[-1] for n in writes), [n.inputs for n in writes]
+    assert all(w["how"] == "in place" for w in compiled.report["state_writes"]), compiled.report["state_writes"]
+    steps = compiled.plan.steps
+    bump = max(i for i, s in enumerate(steps) if "add" in s.info.ops and s.info.template == "torch")
+    assert max(i for i, s in enumerate(steps) if s.info.template == "cache_write") < bump
+
+
+def test_positions_read_elsewhere_keep_their_add() -> None:
+    compiled = _run_counted(mask_from_positions=True)
+    assert not any(n.attrs.get("index_offset") for n in compiled.plan.graph.nodes if n.op == "cache_write")
+    assert all(w["how"] == "in place" for w in compiled.report["state_writes"]), compiled.report["state_writes"]
