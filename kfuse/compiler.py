@@ -47,6 +47,9 @@ class Options:
     # a KV cache's index_copy (with the key's rotary embedding before it) -> one cache_write kernel, run in place on
     # a static cache (kfuse.passes.fuse_cache_write); off: PyTorch's index_copy after the rotary kernel
     fuse_cache_write: bool = True
+    # a decode step's query rotary applied by the decode attention kernel as it reads the query
+    # (kfuse.passes.fuse_query_rotary); off: the rotary kernel's own launch a layer
+    fuse_query_rotary: bool = True
     # row-only data movement (Swin's roll + window partition) -> one row gather, folded into the LayerNorm before it
     gather_rows: bool = True
     # merge a GEMM whose value goes into a GELU / ReLU with the GEMMs that share its input (its activation then
@@ -217,6 +220,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.fuse_pointwise import fuse_pointwise
 
         stages.append(("fuse_pointwise", lambda g: fuse_pointwise(g, options.global_pool)))
+    if options.fuse_query_rotary and options.fuse_attention and options.fuse_rotary:  # after varlen, which reads attention inputs
+        from kfuse.passes.fuse_query_rotary import fuse_query_rotary
+
+        stages.append(("fuse_query_rotary", fuse_query_rotary))
     if options.tune != "none":  # it tunes the GEMM/conv kernels the fusion stages made
         from kfuse.tune.tuner import tune_graph
 

@@ -21,7 +21,11 @@ from kfuse.bench.kernel_profile import profile_summary
 
 SIDES = ("eager", "eager_cudagraph", "compile", "compile_cudagraphs", "kfuse")
 # kfuse compiled with one option changed: an A/B in the same run, reported apart from the PyTorch baselines
-ABLATIONS = {"kfuse_no_cache_write": {"fuse_cache_write": False}, "kfuse_no_pdl": {"pdl": False}}
+ABLATIONS = {
+    "kfuse_no_cache_write": {"fuse_cache_write": False},
+    "kfuse_no_query_rotary": {"fuse_query_rotary": False},
+    "kfuse_no_pdl": {"pdl": False},
+}
 _MODES = {"compile": None, "compile_cudagraphs": "reduce-overhead"}
 
 

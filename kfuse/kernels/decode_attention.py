@@ -12,6 +12,11 @@ alone, and its 64-row query tile holds one valid row. Two changes fit the shape 
   their unnormalised output with its row max and row sum (fp32); a second kernel rescales and sums the
   chunks. The grid is batch x kv-heads x splits, sized to fill the GPU.
 
+The query's rotary embedding may be applied as the kernel reads the query (``cos`` / ``sin``: rotate_half or
+rotate_every_two pairing, all or the first ``rotary_dims`` columns, in fp32 and rounded to the query's dtype, as
+``kfuse.kernels.rotary`` computes it): a decode layer's rotary launch for the query is then folded in
+(``kfuse.passes.fuse_query_rotary``).
+
 Masks are the dense kind (a bool or additive mask broadcastable to ``[B, H, Sq, Sk]``, as Hugging Face
 builds for a static cache's unfilled slots) or none; no causal flag (one query row per sequence has none
 to apply; with several, the mask carries it). Rows whose keys are all masked give zeros, as the dense
@@ -40,13 +45,14 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_split(
-    q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, cos_ptr, sin_ptr,
     qk_scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
     smb, smh, sms, smn,
-    heads, kv_heads, sq, sk, d, group, chunk, splits,
+    scb, sch, scs, scd, ssb, ssh, sss, ssd,
+    heads, kv_heads, sq, sk, d, group, chunk, splits, rot_half,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    ROTARY: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     bk = tl.program_id(0)  # batch x kv head
@@ -59,9 +65,22 @@ def _decode_split(
     row_ok = rows < group * sq
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < d
-    q = tl.load(
-        q_ptr + b * sqb + head[:, None] * sqh + pos[:, None] * sqs + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0
-    )
+    q_rows = q_ptr + b * sqb + head[:, None] * sqh + pos[:, None] * sqs
+    q = tl.load(q_rows + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if ROTARY != 0:  # the query's rotary embedding, applied as it is read (1: rotate_half, 2: rotate_every_two)
+        rot_ok = dims < 2 * rot_half
+        if ROTARY == 1:  # column i pairs with i + rd/2: out = x * cos + cat(-x2, x1) * sin
+            partner = tl.where(dims < rot_half, dims + rot_half, dims - rot_half)
+            sign = tl.where(dims < rot_half, -1.0, 1.0)
+        else:  # column 2i pairs with 2i + 1
+            partner = dims ^ 1
+            sign = tl.where(dims % 2 == 0, -1.0, 1.0)
+        rmask = row_ok[:, None] & rot_ok[None, :]
+        qp = tl.load(q_rows + partner[None, :], mask=rmask, other=0.0).to(tl.float32)
+        cs = tl.load(cos_ptr + b * scb + head[:, None] * sch + pos[:, None] * scs + dims[None, :] * scd, mask=rmask, other=1.0)
+        sn = tl.load(sin_ptr + b * ssb + head[:, None] * ssh + pos[:, None] * sss + dims[None, :] * ssd, mask=rmask, other=0.0)
+        rotated = q.to(tl.float32) * cs.to(tl.float32) + sign[None, :] * qp * sn.to(tl.float32)
+        q = tl.where(rot_ok[None, :], rotated, q.to(tl.float32)).to(q_ptr.dtype.element_ty)
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
@@ -152,11 +171,16 @@ def decode_attention(
     out: torch.Tensor | None = None,
     splits: int | None = None,
     block_n: int = 64,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    rotary_dims: int | None = None,
+    interleaved: bool = False,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, Sq, D]`` over ``k``, ``v`` ``[B, H / G, Sk, D]`` (grouped-query: query head
     ``h`` reads key/value head ``h // G``), any strides with a contiguous head dim. ``mask``: bool (True =
-    attend) or additive, broadcastable to ``[B, H, Sq, Sk]``. Returns ``[B, H, Sq, D]`` (or writes ``out``,
-    any strides)."""
+    attend) or additive, broadcastable to ``[B, H, Sq, Sk]``. With ``cos`` / ``sin`` (broadcastable to
+    ``[B, H, Sq, rotary_dims]``) the query is ``rotary(q, cos, sin, rotary_dims, interleaved)`` first, applied as
+    it is read. Returns ``[B, H, Sq, D]`` (or writes ``out``, any strides)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4 or t.stride(-1) != 1:
             raise ValueError(f"decode_attention: {name} must be 4-D with a contiguous head dim, got {tuple(t.shape)} {t.stride()}")
@@ -179,6 +203,17 @@ def decode_attention(
         except RuntimeError:
             raise ValueError(f"decode_attention: mask {tuple(mask.shape)} does not broadcast to [{b}, {h}, {sq}, {sk}]") from None
         ms = tuple(m.stride())
+    rot_kind, c4, s4 = 0, q, q
+    rd = d if rotary_dims is None else rotary_dims
+    if cos is not None and sin is not None:
+        from kfuse.kernels.rotary import _cos_sin_4d
+
+        if rd % 2 or not 0 < rd <= d:
+            raise ValueError(f"decode_attention: an even number of rotated dims up to {d} is needed, got {rd}")
+        rot_kind = 2 if interleaved else 1
+        c4, s4 = _cos_sin_4d(cos, sin, torch.Size((b, h, sq, rd)), q.shape)
+    cs = tuple(c4.stride()) if rot_kind else (0, 0, 0, 0)
+    ss = tuple(s4.stride()) if rot_kind else (0, 0, 0, 0)
     block_d = max(16, triton.next_power_of_2(d))
     n = splits or default_splits(b * hk, sk, block_n, _sms(q.device))
     chunk = triton.cdiv(max(sk, 1), n)
@@ -187,11 +222,11 @@ def decode_attention(
     ml = torch.empty((b * h * sq * n, 2), dtype=torch.float32, device=q.device)
     pdl_kw = pdl.launch_kwargs()
     _decode_split[(b * hk, n)](
-        q, k, v, m, acc, ml, scale * _LOG2E,
+        q, k, v, m, acc, ml, c4, s4, scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        *ms, h, hk, sq, sk, d, group, chunk, n,
+        *ms, *cs, *ss, h, hk, sq, sk, d, group, chunk, n, rd // 2,
         BLOCK_R=max(16, triton.next_power_of_2(group * sq)), BLOCK_N=block_n, BLOCK_D=block_d, MASK_KIND=kind,
-        PRECISION=dot_precision(q.dtype),
+        PRECISION=dot_precision(q.dtype), ROTARY=rot_kind,
         num_warps=4, **pdl_kw,
     )  # fmt: skip
     _decode_combine[(b * h * sq,)](

@@ -72,7 +72,24 @@ def _attention_mask(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tenso
     return xs[3] if len(xs) > 3 else None
 
 
+def _query_rotated(xs: list[torch.Tensor], a: Mapping[str, Any], kernel: bool = False) -> list[torch.Tensor]:
+    """The inputs with the query rotated where the node folded its rotary embedding in (``q_rotary``: cos and sin
+    are its last two inputs; ``kfuse.passes.fuse_query_rotary``), by PyTorch's ops or (``kernel``) the rotary
+    kernel, for the candidates that take the query as it is."""
+    rot = a.get("q_rotary")
+    if not rot:
+        return xs
+    if kernel:
+        from kfuse.kernels.rotary import rotary
+
+        q = rotary(xs[0], xs[-2], xs[-1], dtype=xs[0].dtype, rotary_dims=rot.get("rotary_dims"), interleaved=rot["interleaved"])
+    else:
+        q = _rotary_ref([xs[0], xs[-2], xs[-1]], rot).to(xs[0].dtype)
+    return [q, *xs[1:-2]]
+
+
 def _fused_attention_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    xs = _query_rotated(xs, a)
     q, k, v = _qkv(xs, a)
     mask, causal = _sdpa_mask(_attention_mask(xs, a), a, q.shape[2], k.shape[2], q.device)
     if mask is not None and mask.dtype != torch.bool:
@@ -96,6 +113,8 @@ def describe_attention(a: Mapping[str, Any]) -> str:
         parts.append(f"gqa{a['kv_group']}")
     if a.get("causal"):
         parts.append("causal")
+    if a.get("q_rotary"):
+        parts.append("query rotary folded in")
     if a.get("note"):
         parts.append(f"note: {a['note']}")
     return " ".join(parts)
@@ -109,8 +128,10 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
 
     a = dict(node.attrs)
     kind = a["mask_kind"]
+    rot = a.get("q_rotary")
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        xs = _query_rotated(xs, a, kernel=True)
         q, k, v = _unit_stride_heads(xs, a)
         mask = xs[3] if len(xs) > 3 else None
         mask2 = xs[4] if a.get("mask2") else None
@@ -128,9 +149,13 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         # one tile (kfuse.kernels.decode_attention)
         from kfuse.kernels.decode_attention import decode_attention
 
+        cos, sin = (xs[-2], xs[-1]) if rot else (None, None)
+        xs = xs[:-2] if rot else xs
         q, k, v = _unit_stride_heads(xs, a)
         out, o4 = _merged_output(q, a)
-        res = decode_attention(q, k, v, mask=xs[3] if len(xs) > 3 and kind == "dense" else None, scale=a["scale"], out=o4)
+        mask = xs[3] if len(xs) > 3 and kind == "dense" else None
+        rd, inter = (rot.get("rotary_dims"), rot["interleaved"]) if rot else (None, False)
+        res = decode_attention(q, k, v, mask=mask, scale=a["scale"], out=o4, cos=cos, sin=sin, rotary_dims=rd, interleaved=inter)
         return res if out is None else out
 
     ops_ = tuple(a.get("fused_ops", ("sdpa",)))
@@ -198,8 +223,8 @@ def _attention_choice(node: Node, graph: Graph, backend: str, options: Any, kern
     if backend == "torch":
         return "kernel", kernels["kernel"], ""
 
-    def run_sdpa(xs: list[torch.Tensor]) -> torch.Tensor:
-        return _fused_attention_ref(xs, node.attrs)
+    def run_sdpa(xs: list[torch.Tensor]) -> torch.Tensor:  # a folded query rotary runs as the rotary kernel first
+        return _fused_attention_ref(_query_rotated(xs, node.attrs, kernel=True), {**node.attrs, "q_rotary": None})
 
     if mode == "always":
         return "sdpa", run_sdpa, "SDPA (forced)"

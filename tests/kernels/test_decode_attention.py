@@ -121,14 +121,14 @@ split = DA._decode_split
 names = split.arg_names
 sig = {n: "i32" for n in names}
 sig.update({n: "*fp16" for n in ("q_ptr", "k_ptr", "v_ptr")})
-sig.update({"mask_ptr": "*u8", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "qk_scale": "fp32"})
-for rows, kind in ((16, 1), (64, 0)):
-    const = dict(BLOCK_R=rows, BLOCK_N=64, BLOCK_D=64, MASK_KIND=kind, PRECISION="tf32", PDL=True)
+sig.update({"mask_ptr": "*u8", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "qk_scale": "fp32", "cos_ptr": "*fp16", "sin_ptr": "*fp16"})
+for rows, kind, rot in ((16, 1, 1), (64, 0, 0), (16, 1, 2)):
+    const = dict(BLOCK_R=rows, BLOCK_N=64, BLOCK_D=64, MASK_KIND=kind, PRECISION="tf32", ROTARY=rot, PDL=True)
     s = {n: ("constexpr" if n in const else sig[n]) for n in names}
     src = ASTSource(split, s, {(names.index(k),): v for k, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     facts = sass_facts(ck.asm["cubin"])
-    out[f"split_{rows}_{kind}"] = facts
+    out[f"split_{rows}_{kind}" + (f"_rot{rot}" if rot else "")] = facts
 comb = DA._decode_combine
 names = comb.arg_names
 const = dict(BLOCK_S=16, BLOCK_D=64, PDL=True)
@@ -148,5 +148,36 @@ def test_sm90_compiles_without_spills() -> None:
     got = run_offline_script(_SM90_SCRIPT, None, timeout=600)
     for name, facts in got.items():
         assert facts["STL"] == 0 and facts["LDL"] == 0 and facts["LOCAL"] == 0, (name, facts)
-    for name in ("split_16_1", "split_64_0"):
+    for name in ("split_16_1_rot1", "split_64_0", "split_16_1_rot2"):
         assert got[name]["REG"] <= 255, got[name]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("pairing,rotary_dims", [("rotate_half", None), ("interleaved", None), ("rotate_half", 8), ("interleaved", 6)])
+def test_the_querys_rotary_applied_as_it_is_read(pairing: str, rotary_dims: int | None, dtype: torch.dtype) -> None:
+    """``cos`` / ``sin`` fold the query's rotary embedding into the kernel: the same result as the rotary kernel's
+    output attended (HF's ``[B, Sq, rd]`` cos unsqueezed at the heads, a bool mask, GQA, two query rows, odd dims)."""
+    from kfuse.kernels.rotary import reference as rotary_reference
+
+    b, h, hk, sq, sk, d = 2, 6, 2, 2, 37, 24
+    q, k, v = _qkv(b, h, hk, sq, sk, d, dtype, seed=5)
+    g = torch.Generator().manual_seed(6)
+    angle = torch.randn(b, 1, sq, rotary_dims or d, generator=g)
+    cos, sin = angle.cos().to(DEVICE, dtype), angle.sin().to(DEVICE, dtype)
+    mask = (torch.rand(b, 1, sq, sk, generator=g) > 0.2).to(DEVICE)
+    out = torch.full((b, h, sq, d), float("nan"), dtype=dtype, device=DEVICE)
+    DA.decode_attention(q, k, v, mask=mask, out=out, block_n=16, cos=cos, sin=sin, rotary_dims=rotary_dims,
+                        interleaved=pairing == "interleaved")  # fmt: skip
+    rq = rotary_reference(q, cos, sin, rotary_dims=rotary_dims, interleaved=pairing == "interleaved").to(dtype)
+    _close(out, DA.reference(rq, k, v, mask), dtype)
+    plain = DA.decode_attention(q, k, v, mask=mask, block_n=16)
+    assert (plain.float() - out.float()).abs().max() > 10 * TOL[dtype]  # the rotation changed the result
+
+
+def test_rotary_arguments_it_refuses() -> None:
+    q, k, v = _qkv(1, 4, 2, 1, 20, 16, torch.float32)
+    cos = torch.ones(1, 1, 1, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="even number of rotated dims"):
+        DA.decode_attention(q, k, v, cos=cos, sin=cos, rotary_dims=5)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        DA.decode_attention(q, k, v, cos=torch.ones(1, 1, 3, 16, device=DEVICE), sin=cos)
