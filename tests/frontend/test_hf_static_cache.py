@@ -131,6 +131,10 @@ def test_decoder_families_generate_as_eager_does(family: str) -> None:
     report = made[0].kfuse_compiled.report
     assert report["state_writes"] and all(w["how"] == "in place" for w in report["state_writes"])
     assert report["fallback"] == []
+    configs = [k.get("config", "") for k in report["kernels"]]
+    assert sum("index + offset" in c for c in configs) == 2 * cfg.num_hidden_layers  # the positions' add folded
+    if family != "opt":  # rotary families: the query's rotary is read by the attention kernel
+        assert sum("query rotary folded in" in c for c in configs) == cfg.num_hidden_layers, configs
 
 
 def test_kfuse_compile_of_a_decode_step_with_a_static_cache() -> None:
