@@ -87,11 +87,17 @@ def measured_step(
         from kfuse.runtime.choice import choose, example_inputs, problem_key
 
         ref, a = ops.get(node.op).reference, dict(node.attrs)
-        xs = example_inputs(node, graph) if channels_last else None  # None: choose makes them on a cache miss only
-        if xs is not None and xs[0].dim() == 4:
-            xs[0] = xs[0].contiguous(memory_format=torch.channels_last)
+
+        def channels_last_inputs() -> list[torch.Tensor]:
+            xs = example_inputs(node, graph)
+            if xs[0].dim() == 4:
+                xs[0] = xs[0].contiguous(memory_format=torch.channels_last)
+            return xs
+
         key = problem_key(node, graph, "channels_last") if channels_last else problem_key(node, graph)
-        choice, times = choose(node, graph, {"kernel": run, "torch": lambda xs: ref(xs, a)}, key, inputs=xs)
+        # the inputs are made on a cache miss only (choose calls the function then)
+        inputs = channels_last_inputs if channels_last else None
+        choice, times = choose(node, graph, {"kernel": run, "torch": lambda xs: ref(xs, a)}, key, inputs=inputs)
         if choice != "kernel":
             return None
         desc += f"; {times['kernel'] * 1e3:.1f} us vs PyTorch {times['torch'] * 1e3:.1f} us"

@@ -75,6 +75,20 @@ def test_given_inputs_are_used(device) -> None:
     assert seen and all(x is cu for x in seen)
 
 
+def test_an_inputs_function_is_called_on_a_miss_only(device) -> None:
+    """Inputs given as a function (the pool kernels' channels-last copies) are made for a measurement only."""
+    g, node = _graph()
+    made = []
+
+    def inputs():
+        made.append(1)
+        return [torch.randn(4, 8, device=device)]
+
+    first = choice.choose(node, g, {"only": lambda xs: xs[0]}, ("k", 3), inputs)
+    assert first[0] == "only" and made == [1]
+    assert choice.choose(node, g, {"only": lambda xs: xs[0]}, ("k", 3), inputs) == first and made == [1]
+
+
 def test_choices_persist_in_the_tuning_database(monkeypatch, tmp_path, device) -> None:
     """A second process (a cleared in-process cache) reads the choice back instead of measuring."""
     from kfuse.tune.database import TuningDB
