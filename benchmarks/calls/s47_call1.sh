@@ -10,6 +10,6 @@ OUT=$R bash benchmarks/run_suite_gpu.sh 90 tests/kernels/test_decode_attention.p
   tests/runtime/test_state_writes.py tests/runtime/test_attention_choice.py tests/test_kernel_profile.py
 grep -h "^    E \|FAILED\|Error" "$R/suite.log" | head -30
 PYTHONPATH=. timeout 440 python benchmarks/decode_bench.py --out "$R" --batches 1 --generate 0 --profile kfuse,eager_cudagraph,compile_cudagraphs \
-  --sides eager,eager_cudagraph,compile,compile_cudagraphs,kfuse,kfuse_no_cache_write,kfuse_no_query_rotary,kfuse_no_pdl 2>&1 \
+  --sides eager,eager_cudagraph,kfuse,compile_cudagraphs,compile,kfuse_no_cache_write,kfuse_no_query_rotary,kfuse_no_pdl 2>&1 \
   | grep -v "FutureWarning\|return cls.__new__" | tee "$R/dec1.log"
 tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$R"
