@@ -10,7 +10,8 @@ alone, and its 64-row query tile holds one valid row. Two changes fit the shape 
   not G times, and the tensor-core tile is G x Sq rows full, not 1;
 - **split-KV** (flash-decoding): the cache is cut into ``splits`` chunks, one program each, which write
   their unnormalised output with its row max and row sum (fp32); a second kernel rescales and sums the
-  chunks. The grid is batch x kv-heads x splits, sized to fill the GPU.
+  chunks. The grid is batch x kv-heads x splits, sized to fill the GPU. With one chunk (``splits=1``: a large
+  batch fills the GPU alone, or a short cache) the program writes the output itself, and nothing is combined.
 
 The query's rotary embedding may be applied as the kernel reads the query (``cos`` / ``sin``: rotate_half or
 rotate_every_two pairing, all or the first ``rotary_dims`` columns, in fp32 and rounded to the query's dtype, as
@@ -45,14 +46,14 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_split(
-    q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, cos_ptr, sin_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, cos_ptr, sin_ptr, o_ptr,
     qk_scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
     smb, smh, sms, smn,
-    scb, sch, scs, scd, ssb, ssh, sss, ssd,
+    scb, sch, scs, scd, ssb, ssh, sss, ssd, sob, soh, sos,
     heads, kv_heads, sq, sk, d, group, chunk, splits, rot_half,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
-    ROTARY: tl.constexpr, PDL: tl.constexpr,
+    ROTARY: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     bk = tl.program_id(0)  # batch x kv head
@@ -108,11 +109,15 @@ def _decode_split(
         vt = tl.load(v_ptr + b * svb + hk * svh + keys[:, None] * svs + dims[None, :], mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
         m_i = m_new
-    # partials of (batch, query head, position, split): acc [.., D], then (row max, row sum)
-    slot = ((b * heads + head) * sq + pos) * splits + split
-    tl.store(acc_ptr + slot[:, None] * BLOCK_D + dims[None, :], acc, mask=row_ok[:, None])
-    tl.store(ml_ptr + slot * 2, m_i, mask=row_ok)
-    tl.store(ml_ptr + slot * 2 + 1, l_i, mask=row_ok)
+    if SINGLE:  # one chunk: the output itself, no partials and no combine launch (rows with no key allowed: zeros)
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_rows = o_ptr + b * sob + head[:, None] * soh + pos[:, None] * sos
+        tl.store(o_rows + dims[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    else:  # partials of (batch, query head, position, split): acc [.., D], then (row max, row sum)
+        slot = ((b * heads + head) * sq + pos) * splits + split
+        tl.store(acc_ptr + slot[:, None] * BLOCK_D + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(ml_ptr + slot * 2, m_i, mask=row_ok)
+        tl.store(ml_ptr + slot * 2 + 1, l_i, mask=row_ok)
 
 
 @triton.jit
@@ -218,17 +223,20 @@ def decode_attention(
     n = splits or default_splits(b * hk, sk, block_n, _sms(q.device))
     chunk = triton.cdiv(max(sk, 1), n)
     n = triton.cdiv(max(sk, 1), chunk)  # no empty chunk at the end
-    acc = torch.empty((b * h * sq * n, block_d), dtype=torch.float32, device=q.device)
-    ml = torch.empty((b * h * sq * n, 2), dtype=torch.float32, device=q.device)
+    single = n == 1
+    acc = o if single else torch.empty((b * h * sq * n, block_d), dtype=torch.float32, device=q.device)
+    ml = o if single else torch.empty((b * h * sq * n, 2), dtype=torch.float32, device=q.device)
     pdl_kw = pdl.launch_kwargs()
     _decode_split[(b * hk, n)](
-        q, k, v, m, acc, ml, c4, s4, scale * _LOG2E,
+        q, k, v, m, acc, ml, c4, s4, o, scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        *ms, *cs, *ss, h, hk, sq, sk, d, group, chunk, n, rd // 2,
+        *ms, *cs, *ss, o.stride(0), o.stride(1), o.stride(2), h, hk, sq, sk, d, group, chunk, n, rd // 2,
         BLOCK_R=max(16, triton.next_power_of_2(group * sq)), BLOCK_N=block_n, BLOCK_D=block_d, MASK_KIND=kind,
-        PRECISION=dot_precision(q.dtype), ROTARY=rot_kind,
+        PRECISION=dot_precision(q.dtype), ROTARY=rot_kind, SINGLE=single,
         num_warps=4, **pdl_kw,
     )  # fmt: skip
+    if single:
+        return o
     _decode_combine[(b * h * sq,)](
         acc, ml, o, o.stride(0), o.stride(1), o.stride(2), h, sq, d, n,
         BLOCK_S=max(2, triton.next_power_of_2(n)), BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2, **pdl_kw,

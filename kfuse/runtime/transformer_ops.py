@@ -8,6 +8,7 @@ Imported by the passes that create these ops, so registration happens before low
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -144,7 +145,7 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         res = K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], out=o4, mask2=mask2)
         return res if out is None else out
 
-    def run_decode(xs: list[torch.Tensor]) -> torch.Tensor:
+    def run_decode(xs: list[torch.Tensor], splits: int | None = None) -> torch.Tensor:
         # a decode step's few query rows over a long cache: split along the keys, a key/value head's query heads in
         # one tile (kfuse.kernels.decode_attention)
         from kfuse.kernels.decode_attention import decode_attention
@@ -155,17 +156,20 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         out, o4 = _merged_output(q, a)
         mask = xs[3] if len(xs) > 3 and kind == "dense" else None
         rd, inter = (rot.get("rotary_dims"), rot["interleaved"]) if rot else (None, False)
-        res = decode_attention(q, k, v, mask=mask, scale=a["scale"], out=o4, cos=cos, sin=sin, rotary_dims=rd, interleaved=inter)
+        res = decode_attention(q, k, v, mask=mask, scale=a["scale"], out=o4, splits=splits, cos=cos, sin=sin, rotary_dims=rd,
+                               interleaved=inter)  # fmt: skip
         return res if out is None else out
 
     ops_ = tuple(a.get("fused_ops", ("sdpa",)))
     kernels = {"kernel": run}
     if _decode_shaped(node, graph, a):
         kernels["decode"] = run_decode
+        if backend == "triton" and torch.cuda.is_available():  # measured: one chunk, no combine launch (chunk count untuned)
+            kernels["decode_single"] = partial(run_decode, splits=1)
     name, fn, why = _attention_choice(node, graph, backend, options, kernels)
     if name == "sdpa":
         return Step(node.name, node.inputs, fn, KernelInfo(node.name, "library_attention", ops_, f"{describe_attention(a)}; {why}"))
-    template = "decode_attention" if name == "decode" else "fused_attention"
+    template = "decode_attention" if name.startswith("decode") else "fused_attention"
     return Step(node.name, node.inputs, fn, KernelInfo(node.name, template, ops_, describe_attention(a) + (f"; {why}" if why else "")))
 
 
@@ -235,7 +239,8 @@ def _attention_choice(node: Node, graph: Graph, backend: str, options: Any, kern
         name = "decode" if "decode" in kernels else "kernel"
         return name, kernels[name], ""
     name, times = choose(node, graph, candidates, problem_key(node, graph))
-    label = {"kernel": "kfuse kernel", "decode": "kfuse decode kernel", "sdpa": "PyTorch SDPA"}
+    label = {"kernel": "kfuse kernel", "decode": "kfuse decode kernel", "decode_single": "kfuse decode kernel, one chunk",
+             "sdpa": "PyTorch SDPA"}  # fmt: skip
     return name, candidates[name], ", ".join(f"{label[n]} {t * 1e3:.1f} us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
 
 

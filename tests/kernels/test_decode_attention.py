@@ -37,6 +37,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
         (2, 4, 4, 1, 130, 32, 3),  # MHA, a short last chunk
         (1, 6, 2, 3, 45, 24, 2),  # three query rows per head (speculative tokens), head dim not a power of two
         (3, 2, 1, 1, 5, 16, 4),  # fewer keys than a tile; more chunks asked than there are keys per tile
+        (2, 8, 2, 2, 70, 24, 1),  # one chunk: the program writes the output, no combine
     ],
 )
 def test_matches_reference_without_mask(b, h, hk, sq, sk, d, splits, dtype) -> None:
@@ -70,22 +71,24 @@ def test_additive_mask_and_scale() -> None:
     _close(got, DA.reference(q, k, v, add, scale=0.3), torch.float32)
 
 
-def test_rows_with_every_key_masked_are_zero() -> None:
+@pytest.mark.parametrize("splits", [3, 1])
+def test_rows_with_every_key_masked_are_zero(splits: int) -> None:
     b, h, hk, sq, sk, d = 2, 2, 1, 1, 33, 16
     q, k, v = _qkv(b, h, hk, sq, sk, d, torch.float32, seed=3)
     mask = torch.ones(b, 1, 1, sk, dtype=torch.bool)
     mask[1] = False  # the second sequence attends to nothing
-    got = DA.decode_attention(q, k, v, mask=mask.to(DEVICE), splits=3, block_n=16)
+    got = DA.decode_attention(q, k, v, mask=mask.to(DEVICE), splits=splits, block_n=16)
     assert torch.equal(got[1], torch.zeros_like(got[1]))
     _close(got[:1], DA.reference(q[:1], k[:1], v[:1], mask[:1].to(DEVICE)), torch.float32)
 
 
-def test_strided_output_merges_heads() -> None:
+@pytest.mark.parametrize("splits", [2, 1])
+def test_strided_output_merges_heads(splits: int) -> None:
     """The attention's output written as [B, Sq, H*D] through strides, as the lowering asks."""
     b, h, hk, sq, sk, d = 2, 4, 2, 1, 21, 16
     q, k, v = _qkv(b, h, hk, sq, sk, d, torch.float32, seed=4)
     merged = torch.full((b, sq, h * d), float("nan"), device=DEVICE)
-    DA.decode_attention(q, k, v, out=merged.view(b, sq, h, d).permute(0, 2, 1, 3), splits=2, block_n=16)
+    DA.decode_attention(q, k, v, out=merged.view(b, sq, h, d).permute(0, 2, 1, 3), splits=splits, block_n=16)
     _close(merged.view(b, sq, h, d).permute(0, 2, 1, 3), DA.reference(q, k, v), torch.float32)
 
 
@@ -121,9 +124,10 @@ split = DA._decode_split
 names = split.arg_names
 sig = {n: "i32" for n in names}
 sig.update({n: "*fp16" for n in ("q_ptr", "k_ptr", "v_ptr")})
-sig.update({"mask_ptr": "*u8", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "qk_scale": "fp32", "cos_ptr": "*fp16", "sin_ptr": "*fp16"})
-for rows, kind, rot in ((16, 1, 1), (64, 0, 0), (16, 1, 2)):
-    const = dict(BLOCK_R=rows, BLOCK_N=64, BLOCK_D=64, MASK_KIND=kind, PRECISION="tf32", ROTARY=rot, PDL=True)
+sig.update({"mask_ptr": "*u8", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "qk_scale": "fp32", "cos_ptr": "*fp16", "sin_ptr": "*fp16",
+            "o_ptr": "*fp16"})
+for rows, kind, rot, single in ((16, 1, 1, False), (64, 0, 0, False), (16, 1, 2, True)):
+    const = dict(BLOCK_R=rows, BLOCK_N=64, BLOCK_D=64, MASK_KIND=kind, PRECISION="tf32", ROTARY=rot, SINGLE=single, PDL=True)
     s = {n: ("constexpr" if n in const else sig[n]) for n in names}
     src = ASTSource(split, s, {(names.index(k),): v for k, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -152,9 +156,10 @@ def test_sm90_compiles_without_spills() -> None:
         assert got[name]["REG"] <= 255, got[name]
 
 
+@pytest.mark.parametrize("splits", [None, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("pairing,rotary_dims", [("rotate_half", None), ("interleaved", None), ("rotate_half", 8), ("interleaved", 6)])
-def test_the_querys_rotary_applied_as_it_is_read(pairing: str, rotary_dims: int | None, dtype: torch.dtype) -> None:
+def test_the_querys_rotary_applied_as_it_is_read(pairing: str, rotary_dims: int | None, dtype: torch.dtype, splits: int | None) -> None:
     """``cos`` / ``sin`` fold the query's rotary embedding into the kernel: the same result as the rotary kernel's
     output attended (HF's ``[B, Sq, rd]`` cos unsqueezed at the heads, a bool mask, GQA, two query rows, odd dims)."""
     from kfuse.kernels.rotary import reference as rotary_reference
@@ -167,7 +172,7 @@ def test_the_querys_rotary_applied_as_it_is_read(pairing: str, rotary_dims: int 
     mask = (torch.rand(b, 1, sq, sk, generator=g) > 0.2).to(DEVICE)
     out = torch.full((b, h, sq, d), float("nan"), dtype=dtype, device=DEVICE)
     DA.decode_attention(q, k, v, mask=mask, out=out, block_n=16, cos=cos, sin=sin, rotary_dims=rotary_dims,
-                        interleaved=pairing == "interleaved")  # fmt: skip
+                        interleaved=pairing == "interleaved", splits=splits)  # fmt: skip
     rq = rotary_reference(q, cos, sin, rotary_dims=rotary_dims, interleaved=pairing == "interleaved").to(dtype)
     _close(out, DA.reference(rq, k, v, mask), dtype)
     plain = DA.decode_attention(q, k, v, mask=mask, block_n=16)
