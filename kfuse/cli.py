@@ -346,6 +346,7 @@ def generate(
         ),
     ] = "eager,eager_cudagraph,compile,compile_cudagraphs,kfuse",
     out: Annotated[Path | None, typer.Option(help="write the JSON record here")] = None,
+    profile: Annotated[bool, typer.Option(help="GPU: also list the kernels of kfuse's step and of eager's in a CUDA graph")] = False,
 ) -> None:
     """Decode with a static KV cache: one decode step timed for eager PyTorch (and, on a GPU, eager in a CUDA graph
     and torch.compile) and for kfuse, checked against eager, then whole generate calls per token."""
@@ -370,7 +371,8 @@ def generate(
     console.print(f"decode {model}: batch {batch}, prompt {prompt}, {cache} cache slots, {dt}, {dev}")
     gpu = dev == "cuda"
     r = decode_case(m, batch, prompt, cache, tuple(sides.split(",")), new_tokens, warmup=10 if gpu else 1, rep=50 if gpu else 2,
-                    log=lambda line: console.print(line, highlight=False))  # fmt: skip
+                    log=lambda line: console.print(line, highlight=False),
+                    profile=("kfuse", "eager_cudagraph") if profile else ())  # fmt: skip
     table = Table(title="one decode step (ms)")
     for col in ("side", "ms", "kfuse speedup", "logits err", "generate ms/token"):
         table.add_column(col)

@@ -251,7 +251,7 @@ def test_generate_a_local_causal_lm_checkpoint(tmp_path, monkeypatch: pytest.Mon
     )  # fmt: skip
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "lm")
     out = tmp_path / "gen.json"
-    argv = ["generate", str(tmp_path / "lm"), "--prompt", "5", "--cache", "36", "--new-tokens", "2", "--sides", "eager,kfuse"]
+    argv = ["generate", str(tmp_path / "lm"), "--prompt", "5", "--cache", "36", "--new-tokens", "2", "--sides", "eager,kfuse", "--profile"]
     r = runner.invoke(app, [*argv, "--out", str(out)])
     assert r.exit_code == 0, r.output
     rec = json.loads(out.read_text())
@@ -262,6 +262,7 @@ def test_generate_a_local_causal_lm_checkpoint(tmp_path, monkeypatch: pytest.Mon
     attention = templates.get("decode_attention", 0) + (0 if cpu else templates.get("fused_attention", 0))
     assert attention == 1, templates
     assert all(w["how"] == "in place" for w in rec["kfuse_plan"]["state_writes"])
+    assert set(rec["kernel_profile"]) == (set() if cpu else {"kfuse"})  # kernel profiles need CUPTI: GPU only
 
 
 def test_generate_refuses_a_cache_too_small() -> None:
