@@ -211,12 +211,12 @@ def decode_attention(
     rot_kind, c4, s4 = 0, q, q
     rd = d if rotary_dims is None else rotary_dims
     if cos is not None and sin is not None:
-        from kfuse.kernels.rotary import _cos_sin_4d
+        from kfuse.kernels.rotary import broadcast_cos_sin
 
         if rd % 2 or not 0 < rd <= d:
             raise ValueError(f"decode_attention: an even number of rotated dims up to {d} is needed, got {rd}")
         rot_kind = 2 if interleaved else 1
-        c4, s4 = _cos_sin_4d(cos, sin, torch.Size((b, h, sq, rd)), q.shape)
+        c4, s4 = broadcast_cos_sin(cos, sin, torch.Size((b, h, sq, rd)), q.shape)
     cs = tuple(c4.stride()) if rot_kind else (0, 0, 0, 0)
     ss = tuple(s4.stride()) if rot_kind else (0, 0, 0, 0)
     block_d = max(16, triton.next_power_of_2(d))

@@ -88,7 +88,7 @@ def _as_4d(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t.expand(shape)
 
 
-def _cos_sin_4d(cos: torch.Tensor, sin: torch.Tensor, shape: torch.Size, x_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+def broadcast_cos_sin(cos: torch.Tensor, sin: torch.Tensor, shape: torch.Size, x_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos`` and ``sin`` broadcast to ``shape``; a ValueError naming both where they do not (``expand``'s own
     error is a RuntimeError that names neither)."""
     try:
@@ -131,7 +131,7 @@ def rotary(
         raise ValueError(f"rotary: x must have rank 1-4 and an even number of rotated dims, got shape {tuple(x.shape)}, {rd} rotated")
     shape = x.shape
     x4 = _as_4d(x, torch.Size((1,) * (4 - x.dim()) + tuple(shape)))
-    c4, s4 = _cos_sin_4d(cos, sin, x4.shape[:-1] + (rd,), shape)
+    c4, s4 = broadcast_cos_sin(cos, sin, x4.shape[:-1] + (rd,), shape)
     o = out if out is not None else torch.empty(shape, dtype=dtype or x.dtype, device=x.device)
     if o.shape != shape:
         raise ValueError(f"rotary: out has shape {tuple(o.shape)}, not x's {tuple(shape)}")
@@ -166,7 +166,7 @@ def write_rows(
         raise ValueError(f"write_rows: an even number of columns is needed, got {rd}")
     c4 = s4 = x
     if rotate:
-        c4, s4 = _cos_sin_4d(cos, sin, x.shape[:-1] + (rd,), x.shape)  # type: ignore[arg-type]
+        c4, s4 = broadcast_cos_sin(cos, sin, x.shape[:-1] + (rd,), x.shape)  # type: ignore[arg-type]
     _launch(x, c4, s4, out, index.contiguous(), rd, interleaved and rotate, rotate, None, None, index_offset)
     return out
 

@@ -73,20 +73,26 @@ def _attention_mask(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tenso
     return xs[3] if len(xs) > 3 else None
 
 
+def _split_query_rotary(xs: list[torch.Tensor], a: Mapping[str, Any]) -> tuple[list[torch.Tensor], Any, Any]:
+    """(the attention's own inputs, cos, sin): where the node folded its query's rotary embedding in (``q_rotary``,
+    ``kfuse.passes.fuse_query_rotary``) cos and sin are its last two inputs; else (xs, None, None)."""
+    return (xs[:-2], xs[-2], xs[-1]) if a.get("q_rotary") else (xs, None, None)
+
+
 def _query_rotated(xs: list[torch.Tensor], a: Mapping[str, Any], kernel: bool = False) -> list[torch.Tensor]:
-    """The inputs with the query rotated where the node folded its rotary embedding in (``q_rotary``: cos and sin
-    are its last two inputs; ``kfuse.passes.fuse_query_rotary``), by PyTorch's ops or (``kernel``) the rotary
-    kernel, for the candidates that take the query as it is."""
+    """The inputs with the query rotated where the node folded its rotary embedding in, by PyTorch's ops or
+    (``kernel``) the rotary kernel, for the candidates that take the query as it is."""
     rot = a.get("q_rotary")
     if not rot:
         return xs
+    xs, cos, sin = _split_query_rotary(xs, a)
     if kernel:
         from kfuse.kernels.rotary import rotary
 
-        q = rotary(xs[0], xs[-2], xs[-1], dtype=xs[0].dtype, rotary_dims=rot.get("rotary_dims"), interleaved=rot["interleaved"])
+        q = rotary(xs[0], cos, sin, dtype=xs[0].dtype, rotary_dims=rot.get("rotary_dims"), interleaved=rot["interleaved"])
     else:
-        q = _rotary_ref([xs[0], xs[-2], xs[-1]], rot).to(xs[0].dtype)
-    return [q, *xs[1:-2]]
+        q = _rotary_ref([xs[0], cos, sin], rot).to(xs[0].dtype)
+    return [q, *xs[1:]]
 
 
 def _fused_attention_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
@@ -150,8 +156,7 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         # one tile (kfuse.kernels.decode_attention)
         from kfuse.kernels.decode_attention import decode_attention
 
-        cos, sin = (xs[-2], xs[-1]) if rot else (None, None)
-        xs = xs[:-2] if rot else xs
+        xs, cos, sin = _split_query_rotary(xs, a)
         q, k, v = _unit_stride_heads(xs, a)
         out, o4 = _merged_output(q, a)
         mask = xs[3] if len(xs) > 3 and kind == "dense" else None
@@ -412,13 +417,18 @@ def _cache_write_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType
     return types[0]
 
 
-@ops.register("cache_write", ops.FUSED, infer=_cache_write_type)
-def _cache_write_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+def _cache_write_rows(xs: list[torch.Tensor], a: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, rows) of a cache write, by PyTorch's ops: the index plus its offset, the rotated (or plain) rows."""
     cache, index, x, *rest = xs
     if a.get("index_offset"):
         index, rest = index + rest[-1].reshape(()), rest[:-1]
     src = _rotary_ref([x, *rest], a) if rest else x
-    return cache.index_copy(2, index, src.to(cache.dtype))
+    return index, src.to(cache.dtype)
+
+
+@ops.register("cache_write", ops.FUSED, infer=_cache_write_type)
+def _cache_write_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
+    return xs[0].index_copy(2, *_cache_write_rows(xs, a))
 
 
 @lowering("cache_write")
@@ -435,9 +445,7 @@ def _lower_cache_write(node: Node, graph: Graph, backend: str) -> Step | None:
         return write_rows(xs[2], xs[0], xs[1], cos, sin, rotary_dims=rd, interleaved=interleaved, index_offset=off)
 
     def torch_in_place(xs: list[torch.Tensor]) -> torch.Tensor:  # PyTorch's ops, still in place: no cache copy a token
-        src = _rotary_ref(xs[2:5], node.attrs) if rotate else xs[2]
-        index = xs[1] + xs[-1].reshape(()) if offset else xs[1]
-        return xs[0].index_copy_(2, index, src.to(xs[0].dtype))
+        return xs[0].index_copy_(2, *_cache_write_rows(xs, node.attrs))
 
     in_place = torch_in_place if backend == "torch" else kernel_in_place
 

@@ -101,16 +101,12 @@ def test_pytorch_backend_writes_the_cache_in_place_too() -> None:
         torch.testing.assert_close(model.k, eager.k, rtol=1e-5, atol=1e-5)
 
 
-class _CountedLayer(nn.Module):
+class _CountedLayer(_Layer):
     """transformers' ``StaticLayer``: the positions are ``arange(T) + length``, the length a buffer bumped before the
     writes read the positions. ``mask_from_positions``: the mask reads the positions too (a second reader)."""
 
     def __init__(self, mask_from_positions: bool = False) -> None:
         super().__init__()
-        self.heads, self.dim, self.slots = 2, 8, 12
-        self.qkv = nn.Linear(16, 3 * 16)
-        self.register_buffer("k", torch.zeros(1, self.heads, self.slots, self.dim))
-        self.register_buffer("v", torch.zeros(1, self.heads, self.slots, self.dim))
         self.register_buffer("length", torch.tensor(0))
         self.mask_from_positions = mask_from_positions
 
