@@ -37,6 +37,20 @@ ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
 
 
 @triton.jit
+def gate_activation(g, ACT: tl.constexpr):
+    """The gate's activation (``ACTIVATIONS``' codes) on an fp32 tile; shared with the skinny GEMM's gated form."""
+    if ACT == 0:  # silu
+        g = g * tl.sigmoid(g)
+    elif ACT == 1:  # gelu (erf)
+        g = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    elif ACT == 2:  # gelu (tanh form): 0.5 (1 + tanh(z)) = sigmoid(2 z)
+        g = g * tl.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g))
+    else:  # relu
+        g = tl.maximum(g, 0.0, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN, as torch.relu
+    return g
+
+
+@triton.jit
 def _gated_gemm_fwd(
     A, B, C, M, N, K, gate_offset, up_offset,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -68,16 +82,7 @@ def _gated_gemm_fwd(
         acc_up = tl.dot(a, b_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    g = acc_gate
-    if ACT == 0:  # silu
-        g = g * tl.sigmoid(g)
-    elif ACT == 1:  # gelu (erf)
-        g = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
-    elif ACT == 2:  # gelu (tanh form): 0.5 (1 + tanh(z)) = sigmoid(2 z)
-        g = g * tl.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g))
-    else:  # relu
-        g = tl.maximum(g, 0.0, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN, as torch.relu
-    out = g * acc_up
+    out = gate_activation(acc_gate, ACT) * acc_up
     c_ptrs = C + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, out.to(C.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
 

@@ -1,0 +1,335 @@
+"""GEMMs of a few rows (a decode step's projections): the weight streamed once, split over K, reduced in-kernel.
+
+At batch 1-16 a decoder's GEMMs are ``[M <= 16, K] @ [K, N]`` with a weight of megabytes: the time is the
+weight's bytes over the memory bandwidth (a 1.1B Llama's four projections of a layer, 2048 wide: 42 MB, 9 us at
+4.8 TB/s). The tiled template gives such a GEMM ``N / BLOCK_N`` programs (2048 / 64 = 32 on 132 SMs), far too
+few to keep enough loads in flight; its split-K adds a second launch for the reduce, which at ~5-20 us a kernel
+costs as much as it saves.
+
+Here the grid is ``(N / BLOCK_N) x SPLITS``: each program streams one ``[K / SPLITS, BLOCK_N]`` slab of the
+weight (pipelined loads, one 16-row ``tl.dot`` per step, the rows past M masked) and stores its fp32 partial
+sums; it then counts itself done on its column block's counter (``atomic_add``, acquire-release), and the
+program that arrives last sums the block's partials, applies the generated epilogue and stores the output --
+one launch, as cuBLAS's split-K GEMV does. The last program also puts the counter back to zero, so the buffers
+are ready for the next call (and for the next replay of a CUDA graph) without a memset.
+
+Two things the decode step needs come with the same kernel:
+
+* ``row_rms``: the RMSNorm in front of the GEMM, folded (``passes/fold_row_norm.py``): the norm's weight is
+  folded into the GEMM's (``W' = diag(w) W``, a constant), the GEMM reads the norm's *input* ``x``, and the last
+  program scales each row by ``rsqrt(mean(x^2) + eps)``, which it computes from ``x`` itself (M x K values,
+  kilobytes): ``norm(x) @ W = rstd * (x @ W')``. The norm's launch and its output's round trip disappear.
+* ``gated``: a gated MLP's ``act(x @ W_gate) * (x @ W_up)`` (two accumulators, as ``gated_gemm``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from kfuse.kernels import pdl
+from kfuse.kernels.codegen import cdiv, generated, interpreting, num_sms
+from kfuse.kernels.epilogue import Epilogue, apply_reference, render
+
+MAX_ROWS = 16  # one tl.dot row block (the smallest tensor-core tile): more rows are the tiled template's
+
+_SOURCE = """
+import triton
+import triton.language as tl
+from kfuse.kernels.pdl import pdl_start
+from kfuse.kernels.gated_gemm import gate_activation
+
+
+@triton.jit
+def _slab(a_ptr, b_ptr, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    # this program's share of the product: rows [0, M) of A times the (k_hi - k_lo, BLOCK_N) slab of B
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_lo + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + (k_lo + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        k_ok = offs_k < k_hi - k
+        a = tl.load(a_ptrs, mask=(offs_m < M)[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & (offs_n < N)[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _row_rstd(a_ptr, offs_m, M, K, stride_am, stride_ak, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    # rsqrt(mean(x^2) + eps) of each row of A, in fp32 (the RMSNorm folded into this GEMM)
+    offs_k = tl.arange(0, BLOCK_K)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x = tl.load(a_ptr + offs_m[:, None] * stride_am + (k + offs_k)[None, :] * stride_ak,
+                    mask=(offs_m < M)[:, None] & (k + offs_k < K)[None, :], other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, 1)
+    return tl.rsqrt(ss / K + eps)
+
+
+@triton.jit
+def _partials(ws_ptr, part, offs_m, offs_n, M, N, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # the sum of the SPLITS partials of one accumulator (``part`` 0, or 1 for a gated MLP's up half); .cg: from
+    # L2, where the other programs' stores are, never from a stale L1 line
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    for s in range(SPLITS):
+        p = ws_ptr + ((part * SPLITS + s) * M + offs_m[:, None]) * N + offs_n[None, :]
+        acc += tl.load(p, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
+def skinny_kernel(
+    a_ptr, b_ptr, c_ptr, ws_ptr, count_ptr, {extra_ptrs}
+    M, N, K, k_per_split, gate_off, up_off,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, {extra_strides}
+    eps, {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+    ROW_RMS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+):
+    pdl_start(PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    k_lo = pid_k * k_per_split
+    k_hi = min(K, k_lo + k_per_split)
+    acc = _slab(a_ptr, b_ptr + gate_off, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
+                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+    if GATED:
+        up = _slab(a_ptr, b_ptr + up_off, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
+                   BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+    if SPLITS > 1:
+        w_ptrs = ws_ptr + ((pid_k * M) + offs_m[:, None]) * N + offs_n[None, :]
+        tl.store(w_ptrs, acc, mask=mask)
+        if GATED:
+            tl.store(w_ptrs + SPLITS * M * N, up, mask=mask)
+        tl.debug_barrier()  # every thread's partial is stored before the count says so
+        is_last = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel") == SPLITS - 1
+    else:
+        is_last = pid_k == 0
+    if is_last:
+        if SPLITS > 1:
+            acc = _partials(ws_ptr, 0, offs_m, offs_n, M, N, SPLITS, BLOCK_M, BLOCK_N)
+            if GATED:
+                up = _partials(ws_ptr, 1, offs_m, offs_n, M, N, SPLITS, BLOCK_M, BLOCK_N)
+            tl.store(count_ptr + pid_n, 0)  # the next call's count starts from zero
+        if ROW_RMS:
+            rstd = _row_rstd(a_ptr, offs_m, M, K, stride_am, stride_ak, eps, BLOCK_M, BLOCK_K)[:, None]
+            acc = acc * rstd
+            if GATED:
+                up = up * rstd
+        if GATED:
+            acc = gate_activation(acc, ACT) * up
+{epilogue_store}
+"""
+
+
+def _epilogue_store(epi: Epilogue, indent: str) -> str:
+    """Load the extras at the tile's coordinates (a row-broadcast one, ``XB<j>``, as one row), apply, store."""
+    lines = []
+    for j in range(epi.n_inputs):
+        lines += [
+            f"{indent}if XB{j}:",
+            f"{indent}    x{j} = tl.load(x{j}_ptr + offs_n * stride_x{j}n, mask=offs_n < N)[None, :]",
+            f"{indent}else:",
+            f"{indent}    x{j} = tl.load(x{j}_ptr + offs_m[:, None] * stride_x{j}m + offs_n[None, :] * stride_x{j}n, mask=mask)",
+        ]
+    body = render(epi, indent=indent)
+    if body:
+        lines.append(body)
+    lines.append(
+        f"{indent}tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)"
+    )
+    return "\n".join(lines)
+
+
+def kernel_source(epi: Epilogue) -> str:
+    n = epi.n_inputs
+    return _SOURCE.format(
+        extra_ptrs="".join(f"x{j}_ptr, " for j in range(n)),
+        extra_strides="".join(f"stride_x{j}m, stride_x{j}n, " for j in range(n)),
+        extra_flags="".join(f"XB{j}: tl.constexpr, " for j in range(n)),
+        epilogue_store=_epilogue_store(epi, " " * 8),
+    )
+
+
+def _module(epi: Epilogue):  # noqa: ANN202 - a generated module of triton JITFunctions
+    return generated("skinny", epi.key(), lambda: kernel_source(epi))
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    block_n: int = 64
+    block_k: int = 128
+    splits: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def describe(self) -> str:
+        return f"n{self.block_n} k{self.block_k} splits{self.splits} w{self.num_warps} s{self.num_stages}"
+
+
+def splits_for(n: int, k: int, block_n: int, block_k: int, sms: int) -> int:
+    """K slices a column block gets: enough programs for about three per SM, each slice at least two K steps."""
+    blocks = cdiv(n, block_n)
+    most = max(1, k // (2 * block_k))
+    return max(1, min(most, cdiv(3 * sms, blocks)))
+
+
+def configs(m: int, n: int, k: int, sms: int, gated: bool = False) -> list[SkinnyConfig]:
+    """The candidates a lowering times: narrow and wide column blocks, short and long K steps, each split for
+    about three programs an SM. Two accumulators (``gated``) halve the widest block."""
+    if interpreting():
+        return [SkinnyConfig(32, 32, splits_for(n, k, 32, 32, sms), 4, 1)]
+    out = []
+    for block_n, block_k, warps in ((32, 128, 4), (64, 128, 4), (64, 256, 4), (128, 128, 8)):
+        if gated and block_n > 64:
+            continue
+        cfg = SkinnyConfig(block_n, block_k, splits_for(n, k, block_n, block_k, sms), warps, 4)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def default_config(m: int, n: int, k: int, sms: int, gated: bool = False) -> SkinnyConfig:
+    return configs(m, n, k, sms, gated)[0 if interpreting() else 1]
+
+
+class _Buffers:
+    """The partial sums and the per-column-block counters of each launch shape, made once per device and kept:
+    a CUDA graph replays the same addresses, and the kernel leaves the counters at zero."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(
+        self, device: torch.device, parts: int, splits: int, m: int, n: int, blocks: int, owner: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (str(device), parts, splits, m, n, blocks, owner)
+        with self._lock:
+            if key not in self._bufs:
+                ws = torch.empty(max(1, parts * splits * m * n), dtype=torch.float32, device=device)
+                self._bufs[key] = (ws, torch.zeros(max(1, blocks), dtype=torch.int32, device=device))
+            return self._bufs[key]
+
+
+_BUFFERS = _Buffers()
+
+
+def _rows(a: torch.Tensor, k: int) -> torch.Tensor:
+    if a.shape[-1] != k:
+        raise ValueError(f"skinny_gemm: a's last dim is {a.shape[-1]}, the weight's K is {k}")
+    try:
+        return a.view(-1, k)
+    except RuntimeError:
+        return a.reshape(-1, k)
+
+
+def skinny_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    extras: list[torch.Tensor],
+    epi: Epilogue,
+    out_dtype: torch.dtype,
+    config: SkinnyConfig | None = None,
+    *,
+    row_rms: float | None = None,
+    gated: str | None = None,
+    gate_first: bool = True,
+    owner: int = 0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``epi(rows(a) @ b, *extras)`` for ``a`` of at most ``MAX_ROWS`` rows (leading dims merged) and a 2-D ``b``
+    (any strides). ``row_rms`` (eps): each row of the product scaled by ``rsqrt(mean(a_row^2) + eps)`` first.
+    ``gated`` (an activation of ``gated_gemm.ACTIVATIONS``): ``b`` is ``[K, 2I]`` and the product is
+    ``act(a @ b_gate) * (a @ b_up)`` (``[.., I]``) before the epilogue. ``owner`` keeps the buffers of two
+    callers of one shape apart (a plan's nodes may run concurrently with the tuner's measurements). ``out``: written
+    in place (the output's shape, rows of one stride)."""
+    from kfuse.kernels.gated_gemm import ACTIVATIONS
+
+    if a.dtype != b.dtype or b.dim() != 2:
+        raise ValueError(f"skinny_gemm: need a 2-D weight of a's dtype, got a {a.dtype} and b {tuple(b.shape)} {b.dtype}")
+    k = b.shape[0]
+    a2 = _rows(a, k)
+    m = a2.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"skinny_gemm: {m} rows; at most {MAX_ROWS} (more rows are the tiled template's)")
+    if gated is not None and (gated not in ACTIVATIONS or b.shape[1] % 2):
+        raise ValueError(f"skinny_gemm: gated needs an activation of {sorted(ACTIVATIONS)} and an even width, got {gated!r}, {b.shape[1]}")
+    n = b.shape[1] // 2 if gated else b.shape[1]
+    out_shape = (*a.shape[:-1], n)
+    if out is not None and (tuple(out.shape) != out_shape or out.dtype != out_dtype or out.device != a.device):
+        raise ValueError(f"skinny_gemm: out is {tuple(out.shape)} {out.dtype}, expected {out_shape} {out_dtype} on {a.device}")
+    c = out if out is not None else torch.empty(out_shape, dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if len(extras) != epi.n_inputs:
+        raise ValueError(f"skinny_gemm: the epilogue expects {epi.n_inputs} extra inputs, got {len(extras)}")
+    if k == 0:
+        acc = torch.zeros((*a.shape[:-1], n), dtype=torch.float32, device=a.device)
+        return c.copy_(apply_reference(acc, [e.float() for e in extras], epi))
+    try:
+        c2 = c.view(m, n)
+    except RuntimeError:
+        raise ValueError(f"skinny_gemm: out's strides {tuple(c.stride())} do not fold to (rows, N) = {(m, n)}") from None
+    ex = [torch.broadcast_to(e, out_shape).reshape(m, n) for e in extras]
+    sms = num_sms(a.device, 4)
+    cfg = config or default_config(m, n, k, sms, gated is not None)
+    block_m = MAX_ROWS
+    blocks = cdiv(n, cfg.block_n)
+    k_per_split = cdiv(cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
+    splits = cdiv(k, k_per_split)  # rounding K slices to whole steps may leave fewer slices
+    ws, count = _BUFFERS.get(a.device, 2 if gated else 1, splits, m, n, blocks, owner)
+    half = b.shape[1] // 2
+    gate_off = (0 if gate_first else half) * b.stride(1) if gated else 0
+    up_off = (half if gate_first else 0) * b.stride(1) if gated else 0
+    ex_strides = [s for e in ex for s in (e.stride(0), e.stride(1))]
+    flags = {f"XB{j}": e.stride(0) == 0 for j, e in enumerate(ex)}
+    _module(epi).skinny_kernel[(blocks, splits)](
+        a2, b, c2, ws, count, *ex,
+        m, n, k, k_per_split, gate_off, up_off,
+        a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c2.stride(0), c2.stride(1), *ex_strides,
+        float(row_rms if row_rms is not None else 0.0), **flags,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLITS=splits,
+        ROW_RMS=row_rms is not None, GATED=gated is not None, ACT=ACTIVATIONS.get(gated or "silu", 0),
+        PRECISION="ieee" if a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
+    )  # fmt: skip
+    return c
+
+
+def reference(
+    a: torch.Tensor, b: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, out_dtype: torch.dtype, *,
+    row_rms: float | None = None, gated: str | None = None, gate_first: bool = True,
+) -> torch.Tensor:  # fmt: skip
+    """The oracle in fp32: the product (row-scaled, gated) then the epilogue through the op registry."""
+    from kfuse.kernels.gated_gemm import _gate
+
+    x = a.float()
+    acc = x @ b.float()
+    if row_rms is not None:
+        acc = acc * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + row_rms)
+    if gated is not None:
+        acc = _gate(acc, gated, gate_first)
+    return apply_reference(acc, [e.float() for e in extras], epi).to(out_dtype)
+
+
+def eligible(m: int, b_shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    """A GEMM this kernel may run: few rows, a 2-D weight, a tensor-core dtype."""
+    return 0 < m <= MAX_ROWS and len(b_shape) == 2 and dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def describe(cfg: SkinnyConfig, row_rms: bool, gated: str | None) -> str:
+    extra = (" + rms rows" if row_rms else "") + (f" + {gated}-gated" if gated else "")
+    return f"skinny {cfg.describe()}{extra}"
+
+
+__all__ = ["MAX_ROWS", "SkinnyConfig", "configs", "default_config", "describe", "eligible", "reference", "skinny_gemm", "splits_for"]

@@ -1,0 +1,134 @@
+"""The skinny (few-row) GEMM against the fp32 reference: odd shapes (not tile multiples), one to several K
+slices reduced in-kernel by the last program, row- and column-major weights, a generated epilogue with a bias
+and a residual, the folded RMSNorm's row scale, the gated MLP; outputs poisoned before every launch."""
+
+import pytest
+import torch
+
+from kfuse.kernels import skinny_gemm as S
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+ADD_BIAS_RESIDUAL = Epilogue(
+    (
+        EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))),
+        EpilogueStep("add", (Operand("reg", 1), Operand("in", 1))),
+    ),
+    n_inputs=2,
+)
+
+
+def _poisoned(shape, dtype, device):
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _tol(dtype):
+    return {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.float16 else {"atol": 1e-4, "rtol": 1e-4}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("m", "k", "n", "splits"), [(1, 100, 70, 1), (1, 100, 70, 3), (5, 64, 33, 2), (16, 130, 40, 4)])
+def test_plain_product_on_odd_shapes(m, k, n, splits, dtype, device):
+    gen = torch.Generator().manual_seed(m * 1000 + k + n + splits)
+    a = torch.randn(m, k, generator=gen).to(device, dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(device, dtype)  # nn.Linear's layout, used transposed
+    out = _poisoned((m, n), dtype, device)
+    got = S.skinny_gemm(a, w.t(), [], Epilogue(), dtype, S.SkinnyConfig(32, 32, splits, 4, 1), out=out)
+    assert got is out
+    torch.testing.assert_close(out.float(), S.reference(a, w.t(), [], Epilogue(), torch.float32), **_tol(dtype))
+
+
+def test_row_major_weight_and_leading_dims(device):
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(2, 3, 48, generator=gen).to(device)  # 6 rows in two leading dims
+    w = torch.randn(48, 50, generator=gen).to(device) / 7  # (K, N) row-major
+    out = _poisoned((2, 3, 50), torch.float32, device)
+    S.skinny_gemm(a, w, [], Epilogue(), torch.float32, S.SkinnyConfig(32, 32, 2, 4, 1), out=out)
+    torch.testing.assert_close(out, a @ w, atol=1e-4, rtol=1e-4)
+
+
+def test_epilogue_with_a_bias_row_and_a_residual(device):
+    gen = torch.Generator().manual_seed(11)
+    m, k, n = 3, 96, 45
+    a = torch.randn(m, k, generator=gen).to(device)
+    w = torch.randn(k, n, generator=gen).to(device) / 10
+    bias = torch.randn(n, generator=gen).to(device)  # broadcast over rows: loaded as one row
+    residual = torch.randn(m, n, generator=gen).to(device)
+    out = _poisoned((m, n), torch.float32, device)
+    S.skinny_gemm(a, w, [bias, residual], ADD_BIAS_RESIDUAL, torch.float32, S.SkinnyConfig(32, 32, 3, 4, 1), out=out)
+    torch.testing.assert_close(out, a @ w + bias + residual, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_row_rms_is_the_folded_rms_norm(splits, device):
+    """``rms_norm(x, w) @ W == rstd(x) * (x @ diag(w) W)``: the fold the pass makes, rows of very different scales."""
+    gen = torch.Generator().manual_seed(5)
+    m, k, n, eps = 4, 72, 38, 1e-6
+    x = torch.randn(m, k, generator=gen) * torch.tensor([[0.01], [1.0], [30.0], [3.0]])
+    norm_w = torch.rand(k, generator=gen) + 0.5
+    big_w = torch.randn(k, n, generator=gen) / 8
+    want = torch.nn.functional.rms_norm(x, (k,), norm_w, eps) @ big_w
+    out = _poisoned((m, n), torch.float32, device)
+    cfg = S.SkinnyConfig(32, 32, splits, 4, 1)
+    S.skinny_gemm(x.to(device), (norm_w[:, None] * big_w).to(device), [], Epilogue(), torch.float32, cfg, row_rms=eps, out=out)
+    torch.testing.assert_close(out.cpu(), want, atol=1e-4, rtol=1e-4)
+    assert (want - x @ (norm_w[:, None] * big_w)).abs().max() > 1.0  # without the row scale it would be far off
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("gate_first", [True, False])
+def test_gated_mlp(act, gate_first, device):
+    gen = torch.Generator().manual_seed(len(act) + gate_first)
+    m, k, half = 2, 80, 36
+    a = torch.randn(m, k, generator=gen).to(device)
+    w = (torch.randn(2 * half, k, generator=gen) / k**0.5).to(device)
+    out = _poisoned((m, half), torch.float32, device)
+    cfg = S.SkinnyConfig(32, 32, 2, 4, 1)
+    S.skinny_gemm(a, w.t(), [], Epilogue(), torch.float32, cfg, gated=act, gate_first=gate_first, out=out)
+    ref = S.reference(a, w.t(), [], Epilogue(), torch.float32, gated=act, gate_first=gate_first)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    other = S.reference(a, w.t(), [], Epilogue(), torch.float32, gated=act, gate_first=not gate_first)
+    assert (ref - other).abs().max() > 0.05  # the halves differ: the test can fail
+
+
+def test_gated_with_row_rms_in_fp16(device):
+    gen = torch.Generator().manual_seed(9)
+    x = (torch.randn(1, 64, generator=gen) * 20).to(device, torch.float16)
+    w = (torch.randn(64, 2 * 40, generator=gen) / 8).to(device, torch.float16)
+    out = _poisoned((1, 40), torch.float16, device)
+    S.skinny_gemm(x, w, [], Epilogue(), torch.float16, S.SkinnyConfig(32, 32, 2, 4, 1), row_rms=1e-5, gated="silu", out=out)
+    ref = S.reference(x, w, [], Epilogue(), torch.float32, row_rms=1e-5, gated="silu")
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_counters_are_left_at_zero_and_a_second_call_agrees(device):
+    gen = torch.Generator().manual_seed(13)
+    a = torch.randn(1, 128, generator=gen).to(device)
+    w = torch.randn(128, 64, generator=gen).to(device)
+    cfg = S.SkinnyConfig(32, 32, 4, 4, 1)
+    first = S.skinny_gemm(a, w, [], Epilogue(), torch.float32, cfg, owner=12345)
+    second = S.skinny_gemm(a, w, [], Epilogue(), torch.float32, cfg, owner=12345)
+    torch.testing.assert_close(first, second, atol=0, rtol=0)
+    _, count = S._BUFFERS.get(torch.device(device), 1, 4, 1, 64, 2, 12345)
+    assert count.tolist() == [0, 0]
+
+
+def test_split_counts_keep_the_gpu_busy():
+    # a 1.1B Llama's q/k/v projection (K 2048, N 2560) on 132 SMs: 40 column blocks of 64, 8 K slices of 256
+    assert S.splits_for(2560, 2048, 64, 128, 132) == 8
+    assert S.splits_for(2560, 2048, 64, 128, 132) * 40 >= 2 * 132
+    assert S.splits_for(128, 64, 32, 32, 132) == 1  # K of two steps: one slice
+    assert S.splits_for(32000, 2048, 64, 128, 132) == 1  # a vocabulary's 500 column blocks need no split
+
+
+def test_clear_errors():
+    a = torch.randn(17, 8)
+    with pytest.raises(ValueError, match="at most 16"):
+        S.skinny_gemm(a, torch.randn(8, 8), [], Epilogue(), torch.float32)
+    with pytest.raises(ValueError, match="2-D weight"):
+        S.skinny_gemm(torch.randn(2, 8), torch.randn(8, 8).half(), [], Epilogue(), torch.float32)
+    with pytest.raises(ValueError, match="even width"):
+        S.skinny_gemm(torch.randn(2, 8), torch.randn(8, 7), [], Epilogue(), torch.float32, gated="silu")
+    with pytest.raises(ValueError, match="last dim"):
+        S.skinny_gemm(torch.randn(2, 9), torch.randn(8, 7), [], Epilogue(), torch.float32)
+    assert S.eligible(1, (64, 64), torch.float16) and not S.eligible(32, (64, 64), torch.float16)
+    assert not S.eligible(1, (2, 64, 64), torch.float16)
