@@ -65,6 +65,15 @@ class Options:
     # along the channels; off: the generated row reduction, as before session 44
     global_pool: bool = True
     fuse_gated_mlp: bool = True  # merged gate/up GEMM + act(gate) * up -> one two-accumulator GEMM, where measured faster
+    # an RMSNorm written out in elementwise ops (Hugging Face's decoders) -> one rms_norm node (the norm template)
+    recognize_rms_norm: bool = True
+    # a few-row RMSNorm (a decode step's) folded into the GEMMs that read it: its weight into theirs, its row scale
+    # into their output (kfuse.passes.fold_row_norm); each GEMM then times kfuse's skinny kernel, which computes the
+    # scale itself, against the norm kernel + the tiled template / cuBLAS
+    fold_row_norm: bool = True
+    # few-row GEMMs (a decode step's, M <= 16): "auto" adds kfuse's skinny split-K kernel (kfuse.kernels.skinny_gemm)
+    # to the template-vs-library race on the GPU; "never": not a candidate; "always": run it wherever eligible
+    skinny_gemm: str = "auto"
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
     # 4-D outputs of an NHWC graph: "channels_last" keeps them as the kernels wrote them, "nchw"
     # copies them back; "auto" (kfuse.compile): channels-last when a 4-D example input is, as eager
@@ -126,6 +135,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         ("algebraic_simplify_2", algebraic_simplify),
         ("fold_pad", fold_pad),  # before the layout pass and conv fusion see the convs
     ]
+    if options.recognize_rms_norm:  # before the attention and norm matchers, which then see one norm node
+        from kfuse.passes.recognize_rms_norm import recognize_rms_norm
+
+        stages.append(("recognize_rms_norm", recognize_rms_norm))
     if options.fuse_epilogue:  # reshapes out of GEMM chains, so the epilogue sees bias/GELU/residual
         from kfuse.passes.sink_reshapes import sink_reshapes
 
@@ -232,6 +245,10 @@ def default_pipeline(options: Options, device: torch.device | None = None) -> li
         from kfuse.passes.fuse_gated_mlp import fuse_gated_mlp
 
         stages.append(("fuse_gated_mlp", fuse_gated_mlp))
+    if options.fold_row_norm and options.fuse_attention:  # last: the GEMMs it folds into are final (merged, gated)
+        from kfuse.passes.fold_row_norm import fold_row_norm
+
+        stages.append(("fold_row_norm", fold_row_norm))
     return stages
 
 

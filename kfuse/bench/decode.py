@@ -25,6 +25,10 @@ ABLATIONS = {
     "kfuse_no_cache_write": {"fuse_cache_write": False},
     "kfuse_no_query_rotary": {"fuse_query_rotary": False},
     "kfuse_no_pdl": {"pdl": False},
+    # the decode-step GEMMs without the skinny split-K kernel and without the RMSNorm folded into them (session 48's)
+    "kfuse_no_skinny": {"skinny_gemm": "never", "fold_row_norm": False},
+    # the skinny kernel, but each RMSNorm its own launch
+    "kfuse_no_norm_fold": {"fold_row_norm": False},
 }
 _MODES = {"compile": None, "compile_cudagraphs": "reduce-overhead"}
 

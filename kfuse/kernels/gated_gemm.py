@@ -26,8 +26,9 @@ import triton.language as tl
 
 from kfuse.ir import ops
 from kfuse.ir.graph import TensorType, ValueType
-from kfuse.kernels import pdl
+from kfuse.kernels import pdl, skinny_gemm
 from kfuse.kernels.codegen import interpreting
+from kfuse.kernels.norm import norm
 from kfuse.kernels.pdl import pdl_start
 from kfuse.runtime import cuda_fault
 from kfuse.runtime.executor import KernelInfo, Step, lowering
@@ -193,6 +194,10 @@ def _out_type(types: list[ValueType], attrs: Mapping[str, Any]) -> ValueType:
 def _gated_ref(xs: list[torch.Tensor], attrs: Mapping[str, Any]) -> torch.Tensor:
     # as the unfused graph computes it: the GEMM's result in its dtype, then the gate
     a, w = xs
+    if attrs.get("row_rms") is not None:  # a folded RMSNorm (passes/fold_row_norm): ``a`` is the norm's input
+        from kfuse.passes.fuse_epilogue import row_rms_scaled
+
+        a = row_rms_scaled(a, attrs["row_rms"])
     return _gate(a @ w, attrs["act"], attrs["gate_first"]).to(attrs["out_type"].dtype)
 
 
@@ -206,57 +211,73 @@ def lower_gated_gemm(node: Any, graph: Any, backend: str, options: Any = None) -
         return None
     a = node.attrs
     act, out_dtype, gate_first = a["act"], a["out_type"].dtype, a["gate_first"]
+    eps = a.get("row_rms")  # a folded RMSNorm (passes/fold_row_norm): the input is the norm's, scaled here first
 
     def fused_with(cfg: GatedConfig) -> Any:
         def run(xs: list[torch.Tensor]) -> torch.Tensor:
-            return gated_gemm(xs[0], xs[1], act, config=cfg, out_dtype=out_dtype, gate_first=gate_first)
+            x = xs[0] if eps is None else norm(xs[0], rms=True, eps=eps)
+            return gated_gemm(x, xs[1], act, config=cfg, out_dtype=out_dtype, gate_first=gate_first)
 
         return run
 
-    cfg: GatedConfig | None = default_config()
+    a_t, w_t = graph.type_of(node.inputs[0]), graph.type_of(node.inputs[1])
+    m = a_t.numel // max(1, a_t.shape[-1])
+    skinny = skinny_gemm.candidates(node, graph, backend, options, m, w_t, out_dtype, gated=act, gate_first=gate_first)
+    ops_ = tuple(a["fused_ops"])
+    if skinny and skinny_gemm.mode(options) == "always":
+        run, info = next(iter(skinny.values()))
+        return Step(node.name, node.inputs, run, info)
+    cfg: GatedConfig | str | None = default_config()
     note = f"{cfg.describe()} (rule)"
     measure = backend == "triton" and torch.cuda.is_available() and os.environ.get("KFUSE_GATED_DECIDE", "measure") == "measure"
     if measure:
         try:
-            cfg, note = _decide(node, graph, backend, options, fused_with)
+            cfg, note = _decide(node, graph, backend, options, fused_with, skinny)
         except Exception as e:  # noqa: BLE001 - a measurement that fails keeps the rule's choice, and says why
             cuda_fault.check(e, f"the gated-GEMM decision of {node.name}")
-            note = f"{cfg.describe()} (rule; measurement failed: {type(e).__name__}: {str(e)[:120]})"
-    ops_ = tuple(a["fused_ops"])
+            note = f"{default_config().describe()} (rule; measurement failed: {type(e).__name__}: {str(e)[:120]})"
+            cfg = default_config()
     if cfg is None:
         info = KernelInfo(node.name, "gated_gemm(unfused)", ops_, note)
         return Step(node.name, node.inputs, unfused_run(node, graph, backend, options), info)
-    return Step(node.name, node.inputs, fused_with(cfg), KernelInfo(node.name, "gated_gemm", ops_, note, f"{act}(gate) * up"))
+    if isinstance(cfg, str):  # one of the skinny kernel's configs
+        run, info = skinny[cfg]
+        return Step(node.name, node.inputs, run, KernelInfo(info.name, info.template, info.ops, f"{info.config}: {note}", info.epilogue))
+    folded = " after the folded norm's row scale" if eps is not None else ""
+    return Step(node.name, node.inputs, fused_with(cfg), KernelInfo(node.name, "gated_gemm", ops_, note + folded, f"{act}(gate) * up"))
 
 
-def _decide(node: Any, graph: Any, backend: str, options: Any, fused_with: Any) -> tuple[GatedConfig | None, str]:
-    """(the fastest fused config, or None for the unfused pair; what was measured)."""
+def _decide(
+    node: Any, graph: Any, backend: str, options: Any, fused_with: Any, skinny: dict | None = None
+) -> tuple[GatedConfig | str | None, str]:
+    """(the fastest fused config, the name of a ``skinny`` candidate, or None for the unfused pair; what was measured)."""
     types = tuple((tuple(t.shape), str(t.dtype)) for t in map(graph.type_of, node.inputs))
-    key = (types, node.attrs["act"], node.attrs["gate_first"], repr(options))
+    key = (types, node.attrs["act"], node.attrs["gate_first"], node.attrs.get("row_rms"), repr(options))
     if key in _DECIDED:
         return _DECIDED[key]
     xs = decision_inputs(node, graph, torch.device("cuda" if torch.cuda.is_available() else "cpu"))  # the CPU only in tests
     unfused = unfused_run(node, graph, backend, options)  # lowered once, outside any timing or capture
     times = {"unfused": graph_time_ms(lambda: unfused(xs))}
     ref = unfused(xs).clone()  # what every tile must compute before it is timed
-    best: tuple[float, GatedConfig | None] = (times["unfused"], None)
+    best: tuple[float, GatedConfig | str | None] = (times["unfused"], None)
     wrong: list[str] = []
-    for c in config_space(xs[0].element_size()):
-        run = fused_with(c)
+    runs: list[tuple[str, GatedConfig | str, Any]] = [(c.describe(), c, fused_with(c)) for c in config_space(xs[0].element_size())]
+    runs += [(name, name, run) for name, (run, _) in (skinny or {}).items()]
+    for name, c, run in runs:
         try:
             why = wrong_result(run(xs), ref)
             if why is not None:  # a tile the compiler gets wrong is never timed, let alone chosen
-                wrong.append(f"{c.describe()}: {why}")
+                wrong.append(f"{name}: {why}")
                 continue
             t = graph_time_ms(lambda run=run: run(xs))
         except Exception as e:  # noqa: BLE001 - a tile the compiler rejects (registers, shared memory) is skipped
-            cuda_fault.check(e, f"gated-GEMM tile {c.describe()} of {node.name}")
+            cuda_fault.check(e, f"gated-GEMM tile {name} of {node.name}")
             continue
-        times[c.describe()] = t
+        times[name] = t
         if t < best[0]:
             best = (t, c)
     fused_best = min((t for n, t in times.items() if n != "unfused"), default=float("inf"))
-    chosen = "unfused" if best[1] is None else best[1].describe()
+    chosen = "unfused" if best[1] is None else best[1] if isinstance(best[1], str) else best[1].describe()
     note = f"{chosen}: fused {fused_best * 1e3:.1f} us vs unfused {times['unfused'] * 1e3:.1f} us"
     note += f"; skipped {'; '.join(wrong)}" if wrong else ""
     _DECIDED[key] = (best[1], note)

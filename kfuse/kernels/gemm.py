@@ -68,6 +68,7 @@ import torch
 from kfuse.kernels import gemm_ws, pdl
 from kfuse.kernels.codegen import cdiv, generated, interpreting, num_sms
 from kfuse.kernels.epilogue import Epilogue, apply_reference, exact_gelu, render
+from kfuse.kernels.norm import norm
 from kfuse.kernels.tma import TMA_DTYPES, tma_device
 
 _HEADER = """
@@ -781,10 +782,21 @@ def lower_gemm_epilogue(node: Any, graph: Any, backend: str, options: Any = None
         cfg = lookup_config(prob, options.tune) if prob is not None else None
     cfg = cfg or default_config(m, b_t.shape[-1], b_t.shape[-2])
 
-    def run(xs: list[torch.Tensor]) -> torch.Tensor:
-        return gemm_epilogue(xs[0], xs[1], xs[2:], epi, out_t.dtype, cfg)
+    eps = node.attrs.get("row_rms")  # a folded RMSNorm (passes/fold_row_norm): A is the norm's input
+    row_scale = None if eps is None else (lambda x: norm(x, rms=True, eps=eps))
 
-    info = KernelInfo(node.name, "gemm_epilogue", node.attrs["fused_ops"], cfg.describe(), epi.describe())
+    def run(xs: list[torch.Tensor]) -> torch.Tensor:
+        a = xs[0] if row_scale is None else row_scale(xs[0])
+        return gemm_epilogue(a, xs[1], xs[2:], epi, out_t.dtype, cfg)
+
+    folded = " after the folded norm's row scale" if eps is not None else ""
+    info = KernelInfo(node.name, "gemm_epilogue", node.attrs["fused_ops"], cfg.describe() + folded, epi.describe())
+    from kfuse.kernels import skinny_gemm
     from kfuse.kernels.gemm_library import maybe_library_step
 
-    return maybe_library_step(node, graph, backend, run, info, options) or Step(node.name, node.inputs, run, info)
+    more = skinny_gemm.candidates(node, graph, backend, options, m, b_t, out_t.dtype)
+    if more and skinny_gemm.mode(options) == "always":
+        run, info = next(iter(more.values()))
+        return Step(node.name, node.inputs, run, info)
+    step = maybe_library_step(node, graph, backend, run, info, options, more=more, row_scale=row_scale)
+    return step or Step(node.name, node.inputs, run, info)

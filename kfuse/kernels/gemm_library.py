@@ -136,34 +136,45 @@ def gemm_library(
 # ---------------------------------------------------------------------------------------
 # the lowering's choice between the template and the library
 # ---------------------------------------------------------------------------------------
-def maybe_library_step(node: Any, graph: Any, backend: str, run_template: Any, info: Any, options: Any = None) -> Any:
-    """The Step to use instead of the template when the library is the better (or the forced)
-    choice; None keeps the template."""
+def maybe_library_step(
+    node: Any, graph: Any, backend: str, run_template: Any, info: Any, options: Any = None,
+    more: dict[str, tuple[Any, Any]] | None = None, row_scale: Any = None,
+) -> Any:  # fmt: skip
+    """The Step to use instead of the template when the library (or one of ``more``, other kfuse kernels: name ->
+    (run, KernelInfo)) is the better or the forced choice; None keeps the template. ``row_scale``: applied to the
+    A operand before the library's GEMM (a folded RMSNorm's scale, ``fold_row_norm``)."""
     from kfuse.runtime.executor import KernelInfo, Step
 
+    more = dict(more or {})
     mode = library_mode(options)
-    if backend == "torch" or mode == "never":
+    if backend == "torch":
         return None
     a_t, b_t = graph.type_of(node.inputs[0]), graph.type_of(node.inputs[1])
-    if a_t.dtype != b_t.dtype or a_t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return None
+    library_ok = mode != "never" and a_t.dtype == b_t.dtype and a_t.dtype in (torch.float16, torch.bfloat16, torch.float32)
     epi: Epilogue = node.attrs["epilogue"]
     split = split_epilogue(epi, batched=b_t.rank > 2, dtype=a_t.dtype)
     out_dtype = node.ttype.dtype
 
     def run_library(xs: list[torch.Tensor]) -> torch.Tensor:
-        return gemm_library(xs[0], xs[1], xs[2:], epi, split, out_dtype)
+        a = row_scale(xs[0]) if row_scale is not None else xs[0]
+        return gemm_library(a, xs[1], xs[2:], epi, split, out_dtype)
 
-    if mode == "always":
-        why = "forced (gemm_library='always')"
-    elif mode == "auto" and backend == "triton" and torch.cuda.is_available():
-        key = problem_key(node, graph, str(node.attrs.get("config")))
-        choice, times = choose(node, graph, {"template": run_template, "library": run_library}, key)
-        if choice != "library":
-            return None
-        why = f"{times['library'] * 1e3:.1f} us vs template {info.config} {times['template'] * 1e3:.1f} us"
-    else:
+    def library_step(why: str) -> Any:
+        kinfo = KernelInfo(node.name, "library_gemm", info.ops, f"{split.describe()}: {why}", epi.describe())
+        return Step(node.name, node.inputs, run_library, kinfo)
+
+    if library_ok and mode == "always":
+        return library_step("forced (gemm_library='always')")
+    if not (backend == "triton" and torch.cuda.is_available()) or not (more or (library_ok and mode == "auto")):
         return None
-    return Step(
-        node.name, node.inputs, run_library, KernelInfo(node.name, "library_gemm", info.ops, f"{split.describe()}: {why}", epi.describe())
-    )
+    cands = {"template": run_template} | ({"library": run_library} if library_ok and mode == "auto" else {})
+    cands |= {name: run for name, (run, _) in more.items()}
+    key = problem_key(node, graph, str(node.attrs.get("config")))
+    choice, times = choose(node, graph, cands, key)
+    if choice == "template":
+        return None
+    why = f"{times[choice] * 1e3:.1f} us vs template {info.config} {times['template'] * 1e3:.1f} us"
+    if choice == "library":
+        return library_step(why)
+    run, kinfo = more[choice]
+    return Step(node.name, node.inputs, run, KernelInfo(kinfo.name, kinfo.template, kinfo.ops, f"{kinfo.config}: {why}", kinfo.epilogue))

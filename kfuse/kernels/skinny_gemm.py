@@ -24,8 +24,12 @@ Two things the decode step needs come with the same kernel:
 
 from __future__ import annotations
 
+import os
 import threading
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -183,23 +187,33 @@ def splits_for(n: int, k: int, block_n: int, block_k: int, sms: int) -> int:
     return max(1, min(most, cdiv(3 * sms, blocks)))
 
 
-def configs(m: int, n: int, k: int, sms: int, gated: bool = False) -> list[SkinnyConfig]:
+SMEM_BUDGET = 160 * 1024  # the pipeline's share of sm_90's 227 KB a block: room left for the layout conversions' scratch
+
+
+def stages_for(block_n: int, block_k: int, parts: int, elem: int) -> int:
+    """Pipeline stages (2-4) whose A and B tiles (``parts`` B tiles: two for the gated form) fit ``SMEM_BUDGET``."""
+    per_stage = (MAX_ROWS * block_k + parts * block_k * block_n) * elem
+    return max(2, min(4, SMEM_BUDGET // per_stage))
+
+
+def configs(m: int, n: int, k: int, sms: int, gated: bool = False, elem: int = 2) -> list[SkinnyConfig]:
     """The candidates a lowering times: narrow and wide column blocks, short and long K steps, each split for
     about three programs an SM. Two accumulators (``gated``) halve the widest block."""
     if interpreting():
         return [SkinnyConfig(32, 32, splits_for(n, k, 32, 32, sms), 4, 1)]
     out = []
+    parts = 2 if gated else 1
     for block_n, block_k, warps in ((32, 128, 4), (64, 128, 4), (64, 256, 4), (128, 128, 8)):
-        if gated and block_n > 64:
+        if gated and block_n * block_k > 64 * 128:  # two accumulators and two B tiles a stage
             continue
-        cfg = SkinnyConfig(block_n, block_k, splits_for(n, k, block_n, block_k, sms), warps, 4)
+        cfg = SkinnyConfig(block_n, block_k, splits_for(n, k, block_n, block_k, sms), warps, stages_for(block_n, block_k, parts, elem))
         if cfg not in out:
             out.append(cfg)
     return out
 
 
-def default_config(m: int, n: int, k: int, sms: int, gated: bool = False) -> SkinnyConfig:
-    return configs(m, n, k, sms, gated)[0 if interpreting() else 1]
+def default_config(m: int, n: int, k: int, sms: int, gated: bool = False, elem: int = 2) -> SkinnyConfig:
+    return configs(m, n, k, sms, gated, elem)[0 if interpreting() else 1]
 
 
 class _Buffers:
@@ -282,7 +296,7 @@ def skinny_gemm(
         raise ValueError(f"skinny_gemm: out's strides {tuple(c.stride())} do not fold to (rows, N) = {(m, n)}") from None
     ex = [torch.broadcast_to(e, out_shape).reshape(m, n) for e in extras]
     sms = num_sms(a.device, 4)
-    cfg = config or default_config(m, n, k, sms, gated is not None)
+    cfg = config or default_config(m, n, k, sms, gated is not None, a.element_size())
     block_m = MAX_ROWS
     blocks = cdiv(n, cfg.block_n)
     k_per_split = cdiv(cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
@@ -322,6 +336,45 @@ def reference(
     return apply_reference(acc, [e.float() for e in extras], epi).to(out_dtype)
 
 
+def mode(options: Any) -> str:
+    """``Options.skinny_gemm`` ("auto" | "never" | "always"), overridden by ``$KFUSE_SKINNY_GEMM``."""
+    return os.environ.get("KFUSE_SKINNY_GEMM", getattr(options, "skinny_gemm", "auto") if options is not None else "auto")
+
+
+def candidates(
+    node: Any, graph: Any, backend: str, options: Any, m: int, b_t: Any, out_dtype: torch.dtype,
+    gated: str | None = None, gate_first: bool = True,
+) -> dict[str, tuple[Callable[[list[torch.Tensor]], torch.Tensor], Any]]:  # fmt: skip
+    """This kernel's configs as lowering candidates of a GEMM node (name -> (run, KernelInfo)): every config of
+    ``configs`` on the GPU ("auto": the caller times them against its other candidates), the default config
+    where it is forced ("always"), none where the node is not eligible or the mode is "never"."""
+    from kfuse.runtime.executor import KernelInfo
+
+    how = mode(options)
+    a_t = graph.type_of(node.inputs[0])
+    if backend == "torch" or how == "never" or not eligible(m, tuple(b_t.shape), a_t.dtype) or a_t.dtype != b_t.dtype:
+        return {}
+    if how == "auto" and not (backend == "triton" and torch.cuda.is_available()):
+        return {}
+    k, n = b_t.shape[0], b_t.shape[1] // 2 if gated else b_t.shape[1]
+    sms = num_sms(torch.device("cuda"), 4) if torch.cuda.is_available() else 4
+    elem = a_t.dtype.itemsize
+    cfgs = configs(m, n, k, sms, gated is not None, elem) if how == "auto" else [default_config(m, n, k, sms, gated is not None, elem)]
+    epi: Epilogue = node.attrs.get("epilogue") or Epilogue()
+    eps = node.attrs.get("row_rms")
+    owner = zlib.crc32(node.name.encode())  # buffers of its own: a node's launches never share counters with another's
+    ops_ = tuple(node.attrs.get("fused_ops", ("matmul",)))
+    out: dict[str, tuple[Callable[[list[torch.Tensor]], torch.Tensor], Any]] = {}
+    for cfg in cfgs:
+
+        def run(xs: list[torch.Tensor], cfg: SkinnyConfig = cfg) -> torch.Tensor:
+            return skinny_gemm(xs[0], xs[1], xs[2:], epi, out_dtype, cfg, row_rms=eps, gated=gated, gate_first=gate_first, owner=owner)
+
+        info = KernelInfo(node.name, "skinny_gemm", ops_, describe(cfg, eps is not None, gated), epi.describe())
+        out[f"skinny {cfg.describe()}"] = (run, info)
+    return out
+
+
 def eligible(m: int, b_shape: tuple[int, ...], dtype: torch.dtype) -> bool:
     """A GEMM this kernel may run: few rows, a 2-D weight, a tensor-core dtype."""
     return 0 < m <= MAX_ROWS and len(b_shape) == 2 and dtype in (torch.float16, torch.bfloat16, torch.float32)
@@ -330,6 +383,3 @@ def eligible(m: int, b_shape: tuple[int, ...], dtype: torch.dtype) -> bool:
 def describe(cfg: SkinnyConfig, row_rms: bool, gated: str | None) -> str:
     extra = (" + rms rows" if row_rms else "") + (f" + {gated}-gated" if gated else "")
     return f"skinny {cfg.describe()}{extra}"
-
-
-__all__ = ["MAX_ROWS", "SkinnyConfig", "configs", "default_config", "describe", "eligible", "reference", "skinny_gemm", "splits_for"]

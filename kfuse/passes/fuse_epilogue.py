@@ -29,8 +29,18 @@ _CONV_ATTRS = ("stride", "padding", "dilation", "groups", "pad_end")
 
 
 def _gemm_epilogue_ref(xs: list[torch.Tensor], a: Mapping[str, Any]) -> torch.Tensor:
-    acc = torch.matmul(xs[0], xs[1])
+    x = xs[0]
+    if a.get("row_rms") is not None:  # a folded RMSNorm (passes/fold_row_norm): A is the norm's input, scaled first
+        x = row_rms_scaled(x, a["row_rms"])
+    acc = torch.matmul(x, xs[1])
     return apply_reference(acc, xs[2:], a["epilogue"]).to(a["out_type"].dtype)
+
+
+def row_rms_scaled(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x`` times each row's ``rsqrt(mean(x^2) + eps)``, in fp32, rounded to ``x``'s dtype: the norm without its
+    weight, which ``fold_row_norm`` moved into the GEMM's."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _out_type(types: list[ValueType], a: Mapping[str, Any]) -> ValueType:

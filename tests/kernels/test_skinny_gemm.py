@@ -132,3 +132,68 @@ def test_clear_errors():
         S.skinny_gemm(torch.randn(2, 9), torch.randn(8, 7), [], Epilogue(), torch.float32)
     assert S.eligible(1, (64, 64), torch.float16) and not S.eligible(32, (64, 64), torch.float16)
     assert not S.eligible(1, (2, 64, 64), torch.float16)
+
+
+_SM90_SCRIPT = r"""
+import json
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from cubin_facts import sass_facts
+from kfuse.kernels import skinny_gemm as S
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+
+epi = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))),), n_inputs=1)
+out = {}
+for name, (block_n, block_k, splits, rms, gated, warps, epi_) in json.loads(sys.argv[1]).items():
+    e = epi if epi_ else Epilogue()
+    kern = S._module(e).skinny_kernel
+    names = kern.arg_names
+    const = dict(BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, ROW_RMS=rms, GATED=gated, ACT=0, PRECISION="tf32",
+                 PDL=True, **({"XB0": False} if epi_ else {}))
+    sig = {n: "i32" for n in names}
+    sig.update({"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"})
+    sig["x0_ptr"] = "*fp16"
+    const |= {"stride_ak": 1, "stride_bk": 1, "stride_cn": 1}  # as the JIT specialises unit strides (nn.Linear's weight)
+    s = {n: ("constexpr" if n in const else sig[n]) for n in names}
+    aligned = ("a_ptr", "b_ptr", "c_ptr", "ws_ptr", "count_ptr", "x0_ptr", "stride_am", "stride_bn", "stride_cm", "stride_x0m", "N", "K",
+               "k_per_split", "gate_off", "up_off")  # and arguments divisible by 16
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
+    src = ASTSource(kern, s, {(names.index(k),): v for k, v in const.items()}, attrs)
+    stages = S.stages_for(block_n, block_k, 2 if gated else 1, 2)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    facts = sass_facts(ck.asm["cubin"])
+    ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
+    facts["atom_acq_rel"] = ptx.count("acq_rel.add")
+    facts["ld_cg"] = ptx.count("ld.global.cg")
+    facts["mma"] = ptx.count("mma.sync") + ptx.count("wgmma")
+    facts["async_copies"] = ttgir.count("ttg.async_copy_global_to_local")
+    facts["shared"] = ck.metadata.shared
+    out[name] = facts
+print(json.dumps(out))
+"""
+
+
+def test_sm90_compiles_with_the_in_kernel_reduction_and_no_spills() -> None:
+    """The kernel compiles for sm_90 (offline, the triton wheel's ptxas) in the forms a decode step uses: the split
+    reduction's acquire-release count and L2 reads of the partials are in the PTX, the product is on the tensor
+    cores, the A and B tiles are pipelined (cp.async) within the shared memory, and nothing spills, at the widest
+    gated tile too."""
+    from cubin_facts import run_offline_script
+
+    cases = {
+        "split": (64, 128, 8, False, False, 4, True),
+        "rms_gated": (64, 128, 4, True, True, 4, False),
+        "wide": (128, 128, 2, True, False, 8, False),
+        "one_slice": (64, 128, 1, False, False, 4, True),
+    }
+    got = run_offline_script(_SM90_SCRIPT, cases, timeout=600)
+    for name, facts in got.items():
+        assert facts["STL"] == 0 and facts["LDL"] == 0 and facts["LOCAL"] == 0, (name, facts)
+        assert facts["mma"] > 0, (name, facts)
+        assert facts["async_copies"] >= 2 * (2 if name == "rms_gated" else 1), (name, facts)  # A's and each B's tiles pipelined
+        assert facts["shared"] <= 227 * 1024, (name, facts)
+    for name in ("split", "rms_gated", "wide"):
+        assert got[name]["atom_acq_rel"] >= 1 and got[name]["ld_cg"] >= 1, (name, got[name])
+    assert got["one_slice"]["atom_acq_rel"] == 0
