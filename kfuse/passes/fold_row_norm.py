@@ -71,6 +71,16 @@ def _reader_ok(u: Node, norm: str, width: int, graph: Graph, nodes: dict[str, No
     )
 
 
+def _eps(n: Node, graph: Graph) -> float:
+    """The norm's eps; without one (``nn.RMSNorm``'s default), ``torch.finfo`` of its input's dtype, as F.rms_norm uses."""
+    eps = n.attrs.get("eps")
+    if eps is not None:
+        return float(eps)
+    t = graph.type_of(n.inputs[0])
+    assert isinstance(t, TensorType)
+    return float(torch.finfo(t.dtype).eps)
+
+
 def _scaled(const: torch.Tensor, w: torch.Tensor, transposed: bool) -> torch.Tensor:
     """``diag(w) W`` for ``W = const`` (``[K, N]``) or ``const.T`` (``const`` ``[N, K]``), in fp32, rounded once."""
     wf = w.to(const.device, torch.float32)
@@ -90,7 +100,7 @@ def fold_row_norm(graph: Graph) -> Graph:
         width = n.ttype.shape[-1]
         if readers and all(_reader_ok(u, n.name, width, graph, nodes, users) for u in readers):
             for u in readers:
-                plans[u.name] = (n, float(n.attrs["eps"]))
+                plans[u.name] = (n, _eps(n, graph))
     if not plans:
         return graph
     b = GraphBuilder.from_graph(graph)

@@ -1,16 +1,17 @@
 """RMSNorm written out in elementwise ops becomes one ``rms_norm`` node.
 
-Hugging Face's decoders (Llama, Mistral, Qwen2, Gemma, ...) do not call ``torch.nn.functional.rms_norm``;
+Hugging Face's decoders (Llama, Mistral, Qwen2, ...) do not call ``torch.nn.functional.rms_norm``;
 they write it out, and an exported graph holds the pieces::
 
     xf = x.to(float32)                      # fp16/bf16 models only
     r  = rsqrt(mean(xf * xf, -1, keepdim=True) + eps)
-    y  = w * (xf * r).to(x.dtype)           # the weight optional (Gemma's 1 + w is constant-folded to one)
+    y  = w * (xf * r).to(x.dtype)           # the weight optional (a constant 1 + w is folded to one)
 
 Left so, the generic pointwise kernel computes it, and nothing downstream knows it is a norm. As one ``rms_norm``
 node it runs on the norm template (``fuse_norm``) and, in a decode step, folds into the GEMMs that read it
 (``fold_row_norm``). The norm template rounds once, after the weight; the written-out form rounds before it:
-the two differ by at most one unit in the last place of the output's dtype.
+the two differ by at most one unit in the last place of the output's dtype. Not matched: a 16-bit model that
+multiplies by the weight in fp32 before the cast back (Gemma), and constants of more than the weight's one dim.
 """
 
 from __future__ import annotations
@@ -28,17 +29,18 @@ def _users_are(users: dict[str, list[Node]], graph: Graph, v: str, expected: set
 
 
 def _constant_scalar(graph: Graph, v: str) -> float | None:
+    """A 0-d floating constant's value (a one-element tensor of higher rank could broadcast the result up a rank)."""
     t = graph.constants.get(v)
-    if t is None or t.numel() != 1 or not t.dtype.is_floating_point:
+    if t is None or t.dim() != 0 or not t.dtype.is_floating_point:
         return None
     value = ops.scalar_value(t)
     return float(value) if value is not None else None
 
 
 def _weight(graph: Graph, v: str, n: int, dtype: torch.dtype) -> bool:
-    """``v`` is a constant weight vector of the normalised width, in the output's dtype."""
+    """``v`` is a constant weight vector ``[n]`` in the output's dtype (``rms_norm``'s weight has the normalised shape)."""
     t = graph.constants.get(v)
-    return t is not None and t.dtype == dtype and t.numel() == n and t.dim() >= 1 and t.shape[-1] == n
+    return t is not None and t.dtype == dtype and tuple(t.shape) == (n,)
 
 
 def _match(out: Node, nodes: dict[str, Node], users: dict[str, list[Node]], graph: Graph) -> tuple[Node, set[str]] | None:
