@@ -236,5 +236,10 @@ def _kfuse_plan_summary() -> dict[str, Any]:
     for k in rep["kernels"]:
         templates[k["template"]] = templates.get(k["template"], 0) + 1
     attention = [k.get("config", "") for k in rep["kernels"] if "attention" in k["template"]][:1]
+    # the GEMMs' measured choices (template, cuBLAS, skinny; each config names every candidate's time), one per kind
+    gemms: dict[str, str] = {}
+    for k in rep["kernels"]:
+        if "gemm" in k["template"]:
+            gemms.setdefault(f"{k['template']} {tuple(k.get('ops', ()))}", k.get("config", ""))
     return {"kernels_by_template": templates, "launches": len(rep["kernels"]), "cuda_graph": rep["cuda_graph"],
-            "state_writes": rep.get("state_writes", []), "attention_choice": attention}  # fmt: skip
+            "state_writes": rep.get("state_writes", []), "attention_choice": attention, "gemm_choices": gemms}  # fmt: skip
