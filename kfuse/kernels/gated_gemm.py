@@ -261,9 +261,9 @@ def _decide(
     ref = unfused(xs).clone()  # what every tile must compute before it is timed
     best: tuple[float, GatedConfig | str | None] = (times["unfused"], None)
     wrong: list[str] = []
-    runs: list[tuple[str, GatedConfig | str, Any]] = [(c.describe(), c, fused_with(c)) for c in config_space(xs[0].element_size())]
-    runs += [(name, name, run) for name, (run, _) in (skinny or {}).items()]
-    for name, c, run in runs:
+    tiles = [(c.describe(), c) for c in config_space(xs[0].element_size())] + [(name, name) for name in skinny or {}]
+    for name, c in tiles:
+        run = fused_with(c) if isinstance(c, GatedConfig) else skinny[c][0]  # built right before it runs
         try:
             why = wrong_result(run(xs), ref)
             if why is not None:  # a tile the compiler gets wrong is never timed, let alone chosen

@@ -16,9 +16,9 @@ from kfuse.runtime.executor import choose_backend
 from kfuse.runtime.profile import node_flops
 
 
-def _graphs(model, args, kwargs=None):
+def _graphs(model, args, kwargs=None, **opts):
     g = import_module(model, args, kwargs or {}).graph
-    return optimize(g, Options(fuse_gated_mlp=False)).graph, optimize(g, Options()).graph
+    return optimize(g, Options(fuse_gated_mlp=False, **opts)).graph, optimize(g, Options(**opts)).graph
 
 
 def _ops(g, op):
@@ -80,7 +80,7 @@ def test_only_the_gated_form_fuses(form, fused, device, monkeypatch):
 
 def test_decision_times_the_unfused_pair_and_every_tile(monkeypatch, device):
     model, args, kwargs = kfuse.models.build("llama-tiny", batch=1, seq=8, seed=5, device=device)
-    _, g = _graphs(model, args, kwargs)
+    _, g = _graphs(model, args, kwargs, fold_row_norm=False)  # the spies' tiles read the plain MLP input
     node = _ops(g, "gated_gemm")[0]
     G._DECIDED.clear()
     asked, timed = [], []
@@ -112,7 +112,7 @@ def test_decision_never_times_a_tile_that_computes_the_wrong_result(monkeypatch,
     """Session 28 found Triton 3.6 miscompiling b2b tilings on the H200; every measured decision now
     checks a candidate's output against the unfused kernels' before timing it."""
     model, args, kwargs = kfuse.models.build("llama-tiny", batch=1, seq=8, seed=5, device=device)
-    _, g = _graphs(model, args, kwargs)
+    _, g = _graphs(model, args, kwargs, fold_row_norm=False)  # the spies' tiles read the plain MLP input
     node = _ops(g, "gated_gemm")[0]
     G._DECIDED.clear()
     space = G.config_space(g.type_of(node.inputs[0]).dtype.itemsize)
