@@ -170,7 +170,7 @@ def maybe_library_step(
     cands = {"template": run_template} | ({"library": run_library} if library_ok and mode == "auto" else {})
     cands |= {name: run for name, (run, _) in more.items()}
     key = problem_key(node, graph, str(node.attrs.get("config")))
-    choice, times = choose(node, graph, cands, key)
+    choice, times = choose(node, graph, cands, key, reference="template" if more else None)  # more: checked against the template
     if choice == "template":
         return None
     why = f"{times[choice] * 1e3:.1f} us vs template {info.config} {times['template'] * 1e3:.1f} us"

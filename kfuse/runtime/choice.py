@@ -51,12 +51,14 @@ def example_inputs(node: Any, graph: Any, device: str = "cuda") -> list[torch.Te
 
 def choose(
     node: Any, graph: Any, candidates: dict[str, Callable[[list[torch.Tensor]], Any]], key: Hashable,
-    inputs: list[torch.Tensor] | Callable[[], list[torch.Tensor]] | None = None,
+    inputs: list[torch.Tensor] | Callable[[], list[torch.Tensor]] | None = None, reference: str | None = None,
 ) -> tuple[str, dict[str, float]]:  # fmt: skip
     """(name of the fastest candidate, ms per candidate); ``key`` names the problem for the cache;
     ``inputs``: representative inputs where random ones are not (e.g. prefix sums), or a function making them
-    (called on a cache miss only: a hit times nothing and needs none)."""
+    (called on a cache miss only: a hit times nothing and needs none). ``reference``: a candidate whose output every
+    other one must match (``unfused.wrong_result``) before it is timed; one that does not is never chosen."""
     from kfuse.bench.harness import gpu_time_ms
+    from kfuse.runtime.unfused import wrong_result
 
     full_key = (key, tuple(candidates))
     db = _persistent_db()
@@ -73,11 +75,18 @@ def choose(
         xs = inputs() if callable(inputs) else inputs if inputs is not None else example_inputs(node, graph)
         times: dict[str, float] = {}
         faulted = _faulted(db, problem, names)
+        ref = None
         for name, fn in candidates.items():
             if name in faulted:  # it faulted the GPU in an earlier process: never run again
                 times[name] = float("inf")
                 continue
             try:
+                if reference is not None and name != reference:
+                    if ref is None:
+                        ref = candidates[reference](xs).clone()
+                    if wrong_result(fn(xs), ref) is not None:  # a kernel computing something else never runs the plan
+                        times[name] = float("inf")
+                        continue
                 times[name] = gpu_time_ms(lambda fn=fn: fn(xs))
             except Exception as e:  # noqa: BLE001 - a candidate that cannot run loses, unless it faulted the GPU
                 try:

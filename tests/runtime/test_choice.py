@@ -200,3 +200,22 @@ def test_a_candidate_that_faulted_is_skipped_by_the_next_process(monkeypatch, tm
     runs["bad"] = 0
     name, times = choice.choose(node, g, {"bad": bad, "ok": ok}, ("retry", 1))
     assert name == "ok" and times["bad"] == float("inf") and runs["bad"] == 0
+
+
+def test_a_candidate_that_computes_something_else_is_never_chosen(monkeypatch, device) -> None:
+    """With a ``reference``, each other candidate's output is compared with its output first: the fastest one that
+    is wrong (a new kernel whose reduction raced, say) gets no time and loses; one within rounding still wins."""
+    monkeypatch.setattr(choice, "example_inputs", lambda node, graph, device=device: [torch.randn(4, 8, device=device)])
+    g, node = _graph()
+    slow = _slow(device)
+
+    def fast_but_wrong(xs):
+        return xs[0] * 2
+
+    def fast_and_rounded(xs):
+        return xs[0] * (1 + 1e-3)
+
+    name, times = choice.choose(node, g, {"template": slow, "wrong": fast_but_wrong}, ("ref", 1), reference="template")
+    assert name == "template" and times["wrong"] == float("inf")
+    name, times = choice.choose(node, g, {"template": slow, "rounded": fast_and_rounded}, ("ref", 2), reference="template")
+    assert name == "rounded" and times["rounded"] < times["template"]
