@@ -17,8 +17,10 @@ Two things the decode step needs come with the same kernel:
 
 * ``row_rms``: the RMSNorm in front of the GEMM, folded (``passes/fold_row_norm.py``): the norm's weight is
   folded into the GEMM's (``W' = diag(w) W``, a constant), the GEMM reads the norm's *input* ``x``, and the last
-  program scales each row by ``rsqrt(mean(x^2) + eps)``, which it computes from ``x`` itself (M x K values,
-  kilobytes): ``norm(x) @ W = rstd * (x @ W')``. The norm's launch and its output's round trip disappear.
+  program scales each row by ``rsqrt(mean(x^2) + eps)``: ``norm(x) @ W = rstd * (x @ W')``. Each program sums the
+  squares of the ``x`` values it loads for its product anyway and stores them beside its partials; the last one
+  adds the slices' sums (a first version re-read the rows at the end, a serial tail of K / BLOCK_K loads). The
+  norm's launch and its output's round trip disappear.
 * ``gated``: a gated MLP's ``act(x @ W_gate) * (x @ W_up)`` (two accumulators, as ``gated_gemm``).
 """
 
@@ -48,32 +50,25 @@ from kfuse.kernels.gated_gemm import gate_activation
 
 @triton.jit
 def _slab(a_ptr, b_ptr, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    # this program's share of the product: rows [0, M) of A times the (k_hi - k_lo, BLOCK_N) slab of B
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, SQUARES: tl.constexpr):
+    # this program's share of the product: rows [0, M) of A times the (k_hi - k_lo, BLOCK_N) slab of B; with
+    # SQUARES also the sum of squares of the A values it read (a folded RMSNorm's statistic, from loads made anyway)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_lo + offs_k)[None, :] * stride_ak
     b_ptrs = b_ptr + (k_lo + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
         k_ok = offs_k < k_hi - k
         a = tl.load(a_ptrs, mask=(offs_m < M)[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & (offs_n < N)[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if SQUARES:
+            af = a.to(tl.float32)
+            ss += tl.sum(af * af, 1)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    return acc
-
-
-@triton.jit
-def _row_rstd(a_ptr, offs_m, M, K, stride_am, stride_ak, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    # rsqrt(mean(x^2) + eps) of each row of A, in fp32 (the RMSNorm folded into this GEMM)
-    offs_k = tl.arange(0, BLOCK_K)
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        x = tl.load(a_ptr + offs_m[:, None] * stride_am + (k + offs_k)[None, :] * stride_ak,
-                    mask=(offs_m < M)[:, None] & (k + offs_k < K)[None, :], other=0.0).to(tl.float32)
-        ss += tl.sum(x * x, 1)
-    return tl.rsqrt(ss / K + eps)
+    return acc, ss
 
 
 @triton.jit
@@ -104,16 +99,23 @@ def skinny_kernel(
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     k_lo = pid_k * k_per_split
     k_hi = min(K, k_lo + k_per_split)
-    acc = _slab(a_ptr, b_ptr + gate_off, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
-                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+    acc, ss = _slab(a_ptr, b_ptr + gate_off, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
+                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_RMS)
     if GATED:
-        up = _slab(a_ptr, b_ptr + up_off, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
-                   BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+        up, _ = _slab(a_ptr, b_ptr + up_off, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
+                      BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, False)
+    # after the partial sums (one or two parts of SPLITS x M x N): each (column block, slice)'s M sums of squares
+    if GATED:
+        ss_ptr = ws_ptr + 2 * SPLITS * M * N + pid_n * SPLITS * M
+    else:
+        ss_ptr = ws_ptr + SPLITS * M * N + pid_n * SPLITS * M
     if SPLITS > 1:
         w_ptrs = ws_ptr + ((pid_k * M) + offs_m[:, None]) * N + offs_n[None, :]
         tl.store(w_ptrs, acc, mask=mask)
         if GATED:
             tl.store(w_ptrs + SPLITS * M * N, up, mask=mask)
+        if ROW_RMS:
+            tl.store(ss_ptr + pid_k * M + offs_m, ss, mask=offs_m < M)
         tl.debug_barrier()  # every thread's partial is stored before the count says so
         is_last = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel") == SPLITS - 1
     else:
@@ -123,9 +125,13 @@ def skinny_kernel(
             acc = _partials(ws_ptr, 0, offs_m, offs_n, M, N, SPLITS, BLOCK_M, BLOCK_N)
             if GATED:
                 up = _partials(ws_ptr, 1, offs_m, offs_n, M, N, SPLITS, BLOCK_M, BLOCK_N)
+            if ROW_RMS:
+                ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+                for s in range(SPLITS):
+                    ss += tl.load(ss_ptr + s * M + offs_m, mask=offs_m < M, other=0.0, cache_modifier=".cg")
             tl.store(count_ptr + pid_n, 0)  # the next call's count starts from zero
         if ROW_RMS:
-            rstd = _row_rstd(a_ptr, offs_m, M, K, stride_am, stride_ak, eps, BLOCK_M, BLOCK_K)[:, None]
+            rstd = tl.rsqrt(ss / K + eps)[:, None]
             acc = acc * rstd
             if GATED:
                 up = up * rstd
@@ -230,7 +236,7 @@ class _Buffers:
         key = (str(device), parts, splits, m, n, blocks, owner)
         with self._lock:
             if key not in self._bufs:
-                ws = torch.empty(max(1, parts * splits * m * n), dtype=torch.float32, device=device)
+                ws = torch.empty(max(1, parts * splits * m * n + blocks * splits * m), dtype=torch.float32, device=device)
                 self._bufs[key] = (ws, torch.zeros(max(1, blocks), dtype=torch.int32, device=device))
             return self._bufs[key]
 
