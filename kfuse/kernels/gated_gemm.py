@@ -279,6 +279,10 @@ def _decide(
     fused_best = min((t for n, t in times.items() if n != "unfused"), default=float("inf"))
     chosen = "unfused" if best[1] is None else best[1] if isinstance(best[1], str) else best[1].describe()
     note = f"{chosen}: fused {fused_best * 1e3:.1f} us vs unfused {times['unfused'] * 1e3:.1f} us"
+    others = sorted((t, n) for n, t in times.items() if n not in ("unfused", chosen))[:4]
+    note += f" (then {', '.join(f'{n} {t * 1e3:.1f}' for t, n in others)})" if others else ""
+    missing = [name for name, _ in tiles if name not in times and not any(w.startswith(f"{name}:") for w in wrong)]
+    note += f"; failed to run: {', '.join(missing)}" if missing else ""
     note += f"; skipped {'; '.join(wrong)}" if wrong else ""
     _DECIDED[key] = (best[1], note)
     return _DECIDED[key]

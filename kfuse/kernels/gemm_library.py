@@ -174,6 +174,8 @@ def maybe_library_step(
     if choice == "template":
         return None
     why = f"{times[choice] * 1e3:.1f} us vs template {info.config} {times['template'] * 1e3:.1f} us"
+    others = sorted((t, n) for n, t in times.items() if n not in (choice, "template"))[:3]
+    why += f" (then {', '.join(f'{n} {t * 1e3:.1f}' for t, n in others)})" if others else ""
     if choice == "library":
         return library_step(why)
     run, kinfo = more[choice]
