@@ -30,16 +30,18 @@ import os
 import threading
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import triton
 
 from kfuse.kernels import pdl
 from kfuse.kernels.codegen import cdiv, generated, interpreting, num_sms
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
 
 MAX_ROWS = 16  # one tl.dot row block (the smallest tensor-core tile): more rows are the tiled template's
+MAX_SLICE = 1024  # K values of A a program loads at once for the row scale (16 x 1024 fp16: 64 registers a thread)
 
 _SOURCE = """
 import triton
@@ -89,7 +91,8 @@ def skinny_kernel(
     M, N, K, k_per_split, gate_off, up_off,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, {extra_strides}
     eps, {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
-    ROW_RMS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    ROW_RMS: tl.constexpr, SQUARES: tl.constexpr, RMS_SLICE: tl.constexpr, BLOCK_SLICE: tl.constexpr,
+    GATED: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -99,8 +102,16 @@ def skinny_kernel(
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     k_lo = pid_k * k_per_split
     k_hi = min(K, k_lo + k_per_split)
+    if RMS_SLICE:  # the row scale's inputs: this program's A slice in one load, in flight through the main loop
+        offs_s = k_lo + tl.arange(0, BLOCK_SLICE)
+        x_slice = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_s[None, :] * stride_ak,
+                          mask=(offs_m < M)[:, None] & (offs_s < k_hi)[None, :], other=0.0)
+    # SQUARES: the sums of squares taken from the main loop's A tiles instead (no extra load, work in the loop)
     acc, ss = _slab(a_ptr, b_ptr + gate_off, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
-                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_RMS)
+                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, SQUARES)
+    if RMS_SLICE:
+        xf = x_slice.to(tl.float32)
+        ss = tl.sum(xf * xf, 1)
     if GATED:
         up, _ = _slab(a_ptr, b_ptr + up_off, offs_m, offs_n, M, N, k_lo, k_hi, stride_am, stride_ak, stride_bk, stride_bn,
                       BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, False)
@@ -181,9 +192,13 @@ class SkinnyConfig:
     splits: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    # a folded norm's sums of squares: False from the main loop's A tiles; True from the program's A slice loaded
+    # once before the loop and summed after it (slices of at most MAX_SLICE values; longer ones use the loop)
+    rms_slice: bool = False
 
     def describe(self) -> str:
-        return f"n{self.block_n} k{self.block_k} splits{self.splits} w{self.num_warps} s{self.num_stages}"
+        s = f"n{self.block_n} k{self.block_k} splits{self.splits} w{self.num_warps} s{self.num_stages}"
+        return s + (" rms-slice" if self.rms_slice else "")
 
 
 def splits_for(n: int, k: int, block_n: int, block_k: int, sms: int) -> int:
@@ -308,6 +323,7 @@ def skinny_gemm(
     k_per_split = cdiv(cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
     splits = cdiv(k, k_per_split)  # rounding K slices to whole steps may leave fewer slices
     ws, count = _BUFFERS.get(a.device, 2 if gated else 1, splits, m, n, blocks, owner)
+    rms_slice = row_rms is not None and cfg.rms_slice and k_per_split <= MAX_SLICE
     half = b.shape[1] // 2
     gate_off = (0 if gate_first else half) * b.stride(1) if gated else 0
     up_off = (half if gate_first else 0) * b.stride(1) if gated else 0
@@ -319,7 +335,9 @@ def skinny_gemm(
         a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c2.stride(0), c2.stride(1), *ex_strides,
         float(row_rms if row_rms is not None else 0.0), **flags,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLITS=splits,
-        ROW_RMS=row_rms is not None, GATED=gated is not None, ACT=ACTIVATIONS.get(gated or "silu", 0),
+        ROW_RMS=row_rms is not None, SQUARES=row_rms is not None and not rms_slice, RMS_SLICE=rms_slice,
+        BLOCK_SLICE=triton.next_power_of_2(k_per_split) if rms_slice else 16,
+        GATED=gated is not None, ACT=ACTIVATIONS.get(gated or "silu", 0),
         PRECISION="ieee" if a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
@@ -366,6 +384,8 @@ def candidates(
     sms = num_sms(torch.device("cuda"), 4) if torch.cuda.is_available() else 4
     elem = a_t.dtype.itemsize
     cfgs = configs(m, n, k, sms, gated is not None, elem) if how == "auto" else [default_config(m, n, k, sms, gated is not None, elem)]
+    if node.attrs.get("row_rms") is not None and how == "auto":  # both ways to the row scale, each config
+        cfgs += [replace(c, rms_slice=True) for c in cfgs]
     epi: Epilogue = node.attrs.get("epilogue") or Epilogue()
     eps = node.attrs.get("row_rms")
     owner = zlib.crc32(node.name.encode())  # buffers of its own: a node's launches never share counters with another's

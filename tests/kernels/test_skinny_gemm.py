@@ -58,8 +58,9 @@ def test_epilogue_with_a_bias_row_and_a_residual(device):
     torch.testing.assert_close(out, a @ w + bias + residual, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("rms_slice", [False, True])
 @pytest.mark.parametrize("splits", [1, 2])
-def test_row_rms_is_the_folded_rms_norm(splits, device):
+def test_row_rms_is_the_folded_rms_norm(splits, rms_slice, device):
     """``rms_norm(x, w) @ W == rstd(x) * (x @ diag(w) W)``: the fold the pass makes, rows of very different scales."""
     gen = torch.Generator().manual_seed(5)
     m, k, n, eps = 4, 72, 38, 1e-6
@@ -68,7 +69,7 @@ def test_row_rms_is_the_folded_rms_norm(splits, device):
     big_w = torch.randn(k, n, generator=gen) / 8
     want = torch.nn.functional.rms_norm(x, (k,), norm_w, eps) @ big_w
     out = _poisoned((m, n), torch.float32, device)
-    cfg = S.SkinnyConfig(32, 32, splits, 4, 1)
+    cfg = S.SkinnyConfig(32, 32, splits, 4, 1, rms_slice=rms_slice)  # the squares from the loop's tiles or the slice
     S.skinny_gemm(x.to(device), (norm_w[:, None] * big_w).to(device), [], Epilogue(), torch.float32, cfg, row_rms=eps, out=out)
     torch.testing.assert_close(out.cpu(), want, atol=1e-4, rtol=1e-4)
     assert (want - x @ (norm_w[:, None] * big_w)).abs().max() > 1.0  # without the row scale it would be far off
@@ -90,12 +91,14 @@ def test_gated_mlp(act, gate_first, device):
     assert (ref - other).abs().max() > 0.05  # the halves differ: the test can fail
 
 
-def test_gated_with_row_rms_in_fp16(device):
+@pytest.mark.parametrize("rms_slice", [False, True])
+def test_gated_with_row_rms_in_fp16(rms_slice, device):
     gen = torch.Generator().manual_seed(9)
     x = (torch.randn(1, 64, generator=gen) * 20).to(device, torch.float16)
     w = (torch.randn(64, 2 * 40, generator=gen) / 8).to(device, torch.float16)
     out = _poisoned((1, 40), torch.float16, device)
-    S.skinny_gemm(x, w, [], Epilogue(), torch.float16, S.SkinnyConfig(32, 32, 2, 4, 1), row_rms=1e-5, gated="silu", out=out)
+    cfg = S.SkinnyConfig(32, 32, 2, 4, 1, rms_slice=rms_slice)
+    S.skinny_gemm(x, w, [], Epilogue(), torch.float16, cfg, row_rms=1e-5, gated="silu", out=out)
     ref = S.reference(x, w, [], Epilogue(), torch.float32, row_rms=1e-5, gated="silu")
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
@@ -150,7 +153,9 @@ for name, (block_n, block_k, splits, rms, gated, warps, epi_) in json.loads(sys.
     e = epi if epi_ else Epilogue()
     kern = S._module(e).skinny_kernel
     names = kern.arg_names
-    const = dict(BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, ROW_RMS=rms, GATED=gated, ACT=0, PRECISION="tf32",
+    rms_slice = rms == "slice"
+    const = dict(BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, ROW_RMS=bool(rms), SQUARES=rms == "loop",
+                 RMS_SLICE=rms_slice, BLOCK_SLICE=256 if rms_slice else 16, GATED=gated, ACT=0, PRECISION="tf32",
                  PDL=True, **({"XB0": False} if epi_ else {}))
     sig = {n: "i32" for n in names}
     sig.update({"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"})
@@ -183,10 +188,11 @@ def test_sm90_compiles_with_the_in_kernel_reduction_and_no_spills() -> None:
     from cubin_facts import run_offline_script
 
     cases = {
-        "split": (64, 128, 8, False, False, 4, True),
-        "rms_gated": (64, 128, 4, True, True, 4, False),
-        "wide": (128, 128, 2, True, False, 8, False),
-        "one_slice": (64, 128, 1, False, False, 4, True),
+        "split": (64, 128, 8, "", False, 4, True),
+        "rms_gated": (64, 128, 4, "loop", True, 4, False),
+        "wide": (128, 128, 2, "loop", False, 8, False),
+        "rms_slice": (64, 128, 8, "slice", False, 4, True),
+        "one_slice": (64, 128, 1, "", False, 4, True),
     }
     got = run_offline_script(_SM90_SCRIPT, cases, timeout=600)
     for name, facts in got.items():
@@ -194,6 +200,18 @@ def test_sm90_compiles_with_the_in_kernel_reduction_and_no_spills() -> None:
         assert facts["mma"] > 0, (name, facts)
         assert facts["async_copies"] >= 2 * (2 if name == "rms_gated" else 1), (name, facts)  # A's and each B's tiles pipelined
         assert facts["shared"] <= 227 * 1024, (name, facts)
-    for name in ("split", "rms_gated", "wide"):
+    for name in ("split", "rms_gated", "wide", "rms_slice"):
         assert got[name]["atom_acq_rel"] >= 1 and got[name]["ld_cg"] >= 1, (name, got[name])
     assert got["one_slice"]["atom_acq_rel"] == 0
+
+
+def test_a_slice_too_long_to_load_at_once_takes_the_loop(device):
+    """``rms_slice`` loads a program's whole K slice at once, up to ``MAX_SLICE`` values; a longer slice (one program
+    over K = 1100) takes the squares from the main loop's tiles instead, with the same result."""
+    gen = torch.Generator().manual_seed(17)
+    k = S.MAX_SLICE + 76
+    x = (torch.randn(2, k, generator=gen) * torch.tensor([[0.05], [20.0]])).to(device)
+    w = (torch.randn(k, 20, generator=gen) / 30).to(device)
+    out = _poisoned((2, 20), torch.float32, device)
+    S.skinny_gemm(x, w, [], Epilogue(), torch.float32, S.SkinnyConfig(32, 32, 1, 4, 1, rms_slice=True), row_rms=1e-6, out=out)
+    torch.testing.assert_close(out, S.reference(x, w, [], Epilogue(), torch.float32, row_rms=1e-6), atol=1e-4, rtol=1e-4)
