@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import replace
 
 import torch
 
@@ -113,6 +114,16 @@ def main() -> None:
                     norm(a, rms=True, eps=1e-5), b, [], Epilogue(), torch.float16, gated=act
                 ),
                 "skinny_rms": lambda a=a, b=b, act=act: S.skinny_gemm(a, b, [], Epilogue(), torch.float16, row_rms=1e-5, gated=act),
+                "skinny_rms_slice": lambda a=a, b=b, act=act, k=k, n=n: S.skinny_gemm(
+                    a,
+                    b,
+                    [],
+                    Epilogue(),
+                    torch.float16,
+                    replace(S.default_config(m, n // 2 if act else n, k, sms, bool(act)), rms_slice=True),
+                    row_rms=1e-5,
+                    gated=act,
+                ),
             }
             if gated:
                 sides["norm+gated_tile"] = lambda a=a, b=b: G.gated_gemm(norm(a, rms=True, eps=1e-5), b, "silu")
