@@ -114,6 +114,11 @@ def main() -> None:
                     norm(a, rms=True, eps=1e-5), b, [], Epilogue(), torch.float16, gated=act
                 ),
                 "skinny_rms": lambda a=a, b=b, act=act: S.skinny_gemm(a, b, [], Epilogue(), torch.float16, row_rms=1e-5, gated=act),
+                # the plan's merged QKV / gate-up weights are [K, N] row-major (merge_gemm concatenates along N), not
+                # nn.Linear's K-contiguous layout the other sides read: the same kernel on that layout
+                "skinny_rms_rowmajor": lambda a=a, bc=b.contiguous(), act=act: S.skinny_gemm(
+                    a, bc, [], Epilogue(), torch.float16, row_rms=1e-5, gated=act
+                ),
                 "skinny_rms_slice": lambda a=a, b=b, act=act, k=k, n=n: S.skinny_gemm(
                     a,
                     b,
