@@ -107,6 +107,7 @@ def main() -> None:
             a = torch.randn(m, k, device="cuda", dtype=torch.float16) * 3
             b = (torch.randn(n, k, device="cuda", dtype=torch.float16) / k**0.5).t()
             want = S.reference(a, b, [], Epilogue(), torch.float32, row_rms=1e-5, gated=act)
+            b_rowmajor = b.contiguous()
             rec = {"m": m, "gemm": name, "folded_norm": True}
             sides = {
                 "norm+cublas": lambda a=a, b=b: torch.mm(norm(a, rms=True, eps=1e-5), b),
@@ -116,7 +117,7 @@ def main() -> None:
                 "skinny_rms": lambda a=a, b=b, act=act: S.skinny_gemm(a, b, [], Epilogue(), torch.float16, row_rms=1e-5, gated=act),
                 # the plan's merged QKV / gate-up weights are [K, N] row-major (merge_gemm concatenates along N), not
                 # nn.Linear's K-contiguous layout the other sides read: the same kernel on that layout
-                "skinny_rms_rowmajor": lambda a=a, bc=b.contiguous(), act=act: S.skinny_gemm(
+                "skinny_rms_rowmajor": lambda a=a, bc=b_rowmajor, act=act: S.skinny_gemm(
                     a, bc, [], Epilogue(), torch.float16, row_rms=1e-5, gated=act
                 ),
                 "skinny_rms_slice": lambda a=a, b=b, act=act, k=k, n=n: S.skinny_gemm(
