@@ -30,13 +30,27 @@ def library_mode(options: Any) -> str:
     return os.environ.get("KFUSE_GEMM_LIBRARY", mode)
 
 
+def constant_view(graph: Any, name: str, device: Any) -> torch.Tensor | None:
+    """``name``'s value where it is a constant, or a transposing ``permute`` of one (an nn.Linear weight read as
+    ``[K, N]``): the tensor the plan will pass, strides included, so a candidate is timed on the layout it will
+    read (a random ``[K, N]`` stand-in is row-major where the weight is K-contiguous); else None."""
+    c = graph.constants.get(name)
+    if c is not None:
+        return c.to(device)
+    producer = next((n for n in graph.nodes if n.name == name), None)
+    if producer is not None and producer.op == "permute" and producer.inputs[0] in graph.constants:
+        return graph.constants[producer.inputs[0]].to(device).permute(*producer.attrs["dims"])
+    return None
+
+
 def example_inputs(node: Any, graph: Any, device: str = "cuda") -> list[torch.Tensor]:
-    """Inputs of the node's types on ``device``: constants as they are, the rest random (ones for
-    integer inputs), channels-last where the type says so."""
+    """Inputs of the node's types on ``device``: constants (and transposed views of them) as they are, the rest
+    random (ones for integer inputs), channels-last where the type says so."""
     xs = []
     for name in node.inputs:
-        if name in graph.constants:
-            xs.append(graph.constants[name].to(device))
+        c = constant_view(graph, name, device)
+        if c is not None:
+            xs.append(c)
             continue
         t = graph.type_of(name)
         if t.dtype.is_floating_point:

@@ -24,11 +24,14 @@ def random_like(t: Any, device: torch.device) -> torch.Tensor:
 
 
 def decision_inputs(node: Any, graph: Any, device: torch.device) -> list[torch.Tensor]:
-    """The node's inputs to time with: its constants (weights) as they are, random runtime inputs."""
+    """The node's inputs to time with: its constants (weights, and transposed views of them) as they are, random
+    runtime inputs."""
+    from kfuse.runtime.choice import constant_view
+
     xs = []
     for name in node.inputs:
-        c = graph.constants.get(name)
-        xs.append(c.to(device) if c is not None else random_like(graph.type_of(name), device))
+        c = constant_view(graph, name, device)
+        xs.append(c if c is not None else random_like(graph.type_of(name), device))
     return xs
 
 

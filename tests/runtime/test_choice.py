@@ -219,3 +219,21 @@ def test_a_candidate_that_computes_something_else_is_never_chosen(monkeypatch, d
     assert name == "template" and times["wrong"] == float("inf")
     name, times = choice.choose(node, g, {"template": slow, "rounded": fast_and_rounded}, ("ref", 2), reference="template")
     assert name == "rounded" and times["rounded"] < times["template"]
+
+
+def test_a_transposed_weight_is_timed_in_the_layout_the_plan_reads(device) -> None:
+    """A GEMM reading ``permute(W, (1, 0))`` of a constant ``[N, K]`` weight is timed on that view (K-contiguous),
+    not on a random row-major ``[K, N]`` stand-in; runtime inputs stay random."""
+    from kfuse.runtime.unfused import decision_inputs
+
+    gb = GraphBuilder("t")
+    x = gb.add_input("x", TensorType((1, 6), torch.float32))
+    w = gb.add_constant(torch.randn(5, 6), "w")
+    wt = gb.op("permute", [w], {"dims": (1, 0)}, name="wt")
+    y = gb.op("matmul", [x, wt], name="y")
+    g = gb.build([y])
+    node = g.nodes[-1]
+    for xs in (choice.example_inputs(node, g, device), decision_inputs(node, g, torch.device(device))):
+        assert xs[1].shape == (6, 5) and xs[1].stride() == (1, 6)
+        assert torch.equal(xs[1].cpu(), g.constants["w"].t())
+        assert xs[0].shape == (1, 6)
