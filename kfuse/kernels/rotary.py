@@ -30,14 +30,14 @@ from kfuse.kernels.pdl import pdl_start
 
 
 @triton.jit
-def _rotary_fwd(
+def _rows(
     X, C, S, Out, OutIdx, IdxOffset,
     R1, R2, n_rows, HALF, N_PASS, n_slots,
     sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3, so0, so1, so2, so3,
     BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, OUT_INDEX: tl.constexpr,
-    INDEX_OFFSET: tl.constexpr, ROTATE: tl.constexpr, PDL: tl.constexpr,
+    INDEX_OFFSET: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
-    pdl_start(PDL)
+    # one program's BLOCK_R rows of X, rotated (ROTATE) or as they are, into Out (at the index's rows: OUT_INDEX)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_H)
     mask = (rows < n_rows)[:, None] & (cols < HALF)[None, :]
@@ -80,6 +80,42 @@ def _rotary_fwd(
         if OUT_INDEX:
             pm = pm & ((o2 >= 0) & (o2 < n_slots))[:, None]
         tl.store(out + pc * so3, tl.load(X + xr + pc * sx3, mask=pm, other=0.0).to(Out.dtype.element_ty), mask=pm)
+
+
+@triton.jit
+def _rotary_fwd(
+    X, C, S, Out, OutIdx, IdxOffset,
+    R1, R2, n_rows, HALF, N_PASS, n_slots,
+    sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3, so0, so1, so2, so3,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, OUT_INDEX: tl.constexpr,
+    INDEX_OFFSET: tl.constexpr, ROTATE: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    pdl_start(PDL)
+    _rows(X, C, S, Out, OutIdx, IdxOffset, R1, R2, n_rows, HALF, N_PASS, n_slots,
+          sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3, so0, so1, so2, so3,
+          BLOCK_R, BLOCK_H, BLOCK_P, INTERLEAVED, OUT_INDEX, INDEX_OFFSET, ROTATE)  # fmt: skip
+
+
+@triton.jit
+def _write_pair_fwd(
+    X, C, S, Out, X2, Out2, OutIdx, IdxOffset,
+    R1, R2, n_rows, HALF, N_PASS, n_slots,
+    sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3, so0, so1, so2, so3,
+    tx0, tx1, tx2, tx3, to0, to1, to2, to3,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr,
+    INDEX_OFFSET: tl.constexpr, ROTATE: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    # two cache writes at the same positions in one launch (a layer's keys, rotated or not, and its values):
+    # program_id(1) picks the job
+    pdl_start(PDL)
+    if tl.program_id(1) == 0:
+        _rows(X, C, S, Out, OutIdx, IdxOffset, R1, R2, n_rows, HALF, N_PASS, n_slots,
+              sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3, so0, so1, so2, so3,
+              BLOCK_R, BLOCK_H, BLOCK_P, INTERLEAVED, True, INDEX_OFFSET, ROTATE)  # fmt: skip
+    else:
+        _rows(X2, C, S, Out2, OutIdx, IdxOffset, R1, R2, n_rows, HALF, N_PASS, n_slots,
+              tx0, tx1, tx2, tx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3, to0, to1, to2, to3,
+              BLOCK_R, BLOCK_H, BLOCK_P, INTERLEAVED, True, INDEX_OFFSET, False)  # fmt: skip
 
 
 def _as_4d(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -169,6 +205,55 @@ def write_rows(
         c4, s4 = broadcast_cos_sin(cos, sin, x.shape[:-1] + (rd,), x.shape)  # type: ignore[arg-type]
     _launch(x, c4, s4, out, index.contiguous(), rd, interleaved and rotate, rotate, None, None, index_offset)
     return out
+
+
+def write_rows_pair(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    x2: torch.Tensor,
+    out2: torch.Tensor,
+    index: torch.Tensor,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    rotary_dims: int | None = None,
+    interleaved: bool = False,
+    index_offset: torch.Tensor | None = None,
+) -> None:
+    """``write_rows(x, out, index, cos, sin, ...)`` and ``write_rows(x2, out2, index)`` (no rotary) in one launch: a
+    decode layer's keys and values written at the same positions (``kfuse.runtime.state_writes.pair_cache_writes``).
+    ``x2`` and ``out2`` have ``x``'s and ``out``'s shapes and dtypes (any strides)."""
+    if x2.shape != x.shape or out2.shape != out.shape or x2.dtype != x.dtype or out2.dtype != out.dtype:
+        raise ValueError(
+            f"write_rows_pair: the second job's x {tuple(x2.shape)} {x2.dtype} / out {tuple(out2.shape)} {out2.dtype} differ from "
+            f"the first's {tuple(x.shape)} {x.dtype} / {tuple(out.shape)} {out.dtype}"
+        )
+    if x.dim() != 4 or out.dim() != 4 or out.shape[:2] != x.shape[:2] or out.shape[3] != x.shape[3]:
+        raise ValueError(f"write_rows_pair: x {tuple(x.shape)} and out {tuple(out.shape)} are not [B, H, T, D] and [B, H, L, D]")
+    if index.dim() != 1 or index.shape[0] != x.shape[2] or index.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"write_rows_pair: index must be {x.shape[2]} int32/int64 positions, got {index.dtype} {tuple(index.shape)}")
+    rotate = cos is not None and sin is not None
+    rd = x.shape[-1] if rotary_dims is None or not rotate else rotary_dims
+    if rd % 2:
+        raise ValueError(f"write_rows_pair: an even number of columns is needed, got {rd}")
+    c4 = s4 = x
+    if rotate:
+        c4, s4 = broadcast_cos_sin(cos, sin, x.shape[:-1] + (rd,), x.shape)  # type: ignore[arg-type]
+    r0, r1, r2, d = x.shape
+    n_rows = r0 * r1 * r2
+    if n_rows == 0 or d == 0:
+        return
+    half, n_pass = rd // 2, d - rd
+    block_h = max(16, triton.next_power_of_2(half))
+    block_p = triton.next_power_of_2(n_pass) if n_pass else 0
+    block_r, num_warps = launch_config(2 * n_rows, block_h, num_sms(x.device, 132))
+    idx = index.contiguous()
+    _write_pair_fwd[(triton.cdiv(n_rows, block_r), 2)](
+        x, c4, s4, out, x2, out2, idx, index_offset if index_offset is not None else out,
+        r1, r2, n_rows, half, n_pass, out.shape[2],
+        *x.stride(), *c4.stride(), *s4.stride(), *out.stride(), *x2.stride(), *out2.stride(),
+        BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, INTERLEAVED=interleaved and rotate,
+        INDEX_OFFSET=index_offset is not None, ROTATE=rotate, num_warps=num_warps, **pdl.launch_kwargs(),
+    )  # fmt: skip
 
 
 def _launch(

@@ -205,10 +205,82 @@ def write_in_place(plan: Plan) -> list[dict[str, Any]]:
         op = node.attrs.get("target") if node.op == "fallback" else node.op  # type: ignore[union-attr]
         result.append({"input": name, "value": value, "how": "in place", "op": op})
     batched = batch_scalar_updates(plan)
+    paired = pair_cache_writes(plan)
     for r in result:
         if r["value"] in batched:
             r["batched"] = batched[r["value"]]
+        if r["value"] in paired:
+            r["paired"] = paired[r["value"]]
     return result
+
+
+def pair_cache_writes(plan: Plan) -> dict[str, str]:
+    """A layer's two in-place cache writes at the same positions (its keys, rotated or not, and its values) in one
+    launch (``rotary.write_rows_pair``): the later write moves into the earlier one's step, and its own step only
+    names the cache it has written (a view). Only where the later write's operands are all made before the
+    earlier step, no step between them reads the later write's cache (it would see the new rows early) or writes
+    one of its operands, at most one of the two rotates, and both have one index, offset and shapes. Returns, per
+    moved value, the step that writes it."""
+    from kfuse.kernels.rotary import write_rows_pair
+
+    steps, graph = plan.steps, plan.graph
+    made_at = {s.output: k for k, s in enumerate(steps)}
+    written_at = {graph.inputs[i][0]: made_at[graph.outputs[o]] for o, i in plan.input_writes if graph.outputs[o] in made_at}
+    paired: dict[str, str] = {}
+    used: set[int] = set()
+    for i, first in enumerate(steps):
+        a = getattr(first.fn, "rows_write", None)
+        if a is None or i in used:
+            continue
+        for j in range(i + 1, len(steps)):
+            b = getattr(steps[j].fn, "rows_write", None)
+            if b is None or j in used or not _pairable(plan, i, j, a, b, made_at, written_at):
+                continue
+            second = steps[j]
+            rot, plain = (first, second) if not b["rotate"] else (second, first)
+            spec = a if rot is first else b
+            n_rot = len(rot.inputs)
+
+            def run(xs: list[torch.Tensor], n_rot: int = n_rot, spec: dict = spec, first_is_rot: bool = rot is first) -> torch.Tensor:
+                r, p = xs[:n_rot], xs[n_rot:]
+                cos, sin = (r[3], r[4]) if spec["rotate"] else (None, None)
+                write_rows_pair(r[2], r[0], p[2], p[0], r[1], cos, sin, rotary_dims=spec["rotary_dims"],
+                                interleaved=spec["interleaved"], index_offset=r[-1] if spec["offset"] else None)  # fmt: skip
+                return r[0] if first_is_rot else p[0]
+
+            info = KernelInfo(first.info.name, first.info.template, (*first.info.ops, *second.info.ops),
+                              f"{first.info.config} + {second.output}'s rows in the same launch")  # fmt: skip
+            steps[i] = Step(first.output, (*rot.inputs, *plain.inputs), run, info, first.host_sync)
+            view = KernelInfo(second.info.name, "view", second.info.ops, f"written with {first.output}")
+            steps[j] = Step(second.output, (second.inputs[0],), lambda xs: xs[0], view, second.host_sync)
+            paired[second.output] = first.output
+            used |= {i, j}
+            break
+    if paired:
+        from kfuse.runtime.executor import _liveness
+
+        plan.release_after = _liveness(graph, plan.steps)
+    return paired
+
+
+def _pairable(plan: Plan, i: int, j: int, a: dict, b: dict, made_at: dict[str, int], written_at: dict[str, int]) -> bool:
+    """Whether cache write ``j`` may run inside step ``i`` (see ``pair_cache_writes``)."""
+    first, second = plan.steps[i], plan.steps[j]
+    if (a["rotate"] and b["rotate"]) or a["offset"] != b["offset"] or first.inputs[1] != second.inputs[1]:
+        return False
+    if a["offset"] and first.inputs[-1] != second.inputs[-1]:
+        return False
+    graph = plan.graph
+    if graph.type_of(first.inputs[0]) != graph.type_of(second.inputs[0]):
+        return False
+    tx, ty = graph.type_of(first.inputs[2]), graph.type_of(second.inputs[2])
+    if getattr(tx, "shape", None) != getattr(ty, "shape", None) or getattr(tx, "dtype", None) != getattr(ty, "dtype", None):
+        return False
+    if any(made_at.get(v, -1) >= i for v in second.inputs):  # an operand made after the first write
+        return False
+    if any(i < written_at.get(v, -1) < j for v in second.inputs):  # an operand written in place in between
+        return False
+    return not any(i < k < j for k in _readers_of_old_value(plan, second.inputs[0], skip=j))
 
 
 def batch_scalar_updates(plan: Plan) -> dict[str, str]:

@@ -447,6 +447,8 @@ def _lower_cache_write(node: Node, graph: Graph, backend: str) -> Step | None:
     def torch_in_place(xs: list[torch.Tensor]) -> torch.Tensor:  # PyTorch's ops, still in place: no cache copy a token
         return xs[0].index_copy_(2, *_cache_write_rows(xs, node.attrs))
 
+    # what state_writes.pair_cache_writes needs to write this cache and another in one launch (the kernel form only)
+    kernel_in_place.rows_write = {"rotary_dims": rd, "interleaved": interleaved, "rotate": rotate, "offset": offset}  # type: ignore[attr-defined]
     in_place = torch_in_place if backend == "torch" else kernel_in_place
 
     def run(xs: list[torch.Tensor]) -> torch.Tensor:  # functional: a new cache (state_writes runs in_place where it may)

@@ -181,6 +181,37 @@ def test_write_rows_refuses_shapes_it_does_not_take() -> None:
         write_rows(x, cache, torch.tensor([0, 1, 2]), index_offset=torch.tensor([1, 2]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("variant", ["plain", "rotate_half", "interleaved", "partial"])
+def test_a_pair_of_writes_in_one_launch_equals_two(variant: str, dtype: torch.dtype) -> None:
+    """``write_rows_pair``: the keys (rotated or not) and the values written at the same positions in one launch,
+    bit for bit what two ``write_rows`` calls write; caches strided slices of larger buffers, an offset index."""
+    from kfuse.kernels.rotary import write_rows, write_rows_pair
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(11)
+    b, h, t, d, slots = 1, 3, 2, 16, 9
+    k = torch.randn(b, t, h, d, generator=g).to(device, dtype).transpose(1, 2)
+    v = torch.randn(b, t, h, d, generator=g).to(device, dtype).transpose(1, 2)
+    caches = [torch.randn(b, h, slots + 1, d, generator=g).to(device, dtype)[:, :, 1:] for _ in range(4)]
+    caches[2].copy_(caches[0])
+    caches[3].copy_(caches[1])
+    index, off = torch.tensor([5, 1], device=device), torch.tensor([2], device=device)
+    rd = {"partial": 8}.get(variant)
+    cos = sin = None
+    if variant != "plain":
+        angle = torch.randn(1, 1, t, rd or d, generator=g).to(device)
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    kw = {"rotary_dims": rd, "interleaved": variant == "interleaved", "index_offset": off}
+    write_rows(k, caches[0], index, cos, sin, **kw)
+    write_rows(v, caches[1], index, index_offset=off)
+    write_rows_pair(k, caches[2], v, caches[3], index, cos, sin, **kw)
+    assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+    assert not torch.equal(caches[3][:, :, 3], caches[2][:, :, 3])  # both caches written, and differently
+    with pytest.raises(ValueError, match="differ"):
+        write_rows_pair(k, caches[2], v[:, :2], caches[3], index)
+
+
 _SM90_SCRIPT = r"""
 import json
 import triton
@@ -201,13 +232,24 @@ for out_index, rotate in ((False, True), (True, True), (True, False)):
     src = ASTSource(k, s, {(names.index(n),): v for n, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
     out[f"{out_index}_{rotate}"] = sass_facts(ck.asm["cubin"])
+k = rotary._write_pair_fwd  # a layer's key and value writes in one launch
+names = k.arg_names
+sig = {n: "i32" for n in names}
+sig.update({n: "*fp16" for n in ("X", "C", "S", "Out", "X2", "Out2")})
+sig.update({"OutIdx": "*i64", "IdxOffset": "*i64"})
+const = dict(BLOCK_R=4, BLOCK_H=32, BLOCK_P=0, INTERLEAVED=False, INDEX_OFFSET=True, ROTATE=True, PDL=True)
+s = {n: ("constexpr" if n in const else sig[n]) for n in names}
+src = ASTSource(k, s, {(names.index(n),): v for n, v in const.items()})
+ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+out["pair"] = sass_facts(ck.asm["cubin"])
 print(json.dumps(out))
 """
 
 
 def test_sm90_cache_write_variants_compile_without_spills() -> None:
-    """The rotary kernel's cache-write forms (rows at an index; without rotation) compile for sm_90 offline."""
+    """The rotary kernel's cache-write forms (rows at an index; without rotation; a key and value pair in one
+    launch) compile for sm_90 offline."""
     got = run_offline_script(_SM90_SCRIPT, None, timeout=600)
-    assert set(got) == {"False_True", "True_True", "True_False"}
+    assert set(got) == {"False_True", "True_True", "True_False", "pair"}
     for name, facts in got.items():
         assert facts["STL"] == 0 and facts["LDL"] == 0, (name, facts)

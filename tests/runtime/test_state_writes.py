@@ -261,3 +261,47 @@ def test_torch_compile_backend_with_a_buffer_cache() -> None:
         with torch.no_grad():
             torch.testing.assert_close(fast(x, pos), eager(x, pos), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(model.k, eager.k, rtol=1e-5, atol=1e-5)
+
+
+class _KeyValueCache(nn.Module):
+    """A decoder layer's key and value caches, written at the same positions (``[B, H, L, D]``, dim 2)."""
+
+    read_values_between = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 2, 9, 4))
+        self.register_buffer("v", torch.zeros(1, 2, 9, 4))
+        self.lin = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        kv = self.lin(x).view(1, x.shape[1], 2, 2, 4)  # [B, T, (k, v), H, D]
+        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+        self.k.index_copy_(2, pos, k)
+        before = self.v.sum() if self.read_values_between else 0.0  # the value cache's old rows, read after the key write
+        self.v.index_copy_(2, pos, v)
+        return (self.k * self.v).sum(-1) + before
+
+
+class _ReadsValuesBetween(_KeyValueCache):
+    read_values_between = True
+
+
+def test_a_layers_key_and_value_writes_share_one_launch() -> None:
+    """The two cache writes at one position run as one kernel (the value's step only names its written cache);
+    every call's outputs and both caches equal eager's."""
+    compiled = _steps(_KeyValueCache, lambda s: (torch.randn(1, 1, 8), torch.tensor([s + 1])))
+    writes = compiled.report["state_writes"]
+    assert [w["how"] for w in writes] == ["in place", "in place"]
+    assert sum("paired" in w for w in writes) == 1
+    templates = [k["template"] for k in compiled.report["kernels"]]
+    assert templates.count("cache_write") == 1
+
+
+def test_a_read_of_the_old_values_between_keeps_two_launches() -> None:
+    """Moving the value write up to the key write's launch would let a read between them see the new rows: the
+    writes stay apart (both still in place) and the outputs equal eager's."""
+    compiled = _steps(_ReadsValuesBetween, lambda s: (torch.randn(1, 1, 8), torch.tensor([s + 1])))
+    writes = compiled.report["state_writes"]
+    assert [w["how"] for w in writes] == ["in place", "in place"] and not any("paired" in w for w in writes)
+    assert [k["template"] for k in compiled.report["kernels"]].count("cache_write") == 2
