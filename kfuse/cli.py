@@ -342,7 +342,8 @@ def generate(
         str,
         typer.Option(
             help="comma list of eager,eager_cudagraph,compile,compile_cudagraphs,kfuse, and kfuse A/B variants "
-            "kfuse_no_cache_write,kfuse_no_query_rotary,kfuse_no_pdl,kfuse_no_skinny,kfuse_no_norm_fold (GPU-only sides skipped on the CPU)"
+            "kfuse_no_cache_write,kfuse_no_query_rotary,kfuse_no_pdl,kfuse_no_skinny,kfuse_no_norm_fold,"
+            "kfuse_no_paired_writes (GPU-only sides skipped on the CPU)"
         ),
     ] = "eager,eager_cudagraph,compile,compile_cudagraphs,kfuse",
     out: Annotated[Path | None, typer.Option(help="write the JSON record here")] = None,

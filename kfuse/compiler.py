@@ -47,6 +47,8 @@ class Options:
     # a KV cache's index_copy (with the key's rotary embedding before it) -> one cache_write kernel, run in place on
     # a static cache (kfuse.passes.fuse_cache_write); off: PyTorch's index_copy after the rotary kernel
     fuse_cache_write: bool = True
+    # a layer's key and value cache writes at the same positions in one launch (kfuse.runtime.state_writes)
+    pair_cache_writes: bool = True
     # a decode step's query rotary applied by the decode attention kernel as it reads the query
     # (kfuse.passes.fuse_query_rotary); off: the rotary kernel's own launch a layer
     fuse_query_rotary: bool = True

@@ -29,6 +29,8 @@ ABLATIONS = {
     "kfuse_no_skinny": {"skinny_gemm": "never", "fold_row_norm": False},
     # the skinny kernel, but each RMSNorm its own launch
     "kfuse_no_norm_fold": {"fold_row_norm": False},
+    # a layer's key and value cache writes in two launches
+    "kfuse_no_paired_writes": {"pair_cache_writes": False},
 }
 _MODES = {"compile": None, "compile_cudagraphs": "reduce-overhead"}
 

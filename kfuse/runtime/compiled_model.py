@@ -164,7 +164,7 @@ class CompiledModel:
             opt = optimize(imported.graph, self.options, device=device)
         with phases("lower"):  # measured choices: b2b and gated-MLP fused-vs-unfused, library vs template
             plan = lower(opt.graph, device, self.options.backend, options=self.options)
-            state_report = self._state_writes(plan, imported)
+            state_report = self._state_writes(plan, imported, pair=self.options.pair_cache_writes)
         plan.use_memory_plan = self.options.memory_plan
         # every run below is the compiler's own (first compiles, timing, capture warm-up): on clones of the inputs
         # forward writes, so compiling does not change the caller's state; the call after it does, once
@@ -243,7 +243,7 @@ class CompiledModel:
         return variant
 
     @staticmethod
-    def _state_writes(plan: Plan, imported: Imported) -> list[dict[str, Any]]:
+    def _state_writes(plan: Plan, imported: Imported, pair: bool = True) -> list[dict[str, Any]]:
         """The inputs and buffers forward writes: the plan writes them back, in place where it can
         (``kfuse.runtime.state_writes``); one report entry per written input."""
         if not imported.input_writes:
@@ -252,7 +252,7 @@ class CompiledModel:
         if any(o >= n_out for o, _ in imported.input_writes):  # a pass dropped an output: writing back would be wrong
             raise RuntimeError(f"kfuse: the optimised graph has {n_out} outputs, fewer than the written inputs need")
         plan.input_writes = imported.input_writes
-        return write_in_place(plan)
+        return write_in_place(plan, pair=pair)
 
     def _sass(self, plan: Any, xs: list[Any], device: torch.device) -> dict[str, Any]:
         """SASS schedule tuning of the plan's hottest Triton kernels (``kfuse.runtime.sass_plan``)."""

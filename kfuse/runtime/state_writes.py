@@ -175,9 +175,10 @@ def sink_unread_updates(plan: Plan) -> list[str]:
     return moved
 
 
-def write_in_place(plan: Plan) -> list[dict[str, Any]]:
+def write_in_place(plan: Plan, pair: bool = True) -> list[dict[str, Any]]:
     """Make each written value in its input where that is exact (see the module doc); returns, per write,
-    what runs: ``in place`` (and the op), or ``copied back`` and why."""
+    what runs: ``in place`` (and the op), or ``copied back`` and why. ``pair``: cache writes at the same
+    positions share a launch (``pair_cache_writes``)."""
     sink_unread_updates(plan)
     graph = plan.graph
     nodes = graph.node_map()
@@ -205,7 +206,7 @@ def write_in_place(plan: Plan) -> list[dict[str, Any]]:
         op = node.attrs.get("target") if node.op == "fallback" else node.op  # type: ignore[union-attr]
         result.append({"input": name, "value": value, "how": "in place", "op": op})
     batched = batch_scalar_updates(plan)
-    paired = pair_cache_writes(plan)
+    paired = pair_cache_writes(plan) if pair else {}
     for r in result:
         if r["value"] in batched:
             r["batched"] = batched[r["value"]]

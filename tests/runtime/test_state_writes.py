@@ -305,3 +305,11 @@ def test_a_read_of_the_old_values_between_keeps_two_launches() -> None:
     writes = compiled.report["state_writes"]
     assert [w["how"] for w in writes] == ["in place", "in place"] and not any("paired" in w for w in writes)
     assert [k["template"] for k in compiled.report["kernels"]].count("cache_write") == 2
+
+
+def test_pairing_can_be_turned_off() -> None:
+    """``Options.pair_cache_writes=False`` (the decode bench's ``kfuse_no_paired_writes``): two launches again."""
+    model, _ = _pair(_KeyValueCache)
+    compiled = kfuse.compile(model, _on_device((torch.randn(1, 1, 8), torch.tensor([1]))), pair_cache_writes=False)
+    assert not any("paired" in w for w in compiled.report["state_writes"])
+    assert [k["template"] for k in compiled.report["kernels"]].count("cache_write") == 2
