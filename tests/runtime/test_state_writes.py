@@ -233,7 +233,7 @@ def test_compile_check_covers_the_written_state(monkeypatch: pytest.MonkeyPatch)
     import kfuse.runtime.state_writes as sw
 
     monkeypatch.setattr(sw, "write_back", lambda plan, env, inputs: None)
-    monkeypatch.setattr(cm, "write_in_place", lambda plan: [])
+    monkeypatch.setattr(cm, "write_in_place", lambda plan, pair=True: [])
     with pytest.warns(UserWarning, match="differs from PyTorch"):
         compiled = kfuse.compile(_Counter().eval().to(DEVICE), _on_device((torch.randn(3, 4),)))
     assert compiled.report["max_rel_err"] > 0.1
