@@ -235,8 +235,8 @@ def lower_gated_gemm(node: Any, graph: Any, backend: str, options: Any = None) -
             cfg, note = _decide(node, graph, backend, options, fused_with, skinny)
         except Exception as e:  # noqa: BLE001 - a measurement that fails keeps the rule's choice, and says why
             cuda_fault.check(e, f"the gated-GEMM decision of {node.name}")
-            note = f"{default_config().describe()} (rule; measurement failed: {type(e).__name__}: {str(e)[:120]})"
             cfg = default_config()
+            note = f"{cfg.describe()} (rule; measurement failed: {type(e).__name__}: {str(e)[:120]})"
     if cfg is None:
         info = KernelInfo(node.name, "gated_gemm(unfused)", ops_, note)
         return Step(node.name, node.inputs, unfused_run(node, graph, backend, options), info)

@@ -190,19 +190,7 @@ def write_rows(
     ``[B, H, L, D]`` (any strides), ``index`` ``T`` positions in ``[0, L)``; writes ``out`` and returns it.
     ``index_offset`` (one integer element): the positions are ``index + index_offset``, added as the kernel reads
     them (transformers' static cache computes ``arange(T) + length`` in a launch of its own a layer)."""
-    if x.dim() != 4 or out.dim() != 4 or out.shape[:2] != x.shape[:2] or out.shape[3] != x.shape[3]:
-        raise ValueError(f"write_rows: x {tuple(x.shape)} and out {tuple(out.shape)} are not [B, H, T, D] and [B, H, L, D]")
-    if index.dim() != 1 or index.shape[0] != x.shape[2] or index.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"write_rows: index must be {x.shape[2]} int32/int64 positions, got {index.dtype} {tuple(index.shape)}")
-    if index_offset is not None and (index_offset.numel() != 1 or index_offset.dtype not in (torch.int32, torch.int64)):
-        raise ValueError(f"write_rows: index_offset must be one int32/int64 element, got {index_offset.dtype} {tuple(index_offset.shape)}")
-    rotate = cos is not None and sin is not None
-    rd = x.shape[-1] if rotary_dims is None or not rotate else rotary_dims
-    if rd % 2:
-        raise ValueError(f"write_rows: an even number of columns is needed, got {rd}")
-    c4 = s4 = x
-    if rotate:
-        c4, s4 = broadcast_cos_sin(cos, sin, x.shape[:-1] + (rd,), x.shape)  # type: ignore[arg-type]
+    c4, s4, rd, rotate = _row_write_operands("write_rows", x, out, index, cos, sin, rotary_dims, index_offset)
     _launch(x, c4, s4, out, index.contiguous(), rd, interleaved and rotate, rotate, None, None, index_offset)
     return out
 
@@ -227,39 +215,39 @@ def write_rows_pair(
             f"write_rows_pair: the second job's x {tuple(x2.shape)} {x2.dtype} / out {tuple(out2.shape)} {out2.dtype} differ from "
             f"the first's {tuple(x.shape)} {x.dtype} / {tuple(out.shape)} {out.dtype}"
         )
+    c4, s4, rd, rotate = _row_write_operands("write_rows_pair", x, out, index, cos, sin, rotary_dims, index_offset)
+    _launch(x, c4, s4, out, index.contiguous(), rd, interleaved and rotate, rotate, None, None, index_offset, pair=(x2, out2))
+
+
+def _row_write_operands(
+    who: str, x: torch.Tensor, out: torch.Tensor, index: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+    rotary_dims: int | None, index_offset: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, int, bool]:  # fmt: skip
+    """A cache write's checked operands: (cos, sin broadcast to the rows, or ``x`` as a placeholder; the rotated
+    width; whether it rotates)."""
     if x.dim() != 4 or out.dim() != 4 or out.shape[:2] != x.shape[:2] or out.shape[3] != x.shape[3]:
-        raise ValueError(f"write_rows_pair: x {tuple(x.shape)} and out {tuple(out.shape)} are not [B, H, T, D] and [B, H, L, D]")
+        raise ValueError(f"{who}: x {tuple(x.shape)} and out {tuple(out.shape)} are not [B, H, T, D] and [B, H, L, D]")
     if index.dim() != 1 or index.shape[0] != x.shape[2] or index.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"write_rows_pair: index must be {x.shape[2]} int32/int64 positions, got {index.dtype} {tuple(index.shape)}")
+        raise ValueError(f"{who}: index must be {x.shape[2]} int32/int64 positions, got {index.dtype} {tuple(index.shape)}")
+    if index_offset is not None and (index_offset.numel() != 1 or index_offset.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"{who}: index_offset must be one int32/int64 element, got {index_offset.dtype} {tuple(index_offset.shape)}")
     rotate = cos is not None and sin is not None
     rd = x.shape[-1] if rotary_dims is None or not rotate else rotary_dims
     if rd % 2:
-        raise ValueError(f"write_rows_pair: an even number of columns is needed, got {rd}")
+        raise ValueError(f"{who}: an even number of columns is needed, got {rd}")
     c4 = s4 = x
     if rotate:
         c4, s4 = broadcast_cos_sin(cos, sin, x.shape[:-1] + (rd,), x.shape)  # type: ignore[arg-type]
-    r0, r1, r2, d = x.shape
-    n_rows = r0 * r1 * r2
-    if n_rows == 0 or d == 0:
-        return
-    half, n_pass = rd // 2, d - rd
-    block_h = max(16, triton.next_power_of_2(half))
-    block_p = triton.next_power_of_2(n_pass) if n_pass else 0
-    block_r, num_warps = launch_config(2 * n_rows, block_h, num_sms(x.device, 132))
-    idx = index.contiguous()
-    _write_pair_fwd[(triton.cdiv(n_rows, block_r), 2)](
-        x, c4, s4, out, x2, out2, idx, index_offset if index_offset is not None else out,
-        r1, r2, n_rows, half, n_pass, out.shape[2],
-        *x.stride(), *c4.stride(), *s4.stride(), *out.stride(), *x2.stride(), *out2.stride(),
-        BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, INTERLEAVED=interleaved and rotate,
-        INDEX_OFFSET=index_offset is not None, ROTATE=rotate, num_warps=num_warps, **pdl.launch_kwargs(),
-    )  # fmt: skip
+    return c4, s4, rd, rotate
 
 
 def _launch(
     x4: torch.Tensor, c4: torch.Tensor, s4: torch.Tensor, o: torch.Tensor, out_index: torch.Tensor | None, rd: int,
     interleaved: bool, rotate: bool, block_r: int | None, num_warps: int | None, index_offset: torch.Tensor | None = None,
+    pair: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:  # fmt: skip
+    """One launch of ``_rotary_fwd``; with ``pair`` (x2, out2: a second cache write at ``out_index``, not rotated)
+    one of ``_write_pair_fwd``, the two jobs side by side on the grid's second axis."""
     r0, r1, r2, d = x4.shape
     n_rows = r0 * r1 * r2
     if n_rows == 0 or d == 0:
@@ -268,16 +256,21 @@ def _launch(
     half, n_pass = rd // 2, d - rd
     block_h = max(16, triton.next_power_of_2(half))
     block_p = triton.next_power_of_2(n_pass) if n_pass else 0
-    auto_r, auto_w = launch_config(n_rows, block_h, num_sms(x4.device, 132))
+    jobs = 1 if pair is None else 2
+    auto_r, auto_w = launch_config(jobs * n_rows, block_h, num_sms(x4.device, 132))
     block_r, num_warps = block_r or auto_r, num_warps or auto_w
-    grid = (triton.cdiv(n_rows, block_r),)
-    _rotary_fwd[grid](
-        x4, c4, s4, o4, out_index if out_index is not None else o4, index_offset if index_offset is not None else o4,
-        r1, r2, n_rows, half, n_pass, o4.shape[2],
-        *x4.stride(), *c4.stride(), *s4.stride(), *o4.stride(),
-        BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_P=block_p, INTERLEAVED=interleaved, OUT_INDEX=out_index is not None,
-        INDEX_OFFSET=index_offset is not None, ROTATE=rotate, num_warps=num_warps, **pdl.launch_kwargs(),
-    )  # fmt: skip
+    index = out_index if out_index is not None else o4
+    offset = index_offset if index_offset is not None else o4
+    common = (r1, r2, n_rows, half, n_pass, o4.shape[2], *x4.stride(), *c4.stride(), *s4.stride(), *o4.stride())
+    meta = {"BLOCK_R": block_r, "BLOCK_H": block_h, "BLOCK_P": block_p, "INTERLEAVED": interleaved,
+            "INDEX_OFFSET": index_offset is not None, "ROTATE": rotate, "num_warps": num_warps, **pdl.launch_kwargs()}  # fmt: skip
+    if pair is None:
+        _rotary_fwd[(triton.cdiv(n_rows, block_r),)](x4, c4, s4, o4, index, offset, *common, OUT_INDEX=out_index is not None, **meta)
+    else:
+        x2, o2 = pair
+        _write_pair_fwd[(triton.cdiv(n_rows, block_r), 2)](
+            x4, c4, s4, o4, x2, o2, index, offset, *common, *x2.stride(), *o2.stride(), **meta
+        )
 
 
 def reference(

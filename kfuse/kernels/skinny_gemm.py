@@ -37,6 +37,7 @@ import torch
 import triton
 
 from kfuse.kernels import pdl
+from kfuse.kernels.attention import dot_precision
 from kfuse.kernels.codegen import cdiv, generated, interpreting, num_sms
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
 
@@ -340,7 +341,7 @@ def skinny_gemm(
         ROW_RMS=row_rms is not None, SQUARES=row_rms is not None and not rms_slice, RMS_SLICE=rms_slice,
         BLOCK_SLICE=triton.next_power_of_2(k_per_split) if rms_slice else 16,
         GATED=gated is not None, ACT=ACTIVATIONS.get(gated or "silu", 0),
-        PRECISION="ieee" if a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32",
+        PRECISION=dot_precision(a.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
     return c

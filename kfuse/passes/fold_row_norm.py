@@ -42,9 +42,9 @@ def _foldable_norm(n: Node, graph: Graph) -> bool:
     return w is not None and w.dim() == 1 and isinstance(t, TensorType) and t.rank >= 1 and t.numel // max(1, t.shape[-1]) <= MAX_ROWS
 
 
-def _weight(b: str, reader: Node, graph: Graph, nodes: dict[str, Node], users: dict[str, list[Node]]) -> tuple[str, Node | None] | None:
-    """(the constant holding ``reader``'s weight, the transposing permute between them or None), where the weight
-    is read by ``reader`` alone; else None."""
+def _weight(b: str, graph: Graph, nodes: dict[str, Node], users: dict[str, list[Node]]) -> tuple[str, Node | None] | None:
+    """(the constant holding the weight ``b``, the transposing permute between them or None), where one node alone
+    reads the weight; else None."""
     if b in graph.constants:
         const, perm = b, None
     else:
@@ -60,15 +60,19 @@ def _weight(b: str, reader: Node, graph: Graph, nodes: dict[str, Node], users: d
     return const, perm
 
 
-def _reader_ok(u: Node, norm: str, width: int, graph: Graph, nodes: dict[str, Node], users: dict[str, list[Node]]) -> bool:
+def _reader_weight(
+    u: Node, norm: str, width: int, graph: Graph, nodes: dict[str, Node], users: dict[str, list[Node]]
+) -> tuple[str, Node | None] | None:  # fmt: skip
+    """``_weight`` of a reader that can take the fold (a GEMM reading the norm as A, a 2-D ``[width, N]`` weight);
+    None for any other reader."""
     if u.op not in _READERS or u.inputs[0] != norm or norm in u.inputs[1:] or u.attrs.get("row_rms") is not None:
-        return False
+        return None
     if u.op == "gated_gemm" and len(u.inputs) != 2:
-        return False
+        return None
     b_t = graph.type_of(u.inputs[1])
-    return (
-        isinstance(b_t, TensorType) and b_t.rank == 2 and b_t.shape[0] == width and _weight(u.inputs[1], u, graph, nodes, users) is not None
-    )
+    if not (isinstance(b_t, TensorType) and b_t.rank == 2 and b_t.shape[0] == width):
+        return None
+    return _weight(u.inputs[1], graph, nodes, users)
 
 
 def _eps(n: Node, graph: Graph) -> float:
@@ -92,15 +96,16 @@ def fold_row_norm(graph: Graph) -> Graph:
     """Fold each few-row RMSNorm whose readers all allow it into those readers (see the module's docstring)."""
     nodes = graph.node_map()
     users = graph.users()
-    plans: dict[str, tuple[Node, float]] = {}  # reader name -> (the norm it reads, eps)
+    # reader name -> (the norm it reads, eps, the reader's weight constant, the transposing permute or None)
+    plans: dict[str, tuple[Node, float, str, Node | None]] = {}
     for n in graph.nodes:
         if not _foldable_norm(n, graph):
             continue
         readers = users.get(n.name, [])
-        width = n.ttype.shape[-1]
-        if readers and all(_reader_ok(u, n.name, width, graph, nodes, users) for u in readers):
-            for u in readers:
-                plans[u.name] = (n, _eps(n, graph))
+        weights = [_reader_weight(u, n.name, n.ttype.shape[-1], graph, nodes, users) for u in readers]
+        if readers and all(w is not None for w in weights):
+            for u, (const, perm) in zip(readers, weights, strict=True):  # type: ignore[misc]
+                plans[u.name] = (n, _eps(n, graph), const, perm)
     if not plans:
         return graph
     b = GraphBuilder.from_graph(graph)
@@ -108,10 +113,8 @@ def fold_row_norm(graph: Graph) -> Graph:
         if node.name not in plans:
             b.add_node(node)
             continue
-        norm, eps = plans[node.name]
+        norm, eps, const, perm = plans[node.name]
         x, w_name = norm.inputs
-        const, perm = _weight(node.inputs[1], node, graph, nodes, users) or (None, None)
-        assert const is not None
         folded = b.add_constant(_scaled(graph.constants[const], graph.constants[w_name], perm is not None), b.fresh(f"{const}_rms_folded"))
         weight = folded
         if perm is not None:  # keep the transposed view: the kernels read [K, N] through its strides
