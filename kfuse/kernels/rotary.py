@@ -263,13 +263,15 @@ def _launch(
     offset = index_offset if index_offset is not None else o4
     common = (r1, r2, n_rows, half, n_pass, o4.shape[2], *x4.stride(), *c4.stride(), *s4.stride(), *o4.stride())
     meta = {"BLOCK_R": block_r, "BLOCK_H": block_h, "BLOCK_P": block_p, "INTERLEAVED": interleaved,
-            "INDEX_OFFSET": index_offset is not None, "ROTATE": rotate, "num_warps": num_warps, **pdl.launch_kwargs()}  # fmt: skip
+            "INDEX_OFFSET": index_offset is not None, "ROTATE": rotate, "num_warps": num_warps}  # fmt: skip
     if pair is None:
-        _rotary_fwd[(triton.cdiv(n_rows, block_r),)](x4, c4, s4, o4, index, offset, *common, OUT_INDEX=out_index is not None, **meta)
+        _rotary_fwd[(triton.cdiv(n_rows, block_r),)](
+            x4, c4, s4, o4, index, offset, *common, OUT_INDEX=out_index is not None, **meta, **pdl.launch_kwargs()
+        )
     else:
         x2, o2 = pair
         _write_pair_fwd[(triton.cdiv(n_rows, block_r), 2)](
-            x4, c4, s4, o4, x2, o2, index, offset, *common, *x2.stride(), *o2.stride(), **meta
+            x4, c4, s4, o4, x2, o2, index, offset, *common, *x2.stride(), *o2.stride(), **meta, **pdl.launch_kwargs()
         )
 
 
