@@ -31,6 +31,7 @@ from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.norm import norm
 from kfuse.kernels.pdl import pdl_start
 from kfuse.runtime import cuda_fault
+from kfuse.runtime.choice import compile_together
 from kfuse.runtime.executor import KernelInfo, Step, lowering
 from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run, wrong_result
 
@@ -262,8 +263,10 @@ def _decide(
     best: tuple[float, GatedConfig | str | None] = (times["unfused"], None)
     wrong: list[str] = []
     tiles = [(c.describe(), c) for c in config_space(xs[0].element_size())] + [(name, name) for name in skinny or {}]
+    runs = {name: fused_with(c) if isinstance(c, GatedConfig) else skinny[c][0] for name, c in tiles}
+    compile_together(list(runs.values()), xs, wait=True)  # on every core, before the first is timed
     for name, c in tiles:
-        run = fused_with(c) if isinstance(c, GatedConfig) else skinny[c][0]  # built right before it runs
+        run = runs[name]
         try:
             why = wrong_result(run(xs), ref)
             if why is not None:  # a tile the compiler gets wrong is never timed, let alone chosen

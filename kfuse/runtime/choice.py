@@ -11,6 +11,7 @@ database off.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Callable, Hashable
@@ -89,6 +90,7 @@ def choose(
         xs = inputs() if callable(inputs) else inputs if inputs is not None else example_inputs(node, graph)
         times: dict[str, float] = {}
         faulted = _faulted(db, problem, names)
+        compile_together([fn for name, fn in candidates.items() if name not in faulted], xs)
         ref = None
         for name, fn in candidates.items():
             if name in faulted:  # it faulted the GPU in an earlier process: never run again
@@ -116,6 +118,22 @@ def choose(
             except Exception:  # noqa: BLE001
                 pass
     return _CACHE[full_key]
+
+
+def compile_together(fns: list[Callable[[list[torch.Tensor]], Any]], xs: list[torch.Tensor], wait: bool = False) -> None:
+    """Compile the candidates' Triton kernels at once on the compile workers (``parallel_compile``), so that a timing
+    loop finds them in Triton's cache instead of compiling them one after the other on this thread (the decode step's
+    skinny-GEMM races took a cold compile from 10.5 to 36 s, session 48). ``wait=False``: only where the pool is
+    already up (a compile starts it), so that a small race outside a compile does not wait ~10 s for workers."""
+    if len(fns) < 2 or not _on_gpu(xs):
+        return
+    from kfuse.runtime import parallel_compile
+
+    parallel_compile.precompile([functools.partial(fn, xs) for fn in fns], wait=wait)
+
+
+def _on_gpu(xs: list[torch.Tensor]) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.is_cuda for x in xs)
 
 
 def _faulted(db: Any, problem: str, names: str) -> set[str]:

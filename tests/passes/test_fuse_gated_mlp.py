@@ -95,13 +95,16 @@ def test_decision_times_the_unfused_pair_and_every_tile(monkeypatch, device):
         asked.append(c)
         return lambda xs: G.gated_gemm(xs[0], xs[1], config=c)
 
+    together = []
     monkeypatch.setattr(G, "graph_time_ms", spy_time)
+    monkeypatch.setattr(G, "compile_together", lambda fns, xs, wait=False: together.append((len(timed), len(fns))))
     backend = choose_backend(torch.device(device))  # "triton-interpreter" on the CPU, "triton" on a GPU
     cfg, note = G._decide(node, g, backend, Options(), fused_with)
     space = G.config_space(g.type_of(node.inputs[0]).dtype.itemsize)
     assert asked == space
-    # the unfused pair first, then one timing per tile right after its run is built: every tile ran
-    assert [i for i, _ in timed] == list(range(len(space) + 1))
+    # the unfused pair first; then every tile, built once, compiled together before any is timed; then one timing each
+    assert together == [(1, len(space))]
+    assert [i for i, _ in timed] == [0] + [len(space)] * len(space)
     assert all(0 < t < float("inf") for _, t in timed)
     assert "inf" not in note and (cfg is None or cfg in space)
     assert G._decide(node, g, backend, Options(), None) == (cfg, note)  # identical layers: decided once

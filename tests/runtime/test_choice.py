@@ -237,3 +237,35 @@ def test_a_transposed_weight_is_timed_in_the_layout_the_plan_reads(device) -> No
         assert xs[1].shape == (6, 5) and xs[1].stride() == (1, 6)
         assert torch.equal(xs[1].cpu(), g.constants["w"].t())
         assert xs[0].shape == (1, 6)
+
+
+def test_the_candidates_compile_together_before_any_is_timed(monkeypatch, device) -> None:
+    """On a miss, every candidate but one that faulted goes to the compile workers in one batch, before the first is timed
+    (the timing loop then finds the kernels in Triton's cache); a hit and a lone candidate compile nothing."""
+    from kfuse.runtime import parallel_compile
+
+    batches: list[list] = []
+    order: list[str] = []
+    monkeypatch.setattr(choice, "_on_gpu", lambda xs: True)
+    monkeypatch.setattr(choice, "_faulted", lambda db, problem, names: {"faulty"})
+    monkeypatch.setattr(parallel_compile, "precompile", lambda calls, wait=True: batches.append(list(calls)) or order.append("batch"))
+    monkeypatch.setattr(choice, "example_inputs", lambda node, graph, device=device: [torch.randn(4, 8, device=device)])
+    g, node = _graph()
+
+    def cand(tag):
+        def run(xs):
+            order.append(tag)
+            return xs[0]
+
+        return run
+
+    cands = {"a": cand("a"), "b": cand("b"), "faulty": cand("faulty")}
+    choice.choose(node, g, cands, ("together", 1))
+    assert len(batches) == 1 and order[0] == "batch" and "faulty" not in order
+    order.clear()
+    for call in batches[0]:  # each recorded call runs its candidate on the race's inputs
+        call()
+    assert order == ["a", "b"]
+    choice.choose(node, g, cands, ("together", 1))  # a hit
+    choice.choose(node, g, {"a": cand("a")}, ("together", 2))  # nothing to compile side by side
+    assert len(batches) == 1
