@@ -12,6 +12,10 @@ alone, and its 64-row query tile holds one valid row. Two changes fit the shape 
   their unnormalised output with its row max and row sum (fp32); a second kernel rescales and sums the
   chunks. The grid is batch x kv-heads x splits, sized to fill the GPU. With one chunk (``splits=1``: a large
   batch fills the GPU alone, or a short cache) the program writes the output itself, and nothing is combined.
+  With ``combine="last"`` there is no second kernel either: each program counts itself done on its (batch, kv
+  head)'s counter (acquire-release, as ``skinny_gemm``'s split-K), and the program that arrives last merges the
+  chunks' partials from L2 and writes the output. A decode step saves a launch a layer (~2-4 us each in a CUDA
+  graph); the merge is G x Sq rows of ``splits`` partials, a few KB read by one program.
 
 The query's rotary embedding may be applied as the kernel reads the query (``cos`` / ``sin``: rotate_half or
 rotate_every_two pairing, all or the first ``rotary_dims`` columns, in fp32 and rounded to the query's dtype, as
@@ -30,6 +34,7 @@ Floor (TinyLlama-1.1B, B1, a 1,024-slot cache, fp16): each layer's attention rea
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import triton
@@ -41,19 +46,20 @@ from kfuse.kernels.pdl import pdl_start
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 MAX_ROWS = 64  # G x Sq query rows a program holds; past that the dense kernel's tiles fit the problem
+LAST_MAX_ROWS = 32  # the in-kernel merge's [rows, D] fp32 sum beside the loop's spills at 64 rows (sm_90): those take the launch
 _LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _decode_split(
-    q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, cos_ptr, sin_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, cos_ptr, sin_ptr, o_ptr, count_ptr,
     qk_scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
     smb, smh, sms, smn,
     scb, sch, scs, scd, ssb, ssh, sss, ssd, sob, soh, sos,
     heads, kv_heads, sq, sk, d, group, chunk, splits, rot_half,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
-    ROTARY: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr,
+    ROTARY: tl.constexpr, SINGLE: tl.constexpr, LAST_COMBINES: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     bk = tl.program_id(0)  # batch x kv head
@@ -114,10 +120,40 @@ def _decode_split(
         o_rows = o_ptr + b * sob + head[:, None] * soh + pos[:, None] * sos
         tl.store(o_rows + dims[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
     else:  # partials of (batch, query head, position, split): acc [.., D], then (row max, row sum)
-        slot = ((b * heads + head) * sq + pos) * splits + split
+        first = ((b * heads + head) * sq + pos) * splits  # the row's first partial
+        slot = first + split
         tl.store(acc_ptr + slot[:, None] * BLOCK_D + dims[None, :], acc, mask=row_ok[:, None])
         tl.store(ml_ptr + slot * 2, m_i, mask=row_ok)
         tl.store(ml_ptr + slot * 2 + 1, l_i, mask=row_ok)
+        if LAST_COMBINES:
+            tl.debug_barrier()  # every thread's partial is stored before the count says so
+            if tl.atomic_add(count_ptr + bk, 1, sem="acq_rel") == splits - 1:
+                _merge_chunks(acc_ptr, ml_ptr, o_ptr, first, row_ok, dims, b, head, pos, sob, soh, sos, d, splits, BLOCK_R, BLOCK_D)
+                tl.store(count_ptr + bk, 0)  # the next call's count starts from zero
+
+
+@triton.jit
+def _merge_chunks(acc_ptr, ml_ptr, o_ptr, first, row_ok, dims, b, head, pos, sob, soh, sos, d, splits,
+                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    # the last program of a (batch, kv head): its rows' chunks merged as flash attention merges key tiles (each
+    # chunk's sums were taken against its own max), read from L2 (.cg: other SMs wrote them)
+    m_run = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for c in range(splits):
+        m_c = tl.load(ml_ptr + (first + c) * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        l_c = tl.load(ml_ptr + (first + c) * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+        a_c = tl.load(acc_ptr + (first + c)[:, None] * BLOCK_D + dims[None, :], mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m_run, m_c)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key allowed in any chunk so far: sums stay zero
+        alpha = tl.exp2(m_run - m_safe)
+        beta = tl.exp2(m_c - m_safe)
+        l_run = l_run * alpha + l_c * beta
+        acc = acc * alpha[:, None] + a_c * beta[:, None]
+        m_run = m_new
+    out = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]  # all keys masked: zeros
+    o_rows = o_ptr + b * sob + head[:, None] * soh + pos[:, None] * sos
+    tl.store(o_rows + dims[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims < d)[None, :])
 
 
 @triton.jit
@@ -166,6 +202,27 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+class _Buffers:
+    """The partials and per-(batch, kv head) counters of ``combine="last"`` launches, made once per device, owner
+    and shape and kept: a CUDA graph replays the same addresses, and the kernel leaves the counters at zero."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, device: torch.device, owner: int, slots: int, block_d: int, groups: int) -> tuple[torch.Tensor, ...]:
+        key = (str(device), owner, slots, block_d, groups)
+        with self._lock:
+            if key not in self._bufs:
+                self._bufs[key] = (torch.empty((slots, block_d), dtype=torch.float32, device=device),
+                                   torch.empty((slots, 2), dtype=torch.float32, device=device),
+                                   torch.zeros(groups, dtype=torch.int32, device=device))  # fmt: skip
+            return self._bufs[key]
+
+
+_BUFFERS = _Buffers()
+
+
 def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -180,12 +237,20 @@ def decode_attention(
     sin: torch.Tensor | None = None,
     rotary_dims: int | None = None,
     interleaved: bool = False,
+    combine: str = "launch",
+    owner: int = 0,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, Sq, D]`` over ``k``, ``v`` ``[B, H / G, Sk, D]`` (grouped-query: query head
     ``h`` reads key/value head ``h // G``), any strides with a contiguous head dim. ``mask``: bool (True =
     attend) or additive, broadcastable to ``[B, H, Sq, Sk]``. With ``cos`` / ``sin`` (broadcastable to
     ``[B, H, Sq, rotary_dims]``) the query is ``rotary(q, cos, sin, rotary_dims, interleaved)`` first, applied as
-    it is read. Returns ``[B, H, Sq, D]`` (or writes ``out``, any strides)."""
+    it is read. ``combine``: how several chunks become the output, ``"launch"`` (a second kernel) or ``"last"``
+    (the last program of a key/value head merges them: one launch, where its G x Sq rows fit ``LAST_MAX_ROWS``,
+    else the second kernel all the same; its partials and counters are kept per
+    ``owner`` and launch shape, so calls of one owner must not run concurrently). Returns ``[B, H, Sq, D]`` (or
+    writes ``out``, any strides)."""
+    if combine not in ("launch", "last"):
+        raise ValueError(f"decode_attention: combine must be 'launch' or 'last', got {combine!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4 or t.stride(-1) != 1:
             raise ValueError(f"decode_attention: {name} must be 4-D with a contiguous head dim, got {tuple(t.shape)} {t.stride()}")
@@ -224,18 +289,24 @@ def decode_attention(
     chunk = triton.cdiv(max(sk, 1), n)
     n = triton.cdiv(max(sk, 1), chunk)  # no empty chunk at the end
     single = n == 1
-    acc = o if single else torch.empty((b * h * sq * n, block_d), dtype=torch.float32, device=q.device)
-    ml = o if single else torch.empty((b * h * sq * n, 2), dtype=torch.float32, device=q.device)
+    block_r = max(16, triton.next_power_of_2(group * sq))
+    last = combine == "last" and not single and block_r <= LAST_MAX_ROWS
+    count = o
+    if last:
+        acc, ml, count = _BUFFERS.get(q.device, owner, b * h * sq * n, block_d, b * hk)
+    else:
+        acc = o if single else torch.empty((b * h * sq * n, block_d), dtype=torch.float32, device=q.device)
+        ml = o if single else torch.empty((b * h * sq * n, 2), dtype=torch.float32, device=q.device)
     pdl_kw = pdl.launch_kwargs()
     _decode_split[(b * hk, n)](
-        q, k, v, m, acc, ml, c4, s4, o, scale * _LOG2E,
+        q, k, v, m, acc, ml, c4, s4, o, count, scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         *ms, *cs, *ss, o.stride(0), o.stride(1), o.stride(2), h, hk, sq, sk, d, group, chunk, n, rd // 2,
-        BLOCK_R=max(16, triton.next_power_of_2(group * sq)), BLOCK_N=block_n, BLOCK_D=block_d, MASK_KIND=kind,
-        PRECISION=dot_precision(q.dtype), ROTARY=rot_kind, SINGLE=single,
+        BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_D=block_d, MASK_KIND=kind,
+        PRECISION=dot_precision(q.dtype), ROTARY=rot_kind, SINGLE=single, LAST_COMBINES=last,
         num_warps=4, **pdl_kw,
     )  # fmt: skip
-    if single:
+    if single or last:
         return o
     _decode_combine[(b * h * sq,)](
         acc, ml, o, o.stride(0), o.stride(1), o.stride(2), h, sq, d, n,

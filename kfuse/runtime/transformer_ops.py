@@ -7,6 +7,7 @@ Imported by the passes that create these ops, so registration happens before low
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -151,7 +152,7 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         res = K.attention(q, k, v, mask=mask, mask_kind=mk, causal=a["causal"], scale=a["scale"], out=o4, mask2=mask2)
         return res if out is None else out
 
-    def run_decode(xs: list[torch.Tensor], splits: int | None = None) -> torch.Tensor:
+    def run_decode(xs: list[torch.Tensor], splits: int | None = None, combine: str = "launch") -> torch.Tensor:
         # a decode step's few query rows over a long cache: split along the keys, a key/value head's query heads in
         # one tile (kfuse.kernels.decode_attention)
         from kfuse.kernels.decode_attention import decode_attention
@@ -162,15 +163,17 @@ def _lower_attention(node: Node, graph: Graph, backend: str, options: Any = None
         mask = xs[3] if len(xs) > 3 and kind == "dense" else None
         rd, inter = (rot.get("rotary_dims"), rot["interleaved"]) if rot else (None, False)
         res = decode_attention(q, k, v, mask=mask, scale=a["scale"], out=o4, splits=splits, cos=cos, sin=sin, rotary_dims=rd,
-                               interleaved=inter)  # fmt: skip
+                               interleaved=inter, combine=combine, owner=owner)  # fmt: skip
         return res if out is None else out
 
     ops_ = tuple(a.get("fused_ops", ("sdpa",)))
+    owner = zlib.crc32(node.name.encode())  # combine="last": partials and counters of this node's own
     kernels = {"kernel": run}
     if _decode_shaped(node, graph, a):
         kernels["decode"] = run_decode
         if backend == "triton" and torch.cuda.is_available():  # measured: one chunk, no combine launch (chunk count untuned)
             kernels["decode_single"] = partial(run_decode, splits=1)
+            kernels["decode_last"] = partial(run_decode, combine="last")  # the chunks merged by the last program: one launch
     name, fn, why = _attention_choice(node, graph, backend, options, kernels)
     if name == "sdpa":
         return Step(node.name, node.inputs, fn, KernelInfo(node.name, "library_attention", ops_, f"{describe_attention(a)}; {why}"))
@@ -243,8 +246,10 @@ def _attention_choice(node: Node, graph: Graph, backend: str, options: Any, kern
     if backend != "triton" or not torch.cuda.is_available() or len(candidates) == 1:
         name = "decode" if "decode" in kernels else "kernel"
         return name, kernels[name], ""
-    name, times = choose(node, graph, candidates, problem_key(node, graph))
+    # every candidate checked against kfuse's two-launch decode kernel first (its in-kernel merge and one chunk are other sums)
+    name, times = choose(node, graph, candidates, problem_key(node, graph), reference="decode" if "decode" in candidates else None)
     label = {"kernel": "kfuse kernel", "decode": "kfuse decode kernel", "decode_single": "kfuse decode kernel, one chunk",
+             "decode_last": "kfuse decode kernel, merged by its last program",
              "sdpa": "PyTorch SDPA"}  # fmt: skip
     return name, candidates[name], ", ".join(f"{label[n]} {t * 1e3:.1f} us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
 

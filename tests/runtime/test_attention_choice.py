@@ -51,6 +51,7 @@ def test_decode_step_runs_the_decode_kernel(kv_heads: int, monkeypatch: pytest.M
     else:  # timed: either kfuse kernel, with both times in its config
         (att,) = [k for k in compiled.report["kernels"] if k["template"] in ("decode_attention", "fused_attention")]
         assert "kfuse decode kernel" in att["config"] and "kfuse kernel" in att["config"], att
+        assert "merged by its last program" in att["config"], att  # the one-launch form was raced too (and checked)
     new = _inputs(2, 1, 40, kv_heads)
     with torch.no_grad():
         torch.testing.assert_close(compiled(*new), model(*new), rtol=2e-4, atol=2e-4)
