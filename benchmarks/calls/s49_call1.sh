@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 49, device call 1: session 48's call (the decode work of sessions 46-48) plus the races compiled together (session 49).
+# Session 49, device call 1: session 48's call (the decode work of sessions 46-48) plus the races compiled together and the one-launch decode attention (session 49).
 # The GPU-facing tests of the skinny GEMM (its in-kernel split-K reduction runs for real here), the decode kernels,
 # cache writes, state writes and the norm fold (100 s cap), then the B1 decode step: the PyTorch sides, kfuse, and
 # its ablations (no skinny kernel + no norm fold = session 47's kfuse; no norm fold; no cache write; no query
@@ -10,7 +10,7 @@ R=$OUT/r; mkdir -p "$R"
 OUT=$R bash benchmarks/run_suite_gpu.sh 100 tests/kernels/test_skinny_gemm.py tests/kernels/test_decode_attention.py \
   tests/kernels/test_rotary.py tests/passes/test_fold_row_norm.py tests/passes/test_fuse_query_rotary.py \
   tests/passes/test_fuse_cache_write.py tests/frontend/test_hf_static_cache.py tests/runtime/test_state_writes.py \
-  tests/runtime/test_choice.py tests/passes/test_fuse_gated_mlp.py
+  tests/runtime/test_choice.py tests/passes/test_fuse_gated_mlp.py tests/runtime/test_attention_choice.py
 grep -h "^    E \|FAILED\|Error" "$R/suite.log" | head -30
 # the folded norm's forms side by side (in-loop squares, the slice, norm + cuBLAS / skinny / gated tile; both weight layouts)
 PYTHONPATH=. timeout 60 python benchmarks/experiments/skinny_probe.py --folded-only --out "$R" 2>&1 | grep -v Warning | tail -6
