@@ -31,6 +31,8 @@ ABLATIONS = {
     "kfuse_no_norm_fold": {"fold_row_norm": False},
     # a layer's key and value cache writes in two launches
     "kfuse_no_paired_writes": {"pair_cache_writes": False},
+    # the skinny kernel without its weight prefetch into L2 before the PDL wait (session 49)
+    "kfuse_no_prefetch": {"skinny_prefetch": False},
 }
 _MODES = {"compile": None, "compile_cudagraphs": "reduce-overhead"}
 

@@ -157,6 +157,8 @@ for name, (block_n, block_k, splits, rms, gated, warps, epi_) in json.loads(sys.
     const = dict(BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, ROW_RMS=bool(rms), SQUARES=rms == "loop",
                  RMS_SLICE=rms_slice, BLOCK_SLICE=256 if rms_slice else 16, GATED=gated, ACT=0, PRECISION="tf32",
                  PDL=True, **({"XB0": False} if epi_ else {}))
+    rows = triton.next_power_of_2(2048 // splits)  # the weight read through nn.Linear's view (K contiguous), K = 2048
+    const |= dict(PREFETCH=True, PF_K=max(1, rows // 64), SK=64, PF_N=block_n, SN=1)
     sig = {n: "i32" for n in names}
     sig.update({"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"})
     sig["x0_ptr"] = "*fp16"
@@ -171,6 +173,8 @@ for name, (block_n, block_k, splits, rms, gated, warps, epi_) in json.loads(sys.
     facts = sass_facts(ck.asm["cubin"])
     ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
     facts["atom_acq_rel"] = ptx.count("acq_rel.add")
+    facts["prefetch_l2"] = ptx.count("prefetch.global.L2")
+    facts["prefetch_before_wait"] = -1 < ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait")
     facts["ld_cg"] = ptx.count("ld.global.cg")
     facts["mma"] = ptx.count("mma.sync") + ptx.count("wgmma")
     facts["async_copies"] = ttgir.count("ttg.async_copy_global_to_local")
@@ -202,6 +206,11 @@ def test_sm90_compiles_with_the_in_kernel_reduction_and_no_spills() -> None:
         assert facts["shared"] <= 227 * 1024, (name, facts)
     for name in ("split", "rms_gated", "wide", "rms_slice"):
         assert got[name]["atom_acq_rel"] >= 1 and got[name]["ld_cg"] >= 1, (name, got[name])
+    for name, facts in got.items():  # under PDL the weight slab's lines go to L2 before the wait for the previous kernel
+        assert facts["prefetch_l2"] >= 1 and facts["prefetch_before_wait"], (name, facts)
+    # a line per lane's prefetch: split's slab 256 K x 64 N = 4 x 64 lines on 128 threads, two each; the gated form's
+    # 512 K (4 slices) twice over (the gate's and the up's slab), eight
+    assert got["split"]["prefetch_l2"] == 2 and got["rms_gated"]["prefetch_l2"] == 8, (got["split"], got["rms_gated"])
     assert got["one_slice"]["atom_acq_rel"] == 0
 
 
@@ -215,3 +224,15 @@ def test_a_slice_too_long_to_load_at_once_takes_the_loop(device):
     out = _poisoned((2, 20), torch.float32, device)
     S.skinny_gemm(x, w, [], Epilogue(), torch.float32, S.SkinnyConfig(32, 32, 1, 4, 1, rms_slice=True), row_rms=1e-6, out=out)
     torch.testing.assert_close(out, S.reference(x, w, [], Epilogue(), torch.float32, row_rms=1e-6), atol=1e-4, rtol=1e-4)
+
+
+def test_the_prefetch_plan_puts_one_point_on_each_line_of_the_slab(monkeypatch) -> None:
+    """``_prefetch_slab``'s sampling: along N for a row-major [K, N] weight (a merged QKV), along K for nn.Linear's
+    transposed view; a 128-byte line is 64 fp16 or 32 fp32 values; none where ``Options.skinny_prefetch`` is off."""
+    monkeypatch.setattr(S, "interpreting", lambda: False)
+    row_major = torch.empty(2048, 2560, dtype=torch.float16)
+    k_major = torch.empty(2560, 2048, dtype=torch.float16).t()
+    assert S._prefetch_plan(row_major, 64, 256) == {"PREFETCH": True, "PF_K": 256, "SK": 1, "PF_N": 1, "SN": 64}
+    assert S._prefetch_plan(k_major, 64, 256) == {"PREFETCH": True, "PF_K": 4, "SK": 64, "PF_N": 64, "SN": 1}
+    assert S._prefetch_plan(k_major.float(), 32, 200) == {"PREFETCH": True, "PF_K": 8, "SK": 32, "PF_N": 32, "SN": 1}
+    assert S._prefetch_plan(row_major, 64, 256, prefetch=False)["PREFETCH"] is False
