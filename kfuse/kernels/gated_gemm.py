@@ -30,6 +30,7 @@ from kfuse.kernels import pdl, skinny_gemm
 from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.norm import norm
 from kfuse.kernels.pdl import pdl_start
+from kfuse.kernels.prefetch import prefetch_slab, slab_plan
 from kfuse.runtime import cuda_fault
 from kfuse.runtime.choice import compile_together
 from kfuse.runtime.executor import KernelInfo, Step, lowering
@@ -58,7 +59,12 @@ def _gated_gemm_fwd(
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, PF_K: tl.constexpr, PF_N: tl.constexpr, SK: tl.constexpr, SN: tl.constexpr,
 ):  # fmt: skip
+    if PDL and PREFETCH:  # one row block (a decode step): this program's columns of both halves into L2 before the wait
+        n0 = (tl.program_id(0) % tl.cdiv(N, BLOCK_N)) * BLOCK_N
+        prefetch_slab(B + gate_offset, n0, N, 0, K, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
+        prefetch_slab(B + up_offset, n0, N, 0, K, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
     pdl_start(PDL)
     # grouped tile order: GROUP_M row tiles share each column block of W while it is in L2
     pid = tl.program_id(0)
@@ -125,11 +131,12 @@ def default_config() -> GatedConfig:
 
 def gated_gemm(
     a: torch.Tensor, w: torch.Tensor, act: str = "silu", out: torch.Tensor | None = None, config: GatedConfig | None = None,
-    out_dtype: torch.dtype | None = None, gate_first: bool = True,
+    out_dtype: torch.dtype | None = None, gate_first: bool = True, prefetch: bool = True,
 ) -> torch.Tensor:  # fmt: skip
     """``act(a @ w[:, :I]) * (a @ w[:, I:])`` with ``w`` ``[K, 2I]`` (any strides) and ``a``
     ``[..., K]`` (leading dims merged into rows); with ``gate_first=False`` the gate is the second
-    half. Returns ``[..., I]`` (or writes ``out``)."""
+    half. Returns ``[..., I]`` (or writes ``out``). ``prefetch``: where the rows are one row block, a launch under
+    PDL streams its weight columns into L2 before it waits (``kfuse.kernels.prefetch``)."""
     if act not in ACTIVATIONS:
         raise ValueError(f"gated_gemm: activation {act!r} is not one of {sorted(ACTIVATIONS)}")
     if w.dim() != 2 or w.shape[1] % 2 or a.shape[-1] != w.shape[0]:
@@ -156,7 +163,8 @@ def gated_gemm(
         a2, w, o2, m, half, k, (0 if gate_first else half) * w.stride(1), (half if gate_first else 0) * w.stride(1),
         a2.stride(0), a2.stride(1), w.stride(0), w.stride(1), o2.stride(0), o2.stride(1),
         ACT=ACTIVATIONS[act], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
+        PRECISION=precision, **slab_plan(w, cfg.block_n, k, prefetch and m <= cfg.block_m),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
     return o
 
@@ -213,11 +221,12 @@ def lower_gated_gemm(node: Any, graph: Any, backend: str, options: Any = None) -
     a = node.attrs
     act, out_dtype, gate_first = a["act"], a["out_type"].dtype, a["gate_first"]
     eps = a.get("row_rms")  # a folded RMSNorm (passes/fold_row_norm): the input is the norm's, scaled here first
+    prefetch = bool(getattr(options, "skinny_prefetch", True)) if options is not None else True
 
     def fused_with(cfg: GatedConfig) -> Any:
         def run(xs: list[torch.Tensor]) -> torch.Tensor:
             x = xs[0] if eps is None else norm(xs[0], rms=True, eps=eps)
-            return gated_gemm(x, xs[1], act, config=cfg, out_dtype=out_dtype, gate_first=gate_first)
+            return gated_gemm(x, xs[1], act, config=cfg, out_dtype=out_dtype, gate_first=gate_first, prefetch=prefetch)
 
         return run
 

@@ -40,6 +40,7 @@ from kfuse.kernels import pdl
 from kfuse.kernels.attention import dot_precision
 from kfuse.kernels.codegen import cdiv, generated, interpreting, num_sms
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
+from kfuse.kernels.prefetch import slab_plan
 
 MAX_ROWS = 16  # one tl.dot row block (the smallest tensor-core tile): more rows are the tiled template's
 MAX_SLICE = 1024  # K values of A a program loads at once for the row scale (16 x 1024 fp16: 64 registers a thread)
@@ -49,6 +50,7 @@ import triton
 import triton.language as tl
 from kfuse.kernels.pdl import pdl_start
 from kfuse.kernels.gated_gemm import gate_activation
+from kfuse.kernels.prefetch import prefetch_slab
 
 
 @triton.jit
@@ -87,24 +89,6 @@ def _partials(ws_ptr, part, offs_m, offs_n, M, N, SPLITS: tl.constexpr, BLOCK_M:
 
 
 @triton.jit
-def _prefetch_l2(ptrs, mask):
-    # one ``prefetch.global.L2`` a lane where ``mask`` (the dummy result keeps the asm from being dropped)
-    tl.inline_asm_elementwise(
-        "{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }}",
-        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_slab(b_ptr, n0, N, k_lo, k_hi, stride_bk, stride_bn,
-                   PF_K: tl.constexpr, PF_N: tl.constexpr, SK: tl.constexpr, SN: tl.constexpr):
-    # the program's (k_hi - k_lo, BLOCK_N) weight slab into L2, one prefetch per 128-byte line (SK, SN: the
-    # sampling steps that make one point a line along the contiguous dim)
-    ks = k_lo + tl.arange(0, PF_K) * SK
-    ns = n0 + tl.arange(0, PF_N) * SN
-    _prefetch_l2(b_ptr + ks[:, None] * stride_bk + ns[None, :] * stride_bn, (ks < k_hi)[:, None] & (ns < N)[None, :])
-
-
-@triton.jit
 def skinny_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, count_ptr, {extra_ptrs}
     M, N, K, k_per_split, gate_off, up_off,
@@ -119,9 +103,9 @@ def skinny_kernel(
     if PDL and PREFETCH:  # the weight is a constant no kernel writes: stream it into L2 while the previous kernel runs
         k_lo0 = pid_k * k_per_split
         k_hi0 = min(K, k_lo0 + k_per_split)
-        _prefetch_slab(b_ptr + gate_off, pid_n * BLOCK_N, N, k_lo0, k_hi0, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
+        prefetch_slab(b_ptr + gate_off, pid_n * BLOCK_N, N, k_lo0, k_hi0, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
         if GATED:
-            _prefetch_slab(b_ptr + up_off, pid_n * BLOCK_N, N, k_lo0, k_hi0, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
+            prefetch_slab(b_ptr + up_off, pid_n * BLOCK_N, N, k_lo0, k_hi0, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
     pdl_start(PDL)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -367,26 +351,10 @@ def skinny_gemm(
         ROW_RMS=row_rms is not None, SQUARES=row_rms is not None and not rms_slice, RMS_SLICE=rms_slice,
         BLOCK_SLICE=triton.next_power_of_2(k_per_split) if rms_slice else 16,
         GATED=gated is not None, ACT=ACTIVATIONS.get(gated or "silu", 0),
-        PRECISION=dot_precision(a.dtype), **_prefetch_plan(b, cfg.block_n, k_per_split, prefetch),
+        PRECISION=dot_precision(a.dtype), **slab_plan(b, cfg.block_n, k_per_split, prefetch),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(),
     )  # fmt: skip
     return c
-
-
-LINE = 128  # bytes of an L2 line
-
-
-def _prefetch_plan(b: torch.Tensor, block_n: int, k_per_split: int, prefetch: bool = True) -> dict[str, Any]:
-    """The constexprs of ``_prefetch_slab``: a point per 128-byte line of a program's slab, along the weight's
-    contiguous dim (N for a row-major ``[K, N]`` weight, K for nn.Linear's transposed view). ``prefetch`` False
-    (``Options.skinny_prefetch``): none."""
-    per_line = max(1, LINE // b.element_size())
-    rows = triton.next_power_of_2(max(1, k_per_split))
-    if b.stride(0) == 1 and b.stride(1) != 1:  # K contiguous: each column's K slice in lines
-        plan = {"PF_K": max(1, rows // per_line), "SK": per_line, "PF_N": block_n, "SN": 1}
-    else:  # N contiguous: each row's BLOCK_N columns in lines
-        plan = {"PF_K": rows, "SK": 1, "PF_N": max(1, block_n // per_line), "SN": per_line}
-    return {"PREFETCH": prefetch and not interpreting(), **plan}
 
 
 def reference(

@@ -74,7 +74,8 @@ out = []
 for c in G.config_space():
     names = list(G._gated_gemm_fwd.arg_names)
     sig = {n: "*fp16" for n in ("A", "B", "C")}
-    const = dict(PDL=False, ACT=0, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, PRECISION="tf32")
+    const = dict(PDL=True, ACT=0, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m, PRECISION="tf32",
+                 PREFETCH=True, PF_K=2048, SK=1, PF_N=max(1, c.block_n // 64), SN=64)  # a decode step's weight streamed early
     for n in names:
         if n in const:
             sig[n] = "constexpr"
@@ -90,6 +91,8 @@ for c in G.config_space():
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": c.num_warps, "num_stages": c.num_stages})
     f = sass_facts(ck.asm["cubin"])
     f["shared"] = ck.metadata.shared
+    ptx = ck.asm["ptx"]
+    f["prefetch_before_wait"] = -1 < ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait")
     f["config"] = c.describe()
     out.append(f)
 print(json.dumps(out))
@@ -98,7 +101,7 @@ print(json.dumps(out))
 
 def test_sm90_tiles_use_wgmma_without_spills_and_fit_shared_memory():
     """Offline sm_90 compiles of every tile the GPU decision measures: tensor-core MMAs (HGMMA), no
-    local-memory spills, shared memory within a block's 227 KB."""
+    local-memory spills, shared memory within a block's 227 KB; under PDL the weight's prefetch before the wait."""
     from cubin_facts import run_offline_script
 
     facts = run_offline_script(_SM90, {}, timeout=600)
@@ -107,3 +110,4 @@ def test_sm90_tiles_use_wgmma_without_spills_and_fit_shared_memory():
         assert f["HGMMA"] > 0, f
         assert f["LOCAL"] == 0 and f["STL"] == 0, f
         assert f["shared"] <= G.SMEM_LIMIT, f
+        assert f["prefetch_before_wait"], f

@@ -227,12 +227,14 @@ def test_a_slice_too_long_to_load_at_once_takes_the_loop(device):
 
 
 def test_the_prefetch_plan_puts_one_point_on_each_line_of_the_slab(monkeypatch) -> None:
-    """``_prefetch_slab``'s sampling: along N for a row-major [K, N] weight (a merged QKV), along K for nn.Linear's
+    """``prefetch_slab``'s sampling: along N for a row-major [K, N] weight (a merged QKV), along K for nn.Linear's
     transposed view; a 128-byte line is 64 fp16 or 32 fp32 values; none where ``Options.skinny_prefetch`` is off."""
-    monkeypatch.setattr(S, "interpreting", lambda: False)
+    from kfuse.kernels import prefetch as P
+
+    monkeypatch.setattr(P, "interpreting", lambda: False)
     row_major = torch.empty(2048, 2560, dtype=torch.float16)
     k_major = torch.empty(2560, 2048, dtype=torch.float16).t()
-    assert S._prefetch_plan(row_major, 64, 256) == {"PREFETCH": True, "PF_K": 256, "SK": 1, "PF_N": 1, "SN": 64}
-    assert S._prefetch_plan(k_major, 64, 256) == {"PREFETCH": True, "PF_K": 4, "SK": 64, "PF_N": 64, "SN": 1}
-    assert S._prefetch_plan(k_major.float(), 32, 200) == {"PREFETCH": True, "PF_K": 8, "SK": 32, "PF_N": 32, "SN": 1}
-    assert S._prefetch_plan(row_major, 64, 256, prefetch=False)["PREFETCH"] is False
+    assert P.slab_plan(row_major, 64, 256) == {"PREFETCH": True, "PF_K": 256, "SK": 1, "PF_N": 1, "SN": 64}
+    assert P.slab_plan(k_major, 64, 256) == {"PREFETCH": True, "PF_K": 4, "SK": 64, "PF_N": 64, "SN": 1}
+    assert P.slab_plan(k_major.float(), 32, 200) == {"PREFETCH": True, "PF_K": 8, "SK": 32, "PF_N": 32, "SN": 1}
+    assert P.slab_plan(row_major, 64, 256, enabled=False)["PREFETCH"] is False
