@@ -76,8 +76,8 @@ class Options:
     # few-row GEMMs (a decode step's, M <= 16): "auto" adds kfuse's skinny split-K kernel (kfuse.kernels.skinny_gemm)
     # to the template-vs-library race on the GPU; "never": not a candidate; "always": run it wherever eligible
     skinny_gemm: str = "auto"
-    # under PDL the skinny kernel (and a one-row-block gated tile) streams its weight into L2 before it waits for the previous kernel (the
-    # weight is a constant): the bandwidth the previous kernel's tail leaves idle (session 49)
+    # under PDL the skinny kernel (and a one-row-block gated tile) streams its weight into L2 before it waits for the
+    # previous kernel (the weight is a constant): the bandwidth the previous kernel leaves idle (session 49)
     skinny_prefetch: bool = True
     layout: str = "auto"  # "auto": NHWC for convs on the GPU; "nchw": leave as is (issue 3)
     # 4-D outputs of an NHWC graph: "channels_last" keeps them as the kernels wrote them, "nchw"
