@@ -41,6 +41,9 @@ class Options:
     # side in the plan is kept (kfuse.runtime.b2b_recheck; session 15: the plan ran a 256-wide
     # chain's chosen side 2.5-15% slower than the chain timed alone)
     b2b_recheck: bool = True
+    # a race's close kfuse runner-up (the skinny GEMM, which prefetches its weight before the PDL wait, as no race
+    # can see) timed again in the whole plan under PDL, a race key's steps swapped together (runtime/plan_alternatives)
+    recheck_alternatives: bool = True
     fuse_attention: bool = True  # attention recognition + fused kernel (issue 4)
     fuse_pointwise: bool = True  # memory-bound chains -> generated kernels (issue 6)
     fuse_rotary: bool = True  # x * cos + rotate_half(x) * sin -> one rotary kernel (Llama-style decoders)

@@ -200,6 +200,11 @@ def decode_case(
             plan = _kfuse_plan_summary()
             phases = ", ".join(f"{k} {v:.1f}" for k, v in plan.get("compile_phases_s", {}).items())
             log(f"  kfuse compile phases (s): {phases}" if phases else "  kfuse compile phases: none reported")
+            for r in plan.get("alternatives_recheck", []):
+                log(
+                    f"  plan re-check x{r['steps']}: {r['winner']} {r['winner_plan_ms']} ms, {r['runner_up']} {r['runner_up_plan_ms']} ms"
+                    f" -> {r['kept']}"
+                )
         extra = f"   logits err {errs[side]:.2e}, cache err {cache_errs[side]:.2e}" if side in errs else ""
         log(f"  {side:18s} {times[side]:9.4f} ms (compile {compile_s[side]:.1f} s){extra}")
         if side in profiles:
@@ -249,4 +254,5 @@ def _kfuse_plan_summary() -> dict[str, Any]:
             gemms.setdefault(f"{k['template']} {tuple(k.get('ops', ()))}", k.get("config", ""))
     return {"kernels_by_template": templates, "launches": len(rep["kernels"]), "cuda_graph": rep["cuda_graph"],
             "state_writes": rep.get("state_writes", []), "attention_choice": attention, "gemm_choices": gemms,
-            "compile_phases_s": rep.get("compile_phases_s", {}), "parallel_compile": rep.get("parallel_compile")}  # fmt: skip
+            "compile_phases_s": rep.get("compile_phases_s", {}), "parallel_compile": rep.get("parallel_compile"),
+            "alternatives_recheck": rep.get("alternatives_recheck", [])}  # fmt: skip

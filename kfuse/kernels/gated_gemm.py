@@ -34,6 +34,7 @@ from kfuse.kernels.prefetch import prefetch_slab, slab_plan
 from kfuse.runtime import cuda_fault
 from kfuse.runtime.choice import compile_together
 from kfuse.runtime.executor import KernelInfo, Step, lowering
+from kfuse.runtime.plan_alternatives import offer, runners_up
 from kfuse.runtime.unfused import decision_inputs, graph_time_ms, unfused_run, wrong_result
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
@@ -210,7 +211,9 @@ def _gated_ref(xs: list[torch.Tensor], attrs: Mapping[str, Any]) -> torch.Tensor
     return _gate(a @ w, attrs["act"], attrs["gate_first"]).to(attrs["out_type"].dtype)
 
 
+_TIMES: dict[Any, dict[str, float]] = {}  # every candidate's time per decision key (the plan's re-check reads them)
 _DECIDED: dict[tuple, tuple[GatedConfig | None, str]] = {}
+_TIMES: dict[Any, dict[str, float]] = {}  # every candidate's time per decision key (the plan's re-check reads them)
 
 
 @lowering("gated_gemm")
@@ -254,15 +257,20 @@ def lower_gated_gemm(node: Any, graph: Any, backend: str, options: Any = None) -
         run, info = skinny[cfg]
         return Step(node.name, node.inputs, run, KernelInfo(info.name, info.template, info.ops, f"{info.config}: {note}", info.epilogue))
     folded = " after the folded norm's row scale" if eps is not None else ""
-    return Step(node.name, node.inputs, fused_with(cfg), KernelInfo(node.name, "gated_gemm", ops_, note + folded, f"{act}(gate) * up"))
+    step = Step(node.name, node.inputs, fused_with(cfg), KernelInfo(node.name, "gated_gemm", ops_, note + folded, f"{act}(gate) * up"))
+    if measure and cfg is not None and skinny:  # a close skinny runner-up is timed again in the plan (runtime/plan_alternatives)
+        key = _decision_key(node, graph, options)
+        times = {("tile" if n == cfg.describe() else n): t for n, t in _TIMES.get(key, {}).items()}
+        close = runners_up(times, "tile", lambda n: n in skinny)
+        step = offer(step, ("gated", key), "tile", {n: skinny[n] for n in close})
+    return step
 
 
 def _decide(
     node: Any, graph: Any, backend: str, options: Any, fused_with: Any, skinny: dict | None = None
 ) -> tuple[GatedConfig | str | None, str]:
     """(the fastest fused config, the name of a ``skinny`` candidate, or None for the unfused pair; what was measured)."""
-    types = tuple((tuple(t.shape), str(t.dtype)) for t in map(graph.type_of, node.inputs))
-    key = (types, node.attrs["act"], node.attrs["gate_first"], node.attrs.get("row_rms"), repr(options))
+    key = _decision_key(node, graph, options)
     if key in _DECIDED:
         return _DECIDED[key]
     xs = decision_inputs(node, graph, torch.device("cuda" if torch.cuda.is_available() else "cpu"))  # the CPU only in tests
@@ -297,4 +305,10 @@ def _decide(
     note += f"; failed to run: {', '.join(missing)}" if missing else ""
     note += f"; skipped {'; '.join(wrong)}" if wrong else ""
     _DECIDED[key] = (best[1], note)
+    _TIMES[key] = times
     return _DECIDED[key]
+
+
+def _decision_key(node: Any, graph: Any, options: Any) -> tuple:
+    types = tuple((tuple(t.shape), str(t.dtype)) for t in map(graph.type_of, node.inputs))
+    return (types, node.attrs["act"], node.attrs["gate_first"], node.attrs.get("row_rms"), repr(options))

@@ -182,6 +182,12 @@ class CompiledModel:
 
             with torch.no_grad(), phases("pdl_choice"):  # on or off, whichever runs the whole plan faster
                 pdl_choice = choose_pdl(plan, xs, precompile=precompile_plan if precompiled is not None else None)
+        alternatives = None
+        if self.options.recheck_alternatives and plan.pdl and plan.backend == "triton" and device.type == "cuda":
+            from kfuse.runtime.plan_alternatives import recheck
+
+            with torch.no_grad(), phases("alternatives_recheck"):  # close race runners-up timed again in the plan, under PDL
+                alternatives = recheck(plan, xs)
         # before the CUDA graph is captured: a tuned cubin replaces the kernel the graph would record
         with phases("sass"):
             sass_report = self._sass(plan, xs, device) if self.options.sass else None
@@ -211,6 +217,8 @@ class CompiledModel:
             with phases("check"):
                 variant.report.update(self._check(variant, args, kwargs, flat))
         variant.report["compile_phases_s"] = phases.seconds()
+        if alternatives:
+            variant.report["alternatives_recheck"] = alternatives
         if precompiled is not None and precompiled.requests:
             variant.report["parallel_compile"] = precompiled.summary()
         if plan.memory is not None:
