@@ -18,6 +18,11 @@ without addends or bias, a constant weight vector, few rows (``skinny_gemm.MAX_R
 GEMMs with the norm as their A operand and a constant weight (``[K, N]``, or a transposed ``[N, K]`` view of
 one) that nothing else reads, so folding copies no weight another node still needs (a vocabulary projection
 tied to the embedding keeps its norm).
+
+The folded weight is stored ``[N, K]`` and read through a transposing view, whatever the layout it came in:
+``merge_gemm``'s merged QKV and gate/up weights are row-major ``[K, N]``, and a few-row GEMM streams its weight
+in K slices, which read whole 128-byte runs of a column when K is contiguous. Session 49 (H100, the gated
+gate/up form with the row scale at M = 1): 19.4 us with K contiguous, 25.7 row-major.
 """
 
 from __future__ import annotations
@@ -115,10 +120,13 @@ def fold_row_norm(graph: Graph) -> Graph:
             continue
         norm, eps, const, perm = plans[node.name]
         x, w_name = norm.inputs
-        folded = b.add_constant(_scaled(graph.constants[const], graph.constants[w_name], perm is not None), b.fresh(f"{const}_rms_folded"))
-        weight = folded
-        if perm is not None:  # keep the transposed view: the kernels read [K, N] through its strides
-            weight = b.add_node(Node(b.fresh(perm.name), "permute", (folded,), perm.type, perm.attrs))
+        scaled = _scaled(graph.constants[const], graph.constants[w_name], perm is not None)
+        if perm is None:  # a row-major [K, N] (merge_gemm's QKV, gate/up): stored [N, K] and read through a transposing view
+            perm = Node(b.fresh(f"{const}_rms_folded_T"), "permute", ("",), graph.type_of(const), {"dims": (1, 0)})
+            scaled = scaled.t().contiguous()
+        folded = b.add_constant(scaled, b.fresh(f"{const}_rms_folded"))
+        # the transposed view: the kernels read [K, N] through its strides, each column's K values contiguous
+        weight = b.add_node(Node(b.fresh(perm.name), "permute", (folded,), perm.type, perm.attrs))
         attrs = {**node.attrs, "row_rms": eps, "fused_ops": (*norm.attrs.get("fused_ops", ("rms_norm",)), *node.attrs.get("fused_ops", ()))}
         if node.op == "gated_gemm":  # its unfused side: the weightless norm, then the GEMM on the folded weight
             attrs |= _unfused_with_norm(node, norm, x, weight)

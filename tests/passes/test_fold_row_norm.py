@@ -142,10 +142,12 @@ def _check_folded(old: Graph, new: Graph, xs: list[torch.Tensor], dtype: torch.d
         assert v.attrs["row_rms"] == norm.attrs["eps"]
         assert tuple(v.attrs["fused_ops"])[0] == "rms_norm"
         b_old, b_new = u.inputs[1], v.inputs[1]
-        if b_old in old.constants:  # W [K, N]: W' = diag(w) W, rounded once to W's dtype
+        if b_old in old.constants:  # W [K, N]: W' = diag(w) W, rounded once to W's dtype, stored [N, K] (K contiguous)
             W = old.constants[b_old]
-            assert b_new in new.constants and b_old not in new.constants
-            assert torch.equal(new.constants[b_new], (w[:, None] * W.float()).to(W.dtype))
+            p_new = new_nodes[b_new]
+            assert p_new.op == "permute" and tuple(p_new.attrs["dims"]) == (1, 0) and p_new.type == old.type_of(b_old)
+            assert b_old not in new.constants and new.constants[p_new.inputs[0]].is_contiguous()
+            assert torch.equal(new.constants[p_new.inputs[0]].t(), (w[:, None] * W.float()).to(W.dtype))
         else:  # a transposed view of [N, K]: the view stays, of the folded [N, K] constant
             p_old, p_new = old_nodes[b_old], new_nodes[b_new]
             assert p_new.op == "permute" and tuple(p_new.attrs["dims"]) == (1, 0) and p_new.type == p_old.type
@@ -166,7 +168,7 @@ def test_one_gemm_on_a_kn_constant(dtype: torch.dtype) -> None:
     new = fold_row_norm(g)
     (y,) = _check_folded(g, new, xs, dtype, 1)
     assert y.op == "gemm_epilogue" and len(y.inputs) == 3  # the bias stays in the epilogue
-    assert [n.op for n in new.nodes] == ["gemm_epilogue"]
+    assert [n.op for n in new.nodes] == ["permute", "gemm_epilogue"]  # the folded weight read K-contiguous
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -227,7 +229,9 @@ def test_gated_gemm_folds_with_its_unfused_side() -> None:
     assert v.attrs["act"] == gated.attrs["act"] and v.attrs["gate_first"] == gated.attrs["gate_first"]
     W = g.constants[gated.inputs[1]]
     assert W.shape == (K, 38) and gated.inputs[1] not in new.constants
-    folded = new.constants[v.inputs[1]]
+    view = new.node_map()[v.inputs[1]]  # the folded weight stored [N, K], read through a transposing view
+    assert view.op == "permute" and tuple(view.attrs["dims"]) == (1, 0) and new.constants[view.inputs[0]].is_contiguous()
+    folded = new.constants[view.inputs[0]].t()
     assert torch.equal(folded, (g.constants[w_name].float()[:, None] * W.float()).to(W.dtype))
     # its unfused side (timed against it on a GPU): the weightless norm of x, then the merged GEMM on the folded weight
     weightless, gemm, *rest = v.attrs["unfused"]
