@@ -95,8 +95,8 @@ def skinny_kernel(
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, {extra_strides}
     eps, {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
     ROW_RMS: tl.constexpr, SQUARES: tl.constexpr, RMS_SLICE: tl.constexpr, BLOCK_SLICE: tl.constexpr,
-    GATED: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH: tl.constexpr, PF_K: tl.constexpr, PF_N: tl.constexpr, SK: tl.constexpr, SN: tl.constexpr,
+    GATED: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr, PF_K: tl.constexpr, PF_N: tl.constexpr, SK: tl.constexpr, SN: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
