@@ -39,6 +39,12 @@ def runners_up(times: dict[str, float], winner: str, eligible: Any, margin: floa
     return sorted(close, key=lambda n: times[n])[:1]
 
 
+def _install(step: Step, fn: Callable[[list[torch.Tensor]], Any], info: KernelInfo) -> None:
+    from kfuse.runtime.concat_in_place import rewrap
+
+    step.fn, step.info = rewrap(step.fn, fn), info  # a cat member still writes into its slice
+
+
 def recheck(plan: Plan, xs: list[torch.Tensor], timer: Callable[[Plan, list[torch.Tensor]], float] | None = None,
             flip: float = FLIP) -> list[dict[str, Any]]:  # fmt: skip
     """For each group of steps offered alternatives (one race key), time the plan with the winner and with the
@@ -58,14 +64,14 @@ def recheck(plan: Plan, xs: list[torch.Tensor], timer: Callable[[Plan, list[torc
         times: dict[str, list[float]] = {winner: [], other: []}
         for side in (winner, other, other, winner):
             for s in steps:
-                s.fn, s.info = s.alternatives[side]  # type: ignore[attr-defined]
+                _install(s, *s.alternatives[side])  # type: ignore[attr-defined]
             times[side].append(timer(plan, xs))
         kept = other if sum(times[other]) < (1.0 - flip) * sum(times[winner]) else winner
         for s in steps:
             fn, info = s.alternatives[kept]  # type: ignore[attr-defined]
             note = f"plan {sum(times[kept]) / 2:.4f} ms vs {sum(times[other if kept == winner else winner]) / 2:.4f} with " \
                    f"{other if kept == winner else winner}"  # fmt: skip
-            s.fn, s.info = fn, KernelInfo(info.name, info.template, info.ops, f"{info.config}; {note}", info.epilogue)
+            _install(s, fn, KernelInfo(info.name, info.template, info.ops, f"{info.config}; {note}", info.epilogue))
         done.append({"key": str(key[0])[:120], "steps": len(steps), "winner": winner, "runner_up": other, "kept": kept,
                      "winner_plan_ms": round(sum(times[winner]) / 2, 4), "runner_up_plan_ms": round(sum(times[other]) / 2, 4)})  # fmt: skip
     return done
