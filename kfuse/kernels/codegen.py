@@ -84,3 +84,19 @@ def load_generated(family: str, key: str, source: str) -> ModuleType:
         spec.loader.exec_module(module)
         _LOADED[mod_name] = module
         return module
+
+
+class KeptBuffers:
+    """Device buffers made once per key and kept for the process: a CUDA graph replays the same addresses, and the
+    kernels that count in them (the skinny GEMM's split-K, the decode attention's last-program merge) leave their
+    counters at zero for the next call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bufs: dict[Any, Any] = {}
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._bufs:
+                self._bufs[key] = make()
+            return self._bufs[key]

@@ -34,7 +34,6 @@ Floor (TinyLlama-1.1B, B1, a 1,024-slot cache, fp16): each layer's attention rea
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 import triton
@@ -42,6 +41,7 @@ import triton.language as tl
 
 from kfuse.kernels import pdl
 from kfuse.kernels.attention import dot_precision
+from kfuse.kernels.codegen import KeptBuffers
 from kfuse.kernels.pdl import pdl_start
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -202,25 +202,17 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-class _Buffers:
-    """The partials and per-(batch, kv head) counters of ``combine="last"`` launches, made once per device, owner
-    and shape and kept: a CUDA graph replays the same addresses, and the kernel leaves the counters at zero."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-    def get(self, device: torch.device, owner: int, slots: int, block_d: int, groups: int) -> tuple[torch.Tensor, ...]:
-        key = (str(device), owner, slots, block_d, groups)
-        with self._lock:
-            if key not in self._bufs:
-                self._bufs[key] = (torch.empty((slots, block_d), dtype=torch.float32, device=device),
-                                   torch.empty((slots, 2), dtype=torch.float32, device=device),
-                                   torch.zeros(groups, dtype=torch.int32, device=device))  # fmt: skip
-            return self._bufs[key]
+_BUFFERS = KeptBuffers()
 
 
-_BUFFERS = _Buffers()
+def _buffers(device: torch.device, owner: int, slots: int, block_d: int, groups: int) -> tuple[torch.Tensor, ...]:
+    """The partials and per-(batch, kv head) counters of ``combine="last"`` launches of one shape and owner."""
+    return _BUFFERS.get(
+        (str(device), owner, slots, block_d, groups),
+        lambda: (torch.empty((slots, block_d), dtype=torch.float32, device=device),
+                 torch.empty((slots, 2), dtype=torch.float32, device=device),
+                 torch.zeros(groups, dtype=torch.int32, device=device)),
+    )  # fmt: skip
 
 
 def decode_attention(
@@ -293,7 +285,7 @@ def decode_attention(
     last = combine == "last" and not single and block_r <= LAST_MAX_ROWS
     count = o
     if last:
-        acc, ml, count = _BUFFERS.get(q.device, owner, b * h * sq * n, block_d, b * hk)
+        acc, ml, count = _buffers(q.device, owner, b * h * sq * n, block_d, b * hk)
     else:
         acc = o if single else torch.empty((b * h * sq * n, block_d), dtype=torch.float32, device=q.device)
         ml = o if single else torch.empty((b * h * sq * n, 2), dtype=torch.float32, device=q.device)

@@ -30,7 +30,7 @@ from kfuse.kernels import pdl, skinny_gemm
 from kfuse.kernels.codegen import interpreting
 from kfuse.kernels.norm import norm
 from kfuse.kernels.pdl import pdl_start
-from kfuse.kernels.prefetch import prefetch_slab, slab_plan
+from kfuse.kernels.prefetch import prefetch_slab, prefetch_wanted, slab_plan
 from kfuse.runtime import cuda_fault
 from kfuse.runtime.choice import compile_together
 from kfuse.runtime.executor import KernelInfo, Step, lowering
@@ -211,7 +211,6 @@ def _gated_ref(xs: list[torch.Tensor], attrs: Mapping[str, Any]) -> torch.Tensor
     return _gate(a @ w, attrs["act"], attrs["gate_first"]).to(attrs["out_type"].dtype)
 
 
-_TIMES: dict[Any, dict[str, float]] = {}  # every candidate's time per decision key (the plan's re-check reads them)
 _DECIDED: dict[tuple, tuple[GatedConfig | None, str]] = {}
 _TIMES: dict[Any, dict[str, float]] = {}  # every candidate's time per decision key (the plan's re-check reads them)
 
@@ -224,7 +223,7 @@ def lower_gated_gemm(node: Any, graph: Any, backend: str, options: Any = None) -
     a = node.attrs
     act, out_dtype, gate_first = a["act"], a["out_type"].dtype, a["gate_first"]
     eps = a.get("row_rms")  # a folded RMSNorm (passes/fold_row_norm): the input is the norm's, scaled here first
-    prefetch = bool(getattr(options, "skinny_prefetch", True)) if options is not None else True
+    prefetch = prefetch_wanted(options)
 
     def fused_with(cfg: GatedConfig) -> Any:
         def run(xs: list[torch.Tensor]) -> torch.Tensor:

@@ -179,8 +179,7 @@ def maybe_library_step(
     why += f" (then {', '.join(f'{n} {t * 1e3:.1f}' for t, n in others)})" if others else ""
     # a close kfuse runner-up may do in the plan what the race cannot see (its weight into L2 before the PDL wait):
     # the plan times it again (runtime/plan_alternatives); the library's winner is the case that matters
-    close = runners_up(times, choice, lambda n: n in more) if choice == "library" else []
     if choice == "library":
-        return offer(library_step(why), key, choice, {n: more[n] for n in close})
+        return offer(library_step(why), key, choice, {n: more[n] for n in runners_up(times, choice, lambda n: n in more)})
     run, kinfo = more[choice]
     return Step(node.name, node.inputs, run, KernelInfo(kinfo.name, kinfo.template, kinfo.ops, f"{kinfo.config}: {why}", kinfo.epilogue))

@@ -42,6 +42,11 @@ def prefetch_slab(b_ptr, n0, N, k_lo, k_hi, stride_bk, stride_bn,
     prefetch_l2(b_ptr + ks[:, None] * stride_bk + ns[None, :] * stride_bn, (ks < k_hi)[:, None] & (ns < N)[None, :])
 
 
+def prefetch_wanted(options: Any) -> bool:
+    """``Options.skinny_prefetch`` (on where there are no options)."""
+    return bool(getattr(options, "skinny_prefetch", True))
+
+
 def slab_plan(b: torch.Tensor, block_n: int, rows: int, enabled: bool = True) -> dict[str, Any]:
     """The constexprs of ``prefetch_slab`` (``PREFETCH``, ``PF_K``, ``SK``, ``PF_N``, ``SN``) for slabs of ``rows`` K
     values x ``block_n`` columns of ``b`` ``[K, N]`` (any strides); ``PREFETCH`` False where not ``enabled`` or in

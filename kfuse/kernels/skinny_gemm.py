@@ -27,7 +27,6 @@ Two things the decode step needs come with the same kernel:
 from __future__ import annotations
 
 import os
-import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -38,9 +37,9 @@ import triton
 
 from kfuse.kernels import pdl
 from kfuse.kernels.attention import dot_precision
-from kfuse.kernels.codegen import cdiv, generated, interpreting, num_sms
+from kfuse.kernels.codegen import KeptBuffers, cdiv, generated, interpreting, num_sms
 from kfuse.kernels.epilogue import Epilogue, apply_reference, render
-from kfuse.kernels.prefetch import slab_plan
+from kfuse.kernels.prefetch import prefetch_wanted, slab_plan
 
 MAX_ROWS = 16  # one tl.dot row block (the smallest tensor-core tile): more rows are the tiled template's
 MAX_SLICE = 1024  # K values of A a program loads at once for the row scale (16 x 1024 fp16: 64 registers a thread)
@@ -100,18 +99,16 @@ def skinny_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    k_lo = pid_k * k_per_split
+    k_hi = min(K, k_lo + k_per_split)
     if PDL and PREFETCH:  # the weight is a constant no kernel writes: stream it into L2 while the previous kernel runs
-        k_lo0 = pid_k * k_per_split
-        k_hi0 = min(K, k_lo0 + k_per_split)
-        prefetch_slab(b_ptr + gate_off, pid_n * BLOCK_N, N, k_lo0, k_hi0, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
+        prefetch_slab(b_ptr + gate_off, pid_n * BLOCK_N, N, k_lo, k_hi, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
         if GATED:
-            prefetch_slab(b_ptr + up_off, pid_n * BLOCK_N, N, k_lo0, k_hi0, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
+            prefetch_slab(b_ptr + up_off, pid_n * BLOCK_N, N, k_lo, k_hi, stride_bk, stride_bn, PF_K, PF_N, SK, SN)
     pdl_start(PDL)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    k_lo = pid_k * k_per_split
-    k_hi = min(K, k_lo + k_per_split)
     if RMS_SLICE:  # the row scale's inputs: this program's A slice in one load, in flight through the main loop
         offs_s = k_lo + tl.arange(0, BLOCK_SLICE)
         x_slice = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_s[None, :] * stride_ak,
@@ -249,26 +246,16 @@ def default_config(m: int, n: int, k: int, sms: int, gated: bool = False, elem: 
     return configs(m, n, k, sms, gated, elem)[0 if interpreting() else 1]
 
 
-class _Buffers:
-    """The partial sums and the per-column-block counters of each launch shape, made once per device and kept:
-    a CUDA graph replays the same addresses, and the kernel leaves the counters at zero."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def get(
-        self, device: torch.device, parts: int, splits: int, m: int, n: int, blocks: int, owner: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (str(device), parts, splits, m, n, blocks, owner)
-        with self._lock:
-            if key not in self._bufs:
-                ws = torch.empty(max(1, parts * splits * m * n + blocks * splits * m), dtype=torch.float32, device=device)
-                self._bufs[key] = (ws, torch.zeros(max(1, blocks), dtype=torch.int32, device=device))
-            return self._bufs[key]
+_BUFFERS = KeptBuffers()
 
 
-_BUFFERS = _Buffers()
+def _buffers(device: torch.device, parts: int, splits: int, m: int, n: int, blocks: int, owner: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial sums (and sums of squares) and the per-column-block counters of one launch shape and owner."""
+    return _BUFFERS.get(
+        (str(device), parts, splits, m, n, blocks, owner),
+        lambda: (torch.empty(max(1, parts * splits * m * n + blocks * splits * m), dtype=torch.float32, device=device),
+                 torch.zeros(max(1, blocks), dtype=torch.int32, device=device)),
+    )  # fmt: skip
 
 
 def _rows(a: torch.Tensor, k: int) -> torch.Tensor:
@@ -335,7 +322,7 @@ def skinny_gemm(
     blocks = cdiv(n, cfg.block_n)
     k_per_split = cdiv(cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
     splits = cdiv(k, k_per_split)  # rounding K slices to whole steps may leave fewer slices
-    ws, count = _BUFFERS.get(a.device, 2 if gated else 1, splits, m, n, blocks, owner)
+    ws, count = _buffers(a.device, 2 if gated else 1, splits, m, n, blocks, owner)
     rms_slice = row_rms is not None and cfg.rms_slice and k_per_split <= MAX_SLICE
     half = b.shape[1] // 2
     gate_off = (0 if gate_first else half) * b.stride(1) if gated else 0
@@ -402,7 +389,7 @@ def candidates(
     epi: Epilogue = node.attrs.get("epilogue") or Epilogue()
     eps = node.attrs.get("row_rms")
     owner = zlib.crc32(node.name.encode())  # buffers of its own: a node's launches never share counters with another's
-    prefetch = bool(getattr(options, "skinny_prefetch", True)) if options is not None else True
+    prefetch = prefetch_wanted(options)
     ops_ = tuple(node.attrs.get("fused_ops", ("matmul",)))
     out: dict[str, tuple[Callable[[list[torch.Tensor]], torch.Tensor], Any]] = {}
     for cfg in cfgs:

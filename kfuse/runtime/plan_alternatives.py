@@ -39,18 +39,12 @@ def runners_up(times: dict[str, float], winner: str, eligible: Any, margin: floa
     return sorted(close, key=lambda n: times[n])[:1]
 
 
-def _install(step: Step, fn: Callable[[list[torch.Tensor]], Any], info: KernelInfo) -> None:
-    from kfuse.runtime.concat_in_place import rewrap
-
-    step.fn, step.info = rewrap(step.fn, fn), info  # a cat member still writes into its slice
-
-
 def recheck(plan: Plan, xs: list[torch.Tensor], timer: Callable[[Plan, list[torch.Tensor]], float] | None = None,
             flip: float = FLIP) -> list[dict[str, Any]]:  # fmt: skip
     """For each group of steps offered alternatives (one race key), time the plan with the winner and with the
     runner-up in every step of the group (A B B A, A the winner) and keep the runner-up where it runs the plan more
     than ``flip`` faster. Returns one entry per group: key, steps, both plan times, the side kept."""
-    from kfuse.runtime.b2b_recheck import plan_ms
+    from kfuse.runtime.b2b_recheck import _install, plan_ms  # a swapped step keeps a cat member's slot writer
 
     timer = timer or plan_ms
     groups: dict[Any, list[Step]] = {}
@@ -64,14 +58,15 @@ def recheck(plan: Plan, xs: list[torch.Tensor], timer: Callable[[Plan, list[torc
         times: dict[str, list[float]] = {winner: [], other: []}
         for side in (winner, other, other, winner):
             for s in steps:
-                _install(s, *s.alternatives[side])  # type: ignore[attr-defined]
+                _install(s, s.alternatives[side])  # type: ignore[attr-defined]
             times[side].append(timer(plan, xs))
-        kept = other if sum(times[other]) < (1.0 - flip) * sum(times[winner]) else winner
+        ms = {side: sum(t) / 2 for side, t in times.items()}
+        kept = other if ms[other] < (1.0 - flip) * ms[winner] else winner
+        lost = winner if kept == other else other
         for s in steps:
             fn, info = s.alternatives[kept]  # type: ignore[attr-defined]
-            note = f"plan {sum(times[kept]) / 2:.4f} ms vs {sum(times[other if kept == winner else winner]) / 2:.4f} with " \
-                   f"{other if kept == winner else winner}"  # fmt: skip
-            _install(s, fn, KernelInfo(info.name, info.template, info.ops, f"{info.config}; {note}", info.epilogue))
+            note = f"plan {ms[kept]:.4f} ms vs {ms[lost]:.4f} with {lost}"
+            _install(s, (fn, KernelInfo(info.name, info.template, info.ops, f"{info.config}; {note}", info.epilogue)))
         done.append({"key": str(key[0])[:120], "steps": len(steps), "winner": winner, "runner_up": other, "kept": kept,
-                     "winner_plan_ms": round(sum(times[winner]) / 2, 4), "runner_up_plan_ms": round(sum(times[other]) / 2, 4)})  # fmt: skip
+                     "winner_plan_ms": round(ms[winner], 4), "runner_up_plan_ms": round(ms[other], 4)})  # fmt: skip
     return done

@@ -111,7 +111,7 @@ def test_counters_are_left_at_zero_and_a_second_call_agrees(device):
     first = S.skinny_gemm(a, w, [], Epilogue(), torch.float32, cfg, owner=12345)
     second = S.skinny_gemm(a, w, [], Epilogue(), torch.float32, cfg, owner=12345)
     torch.testing.assert_close(first, second, atol=0, rtol=0)
-    _, count = S._BUFFERS.get(torch.device(device), 1, 4, 1, 64, 2, 12345)
+    _, count = S._buffers(torch.device(device), 1, 4, 1, 64, 2, 12345)
     assert count.tolist() == [0, 0]
 
 
