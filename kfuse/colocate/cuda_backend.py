@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from kfuse.colocate.fuser import STREAM_MODES, FusedVersion, launch_fused
+from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, FusedVersion, launch_fused
+from kfuse.colocate.green import SmPartition, partition, run_partitioned
 from kfuse.colocate.lc import LCItem
 from kfuse.colocate.prio import PrioStreams, run_prio
 from kfuse.colocate.ptb import launch_ptb, num_sms
@@ -135,13 +136,33 @@ class CudaBackend(Backend):
         k = self.be[be].kernel
         return timed(lambda: launch_ptb(k, start, end, self.be_grid), retime=self.be[be].idempotent)
 
+    def _partition(self, be_sms: int) -> SmPartition | None:
+        """The green-context SM partition with ``be_sms`` SMs for the BE (None without a GPU: both run in order)."""
+        return partition(be_sms) if torch.cuda.is_available() else None
+
+    def _lc_on(self, i: int, sms: int) -> Callable[[], None]:
+        """LC kernel i for a partition of ``sms`` SMs: a PTB GEMM's persistent grid sized to them (a grid for the
+        whole GPU would queue its surplus programs behind the first wave), a segment's graph as it is."""
+        it = self.items[i]
+        if it.kernel is not None:
+            k, grid = it.kernel, max(1, self.lc_grid // self.sms * sms)
+            return lambda: launch_ptb(k, 0, k.n_blocks, grid)
+        return self.segments[i]
+
     def run_fused(self, i: int, be: str, start: int, end: int, version: Any) -> float:
         it = self.items[i]
+        v = version if isinstance(version, FusedVersion) else FusedVersion(*version)
+        bk = self.be[be].kernel
+        if v.mode in GREEN_MODES:  # any LC kernel: the LC on its SMs, the slice on the disjoint rest
+            self.launches += 1
+            part = self._partition(v.r2)
+            lc = self._lc_on(i, part.lc_sms if part is not None else self.sms)
+            n = max(1, end - start)  # one program per block, as prio: each freed BE slot takes a fresh block
+            return timed(lambda: run_partitioned(part, lc, lambda: launch_ptb(bk, start, end, n)), retime=self.be[be].idempotent)
         if it.kernel is None:
             raise ValueError(f"LC kernel {it.name} is not a PTB GEMM: it cannot be fused")
         self.launches += 1
-        v = version if isinstance(version, FusedVersion) else FusedVersion(*version)
-        lk, bk = it.kernel, self.be[be].kernel
+        lk = it.kernel
         if v.mode in STREAM_MODES:  # two kernels: the LC's solo launch first, on the urgent stream
             lc = self._lc(i)
             # the slice one program per block: the block scheduler hands each free slot beside or

@@ -72,6 +72,8 @@ class FusedVersion:
     mode: str = "partition"  # or "interleave"
 
     def describe(self) -> str:
+        if self.mode in GREEN_MODES:
+            return f"{self.mode}{self.r2}"
         if self.mode in TAIL_MODES or self.mode in STREAM_MODES:
             return self.mode
         return f"{self.r1}:{self.r2}{'' if self.mode == 'partition' else 'il'}"
@@ -88,7 +90,24 @@ TAIL_MODES = ("tail", "tailx", "tailsm")
 # the LC kernel and the BE slice as two kernels on prioritized streams (kfuse.colocate.prio): a version
 # the profile measures like the fused ones, launched by the backend, not by launch_fused
 PRIO = FusedVersion(2, 0, "prio")
-STREAM_MODES = ("prio",)
+# the LC kernel on one SM partition and the BE slice on the disjoint rest (kfuse.colocate.green), r2 = the BE's SMs;
+# two kernels like prio, and the only versions any LC kernel takes (segments too), not only the PTB GEMMs
+GREEN_MODES = ("green",)
+STREAM_MODES = ("prio", *GREEN_MODES)
+
+
+def green(be_sms: int) -> FusedVersion:
+    """The version that co-runs the BE slice on ``be_sms`` SMs of its own beside the LC kernel on the others."""
+    if be_sms < 1:
+        raise ValueError(f"green: the BE partition needs at least one SM, got {be_sms}")
+    return FusedVersion(0, be_sms, "green")
+
+
+def any_kernel(version: Any) -> bool:
+    """Whether ``version`` co-runs with any LC kernel (segments included), not only with PTB GEMMs."""
+    return getattr(version, "mode", None) in GREEN_MODES
+
+
 SMID_SLOTS = 256  # per-SM counters (%smid < 256 on every NVIDIA GPU so far)
 BE_CHUNK_MAX = 4  # BE blocks per ticket at most: amortises the atomic over ~1-4 us blocks
 # the tailsm kernel's parameters after the shared ones: runtime values, then constexprs (launch_args order)
@@ -112,8 +131,14 @@ def tailsm_plan(n_lc: int, n_be: int, grid: int) -> tuple[int, bool, int]:
 
 
 def parse_version(text: str, lc_programs_per_sm: int = 2) -> FusedVersion:
-    """``"1:2"`` (partition), ``"1:2il"`` (interleave), ``"tail"``, ``"tailx"``, ``"tailsm"`` or ``"prio"``."""
+    """``"1:2"`` (partition), ``"1:2il"`` (interleave), ``"tail"``, ``"tailx"``, ``"tailsm"``, ``"prio"`` or
+    ``"green<S>"`` (SM partitions, S SMs for the BE)."""
     t = text.strip()
+    for mode in GREEN_MODES:
+        if t.startswith(mode) and t[len(mode) :].isdigit():
+            return green(int(t[len(mode) :]))
+        if t == mode:
+            raise ValueError(f"{mode!r} needs the BE partition's SM count, e.g. {mode}32")
     if t in TAIL_MODES or t in STREAM_MODES:
         return FusedVersion(lc_programs_per_sm, 0, t)
     mode = "interleave" if t.endswith("il") else "partition"
@@ -271,9 +296,10 @@ def launch_args(
     elif version.mode == "interleave":
         period, r1 = version.r1 + version.r2, version.r1
     elif version.mode in STREAM_MODES:
-        raise ValueError(f"{version.mode!r} is two kernels on prioritized streams, not one fused launch (CudaBackend.run_fused runs it)")
+        how = "SM partitions" if version.mode in GREEN_MODES else "prioritized streams"
+        raise ValueError(f"{version.mode!r} is two kernels on {how}, not one fused launch (CudaBackend.run_fused runs it)")
     else:
-        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave | tail | tailx | tailsm | prio)")
+        raise ValueError(f"unknown fusion mode {version.mode!r} (partition | interleave | tail | tailx | tailsm | prio | green)")
     for k, (a, b) in ((lc, lc_range), (be, be_range)):
         if not 0 <= a <= b <= k.n_blocks:
             raise ValueError(f"{k.name}: block range [{a}, {b}) is outside [0, {k.n_blocks})")

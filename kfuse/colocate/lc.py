@@ -9,6 +9,7 @@ one real run of the plan, so any step can run on its own, in any order.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,14 @@ def gemm_shape(node: Node, graph: Graph) -> tuple[int, int, int] | None:
     return None
 
 
+def segment_key(ops: tuple[str, ...], inputs: list[Any]) -> str:
+    """A segment's key: its ops and its inputs' shapes, so a model's repeated layers share one (SM-partition versions
+    are profiled per key), and segments that differ in either do not."""
+    shapes = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in inputs)
+    digest = hashlib.sha1(repr((ops, shapes)).encode()).hexdigest()[:8]
+    return f"seg:{'+'.join(dict.fromkeys(ops))[:48]}:{digest}"
+
+
 @dataclass
 class LCItem:
     name: str
@@ -77,7 +86,8 @@ def lc_items(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], min_g
             for s in steps:
                 s.fn([env[i] for i in s.inputs])
 
-        items.append(LCItem(f"seg{len(items)}", None, run, "", tuple(o for s in steps for o in s.info.ops)))
+        ops = tuple(o for s in steps for o in s.info.ops)
+        items.append(LCItem(f"seg{len(items)}", None, run, segment_key(ops, [env.get(i) for s in steps for i in s.inputs]), ops))
         pending.clear()
 
     for step in plan.steps:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from kfuse.colocate.fuser import any_kernel
 from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, SampleModel, error_summary, relative_errors
 from kfuse.colocate.selector import MIN_OVERLAP, Selection, plan_fusion, select_version
 
@@ -141,7 +142,7 @@ class Profile:
         version, spend no more than ``allowance_ms`` of extra LC time. That is the Lagrangian of the most
         gain over time sharing under the allowance: E = 1 where it does not bind (each slice at its largest
         saving), higher where it does (only the cheap part of each curve). Returns E; ``unprice`` undoes it."""
-        launches = [(t, k.key) for t, k in zip(self.lc_ms, self.lc, strict=True) if k.fusible and (k.key, be) in self.fused]
+        launches = [(t, k.key) for t, k in zip(self.lc_ms, self.lc, strict=True) if (k.key, be) in self.fused]
 
         def spend() -> float:  # one query's extra LC time with every slice at its chosen version's aim
             total = 0.0
@@ -244,11 +245,13 @@ def build_profile(
         be_models[b] = LinearModel.fit(counts, [med(lambda n=n: backend.run_be(b, *fresh(b, n))) for n in counts])
         for n in {max(1, nb * 3 // 8), max(1, nb * 5 // 8)}:
             lin_err += relative_errors([be_models[b].predict(n)], [med(lambda n=n: backend.run_be(b, *fresh(b, n)))])
-    # one representative (the first) LC kernel per fusible key
+    # one representative (the first) LC kernel per fusible key; with a version that co-runs with any LC kernel (SM
+    # partitions), per key of every LC kernel, the segments profiled with those versions only
+    any_versions = [v for v in versions if any_kernel(v)]
     reps_of: dict[str, int] = {}
     total_of: dict[str, float] = {}
     for i, k in enumerate(lc):
-        if k.fusible and lc_ms[i] >= min_fuse_ms:
+        if (k.fusible or any_versions) and lc_ms[i] >= min_fuse_ms:
             reps_of.setdefault(k.key, i)
             total_of[k.key] = total_of.get(k.key, 0.0) + lc_ms[i]
     if max_fuse_keys is not None:
@@ -263,7 +266,7 @@ def build_profile(
         for b in be_names:
             models = {}
             samples[(key, b)] = {}
-            for v in versions:
+            for v in versions if lc[i].fusible else any_versions:
 
                 def sample(x: float) -> tuple[float, float]:
                     """(T_be, T_fused) of the slice a run would cut for load ratio x. T_be is the linear model's time
@@ -417,7 +420,7 @@ def fusion_plans(prof: Profile, be: str, headroom: float) -> dict[str, dict[str,
     saving, error bound and the reason (``not_chosen`` where selection trusted no version)."""
     out: dict[str, dict[str, Any]] = {}
     for j, k in enumerate(prof.lc):
-        if not k.fusible or (k.key, be) not in prof.fused or out.get(k.key, {}).get("reason") in ("fused", "not_chosen"):
+        if (k.key, be) not in prof.fused or out.get(k.key, {}).get("reason") in ("fused", "not_chosen"):
             continue  # per shape: the first kernel plan_fusion accepts, else the last one's reason
         sel = prof.chosen.get((k.key, be))
         if sel is None:
@@ -459,7 +462,7 @@ def run_policy(
             dec: dict[str, int] = {}
             for b in be_names:
                 for k in prof.lc:
-                    r = "not_fusible" if not k.fusible else plans[b].get(k.key, {"reason": "not_chosen"})["reason"]
+                    r = plans[b].get(k.key, {"reason": "not_chosen"})["reason"] if (k.key, b) in prof.fused else "not_fusible"
                     dec[r] = dec.get(r, 0) + len(res.latencies_ms)
             res.decisions = dec
             return res
@@ -493,7 +496,7 @@ def run_policy(
         if key not in reserve_cache:
             acc = [0.0] * (n_lc + 1)
             for j in range(n_lc - 1, -1, -1):
-                sel = prof.chosen.get((prof.lc[j].key, b)) if prof.lc[j].fusible else None
+                sel = prof.chosen.get((prof.lc[j].key, b))
                 ex = 0.0
                 if sel is not None:
                     om = online[(prof.lc[j].key, b)][sel.version]
@@ -563,9 +566,9 @@ def run_policy(
         hold = 0.0  # headroom the time-sharing step leaves to this query's later fusions (Aker only)
         if policy == "aker":
             hr = headroom()
-            sel = prof.chosen.get((k.key, b)) if k.fusible else None
+            sel = prof.chosen.get((k.key, b))  # only profiled pairs are chosen: PTB GEMMs, any kernel with SM partitions
             if sel is None:
-                decide("not_fusible" if not k.fusible or (k.key, b) not in prof.fused else "not_chosen")
+                decide("not_chosen" if (k.key, b) in prof.fused else "not_fusible")
             else:
                 om = online[(k.key, b)][sel.version]
                 sp = plan_fusion(t_lc, prof.be[b], om, left, hr, prof.min_overlap)

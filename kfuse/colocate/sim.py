@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from kfuse.colocate.fuser import any_kernel
 from kfuse.colocate.scheduler import Backend, LCKernel
 
 
@@ -96,7 +97,7 @@ class SimGPU(Backend):
         return self._n(self.be_time(be, end - start)) + self._stall("be", be, start, end)
 
     def run_fused(self, i: int, be: str, start: int, end: int, version: Any) -> float:
-        if not self.fusible[i]:
+        if not self.fusible[i] and not any_kernel(version):
             raise ValueError(f"LC kernel {i} is not fusible")
         self.launches.append(("fused", (i, be, start, end, version)))
         law = (self.law.get((self.keys[i], version)) or self.law[version]) if isinstance(self.law, dict) else self.law
