@@ -49,6 +49,8 @@ class LCKernel:
 class Backend:
     """What the scheduler needs from a GPU. Times are milliseconds."""
 
+    sms: int | None = None  # the GPU's SM count (an SM-partition version's share is its BE SMs over it)
+
     def lc_kernels(self) -> list[LCKernel]:
         raise NotImplementedError
 
@@ -190,6 +192,10 @@ def _net_gain(model: Any) -> float | None:
 PRICE_GRID = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 50.0)
 FIT_RATIOS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 HELDOUT_RATIOS = (0.75, 2.5)
+# an SM-partition version's load ratios, as fractions of the BE partition's share of the SMs: its slice is cheap up to
+# about that share (the BE's own SMs busy for the LC kernel's length) and costs T_lc / share per x past it
+PARTITION_FIT = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+PARTITION_HELDOUT = (0.6, 1.1)
 
 
 KNEE_SAMPLES = 0  # extra samples between the last cheap slice and the first steep one (``knee_blocks``; opt-in until measured)
@@ -280,11 +286,15 @@ def build_profile(
                     t_f = med(lambda: backend.run_fused(i, b, *fresh(b, n), v))
                     return be_models[b].predict(n), t_f
 
-                pts = [sample(x) for x in fit_ratios]
+                fit, held = fit_ratios, heldout_ratios
+                if any_kernel(v) and getattr(backend, "sms", None):  # scaled to the BE partition's share of the SMs
+                    share = v.r2 / backend.sms
+                    fit, held = tuple(share * f for f in PARTITION_FIT), tuple(share * f for f in PARTITION_HELDOUT)
+                pts = [sample(x) for x in fit]
                 xs = [p[0] / t_lc for p in pts]
                 ys = [p[1] / t_lc for p in pts]
                 two_stage = OnlineTwoStage.fit(xs, ys)  # reported (held-out error), not planned with
-                for x in heldout_ratios:
+                for x in held:
                     t_be, t_f = sample(x)
                     fused_err += relative_errors([two_stage.predict(t_lc, t_be)], [t_f])
                     xs.append(t_be / t_lc)

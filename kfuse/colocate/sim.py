@@ -31,6 +31,17 @@ def overlap_law(overlap: float) -> Callable[[float, float, Any], float]:
     return law
 
 
+def partition_law(be_share: float, lc_slowdown: float = 1.0, launch_ms: float = 0.0) -> Callable[[float, float, Any], float]:
+    """An SM-partition version: the LC kernel on its SMs (``lc_slowdown`` x its whole-GPU time) beside the BE slice on
+    ``be_share`` of the SMs (its whole-GPU time less the launch cost ``launch_ms``, over the share); the pair ends with
+    the later of the two."""
+
+    def law(t_lc: float, t_be: float, version: Any) -> float:
+        return max(t_lc * lc_slowdown, launch_ms + max(0.0, t_be - launch_ms) / be_share)
+
+    return law
+
+
 def two_stage_law(c_co: float = 0.15, x_star: float = 1.5, c_solo: float = 1.0) -> Callable[[float, float, Any], float]:
     """T_fused = T_lc * (1 + c_co x) below x*, then slope c_solo in x above it (continuous)."""
 
@@ -47,8 +58,9 @@ class SimGPU(Backend):
         self, lc_ms: Sequence[float], fusible: Sequence[bool], be: dict[str, tuple[float, float, int]],
         fused_law: Callable[[float, float, Any], float] | dict[Any, Callable[[float, float, Any], float]] | None = None,
         stream_overlap: float = 0.1, noise: float = 0.0, seed: int = 0, keys: Sequence[str] | None = None,
-        stall_ms: float = 0.0,
+        stall_ms: float = 0.0, sms: int = 132,
     ) -> None:  # fmt: skip
+        self.sms = sms
         self.lc_ms = list(lc_ms)
         self.fusible = list(fusible)
         self.keys = list(keys) if keys is not None else [f"k{i}" for i in range(len(lc_ms))]

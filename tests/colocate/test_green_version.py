@@ -1,0 +1,122 @@
+"""The ``green<S>`` version (the LC kernel on one SM partition, the BE slice on the disjoint rest): named and parsed
+like the other versions, refused by the one-launch fuser, the only version the profile measures for LC kernels
+that are not PTB GEMMs, taken by Aker for those kernels where it overlaps, and run by the CUDA backend with both
+results correct (in order on the CPU). On a GPU: the two partitions' SMs are disjoint and add up to the device."""
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kfuse.colocate import green as G
+from kfuse.colocate import ptb
+from kfuse.colocate import scheduler as S
+from kfuse.colocate.fuser import PRIO, TAIL, any_kernel, green, launch_args, parse_version
+from kfuse.colocate.lc import segment_key
+from kfuse.colocate.sim import h200_like, partition_law
+
+GPU = torch.cuda.is_available()
+
+
+def test_green_is_a_named_version_the_fuser_does_not_launch(device: str) -> None:
+    v = parse_version("green32")
+    assert v == green(32) and v.describe() == "green32" and v.r2 == 32
+    assert any_kernel(v) and not any_kernel(TAIL) and not any_kernel(PRIO) and not any_kernel((1, 2))
+    with pytest.raises(ValueError, match="SM count"):
+        parse_version("green")
+    with pytest.raises(ValueError, match="at least one SM"):
+        green(0)
+    a, b = torch.randn(8, 16, device=device).half(), torch.randn(16, 8, device=device).half()
+    gemm = ptb.gemm_kernel(a, b, torch.empty(8, 8, device=device).half())
+    with pytest.raises(ValueError, match="SM partitions"):
+        launch_args(gemm, (0, gemm.n_blocks), gemm, (0, gemm.n_blocks), v, sms=2)
+
+
+def test_run_partitioned_without_a_partition_runs_both_in_order() -> None:
+    order: list[str] = []
+    G.run_partitioned(None, lambda: order.append("lc"), lambda: order.append("be"))
+    assert order == ["lc", "be"]
+
+
+@pytest.mark.skipif(GPU, reason="the error without a GPU")
+def test_split_sms_without_a_gpu_says_why() -> None:
+    with pytest.raises(G.GreenContextError, match="no CUDA device"):
+        G.split_sms(16)
+
+
+def test_segment_keys_follow_ops_and_shapes() -> None:
+    x, y = torch.empty(4, 8), torch.empty(4, 16)
+    k = segment_key(("layer_norm", "add"), [x, None])
+    assert k.startswith("seg:layer_norm+add:")
+    assert segment_key(("layer_norm", "add"), [torch.empty(4, 8), None]) == k  # a repeated layer shares its key
+    assert segment_key(("layer_norm", "add"), [y, None]) != k
+    assert segment_key(("layer_norm",), [x, None]) != k
+
+
+def _sim_run(lc_slowdown: float, load: float = 0.8) -> tuple[dict[str, S.RunResult], S.Profile, float]:
+    """ResNet-50-shaped LC kernels and sgemm (0.03 ms launch cost) on the simulated GPU: the fused version overlaps
+    by -20%, the partition version gives the BE 32 of 132 SMs and costs the LC kernel ``lc_slowdown``."""
+    v = green(32)
+    sim = h200_like({(1, 2): -0.2, v: partition_law(32 / 132, lc_slowdown, 0.03)}, noise=0.0)
+    prof = S.build_profile(sim, ["sgemm"], [(1, 2), v], reps=1)
+    qos = 5 * prof.lc_total
+    rate = load * S.max_lc_rate(prof, qos)
+    arrivals = S.poisson_arrivals(rate, 300, 1)
+    extra = S.extra_budget(prof, qos, rate)
+    return {p: S.run_policy(sim, prof, p, arrivals, ["sgemm"], qos, extra_per_query_ms=extra) for p in ("timeshare", "aker")}, prof, qos
+
+
+def test_profile_measures_segments_with_the_green_version_only() -> None:
+    _, prof, _ = _sim_run(1.0)
+    seg_pairs = [pair for pair in prof.samples if pair[0].startswith("seg")]
+    gemm_pairs = [pair for pair in prof.samples if not pair[0].startswith("seg")]
+    assert seg_pairs and gemm_pairs
+    assert all(set(prof.samples[p]) == {green(32)} for p in seg_pairs)
+    assert all(set(prof.samples[p]) == {(1, 2), green(32)} for p in gemm_pairs)
+    # sampled around the BE partition's share of the SMs (32 / 132), where its slices are cheap, not at the fused
+    # versions' load ratios (0.25 to 4; a segment's smallest slice is one block and the 0.03 ms launch cost)
+    xs = [x for p in gemm_pairs for x, _ in prof.samples[p][green(32)]]
+    assert min(xs) < 0.2 and max(xs) < 1.0
+
+
+def test_aker_co_runs_segments_on_partitions_with_qos_kept() -> None:
+    r, _, qos = _sim_run(1.0)
+    ts, ak = r["timeshare"], r["aker"]
+    by_key = ak.summary()["fused_by_key"]
+    assert any(k.startswith("seg") and k.endswith("|green32") for k in by_key)  # the non-GEMM kernels co-ran too
+    assert all(k.endswith("|green32") for k in by_key)  # the fused version without overlap was never taken
+    assert ak.be_throughput >= 1.08 * ts.be_throughput  # 1.12 in this set-up (session 50)
+    assert ak.violations == 0 and ak.p99 <= qos
+
+
+def test_partitions_that_halve_the_lc_are_time_sharing() -> None:
+    r, _, _ = _sim_run(2.0)
+    assert r["aker"].fused_launches == 0
+    assert r["aker"].be_throughput >= 0.99 * r["timeshare"].be_throughput
+
+
+def test_green_through_the_backend_on_a_gemm_and_a_segment(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
+    t = gemm_lc_backend("histogram")
+    a, b, c, w, expect_be, backend = t.a, t.b, t.c, t.w, t.expect_be, t.backend
+    ran: list[int] = []
+    backend.segments[1] = lambda: ran.append(1)  # the segment: any LC kernel takes the green version
+    n = w.kernel.n_blocks
+    half = max(1, n // 2)
+    sms = max(1, backend.sms // 4)
+    backend.run_fused(0, "histogram", 0, half, green(sms))
+    backend.run_fused(1, "histogram", half, n, green(sms)) if half < n else backend.run_fused(1, "histogram", 0, 0, green(sms))
+    assert ran == [1]
+    assert torch.allclose(c.cpu().float(), a.cpu().float() @ b.cpu().float(), atol=1e-2, rtol=1e-2)
+    assert torch.equal(w.output(), expect_be)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a GPU")
+def test_partitions_are_disjoint_and_cover_the_device() -> None:
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    part = G.split_sms(32)
+    assert part.lc_sms + part.be_sms == total and part.be_sms >= 32
+    lc, be = G.sm_ids(part.lc_stream), G.sm_ids(part.be_stream)
+    assert len(lc) == part.lc_sms and len(be) == part.be_sms
+    assert not lc & be
