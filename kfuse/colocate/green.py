@@ -16,8 +16,8 @@ The price is the LC kernel's: it loses ``S`` SMs, which costs nothing where it h
 (BERT-base B8's GEMMs fill 48-192 128x128 tiles) and up to ``N / (N - S)`` where it fills every SM. The
 profile measures that price per LC kernel shape and split, like any fused version's (``version GREEN``).
 
-The partition comes from the driver (``cuDevSmResourceSplitByCount``: one group of ``N - S`` SMs for the LC,
-the remaining SMs for the BE, disjoint by construction) through ctypes, since PyTorch's ``GreenContext.create``
+The partition comes from the driver (``cuDevSmResourceSplitByCount``: one group of ``S`` SMs for the BE, the
+remaining SMs for the LC, disjoint by construction) through ctypes, since PyTorch's ``GreenContext.create``
 takes only a count and gives two contexts overlapping SMs. Green contexts need CUDA 12.4+ and a driver that
 exposes them; where they are missing ``split_sms`` raises ``GreenContextError`` saying why.
 """
@@ -115,16 +115,18 @@ def split_sms(be_sms: int, device: int | None = None) -> SmPartition:
     _check(lib, lib.cuDeviceGetDevResource(dev, ctypes.byref(whole), CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource")
     if whole.sm_count != total:  # the layout assumption above, checked against what PyTorch reports
         raise GreenContextError(f"unexpected CUdevResource layout: SM count {whole.sm_count}, device has {total}")
-    lc_res, rest = _Resource(), _Resource()
+    # the BE's group is the one the split sizes (the driver rounds a count up to its granularity, 8 SMs on sm_90, so
+    # a multiple of 8 stays exact); the LC takes what remains
+    be_res, rest = _Resource(), _Resource()
     groups = ctypes.c_uint(1)
     ref = ctypes.byref
-    rc = lib.cuDevSmResourceSplitByCount(ref(lc_res), ref(groups), ref(whole), ref(rest), 0, total - be_sms)
-    _check(lib, rc, f"cuDevSmResourceSplitByCount({total - be_sms} of {total} SMs)")
-    if groups.value != 1 or lc_res.sm_count + rest.sm_count != total or rest.sm_count == 0:
-        raise GreenContextError(f"split of {total} SMs gave {groups.value} group(s) of {lc_res.sm_count} and {rest.sm_count} remaining")
-    lc_stream, lc_ctx = _green_stream(lib, lc_res, dev, torch.cuda.Stream.priority_range()[1])  # the most urgent
-    be_stream, be_ctx = _green_stream(lib, rest, dev, 0)
-    return SmPartition(lc_res.sm_count, rest.sm_count, lc_stream, be_stream, dev_index, [lc_ctx, be_ctx, lib])
+    rc = lib.cuDevSmResourceSplitByCount(ref(be_res), ref(groups), ref(whole), ref(rest), 0, be_sms)
+    _check(lib, rc, f"cuDevSmResourceSplitByCount({be_sms} of {total} SMs)")
+    if groups.value != 1 or be_res.sm_count + rest.sm_count != total or rest.sm_count == 0:
+        raise GreenContextError(f"split of {total} SMs gave {groups.value} group(s) of {be_res.sm_count} and {rest.sm_count} remaining")
+    lc_stream, lc_ctx = _green_stream(lib, rest, dev, torch.cuda.Stream.priority_range()[1])  # the most urgent
+    be_stream, be_ctx = _green_stream(lib, be_res, dev, 0)
+    return SmPartition(rest.sm_count, be_res.sm_count, lc_stream, be_stream, dev_index, [lc_ctx, be_ctx, lib])
 
 
 _PARTITIONS: dict[tuple[int, int], SmPartition] = {}
