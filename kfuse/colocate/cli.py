@@ -33,6 +33,11 @@ def run(
     aim: str = typer.Option("priced", help="where Aker aims its fused slices: priced (E from the allowance), average, marginal"),
     aims: str = typer.Option("", help="also run Aker with its fused slices aimed by these rules (comma-separated)"),
     knee_samples: int = typer.Option(0, help="extra profile samples inside each fused curve's first wave step (0: off)"),
+    versions: str = typer.Option(
+        "",
+        help="co-location versions to profile (comma-separated; empty: 1:1,1:2,2:1,1:3): LC:BE program ratios, tail, tailsm, "
+        "prio, green<S> (the BE on S SMs of its own, the LC kernel on the rest; any LC kernel)",
+    ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time-sharing, streams and Aker fusion."""
@@ -73,13 +78,21 @@ def run(
     aim_rules = [r.strip() for r in aims.split(",") if r.strip()]
     if any(r not in AIM_RULES for r in (aim, *aim_rules)):
         raise typer.BadParameter(f"--aim / --aims: choose from {', '.join(AIM_RULES)}")
+    from kfuse.colocate.fuser import DEFAULT_VERSIONS, parse_version
+
+    try:
+        chosen = tuple(parse_version(v) for v in versions.split(",") if v.strip()) or DEFAULT_VERSIONS
+    except ValueError as e:
+        raise typer.BadParameter(f"--versions: {e}") from e
     # on the GPU, solo and the max rate are measured on the backend's own clock (calibrate)
     res = experiment.run_experiment(gpu, be_names, qos_ms or None, qos_factor, load, seconds, seed=seed, sequences=sequences,
-                                    calibrate=use_cuda, aim=aim, aims=aim_rules, knee_samples=knee_samples)  # fmt: skip
+                                    calibrate=use_cuda, aim=aim, aims=aim_rules, knee_samples=knee_samples,
+                                    versions=chosen)  # fmt: skip
     cmd = f"kfuse colocate run --lc {lc} --be {be} --qos-ms {qos_ms} --load {load} --seconds {seconds} --backend {backend}"
     cmd += f" --sequences {sequences}" if sequences > 1 else ""
     cmd += f" --aim {aim}" + (f" --aims {aims}" if aim_rules else "")
     cmd += f" --knee-samples {knee_samples}" if knee_samples else ""
+    cmd += f" --versions {versions}" if versions else ""
     recs = experiment.records(res, lc, cmd)
     for r in recs:
         r["backend"] = "cuda" if use_cuda else "sim"

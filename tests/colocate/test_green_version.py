@@ -120,3 +120,31 @@ def test_partitions_are_disjoint_and_cover_the_device() -> None:
     lc, be = G.sm_ids(part.lc_stream), G.sm_ids(part.be_stream)
     assert len(lc) == part.lc_sms and len(be) == part.be_sms
     assert not lc & be
+
+
+def test_cli_takes_green_versions(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """``kfuse colocate run --versions green32,1:2`` reaches the profile; a bad version is refused with the reason."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+    from kfuse.colocate import experiment
+
+    seen = {}
+    real = experiment.run_experiment
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "run_experiment", spy)
+    args = ["colocate", "run", "--lc", "mlp-tiny", "--be", "histogram", "--backend", "sim", "--seconds", "0.05",
+            "--versions", "green32,1:2", "--out", str(tmp_path)]  # fmt: skip
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert seen["versions"] == (green(32), parse_version("1:2"))
+    recs = json.loads((tmp_path / "colocate.json").read_text())
+    assert recs and all(rec["command"].endswith("--versions green32,1:2") for rec in recs)
+    bad = CliRunner().invoke(app, [*args[:-4], "green", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "--versions" in bad.output
