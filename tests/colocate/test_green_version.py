@@ -146,5 +146,5 @@ def test_cli_takes_green_versions(tmp_path, monkeypatch) -> None:  # noqa: ANN00
     assert seen["versions"] == (green(32), parse_version("1:2"))
     recs = json.loads((tmp_path / "colocate.json").read_text())
     assert recs and all(rec["command"].endswith("--versions green32,1:2") for rec in recs)
-    bad = CliRunner().invoke(app, [*args[:-4], "green", "--out", str(tmp_path)])
-    assert bad.exit_code != 0 and "--versions" in bad.output
+    bad = CliRunner().invoke(app, [*args[:-3], "green", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "SM count" in bad.output
