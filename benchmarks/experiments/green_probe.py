@@ -74,7 +74,7 @@ def main() -> None:
             from kfuse.colocate.green import _record_smid, context_independent
 
             out = torch.zeros(64, dtype=torch.int32, device="cuda")
-            ck = _record_smid[(64,)](out, SPIN=10)
+            ck = _record_smid[(64,)](out, SPIN=20000)  # the specialisation sm_ids launches
             context_independent(ck)
             rec["triton_on_green_stream_cuLibrary"] = len(sm_ids(p0.be_stream))
         except Exception as e2:  # noqa: BLE001
