@@ -33,6 +33,12 @@ def main() -> None:
         help="versions to profile: LC:BE ratios (1:2, 1:2il interleaved), tail / tailsm (tail fill), "
         "prio (two kernels on prioritized streams)",
     )
+    ap.add_argument(
+        "--policies",
+        default="",
+        help="policies to run (comma-separated; empty: all of lc_alone, timeshare, streams, aker, "
+        "partition; partition runs only with a green<S> version)",
+    )
     ap.add_argument("--max-keys", type=int, default=8, help="fuse only the LC GEMM/conv shapes with the most time")
     ap.add_argument(
         "--load", type=float, default=0.8, help="LC arrival rate as a fraction of the highest rate at which LC alone meets QoS at p99"
@@ -116,6 +122,7 @@ def main() -> None:
                 min_queries=100 if gpu else 8, max_queries=600 if gpu else 8,
                 fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
                 sequences=a.sequences, aim=a.aim, aims=[r for r in a.aims.split(",") if r], knee_samples=a.knee_samples,
+                **({"policies": [p for p in a.policies.split(",") if p]} if a.policies else {}),
             )  # fmt: skip
             recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
             for r in recs:

@@ -109,6 +109,7 @@ class CudaBackend(Backend):
         self.lc_grid = lc_programs_per_sm * self.sms
         self.be_grid = be_programs_per_sm * self.sms
         self.launches = 0
+        self._queries: dict[int, Callable[[], Any]] = {}  # BE SM count -> the whole query as one graph (run_span)
         self.prio: PrioStreams | None = None
         if torch.cuda.is_available():
             self.s1, self.s2 = torch.cuda.Stream(), torch.cuda.Stream()
@@ -148,6 +149,36 @@ class CudaBackend(Backend):
             k, grid = it.kernel, max(1, self.lc_grid // self.sms * sms)
             return lambda: launch_ptb(k, 0, k.n_blocks, grid)
         return self.segments[i]
+
+    def _query_on(self, be_sms: int) -> Callable[[], None]:
+        """The whole query's LC kernels back to back for the SMs a ``be_sms`` partition leaves (0: the whole GPU), as
+        one CUDA graph, so its window holds GPU time and one launch to enqueue (86 Python launches would outlast the
+        pre-roll); segments captured from their steps, not nested graphs."""
+        if be_sms not in self._queries:
+            part = self._partition(be_sms) if be_sms else None
+            sms = part.lc_sms if part is not None else self.sms
+            fns = [self._lc_on(i, sms) if it.kernel is not None else it.run for i, it in enumerate(self.items)]
+            self._queries[be_sms] = graphed(lambda: [f() for f in fns])
+        return self._queries[be_sms]
+
+    def run_span(self, be: str, start: int, end: int, be_sms: int) -> float:
+        self.launches += 1
+        query = self._query_on(be_sms)
+        if not be_sms:
+            return timed(query)
+        part = self._partition(be_sms)
+        bk = self.be[be].kernel
+        grid = self.be_grid // self.sms * (part.be_sms if part is not None else self.sms)  # persistent on its SMs
+
+        def slice_() -> None:  # past the kernel's last block the slice runs on into the job's next instances
+            lo, left = start, end - start
+            while left > 0:
+                hi = min(bk.n_blocks, lo + left)
+                launch_ptb(bk, lo, hi, grid)
+                left -= hi - lo
+                lo = 0
+
+        return timed(lambda: run_partitioned(part, query, slice_), retime=self.be[be].idempotent)
 
     def run_fused(self, i: int, be: str, start: int, end: int, version: Any) -> float:
         it = self.items[i]

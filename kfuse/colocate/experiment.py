@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from kfuse.colocate import predictor
-from kfuse.colocate.fuser import DEFAULT_VERSIONS
+from kfuse.colocate.fuser import DEFAULT_VERSIONS, any_kernel
 from kfuse.colocate.scheduler import (
     POLICIES,
     Backend,
@@ -83,8 +83,11 @@ def run_experiment(
         raise ValueError(f"unknown aim rule(s) {bad}: choose from {predictor.AIM_RULES}")
     log(f"profiling {len(backend.lc_kernels())} LC kernels with BE {', '.join(be_names)} ...")
     kw = {"fit_ratios": fit_ratios} if fit_ratios else {}
+    # an SM-partition version (green<S>) also profiles whole-query partitions of S SMs for the ``partition`` policy
+    span_sms = sorted({v.r2 for v in versions if any_kernel(v)})
     prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, max_fuse_keys=max_fuse_keys,
-                         knee_samples=knee_samples, **kw)  # fmt: skip
+                         knee_samples=knee_samples, span_sms=span_sms, **kw)  # fmt: skip
+    policies = [p for p in policies if p != "partition" or prof.spans]
     solo_profile = prof.lc_total
     if calibrate:  # the solo latency as the policies' clock measures it; LC kernel times scaled to match
         solo_measured = measured_solo_ms(backend, prof)

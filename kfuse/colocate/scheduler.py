@@ -9,6 +9,10 @@ LC queries arrive as a Poisson process on the same clock. Policies:
   query only when the predicted BE time fits every waiting query's QoS slack.
 * ``streams``   — plain concurrent streams: every LC kernel is co-launched with the next whole BE
   kernel, no QoS awareness.
+* ``partition`` — time sharing plus SM partitions across a whole query: when a query starts, its LC kernels run
+  back to back on ``N - S`` SMs while a BE slice runs on the other ``S`` (green contexts, ``green.py``), the slice
+  sized so the query's predicted extra time fits the headroom and costs less than time sharing those blocks; one
+  BE launch a query, not one per LC kernel, so its launch cost is paid once. Everything else is ``timeshare``.
 * ``aker``      — time sharing plus fusion. A fusible LC kernel runs fused with a BE slice sized to
   the pair's opportune load ratio only where fusing beats time sharing those blocks: the pair's
   *measured* overlap passes ``min_overlap`` and the pessimistic fused extra time (prediction x
@@ -36,7 +40,7 @@ from kfuse.colocate.fuser import any_kernel
 from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, SampleModel, error_summary, relative_errors
 from kfuse.colocate.selector import MIN_OVERLAP, Selection, plan_fusion, select_version
 
-POLICIES = ("lc_alone", "timeshare", "streams", "aker")
+POLICIES = ("lc_alone", "timeshare", "streams", "aker", "partition")
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,12 @@ class Backend:
         """LC kernel i and BE blocks [start, end) launched on two streams; time until both are done."""
         raise NotImplementedError
 
+    def run_span(self, be: str, start: int, end: int, be_sms: int) -> float:
+        """A whole query's LC kernels back to back on the SMs a ``be_sms`` partition leaves, BE blocks [start, end) on
+        the other ``be_sms`` at the same time; time until both are done. ``be_sms`` 0: the query alone on the whole GPU
+        in the same form (the reference its partitioned windows are read against)."""
+        raise NotImplementedError
+
 
 # ---- profile: everything the scheduler predicts with ---------------------------------------------
 
@@ -86,6 +96,10 @@ class Profile:
     # measured (x = T_be/T_lc, T_fused/T_lc) of every profiled launch, fit and held-out: what selection trusts
     samples: dict[tuple[str, str], dict[Any, list[tuple[float, float]]]] = field(default_factory=dict)
     min_overlap: float = MIN_OVERLAP
+    # whole-query SM partitions: (BE, S) -> [(BE blocks, window ms)] with blocks 0 first; span_solo_ms: the query's
+    # window alone in the same form. A window w counts on the policies' clock as lc_total x w / span_solo_ms.
+    spans: dict[tuple[str, int], list[tuple[int, float]]] = field(default_factory=dict)
+    span_solo_ms: float = 0.0
 
     @property
     def lc_total(self) -> float:
@@ -220,10 +234,12 @@ def build_profile(
     backend: Backend, be_names: Sequence[str], versions: Sequence[Any], reps: int = 3, min_fuse_ms: float = 0.0,
     fit_ratios: Sequence[float] = FIT_RATIOS, heldout_ratios: Sequence[float] = HELDOUT_RATIOS, log: Any = None,
     max_fuse_keys: int | None = None, min_overlap: float = MIN_OVERLAP, knee_samples: int = KNEE_SAMPLES,
+    span_sms: Sequence[int] = (),
 ) -> Profile:  # fmt: skip
     """Measure solo LC times, fit BE linear models and fused two-stage models, then report held-out errors.
     ``max_fuse_keys``: profile fused versions only for the LC kernel shapes with the most total time
-    (each profiled shape x BE x version is one more kernel to compile); the others run unfused."""
+    (each profiled shape x BE x version is one more kernel to compile); the others run unfused. ``span_sms``: BE SM
+    counts of the whole-query partitions to profile (``profile_spans``, for the ``partition`` policy)."""
 
     def med(f: Any) -> float:
         f()  # untimed first call: JIT compilation of a new kernel must not count as its duration
@@ -311,10 +327,70 @@ def build_profile(
         if log:
             log(f"  profiled LC kernel {lc[i].name} ({key}, {t_lc:.4f} ms) with {', '.join(be_names)}")
     prof = Profile(lc_ms, lc, be_models, be_blocks, fused, samples=samples, min_overlap=min_overlap)
+    if span_sms:
+        profile_spans(prof, backend, be_names, span_sms, med, fresh, log)
     prof.heldout = {"be_linear": error_summary(lin_err), "fused_two_stage": error_summary(fused_err),
                     "fused_samples_loo": error_summary(sample_err)}  # fmt: skip
     prof.choose()
     return prof
+
+
+SPAN_FILL = (0.5, 0.75, 1.0, 1.25, 1.5)  # slices as fractions of what the BE partition does in a solo query's time
+SPAN_MAX_KERNELS = 8  # a span's slice covers at most this many instances of its BE job
+SPAN_MARGIN = 0.02  # a span's predicted window is read 2% long: one interpolated sample (windows of one query repeat within ~1-2%)
+
+
+def profile_spans(
+    prof: Profile, backend: Backend, be_names: Sequence[str], span_sms: Sequence[int], med: Any, fresh: Any, log: Any = None
+) -> None:
+    """Whole-query partition windows: the query alone (``span_solo_ms``), then per BE kernel and BE SM count the query
+    with no slice and with slices around the blocks the partition would run in the query's time at the BE's
+    whole-GPU rate scaled by its share of the SMs (``SPAN_FILL``)."""
+    if not be_names:
+        return
+    prof.span_solo_ms = med(lambda: backend.run_span(be_names[0], 0, 0, 0))
+    sms = getattr(backend, "sms", None) or 0
+    for b in be_names:
+        for s in span_sms:
+            share = s / sms if sms else 0.25
+            fill = prof.be[b].blocks_for(share * prof.span_solo_ms)
+            # past one BE kernel's blocks a slice runs into the next instances of the same job (short BE kernels)
+            counts = sorted({0} | {min(SPAN_MAX_KERNELS * prof.be_blocks[b], max(1, int(f * fill))) for f in SPAN_FILL})
+            prof.spans[(b, s)] = [(n, med(lambda n=n: backend.run_span(b, *fresh(b, n), s))) for n in counts]
+            if log:
+                pts = ", ".join(f"{n} blocks {t:.4f}" for n, t in prof.spans[(b, s)])
+                log(f"  span {b} on {s} SMs (query alone {prof.span_solo_ms:.4f} ms): {pts}")
+
+
+@dataclass(frozen=True)
+class SpanPlan:
+    be_sms: int
+    blocks: int
+    clock_ms: float  # the predicted window on the policies' clock (lc_total units), pessimistic
+    gain_ms: float  # BE solo time of the blocks less the query's predicted extra time
+
+
+def span_plan(prof: Profile, be: str, blocks_left: int, headroom: float, run_on: bool = True) -> SpanPlan | None:
+    """The partition and slice for a query starting now: among the profiled slices, the one with the largest gain (the
+    blocks' solo time less the extra the query takes) whose pessimistic extra fits ``headroom``; None where none
+    gains. With ``run_on`` a slice longer than the ``blocks_left`` of the head BE kernel runs on into its job's next
+    instances; without, slices are cut to ``blocks_left``."""
+    if prof.span_solo_ms <= 0:
+        return None
+    scale = prof.lc_total / prof.span_solo_ms
+    best: SpanPlan | None = None
+    for (b, s), pts in prof.spans.items():
+        if b != be or len(pts) < 2:
+            continue
+        ns, ts = [p[0] for p in pts], [p[1] for p in pts]
+        cands = {n for n in ns if n > 0} if run_on else {min(n, blocks_left) for n in ns if n > 0}
+        for n in sorted(cands | ({blocks_left} if 0 < blocks_left < max(ns) else set())):
+            clock = float(np.interp(n, ns, ts)) * scale * (1.0 + SPAN_MARGIN)
+            extra = clock - prof.lc_total
+            gain = prof.be[be].b * n - max(0.0, extra)
+            if extra < headroom and gain > 0 and (best is None or gain > best.gain_ms):
+                best = SpanPlan(s, n, clock, gain)
+    return best
 
 
 # ---- the run --------------------------------------------------------------------------------------
@@ -573,6 +649,31 @@ def run_policy(
         else:
             item = be_queue[0]
             b, left = item[0], item[2] - item[1]
+        if policy == "partition" and i == 0:
+            sp = span_plan(prof, b, left, headroom(), run_on=all(x[0] == b for x in be_queue))
+            decide("span" if sp is not None else "no_span")
+            if sp is not None:
+                t = timed_call(backend.run_span, b, item[1], item[1] + sp.blocks, sp.be_sms)
+                clock = t * prof.lc_total / prof.span_solo_ms  # the policies' clock counts kernel windows, not graph gaps
+                res.fused_launches += 1
+                res.fused_ms += clock
+                res.fused_gain_ms += prof.be[b].b * sp.blocks - (clock - prof.lc_total)
+                res.online_errors.append(abs(sp.clock_ms / (1.0 + SPAN_MARGIN) - clock) / clock)
+                acc = res.fused_by_key.setdefault(f"query|{b}|span{sp.be_sms}", [0.0] * 5)
+                for j, v in enumerate((1.0, prof.be[b].predict(sp.blocks) / prof.lc_total, sp.clock_ms / prof.lc_total,
+                                       clock / prof.lc_total, prof.be[b].b * sp.blocks - (clock - prof.lc_total))):  # fmt: skip
+                    acc[j] += v
+                done = 0
+                while done < sp.blocks:  # the head kernel's rest, then the job's next instances (be_done queues them)
+                    head = be_queue[0]
+                    n = min(sp.blocks - done, head[2] - head[1])
+                    be_done(head, n)
+                    done += n
+                now += clock
+                q[2] += max(0.0, clock - prof.lc_total)
+                q[1] = n_lc - 1
+                lc_done(q)
+                continue
         hold = 0.0  # headroom the time-sharing step leaves to this query's later fusions (Aker only)
         if policy == "aker":
             hr = headroom()
@@ -601,7 +702,7 @@ def run_policy(
                     continue
             hold = reserve(b, i + 1)
         # the time-sharing step (Aker's too): the rest of the head BE kernel if its predicted time fits the headroom
-        if policy in ("timeshare", "aker") and prof.be[b].predict(left) < headroom() - hold:
+        if policy in ("timeshare", "aker", "partition") and prof.be[b].predict(left) < headroom() - hold:
             run_rest(item, q)
             continue
         if policy == "streams":

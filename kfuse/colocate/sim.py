@@ -58,9 +58,10 @@ class SimGPU(Backend):
         self, lc_ms: Sequence[float], fusible: Sequence[bool], be: dict[str, tuple[float, float, int]],
         fused_law: Callable[[float, float, Any], float] | dict[Any, Callable[[float, float, Any], float]] | None = None,
         stream_overlap: float = 0.1, noise: float = 0.0, seed: int = 0, keys: Sequence[str] | None = None,
-        stall_ms: float = 0.0, sms: int = 132,
+        stall_ms: float = 0.0, sms: int = 132, span_slowdown: dict[int, float] | None = None,
     ) -> None:  # fmt: skip
         self.sms = sms
+        self.span_slowdown = dict(span_slowdown or {})  # BE SM count -> the whole query's slowdown on the rest
         self.lc_ms = list(lc_ms)
         self.fusible = list(fusible)
         self.keys = list(keys) if keys is not None else [f"k{i}" for i in range(len(lc_ms))]
@@ -114,6 +115,18 @@ class SimGPU(Backend):
         self.launches.append(("fused", (i, be, start, end, version)))
         law = (self.law.get((self.keys[i], version)) or self.law[version]) if isinstance(self.law, dict) else self.law
         return self._n(law(self.lc_ms[i], self.be_time(be, end - start), version)) + self._stall("fused", be, version, start, end)
+
+    def run_span(self, be: str, start: int, end: int, be_sms: int) -> float:
+        """The query on ``sms - be_sms`` SMs (``span_slowdown``) beside the blocks on ``be_sms`` (their launch cost once,
+        the rest at the partition's share of the whole GPU's rate); the later of the two."""
+        self.launches.append(("span", (be, start, end, be_sms)))
+        t_lc = sum(self.lc_ms) * (self.span_slowdown.get(be_sms, 1.0) if be_sms else 1.0)
+        if not be_sms or end <= start:
+            return self._n(t_lc)
+        a, n_blocks = self.be[be][0], self.be[be][2]
+        launches = 1 + max(0, end - 1) // n_blocks - start // n_blocks  # past a kernel's blocks: the job's next instances
+        t_be = launches * a + (self.be_time(be, end - start) - a) * self.sms / be_sms
+        return self._n(max(t_lc, t_be)) + self._stall("span", be, start, end)
 
     def run_concurrent(self, i: int, be: str, start: int, end: int) -> float:
         self.launches.append(("streams", (i, be, start, end)))

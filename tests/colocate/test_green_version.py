@@ -14,7 +14,7 @@ from kfuse.colocate import ptb
 from kfuse.colocate import scheduler as S
 from kfuse.colocate.fuser import PRIO, TAIL, any_kernel, green, launch_args, parse_version
 from kfuse.colocate.lc import segment_key
-from kfuse.colocate.sim import h200_like, partition_law
+from kfuse.colocate.sim import SimGPU, h200_like, partition_law
 
 GPU = torch.cuda.is_available()
 
@@ -148,3 +148,79 @@ def test_cli_takes_green_versions(tmp_path, monkeypatch) -> None:  # noqa: ANN00
     assert recs and all(rec["command"].endswith("--versions green32,1:2") for rec in recs)
     bad = CliRunner().invoke(app, [*args[:-3], "green", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "SM count" in bad.output
+
+
+def _bert_like(be_sms: int, slowdown: float) -> SimGPU:
+    """BERT-base B8 S128 as session 9 profiled it (49 GEMMs, 37 segments, 1.1 ms) with sgemm (4.7 us launch cost); the
+    whole query on the SMs a ``be_sms`` partition leaves takes ``slowdown`` x its time."""
+    from kfuse.colocate.sim import H200_S9_BERT_GEMMS as G
+    from kfuse.colocate.sim import H200_S9_BERT_POOLER as P
+    from kfuse.colocate.sim import H200_S9_BERT_SOLO_MS as SOLO
+
+    seg = (SOLO - 12 * sum(G.values()) - P[1]) / 37
+    lc, fus, keys = [], [], []
+    for _ in range(12):
+        for k, t in G.items():
+            lc += [t, seg]
+            fus += [True, False]
+            keys += [k, f"seg{k}"]
+    lc += [P[1]] + [seg] * 13
+    fus += [True] + [False] * 13
+    keys += [P[0]] + ["segx"] * 13
+    return SimGPU(lc, fus, {"sgemm": (0.0047, 15.6e-6, 16384)}, fused_law=partition_law(be_sms / 132, 1.0, 0.0047), keys=keys,
+                  noise=0.03, span_slowdown={be_sms: slowdown})  # fmt: skip
+
+
+def _partition_run(be_sms: int, slowdown: float) -> tuple[dict[str, S.RunResult], S.Profile, float]:
+    sim = _bert_like(be_sms, slowdown)
+    prof = S.build_profile(sim, ["sgemm"], [green(be_sms)], reps=1, span_sms=[be_sms])
+    qos = 5 * prof.lc_total
+    rate = 0.8 * S.max_lc_rate(prof, qos)
+    arrivals = S.poisson_arrivals(rate, 300, 1)
+    extra = S.extra_budget(prof, qos, rate)
+    runs = {p: S.run_policy(sim, prof, p, arrivals, ["sgemm"], qos, extra_per_query_ms=extra) for p in ("timeshare", "partition")}
+    return runs, prof, qos
+
+
+def test_partition_policy_runs_be_beside_whole_queries_with_qos_kept() -> None:
+    r, prof, qos = _partition_run(48, 1.0)
+    ts, pa = r["timeshare"], r["partition"]
+    assert prof.span_solo_ms > 0 and prof.spans[("sgemm", 48)][0][0] == 0  # the query alone, then slices
+    assert max(n for n, _ in prof.spans[("sgemm", 48)]) > prof.be_blocks["sgemm"]  # slices run on into next instances
+    assert pa.decisions.get("span", 0) > 0.9 * len(pa.latencies_ms)
+    assert pa.be_throughput >= 1.25 * ts.be_throughput  # +32% in this set-up (session 50)
+    assert pa.violations == 0 and pa.p99 <= qos
+    assert pa.be_units == pytest.approx(ts.be_units * pa.be_throughput / ts.be_throughput, rel=0.05)
+
+
+def test_partition_that_slows_the_query_past_its_allowance_is_time_sharing() -> None:
+    r, _, _ = _partition_run(48, 1.3)
+    assert r["partition"].decisions.get("span", 0) == 0
+    assert r["partition"].be_throughput == pytest.approx(r["timeshare"].be_throughput, rel=0.02)
+
+
+def test_span_plan_cuts_slices_to_the_head_kernel_when_other_jobs_wait() -> None:
+    _, prof, _ = _partition_run(48, 1.0)
+    on = S.span_plan(prof, "sgemm", 5000, 1.0, run_on=True)
+    cut = S.span_plan(prof, "sgemm", 5000, 1.0, run_on=False)
+    assert on is not None and on.blocks > 5000 and cut is not None and cut.blocks == 5000
+    assert S.span_plan(prof, "sgemm", 5000, 0.0) is None  # no headroom: no span
+    assert S.span_plan(prof, "sgemm", 100, 1.0, run_on=False) is None  # 1.6 us of BE work does not pay the 2% margin
+
+
+def test_run_span_runs_the_query_and_the_slice_into_the_next_instance(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
+    t = gemm_lc_backend("histogram")
+    a, b, c, w, expect_be, backend = t.a, t.b, t.c, t.w, t.expect_be, t.backend
+    ran: list[int] = []
+    backend.items[1].run = lambda: ran.append(1)  # the segment, as the query's graph runs it (from its steps)
+    n = w.kernel.n_blocks
+    sms = max(1, backend.sms // 4)
+    backend.run_span("histogram", 0, n, 0)  # the query alone: no BE work (the histogram stays zeroed)
+    assert int(torch.count_nonzero(w.output())) == 0
+    backend.run_span("histogram", 0, n, sms)  # the query beside one whole kernel's blocks
+    assert ran == [1, 1]
+    assert torch.allclose(c.cpu().float(), a.cpu().float() @ b.cpu().float(), atol=1e-2, rtol=1e-2)
+    assert torch.equal(w.output(), expect_be)
+    w.reset()
+    backend.run_span("histogram", n // 2, n // 2 + 2 * n, sms)  # the rest of one instance, a whole one, half of a third
+    assert torch.equal(w.output(), 2 * expect_be)  # every block counted exactly twice over the three launches
