@@ -6,10 +6,10 @@
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/g" "$OUT/c"
-PYTHONPATH=. timeout 90 python benchmarks/experiments/green_probe.py --out "$OUT/g" --be sgemm --be-sms 32,48 2>&1 \
+PYTHONPATH=. timeout 60 python benchmarks/experiments/green_probe.py --out "$OUT/g" --be sgemm --be-sms 32,48 2>&1 \
   | grep -v Warning | tee "$OUT/g/probe.log" | tail -25
 if grep -q '"partitions"' "$OUT/g/green_probe.json" 2>/dev/null; then
-  PYTHONPATH=. timeout "${COLO_S:-400}" python benchmarks/colocate_bench.py --out "$OUT/c" --lc bert-base --be sgemm,lbm \
+  PYTHONPATH=. timeout "${COLO_S:-400}" python benchmarks/colocate_bench.py --out "$OUT/c" --lc bert-base --be sgemm \
     --versions green32,green48 --policies lc_alone,timeshare,partition --max-keys 24 --seconds 0.5 2>&1 \
     | grep -v Warning | tee "$OUT/c/colocate.log" | tail -45
 fi
