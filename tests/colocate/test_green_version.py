@@ -211,14 +211,16 @@ def test_span_plan_cuts_slices_to_the_head_kernel_when_other_jobs_wait() -> None
 def test_run_span_runs_the_query_and_the_slice_into_the_next_instance(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
     t = gemm_lc_backend("histogram")
     a, b, c, w, expect_be, backend = t.a, t.b, t.c, t.w, t.expect_be, t.backend
-    ran: list[int] = []
-    backend.items[1].run = lambda: ran.append(1)  # the segment, as the query's graph runs it (from its steps)
+    runs = torch.zeros(1, device=a.device)
+    backend.items[1].run = lambda: runs.add_(1)  # the segment, as the query's graph runs it (from its steps)
     n = w.kernel.n_blocks
     sms = max(1, backend.sms // 4)
     backend.run_span("histogram", 0, n, 0)  # the query alone: no BE work (the histogram stays zeroed)
     assert int(torch.count_nonzero(w.output())) == 0
+    before = float(runs)
     backend.run_span("histogram", 0, n, sms)  # the query beside one whole kernel's blocks
-    assert ran == [1, 1]
+    # the segment ran in each span (on a GPU the query is one CUDA graph: its capture's warm-up runs it too)
+    assert before >= 1 and float(runs) >= before + 1
     assert torch.allclose(c.cpu().float(), a.cpu().float() @ b.cpu().float(), atol=1e-2, rtol=1e-2)
     assert torch.equal(w.output(), expect_be)
     w.reset()
