@@ -177,23 +177,3 @@ def sm_ids(stream: torch.cuda.Stream, programs: int = 4096, spin: int = 20000) -
         _record_smid[(programs,)](out, SPIN=spin)
     stream.synchronize()
     return set(out.tolist())
-
-
-def context_independent(ck: Any) -> None:
-    """Point a Triton ``CompiledKernel`` at a context-independent handle of its cubin (``cuLibraryLoadData`` /
-    ``cuLibraryGetKernel``: a ``CUkernel`` serves as a ``CUfunction`` in every context of the device, green ones
-    included), for a driver that refuses a primary-context module's function on a green context's stream."""
-    lib = _driver()
-    ck._init_handles()
-    library, kernel = ctypes.c_void_p(), ctypes.c_void_p()
-    cubin = ck.asm["cubin"]
-    rc = lib.cuLibraryLoadData(ctypes.byref(library), ctypes.c_char_p(cubin), None, None, 0, None, None, 0)
-    _check(lib, rc, "cuLibraryLoadData")
-    _check(lib, lib.cuLibraryGetKernel(ctypes.byref(kernel), library, ck.name.encode()), "cuLibraryGetKernel")
-    shared = int(ck.metadata.shared)
-    if shared > 48 * 1024:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8, as Triton sets on its own handle
-        dev = ctypes.c_int()
-        _check(lib, lib.cuDeviceGet(ctypes.byref(dev), torch.cuda.current_device()), "cuDeviceGet")
-        _check(lib, lib.cuKernelSetAttribute(8, shared, kernel, dev), "cuKernelSetAttribute")
-    ck._kfuse_library = library  # kept alive with the kernel
-    ck.function = kernel.value
