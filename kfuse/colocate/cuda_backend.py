@@ -12,7 +12,7 @@ import torch
 from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, FusedVersion, launch_fused
 from kfuse.colocate.green import SmPartition, partition, run_partitioned
 from kfuse.colocate.lc import LCItem
-from kfuse.colocate.prio import PrioStreams, run_prio
+from kfuse.colocate.prio import PrioStreams, run_beside, run_prio
 from kfuse.colocate.ptb import launch_ptb, num_sms
 from kfuse.colocate.scheduler import Backend, LCKernel
 from kfuse.colocate.workloads import Workload
@@ -210,15 +210,6 @@ class CudaBackend(Backend):
         if not torch.cuda.is_available():
             return timed(lambda: (lc(), launch_ptb(k, start, end, self.be_grid)), retime=self.be[be].idempotent)
 
-        def both() -> None:
-            cur = torch.cuda.current_stream()
-            self.s1.wait_stream(cur)
-            self.s2.wait_stream(cur)
-            with torch.cuda.stream(self.s2):
-                launch_ptb(k, start, end, self.be_grid)
-            with torch.cuda.stream(self.s1):
-                lc()
-            cur.wait_stream(self.s1)
-            cur.wait_stream(self.s2)
-
-        return timed(both, retime=self.be[be].idempotent)
+        # the whole BE kernel's blocks first (plain streams: no priority), then the LC kernel
+        grid = self.be_grid
+        return timed(lambda: run_beside(self.s2, lambda: launch_ptb(k, start, end, grid), self.s1, lc), retime=self.be[be].idempotent)

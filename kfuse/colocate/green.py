@@ -14,7 +14,7 @@ and a BE block can never sit on an LC SM. Two things follow that no fused versio
 
 The price is the LC kernel's: it loses ``S`` SMs, which costs nothing where it has fewer programs than SMs
 (BERT-base B8's GEMMs fill 48-192 128x128 tiles) and up to ``N / (N - S)`` where it fills every SM. The
-profile measures that price per LC kernel shape and split, like any fused version's (``version GREEN``).
+profile measures that price per LC kernel shape and split, like any fused version's (the ``green<S>`` versions).
 
 The partition comes from the driver (``cuDevSmResourceSplitByCount``: one group of ``S`` SMs for the BE, the
 remaining SMs for the LC, disjoint by construction) through ctypes, since PyTorch's ``GreenContext.create``
@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+
+from kfuse.colocate.prio import run_beside
 
 CU_DEV_RESOURCE_TYPE_SM = 1
 CU_GREEN_CTX_DEFAULT_STREAM = 0x1
@@ -148,15 +150,7 @@ def run_partitioned(part: SmPartition | None, lc: Any, be: Any) -> None:
         lc()
         be()
         return
-    cur = torch.cuda.current_stream()
-    part.lc_stream.wait_stream(cur)
-    part.be_stream.wait_stream(cur)
-    with torch.cuda.stream(part.lc_stream):
-        lc()
-    with torch.cuda.stream(part.be_stream):
-        be()
-    cur.wait_stream(part.lc_stream)
-    cur.wait_stream(part.be_stream)
+    run_beside(part.lc_stream, lc, part.be_stream, be)
 
 
 @triton.jit

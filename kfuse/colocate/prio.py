@@ -18,6 +18,7 @@ launch: from the LC's start until both kernels are done.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -33,15 +34,21 @@ class PrioStreams:
 
     def run(self, lc: Callable[[], None], be: Callable[[], None]) -> None:
         """Enqueue ``lc`` on the urgent stream, then ``be`` on the other; the current stream waits for both."""
-        cur = torch.cuda.current_stream()
-        self.hi.wait_stream(cur)
-        self.lo.wait_stream(cur)
-        with torch.cuda.stream(self.hi):
-            lc()
-        with torch.cuda.stream(self.lo):
-            be()
-        cur.wait_stream(self.hi)
-        cur.wait_stream(self.lo)
+        run_beside(self.hi, lc, self.lo, be)
+
+
+def run_beside(first: torch.cuda.Stream, lc: Callable[[], Any], second: torch.cuda.Stream, be: Callable[[], Any]) -> None:
+    """``lc`` enqueued on ``first`` and then ``be`` on ``second``, both after the current stream's work; the current
+    stream then waits for both."""
+    cur = torch.cuda.current_stream()
+    first.wait_stream(cur)
+    second.wait_stream(cur)
+    with torch.cuda.stream(first):
+        lc()
+    with torch.cuda.stream(second):
+        be()
+    cur.wait_stream(first)
+    cur.wait_stream(second)
 
 
 def run_prio(streams: PrioStreams | None, lc: Callable[[], None], be: Callable[[], None]) -> None:

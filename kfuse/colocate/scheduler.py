@@ -574,6 +574,18 @@ def run_policy(
     def decide(reason: str) -> None:
         res.decisions[reason] = res.decisions.get(reason, 0) + 1
 
+    def record_co_run(key: str, t_ref: float, t_be: float, predicted: float, t: float, gain: float, expected: float) -> None:
+        """One co-run launch (a fused slice or a partitioned query) of ``t`` ms against its ``t_ref`` alone: the
+        prediction error of ``expected``, where it landed against the profile (per key, ``predicted`` as planned), its
+        time and its gain over time sharing."""
+        res.online_errors.append(abs(expected - t) / t)
+        acc = res.fused_by_key.setdefault(key, [0.0] * 5)
+        for j, v in enumerate((1.0, t_be / t_ref, predicted / t_ref, t / t_ref, gain)):
+            acc[j] += v
+        res.fused_launches += 1
+        res.fused_ms += t
+        res.fused_gain_ms += gain
+
     def reserve(b: str, i: int) -> float:
         """Pessimistic extra time of the fusions plan_fusion accepts (with a whole query's allowance) from LC kernel i
         to the end of the query: time sharing leaves it to them, since they buy more BE blocks per ms of headroom
@@ -655,14 +667,8 @@ def run_policy(
             if sp is not None:
                 t = timed_call(backend.run_span, b, item[1], item[1] + sp.blocks, sp.be_sms)
                 clock = t * prof.lc_total / prof.span_solo_ms  # the policies' clock counts kernel windows, not graph gaps
-                res.fused_launches += 1
-                res.fused_ms += clock
-                res.fused_gain_ms += prof.be[b].b * sp.blocks - (clock - prof.lc_total)
-                res.online_errors.append(abs(sp.clock_ms / (1.0 + SPAN_MARGIN) - clock) / clock)
-                acc = res.fused_by_key.setdefault(f"query|{b}|span{sp.be_sms}", [0.0] * 5)
-                for j, v in enumerate((1.0, prof.be[b].predict(sp.blocks) / prof.lc_total, sp.clock_ms / prof.lc_total,
-                                       clock / prof.lc_total, prof.be[b].b * sp.blocks - (clock - prof.lc_total))):  # fmt: skip
-                    acc[j] += v
+                record_co_run(f"query|{b}|span{sp.be_sms}", prof.lc_total, prof.be[b].predict(sp.blocks), sp.clock_ms, clock,
+                              prof.be[b].b * sp.blocks - (clock - prof.lc_total), sp.clock_ms / (1.0 + SPAN_MARGIN))  # fmt: skip
                 done = 0
                 while done < sp.blocks:  # the head kernel's rest, then the job's next instances (be_done queues them)
                     head = be_queue[0]
@@ -687,14 +693,9 @@ def run_policy(
                 if not sp.empty:
                     t = timed_call(backend.run_fused, i, b, item[1], item[1] + sp.blocks, sel.version)
                     predicted = om.predict(t_lc, sp.t_be)
-                    res.online_errors.append(abs(predicted - t) / t)
-                    acc = res.fused_by_key.setdefault(f"{k.key}|{b}|{version_name(sel.version)}", [0.0] * 5)
-                    for j, v in enumerate((1.0, sp.t_be / t_lc, predicted / t_lc, t / t_lc, prof.be[b].b * sp.blocks - (t - t_lc))):
-                        acc[j] += v
+                    record_co_run(f"{k.key}|{b}|{version_name(sel.version)}", t_lc, sp.t_be, predicted, t,
+                                  prof.be[b].b * sp.blocks - (t - t_lc), predicted)  # fmt: skip
                     res.refits += om.observe(t_lc, sp.t_be, t)
-                    res.fused_launches += 1
-                    res.fused_ms += t
-                    res.fused_gain_ms += prof.be[b].b * sp.blocks - (t - t_lc)
                     be_done(item, sp.blocks)
                     now += t
                     q[2] += max(0.0, t - t_lc)
