@@ -87,7 +87,8 @@ def run_experiment(
     span_sms = sorted({v.r2 for v in versions if any_kernel(v)})
     prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, max_fuse_keys=max_fuse_keys,
                          knee_samples=knee_samples, span_sms=span_sms, **kw)  # fmt: skip
-    policies = [p for p in policies if p != "partition" or prof.spans]
+    # the partition policy needs profiled spans; auto, spans or a chosen fusion (else it is time sharing)
+    policies = [p for p in policies if (p != "partition" or prof.spans) and (p != "auto" or prof.spans or prof.chosen)]
     solo_profile = prof.lc_total
     if calibrate:  # the solo latency as the policies' clock measures it; LC kernel times scaled to match
         solo_measured = measured_solo_ms(backend, prof)
@@ -151,8 +152,8 @@ def run_experiment(
                 continue
             if warmup_queries:  # untimed: kernels a policy launches first (JIT compiles) must not stall its clock
                 run_policy(backend, prof, pol, arrivals[:warmup_queries], [be], qos, extra_per_query_ms=extra)
-            if pol == "aker":
-                r, out["aims"][f"{be}|aker"] = _aker_aimed(backend, prof, aim, seqs, be, qos, extra, log)
+            if pol in ("aker", "auto"):  # auto's fused queries are aimed as Aker's are
+                r, out["aims"][f"{be}|{pol}"] = _aker_aimed(backend, prof, aim, seqs, be, qos, extra, log, policy=pol)
             else:
                 r = merge_runs([run_policy(backend, prof, pol, a, [be], qos, extra_per_query_ms=extra) for a in seqs])
             out["runs"][(be, pol)] = r
@@ -173,9 +174,9 @@ def run_experiment(
 
 def _aker_aimed(
     backend: Backend, prof: Profile, rule: str, seqs: Sequence[Sequence[float]], be: str, qos: float, extra: float,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, policy: str = "aker",
 ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    """Aker with its fused slices aimed by ``rule``, and the aim (rule, and E where priced); the profile's
+    """Aker (or ``policy`` auto) with its fused slices aimed by ``rule``, and the aim (rule, and E where priced); the profile's
     selections and the rule are restored after."""
     saved = predictor.OPPORTUNE_RULE
     how: dict[str, Any] = {"rule": rule}
@@ -189,7 +190,7 @@ def _aker_aimed(
         if rule == "priced":
             aims = {f"{k} {c['version']}": round(c["aim"], 2) for k, c in how["chosen"].items()}
             log(f"  {be:10s} priced    allowance {extra:.3f} ms/query -> E = {how['price']:g}; aims {aims}")
-        return merge_runs([run_policy(backend, prof, "aker", a, [be], qos, extra_per_query_ms=extra) for a in seqs]), how
+        return merge_runs([run_policy(backend, prof, policy, a, [be], qos, extra_per_query_ms=extra) for a in seqs]), how
     finally:
         predictor.OPPORTUNE_RULE = saved
         prof.unprice(be)
@@ -207,7 +208,7 @@ def _log_run(log: Callable[[str], None], be: str, pol: str, r: Any) -> None:
         f"fused {r.fused_launches} (gain {r.fused_gain_ms:.2f} ms) slices {r.be_slices} refits {r.refits}{_per_seq(r)}")  # fmt: skip
     if pol == "lc_alone":
         return
-    dec = f", decisions {d['decisions']}" + (" (delegated to time sharing)" if r.delegated else "") if pol == "aker" else ""
+    dec = f", decisions {d['decisions']}" + (" (delegated to time sharing)" if r.delegated else "") if pol in ("aker", "auto") else ""
     log(f"  {'':10s} {'':9s} LC {d['lc_ms_per_query']:.3f} ms/query, BE {d['be_ms_per_launch'] * 1e3:.1f} us/launch "
         f"({r.be_query_launches} in queries, {r.be_idle_launches} idle), host {r.host_ms:.0f} ms{dec}")  # fmt: skip
     for key, f in d["fused_by_key"].items():  # where the run's slices landed against the profile's curve

@@ -40,7 +40,8 @@ from kfuse.colocate.fuser import any_kernel
 from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, SampleModel, error_summary, relative_errors
 from kfuse.colocate.selector import MIN_OVERLAP, Selection, plan_fusion, select_version
 
-POLICIES = ("lc_alone", "timeshare", "streams", "aker", "partition")
+# auto: per query, the whole-query SM partition (partition) or per-kernel fusion (aker), whichever plans the larger gain
+POLICIES = ("lc_alone", "timeshare", "streams", "aker", "partition", "auto")
 
 
 @dataclass(frozen=True)
@@ -393,6 +394,22 @@ def span_plan(prof: Profile, be: str, blocks_left: int, headroom: float, run_on:
     return best
 
 
+def aker_query_gain(prof: Profile, models: dict[tuple[str, str], dict[Any, Any]], be: str, headroom: float) -> float:
+    """Aker's planned gain over time sharing for one whole query starting now: ``plan_fusion`` on every LC kernel
+    with a chosen version, in order, each on a whole BE kernel, the pessimistic extra of each fusion taken from the
+    headroom the next ones see. ``models``: the fused models to plan with (Aker's online copies)."""
+    gain, hr = 0.0, headroom
+    for j, k in enumerate(prof.lc):
+        sel = prof.chosen.get((k.key, be))
+        if sel is None or hr <= 0.0:
+            continue
+        sp = plan_fusion(prof.lc_ms[j], prof.be[be], models[(k.key, be)][sel.version], prof.be_blocks[be], hr, prof.min_overlap)
+        if not sp.empty:
+            gain += prof.be[be].b * sp.blocks - max(0.0, sp.extra)
+            hr -= max(0.0, sp.extra)
+    return gain
+
+
 # ---- the run --------------------------------------------------------------------------------------
 
 
@@ -558,10 +575,11 @@ def run_policy(
     safe_qos = qos_ms * (1.0 - margin) - reserve_ms
     be_queue: deque[list[Any]] = deque([b, 0, prof.be_blocks[b]] for b in be_names)
     res = RunResult(policy, [], qos_ms, 0.0, 0.0)
-    queries: deque[list[float]] = deque()  # [arrival, next kernel, BE time absorbed]
+    queries: deque[list[Any]] = deque()  # [arrival, next kernel, BE time absorbed, auto's mode for it]
     now, ai = 0.0, 0
-    online = {pair: {v: copy.deepcopy(m) for v, m in ms.items()} for pair, ms in prof.fused.items()} if policy == "aker" else {}
+    online = {pair: {v: copy.deepcopy(m) for v, m in ms.items()} for pair, ms in prof.fused.items()} if policy in ("aker", "auto") else {}
     reserve_cache: dict[tuple[str, int, int], list[float]] = {}
+    aker_gain_cache: dict[tuple[str, int, float], float] = {}
     in_backend = 0.0
 
     def timed_call(f: Any, *args: Any) -> float:
@@ -617,7 +635,7 @@ def run_policy(
         """min over waiting queries of (deadline - predicted finish if only LC ran): T_qos - T_solo - T_queue,
         and no more than what is left of the head query's BE allowance."""
         hr, t = extra_per_query_ms - queries[0][2], now
-        for j, (arr, idx, _) in enumerate(queries):
+        for j, (arr, idx, *_) in enumerate(queries):
             t += suffix[int(idx)] if j == 0 else prof.lc_total
             hr = min(hr, arr + safe_qos - t)
         return hr
@@ -644,7 +662,7 @@ def run_policy(
 
     while queries or ai < len(arrivals):
         while ai < len(arrivals) and arrivals[ai] <= now:
-            queries.append([arrivals[ai], 0, 0.0])
+            queries.append([arrivals[ai], 0, 0.0, ""])
             ai += 1
         if not queries:
             if policy == "lc_alone" or not be_queue:
@@ -661,10 +679,18 @@ def run_policy(
         else:
             item = be_queue[0]
             b, left = item[0], item[2] - item[1]
-        if policy == "partition" and i == 0:
-            sp = span_plan(prof, b, left, headroom(), run_on=all(x[0] == b for x in be_queue))
-            decide("span" if sp is not None else "no_span")
-            if sp is not None:
+        if policy in ("partition", "auto") and i == 0:
+            hr = headroom()
+            sp = span_plan(prof, b, left, hr, run_on=all(x[0] == b for x in be_queue))
+            if policy == "partition":
+                decide("span" if sp is not None else "no_span")
+            else:  # the span only where it plans more gain than Aker's fusions over the same query would
+                gkey = (b, res.refits, round(hr, 3))
+                if sp is not None and gkey not in aker_gain_cache:
+                    aker_gain_cache[gkey] = aker_query_gain(prof, online, b, hr)
+                q[3] = "span" if sp is not None and sp.gain_ms >= aker_gain_cache[gkey] else "aker"
+                decide(f"auto_{q[3]}")
+            if sp is not None and q[3] != "aker":
                 t = timed_call(backend.run_span, b, item[1], item[1] + sp.blocks, sp.be_sms)
                 clock = t * prof.lc_total / prof.span_solo_ms  # the policies' clock counts kernel windows, not graph gaps
                 record_co_run(f"query|{b}|span{sp.be_sms}", prof.lc_total, prof.be[b].predict(sp.blocks), sp.clock_ms, clock,
@@ -681,7 +707,7 @@ def run_policy(
                 lc_done(q)
                 continue
         hold = 0.0  # headroom the time-sharing step leaves to this query's later fusions (Aker only)
-        if policy == "aker":
+        if policy == "aker" or q[3] == "aker":
             hr = headroom()
             sel = prof.chosen.get((k.key, b))  # only profiled pairs are chosen: PTB GEMMs, any kernel with SM partitions
             if sel is None:
@@ -703,7 +729,7 @@ def run_policy(
                     continue
             hold = reserve(b, i + 1)
         # the time-sharing step (Aker's too): the rest of the head BE kernel if its predicted time fits the headroom
-        if policy in ("timeshare", "aker", "partition") and prof.be[b].predict(left) < headroom() - hold:
+        if policy in ("timeshare", "aker", "partition", "auto") and prof.be[b].predict(left) < headroom() - hold:
             run_rest(item, q)
             continue
         if policy == "streams":

@@ -1,0 +1,71 @@
+"""The ``auto`` policy: at each query's start, the whole-query SM partition where its planned gain beats what Aker's
+per-kernel fusions plan for the same query, else Aker for that query. On a simulated BERT-like GPU it follows the
+mechanism that pays: the partition where the query keeps its speed on fewer SMs, Aker where the fused kernels overlap
+and the partition slows the query past its allowance."""
+
+import pytest
+
+from kfuse.colocate import scheduler as S
+from kfuse.colocate.fuser import green
+from kfuse.colocate.sim import H200_S9_BERT_GEMMS, H200_S9_BERT_POOLER, H200_S9_BERT_SOLO_MS, SimGPU, overlap_law, partition_law
+
+POLICIES = ("timeshare", "aker", "partition", "auto")
+
+
+def _bert_like(span_slowdown: float, fused_overlap: float) -> SimGPU:
+    """BERT-base B8 S128 as session 9 profiled it, with sgemm: the 1:2 fused version overlaps by ``fused_overlap``,
+    the per-kernel partition version doubles the LC kernel (never chosen), the whole query on the 84 SMs a 48-SM
+    partition leaves takes ``span_slowdown`` x its time."""
+    seg = (H200_S9_BERT_SOLO_MS - 12 * sum(H200_S9_BERT_GEMMS.values()) - H200_S9_BERT_POOLER[1]) / 37
+    lc, fus, keys = [], [], []
+    for _ in range(12):
+        for k, t in H200_S9_BERT_GEMMS.items():
+            lc += [t, seg]
+            fus += [True, False]
+            keys += [k, f"seg{k}"]
+    lc += [H200_S9_BERT_POOLER[1]] + [seg] * 13
+    fus += [True] + [False] * 13
+    keys += [H200_S9_BERT_POOLER[0]] + ["segx"] * 13
+    laws = {(1, 2): overlap_law(fused_overlap), green(48): partition_law(48 / 132, 2.0, 0.0047)}
+    return SimGPU(lc, fus, {"sgemm": (0.0047, 15.6e-6, 16384)}, fused_law=laws, keys=keys, noise=0.02,
+                  span_slowdown={48: span_slowdown})  # fmt: skip
+
+
+def _runs(span_slowdown: float, fused_overlap: float) -> tuple[dict[str, S.RunResult], float]:
+    sim = _bert_like(span_slowdown, fused_overlap)
+    prof = S.build_profile(sim, ["sgemm"], [(1, 2), green(48)], reps=1, span_sms=[48])
+    qos = 5 * prof.lc_total
+    rate = 0.8 * S.max_lc_rate(prof, qos)
+    arrivals = S.poisson_arrivals(rate, 300, 1)
+    extra = S.extra_budget(prof, qos, rate)
+    return {p: S.run_policy(sim, prof, p, arrivals, ["sgemm"], qos, extra_per_query_ms=extra) for p in POLICIES}, qos
+
+
+def test_auto_takes_the_partition_where_the_query_keeps_its_speed() -> None:
+    r, qos = _runs(1.0, 0.0)
+    auto, pa, ts = r["auto"], r["partition"], r["timeshare"]
+    assert pa.be_throughput > 1.2 * ts.be_throughput and r["aker"].be_throughput < 1.05 * ts.be_throughput
+    assert auto.decisions.get("auto_span", 0) > 0.9 * len(auto.latencies_ms)
+    assert auto.be_throughput >= 0.97 * pa.be_throughput
+    assert auto.violations == 0 and auto.p99 <= qos
+
+
+def test_auto_takes_aker_where_the_partition_slows_the_query() -> None:
+    r, qos = _runs(1.3, 0.3)
+    auto, ak, ts = r["auto"], r["aker"], r["timeshare"]
+    assert ak.be_throughput > 1.05 * ts.be_throughput and r["partition"].decisions.get("span", 0) == 0
+    assert auto.decisions.get("auto_span", 0) == 0 and auto.decisions.get("auto_aker", 0) == len(auto.latencies_ms)
+    assert auto.be_throughput == pytest.approx(ak.be_throughput, rel=0.03)
+    assert auto.fused_launches > 0 and auto.violations == 0 and auto.p99 <= qos
+
+
+def test_aker_query_gain_counts_each_fusion_against_the_headroom_left() -> None:
+    sim = _bert_like(1.0, 0.3)
+    prof = S.build_profile(sim, ["sgemm"], [(1, 2), green(48)], reps=1, span_sms=[48])
+    assert S.aker_query_gain(prof, prof.fused, "sgemm", 0.0) == 0.0  # no headroom: no fusion
+    small, large = (S.aker_query_gain(prof, prof.fused, "sgemm", h) for h in (0.02, 0.5))
+    assert 0.0 < small < large
+
+
+def test_auto_is_a_policy_the_cli_knows() -> None:
+    assert "auto" in S.POLICIES
