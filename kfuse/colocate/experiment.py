@@ -87,8 +87,8 @@ def run_experiment(
     span_sms = sorted({v.r2 for v in versions if any_kernel(v)})
     prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, max_fuse_keys=max_fuse_keys,
                          knee_samples=knee_samples, span_sms=span_sms, **kw)  # fmt: skip
-    # the partition policy needs profiled spans; auto, spans or a chosen fusion (else it is time sharing)
-    policies = [p for p in policies if (p != "partition" or prof.spans) and (p != "auto" or prof.spans or prof.chosen)]
+    # the partition policy needs profiled spans; auto both spans and a chosen fusion (else it is partition or aker)
+    policies = [p for p in policies if (p != "partition" or prof.spans) and (p != "auto" or (prof.spans and prof.chosen))]
     solo_profile = prof.lc_total
     if calibrate:  # the solo latency as the policies' clock measures it; LC kernel times scaled to match
         solo_measured = measured_solo_ms(backend, prof)
