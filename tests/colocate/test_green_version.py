@@ -226,3 +226,17 @@ def test_run_span_runs_the_query_and_the_slice_into_the_next_instance(gemm_lc_ba
     w.reset()
     backend.run_span("histogram", n // 2, n // 2 + 2 * n, sms)  # the rest of one instance, a whole one, half of a third
     assert torch.equal(w.output(), 2 * expect_be)  # every block counted exactly twice over the three launches
+
+
+def test_partition_runs_on_spans_alone_without_per_kernel_profiles() -> None:
+    """``--max-keys 0`` profiles the whole-query spans and no per-kernel version: the partition policy runs as before
+    (the GPU time of a partition-only benchmark goes to the spans and the runs)."""
+    sim = _bert_like(48, 1.0)
+    prof = S.build_profile(sim, ["sgemm"], [green(48)], reps=1, span_sms=[48], max_fuse_keys=0)
+    assert not prof.fused and not prof.chosen and ("sgemm", 48) in prof.spans
+    qos = 5 * prof.lc_total
+    rate = 0.8 * S.max_lc_rate(prof, qos)
+    arrivals = S.poisson_arrivals(rate, 200, 1)
+    extra = S.extra_budget(prof, qos, rate)
+    ts, pa = (S.run_policy(sim, prof, p, arrivals, ["sgemm"], qos, extra_per_query_ms=extra) for p in ("timeshare", "partition"))
+    assert pa.decisions.get("span", 0) > 0.9 * len(pa.latencies_ms) and pa.be_throughput > 1.2 * ts.be_throughput
