@@ -72,6 +72,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--samples", type=int, default=100_000, help="random input sets to verify an accepted schedule")
     p.add_argument("--deadline-s", type=float, default=270.0, help="stop starting new work after this many seconds")
+    p.add_argument("--moves", default="memory", help="move set: memory (SIP's) or all (memory and register arithmetic)")
     p.add_argument("--always-verify", action="store_true", help="verify the best candidate even when it is not faster")
     a = p.parse_args()
     out_path = Path(a.out) / "sass.json" if Path(a.out).is_dir() else Path(a.out)
@@ -80,8 +81,10 @@ def main() -> None:
 
     from kfuse import __version__
     from kfuse.sass.api import optimize_compiled_kernel
+    from kfuse.sass.schedule import move_set
     from kfuse.sass.search import SimulatedAnnealing
 
+    movable = move_set(a.moves)
     t_begin = time.time()
     gpu = torch.cuda.get_device_name()
     records = []
@@ -107,6 +110,7 @@ def main() -> None:
                 apply=False,
                 always_verify=a.always_verify,
                 min_gain=0.01,
+                movable=movable,
                 log=lambda m: print(m, flush=True),
             )
             err = None
@@ -137,6 +141,7 @@ def main() -> None:
                     "moves_in_best_candidate": res.moves_applied,
                     "search_s": round(res.search_s, 2),
                     "legal_moves_at_start": res.legal_moves_at_start,
+                    "move_set": a.moves,
                     "tried": res.trial_summary(),
                     "verify_samples_per_launch": per,
                     "candidate_failures": res.failures[:20],

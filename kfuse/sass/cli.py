@@ -16,17 +16,19 @@ def inspect(
     cubin: Path,
     kernel: str = typer.Option(None, help="kernel name (default: the only one)"),
     deps: bool = typer.Option(True, help="print the dependency graph of movable instructions"),
+    moves: str = typer.Option("memory", help="move set: memory (SIP's) or all (memory and register arithmetic)"),
 ) -> None:
     """Print the annotated schedule (control codes, blocks, legal moves) and dependency graph."""
     from .cubin import CubinError, load_cubin
     from .disasm import disassemble
-    from .schedule import Move, Schedule
+    from .schedule import Move, Schedule, move_set
 
     try:
+        movable = move_set(moves)
         cub = load_cubin(cubin)
         k = cub.kernel(kernel)
-        s = Schedule.build(disassemble(cub, k.name), pinned=frozenset(k.pinned_offsets()))
-    except CubinError as e:
+        s = Schedule.build(disassemble(cub, k.name), movable, pinned=frozenset(k.pinned_offsets()))
+    except (CubinError, ValueError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from e
     legal = {(m.index, m.direction) for m in s.legal_moves()}
@@ -61,6 +63,7 @@ def tune(
     seeds: str = "0,1,2",
     samples: int = 10_000,
     max_seconds: float = typer.Option(None, help="wall-clock search budget"),
+    moves: str = typer.Option("memory", help="move set: memory (SIP's) or all (memory and register arithmetic)"),
 ) -> None:
     """Tune an example kernel's schedule on this machine's GPU with a progress bar."""
     import math
@@ -68,8 +71,14 @@ def tune(
     import torch
 
     from .api import optimize_compiled_kernel
+    from .schedule import move_set
     from .search import SimulatedAnnealing
 
+    try:
+        movable = move_set(moves)
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from e
     if not torch.cuda.is_available():
         console.print("[red]error:[/red] tuning measures kernels and needs a CUDA GPU")
         raise typer.Exit(1)
@@ -86,7 +95,7 @@ def tune(
     else:
         console.print(f"[red]error:[/red] unknown example kernel {kernel!r} (try gemm)")
         raise typer.Exit(1)
-    res = optimize_compiled_kernel(ck, args, grid, strategy=sa, samples=samples, progress=True)
+    res = optimize_compiled_kernel(ck, args, grid, strategy=sa, samples=samples, progress=True, movable=movable)
     console.print(
         f"{res.kernel}: {res.reason}; triton {res.triton_ms:.4f} ms, kfuse {res.kfuse_ms:.4f} ms, "
         f"{res.verified_samples} samples verified, {res.moves_applied} moves"

@@ -1,7 +1,8 @@
 """Schedule model: basic blocks, register dependencies, scoreboards, fixed-latency hazards, legal moves.
 
-A *move* takes one memory instruction one slot up or down inside its basic block, i.e. swaps it with a
-neighbour.  The model is deliberately conservative: whatever it cannot prove harmless is refused, because
+A *move* takes one instruction of the move set (SIP's: the memory instructions; ``MOVE_SETS["all"]`` adds the
+register-to-register arithmetic ptxas interleaves with them) one slot up or down inside its basic block, i.e. swaps
+it with a neighbour.  The model is deliberately conservative: whatever it cannot prove harmless is refused, because
 a wrong schedule either crashes the CUDA context or, worse, computes something else.
 """
 
@@ -82,6 +83,24 @@ FENCES = frozenset(
         "PREEXIT",
     }
 )
+# register-to-register arithmetic, conversions and moves: the wider move set (session 51). Their legality is the same
+# register, predicate, scoreboard and fixed-latency analysis as a memory instruction's; the uniform datapath
+# (U* opcodes), tensor-core ops and everything in FENCES stay put.
+ALU_MOVABLE = frozenset(
+    {"FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "FSETP", "HFMA2", "HADD2", "HMUL2", "HMNMX2", "HSETP2", "IMAD", "IADD3",
+     "IMNMX", "IABS", "ISETP", "LOP3", "SHF", "LEA", "SEL", "MOV", "PRMT", "F2F", "F2FP", "I2F", "I2FP", "F2I", "FRND",
+     "MUFU", "POPC", "FLO", "BREV", "VIADD", "VIMNMX"}
+)  # fmt: skip
+MOVE_SETS = {"memory": DEFAULT_MOVABLE, "all": DEFAULT_MOVABLE | ALU_MOVABLE}
+
+
+def move_set(name: str) -> frozenset[str]:
+    """The opcodes a named move set lets move ("memory": SIP's; "all": memory and register arithmetic)."""
+    if name not in MOVE_SETS:
+        raise ValueError(f"unknown move set {name!r}; known: {', '.join(MOVE_SETS)}")
+    return MOVE_SETS[name]
+
+
 # everything that reads or writes memory (movable or not): two of them only swap when _memory_commutes says so
 MEMORY_OPS = DEFAULT_MOVABLE | frozenset({"STSM", "LDC", "ULDC", "ATOM", "ATOMS", "ATOMG", "RED", "SULD", "SUST", "SUATOM", "SURED"})
 NO_DEST = frozenset(
@@ -298,7 +317,7 @@ class Schedule:
         if not self.is_movable(move.index):
             if _never_runs(self.nodes[move.index]):
                 return f"{self.nodes[move.index].ins.text()} never executes (ptxas padding of unknown purpose)"
-            return f"{self.nodes[move.index].ins.opcode} is not a movable memory instruction"
+            return f"{self.nodes[move.index].ins.opcode} is not in the move set"
         a, b = self.nodes[i], self.nodes[j]
         if a.block != b.block:
             return "crosses a basic-block boundary"
