@@ -38,9 +38,15 @@ def run(
         help="co-location versions to profile (comma-separated; empty: 1:1,1:2,2:1,1:3): LC:BE program ratios, tail, tailsm, "
         "prio, green<S> (the BE on S SMs of its own, the LC kernel on the rest; any LC kernel)",
     ),
+    policies: str = typer.Option(
+        "",
+        help="policies to run (comma-separated; empty: all of lc_alone, timeshare, streams, aker, partition, auto; "
+        "partition needs a green<S> version, auto a green<S> and a fused version)",
+    ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
-    """Serve Poisson LC queries with BE kernels under LC-alone, time-sharing, streams and Aker fusion."""
+    """Serve Poisson LC queries with BE kernels under LC-alone, time sharing, streams, Aker fusion, SM partitions and
+    auto (per query, the partition or Aker's fusions, whichever plans the larger gain)."""
     import torch
 
     import kfuse.models
@@ -74,6 +80,11 @@ def run(
     if knee_samples < 0:
         raise typer.BadParameter("--knee-samples must be 0 or more")
     from kfuse.colocate.predictor import AIM_RULES
+    from kfuse.colocate.scheduler import POLICIES
+
+    run_policies = [p.strip() for p in policies.split(",") if p.strip()] or list(POLICIES)
+    if unknown := [p for p in run_policies if p not in POLICIES]:
+        raise typer.BadParameter(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
 
     aim_rules = [r.strip() for r in aims.split(",") if r.strip()]
     if any(r not in AIM_RULES for r in (aim, *aim_rules)):
@@ -87,12 +98,13 @@ def run(
     # on the GPU, solo and the max rate are measured on the backend's own clock (calibrate)
     res = experiment.run_experiment(gpu, be_names, qos_ms or None, qos_factor, load, seconds, seed=seed, sequences=sequences,
                                     calibrate=use_cuda, aim=aim, aims=aim_rules, knee_samples=knee_samples,
-                                    versions=chosen)  # fmt: skip
+                                    versions=chosen, policies=run_policies)  # fmt: skip
     cmd = f"kfuse colocate run --lc {lc} --be {be} --qos-ms {qos_ms} --load {load} --seconds {seconds} --backend {backend}"
     cmd += f" --sequences {sequences}" if sequences > 1 else ""
     cmd += f" --aim {aim}" + (f" --aims {aims}" if aim_rules else "")
     cmd += f" --knee-samples {knee_samples}" if knee_samples else ""
     cmd += f" --versions {versions}" if versions else ""
+    cmd += f" --policies {policies}" if policies else ""
     recs = experiment.records(res, lc, cmd)
     for r in recs:
         r["backend"] = "cuda" if use_cuda else "sim"

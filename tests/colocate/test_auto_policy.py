@@ -69,3 +69,31 @@ def test_aker_query_gain_counts_each_fusion_against_the_headroom_left() -> None:
 
 def test_auto_is_a_policy_the_cli_knows() -> None:
     assert "auto" in S.POLICIES
+
+
+def test_cli_runs_the_policies_asked_for(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import json
+
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+    from kfuse.colocate import experiment
+
+    seen = {}
+    real = experiment.run_experiment
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "run_experiment", spy)
+    args = ["colocate", "run", "--lc", "mlp-tiny", "--be", "histogram", "--backend", "sim", "--seconds", "0.05",
+            "--versions", "green32,1:2", "--out", str(tmp_path)]  # fmt: skip
+    r = CliRunner().invoke(app, [*args, "--policies", "timeshare,auto"])
+    assert r.exit_code == 0, r.output
+    assert seen["policies"] == ["timeshare", "auto"]
+    recs = json.loads((tmp_path / "colocate.json").read_text())
+    assert {rec["policy"] for rec in recs} <= {"timeshare", "auto"} and any(rec["policy"] == "timeshare" for rec in recs)
+    assert all(rec["command"].endswith("--policies timeshare,auto") for rec in recs)
+    bad = CliRunner().invoke(app, [*args, "--policies", "timeshare,fastest"])
+    assert bad.exit_code != 0 and "fastest" in bad.output
