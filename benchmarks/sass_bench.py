@@ -145,6 +145,7 @@ def main() -> None:
                     "tried": res.trial_summary(),
                     "verify_samples_per_launch": per,
                     "candidate_failures": res.failures[:20],
+                    "failed_candidates_displaced": res.failed_candidates[:20],
                     "best_candidate_verified_samples": res.best_candidate_verified,
                     "search": {
                         "iterations_per_seed": a.iters,

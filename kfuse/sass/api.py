@@ -37,6 +37,9 @@ class SassResult:
     trials: list[Trial] = field(default_factory=list)
     legal_moves_at_start: int = 0
     failures: list[str] = field(default_factory=list)
+    # per candidate that computed something else: the instructions it displaced, "<offset> <text> @<new position>",
+    # so a hole in the legality model can be found offline from a GPU run's record
+    failed_candidates: list[list[str]] = field(default_factory=list)
     best_candidate_verified: int = 0  # samples the best candidate passed when verified although not accepted
 
     def trial_summary(self) -> dict[str, Any]:
@@ -190,8 +193,19 @@ def _ab_time(ev: Evaluator, a: bytes, b: bytes, rounds: int = 3) -> tuple[float,
     return ta, ta / statistics.median(p[2] for p in pairs)
 
 
+def displaced(s: Schedule) -> list[str]:
+    """The instructions a schedule moved: "<original offset> <text> @<new position>" for each out of place."""
+    return [f"{n.ins.offset:#06x} {n.ins.text()} @{p}" for p, n in enumerate(s.nodes) if n.ins.index != p]
+
+
 def make_fitness(
-    ev: Any, cubin_of: Callable[[Schedule], bytes], original: bytes, base_ms: float, quick_samples: int = 1, paired: bool = True
+    ev: Any,
+    cubin_of: Callable[[Schedule], bytes],
+    original: bytes,
+    base_ms: float,
+    quick_samples: int = 1,
+    paired: bool = True,
+    failed: list[list[str]] | None = None,
 ) -> Callable[[Schedule], float | None]:
     """The search's fitness: a candidate's time in ms, or None when it computes something else.
     ``paired``: the candidate and the original are timed interleaved, A B B A (``abba_ratio``),
@@ -199,12 +213,15 @@ def make_fitness(
     search (session 1: the median candidate of one GEMM 3% "faster" than the original measured
     once at the start), and on the H200 whichever of two heavy kernels runs first is 3-10%
     faster (session 6: candidate-then-original made every attention candidate look 6-12%
-    faster); the A B B A ratio cancels both. Costs the original's timing again per candidate."""
+    faster); the A B B A ratio cancels both. Costs the original's timing again per candidate.
+    ``failed``: where given, each candidate that computes something else appends what it displaced (``displaced``)."""
 
     def fitness(s: Schedule) -> float | None:
         data = cubin_of(s)
         ok, _, _ = ev.check(data, quick_samples)
         if not ok:
+            if failed is not None:
+                failed.append(displaced(s))
             return None
         if not paired:
             return ev.time(data)
@@ -277,7 +294,8 @@ def optimize_compiled_kernel(
         if base_ms is None:
             raise RuntimeError(f"the original {kname} cubin could not be timed")
 
-        fitness = make_fitness(ev, lambda s: emit(cub, kname, s).data, original, base_ms, quick_samples, paired)
+        failed: list[list[str]] = []
+        fitness = make_fitness(ev, lambda s: emit(cub, kname, s).data, original, base_ms, quick_samples, paired, failed)
 
         bar = _progress(progress, kname)
         res = strategy.search(start, fitness, base_ms, progress=bar)
@@ -298,6 +316,7 @@ def optimize_compiled_kernel(
             legal_moves_at_start=len(start.legal_moves()),
         )
         out.failures = list(ev.failures)
+        out.failed_candidates = failed
 
         def reject(reason: str) -> SassResult:
             out.reason = reason

@@ -247,3 +247,20 @@ def test_annealing_never_keeps_a_failed_candidate(cubins) -> None:
     res = SimulatedAnnealing(iterations=30, seeds=(3,)).search(start, lambda s: None if len(s.applied) % 2 else 1.5, 1.0)
     assert res.best.order == start.order and res.best_ms == 1.0
     assert any(t.ms is None for t in res.trials) and not any(t.accepted and t.ms is None for t in res.trials)
+
+
+def test_failed_candidates_record_what_they_displaced(cubins) -> None:
+    """A candidate that computes something else leaves the instructions it moved in the record (offset, text, new
+    position), so a GPU run's failures can be traced to the moves offline."""
+    from kfuse.sass.api import displaced, make_fitness
+
+    _, _, ins = _load(cubins["gemm"])
+    start = Schedule.build(ins)
+    moved = start.apply(start.legal_moves()[0])
+    key = lambda s: repr(s.order).encode()  # noqa: E731
+    failed: list[list[str]] = []
+    fit = make_fitness(_DriftingEvaluator(fail=key(moved)), key, b"orig", 0.1, failed=failed)
+    assert fit(start) is not None and failed == []
+    assert fit(moved) is None and failed == [displaced(moved)]
+    assert len(failed[0]) == 2 and all(" @" in d for d in failed[0])  # one swap displaces two instructions
+    assert displaced(start) == []

@@ -42,9 +42,16 @@ def test_the_wider_set_has_many_more_legal_moves(kernels, name) -> None:
     assert memory > 0 and wider >= 5 * memory  # gemm 34 -> 240, attention 11 -> 383 (session 51)
 
 
+def _late_reader(n: schedule.Node) -> bool:
+    """Reads its sources after issue with no read scoreboard to say when (memory instructions and other
+    variable-latency ones): a later writer of those sources relies on distance alone."""
+    return n.ctrl.rbar == NO_BARRIER and (n.base in schedule.MEMORY_OPS or not n.fixed_latency)
+
+
 def _deps(s0: Schedule) -> list[tuple[int, int, str]]:
     """(producer, consumer, kind) index pairs of the original schedule within a basic block: register and predicate
-    RAW / WAR / WAW between any two instructions (not only neighbours)."""
+    RAW / WAR / WAW between any two instructions (not only neighbours); "late_war" where the first reads a register
+    late (``_late_reader``) and the second writes it with no wait on the first's scoreboard between them."""
     out = []
     nodes = s0.nodes
     for x in range(len(nodes)):
@@ -55,7 +62,9 @@ def _deps(s0: Schedule) -> list[tuple[int, int, str]]:
             if a.defs & b.uses:
                 out.append((x, y, "raw"))
             elif a.uses & b.defs or a.defs & b.defs:
-                out.append((x, y, "war"))
+                late = _late_reader(a) and {r for r in a.uses if not r.startswith(("P", "UP"))} & b.defs
+                waited = a.ctrl.wbar != NO_BARRIER and any(nodes[k].ctrl.waits_on(a.ctrl.wbar) for k in range(x + 1, y + 1))
+                out.append((x, y, "late_war" if late and not waited else "war"))
     return out
 
 
@@ -71,6 +80,11 @@ def _violations(s0: Schedule, deps: list[tuple[int, int, str]], s: Schedule) -> 
         a = s0.nodes[x]
         if px > py:
             bad.append(f"order: {a.ins.text()} / {s0.nodes[y].ins.text()}")
+            continue
+        if kind == "late_war":
+            before, after = _cycles(s0, {i: i for i in range(len(s0.nodes))}, x, y), _cycles(s, pos, x, y)
+            if after < min(before, HAZARD_CYCLES):
+                bad.append(f"late read: {a.ins.text()} -> {s0.nodes[y].ins.text()} {before} -> {after} cycles")
             continue
         if kind != "raw":
             continue
