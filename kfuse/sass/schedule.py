@@ -92,6 +92,11 @@ ALU_MOVABLE = frozenset(
      "MUFU", "POPC", "FLO", "BREV", "VIADD", "VIMNMX"}
 )  # fmt: skip
 MOVE_SETS = {"memory": DEFAULT_MOVABLE, "all": DEFAULT_MOVABLE | ALU_MOVABLE}
+# arithmetic with variable latency (the MUFU / conversion / shuffle units). ptxas gives some of them no write
+# scoreboard: a later one of the same unit sets it, and a wait on it covers both since they complete in order
+# (17 of the 37 MUFU in the attention example). So such an instruction is never fixed-latency, and two of them keep
+# their order when either has no write scoreboard (session 51: moving them apart made 5 of 373 candidates wrong).
+VARIABLE_LATENCY = frozenset({"MUFU", "I2F", "F2I", "F2F", "I2I", "FRND", "POPC", "FLO", "BREV", "SHFL", "S2R"})
 
 
 def move_set(name: str) -> frozenset[str]:
@@ -185,8 +190,43 @@ def _data_width(opcode: str) -> int:
     return 1
 
 
+GMMA_OPS = frozenset({"HGMMA", "IGMMA", "QGMMA", "BGMMA"})
+_GMMA_SHAPE = re.compile(r"64x(\d+)x\d+")
+
+
+def _gmma_defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
+    """A warpgroup MMA's registers: the accumulator D (and C) spans the thread's share of the 64 x N tile (N / 2
+    registers in F32 / S32, N / 4 in F16), a register A operand 4 registers (64 x 32 bytes over 128 threads), a
+    shared-memory descriptor pair of uniform registers (4 where it describes A and B). Read as one register each, a
+    write to the rest could come within cycles of the wgmma that reads it (session 51: 5 of 373 attention candidates
+    of the wider move set computed wrong outputs)."""
+    parts = ins.opcode.split(".")
+    n = next((int(m.group(1)) for p in parts if (m := _GMMA_SHAPE.fullmatch(p))), 256)
+    acc_regs = n // 2 if {"F32", "S32"} & set(parts) else n // 4
+    ops = _split_operands(ins.operands)
+    defs: set[str] = set()
+    uses: set[str] = _expand(ins.pred.lstrip("@!"), 1) if ins.pred else set()
+    a_in_regs = len(ops) > 1 and re.fullmatch(r"R\d+", ops[1]) is not None
+    seen_desc = False
+    for pos, op in enumerate(ops):
+        if pos == 0:
+            defs |= _expand(op, acc_regs)
+        elif "desc[" in op:
+            m = re.search(r"desc\[(UR\d+)", op)
+            if m:
+                uses |= _expand(m.group(1), 2 if a_in_regs else 4)
+            seen_desc = True
+        elif re.fullmatch(r"R\d+", op):
+            uses |= _expand(op, acc_regs if seen_desc else 4)  # C after the descriptor, A before it
+        elif re.fullmatch(r"!?U?P(\d+|T)", op):
+            uses |= _expand(op.lstrip("!"), 1)
+    return frozenset(defs), frozenset(uses)
+
+
 def defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
     """Registers (R, UR, P, UP) an instruction writes and reads: a superset where the text is ambiguous."""
+    if ins.base in GMMA_OPS:
+        return _gmma_defs_uses(ins)
     defs: set[str] = set()
     uses: set[str] = set()
     if ins.pred:
@@ -249,7 +289,13 @@ class Node:
 
     @property
     def fixed_latency(self) -> bool:
-        return self.ctrl.wbar == NO_BARRIER
+        return self.ctrl.wbar == NO_BARRIER and self.base not in VARIABLE_LATENCY and self.base not in MEMORY_OPS
+
+    @property
+    def late_reader(self) -> bool:
+        """Reads its sources after issue with no read scoreboard to say when (memory or variable latency): a later
+        writer of those sources relies on distance, or on a wait for its write scoreboard."""
+        return self.ctrl.rbar == NO_BARRIER and (self.base in MEMORY_OPS or not self.fixed_latency)
 
 
 @dataclass(frozen=True)
@@ -343,6 +389,8 @@ class Schedule:
             return f"{a.ins.opcode} and {b.ins.opcode} may touch the same memory"
         if any(b.ctrl.waits_on(s) for s in a.ctrl.sets()):
             return "the second instruction waits on a scoreboard the first one sets"
+        if a.base in VARIABLE_LATENCY and b.base in VARIABLE_LATENCY and NO_BARRIER in (a.ctrl.wbar, b.ctrl.wbar):
+            return f"{a.ins.opcode} and {b.ins.opcode} complete in order, and one relies on the other's scoreboard"
         if a.ctrl.sets() & b.ctrl.sets() and self.has_count_depbar():
             return "both set the same scoreboard and the kernel counts it with DEPBAR"
         if a.base in MEMORY_OPS and a.ctrl.rbar == NO_BARRIER and _reads_registers(a) and b.ctrl.rbar != NO_BARRIER:
@@ -358,7 +406,7 @@ class Schedule:
             if k >= 0 and _set_to_wait_cycles(new, k) < min(MIN_SET_TO_WAIT, _set_to_wait_cycles(self.nodes, before)):
                 return f"scoreboard hazard: {new[k].ins.opcode} sets a scoreboard waited on fewer than {MIN_SET_TO_WAIT} cycles later"
         if not _hazard_free_up(new, i, HAZARD_CYCLES):
-            return "fixed-latency hazard: the instruction moving up would read/write a result too early"
+            return "fixed-latency hazard: the instruction moving up would read/write a result too early, or overwrite a late read"
         if not _hazard_free_down(new, j, HAZARD_CYCLES):
             return "fixed-latency hazard: a later instruction would come too close to the one moving down"
         return None
@@ -435,9 +483,24 @@ def _hazard_free_up(seq: list[Node], pos: int, window: int) -> bool:
             return True
         if p.fixed_latency and p.defs & regs:
             return False
+        # an earlier late reader of a register this one writes (the writer came closer; the reader moving down is
+        # checked in _hazard_free_down), unless a wait for its write scoreboard lies between (it has completed)
+        if p.late_reader and _data_uses(p) & me.defs and not _waited_on(seq, k, pos):
+            return False
         if p.ins.control_flow or (k > 0 and seq[k].block != seq[k - 1].block and k != 0 and _is_branch_target(seq, k)):
             return not regs  # other predecessors are unknown
     return True
+
+
+def _data_uses(n: Node) -> frozenset[str]:
+    """The registers an instruction reads, less predicates (read at issue)."""
+    return frozenset(r for r in n.uses if not r.startswith(("P", "UP")))
+
+
+def _waited_on(seq: list[Node], k: int, pos: int) -> bool:
+    """Some instruction in (k, pos] waits on the write scoreboard of the one at k."""
+    w = seq[k].ctrl.wbar
+    return w != NO_BARRIER and any(seq[m].ctrl.waits_on(w) for m in range(k + 1, pos + 1))
 
 
 def _hazard_free_down(seq: list[Node], pos: int, window: int) -> bool:
