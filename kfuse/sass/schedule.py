@@ -289,7 +289,8 @@ class Node:
 
     @property
     def fixed_latency(self) -> bool:
-        return self.ctrl.wbar == NO_BARRIER and self.base not in VARIABLE_LATENCY and self.base not in MEMORY_OPS
+        # a memory instruction with no write scoreboard is a store (no result) or a uniform constant load (ULDC, fixed)
+        return self.ctrl.wbar == NO_BARRIER and self.base not in VARIABLE_LATENCY
 
     @property
     def late_reader(self) -> bool:
