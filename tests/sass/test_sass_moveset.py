@@ -39,7 +39,7 @@ def test_the_wider_set_has_many_more_legal_moves(kernels, name) -> None:
     _, _, ins, pinned = kernels[name]
     memory = len(Schedule.build(ins, move_set("memory"), pinned).legal_moves())
     wider = len(Schedule.build(ins, move_set("all"), pinned).legal_moves())
-    assert memory > 0 and wider >= 5 * memory  # gemm 34 -> 240, attention 11 -> 383 (session 51)
+    assert memory > 0 and wider >= 5 * memory  # gemm 34 -> 238, attention 11 -> 369 (session 51)
 
 
 VARIABLE = {"MUFU", "I2F", "F2I", "F2F", "SHFL", "S2R"}  # written out here, not taken from the model
