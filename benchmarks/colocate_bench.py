@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--qos-factor", type=float, default=5.0, help="QoS target = this x the LC query's solo time")
     ap.add_argument("--aim", default="priced", help="where Aker aims its fused slices: priced (E from the allowance), average, marginal")
     ap.add_argument("--knee-samples", type=int, default=0, help="extra profile samples inside each fused curve's first wave step")
+    ap.add_argument("--classify", choices=("all", "selected"), default="all",
+                    help="BE kernels whose utilisation is measured and classified: all eight, or only those of --be")  # fmt: skip
     ap.add_argument("--aims", default="", help="also run Aker aimed by these rules (comma-separated), as policy aker_<rule>")
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
@@ -80,7 +82,7 @@ def main() -> None:
 
     # ---- BE workloads: correctness and classification from measured utilisation ----------------
     pred_records: list[dict] = []
-    classify = workloads.NAMES if gpu else be_names
+    classify = workloads.NAMES if gpu and a.classify == "all" else be_names
     bes = {}
     for name in classify:
         try:
