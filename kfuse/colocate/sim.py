@@ -59,9 +59,13 @@ class SimGPU(Backend):
         fused_law: Callable[[float, float, Any], float] | dict[Any, Callable[[float, float, Any], float]] | None = None,
         stream_overlap: float = 0.1, noise: float = 0.0, seed: int = 0, keys: Sequence[str] | None = None,
         stall_ms: float = 0.0, sms: int = 132, span_slowdown: dict[int, float] | None = None,
+        span_contention: dict[str, float] | None = None,
     ) -> None:  # fmt: skip
         self.sms = sms
         self.span_slowdown = dict(span_slowdown or {})  # BE SM count -> the whole query's slowdown on the rest
+        # BE kernel -> the query's extra time (a fraction) per whole BE kernel's blocks beside it: the HBM and L2
+        # contention session 50's simulation lacked (H100, session 51: mri-q ~0.013, sgemm ~0.03-0.05, hotspot ~0.05)
+        self.span_contention = dict(span_contention or {})
         self.lc_ms = list(lc_ms)
         self.fusible = list(fusible)
         self.keys = list(keys) if keys is not None else [f"k{i}" for i in range(len(lc_ms))]
@@ -124,6 +128,7 @@ class SimGPU(Backend):
         if not be_sms or end <= start:
             return self._n(t_lc)
         a, n_blocks = self.be[be][0], self.be[be][2]
+        t_lc *= 1.0 + self.span_contention.get(be, 0.0) * (end - start) / n_blocks
         launches = 1 + max(0, end - 1) // n_blocks - start // n_blocks  # past a kernel's blocks: the job's next instances
         t_be = launches * a + (self.be_time(be, end - start) - a) * self.sms / be_sms
         return self._n(max(t_lc, t_be)) + self._stall("span", be, start, end)

@@ -97,3 +97,28 @@ def test_cli_runs_the_policies_asked_for(tmp_path, monkeypatch) -> None:  # noqa
     assert all(rec["command"].endswith("--policies timeshare,auto") for rec in recs)
     bad = CliRunner().invoke(app, [*args, "--policies", "timeshare,fastest"])
     assert bad.exit_code != 0 and "fastest" in bad.output
+
+
+def _partition_gain(contention: float) -> tuple[float, float]:
+    """BE throughput of the partition policy over time sharing, and the mean slice in BE kernels, on the BERT-like GPU
+    with a 32-SM BE partition and ``contention``: the query's extra time per BE kernel's worth of blocks beside it."""
+    sim = _bert_like(1.0, 0.0)
+    sim.span_slowdown, sim.span_contention = {32: 1.0}, {"sgemm": contention}
+    prof = S.build_profile(sim, ["sgemm"], [green(32)], reps=1, span_sms=[32], max_fuse_keys=0)
+    qos = 5 * prof.lc_total
+    rate = 0.8 * S.max_lc_rate(prof, qos)
+    arrivals = S.poisson_arrivals(rate, 300, 1)
+    extra = S.extra_budget(prof, qos, rate)
+    ts, pa = (S.run_policy(sim, prof, p, arrivals, ["sgemm"], qos, extra_per_query_ms=extra) for p in ("timeshare", "partition"))
+    spans = [x for kind, x in sim.launches if kind == "span" and x[3]]
+    mean_slice = sum(end - start for _, start, end, _ in spans[-len(arrivals) :]) / max(1, len(arrivals)) / prof.be_blocks["sgemm"]
+    return pa.be_throughput / ts.be_throughput - 1.0, mean_slice
+
+
+def test_contention_beside_the_query_shrinks_the_slices_and_the_gain() -> None:
+    # the H100's measured contention (session 51: mri-q ~0.013, hotspot ~0.05 a kernel's worth) costs the partition
+    # ~1 and ~4 points here (23% -> 22% -> 19%); past the allowance no span is taken. It is not all of the gap to the
+    # measured +4..+9%: the BE's rate per SM on a partition is also below its whole-GPU rate (docs/perf-notes.md)
+    free, mriq_like, hotspot_like, heavy = (_partition_gain(c) for c in (0.0, 0.013, 0.05, 0.5))
+    assert free[0] > mriq_like[0] > hotspot_like[0] > heavy[0]
+    assert free[0] > 0.15 and heavy[0] < 0.03 and heavy[1] < free[1]
