@@ -555,7 +555,11 @@ def run_policy(
 
     Aker where ``plan_fusion`` accepts no fusion of any profiled pair, even with a whole query's allowance
     (``fusion_plans``), *is* the time-sharing run: it calls it (``delegated``), so not one decision, launch or
-    line of host code differs. Otherwise every step it does not fuse goes through the same time-sharing step."""
+    line of host code differs. Otherwise every step it does not fuse goes through the same time-sharing step.
+
+    ``partition`` runs each query whole on the LC's SMs beside a BE slice where ``span_plan`` finds one that fits;
+    ``auto`` does so only where that span plans at least the gain Aker's fusions plan for the same query
+    (``aker_query_gain``), and runs the query as Aker otherwise."""
     del idle_budget
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
