@@ -26,6 +26,7 @@ from kfuse.colocate.scheduler import (
     measured_solo_ms,
     merge_runs,
     p99_gap,
+    partition_ceiling,
     poisson_arrivals,
     run_policy,
 )
@@ -111,6 +112,10 @@ def run_experiment(
     extra = extra_uncalibrated = extra_budget(prof, qos, rate)
     log(f"solo {solo:.3f} ms, QoS {qos:.3f} ms, max LC-alone rate {max_rate:.1f}/s, load {load} -> {rate:.1f}/s, "
         f"{n} queries, BE allowance {extra:.3f} ms/query")  # fmt: skip
+    # what a partition could add at most at this load (``partition_ceiling``), to read its measured gain against
+    ceilings = {s: partition_ceiling(rate, solo, s, backend.sms) for s in span_sms if prof.spans and getattr(backend, "sms", 0)}
+    for s, c in ceilings.items():
+        log(f"partition ceiling with {s} of {backend.sms} SMs at this load: {c:+.1%} over time sharing")
     lc_alone, gap = None, 0.0
     if "lc_alone" in policies:
         alone = [run_policy(backend, prof, "lc_alone", a, [], qos) for a in seqs]
@@ -123,7 +128,7 @@ def run_experiment(
             log(f"  LC-alone p99 {gap:.3f} ms above its replay: BE allowance {extra_uncalibrated:.3f} -> {extra:.3f} ms/query")
     out: dict[str, Any] = {
         "solo_ms": solo, "solo_profile_ms": solo_profile, "qos_ms": qos, "max_rate": max_rate, "rate": rate, "queries": n,
-        "sequences": sequences,
+        "sequences": sequences, "partition_ceiling": ceilings,
         "extra_per_query_ms": extra,
         "extra_uncalibrated_ms": extra_uncalibrated, "p99_gap_ms": gap,
         "predictor_heldout": prof.heldout, "chosen": {f"{k[0]}|{k[1]}": {"version": _vname(s.version), "opportune_ratio": s.opportune_ratio,
@@ -298,6 +303,7 @@ def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, A
                                            "be_ms_per_launch", "be_query_launches", "be_idle_launches", "fused_ms", "host_ms",
                                            "elapsed_ms", "be_units")},
             "aim": res.get("aims", {}).get(f"{be}|{pol}"),
+            "partition_ceiling": res.get("partition_ceiling") if pol in ("partition", "auto") else None,
             "sequences": res.get("sequences", 1), "p99_per_sequence_ms": list(r.p99_per_sequence),
             "be_gain_per_sequence": _paired_gains(r, ts),
             "latencies_ms": [round(x, 4) for x in r.latencies_ms],

@@ -122,3 +122,24 @@ def test_contention_beside_the_query_shrinks_the_slices_and_the_gain() -> None:
     free, mriq_like, hotspot_like, heavy = (_partition_gain(c) for c in (0.0, 0.013, 0.05, 0.5))
     assert free[0] > mriq_like[0] > hotspot_like[0] > heavy[0]
     assert free[0] > 0.15 and heavy[0] < 0.03 and heavy[1] < free[1]
+
+
+def test_partition_ceiling_is_the_lc_busy_share_over_the_rest_times_the_share_of_sms() -> None:
+    # session 51's BERT-base run on an H100: 332.6 queries/s of 1.413 ms, 32 of 132 SMs -> +21%
+    assert S.partition_ceiling(332.6, 1.413, 32, 132) == pytest.approx(0.47 / 0.53 * 32 / 132, rel=0.01)
+    assert S.partition_ceiling(100.0, 1.0, 0, 132) == 0.0
+    with pytest.raises(ValueError, match="busy share"):
+        S.partition_ceiling(1000.0, 1.0, 32, 132)  # the LC alone fills the GPU
+
+
+def test_the_experiment_reports_the_ceiling_beside_the_partition_run() -> None:
+    from kfuse.colocate import experiment
+
+    sim = _bert_like(1.0, 0.0)
+    res = experiment.run_experiment(sim, ["sgemm"], seconds=0.05, min_queries=40, max_queries=40, versions=[green(48)],
+                                    policies=["timeshare", "partition"], reps=1, log=lambda m: None)  # fmt: skip
+    ceiling = res["partition_ceiling"][48]
+    rho = res["rate"] * res["solo_ms"] / 1000.0
+    assert ceiling == pytest.approx(rho / (1 - rho) * 48 / 132)
+    recs = experiment.records(res, "bert-like", "test")
+    assert [r["partition_ceiling"] for r in recs if r["policy"] == "partition"] == [{48: ceiling}]
