@@ -251,6 +251,28 @@ def h200_bert_s9(noise: float = 0.05, seed: int = 5) -> SimGPU:
     return bert_replay(H200_S9_BERT_GEMMS, H200_S9_BERT_POOLER, H200_S9_BERT_SOLO_MS, {"tail": H200_S9_HOTSPOT_TAIL}, noise, seed)
 
 
+def bert_s9_partitioned(
+    fused_law: Callable[[float, float, Any], float] | dict[Any, Callable[[float, float, Any], float]], noise: float,
+    span_slowdown: dict[int, float] | None = None, be: tuple[str, tuple[float, float, int]] = ("sgemm", (0.0047, 15.6e-6, 16384)),
+) -> SimGPU:  # fmt: skip
+    """BERT-base B8 S128 as session 9 profiled it (49 GEMMs, 37 segments, 1.1 ms) beside ``be`` (by default sgemm, with
+    its 4.7 us launch cost), for the SM-partition tests: each layer's four GEMMs each followed by an equal segment, then
+    the pooler GEMM and 13 more segments; ``span_slowdown`` as ``SimGPU``'s."""
+    seg = (H200_S9_BERT_SOLO_MS - 12 * sum(H200_S9_BERT_GEMMS.values()) - H200_S9_BERT_POOLER[1]) / 37
+    lc: list[float] = []
+    fus: list[bool] = []
+    keys: list[str] = []
+    for _ in range(12):
+        for k, t in H200_S9_BERT_GEMMS.items():
+            lc += [t, seg]
+            fus += [True, False]
+            keys += [k, f"seg{k}"]
+    lc += [H200_S9_BERT_POOLER[1]] + [seg] * 13
+    fus += [True] + [False] * 13
+    keys += [H200_S9_BERT_POOLER[0]] + ["segx"] * 13
+    return SimGPU(lc, fus, {be[0]: be[1]}, fused_law=fused_law, keys=keys, noise=noise, span_slowdown=span_slowdown)
+
+
 def bert_replay(
     gemms: dict[str, float], pooler: tuple[str, float], solo_ms: float,
     samples: dict[str, dict[str, Sequence[tuple[float, float]]]], noise: float = 0.05, seed: int = 5,

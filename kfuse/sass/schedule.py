@@ -509,14 +509,14 @@ def _hazard_free_down(seq: list[Node], pos: int, window: int) -> bool:
     me = seq[pos]
     cycles = me.ctrl.stall
     # predicates (guards, LDGSTS zero-fill operands) are read at issue: ptxas overwrites them 1 cycle later
-    preds = {r for r in me.uses if r.startswith(("P", "UP"))}
+    data = _data_uses(me)
     for k in range(pos + 1, len(seq)):
         c = seq[k]
         if cycles >= window:
             return True
         if me.fixed_latency and me.defs & (c.uses | c.defs):
             return False
-        if me.ctrl.rbar == NO_BARRIER and (me.uses - preds) & c.defs:
+        if me.ctrl.rbar == NO_BARRIER and data & c.defs:
             return False
         if c.ins.control_flow:
             return not (me.defs or me.uses)

@@ -34,3 +34,34 @@ def gemm_lc_backend(device: str) -> Callable[[str], SimpleNamespace]:
         return SimpleNamespace(a=a, b=b, c=c, w=w, expect_be=expect_be, backend=backend)
 
     return make
+
+
+@pytest.fixture
+def colocate_cli(tmp_path, monkeypatch) -> Callable[..., tuple]:  # noqa: ANN001
+    """``run(versions, *extra)``: ``kfuse colocate run`` on the simulated mlp-tiny + histogram with ``versions`` and
+    ``extra`` options; returns the CLI result, the keyword arguments ``run_experiment`` received and the records
+    written (None where the command failed)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+    from kfuse.colocate import experiment
+
+    seen: dict = {}
+    real = experiment.run_experiment
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "run_experiment", spy)
+
+    def run(versions: str, *extra: str) -> tuple:
+        args = ["colocate", "run", "--lc", "mlp-tiny", "--be", "histogram", "--backend", "sim", "--seconds", "0.05",
+                "--versions", versions, "--out", str(tmp_path), *extra]  # fmt: skip
+        r = CliRunner().invoke(app, args)
+        recs = json.loads((tmp_path / "colocate.json").read_text()) if r.exit_code == 0 else None
+        return r, dict(seen), recs
+
+    return run

@@ -7,28 +7,17 @@ import pytest
 
 from kfuse.colocate import scheduler as S
 from kfuse.colocate.fuser import green
-from kfuse.colocate.sim import H200_S9_BERT_GEMMS, H200_S9_BERT_POOLER, H200_S9_BERT_SOLO_MS, SimGPU, overlap_law, partition_law
+from kfuse.colocate.sim import SimGPU, bert_s9_partitioned, overlap_law, partition_law
 
 POLICIES = ("timeshare", "aker", "partition", "auto")
 
 
 def _bert_like(span_slowdown: float, fused_overlap: float) -> SimGPU:
-    """BERT-base B8 S128 as session 9 profiled it, with sgemm: the 1:2 fused version overlaps by ``fused_overlap``,
+    """BERT-base B8 S128 with sgemm (``sim.bert_s9_partitioned``): the 1:2 fused version overlaps by ``fused_overlap``,
     the per-kernel partition version doubles the LC kernel (never chosen), the whole query on the 84 SMs a 48-SM
     partition leaves takes ``span_slowdown`` x its time."""
-    seg = (H200_S9_BERT_SOLO_MS - 12 * sum(H200_S9_BERT_GEMMS.values()) - H200_S9_BERT_POOLER[1]) / 37
-    lc, fus, keys = [], [], []
-    for _ in range(12):
-        for k, t in H200_S9_BERT_GEMMS.items():
-            lc += [t, seg]
-            fus += [True, False]
-            keys += [k, f"seg{k}"]
-    lc += [H200_S9_BERT_POOLER[1]] + [seg] * 13
-    fus += [True] + [False] * 13
-    keys += [H200_S9_BERT_POOLER[0]] + ["segx"] * 13
     laws = {(1, 2): overlap_law(fused_overlap), green(48): partition_law(48 / 132, 2.0, 0.0047)}
-    return SimGPU(lc, fus, {"sgemm": (0.0047, 15.6e-6, 16384)}, fused_law=laws, keys=keys, noise=0.02,
-                  span_slowdown={48: span_slowdown})  # fmt: skip
+    return bert_s9_partitioned(laws, 0.02, {48: span_slowdown})
 
 
 def _runs(span_slowdown: float, fused_overlap: float) -> tuple[dict[str, S.RunResult], float]:
@@ -71,31 +60,13 @@ def test_auto_is_a_policy_the_cli_knows() -> None:
     assert "auto" in S.POLICIES
 
 
-def test_cli_runs_the_policies_asked_for(tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    import json
-
-    from typer.testing import CliRunner
-
-    from kfuse.cli import app
-    from kfuse.colocate import experiment
-
-    seen = {}
-    real = experiment.run_experiment
-
-    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        seen.update(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(experiment, "run_experiment", spy)
-    args = ["colocate", "run", "--lc", "mlp-tiny", "--be", "histogram", "--backend", "sim", "--seconds", "0.05",
-            "--versions", "green32,1:2", "--out", str(tmp_path)]  # fmt: skip
-    r = CliRunner().invoke(app, [*args, "--policies", "timeshare,auto"])
+def test_cli_runs_the_policies_asked_for(colocate_cli) -> None:  # noqa: ANN001
+    r, seen, recs = colocate_cli("green32,1:2", "--policies", "timeshare,auto")
     assert r.exit_code == 0, r.output
     assert seen["policies"] == ["timeshare", "auto"]
-    recs = json.loads((tmp_path / "colocate.json").read_text())
     assert {rec["policy"] for rec in recs} <= {"timeshare", "auto"} and any(rec["policy"] == "timeshare" for rec in recs)
     assert all(rec["command"].endswith("--policies timeshare,auto") for rec in recs)
-    bad = CliRunner().invoke(app, [*args, "--policies", "timeshare,fastest"])
+    bad, _, _ = colocate_cli("green32,1:2", "--policies", "timeshare,fastest")
     assert bad.exit_code != 0 and "fastest" in bad.output
 
 

@@ -14,7 +14,7 @@ from kfuse.colocate import ptb
 from kfuse.colocate import scheduler as S
 from kfuse.colocate.fuser import PRIO, TAIL, any_kernel, green, launch_args, parse_version
 from kfuse.colocate.lc import segment_key
-from kfuse.colocate.sim import SimGPU, h200_like, partition_law
+from kfuse.colocate.sim import SimGPU, bert_s9_partitioned, h200_like, partition_law
 
 GPU = torch.cuda.is_available()
 
@@ -122,53 +122,20 @@ def test_partitions_are_disjoint_and_cover_the_device() -> None:
     assert not lc & be
 
 
-def test_cli_takes_green_versions(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_cli_takes_green_versions(colocate_cli) -> None:  # noqa: ANN001
     """``kfuse colocate run --versions green32,1:2`` reaches the profile; a bad version is refused with the reason."""
-    import json
-
-    from typer.testing import CliRunner
-
-    from kfuse.cli import app
-    from kfuse.colocate import experiment
-
-    seen = {}
-    real = experiment.run_experiment
-
-    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        seen.update(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(experiment, "run_experiment", spy)
-    args = ["colocate", "run", "--lc", "mlp-tiny", "--be", "histogram", "--backend", "sim", "--seconds", "0.05",
-            "--versions", "green32,1:2", "--out", str(tmp_path)]  # fmt: skip
-    r = CliRunner().invoke(app, args)
+    r, seen, recs = colocate_cli("green32,1:2")
     assert r.exit_code == 0, r.output
     assert seen["versions"] == (green(32), parse_version("1:2"))
-    recs = json.loads((tmp_path / "colocate.json").read_text())
     assert recs and all(rec["command"].endswith("--versions green32,1:2") for rec in recs)
-    bad = CliRunner().invoke(app, [*args[:-3], "green", "--out", str(tmp_path)])
+    bad, _, _ = colocate_cli("green")
     assert bad.exit_code != 0 and "SM count" in bad.output
 
 
 def _bert_like(be_sms: int, slowdown: float) -> SimGPU:
-    """BERT-base B8 S128 as session 9 profiled it (49 GEMMs, 37 segments, 1.1 ms) with sgemm (4.7 us launch cost); the
-    whole query on the SMs a ``be_sms`` partition leaves takes ``slowdown`` x its time."""
-    from kfuse.colocate.sim import H200_S9_BERT_GEMMS as G
-    from kfuse.colocate.sim import H200_S9_BERT_POOLER as P
-    from kfuse.colocate.sim import H200_S9_BERT_SOLO_MS as SOLO
-
-    seg = (SOLO - 12 * sum(G.values()) - P[1]) / 37
-    lc, fus, keys = [], [], []
-    for _ in range(12):
-        for k, t in G.items():
-            lc += [t, seg]
-            fus += [True, False]
-            keys += [k, f"seg{k}"]
-    lc += [P[1]] + [seg] * 13
-    fus += [True] + [False] * 13
-    keys += [P[0]] + ["segx"] * 13
-    return SimGPU(lc, fus, {"sgemm": (0.0047, 15.6e-6, 16384)}, fused_law=partition_law(be_sms / 132, 1.0, 0.0047), keys=keys,
-                  noise=0.03, span_slowdown={be_sms: slowdown})  # fmt: skip
+    """BERT-base B8 S128 with sgemm (``sim.bert_s9_partitioned``); the whole query on the SMs a ``be_sms`` partition
+    leaves takes ``slowdown`` x its time."""
+    return bert_s9_partitioned(partition_law(be_sms / 132, 1.0, 0.0047), 0.03, {be_sms: slowdown})
 
 
 def _partition_run(be_sms: int, slowdown: float) -> tuple[dict[str, S.RunResult], S.Profile, float]:
