@@ -65,6 +65,11 @@ def main() -> None:
     from kfuse.colocate.lc import compile_lc, lc_items
 
     t_start = time.perf_counter()
+
+    def stamped(msg: str) -> None:
+        """The experiment's log lines with the seconds since start, so a cut-off run shows where its time went."""
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", flush=True)
+
     gpu = torch.cuda.is_available() and not a.smoke
     device = "cuda" if gpu else "cpu"
     dtype = torch.float16 if gpu else torch.float32
@@ -125,6 +130,7 @@ def main() -> None:
                 fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
                 sequences=a.sequences, aim=a.aim, aims=[r for r in a.aims.split(",") if r], knee_samples=a.knee_samples,
                 **({"policies": [p for p in a.policies.split(",") if p]} if a.policies else {}),
+                log=stamped,
             )  # fmt: skip
             recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
             for r in recs:
