@@ -4,9 +4,11 @@ advances the scheduler's clock."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, FusedVersion, launch_fused
@@ -18,8 +20,17 @@ from kfuse.colocate.scheduler import Backend, LCKernel
 from kfuse.colocate.workloads import Workload
 
 # see ``timed``
-PREROLL: dict[str, float] = {"cycles": 0, "ms": 0.1, "max_enqueue_ms": 0.0, "uncovered": 0, "retimed": 0, "cycles_per_ms": 0.0}
+PREROLL: dict[str, float] = {"cycles": 0, "ms": 0.1, "max_enqueue_ms": 0.0, "uncovered": 0, "retimed": 0, "cycles_per_ms": 0.0,
+                             "shrinks": 0}  # fmt: skip
+MIN_PREROLL_MS = 0.1
 MAX_PREROLL_MS = 0.5
+# the spin shrinks back to 1.5x the 99th percentile of the last ENQUEUE_WINDOW enqueue times (at least MIN_PREROLL_MS),
+# checked once per ENQUEUE_WINDOW windows: one slow enqueue (a GC pause, a first launch) used to lengthen every later
+# window's spin to MAX_PREROLL_MS for the rest of the run (session 52: 0.5 ms before each of ~86 launches a query,
+# 4x the host time of the LC-alone rate search, which took most of each 200 s BERT-base run)
+ENQUEUE_WINDOW = 256
+_enqueues: deque[float] = deque(maxlen=ENQUEUE_WINDOW)
+_since_resize = 0
 
 
 def _calibrate_preroll() -> None:
@@ -55,7 +66,8 @@ def timed(fn: Callable[[], Any], retime: bool = True) -> float:
     GPU, so every duration on the scheduler's clock also held the host's launch path (Triton's Python launcher,
     tens of us per launch for 44 LC kernels of 50-260 us), which varies with what the host did in between
     (Aker plans between launches; time sharing does not). If enqueueing took longer than the spin, the GPU may have
-    idled inside the window (session 8: 2,638-7,437 such windows a run, one of 852 ms): the spin grows, and with
+    idled inside the window (session 8: 2,638-7,437 such windows a run, one of 852 ms): the spin grows (and shrinks
+    back to what the recent enqueues need, ``_note_enqueue``), and with
     ``retime`` the work runs once more and that window is the one returned (the scheduler counts its blocks once;
     callers pass ``retime=False`` for work that is not idempotent: a histogram's atomics would count twice, which
     session 28's first whole-suite GPU run caught in ``tests/colocate/test_prio_version.py``)."""
@@ -67,17 +79,38 @@ def timed(fn: Callable[[], Any], retime: bool = True) -> float:
         _calibrate_preroll()
     ms, enq = _window(fn)
     PREROLL["max_enqueue_ms"] = max(PREROLL["max_enqueue_ms"], enq)
+    _note_enqueue(enq)
     if enq > 0.8 * PREROLL["ms"]:  # the GPU may have idled inside the window
         PREROLL["uncovered"] += 1
         if enq <= MAX_PREROLL_MS:  # a longer spin from now on (not for a JIT compile: first calls are untimed anyway)
-            PREROLL["ms"] = min(MAX_PREROLL_MS, 1.5 * enq)
-            PREROLL["cycles"] = int(PREROLL["ms"] * PREROLL["cycles_per_ms"])
+            _set_spin(min(MAX_PREROLL_MS, 1.5 * enq))
         if retime:
             PREROLL["retimed"] += 1
             ms2, enq2 = _window(fn)
             if enq2 <= 0.8 * PREROLL["ms"] or ms2 < ms:  # covered this time, or at least less idle inside
                 ms = ms2
     return ms
+
+
+def _set_spin(ms: float) -> None:
+    PREROLL["ms"] = ms
+    PREROLL["cycles"] = int(ms * PREROLL["cycles_per_ms"])
+
+
+def _note_enqueue(enq_ms: float) -> None:
+    """Keep the last ``ENQUEUE_WINDOW`` enqueue times; once per window, shrink a spin that a rare slow enqueue grew to
+    1.5x their 99th percentile (never below ``MIN_PREROLL_MS``): a spin longer than the enqueues it covers only adds
+    host time, while a window it fails to cover is re-timed anyway (``timed``)."""
+    global _since_resize
+    _enqueues.append(enq_ms)
+    _since_resize += 1
+    if _since_resize < ENQUEUE_WINDOW or len(_enqueues) < ENQUEUE_WINDOW:
+        return
+    _since_resize = 0
+    target = min(MAX_PREROLL_MS, max(MIN_PREROLL_MS, 1.5 * float(np.percentile(np.asarray(_enqueues), 99))))
+    if target < PREROLL["ms"]:
+        _set_spin(target)
+        PREROLL["shrinks"] += 1
 
 
 def graphed(run: Callable[[], Any]) -> Callable[[], Any]:

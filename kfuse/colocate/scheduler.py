@@ -848,13 +848,19 @@ def measured_solo_ms(backend: Backend, prof: Profile, n_queries: int = 12) -> fl
 
 
 def measured_max_lc_rate(
-    backend: Backend, prof: Profile, qos_ms: float, start: float, n_queries: int = 150, iters: int = 6, sequences: int = 3
-) -> float:
+    backend: Backend, prof: Profile, qos_ms: float, start: float, n_queries: int = 150, iters: int = 6, sequences: int = 3,
+    bracket: float = 0.85,
+) -> float:  # fmt: skip
     """The highest rate at which LC alone keeps p99 within QoS *on the backend* (real launches vary
     more than the profile's medians): bisection below ``start`` (the replay estimate). A rate passes
     when the p99 pooled over ``sequences`` arrival sequences of ``n_queries`` is within QoS: session 9
     checked one sequence of 80 queries (its p99 is nearly its maximum) and the rate it passed gave
-    LC-alone p99s of 4.3, 5.1 and 6.6 ms on three sequences against a 5.6 ms QoS."""
+    LC-alone p99s of 4.3, 5.1 and 6.6 ms on three sequences against a 5.6 ms QoS.
+
+    The search first tries ``bracket x start``: the replay estimate is usually a few percent high (session 52:
+    432 -> 419/s), so where that rate passes, the bisection runs between it and ``start`` with ``iters - 3`` steps
+    (with the defaults to within 1.9% of ``start``, against 1.6% for 6 steps over [0, start]): 5 rate checks instead
+    of 7, each serving ``sequences x n_queries`` real queries. Else it bisects [0, bracket x start] as before."""
 
     def ok(rate: float) -> bool:
         lat = [x for s in range(sequences) for x in run_policy(backend, prof, "lc_alone", poisson_arrivals(rate, n_queries, 7 + s), [],
@@ -863,8 +869,9 @@ def measured_max_lc_rate(
 
     if ok(start):
         return start
-    lo, hi = 0.0, start
-    for _ in range(iters):
+    near = bracket * start if 0.0 < bracket < 1.0 else start
+    lo, hi, steps = (near, start, max(1, iters - 3)) if near < start and ok(near) else (0.0, near, iters)
+    for _ in range(steps):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo

@@ -56,3 +56,43 @@ def test_segments_run_eagerly_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> 
     assert backend.graphed_segments == 0
     backend.run_lc(0)
     assert ran == [0]
+
+
+@pytest.fixture
+def fresh_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import deque
+
+    monkeypatch.setattr(cb, "_enqueues", deque(maxlen=cb.ENQUEUE_WINDOW))
+    monkeypatch.setattr(cb, "_since_resize", 0)
+
+
+def test_one_slow_enqueue_grows_the_spin_only_until_the_next_window_of_enqueues(fake_gpu, fresh_history) -> None:
+    fake_gpu += [(0.9, 0.3), (0.4, 0.02)]  # one slow enqueue: the spin grows to 0.45 ms
+    cb.timed(lambda: None)
+    assert cb.PREROLL["ms"] == pytest.approx(0.45)
+    # then fast enqueues (20-40 us): within one window of them the spin is back at its floor
+    fast = [0.02 + 0.02 * (i % 3) / 2 for i in range(cb.ENQUEUE_WINDOW)]
+    fake_gpu += [(0.2, e) for e in fast]
+    for _ in fast:
+        assert cb.timed(lambda: None) == 0.2
+    assert cb.PREROLL["ms"] == pytest.approx(cb.MIN_PREROLL_MS)
+    assert cb.PREROLL["cycles"] == int(cb.MIN_PREROLL_MS * cb.PREROLL["cycles_per_ms"])
+    assert cb.PREROLL["shrinks"] == 1 and cb.PREROLL["uncovered"] == 1
+
+
+def test_the_spin_shrinks_to_what_the_slowest_recent_enqueues_need(fake_gpu, fresh_history) -> None:
+    cb.PREROLL.update(ms=0.5, cycles=5000)
+    # enqueues of 0.2 ms (a span's two partition launches, say): 1.5x their 99th percentile, not the floor
+    fake_gpu += [(1.0, 0.2)] * cb.ENQUEUE_WINDOW
+    for _ in range(cb.ENQUEUE_WINDOW):
+        cb.timed(lambda: None)
+    assert cb.PREROLL["ms"] == pytest.approx(0.3)
+    assert cb.PREROLL["uncovered"] == 0
+
+
+def test_the_spin_never_shrinks_below_what_the_enqueues_need(fake_gpu, fresh_history) -> None:
+    cb.PREROLL.update(ms=0.1, cycles=1000)
+    fake_gpu += [(0.2, 0.05)] * (2 * cb.ENQUEUE_WINDOW)
+    for _ in range(2 * cb.ENQUEUE_WINDOW):
+        cb.timed(lambda: None)
+    assert cb.PREROLL["ms"] == pytest.approx(0.1) and cb.PREROLL["shrinks"] == 0

@@ -171,3 +171,29 @@ def test_profile_samples_walk_through_the_be_kernel_like_a_run() -> None:
             # the next range starts where the last ended, and wraps to 0 only when it would not fit
             assert s1 == e0 or (s1 == 0 and e0 + (e1 - s1) > nb), (be, (s0, e0), (s1, e1))
         assert any(s > 0 for s, _ in mine)
+
+
+def test_measured_max_rate_brackets_near_the_replay_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the replay estimate is a few percent high, the search checks 0.85 of it first and bisects above that:
+    five rate checks, not seven, and the rate it returns still keeps LC alone's pooled p99 within QoS."""
+    sim, prof = _setup()
+    qos = 5 * prof.lc_total
+    est = S.max_lc_rate(prof, qos)
+    slower = SimGPU([x * 1.04 for x in LC], FUS, {"be": (0.01, 0.002, 2000)}, keys=KEYS)  # launches 4% slower than profiled
+    calls: list[float] = []
+    real = S.run_policy
+
+    def counting(backend, prof_, policy, arrivals, *a, **k):  # type: ignore[no-untyped-def]
+        calls.append(len(arrivals))
+        return real(backend, prof_, policy, arrivals, *a, **k)
+
+    monkeypatch.setattr(S, "run_policy", counting)
+    measured = S.measured_max_lc_rate(slower, prof, qos, est)
+    assert 0.85 * est <= measured < est
+    assert len(calls) == 5 * 3  # start, 0.85 x start, three bisection steps; three sequences each
+    lat = [x for s in range(3) for x in real(slower, prof, "lc_alone", S.poisson_arrivals(measured, 150, 7 + s), [], qos).latencies_ms]
+    assert np.percentile(lat, 99) <= qos
+    # a bracket that fails falls back to bisecting [0, 0.85 x start]
+    calls.clear()
+    far = S.measured_max_lc_rate(slower, prof, qos, 3 * est)
+    assert far < 0.85 * 3 * est and len(calls) == (2 + 6) * 3
