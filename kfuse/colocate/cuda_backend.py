@@ -8,7 +8,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, FusedVersion, launch_fused
@@ -24,10 +23,10 @@ PREROLL: dict[str, float] = {"cycles": 0, "ms": 0.1, "max_enqueue_ms": 0.0, "unc
                              "shrinks": 0}  # fmt: skip
 MIN_PREROLL_MS = 0.1
 MAX_PREROLL_MS = 0.5
-# the spin shrinks back to 1.5x the 99th percentile of the last ENQUEUE_WINDOW enqueue times (at least MIN_PREROLL_MS),
-# checked once per ENQUEUE_WINDOW windows: one slow enqueue (a GC pause, a first launch) used to lengthen every later
-# window's spin to MAX_PREROLL_MS for the rest of the run (session 52: 0.5 ms before each of ~86 launches a query,
-# 4x the host time of the LC-alone rate search, which took most of each 200 s BERT-base run)
+# the spin shrinks back to 1.5x the longest of the last ENQUEUE_WINDOW enqueue times that a spin may cover (at least
+# MIN_PREROLL_MS), checked once per ENQUEUE_WINDOW windows: one slow enqueue (a hiccup, a first launch) used to lengthen
+# every later window's spin to MAX_PREROLL_MS for the rest of the run (session 52: 0.5 ms before each of ~86 launches a
+# query, 4x the host time of the LC-alone rate search, which took most of each 200 s BERT-base run)
 ENQUEUE_WINDOW = 256
 _enqueues: deque[float] = deque(maxlen=ENQUEUE_WINDOW)
 _since_resize = 0
@@ -99,15 +98,18 @@ def _set_spin(ms: float) -> None:
 
 def _note_enqueue(enq_ms: float) -> None:
     """Keep the last ``ENQUEUE_WINDOW`` enqueue times; once per window, shrink a spin that a rare slow enqueue grew to
-    1.5x their 99th percentile (never below ``MIN_PREROLL_MS``): a spin longer than the enqueues it covers only adds
-    host time, while a window it fails to cover is re-timed anyway (``timed``)."""
+    1.5x the longest of them up to ``MAX_PREROLL_MS`` (longer ones are stalls no spin covers; never below
+    ``MIN_PREROLL_MS``): a spin longer than the enqueues it covers only adds host time. The longest, not a
+    percentile, so a rare kind of launch that enqueues slowly (a span's two partitions, a BE kernel that must not be
+    re-timed) stays covered while it recurs within the window."""
     global _since_resize
     _enqueues.append(enq_ms)
     _since_resize += 1
     if _since_resize < ENQUEUE_WINDOW or len(_enqueues) < ENQUEUE_WINDOW:
         return
     _since_resize = 0
-    target = min(MAX_PREROLL_MS, max(MIN_PREROLL_MS, 1.5 * float(np.percentile(np.asarray(_enqueues), 99))))
+    longest = max((e for e in _enqueues if e <= MAX_PREROLL_MS), default=0.0)
+    target = min(MAX_PREROLL_MS, max(MIN_PREROLL_MS, 1.5 * longest))
     if target < PREROLL["ms"]:
         _set_spin(target)
         PREROLL["shrinks"] += 1
