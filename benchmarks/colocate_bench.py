@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--classify", choices=("all", "selected"), default="all",
                     help="BE kernels whose utilisation is measured and classified: all eight, or only those of --be")  # fmt: skip
     ap.add_argument("--aims", default="", help="also run Aker aimed by these rules (comma-separated), as policy aker_<rule>")
+    ap.add_argument("--span-fill", action="store_true",
+                    help="also profile the partitions (green<S>) with low-priority BE backfills on the query's SMs")  # fmt: skip
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
         ap.error("--load must be in (0, 1] and --qos-factor above 1")
@@ -130,7 +132,7 @@ def main() -> None:
                 fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
                 sequences=a.sequences, aim=a.aim, aims=[r for r in a.aims.split(",") if r], knee_samples=a.knee_samples,
                 **({"policies": [p for p in a.policies.split(",") if p]} if a.policies else {}),
-                log=stamped,
+                log=stamped, span_fill=a.span_fill,
             )  # fmt: skip
             recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
             for r in recs:

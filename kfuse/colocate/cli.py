@@ -43,6 +43,9 @@ def run(
         help="policies to run (comma-separated; empty: all of lc_alone, timeshare, streams, aker, partition, auto; "
         "partition needs a green<S> version, auto a green<S> and a fused version)",
     ),
+    span_fill: bool = typer.Option(
+        False, "--span-fill", help="also profile the partitions with backfills of BE blocks on the query's own SMs at low priority"
+    ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time sharing, streams, Aker fusion, SM partitions and
@@ -98,13 +101,14 @@ def run(
     # on the GPU, solo and the max rate are measured on the backend's own clock (calibrate)
     res = experiment.run_experiment(gpu, be_names, qos_ms or None, qos_factor, load, seconds, seed=seed, sequences=sequences,
                                     calibrate=use_cuda, aim=aim, aims=aim_rules, knee_samples=knee_samples,
-                                    versions=chosen, policies=run_policies)  # fmt: skip
+                                    versions=chosen, policies=run_policies, span_fill=span_fill)  # fmt: skip
     cmd = f"kfuse colocate run --lc {lc} --be {be} --qos-ms {qos_ms} --load {load} --seconds {seconds} --backend {backend}"
     cmd += f" --sequences {sequences}" if sequences > 1 else ""
     cmd += f" --aim {aim}" + (f" --aims {aims}" if aim_rules else "")
     cmd += f" --knee-samples {knee_samples}" if knee_samples else ""
     cmd += f" --versions {versions}" if versions else ""
     cmd += f" --policies {policies}" if policies else ""
+    cmd += " --span-fill" if span_fill else ""
     recs = experiment.records(res, lc, cmd)
     for r in recs:
         r["backend"] = "cuda" if use_cuda else "sim"

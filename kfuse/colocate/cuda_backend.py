@@ -196,7 +196,7 @@ class CudaBackend(Backend):
             self._queries[be_sms] = graphed(lambda: [f() for f in fns])
         return self._queries[be_sms]
 
-    def run_span(self, be: str, start: int, end: int, be_sms: int) -> float:
+    def run_span(self, be: str, start: int, end: int, be_sms: int, fill: int = 0) -> float:
         self.launches += 1
         query = self._query_on(be_sms)
         if not be_sms:
@@ -205,15 +205,26 @@ class CudaBackend(Backend):
         bk = self.be[be].kernel
         grid = self.be_grid // self.sms * (part.be_sms if part is not None else self.sms)  # persistent on its SMs
 
-        def slice_() -> None:  # past the kernel's last block the slice runs on into the job's next instances
-            lo, left = start, end - start
+        def pieces(lo: int, left: int) -> list[tuple[int, int]]:
+            """Block ranges of ``left`` blocks from ``lo``: past the kernel's last block, into the job's next instances."""
+            out = []
+            lo %= bk.n_blocks
             while left > 0:
                 hi = min(bk.n_blocks, lo + left)
-                launch_ptb(bk, lo, hi, grid)
+                out.append((lo, hi))
                 left -= hi - lo
                 lo = 0
+            return out
 
-        return timed(lambda: run_partitioned(part, query, slice_), retime=self.be[be].idempotent)
+        def slice_() -> None:
+            for lo, hi in pieces(start, end - start):
+                launch_ptb(bk, lo, hi, grid)
+
+        def backfill() -> None:  # one program per block: each slot the query leaves free takes a fresh block
+            for lo, hi in pieces(end, fill):
+                launch_ptb(bk, lo, hi, hi - lo)
+
+        return timed(lambda: run_partitioned(part, query, slice_, backfill if fill else None), retime=self.be[be].idempotent)
 
     def run_fused(self, i: int, be: str, start: int, end: int, version: Any) -> float:
         it = self.items[i]

@@ -15,6 +15,7 @@ import numpy as np
 from kfuse.colocate import predictor
 from kfuse.colocate.fuser import DEFAULT_VERSIONS, any_kernel
 from kfuse.colocate.scheduler import (
+    FILL_SHARES,
     POLICIES,
     Backend,
     Profile,
@@ -67,7 +68,7 @@ def run_experiment(
     policies: Sequence[str] = POLICIES, seed: int = 0, reps: int = 2, min_fuse_ms: float = 0.0,
     log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None, max_fuse_keys: int | None = None,
     calibrate: bool = False, warmup_queries: int = 0, control: bool = True, sequences: int = 1,
-    aim: str = "priced", aims: Sequence[str] = (), knee_samples: int = 0,
+    aim: str = "priced", aims: Sequence[str] = (), knee_samples: int = 0, span_fill: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Profile, then serve the same Poisson arrivals under every policy for every BE kernel.
     ``sequences``: that many arrival sequences (seeds ``seed``, ``seed + 1``, ...), every policy
@@ -76,7 +77,10 @@ def run_experiment(
     ``aim``: where Aker aims its fused slices (``predictor.AIM_RULES``; "priced": E solved per BE kernel
     from the allowance, ``Profile.price_aims``). ``aims``: other rules to run Aker with too, on the same
     profile and arrivals, recorded as policy ``aker_<rule>`` (an A/B of where the slices are aimed).
-    ``knee_samples``: extra profile samples inside each fused curve's first wave step (``scheduler.knee_blocks``)."""
+    ``knee_samples``: extra profile samples inside each fused curve's first wave step (``scheduler.knee_blocks``).
+    ``span_fill``: the whole-query partitions are also profiled with backfills of BE blocks on the query's own SMs at
+    low priority (``scheduler.FILL_SHARES``), which the ``backfill`` and ``auto`` plans may then choose (``partition``
+    keeps to the slices: the two run side by side on the same profile and arrivals)."""
     if sequences < 1:
         raise ValueError(f"sequences must be >= 1, got {sequences}")
     bad = [r for r in (aim, *aims) if r not in predictor.AIM_RULES]
@@ -87,9 +91,10 @@ def run_experiment(
     # an SM-partition version (green<S>) also profiles whole-query partitions of S SMs for the ``partition`` policy
     span_sms = sorted({v.r2 for v in versions if any_kernel(v)})
     prof = build_profile(backend, be_names, versions, reps=reps, min_fuse_ms=min_fuse_ms, log=log, max_fuse_keys=max_fuse_keys,
-                         knee_samples=knee_samples, span_sms=span_sms, **kw)  # fmt: skip
+                         knee_samples=knee_samples, span_sms=span_sms, fill_shares=FILL_SHARES if span_fill else (), **kw)  # fmt: skip
     # the partition policy needs profiled spans; auto both spans and a chosen fusion (else it is partition or aker)
-    policies = [p for p in policies if (p != "partition" or prof.spans) and (p != "auto" or (prof.spans and prof.chosen))]
+    policies = [p for p in policies if (p != "partition" or prof.spans) and (p != "backfill" or prof.filled_spans)
+                and (p != "auto" or (prof.spans and prof.chosen))]  # fmt: skip
     solo_profile = prof.lc_total
     if calibrate:  # the solo latency as the policies' clock measures it; LC kernel times scaled to match
         solo_measured = measured_solo_ms(backend, prof)
@@ -256,7 +261,7 @@ def plot(res: dict[str, Any], lc_name: str, out_dir: str | Path) -> list[Path]:
     fig.savefig(p, dpi=120)
     plt.close(fig)
     paths.append(p)
-    pols = [p for p in POLICIES if p != "lc_alone"]
+    pols = [p for p in POLICIES if p != "lc_alone" and any((be, p) in res["runs"] for be in bes)] or ["timeshare"]
     fig, ax = plt.subplots(figsize=(1.5 + 1.6 * max(1, len(bes)), 3.4))
     w = 0.8 / len(pols)
     for j, pol in enumerate(pols):
@@ -303,7 +308,7 @@ def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, A
                                            "be_ms_per_launch", "be_query_launches", "be_idle_launches", "fused_ms", "host_ms",
                                            "elapsed_ms", "be_units")},
             "aim": res.get("aims", {}).get(f"{be}|{pol}"),
-            "partition_ceiling": res.get("partition_ceiling") if pol in ("partition", "auto") else None,
+            "partition_ceiling": res.get("partition_ceiling") if pol in ("partition", "backfill", "auto") else None,
             "sequences": res.get("sequences", 1), "p99_per_sequence_ms": list(r.p99_per_sequence),
             "be_gain_per_sequence": _paired_gains(r, ts),
             "latencies_ms": [round(x, 4) for x in r.latencies_ms],

@@ -82,10 +82,20 @@ class SmPartition:
     lc_stream: torch.cuda.Stream
     be_stream: torch.cuda.Stream
     device: int = 0
+    # a second stream on the LC's SMs at the lowest priority: BE blocks there take only what the LC leaves (backfill)
+    lc_fill_stream: torch.cuda.Stream | None = None
     _handles: list[Any] = field(default_factory=list, repr=False)  # the green contexts, kept alive with the streams
 
     def describe(self) -> str:
         return f"LC on {self.lc_sms} SMs, BE on {self.be_sms}"
+
+
+def _ctx_stream(lib: Any, ctx: Any, priority: int) -> torch.cuda.Stream:
+    stream = ctypes.c_void_p()
+    _check(
+        lib, lib.cuGreenCtxStreamCreate(ctypes.byref(stream), ctx, CU_STREAM_NON_BLOCKING, ctypes.c_int(priority)), "cuGreenCtxStreamCreate"
+    )
+    return torch.cuda.ExternalStream(stream.value)
 
 
 def _green_stream(lib: Any, res: _Resource, dev: ctypes.c_int, priority: int) -> tuple[torch.cuda.Stream, Any]:
@@ -93,16 +103,13 @@ def _green_stream(lib: Any, res: _Resource, dev: ctypes.c_int, priority: int) ->
     _check(lib, lib.cuDevResourceGenerateDesc(ctypes.byref(desc), ctypes.byref(res), 1), "cuDevResourceGenerateDesc")
     ctx = ctypes.c_void_p()
     _check(lib, lib.cuGreenCtxCreate(ctypes.byref(ctx), desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate")
-    stream = ctypes.c_void_p()
-    _check(
-        lib, lib.cuGreenCtxStreamCreate(ctypes.byref(stream), ctx, CU_STREAM_NON_BLOCKING, ctypes.c_int(priority)), "cuGreenCtxStreamCreate"
-    )
-    return torch.cuda.ExternalStream(stream.value), ctx
+    return _ctx_stream(lib, ctx, priority), ctx
 
 
 def split_sms(be_sms: int, device: int | None = None) -> SmPartition:
     """The GPU's SMs in two disjoint green contexts: ``be_sms`` (rounded by the driver to its partition granularity)
-    for BE work and the rest for the LC, each with a stream (the LC's at the highest priority)."""
+    for BE work and the rest for the LC, each with a stream (the LC's at the highest priority), and on the LC's SMs a
+    second stream at the lowest priority for backfill."""
     if not torch.cuda.is_available():
         raise GreenContextError("no CUDA device")
     dev_index = torch.cuda.current_device() if device is None else device
@@ -126,9 +133,11 @@ def split_sms(be_sms: int, device: int | None = None) -> SmPartition:
     _check(lib, rc, f"cuDevSmResourceSplitByCount({be_sms} of {total} SMs)")
     if groups.value != 1 or be_res.sm_count + rest.sm_count != total or rest.sm_count == 0:
         raise GreenContextError(f"split of {total} SMs gave {groups.value} group(s) of {be_res.sm_count} and {rest.sm_count} remaining")
-    lc_stream, lc_ctx = _green_stream(lib, rest, dev, torch.cuda.Stream.priority_range()[1])  # the most urgent
+    least, most = torch.cuda.Stream.priority_range()
+    lc_stream, lc_ctx = _green_stream(lib, rest, dev, most)
     be_stream, be_ctx = _green_stream(lib, be_res, dev, 0)
-    return SmPartition(rest.sm_count, be_res.sm_count, lc_stream, be_stream, dev_index, [lc_ctx, be_ctx, lib])
+    fill_stream = _ctx_stream(lib, lc_ctx, least)
+    return SmPartition(rest.sm_count, be_res.sm_count, lc_stream, be_stream, dev_index, fill_stream, [lc_ctx, be_ctx, lib])
 
 
 _PARTITIONS: dict[tuple[int, int], SmPartition] = {}
@@ -143,14 +152,28 @@ def partition(be_sms: int, device: int | None = None) -> SmPartition:
     return _PARTITIONS[key]
 
 
-def run_partitioned(part: SmPartition | None, lc: Any, be: Any) -> None:
+def run_partitioned(part: SmPartition | None, lc: Any, be: Any, fill: Any = None) -> None:
     """``lc`` enqueued on the LC partition's stream and ``be`` on the BE partition's, both after the current stream's
-    work; the current stream then waits for both. Without a partition (no GPU: the interpreter) they run in order."""
+    work; the current stream then waits for both. ``fill``: enqueued last, on the LC's SMs at the lowest priority, so
+    its blocks take only the slots the LC's pending blocks leave. Without a partition (no GPU: the interpreter) they
+    run in order."""
     if part is None:
         lc()
         be()
+        if fill is not None:
+            fill()
         return
-    run_beside(part.lc_stream, lc, part.be_stream, be)
+    if fill is None:
+        run_beside(part.lc_stream, lc, part.be_stream, be)
+        return
+    if part.lc_fill_stream is None:
+        raise GreenContextError("this partition has no backfill stream")
+    cur = torch.cuda.current_stream()
+    part.lc_fill_stream.wait_stream(cur)
+    run_beside(part.lc_stream, lc, part.be_stream, be)  # the current stream waits for both: the fill waits for neither
+    with torch.cuda.stream(part.lc_fill_stream):
+        fill()
+    cur.wait_stream(part.lc_fill_stream)
 
 
 @triton.jit

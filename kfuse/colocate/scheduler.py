@@ -40,8 +40,10 @@ from kfuse.colocate.fuser import any_kernel
 from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, SampleModel, error_summary, relative_errors
 from kfuse.colocate.selector import MIN_OVERLAP, Selection, plan_fusion, select_version
 
-# auto: per query, the whole-query SM partition (partition) or per-kernel fusion (aker), whichever plans the larger gain
-POLICIES = ("lc_alone", "timeshare", "streams", "aker", "partition", "auto")
+# backfill: the partition, its query's own SMs also taking low-priority BE blocks (profiled with fill_shares);
+# auto: per query, the whole-query SM partition (backfilled where profiled) or per-kernel fusion (aker), whichever plans
+# the larger gain
+POLICIES = ("lc_alone", "timeshare", "streams", "aker", "partition", "backfill", "auto")
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,11 @@ class Backend:
         """LC kernel i and BE blocks [start, end) launched on two streams; time until both are done."""
         raise NotImplementedError
 
-    def run_span(self, be: str, start: int, end: int, be_sms: int) -> float:
+    def run_span(self, be: str, start: int, end: int, be_sms: int, fill: int = 0) -> float:
         """A whole query's LC kernels back to back on the SMs a ``be_sms`` partition leaves, BE blocks [start, end) on
         the other ``be_sms`` at the same time; time until both are done. ``be_sms`` 0: the query alone on the whole GPU
-        in the same form (the reference its partitioned windows are read against)."""
+        in the same form (the reference its partitioned windows are read against). ``fill``: that many more blocks,
+        [end, end + fill), on the query's own SMs at a lower priority than the query (its gaps and idle SMs)."""
         raise NotImplementedError
 
 
@@ -101,6 +104,8 @@ class Profile:
     # window alone in the same form. A window w counts on the policies' clock as lc_total x w / span_solo_ms.
     spans: dict[tuple[str, int], list[tuple[int, float]]] = field(default_factory=dict)
     span_solo_ms: float = 0.0
+    # the same with a backfill of m BE blocks on the query's own SMs at low priority: (BE, S, m) -> [(slice, window)]
+    filled_spans: dict[tuple[str, int, int], list[tuple[int, float]]] = field(default_factory=dict)
 
     @property
     def lc_total(self) -> float:
@@ -235,12 +240,13 @@ def build_profile(
     backend: Backend, be_names: Sequence[str], versions: Sequence[Any], reps: int = 3, min_fuse_ms: float = 0.0,
     fit_ratios: Sequence[float] = FIT_RATIOS, heldout_ratios: Sequence[float] = HELDOUT_RATIOS, log: Any = None,
     max_fuse_keys: int | None = None, min_overlap: float = MIN_OVERLAP, knee_samples: int = KNEE_SAMPLES,
-    span_sms: Sequence[int] = (),
+    span_sms: Sequence[int] = (), fill_shares: Sequence[float] = (),
 ) -> Profile:  # fmt: skip
     """Measure solo LC times, fit BE linear models and fused two-stage models, then report held-out errors.
     ``max_fuse_keys``: profile fused versions only for the LC kernel shapes with the most total time
     (each profiled shape x BE x version is one more kernel to compile); the others run unfused. ``span_sms``: BE SM
-    counts of the whole-query partitions to profile (``profile_spans``, for the ``partition`` policy)."""
+    counts of the whole-query partitions to profile (``profile_spans``, for the ``partition`` policy); ``fill_shares``:
+    with each, the backfill sizes to profile (``FILL_SHARES``; empty: spans without backfill)."""
 
     def med(f: Any) -> float:
         f()  # untimed first call: JIT compilation of a new kernel must not count as its duration
@@ -329,7 +335,7 @@ def build_profile(
             log(f"  profiled LC kernel {lc[i].name} ({key}, {t_lc:.4f} ms) with {', '.join(be_names)}")
     prof = Profile(lc_ms, lc, be_models, be_blocks, fused, samples=samples, min_overlap=min_overlap)
     if span_sms:
-        profile_spans(prof, backend, be_names, span_sms, med, fresh, log)
+        profile_spans(prof, backend, be_names, span_sms, med, fresh, log, fill_shares)
     prof.heldout = {"be_linear": error_summary(lin_err), "fused_two_stage": error_summary(fused_err),
                     "fused_samples_loo": error_summary(sample_err)}  # fmt: skip
     prof.choose()
@@ -341,15 +347,21 @@ def build_profile(
 # +24% at 1.0); the plan only takes sampled slice sizes
 SPAN_FILL = (0.5, 0.75, 0.85, 0.95, 1.05, 1.25, 1.5)
 SPAN_MAX_KERNELS = 8  # a span's slice covers at most this many instances of its BE job
+# backfill sizes: BE blocks of this share of the query's time on its own N - S SMs at the BE's whole-GPU rate per SM.
+# The query leaves its SMs idle between kernels (BERT-base B8 on an H100: 1.23 ms as one graph against 1.08 ms of
+# kernels) and inside kernels with fewer programs than SMs; low-priority BE blocks there are the backfill
+FILL_SHARES = (0.1, 0.2, 0.35)
 SPAN_MARGIN = 0.02  # a span's predicted window is read 2% long: one interpolated sample (windows of one query repeat within ~1-2%)
 
 
 def profile_spans(
-    prof: Profile, backend: Backend, be_names: Sequence[str], span_sms: Sequence[int], med: Any, fresh: Any, log: Any = None
-) -> None:
+    prof: Profile, backend: Backend, be_names: Sequence[str], span_sms: Sequence[int], med: Any, fresh: Any, log: Any = None,
+    fill_shares: Sequence[float] = (),
+) -> None:  # fmt: skip
     """Whole-query partition windows: the query alone (``span_solo_ms``), then per BE kernel and BE SM count the query
     with no slice and with slices around the blocks the partition would run in the query's time at the BE's
-    whole-GPU rate scaled by its share of the SMs (``SPAN_FILL``)."""
+    whole-GPU rate scaled by its share of the SMs (``SPAN_FILL``). With ``fill_shares``, the same slices again with
+    each backfill size (``FILL_SHARES``) on the query's own SMs (``filled_spans``)."""
     if not be_names:
         return
     prof.span_solo_ms = med(lambda: backend.run_span(be_names[0], 0, 0, 0))
@@ -364,37 +376,55 @@ def profile_spans(
             if log:
                 pts = ", ".join(f"{n} blocks {t:.4f}" for n, t in prof.spans[(b, s)])
                 log(f"  span {b} on {s} SMs (query alone {prof.span_solo_ms:.4f} ms): {pts}")
+            lc_share = 1.0 - share
+            for f in fill_shares:
+                m = min(SPAN_MAX_KERNELS * prof.be_blocks[b], max(1, int(prof.be[b].blocks_for(f * lc_share * prof.span_solo_ms))))
+
+                def filled(n: int, m: int = m) -> float:
+                    lo, _ = fresh(b, n + m)
+                    return backend.run_span(b, lo, lo + n, s, m)
+
+                prof.filled_spans[(b, s, m)] = [(n, med(lambda n=n: filled(n))) for n in counts]
+                if log:
+                    pts = ", ".join(f"{n} blocks {t:.4f}" for n, t in prof.filled_spans[(b, s, m)])
+                    log(f"  span {b} on {s} SMs with a backfill of {m} blocks ({f:.0%} of the query's SMs' time): {pts}")
 
 
 @dataclass(frozen=True)
 class SpanPlan:
     be_sms: int
-    blocks: int
+    blocks: int  # on the BE's partition
     clock_ms: float  # the predicted window on the policies' clock (lc_total units), pessimistic
     gain_ms: float  # BE solo time of the blocks less the query's predicted extra time
+    fill: int = 0  # backfill blocks on the query's own SMs, after the slice's
 
 
-def span_plan(prof: Profile, be: str, blocks_left: int, headroom: float, run_on: bool = True) -> SpanPlan | None:
+def span_plan(prof: Profile, be: str, blocks_left: int, headroom: float, run_on: bool = True, fill: bool = True) -> SpanPlan | None:
     """The partition and slice for a query starting now: among the profiled slices, the one with the largest gain (the
     blocks' solo time less the extra the query takes) whose pessimistic extra fits ``headroom``; None where none
     gains. With ``run_on`` a slice longer than the ``blocks_left`` of the head BE kernel runs on into its job's next
-    instances; without, slices are cut to ``blocks_left``."""
+    instances; without, slices are cut to ``blocks_left``. With ``fill``, profiled backfills (``filled_spans``) are
+    candidates too: their blocks count with the slice's, and without ``run_on`` slice and backfill together fit
+    ``blocks_left``."""
     if prof.span_solo_ms <= 0:
         return None
     scale = prof.lc_total / prof.span_solo_ms
     best: SpanPlan | None = None
-    for (b, s), pts in prof.spans.items():
-        if b != be or len(pts) < 2:
+    curves = [(s, 0, pts) for (b, s), pts in prof.spans.items() if b == be]
+    curves += [(s, m, pts) for (b, s, m), pts in prof.filled_spans.items() if b == be and fill]
+    for s, m, pts in curves:
+        if len(pts) < 2 or (not run_on and m >= blocks_left):
             continue
         ns, ts = [p[0] for p in pts], [p[1] for p in pts]
-        cands = {n for n in ns if n > 0} if run_on else {min(n, blocks_left) for n in ns if n > 0}
-        for n in sorted(cands | ({blocks_left} if 0 < blocks_left < max(ns) else set())):
+        room = blocks_left - m  # what the slice may take without running on
+        cands = {n for n in ns if n > 0} if run_on else {min(n, room) for n in ns if n > 0}
+        for n in sorted(cands | ({room} if 0 < room < max(ns) else set())):
             # a slice beside the query never makes it faster: a sample below the query alone is noise
             clock = max(float(np.interp(n, ns, ts)), prof.span_solo_ms) * scale * (1.0 + SPAN_MARGIN)
             extra = clock - prof.lc_total
-            gain = prof.be[be].b * n - max(0.0, extra)
+            gain = prof.be[be].b * (n + m) - max(0.0, extra)
             if extra < headroom and gain > 0 and (best is None or gain > best.gain_ms):
-                best = SpanPlan(s, n, clock, gain)
+                best = SpanPlan(s, n, clock, gain, m)
     return best
 
 
@@ -698,10 +728,10 @@ def run_policy(
         else:
             item = be_queue[0]
             b, left = item[0], item[2] - item[1]
-        if policy in ("partition", "auto") and i == 0:
+        if policy in ("partition", "backfill", "auto") and i == 0:
             hr = headroom()
-            sp = span_plan(prof, b, left, hr, run_on=all(x[0] == b for x in be_queue))
-            if policy == "partition":
+            sp = span_plan(prof, b, left, hr, run_on=all(x[0] == b for x in be_queue), fill=policy != "partition")
+            if policy != "auto":
                 decide("span" if sp is not None else "no_span")
             else:  # the span only where it plans more gain than Aker's fusions over the same query would
                 gkey = (b, res.refits, round(hr, 3))
@@ -710,14 +740,19 @@ def run_policy(
                 q[3] = "span" if sp is not None and sp.gain_ms >= aker_gain_cache[gkey] else "aker"
                 decide(f"auto_{q[3]}")
             if sp is not None and q[3] != "aker":
-                t = timed_call(backend.run_span, b, item[1], item[1] + sp.blocks, sp.be_sms)
+                if sp.fill:
+                    t = timed_call(backend.run_span, b, item[1], item[1] + sp.blocks, sp.be_sms, sp.fill)
+                else:
+                    t = timed_call(backend.run_span, b, item[1], item[1] + sp.blocks, sp.be_sms)
                 clock = t * prof.lc_total / prof.span_solo_ms  # the policies' clock counts kernel windows, not graph gaps
-                record_co_run(f"query|{b}|span{sp.be_sms}", prof.lc_total, prof.be[b].predict(sp.blocks), sp.clock_ms, clock,
-                              prof.be[b].b * sp.blocks - (clock - prof.lc_total), sp.clock_ms / (1.0 + SPAN_MARGIN))  # fmt: skip
+                total = sp.blocks + sp.fill
+                record_co_run(f"query|{b}|span{sp.be_sms}" + (f"+fill{sp.fill}" if sp.fill else ""), prof.lc_total,
+                              prof.be[b].predict(total), sp.clock_ms, clock, prof.be[b].b * total - (clock - prof.lc_total),
+                              sp.clock_ms / (1.0 + SPAN_MARGIN))  # fmt: skip
                 done = 0
-                while done < sp.blocks:  # the head kernel's rest, then the job's next instances (be_done queues them)
+                while done < total:  # the head kernel's rest, then the job's next instances (be_done queues them)
                     head = be_queue[0]
-                    n = min(sp.blocks - done, head[2] - head[1])
+                    n = min(total - done, head[2] - head[1])
                     be_done(head, n)
                     done += n
                 now += clock
@@ -748,7 +783,7 @@ def run_policy(
                     continue
             hold = reserve(b, i + 1)
         # the time-sharing step (Aker's too): the rest of the head BE kernel if its predicted time fits the headroom
-        if policy in ("timeshare", "aker", "partition", "auto") and prof.be[b].predict(left) < headroom() - hold:
+        if policy in ("timeshare", "aker", "partition", "backfill", "auto") and prof.be[b].predict(left) < headroom() - hold:
             run_rest(item, q)
             continue
         if policy == "streams":

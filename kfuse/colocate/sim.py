@@ -59,9 +59,14 @@ class SimGPU(Backend):
         fused_law: Callable[[float, float, Any], float] | dict[Any, Callable[[float, float, Any], float]] | None = None,
         stream_overlap: float = 0.1, noise: float = 0.0, seed: int = 0, keys: Sequence[str] | None = None,
         stall_ms: float = 0.0, sms: int = 132, span_slowdown: dict[int, float] | None = None,
-        span_contention: dict[str, float] | None = None,
+        span_contention: dict[str, float] | None = None, span_idle: float = 0.0, fill_contention: dict[str, float] | None = None,
     ) -> None:  # fmt: skip
         self.sms = sms
+        # the share of the query's own SMs' time it leaves idle (gaps between kernels, kernels with fewer programs than
+        # SMs): a backfill runs there at the BE's whole-GPU rate per SM; what does not fit runs after the query
+        self.span_idle = span_idle
+        # BE kernel -> the query's extra time (a fraction) per whole BE kernel's blocks backfilled beside it
+        self.fill_contention = dict(fill_contention or {})
         self.span_slowdown = dict(span_slowdown or {})  # BE SM count -> the whole query's slowdown on the rest
         # BE kernel -> the query's extra time (a fraction) per whole BE kernel's blocks beside it: the HBM and L2
         # contention session 50's simulation lacked (H100, session 51: mri-q ~0.013, sgemm ~0.03-0.05, hotspot ~0.05)
@@ -120,18 +125,26 @@ class SimGPU(Backend):
         law = (self.law.get((self.keys[i], version)) or self.law[version]) if isinstance(self.law, dict) else self.law
         return self._n(law(self.lc_ms[i], self.be_time(be, end - start), version)) + self._stall("fused", be, version, start, end)
 
-    def run_span(self, be: str, start: int, end: int, be_sms: int) -> float:
+    def run_span(self, be: str, start: int, end: int, be_sms: int, fill: int = 0) -> float:
         """The query on ``sms - be_sms`` SMs (``span_slowdown``) beside the blocks on ``be_sms`` (their launch cost once,
-        the rest at the partition's share of the whole GPU's rate); the later of the two."""
-        self.launches.append(("span", (be, start, end, be_sms)))
+        the rest at the partition's share of the whole GPU's rate); the later of the two. A backfill of ``fill`` blocks
+        runs in the query's idle share of its own SMs (``span_idle``), slowing it by ``fill_contention``; what does
+        not fit there runs on those SMs after it."""
+        self.launches.append(("span", (be, start, end, be_sms) + ((fill,) if fill else ())))
         t_lc = sum(self.lc_ms) * (self.span_slowdown.get(be_sms, 1.0) if be_sms else 1.0)
-        if not be_sms or end <= start:
+        if not be_sms or (end <= start and not fill):
             return self._n(t_lc)
         a, n_blocks = self.be[be][0], self.be[be][2]
         t_lc *= 1.0 + self.span_contention.get(be, 0.0) * (end - start) / n_blocks
+        t_lc *= 1.0 + self.fill_contention.get(be, 0.0) * fill / n_blocks
         launches = 1 + max(0, end - 1) // n_blocks - start // n_blocks  # past a kernel's blocks: the job's next instances
-        t_be = launches * a + (self.be_time(be, end - start) - a) * self.sms / be_sms
-        return self._n(max(t_lc, t_be)) + self._stall("span", be, start, end)
+        t_be = launches * a + (self.be_time(be, end - start) - a) * self.sms / be_sms if end > start else 0.0
+        t = max(t_lc, t_be)
+        if fill:  # whole-GPU BE time of the backfill, on the query's SMs: in its idle share, then after it
+            lc_sms = self.sms - be_sms
+            work = (self.be_time(be, fill) - a) * self.sms / lc_sms
+            t = max(t, t_lc + max(0.0, work - self.span_idle * t_lc))
+        return self._n(t) + self._stall("span", be, start, end)
 
     def run_concurrent(self, i: int, be: str, start: int, end: int) -> float:
         self.launches.append(("streams", (i, be, start, end)))

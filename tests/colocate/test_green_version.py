@@ -120,6 +120,9 @@ def test_partitions_are_disjoint_and_cover_the_device() -> None:
     lc, be = G.sm_ids(part.lc_stream), G.sm_ids(part.be_stream)
     assert len(lc) == part.lc_sms and len(be) == part.be_sms
     assert not lc & be
+    # the backfill stream is the LC's SMs at the lowest priority
+    assert part.lc_fill_stream is not None and G.sm_ids(part.lc_fill_stream) == lc
+    assert part.lc_fill_stream.priority > part.lc_stream.priority  # a larger number is less urgent
 
 
 def test_cli_takes_green_versions(colocate_cli) -> None:  # noqa: ANN001
