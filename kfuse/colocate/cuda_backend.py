@@ -199,11 +199,9 @@ class CudaBackend(Backend):
     def run_span(self, be: str, start: int, end: int, be_sms: int, fill: int = 0) -> float:
         self.launches += 1
         query = self._query_on(be_sms)
-        if not be_sms:
+        if not be_sms and not fill:
             return timed(query)
-        part = self._partition(be_sms)
         bk = self.be[be].kernel
-        grid = self.be_grid // self.sms * (part.be_sms if part is not None else self.sms)  # persistent on its SMs
 
         def pieces(lo: int, left: int) -> list[tuple[int, int]]:
             """Block ranges of ``left`` blocks from ``lo``: past the kernel's last block, into the job's next instances."""
@@ -216,13 +214,18 @@ class CudaBackend(Backend):
                 lo = 0
             return out
 
-        def slice_() -> None:
-            for lo, hi in pieces(start, end - start):
-                launch_ptb(bk, lo, hi, grid)
-
         def backfill() -> None:  # one program per block: each slot the query leaves free takes a fresh block
             for lo, hi in pieces(end, fill):
                 launch_ptb(bk, lo, hi, hi - lo)
+
+        if not be_sms:  # the backfill alone: the query on every SM, the blocks behind it at a lower priority
+            return timed(lambda: run_prio(self.prio, query, backfill), retime=self.be[be].idempotent)
+        part = self._partition(be_sms)
+        grid = self.be_grid // self.sms * (part.be_sms if part is not None else self.sms)  # persistent on its SMs
+
+        def slice_() -> None:
+            for lo, hi in pieces(start, end - start):
+                launch_ptb(bk, lo, hi, grid)
 
         return timed(lambda: run_partitioned(part, query, slice_, backfill if fill else None), retime=self.be[be].idempotent)
 

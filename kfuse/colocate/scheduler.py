@@ -334,7 +334,7 @@ def build_profile(
         if log:
             log(f"  profiled LC kernel {lc[i].name} ({key}, {t_lc:.4f} ms) with {', '.join(be_names)}")
     prof = Profile(lc_ms, lc, be_models, be_blocks, fused, samples=samples, min_overlap=min_overlap)
-    if span_sms:
+    if span_sms or fill_shares:
         profile_spans(prof, backend, be_names, span_sms, med, fresh, log, fill_shares)
     prof.heldout = {"be_linear": error_summary(lin_err), "fused_two_stage": error_summary(fused_err),
                     "fused_samples_loo": error_summary(sample_err)}  # fmt: skip
@@ -361,11 +361,27 @@ def profile_spans(
     """Whole-query partition windows: the query alone (``span_solo_ms``), then per BE kernel and BE SM count the query
     with no slice and with slices around the blocks the partition would run in the query's time at the BE's
     whole-GPU rate scaled by its share of the SMs (``SPAN_FILL``). With ``fill_shares``, the same slices again with
-    each backfill size (``FILL_SHARES``) on the query's own SMs (``filled_spans``)."""
+    each backfill size (``FILL_SHARES``) on the query's own SMs (``filled_spans``), and the backfill alone beside the
+    query on the whole GPU (BE SM count 0, no slice: for an LC that a partition slows)."""
     if not be_names:
         return
     prof.span_solo_ms = med(lambda: backend.run_span(be_names[0], 0, 0, 0))
     sms = getattr(backend, "sms", None) or 0
+
+    def profile_fills(b: str, s: int, counts: list[int], lc_share: float) -> None:
+        for f in fill_shares:
+            m = min(SPAN_MAX_KERNELS * prof.be_blocks[b], max(1, int(prof.be[b].blocks_for(f * lc_share * prof.span_solo_ms))))
+
+            def filled(n: int, m: int = m) -> float:
+                lo, _ = fresh(b, n + m)
+                return backend.run_span(b, lo, lo + n, s, m)
+
+            prof.filled_spans[(b, s, m)] = [(n, med(lambda n=n: filled(n))) for n in counts]
+            if log:
+                pts = ", ".join(f"{n} blocks {t:.4f}" for n, t in prof.filled_spans[(b, s, m)])
+                where = f"on {s} SMs" if s else "alone (the query on every SM)"
+                log(f"  span {b} {where} with a backfill of {m} blocks ({f:.0%} of the query's SMs' time): {pts}")
+
     for b in be_names:
         for s in span_sms:
             share = s / sms if sms else 0.25
@@ -376,18 +392,8 @@ def profile_spans(
             if log:
                 pts = ", ".join(f"{n} blocks {t:.4f}" for n, t in prof.spans[(b, s)])
                 log(f"  span {b} on {s} SMs (query alone {prof.span_solo_ms:.4f} ms): {pts}")
-            lc_share = 1.0 - share
-            for f in fill_shares:
-                m = min(SPAN_MAX_KERNELS * prof.be_blocks[b], max(1, int(prof.be[b].blocks_for(f * lc_share * prof.span_solo_ms))))
-
-                def filled(n: int, m: int = m) -> float:
-                    lo, _ = fresh(b, n + m)
-                    return backend.run_span(b, lo, lo + n, s, m)
-
-                prof.filled_spans[(b, s, m)] = [(n, med(lambda n=n: filled(n))) for n in counts]
-                if log:
-                    pts = ", ".join(f"{n} blocks {t:.4f}" for n, t in prof.filled_spans[(b, s, m)])
-                    log(f"  span {b} on {s} SMs with a backfill of {m} blocks ({f:.0%} of the query's SMs' time): {pts}")
+            profile_fills(b, s, counts, 1.0 - share)
+        profile_fills(b, 0, [0], 1.0)
 
 
 @dataclass(frozen=True)
@@ -413,12 +419,16 @@ def span_plan(prof: Profile, be: str, blocks_left: int, headroom: float, run_on:
     curves = [(s, 0, pts) for (b, s), pts in prof.spans.items() if b == be]
     curves += [(s, m, pts) for (b, s, m), pts in prof.filled_spans.items() if b == be and fill]
     for s, m, pts in curves:
-        if len(pts) < 2 or (not run_on and m >= blocks_left):
+        if (len(pts) < 2 and s) or (not run_on and m >= blocks_left):
             continue
         ns, ts = [p[0] for p in pts], [p[1] for p in pts]
         room = blocks_left - m  # what the slice may take without running on
-        cands = {n for n in ns if n > 0} if run_on else {min(n, room) for n in ns if n > 0}
-        for n in sorted(cands | ({room} if 0 < room < max(ns) else set())):
+        if not s:  # the backfill alone, beside the query on every SM: no slice
+            cands = {0}
+        else:
+            cands = {n for n in ns if n > 0} if run_on else {min(n, room) for n in ns if n > 0}
+            cands |= {room} if 0 < room < max(ns) else set()
+        for n in sorted(cands):
             # a slice beside the query never makes it faster: a sample below the query alone is noise
             clock = max(float(np.interp(n, ns, ts)), prof.span_solo_ms) * scale * (1.0 + SPAN_MARGIN)
             extra = clock - prof.lc_total

@@ -132,13 +132,13 @@ class SimGPU(Backend):
         not fit there runs on those SMs after it."""
         self.launches.append(("span", (be, start, end, be_sms) + ((fill,) if fill else ())))
         t_lc = sum(self.lc_ms) * (self.span_slowdown.get(be_sms, 1.0) if be_sms else 1.0)
-        if not be_sms or (end <= start and not fill):
+        if (not be_sms or end <= start) and not fill:
             return self._n(t_lc)
         a, n_blocks = self.be[be][0], self.be[be][2]
         t_lc *= 1.0 + self.span_contention.get(be, 0.0) * (end - start) / n_blocks
         t_lc *= 1.0 + self.fill_contention.get(be, 0.0) * fill / n_blocks
         launches = 1 + max(0, end - 1) // n_blocks - start // n_blocks  # past a kernel's blocks: the job's next instances
-        t_be = launches * a + (self.be_time(be, end - start) - a) * self.sms / be_sms if end > start else 0.0
+        t_be = launches * a + (self.be_time(be, end - start) - a) * self.sms / be_sms if end > start and be_sms else 0.0
         t = max(t_lc, t_be)
         if fill:  # whole-GPU BE time of the backfill, on the query's SMs: in its idle share, then after it
             lc_sms = self.sms - be_sms

@@ -105,3 +105,38 @@ def test_cli_span_fill_profiles_backfills_and_runs_the_backfill_policy(colocate_
     r, seen, recs = colocate_cli("green32", "--policies", "timeshare,backfill")
     assert r.exit_code == 0, r.output
     assert seen["span_fill"] is False and {rec["policy"] for rec in recs} == {"timeshare"}
+
+
+def _resnet_like(span_idle: float) -> SimGPU:
+    """An LC that a partition slows so much that no slice pays: the query on the 100 SMs a 32-SM partition leaves takes
+    30% longer (ResNet-50 B32 on the H100, session 52: +5-6% with no BE blocks, +17% with mri-q's smallest slice)."""
+    sim = _bert(span_idle)
+    sim.span_slowdown = {BE_SMS: 1.3}
+    return sim
+
+
+def test_the_backfill_alone_serves_an_lc_that_a_partition_slows() -> None:
+    """Where a partition costs the query more than its slice gains, ``partition`` plans no span; ``backfill`` still
+    puts BE blocks in the query's idle share with the query on every SM (BE SM count 0, no slice)."""
+    runs, prof, qos = _runs(_resnet_like(0.15), fill=True)
+    assert any(s == 0 and m > 0 and len(pts) == 1 for (_, s, m), pts in prof.filled_spans.items())
+    assert runs["partition"].decisions.get("span", 0) == 0
+    keys = runs["backfill"].fused_by_key
+    assert keys and all(k.startswith("query|sgemm|span0+fill") for k in keys)
+    assert runs["backfill"].be_throughput >= 1.04 * runs["partition"].be_throughput
+    assert runs["backfill"].violations == 0 and runs["backfill"].p99 <= qos
+
+
+def test_the_backfill_alone_runs_every_block_once_on_the_cpu_backend(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
+    t = gemm_lc_backend("histogram")
+    a, b, c, w, expect_be, backend = t.a, t.b, t.c, t.w, t.expect_be, t.backend
+    n = w.kernel.n_blocks
+    backend.run_span("histogram", n // 3, n // 3, 0, 2 * n)  # no slice; the backfill from block n/3 over two instances
+    assert torch.allclose(c.cpu().float(), a.cpu().float() @ b.cpu().float(), atol=1e-2, rtol=1e-2)
+    assert torch.equal(w.output(), 2 * expect_be)
+
+
+def test_cli_span_fill_without_a_partition_profiles_the_backfill_alone(colocate_cli) -> None:  # noqa: ANN001
+    r, seen, recs = colocate_cli("1:2", "--policies", "timeshare,partition,backfill", "--span-fill")
+    assert r.exit_code == 0, r.output
+    assert {rec["policy"] for rec in recs} == {"timeshare", "backfill"}  # no green<S>: no partition to run
