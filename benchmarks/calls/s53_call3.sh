@@ -9,6 +9,9 @@ set -u
 export PYTHONUNBUFFERED=1
 CALL_S=${CALL_S:-570}
 COLO_S=${COLO_S:-220}
+# first the new code's tests on the GPU (real partitions, the fill stream's SMs and priority, every backfilled block once)
+PYTHONPATH=. timeout 120 python -m pytest -q -p no:cacheprovider tests/colocate/test_span_fill.py \
+  tests/colocate/test_green_version.py tests/colocate/test_cuda_backend_timing.py 2>&1 | tail -6
 for be in ${BES:-pathfinder histogram stencil7 mriq}; do
   if (( SECONDS + COLO_S > CALL_S )); then echo "skipped $be: ${SECONDS} s used"; continue; fi
   mkdir -p "$OUT/$be"

@@ -1,5 +1,6 @@
 """The partition's backfill: BE blocks on the query's own SMs at low priority during a whole-query span
-(``run_span(..., fill)``, ``Profile.filled_spans``, ``span_plan``), on the simulated GPU and the CPU backend."""
+(``run_span(..., fill)``, ``Profile.filled_spans``, ``span_plan``), on the simulated GPU and the CUDA backend
+(which runs in order without a GPU, and with real partitions and priorities on one)."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def test_span_plan_fits_slice_and_backfill_into_the_head_kernel_when_other_jobs_
     assert S.span_plan(prof, "sgemm", left, 1.0, fill=False).fill == 0  # the partition policy's plan
 
 
-def test_a_span_with_backfill_runs_every_block_once_on_the_cpu_backend(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
+def test_a_span_with_backfill_runs_every_block_once_on_the_cuda_backend(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
     t = gemm_lc_backend("histogram")
     a, b, c, w, expect_be, backend = t.a, t.b, t.c, t.w, t.expect_be, t.backend
     n = w.kernel.n_blocks
@@ -127,7 +128,7 @@ def test_the_backfill_alone_serves_an_lc_that_a_partition_slows() -> None:
     assert runs["backfill"].violations == 0 and runs["backfill"].p99 <= qos
 
 
-def test_the_backfill_alone_runs_every_block_once_on_the_cpu_backend(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
+def test_the_backfill_alone_runs_every_block_once_on_the_cuda_backend(gemm_lc_backend: Callable[[str], SimpleNamespace]) -> None:
     t = gemm_lc_backend("histogram")
     a, b, c, w, expect_be, backend = t.a, t.b, t.c, t.w, t.expect_be, t.backend
     n = w.kernel.n_blocks
