@@ -36,8 +36,8 @@ def main() -> None:
     ap.add_argument(
         "--policies",
         default="",
-        help="policies to run (comma-separated; empty: all of lc_alone, timeshare, streams, aker, partition, auto; "
-        "partition runs only with a green<S> version, auto with a green<S> and a fused version)",
+        help="policies to run (comma-separated; empty: all of lc_alone, timeshare, streams, aker, partition, backfill, auto; "
+        "partition runs only with a green<S> version, backfill with --span-fill, auto with a green<S> and a fused version)",
     )
     ap.add_argument("--max-keys", type=int, default=8, help="fuse only the LC GEMM/conv shapes with the most time")
     ap.add_argument(

@@ -40,11 +40,11 @@ def run(
     ),
     policies: str = typer.Option(
         "",
-        help="policies to run (comma-separated; empty: all of lc_alone, timeshare, streams, aker, partition, auto; "
-        "partition needs a green<S> version, auto a green<S> and a fused version)",
+        help="policies to run (comma-separated; empty: all of lc_alone, timeshare, streams, aker, partition, backfill, auto; "
+        "partition needs a green<S> version, backfill --span-fill, auto a green<S> and a fused version)",
     ),
     span_fill: bool = typer.Option(
-        False, "--span-fill", help="also profile the partitions with backfills of BE blocks on the query's own SMs at low priority"
+        False, "--span-fill", help="profile backfills: BE blocks on the query's own SMs at low priority, beside each partition and alone"
     ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
