@@ -13,6 +13,9 @@ LC queries arrive as a Poisson process on the same clock. Policies:
   back to back on ``N - S`` SMs while a BE slice runs on the other ``S`` (green contexts, ``green.py``), the slice
   sized so the query's predicted extra time fits the headroom and costs less than time sharing those blocks; one
   BE launch a query, not one per LC kernel, so its launch cost is paid once. Everything else is ``timeshare``.
+* ``backfill`` — ``partition`` with a backfill: BE blocks also on the query's own SMs, on a lowest-priority stream, in
+  what the query leaves idle (gaps between its kernels, SMs its kernels do not fill); or the backfill alone beside the
+  query on every SM where no partition pays. Planned from profiled windows like the slices (``profile_spans``).
 * ``aker``      — time sharing plus fusion. A fusible LC kernel runs fused with a BE slice sized to
   the pair's opportune load ratio only where fusing beats time sharing those blocks: the pair's
   *measured* overlap passes ``min_overlap`` and the pessimistic fused extra time (prediction x
