@@ -118,7 +118,8 @@ def run_experiment(
     log(f"solo {solo:.3f} ms, QoS {qos:.3f} ms, max LC-alone rate {max_rate:.1f}/s, load {load} -> {rate:.1f}/s, "
         f"{n} queries, BE allowance {extra:.3f} ms/query")  # fmt: skip
     # what a partition could add at most at this load (``partition_ceiling``), to read its measured gain against
-    ceilings = {s: partition_ceiling(rate, solo, s, backend.sms) for s in span_sms if prof.spans and backend.sms}
+    # (only for partitions the GPU has: a smoke run's green32 on the interpreter's few SMs has none)
+    ceilings = {s: partition_ceiling(rate, solo, s, backend.sms) for s in span_sms if prof.spans and backend.sms and s < backend.sms}
     for s, c in ceilings.items():
         log(f"partition ceiling with {s} of {backend.sms} SMs at this load: {c:+.1%} over time sharing")
     lc_alone, gap = None, 0.0

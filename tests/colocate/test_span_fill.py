@@ -141,3 +141,16 @@ def test_cli_span_fill_without_a_partition_profiles_the_backfill_alone(colocate_
     r, seen, recs = colocate_cli("1:2", "--policies", "timeshare,partition,backfill", "--span-fill")
     assert r.exit_code == 0, r.output
     assert {rec["policy"] for rec in recs} == {"timeshare", "backfill"}  # no green<S>: no partition to run
+
+
+def test_an_experiment_with_a_partition_larger_than_the_gpu_reports_no_ceiling_for_it() -> None:
+    """A smoke run asks for green32 on the interpreter's few SMs: the experiment runs, with no ceiling for a partition
+    the GPU does not have (it raised before)."""
+    from kfuse.colocate.experiment import run_experiment
+
+    sim = _bert(0.1)
+    sim.sms = 16
+    out = run_experiment(sim, ["sgemm"], versions=[green(BE_SMS), green(8)], policies=("lc_alone", "timeshare", "partition"),
+                         seconds=0.05, min_queries=8, max_queries=8, reps=1, log=lambda m: None, max_fuse_keys=0)  # fmt: skip
+    assert set(out["partition_ceiling"]) == {8}
+    assert ("sgemm", "partition") in out["runs"]
