@@ -5,12 +5,13 @@
 # (a process is started only while COLO_R seconds are left of CALL_S). Prediction (docs/perf-notes.md, "Session 52"):
 # pathfinder +2..+5%, mri-q 0..+2%; a process ~100 s now that the timing spin shrinks back (session 52: ~200-220 s).
 # With --span-fill the same run has `backfill` too (paired with `partition`): the backfill alone beside the query on
-# every SM (no slice) is a candidate where no partition pays.
+# every SM (no slice) is a candidate where no partition pays (predicted +0..+3% with stencil7 and mri-q, not taken with
+# pathfinder or histogram: their 9-12 us blocks delay the query's kernel starts).
 set -u
 export PYTHONUNBUFFERED=1
 CALL_S=${CALL_S:-570}
 COLO_R=${COLO_R:-230}
-for be in ${BES:-pathfinder mriq histogram cutcp}; do
+for be in ${BES:-pathfinder mriq stencil7 histogram}; do
   if (( SECONDS + COLO_R > CALL_S )); then echo "skipped $be: ${SECONDS} s used"; continue; fi
   mkdir -p "$OUT/r50_$be"
   PYTHONPATH=. timeout "$COLO_R" python benchmarks/colocate_bench.py --out "$OUT/r50_$be" --lc resnet50 --be "$be" \

@@ -2,9 +2,9 @@
 # Next device call (issue 8): the backfill (session 52, CPU-built): during a whole-query span, besides the BE slice on
 # its 32 SMs, low-priority BE blocks on the query's own SMs (its gaps between kernels and idle SMs). `partition` and
 # `backfill` run on one profile and one arrival sequence, so the A/B is paired. One BE kernel a process while the
-# call's time allows: pathfinder (partition +11.5%, session 52), histogram and stencil7 (short blocks), then mri-q.
-# Prediction (docs/perf-notes.md, "Session 52"): the short-block kernels +2..+6 points over the partition; where the
-# filled windows show the query slowed more than the backfill gains, the plan does not take it (backfill = partition).
+# call's time allows: stencil7 and mri-q (the shortest blocks: 1.1 and 2.4 us), then pathfinder and histogram (~9-12 us).
+# Prediction (docs/perf-notes.md, "Session 52"): stencil7 +2..+6 points over the partition, mri-q +0..+4; pathfinder and
+# histogram: a resident BE block delays each of the query's kernel starts, so the plan does not take it.
 set -u
 export PYTHONUNBUFFERED=1
 CALL_S=${CALL_S:-570}
@@ -12,7 +12,7 @@ COLO_S=${COLO_S:-220}
 # first the new code's tests on the GPU (real partitions, the fill stream's SMs and priority, every backfilled block once)
 PYTHONPATH=. timeout 120 python -m pytest -q -p no:cacheprovider tests/colocate/test_span_fill.py \
   tests/colocate/test_green_version.py tests/colocate/test_cuda_backend_timing.py 2>&1 | tail -6
-for be in ${BES:-pathfinder histogram stencil7 mriq}; do
+for be in ${BES:-stencil7 mriq pathfinder histogram}; do
   if (( SECONDS + COLO_S > CALL_S )); then echo "skipped $be: ${SECONDS} s used"; continue; fi
   mkdir -p "$OUT/$be"
   PYTHONPATH=. timeout "$COLO_S" python benchmarks/colocate_bench.py --out "$OUT/$be" --lc bert-base --be "$be" \
