@@ -154,3 +154,16 @@ def test_an_experiment_with_a_partition_larger_than_the_gpu_reports_no_ceiling_f
                          seconds=0.05, min_queries=8, max_queries=8, reps=1, log=lambda m: None, max_fuse_keys=0)  # fmt: skip
     assert set(out["partition_ceiling"]) == {8}
     assert ("sgemm", "partition") in out["runs"]
+
+
+@pytest.mark.parametrize(("block_us", "taken"), [(1.1, True), (8.9, False)])
+def test_a_backfill_whose_blocks_delay_each_query_kernel_is_taken_only_for_short_blocks(block_us: float, taken: bool) -> None:
+    """Each of the query's 86 kernel starts waits about half a resident BE block's time while a backfill is pending:
+    with stencil7's 1.1 us blocks the idle share still pays, with pathfinder's 8.9 us the plan keeps to the slices."""
+    sim = _bert(0.2)
+    sim.fill_delay_ms = {"sgemm": block_us / 2 / 1000}
+    runs, _, qos = _runs(sim, fill=True)
+    assert any("+fill" in k for k in runs["backfill"].fused_by_key) is taken
+    assert runs["backfill"].violations == 0 and runs["backfill"].p99 <= qos
+    if not taken:
+        assert runs["backfill"].decisions == runs["partition"].decisions
