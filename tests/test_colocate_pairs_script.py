@@ -1,0 +1,43 @@
+"""``benchmarks/colocate_pairs.py``: issue 8's per-pair table from co-location records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "colocate_pairs.py"
+
+
+def _module():  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location("colocate_pairs", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rec(case: str, policy: str, gain: float | None, p99: float = 4.0, qos: float = 7.0, gpu: str = "H100") -> dict:
+    return {"benchmark": "colocate", "case": case, "policy": policy, "gpu": gpu, "be_gain_vs_timesharing": gain,
+            "p99_ms": p99, "qos_ms": qos, "violations": 0 if p99 <= qos else 5}  # fmt: skip
+
+
+def test_the_best_policy_keeps_qos_the_latest_file_wins_and_the_mean_is_per_lc(tmp_path: Path) -> None:
+    m = _module()
+    old = [_rec("bert-base+lbm", "timeshare", 0.0), _rec("bert-base+lbm", "partition", 0.02)]
+    new = [
+        _rec("bert-base", "lc_alone", None),
+        _rec("bert-base+lbm", "timeshare", 0.0),
+        _rec("bert-base+lbm", "partition", 0.06),
+        _rec("bert-base+lbm", "streams", 0.50, p99=9.0),  # faster, but past QoS: never the best
+        _rec("bert-base+histogram", "auto", 0.35),
+        _rec("resnet50+mriq", "streams", 0.10, p99=9.0),
+    ]
+    (tmp_path / "colocate_s1.json").write_text(json.dumps(old))
+    (tmp_path / "colocate_s2.json").write_text(json.dumps({"records": new}))
+    table = m.pairs(m.load([str(tmp_path / "colocate_s2.json"), str(tmp_path / "colocate_s1.json")]))
+    assert table[("H100", "bert-base+lbm")]["partition"]["be_gain_vs_timesharing"] == 0.06  # the later file's record
+    text = m.markdown(table)
+    assert "| bert-base+lbm | partition +6.0%, streams +50.0% (QoS missed) | partition +6.0% |" in text
+    assert "| resnet50+mriq | streams +10.0% (QoS missed) | none keeps QoS |" in text
+    assert "bert-base: best per pair, mean over 2 pairs: +20.5%" in text
+    assert "resnet50" not in text.split("bert-base: best per pair")[1]  # no pair kept QoS: no mean for it
