@@ -3,7 +3,7 @@
 # its 32 SMs, low-priority BE blocks on the query's own SMs (its gaps between kernels and idle SMs). `partition` and
 # `backfill` run on one profile and one arrival sequence, so the A/B is paired. One BE kernel a process while the
 # call's time allows: stencil7 and mri-q (the shortest blocks: 1.1 and 2.4 us), then pathfinder and histogram (~9-12 us).
-# Prediction (docs/perf-notes.md, "Session 52"): stencil7 +2..+6 points over the partition, mri-q +0..+4; pathfinder and
+# Prediction (docs/perf-notes.md, "Session 52"): stencil7 +2..+6 points over the partition, mri-q +0..+2; pathfinder and
 # histogram: a resident BE block delays each of the query's kernel starts, so the plan does not take it.
 set -u
 export PYTHONUNBUFFERED=1
