@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--classify", choices=("all", "selected"), default="all",
                     help="BE kernels whose utilisation is measured and classified: all eight, or only those of --be")  # fmt: skip
     ap.add_argument("--aims", default="", help="also run Aker aimed by these rules (comma-separated), as policy aker_<rule>")
+    ap.add_argument("--be-each", action="store_true",
+                    help="one experiment per BE kernel on one compiled LC, results written after each (a time-out keeps them)")  # fmt: skip
     ap.add_argument("--span-fill", action="store_true",
                     help="also profile the partitions (green<S>) with low-priority BE backfills on the query's SMs")  # fmt: skip
     a = ap.parse_args()
@@ -126,32 +128,37 @@ def main() -> None:
             print(f"  {backend.graphed_segments} of {len(backend.segments)} segments replay from CUDA graphs", flush=True)
             versions = tuple(parse_version(v, backend.lc_grid // backend.sms) for v in a.versions.split(","))
             versions = versions if gpu else versions[:2]
-            res = experiment.run_experiment(
-                backend, list(bes), load=a.load, qos_factor=a.qos_factor, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
-                min_queries=100 if gpu else 8, max_queries=600 if gpu else 8,
-                fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
-                sequences=a.sequences, aim=a.aim, aims=[r for r in a.aims.split(",") if r], knee_samples=a.knee_samples,
-                **({"policies": [p for p in a.policies.split(",") if p]} if a.policies else {}),
-                log=stamped, span_fill=a.span_fill,
-            )  # fmt: skip
-            recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
-            for r in recs:
-                r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
-                          "load": a.load, "qos_factor": a.qos_factor,
-                          "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
-            records += recs
-            pred_records.append({"benchmark": "colocate_predictor", "case": lc_name, "kind": "predictor", "command": cmd,
-                                 "heldout": res["predictor_heldout"], "chosen": res["chosen"],
-                                 "online_error": {f"{b}|{q}": r.summary()["online_error"]
-                                                  for (b, q), r in res["runs"].items() if q == "aker"},
-                                 "refits": {f"{b}|{p}": r.refits for (b, p), r in res["runs"].items() if p == "aker"},
-                                 "overlap": res["overlap"], "measured_overlap": res["measured_overlap"],
-                                 "be_fit": res["be_fit"], "plans": res["plans"], "error_bounds": res["error_bounds"],
-                                 "samples": res["samples"], "decisions": {f"{b}|{q}": r.decisions for (b, q), r in res["runs"].items()
-                                                                           if q == "aker"},
-                                 "graphed_segments": backend.graphed_segments,
-                                 "preroll": dict(cuda_backend.PREROLL)})  # fmt: skip
-            experiment.plot(res, lc_name, a.out)
+            # --be-each: one experiment per BE kernel on the one compiled LC, its results written as soon as it ends
+            for group in [[b] for b in bes] if a.be_each else [list(bes)]:
+                res = experiment.run_experiment(
+                    backend, group, load=a.load, qos_factor=a.qos_factor, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
+                    min_queries=100 if gpu else 8, max_queries=600 if gpu else 8,
+                    fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
+                    sequences=a.sequences, aim=a.aim, aims=[r for r in a.aims.split(",") if r], knee_samples=a.knee_samples,
+                    **({"policies": [p for p in a.policies.split(",") if p]} if a.policies else {}),
+                    log=stamped, span_fill=a.span_fill,
+                )  # fmt: skip
+                recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
+                for r in recs:
+                    r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
+                              "load": a.load, "qos_factor": a.qos_factor,
+                              "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
+                records += recs
+                pred_records.append({"benchmark": "colocate_predictor", "case": lc_name, "kind": "predictor", "command": cmd,
+                                     "heldout": res["predictor_heldout"], "chosen": res["chosen"],
+                                     "online_error": {f"{b}|{q}": r.summary()["online_error"]
+                                                      for (b, q), r in res["runs"].items() if q == "aker"},
+                                     "refits": {f"{b}|{p}": r.refits for (b, p), r in res["runs"].items() if p == "aker"},
+                                     "overlap": res["overlap"], "measured_overlap": res["measured_overlap"],
+                                     "be_fit": res["be_fit"], "plans": res["plans"], "error_bounds": res["error_bounds"],
+                                     "samples": res["samples"], "decisions": {f"{b}|{q}": r.decisions for (b, q), r in res["runs"].items()
+                                                                               if q == "aker"},
+                                     "graphed_segments": backend.graphed_segments,
+                                     "preroll": dict(cuda_backend.PREROLL)})  # fmt: skip
+                experiment.plot(res, f"{lc_name}_{group[0]}" if a.be_each else lc_name, a.out)
+                if a.be_each:
+                    write_results("colocate", records, a.out)
+                    write_results("predictor", pred_records, a.out)
         except Exception as e:
             print(f"{lc_name}: FAILED {type(e).__name__}: {e}", flush=True)
             traceback.print_exc()
