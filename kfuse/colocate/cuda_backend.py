@@ -105,7 +105,7 @@ def _note_enqueue(enq_ms: float) -> None:
     global _since_resize
     _enqueues.append(enq_ms)
     _since_resize += 1
-    if _since_resize < ENQUEUE_WINDOW or len(_enqueues) < ENQUEUE_WINDOW:
+    if _since_resize < ENQUEUE_WINDOW:  # a whole window of enqueues since the last check (so the deque is full)
         return
     _since_resize = 0
     longest = max((e for e in _enqueues if e <= MAX_PREROLL_MS), default=0.0)

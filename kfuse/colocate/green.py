@@ -158,22 +158,21 @@ def run_partitioned(part: SmPartition | None, lc: Any, be: Any, fill: Any = None
     its blocks take only the slots the LC's pending blocks leave. Without a partition (no GPU: the interpreter) they
     run in order."""
     if part is None:
-        lc()
-        be()
-        if fill is not None:
-            fill()
+        for f in (lc, be, fill):
+            if f is not None:
+                f()
         return
-    if fill is None:
-        run_beside(part.lc_stream, lc, part.be_stream, be)
-        return
-    if part.lc_fill_stream is None:
+    fs = part.lc_fill_stream
+    if fill is not None and fs is None:
         raise GreenContextError("this partition has no backfill stream")
     cur = torch.cuda.current_stream()
-    part.lc_fill_stream.wait_stream(cur)
-    run_beside(part.lc_stream, lc, part.be_stream, be)  # the current stream waits for both: the fill waits for neither
-    with torch.cuda.stream(part.lc_fill_stream):
-        fill()
-    cur.wait_stream(part.lc_fill_stream)
+    if fill is not None:
+        fs.wait_stream(cur)  # before run_beside makes the current stream wait for both: the fill waits for neither
+    run_beside(part.lc_stream, lc, part.be_stream, be)
+    if fill is not None:
+        with torch.cuda.stream(fs):
+            fill()
+        cur.wait_stream(fs)
 
 
 @triton.jit

@@ -753,10 +753,7 @@ def run_policy(
                 q[3] = "span" if sp is not None and sp.gain_ms >= aker_gain_cache[gkey] else "aker"
                 decide(f"auto_{q[3]}")
             if sp is not None and q[3] != "aker":
-                if sp.fill:
-                    t = timed_call(backend.run_span, b, item[1], item[1] + sp.blocks, sp.be_sms, sp.fill)
-                else:
-                    t = timed_call(backend.run_span, b, item[1], item[1] + sp.blocks, sp.be_sms)
+                t = timed_call(backend.run_span, b, item[1], item[1] + sp.blocks, sp.be_sms, sp.fill)
                 clock = t * prof.lc_total / prof.span_solo_ms  # the policies' clock counts kernel windows, not graph gaps
                 total = sp.blocks + sp.fill
                 record_co_run(f"query|{b}|span{sp.be_sms}" + (f"+fill{sp.fill}" if sp.fill else ""), prof.lc_total,
