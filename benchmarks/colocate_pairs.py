@@ -4,6 +4,7 @@ mean of the best over each LC's pairs (the issue's target: +30% on average, 0 vi
 
     python benchmarks/colocate_pairs.py                        # every benchmarks/results/*/colocate*.json
     python benchmarks/colocate_pairs.py FILE.json [FILE.json ...]
+    python benchmarks/colocate_pairs.py --png OUT.png --gpu H100   # and a plot of one GPU's pairs
 
 A pair measured in several files keeps each policy's latest record (files are read in name order, so a later
 session's file wins); a record's gain is only ever against the time sharing of its own run.
@@ -17,6 +18,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 BASELINES = ("lc_alone", "timeshare", "timeshare_rerun")
 
@@ -75,12 +78,61 @@ def markdown(table: dict[tuple[str, str], dict[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+TARGET = 0.30  # the issue's mean gain over time sharing
+
+
+def plot_pairs(table: dict[tuple[str, str], dict[str, dict[str, Any]]], path: str | Path, gpu: str) -> Path:
+    """One GPU's pairs (the first whose name contains ``gpu``): each policy's gain over time sharing as a bar per pair,
+    a hatched bar where the policy missed QoS, the issue's +30% as a line, and each LC's mean of the best per pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({g for g, _ in table if gpu.lower() in g.lower()})
+    if not names:
+        raise SystemExit(f"no records for a GPU matching {gpu!r}: have {sorted({g for g, _ in table})}")
+    cases = sorted(c for g, c in table if g == names[0])
+    pols = sorted({p for c in cases for p in table[(names[0], c)]})
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(cases) + 2.5), 4.2))
+    w = 0.8 / len(pols)
+    for j, pol in enumerate(pols):
+        for i, c in enumerate(cases):
+            r = table[(names[0], c)].get(pol)
+            if r is None:
+                continue
+            ax.bar(i + j * w, 100 * r["be_gain_vs_timesharing"], w, color=f"C{j}", hatch="" if qos_kept(r) else "//",
+                   label=pol if i == cases.index(next(cc for cc in cases if pol in table[(names[0], cc)])) else None)  # fmt: skip
+    ax.axhline(100 * TARGET, color="k", ls="--", lw=1, label=f"target +{TARGET:.0%} (mean)")
+    ax.axhline(0.0, color="k", lw=0.8)
+    best: dict[str, list[float]] = defaultdict(list)
+    for c in cases:
+        kept = [r["be_gain_vs_timesharing"] for r in table[(names[0], c)].values() if qos_kept(r)]
+        if kept:
+            best[c.split("+")[0]].append(max(kept))
+    means = ", ".join(f"{lc} {sum(v) / len(v):+.1%}" for lc, v in sorted(best.items()))
+    ax.set_xticks(np.arange(len(cases)) + w * (len(pols) - 1) / 2, [c.replace("+", "\n+") for c in cases], fontsize=7)
+    ax.set_ylabel("BE throughput vs time sharing (%)")
+    ax.set_title(f"{names[0]}: every LC x BE pair (hatched: QoS missed)\nmean of the best per pair: {means}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", help="colocate JSON files (default: benchmarks/results/*/colocate*.json)")
+    ap.add_argument("--png", help="also plot one GPU's pairs to this PNG (with --gpu)")
+    ap.add_argument("--gpu", default="H100", help="the GPU to plot: a part of its name (default H100)")
     a = ap.parse_args()
     files = a.files or glob.glob(str(Path(__file__).parent / "results" / "*" / "colocate*.json"))
-    print(markdown(pairs(load(files))))
+    table = pairs(load(files))
+    print(markdown(table))
+    if a.png:
+        print(f"wrote {plot_pairs(table, a.png, a.gpu)}")
 
 
 if __name__ == "__main__":

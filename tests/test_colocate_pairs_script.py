@@ -41,3 +41,22 @@ def test_the_best_policy_keeps_qos_the_latest_file_wins_and_the_mean_is_per_lc(t
     assert "| resnet50+mriq | streams +10.0% (QoS missed) | none keeps QoS |" in text
     assert "bert-base: best per pair, mean over 2 pairs: +20.5%" in text
     assert "resnet50" not in text.split("bert-base: best per pair")[1]  # no pair kept QoS: no mean for it
+
+
+def test_the_pairs_plot_draws_every_pair_of_one_gpu(tmp_path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    m = _module()
+    recs = [_rec("bert-base+lbm", "partition", 0.06), _rec("bert-base+lbm", "streams", 0.5, p99=9.0),
+            _rec("resnet50+mriq", "backfill", 0.02), _rec("bert-base+lbm", "aker", 0.4, gpu="H200")]  # fmt: skip
+    (tmp_path / "colocate.json").write_text(json.dumps(recs))
+    table = m.pairs(m.load([str(tmp_path / "colocate.json")]))
+    out = m.plot_pairs(table, tmp_path / "pairs.png", "h100")
+    img = mpimg.imread(out)
+    assert img.shape[1] >= 600 and img[..., :3].std() > 0.05
+    try:
+        m.plot_pairs(table, tmp_path / "none.png", "A100")
+    except SystemExit as e:
+        assert "no records for a GPU matching 'A100'" in str(e) and "H100" in str(e)
+    else:
+        raise AssertionError("a GPU with no records must say so")

@@ -1,0 +1,51 @@
+"""The experiment's PNGs: the LC latency CDF with the QoS line and the BE throughput as a gain over time sharing."""
+
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pytest
+
+from kfuse.colocate.experiment import gain, plot, run_experiment
+from kfuse.colocate.sim import h200_like
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    sim = h200_like({(1, 1): 0.3}, noise=0.0)
+    return run_experiment(sim, ["sgemm", "lbm"], versions=[(1, 1)], policies=("lc_alone", "timeshare", "aker"), seconds=0.2,
+                          min_queries=150, reps=3, log=lambda s: None)  # fmt: skip
+
+
+def test_plots_write_both_pngs_per_lc(result: dict, tmp_path: Path) -> None:
+    paths = plot(result, "sim-lc_with_a_long_name", tmp_path)
+    assert [p.name for p in paths] == [
+        "colocate_sim-lc_with_a_long_name_latency_cdf.png",
+        "colocate_sim-lc_with_a_long_name_be_throughput.png",
+    ]
+    for p in paths:
+        img = mpimg.imread(p)
+        assert img.shape[0] > 300 and img.shape[1] > 500  # wide enough for the title and the legend beside the bars
+        assert img[..., :3].std() > 0.05  # something drawn, not a blank canvas
+
+
+def test_the_throughput_plot_shows_each_policys_gain_over_time_sharing(result: dict, tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seen: list[str] = []
+    real = plt.Axes.annotate
+
+    def spy(self, text, *a, **k):  # type: ignore[no-untyped-def]
+        seen.append(text)
+        return real(self, text, *a, **k)
+
+    plt.Axes.annotate = spy  # type: ignore[method-assign]
+    try:
+        plot(result, "sim", tmp_path)
+    finally:
+        plt.Axes.annotate = real  # type: ignore[method-assign]
+    want = {f"{100 * gain(result, be, pol):+.1f}%" for be in ("sgemm", "lbm") for pol in ("timeshare", "aker")}
+    assert want <= {t.split("\n")[0] for t in seen}
+    assert "+0.0%" in {t.split("\n")[0] for t in seen}  # time sharing against itself
