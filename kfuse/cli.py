@@ -421,8 +421,23 @@ def _mount_unavailable(name: str, help_text: str, why: str) -> None:
         raise typer.Exit(2)
 
 
-def main() -> None:
-    app()
+# the issues write the co-location experiment as `kfuse colocate --lc resnet50 --be sgemm,lbm ...`: options straight
+# after a group whose one experiment is a command of its own mean that command
+DEFAULT_SUBCOMMANDS = {"colocate": "run"}
+
+
+def with_default_subcommand(argv: list[str]) -> list[str]:
+    """``argv`` (without the program name) with a group's default command inserted where options follow the group."""
+    if len(argv) >= 2 and argv[0] in DEFAULT_SUBCOMMANDS and argv[1].startswith("-") and argv[1] not in ("--help", "-h"):
+        return [argv[0], DEFAULT_SUBCOMMANDS[argv[0]], *argv[1:]]
+    return argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``kfuse`` command."""
+    import sys
+
+    app(args=with_default_subcommand(list(sys.argv[1:] if argv is None else argv)), prog_name="kfuse")
 
 
 _mount_subcommands()

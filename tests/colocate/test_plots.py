@@ -49,3 +49,22 @@ def test_the_throughput_plot_shows_each_policys_gain_over_time_sharing(result: d
     want = {f"{100 * gain(result, be, pol):+.1f}%" for be in ("sgemm", "lbm") for pol in ("timeshare", "aker")}
     assert want <= {t.split("\n")[0] for t in seen}
     assert "+0.0%" in {t.split("\n")[0] for t in seen}  # time sharing against itself
+
+
+def test_kfuse_colocate_takes_the_issues_form_without_run(tmp_path: Path) -> None:
+    """`kfuse colocate --lc ... --be ...` (the issue's command) runs the experiment, as `kfuse colocate run` does."""
+    import json
+
+    from kfuse.cli import main, with_default_subcommand
+
+    assert with_default_subcommand(["colocate", "--lc", "x"]) == ["colocate", "run", "--lc", "x"]
+    assert with_default_subcommand(["colocate", "--help"]) == ["colocate", "--help"]
+    assert with_default_subcommand(["colocate", "run", "--lc", "x"]) == ["colocate", "run", "--lc", "x"]
+    assert with_default_subcommand(["sass", "--help"]) == ["sass", "--help"]
+    with pytest.raises(SystemExit) as e:
+        main(["colocate", "--lc", "mlp-tiny", "--be", "histogram", "--backend", "sim", "--seconds", "0.05",
+              "--policies", "lc_alone,timeshare", "--out", str(tmp_path)])  # fmt: skip
+    assert e.value.code == 0
+    recs = json.loads((tmp_path / "colocate.json").read_text())
+    assert {r["policy"] for r in recs} == {"lc_alone", "timeshare"}
+    assert (tmp_path / "colocate_mlp-tiny_be_throughput.png").stat().st_size > 0
