@@ -60,17 +60,16 @@ class SimGPU(Backend):
         stream_overlap: float = 0.1, noise: float = 0.0, seed: int = 0, keys: Sequence[str] | None = None,
         stall_ms: float = 0.0, sms: int = 132, span_slowdown: dict[int, float] | None = None,
         span_contention: dict[str, float] | None = None, span_idle: float = 0.0, fill_contention: dict[str, float] | None = None,
-        fill_delay_ms: dict[str, float] | None = None,
     ) -> None:  # fmt: skip
         self.sms = sms
         # the share of the query's own SMs' time it leaves idle (gaps between kernels, kernels with fewer programs than
         # SMs): a backfill runs there at the BE's whole-GPU rate per SM; what does not fit runs after the query
         self.span_idle = span_idle
-        # BE kernel -> the query's extra time (a fraction) per whole BE kernel's blocks backfilled beside it
+        # BE kernel -> the query's extra time (a fraction) per whole BE kernel's blocks backfilled beside it: what the
+        # backfill's blocks contend for on the query's SMs (H100, session 53, ResNet-50 B32, a 10% backfill: pathfinder
+        # +2.9% of the query, stencil7 +5.8%, sgemm +10.7%; a fixed wait per query kernel start for a resident block,
+        # modelled in session 52, was refuted: pathfinder's 8.9 us blocks cost least)
         self.fill_contention = dict(fill_contention or {})
-        # BE kernel -> the wait at each LC kernel's start while a backfill is pending: its resident blocks are not
-        # preempted (about half a BE block's time; H100 fits, session 52: stencil7 1.1 us a block, pathfinder 8.9)
-        self.fill_delay_ms = dict(fill_delay_ms or {})
         self.span_slowdown = dict(span_slowdown or {})  # BE SM count -> the whole query's slowdown on the rest
         # BE kernel -> the query's extra time (a fraction) per whole BE kernel's blocks beside it: the HBM and L2
         # contention session 50's simulation lacked (H100, session 51: mri-q ~0.013, sgemm ~0.03-0.05, hotspot ~0.05)
@@ -141,7 +140,6 @@ class SimGPU(Backend):
         a, n_blocks = self.be[be][0], self.be[be][2]
         t_lc *= 1.0 + self.span_contention.get(be, 0.0) * (end - start) / n_blocks
         t_lc *= 1.0 + self.fill_contention.get(be, 0.0) * fill / n_blocks
-        t_lc += len(self.lc_ms) * self.fill_delay_ms.get(be, 0.0) if fill else 0.0
         launches = 1 + max(0, end - 1) // n_blocks - start // n_blocks  # past a kernel's blocks: the job's next instances
         t_be = launches * a + (self.be_time(be, end - start) - a) * self.sms / be_sms if end > start and be_sms else 0.0
         t = max(t_lc, t_be)
