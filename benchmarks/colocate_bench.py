@@ -54,6 +54,8 @@ def main() -> None:
                     help="one experiment per BE kernel on one compiled LC, results written after each (a time-out keeps them)")  # fmt: skip
     ap.add_argument("--span-fill", action="store_true",
                     help="also profile the partitions (green<S>) with low-priority BE backfills on the query's SMs")  # fmt: skip
+    ap.add_argument("--lc-gemms", choices=("ptb", "plan"), default="ptb",
+                    help="the LC's GEMMs: PTB stand-ins (Aker can slice them) or the compiled plan's own kernels")  # fmt: skip
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
         ap.error("--load must be in (0, 1] and --qos-factor above 1")
@@ -118,7 +120,7 @@ def main() -> None:
             t0 = time.perf_counter()
             model, args, kwargs = kfuse.models.build(lc_name, batch=batch, seq=seq, dtype=dtype, device=device)
             compiled = compile_lc(model, args, kwargs)
-            items = lc_items(compiled, args, kwargs)
+            items = lc_items(compiled, args, kwargs, gemms=a.lc_gemms)
             n_gemm = sum(it.kernel is not None for it in items)
             dt = time.perf_counter() - t0
             print(f"\n{lc_name}: compiled in {dt:.1f} s; {len(items)} LC kernels ({n_gemm} PTB GEMM/conv)", flush=True)
@@ -141,7 +143,7 @@ def main() -> None:
                 recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
                 for r in recs:
                     r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
-                              "load": a.load, "qos_factor": a.qos_factor,
+                              "lc_gemms": a.lc_gemms, "load": a.load, "qos_factor": a.qos_factor,
                               "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
                 records += recs
                 pred_records.append({"benchmark": "colocate_predictor", "case": lc_name, "kind": "predictor", "command": cmd,

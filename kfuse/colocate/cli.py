@@ -46,6 +46,11 @@ def run(
     span_fill: bool = typer.Option(
         False, "--span-fill", help="profile backfills: BE blocks on the query's own SMs at low priority, beside each partition and alone"
     ),
+    lc_gemms: str = typer.Option(
+        "ptb",
+        help="the LC's GEMMs: ptb (PTB GEMM stand-ins that Aker's fused versions can slice) or plan (the compiled "
+        "plan's own kernels: the LC is the kfuse model itself; only green<S> versions and spans co-run with it)",
+    ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time sharing, streams, Aker fusion, SM partitions and
@@ -57,6 +62,10 @@ def run(
     from kfuse.colocate.lc import compile_lc, lc_items
 
     out = Path(out_dir)
+    from kfuse.colocate.lc import LC_GEMMS
+
+    if lc_gemms not in LC_GEMMS:
+        raise typer.BadParameter(f"--lc-gemms: choose from {', '.join(LC_GEMMS)}, got {lc_gemms!r}")
     if lc not in LC_MODELS:
         raise typer.BadParameter(f"unknown LC model {lc!r}; known: {', '.join(LC_MODELS)}")
     use_cuda = backend == "cuda" or (backend == "auto" and torch.cuda.is_available())
@@ -67,7 +76,7 @@ def run(
     dtype = torch.float16 if use_cuda else torch.float32
     model, args, kwargs = kfuse.models.build(name, batch=batch or b, seq=s, dtype=dtype, device=device)
     compiled = compile_lc(model, args, kwargs, log=typer.echo, backend=None if use_cuda else "torch")
-    items = lc_items(compiled, args, kwargs)
+    items = lc_items(compiled, args, kwargs, gemms=lc_gemms)
     be_names = [workloads.resolve(x.strip()) for x in be.split(",") if x.strip()]
     bes = {n: workloads.make(n, small=not use_cuda, device=device) for n in be_names}
     if use_cuda:
@@ -109,9 +118,11 @@ def run(
     cmd += f" --versions {versions}" if versions else ""
     cmd += f" --policies {policies}" if policies else ""
     cmd += " --span-fill" if span_fill else ""
+    cmd += f" --lc-gemms {lc_gemms}" if lc_gemms != "ptb" else ""
     recs = experiment.records(res, lc, cmd)
     for r in recs:
         r["backend"] = "cuda" if use_cuda else "sim"
+        r["lc_gemms"] = lc_gemms
     out.mkdir(parents=True, exist_ok=True)
     (out / "colocate.json").write_text(json.dumps(recs, indent=2, default=str))
     pred = {"lc": lc, "heldout": res["predictor_heldout"], "chosen": res["chosen"]}

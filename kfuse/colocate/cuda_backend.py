@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from kfuse.colocate.prio import PrioStreams, run_beside, run_prio
 from kfuse.colocate.ptb import launch_ptb, num_sms
 from kfuse.colocate.scheduler import Backend, LCKernel
 from kfuse.colocate.workloads import Workload
+from kfuse.kernels.codegen import sm_count
 
 # see ``timed``
 PREROLL: dict[str, float] = {"cycles": 0, "ms": 0.1, "max_enqueue_ms": 0.0, "uncovered": 0, "retimed": 0, "cycles_per_ms": 0.0,
@@ -145,6 +147,7 @@ class CudaBackend(Backend):
         self.be_grid = be_programs_per_sm * self.sms
         self.launches = 0
         self._queries: dict[int, Callable[[], Any]] = {}  # BE SM count -> the whole query as one graph (run_span)
+        self._sized: dict[tuple[int, int], Callable[[], Any]] = {}  # (segment, SMs) -> its graph sized for a partition
         self.prio: PrioStreams | None = None
         if torch.cuda.is_available():
             self.s1, self.s2 = torch.cuda.Stream(), torch.cuda.Stream()
@@ -178,12 +181,23 @@ class CudaBackend(Backend):
 
     def _lc_on(self, i: int, sms: int) -> Callable[[], None]:
         """LC kernel i for a partition of ``sms`` SMs: a PTB GEMM's persistent grid sized to them (a grid for the
-        whole GPU would queue its surplus programs behind the first wave), a segment's graph as it is."""
+        whole GPU would queue its surplus programs behind the first wave); a segment's own persistent kernels (kfuse's
+        GEMMs with ``--lc-gemms plan``, norms) too, their launches sized under ``codegen.sm_count`` and captured so."""
         it = self.items[i]
         if it.kernel is not None:
             k, grid = it.kernel, max(1, self.lc_grid // self.sms * sms)
             return lambda: launch_ptb(k, 0, k.n_blocks, grid)
-        return self.segments[i]
+        if sms >= self.sms:
+            return self.segments[i]
+        if (i, sms) not in self._sized:
+            run = it.run
+
+            def sized(run: Callable[[], Any] = run) -> None:
+                with sm_count(sms):
+                    run()
+
+            self._sized[(i, sms)] = graphed(sized)
+        return self._sized[(i, sms)]
 
     def _query_on(self, be_sms: int) -> Callable[[], None]:
         """The whole query's LC kernels back to back for the SMs a ``be_sms`` partition leaves (0: the whole GPU), as
@@ -193,7 +207,14 @@ class CudaBackend(Backend):
             part = self._partition(be_sms) if be_sms else None
             sms = part.lc_sms if part is not None else self.sms
             fns = [self._lc_on(i, sms) if it.kernel is not None else it.run for i, it in enumerate(self.items)]
-            self._queries[be_sms] = graphed(lambda: [f() for f in fns])
+
+            def query(fns: list[Callable[[], Any]] = fns, sms: int = sms) -> None:
+                # on a partition, the segments' launches sized for the LC's SMs as they are captured
+                with sm_count(sms) if sms < self.sms else nullcontext():
+                    for f in fns:
+                        f()
+
+            self._queries[be_sms] = graphed(query)
         return self._queries[be_sms]
 
     def run_span(self, be: str, start: int, end: int, be_sms: int, fill: int = 0) -> float:

@@ -4,12 +4,14 @@ host-side helpers every kernel launcher uses (interpreter check, ceiling divisio
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,8 +27,29 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# the SMs launches are sized for, where a caller runs kernels on part of the GPU (a green context's partition,
+# kfuse.colocate): a persistent grid sized for the whole GPU would queue its surplus programs behind the first wave
+_SM_COUNT: contextvars.ContextVar[int | None] = contextvars.ContextVar("kfuse_sm_count", default=None)
+
+
+@contextmanager
+def sm_count(n: int) -> Iterator[None]:
+    """Size the launches made inside (persistent grids, launch rules) for ``n`` SMs, as if the GPU had ``n``."""
+    if n < 1:
+        raise ValueError(f"sm_count: at least one SM, got {n}")
+    token = _SM_COUNT.set(n)
+    try:
+        yield
+    finally:
+        _SM_COUNT.reset(token)
+
+
 def num_sms(device: torch.device, cpu_default: int) -> int:
-    """The GPU's streaming multiprocessors; ``cpu_default`` for the interpreter (launch rules sized for it)."""
+    """The GPU's streaming multiprocessors (or those ``sm_count`` sizes launches for); ``cpu_default`` for the
+    interpreter (launch rules sized for it)."""
+    override = _SM_COUNT.get()
+    if override is not None:
+        return override
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else cpu_default
 
 

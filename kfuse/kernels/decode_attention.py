@@ -41,7 +41,7 @@ import triton.language as tl
 
 from kfuse.kernels import pdl
 from kfuse.kernels.attention import dot_precision
-from kfuse.kernels.codegen import KeptBuffers
+from kfuse.kernels.codegen import KeptBuffers, num_sms
 from kfuse.kernels.pdl import pdl_start
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -197,9 +197,8 @@ def default_splits(batch_kv_heads: int, sk: int, block_n: int, sms: int) -> int:
 
 
 def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few chunks, so the combine step is always exercised
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    # the interpreter: 4, a few chunks, so the combine step is always exercised; ``codegen.sm_count`` respected
+    return num_sms(device, 4)
 
 
 _BUFFERS = KeptBuffers()
