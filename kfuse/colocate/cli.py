@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -134,6 +135,31 @@ def run(
         typer.echo(f"{r['case']:24s} {r['policy']:15s} {r['p99_ms']:9.3f} {r['qos_ms']:8.3f} {r['violations']:5d} "
                    f"{r['be_throughput']:9.2f} {'' if g is None else f'{g:+.1%}':>7s}")  # fmt: skip
     typer.echo(f"wrote {out / 'colocate.json'}, {out / 'predictor.json'}, " + ", ".join(str(p) for p in plots))
+
+
+@app.command()
+def pairs(
+    files: Annotated[
+        list[str] | None, typer.Argument(help="colocate JSON files (default: benchmarks/results/*/colocate*.json here)")
+    ] = None,
+    png: str = typer.Option("", help="also plot one GPU's pairs to this PNG"),
+    gpu: str = typer.Option("H100", help="the GPU to plot: a part of its name"),
+) -> None:
+    """The per-pair table from co-location records: each policy's BE throughput gain over time sharing (measured in
+    the same run), the best policy that kept QoS, its p99 and violations, and the mean of the best per LC."""
+    from kfuse.colocate import pairs as P
+
+    paths = files or P.default_files()
+    if not paths:
+        raise typer.BadParameter("no colocate JSON files given, and none under benchmarks/results/ here")
+    if missing := [f for f in paths if not Path(f).is_file()]:
+        raise typer.BadParameter(f"no such file: {', '.join(missing)}")
+    table = P.pairs(P.load(paths))
+    if not table:
+        raise typer.BadParameter(f"no LC x BE records with a gain over time sharing in {', '.join(paths)}")
+    typer.echo(P.markdown(table))
+    if png:
+        typer.echo(f"wrote {P.plot_pairs(table, png, gpu)}")
 
 
 if __name__ == "__main__":

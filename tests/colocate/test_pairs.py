@@ -1,19 +1,18 @@
-"""``benchmarks/colocate_pairs.py``: issue 8's per-pair table from co-location records."""
+"""``kfuse colocate pairs`` (``kfuse.colocate.pairs``, also ``benchmarks/colocate_pairs.py``): issue 8's per-pair
+table from co-location records."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "colocate_pairs.py"
+from kfuse.colocate import pairs as _pairs
 
 
 def _module():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("colocate_pairs", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _pairs
 
 
 def _rec(case: str, policy: str, gain: float | None, p99: float = 4.0, qos: float = 7.0, gpu: str = "H100") -> dict:
@@ -60,3 +59,30 @@ def test_the_pairs_plot_draws_every_pair_of_one_gpu(tmp_path: Path) -> None:
         assert "no records for a GPU matching 'A100'" in str(e) and "H100" in str(e)
     else:
         raise AssertionError("a GPU with no records must say so")
+
+
+def test_cli_pairs_prints_the_table_and_says_what_is_wrong(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+
+    recs = [_rec("bert-base+lbm", "timeshare", 0.0), _rec("bert-base+lbm", "partition", 0.06)]
+    f = tmp_path / "colocate.json"
+    f.write_text(json.dumps(recs))
+    r = CliRunner().invoke(app, ["colocate", "pairs", str(f), "--png", str(tmp_path / "p.png")])
+    assert r.exit_code == 0, r.output
+    assert "| bert-base+lbm | partition +6.0% | partition +6.0% |" in r.output and (tmp_path / "p.png").stat().st_size > 0
+    assert "bert-base: best per pair, mean over 1 pairs: +6.0%" in r.output
+    bad = CliRunner().invoke(app, ["colocate", "pairs", str(tmp_path / "none.json")])
+    assert bad.exit_code != 0 and "no such file" in bad.output
+    (tmp_path / "empty.json").write_text("[]")
+    empty = CliRunner().invoke(app, ["colocate", "pairs", str(tmp_path / "empty.json")])
+    assert empty.exit_code != 0 and "no LC x BE records" in empty.output
+
+
+def test_the_benchmark_script_still_runs_on_the_committed_records() -> None:
+    root = Path(__file__).parents[2]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "colocate_pairs.py")], capture_output=True, text=True, cwd=root,
+                         env={"PYTHONPATH": str(root), "PATH": ""}, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "### NVIDIA H100 80GB HBM3" in out.stdout and "best per pair, mean over" in out.stdout
