@@ -130,7 +130,9 @@ def main() -> None:
             print(f"  {backend.graphed_segments} of {len(backend.segments)} segments replay from CUDA graphs", flush=True)
             versions = tuple(parse_version(v, backend.lc_grid // backend.sms) for v in a.versions.split(","))
             versions = versions if gpu else versions[:2]
-            # --be-each: one experiment per BE kernel on the one compiled LC, its results written as soon as it ends
+            # --be-each: one experiment per BE kernel on the one compiled LC, its results written as soon as it ends; the
+            # LC's own calibration (solo latency, max LC-alone rate) measured in the first and reused by the others
+            lc_calibration: dict[str, float] = {}
             for group in [[b] for b in bes] if a.be_each else [list(bes)]:
                 res = experiment.run_experiment(
                     backend, group, load=a.load, qos_factor=a.qos_factor, seconds=a.seconds, versions=versions, reps=2 if gpu else 1,
@@ -138,7 +140,7 @@ def main() -> None:
                     fit_ratios=None if gpu else (0.5, 1.0, 2.0, 3.0), max_fuse_keys=a.max_keys, calibrate=True, warmup_queries=8,
                     sequences=a.sequences, aim=a.aim, aims=[r for r in a.aims.split(",") if r], knee_samples=a.knee_samples,
                     **({"policies": [p for p in a.policies.split(",") if p]} if a.policies else {}),
-                    log=stamped, span_fill=a.span_fill,
+                    log=stamped, span_fill=a.span_fill, lc_calibration=lc_calibration,
                 )  # fmt: skip
                 recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
                 for r in recs:

@@ -69,7 +69,7 @@ def run_experiment(
     log: Callable[[str], None] = print, fit_ratios: Sequence[float] | None = None, max_fuse_keys: int | None = None,
     calibrate: bool = False, warmup_queries: int = 0, control: bool = True, sequences: int = 1,
     aim: str = "priced", aims: Sequence[str] = (), knee_samples: int = 0, span_fill: bool = False,
-    lc_alone_retries: int = 2,
+    lc_alone_retries: int = 2, lc_calibration: dict[str, float] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Profile, then serve the same Poisson arrivals under every policy for every BE kernel.
     ``sequences``: that many arrival sequences (seeds ``seed``, ``seed + 1``, ...), every policy
@@ -83,7 +83,10 @@ def run_experiment(
     low priority (``scheduler.FILL_SHARES``), which the ``backfill`` and ``auto`` plans may then choose (``partition``
     keeps to the slices: the two run side by side on the same profile and arrivals).
     ``lc_alone_retries``: LC alone is run again (at most that often) while it violates QoS, and the run with fewer
-    violations kept: the allowance every BE policy gets is sized from its tail (``p99_gap``)."""
+    violations kept: the allowance every BE policy gets is sized from its tail (``p99_gap``).
+    ``lc_calibration``: with ``calibrate``, a dict shared by the experiments of one LC: the first fills it with the
+    measured solo latency and max LC-alone rate, the others reuse them (one LC's QoS, rate and arrivals for all its BE
+    kernels, and no second rate search)."""
     if sequences < 1:
         raise ValueError(f"sequences must be >= 1, got {sequences}")
     bad = [r for r in (aim, *aims) if r not in predictor.AIM_RULES]
@@ -99,20 +102,26 @@ def run_experiment(
     policies = [p for p in policies if (p != "partition" or prof.spans) and (p != "backfill" or prof.filled_spans)
                 and (p != "auto" or (prof.spans and prof.chosen))]  # fmt: skip
     solo_profile = prof.lc_total
+    reuse = calibrate and lc_calibration is not None and "solo_ms" in lc_calibration
     if calibrate:  # the solo latency as the policies' clock measures it; LC kernel times scaled to match
-        solo_measured = measured_solo_ms(backend, prof)
+        solo_measured = lc_calibration["solo_ms"] if reuse else measured_solo_ms(backend, prof)  # type: ignore[index]
         if solo_measured > solo_profile:
             scale = solo_measured / solo_profile
             prof.rescale_lc(scale)
-            log(f"solo query {solo_measured:.3f} ms measured alone vs {solo_profile:.3f} ms of median kernel times: "
-                f"LC kernel times x{scale:.3f}")  # fmt: skip
+            log(f"solo query {solo_measured:.3f} ms {'(the LC calibration reused)' if reuse else 'measured alone'} vs "
+                f"{solo_profile:.3f} ms of median kernel times: LC kernel times x{scale:.3f}")  # fmt: skip
     solo = prof.lc_total
     qos = qos_ms if qos_ms else qos_factor * solo
     max_rate = max_lc_rate(prof, qos)
-    if calibrate:  # the replay estimate assumes median kernel times; real launches vary
+    if reuse:  # the LC's rate search is the LC's alone: measured once for all its BE kernels (~40 s a search on the H100)
+        max_rate = lc_calibration["max_rate"]  # type: ignore[index]
+        log(f"max LC-alone rate {max_rate:.1f}/s, the LC calibration reused (replay estimate {max_lc_rate(prof, qos):.1f}/s)")
+    elif calibrate:  # the replay estimate assumes median kernel times; real launches vary
         replay_rate = max_rate
         max_rate = measured_max_lc_rate(backend, prof, qos, replay_rate)
         log(f"max LC-alone rate: replay estimate {replay_rate:.1f}/s, measured {max_rate:.1f}/s")
+        if lc_calibration is not None:
+            lc_calibration.update(solo_ms=solo, max_rate=max_rate)
     rate = load * max_rate
     n = int(min(max_queries, max(min_queries, seconds * rate)))
     seqs = [poisson_arrivals(rate, n, seed + s) for s in range(sequences)]
@@ -151,6 +160,7 @@ def run_experiment(
         "sequences": sequences, "partition_ceiling": ceilings,
         "extra_per_query_ms": extra,
         "extra_uncalibrated_ms": extra_uncalibrated, "p99_gap_ms": gap, "lc_alone_reruns": lc_alone_reruns,
+        "lc_calibration_reused": reuse,
         "predictor_heldout": prof.heldout, "chosen": {f"{k[0]}|{k[1]}": {"version": _vname(s.version), "opportune_ratio": s.opportune_ratio,
                                                                       "reduction": s.reduction, "measured": s.measured}
                                                    for k, s in prof.chosen.items()},
@@ -340,7 +350,7 @@ def records(res: dict[str, Any], lc_name: str, command: str) -> list[dict[str, A
             "partition_ceiling": res.get("partition_ceiling") if pol in ("partition", "backfill", "auto") else None,
             # the BE allowance every policy had, and what sized it (a stalled LC-alone run shrinks it to nothing)
             "be_allowance_ms": res.get("extra_per_query_ms"), "lc_alone_p99_gap_ms": res.get("p99_gap_ms"),
-            "lc_alone_reruns": res.get("lc_alone_reruns", 0),
+            "lc_alone_reruns": res.get("lc_alone_reruns", 0), "lc_calibration_reused": res.get("lc_calibration_reused", False),
             "sequences": res.get("sequences", 1), "p99_per_sequence_ms": list(r.p99_per_sequence),
             "be_gain_per_sequence": _paired_gains(r, ts),
             "latencies_ms": [round(x, 4) for x in r.latencies_ms],

@@ -182,3 +182,29 @@ def test_an_lc_alone_run_that_stalls_every_time_keeps_the_allowance_it_leaves(mo
     assert out["lc_alone_reruns"] == 2
     assert out["runs"][("-", "lc_alone")].violations > 0  # reported as measured, not hidden
     assert out["p99_gap_ms"] > 0.0 and out["extra_per_query_ms"] < out["extra_uncalibrated_ms"]
+
+
+def test_experiments_of_one_lc_share_its_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_experiment(lc_calibration=)``: the first experiment of an LC measures its solo latency and max LC-alone
+    rate on the backend, the next (another BE kernel, ``--be-each``) reuses them: the same QoS and rate, one search."""
+    import kfuse.colocate.experiment as E
+
+    searches: list[float] = []
+    real = E.measured_max_lc_rate
+
+    def counted(*a, **k):  # type: ignore[no-untyped-def]
+        searches.append(1.0)
+        return real(*a, **k)
+
+    monkeypatch.setattr(E, "measured_max_lc_rate", counted)
+    cache: dict[str, float] = {}
+    kw = dict(versions=[(1, 1)], policies=("lc_alone", "timeshare"), seconds=0.2, min_queries=150, reps=3, calibrate=True, lc_calibration=cache)
+    logs: list[str] = []
+    first = run_experiment(SlowerGPU(h200_like({(1, 1): 0.3}, noise=0.0), 1.1), ["sgemm"], log=logs.append, **kw)
+    assert set(cache) == {"solo_ms", "max_rate"} and len(searches) == 1 and not first["lc_calibration_reused"]
+    second = run_experiment(SlowerGPU(h200_like({(1, 1): 0.3}, noise=0.0), 1.1), ["lbm"], log=logs.append, **kw)
+    assert len(searches) == 1 and second["lc_calibration_reused"]
+    assert second["max_rate"] == first["max_rate"] and second["qos_ms"] == pytest.approx(first["qos_ms"])
+    assert any("LC calibration reused" in ln for ln in logs)
+    rec = E.records(second, "sim", "test")[0]
+    assert rec["lc_calibration_reused"] is True
