@@ -3,7 +3,8 @@
 # PTB stand-ins; session 53: the stand-in's kernels took 1.08 ms of BERT-base B8 S128's query where the compiled model
 # runs in 0.74 ms on the H100, and its 48-tile GEMMs leave most SMs idle through 44% of its kernel time). Partition and
 # backfill only (Aker's fused versions need PTB GEMMs); the query's persistent kernels are captured sized for the LC's
-# SMs (`codegen.sm_count`). BERT-base, then ResNet-50, one experiment a BE kernel (--be-each).
+# SMs (`codegen.sm_count`). BERT-base, then ResNet-50, one experiment a BE kernel (--be-each; the LC calibrated once).
+# The other four BE kernels: `BES=sgemm,cutcp,hotspot,lbm bash benchmarks/calls/s54_call1.sh` (a second call).
 # First the new code's GPU test (a segment's launches sized for a partition), then the runs.
 # Prediction (docs/perf-notes.md, "Session 53", next): the partition dearer for the faithful LC (BERT-base's query on
 # 100 SMs +5..+15% with no BE block, against +0.2..+4% for the stand-in), so fewer spans: BERT-base best per pair
