@@ -315,6 +315,14 @@ class TuningDB:
             "groups": [{"gpu": g, "template": t, "records": n, "problems": p, "ok": ok} for g, t, n, p, ok in by],
         }
 
+    def get_meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        self.conn.commit()
+
     def _has_table(self, name: str) -> bool:
         return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 

@@ -35,6 +35,7 @@ from kfuse.tune.database import Record, TuningDB
 from kfuse.tune.hardware import Hardware, query
 from kfuse.tune.profiler import Measure, Measurement, Profiler, make_runner
 from kfuse.tune.search import Budget, SearchResult, search, transfer_candidates
+from kfuse.tune.shipped import seed
 from kfuse.tune.space import Config, ConvProblem, GemmProblem, Problem, config_from_dict, is_valid, problem_from_dict
 
 # what a database read can raise that means "this data is unusable": SQLite errors (a locked file,
@@ -99,6 +100,7 @@ class TuneStats:
     problem_s: dict[str, float] = field(default_factory=dict)  # wall seconds of each tuned problem's search
     seconds: float = 0.0
     measuring: bool = True
+    shipped: int = 0  # records seeded into the database from the file kfuse ships for this GPU, this compile
     results: list[SearchResult] = field(default_factory=list)
 
     def line(self, mode: str) -> str:
@@ -109,6 +111,8 @@ class TuneStats:
             s += f"; no GPU: nothing measured, {self.transferred} from nearest tuned problem"
         if self.default:
             s += f"; {self.default} with the template default"
+        if self.shipped:
+            s += f"; {self.shipped} records seeded from kfuse's shipped records for this GPU"
         return s
 
     def as_dict(self) -> dict[str, Any]:
@@ -145,11 +149,19 @@ class Tuner:
         self.gpu = self.hw.key()
         self.measure = measure
         self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # records seeded from the file kfuse ships for this GPU (kfuse.tune.shipped), once; only on the GPU itself (on
+        # the CPU the hardware is the H200 table entry, not a GPU the records were measured on)
+        self.shipped = 0
+        if self.device.type == "cuda":
+            try:
+                self.shipped = seed(self.db, self.gpu)
+            except _DB_ERRORS as e:  # a bad shipped file or a read-only database: tune as before
+                self._db_problem("seed", e)
         self.can_measure = measure is not None or self.device.type == "cuda"
         self.profiler = profiler or Profiler(measure=measure, check=check)
         self.progress = progress
         self.model: dict[str, CostModel] = {}
-        self.stats = TuneStats(measuring=self.can_measure)
+        self.stats = TuneStats(measuring=self.can_measure, shipped=self.shipped)
 
     # ---- database ------------------------------------------------------------------------
     def _db_problem(self, what: str, e: BaseException) -> None:

@@ -198,7 +198,9 @@ def test_experiments_of_one_lc_share_its_calibration(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(E, "measured_max_lc_rate", counted)
     cache: dict[str, float] = {}
-    kw = dict(versions=[(1, 1)], policies=("lc_alone", "timeshare"), seconds=0.2, min_queries=150, reps=3, calibrate=True, lc_calibration=cache)
+    kw = dict(
+        versions=[(1, 1)], policies=("lc_alone", "timeshare"), seconds=0.2, min_queries=150, reps=3, calibrate=True, lc_calibration=cache
+    )
     logs: list[str] = []
     first = run_experiment(SlowerGPU(h200_like({(1, 1): 0.3}, noise=0.0), 1.1), ["sgemm"], log=logs.append, **kw)
     assert set(cache) == {"solo_ms", "max_rate"} and len(searches) == 1 and not first["lc_calibration_reused"]
