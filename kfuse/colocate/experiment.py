@@ -294,15 +294,16 @@ def plot(res: dict[str, Any], lc_name: str, out_dir: str | Path) -> list[Path]:
     for j, pol in enumerate(pols):
         xs = np.arange(len(bes)) + j * w
         runs = [res["runs"].get((be, pol)) for be in bes]
-        ys = [100.0 * gain(res, be, pol) if r is not None else 0.0 for be, r in zip(bes, runs, strict=True)]
-        ys = [0.0 if math.isnan(y) else y for y in ys]
+        gains = [100.0 * gain(res, be, pol) if r is not None else math.nan for be, r in zip(bes, runs, strict=True)]
+        ys = [0.0 if math.isnan(g) else g for g in gains]  # no time sharing run to compare with: no bar, a label
         bars = ax.bar(xs, ys, w, label=pol)
-        for bar, r, y in zip(bars, runs, ys, strict=True):
+        for bar, r, g in zip(bars, runs, gains, strict=True):
             if r is None:
                 continue
             if r.violations:
                 bar.set_hatch("//")
-            ax.annotate(f"{y:+.1f}%\n{r.be_throughput:.0f}/s", (bar.get_x() + bar.get_width() / 2, max(y, 0.0)),
+            label = "n/a" if math.isnan(g) else f"{g:+.1f}%"
+            ax.annotate(f"{label}\n{r.be_throughput:.0f}/s", (bar.get_x() + bar.get_width() / 2, max(bar.get_height(), 0.0)),
                         ha="center", va="bottom", fontsize=6)  # fmt: skip
     ax.axhline(0.0, color="k", lw=0.8)
     ax.set_xticks(np.arange(len(bes)) + w * (len(pols) - 1) / 2, bes)

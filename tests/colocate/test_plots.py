@@ -68,3 +68,22 @@ def test_kfuse_colocate_takes_the_issues_form_without_run(tmp_path: Path) -> Non
     recs = json.loads((tmp_path / "colocate.json").read_text())
     assert {r["policy"] for r in recs} == {"lc_alone", "timeshare"}
     assert (tmp_path / "colocate_mlp-tiny_be_throughput.png").stat().st_size > 0
+
+
+def test_without_time_sharing_the_plot_says_no_gain_rather_than_zero(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sim = h200_like({(1, 1): 0.3}, noise=0.0)
+    res = run_experiment(sim, ["sgemm"], versions=[(1, 1)], policies=("lc_alone", "aker"), seconds=0.2, min_queries=150, reps=3,
+                         log=lambda s: None)  # fmt: skip
+    seen: list[str] = []
+    real = plt.Axes.annotate
+    plt.Axes.annotate = lambda self, text, *a, **k: (seen.append(text), real(self, text, *a, **k))[1]  # type: ignore[method-assign]
+    try:
+        plot(res, "sim", tmp_path)
+    finally:
+        plt.Axes.annotate = real  # type: ignore[method-assign]
+    assert [t.split("\n")[0] for t in seen] == ["n/a"]
