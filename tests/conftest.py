@@ -12,6 +12,10 @@ try:
 except Exception:  # pragma: no cover
     _HAS_GPU = False
 
+# the tuner's database starts empty in every test, also on a GPU that kfuse ships records for (kfuse.tune.shipped);
+# tests of the seeding turn it on themselves
+os.environ.setdefault("KFUSE_SHIPPED_RECORDS", "0")
+
 if not _HAS_GPU:
     # must be set before triton is imported anywhere
     os.environ.setdefault("TRITON_INTERPRET", "1")

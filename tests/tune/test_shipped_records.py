@@ -42,6 +42,7 @@ def test_slug_names_the_file_after_the_gpu() -> None:
 
 
 def test_the_gpus_shipped_records_seed_the_database_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KFUSE_SHIPPED_RECORDS", "1")  # the test suite turns the seeding off (tests/conftest.py)
     monkeypatch.setattr(shipped, "RECORDS_DIR", tmp_path)
     f = _ship(tmp_path, DEFAULT.key())
     db = TuningDB(tmp_path / "user.sqlite")
@@ -62,13 +63,14 @@ def test_no_seeding_off_the_gpu_or_when_turned_off(tmp_path: Path, monkeypatch: 
     assert _tuner(db, device="cpu").shipped == 0  # on the CPU the hardware is the table's H200, not a measured GPU
     monkeypatch.setenv("KFUSE_SHIPPED_RECORDS", "0")
     assert _tuner(db).shipped == 0 and db.stats()["records"] == 0
-    monkeypatch.delenv("KFUSE_SHIPPED_RECORDS")
+    monkeypatch.setenv("KFUSE_SHIPPED_RECORDS", "1")
     other = TuningDB(tmp_path / "other.sqlite")
     assert Tuner("fast", db=other, hw=DEFAULT.__class__("Some Other GPU", 90, 100, 1), measure=lambda c, p: 1.0, device="cuda",
                  progress=False, check=False).shipped == 0  # fmt: skip
 
 
 def test_a_bad_shipped_file_warns_and_the_tuner_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KFUSE_SHIPPED_RECORDS", "1")
     monkeypatch.setattr(shipped, "RECORDS_DIR", tmp_path)
     (tmp_path / f"{shipped.slug(DEFAULT.key())}.json").write_text("{not json")
     db = TuningDB(tmp_path / "user.sqlite")
