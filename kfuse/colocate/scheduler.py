@@ -347,8 +347,9 @@ def build_profile(
 
 # slices as fractions of what the BE partition does in a solo query's time at its whole-GPU rate per SM; dense near
 # 0.75-1.05, where a low-HBM BE kernel's slice starts to outlast the query (session 51, mri-q on 32 SMs: +2% at 0.75,
-# +24% at 1.0); the plan only takes sampled slice sizes
-SPAN_FILL = (0.5, 0.75, 0.85, 0.95, 1.05, 1.25, 1.5)
+# +24% at 1.0); the plan only takes sampled slice sizes, so 0.25 too: beside ResNet-50 B32 (session 53) the smallest
+# slice sampled before, half the fill, cost the query 6-11% on 16 SMs, more than its ~10% allowance leaves a slice
+SPAN_FILL = (0.25, 0.5, 0.75, 0.85, 0.95, 1.05, 1.25, 1.5)
 SPAN_MAX_KERNELS = 8  # a span's slice covers at most this many instances of its BE job
 # backfill sizes: BE blocks of this share of the query's time on its own N - S SMs at the BE's whole-GPU rate per SM.
 # The query leaves its SMs idle between kernels (BERT-base B8 on an H100: 1.23 ms as one graph against 1.08 ms of

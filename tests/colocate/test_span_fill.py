@@ -171,3 +171,24 @@ def test_a_backfill_is_taken_where_its_measured_cost_to_the_query_is_low(be_like
     assert runs["backfill"].violations == 0 and runs["backfill"].p99 <= qos
     if not taken:
         assert runs["backfill"].decisions == runs["partition"].decisions
+
+
+def test_a_quarter_slice_is_sampled_so_a_dear_partition_still_plans_a_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ResNet-50 B32 on the H100 (session 53): the smallest slice sampled, half the window's fill, cost the query more
+    than its allowance, so the partition never planned a span. With a quarter-fill sample (``SPAN_FILL``) it does
+    where the slice's cost is about proportional to its blocks (here 10% of the query per whole kernel of blocks)."""
+    assert min(S.SPAN_FILL) == 0.25
+
+    def partition_run(fills: tuple[float, ...]) -> tuple[S.RunResult, S.RunResult]:
+        monkeypatch.setattr(S, "SPAN_FILL", fills)
+        sim = _bert(0.0)
+        sim.span_contention = {"sgemm": 0.1}
+        runs, _, qos = _runs(sim, fill=False)
+        assert runs["partition"].violations == 0 and runs["partition"].p99 <= qos
+        return runs["partition"], runs["timeshare"]
+
+    fills = S.SPAN_FILL
+    before, _ = partition_run(tuple(f for f in fills if f != 0.25))
+    after, ts = partition_run(fills)
+    assert not before.fused_by_key  # half a fill and more: every slice too dear, time sharing
+    assert after.fused_by_key and after.be_throughput > 1.02 * ts.be_throughput
