@@ -39,6 +39,8 @@ def stats(db: Path | None = _DB, as_json: bool = typer.Option(False, "--json", h
     typer.echo(f"{d['path']}: {d['records']} records {d['by_status']}")
     for g in d["groups"]:
         typer.echo(f"  {g['gpu']:28s} {g['template']:6s} {g['problems']:5d} problems {g['records']:7d} records {g['ok']:7d} ok")
+    for gpu, digest in d.get("shipped", {}).items():
+        typer.echo(f"  seeded from kfuse's shipped records for {gpu} (file {digest})")
 
 
 @app.command("export")

@@ -313,6 +313,8 @@ class TuningDB:
             "choices": c.execute("SELECT COUNT(*) FROM choices").fetchone()[0] if self._has_table("choices") else 0,
             "by_status": status,
             "groups": [{"gpu": g, "template": t, "records": n, "problems": p, "ok": ok} for g, t, n, p, ok in by],
+            # the shipped record files imported (kfuse.tune.shipped): GPU slug -> the file's hash
+            "shipped": {k.removeprefix("shipped:"): v for k, v in c.execute("SELECT key, value FROM meta WHERE key LIKE 'shipped:%'")},
         }
 
     def get_meta(self, key: str) -> str | None:

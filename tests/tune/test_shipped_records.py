@@ -49,6 +49,7 @@ def test_the_gpus_shipped_records_seed_the_database_once(tmp_path: Path, monkeyp
     t = _tuner(db)
     assert t.shipped == 2 and t.stats.shipped == 2 and "2 records seeded from kfuse's shipped records" in t.stats.line("fast")
     assert t.lookup(P) == GemmConfig(128)  # a first compile finds the problem tuned
+    assert set(db.stats()["shipped"]) == {shipped.slug(DEFAULT.key())}  # `kfuse tune-db stats` says so
     assert _tuner(db).shipped == 0  # imported once: the same file is not imported again
     db.clear()
     assert _tuner(db).shipped == 0 and db.stats()["records"] == 0  # a cleared database stays cleared
