@@ -134,6 +134,11 @@ def run(
         g = r["be_gain_vs_timesharing"]
         typer.echo(f"{r['case']:24s} {r['policy']:15s} {r['p99_ms']:9.3f} {r['qos_ms']:8.3f} {r['violations']:5d} "
                    f"{r['be_throughput']:9.2f} {'' if g is None else f'{g:+.1%}':>7s}")  # fmt: skip
+    from kfuse.colocate import pairs as P
+
+    table = P.pairs([{**r, "_file": "colocate.json"} for r in recs])
+    if table:  # each pair's best policy that kept QoS, and the mean per LC (the issue's +30% is on that)
+        typer.echo("\n" + P.markdown(table))
     typer.echo(f"wrote {out / 'colocate.json'}, {out / 'predictor.json'}, " + ", ".join(str(p) for p in plots))
 
 

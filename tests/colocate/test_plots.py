@@ -51,7 +51,7 @@ def test_the_throughput_plot_shows_each_policys_gain_over_time_sharing(result: d
     assert "+0.0%" in {t.split("\n")[0] for t in seen}  # time sharing against itself
 
 
-def test_kfuse_colocate_takes_the_issues_form_without_run(tmp_path: Path) -> None:
+def test_kfuse_colocate_takes_the_issues_form_without_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`kfuse colocate --lc ... --be ...` (the issue's command) runs the experiment, as `kfuse colocate run` does."""
     import json
 
@@ -63,10 +63,12 @@ def test_kfuse_colocate_takes_the_issues_form_without_run(tmp_path: Path) -> Non
     assert with_default_subcommand(["sass", "--help"]) == ["sass", "--help"]
     with pytest.raises(SystemExit) as e:
         main(["colocate", "--lc", "mlp-tiny", "--be", "histogram", "--backend", "sim", "--seconds", "0.05",
-              "--policies", "lc_alone,timeshare", "--out", str(tmp_path)])  # fmt: skip
+              "--policies", "lc_alone,timeshare,aker", "--out", str(tmp_path)])  # fmt: skip
     assert e.value.code == 0
     recs = json.loads((tmp_path / "colocate.json").read_text())
-    assert {r["policy"] for r in recs} == {"lc_alone", "timeshare"}
+    assert {r["policy"] for r in recs} == {"lc_alone", "timeshare", "aker", "timeshare_rerun"}
+    out = capsys.readouterr().out
+    assert "| mlp-tiny+histogram | aker " in out and "mlp-tiny: best per pair, mean over 1 pairs" in out  # the summary
     assert (tmp_path / "colocate_mlp-tiny_be_throughput.png").stat().st_size > 0
 
 
