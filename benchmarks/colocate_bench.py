@@ -66,10 +66,10 @@ def main() -> None:
     import kfuse.models
     from kfuse.bench.harness import pytorch_baselines, time_ms, write_results
     from kfuse.colocate import cuda_backend, experiment, ptb, workloads
-    from kfuse.colocate import pairs as colocate_pairs
     from kfuse.colocate.cuda_backend import CudaBackend
     from kfuse.colocate.fuser import parse_version
     from kfuse.colocate.lc import compile_lc, lc_items
+    from kfuse.colocate.pairs import summary as pairs_summary
 
     t_start = time.perf_counter()
 
@@ -201,9 +201,8 @@ def main() -> None:
                       f"uncovered {int(pr.get('uncovered', 0))}, retimed {int(pr.get('retimed', 0))}")  # fmt: skip
             for pair, per_v in p["measured_overlap"].items():
                 print(f"  best measured overlap {pair}: " + ", ".join(f"{v} {o:+.1%}" for v, o in per_v.items()))
-    table = colocate_pairs.pairs([{**r, "_file": "colocate.json"} for r in records])
-    if table:  # each pair's best policy that kept QoS, and the mean per LC
-        print("\n" + colocate_pairs.markdown(table))
+    if table := pairs_summary(records):  # each pair's best policy that kept QoS, and the mean per LC
+        print("\n" + table)
     print(f"total {time.perf_counter() - t_start:.1f} s")
     sys.stdout.flush()
 

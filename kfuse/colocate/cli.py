@@ -60,11 +60,10 @@ def run(
 
     import kfuse.models
     from kfuse.colocate import experiment, workloads
-    from kfuse.colocate.lc import compile_lc, lc_items
+    from kfuse.colocate.lc import LC_GEMMS, compile_lc, lc_items
+    from kfuse.colocate.pairs import summary as pairs_summary
 
     out = Path(out_dir)
-    from kfuse.colocate.lc import LC_GEMMS
-
     if lc_gemms not in LC_GEMMS:
         raise typer.BadParameter(f"--lc-gemms: choose from {', '.join(LC_GEMMS)}, got {lc_gemms!r}")
     if lc not in LC_MODELS:
@@ -134,11 +133,8 @@ def run(
         g = r["be_gain_vs_timesharing"]
         typer.echo(f"{r['case']:24s} {r['policy']:15s} {r['p99_ms']:9.3f} {r['qos_ms']:8.3f} {r['violations']:5d} "
                    f"{r['be_throughput']:9.2f} {'' if g is None else f'{g:+.1%}':>7s}")  # fmt: skip
-    from kfuse.colocate import pairs as P
-
-    table = P.pairs([{**r, "_file": "colocate.json"} for r in recs])
-    if table:  # each pair's best policy that kept QoS, and the mean per LC (the issue's +30% is on that)
-        typer.echo("\n" + P.markdown(table))
+    if table := pairs_summary(recs):  # each pair's best policy that kept QoS, and the mean per LC (the issue's +30%)
+        typer.echo("\n" + table)
     typer.echo(f"wrote {out / 'colocate.json'}, {out / 'predictor.json'}, " + ", ".join(str(p) for p in plots))
 
 

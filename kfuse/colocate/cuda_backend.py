@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -190,14 +189,20 @@ class CudaBackend(Backend):
         if sms >= self.sms:
             return self.segments[i]
         if (i, sms) not in self._sized:
-            run = it.run
-
-            def sized(run: Callable[[], Any] = run) -> None:
-                with sm_count(sms):
-                    run()
-
-            self._sized[(i, sms)] = graphed(sized)
+            self._sized[(i, sms)] = graphed(self._sized_for(it.run, sms))
         return self._sized[(i, sms)]
+
+    def _sized_for(self, run: Callable[[], Any], sms: int) -> Callable[[], Any]:
+        """``run`` with its launches sized for ``sms`` SMs (``codegen.sm_count``) where that is fewer than the GPU's,
+        so a graph captured from it keeps the partition's grids."""
+        if sms >= self.sms:
+            return run
+
+        def sized() -> None:
+            with sm_count(sms):
+                run()
+
+        return sized
 
     def _query_on(self, be_sms: int) -> Callable[[], None]:
         """The whole query's LC kernels back to back for the SMs a ``be_sms`` partition leaves (0: the whole GPU), as
@@ -207,14 +212,8 @@ class CudaBackend(Backend):
             part = self._partition(be_sms) if be_sms else None
             sms = part.lc_sms if part is not None else self.sms
             fns = [self._lc_on(i, sms) if it.kernel is not None else it.run for i, it in enumerate(self.items)]
-
-            def query(fns: list[Callable[[], Any]] = fns, sms: int = sms) -> None:
-                # on a partition, the segments' launches sized for the LC's SMs as they are captured
-                with sm_count(sms) if sms < self.sms else nullcontext():
-                    for f in fns:
-                        f()
-
-            self._queries[be_sms] = graphed(query)
+            # on a partition, the segments' launches sized for the LC's SMs as they are captured
+            self._queries[be_sms] = graphed(self._sized_for(lambda: [f() for f in fns], sms))
         return self._queries[be_sms]
 
     def run_span(self, be: str, start: int, end: int, be_sms: int, fill: int = 0) -> float:

@@ -112,12 +112,11 @@ def run_experiment(
                 f"{solo_profile:.3f} ms of median kernel times: LC kernel times x{scale:.3f}")  # fmt: skip
     solo = prof.lc_total
     qos = qos_ms if qos_ms else qos_factor * solo
-    max_rate = max_lc_rate(prof, qos)
+    max_rate = replay_rate = max_lc_rate(prof, qos)
     if reuse:  # the LC's rate search is the LC's alone: measured once for all its BE kernels (~40 s a search on the H100)
         max_rate = lc_calibration["max_rate"]  # type: ignore[index]
-        log(f"max LC-alone rate {max_rate:.1f}/s, the LC calibration reused (replay estimate {max_lc_rate(prof, qos):.1f}/s)")
+        log(f"max LC-alone rate {max_rate:.1f}/s, the LC calibration reused (replay estimate {replay_rate:.1f}/s)")
     elif calibrate:  # the replay estimate assumes median kernel times; real launches vary
-        replay_rate = max_rate
         max_rate = measured_max_lc_rate(backend, prof, qos, replay_rate)
         log(f"max LC-alone rate: replay estimate {replay_rate:.1f}/s, measured {max_rate:.1f}/s")
         if lc_calibration is not None:

@@ -82,6 +82,12 @@ def markdown(table: dict[tuple[str, str], dict[str, dict[str, Any]]]) -> str:
 TARGET = 0.30  # the issue's mean gain over time sharing
 
 
+def summary(records: list[dict[str, Any]], file: str = "colocate.json") -> str:
+    """The per-pair table of one run's records (all written to ``file``); empty where no pair has a gain to show."""
+    table = pairs([{**r, "_file": file} for r in records])
+    return markdown(table) if table else ""
+
+
 def plot_pairs(table: dict[tuple[str, str], dict[str, dict[str, Any]]], path: str | Path, gpu: str) -> Path:
     """One GPU's pairs (the first whose name contains ``gpu``): each policy's gain over time sharing as a bar per pair,
     a hatched bar where the policy missed QoS, the issue's +30% as a line, and each LC's mean of the best per pair."""
