@@ -144,7 +144,7 @@ def pairs(
         list[str] | None, typer.Argument(help="colocate JSON files (default: benchmarks/results/*/colocate*.json here)")
     ] = None,
     png: str = typer.Option("", help="also plot one GPU's pairs to this PNG"),
-    gpu: str = typer.Option("H100", help="the GPU to plot: a part of its name"),
+    gpu: str = typer.Option("H100", help="the table to plot: a part of its name (GPU, LC form: 'H100, LC: as kfuse')"),
 ) -> None:
     """The per-pair table from co-location records: each policy's BE throughput gain over time sharing (measured in
     the same run), the best policy that kept QoS, its p99 and violations, and the mean of the best per LC."""

@@ -8,7 +8,9 @@ mean of the best over each LC's pairs (the issue's target: +30% on average, 0 vi
     python benchmarks/colocate_pairs.py ...               # the same, from the repository
 
 A pair measured in several files keeps each policy's latest record (files are read in name order, so a later
-session's file wins); a record's gain is only ever against the time sharing of its own run.
+session's file wins); a record's gain is only ever against the time sharing of its own run. Records of the LC as kfuse
+compiles it (``--lc-gemms plan``) and of the PTB stand-in LC (``ptb``, the default and every record before session
+54) are separate tables: one LC's numbers never stand in for the other's.
 """
 
 from __future__ import annotations
@@ -36,13 +38,22 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+LC_FORMS = {"ptb": "LC: PTB stand-in GEMMs", "plan": "LC: as kfuse compiles it"}
+
+
+def group(r: dict[str, Any]) -> str:
+    """A record's table: its GPU and the LC's form (``lc_gemms``; records without it ran the PTB stand-in)."""
+    form = str(r.get("lc_gemms") or "ptb")
+    return f"{r.get('gpu')}, {LC_FORMS.get(form, 'LC: ' + form)}"
+
+
 def pairs(records: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
-    """(gpu, LC+BE case) -> policy -> its latest record with a gain over time sharing."""
+    """(GPU and LC form, LC+BE case) -> policy -> its latest record with a gain over time sharing."""
     table: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in records:
         if r.get("policy") in BASELINES or r.get("be_gain_vs_timesharing") is None or "+" not in str(r.get("case", "")):
             continue
-        table[(str(r.get("gpu")), str(r["case"]))][str(r["policy"])] = r
+        table[(group(r), str(r["case"]))][str(r["policy"])] = r
     return dict(table)
 
 
@@ -89,7 +100,8 @@ def summary(records: list[dict[str, Any]], file: str = "colocate.json") -> str:
 
 
 def plot_pairs(table: dict[tuple[str, str], dict[str, dict[str, Any]]], path: str | Path, gpu: str) -> Path:
-    """One GPU's pairs (the first whose name contains ``gpu``): each policy's gain over time sharing as a bar per pair,
+    """One GPU's pairs (the first table whose name, GPU and LC form, contains ``gpu``): each policy's gain over time
+    sharing as a bar per pair,
     a hatched bar where the policy missed QoS, the issue's +30% as a line, and each LC's mean of the best per pair."""
     import matplotlib
 
@@ -138,7 +150,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", help="colocate JSON files (default: benchmarks/results/*/colocate*.json)")
     ap.add_argument("--png", help="also plot one GPU's pairs to this PNG (with --gpu)")
-    ap.add_argument("--gpu", default="H100", help="the GPU to plot: a part of its name (default H100)")
+    ap.add_argument("--gpu", default="H100", help="the table to plot: a part of its name, GPU and LC form (default H100)")
     a = ap.parse_args()
     table = pairs(load(a.files or default_files(Path(__file__).parents[2])))
     print(markdown(table))

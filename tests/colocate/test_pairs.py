@@ -34,12 +34,29 @@ def test_the_best_policy_keeps_qos_the_latest_file_wins_and_the_mean_is_per_lc(t
     (tmp_path / "colocate_s1.json").write_text(json.dumps(old))
     (tmp_path / "colocate_s2.json").write_text(json.dumps({"records": new}))
     table = m.pairs(m.load([str(tmp_path / "colocate_s2.json"), str(tmp_path / "colocate_s1.json")]))
-    assert table[("H100", "bert-base+lbm")]["partition"]["be_gain_vs_timesharing"] == 0.06  # the later file's record
+    assert table[("H100, LC: PTB stand-in GEMMs", "bert-base+lbm")]["partition"]["be_gain_vs_timesharing"] == 0.06  # the later file's
     text = m.markdown(table)
     assert "| bert-base+lbm | partition +6.0%, streams +50.0% (QoS missed) | partition +6.0% |" in text
     assert "| resnet50+mriq | streams +10.0% (QoS missed) | none keeps QoS |" in text
     assert "bert-base: best per pair, mean over 2 pairs: +20.5%" in text
     assert "resnet50" not in text.split("bert-base: best per pair")[1]  # no pair kept QoS: no mean for it
+
+
+def test_the_compiled_lc_and_the_stand_in_are_separate_tables(tmp_path: Path) -> None:
+    m = _module()
+    stand_in = [_rec("bert-base+histogram", "auto", 0.35), _rec("bert-base+histogram", "partition", 0.10)]
+    plan = [{**_rec("bert-base+histogram", "partition", 0.03), "lc_gemms": "plan"}]
+    (tmp_path / "colocate_s53.json").write_text(json.dumps(stand_in))
+    (tmp_path / "colocate_s54.json").write_text(json.dumps(plan))
+    table = m.pairs(m.load([str(tmp_path / "colocate_s53.json"), str(tmp_path / "colocate_s54.json")]))
+    # the later file does not overwrite the stand-in's partition, and the stand-in's auto is not the compiled LC's best
+    assert table[("H100, LC: PTB stand-in GEMMs", "bert-base+histogram")]["partition"]["be_gain_vs_timesharing"] == 0.10
+    assert set(table[("H100, LC: as kfuse compiles it", "bert-base+histogram")]) == {"partition"}
+    text = m.markdown(table)
+    compiled = text.split("### H100, LC: as kfuse compiles it")[1].split("###")[0]
+    assert "partition +3.0%" in compiled and "auto" not in compiled and "mean over 1 pairs: +3.0%" in compiled
+    out = m.plot_pairs(table, tmp_path / "p.png", "as kfuse")
+    assert out.stat().st_size > 0
 
 
 def test_the_pairs_plot_draws_every_pair_of_one_gpu(tmp_path: Path) -> None:
