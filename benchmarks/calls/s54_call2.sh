@@ -9,7 +9,7 @@
 # Triton compiles remain), B16 between. Fits one 570 s call: 300 s + 4 x <= 60 s.
 set -u
 export PYTHONUNBUFFERED=1
-PYTHONPATH=. timeout 300 python benchmarks/ship_records.py --out "$OUT/ship" --deadline-s 200 2>&1 | grep -v Warning | tail -12
+PYTHONPATH=. timeout "${SHIP_S:-300}" python benchmarks/ship_records.py --out "$OUT/ship" --deadline-s "${SHIP_DEADLINE_S:-200}" 2>&1 | grep -v Warning | tail -12
 f=$(ls "$OUT"/ship/*.json | head -1)
 cp "$f" kfuse/tune/records/ && echo "shipped file: $(basename "$f")"
 for shipped in 0 1; do

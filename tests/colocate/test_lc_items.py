@@ -4,6 +4,7 @@ LC is the kfuse model itself)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -89,5 +90,7 @@ def test_a_segment_on_a_partition_launches_for_the_partitions_sms(bert_tiny: tup
     backend._lc_on(0, backend.sms)()
     backend._lc_on(0, backend.sms - 1)()
     backend._query_on(0)()
-    assert seen == [132, backend.sms - 1, 132]
+    # on a GPU the sized segment and the query are captured into CUDA graphs, whose warm-up and capture run the Python
+    # body, maybe more than once (session 54 on an H100 failed the exact list); only the order of the sizes counts
+    assert [n for n, _ in itertools.groupby(seen)] == [132, backend.sms - 1, 132]
     assert backend._lc_on(0, backend.sms - 1) is backend._lc_on(0, backend.sms - 1)  # sized once, then reused
