@@ -54,8 +54,9 @@ def main() -> None:
                     help="one experiment per BE kernel on one compiled LC, results written after each (a time-out keeps them)")  # fmt: skip
     ap.add_argument("--span-fill", action="store_true",
                     help="also profile the partitions (green<S>) with low-priority BE backfills on the query's SMs")  # fmt: skip
-    ap.add_argument("--lc-gemms", choices=("ptb", "plan"), default="ptb",
-                    help="the LC's GEMMs: PTB stand-ins (Aker can slice them) or the compiled plan's own kernels")  # fmt: skip
+    ap.add_argument("--lc-gemms", choices=("ptb", "ptb-tuned", "plan"), default="ptb",
+                    help="the LC's GEMMs: PTB stand-ins (Aker can slice them) on one tile or on a tile per shape, or the "
+                         "compiled plan's own kernels")  # fmt: skip
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
         ap.error("--load must be in (0, 1] and --qos-factor above 1")
@@ -125,6 +126,12 @@ def main() -> None:
             n_gemm = sum(it.kernel is not None for it in items)
             dt = time.perf_counter() - t0
             print(f"\n{lc_name}: compiled in {dt:.1f} s; {len(items)} LC kernels ({n_gemm} PTB GEMM/conv)", flush=True)
+            lc_tiles = {it.key: it.kernel.meta["tile_ms"] for it in items if it.kernel is not None and "tile_ms" in it.kernel.meta}
+            for shape, tms in lc_tiles.items():  # --lc-gemms ptb-tuned: each shape's tiles, the chosen one first
+                print(
+                    f"  tile for {shape}: " + ", ".join(f"{t} {ms:.4f} ms" for t, ms in sorted(tms.items(), key=lambda kv: kv[1])),
+                    flush=True,
+                )
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
             backend = CudaBackend(items, bes)
@@ -146,7 +153,7 @@ def main() -> None:
                 recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
                 for r in recs:
                     r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
-                              "lc_gemms": a.lc_gemms, "load": a.load, "qos_factor": a.qos_factor,
+                              "lc_gemms": a.lc_gemms, "lc_tiles": lc_tiles, "load": a.load, "qos_factor": a.qos_factor,
                               "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
                 records += recs
                 pred_records.append({"benchmark": "colocate_predictor", "case": lc_name, "kind": "predictor", "command": cmd,

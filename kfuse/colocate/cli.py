@@ -49,8 +49,9 @@ def run(
     ),
     lc_gemms: str = typer.Option(
         "ptb",
-        help="the LC's GEMMs: ptb (PTB GEMM stand-ins that Aker's fused versions can slice) or plan (the compiled "
-        "plan's own kernels: the LC is the kfuse model itself; only green<S> versions and spans co-run with it)",
+        help="the LC's GEMMs: ptb (PTB GEMM stand-ins on one tile, which Aker's fused versions can slice), ptb-tuned "
+        "(the same, the fastest of a few tiles per shape) or plan (the compiled plan's own kernels: the LC is the kfuse "
+        "model itself; only green<S> versions and spans co-run with it)",
     ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from kfuse.colocate.ptb import BlockKernel, conv_gemm_shape, gemm_kernel
+from kfuse.colocate.ptb import BlockKernel, PtbGemmConfig, conv_gemm_shape, gemm_kernel, num_sms, pick_ptb_config
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.runtime.executor import plan_values
 
@@ -63,7 +63,8 @@ class LCItem:
     ops: tuple[str, ...]
 
 
-LC_GEMMS = ("ptb", "plan")
+LC_GEMMS = ("ptb", "ptb-tuned", "plan")
+LC_PROGRAMS_PER_SM = 2  # the PTB LC's persistent grid, as ``CudaBackend(lc_programs_per_sm=2)`` launches it
 
 
 def lc_items(
@@ -71,10 +72,12 @@ def lc_items(
 ) -> list[LCItem]:  # fmt: skip
     """The LC kernel sequence of ``compiled`` (a kfuse CompiledModel) for these inputs.
     ``gemms``: "ptb", each GEMM step as a PTB GEMM of its shape (one tile for all, stand-in operands), which Aker's
-    fused versions can slice; "plan", each GEMM step as the plan runs it (kfuse's tuned kernel or the library call it
-    chose), a segment of its own, so the LC is the compiled model itself and only the SM-partition versions and spans
-    co-run with it (session 53: the PTB stand-in's kernels took 1.08 ms of BERT-base B8 S128's query where the
-    compiled model runs in 0.74 ms on the H100)."""
+    fused versions can slice; "ptb-tuned", the same with the fastest of a few tiles for each shape
+    (``ptb.pick_ptb_config`` on the LC's grid: session 54 measured the one-tile stand-in's partition gains as SMs its
+    48-tile GEMMs left idle, which the compiled model does not leave); "plan", each GEMM step as the plan runs it
+    (kfuse's tuned kernel or the library call it chose), a segment of its own, so the LC is the compiled model itself
+    and only the SM-partition versions and spans co-run with it (session 53: the PTB stand-in's kernels took 1.08 ms
+    of BERT-base B8 S128's query where the compiled model runs in 0.74 ms on the H100)."""
     if gemms not in LC_GEMMS:
         raise ValueError(f"lc_items: gemms must be one of {LC_GEMMS}, got {gemms!r}")
     variant = next(iter(compiled.variants.values()))
@@ -86,6 +89,7 @@ def lc_items(
     device = xs[0].device if xs else torch.device("cpu")
     dtype = next((x.dtype for x in env.values() if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() > 1), torch.float32)
     buffers: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    tiles: dict[tuple[int, int, int], tuple[PtbGemmConfig, dict[PtbGemmConfig, float]]] = {}  # ptb-tuned: per shape
     items: list[LCItem] = []
     pending: list[Any] = []
 
@@ -119,7 +123,17 @@ def lc_items(
                               torch.empty(m, n, device=device, dtype=dtype))  # fmt: skip
         a, b, c = buffers[shape]
         key = "x".join(map(str, shape))
-        items.append(LCItem(step.output, gemm_kernel(a, b, c, name=step.output), None, key, tuple(step.info.ops)))
+        cfg = None
+        if gemms == "ptb-tuned":
+            if shape not in tiles:
+                tiles[shape] = pick_ptb_config(a, b, c, LC_PROGRAMS_PER_SM * num_sms(a.device))
+            cfg = tiles[shape][0]
+        kernel = gemm_kernel(a, b, c, cfg, name=step.output)
+        if cfg is not None:  # what the choice measured, for the run's log and records
+            kernel.meta["tile_ms"] = {
+                f"{t.block_m}x{t.block_n}x{t.block_k}w{t.num_warps}s{t.num_stages}": ms for t, ms in tiles[shape][1].items()
+            }
+        items.append(LCItem(step.output, kernel, None, key, tuple(step.info.ops)))
     flush()
     return items
 

@@ -38,7 +38,7 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-LC_FORMS = {"ptb": "LC: PTB stand-in GEMMs", "plan": "LC: as kfuse compiles it"}
+LC_FORMS = {"ptb": "LC: PTB stand-in GEMMs", "ptb-tuned": "LC: PTB stand-in GEMMs, a tile per shape", "plan": "LC: as kfuse compiles it"}
 
 
 def group(r: dict[str, Any]) -> str:

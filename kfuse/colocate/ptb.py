@@ -16,7 +16,7 @@ GEMMs (implicit-GEMM shapes ``M = N*OH*OW, N = C_out, K = C_in/groups*KH*KW``), 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +164,60 @@ class PtbGemmConfig:
 # and half of every tail-fill grid waited (``kfuse.colocate.occupancy``, tests/colocate/test_occupancy.py)
 GPU_FP16_CONFIG = PtbGemmConfig(128, 128, 32, 8, 8, 3)
 GPU_FP32_CONFIG = PtbGemmConfig(64, 64, 32, 8, 4, 2)
+
+
+# the tiles a per-shape choice (``pick_ptb_config``, ``lc_items(gemms="ptb-tuned")``) tries on the GPU: none takes more
+# shared memory than the default's 48 KB (3 stages of 128 x 32 + 32 x 128 fp16) or more accumulator registers a thread,
+# so the LC's 2-programs-an-SM grid stays; the smaller ones give a few-tile GEMM more programs to spread over the SMs
+# (BERT-base B8 S128's 1024 x 768 GEMMs: 48 tiles of 128 x 128 on 132 SMs, 96 of 128 x 64, 192 of 64 x 64)
+GPU_FP16_LC_TILES = (GPU_FP16_CONFIG, PtbGemmConfig(128, 64, 32, 8, 4, 3), PtbGemmConfig(64, 128, 32, 8, 4, 3),
+                     PtbGemmConfig(64, 64, 64, 8, 4, 3))  # fmt: skip
+# the interpreter's: two small tiles, so the choice itself is exercised on the CPU
+CPU_LC_TILES = (PtbGemmConfig(16, 16, 16, 2, 4, 1), PtbGemmConfig(32, 16, 16, 2, 4, 1))
+
+
+def time_ptb(k: BlockKernel, grid: int, reps: int = 20) -> float:
+    """Median milliseconds of ``k``'s whole block range on a ``grid``-program persistent launch: CUDA events on a GPU,
+    one wall-clock run in the interpreter; after one untimed launch (the compile)."""
+    import statistics
+    import time
+
+    launch_ptb(k, 0, k.n_blocks, grid)
+    if interpreting() or not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        launch_ptb(k, 0, k.n_blocks, grid)
+        return (time.perf_counter() - t0) * 1e3
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        launch_ptb(k, 0, k.n_blocks, grid)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return float(statistics.median(times))
+
+
+def pick_ptb_config(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, grid: int, candidates: Sequence[PtbGemmConfig] | None = None,
+    time_ms: Callable[[BlockKernel, int], float] | None = None,
+) -> tuple[PtbGemmConfig, dict[PtbGemmConfig, float]]:  # fmt: skip
+    """The fastest of ``candidates`` (default: ``GPU_FP16_LC_TILES`` on a GPU, ``CPU_LC_TILES`` in the interpreter) for
+    ``c = a @ b`` as a PTB GEMM on ``grid`` programs, and every candidate's time. ``time_ms(kernel, grid)`` times one
+    candidate (default ``time_ptb``); a candidate that fails to compile or run is left out (none left: an error)."""
+    gpu = a.is_cuda and not interpreting()
+    cands = list(candidates or (GPU_FP16_LC_TILES if gpu and a.dtype != torch.float32 else (GPU_FP32_CONFIG,) if gpu else CPU_LC_TILES))
+    timer = time_ms or time_ptb
+    times: dict[PtbGemmConfig, float] = {}
+    errors = []
+    for cfg in cands:
+        try:
+            times[cfg] = float(timer(gemm_kernel(a, b, c, cfg), grid))
+        except Exception as e:  # noqa: BLE001 - a tile this GPU cannot run is not chosen
+            errors.append(f"{cfg}: {type(e).__name__}: {str(e)[:120]}")
+    if not times:
+        raise RuntimeError(f"pick_ptb_config: no candidate tile ran for {tuple(a.shape)} @ {tuple(b.shape)}: {'; '.join(errors)}")
+    return min(times, key=times.__getitem__), times
 
 
 def default_ptb_config(dtype: torch.dtype, gpu: bool | None = None) -> PtbGemmConfig:

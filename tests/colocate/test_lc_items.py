@@ -48,16 +48,17 @@ def test_unknown_gemm_mode_is_refused(bert_tiny: tuple) -> None:
         lc_items(compiled, args, kwargs, gemms="cublas")
 
 
-def test_cli_runs_the_experiment_on_the_plans_own_kernels(tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["plan", "ptb-tuned"])
+def test_cli_runs_the_experiment_on_the_plans_own_kernels_or_a_tile_per_shape(tmp_path: Path, form: str) -> None:
     from typer.testing import CliRunner
 
     from kfuse.cli import app
 
     r = CliRunner().invoke(app, ["colocate", "run", "--lc", "mlp-tiny", "--be", "histogram", "--backend", "sim", "--seconds", "0.05",
-                                 "--policies", "lc_alone,timeshare", "--lc-gemms", "plan", "--out", str(tmp_path)])  # fmt: skip
+                                 "--policies", "lc_alone,timeshare", "--lc-gemms", form, "--out", str(tmp_path)])  # fmt: skip
     assert r.exit_code == 0, r.output
     recs = json.loads((tmp_path / "colocate.json").read_text())
-    assert {x["lc_gemms"] for x in recs} == {"plan"} and all("--lc-gemms plan" in x["command"] for x in recs)
+    assert {x["lc_gemms"] for x in recs} == {form} and all(f"--lc-gemms {form}" in x["command"] for x in recs)
     bad = CliRunner().invoke(app, ["colocate", "run", "--lc", "mlp-tiny", "--backend", "sim", "--lc-gemms", "x", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "--lc-gemms" in bad.output
 
