@@ -42,6 +42,17 @@ def test_lc_gemm_and_its_tail_fill_kernels_hold_two_programs_per_sm() -> None:
 
 
 @pytest.mark.slow
+def test_every_tile_a_shape_may_take_holds_two_programs_per_sm() -> None:
+    """``--lc-gemms ptb-tuned`` picks among ``GPU_FP16_LC_TILES`` per shape; the LC's grid stays two programs an SM
+    (session 54, offline: 124 / 124 / 156 / 121 registers, 2 / 4 / 3 / 4 programs an SM)."""
+    from kfuse.colocate.ptb import GPU_FP16_LC_TILES
+
+    for tile in GPU_FP16_LC_TILES:
+        occ = ptb_occupancy(_lc(tile))
+        assert occ["stack"] == 0 and occ["programs_per_sm"] >= 2, (tile, occ)
+
+
+@pytest.mark.slow
 def test_the_session_9_tile_held_one_program_per_sm() -> None:
     """The regression the new tile fixes: 128 x 128 x 64 with 3 stages does not fit two programs."""
     assert ptb_occupancy(_lc(PtbGemmConfig(128, 128, 64, 8, 8, 3)))["programs_per_sm"] == 1
