@@ -12,7 +12,7 @@ import torch
 
 from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, FusedVersion, launch_fused
 from kfuse.colocate.green import SmPartition, partition, run_partitioned
-from kfuse.colocate.lc import LCItem
+from kfuse.colocate.lc import LC_PROGRAMS_PER_SM, LCItem
 from kfuse.colocate.prio import PrioStreams, run_beside, run_prio
 from kfuse.colocate.ptb import launch_ptb, num_sms
 from kfuse.colocate.scheduler import Backend, LCKernel
@@ -133,7 +133,7 @@ def graphed(run: Callable[[], Any]) -> Callable[[], Any]:
 
 class CudaBackend(Backend):
     def __init__(
-        self, items: Sequence[LCItem], be: dict[str, Workload], lc_programs_per_sm: int = 2, be_programs_per_sm: int = 4,
+        self, items: Sequence[LCItem], be: dict[str, Workload], lc_programs_per_sm: int = LC_PROGRAMS_PER_SM, be_programs_per_sm: int = 4,
         graph_segments: bool = True,
     ) -> None:  # fmt: skip
         self.items = list(items)

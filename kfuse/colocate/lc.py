@@ -64,7 +64,7 @@ class LCItem:
 
 
 LC_GEMMS = ("ptb", "ptb-tuned", "plan")
-LC_PROGRAMS_PER_SM = 2  # the PTB LC's persistent grid, as ``CudaBackend(lc_programs_per_sm=2)`` launches it
+LC_PROGRAMS_PER_SM = 2  # the PTB LC's persistent grid (``CudaBackend``'s default; the default tile fits two an SM)
 
 
 def lc_items(
@@ -89,7 +89,7 @@ def lc_items(
     device = xs[0].device if xs else torch.device("cpu")
     dtype = next((x.dtype for x in env.values() if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() > 1), torch.float32)
     buffers: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-    tiles: dict[tuple[int, int, int], tuple[PtbGemmConfig, dict[PtbGemmConfig, float]]] = {}  # ptb-tuned: per shape
+    tiles: dict[tuple[int, int, int], tuple[PtbGemmConfig, dict[str, float]]] = {}  # ptb-tuned: per shape, its choice and times
     items: list[LCItem] = []
     pending: list[Any] = []
 
@@ -126,13 +126,12 @@ def lc_items(
         cfg = None
         if gemms == "ptb-tuned":
             if shape not in tiles:
-                tiles[shape] = pick_ptb_config(a, b, c, LC_PROGRAMS_PER_SM * num_sms(a.device))
+                best, times = pick_ptb_config(a, b, c, LC_PROGRAMS_PER_SM * num_sms(a.device))
+                tiles[shape] = best, {t.describe(): ms for t, ms in times.items()}
             cfg = tiles[shape][0]
         kernel = gemm_kernel(a, b, c, cfg, name=step.output)
         if cfg is not None:  # what the choice measured, for the run's log and records
-            kernel.meta["tile_ms"] = {
-                f"{t.block_m}x{t.block_n}x{t.block_k}w{t.num_warps}s{t.num_stages}": ms for t, ms in tiles[shape][1].items()
-            }
+            kernel.meta["tile_ms"] = tiles[shape][1]
         items.append(LCItem(step.output, kernel, None, key, tuple(step.info.ops)))
     flush()
     return items

@@ -101,8 +101,8 @@ def summary(records: list[dict[str, Any]], file: str = "colocate.json") -> str:
 
 def plot_pairs(table: dict[tuple[str, str], dict[str, dict[str, Any]]], path: str | Path, gpu: str) -> Path:
     """One GPU's pairs (the first table whose name, GPU and LC form, contains ``gpu``): each policy's gain over time
-    sharing as a bar per pair,
-    a hatched bar where the policy missed QoS, the issue's +30% as a line, and each LC's mean of the best per pair."""
+    sharing as a bar per pair, a hatched bar where the policy missed QoS, the issue's +30% as a line, and each LC's
+    mean of the best per pair."""
     import matplotlib
 
     matplotlib.use("Agg")

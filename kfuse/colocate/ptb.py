@@ -157,6 +157,9 @@ class PtbGemmConfig:
     num_warps: int = 8
     num_stages: int = 3
 
+    def describe(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
+
 
 # the fp16 LC tile on the GPU: 128 x 128 x 32, 8 warps, 3 stages takes 124 registers a thread and 48 KB of
 # shared memory on sm_90, so two programs fit an SM, as CudaBackend's 2-programs-per-SM grid and the tail-fill
@@ -177,25 +180,13 @@ CPU_LC_TILES = (PtbGemmConfig(16, 16, 16, 2, 4, 1), PtbGemmConfig(32, 16, 16, 2,
 
 
 def time_ptb(k: BlockKernel, grid: int, reps: int = 20) -> float:
-    """Median milliseconds of ``k``'s whole block range on a ``grid``-program persistent launch: CUDA events on a GPU,
-    one wall-clock run in the interpreter; after one untimed launch (the compile)."""
-    import statistics
-    import time
+    """Median milliseconds of ``k``'s whole block range on a ``grid``-program persistent launch, after one untimed
+    launch (the compile): ``reps`` CUDA-event timings on a GPU, one wall-clock run in the interpreter."""
+    from kfuse.bench.harness import time_ms
 
-    launch_ptb(k, 0, k.n_blocks, grid)
-    if interpreting() or not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        launch_ptb(k, 0, k.n_blocks, grid)
-        return (time.perf_counter() - t0) * 1e3
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        launch_ptb(k, 0, k.n_blocks, grid)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return float(statistics.median(times))
+    device = torch.device("cpu") if interpreting() else first_device(k.args, None)
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    return float(time_ms(lambda: launch_ptb(k, 0, k.n_blocks, grid), warmup=1, rep=reps if on_gpu else 1, device=device))
 
 
 def pick_ptb_config(
@@ -205,8 +196,12 @@ def pick_ptb_config(
     """The fastest of ``candidates`` (default: ``GPU_FP16_LC_TILES`` on a GPU, ``CPU_LC_TILES`` in the interpreter) for
     ``c = a @ b`` as a PTB GEMM on ``grid`` programs, and every candidate's time. ``time_ms(kernel, grid)`` times one
     candidate (default ``time_ptb``); a candidate that fails to compile or run is left out (none left: an error)."""
-    gpu = a.is_cuda and not interpreting()
-    cands = list(candidates or (GPU_FP16_LC_TILES if gpu and a.dtype != torch.float32 else (GPU_FP32_CONFIG,) if gpu else CPU_LC_TILES))
+    if candidates:
+        cands = list(candidates)
+    elif not a.is_cuda or interpreting():
+        cands = list(CPU_LC_TILES)
+    else:
+        cands = [GPU_FP32_CONFIG] if a.dtype == torch.float32 else list(GPU_FP16_LC_TILES)
     timer = time_ms or time_ptb
     times: dict[PtbGemmConfig, float] = {}
     errors = []
