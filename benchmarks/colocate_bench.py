@@ -54,9 +54,10 @@ def main() -> None:
                     help="one experiment per BE kernel on one compiled LC, results written after each (a time-out keeps them)")  # fmt: skip
     ap.add_argument("--span-fill", action="store_true",
                     help="also profile the partitions (green<S>) with low-priority BE backfills on the query's SMs")  # fmt: skip
-    ap.add_argument("--lc-gemms", choices=("ptb", "ptb-tuned", "plan"), default="ptb",
-                    help="the LC's GEMMs: PTB stand-ins (Aker can slice them) on one tile or on a tile per shape, or the "
-                         "compiled plan's own kernels")  # fmt: skip
+    ap.add_argument("--lc-gemms", choices=("ptb", "ptb-tuned", "plan", "plan-ptb", "plan-ptb2"), default="ptb",
+                    help="the LC's GEMMs: PTB stand-ins (Aker can slice them) on one tile or on a tile per shape, the "
+                         "compiled plan's own kernels, or the PTB form of kfuse's own template with the plan's tiles and "
+                         "epilogues (Aker can slice them), plan-ptb2 with their stages cut so two blocks share an SM")  # fmt: skip
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
         ap.error("--load must be in (0, 1] and --qos-factor above 1")
@@ -69,7 +70,7 @@ def main() -> None:
     from kfuse.colocate import cuda_backend, experiment, ptb, workloads
     from kfuse.colocate.cuda_backend import CudaBackend
     from kfuse.colocate.fuser import parse_version
-    from kfuse.colocate.lc import compile_lc, lc_items
+    from kfuse.colocate.lc import compile_lc, lc_items, plan_gemm_summary
     from kfuse.colocate.pairs import summary as pairs_summary
 
     t_start = time.perf_counter()
@@ -132,6 +133,15 @@ def main() -> None:
                     f"  tile for {shape}: " + ", ".join(f"{t} {ms:.4f} ms" for t, ms in sorted(tms.items(), key=lambda kv: kv[1])),
                     flush=True,
                 )
+            lc_plan_gemms = plan_gemm_summary(items)
+            for key, g in lc_plan_gemms.items():  # --lc-gemms plan-ptb: each shape's PTB form against the plan's kernel
+                vs = f"; PTB {g['ptb_ms']:.4f} ms vs plan {g['plan_ms']:.4f} ms" if g.get("plan_ms") else ""
+                changed = f"; changed: {'; '.join(g['changed'])}" if g["changed"] else ""
+                print(f"  plan GEMM x{g['count']} {key.split(':')[0]}: {g['tile']} {g['form']}, {g['programs_per_sm']}/SM{vs}; "
+                      f"plan: {g['plan_kernel']}{changed}", flush=True)  # fmt: skip
+            if lc_plan_gemms and all(g.get("plan_ms") for g in lc_plan_gemms.values()):
+                tot = {w: sum(g[w] * g["count"] for g in lc_plan_gemms.values()) for w in ("ptb_ms", "plan_ms")}
+                print(f"  plan GEMMs in all: PTB {tot['ptb_ms']:.4f} ms vs plan {tot['plan_ms']:.4f} ms", flush=True)
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
             backend = CudaBackend(items, bes)
@@ -153,7 +163,8 @@ def main() -> None:
                 recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
                 for r in recs:
                     r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
-                              "lc_gemms": a.lc_gemms, "lc_tiles": lc_tiles, "load": a.load, "qos_factor": a.qos_factor,
+                              "lc_gemms": a.lc_gemms, "lc_tiles": lc_tiles, "lc_plan_gemms": lc_plan_gemms,
+                              "load": a.load, "qos_factor": a.qos_factor,
                               "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
                 records += recs
                 pred_records.append({"benchmark": "colocate_predictor", "case": lc_name, "kind": "predictor", "command": cmd,

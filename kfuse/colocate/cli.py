@@ -51,7 +51,9 @@ def run(
         "ptb",
         help="the LC's GEMMs: ptb (PTB GEMM stand-ins on one tile, which Aker's fused versions can slice), ptb-tuned "
         "(the same, the fastest of a few tiles per shape) or plan (the compiled plan's own kernels: the LC is the kfuse "
-        "model itself; only green<S> versions and spans co-run with it)",
+        "model itself; only green<S> versions and spans co-run with it) or plan-ptb (each GEMM step as the PTB form of "
+        "kfuse's own template with the plan's tile and epilogue, which Aker's fused versions can slice) or plan-ptb2 (the "
+        "same, each tile's stages cut so two blocks share an SM)",
     ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:

@@ -158,11 +158,16 @@ class CudaBackend(Backend):
     def be_blocks(self, be: str) -> int:
         return self.be[be].kernel.n_blocks
 
+    def lc_grid_of(self, k: Any, sms: int | None = None) -> int:
+        """An LC block kernel's persistent grid on ``sms`` SMs (default: all): its own programs an SM where it says
+        (``meta["programs_per_sm"]``: a plan tile may fit one an SM, ``lc_items(gemms="plan-ptb")``), else the LC's."""
+        return int(k.meta.get("programs_per_sm", self.lc_grid // self.sms)) * (sms or self.sms)
+
     def _lc(self, i: int) -> Callable[[], None]:
         it = self.items[i]
         if it.kernel is not None:
-            k = it.kernel
-            return lambda: launch_ptb(k, 0, k.n_blocks, self.lc_grid)
+            k, grid = it.kernel, self.lc_grid_of(it.kernel)
+            return lambda: launch_ptb(k, 0, k.n_blocks, grid)
         return self.segments[i]
 
     def run_lc(self, i: int) -> float:
@@ -184,7 +189,7 @@ class CudaBackend(Backend):
         GEMMs with ``--lc-gemms plan``, norms) too, their launches sized under ``codegen.sm_count`` and captured so."""
         it = self.items[i]
         if it.kernel is not None:
-            k, grid = it.kernel, max(1, self.lc_grid // self.sms * sms)
+            k, grid = it.kernel, max(1, self.lc_grid_of(it.kernel, sms))
             return lambda: launch_ptb(k, 0, k.n_blocks, grid)
         if sms >= self.sms:
             return self.segments[i]

@@ -289,6 +289,8 @@ def launch_args(
     tensor with one slot per LC block of the range, which receives the SM that ran each block."""
     s = sms or num_sms(first_device(lc.args, None))
     grid = version.grid(s)
+    if version.mode in TAIL_MODES and "programs_per_sm" in lc.meta:  # the LC's own solo grid (a plan tile may fit one an SM)
+        grid = int(lc.meta["programs_per_sm"]) * s
     if version.mode == "partition":
         period, r1 = grid, version.r1 * s
     elif version.mode in TAIL_MODES:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from kfuse.colocate.ptb import BlockKernel, PtbGemmConfig, conv_gemm_shape, gemm_kernel, num_sms, pick_ptb_config
+from kfuse.colocate.ptb import BlockKernel, PtbGemmConfig, conv_gemm_shape, gemm_kernel, launch_ptb, num_sms, pick_ptb_config
 from kfuse.ir.graph import Graph, Node, TensorType
 from kfuse.runtime.executor import plan_values
 
@@ -63,7 +63,7 @@ class LCItem:
     ops: tuple[str, ...]
 
 
-LC_GEMMS = ("ptb", "ptb-tuned", "plan")
+LC_GEMMS = ("ptb", "ptb-tuned", "plan", "plan-ptb", "plan-ptb2")
 LC_PROGRAMS_PER_SM = 2  # the PTB LC's persistent grid (``CudaBackend``'s default; the default tile fits two an SM)
 
 
@@ -77,7 +77,13 @@ def lc_items(
     48-tile GEMMs left idle, which the compiled model does not leave); "plan", each GEMM step as the plan runs it
     (kfuse's tuned kernel or the library call it chose), a segment of its own, so the LC is the compiled model itself
     and only the SM-partition versions and spans co-run with it (session 53: the PTB stand-in's kernels took 1.08 ms
-    of BERT-base B8 S128's query where the compiled model runs in 0.74 ms on the H100)."""
+    of BERT-base B8 S128's query where the compiled model runs in 0.74 ms on the H100); "plan-ptb", each
+    ``gemm_epilogue`` step as the PTB form of kfuse's own template (``plan_gemm``: the step's tuned tile, real
+    operands and generated epilogue), which Aker's fused versions can slice, the other GEMM-like steps as "plan";
+    "plan-ptb2", the same with each tile's pipeline stages cut so two blocks share an SM (``plan_gemm.fit_stages``:
+    the plan's tuned tiles take one an SM, so no BE block could sit beside an LC block in a fused launch).
+    On a GPU each such kernel's programs an SM are read from its compile and its time is set beside the plan step's
+    (``meta["programs_per_sm"]``, ``meta["ptb_ms"]``, ``meta["plan_ms"]``)."""
     if gemms not in LC_GEMMS:
         raise ValueError(f"lc_items: gemms must be one of {LC_GEMMS}, got {gemms!r}")
     variant = next(iter(compiled.variants.values()))
@@ -113,7 +119,10 @@ def lc_items(
             pending.append(step)
             continue
         flush()
-        if gemms == "plan":  # the plan's own kernel for this GEMM, alone in its segment (the LC's kernel boundaries kept)
+        if gemms.startswith("plan-ptb") and node is not None and node.op == "gemm_epilogue":
+            items.append(_plan_ptb_item(step, node, plan.graph, env, share_sm=2 if gemms == "plan-ptb2" else 0))
+            continue
+        if gemms.startswith("plan"):  # the plan's own kernel for this GEMM, alone in its segment (the LC's kernel boundaries kept)
             pending.append(step)
             flush()
             continue
@@ -135,6 +144,50 @@ def lc_items(
         items.append(LCItem(step.output, kernel, None, key, tuple(step.info.ops)))
     flush()
     return items
+
+
+def _plan_ptb_item(step: Any, node: Node, graph: Graph, env: dict[str, Any], share_sm: int = 0) -> LCItem:
+    """A plan's ``gemm_epilogue`` step as an LC block kernel (``plan_gemm``), its programs an SM and, on a GPU, its
+    time beside the plan step's."""
+    from kfuse.colocate.plan_gemm import fit_programs_per_sm, plan_gemm_kernel
+
+    xs = [env[i] for i in step.inputs]
+    kernel, info = plan_gemm_kernel(node, graph, xs, name=step.output, share_sm=share_sm)
+    kernel.meta["programs_per_sm"] = fit_programs_per_sm(kernel)
+    kernel.meta["plan_gemm"] = info
+    kernel.meta["plan_kernel"] = f"{step.info.config} {step.info.epilogue}".strip()
+    if kernel.meta["out"].is_cuda:
+        from kfuse.bench.harness import time_ms
+
+        grid = kernel.meta["programs_per_sm"] * num_sms(kernel.meta["out"].device)
+        kernel.meta["ptb_ms"] = float(time_ms(lambda: launch_ptb(kernel, 0, kernel.n_blocks, grid), warmup=3, rep=20))
+        kernel.meta["plan_ms"] = float(time_ms(lambda: step.fn(xs), warmup=3, rep=20))
+    m, n, k = kernel.meta["M"], kernel.meta["N"], kernel.meta["K"]
+    key = f"{kernel.meta['batch']}x{m}x{n}x{k}:{node.attrs['epilogue'].key()}:{info.tile}"
+    return LCItem(step.output, kernel, None, key, tuple(step.info.ops))
+
+
+def plan_gemm_summary(items: list[LCItem]) -> dict[str, dict[str, Any]]:
+    """Per key, what the "plan-ptb" LC's block kernels run against the plan (for a run's log and records): how many
+    steps, the tile and its form, programs an SM, what changed, the plan's kernel and, on a GPU, the mean times."""
+    out: dict[str, dict[str, Any]] = {}
+    for it in items:
+        info = it.kernel.meta.get("plan_gemm") if it.kernel is not None else None
+        if info is None:
+            continue
+        g = out.setdefault(it.key, {"count": 0, "plan_config": info.plan_config, "tile": info.tile, "form": info.form,
+                                    "changed": list(info.changed), "programs_per_sm": it.kernel.meta["programs_per_sm"],
+                                    "plan_kernel": it.kernel.meta.get("plan_kernel", ""), "ptb": [], "plan": []})  # fmt: skip
+        g["count"] += 1
+        for w in ("ptb", "plan"):
+            if f"{w}_ms" in it.kernel.meta:
+                g[w].append(it.kernel.meta[f"{w}_ms"])
+    for g in out.values():
+        for w in ("ptb", "plan"):
+            times = g.pop(w)
+            if times:
+                g[f"{w}_ms"] = sum(times) / len(times)
+    return out
 
 
 SAFE_OPTIONS = {"fuse_b2b": False, "fuse_attention": False, "fuse_pointwise": False, "varlen": False, "layout": "nchw",

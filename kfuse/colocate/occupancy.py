@@ -42,6 +42,10 @@ def programs_per_sm(regs: int, shared: int, num_warps: int) -> int:
 
 
 def _type_of(v: Any) -> str:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if isinstance(v, TensorDescriptor):  # a host-side TMA descriptor, as the JIT specialises it (dtype and block shape)
+        return f"tensordesc<{_type_of(v.base)[1:]}{list(v.block_shape)}>"
     if isinstance(v, torch.Tensor):
         return {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
                 torch.uint8: "*u8", torch.int8: "*i8"}[v.dtype]  # fmt: skip

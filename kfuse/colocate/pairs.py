@@ -38,7 +38,13 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-LC_FORMS = {"ptb": "LC: PTB stand-in GEMMs", "ptb-tuned": "LC: PTB stand-in GEMMs, a tile per shape", "plan": "LC: as kfuse compiles it"}
+LC_FORMS = {
+    "ptb": "LC: PTB stand-in GEMMs",
+    "ptb-tuned": "LC: PTB stand-in GEMMs, a tile per shape",
+    "plan": "LC: as kfuse compiles it",
+    "plan-ptb": "LC: kfuse's own GEMM tiles, sliceable",
+    "plan-ptb2": "LC: kfuse's own GEMM tiles, sliceable, two an SM",
+}
 
 
 def group(r: dict[str, Any]) -> str:

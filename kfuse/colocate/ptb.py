@@ -101,15 +101,17 @@ def launch_original(k: BlockKernel) -> None:
     _module_for(k).orig_kernel[(k.n_blocks,)](*k.args, *k.consts.values(), num_warps=k.num_warps, num_stages=k.num_stages)
 
 
-def launch_ptb(k: BlockKernel, start: int = 0, end: int | None = None, grid: int | None = None) -> None:
-    """Run blocks ``[start, end)`` of ``k`` on a persistent grid of ``grid`` programs (default: one per SM)."""
+def launch_ptb(k: BlockKernel, start: int = 0, end: int | None = None, grid: int | None = None) -> Any:
+    """Run blocks ``[start, end)`` of ``k`` on a persistent grid of ``grid`` programs (default: one per SM); returns
+    what Triton's launch returns (the compiled kernel on a GPU, whose registers and shared memory tell its occupancy;
+    None for an empty range)."""
     end = k.n_blocks if end is None else end
     if not 0 <= start <= end <= k.n_blocks:
         raise ValueError(f"{k.name}: block range [{start}, {end}) is outside [0, {k.n_blocks})")
     if start == end:
-        return
+        return None
     g = max(1, min(grid or num_sms(first_device(k.args, None)), end - start))
-    _module_for(k).ptb_kernel[(g,)](*k.args, start, end, *k.consts.values(), num_warps=k.num_warps, num_stages=k.num_stages)
+    return _module_for(k).ptb_kernel[(g,)](*k.args, start, end, *k.consts.values(), num_warps=k.num_warps, num_stages=k.num_stages)
 
 
 # ---- GEMM block function ---------------------------------------------------------------------

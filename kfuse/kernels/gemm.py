@@ -233,6 +233,57 @@ def gemm_persistent_kernel(
 
 
 @triton.jit
+def gemm_tile(
+    bid, a_ptr, b_ptr, c_ptr, {extra_ptrs}
+    M, N, K,
+    stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
+    {extra_strides}
+    {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    # one (batch, tile) of gemm_persistent_kernel's loop, epilogue included, with ``bid`` in place of the tile
+    # index: the persistent-thread-block form of this template (kfuse.colocate.plan_gemm), which a PTB or fused
+    # launch runs over any block range beside another kernel's blocks
+    tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    pid_b = (bid // tiles_per_batch).to(tl.int64)
+    pid_m, pid_n = _tile_coords(bid % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    acc = _mainloop(a_ptr + pid_b * stride_ab, b_ptr + pid_b * stride_bb, offs_m, offs_n, M, N, 0, K,
+                    stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INPUT_PRECISION)
+{epilogue_store_4}
+
+
+@triton.jit
+def gemm_tma_tile(
+    bid, a_desc, b_desc, c_ptr, c_desc, {extra_ptrs}
+    M, N, K,
+    stride_cb, stride_cm, stride_cn, {extra_strides}
+    {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    A_BATCHED: tl.constexpr, B_BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    TMA_STORE: tl.constexpr, C_BATCHED: tl.constexpr,
+):
+    # gemm_tile with the operands (and C, where TMA_STORE) by TMA: the tile of gemm_tma_kernel and of the persistent
+    # TMA kernel's loop, so the PTB form of a plan step that runs the TMA kernels keeps their main loop
+    tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    bat = bid // tiles_per_batch
+    pid_m, pid_n = _tile_coords(bid % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a, b = _tma_operands(a_desc, b_desc, bat, off_m, off_n, k, BLOCK_M, BLOCK_N, BLOCK_K, A_BATCHED, B_BATCHED, B_KMAJOR)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    pid_b = bat.to(tl.int64)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    col_n = off_n
+{epilogue_store_tma_4}
+
+
+@triton.jit
 def gemm_tma_kernel(
     a_desc, b_desc, c_ptr, c_desc, {extra_ptrs}
     M, N, K,

@@ -78,6 +78,9 @@ def _compile_in_child(
         "m,p,n,s,c,w,st,a,d=pickle.loads(sys.stdin.buffer.read());"
         "spec=importlib.util.find_spec(m) if not m.startswith('kfuse_gen_') else None;"
         "spec=spec or importlib.util.spec_from_file_location(m,p);"
+        # a generated module that imports another (a PTB or fused kernel importing a template's block function): they
+        # all live in the kernel cache's folder, so that folder on the path resolves the import by name
+        "m.startswith('kfuse_gen_') and sys.path.insert(0,p.rsplit('/',1)[0]);"
         "mod=importlib.util.module_from_spec(spec);sys.modules[m]=mod;spec.loader.exec_module(mod);"
         "ck=compile_sm90(getattr(mod,n),s,c,w,st,a,d);"
         "sys.stdout.buffer.write(pickle.dumps((ck.name,{k:v for k,v in ck.asm.items()},ck.metadata._asdict())))"

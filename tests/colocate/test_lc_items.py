@@ -48,7 +48,7 @@ def test_unknown_gemm_mode_is_refused(bert_tiny: tuple) -> None:
         lc_items(compiled, args, kwargs, gemms="cublas")
 
 
-@pytest.mark.parametrize("form", ["plan", "ptb-tuned"])
+@pytest.mark.parametrize("form", ["plan", "ptb-tuned", "plan-ptb", "plan-ptb2"])
 def test_cli_runs_the_experiment_on_the_plans_own_kernels_or_a_tile_per_shape(tmp_path: Path, form: str) -> None:
     from typer.testing import CliRunner
 
