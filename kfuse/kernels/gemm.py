@@ -37,6 +37,10 @@ call), with the same generated epilogue:
   bias + ReLU in 79-84 us, against 87-96 for cuBLASLt with the epilogue; at M=1M it ties the
   library (~3.2 TB/s). ``resident_smem_bytes`` is its shared memory, which decides its stages.
 
+Two block functions hold one tile of the pointer and TMA kernels each, with ``bid`` in place of the tile index:
+``gemm_tile`` and ``gemm_tma_tile``. They are the persistent-thread-block form of this template that co-location
+(``kfuse.colocate.plan_gemm``) runs over any tile range, alone or fused beside a best-effort kernel's blocks.
+
 A ``GemmConfig`` with ``ws`` set runs one of the Gluon warp-specialised kernels of ``gemm_ws.py``
 (a loader warp and consumer warpgroups; ping-pong or cooperative) with the same generated epilogue,
 where they can run (sm_90, one batch, TMA-describable operands and output); elsewhere its tile runs
