@@ -62,8 +62,8 @@ def _prologue(a, s_ptrs, t_ptrs, table_mask, in_map, IN_SHIFT: tl.constexpr, IN_
 
 
 @triton.jit
-def conv_kernel(
-    x_ptr, w_ptr, bias_ptr, c_ptr, s_ptr, t_ptr, {extra_ptrs}
+def conv_tile(
+    bid, x_ptr, w_ptr, bias_ptr, c_ptr, s_ptr, t_ptr, {extra_ptrs}
     NB, C, H, W, OC, OH, OW,
     stride_xn, stride_xc, stride_xh, stride_xw,
     stride_cn, stride_cc, stride_ch, stride_cw, stride_sn, stride_sc, stride_tn, stride_tc, {extra_strides}
@@ -71,22 +71,27 @@ def conv_kernel(
     DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, IN_SCALE: tl.constexpr, IN_SHIFT: tl.constexpr, IN_RELU: tl.constexpr,
-    GROUPED: tl.constexpr, INPUT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    GROUPED: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    pdl_start(PDL)
+    # one output tile, ``bid`` its index (group-major for grouped convs): conv_kernel runs one a program, and the
+    # persistent-thread-block form (kfuse.colocate.plan_gemm) any block range, beside another kernel's blocks
     M = NB * OH * OW
-    pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(OC, BLOCK_N)
+    # grouped convs: C and OC are one group's channels; this tile's group reads its own input
+    # channels and weight block. Only when GROUPED: a runtime offset on the weight pointer hides its
+    # 16-byte alignment from the compiler, and the dense conv's weight tiles would load as scalars
+    if GROUPED:
+        g = bid // (num_m * num_n)
+        pid = bid % (num_m * num_n)
+    else:
+        g = 0
+        pid = bid
     group = GROUP_M * num_n
     first_m = (pid // group) * GROUP_M
     size_m = min(num_m - first_m, GROUP_M)
     pid_m = first_m + ((pid % group) % size_m)
     pid_n = (pid % group) // size_m
-    # grouped convs: C and OC are one group's channels; this program's group reads its own input
-    # channels and weight block. Only when GROUPED: a runtime offset on the weight pointer hides its
-    # 16-byte alignment from the compiler, and the dense conv's weight tiles would load as scalars
-    g = tl.program_id(1) if GROUPED else 0
     if GROUPED:
         x_ptr += g * C * stride_xc
         s_ptr += g * C * stride_sc
@@ -163,17 +168,41 @@ def conv_kernel(
 
 
 @triton.jit
-def conv_tma_kernel(
-    x_desc, w_ptr, bias_ptr, c_ptr, c_desc, {extra_ptrs}
+def conv_kernel(
+    x_ptr, w_ptr, bias_ptr, c_ptr, s_ptr, t_ptr, {extra_ptrs}
+    NB, C, H, W, OC, OH, OW,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_cn, stride_cc, stride_ch, stride_cw, stride_sn, stride_sc, stride_tn, stride_tc, {extra_strides}
+    SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+    DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FLAT_K: tl.constexpr, HAS_BIAS: tl.constexpr, IN_SCALE: tl.constexpr, IN_SHIFT: tl.constexpr, IN_RELU: tl.constexpr,
+    GROUPED: tl.constexpr, INPUT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+):
+    pdl_start(PDL)
+    # one tile a program; the grid's second axis is the group (grouped convs)
+    if GROUPED:
+        bid = tl.program_id(1) * (tl.cdiv(NB * OH * OW, BLOCK_M) * tl.cdiv(OC, BLOCK_N)) + tl.program_id(0)
+    else:
+        bid = tl.program_id(0)
+    conv_tile(bid, x_ptr, w_ptr, bias_ptr, c_ptr, s_ptr, t_ptr, {extra_ptrs}
+              NB, C, H, W, OC, OH, OW, stride_xn, stride_xc, stride_xh, stride_xw,
+              stride_cn, stride_cc, stride_ch, stride_cw, stride_sn, stride_sc, stride_tn, stride_tc, {extra_strides}
+              SH, SW, PH, PW, DH, DW, KH, KW, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+              FLAT_K, HAS_BIAS, IN_SCALE, IN_SHIFT, IN_RELU, GROUPED, INPUT_PRECISION)
+
+
+@triton.jit
+def conv_tma_tile(
+    bid, x_desc, w_ptr, bias_ptr, c_ptr, c_desc, {extra_ptrs}
     NB, C, H, W, OC, OH, OW,
     stride_cn, stride_cc, stride_ch, stride_cw, {extra_strides}
     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BNI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    pdl_start(PDL)
-    pid = tl.program_id(0)
+    # one output tile of conv_tma_kernel, ``bid`` its index (as conv_tile for conv_kernel)
+    pid = bid
     # the channel tiles of one spatial tile are launch neighbours: they read the same input boxes (L2)
     num_n = tl.cdiv(OC, BLOCK_N)
     pid_n = pid % num_n
@@ -221,6 +250,22 @@ def conv_tma_kernel(
     else:
         c_ptrs = c_ptr + (n_idx * stride_cn + oh * stride_ch + ow * stride_cw)[:, None] + offs_n[None, :] * stride_cc
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def conv_tma_kernel(
+    x_desc, w_ptr, bias_ptr, c_ptr, c_desc, {extra_ptrs}
+    NB, C, H, W, OC, OH, OW,
+    stride_cn, stride_cc, stride_ch, stride_cw, {extra_strides}
+    PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    BNI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_start(PDL)
+    conv_tma_tile(tl.program_id(0), x_desc, w_ptr, bias_ptr, c_ptr, c_desc, {extra_ptrs}
+                  NB, C, H, W, OC, OH, OW, stride_cn, stride_cc, stride_ch, stride_cw, {extra_strides}
+                  PH, PW, DH, DW, KH, KW, BNI, BH, BW, BLOCK_M, BLOCK_N, BLOCK_K, HAS_BIAS, TMA_STORE, INPUT_PRECISION)
 """
 
 
