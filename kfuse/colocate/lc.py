@@ -78,8 +78,9 @@ def lc_items(
     (kfuse's tuned kernel or the library call it chose), a segment of its own, so the LC is the compiled model itself
     and only the SM-partition versions and spans co-run with it (session 53: the PTB stand-in's kernels took 1.08 ms
     of BERT-base B8 S128's query where the compiled model runs in 0.74 ms on the H100); "plan-ptb", each
-    ``gemm_epilogue`` step as the PTB form of kfuse's own template (``plan_gemm``: the step's tuned tile, real
-    operands and generated epilogue), which Aker's fused versions can slice, the other GEMM-like steps as "plan";
+    ``gemm_epilogue`` and ``conv_epilogue`` step as the PTB form of kfuse's own template (``plan_gemm``,
+    ``plan_conv``: the step's tuned tile, real operands and generated epilogue), which Aker's fused versions can
+    slice, the other GEMM-like steps as "plan";
     "plan-ptb2", the same with each tile's pipeline stages cut so two blocks share an SM (``plan_gemm.fit_stages``:
     the plan's tuned tiles take one an SM, so no BE block could sit beside an LC block in a fused launch).
     On a GPU each such kernel's programs an SM are read from its compile and its time is set beside the plan step's
@@ -119,9 +120,11 @@ def lc_items(
             pending.append(step)
             continue
         flush()
-        if gemms.startswith("plan-ptb") and node is not None and node.op == "gemm_epilogue":
-            items.append(_plan_ptb_item(step, node, plan.graph, env, share_sm=2 if gemms == "plan-ptb2" else 0))
-            continue
+        if gemms.startswith("plan-ptb") and node is not None and node.op in ("gemm_epilogue", "conv_epilogue"):
+            item = _plan_ptb_item(step, node, plan.graph, env, share_sm=2 if gemms == "plan-ptb2" else 0)
+            if item is not None:
+                items.append(item)
+                continue
         if gemms.startswith("plan"):  # the plan's own kernel for this GEMM, alone in its segment (the LC's kernel boundaries kept)
             pending.append(step)
             flush()
@@ -146,13 +149,18 @@ def lc_items(
     return items
 
 
-def _plan_ptb_item(step: Any, node: Node, graph: Graph, env: dict[str, Any], share_sm: int = 0) -> LCItem:
-    """A plan's ``gemm_epilogue`` step as an LC block kernel (``plan_gemm``), its programs an SM and, on a GPU, its
-    time beside the plan step's."""
+def _plan_ptb_item(step: Any, node: Node, graph: Graph, env: dict[str, Any], share_sm: int = 0) -> LCItem | None:
+    """A plan's ``gemm_epilogue`` or ``conv_epilogue`` step as an LC block kernel (``plan_gemm``, ``plan_conv``), its
+    programs an SM and, on a GPU, its time beside the plan step's; None for a conv the block form does not run."""
+    from kfuse.colocate.plan_conv import plan_conv_kernel
     from kfuse.colocate.plan_gemm import fit_programs_per_sm, plan_gemm_kernel
 
     xs = [env[i] for i in step.inputs]
-    kernel, info = plan_gemm_kernel(node, graph, xs, name=step.output, share_sm=share_sm)
+    build = plan_gemm_kernel if node.op == "gemm_epilogue" else plan_conv_kernel
+    made = build(node, graph, xs, name=step.output, share_sm=share_sm)
+    if made is None:
+        return None
+    kernel, info = made
     kernel.meta["programs_per_sm"] = fit_programs_per_sm(kernel)
     kernel.meta["plan_gemm"] = info
     kernel.meta["plan_kernel"] = f"{step.info.config} {step.info.epilogue}".strip()
@@ -163,7 +171,9 @@ def _plan_ptb_item(step: Any, node: Node, graph: Graph, env: dict[str, Any], sha
         kernel.meta["ptb_ms"] = float(time_ms(lambda: launch_ptb(kernel, 0, kernel.n_blocks, grid), warmup=3, rep=20))
         kernel.meta["plan_ms"] = float(time_ms(lambda: step.fn(xs), warmup=3, rep=20))
     m, n, k = kernel.meta["M"], kernel.meta["N"], kernel.meta["K"]
-    key = f"{kernel.meta['batch']}x{m}x{n}x{k}:{node.attrs['epilogue'].key()}:{info.tile}"
+    # repeated layers share a key; steps of one GEMM shape but another conv geometry (stride, taps) do not
+    geometry = hashlib.sha1(repr((kernel.fn, sorted(kernel.consts.items()))).encode()).hexdigest()[:6]
+    key = f"{kernel.meta['batch']}x{m}x{n}x{k}:{node.attrs['epilogue'].key()}:{info.tile}:{geometry}"
     return LCItem(step.output, kernel, None, key, tuple(step.info.ops))
 
 

@@ -17,7 +17,7 @@ of two as ``gemm.launch`` does where they cannot run), the resident-B kernel, an
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,27 +26,28 @@ from kfuse.kernels import gemm
 from kfuse.kernels.codegen import cdiv, interpreting
 from kfuse.tune.hardware import programs_per_sm as hardware_programs_per_sm
 
+TileT = TypeVar("TileT")  # a template config with block_m / block_n / block_k / num_stages (GemmConfig, ConvConfig)
 MAX_PROGRAMS_PER_SM = 2  # the LC's persistent grid takes at most this many programs an SM (the PTB stand-in's)
 SM_SHARED_BYTES = 233472  # sm_90 (H100/H200): shared memory an SM
 BLOCK_RESERVED_BYTES = 1024  # what the hardware keeps of it for each resident block
 MIN_STAGES = 2  # below two buffers the main loop has no load in flight while it multiplies
 
 
-def tile_shared_bytes(tile: gemm.GemmConfig, elem: int, tma_store: bool) -> int:
+def tile_shared_bytes(tile: Any, elem: int, tma_store: bool) -> int:
     """Shared memory of one block of ``tile``: ``num_stages`` A and B tiles (the pipeline's ring) and, when the output
     is stored by TMA, the staged C tile (offline sm_90 compiles ask for this plus 32 bytes of barriers)."""
     ring = tile.num_stages * (tile.block_m * tile.block_k + tile.block_k * tile.block_n) * elem
     return ring + (tile.block_m * tile.block_n * elem if tma_store else 0)
 
 
-def fit_stages(tile: gemm.GemmConfig, per_sm: int, elem: int, tma_store: bool) -> gemm.GemmConfig:
-    """``tile`` with its pipeline stages cut (to ``MIN_STAGES`` at least) until ``per_sm`` blocks' shared memory fits
-    an SM. The plan's tuned tiles take 160-213 KB (BERT-base on the H100: 4 stages of 128 x 128 x 64 or
+def fit_stages(tile: TileT, per_sm: int, elem: int, tma_store: bool) -> TileT:
+    """``tile`` (a GEMM or conv config) with its pipeline stages cut (to ``MIN_STAGES`` at least) until ``per_sm``
+    blocks' shared memory fits an SM. The plan's tuned tiles take 160-213 KB (BERT-base on the H100: 4 stages of 128 x 128 x 64 or
     64 x 128 x 128), one block an SM: a fused kernel's blocks all take the larger branch's shared memory, so no BE
     block could sit beside an LC block (Aker's partitioned versions) without this."""
     budget = SM_SHARED_BYTES // per_sm - BLOCK_RESERVED_BYTES - 64
-    while tile.num_stages > MIN_STAGES and tile_shared_bytes(tile, elem, tma_store) > budget:
-        tile = replace(tile, num_stages=tile.num_stages - 1)
+    while tile.num_stages > MIN_STAGES and tile_shared_bytes(tile, elem, tma_store) > budget:  # type: ignore[attr-defined]
+        tile = replace(tile, num_stages=tile.num_stages - 1)  # type: ignore[attr-defined, type-var]
     return tile
 
 
