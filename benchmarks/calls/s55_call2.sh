@@ -12,7 +12,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-PYTHONPATH=. timeout 150 python -m pytest -q -p no:cacheprovider tests/colocate/test_plan_gemm.py tests/colocate/test_lc_items.py 2>&1 | tail -3
+PYTHONPATH=. timeout 150 python -m pytest -q -p no:cacheprovider tests/colocate/test_plan_gemm.py tests/colocate/test_plan_conv.py tests/colocate/test_lc_items.py 2>&1 | tail -3
 PYTHONPATH=. timeout "$(( ${CALL_S:-560} - SECONDS ))" python benchmarks/colocate_bench.py --out "$OUT" --lc bert-base \
   --be "${BES:-histogram,hotspot,mriq}" --be-each --versions tail,1:1,green32 --lc-gemms "${FORM:-plan-ptb2}" \
   --policies lc_alone,timeshare,aker,partition,auto --max-keys 24 --seconds 0.5 --classify selected 2>&1 \
