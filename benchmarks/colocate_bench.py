@@ -58,6 +58,8 @@ def main() -> None:
                     help="the LC's GEMMs: PTB stand-ins (Aker can slice them) on one tile or on a tile per shape, the "
                          "compiled plan's own kernels, or the PTB form of kfuse's own template with the plan's tiles and "
                          "epilogues (Aker can slice them), plan-ptb2 with their stages cut so two blocks share an SM")  # fmt: skip
+    ap.add_argument("--lc-tune", choices=("none", "fast", "full"), default="none",
+                    help="kfuse.compile's tuning of the LC model (none: the default tiles, every record before session 55)")  # fmt: skip
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
         ap.error("--load must be in (0, 1] and --qos-factor above 1")
@@ -122,7 +124,7 @@ def main() -> None:
         try:
             t0 = time.perf_counter()
             model, args, kwargs = kfuse.models.build(lc_name, batch=batch, seq=seq, dtype=dtype, device=device)
-            compiled = compile_lc(model, args, kwargs)
+            compiled = compile_lc(model, args, kwargs, tune=a.lc_tune)
             items = lc_items(compiled, args, kwargs, gemms=a.lc_gemms)
             n_gemm = sum(it.kernel is not None for it in items)
             dt = time.perf_counter() - t0
@@ -163,7 +165,7 @@ def main() -> None:
                 recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
                 for r in recs:
                     r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
-                              "lc_gemms": a.lc_gemms, "lc_tiles": lc_tiles, "lc_plan_gemms": lc_plan_gemms,
+                              "lc_gemms": a.lc_gemms, "lc_tune": a.lc_tune, "lc_tiles": lc_tiles, "lc_plan_gemms": lc_plan_gemms,
                               "load": a.load, "qos_factor": a.qos_factor,
                               "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
                 records += recs
