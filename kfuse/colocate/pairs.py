@@ -50,7 +50,8 @@ LC_FORMS = {
 def group(r: dict[str, Any]) -> str:
     """A record's table: its GPU and the LC's form (``lc_gemms``; records without it ran the PTB stand-in)."""
     form = str(r.get("lc_gemms") or "ptb")
-    return f"{r.get('gpu')}, {LC_FORMS.get(form, 'LC: ' + form)}"
+    tuned = ", tuned" if r.get("lc_tune") not in (None, "none") else ""  # --lc-tune (session 55): the LC compiled with tuning
+    return f"{r.get('gpu')}, {LC_FORMS.get(form, 'LC: ' + form)}{tuned}"
 
 
 def pairs(records: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:

@@ -59,6 +59,20 @@ def test_the_compiled_lc_and_the_stand_in_are_separate_tables(tmp_path: Path) ->
     assert out.stat().st_size > 0
 
 
+def test_a_tuned_lc_and_its_sliceable_forms_are_separate_tables(tmp_path: Path) -> None:
+    """Session 55: the LC compiled with tuning (``lc_tune``) and the PTB form of its own GEMMs (``plan-ptb2``) are
+    other LCs than the untuned compiled one: each its own table, none overwriting another's policy."""
+    m = _module()
+    recs = [{**_rec("bert-base+histogram", "partition", 0.0), "lc_gemms": "plan", "lc_tune": "fast"},
+            {**_rec("bert-base+histogram", "partition", 0.03), "lc_gemms": "plan", "lc_tune": "none"},
+            {**_rec("bert-base+histogram", "aker", 0.06), "lc_gemms": "plan-ptb2", "lc_tune": "fast"}]  # fmt: skip
+    (tmp_path / "colocate_s55.json").write_text(json.dumps(recs))
+    table = m.pairs(m.load([str(tmp_path / "colocate_s55.json")]))
+    assert table[("H100, LC: as kfuse compiles it, tuned", "bert-base+histogram")]["partition"]["be_gain_vs_timesharing"] == 0.0
+    assert table[("H100, LC: as kfuse compiles it", "bert-base+histogram")]["partition"]["be_gain_vs_timesharing"] == 0.03
+    assert set(table[("H100, LC: kfuse's own GEMM tiles, sliceable, two an SM, tuned", "bert-base+histogram")]) == {"aker"}
+
+
 def test_the_pairs_plot_draws_every_pair_of_one_gpu(tmp_path: Path) -> None:
     import matplotlib.image as mpimg
 
