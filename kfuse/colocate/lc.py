@@ -99,6 +99,7 @@ def lc_items(
     tiles: dict[tuple[int, int, int], tuple[PtbGemmConfig, dict[str, float]]] = {}  # ptb-tuned: per shape, its choice and times
     items: list[LCItem] = []
     pending: list[Any] = []
+    fit_times: dict[Any, float] = {}  # plan-ptb2 on a GPU: each candidate tile's time, shared by repeated layers
 
     def flush() -> None:
         if not pending:
@@ -121,7 +122,7 @@ def lc_items(
             continue
         flush()
         if gemms.startswith("plan-ptb") and node is not None and node.op in ("gemm_epilogue", "conv_epilogue"):
-            item = _plan_ptb_item(step, node, plan.graph, env, share_sm=2 if gemms == "plan-ptb2" else 0)
+            item = _plan_ptb_item(step, node, plan.graph, env, share_sm=2 if gemms == "plan-ptb2" else 0, timed=fit_times)
             if item is not None:
                 items.append(item)
                 continue
@@ -149,15 +150,30 @@ def lc_items(
     return items
 
 
-def _plan_ptb_item(step: Any, node: Node, graph: Graph, env: dict[str, Any], share_sm: int = 0) -> LCItem | None:
+def _plan_ptb_item(
+    step: Any, node: Node, graph: Graph, env: dict[str, Any], share_sm: int = 0, timed: dict[Any, float] | None = None
+) -> LCItem | None:  # fmt: skip
     """A plan's ``gemm_epilogue`` or ``conv_epilogue`` step as an LC block kernel (``plan_gemm``, ``plan_conv``), its
     programs an SM and, on a GPU, its time beside the plan step's; None for a conv the block form does not run."""
     from kfuse.colocate.plan_conv import plan_conv_kernel
     from kfuse.colocate.plan_gemm import fit_programs_per_sm, plan_gemm_kernel
 
     xs = [env[i] for i in step.inputs]
-    build = plan_gemm_kernel if node.op == "gemm_epilogue" else plan_conv_kernel
-    made = build(node, graph, xs, name=step.output, share_sm=share_sm)
+    on_gpu = bool(xs) and isinstance(xs[0], torch.Tensor) and xs[0].is_cuda
+    if node.op == "gemm_epilogue":
+        # on a GPU the fastest of the tiles that let ``share_sm`` blocks share an SM, each timed on its grid
+        grid = max(1, share_sm) * num_sms(xs[0].device) if on_gpu else 0
+        cache = timed if timed is not None else {}
+
+        def timer(k: BlockKernel) -> float:  # repeated layers' candidates are timed once (same tile, shape, epilogue)
+            key = (k.module, k.fn, tuple(k.consts.items()), k.meta["M"], k.meta["N"], k.meta["K"], k.meta["batch"])
+            if key not in cache:
+                cache[key] = gpu_time_ms(lambda: launch_ptb(k, 0, k.n_blocks, grid))
+            return cache[key]
+
+        made = plan_gemm_kernel(node, graph, xs, name=step.output, share_sm=share_sm, time_ms=timer if on_gpu and share_sm else None)
+    else:
+        made = plan_conv_kernel(node, graph, xs, name=step.output, share_sm=share_sm)
     if made is None:
         return None
     kernel, info = made

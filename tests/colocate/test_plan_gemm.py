@@ -5,6 +5,7 @@ or fused beside a BE kernel, writes exactly the plan step's output."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -214,3 +215,42 @@ def test_the_plans_tiles_take_an_sm_and_the_cut_ones_share_it(bert_ffn1_node: tu
     occ = ptb_occupancy(cut)
     assert occ["stack"] == 0 and occ["programs_per_sm"] >= 2, occ
     assert fused_occupancy(cut, be, fuser.parse_version("1:1"))["programs_per_sm"] >= 2
+
+
+def test_colocation_tiles_offer_a_deeper_pipeline_in_the_same_shared_memory() -> None:
+    # FFN2's tuned tile (64 x 128 x 128, four stages, C by TMA: 213 KB): two stages of it, or the C tile stored by
+    # pointers, or half the K step at four stages (112 KB: the bytes in flight of two, a pipeline twice as deep)
+    tile = GemmConfig(64, 128, 128, 1, 4, 4, tma=True)
+    got = plan_gemm.colocation_tiles(tile, 2, 2, tma_store=True)
+    assert got[0] == (replace(tile, num_stages=2), True, "stages 4 -> 2 (2 blocks an SM)")
+    assert (replace(tile, block_k=64, num_stages=4), True, "K step 128 -> 64") in got
+    for t, store, _ in got:
+        assert plan_gemm.tile_shared_bytes(t, 2, store) <= plan_gemm.SM_SHARED_BYTES // 2 - plan_gemm.BLOCK_RESERVED_BYTES
+    assert len({(t, s) for t, s, _ in got}) == len(got)
+    small = GemmConfig(32, 32, 32, 4, 4, 2)  # already fits: only itself
+    assert plan_gemm.colocation_tiles(small, 2, 2, tma_store=False) == [(small, False, "")]
+
+
+def test_the_fastest_colocation_tile_is_chosen_and_every_one_is_correct(compiled_block: tuple) -> None:
+    _, _, plan, env = compiled_block
+    nodes = {n.name: n for n in plan.graph.nodes}
+    step = next(s for s in plan.steps if s.output in nodes and nodes[s.output].op == "gemm_epilogue")
+    node = nodes[step.output]
+    # fp32 here, a 60-stage ring the cut must shorten, C by TMA: each candidate a different kernel
+    tuned = Node(node.name, node.op, node.inputs, node.type, {**node.attrs, "config": GemmConfig(32, 32, 64, 2, 4, 60, tma=True)})
+    xs = [env[i] for i in step.inputs]
+    seen: list[str] = []
+
+    def fake_time(k: object) -> float:  # every candidate is run and checked, and the last one "wins"
+        out = plan_gemm.output(k)
+        out.fill_(float("nan"))
+        launch_ptb(k, 0, k.n_blocks, grid=2)
+        _close(out, env[step.output])
+        seen.append(f"{k.consts['BLOCK_K']}/{k.num_stages}/{k.consts.get('TMA_STORE')}")
+        return 10.0 - len(seen)
+
+    k, info = plan_gemm.plan_gemm_kernel(tuned, plan.graph, xs, share_sm=2, time_ms=fake_time)
+    assert len(seen) >= 2 and len(k.meta["fit_ms"]) == len(seen)
+    assert f"{k.consts['BLOCK_K']}/{k.num_stages}/{k.consts.get('TMA_STORE')}" == seen[-1]
+    assert min(k.meta["fit_ms"].values()) == 10.0 - len(seen)
+    assert any("2 blocks an SM" in c for c in info.changed)
