@@ -29,7 +29,7 @@ from kfuse.tune.hardware import programs_per_sm as hardware_programs_per_sm
 
 TileT = TypeVar("TileT")  # a template config with block_m / block_n / block_k / num_stages (GemmConfig, ConvConfig)
 MAX_PROGRAMS_PER_SM = 2  # the LC's persistent grid takes at most this many programs an SM (the PTB stand-in's)
-SM_SHARED_BYTES = 233472  # sm_90 (H100/H200): shared memory an SM
+SM_SHARED_BYTES = gemm.SMEM_PER_SM  # sm_90 (H100/H200): shared memory an SM
 BLOCK_RESERVED_BYTES = 1024  # what the hardware keeps of it for each resident block
 MIN_STAGES = 2  # below two buffers the main loop has no load in flight while it multiplies
 
