@@ -55,6 +55,7 @@ def run(
         "kfuse's own template with the plan's tile and epilogue, which Aker's fused versions can slice) or plan-ptb2 (the "
         "same, each tile's stages cut so two blocks share an SM)",
     ),
+    lc_tune: str = typer.Option("none", help="kfuse.compile's tuning of the LC model: none (the default tiles), fast or full"),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time sharing, streams, Aker fusion, SM partitions and
@@ -78,7 +79,9 @@ def run(
     device = "cuda" if use_cuda else "cpu"
     dtype = torch.float16 if use_cuda else torch.float32
     model, args, kwargs = kfuse.models.build(name, batch=batch or b, seq=s, dtype=dtype, device=device)
-    compiled = compile_lc(model, args, kwargs, log=typer.echo, backend=None if use_cuda else "torch")
+    if lc_tune not in ("none", "fast", "full"):
+        raise typer.BadParameter(f"--lc-tune: choose from none, fast, full, got {lc_tune!r}")
+    compiled = compile_lc(model, args, kwargs, log=typer.echo, backend=None if use_cuda else "torch", tune=lc_tune)
     items = lc_items(compiled, args, kwargs, gemms=lc_gemms)
     be_names = [workloads.resolve(x.strip()) for x in be.split(",") if x.strip()]
     bes = {n: workloads.make(n, small=not use_cuda, device=device) for n in be_names}
@@ -122,10 +125,12 @@ def run(
     cmd += f" --policies {policies}" if policies else ""
     cmd += " --span-fill" if span_fill else ""
     cmd += f" --lc-gemms {lc_gemms}" if lc_gemms != "ptb" else ""
+    cmd += f" --lc-tune {lc_tune}" if lc_tune != "none" else ""
     recs = experiment.records(res, lc, cmd)
     for r in recs:
         r["backend"] = "cuda" if use_cuda else "sim"
         r["lc_gemms"] = lc_gemms
+        r["lc_tune"] = lc_tune
     out.mkdir(parents=True, exist_ok=True)
     (out / "colocate.json").write_text(json.dumps(recs, indent=2, default=str))
     pred = {"lc": lc, "heldout": res["predictor_heldout"], "chosen": res["chosen"]}

@@ -61,6 +61,8 @@ def test_cli_runs_the_experiment_on_the_plans_own_kernels_or_a_tile_per_shape(tm
     assert {x["lc_gemms"] for x in recs} == {form} and all(f"--lc-gemms {form}" in x["command"] for x in recs)
     bad = CliRunner().invoke(app, ["colocate", "run", "--lc", "mlp-tiny", "--backend", "sim", "--lc-gemms", "x", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "--lc-gemms" in bad.output
+    bad = CliRunner().invoke(app, ["colocate", "run", "--lc", "mlp-tiny", "--backend", "sim", "--lc-tune", "x", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "--lc-tune" in bad.output
 
 
 def test_sm_count_sizes_launches_and_restores() -> None:
