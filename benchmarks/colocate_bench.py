@@ -141,6 +141,9 @@ def main() -> None:
                 changed = f"; changed: {'; '.join(g['changed'])}" if g["changed"] else ""
                 print(f"  plan GEMM x{g['count']} {key.split(':')[0]}: {g['tile']} {g['form']}, {g['programs_per_sm']}/SM{vs}; "
                       f"plan: {g['plan_kernel']}{changed}", flush=True)  # fmt: skip
+                if g.get("fit_ms"):  # plan-ptb2 on a GPU: the tiles that fit two an SM, each timed
+                    print("    fit: " + ", ".join(f"{t} {ms * 1e3:.1f} us" for t, ms in sorted(g["fit_ms"].items(), key=lambda kv: kv[1])),
+                          flush=True)  # fmt: skip
             if lc_plan_gemms and all(g.get("plan_ms") for g in lc_plan_gemms.values()):
                 tot = {w: sum(g[w] * g["count"] for g in lc_plan_gemms.values()) for w in ("ptb_ms", "plan_ms")}
                 print(f"  plan GEMMs in all: PTB {tot['ptb_ms']:.4f} ms vs plan {tot['plan_ms']:.4f} ms", flush=True)

@@ -215,7 +215,8 @@ def plan_gemm_summary(items: list[LCItem]) -> dict[str, dict[str, Any]]:
             continue
         g = out.setdefault(it.key, {"count": 0, "plan_config": info.plan_config, "tile": info.tile, "form": info.form,
                                     "changed": list(info.changed), "programs_per_sm": it.kernel.meta["programs_per_sm"],
-                                    "plan_kernel": it.kernel.meta.get("plan_kernel", ""), "ptb": [], "plan": []})  # fmt: skip
+                                    "plan_kernel": it.kernel.meta.get("plan_kernel", ""), "ptb": [], "plan": [],
+                                    "fit_ms": dict(it.kernel.meta.get("fit_ms", {}))})  # fmt: skip
         g["count"] += 1
         for w in ("ptb", "plan"):
             if f"{w}_ms" in it.kernel.meta:
