@@ -254,3 +254,15 @@ def test_the_fastest_colocation_tile_is_chosen_and_every_one_is_correct(compiled
     assert f"{k.consts['BLOCK_K']}/{k.num_stages}/{k.consts.get('TMA_STORE')}" == seen[-1]
     assert min(k.meta["fit_ms"].values()) == 10.0 - len(seen)
     assert any("2 blocks an SM" in c for c in info.changed)
+
+
+def test_the_runs_summary_lists_each_gemm_shape_once(compiled_block: tuple) -> None:
+    from kfuse.colocate.lc import plan_gemm_summary
+
+    compiled, x, _, _ = compiled_block
+    summary = plan_gemm_summary(lc_items(compiled, (x,), {}, gemms="plan-ptb2"))
+    assert len(summary) == 2 and all(g["count"] == 1 for g in summary.values())
+    for g in summary.values():
+        assert g["form"] in ("tma", "pointers") and g["programs_per_sm"] in (1, 2) and isinstance(g["changed"], list)
+        assert ("ptb_ms" in g) == torch.cuda.is_available()  # the GPU times each step beside the plan's own kernel
+    assert plan_gemm_summary(lc_items(compiled, (x,), {}, gemms="plan")) == {}
