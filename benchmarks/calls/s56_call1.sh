@@ -13,7 +13,9 @@ PYTHONPATH=. timeout 120 python -m pytest -q -p no:cacheprovider -p no:logging t
   tests/colocate/test_plan_conv.py 2>&1 | tail -3
 run() {  # out lc be versions gemms policies [extra...]
   local out=$1 lc=$2 be=$3 versions=$4 gemms=$5 policies=$6; shift 6
-  PYTHONPATH=. timeout "$(( ${CALL_S:-570} - SECONDS - 20 ))" python benchmarks/colocate_bench.py --out "$OUT/$out" --lc "$lc" \
+  local left=$(( ${CALL_S:-570} - SECONDS - 20 ))
+  if [ "$left" -lt 40 ]; then echo "skipped $out: ${left} s left"; return; fi
+  PYTHONPATH=. timeout "$left" python benchmarks/colocate_bench.py --out "$OUT/$out" --lc "$lc" \
     --be "$be" --be-each --versions "$versions" --lc-gemms "$gemms" --lc-tune fast --policies "$policies" --seconds 0.5 \
     --classify selected "$@" 2>&1 | grep -v Warning > "$OUT/$out/colocate.log"
   grep -E "compiled in|plan GEMM|fit:|solo query| p99 |FAILED|Error" "$OUT/$out/colocate.log" | cut -c1-260
