@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kfuse.colocate.plan_gemm import PlanGemmInfo, colocation_tiles
+from kfuse.colocate.plan_gemm import PlanGemmInfo, choose_tile, colocation_tiles
 from kfuse.colocate.ptb import BlockKernel
 from kfuse.kernels import conv
 from kfuse.kernels.codegen import cdiv
@@ -48,25 +48,18 @@ def plan_conv_kernel(
         raise ValueError(f"plan_conv_kernel: the epilogue expects {node.attrs['epilogue'].n_inputs} extra inputs, got {len(extras)}")
     wp = conv.pack_weight(weight, groups)
     probe = torch.empty((nb, oc, oh, ow), dtype=node.ttype.dtype, device=x.device, memory_format=torch.channels_last)
-    tma = cfg.tile_h and groups == 1 and conv.tma_descriptors(x, probe, cfg, params) is not None
+    descs = conv.tma_descriptors(x, probe, cfg, params) if cfg.tile_h and groups == 1 else None
+    tma, store = descs is not None, descs is not None and descs[1] is not None
     changed = ["TMA cannot do this conv: the pointer kernel's tile"] if cfg.tile_h and not tma else []
-    store = bool(tma) and conv.tma_descriptors(x, probe, cfg, params)[1] is not None  # type: ignore[index]
 
     def build(t: conv.ConvConfig, tma_store: bool) -> tuple[BlockKernel, str]:
-        return _tile_kernel(node, inputs, wp, params, t, bool(tma), tma_store, name)
+        return _tile_kernel(node, inputs, wp, params, t, tma, tma_store, name)
 
     if share_sm <= 0:
         kernel, form = build(cfg, store)
         return kernel, PlanGemmInfo(plan_cfg, cfg.describe(), form, tuple(changed))
     choices = colocation_tiles(cfg, share_sm, x.element_size(), store)
-    built = [(build(t, st), t, how) for t, st, how in choices]
-    best = 0
-    if time_ms is not None and len(built) > 1:
-        times = [float(time_ms(kern)) for (kern, _), _, _ in built]
-        best = min(range(len(times)), key=times.__getitem__)
-        built[best][0][0].meta["fit_ms"] = {f"{t.describe()}{' (' + how + ')' if how else ''}": ms
-                                            for (_, t, how), ms in zip(built, times, strict=True)}  # fmt: skip
-    (kernel, form), tile, how = built[best]
+    kernel, form, tile, how = choose_tile(choices, build, time_ms)
     return kernel, PlanGemmInfo(plan_cfg, tile.describe(), form, tuple(changed + ([how] if how else [])))
 
 

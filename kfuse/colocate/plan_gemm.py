@@ -146,15 +146,24 @@ def plan_gemm_kernel(
         kernel, form = _tile_kernel(node, g, tile, tma_ok, store_ok, name)
         return kernel, PlanGemmInfo(plan_cfg, tile.describe(), form, tuple(changed))
     choices = colocation_tiles(tile, share_sm, g.a.element_size(), store_ok)
-    built = [(_tile_kernel(node, g, t, tma_ok, st, name), t, how) for t, st, how in choices]
+    kernel, form, tile, how = choose_tile(choices, lambda t, st: _tile_kernel(node, g, t, tma_ok, st, name), time_ms)
+    return kernel, PlanGemmInfo(plan_cfg, tile.describe(), form, tuple(changed + ([how] if how else [])))
+
+
+def choose_tile(
+    choices: list[tuple[TileT, bool, str]], build: Callable[[TileT, bool], tuple[BlockKernel, str]],
+    time_ms: Callable[[BlockKernel], float] | None,
+) -> tuple[BlockKernel, str, TileT, str]:  # fmt: skip
+    """Of ``colocation_tiles``' choices, the kernel (its form, tile and what changed) that ``time_ms`` finds fastest,
+    every candidate's time in its ``meta["fit_ms"]``; the first choice (the plain stage cut) without a timer."""
+    built = [(*build(t, store), t, how) for t, store, how in choices]
     best = 0
     if time_ms is not None and len(built) > 1:
-        times = [float(time_ms(kern)) for (kern, _), _, _ in built]
+        times = [float(time_ms(kern)) for kern, *_ in built]
         best = min(range(len(times)), key=times.__getitem__)
-        built[best][0][0].meta["fit_ms"] = {f"{t.describe()}{' (' + how + ')' if how else ''}": ms
-                                            for (_, t, how), ms in zip(built, times, strict=True)}  # fmt: skip
-    (kernel, form), tile, how = built[best]
-    return kernel, PlanGemmInfo(plan_cfg, tile.describe(), form, tuple(changed + ([how] if how else [])))
+        built[best][0].meta["fit_ms"] = {f"{t.describe()}{' (' + how + ')' if how else ''}": ms  # type: ignore[attr-defined]
+                                         for (_, _, t, how), ms in zip(built, times, strict=True)}  # fmt: skip
+    return built[best]
 
 
 def _tile_kernel(

@@ -74,7 +74,7 @@ def conv_tile(
     GROUPED: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # one output tile, ``bid`` its index (group-major for grouped convs): conv_kernel runs one a program, and the
-    # persistent-thread-block form (kfuse.colocate.plan_gemm) any block range, beside another kernel's blocks
+    # persistent-thread-block form (kfuse.colocate.plan_conv) any block range, beside another kernel's blocks
     M = NB * OH * OW
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(OC, BLOCK_N)

@@ -226,14 +226,9 @@ def gemm_persistent_kernel(
     pdl_start(PDL)
     tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for t in range(tl.program_id(0), tiles_per_batch * n_batch, NUM_PROGRAMS):
-        pid_b = (t // tiles_per_batch).to(tl.int64)
-        pid_m, pid_n = _tile_coords(t % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        acc = _mainloop(a_ptr + pid_b * stride_ab, b_ptr + pid_b * stride_bb, offs_m, offs_n, M, N, 0, K,
-                        stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INPUT_PRECISION)
-{epilogue_store_8}
+        gemm_tile(t, a_ptr, b_ptr, c_ptr, {extra_ptrs}M, N, K,
+                  stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
+                  {extra_strides}{extra_flag_args}BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, INPUT_PRECISION)
 
 
 @triton.jit
@@ -245,9 +240,9 @@ def gemm_tile(
     {extra_flags}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    # one (batch, tile) of gemm_persistent_kernel's loop, epilogue included, with ``bid`` in place of the tile
-    # index: the persistent-thread-block form of this template (kfuse.colocate.plan_gemm), which a PTB or fused
-    # launch runs over any block range beside another kernel's blocks
+    # one (batch, tile), epilogue included, ``bid`` its index: the body of gemm_persistent_kernel's loop and the
+    # persistent-thread-block form of this template (kfuse.colocate.plan_gemm), which a PTB or fused launch runs
+    # over any block range beside another kernel's blocks
     tiles_per_batch = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     pid_b = (bid // tiles_per_batch).to(tl.int64)
     pid_m, pid_n = _tile_coords(bid % tiles_per_batch, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -451,7 +446,7 @@ def kernel_source(epi: Epilogue) -> str:
         extra_flags="".join(f"XB{j}: tl.constexpr, " for j in range(n)),
         epilogue_store=_epilogue_store(epi, " " * 8),
         epilogue_store_4=_epilogue_store(epi, " " * 4),
-        epilogue_store_8=_epilogue_store(epi, " " * 8),
+        extra_flag_args="".join(f"XB{j}, " for j in range(n)),
         epilogue_store_tma_4=_epilogue_store(epi, " " * 4, tma=True),
         epilogue_store_tma_8=_epilogue_store(epi, " " * 8, tma=True),
         epilogue_store_tma_12=_epilogue_store(epi, " " * 12, tma=True),
