@@ -327,7 +327,7 @@ def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c
 def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
                          {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                          B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PDL: gl.constexpr):
+                         LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PDL: gl.constexpr{partition_params}):
     pdl_start(PDL)
     # N_LO > 0 (M_LO > 0): the tile is c_desc's width + N_LO columns wide (height + M_LO rows high),
     # the second piece loaded through b_lo_desc (a_lo_desc) and stored through c_lo_desc; the unused
@@ -394,8 +394,8 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
                      {extra_args}M, N, K, {extra_stride_args}{extra_flag_args}NUM_PROGRAMS, GROUP_M, B_KMAJOR, M_LO, N_LO,
                      SHARED_C, SECOND, bias_bufs, bias_ready, bias_free)),
         (_loader, (a_desc, a_lo_desc, b_desc, b_lo_desc, a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, M, N, K, BLOCK_N, NUM_PROGRAMS,
-                   GROUP_M, B_KMAJOR, M_LO, N_LO, bias_desc, bias_bufs, bias_ready, bias_free, BIAS_TMA)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                   GROUP_M, B_KMAJOR, M_LO, N_LO, bias_desc, bias_bufs, bias_ready, bias_free, BIAS_TMA)),{partition_entry}
+    ], [4, 1{partition_warps}], [CONSUMER_REGS, LOADER_REGS{partition_regs}])
     # fmt: on
 
 
@@ -557,6 +557,7 @@ def gemm_coop_kernel(a_desc, b_desc, c_desc, {extra_ptrs}M, N, K, {extra_strides
                    GROUP_M, B_KMAJOR, NO_LO, NO_LO, a_desc, a_bufs, ready, empty, NO_TMA_BIAS)),
     ], [1], [LOADER_REGS])
     # fmt: on
+{partition_source}
 """
 
 
@@ -767,12 +768,39 @@ def _tile_start(epi: Epilogue, mode: str) -> tuple[str, str]:
     return no_fold, "        pass"
 
 
+@dataclass(frozen=True)
+class WorkerPartition:
+    """Another kernel's work run by extra warps of the ping-pong kernel, beside its GEMM (Aker's
+    horizontal fusion with per-kernel resources: ``kfuse.colocate.ws_partition``). ``source``: the
+    Gluon function(s); ``params``: the kernel's extra parameters, written ``name, NAME: gl.constexpr``
+    and passed as keywords at a launch; ``call``: the ``warp_specialize`` entry, ``(fn, (args...))``
+    (the GEMM's ``NUM_PROGRAMS`` is in scope); ``warps`` / ``regs``: the partition's warps and its
+    registers a thread after ``setmaxnreg`` (the GEMM's consumers keep what is left of 64 K)."""
+
+    key: str
+    source: str
+    params: str
+    call: str
+    warps: int
+    regs: int
+    arg_types: dict[str, str]  # the runtime parameters' Triton types ("*i32", "i32"), for compile_offline
+    constexprs: dict[str, Any]  # the constexpr parameters' values
+
+    def consumer_regs(self) -> int:
+        """The GEMM's second consumer warpgroup's registers a thread beside this partition: an even split between
+        the two consumers of what the loader and this partition leave of the SM's 64 K (a multiple of 8, at most
+        CONSUMER_REGS). ``setmaxnreg`` acts on whole warpgroups, so Triton pads the one-warp loader and a partition
+        of fewer than 4 warps to 4; registers over 64 K would leave a warpgroup spinning in its allocation."""
+        left = 65536 - 128 * LOADER_REGS - 128 * -(-self.warps // 4) * self.regs
+        return min(CONSUMER_REGS, left // 256 // 8 * 8)
+
+
 def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False,
-                  gelu_mix: bool = False) -> str:  # fmt: skip
+                  gelu_mix: bool = False, partition: WorkerPartition | None = None) -> str:  # fmt: skip
     """The Gluon module of the kernels specialised to ``epi`` (``fast_gelu``: GELU in the tanh form
     on ``tanh.approx.f32``, or with ``gelu16`` on f16x2 pairs for an fp16 output; ``bias_mode``: where
     the ping-pong kernel reads a bias row, ``BIAS_MODES``; ``gelu_mix``: the ping-pong kernel sends half
-    its f16x2 GELU values to the FMA pipe)."""
+    its f16x2 GELU values to the FMA pipe; ``partition``: a third worker partition in the ping-pong kernel)."""
     if bias_mode not in BIAS_MODES:
         raise ValueError(f"bias_mode {bias_mode!r}: one of {BIAS_MODES}")
     if gelu_mix and bias_mode == "fold":
@@ -799,16 +827,23 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         acc_init=tile_start,
         bias_tma=tma_row is not None,
         bias_slots=TMA_BIAS_SLOTS,
+        partition_params="" if partition is None else ", " + partition.params,
+        partition_entry="" if partition is None else f"\n        {partition.call},",
+        partition_warps="" if partition is None else f", {partition.warps}",
+        partition_regs="" if partition is None else f", {partition.regs}",
+        partition_source="" if partition is None else partition.source,
     )
 
 
-def module(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False, gelu_mix: bool = False) -> Any:
+def module(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epilogue", gelu16: bool = False, gelu_mix: bool = False,
+           partition: WorkerPartition | None = None) -> Any:  # fmt: skip
     gelu16 = gelu16 and fast_gelu and gelu16_form(epi) is not None
     gelu_mix = gelu_mix and gelu16
     key = epi.key() + ("_fastgelu" if fast_gelu else "") + ("_gelu16" if gelu16 else "")
     key += "" if bias_mode == "epilogue" else f"_{bias_mode}"
     key += "_mix" if gelu_mix else ""
-    return generated("gemm_ws", key, lambda: kernel_source(epi, fast_gelu, bias_mode, gelu16, gelu_mix))
+    key += "" if partition is None else f"_with_{partition.key}"
+    return generated("gemm_ws", key, lambda: kernel_source(epi, fast_gelu, bias_mode, gelu16, gelu_mix, partition))
 
 
 @dataclass(frozen=True)
@@ -939,19 +974,22 @@ def ws_eligible(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, split_k: int 
 
 def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, cfg: WsConfig,
            num_programs: int, warmup: bool = False, fast_gelu: bool = False, bias_mode: str = "prefetch",
-           gelu_mix: bool | None = None) -> None:  # fmt: skip
+           gelu_mix: bool | None = None, partition: WorkerPartition | None = None,
+           partition_args: dict[str, Any] | None = None) -> None:  # fmt: skip
     """Run ``c = epi(a @ b, *extras)`` on 3-D views with one batch (``ws_eligible``) with the
     schedule and tile of ``cfg``; ``num_programs``: the persistent grid (one per SM). ``warmup``:
     compile only. ``bias_mode``: where the ping-pong kernel reads a bias row (``BIAS_MODES``; "prefetch" by
     default); "tma" falls back to "epilogue" where the row cannot come by TMA (``launch_bias_mode``).
     ``gelu_mix``: half the f16x2 GELU's values on the FMA pipe; by default where every program holds
-    at most one tile (``mix_gelu_by_default``)."""
+    at most one tile (``mix_gelu_by_default``). ``partition``: another kernel's blocks beside the GEMM in the
+    ping-pong kernel (``WorkerPartition``), its runtime arguments in ``partition_args``."""
     if bias_mode == "tma":
         bias_mode = launch_bias_mode(epi, extras, cfg, a.element_size())
     gelu16 = c.dtype == torch.float16 and gelu16_enabled()
     if gelu_mix is None:
         gelu_mix = mix_gelu_by_default(a.shape[1], b.shape[2], cfg, num_programs)
-    run_module(module(epi, fast_gelu, bias_mode, gelu16, gelu_mix), a, b, c, extras, cfg, num_programs, warmup)
+    mod = module(epi, fast_gelu, bias_mode, gelu16, gelu_mix, partition)
+    run_module(mod, a, b, c, extras, cfg, num_programs, warmup, partition, partition_args)
 
 
 def mix_gelu_by_default(m: int, n: int, cfg: WsConfig, num_programs: int) -> bool:
@@ -976,11 +1014,15 @@ def tma_bias_smem(cfg: WsConfig, bias_elem: int = 2) -> int:
 
 
 def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], cfg: WsConfig,
-               num_programs: int, warmup: bool = False) -> None:  # fmt: skip
-    """``launch`` with the generated module given (experiments time variants of its source)."""
+               num_programs: int, warmup: bool = False, partition: WorkerPartition | None = None,
+               partition_args: dict[str, Any] | None = None) -> None:  # fmt: skip
+    """``launch`` with the generated module given (experiments time variants of its source); ``partition``: the
+    module's worker partition (``module(..., partition=)``), its runtime arguments in ``partition_args``."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    if partition is not None and cfg.schedule != "pingpong":
+        raise ValueError(f"a worker partition runs in the ping-pong kernel only, not {cfg.schedule!r}")
     a2, b2, c2 = a[0], b[0], c[0]
     m, k = a2.shape
     n = b2.shape[1]
@@ -1018,7 +1060,8 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
         ex_strides += [e.stride(1), e.stride(2)]
         flags[f"XB{j}"] = e.stride(1) == 0
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
-    grid = max(1, min(num_programs, tiles))
+    # with a worker partition every program runs its share of the other kernel, tiles or none
+    grid = num_programs if partition is not None else max(1, min(num_programs, tiles))
     meta: dict[str, Any] = dict(NUM_PROGRAMS=grid, GROUP_M=cfg.group_m, STAGES=cfg.stages, B_KMAJOR=b_kmajor, **flags)
     meta["LOADER_REGS"] = LOADER_REGS
     if cfg.schedule in ("pingpong", "rows"):
@@ -1029,6 +1072,8 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
             kernel = mod.gemm_rows_kernel
         else:
             meta.update(N_LO=lo, SHARED_C=cfg.shared_c)
+            if partition is not None:
+                meta.update(CONSUMER_REGS=partition.consumer_regs(), **partition.constexprs, **(partition_args or {}))
     else:
         kernel, warps = mod.gemm_coop_kernel, 8
         args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
@@ -1042,11 +1087,13 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
 
 def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_programs: int = 132, b_kmajor: bool = False,
                     row_broadcast: tuple[bool, ...] = (), dtype: torch.dtype = torch.float16, fast_gelu: bool = False,
-                    bias_mode: str = "epilogue", pdl_wait: bool = False, gelu16: bool = False, gelu_mix: bool = False) -> Any:  # fmt: skip
+                    bias_mode: str = "epilogue", pdl_wait: bool = False, gelu16: bool = False, gelu_mix: bool = False,
+                    partition: WorkerPartition | None = None) -> Any:  # fmt: skip
     """Compile the kernel for sm_90 without a GPU (``triton.compile`` on the Gluon source) and return
     Triton's ``CompiledKernel`` (``.asm["sass"]`` needs ``nvdisasm``, which the Triton wheel carries).
     ``row_broadcast[j]``: extra input j is a bias row (``XB<j>``); ``bias_mode``: ``BIAS_MODES``;
-    ``gelu_mix``: half the f16x2 GELU's values on the FMA pipe."""
+    ``gelu_mix``: half the f16x2 GELU's values on the FMA pipe; ``partition``: a worker partition beside the
+    ping-pong kernel's GEMM."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -1069,7 +1116,9 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     c_d = desc((m, n), [m_hi, cfg.store_n])
     b_lo = (desc((n, k), [lo, cfg.block_k]) if b_kmajor else desc((k, n), [cfg.block_k, lo])) if lo else b_d
     c_lo = desc((m, n), [cfg.block_m, lo]) if lo else (desc((m, n), [m_lo, cfg.block_n]) if m_lo else c_d)
-    mod = module(epi, fast_gelu, bias_mode, gelu16 and dtype == torch.float16, gelu_mix)
+    if partition is not None and cfg.schedule != "pingpong":
+        raise ValueError(f"a worker partition runs in the ping-pong kernel only, not {cfg.schedule!r}")
+    mod = module(epi, fast_gelu, bias_mode, gelu16 and dtype == torch.float16, gelu_mix, partition)
     rows = cfg.schedule == "rows"
     fn = mod.gemm_coop_kernel if coop else (mod.gemm_rows_kernel if rows else mod.gemm_pingpong_kernel)
     ptr = "*fp16" if dtype == torch.float16 else "*bf16"
@@ -1109,8 +1158,13 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
     if not coop:
         constexprs["CONSUMER_REGS"] = CONSUMER_REGS
     constexprs["PDL"] = pdl_wait
+    if partition is not None:
+        constexprs["CONSUMER_REGS"] = partition.consumer_regs()
+        sig.update(partition.arg_types)
+        constexprs.update(partition.constexprs)
     for name in constexprs:
         sig[name] = "constexpr"
+    sig = {name: sig[name] for name in fn.arg_names}  # the kernel's argument order
     keyed = {(fn.arg_names.index(name),): v for name, v in constexprs.items()}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in hinted}
     src = GluonASTSource(fn, sig, keyed, attrs)

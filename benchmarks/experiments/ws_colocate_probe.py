@@ -1,0 +1,150 @@
+"""Issue 8: a BE kernel run by a worker partition of the ping-pong GEMM (``kfuse.colocate.ws_partition``), beside
+the GEMM in one launch, on BERT-base B8 S128's four GEMM shapes (M = 1024).
+
+**Question.** Session 55: in a Triton fused kernel a BE block can share an SM with the plan's tuned GEMM tile only
+if the tile gives up half its ring (the GEMMs 1.5x slower), and beside kfuse's tuned compiled LC neither a
+partition nor a backfill gained anything (+0.0%). A Gluon worker partition gives the BE its own registers
+(``setmaxnreg``) and leaves the GEMM its tile, ring and schedule. Does the BE then run beside the GEMM for free?
+
+**Measured per shape and BE kernel** (CUDA-graph replays of 10 launches, ``kfuse.colocate.lc.gpu_time_ms``):
+- ``lc_best``: the fastest of the solo GEMM kernels kfuse's tuner chooses among here (Triton TMA 64 x 128 x 128 s4
+  and 128 x 128 x 64 s4, ping-pong 128 x 128 s4 and 128 x 192 s4 with shared staging), with the shape's epilogue;
+- ``be_solo(S)``: the BE slice of ``S`` blocks a program (``S x P`` blocks) alone on the whole GPU, the fastest of
+  the original launch and two persistent grids (what time sharing runs);
+- ``fused(S)``: the ping-pong GEMM 128 x 128 s4 with the BE partition (4 warps) running that slice;
+- ``overlap(S) = (lc_best + be_solo - fused) / (lc_best + be_solo)`` (Aker's rate, against the best solo GEMM) and
+  ``be_free(S) = 1 - (fused - lc_best) / be_solo``: the share of the slice's solo GPU time the fusion saves.
+Correctness in the same run: the fused launch with the whole BE kernel (every block) against both references,
+the GEMM output poisoned and the BE output reset first.
+
+Prediction (before the run): the GEMM beside an idle partition within 3% of the ping-pong 128 x 128 kernel alone
+(208 registers for its consumers instead of 232-240, no spills offline), the best solo kernel 0-10% faster than
+that; a histogram block (2,048 inputs, ~6 us at four programs an SM solo) on one 4-warp partition an SM runs at
+~1/4 of the solo rate, so a 10-20 us GEMM carries 1-3 blocks a program: ``overlap`` ~10-20% at small S, falling
+once the slice outlasts the GEMM; mri-q (MUFU-bound, which wgmma leaves idle) similar or better.
+
+    PYTHONPATH=. python benchmarks/experiments/ws_colocate_probe.py --out /tmp/wsp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kfuse.colocate import workloads, ws_partition
+from kfuse.colocate.lc import gpu_time_ms
+from kfuse.colocate.ptb import launch_ptb, num_sms
+from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue references
+from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+from kfuse.kernels.gemm import GemmConfig, gemm_epilogue, reference
+from kfuse.kernels.gemm_ws import WsConfig
+
+ADD = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
+BIAS = Epilogue((ADD,), 1)
+BIAS_GELU = Epilogue((ADD, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
+SHAPES = {  # BERT-base B8 S128: name -> (M, N, K, epilogue)
+    "qkv": (1024, 2304, 768, BIAS),
+    "attn_out": (1024, 768, 768, BIAS),
+    "ffn1": (1024, 3072, 768, BIAS_GELU),
+    "ffn2": (1024, 768, 3072, BIAS),
+}
+SOLO = {  # the tuner's candidates for these shapes (docs/perf-notes.md, Session 55: the shipped H100 records)
+    "tma 64x128x128 s4": GemmConfig(64, 128, 128, num_warps=4, num_stages=4, persistent=True, tma=True),
+    "tma 128x128x64 s4": GemmConfig(128, 128, 64, num_warps=8, num_stages=4, persistent=True, tma=True),
+    "pingpong 128x128x64 s4": GemmConfig(128, 128, 64, num_warps=4, num_stages=4, persistent=True, tma=True, ws="pingpong"),
+    "pingpong 128x192x64 s4 sc": GemmConfig(
+        128, 192, 64, num_warps=4, num_stages=4, persistent=True, tma=True, ws="pingpong", shared_c=True
+    ),  # fmt: skip
+}
+FUSED = WsConfig(block_m=128, block_n=128, block_k=64, stages=4)
+
+
+def be_solo_ms(work: workloads.Workload, blocks: int, sms: int) -> tuple[float, int]:
+    """The slice's fastest solo time on the whole GPU and its grid (the original launch or a persistent one)."""
+    best = (math.inf, 0)
+    for grid in sorted({blocks, min(blocks, 2 * sms), min(blocks, 4 * sms), min(blocks, 8 * sms)}):
+        t = gpu_time_ms(lambda g=grid: launch_ptb(work.kernel, 0, blocks, grid=g))
+        best = min(best, (t, grid))
+    return best
+
+
+def probe_shape(name: str, be_names: list[str], slices: list[int], warps: int, dev: torch.device) -> list[dict[str, Any]]:
+    m, n, k, epi = SHAPES[name]
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(m, k, generator=g).to(dev, torch.float16)
+    b = (torch.randn(k, n, generator=g) / math.sqrt(k)).to(dev, torch.float16)
+    bias = torch.randn(n, generator=g).to(dev, torch.float16)
+    row = bias.view(1, 1, n).expand(1, m, n)
+    ref = reference(a, b, [bias.view(1, n).expand(m, n)], epi, torch.float16).float()
+    c = torch.empty(1, m, n, device=dev, dtype=torch.float16)
+    solo = {}
+    for cname, cfg in SOLO.items():
+        c.fill_(float("nan"))
+        gemm_epilogue(a, b, [bias.view(1, n).expand(m, n)], epi, torch.float16, cfg, out=c[0])
+        err = (c[0].float() - ref).abs().max().item() / ref.abs().max().item()
+        t = gpu_time_ms(lambda cfg=cfg: gemm_epilogue(a, b, [bias.view(1, n).expand(m, n)], epi, torch.float16, cfg, out=c[0]))
+        solo[cname] = {"ms": t, "err": err}
+        print(f"{name:8s} solo {cname:28s} {t * 1e3:7.2f} us  err {err:.1e}", flush=True)
+    ok = {k2: v for k2, v in solo.items() if v["err"] < 2e-2}
+    best_name = min(ok, key=lambda k2: ok[k2]["ms"])
+    lc_best = ok[best_name]["ms"]
+    sms = num_sms(dev)
+    a3, b3 = a.view(1, m, k), b.view(1, k, n)
+    records = []
+    for be in be_names:
+        work = workloads.make(be, device=dev)
+        # correctness: the whole BE kernel rides along with one GEMM launch
+        work.reset()
+        c.fill_(float("nan"))
+        ws_partition.launch_fused(a3, b3, c, [row], epi, FUSED, work, 0, work.kernel.n_blocks, sms, warps=warps)
+        torch.cuda.synchronize()
+        gemm_err = (c[0].float() - ref).abs().max().item() / ref.abs().max().item()
+        be_err = workloads.error(work)
+        print(f"{name:8s} fused + {be}: GEMM err {gemm_err:.1e}, {be} err {be_err:.1e} ({work.kernel.n_blocks} blocks)", flush=True)
+        for s in slices:
+            blocks = min(s * sms, work.kernel.n_blocks)
+            t_fused = gpu_time_ms(lambda blocks=blocks: ws_partition.launch_fused(a3, b3, c, [row], epi, FUSED, work, 0, blocks, sms,
+                                                                                  warps=warps))  # fmt: skip
+            t_be, be_grid = be_solo_ms(work, blocks, sms) if blocks else (0.0, 0)
+            overlap = (lc_best + t_be - t_fused) / (lc_best + t_be)
+            be_free = 1 - (t_fused - lc_best) / t_be if t_be else float("nan")
+            rec = {"shape": name, "mnk": [m, n, k], "be": be, "warps": warps, "slice_per_program": s, "blocks": blocks,
+                   "lc_best": best_name, "lc_best_ms": lc_best, "fused_ms": t_fused, "be_solo_ms": t_be, "be_solo_grid": be_grid,
+                   "overlap": overlap, "be_free": be_free, "gemm_err": gemm_err, "be_err": be_err, "solo": solo}  # fmt: skip
+            records.append(rec)
+            print(f"{name:8s} {be:9s} S={s:3d} blocks {blocks:6d}: fused {t_fused * 1e3:8.2f} us, lc_best {lc_best * 1e3:7.2f}, "
+                  f"be solo {t_be * 1e3:8.2f} (grid {be_grid}) -> overlap {overlap:+.3f}, be_free {be_free:+.3f}", flush=True)  # fmt: skip
+    return records
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--be", default="histogram,mriq")
+    ap.add_argument("--slices", default="0,1,2,4,8")
+    ap.add_argument("--warps", type=int, default=4)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    records: list[dict[str, Any]] = []
+    for name in args.shapes.split(","):
+        records += probe_shape(name, args.be.split(","), [int(s) for s in args.slices.split(",")], args.warps, dev)
+        (out / "ws_colocate_probe.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "records": records}, indent=1))
+    print(f"\n{torch.cuda.get_device_name()}, {time.time() - t0:.0f} s; fused: ping-pong 128x128x64 s4 + BE partition ({args.warps} warps)")
+    print(f"{'shape':8s} {'be':9s} {'S':>3s} {'lc_best us':>10s} {'be solo us':>10s} {'fused us':>9s} {'overlap':>8s} {'be_free':>8s}")
+    for r in records:
+        print(f"{r['shape']:8s} {r['be']:9s} {r['slice_per_program']:3d} {r['lc_best_ms'] * 1e3:10.2f} {r['be_solo_ms'] * 1e3:10.2f} "
+              f"{r['fused_ms'] * 1e3:9.2f} {r['overlap']:+8.3f} {r['be_free']:+8.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

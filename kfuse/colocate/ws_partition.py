@@ -1,0 +1,174 @@
+"""Aker's horizontal fusion with per-kernel resources: a best-effort (BE) kernel's blocks run by a worker
+partition of kfuse's warp-specialised ping-pong GEMM (``kfuse.kernels.gemm_ws``), beside the GEMM's own
+warps, in one launch.
+
+Why: session 55 found that a Triton fused kernel (``kfuse.colocate.fuser``) is one program whose shared
+memory and registers are the larger branch's, and the compiled plan's tuned GEMM tiles take one block an SM
+(160-213 KB): a BE block can share the SM only if the LC tile gives up half its pipeline (its GEMMs 1.5x
+slower). Aker's CUDA C++ form gives each kernel its own thread blocks' resources inside one launch. A Gluon
+``warp_specialize`` partition is that form here: the BE's warps get their own registers (``setmaxnreg``;
+the GEMM's consumers keep the rest of the 64 K), and the GEMM keeps its tile, ring depth and schedule. Only
+the BE's own shared memory (a histogram's 1 KB scratch) is added to the LC's.
+
+The partition runs BE blocks ``start + p, start + p + P, ...`` below ``end`` in program ``p`` of the GEMM's
+``P`` programs (the PTB walk of ``kfuse.colocate.ptb``), so any slice of the BE kernel rides along with one
+GEMM launch; the launch ends when both the GEMM's tiles and the slice are done, which is what the selector's
+fused-time predictor prices. Each BE kernel here is its ``kfuse.colocate.workloads`` block function written
+again in Gluon (explicit layouts), checked against the same reference.
+
+Gluon does not run in ``TRITON_INTERPRET``: the CPU tests compile the fused kernels for sm_90 offline and
+check their SASS (wgmma, the BE's atomics or MUFU ops, the register split, no spills); the numbers come from
+``benchmarks/experiments/ws_colocate_probe.py`` on the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kfuse.colocate.workloads import Workload
+from kfuse.kernels import gemm_ws
+from kfuse.kernels.epilogue import Epilogue
+from kfuse.kernels.gemm_ws import WorkerPartition, WsConfig
+
+# the BE warps' registers a thread: enough for each function below without spills on sm_90 (checked offline
+# by tests/colocate/test_ws_partition.py); the ping-pong GEMM's consumers get the rest (WorkerPartition.consumer_regs)
+BE_REGS = {"histogram": 56, "mriq": 80}
+
+_HISTOGRAM = """
+
+@gluon.jit
+def _be_histogram(data, hist, n, start, end, NUM_PROGRAMS: gl.constexpr, BLOCK: gl.constexpr, NBINS: gl.constexpr,
+                  WARPS: gl.constexpr):
+    # kfuse.colocate.workloads.histogram's block: BLOCK 8-bit values counted in registers, one atomic a bin
+    values: gl.constexpr = gl.BlockedLayout([BLOCK // (32 * WARPS)], [32], [WARPS], [0])
+    bins: gl.constexpr = gl.BlockedLayout([max(NBINS // (32 * WARPS), 1)], [32], [WARPS], [0])
+    for bid in range(start + gl.program_id(0), end, NUM_PROGRAMS):
+        offs = bid * BLOCK + gl.arange(0, BLOCK, values)
+        m = offs < n
+        v = gl.load(data + offs, mask=m, other=0).to(gl.int32)
+        h = gl.histogram(v, NBINS, mask=m, layout=bins)
+        gl.atomic_add(hist + gl.arange(0, NBINS, bins), h, sem="relaxed")
+"""
+
+_MRIQ = """
+
+@gluon.jit
+def _sin_approx(x):
+    return gl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _cos_approx(x):
+    return gl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _be_mriq(kx, ky, kz, phimag, x, y, z, qr, qi, num_k, num_x, start, end, NUM_PROGRAMS: gl.constexpr,
+             BLOCK: gl.constexpr, KC: gl.constexpr, WARPS: gl.constexpr):
+    # kfuse.colocate.workloads.mriq's block: BLOCK voxels against the k-space samples in chunks of KC, sin and
+    # cos on the MUFU (the arguments stay within [-4.8, 4.8]: the workload draws k and x in [-0.5, 0.5])
+    tile: gl.constexpr = gl.BlockedLayout([1, KC // 4], [8, 4], [WARPS, 1], [1, 0])
+    rows: gl.constexpr = gl.SliceLayout(1, tile)
+    cols: gl.constexpr = gl.SliceLayout(0, tile)
+    for bid in range(start + gl.program_id(0), end, NUM_PROGRAMS):
+        offs = bid * BLOCK + gl.arange(0, BLOCK, rows)
+        m = offs < num_x
+        px = gl.load(x + offs, mask=m, other=0.0)
+        py = gl.load(y + offs, mask=m, other=0.0)
+        pz = gl.load(z + offs, mask=m, other=0.0)
+        acc_r = gl.zeros([BLOCK], gl.float32, rows)
+        acc_i = gl.zeros([BLOCK], gl.float32, rows)
+        for k0 in range(0, num_k, KC):
+            ko = k0 + gl.arange(0, KC, cols)
+            km = ko < num_k
+            ax = gl.load(kx + ko, mask=km, other=0.0)
+            ay = gl.load(ky + ko, mask=km, other=0.0)
+            az = gl.load(kz + ko, mask=km, other=0.0)
+            ph = gl.load(phimag + ko, mask=km, other=0.0)
+            arg = 6.283185307179586 * (ax[None, :] * px[:, None] + ay[None, :] * py[:, None] + az[None, :] * pz[:, None])
+            acc_r += gl.sum(ph[None, :] * _cos_approx(arg), axis=1)
+            acc_i += gl.sum(ph[None, :] * _sin_approx(arg), axis=1)
+        gl.store(qr + offs, acc_r, mask=m)
+        gl.store(qi + offs, acc_i, mask=m)
+"""
+
+# per BE kernel: its Gluon source, the kernel parameters (runtime ones in the workload's BlockKernel argument
+# order, then the block range), their Triton types for an offline compile, and the block function's constexprs
+_KERNELS: dict[str, dict[str, Any]] = {
+    "histogram": {
+        "source": _HISTOGRAM,
+        "fn": "_be_histogram",
+        "args": {"be_data": "*u8", "be_hist": "*i32", "be_n": "i32"},
+        "consts": ("BLOCK", "NBINS"),
+    },
+    "mriq": {
+        "source": _MRIQ,
+        "fn": "_be_mriq",
+        "args": {
+            **{f"be_{v}": "*fp32" for v in ("kx", "ky", "kz", "phimag", "x", "y", "z", "qr", "qi")},
+            "be_num_k": "i32",
+            "be_num_x": "i32",
+        },
+        "consts": ("BLOCK", "KC"),
+    },
+}
+NAMES = tuple(_KERNELS)
+
+
+def partition(name: str, consts: dict[str, Any], warps: int = 4, regs: int | None = None) -> WorkerPartition:
+    """The worker partition running BE kernel ``name``'s blocks with its block function's constexprs ``consts``
+    (``BLOCK``, and ``NBINS`` / ``KC``) on ``warps`` warps of ``regs`` registers a thread."""
+    if name not in _KERNELS:
+        raise ValueError(f"no worker-partition form of BE kernel {name!r}; there is one of: {', '.join(NAMES)}")
+    spec = _KERNELS[name]
+    missing = [c for c in spec["consts"] if c not in consts]
+    if missing:
+        raise ValueError(f"{name}: the block function's constexprs {missing} are missing")
+    if warps not in (1, 2, 4, 8):
+        raise ValueError(f"a worker partition has 1, 2, 4 or 8 warps, not {warps}")
+    regs = BE_REGS[name] if regs is None else regs
+    if regs % 8 or not 24 <= regs <= 256:
+        raise ValueError(f"setmaxnreg takes a multiple of 8 in [24, 256] registers a thread, not {regs}")
+    block = int(consts["BLOCK"])
+    lanes = 32 * warps
+    if name == "histogram" and (block % lanes or block & (block - 1)):
+        raise ValueError(f"histogram: BLOCK {block} must be a power of two and a multiple of {lanes} (32 x {warps} warps)")
+    if name == "mriq" and (block != 8 * warps or consts["KC"] % 4):
+        raise ValueError(f"mriq: BLOCK must be 8 x warps ({8 * warps}) and KC a multiple of 4 for the partition's layout")
+    const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"]
+    params = ", ".join([*spec["args"], "be_start", "be_end", *(f"{c}: gl.constexpr" for c in const_names)])
+    call_args = ", ".join([*spec["args"], "be_start", "be_end", "NUM_PROGRAMS", *const_names])
+    constexprs = {f"BE_{c}": consts[c] for c in spec["consts"]} | {"BE_WARPS": warps}
+    key = f"{name}_w{warps}_r{regs}"
+    return WorkerPartition(
+        key, spec["source"], params, f"({spec['fn']}, ({call_args}))", warps, regs,
+        {**spec["args"], "be_start": "i32", "be_end": "i32"}, constexprs,
+    )  # fmt: skip
+
+
+def for_workload(work: Workload, warps: int = 4, regs: int | None = None) -> WorkerPartition:
+    """``partition`` for a ``kfuse.colocate.workloads`` BE kernel, with its block constexprs."""
+    return partition(work.name, work.kernel.consts, warps, regs)
+
+
+def partition_args(work: Workload, start: int, end: int) -> dict[str, Any]:
+    """The fused kernel's BE arguments: ``work``'s block-function arguments and the block range ``[start, end)``."""
+    names = list(_KERNELS[work.name]["args"])
+    if len(names) != len(work.kernel.args):
+        raise ValueError(f"{work.name}: {len(work.kernel.args)} block-function arguments, the partition takes {len(names)}")
+    if not 0 <= start <= end <= work.kernel.n_blocks:
+        raise ValueError(f"{work.name}: block range [{start}, {end}) is outside [0, {work.kernel.n_blocks})")
+    return dict(zip(names, work.kernel.args, strict=True)) | {"be_start": start, "be_end": end}
+
+
+def launch_fused(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, cfg: WsConfig,
+                 work: Workload, start: int, end: int, num_programs: int, warps: int = 4, regs: int | None = None,
+                 fast_gelu: bool = True) -> None:  # fmt: skip
+    """One launch: ``c = epi(a @ b, extras)`` by the ping-pong GEMM (``cfg``, ``num_programs`` programs) and BE
+    blocks ``[start, end)`` of ``work`` by a worker partition of ``warps`` warps. Operands as ``gemm_ws.launch``
+    takes them (a batch of one)."""
+    part = for_workload(work, warps, regs)
+    args = partition_args(work, start, end)
+    gemm_ws.launch(a, b, c, extras, epi, cfg, num_programs, fast_gelu=fast_gelu, partition=part, partition_args=args)
