@@ -127,7 +127,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--be", default="histogram,mriq")
+    ap.add_argument("--be", default="histogram,mriq,stencil7,cutcp")
     ap.add_argument("--slices", default="0,1,2,4,8")
     ap.add_argument("--warps", type=int, default=4)
     args = ap.parse_args()

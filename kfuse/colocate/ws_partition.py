@@ -34,7 +34,7 @@ from kfuse.kernels.gemm_ws import WorkerPartition, WsConfig
 
 # the BE warps' registers a thread: enough for each function below without spills on sm_90 (checked offline
 # by tests/colocate/test_ws_partition.py); the ping-pong GEMM's consumers get the rest (WorkerPartition.consumer_regs)
-BE_REGS = {"histogram": 56, "mriq": 80}
+BE_REGS = {"histogram": 56, "mriq": 80, "stencil7": 56, "cutcp": 80}
 
 _HISTOGRAM = """
 
@@ -94,6 +94,69 @@ def _be_mriq(kx, ky, kz, phimag, x, y, z, qr, qi, num_k, num_x, start, end, NUM_
         gl.store(qi + offs, acc_i, mask=m)
 """
 
+_STENCIL7 = """
+
+@gluon.jit
+def _be_stencil7(src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr, BX: gl.constexpr,
+                 WARPS: gl.constexpr):
+    # kfuse.colocate.workloads.stencil7's block: a BY x BX tile of one z plane, 7-point stencil, boundary copied
+    tile: gl.constexpr = gl.BlockedLayout([1, BX // 16], [2, 16], [WARPS, 1], [1, 0])
+    tiles_x = gl.cdiv(nx, BX)
+    tiles_y = gl.cdiv(ny, BY)
+    plane = nx * ny
+    for bid in range(start + gl.program_id(0), end, NUM_PROGRAMS):
+        tx = bid % tiles_x
+        t = bid // tiles_x
+        ty = t % tiles_y
+        z = t // tiles_y
+        y = ty * BY + gl.arange(0, BY, gl.SliceLayout(1, tile))[:, None]
+        x = tx * BX + gl.arange(0, BX, gl.SliceLayout(0, tile))[None, :]
+        inb = (y < ny) & (x < nx)
+        idx = z * plane + y * nx + x
+        c = gl.load(src + idx, mask=inb, other=0.0)
+        inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (z > 0) & (z < nz - 1)
+        s = gl.load(src + idx - 1, mask=inner, other=0.0) + gl.load(src + idx + 1, mask=inner, other=0.0)
+        s += gl.load(src + idx - nx, mask=inner, other=0.0) + gl.load(src + idx + nx, mask=inner, other=0.0)
+        s += gl.load(src + idx - plane, mask=inner, other=0.0) + gl.load(src + idx + plane, mask=inner, other=0.0)
+        gl.store(dst + idx, gl.where(inner, c0 * c + c1 * s, c), mask=inb)
+"""
+
+_CUTCP = """
+
+@gluon.jit
+def _be_cutcp(atoms, out, n_atoms, gx, gy, gz, h, cutoff2, start, end, NUM_PROGRAMS: gl.constexpr, BLOCK: gl.constexpr,
+              AC: gl.constexpr, WARPS: gl.constexpr):
+    # kfuse.colocate.workloads.cutcp's block: BLOCK lattice points against the atoms in chunks of AC, cut off
+    tile: gl.constexpr = gl.BlockedLayout([1, AC // 4], [8, 4], [WARPS, 1], [1, 0])
+    rows: gl.constexpr = gl.SliceLayout(1, tile)
+    cols: gl.constexpr = gl.SliceLayout(0, tile)
+    n = gx * gy * gz
+    inv_c2 = 1.0 / cutoff2
+    for bid in range(start + gl.program_id(0), end, NUM_PROGRAMS):
+        offs = bid * BLOCK + gl.arange(0, BLOCK, rows)
+        m = offs < n
+        px = (offs % gx).to(gl.float32) * h
+        py = ((offs // gx) % gy).to(gl.float32) * h
+        pz = (offs // (gx * gy)).to(gl.float32) * h
+        acc = gl.zeros([BLOCK], gl.float32, rows)
+        for a0 in range(0, n_atoms, AC):
+            ao = a0 + gl.arange(0, AC, cols)
+            am = ao < n_atoms
+            ax = gl.load(atoms + 4 * ao, mask=am, other=1e6)
+            ay = gl.load(atoms + 4 * ao + 1, mask=am, other=1e6)
+            az = gl.load(atoms + 4 * ao + 2, mask=am, other=1e6)
+            aq = gl.load(atoms + 4 * ao + 3, mask=am, other=0.0)
+            dx = px[:, None] - ax[None, :]
+            dy = py[:, None] - ay[None, :]
+            dz = pz[:, None] - az[None, :]
+            r2 = dx * dx + dy * dy + dz * dz
+            inside = (r2 < cutoff2) & (r2 > 0.0)
+            s = 1.0 - r2 * inv_c2
+            e = aq[None, :] * s * s / gl.sqrt(gl.where(inside, r2, 1.0))
+            acc += gl.sum(gl.where(inside, e, 0.0), axis=1)
+        gl.store(out + offs, acc, mask=m)
+"""
+
 # per BE kernel: its Gluon source, the kernel parameters (runtime ones in the workload's BlockKernel argument
 # order, then the block range), their Triton types for an offline compile, and the block function's constexprs
 _KERNELS: dict[str, dict[str, Any]] = {
@@ -113,6 +176,27 @@ _KERNELS: dict[str, dict[str, Any]] = {
         },
         "consts": ("BLOCK", "KC"),
     },
+    "stencil7": {
+        "source": _STENCIL7,
+        "fn": "_be_stencil7",
+        "args": {"be_src": "*fp32", "be_dst": "*fp32", "be_nx": "i32", "be_ny": "i32", "be_nz": "i32", "be_c0": "fp32", "be_c1": "fp32"},
+        "consts": ("BY", "BX"),
+    },
+    "cutcp": {
+        "source": _CUTCP,
+        "fn": "_be_cutcp",
+        "args": {
+            "be_atoms": "*fp32",
+            "be_out": "*fp32",
+            "be_n_atoms": "i32",
+            "be_gx": "i32",
+            "be_gy": "i32",
+            "be_gz": "i32",
+            "be_h": "fp32",
+            "be_cutoff2": "fp32",
+        },  # fmt: skip
+        "consts": ("BLOCK", "AC"),
+    },
 }
 NAMES = tuple(_KERNELS)
 
@@ -131,12 +215,7 @@ def partition(name: str, consts: dict[str, Any], warps: int = 4, regs: int | Non
     regs = BE_REGS[name] if regs is None else regs
     if regs % 8 or not 24 <= regs <= 256:
         raise ValueError(f"setmaxnreg takes a multiple of 8 in [24, 256] registers a thread, not {regs}")
-    block = int(consts["BLOCK"])
-    lanes = 32 * warps
-    if name == "histogram" and (block % lanes or block & (block - 1)):
-        raise ValueError(f"histogram: BLOCK {block} must be a power of two and a multiple of {lanes} (32 x {warps} warps)")
-    if name == "mriq" and (block != 8 * warps or consts["KC"] % 4):
-        raise ValueError(f"mriq: BLOCK must be 8 x warps ({8 * warps}) and KC a multiple of 4 for the partition's layout")
+    _check_layout(name, consts, warps)
     const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"]
     params = ", ".join([*spec["args"], "be_start", "be_end", *(f"{c}: gl.constexpr" for c in const_names)])
     call_args = ", ".join([*spec["args"], "be_start", "be_end", "NUM_PROGRAMS", *const_names])
@@ -146,6 +225,20 @@ def partition(name: str, consts: dict[str, Any], warps: int = 4, regs: int | Non
         key, spec["source"], params, f"({spec['fn']}, ({call_args}))", warps, regs,
         {**spec["args"], "be_start": "i32", "be_end": "i32"}, constexprs,
     )  # fmt: skip
+
+
+def _check_layout(name: str, consts: dict[str, Any], warps: int) -> None:
+    """The Gluon functions' layouts cover their tiles exactly on ``warps`` warps."""
+    if name == "histogram":
+        block, lanes = int(consts["BLOCK"]), 32 * warps
+        if block % lanes or block & (block - 1):
+            raise ValueError(f"histogram: BLOCK {block} must be a power of two and a multiple of {lanes} (32 x {warps} warps)")
+    elif name in ("mriq", "cutcp"):
+        chunk = consts["KC"] if name == "mriq" else consts["AC"]
+        if consts["BLOCK"] != 8 * warps or chunk % 4 or chunk & (chunk - 1):
+            raise ValueError(f"{name}: BLOCK must be 8 x warps ({8 * warps}) and its chunk a power of two >= 4 for the layout")
+    elif name == "stencil7" and (consts["BY"] % (2 * warps) or consts["BX"] % 16 or consts["BX"] & (consts["BX"] - 1)):
+        raise ValueError(f"stencil7: BY must be a multiple of 2 x warps ({2 * warps}) and BX a power of two >= 16 for the layout")
 
 
 def for_workload(work: Workload, warps: int = 4, regs: int | None = None) -> WorkerPartition:

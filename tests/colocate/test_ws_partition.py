@@ -35,7 +35,9 @@ def test_partition_parameters_follow_the_workloads_block_function() -> None:
 @pytest.mark.parametrize(
     ("name", "consts", "kw", "why"),
     [
-        ("stencil7", {"BLOCK": 128}, {}, "no worker-partition form"),
+        ("lbm", {"BLOCK": 128}, {}, "no worker-partition form"),
+        ("stencil7", {"BY": 6, "BX": 64}, {}, "multiple of 2 x warps"),
+        ("cutcp", {"BLOCK": 32, "AC": 24}, {}, "power of two"),
         ("histogram", {"BLOCK": 2048}, {}, "NBINS"),
         ("histogram", {"BLOCK": 2048, "NBINS": 256}, {"regs": 60}, "multiple of 8"),
         ("histogram", {"BLOCK": 2048, "NBINS": 256}, {"warps": 3}, "1, 2, 4 or 8 warps"),
@@ -72,6 +74,10 @@ def test_a_partition_runs_in_the_pingpong_kernel_only() -> None:
         gemm_ws.run_module(None, a, a, a, [], WsConfig(schedule="coop"), 132, partition=part)
 
 
+# the workloads' block constexprs on a GPU (the CPU makes the interpreter's smaller blocks)
+GPU_CONSTS = {"histogram": {"BLOCK": 2048, "NBINS": 256}, "mriq": {"BLOCK": 32, "KC": 32}, "stencil7": {"BY": 8, "BX": 64},
+              "cutcp": {"BLOCK": 32, "AC": 32}}  # fmt: skip
+
 _COMPILE = r"""
 import json, re, sys
 from cubin_facts import sass_facts
@@ -92,6 +98,7 @@ for name, consts in json.loads(sys.argv[1]):
     facts = sass_facts(ck.asm["cubin"])
     facts.update(shared=ck.metadata.shared, warps=ck.metadata.num_warps, redg=sass.count("REDG.E.ADD"),
                  atoms=sass.count("ATOMS.ADD"), mufu_sin=sass.count("MUFU.SIN"), mufu_cos=sass.count("MUFU.COS"),
+                 mufu=sass.count("MUFU."), ldg=sass.count("LDG.E"), stg=sass.count("STG.E"),
                  tma_loads=sass.count("UTMALDG"),
                  named_bars=sorted(set(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+), 0x80", sass))),
                  maxnreg=sorted({int(v, 16) for v in re.findall(r"USETMAXREG\.[A-Z_.]+ (?:UP0, )?(0x[0-9a-f]+)", sass)}))
@@ -102,24 +109,28 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    cases = [["", {}], ["histogram", {"BLOCK": 2048, "NBINS": 256}], ["mriq", {"BLOCK": 32, "KC": 32}]]
+    cases = [["", {}], *([name, consts] for name, consts in GPU_CONSTS.items())]
     return run_offline_script(_COMPILE, cases)
 
 
-@pytest.mark.parametrize("be", ["histogram", "mriq"])
+@pytest.mark.parametrize("be", list(GPU_CONSTS))
 def test_sm90_fused_kernel_keeps_the_gemm_and_runs_the_be_without_spills(compiled: dict, be: str) -> None:
     alone, fused = compiled["none"], compiled[be]
     assert fused["STL"] == 0 and fused["LDL"] == 0 and fused["LOCAL"] == 0
     assert fused["HGMMA"] == alone["HGMMA"] > 0 and fused["tma_loads"] == alone["tma_loads"] > 0
     assert fused["warps"] == 16  # 4 + 4 consumer warps, the loader's warpgroup, the BE's 4
     assert fused["shared"] - alone["shared"] <= 2048  # the BE adds its scratch at most, the ring is the GEMM's
-    part = ws_partition.partition(be, {"BLOCK": 2048, "NBINS": 256} if be == "histogram" else {"BLOCK": 32, "KC": 32})
+    part = ws_partition.partition(be, GPU_CONSTS[be])
     assert {LOADER_REGS, part.regs, part.consumer_regs()} <= set(fused["maxnreg"])
     if be == "histogram":  # counts in shared memory, one global atomic per bin; its barriers name the partition's 128 threads
         assert fused["atoms"] > 0 and fused["redg"] > 0 and alone["redg"] == 0
         assert len(fused["named_bars"]) > len(alone["named_bars"])
-    else:  # sin and cos on the MUFU, which the GEMM's wgmma leaves idle
+    elif be == "mriq":  # sin and cos on the MUFU, which the GEMM's wgmma leaves idle
         assert fused["mufu_sin"] > 0 and fused["mufu_cos"] > 0 and alone["mufu_sin"] == 0
+    elif be == "stencil7":  # seven loads and a store a point, by pointers beside the GEMM's TMA
+        assert fused["ldg"] >= alone["ldg"] + 7 and fused["stg"] > alone["stg"]
+    else:  # cutcp: the square root on the MUFU
+        assert fused["mufu"] > alone["mufu"] and fused["stg"] > alone["stg"]
 
 
 @pytest.mark.gpu
