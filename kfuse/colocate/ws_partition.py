@@ -30,7 +30,7 @@ import torch
 from kfuse.colocate.workloads import Workload
 from kfuse.kernels import gemm_ws
 from kfuse.kernels.epilogue import Epilogue
-from kfuse.kernels.gemm_ws import WorkerPartition, WsConfig
+from kfuse.kernels.gemm_ws import LOADER_REGS, WorkerPartition, WsConfig
 
 # the BE warps' registers a thread: enough for each function below without spills on sm_90 (checked offline
 # by tests/colocate/test_ws_partition.py); the ping-pong GEMM's consumers get the rest (WorkerPartition.consumer_regs)
@@ -201,9 +201,12 @@ _KERNELS: dict[str, dict[str, Any]] = {
 NAMES = tuple(_KERNELS)
 
 
-def partition(name: str, consts: dict[str, Any], warps: int = 4, regs: int | None = None) -> WorkerPartition:
+def partition(
+    name: str, consts: dict[str, Any], warps: int = 4, regs: int | None = None, loader_regs: int = LOADER_REGS
+) -> WorkerPartition:
     """The worker partition running BE kernel ``name``'s blocks with its block function's constexprs ``consts``
-    (``BLOCK``, and ``NBINS`` / ``KC``) on ``warps`` warps of ``regs`` registers a thread."""
+    (``BLOCK``, and ``NBINS`` / ``KC`` / ``BY``, ``BX`` / ``AC``) on ``warps`` warps of ``regs`` registers a thread,
+    the GEMM's loader warp on ``loader_regs``."""
     if name not in _KERNELS:
         raise ValueError(f"no worker-partition form of BE kernel {name!r}; there is one of: {', '.join(NAMES)}")
     spec = _KERNELS[name]
@@ -213,17 +216,18 @@ def partition(name: str, consts: dict[str, Any], warps: int = 4, regs: int | Non
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"a worker partition has 1, 2, 4 or 8 warps, not {warps}")
     regs = BE_REGS[name] if regs is None else regs
-    if regs % 8 or not 24 <= regs <= 256:
-        raise ValueError(f"setmaxnreg takes a multiple of 8 in [24, 256] registers a thread, not {regs}")
+    for r in (regs, loader_regs):
+        if r % 8 or not 24 <= r <= 256:
+            raise ValueError(f"setmaxnreg takes a multiple of 8 in [24, 256] registers a thread, not {r}")
     _check_layout(name, consts, warps)
     const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"]
     params = ", ".join([*spec["args"], "be_start", "be_end", *(f"{c}: gl.constexpr" for c in const_names)])
     call_args = ", ".join([*spec["args"], "be_start", "be_end", "NUM_PROGRAMS", *const_names])
     constexprs = {f"BE_{c}": consts[c] for c in spec["consts"]} | {"BE_WARPS": warps}
-    key = f"{name}_w{warps}_r{regs}"
+    key = f"{name}_w{warps}_r{regs}" + ("" if loader_regs == LOADER_REGS else f"_l{loader_regs}")
     return WorkerPartition(
         key, spec["source"], params, f"({spec['fn']}, ({call_args}))", warps, regs,
-        {**spec["args"], "be_start": "i32", "be_end": "i32"}, constexprs,
+        {**spec["args"], "be_start": "i32", "be_end": "i32"}, constexprs, loader_regs,
     )  # fmt: skip
 
 
@@ -241,9 +245,9 @@ def _check_layout(name: str, consts: dict[str, Any], warps: int) -> None:
         raise ValueError(f"stencil7: BY must be a multiple of 2 x warps ({2 * warps}) and BX a power of two >= 16 for the layout")
 
 
-def for_workload(work: Workload, warps: int = 4, regs: int | None = None) -> WorkerPartition:
+def for_workload(work: Workload, warps: int = 4, regs: int | None = None, loader_regs: int = LOADER_REGS) -> WorkerPartition:
     """``partition`` for a ``kfuse.colocate.workloads`` BE kernel, with its block constexprs."""
-    return partition(work.name, work.kernel.consts, warps, regs)
+    return partition(work.name, work.kernel.consts, warps, regs, loader_regs)
 
 
 def partition_args(work: Workload, start: int, end: int) -> dict[str, Any]:
@@ -258,10 +262,10 @@ def partition_args(work: Workload, start: int, end: int) -> dict[str, Any]:
 
 def launch_fused(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, cfg: WsConfig,
                  work: Workload, start: int, end: int, num_programs: int, warps: int = 4, regs: int | None = None,
-                 fast_gelu: bool = True) -> None:  # fmt: skip
+                 fast_gelu: bool = True, loader_regs: int = LOADER_REGS) -> None:  # fmt: skip
     """One launch: ``c = epi(a @ b, extras)`` by the ping-pong GEMM (``cfg``, ``num_programs`` programs) and BE
     blocks ``[start, end)`` of ``work`` by a worker partition of ``warps`` warps. Operands as ``gemm_ws.launch``
     takes them (a batch of one)."""
-    part = for_workload(work, warps, regs)
+    part = for_workload(work, warps, regs, loader_regs)
     args = partition_args(work, start, end)
     gemm_ws.launch(a, b, c, extras, epi, cfg, num_programs, fast_gelu=fast_gelu, partition=part, partition_args=args)

@@ -785,13 +785,14 @@ class WorkerPartition:
     regs: int
     arg_types: dict[str, str]  # the runtime parameters' Triton types ("*i32", "i32"), for compile_offline
     constexprs: dict[str, Any]  # the constexpr parameters' values
+    loader_regs: int = LOADER_REGS  # the loader warp's registers beside this partition (24 leaves the consumers 16 more)
 
     def consumer_regs(self) -> int:
         """The GEMM's second consumer warpgroup's registers a thread beside this partition: an even split between
         the two consumers of what the loader and this partition leave of the SM's 64 K (a multiple of 8, at most
         CONSUMER_REGS). ``setmaxnreg`` acts on whole warpgroups, so Triton pads the one-warp loader and a partition
         of fewer than 4 warps to 4; registers over 64 K would leave a warpgroup spinning in its allocation."""
-        left = 65536 - 128 * LOADER_REGS - 128 * -(-self.warps // 4) * self.regs
+        left = 65536 - 128 * self.loader_regs - 128 * -(-self.warps // 4) * self.regs
         return min(CONSUMER_REGS, left // 256 // 8 * 8)
 
 
@@ -1073,7 +1074,8 @@ def run_module(mod: Any, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extr
         else:
             meta.update(N_LO=lo, SHARED_C=cfg.shared_c)
             if partition is not None:
-                meta.update(CONSUMER_REGS=partition.consumer_regs(), **partition.constexprs, **(partition_args or {}))
+                meta.update(CONSUMER_REGS=partition.consumer_regs(), LOADER_REGS=partition.loader_regs, **partition.constexprs,
+                            **(partition_args or {}))  # fmt: skip
     else:
         kernel, warps = mod.gemm_coop_kernel, 8
         args = (a_desc, b_desc, c_desc, *ex, m, n, k, *ex_strides)
@@ -1159,7 +1161,7 @@ def compile_offline(epi: Epilogue, m: int, n: int, k: int, cfg: WsConfig, num_pr
         constexprs["CONSUMER_REGS"] = CONSUMER_REGS
     constexprs["PDL"] = pdl_wait
     if partition is not None:
-        constexprs["CONSUMER_REGS"] = partition.consumer_regs()
+        constexprs.update(CONSUMER_REGS=partition.consumer_regs(), LOADER_REGS=partition.loader_regs)
         sig.update(partition.arg_types)
         constexprs.update(partition.constexprs)
     for name in constexprs:
