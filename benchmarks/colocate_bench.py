@@ -31,7 +31,8 @@ def main() -> None:
         "--versions",
         default="tail,1:1,1:2",
         help="versions to profile: LC:BE ratios (1:2, 1:2il interleaved), tail / tailsm (tail fill), "
-        "prio (two kernels on prioritized streams)",
+        "prio (two kernels on prioritized streams), green<S> (SM partitions), ws (the BE in a worker partition of the "
+        "plan's GEMM: --lc-gemms plan-ws)",
     )
     ap.add_argument(
         "--policies",
@@ -54,10 +55,11 @@ def main() -> None:
                     help="one experiment per BE kernel on one compiled LC, results written after each (a time-out keeps them)")  # fmt: skip
     ap.add_argument("--span-fill", action="store_true",
                     help="also profile the partitions (green<S>) with low-priority BE backfills on the query's SMs")  # fmt: skip
-    ap.add_argument("--lc-gemms", choices=("ptb", "ptb-tuned", "plan", "plan-ptb", "plan-ptb2"), default="ptb",
+    ap.add_argument("--lc-gemms", choices=("ptb", "ptb-tuned", "plan", "plan-ptb", "plan-ptb2", "plan-ws"), default="ptb",
                     help="the LC's GEMMs: PTB stand-ins (Aker can slice them) on one tile or on a tile per shape, the "
                          "compiled plan's own kernels, or the PTB form of kfuse's own template with the plan's tiles and "
-                         "epilogues (Aker can slice them), plan-ptb2 with their stages cut so two blocks share an SM")  # fmt: skip
+                         "epilogues (Aker can slice them), plan-ptb2 with their stages cut so two blocks share an SM, "
+                         "plan-ws the plan's own kernels whose GEMM steps also host a BE slice (version ws)")  # fmt: skip
     ap.add_argument("--lc-tune", choices=("none", "fast", "full"), default="none",
                     help="kfuse.compile's tuning of the LC model (none: the default tiles, every record before session 55)")  # fmt: skip
     a = ap.parse_args()
@@ -72,7 +74,7 @@ def main() -> None:
     from kfuse.colocate import cuda_backend, experiment, ptb, workloads
     from kfuse.colocate.cuda_backend import CudaBackend
     from kfuse.colocate.fuser import parse_version
-    from kfuse.colocate.lc import compile_lc, lc_items, plan_gemm_summary
+    from kfuse.colocate.lc import compile_lc, lc_items, plan_gemm_summary, ws_host_summary
     from kfuse.colocate.pairs import summary as pairs_summary
 
     t_start = time.perf_counter()
@@ -127,8 +129,10 @@ def main() -> None:
             compiled = compile_lc(model, args, kwargs, tune=a.lc_tune)
             items = lc_items(compiled, args, kwargs, gemms=a.lc_gemms)
             n_gemm = sum(it.kernel is not None for it in items)
+            n_host = sum(it.host is not None for it in items)
             dt = time.perf_counter() - t0
-            print(f"\n{lc_name}: compiled in {dt:.1f} s; {len(items)} LC kernels ({n_gemm} PTB GEMM/conv)", flush=True)
+            hosts = f", {n_host} plan GEMMs hosting a worker partition" if a.lc_gemms == "plan-ws" else ""
+            print(f"\n{lc_name}: compiled in {dt:.1f} s; {len(items)} LC kernels ({n_gemm} PTB GEMM/conv{hosts})", flush=True)
             lc_tiles = {it.key: it.kernel.meta["tile_ms"] for it in items if it.kernel is not None and "tile_ms" in it.kernel.meta}
             for shape, tms in lc_tiles.items():  # --lc-gemms ptb-tuned: each shape's tiles, the chosen one first
                 print(
@@ -166,7 +170,13 @@ def main() -> None:
                     log=stamped, span_fill=a.span_fill, lc_calibration=lc_calibration,
                 )  # fmt: skip
                 recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
+                ws_hosts = ws_host_summary(items)
+                for key, h in ws_hosts.items():  # --lc-gemms plan-ws: each step's host tile per BE, as timed on its first fused launch
+                    print(f"  ws host x{h['count']} {key}: plan {h['plan_kernel']}; " + "; ".join(
+                        f"{be} on {t} ({', '.join(f'{n} {ms * 1e3:.1f} us' for n, ms in h['times'].get(be, {}).items())})"
+                        for be, t in h["chosen"].items()), flush=True)  # fmt: skip
                 for r in recs:
+                    r["lc_ws_hosts"] = ws_hosts
                     r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
                               "lc_gemms": a.lc_gemms, "lc_tune": a.lc_tune, "lc_tiles": lc_tiles, "lc_plan_gemms": lc_plan_gemms,
                               "load": a.load, "qos_factor": a.qos_factor,

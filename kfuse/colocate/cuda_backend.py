@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, FusedVersion, launch_fused
+from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, WS_MODE, FusedVersion, launch_fused
 from kfuse.colocate.green import SmPartition, partition, run_partitioned
 from kfuse.colocate.lc import LC_PROGRAMS_PER_SM, LCItem
 from kfuse.colocate.prio import PrioStreams, run_beside, run_prio
@@ -153,7 +153,7 @@ class CudaBackend(Backend):
             self.prio = PrioStreams()
 
     def lc_kernels(self) -> list[LCKernel]:
-        return [LCKernel(it.name, it.kernel is not None, it.key) for it in self.items]
+        return [LCKernel(it.name, it.fusible, it.key, it.host is not None) for it in self.items]
 
     def be_blocks(self, be: str) -> int:
         return self.be[be].kernel.n_blocks
@@ -264,8 +264,14 @@ class CudaBackend(Backend):
             lc = self._lc_on(i, part.lc_sms if part is not None else self.sms)
             n = max(1, end - start)  # one program per block, as prio: each freed BE slot takes a fresh block
             return timed(lambda: run_partitioned(part, lc, lambda: launch_ptb(bk, start, end, n)), retime=self.be[be].idempotent)
+        if v.mode == WS_MODE:  # the plan's GEMM step on a ping-pong tile, the slice in its worker partition
+            if it.host is None:
+                raise ValueError(f"LC kernel {it.name} hosts no worker partition: the ws version needs --lc-gemms plan-ws")
+            self.launches += 1
+            w = self.be[be]
+            return timed(lambda: it.host.fused(w, start, end), retime=w.idempotent)
         if it.kernel is None:
-            raise ValueError(f"LC kernel {it.name} is not a PTB GEMM: it cannot be fused")
+            raise ValueError(f"LC kernel {it.name} is not a PTB GEMM: it cannot be fused with version {v.describe()}")
         self.launches += 1
         lk = it.kernel
         if v.mode in STREAM_MODES:  # two kernels: the LC's solo launch first, on the urgent stream

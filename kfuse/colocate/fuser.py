@@ -74,7 +74,7 @@ class FusedVersion:
     def describe(self) -> str:
         if self.mode in GREEN_MODES:
             return f"{self.mode}{self.r2}"
-        if self.mode in TAIL_MODES or self.mode in STREAM_MODES:
+        if self.mode in TAIL_MODES or self.mode in STREAM_MODES or self.mode == WS_MODE:
             return self.mode
         return f"{self.r1}:{self.r2}{'' if self.mode == 'partition' else 'il'}"
 
@@ -94,6 +94,11 @@ PRIO = FusedVersion(2, 0, "prio")
 # two kernels like prio, and the only versions any LC kernel takes (segments too), not only the PTB GEMMs
 GREEN_MODES = ("green",)
 STREAM_MODES = ("prio", *GREEN_MODES)
+# the plan's own GEMM step on a ping-pong kernel whose worker partition runs the BE slice (kfuse.colocate.ws_partition):
+# one Gluon launch, each kernel its own warps and registers; the version of the LC items ``lc_items(gemms="plan-ws")``
+# gives a host, and of no others
+WS_MODE = "ws"
+WS = FusedVersion(1, 1, WS_MODE)
 
 
 def green(be_sms: int) -> FusedVersion:
@@ -106,6 +111,16 @@ def green(be_sms: int) -> FusedVersion:
 def any_kernel(version: Any) -> bool:
     """Whether ``version`` co-runs with any LC kernel (segments included), not only with PTB GEMMs."""
     return getattr(version, "mode", None) in GREEN_MODES
+
+
+def applies(version: Any, lc: Any) -> bool:
+    """Whether ``version`` can co-run with LC kernel ``lc`` (a ``scheduler.LCKernel``): SM partitions with any, ``ws``
+    with a plan GEMM step that hosts a worker partition, the others with a PTB block kernel."""
+    if any_kernel(version):
+        return True
+    if getattr(version, "mode", None) == WS_MODE:
+        return bool(getattr(lc, "host", False))
+    return bool(lc.fusible) and not getattr(lc, "host", False)
 
 
 SMID_SLOTS = 256  # per-SM counters (%smid < 256 on every NVIDIA GPU so far)
@@ -131,9 +146,11 @@ def tailsm_plan(n_lc: int, n_be: int, grid: int) -> tuple[int, bool, int]:
 
 
 def parse_version(text: str, lc_programs_per_sm: int = 2) -> FusedVersion:
-    """``"1:2"`` (partition), ``"1:2il"`` (interleave), ``"tail"``, ``"tailx"``, ``"tailsm"``, ``"prio"`` or
-    ``"green<S>"`` (SM partitions, S SMs for the BE)."""
+    """``"1:2"`` (partition), ``"1:2il"`` (interleave), ``"tail"``, ``"tailx"``, ``"tailsm"``, ``"prio"``,
+    ``"green<S>"`` (SM partitions, S SMs for the BE) or ``"ws"`` (the BE as a worker partition of the plan's GEMM)."""
     t = text.strip()
+    if t == WS_MODE:
+        return WS
     for mode in GREEN_MODES:
         if t.startswith(mode) and t[len(mode) :].isdigit():
             return green(int(t[len(mode) :]))

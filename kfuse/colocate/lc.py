@@ -61,9 +61,14 @@ class LCItem:
     run: Callable[[], Any] | None  # a segment: runs its steps
     key: str
     ops: tuple[str, ...]
+    host: Any = None  # "plan-ws": the plan GEMM step that can carry a BE slice in a worker partition (ws_partition.WsHost)
+
+    @property
+    def fusible(self) -> bool:
+        return self.kernel is not None or self.host is not None
 
 
-LC_GEMMS = ("ptb", "ptb-tuned", "plan", "plan-ptb", "plan-ptb2")
+LC_GEMMS = ("ptb", "ptb-tuned", "plan", "plan-ptb", "plan-ptb2", "plan-ws")
 LC_PROGRAMS_PER_SM = 2  # the PTB LC's persistent grid (``CudaBackend``'s default; the default tile fits two an SM)
 
 
@@ -82,7 +87,10 @@ def lc_items(
     ``plan_conv``: the step's tuned tile, real operands and generated epilogue), which Aker's fused versions can
     slice, the other GEMM-like steps as "plan";
     "plan-ptb2", the same with each tile's pipeline stages cut so two blocks share an SM (``plan_gemm.fit_stages``:
-    the plan's tuned tiles take one an SM, so no BE block could sit beside an LC block in a fused launch).
+    the plan's tuned tiles take one an SM, so no BE block could sit beside an LC block in a fused launch);
+    "plan-ws", as "plan", and each ``gemm_epilogue`` step the ping-pong kernel can run also hosts a BE slice in a
+    worker partition (``LCItem.host``, ``ws_partition.WsHost``; the ``ws`` version): the LC alone runs the plan's own
+    kernel, a fused launch the step's GEMM on a ping-pong tile beside the slice.
     On a GPU each such kernel's programs an SM are read from its compile and its time is set beside the plan step's
     (``meta["programs_per_sm"]``, ``meta["ptb_ms"]``, ``meta["plan_ms"]``)."""
     if gemms not in LC_GEMMS:
@@ -129,6 +137,8 @@ def lc_items(
         if gemms.startswith("plan"):  # the plan's own kernel for this GEMM, alone in its segment (the LC's kernel boundaries kept)
             pending.append(step)
             flush()
+            if gemms == "plan-ws" and node is not None:
+                items[-1].host = _ws_host(step, node, env)
             continue
         if shape not in buffers:
             m, n, k = shape
@@ -187,6 +197,34 @@ def _plan_ptb_item(
     geometry = hashlib.sha1(repr((kernel.fn, sorted(kernel.consts.items()))).encode()).hexdigest()[:6]
     key = f"{kernel.meta['batch']}x{m}x{n}x{k}:{node.attrs['epilogue'].key()}:{info.tile}:{geometry}"
     return LCItem(step.output, kernel, None, key, tuple(step.info.ops))
+
+
+def _ws_host(step: Any, node: Node, env: dict[str, Any]) -> Any:
+    """The plan step's ``ws_partition.WsHost`` (None where the ping-pong kernel cannot run it), its tile timed on a
+    GPU per BE kernel."""
+    from kfuse.colocate.ws_partition import host_for
+
+    xs = [env[i] for i in step.inputs]
+    on_gpu = bool(xs) and isinstance(xs[0], torch.Tensor) and xs[0].is_cuda
+    sms = num_sms(xs[0].device) if on_gpu else 132
+    host, _why = host_for(node, xs, step.output, sms, time_ms=gpu_time_ms if on_gpu else None)
+    if host is not None:
+        host.plan_kernel = f"{step.info.config} {step.info.epilogue}".strip()
+    return host
+
+
+def ws_host_summary(items: list[LCItem]) -> dict[str, dict[str, Any]]:
+    """Per key, the "plan-ws" LC's hosts (for a run's log and records): how many steps, the plan's kernel, and per BE
+    kernel the ping-pong tile chosen and every candidate's time (ms, one BE block a program)."""
+    out: dict[str, dict[str, Any]] = {}
+    for it in items:
+        if it.host is None:
+            continue
+        h = out.setdefault(it.key, {"count": 0, "plan_kernel": it.host.plan_kernel, "chosen": {}, "times": {}})
+        h["count"] += 1
+        h["chosen"].update({be: t[0] for be, t in it.host.chosen.items()})
+        h["times"].update(it.host.times)
+    return out
 
 
 def gpu_time_ms(fn: Callable[[], Any], launches: int = 10) -> float:

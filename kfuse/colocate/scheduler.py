@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from kfuse.colocate.fuser import any_kernel
+from kfuse.colocate.fuser import any_kernel, applies
 from kfuse.colocate.predictor import LinearModel, OnlineTwoStage, SampleModel, error_summary, relative_errors
 from kfuse.colocate.selector import MIN_OVERLAP, Selection, plan_fusion, select_version
 
@@ -52,8 +52,9 @@ POLICIES = ("lc_alone", "timeshare", "streams", "aker", "partition", "backfill",
 @dataclass(frozen=True)
 class LCKernel:
     name: str
-    fusible: bool  # a PTB GEMM/conv the fuser can pair with a BE kernel
+    fusible: bool  # a PTB GEMM/conv the fuser can pair with a BE kernel, or a plan GEMM that hosts one (``ws``)
     key: str  # kernels with one key share one fused-time model (same GEMM problem)
+    host: bool = False  # a plan GEMM step that carries a BE slice in a worker partition: the ``ws`` version's only kind
 
 
 class Backend:
@@ -298,7 +299,7 @@ def build_profile(
         for b in be_names:
             models = {}
             samples[(key, b)] = {}
-            for v in versions if lc[i].fusible else any_versions:
+            for v in [v for v in versions if applies(v, lc[i])]:
 
                 def sample(x: float) -> tuple[float, float]:
                     """(T_be, T_fused) of the slice a run would cut for load ratio x. T_be is the linear model's time
@@ -333,7 +334,8 @@ def build_profile(
                 # planned with: the measured samples themselves; error bound from this pair's leave-one-out errors
                 models[v] = OnlineTwoStage.from_samples(xs, ys)
                 sample_err += models[v].errors
-            fused[(key, b)] = models
+            if models:  # none where no version applies to this LC kernel
+                fused[(key, b)] = models
         if log:
             log(f"  profiled LC kernel {lc[i].name} ({key}, {t_lc:.4f} ms) with {', '.join(be_names)}")
     prof = Profile(lc_ms, lc, be_models, be_blocks, fused, samples=samples, min_overlap=min_overlap)

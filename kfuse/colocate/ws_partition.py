@@ -23,6 +23,8 @@ check their SASS (wgmma, the BE's atomics or MUFU ops, the register split, no sp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -269,3 +271,77 @@ def launch_fused(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list
     part = for_workload(work, warps, regs, loader_regs)
     args = partition_args(work, start, end)
     gemm_ws.launch(a, b, c, extras, epi, cfg, num_programs, fast_gelu=fast_gelu, partition=part, partition_args=args)
+
+
+# the ping-pong tiles a plan GEMM may host a BE partition on, with the loader's registers: the 128 x 192 tile (BERT's
+# tuned one for 1024 x 3072 x 768 on the H100) spills at the consumers' 208-216 registers beside a partition, and the
+# 64 x 128 tile at six stages ran within 0-7% of the best solo kernel on BERT-base's four GEMMs (session 56's probe)
+HOST_TILES: tuple[tuple[str, WsConfig, int], ...] = (
+    ("pp64x128 s6", WsConfig(block_m=64, block_n=128, block_k=64, stages=6), LOADER_REGS),
+    ("pp128 s4", WsConfig(block_m=128, block_n=128, block_k=64, stages=4), LOADER_REGS),
+    ("pp192 s4 sc", WsConfig(block_m=128, block_n=192, block_k=64, stages=4, shared_c=True), 24),
+)
+
+
+@dataclass
+class WsHost:
+    """A plan ``gemm_epilogue`` step that can carry a BE slice (``lc_items(gemms="plan-ws")``): its operands as
+    ``gemm_ws`` takes them (3-D views, one batch), its own output buffer, its epilogue. The LC runs the plan's own
+    kernel alone; a fused launch runs the step on a ping-pong tile of ``tiles`` with the slice in a worker partition.
+    The tile is chosen per BE kernel, on its first fused launch, as the fastest with one BE block a program
+    (``chosen``, every candidate's time in ``times``); ``time_ms`` None (the CPU) takes the first."""
+
+    name: str
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    extras: list[torch.Tensor]
+    epi: Epilogue
+    num_programs: int
+    fast_gelu: bool = True
+    tiles: tuple[tuple[str, WsConfig, int], ...] = HOST_TILES
+    time_ms: Callable[[Callable[[], Any]], float] | None = None
+    chosen: dict[str, tuple[str, WsConfig, int]] = field(default_factory=dict)
+    times: dict[str, dict[str, float]] = field(default_factory=dict)
+    plan_kernel: str = ""  # what the plan runs for the step alone (its config and epilogue), for the logs
+
+    def launch(self, tile: tuple[str, WsConfig, int], work: Workload, start: int, end: int) -> None:
+        _, cfg, loader = tile
+        launch_fused(self.a, self.b, self.c, self.extras, self.epi, cfg, work, start, end, self.num_programs,
+                     fast_gelu=self.fast_gelu, loader_regs=loader)  # fmt: skip
+
+    def choose(self, work: Workload) -> tuple[str, WsConfig, int]:
+        if work.name not in self.chosen:
+            best = self.tiles[0]
+            if self.time_ms is not None and len(self.tiles) > 1:
+                n = min(work.kernel.n_blocks, self.num_programs)
+                times = {t[0]: self.time_ms(lambda t=t: self.launch(t, work, 0, n)) for t in self.tiles}
+                self.times[work.name] = times
+                best = min(self.tiles, key=lambda t: times[t[0]])
+            self.chosen[work.name] = best
+        return self.chosen[work.name]
+
+    def fused(self, work: Workload, start: int, end: int) -> None:
+        """The step's GEMM and BE blocks ``[start, end)`` of ``work`` in one launch."""
+        self.launch(self.choose(work), work, start, end)
+
+
+def host_for(node: Any, inputs: list[torch.Tensor], name: str, num_programs: int,
+             time_ms: Callable[[Callable[[], Any]], float] | None = None) -> tuple[WsHost | None, str]:  # fmt: skip
+    """The ``WsHost`` of a plan step (``node`` on its ``inputs``: A, B, then the epilogue's extras), or None and why
+    it cannot host: not a ``gemm_epilogue``, a folded norm, or a call the ping-pong kernel cannot run
+    (``gemm_ws.ws_eligible``: an sm_90 GPU, one batch, fp16 / bf16, TMA-describable operands)."""
+    from kfuse.kernels import gemm
+    from kfuse.kernels.epilogue import exact_gelu
+
+    if node.op != "gemm_epilogue":
+        return None, f"a {node.op} step"
+    if node.attrs.get("row_rms") is not None:
+        return None, "a folded RMSNorm (the step scales A's rows first)"
+    g = gemm.prepare(inputs[0], inputs[1], list(inputs[2:]), node.ttype.dtype)
+    c = torch.empty_like(g.c)
+    why = gemm_ws.ws_eligible(g.a, g.b, c)
+    if why is not None:
+        return None, why
+    host = WsHost(name, g.a, g.b, c, list(g.extras), node.attrs["epilogue"], num_programs, not exact_gelu(g.a.dtype), time_ms=time_ms)
+    return host, ""

@@ -157,3 +157,119 @@ def test_fused_launch_matches_both_references(be: str) -> None:
     ref = reference(a, b, [bias.view(1, n).expand(m, n)], epi, torch.float16).float()
     assert (c[0].float() - ref).abs().max().item() < 2e-2 * ref.abs().max().item()
     assert workloads.error(work) <= max(work.tol, 1e-3)
+
+
+# ---- the "ws" version in the co-location experiment (lc_items(gemms="plan-ws"), the profile, the CUDA backend) ----
+
+
+class _Block(torch.nn.Module):
+    """Two GEMMs with epilogues (bias + GELU; bias + residual), then a norm (not a GEMM)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(40, 56)
+        self.fc2 = torch.nn.Linear(56, 40)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x + self.fc2(torch.nn.functional.gelu(self.fc1(x))), (40,))
+
+
+@pytest.fixture(scope="module")
+def compiled_block() -> tuple:
+    import kfuse
+
+    torch.manual_seed(0)
+    model = _Block().eval()
+    x = torch.randn(3, 11, 40)
+    return kfuse.compile(model, (x,), {}, backend="torch", fuse_b2b=False), x
+
+
+def test_ws_is_a_version_that_applies_to_hosting_plan_gemms_only() -> None:
+    from kfuse.colocate.fuser import TAIL, WS, applies, green, parse_version
+    from kfuse.colocate.scheduler import LCKernel
+
+    assert parse_version("ws") == WS and WS.describe() == "ws"
+    host, ptb_gemm, segment = LCKernel("h", True, "k", host=True), LCKernel("g", True, "k2"), LCKernel("s", False, "k3")
+    assert applies(WS, host) and not applies(WS, ptb_gemm) and not applies(WS, segment)
+    assert applies(TAIL, ptb_gemm) and not applies(TAIL, host) and not applies(TAIL, segment)
+    assert all(applies(green(32), k) for k in (host, ptb_gemm, segment))
+
+
+def test_plan_ws_keeps_the_plans_kernels_and_hosts_where_the_pingpong_kernel_runs(compiled_block: tuple, monkeypatch) -> None:
+    from kfuse.colocate.lc import lc_items, ws_host_summary
+
+    compiled, x = compiled_block
+    plan = lc_items(compiled, (x,), {}, gemms="plan")
+    on_cpu = lc_items(compiled, (x,), {}, gemms="plan-ws")
+    # the same kernels as the plan's; on the CPU the ping-pong kernel cannot run, so nothing hosts
+    assert [(i.name, i.key) for i in on_cpu] == [(i.name, i.key) for i in plan]
+    assert all(i.host is None and i.kernel is None for i in on_cpu) and ws_host_summary(on_cpu) == {}
+    monkeypatch.setattr(gemm_ws, "ws_eligible", lambda a, b, c, split_k=1: None)
+    items = lc_items(compiled, (x,), {}, gemms="plan-ws")
+    hosts = [i for i in items if i.host is not None]
+    assert [i.name for i in hosts] == [i.name for i in plan if i.ops[0] == "matmul"] and len(hosts) == 2  # the norm hosts nothing
+    h1, h2 = hosts[0].host, hosts[1].host
+    assert h1.a.shape == (1, 33, 40) and h1.b.shape == (1, 40, 56) and h1.c.shape == (1, 33, 56)
+    assert [s.op for s in h1.epi.steps] == ["add", "gelu"] and len(h1.extras) == 1 and h1.extras[0].stride(1) == 0  # the bias row
+    assert h2.a.shape == (1, 33, 56) and h2.b.shape == (1, 56, 40)
+    assert h1.c.data_ptr() != hosts[0].host.a.data_ptr()  # its own output buffer
+    assert all(i.fusible for i in hosts) and not any(i.fusible for i in items if i.host is None)
+    assert sum(h["count"] for h in ws_host_summary(items).values()) == 2
+
+
+def test_a_host_chooses_its_tile_per_be_kernel_by_time_once() -> None:
+    from kfuse.colocate.ws_partition import HOST_TILES, WsHost
+
+    timed: list[str] = []
+    launched: list[tuple[str, int, int]] = []
+    host = WsHost("g", None, None, None, [], None, 132, time_ms=lambda fn: (fn(), 3.0 - len(timed))[1])
+
+    def fake_launch(tile, work, start, end):  # noqa: ANN001, ANN202
+        timed.append(tile[0])
+        launched.append((tile[0], start, end))
+
+    host.launch = fake_launch  # type: ignore[method-assign]
+    work = workloads.make("histogram", small=True)
+    host.fused(work, 2, 5)
+    assert timed[: len(HOST_TILES)] == [t[0] for t in HOST_TILES]  # each candidate once, one block a program
+    assert host.chosen["histogram"][0] == HOST_TILES[-1][0]  # the fastest (the fake clock falls)
+    assert launched[-1] == (HOST_TILES[-1][0], 2, 5)
+    host.fused(work, 5, 9)
+    assert len(timed) == len(HOST_TILES) + 2 and launched[-1] == (HOST_TILES[-1][0], 5, 9)  # no second choice
+
+
+def test_the_backend_runs_the_ws_version_through_the_host_and_refuses_it_elsewhere() -> None:
+    from kfuse.colocate.cuda_backend import CudaBackend
+    from kfuse.colocate.fuser import TAIL, WS
+    from kfuse.colocate.lc import LCItem
+
+    calls: list[tuple[str, int, int]] = []
+
+    class Host:
+        def fused(self, w: workloads.Workload, start: int, end: int) -> None:
+            calls.append((w.name, start, end))
+
+    work = workloads.make("histogram", small=True)
+    items = [LCItem("g0", None, lambda: None, "k", ("matmul",), host=Host()), LCItem("s0", None, lambda: None, "s", ("relu",))]
+    backend = CudaBackend(items, {"histogram": work}, graph_segments=False)
+    assert [k.host for k in backend.lc_kernels()] == [True, False] and [k.fusible for k in backend.lc_kernels()] == [True, False]
+    backend.run_fused(0, "histogram", 1, 3, WS)
+    assert calls[0] == ("histogram", 1, 3)
+    with pytest.raises(ValueError, match="hosts no worker partition"):
+        backend.run_fused(1, "histogram", 0, 1, WS)
+    with pytest.raises(ValueError, match="not a PTB GEMM"):
+        backend.run_fused(0, "histogram", 0, 1, TAIL)
+
+
+def test_the_profile_measures_the_ws_version_on_hosts_only() -> None:
+    from kfuse.colocate import scheduler as S
+    from kfuse.colocate.fuser import TAIL, WS
+    from kfuse.colocate.sim import SimGPU
+
+    class HostSim(SimGPU):
+        def lc_kernels(self) -> list[S.LCKernel]:  # the fusible kernels are plan GEMMs that host a partition
+            return [S.LCKernel(k.name, k.fusible, k.key, host=k.fusible) for k in super().lc_kernels()]
+
+    sim = HostSim([0.02, 0.01, 0.02], [True, False, True], {"histogram": (0.002, 0.0001, 4000)}, keys=["g", "s", "g"])
+    prof = S.build_profile(sim, ["histogram"], [WS, TAIL], reps=1)
+    assert set(prof.fused) == {("g", "histogram")} and set(prof.fused[("g", "histogram")]) == {WS}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Issue 8: Aker with the BE kernel in a worker partition of the plan's own GEMM (--lc-gemms plan-ws, version ws), the
+# LC compiled with tuning (the deployed BERT-base B8 S128). Prediction (docs/perf-notes.md, Session 56): ws histogram /
+# mri-q +10..+25% over time sharing (session 55 with the Triton-fused own tiles: +6.0%; beside the tuned compiled LC
+# nothing else has gained: +0.0%), QoS kept. BES / POLICIES / CALL_S choose a shorter run.
+set -u
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT/ws"
+left=$(( ${CALL_S:-570} - 15 ))
+PYTHONPATH=. timeout "$left" python benchmarks/colocate_bench.py --out "$OUT/ws" --lc bert-base --be "${BES:-histogram,mriq,stencil7,cutcp}" \
+  --be-each --versions "${VERSIONS:-ws,green32}" --lc-gemms plan-ws --lc-tune fast \
+  --policies "${POLICIES:-lc_alone,timeshare,aker,partition,auto}" --seconds "${SECONDS_RUN:-0.5}" --classify selected --max-keys 4 \
+  2>&1 | grep -v Warning > "$OUT/ws/colocate.log"
+grep -E "compiled in|ws host|solo query|allowance| p99 |FAILED|Error|overlap|decisions" "$OUT/ws/colocate.log" | cut -c1-300
+tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
