@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 8: Aker with the BE kernel in a worker partition of the plan's own GEMM (--lc-gemms plan-ws, version ws), the
-# LC compiled with tuning (the deployed BERT-base B8 S128). Prediction (docs/perf-notes.md, Session 56): ws histogram /
-# mri-q +10..+25% over time sharing (session 55 with the Triton-fused own tiles: +6.0%; beside the tuned compiled LC
-# nothing else has gained: +0.0%), QoS kept. BES / POLICIES / CALL_S choose a shorter run.
+# LC compiled with tuning (the deployed BERT-base B8 S128). Prediction (docs/perf-notes.md, Session 56; the probe curves
+# through the scheduler on the simulated GPU, ws_whatif_sim.py): histogram +0..+7%, mri-q +0..+4%, stencil7 and cutcp
+# ~0%, QoS kept (beside the tuned compiled LC nothing has gained before: +0.0%). BES / POLICIES / CALL_S: shorter runs.
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/ws"

@@ -136,14 +136,80 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps: int, d
     return records
 
 
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per shape, BE kernel and slice: the fastest host tile, and ``be_free`` against ``lc_ref``, the faster of the best
+    solo kernel and the fastest host with an idle partition (S = 0) in the same run, so a host tile that beats the solo
+    candidates (64 x 128 at six stages was not among them) is not counted as the fusion's gain."""
+    ref: dict[str, float] = {}
+    for r in records:
+        ref[r["shape"]] = min(
+            ref.get(r["shape"], r["lc_best_ms"]), r["lc_best_ms"], *([r["fused_ms"]] if r["slice_per_program"] == 0 else [])
+        )
+    best: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in records:
+        k = (r["shape"], r["be"], r["slice_per_program"])
+        if k not in best or r["fused_ms"] < best[k]["fused_ms"]:
+            best[k] = r
+    out = []
+    for (shape, be, s), r in best.items():
+        lc_ref, t_be = ref[shape], r["be_solo_ms"]
+        free = 1 - (r["fused_ms"] - lc_ref) / t_be if t_be else math.nan
+        out.append({"shape": shape, "be": be, "S": s, "host": r.get("host", "pp128 s4"), "lc_ref_ms": lc_ref, "x": t_be / lc_ref,
+                    "y": r["fused_ms"] / lc_ref, "be_free": free})  # fmt: skip
+    return out
+
+
+def plot(rows: list[dict[str, Any]], gpu: str, path: str) -> None:
+    """Per GEMM shape, T_fused / T_ref against the load ratio x = T_be / T_ref for each BE kernel, beside the line of
+    running the two one after the other (y = 1 + x) and the GEMM alone (y = 1): the nearer y = 1, the freer the BE."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4 * len(shapes), 3.6), sharey=True)
+    for ax, shape in zip(axes, shapes, strict=True):
+        xmax = 0.0
+        for be in dict.fromkeys(r["be"] for r in rows):
+            pts = sorted((r["x"], r["y"]) for r in rows if r["shape"] == shape and r["be"] == be)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=be)
+                xmax = max(xmax, pts[-1][0])
+        ax.plot([0, xmax], [1, 1 + xmax], "k--", lw=1, label="one after the other")
+        ax.axhline(1.0, color="grey", lw=1)
+        ax.set_title(f"{shape} (T_ref {rows[[r['shape'] for r in rows].index(shape)]['lc_ref_ms'] * 1e3:.1f} us)")
+        ax.set_xlabel("x = BE slice solo / T_ref")
+    axes[0].set_ylabel("fused / T_ref")
+    axes[-1].legend(fontsize=8)
+    fig.suptitle(f"BE in a worker partition of the ping-pong GEMM (fastest host tile), {gpu}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default="", help="folder for the JSON record (required unless --summarize)")
+    ap.add_argument("--summarize", default="", help="print the table of a record (``summarize``) and exit: no GPU")
+    ap.add_argument("--png", default="", help="with --summarize: also plot the fused curves (``plot``) to this file")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--be", default="histogram,mriq,stencil7,cutcp")
     ap.add_argument("--slices", default="0,1,2,4,8")
     ap.add_argument("--warps", type=int, default=4)
     args = ap.parse_args()
+    if args.summarize:
+        rec = json.loads(Path(args.summarize).read_text())
+        print(f"{rec['gpu']}: be_free against the faster of the best solo kernel and the idle-partition host")
+        print("{:8s} {:9s} {:>3s} {:12s} {:>9s} {:>6s} {:>6s} {:>8s}".format("shape", "be", "S", "host", "lc_ref us", "x", "y", "be_free"))
+        for r in summarize(rec["records"]):
+            print(f"{r['shape']:8s} {r['be']:9s} {r['S']:3d} {r['host']:12s} {r['lc_ref_ms'] * 1e3:9.2f} {r['x']:6.2f} {r['y']:6.3f} "
+                  f"{r['be_free']:+8.3f}")  # fmt: skip
+        if args.png:
+            plot(summarize(rec["records"]), rec["gpu"], args.png)
+            print(f"wrote {args.png}")
+        return
+    if not args.out:
+        ap.error("--out is required")
     dev = torch.device("cuda")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,8 @@ def run(
     versions: str = typer.Option(
         "",
         help="co-location versions to profile (comma-separated; empty: 1:1,1:2,2:1,1:3): LC:BE program ratios, tail, tailsm, "
-        "prio, green<S> (the BE on S SMs of its own, the LC kernel on the rest; any LC kernel)",
+        "prio, green<S> (the BE on S SMs of its own, the LC kernel on the rest; any LC kernel), ws (the BE in a worker "
+        "partition of the plan's GEMM: --lc-gemms plan-ws)",
     ),
     policies: str = typer.Option(
         "",
@@ -53,7 +54,8 @@ def run(
         "(the same, the fastest of a few tiles per shape) or plan (the compiled plan's own kernels: the LC is the kfuse "
         "model itself; only green<S> versions and spans co-run with it) or plan-ptb (each GEMM step as the PTB form of "
         "kfuse's own template with the plan's tile and epilogue, which Aker's fused versions can slice) or plan-ptb2 (the "
-        "same, each tile's stages cut so two blocks share an SM)",
+        "same, each tile's stages cut so two blocks share an SM) or plan-ws (the plan's own kernels, each GEMM step also "
+        "hosting a BE slice in a worker partition of the ping-pong kernel: version ws, sm_90)",
     ),
     lc_tune: str = typer.Option("none", help="kfuse.compile's tuning of the LC model: none (the default tiles), fast or full"),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),

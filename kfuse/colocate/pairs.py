@@ -44,6 +44,7 @@ LC_FORMS = {
     "plan": "LC: as kfuse compiles it",
     "plan-ptb": "LC: kfuse's own GEMM tiles, sliceable",
     "plan-ptb2": "LC: kfuse's own GEMM tiles, sliceable, two an SM",
+    "plan-ws": "LC: as kfuse compiles it, its GEMMs hosting BE worker partitions",
 }
 
 
