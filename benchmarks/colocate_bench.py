@@ -153,6 +153,9 @@ def main() -> None:
                 print(f"  plan GEMMs in all: PTB {tot['ptb_ms']:.4f} ms vs plan {tot['plan_ms']:.4f} ms", flush=True)
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
+            for it in items:  # --lc-gemms plan-ws: each GEMM step's host tile per BE kernel, chosen (timed) before the runs
+                for w in bes.values() if it.host is not None else ():
+                    it.host.choose(w)
             backend = CudaBackend(items, bes)
             print(f"  {backend.graphed_segments} of {len(backend.segments)} segments replay from CUDA graphs", flush=True)
             versions = tuple(parse_version(v, backend.lc_grid // backend.sms) for v in a.versions.split(","))
@@ -171,7 +174,7 @@ def main() -> None:
                 )  # fmt: skip
                 recs = experiment.records(res, lc_name, cmd + f"  # LC {lc_name}")
                 ws_hosts = ws_host_summary(items)
-                for key, h in ws_hosts.items():  # --lc-gemms plan-ws: each step's host tile per BE, as timed on its first fused launch
+                for key, h in ws_hosts.items():  # --lc-gemms plan-ws: each step's host tile per BE kernel
                     print(f"  ws host x{h['count']} {key}: plan {h['plan_kernel']}; " + "; ".join(
                         f"{be} on {t} ({', '.join(f'{n} {ms * 1e3:.1f} us' for n, ms in h['times'].get(be, {}).items())})"
                         for be, t in h["chosen"].items()), flush=True)  # fmt: skip

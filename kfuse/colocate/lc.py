@@ -108,6 +108,7 @@ def lc_items(
     items: list[LCItem] = []
     pending: list[Any] = []
     fit_times: dict[Any, float] = {}  # plan-ptb2 on a GPU: each candidate tile's time, shared by repeated layers
+    host_choices: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # plan-ws: per key, the hosts' tile choices
 
     def flush() -> None:
         if not pending:
@@ -138,7 +139,9 @@ def lc_items(
             pending.append(step)
             flush()
             if gemms == "plan-ws" and node is not None:
-                items[-1].host = _ws_host(step, node, env)
+                items[-1].host = host = _ws_host(step, node, env)
+                if host is not None:  # repeated layers (one key) share one tile choice per BE kernel, timed once
+                    host.chosen, host.times = host_choices.setdefault(items[-1].key, ({}, {}))
             continue
         if shape not in buffers:
             m, n, k = shape

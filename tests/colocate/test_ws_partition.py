@@ -273,3 +273,25 @@ def test_the_profile_measures_the_ws_version_on_hosts_only() -> None:
     sim = HostSim([0.02, 0.01, 0.02], [True, False, True], {"histogram": (0.002, 0.0001, 4000)}, keys=["g", "s", "g"])
     prof = S.build_profile(sim, ["histogram"], [WS, TAIL], reps=1)
     assert set(prof.fused) == {("g", "histogram")} and set(prof.fused[("g", "histogram")]) == {WS}
+
+
+def test_repeated_layers_share_one_host_tile_choice(monkeypatch) -> None:
+    import kfuse
+    from kfuse.colocate.lc import lc_items
+
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(40, 40), torch.nn.Linear(40, 40)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.b(torch.relu(self.a(x))))
+
+    x = torch.randn(5, 40)
+    compiled = kfuse.compile(Twice().eval(), (x,), {}, backend="torch", fuse_b2b=False)
+    monkeypatch.setattr(gemm_ws, "ws_eligible", lambda a, b, c, split_k=1: None)
+    hosts = [i for i in lc_items(compiled, (x,), {}, gemms="plan-ws") if i.host is not None]
+    assert len(hosts) == 2 and hosts[0].key == hosts[1].key
+    assert hosts[0].host.chosen is hosts[1].host.chosen and hosts[0].host.a is not hosts[1].host.a
+    hosts[0].host.choose(workloads.make("histogram", small=True))  # no timer on the CPU: the first tile
+    assert hosts[1].host.chosen["histogram"][0] == ws_partition.HOST_TILES[0][0]
