@@ -6,7 +6,8 @@
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/ws"
-left=$(( ${CALL_S:-570} - 15 ))
+PYTHONPATH=. timeout 150 python -m pytest -q -p no:cacheprovider -p no:logging tests/colocate/test_ws_partition.py 2>&1 | tail -3
+left=$(( ${CALL_S:-570} - SECONDS - 15 ))
 PYTHONPATH=. timeout "$left" python benchmarks/colocate_bench.py --out "$OUT/ws" --lc bert-base --be "${BES:-histogram,mriq,stencil7,cutcp}" \
   --be-each --versions "${VERSIONS:-ws,green32}" --lc-gemms plan-ws --lc-tune fast \
   --policies "${POLICIES:-lc_alone,timeshare,aker,partition,auto}" --seconds "${SECONDS_RUN:-0.5}" --classify selected --max-keys 4 \

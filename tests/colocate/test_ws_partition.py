@@ -295,3 +295,37 @@ def test_repeated_layers_share_one_host_tile_choice(monkeypatch) -> None:
     assert hosts[0].host.chosen is hosts[1].host.chosen and hosts[0].host.a is not hosts[1].host.a
     hosts[0].host.choose(workloads.make("histogram", small=True))  # no timer on the CPU: the first tile
     assert hosts[1].host.chosen["histogram"][0] == ws_partition.HOST_TILES[0][0]
+
+
+@pytest.mark.gpu
+def test_the_ws_version_runs_a_compiled_models_gemm_step_and_the_be_slice_correctly() -> None:
+    """On an sm_90 GPU: a kfuse-compiled model's GEMM steps host a BE slice (``lc_items(gemms="plan-ws")``), and the
+    backend's ``ws`` launch writes the step's output (against the fp32 reference of its own operands) and the BE
+    kernel's blocks (the whole kernel in one launch, against its reference)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    import kfuse
+    from kfuse.colocate.cuda_backend import CudaBackend
+    from kfuse.colocate.fuser import WS
+    from kfuse.colocate.lc import lc_items
+    from kfuse.kernels.gemm import reference
+
+    torch.manual_seed(0)
+    model = _Block().cuda().half().eval()
+    x = torch.randn(3, 11, 40, device="cuda", dtype=torch.float16)
+    compiled = kfuse.compile(model, (x,), {}, fuse_b2b=False)
+    items = lc_items(compiled, (x,), {}, gemms="plan-ws")
+    hosts = [i for i, it in enumerate(items) if it.host is not None]
+    assert hosts, "no GEMM step hosts a worker partition"
+    work = workloads.make("histogram", small=True, device="cuda")
+    backend = CudaBackend(items, {"histogram": work})
+    for i in hosts:
+        h = items[i].host
+        h.c.fill_(float("nan"))
+        work.reset()
+        backend.run_fused(i, "histogram", 0, work.kernel.n_blocks, WS)
+        torch.cuda.synchronize()
+        ref = reference(h.a[0], h.b[0], [e[0] for e in h.extras], h.epi, h.c.dtype).float()
+        assert (h.c[0].float() - ref).abs().max().item() <= 2e-2 * max(1.0, ref.abs().max().item())
+        assert workloads.error(work) == 0.0
+        assert items[i].host.chosen["histogram"][0] in {t[0] for t in ws_partition.HOST_TILES}
