@@ -12,7 +12,7 @@ partition nor a backfill gained anything (+0.0%). A Gluon worker partition gives
 - ``be_solo(S)``: the BE slice of ``S`` blocks a program (``S x P`` blocks) alone on the whole GPU, the fastest of
   the original launch and two persistent grids (what time sharing runs);
 - ``fused(S)``: the ping-pong GEMM (``FUSED``: 128 x 128 s4, 128 x 192 s4 with the loader on 24 registers, 64 x 128 s6)
-  with the BE partition (4 warps) running that slice;
+  with the BE partition (4 warps; ``--warps 4,8`` adds each host with 8) running that slice;
 - ``overlap(S) = (lc_best + be_solo - fused) / (lc_best + be_solo)`` (Aker's rate, against the best solo GEMM) and
   ``be_free(S) = 1 - (fused - lc_best) / be_solo``: the share of the slice's solo GPU time the fusion saves.
 Correctness in the same run: the fused launch with the whole BE kernel (every block) against both references,
@@ -25,6 +25,12 @@ that; a histogram block (2,048 inputs, ~6 us at four programs an SM solo) on one
 once the slice outlasts the GEMM; mri-q (MUFU-bound, which wgmma leaves idle) similar or better.
 
     PYTHONPATH=. python benchmarks/experiments/ws_colocate_probe.py --out /tmp/wsp
+
+Measured (session 56, an H100; docs/perf-notes.md): the 64 x 128 s6 host fastest on every row, 0-13% over the best
+solo kernel; ``be_free`` 0.45-0.95 at one or two blocks a program for histogram, mri-q and stencil7.
+Next (``--warps 4,8``): 8 BE warps (consumers 152-176 registers, enough for the 64 x 128 tile's 64 accumulator
+registers) predicted to raise ``be_free`` at two or more blocks a program, where 4 warps leave the BE latency-bound
+(histogram on ffn1: 0.56 at one block, 0.37 at four), and to change little at one.
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ def be_solo_ms(work: workloads.Workload, blocks: int, sms: int) -> tuple[float, 
     return best
 
 
-def probe_shape(name: str, be_names: list[str], slices: list[int], warps: int, dev: torch.device) -> list[dict[str, Any]]:
+def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: list[int], dev: torch.device) -> list[dict[str, Any]]:
     m, n, k, epi = SHAPES[name]
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dev, torch.float16)
@@ -105,7 +111,13 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps: int, d
     for be in be_names:
         work = workloads.make(be, device=dev)
         hosts = {}
-        for host, (cfg, loader) in FUSED.items():
+        variants = [(f"{h} w{w}" if len(warps_list) > 1 else h, cfg, loader, w) for h, (cfg, loader) in FUSED.items() for w in warps_list]
+        for host, cfg, loader, warps in variants:
+            try:
+                ws_partition.for_workload(work, warps)
+            except ValueError as e:
+                print(f"{name:8s} {host} + {be}: {e}", flush=True)
+                continue
             # correctness: the whole BE kernel rides along with one GEMM launch
             work.reset()
             c.fill_(float("nan"))
@@ -117,12 +129,12 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps: int, d
             print(f"{name:8s} {host} + {be}: GEMM err {gemm_err:.1e}, {be} err {be_err:.1e} ({work.kernel.n_blocks} blocks)"
                   + ("" if ok_both else "  WRONG: not timed"), flush=True)  # fmt: skip
             if ok_both:
-                hosts[host] = (cfg, loader, gemm_err, be_err)
+                hosts[host] = (cfg, loader, warps, gemm_err, be_err)
         for s in slices:
             blocks = min(s * sms, work.kernel.n_blocks)
             t_be, be_grid = be_solo_ms(work, blocks, sms) if blocks else (0.0, 0)
-            for host, (cfg, loader, gemm_err, be_err) in hosts.items():
-                t_fused = gpu_time_ms(lambda blocks=blocks, cfg=cfg, loader=loader: ws_partition.launch_fused(
+            for host, (cfg, loader, warps, gemm_err, be_err) in hosts.items():
+                t_fused = gpu_time_ms(lambda blocks=blocks, cfg=cfg, loader=loader, warps=warps: ws_partition.launch_fused(
                     a3, b3, c, [row], epi, cfg, work, 0, blocks, sms, warps=warps, loader_regs=loader))  # fmt: skip
                 overlap = (lc_best + t_be - t_fused) / (lc_best + t_be)
                 be_free = 1 - (t_fused - lc_best) / t_be if t_be else float("nan")
@@ -195,7 +207,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--be", default="histogram,mriq,stencil7,cutcp")
     ap.add_argument("--slices", default="0,1,2,4,8")
-    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--warps", default="4", help="the BE partition's warps (comma-separated: each a host variant)")
     args = ap.parse_args()
     if args.summarize:
         rec = json.loads(Path(args.summarize).read_text())
@@ -216,7 +228,9 @@ def main() -> None:
     t0 = time.time()
     records: list[dict[str, Any]] = []
     for name in args.shapes.split(","):
-        records += probe_shape(name, args.be.split(","), [int(s) for s in args.slices.split(",")], args.warps, dev)
+        records += probe_shape(
+            name, args.be.split(","), [int(s) for s in args.slices.split(",")], [int(w) for w in args.warps.split(",")], dev
+        )
         (out / "ws_colocate_probe.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "records": records}, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, {time.time() - t0:.0f} s; the fastest host tile per row, BE partition of {args.warps} warps")
     head = ("shape", "be", "S", "host", "lc_best us", "be solo us", "fused us", "overlap", "be_free")

@@ -68,10 +68,11 @@ def _cos_approx(x):
 
 @gluon.jit
 def _be_mriq(kx, ky, kz, phimag, x, y, z, qr, qi, num_k, num_x, start, end, NUM_PROGRAMS: gl.constexpr,
-             BLOCK: gl.constexpr, KC: gl.constexpr, WARPS: gl.constexpr):
+             BLOCK: gl.constexpr, KC: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr):
     # kfuse.colocate.workloads.mriq's block: BLOCK voxels against the k-space samples in chunks of KC, sin and
     # cos on the MUFU (the arguments stay within [-4.8, 4.8]: the workload draws k and x in [-0.5, 0.5])
-    tile: gl.constexpr = gl.BlockedLayout([1, KC // 4], [8, 4], [WARPS, 1], [1, 0])
+    # WR warps down the voxels (8 rows a warp), the rest across the samples
+    tile: gl.constexpr = gl.BlockedLayout([1, KC // (4 * (WARPS // WR))], [8, 4], [WR, WARPS // WR], [1, 0])
     rows: gl.constexpr = gl.SliceLayout(1, tile)
     cols: gl.constexpr = gl.SliceLayout(0, tile)
     for bid in range(start + gl.program_id(0), end, NUM_PROGRAMS):
@@ -100,9 +101,10 @@ _STENCIL7 = """
 
 @gluon.jit
 def _be_stencil7(src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr, BX: gl.constexpr,
-                 WARPS: gl.constexpr):
-    # kfuse.colocate.workloads.stencil7's block: a BY x BX tile of one z plane, 7-point stencil, boundary copied
-    tile: gl.constexpr = gl.BlockedLayout([1, BX // 16], [2, 16], [WARPS, 1], [1, 0])
+                 WARPS: gl.constexpr, WR: gl.constexpr):
+    # kfuse.colocate.workloads.stencil7's block: a BY x BX tile of one z plane, 7-point stencil, boundary copied;
+    # WR warps down the rows (2 rows a warp), the rest across
+    tile: gl.constexpr = gl.BlockedLayout([1, BX // (16 * (WARPS // WR))], [2, 16], [WR, WARPS // WR], [1, 0])
     tiles_x = gl.cdiv(nx, BX)
     tiles_y = gl.cdiv(ny, BY)
     plane = nx * ny
@@ -127,9 +129,9 @@ _CUTCP = """
 
 @gluon.jit
 def _be_cutcp(atoms, out, n_atoms, gx, gy, gz, h, cutoff2, start, end, NUM_PROGRAMS: gl.constexpr, BLOCK: gl.constexpr,
-              AC: gl.constexpr, WARPS: gl.constexpr):
+              AC: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr):
     # kfuse.colocate.workloads.cutcp's block: BLOCK lattice points against the atoms in chunks of AC, cut off
-    tile: gl.constexpr = gl.BlockedLayout([1, AC // 4], [8, 4], [WARPS, 1], [1, 0])
+    tile: gl.constexpr = gl.BlockedLayout([1, AC // (4 * (WARPS // WR))], [8, 4], [WR, WARPS // WR], [1, 0])
     rows: gl.constexpr = gl.SliceLayout(1, tile)
     cols: gl.constexpr = gl.SliceLayout(0, tile)
     n = gx * gy * gz
@@ -222,10 +224,11 @@ def partition(
         if r % 8 or not 24 <= r <= 256:
             raise ValueError(f"setmaxnreg takes a multiple of 8 in [24, 256] registers a thread, not {r}")
     _check_layout(name, consts, warps)
-    const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"]
+    rows = _warp_rows(name, consts, warps)  # 2-D tiles: warps down the rows (the rest across), or None (1-D)
+    const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"] + ([] if rows is None else ["BE_WR"])
     params = ", ".join([*spec["args"], "be_start", "be_end", *(f"{c}: gl.constexpr" for c in const_names)])
     call_args = ", ".join([*spec["args"], "be_start", "be_end", "NUM_PROGRAMS", *const_names])
-    constexprs = {f"BE_{c}": consts[c] for c in spec["consts"]} | {"BE_WARPS": warps}
+    constexprs = {f"BE_{c}": consts[c] for c in spec["consts"]} | {"BE_WARPS": warps} | ({} if rows is None else {"BE_WR": rows})
     key = f"{name}_w{warps}_r{regs}" + ("" if loader_regs == LOADER_REGS else f"_l{loader_regs}")
     return WorkerPartition(
         key, spec["source"], params, f"({spec['fn']}, ({call_args}))", warps, regs,
@@ -233,18 +236,37 @@ def partition(
     )  # fmt: skip
 
 
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
 def _check_layout(name: str, consts: dict[str, Any], warps: int) -> None:
     """The Gluon functions' layouts cover their tiles exactly on ``warps`` warps."""
     if name == "histogram":
         block, lanes = int(consts["BLOCK"]), 32 * warps
-        if block % lanes or block & (block - 1):
+        if block % lanes or not _pow2(block):
             raise ValueError(f"histogram: BLOCK {block} must be a power of two and a multiple of {lanes} (32 x {warps} warps)")
-    elif name in ("mriq", "cutcp"):
-        chunk = consts["KC"] if name == "mriq" else consts["AC"]
-        if consts["BLOCK"] != 8 * warps or chunk % 4 or chunk & (chunk - 1):
-            raise ValueError(f"{name}: BLOCK must be 8 x warps ({8 * warps}) and its chunk a power of two >= 4 for the layout")
-    elif name == "stencil7" and (consts["BY"] % (2 * warps) or consts["BX"] % 16 or consts["BX"] & (consts["BX"] - 1)):
-        raise ValueError(f"stencil7: BY must be a multiple of 2 x warps ({2 * warps}) and BX a power of two >= 16 for the layout")
+    elif name in ("mriq", "cutcp"):  # 8 rows and 4 columns a warp; BLOCK / 8 warps down, the rest across the chunk
+        block, chunk = int(consts["BLOCK"]), int(consts["KC"] if name == "mriq" else consts["AC"])
+        rows = _warp_rows(name, consts, warps)
+        if block < 8 or not _pow2(block) or not _pow2(chunk) or chunk < 4 * (warps // rows):
+            raise ValueError(f"{name}: BLOCK must be a power of two of at least 8 and its chunk a power of two of at least 4 x "
+                             f"{warps // rows} (the warps across) for the layout on {warps} warps ({block}, {chunk})")  # fmt: skip
+    elif name == "stencil7":  # 2 rows and 16 columns a warp
+        by, bx = int(consts["BY"]), int(consts["BX"])
+        rows = _warp_rows(name, consts, warps)
+        if by % 2 or by % (2 * rows) or warps % rows or not _pow2(bx) or bx < 16 * (warps // rows):
+            raise ValueError(f"stencil7: BY must be a multiple of 2 x {rows} and BX a power of two of at least 16 x "
+                             f"{warps // rows} for the layout on {warps} warps ({by}, {bx})")  # fmt: skip
+
+
+def _warp_rows(name: str, consts: dict[str, Any], warps: int) -> int | None:
+    """How many of ``warps`` a 2-D BE tile puts down its rows (the others go across): as many as its rows take."""
+    if name in ("mriq", "cutcp"):
+        return max(1, min(warps, int(consts["BLOCK"]) // 8))
+    if name == "stencil7":
+        return max(1, min(warps, int(consts["BY"]) // 2))
+    return None
 
 
 def for_workload(work: Workload, warps: int = 4, regs: int | None = None, loader_regs: int = LOADER_REGS) -> WorkerPartition:
@@ -283,13 +305,17 @@ HOST_TILES: tuple[tuple[str, WsConfig, int], ...] = (
 )
 
 
+Candidate = tuple[str, WsConfig, int, int]  # (label, host tile, loader registers, BE warps)
+
+
 @dataclass
 class WsHost:
     """A plan ``gemm_epilogue`` step that can carry a BE slice (``lc_items(gemms="plan-ws")``): its operands as
     ``gemm_ws`` takes them (3-D views, one batch), its own output buffer, its epilogue. The LC runs the plan's own
-    kernel alone; a fused launch runs the step on a ping-pong tile of ``tiles`` with the slice in a worker partition.
-    The tile is chosen per BE kernel, on its first fused launch, as the fastest with one BE block a program
-    (``chosen``, every candidate's time in ``times``); ``time_ms`` None (the CPU) takes the first."""
+    kernel alone; a fused launch runs the step on a ping-pong tile of ``tiles`` with the slice in a worker partition
+    of ``warps`` warps. Tile and warps are chosen per BE kernel (on its first fused launch, or ``choose``) as the
+    fastest with one BE block a program (``chosen``, every candidate's time in ``times``); ``time_ms`` None (the
+    CPU) takes the first that can run."""
 
     name: str
     a: torch.Tensor
@@ -300,24 +326,39 @@ class WsHost:
     num_programs: int
     fast_gelu: bool = True
     tiles: tuple[tuple[str, WsConfig, int], ...] = HOST_TILES
+    warps: tuple[int, ...] = (4, 8)  # 8 BE warps: twice the BE's latency hiding, 8-24 fewer registers a consumer thread
     time_ms: Callable[[Callable[[], Any]], float] | None = None
-    chosen: dict[str, tuple[str, WsConfig, int]] = field(default_factory=dict)
+    chosen: dict[str, Candidate] = field(default_factory=dict)
     times: dict[str, dict[str, float]] = field(default_factory=dict)
     plan_kernel: str = ""  # what the plan runs for the step alone (its config and epilogue), for the logs
 
-    def launch(self, tile: tuple[str, WsConfig, int], work: Workload, start: int, end: int) -> None:
-        _, cfg, loader = tile
-        launch_fused(self.a, self.b, self.c, self.extras, self.epi, cfg, work, start, end, self.num_programs,
+    def candidates(self, work: Workload) -> list[Candidate]:
+        """Every tile x BE warp count whose partition ``work``'s blocks fit (``partition`` checks the layout)."""
+        out = []
+        for w in self.warps:
+            try:
+                for_workload(work, w)
+            except ValueError:
+                continue
+            out += [(f"{name} w{w}", cfg, loader, w) for name, cfg, loader in self.tiles]
+        if not out:
+            raise ValueError(f"{self.name}: no worker partition of {work.name} fits {self.warps} warps")
+        return out
+
+    def launch(self, cand: Candidate, work: Workload, start: int, end: int) -> None:
+        _, cfg, loader, warps = cand
+        launch_fused(self.a, self.b, self.c, self.extras, self.epi, cfg, work, start, end, self.num_programs, warps=warps,
                      fast_gelu=self.fast_gelu, loader_regs=loader)  # fmt: skip
 
-    def choose(self, work: Workload) -> tuple[str, WsConfig, int]:
+    def choose(self, work: Workload) -> Candidate:
         if work.name not in self.chosen:
-            best = self.tiles[0]
-            if self.time_ms is not None and len(self.tiles) > 1:
+            cands = self.candidates(work)
+            best = cands[0]
+            if self.time_ms is not None and len(cands) > 1:
                 n = min(work.kernel.n_blocks, self.num_programs)
-                times = {t[0]: self.time_ms(lambda t=t: self.launch(t, work, 0, n)) for t in self.tiles}
+                times = {c[0]: self.time_ms(lambda c=c: self.launch(c, work, 0, n)) for c in cands}
                 self.times[work.name] = times
-                best = min(self.tiles, key=lambda t: times[t[0]])
+                best = min(cands, key=lambda c: times[c[0]])
             self.chosen[work.name] = best
         return self.chosen[work.name]
 

@@ -36,13 +36,14 @@ def test_partition_parameters_follow_the_workloads_block_function() -> None:
     ("name", "consts", "kw", "why"),
     [
         ("lbm", {"BLOCK": 128}, {}, "no worker-partition form"),
-        ("stencil7", {"BY": 6, "BX": 64}, {}, "multiple of 2 x warps"),
+        ("stencil7", {"BY": 6, "BX": 64}, {}, "multiple of 2 x 3"),
         ("cutcp", {"BLOCK": 32, "AC": 24}, {}, "power of two"),
         ("histogram", {"BLOCK": 2048}, {}, "NBINS"),
         ("histogram", {"BLOCK": 2048, "NBINS": 256}, {"regs": 60}, "multiple of 8"),
         ("histogram", {"BLOCK": 2048, "NBINS": 256}, {"warps": 3}, "1, 2, 4 or 8 warps"),
         ("histogram", {"BLOCK": 96, "NBINS": 256}, {}, "power of two"),
-        ("mriq", {"BLOCK": 16, "KC": 32}, {}, "8 x warps"),
+        ("mriq", {"BLOCK": 12, "KC": 32}, {}, "power of two of at least 8"),
+        ("cutcp", {"BLOCK": 32, "AC": 4}, {"warps": 8}, "at least 4 x 2"),
     ],
 )
 def test_partitions_that_cannot_run_are_refused_with_the_reason(name: str, consts: dict, kw: dict, why: str) -> None:
@@ -88,10 +89,10 @@ from kfuse.kernels.gemm_ws import WsConfig
 from kfuse.colocate import ws_partition
 add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
 epi = Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
-cfg = WsConfig(block_m=128, block_n=128, block_k=64, stages=4)
 out = {}
-for name, consts in json.loads(sys.argv[1]):
-    part = ws_partition.partition(name, consts) if name else None
+for name, consts, warps, block_m in json.loads(sys.argv[1]):
+    cfg = WsConfig(block_m=block_m, block_n=128, block_k=64, stages=4 if block_m == 128 else 6)
+    part = ws_partition.partition(name, consts, warps=warps) if name else None
     ck = gemm_ws.compile_offline(epi, 1000, 3072, 768, cfg, row_broadcast=(True,), fast_gelu=True, bias_mode="prefetch",
                                  partition=part)
     sass = ck.asm["sass"]
@@ -100,31 +101,34 @@ for name, consts in json.loads(sys.argv[1]):
                  atoms=sass.count("ATOMS.ADD"), mufu_sin=sass.count("MUFU.SIN"), mufu_cos=sass.count("MUFU.COS"),
                  mufu=sass.count("MUFU."), ldg=sass.count("LDG.E"), stg=sass.count("STG.E"),
                  tma_loads=sass.count("UTMALDG"),
-                 named_bars=sorted(set(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+), 0x80", sass))),
+                 named_bars=sorted(set(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+, 0x[0-9a-f]+);", sass))),
                  maxnreg=sorted({int(v, 16) for v in re.findall(r"USETMAXREG\.[A-Z_.]+ (?:UP0, )?(0x[0-9a-f]+)", sass)}))
-    out[name or "none"] = facts
+    out[f"{name or 'none'}_w{warps}_m{block_m}"] = facts
 print(json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    cases = [["", {}], *([name, consts] for name, consts in GPU_CONSTS.items())]
+    cases = [["", {}, 4, 128], ["", {}, 4, 64]]
+    cases += [[name, consts, 4, 128] for name, consts in GPU_CONSTS.items()]
+    cases += [[name, consts, 8, 64] for name, consts in GPU_CONSTS.items()]  # 8 BE warps on the 64 x 128 s6 host
     return run_offline_script(_COMPILE, cases)
 
 
-@pytest.mark.parametrize("be", list(GPU_CONSTS))
-def test_sm90_fused_kernel_keeps_the_gemm_and_runs_the_be_without_spills(compiled: dict, be: str) -> None:
-    alone, fused = compiled["none"], compiled[be]
+@pytest.mark.parametrize(("be", "warps", "block_m"), [(be, 4, 128) for be in GPU_CONSTS] + [(be, 8, 64) for be in GPU_CONSTS])
+def test_sm90_fused_kernel_keeps_the_gemm_and_runs_the_be_without_spills(compiled: dict, be: str, warps: int, block_m: int) -> None:
+    alone, fused = compiled[f"none_w4_m{block_m}"], compiled[f"{be}_w{warps}_m{block_m}"]
     assert fused["STL"] == 0 and fused["LDL"] == 0 and fused["LOCAL"] == 0
     assert fused["HGMMA"] == alone["HGMMA"] > 0 and fused["tma_loads"] == alone["tma_loads"] > 0
-    assert fused["warps"] == 16  # 4 + 4 consumer warps, the loader's warpgroup, the BE's 4
+    assert fused["warps"] == 12 + warps  # 4 + 4 consumer warps, the loader's warpgroup, the BE's
     assert fused["shared"] - alone["shared"] <= 2048  # the BE adds its scratch at most, the ring is the GEMM's
-    part = ws_partition.partition(be, GPU_CONSTS[be])
+    part = ws_partition.partition(be, GPU_CONSTS[be], warps=warps)
     assert {LOADER_REGS, part.regs, part.consumer_regs()} <= set(fused["maxnreg"])
-    if be == "histogram":  # counts in shared memory, one global atomic per bin; its barriers name the partition's 128 threads
+    if be == "histogram":  # counts in shared memory, one global atomic per bin; its barriers name the partition's threads
         assert fused["atoms"] > 0 and fused["redg"] > 0 and alone["redg"] == 0
-        assert len(fused["named_bars"]) > len(alone["named_bars"])
+        own = {b for b in fused["named_bars"] if b not in alone["named_bars"]}
+        assert own and all(b.endswith(f", {32 * warps:#x}") for b in own)
     elif be == "mriq":  # sin and cos on the MUFU, which the GEMM's wgmma leaves idle
         assert fused["mufu_sin"] > 0 and fused["mufu_cos"] > 0 and alone["mufu_sin"] == 0
     elif be == "stencil7":  # seven loads and a store a point, by pointers beside the GEMM's TMA
@@ -229,13 +233,15 @@ def test_a_host_chooses_its_tile_per_be_kernel_by_time_once() -> None:
         launched.append((tile[0], start, end))
 
     host.launch = fake_launch  # type: ignore[method-assign]
-    work = workloads.make("histogram", small=True)
+    work = workloads.make("histogram", small=True)  # 128-input blocks: a partition of 4 warps, not of 8 (256 lanes)
     host.fused(work, 2, 5)
-    assert timed[: len(HOST_TILES)] == [t[0] for t in HOST_TILES]  # each candidate once, one block a program
-    assert host.chosen["histogram"][0] == HOST_TILES[-1][0]  # the fastest (the fake clock falls)
-    assert launched[-1] == (HOST_TILES[-1][0], 2, 5)
+    assert timed == [f"{t[0]} w4" for t in HOST_TILES] + [f"{HOST_TILES[-1][0]} w4"]  # each candidate once, then the run
+    assert host.chosen["histogram"][0] == f"{HOST_TILES[-1][0]} w4"  # the fastest (the fake clock falls)
+    assert launched[-1] == (f"{HOST_TILES[-1][0]} w4", 2, 5)
     host.fused(work, 5, 9)
-    assert len(timed) == len(HOST_TILES) + 2 and launched[-1] == (HOST_TILES[-1][0], 5, 9)  # no second choice
+    assert len(timed) == len(HOST_TILES) + 2 and launched[-1][1:] == (5, 9)  # no second choice
+    with pytest.raises(ValueError, match="no worker partition"):
+        WsHost("g", None, None, None, [], None, 132, warps=(8,)).choose(work)
 
 
 def test_the_backend_runs_the_ws_version_through_the_host_and_refuses_it_elsewhere() -> None:
@@ -294,7 +300,7 @@ def test_repeated_layers_share_one_host_tile_choice(monkeypatch) -> None:
     assert len(hosts) == 2 and hosts[0].key == hosts[1].key
     assert hosts[0].host.chosen is hosts[1].host.chosen and hosts[0].host.a is not hosts[1].host.a
     hosts[0].host.choose(workloads.make("histogram", small=True))  # no timer on the CPU: the first tile
-    assert hosts[1].host.chosen["histogram"][0] == ws_partition.HOST_TILES[0][0]
+    assert hosts[1].host.chosen["histogram"][0] == f"{ws_partition.HOST_TILES[0][0]} w4"
 
 
 @pytest.mark.gpu
@@ -328,4 +334,4 @@ def test_the_ws_version_runs_a_compiled_models_gemm_step_and_the_be_slice_correc
         ref = reference(h.a[0], h.b[0], [e[0] for e in h.extras], h.epi, h.c.dtype).float()
         assert (h.c[0].float() - ref).abs().max().item() <= 2e-2 * max(1.0, ref.abs().max().item())
         assert workloads.error(work) == 0.0
-        assert items[i].host.chosen["histogram"][0] in {t[0] for t in ws_partition.HOST_TILES}
+        assert items[i].host.chosen["histogram"][1] in {t[1] for t in ws_partition.HOST_TILES}
