@@ -295,14 +295,15 @@ def launch_fused(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list
     gemm_ws.launch(a, b, c, extras, epi, cfg, num_programs, fast_gelu=fast_gelu, partition=part, partition_args=args)
 
 
-# the ping-pong tiles a plan GEMM may host a BE partition on, with the loader's registers: the 128 x 192 tile (BERT's
-# tuned one for 1024 x 3072 x 768 on the H100) spills at the consumers' 208-216 registers beside a partition, and the
-# 64 x 128 tile at six stages ran within 0-7% of the best solo kernel on BERT-base's four GEMMs (session 56's probe)
+# the ping-pong tiles a plan GEMM may host a BE partition on, with the loader's registers. Session 56's probe (H100,
+# BERT-base's four GEMMs): the 64 x 128 tile at six stages was the fastest host on every row (0-13% over the best solo
+# kernel); the 128 x 192 tile (the tuned one for 1024 x 3072 x 768) spills at the consumers' 208-216 registers beside a
+# partition and never won (``PP192_HOST``, kept for the probe), so a host times only these two
 HOST_TILES: tuple[tuple[str, WsConfig, int], ...] = (
     ("pp64x128 s6", WsConfig(block_m=64, block_n=128, block_k=64, stages=6), LOADER_REGS),
     ("pp128 s4", WsConfig(block_m=128, block_n=128, block_k=64, stages=4), LOADER_REGS),
-    ("pp192 s4 sc", WsConfig(block_m=128, block_n=192, block_k=64, stages=4, shared_c=True), 24),
 )
+PP192_HOST = ("pp192 s4 sc", WsConfig(block_m=128, block_n=192, block_k=64, stages=4, shared_c=True), 24)
 
 
 Candidate = tuple[str, WsConfig, int, int]  # (label, host tile, loader registers, BE warps)
@@ -326,7 +327,9 @@ class WsHost:
     num_programs: int
     fast_gelu: bool = True
     tiles: tuple[tuple[str, WsConfig, int], ...] = HOST_TILES
-    warps: tuple[int, ...] = (4, 8)  # 8 BE warps: twice the BE's latency hiding, 8-24 fewer registers a consumer thread
+    # 8 BE warps (twice the BE's latency hiding, 24-40 fewer registers a consumer thread) are offered once a probe has
+    # measured them (``ws_colocate_probe.py --warps 4,8``): each candidate is one more Gluon compile per BE kernel
+    warps: tuple[int, ...] = (4,)
     time_ms: Callable[[Callable[[], Any]], float] | None = None
     chosen: dict[str, Candidate] = field(default_factory=dict)
     times: dict[str, dict[str, float]] = field(default_factory=dict)

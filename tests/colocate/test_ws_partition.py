@@ -242,6 +242,11 @@ def test_a_host_chooses_its_tile_per_be_kernel_by_time_once() -> None:
     assert len(timed) == len(HOST_TILES) + 2 and launched[-1][1:] == (5, 9)  # no second choice
     with pytest.raises(ValueError, match="no worker partition"):
         WsHost("g", None, None, None, [], None, 132, warps=(8,)).choose(work)
+    from types import SimpleNamespace
+
+    gpu_sized = SimpleNamespace(name="histogram", kernel=SimpleNamespace(consts={"BLOCK": 2048, "NBINS": 256}, n_blocks=10))
+    labels = [c[0] for c in WsHost("g", None, None, None, [], None, 132, warps=(4, 8)).candidates(gpu_sized)]
+    assert labels == [f"{t[0]} w{w}" for w in (4, 8) for t in HOST_TILES]
 
 
 def test_the_backend_runs_the_ws_version_through_the_host_and_refuses_it_elsewhere() -> None:
