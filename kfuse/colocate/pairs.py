@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,9 @@ def plot_pairs(table: dict[tuple[str, str], dict[str, dict[str, Any]]], path: st
     means = ", ".join(f"{lc} {sum(v) / len(v):+.1%}" for lc, v in sorted(best.items()))
     ax.set_xticks(np.arange(len(cases)) + w * (len(pols) - 1) / 2, [c.replace("+", "\n+") for c in cases], fontsize=7)
     ax.set_ylabel("BE throughput vs time sharing (%)")
-    ax.set_title(f"{names[0]}: every LC x BE pair (hatched: QoS missed)\nmean of the best per pair: {means}", fontsize=9)
+    # the GPU and LC form can outrun a narrow figure: wrapped, not cut at the edges
+    head = textwrap.fill(f"{names[0]}: every LC x BE pair (hatched: QoS missed)", width=int(12 * fig.get_figwidth()))
+    ax.set_title(f"{head}\nmean of the best per pair: {means}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     path = Path(path)
