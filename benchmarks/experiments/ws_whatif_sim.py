@@ -38,14 +38,20 @@ KEYS = {"qkv": "1024x2304x768", "attn_out": "1024x768x768", "ffn1": "1024x3072x7
 BE_BLOCKS = {"histogram": 32768, "mriq": 32768, "stencil7": 32768, "cutcp": 49152}  # the GPU workloads' blocks (probe log)
 
 
+X_GRID = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+
+
 def replay(records: list[dict], be: str, solo_ms: float, queries: int, sequences: int, bias: float,
-           no_host_cost: bool = False) -> tuple[float, int, dict]:  # fmt: skip
+           no_host_cost: bool = False, slope: float | None = None) -> tuple[float, int, dict]:  # fmt: skip
     """Aker against time sharing on the simulated GPU with ``be``'s measured curves (``no_host_cost``: each curve
-    shifted down by its host's idle-partition excess, y(0) - 1: what a host with no fixed cost would give)."""
+    shifted down by its host's idle-partition excess, y(0) - 1: what a host with no fixed cost would give; ``slope``:
+    every curve replaced by the line y = 1 + slope x, session 15's study on the compiled LC's GEMMs)."""
     rows = [r for r in probe.summarize(records) if r["be"] == be]
     gemms = {KEYS[s]: next(r["lc_ref_ms"] for r in rows if r["shape"] == s) for s in KEYS}
     idle = {s: next((r["y"] - 1 for r in rows if r["shape"] == s and r["S"] == 0), 0.0) if no_host_cost else 0.0 for s in KEYS}
     curves = {KEYS[s]: sorted((r["x"], max(1.0, r["y"] - idle[s])) for r in rows if r["shape"] == s and r["S"] > 0) for s in KEYS}
+    if slope is not None:
+        curves = {k: [(x, 1.0 + slope * x) for x in X_GRID] for k in curves}
     curves["8x768x768"] = curves[KEYS["attn_out"]]
     solo = [(r["blocks"], r["be_solo_ms"]) for r in records if r["be"] == be and r["blocks"] > 0]
     b, a = np.polyfit([n for n, _ in solo], [t for _, t in solo], 1)
@@ -73,10 +79,17 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=2)
     ap.add_argument("--bias", default="1.0,1.1", help="the runs' fused launches take these x the profiled time")
     ap.add_argument("--no-host-cost", action="store_true", help="also replay each curve without its host's fixed cost")
+    ap.add_argument("--slopes", default="", help="instead: every curve the line y = 1 + s x, for each s (comma-separated)")
     a = ap.parse_args()
     rec = json.loads(Path(a.probe).read_text())
     bes = sorted({r["be"] for r in rec["records"]})
     print(f"{rec['gpu']}, {Path(a.probe).name}: Aker (ws) against time sharing, simulated")
+    if a.slopes:
+        for slope in (float(x) for x in a.slopes.split(",")):
+            for be in bes:
+                gain, viol, _ = replay(rec["records"], be, a.solo_ms, a.queries, a.sequences, 1.0, slope=slope)
+                print(f"  line y = 1 + {slope:g} x  {be:9s} {gain:+7.1%}  violations {viol}")
+        return
     for free in (False, True) if a.no_host_cost else (False,):
         for bias in (float(x) for x in a.bias.split(",")):
             for be in bes:
