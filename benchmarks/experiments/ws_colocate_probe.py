@@ -50,7 +50,6 @@ from kfuse.colocate.ptb import launch_ptb, num_sms
 from kfuse.ir import ops  # noqa: F401 - registers the ops the epilogue references
 from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
 from kfuse.kernels.gemm import GemmConfig, gemm_epilogue, reference
-from kfuse.kernels.gemm_ws import WsConfig
 
 ADD = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
 BIAS = Epilogue((ADD,), 1)
@@ -69,11 +68,9 @@ SOLO = {  # the tuner's candidates for these shapes (docs/perf-notes.md, Session
         128, 192, 64, num_warps=4, num_stages=4, persistent=True, tma=True, ws="pingpong", shared_c=True
     ),  # fmt: skip
 }
-FUSED = {  # the ping-pong tiles that host the BE partition, and the loader warp's registers beside it
-    "pp128 s4": (WsConfig(block_m=128, block_n=128, block_k=64, stages=4), 40),
-    "pp192 s4 sc": (WsConfig(block_m=128, block_n=192, block_k=64, stages=4, shared_c=True), 24),  # spills (offline: 108-207 STL)
-    "pp64x128 s6": (WsConfig(block_m=64, block_n=128, block_k=64, stages=6), 40),
-}
+# the ping-pong tiles that host the BE partition, and the loader warp's registers beside it: the experiment's hosts and
+# the 128 x 192 tile, which spills beside a partition (offline: 108-207 stores)
+FUSED = {name: (cfg, loader) for name, cfg, loader in (*ws_partition.HOST_TILES, ws_partition.PP192_HOST)}
 
 
 def be_solo_ms(work: workloads.Workload, blocks: int, sms: int) -> tuple[float, int]:

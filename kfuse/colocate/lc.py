@@ -172,7 +172,7 @@ def _plan_ptb_item(
     from kfuse.colocate.plan_gemm import fit_programs_per_sm, plan_gemm_kernel
 
     xs = [env[i] for i in step.inputs]
-    on_gpu = bool(xs) and isinstance(xs[0], torch.Tensor) and xs[0].is_cuda
+    on_gpu = _on_gpu(xs)
     # on a GPU the fastest of the tiles that let ``share_sm`` blocks share an SM, each timed on its grid
     grid = max(1, share_sm) * num_sms(xs[0].device) if on_gpu else 0
     cache = timed if timed is not None else {}
@@ -202,13 +202,17 @@ def _plan_ptb_item(
     return LCItem(step.output, kernel, None, key, tuple(step.info.ops))
 
 
+def _on_gpu(xs: list[Any]) -> bool:
+    return bool(xs) and isinstance(xs[0], torch.Tensor) and xs[0].is_cuda
+
+
 def _ws_host(step: Any, node: Node, env: dict[str, Any]) -> Any:
     """The plan step's ``ws_partition.WsHost`` (None where the ping-pong kernel cannot run it), its tile timed on a
     GPU per BE kernel."""
     from kfuse.colocate.ws_partition import host_for
 
     xs = [env[i] for i in step.inputs]
-    on_gpu = bool(xs) and isinstance(xs[0], torch.Tensor) and xs[0].is_cuda
+    on_gpu = _on_gpu(xs)
     sms = num_sms(xs[0].device) if on_gpu else 132
     host, _why = host_for(node, xs, step.output, sms, time_ms=gpu_time_ms if on_gpu else None)
     if host is not None:

@@ -5,18 +5,14 @@ outputs are checked on the GPU (``benchmarks/experiments/ws_colocate_probe.py``,
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from kfuse.colocate import workloads, ws_partition
 from kfuse.kernels import gemm_ws
 from kfuse.kernels.gemm_ws import LOADER_REGS, WsConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
-from cubin_facts import run_offline_script  # noqa: E402
+from tests.colocate.test_plan_gemm import Block
+from tests.kernels.cubin_facts import run_offline_script
 
 
 def test_partition_parameters_follow_the_workloads_block_function() -> None:
@@ -166,24 +162,12 @@ def test_fused_launch_matches_both_references(be: str) -> None:
 # ---- the "ws" version in the co-location experiment (lc_items(gemms="plan-ws"), the profile, the CUDA backend) ----
 
 
-class _Block(torch.nn.Module):
-    """Two GEMMs with epilogues (bias + GELU; bias + residual), then a norm (not a GEMM)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(40, 56)
-        self.fc2 = torch.nn.Linear(56, 40)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.layer_norm(x + self.fc2(torch.nn.functional.gelu(self.fc1(x))), (40,))
-
-
 @pytest.fixture(scope="module")
 def compiled_block() -> tuple:
     import kfuse
 
     torch.manual_seed(0)
-    model = _Block().eval()
+    model = Block().eval()
     x = torch.randn(3, 11, 40)
     return kfuse.compile(model, (x,), {}, backend="torch", fuse_b2b=False), x
 
@@ -322,7 +306,7 @@ def test_the_ws_version_runs_a_compiled_models_gemm_step_and_the_be_slice_correc
     from kfuse.kernels.gemm import reference
 
     torch.manual_seed(0)
-    model = _Block().cuda().half().eval()
+    model = Block().cuda().half().eval()
     x = torch.randn(3, 11, 40, device="cuda", dtype=torch.float16)
     compiled = kfuse.compile(model, (x,), {}, fuse_b2b=False)
     items = lc_items(compiled, (x,), {}, gemms="plan-ws")
