@@ -62,7 +62,13 @@ def main() -> None:
                          "plan-ws the plan's own kernels whose GEMM steps also host a BE slice (version ws)")  # fmt: skip
     ap.add_argument("--lc-tune", choices=("none", "fast", "full"), default="none",
                     help="kfuse.compile's tuning of the LC model (none: the default tiles, every record before session 55)")  # fmt: skip
+    ap.add_argument("--ws-warps", default="4",
+                    help="--lc-gemms plan-ws: the BE partition's warp counts each host tries (comma-separated, 4 and / or 8; "
+                         "each one more Gluon compile per host tile and BE kernel)")  # fmt: skip
     a = ap.parse_args()
+    ws_warps = tuple(int(w) for w in a.ws_warps.split(",") if w)
+    if not ws_warps or any(w not in (4, 8) for w in ws_warps):
+        ap.error("--ws-warps takes 4 and / or 8")
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
         ap.error("--load must be in (0, 1] and --qos-factor above 1")
     if a.smoke:
@@ -154,6 +160,7 @@ def main() -> None:
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
             for host in (it.host for it in items if it.host is not None):  # --lc-gemms plan-ws: host tiles timed before the runs
+                host.warps = ws_warps
                 for w in bes.values():
                     host.choose(w)
             backend = CudaBackend(items, bes)
