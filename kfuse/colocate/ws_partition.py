@@ -359,7 +359,12 @@ class WsHost:
             best = cands[0]
             if self.time_ms is not None and len(cands) > 1:
                 n = min(work.kernel.n_blocks, self.num_programs)
+                # the timing runs BE blocks [0, n) many times: work that is not idempotent (a histogram's atomics)
+                # gets its output back as it was, or the slices run before this choice would count twice
+                kept = None if work.idempotent else work.output().clone()
                 times = {c[0]: self.time_ms(lambda c=c: self.launch(c, work, 0, n)) for c in cands}
+                if kept is not None:
+                    work.output().copy_(kept)
                 self.times[work.name] = times
                 best = min(cands, key=lambda c: times[c[0]])
             self.chosen[work.name] = best

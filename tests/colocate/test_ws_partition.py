@@ -292,6 +292,38 @@ def test_repeated_layers_share_one_host_tile_choice(monkeypatch) -> None:
     assert hosts[1].host.chosen["histogram"][0] == f"{ws_partition.HOST_TILES[0][0]} w4"
 
 
+def test_choosing_a_host_tile_leaves_a_non_idempotent_be_output_as_it_was(monkeypatch) -> None:
+    """The tile choice times fused launches of BE blocks [0, n): a histogram's atomics would count them on top of the
+    slices already run (the GPU test of session 57 read 522 extra counts). The launch here is the histogram's PTB
+    kernel in the interpreter, each candidate timed three times."""
+    import kfuse
+    from kfuse.colocate.lc import lc_items
+    from kfuse.colocate.ptb import launch_ptb
+
+    x = torch.randn(5, 40)
+    compiled = kfuse.compile(torch.nn.Linear(40, 40).eval(), (x,), {}, backend="torch")
+    monkeypatch.setattr(gemm_ws, "ws_eligible", lambda a, b, c, split_k=1: None)
+    host = next(i.host for i in lc_items(compiled, (x,), {}, gemms="plan-ws") if i.host is not None)
+    work = workloads.make("histogram", small=True)
+    launches: list[tuple[int, int]] = []
+
+    def launch(cand, w, start, end) -> None:
+        launches.append((start, end))
+        launch_ptb(w.kernel, start, end, grid=2)
+
+    monkeypatch.setattr(host, "launch", launch)
+    host.time_ms = lambda fn: [fn() for _ in range(3)] and 1.0
+    work.reset()
+    launch_ptb(work.kernel, 0, 1, grid=2)  # a slice the scheduler ran before the choice
+    before = work.output().clone()
+    assert before.sum().item() > 0
+    host.choose(work)
+    assert len(launches) == 3 * len(host.candidates(work))
+    assert torch.equal(work.output(), before)
+    launch_ptb(work.kernel, 1, work.kernel.n_blocks, grid=2)
+    assert workloads.error(work) == 0.0
+
+
 @pytest.mark.gpu
 def test_the_ws_version_runs_a_compiled_models_gemm_step_and_the_be_slice_correctly() -> None:
     """On an sm_90 GPU: a kfuse-compiled model's GEMM steps host a BE slice (``lc_items(gemms="plan-ws")``), and the
