@@ -62,7 +62,7 @@ def main() -> None:
                          "plan-ws the plan's own kernels whose GEMM steps also host a BE slice (version ws)")  # fmt: skip
     ap.add_argument("--lc-tune", choices=("none", "fast", "full"), default="none",
                     help="kfuse.compile's tuning of the LC model (none: the default tiles, every record before session 55)")  # fmt: skip
-    ap.add_argument("--ws-warps", default="4",
+    ap.add_argument("--ws-warps", default="4,8",
                     help="--lc-gemms plan-ws: the BE partition's warp counts each host tries (comma-separated, 4 and / or 8; "
                          "each one more Gluon compile per host tile and BE kernel)")  # fmt: skip
     a = ap.parse_args()

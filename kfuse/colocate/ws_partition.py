@@ -327,9 +327,10 @@ class WsHost:
     num_programs: int
     fast_gelu: bool = True
     tiles: tuple[tuple[str, WsConfig, int], ...] = HOST_TILES
-    # 8 BE warps (twice the BE's latency hiding, 24-40 fewer registers a consumer thread) are offered once a probe has
-    # measured them (``ws_colocate_probe.py --warps 4,8``): each candidate is one more Gluon compile per BE kernel
-    warps: tuple[int, ...] = (4,)
+    # 8 BE warps: twice the BE's latency hiding for 24-40 fewer registers a consumer thread. Session 57's probe
+    # (``ws_colocate_probe.py --warps 4,8``, H100): histogram's atomics gain (ffn1, four blocks a program: be_free 0.36
+    # -> 0.87), mri-q loses a little; the one-block timing of ``choose`` picks 8 for histogram, 4 for mri-q
+    warps: tuple[int, ...] = (4, 8)
     time_ms: Callable[[Callable[[], Any]], float] | None = None
     chosen: dict[str, Candidate] = field(default_factory=dict)
     times: dict[str, dict[str, float]] = field(default_factory=dict)
