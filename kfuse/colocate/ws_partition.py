@@ -315,8 +315,8 @@ class WsHost:
     ``gemm_ws`` takes them (3-D views, one batch), its own output buffer, its epilogue. The LC runs the plan's own
     kernel alone; a fused launch runs the step on a ping-pong tile of ``tiles`` with the slice in a worker partition
     of ``warps`` warps. Tile and warps are chosen per BE kernel (on its first fused launch, or ``choose``) as the
-    fastest with one BE block a program (``chosen``, every candidate's time in ``times``); ``time_ms`` None (the
-    CPU) takes the first that can run."""
+    fastest in sum over slices of ``choice_slices`` BE blocks a program (``chosen``, every candidate's time per slice
+    in ``times``); ``time_ms`` None (the CPU) takes the first that can run."""
 
     name: str
     a: torch.Tensor
@@ -329,8 +329,11 @@ class WsHost:
     tiles: tuple[tuple[str, WsConfig, int], ...] = HOST_TILES
     # 8 BE warps: twice the BE's latency hiding for 24-40 fewer registers a consumer thread. Session 57's probe
     # (``ws_colocate_probe.py --warps 4,8``, H100): histogram's atomics gain (ffn1, four blocks a program: be_free 0.36
-    # -> 0.87), mri-q loses a little; the one-block timing of ``choose`` picks 8 for histogram, 4 for mri-q
+    # -> 0.87), mri-q loses a little (0.75 -> 0.52 on attn-out at four): ``choose`` times both
     warps: tuple[int, ...] = (4, 8)
+    # the slices a choice is timed at, in BE blocks a program: the scheduler aims at 0.25-1 GEMM-lengths of BE work
+    # (one to four blocks a program), and session 57's probe ranked the warp counts differently at one and at four
+    choice_slices: tuple[int, ...] = (1, 4)
     time_ms: Callable[[Callable[[], Any]], float] | None = None
     chosen: dict[str, Candidate] = field(default_factory=dict)
     times: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -359,15 +362,16 @@ class WsHost:
             cands = self.candidates(work)
             best = cands[0]
             if self.time_ms is not None and len(cands) > 1:
-                n = min(work.kernel.n_blocks, self.num_programs)
+                sizes = sorted({min(work.kernel.n_blocks, s * self.num_programs) for s in self.choice_slices})
                 # the timing runs BE blocks [0, n) many times: work that is not idempotent (a histogram's atomics)
                 # gets its output back as it was, or the slices run before this choice would count twice
                 kept = None if work.idempotent else work.output().clone()
-                times = {c[0]: self.time_ms(lambda c=c: self.launch(c, work, 0, n)) for c in cands}
+                times = {(c[0], n): self.time_ms(lambda c=c, n=n: self.launch(c, work, 0, n)) for c in cands for n in sizes}
                 if kept is not None:
                     work.output().copy_(kept)
-                self.times[work.name] = times
-                best = min(cands, key=lambda c: times[c[0]])
+                per_program = {n: max(1, round(n / self.num_programs)) for n in sizes}
+                self.times[work.name] = {f"{label} S{per_program[n]}": ms for (label, n), ms in times.items()}
+                best = min(cands, key=lambda c: sum(times[c[0], n] for n in sizes))
             self.chosen[work.name] = best
         return self.chosen[work.name]
 

@@ -292,6 +292,25 @@ def test_repeated_layers_share_one_host_tile_choice(monkeypatch) -> None:
     assert hosts[1].host.chosen["histogram"][0] == f"{ws_partition.HOST_TILES[0][0]} w4"
 
 
+def test_a_host_chooses_by_the_sum_over_its_choice_slices() -> None:
+    """Session 57's probe: 8 BE warps lose a little at one block a program and win at four (histogram). The choice is
+    timed at each of ``choice_slices`` and takes the smallest sum, so the four-block slice can outvote the one-block."""
+    from types import SimpleNamespace
+
+    from kfuse.colocate.ws_partition import WsHost
+
+    work = SimpleNamespace(name="histogram", idempotent=True, kernel=SimpleNamespace(consts={"BLOCK": 2048, "NBINS": 256}, n_blocks=10_000))
+    cost = {(4, 132): 10.0, (8, 132): 10.5, (4, 528): 20.0, (8, 528): 14.0}  # (warps, blocks) -> us; the tile adds nothing
+    current: list[tuple[int, int]] = []
+    host = WsHost("g", None, None, None, [], None, 132, time_ms=lambda fn: (fn(), cost[current[-1]])[1])
+    host.launch = lambda cand, w, start, end: current.append((cand[3], end))  # type: ignore[method-assign]
+    assert host.choose(work)[3] == 8  # 24.5 against 30 in sum, though 4 warps win the one-block slice
+    assert set(host.times["histogram"]) == {f"{c[0]} S{s}" for c in host.candidates(work) for s in (1, 4)}
+    one_block = WsHost("g", None, None, None, [], None, 132, choice_slices=(1,), time_ms=host.time_ms)
+    one_block.launch = host.launch  # type: ignore[method-assign]
+    assert one_block.choose(work)[3] == 4
+
+
 def test_choosing_a_host_tile_leaves_a_non_idempotent_be_output_as_it_was(monkeypatch) -> None:
     """The tile choice times fused launches of BE blocks [0, n): a histogram's atomics would count them on top of the
     slices already run (the GPU test of session 57 read 522 extra counts). The launch here is the histogram's PTB
@@ -318,7 +337,9 @@ def test_choosing_a_host_tile_leaves_a_non_idempotent_be_output_as_it_was(monkey
     before = work.output().clone()
     assert before.sum().item() > 0
     host.choose(work)
-    assert len(launches) == 3 * len(host.candidates(work))
+    sizes = {min(work.kernel.n_blocks, s * host.num_programs) for s in host.choice_slices}
+    assert len(launches) == 3 * len(host.candidates(work)) * len(sizes)
+    assert {end for _, end in launches} == sizes
     assert torch.equal(work.output(), before)
     launch_ptb(work.kernel, 1, work.kernel.n_blocks, grid=2)
     assert workloads.error(work) == 0.0
