@@ -58,6 +58,9 @@ def run(
         "hosting a BE slice in a worker partition of the ping-pong kernel: version ws, sm_90)",
     ),
     lc_tune: str = typer.Option("none", help="kfuse.compile's tuning of the LC model: none (the default tiles), fast or full"),
+    ws_warps: str = typer.Option(
+        "4,8", help="--lc-gemms plan-ws: the BE partition's warp counts a host tries (4 and / or 8), chosen per BE kernel by time"
+    ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time sharing, streams, Aker fusion, SM partitions and
@@ -83,8 +86,17 @@ def run(
     model, args, kwargs = kfuse.models.build(name, batch=batch or b, seq=s, dtype=dtype, device=device)
     if lc_tune not in ("none", "fast", "full"):
         raise typer.BadParameter(f"--lc-tune: choose from none, fast, full, got {lc_tune!r}")
+    try:
+        warps = tuple(int(w) for w in ws_warps.split(",") if w.strip())
+    except ValueError:
+        warps = ()
+    if not warps or any(w not in (4, 8) for w in warps):
+        raise typer.BadParameter(f"--ws-warps takes 4 and / or 8, got {ws_warps!r}")
     compiled = compile_lc(model, args, kwargs, log=typer.echo, backend=None if use_cuda else "torch", tune=lc_tune)
     items = lc_items(compiled, args, kwargs, gemms=lc_gemms)
+    for it in items:
+        if it.host is not None:
+            it.host.warps = warps
     be_names = [workloads.resolve(x.strip()) for x in be.split(",") if x.strip()]
     bes = {n: workloads.make(n, small=not use_cuda, device=device) for n in be_names}
     if use_cuda:

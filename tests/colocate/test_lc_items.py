@@ -63,6 +63,8 @@ def test_cli_runs_the_experiment_on_the_plans_own_kernels_or_a_tile_per_shape(tm
     assert bad.exit_code != 0 and "--lc-gemms" in bad.output
     bad = CliRunner().invoke(app, ["colocate", "run", "--lc", "mlp-tiny", "--backend", "sim", "--lc-tune", "x", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "--lc-tune" in bad.output
+    bad = CliRunner().invoke(app, ["colocate", "run", "--lc", "mlp-tiny", "--backend", "sim", "--ws-warps", "6", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "--ws-warps" in bad.output
 
 
 def test_sm_count_sizes_launches_and_restores() -> None:
