@@ -159,11 +159,9 @@ def main() -> None:
                 print(f"  plan GEMMs in all: PTB {tot['ptb_ms']:.4f} ms vs plan {tot['plan_ms']:.4f} ms", flush=True)
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
-            for host in (it.host for it in items if it.host is not None):  # --lc-gemms plan-ws: host tiles timed before the runs
+            for host in (it.host for it in items if it.host is not None):  # --lc-gemms plan-ws: the warp counts on offer
                 host.warps = ws_warps
-                for w in bes.values():
-                    host.choose(w)
-            backend = CudaBackend(items, bes)
+            backend = CudaBackend(items, bes)  # chooses each host's tile and warps per BE kernel, before the runs
             print(f"  {backend.graphed_segments} of {len(backend.segments)} segments replay from CUDA graphs", flush=True)
             versions = tuple(parse_version(v, backend.lc_grid // backend.sms) for v in a.versions.split(","))
             versions = versions if gpu else versions[:2]

@@ -151,6 +151,12 @@ class CudaBackend(Backend):
         if torch.cuda.is_available():
             self.s1, self.s2 = torch.cuda.Stream(), torch.cuda.Stream()
             self.prio = PrioStreams()
+        # each worker-partition host's tile and warps per BE kernel, timed now: a choice made on the first fused launch
+        # would put every candidate's timing launches into that launch's measured time (a profile sample)
+        for it in self.items:
+            if it.host is not None:
+                for w in be.values():
+                    it.host.choose(w)
 
     def lc_kernels(self) -> list[LCKernel]:
         return [LCKernel(it.name, it.fusible, it.key, it.host is not None) for it in self.items]

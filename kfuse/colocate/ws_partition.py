@@ -314,7 +314,7 @@ class WsHost:
     """A plan ``gemm_epilogue`` step that can carry a BE slice (``lc_items(gemms="plan-ws")``): its operands as
     ``gemm_ws`` takes them (3-D views, one batch), its own output buffer, its epilogue. The LC runs the plan's own
     kernel alone; a fused launch runs the step on a ping-pong tile of ``tiles`` with the slice in a worker partition
-    of ``warps`` warps. Tile and warps are chosen per BE kernel (on its first fused launch, or ``choose``) as the
+    of ``warps`` warps. Tile and warps are chosen per BE kernel (``choose``: the CUDA backend calls it when built) as the
     fastest in sum over slices of ``choice_slices`` BE blocks a program (``chosen``, every candidate's time per slice
     in ``times``); ``time_ms`` None (the CPU) takes the first that can run."""
 

@@ -241,12 +241,17 @@ def test_the_backend_runs_the_ws_version_through_the_host_and_refuses_it_elsewhe
     calls: list[tuple[str, int, int]] = []
 
     class Host:
+        def choose(self, w: workloads.Workload) -> None:
+            calls.append((f"choose {w.name}", 0, 0))
+
         def fused(self, w: workloads.Workload, start: int, end: int) -> None:
             calls.append((w.name, start, end))
 
     work = workloads.make("histogram", small=True)
     items = [LCItem("g0", None, lambda: None, "k", ("matmul",), host=Host()), LCItem("s0", None, lambda: None, "s", ("relu",))]
     backend = CudaBackend(items, {"histogram": work}, graph_segments=False)
+    assert calls == [("choose histogram", 0, 0)]  # the host's tile chosen before any timed launch
+    calls.clear()
     assert [k.host for k in backend.lc_kernels()] == [True, False] and [k.fusible for k in backend.lc_kernels()] == [True, False]
     backend.run_fused(0, "histogram", 1, 3, WS)
     assert calls[0] == ("histogram", 1, 3)
