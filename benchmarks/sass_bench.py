@@ -13,6 +13,7 @@ import argparse
 import datetime
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -40,26 +41,89 @@ def attention_case(z: int, h: int, n: int, d: int, verify_zh: tuple[int, int, in
     return ck, args_for(z, h, n), (n // 128, z * h, 1), args_for(vz, vh, vn), (vn // 128, vz * vh, 1), vz * vh
 
 
-def gemm_case(m: int, n: int, k: int) -> tuple:
+GemmConfig = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
+TUTORIAL_GEMM: GemmConfig = (128, 128, 64, 8, 3)  # the tile every run before session 57 tuned
+
+
+def parse_gemm_config(text: str) -> GemmConfig:
+    """``128x128x64w8s3`` -> (128, 128, 64, 8, 3)."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", text.strip())
+    if m is None:
+        raise ValueError(f"a GEMM config reads BMxBNxBKwWARPSsSTAGES (e.g. 128x128x64w8s3), got {text!r}")
+    bm, bn, bk, w, st = (int(g) for g in m.groups())
+    if any(x & (x - 1) for x in (bm, bn, bk)) or min(bm, bn) < 16 or bk < 16 or w not in (4, 8) or not 1 <= st <= 6:
+        raise ValueError(f"{text!r}: tiles powers of two >= 16, 4 or 8 warps, 1-6 stages")
+    return bm, bn, bk, w, st
+
+
+def config_name(cfg: GemmConfig) -> str:
+    return "{}x{}x{}w{}s{}".format(*cfg)
+
+
+def _gemm_launch(m: int, n: int, k: int, cfg: GemmConfig) -> tuple:
     import torch
 
     from kfuse.sass.examples import compile_matmul_leaky_relu
 
-    ck = compile_matmul_leaky_relu(128, 128, 64, 8, num_warps=8, num_stages=3)
+    bm, bn, bk, w, st = cfg
+    ck = compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st)
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     b = torch.randn(k, n, device="cuda", dtype=torch.float16)
     c = torch.empty(m, n, device="cuda", dtype=torch.float16)
-    args = [a, b, c, m, n, k, a.stride(0), 1, b.stride(0), 1, c.stride(0), 1, 128, 128, 64, 8]
-    grid = (math.ceil(m / 128) * math.ceil(n / 128), 1, 1)
+    args = [a, b, c, m, n, k, a.stride(0), 1, b.stride(0), 1, c.stride(0), 1, bm, bn, bk, 8]
+    grid = (math.ceil(m / bm) * math.ceil(n / bn), 1, 1)
+    return ck, args, grid
+
+
+def fastest_gemm_config(m: int, n: int, k: int, configs: list[GemmConfig]) -> tuple[GemmConfig, dict[str, float]]:
+    """Triton's own best schedule among ``configs`` (the schedule SIP then starts from): each config checked against
+    LeakyReLU(A B) in fp32 on poisoned output, then timed (CUDA events, median of five chunks of launches)."""
+    import torch
+
+    times: dict[str, float] = {}
+    for cfg in configs:
+        ck, args, grid = _gemm_launch(m, n, k, cfg)
+        a, b, c = args[:3]
+        c.fill_(float("nan"))
+        ck[grid](*args)
+        ref = torch.nn.functional.leaky_relu(a.float() @ b.float(), 0.01)
+        err = ((c.float() - ref).abs().max() / ref.abs().max()).item()
+        if not err <= 1e-2:  # NaN (an unwritten output) fails too
+            raise RuntimeError(f"GEMM config {config_name(cfg)} computes a wrong result (max rel err {err})")
+        for _ in range(5):
+            ck[grid](*args)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        chunks = []
+        for _ in range(5):
+            s.record()
+            for _ in range(50):
+                ck[grid](*args)
+            e.record()
+            e.synchronize()
+            chunks.append(s.elapsed_time(e) / 50)
+        times[config_name(cfg)] = sorted(chunks)[2]
+    best = min(configs, key=lambda c: times[config_name(c)])
+    return best, times
+
+
+def gemm_case(m: int, n: int, k: int, configs: list[GemmConfig] | None = None) -> tuple:
+    """The GEMM + LeakyReLU case on Triton's fastest of ``configs`` (default: the tutorial's 128 x 128 tile alone)."""
+    configs = configs or [TUTORIAL_GEMM]
+    cfg, times = (configs[0], {}) if len(configs) == 1 else fastest_gemm_config(m, n, k, configs)
+    GEMM_CHOICE.update({"triton_config": config_name(cfg), "config_times_ms": times})
+    ck, args, grid = _gemm_launch(m, n, k, cfg)
     return ck, args, grid, None, None, 1
 
 
+GEMM_CHOICE: dict = {}  # the last gemm_case's config and, when it chose among several, every config's time
+
+
 CASES = {
-    "attention_sip_1x4x16384x64": lambda: attention_case(1, 4, 16384, 64, (8, 16, 1024)),
-    "attention_bert_8x12x512x64": lambda: attention_case(8, 12, 512, 64, (64, 12, 512)),
-    "gemm_leaky_relu_512x512x2048": lambda: gemm_case(512, 512, 2048),
-    "gemm_leaky_relu_bert_4096x768x768": lambda: gemm_case(4096, 768, 768),
-    "gemm_leaky_relu_bert_4096x3072x768": lambda: gemm_case(4096, 3072, 768),
+    "attention_sip_1x4x16384x64": lambda cfgs: attention_case(1, 4, 16384, 64, (8, 16, 1024)),
+    "attention_bert_8x12x512x64": lambda cfgs: attention_case(8, 12, 512, 64, (64, 12, 512)),
+    "gemm_leaky_relu_512x512x2048": lambda cfgs: gemm_case(512, 512, 2048, cfgs),
+    "gemm_leaky_relu_bert_4096x768x768": lambda cfgs: gemm_case(4096, 768, 768, cfgs),
+    "gemm_leaky_relu_bert_4096x3072x768": lambda cfgs: gemm_case(4096, 3072, 768, cfgs),
 }
 
 
@@ -74,7 +138,14 @@ def main() -> None:
     p.add_argument("--deadline-s", type=float, default=270.0, help="stop starting new work after this many seconds")
     p.add_argument("--moves", default="memory", help="move set: memory (SIP's) or all (memory and register arithmetic)")
     p.add_argument("--always-verify", action="store_true", help="verify the best candidate even when it is not faster")
+    p.add_argument("--gemm-configs", default=config_name(TUTORIAL_GEMM),
+                   help="GEMM + LeakyReLU tiles BMxBNxBKwWARPSsSTAGES, comma-separated: with several, Triton's fastest of "
+                        "them (checked, timed) is the schedule SIP starts from")  # fmt: skip
     a = p.parse_args()
+    try:
+        gemm_configs = [parse_gemm_config(x) for x in a.gemm_configs.split(",") if x.strip()]
+    except ValueError as e:
+        p.error(str(e))
     out_path = Path(a.out) / "sass.json" if Path(a.out).is_dir() else Path(a.out)
 
     import torch
@@ -93,7 +164,8 @@ def main() -> None:
         if left < 30:
             print(f"skipping {name}: deadline", flush=True)
             continue
-        ck, args, grid, vargs, vgrid, per = CASES[name]()
+        GEMM_CHOICE.clear()
+        ck, args, grid, vargs, vgrid, per = CASES[name](gemm_configs)
         sa = SimulatedAnnealing(iterations=a.iters, seeds=tuple(int(s) for s in a.seeds.split(",")), max_seconds=min(a.search_s, left - 25))
         t0 = time.time()
         try:
@@ -123,6 +195,7 @@ def main() -> None:
             "command": " ".join(sys.argv),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "kfuse_version": __version__,
+            **GEMM_CHOICE,
         }
         if res is None:
             rec.update(
