@@ -70,7 +70,7 @@ SOLO = {  # the tuner's candidates for these shapes (docs/perf-notes.md, Session
 }
 # the ping-pong tiles that host the BE partition, and the loader warp's registers beside it: the experiment's hosts and
 # the 128 x 192 tile, which spills beside a partition (offline: 108-207 stores)
-FUSED = {name: (cfg, loader) for name, cfg, loader in (*ws_partition.HOST_TILES, ws_partition.PP192_HOST)}
+FUSED = {name: (cfg, loader) for name, cfg, loader in (*ws_partition.HOST_TILES, ws_partition.PP192_HOST, ws_partition.PP64_K128_HOST)}
 
 
 def be_solo_ms(work: workloads.Workload, blocks: int, sms: int) -> tuple[float, int]:
@@ -205,7 +205,12 @@ def main() -> None:
     ap.add_argument("--be", default="histogram,mriq,stencil7,cutcp")
     ap.add_argument("--slices", default="0,1,2,4,8")
     ap.add_argument("--warps", default="4", help="the BE partition's warps (comma-separated: each a host variant)")
+    ap.add_argument("--hosts", default=",".join(FUSED), help=f"the host tiles (comma-separated, of: {', '.join(FUSED)})")
     args = ap.parse_args()
+    if unknown := [h for h in args.hosts.split(",") if h not in FUSED]:
+        ap.error(f"--hosts: unknown {', '.join(unknown)}")
+    for h in [h for h in FUSED if h not in args.hosts.split(",")]:
+        del FUSED[h]
     if args.summarize:
         rec = json.loads(Path(args.summarize).read_text())
         print(f"{rec['gpu']}: be_free against the faster of the best solo kernel and the idle-partition host")

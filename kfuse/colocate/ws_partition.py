@@ -304,6 +304,10 @@ HOST_TILES: tuple[tuple[str, WsConfig, int], ...] = (
     ("pp128 s4", WsConfig(block_m=128, block_n=128, block_k=64, stages=4), LOADER_REGS),
 )
 PP192_HOST = ("pp192 s4 sc", WsConfig(block_m=128, block_n=192, block_k=64, stages=4, shared_c=True), 24)
+# the 64 x 128 tile with K steps of 128 at three stages: the shared memory of the s6 host, half its barrier round trips a K
+# (the plan's ffn2 kernel, 1024 x 768 x 3072, is a 64 x 128 x 128 Triton tile; the s6 host ran 11% over it in session
+# 57's probe); offered to the probe first, not yet a host choice: no spills offline beside 4 or 8 BE warps
+PP64_K128_HOST = ("pp64x128 k128 s3", WsConfig(block_m=64, block_n=128, block_k=128, stages=3), LOADER_REGS)
 
 
 Candidate = tuple[str, WsConfig, int, int]  # (label, host tile, loader registers, BE warps)

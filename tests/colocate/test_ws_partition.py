@@ -86,8 +86,10 @@ from kfuse.colocate import ws_partition
 add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
 epi = Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 out = {}
-for name, consts, warps, block_m in json.loads(sys.argv[1]):
+for name, consts, warps, block_m, *k128 in json.loads(sys.argv[1]):
     cfg = WsConfig(block_m=block_m, block_n=128, block_k=64, stages=4 if block_m == 128 else 6)
+    if k128:  # ws_partition.PP64_K128_HOST
+        cfg = WsConfig(block_m=block_m, block_n=128, block_k=128, stages=3)
     part = ws_partition.partition(name, consts, warps=warps) if name else None
     ck = gemm_ws.compile_offline(epi, 1000, 3072, 768, cfg, row_broadcast=(True,), fast_gelu=True, bias_mode="prefetch",
                                  partition=part)
@@ -99,7 +101,7 @@ for name, consts, warps, block_m in json.loads(sys.argv[1]):
                  tma_loads=sass.count("UTMALDG"),
                  named_bars=sorted(set(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+, 0x[0-9a-f]+);", sass))),
                  maxnreg=sorted({int(v, 16) for v in re.findall(r"USETMAXREG\.[A-Z_.]+ (?:UP0, )?(0x[0-9a-f]+)", sass)}))
-    out[f"{name or 'none'}_w{warps}_m{block_m}"] = facts
+    out[f"{name or 'none'}_w{warps}_m{block_m}" + ("_k128" if k128 else "")] = facts
 print(json.dumps(out))
 """
 
@@ -109,7 +111,19 @@ def compiled() -> dict:
     cases = [["", {}, 4, 128], ["", {}, 4, 64]]
     cases += [[name, consts, 4, 128] for name, consts in GPU_CONSTS.items()]
     cases += [[name, consts, 8, 64] for name, consts in GPU_CONSTS.items()]  # 8 BE warps on the 64 x 128 s6 host
+    cases += [["", {}, 4, 64, 1], ["histogram", GPU_CONSTS["histogram"], 8, 64, 1]]  # the probe's K-step-128 host
     return run_offline_script(_COMPILE, cases)
+
+
+def test_the_k128_host_keeps_the_s6_hosts_shared_memory_and_spills_nothing(compiled: dict) -> None:
+    from kfuse.colocate.ws_partition import PP64_K128_HOST
+
+    assert PP64_K128_HOST[1].block_k == 128 and PP64_K128_HOST[1].stages == 3
+    s6, k128, fused = compiled["none_w4_m64"], compiled["none_w4_m64_k128"], compiled["histogram_w8_m64_k128"]
+    assert abs(k128["shared"] - s6["shared"]) <= 1024  # 3 x (64 + 128) x 128 halves = 6 x (64 + 128) x 64
+    assert fused["STL"] == 0 and fused["LDL"] == 0 and fused["LOCAL"] == 0
+    assert fused["HGMMA"] == k128["HGMMA"] == 2 * s6["HGMMA"]  # twice the K a step: twice the wgmma a step
+    assert fused["warps"] == 20 and fused["redg"] > 0
 
 
 @pytest.mark.parametrize(("be", "warps", "block_m"), [(be, 4, 128) for be in GPU_CONSTS] + [(be, 8, 64) for be in GPU_CONSTS])
