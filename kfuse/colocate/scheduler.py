@@ -254,7 +254,12 @@ def build_profile(
 
     def med(f: Any) -> float:
         f()  # untimed first call: JIT compilation of a new kernel must not count as its duration
-        return float(np.median([f() for _ in range(reps)]))
+        ts = [f() for _ in range(reps)]
+        # two that disagree by over 2x: one held a one-off (a compile the first call did not cover, a stall), which
+        # their mean would keep; a third decides (session 57: ws samples at 4-43,000x the GEMM's time, all compiles)
+        if len(ts) == 2 and max(ts) > 2.0 * min(ts):
+            ts.append(f())
+        return float(np.median(ts))
 
     lc = backend.lc_kernels()
     lc_ms = [med(lambda i=i: backend.run_lc(i)) for i in range(len(lc))]

@@ -232,7 +232,7 @@ def partition(
     key = f"{name}_w{warps}_r{regs}" + ("" if loader_regs == LOADER_REGS else f"_l{loader_regs}")
     return WorkerPartition(
         key, spec["source"], params, f"({spec['fn']}, ({call_args}))", warps, regs,
-        {**spec["args"], "be_start": "i32", "be_end": "i32"}, constexprs, loader_regs,
+        {**spec["args"], "be_start": "i32", "be_end": "i32"}, constexprs, loader_regs, ("be_start", "be_end"),
     )  # fmt: skip
 
 

@@ -323,7 +323,7 @@ def _consumer(a_bufs, a_lo_bufs, b_bufs, b_lo_bufs, ready, empty, turn, cfree, c
     tma.store_wait(0)
 
 
-@gluon.jit
+@gluon.jit{pingpong_jit}
 def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc, bias_desc, {extra_ptrs}M, N, K, {extra_strides}
                          {extra_flags}NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                          B_KMAJOR: gl.constexpr, M_LO: gl.constexpr, N_LO: gl.constexpr, SHARED_C: gl.constexpr,
@@ -786,6 +786,9 @@ class WorkerPartition:
     arg_types: dict[str, str]  # the runtime parameters' Triton types ("*i32", "i32"), for compile_offline
     constexprs: dict[str, Any]  # the constexpr parameters' values
     loader_regs: int = LOADER_REGS  # the loader warp's registers beside this partition (24 leaves the consumers 16 more)
+    # runtime parameters that change from launch to launch (a slice's block range): not specialised, or a new value's
+    # divisibility by 16 (or a 1) would compile another variant inside a timed launch
+    unspecialized: tuple[str, ...] = ()
 
     def consumer_regs(self) -> int:
         """The GEMM's second consumer warpgroup's registers a thread beside this partition: an even split between
@@ -828,6 +831,7 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         acc_init=tile_start,
         bias_tma=tma_row is not None,
         bias_slots=TMA_BIAS_SLOTS,
+        pingpong_jit="" if partition is None or not partition.unspecialized else f"(do_not_specialize={list(partition.unspecialized)!r})",
         partition_params="" if partition is None else ", " + partition.params,
         partition_entry="" if partition is None else f"\n        {partition.call},",
         partition_warps="" if partition is None else f", {partition.warps}",

@@ -64,6 +64,19 @@ def test_the_register_split_never_asks_for_more_than_the_sm_holds(warps: int, re
     assert 65536 - 256 * 8 < used <= 65536
 
 
+def test_a_slices_block_range_is_not_specialised() -> None:
+    """A slice's ``be_start`` / ``be_end`` change every launch: specialised (divisible by 16, or 1) they would compile
+    new variants inside timed launches (session 57's profile read a first ws sample at 16x the GEMM's time)."""
+    from kfuse.kernels.epilogue import Epilogue
+
+    part = ws_partition.partition("histogram", {"BLOCK": 2048, "NBINS": 256})
+    assert part.unspecialized == ("be_start", "be_end")
+    fused = gemm_ws.module(Epilogue((), 0), partition=part).gemm_pingpong_kernel
+    assert {p.name for p in fused.params if p.do_not_specialize} == {"be_start", "be_end"}
+    alone = gemm_ws.module(Epilogue((), 0)).gemm_pingpong_kernel
+    assert not any(p.do_not_specialize for p in alone.params)
+
+
 def test_a_partition_runs_in_the_pingpong_kernel_only() -> None:
     part = ws_partition.partition("histogram", {"BLOCK": 2048, "NBINS": 256})
     a = torch.zeros(1, 64, 64, dtype=torch.float16)
