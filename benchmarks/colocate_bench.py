@@ -66,9 +66,6 @@ def main() -> None:
                     help="--lc-gemms plan-ws: the BE partition's warp counts each host tries (comma-separated, 4 and / or 8; "
                          "each one more Gluon compile per host tile and BE kernel)")  # fmt: skip
     a = ap.parse_args()
-    ws_warps = tuple(int(w) for w in a.ws_warps.split(",") if w)
-    if not ws_warps or any(w not in (4, 8) for w in ws_warps):
-        ap.error("--ws-warps takes 4 and / or 8")
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
         ap.error("--load must be in (0, 1] and --qos-factor above 1")
     if a.smoke:
@@ -82,6 +79,12 @@ def main() -> None:
     from kfuse.colocate.fuser import parse_version
     from kfuse.colocate.lc import compile_lc, lc_items, plan_gemm_summary, ws_host_summary
     from kfuse.colocate.pairs import summary as pairs_summary
+    from kfuse.colocate.ws_partition import parse_warps
+
+    try:
+        ws_warps = parse_warps(a.ws_warps)
+    except ValueError as e:
+        ap.error(str(e))
 
     t_start = time.perf_counter()
 
@@ -133,7 +136,7 @@ def main() -> None:
             t0 = time.perf_counter()
             model, args, kwargs = kfuse.models.build(lc_name, batch=batch, seq=seq, dtype=dtype, device=device)
             compiled = compile_lc(model, args, kwargs, tune=a.lc_tune)
-            items = lc_items(compiled, args, kwargs, gemms=a.lc_gemms)
+            items = lc_items(compiled, args, kwargs, gemms=a.lc_gemms, ws_warps=ws_warps)
             n_gemm = sum(it.kernel is not None for it in items)
             n_host = sum(it.host is not None for it in items)
             dt = time.perf_counter() - t0
@@ -159,8 +162,6 @@ def main() -> None:
                 print(f"  plan GEMMs in all: PTB {tot['ptb_ms']:.4f} ms vs plan {tot['plan_ms']:.4f} ms", flush=True)
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
-            for host in (it.host for it in items if it.host is not None):  # --lc-gemms plan-ws: the warp counts on offer
-                host.warps = ws_warps
             backend = CudaBackend(items, bes)  # chooses each host's tile and warps per BE kernel, before the runs
             print(f"  {backend.graphed_segments} of {len(backend.segments)} segments replay from CUDA graphs", flush=True)
             versions = tuple(parse_version(v, backend.lc_grid // backend.sms) for v in a.versions.split(","))

@@ -38,7 +38,7 @@ def attention_case(z: int, h: int, n: int, d: int, verify_zh: tuple[int, int, in
         return a
 
     vz, vh, vn = verify_zh
-    return ck, args_for(z, h, n), (n // 128, z * h, 1), args_for(vz, vh, vn), (vn // 128, vz * vh, 1), vz * vh
+    return ck, args_for(z, h, n), (n // 128, z * h, 1), args_for(vz, vh, vn), (vn // 128, vz * vh, 1), vz * vh, {}
 
 
 GemmConfig = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
@@ -77,8 +77,10 @@ def _gemm_launch(m: int, n: int, k: int, cfg: GemmConfig) -> tuple:
 
 def fastest_gemm_config(m: int, n: int, k: int, configs: list[GemmConfig]) -> tuple[GemmConfig, dict[str, float]]:
     """Triton's own best schedule among ``configs`` (the schedule SIP then starts from): each config checked against
-    LeakyReLU(A B) in fp32 on poisoned output, then timed (CUDA events, median of five chunks of launches)."""
+    LeakyReLU(A B) in fp32 on poisoned output, then timed (``gpu_time_ms``)."""
     import torch
+
+    from kfuse.bench.harness import gpu_time_ms, max_rel_err
 
     times: dict[str, float] = {}
     for cfg in configs:
@@ -86,36 +88,21 @@ def fastest_gemm_config(m: int, n: int, k: int, configs: list[GemmConfig]) -> tu
         a, b, c = args[:3]
         c.fill_(float("nan"))
         ck[grid](*args)
-        ref = torch.nn.functional.leaky_relu(a.float() @ b.float(), 0.01)
-        err = ((c.float() - ref).abs().max() / ref.abs().max()).item()
-        if not err <= 1e-2:  # NaN (an unwritten output) fails too
+        err = max_rel_err(c, torch.nn.functional.leaky_relu(a.float() @ b.float(), 0.01))
+        if not err <= 1e-2:  # an unwritten (NaN) output fails too
             raise RuntimeError(f"GEMM config {config_name(cfg)} computes a wrong result (max rel err {err})")
-        for _ in range(5):
-            ck[grid](*args)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        chunks = []
-        for _ in range(5):
-            s.record()
-            for _ in range(50):
-                ck[grid](*args)
-            e.record()
-            e.synchronize()
-            chunks.append(s.elapsed_time(e) / 50)
-        times[config_name(cfg)] = sorted(chunks)[2]
+        times[config_name(cfg)] = gpu_time_ms(lambda ck=ck, args=args, grid=grid: ck[grid](*args), warmup=5, rep=20)
     best = min(configs, key=lambda c: times[config_name(c)])
     return best, times
 
 
 def gemm_case(m: int, n: int, k: int, configs: list[GemmConfig] | None = None) -> tuple:
-    """The GEMM + LeakyReLU case on Triton's fastest of ``configs`` (default: the tutorial's 128 x 128 tile alone)."""
+    """The GEMM + LeakyReLU case on Triton's fastest of ``configs`` (default: the tutorial's 128 x 128 tile alone);
+    its last element, what the record says of the choice."""
     configs = configs or [TUTORIAL_GEMM]
     cfg, times = (configs[0], {}) if len(configs) == 1 else fastest_gemm_config(m, n, k, configs)
-    GEMM_CHOICE.update({"triton_config": config_name(cfg), "config_times_ms": times})
     ck, args, grid = _gemm_launch(m, n, k, cfg)
-    return ck, args, grid, None, None, 1
-
-
-GEMM_CHOICE: dict = {}  # the last gemm_case's config and, when it chose among several, every config's time
+    return ck, args, grid, None, None, 1, {"triton_config": config_name(cfg), "config_times_ms": times}
 
 
 CASES = {
@@ -164,8 +151,7 @@ def main() -> None:
         if left < 30:
             print(f"skipping {name}: deadline", flush=True)
             continue
-        GEMM_CHOICE.clear()
-        ck, args, grid, vargs, vgrid, per = CASES[name](gemm_configs)
+        ck, args, grid, vargs, vgrid, per, choice = CASES[name](gemm_configs)
         sa = SimulatedAnnealing(iterations=a.iters, seeds=tuple(int(s) for s in a.seeds.split(",")), max_seconds=min(a.search_s, left - 25))
         t0 = time.time()
         try:
@@ -195,7 +181,7 @@ def main() -> None:
             "command": " ".join(sys.argv),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "kfuse_version": __version__,
-            **GEMM_CHOICE,
+            **choice,
         }
         if res is None:
             rec.update(

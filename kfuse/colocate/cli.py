@@ -86,17 +86,14 @@ def run(
     model, args, kwargs = kfuse.models.build(name, batch=batch or b, seq=s, dtype=dtype, device=device)
     if lc_tune not in ("none", "fast", "full"):
         raise typer.BadParameter(f"--lc-tune: choose from none, fast, full, got {lc_tune!r}")
+    from kfuse.colocate.ws_partition import parse_warps
+
     try:
-        warps = tuple(int(w) for w in ws_warps.split(",") if w.strip())
-    except ValueError:
-        warps = ()
-    if not warps or any(w not in (4, 8) for w in warps):
-        raise typer.BadParameter(f"--ws-warps takes 4 and / or 8, got {ws_warps!r}")
+        warps = parse_warps(ws_warps)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     compiled = compile_lc(model, args, kwargs, log=typer.echo, backend=None if use_cuda else "torch", tune=lc_tune)
-    items = lc_items(compiled, args, kwargs, gemms=lc_gemms)
-    for it in items:
-        if it.host is not None:
-            it.host.warps = warps
+    items = lc_items(compiled, args, kwargs, gemms=lc_gemms, ws_warps=warps)
     be_names = [workloads.resolve(x.strip()) for x in be.split(",") if x.strip()]
     bes = {n: workloads.make(n, small=not use_cuda, device=device) for n in be_names}
     if use_cuda:

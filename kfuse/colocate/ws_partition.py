@@ -311,6 +311,18 @@ PP64_K128_HOST = ("pp64x128 k128 s3", WsConfig(block_m=64, block_n=128, block_k=
 
 
 Candidate = tuple[str, WsConfig, int, int]  # (label, host tile, loader registers, BE warps)
+HOST_WARPS = (4, 8)  # the BE partition's warp counts a host may offer
+
+
+def parse_warps(text: str) -> tuple[int, ...]:
+    """``"4,8"`` -> (4, 8): the BE warp counts a host tries (``--ws-warps``); ValueError naming what is wrong."""
+    try:
+        warps = tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        warps = ()
+    if not warps or any(w not in HOST_WARPS for w in warps):
+        raise ValueError(f"--ws-warps takes 4 and / or 8, got {text!r}")
+    return warps
 
 
 @dataclass
@@ -334,7 +346,7 @@ class WsHost:
     # 8 BE warps: twice the BE's latency hiding for 24-40 fewer registers a consumer thread. Session 57's probe
     # (``ws_colocate_probe.py --warps 4,8``, H100): histogram's atomics gain (ffn1, four blocks a program: be_free 0.36
     # -> 0.87), mri-q loses a little (0.75 -> 0.52 on attn-out at four): ``choose`` times both
-    warps: tuple[int, ...] = (4, 8)
+    warps: tuple[int, ...] = HOST_WARPS
     # the slices a choice is timed at, in BE blocks a program: the scheduler aims at 0.25-1 GEMM-lengths of BE work
     # (one to four blocks a program), and session 57's probe ranked the warp counts differently at one and at four
     choice_slices: tuple[int, ...] = (1, 4)
@@ -386,7 +398,8 @@ class WsHost:
 
 
 def host_for(node: Any, inputs: list[torch.Tensor], name: str, num_programs: int,
-             time_ms: Callable[[Callable[[], Any]], float] | None = None) -> tuple[WsHost | None, str]:  # fmt: skip
+             time_ms: Callable[[Callable[[], Any]], float] | None = None,
+             warps: tuple[int, ...] = HOST_WARPS) -> tuple[WsHost | None, str]:  # fmt: skip
     """The ``WsHost`` of a plan step (``node`` on its ``inputs``: A, B, then the epilogue's extras), or None and why
     it cannot host: not a ``gemm_epilogue``, a folded norm, or a call the ping-pong kernel cannot run
     (``gemm_ws.ws_eligible``: an sm_90 GPU, one batch, fp16 / bf16, TMA-describable operands)."""
@@ -402,5 +415,6 @@ def host_for(node: Any, inputs: list[torch.Tensor], name: str, num_programs: int
     why = gemm_ws.ws_eligible(g.a, g.b, c)
     if why is not None:
         return None, why
-    host = WsHost(name, g.a, g.b, c, list(g.extras), node.attrs["epilogue"], num_programs, not exact_gelu(g.a.dtype), time_ms=time_ms)
+    host = WsHost(name, g.a, g.b, c, list(g.extras), node.attrs["epilogue"], num_programs, not exact_gelu(g.a.dtype), warps=warps,
+                  time_ms=time_ms)  # fmt: skip
     return host, ""

@@ -324,6 +324,13 @@ def test_repeated_layers_share_one_host_tile_choice(monkeypatch) -> None:
     assert hosts[1].host.chosen["histogram"][0] == f"{ws_partition.HOST_TILES[0][0]} w4"
 
 
+def test_warp_counts_parse_or_are_refused_by_name() -> None:
+    assert ws_partition.parse_warps("4,8") == (4, 8) and ws_partition.parse_warps(" 8 ") == (8,)
+    for bad in ("", "6", "4,x", "4,16"):
+        with pytest.raises(ValueError, match="--ws-warps takes 4 and / or 8"):
+            ws_partition.parse_warps(bad)
+
+
 def test_a_host_chooses_by_the_sum_over_its_choice_slices() -> None:
     """Session 57's probe: 8 BE warps lose a little at one block a program and win at four (histogram). The choice is
     timed at each of ``choice_slices`` and takes the smallest sum, so the four-block slice can outvote the one-block."""
