@@ -65,6 +65,9 @@ def main() -> None:
     ap.add_argument("--ws-warps", default="4,8",
                     help="--lc-gemms plan-ws: the BE partition's warp counts each host tries (comma-separated, 4 and / or 8; "
                          "each one more Gluon compile per host tile and BE kernel)")  # fmt: skip
+    ap.add_argument("--ws-unroll", default="1",
+                    help="--lc-gemms plan-ws: stencil7's BE blocks an iteration each host tries (comma-separated, of 1, 2, 4: "
+                         "more bytes in flight for more registers; every candidate is checked against the references first)")  # fmt: skip
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
         ap.error("--load must be in (0, 1] and --qos-factor above 1")
@@ -79,10 +82,11 @@ def main() -> None:
     from kfuse.colocate.fuser import parse_version
     from kfuse.colocate.lc import compile_lc, lc_items, plan_gemm_summary, ws_host_summary
     from kfuse.colocate.pairs import summary as pairs_summary
-    from kfuse.colocate.ws_partition import parse_warps
+    from kfuse.colocate.ws_partition import parse_unrolls, parse_warps
 
     try:
         ws_warps = parse_warps(a.ws_warps)
+        ws_unrolls = parse_unrolls(a.ws_unroll)
     except ValueError as e:
         ap.error(str(e))
 
@@ -136,7 +140,7 @@ def main() -> None:
             t0 = time.perf_counter()
             model, args, kwargs = kfuse.models.build(lc_name, batch=batch, seq=seq, dtype=dtype, device=device)
             compiled = compile_lc(model, args, kwargs, tune=a.lc_tune)
-            items = lc_items(compiled, args, kwargs, gemms=a.lc_gemms, ws_warps=ws_warps)
+            items = lc_items(compiled, args, kwargs, gemms=a.lc_gemms, ws_warps=ws_warps, ws_unrolls=ws_unrolls)
             n_gemm = sum(it.kernel is not None for it in items)
             n_host = sum(it.host is not None for it in items)
             dt = time.perf_counter() - t0
@@ -184,6 +188,8 @@ def main() -> None:
                     print(f"  ws host x{h['count']} {key}: plan {h['plan_kernel']}; " + "; ".join(
                         f"{be} on {t} ({', '.join(f'{n} {ms * 1e3:.1f} us' for n, ms in h['times'].get(be, {}).items())})"
                         for be, t in h["chosen"].items()), flush=True)  # fmt: skip
+                    for be, why in h["rejected"].items():
+                        print(f"  ws host {key}: {be} candidates WRONG, never chosen: {why}", flush=True)
                 for r in recs:
                     r["lc_ws_hosts"] = ws_hosts
                     r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,

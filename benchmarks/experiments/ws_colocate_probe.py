@@ -82,7 +82,8 @@ def be_solo_ms(work: workloads.Workload, blocks: int, sms: int) -> tuple[float, 
     return best
 
 
-def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: list[int], dev: torch.device) -> list[dict[str, Any]]:
+def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: list[int], dev: torch.device,
+                unrolls: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:  # fmt: skip
     m, n, k, epi = SHAPES[name]
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dev, torch.float16)
@@ -108,17 +109,24 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: l
     for be in be_names:
         work = workloads.make(be, device=dev)
         hosts = {}
-        variants = [(f"{h} w{w}" if len(warps_list) > 1 else h, cfg, loader, w) for h, (cfg, loader) in FUSED.items() for w in warps_list]
-        for host, cfg, loader, warps in variants:
+        # stencil7 also with several blocks an iteration (``--unroll``: U x the bytes in flight a BE thread)
+        us = unrolls if be == "stencil7" else (1,)
+        variants = [((f"{h} w{w}" if len(warps_list) > 1 else h) + (f" u{u}" if u > 1 else ""), cfg, loader, w, u)
+                    for h, (cfg, loader) in FUSED.items() for w in warps_list for u in us]  # fmt: skip
+        for host, cfg, loader, warps, unroll in variants:
             try:
-                ws_partition.for_workload(work, warps)
+                part = ws_partition.for_workload(work, warps, unroll=unroll)
             except ValueError as e:
                 print(f"{name:8s} {host} + {be}: {e}", flush=True)
+                continue
+            if unroll > 1 and part.consumer_regs() < ws_partition.MIN_CONSUMER_REGS:  # as WsHost.candidates
+                print(f"{name:8s} {host} + {be}: leaves the consumers {part.consumer_regs()} registers", flush=True)
                 continue
             # correctness: the whole BE kernel rides along with one GEMM launch
             work.reset()
             c.fill_(float("nan"))
-            ws_partition.launch_fused(a3, b3, c, [row], epi, cfg, work, 0, work.kernel.n_blocks, sms, warps=warps, loader_regs=loader)
+            ws_partition.launch_fused(a3, b3, c, [row], epi, cfg, work, 0, work.kernel.n_blocks, sms, warps=warps, loader_regs=loader,
+                                      unroll=unroll)  # fmt: skip
             torch.cuda.synchronize()
             gemm_err = (c[0].float() - ref).abs().max().item() / ref.abs().max().item()
             be_err = workloads.error(work)
@@ -126,16 +134,17 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: l
             print(f"{name:8s} {host} + {be}: GEMM err {gemm_err:.1e}, {be} err {be_err:.1e} ({work.kernel.n_blocks} blocks)"
                   + ("" if ok_both else "  WRONG: not timed"), flush=True)  # fmt: skip
             if ok_both:
-                hosts[host] = (cfg, loader, warps, gemm_err, be_err)
+                hosts[host] = (cfg, loader, warps, unroll, gemm_err, be_err)
         for s in slices:
             blocks = min(s * sms, work.kernel.n_blocks)
             t_be, be_grid = be_solo_ms(work, blocks, sms) if blocks else (0.0, 0)
-            for host, (cfg, loader, warps, gemm_err, be_err) in hosts.items():
-                t_fused = gpu_time_ms(lambda blocks=blocks, cfg=cfg, loader=loader, warps=warps: ws_partition.launch_fused(
-                    a3, b3, c, [row], epi, cfg, work, 0, blocks, sms, warps=warps, loader_regs=loader))  # fmt: skip
+            for host, (cfg, loader, warps, unroll, gemm_err, be_err) in hosts.items():
+                t_fused = gpu_time_ms(lambda blocks=blocks, cfg=cfg, loader=loader, warps=warps, unroll=unroll: ws_partition.launch_fused(
+                    a3, b3, c, [row], epi, cfg, work, 0, blocks, sms, warps=warps, loader_regs=loader, unroll=unroll))  # fmt: skip
                 overlap = (lc_best + t_be - t_fused) / (lc_best + t_be)
                 be_free = 1 - (t_fused - lc_best) / t_be if t_be else float("nan")
-                rec = {"shape": name, "mnk": [m, n, k], "be": be, "warps": warps, "host": host, "slice_per_program": s, "blocks": blocks,
+                rec = {"shape": name, "mnk": [m, n, k], "be": be, "warps": warps, "unroll": unroll, "host": host, "slice_per_program": s,
+                       "blocks": blocks,
                        "lc_best": best_name, "lc_best_ms": lc_best, "fused_ms": t_fused, "be_solo_ms": t_be, "be_solo_grid": be_grid,
                        "overlap": overlap, "be_free": be_free, "gemm_err": gemm_err, "be_err": be_err, "solo": solo}  # fmt: skip
                 records.append(rec)
@@ -206,7 +215,12 @@ def main() -> None:
     ap.add_argument("--slices", default="0,1,2,4,8")
     ap.add_argument("--warps", default="4", help="the BE partition's warps (comma-separated: each a host variant)")
     ap.add_argument("--hosts", default=",".join(FUSED), help=f"the host tiles (comma-separated, of: {', '.join(FUSED)})")
+    ap.add_argument("--unroll", default="1", help="stencil7's blocks an iteration (comma-separated, of 1, 2, 4: each a variant)")
     args = ap.parse_args()
+    try:
+        unrolls = ws_partition.parse_unrolls(args.unroll)
+    except ValueError as e:
+        ap.error(str(e))
     if unknown := [h for h in args.hosts.split(",") if h not in FUSED]:
         ap.error(f"--hosts: unknown {', '.join(unknown)}")
     for h in [h for h in FUSED if h not in args.hosts.split(",")]:
@@ -231,7 +245,7 @@ def main() -> None:
     records: list[dict[str, Any]] = []
     for name in args.shapes.split(","):
         records += probe_shape(
-            name, args.be.split(","), [int(s) for s in args.slices.split(",")], [int(w) for w in args.warps.split(",")], dev
+            name, args.be.split(","), [int(s) for s in args.slices.split(",")], [int(w) for w in args.warps.split(",")], dev, unrolls
         )
         (out / "ws_colocate_probe.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "records": records}, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, {time.time() - t0:.0f} s; the fastest host tile per row, BE partition of {args.warps} warps")

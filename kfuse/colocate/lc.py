@@ -75,6 +75,7 @@ LC_PROGRAMS_PER_SM = 2  # the PTB LC's persistent grid (``CudaBackend``'s defaul
 def lc_items(
     compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], min_gemm_flops: float = 0.0, gemms: str = "ptb",
     ws_warps: tuple[int, ...] = (4, 8),  # ws_partition.HOST_WARPS (imported where a host is made: it loads Gluon)
+    ws_unrolls: tuple[int, ...] = (1,),
 ) -> list[LCItem]:  # fmt: skip
     """The LC kernel sequence of ``compiled`` (a kfuse CompiledModel) for these inputs.
     ``gemms``: "ptb", each GEMM step as a PTB GEMM of its shape (one tile for all, stand-in operands), which Aker's
@@ -92,7 +93,7 @@ def lc_items(
     "plan-ws", as "plan", and each ``gemm_epilogue`` step the ping-pong kernel can run also hosts a BE slice in a
     worker partition (``LCItem.host``, ``ws_partition.WsHost``; the ``ws`` version): the LC alone runs the plan's own
     kernel, a fused launch the step's GEMM on a ping-pong tile beside the slice (``ws_warps``: the BE warp counts a
-    host tries, ``ws_partition.parse_warps``).
+    host tries, ``ws_partition.parse_warps``; ``ws_unrolls``: stencil7's blocks an iteration, ``parse_unrolls``).
     On a GPU each such kernel's programs an SM are read from its compile and its time is set beside the plan step's
     (``meta["programs_per_sm"]``, ``meta["ptb_ms"]``, ``meta["plan_ms"]``)."""
     if gemms not in LC_GEMMS:
@@ -141,7 +142,7 @@ def lc_items(
             pending.append(step)
             flush()
             if gemms == "plan-ws" and node is not None:
-                items[-1].host = host = _ws_host(step, node, env, ws_warps)
+                items[-1].host = host = _ws_host(step, node, env, ws_warps, ws_unrolls)
                 if host is not None:  # repeated layers (one key) share one tile choice per BE kernel, timed once
                     host.chosen, host.times = host_choices.setdefault(items[-1].key, ({}, {}))
             continue
@@ -208,7 +209,7 @@ def _on_gpu(xs: list[Any]) -> bool:
     return bool(xs) and isinstance(xs[0], torch.Tensor) and xs[0].is_cuda
 
 
-def _ws_host(step: Any, node: Node, env: dict[str, Any], warps: tuple[int, ...]) -> Any:
+def _ws_host(step: Any, node: Node, env: dict[str, Any], warps: tuple[int, ...], unrolls: tuple[int, ...] = (1,)) -> Any:
     """The plan step's ``ws_partition.WsHost`` (None where the ping-pong kernel cannot run it), its tile timed on a
     GPU per BE kernel."""
     from kfuse.colocate.ws_partition import host_for
@@ -216,7 +217,8 @@ def _ws_host(step: Any, node: Node, env: dict[str, Any], warps: tuple[int, ...])
     xs = [env[i] for i in step.inputs]
     on_gpu = _on_gpu(xs)
     sms = num_sms(xs[0].device) if on_gpu else 132
-    host, _why = host_for(node, xs, step.output, sms, time_ms=gpu_time_ms if on_gpu else None, warps=warps)
+    host, _why = host_for(node, xs, step.output, sms, time_ms=gpu_time_ms if on_gpu else None, warps=warps,
+                          unrolls=unrolls)  # fmt: skip
     if host is not None:
         host.plan_kernel = f"{step.info.config} {step.info.epilogue}".strip()
     return host
@@ -224,15 +226,17 @@ def _ws_host(step: Any, node: Node, env: dict[str, Any], warps: tuple[int, ...])
 
 def ws_host_summary(items: list[LCItem]) -> dict[str, dict[str, Any]]:
     """Per key, the "plan-ws" LC's hosts (for a run's log and records): how many steps, the plan's kernel, and per BE
-    kernel the ping-pong tile chosen and every candidate's time (ms, one BE block a program)."""
+    kernel the ping-pong tile chosen, every candidate's time (ms, per BE blocks a program) and the candidates whose
+    fused launch computed a wrong result (never chosen), with why."""
     out: dict[str, dict[str, Any]] = {}
     for it in items:
         if it.host is None:
             continue
-        h = out.setdefault(it.key, {"count": 0, "plan_kernel": it.host.plan_kernel, "chosen": {}, "times": {}})
+        h = out.setdefault(it.key, {"count": 0, "plan_kernel": it.host.plan_kernel, "chosen": {}, "times": {}, "rejected": {}})
         h["count"] += 1
         h["chosen"].update({be: t[0] for be, t in it.host.chosen.items()})
         h["times"].update(it.host.times)
+        h["rejected"].update({be: why for be, why in it.host.rejected.items() if why})
     return out
 
 

@@ -37,6 +37,8 @@ from kfuse.kernels.gemm_ws import LOADER_REGS, WorkerPartition, WsConfig
 # the BE warps' registers a thread: enough for each function below without spills on sm_90 (checked offline
 # by tests/colocate/test_ws_partition.py); the ping-pong GEMM's consumers get the rest (WorkerPartition.consumer_regs)
 BE_REGS = {"histogram": 56, "mriq": 80, "stencil7": 56, "cutcp": 80}
+# stencil7 with U blocks an iteration (``unroll``) holds U x its loads: registers a thread by U (checked offline as above)
+STENCIL7_UNROLL_REGS = {1: 56, 2: 96, 4: 168}
 
 _HISTOGRAM = """
 
@@ -101,21 +103,27 @@ _STENCIL7 = """
 
 @gluon.jit
 def _be_stencil7(src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr, BX: gl.constexpr,
-                 WARPS: gl.constexpr, WR: gl.constexpr):
+                 WARPS: gl.constexpr, WR: gl.constexpr, U: gl.constexpr):
     # kfuse.colocate.workloads.stencil7's block: a BY x BX tile of one z plane, 7-point stencil, boundary copied;
-    # WR warps down the rows (2 rows a warp), the rest across
-    tile: gl.constexpr = gl.BlockedLayout([1, BX // (16 * (WARPS // WR))], [2, 16], [WR, WARPS // WR], [1, 0])
+    # WR warps down the rows (2 rows a warp), the rest across. U of the program's blocks an iteration (its blocks
+    # first, first + P, ..., as the PTB walk), all their loads issued before any is used: U x the bytes in flight
+    tile: gl.constexpr = gl.BlockedLayout([U, 1, BX // (16 * (WARPS // WR))], [1, 2, 16], [1, WR, WARPS // WR], [2, 1, 0])
+    per_block: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, tile))
+    per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, tile))
+    per_col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, tile))
     tiles_x = gl.cdiv(nx, BX)
     tiles_y = gl.cdiv(ny, BY)
     plane = nx * ny
-    for bid in range(start + gl.program_id(0), end, NUM_PROGRAMS):
+    for first in range(start + gl.program_id(0), end, NUM_PROGRAMS * U):
+        bid = first + gl.arange(0, U, per_block) * NUM_PROGRAMS
+        live = (bid < end)[:, None, None]
         tx = bid % tiles_x
         t = bid // tiles_x
         ty = t % tiles_y
-        z = t // tiles_y
-        y = ty * BY + gl.arange(0, BY, gl.SliceLayout(1, tile))[:, None]
-        x = tx * BX + gl.arange(0, BX, gl.SliceLayout(0, tile))[None, :]
-        inb = (y < ny) & (x < nx)
+        z = (t // tiles_y)[:, None, None]
+        y = (ty * BY)[:, None, None] + gl.arange(0, BY, per_row)[None, :, None]
+        x = (tx * BX)[:, None, None] + gl.arange(0, BX, per_col)[None, None, :]
+        inb = live & (y < ny) & (x < nx)
         idx = z * plane + y * nx + x
         c = gl.load(src + idx, mask=inb, other=0.0)
         inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (z > 0) & (z < nz - 1)
@@ -206,30 +214,37 @@ NAMES = tuple(_KERNELS)
 
 
 def partition(
-    name: str, consts: dict[str, Any], warps: int = 4, regs: int | None = None, loader_regs: int = LOADER_REGS
+    name: str, consts: dict[str, Any], warps: int = 4, regs: int | None = None, loader_regs: int = LOADER_REGS, unroll: int = 1
 ) -> WorkerPartition:
     """The worker partition running BE kernel ``name``'s blocks with its block function's constexprs ``consts``
     (``BLOCK``, and ``NBINS`` / ``KC`` / ``BY``, ``BX`` / ``AC``) on ``warps`` warps of ``regs`` registers a thread,
-    the GEMM's loader warp on ``loader_regs``."""
+    the GEMM's loader warp on ``loader_regs``; stencil7 runs ``unroll`` of its blocks an iteration (1, 2 or 4)."""
     if name not in _KERNELS:
         raise ValueError(f"no worker-partition form of BE kernel {name!r}; there is one of: {', '.join(NAMES)}")
+    if unroll != 1 and name != "stencil7":
+        raise ValueError(f"{name}: only stencil7's partition runs several blocks an iteration (unroll {unroll})")
+    if unroll not in STENCIL7_UNROLL_REGS:
+        raise ValueError(f"stencil7: unroll is one of {sorted(STENCIL7_UNROLL_REGS)}, not {unroll}")
     spec = _KERNELS[name]
     missing = [c for c in spec["consts"] if c not in consts]
     if missing:
         raise ValueError(f"{name}: the block function's constexprs {missing} are missing")
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"a worker partition has 1, 2, 4 or 8 warps, not {warps}")
-    regs = BE_REGS[name] if regs is None else regs
+    if regs is None:
+        regs = STENCIL7_UNROLL_REGS[unroll] if name == "stencil7" else BE_REGS[name]
     for r in (regs, loader_regs):
         if r % 8 or not 24 <= r <= 256:
             raise ValueError(f"setmaxnreg takes a multiple of 8 in [24, 256] registers a thread, not {r}")
     _check_layout(name, consts, warps)
     rows = _warp_rows(name, consts, warps)  # 2-D tiles: warps down the rows (the rest across), or None (1-D)
-    const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"] + ([] if rows is None else ["BE_WR"])
+    unrolled = name == "stencil7"
+    const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"] + ([] if rows is None else ["BE_WR"]) + (["BE_U"] if unrolled else [])
     params = ", ".join([*spec["args"], "be_start", "be_end", *(f"{c}: gl.constexpr" for c in const_names)])
     call_args = ", ".join([*spec["args"], "be_start", "be_end", "NUM_PROGRAMS", *const_names])
     constexprs = {f"BE_{c}": consts[c] for c in spec["consts"]} | {"BE_WARPS": warps} | ({} if rows is None else {"BE_WR": rows})
-    key = f"{name}_w{warps}_r{regs}" + ("" if loader_regs == LOADER_REGS else f"_l{loader_regs}")
+    constexprs |= {"BE_U": unroll} if unrolled else {}
+    key = f"{name}_w{warps}_r{regs}" + ("" if loader_regs == LOADER_REGS else f"_l{loader_regs}") + (f"_u{unroll}" if unroll > 1 else "")
     return WorkerPartition(
         key, spec["source"], params, f"({spec['fn']}, ({call_args}))", warps, regs,
         {**spec["args"], "be_start": "i32", "be_end": "i32"}, constexprs, loader_regs, ("be_start", "be_end"),
@@ -269,9 +284,11 @@ def _warp_rows(name: str, consts: dict[str, Any], warps: int) -> int | None:
     return None
 
 
-def for_workload(work: Workload, warps: int = 4, regs: int | None = None, loader_regs: int = LOADER_REGS) -> WorkerPartition:
+def for_workload(
+    work: Workload, warps: int = 4, regs: int | None = None, loader_regs: int = LOADER_REGS, unroll: int = 1
+) -> WorkerPartition:
     """``partition`` for a ``kfuse.colocate.workloads`` BE kernel, with its block constexprs."""
-    return partition(work.name, work.kernel.consts, warps, regs, loader_regs)
+    return partition(work.name, work.kernel.consts, warps, regs, loader_regs, unroll)
 
 
 def partition_args(work: Workload, start: int, end: int) -> dict[str, Any]:
@@ -286,11 +303,11 @@ def partition_args(work: Workload, start: int, end: int) -> dict[str, Any]:
 
 def launch_fused(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, cfg: WsConfig,
                  work: Workload, start: int, end: int, num_programs: int, warps: int = 4, regs: int | None = None,
-                 fast_gelu: bool = True, loader_regs: int = LOADER_REGS) -> None:  # fmt: skip
+                 fast_gelu: bool = True, loader_regs: int = LOADER_REGS, unroll: int = 1) -> None:  # fmt: skip
     """One launch: ``c = epi(a @ b, extras)`` by the ping-pong GEMM (``cfg``, ``num_programs`` programs) and BE
-    blocks ``[start, end)`` of ``work`` by a worker partition of ``warps`` warps. Operands as ``gemm_ws.launch``
-    takes them (a batch of one)."""
-    part = for_workload(work, warps, regs, loader_regs)
+    blocks ``[start, end)`` of ``work`` by a worker partition of ``warps`` warps (``unroll`` blocks an iteration).
+    Operands as ``gemm_ws.launch`` takes them (a batch of one)."""
+    part = for_workload(work, warps, regs, loader_regs, unroll)
     args = partition_args(work, start, end)
     gemm_ws.launch(a, b, c, extras, epi, cfg, num_programs, fast_gelu=fast_gelu, partition=part, partition_args=args)
 
@@ -310,8 +327,11 @@ PP192_HOST = ("pp192 s4 sc", WsConfig(block_m=128, block_n=192, block_k=64, stag
 PP64_K128_HOST = ("pp64x128 k128 s3", WsConfig(block_m=64, block_n=128, block_k=128, stages=3), LOADER_REGS)
 
 
-Candidate = tuple[str, WsConfig, int, int]  # (label, host tile, loader registers, BE warps)
+Candidate = tuple[str, WsConfig, int, int, int]  # (label, host tile, loader registers, BE warps, BE blocks an iteration)
 HOST_WARPS = (4, 8)  # the BE partition's warp counts a host may offer
+# a candidate must leave the GEMM's consumers this many registers a thread: the 64 x 128 tile's accumulator takes 64, and
+# session 57's 128-row tile with 8 BE warps (its consumers at 128 - 40) ran 3-10x slower
+MIN_CONSUMER_REGS = 128
 
 
 def parse_warps(text: str) -> tuple[int, ...]:
@@ -323,6 +343,17 @@ def parse_warps(text: str) -> tuple[int, ...]:
     if not warps or any(w not in HOST_WARPS for w in warps):
         raise ValueError(f"--ws-warps takes 4 and / or 8, got {text!r}")
     return warps
+
+
+def parse_unrolls(text: str) -> tuple[int, ...]:
+    """``"1,2"`` -> (1, 2): stencil7's blocks an iteration a host tries (``--ws-unroll``); ValueError naming what is wrong."""
+    try:
+        unrolls = tuple(int(u) for u in text.split(",") if u.strip())
+    except ValueError:
+        unrolls = ()
+    if not unrolls or any(u not in STENCIL7_UNROLL_REGS for u in unrolls):
+        raise ValueError(f"--ws-unroll takes some of {', '.join(map(str, STENCIL7_UNROLL_REGS))}, got {text!r}")
+    return unrolls
 
 
 @dataclass
@@ -350,45 +381,79 @@ class WsHost:
     # the slices a choice is timed at, in BE blocks a program: the scheduler aims at 0.25-1 GEMM-lengths of BE work
     # (one to four blocks a program), and session 57's probe ranked the warp counts differently at one and at four
     choice_slices: tuple[int, ...] = (1, 4)
+    # stencil7's blocks an iteration (``partition``'s unroll) a host tries; others run one. Offline (sm_90, the s6 host):
+    # 2 at 8 warps and 4 at 4 warps compile without spills and leave the consumers 136 / 152 registers
+    unrolls: tuple[int, ...] = (1,)
     time_ms: Callable[[Callable[[], Any]], float] | None = None
+    # check each candidate's fused launch (the whole BE kernel beside the GEMM) against both references before timing it,
+    # and never choose one that is wrong (``wrong``); the GPU's hosts do (``host_for``)
+    check: bool = False
+    rejected: dict[str, dict[str, str]] = field(default_factory=dict)  # BE kernel -> candidate -> why it was wrong
     chosen: dict[str, Candidate] = field(default_factory=dict)
     times: dict[str, dict[str, float]] = field(default_factory=dict)
     plan_kernel: str = ""  # what the plan runs for the step alone (its config and epilogue), for the logs
 
     def candidates(self, work: Workload) -> list[Candidate]:
-        """Every tile x BE warp count whose partition ``work``'s blocks fit (``partition`` checks the layout)."""
+        """Every tile x BE warp count (x blocks an iteration, stencil7) whose partition ``work``'s blocks fit (``partition``
+        checks the layout) and that leaves the GEMM's consumers ``MIN_CONSUMER_REGS``."""
         out = []
         for w in self.warps:
-            try:
-                for_workload(work, w)
-            except ValueError:
-                continue
-            # 8 BE warps leave a 128-row tile's consumers too few registers: 3-10x slower in session 57's probe
-            out += [(f"{name} w{w}", cfg, loader, w) for name, cfg, loader in self.tiles if w <= 4 or cfg.block_m <= 64]
+            for u in self.unrolls if work.name == "stencil7" else (1,):
+                try:
+                    part = for_workload(work, w, unroll=u)
+                except ValueError:
+                    continue
+                if u > 1 and part.consumer_regs() < MIN_CONSUMER_REGS:
+                    continue
+                label = f" w{w}" + (f" u{u}" if u > 1 else "")
+                # 8 BE warps leave a 128-row tile's consumers too few registers: 3-10x slower in session 57's probe
+                out += [(name + label, cfg, loader, w, u) for name, cfg, loader in self.tiles if w <= 4 or cfg.block_m <= 64]
         if not out:
             raise ValueError(f"{self.name}: no worker partition of {work.name} fits {self.warps} warps")
         return out
 
     def launch(self, cand: Candidate, work: Workload, start: int, end: int) -> None:
-        _, cfg, loader, warps = cand
+        _, cfg, loader, warps, unroll = cand
         launch_fused(self.a, self.b, self.c, self.extras, self.epi, cfg, work, start, end, self.num_programs, warps=warps,
-                     fast_gelu=self.fast_gelu, loader_regs=loader)  # fmt: skip
+                     fast_gelu=self.fast_gelu, loader_regs=loader, unroll=unroll)  # fmt: skip
+
+    def wrong(self, cand: Candidate, work: Workload) -> str | None:
+        """Why ``cand``'s fused launch of the whole BE kernel is wrong (its output or the GEMM's against their references,
+        both poisoned first), or None."""
+        from kfuse.colocate.workloads import error
+        from kfuse.kernels.epilogue import apply_reference
+
+        work.reset()
+        self.c.fill_(float("nan"))
+        self.launch(cand, work, 0, work.kernel.n_blocks)
+        be_err = error(work)
+        if not be_err <= max(work.tol, 1e-3):
+            return f"{work.name} error {be_err:.1e}"
+        ref = apply_reference(torch.matmul(self.a.float(), self.b.float()), [x.float() for x in self.extras], self.epi)
+        gemm_err = ((self.c.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
+        return None if gemm_err < 2e-2 else f"GEMM error {gemm_err:.1e}"
 
     def choose(self, work: Workload) -> Candidate:
         if work.name not in self.chosen:
             cands = self.candidates(work)
+            # checking and timing run BE blocks many times: work that is not idempotent (a histogram's atomics) gets its
+            # output back as it was, or the slices run before this choice would count twice
+            kept = None if work.idempotent else work.output().clone()
+            if self.check:
+                why = {c[0]: self.wrong(c, work) for c in cands}
+                self.rejected[work.name] = {label: w for label, w in why.items() if w is not None}
+                cands = [c for c in cands if why[c[0]] is None]
+                if not cands:
+                    raise RuntimeError(f"{self.name}: every worker partition of {work.name} computed a wrong result: {why}")
             best = cands[0]
             if self.time_ms is not None and len(cands) > 1:
                 sizes = sorted({min(work.kernel.n_blocks, s * self.num_programs) for s in self.choice_slices})
-                # the timing runs BE blocks [0, n) many times: work that is not idempotent (a histogram's atomics)
-                # gets its output back as it was, or the slices run before this choice would count twice
-                kept = None if work.idempotent else work.output().clone()
                 times = {(c[0], n): self.time_ms(lambda c=c, n=n: self.launch(c, work, 0, n)) for c in cands for n in sizes}
-                if kept is not None:
-                    work.output().copy_(kept)
                 per_program = {n: max(1, round(n / self.num_programs)) for n in sizes}
                 self.times[work.name] = {f"{label} S{per_program[n]}": ms for (label, n), ms in times.items()}
                 best = min(cands, key=lambda c: sum(times[c[0], n] for n in sizes))
+            if kept is not None:
+                work.output().copy_(kept)
             self.chosen[work.name] = best
         return self.chosen[work.name]
 
@@ -399,7 +464,7 @@ class WsHost:
 
 def host_for(node: Any, inputs: list[torch.Tensor], name: str, num_programs: int,
              time_ms: Callable[[Callable[[], Any]], float] | None = None,
-             warps: tuple[int, ...] = HOST_WARPS) -> tuple[WsHost | None, str]:  # fmt: skip
+             warps: tuple[int, ...] = HOST_WARPS, unrolls: tuple[int, ...] = (1,)) -> tuple[WsHost | None, str]:  # fmt: skip
     """The ``WsHost`` of a plan step (``node`` on its ``inputs``: A, B, then the epilogue's extras), or None and why
     it cannot host: not a ``gemm_epilogue``, a folded norm, or a call the ping-pong kernel cannot run
     (``gemm_ws.ws_eligible``: an sm_90 GPU, one batch, fp16 / bf16, TMA-describable operands)."""
@@ -416,5 +481,5 @@ def host_for(node: Any, inputs: list[torch.Tensor], name: str, num_programs: int
     if why is not None:
         return None, why
     host = WsHost(name, g.a, g.b, c, list(g.extras), node.attrs["epilogue"], num_programs, not exact_gelu(g.a.dtype), warps=warps,
-                  time_ms=time_ms)  # fmt: skip
+                  unrolls=unrolls, time_ms=time_ms, check=time_ms is not None)  # fmt: skip
     return host, ""

@@ -99,11 +99,13 @@ from kfuse.colocate import ws_partition
 add = EpilogueStep("add", (Operand("reg", 0), Operand("in", 0)))
 epi = Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 out = {}
-for name, consts, warps, block_m, *k128 in json.loads(sys.argv[1]):
+for name, consts, warps, block_m, *rest in json.loads(sys.argv[1]):
+    k128 = 1 in rest
+    unroll = next((r["unroll"] for r in rest if isinstance(r, dict)), 1)  # stencil7's blocks an iteration
     cfg = WsConfig(block_m=block_m, block_n=128, block_k=64, stages=4 if block_m == 128 else 6)
     if k128:  # ws_partition.PP64_K128_HOST
         cfg = WsConfig(block_m=block_m, block_n=128, block_k=128, stages=3)
-    part = ws_partition.partition(name, consts, warps=warps) if name else None
+    part = ws_partition.partition(name, consts, warps=warps, unroll=unroll) if name else None
     ck = gemm_ws.compile_offline(epi, 1000, 3072, 768, cfg, row_broadcast=(True,), fast_gelu=True, bias_mode="prefetch",
                                  partition=part)
     sass = ck.asm["sass"]
@@ -114,7 +116,7 @@ for name, consts, warps, block_m, *k128 in json.loads(sys.argv[1]):
                  tma_loads=sass.count("UTMALDG"),
                  named_bars=sorted(set(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+, 0x[0-9a-f]+);", sass))),
                  maxnreg=sorted({int(v, 16) for v in re.findall(r"USETMAXREG\.[A-Z_.]+ (?:UP0, )?(0x[0-9a-f]+)", sass)}))
-    out[f"{name or 'none'}_w{warps}_m{block_m}" + ("_k128" if k128 else "")] = facts
+    out[f"{name or 'none'}_w{warps}_m{block_m}" + ("_k128" if k128 else "") + (f"_u{unroll}" if unroll > 1 else "")] = facts
 print(json.dumps(out))
 """
 
@@ -125,7 +127,23 @@ def compiled() -> dict:
     cases += [[name, consts, 4, 128] for name, consts in GPU_CONSTS.items()]
     cases += [[name, consts, 8, 64] for name, consts in GPU_CONSTS.items()]  # 8 BE warps on the 64 x 128 s6 host
     cases += [["", {}, 4, 64, 1], ["histogram", GPU_CONSTS["histogram"], 8, 64, 1]]  # the probe's K-step-128 host
+    cases += [["stencil7", GPU_CONSTS["stencil7"], w, 64, {"unroll": u}] for w, u in ((8, 2), (4, 4))]  # stencil7 unrolled
+    cases += [["stencil7", GPU_CONSTS["stencil7"], 4, 64]]  # and one block an iteration on the same host
     return run_offline_script(_COMPILE, cases)
+
+
+@pytest.mark.parametrize(("warps", "unroll"), [(8, 2), (4, 4)])
+def test_unrolled_stencil7_holds_u_blocks_of_loads_without_spills(compiled: dict, warps: int, unroll: int) -> None:
+    """U blocks an iteration: U x the loads and stores in the partition's code, issued before any is used, on the
+    registers ``STENCIL7_UNROLL_REGS`` gives it, with the consumers left at least ``MIN_CONSUMER_REGS``."""
+    alone, one, fused = compiled["none_w4_m64"], compiled[f"stencil7_w{warps}_m64"], compiled[f"stencil7_w{warps}_m64_u{unroll}"]
+    assert fused["STL"] == 0 and fused["LDL"] == 0 and fused["LOCAL"] == 0
+    assert fused["HGMMA"] == alone["HGMMA"] and fused["warps"] == 12 + warps
+    assert fused["ldg"] - alone["ldg"] == unroll * (one["ldg"] - alone["ldg"])
+    assert fused["stg"] - alone["stg"] == unroll * (one["stg"] - alone["stg"])
+    part = ws_partition.partition("stencil7", GPU_CONSTS["stencil7"], warps=warps, unroll=unroll)
+    assert part.regs == ws_partition.STENCIL7_UNROLL_REGS[unroll] and part.consumer_regs() >= ws_partition.MIN_CONSUMER_REGS
+    assert {part.regs, part.consumer_regs()} <= set(fused["maxnreg"])
 
 
 def test_the_k128_host_keeps_the_s6_hosts_shared_memory_and_spills_nothing(compiled: dict) -> None:
@@ -158,6 +176,39 @@ def test_sm90_fused_kernel_keeps_the_gemm_and_runs_the_be_without_spills(compile
         assert fused["ldg"] >= alone["ldg"] + 7 and fused["stg"] > alone["stg"]
     else:  # cutcp: the square root on the MUFU
         assert fused["mufu"] > alone["mufu"] and fused["stg"] > alone["stg"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("warps", "unroll", "block_m"), [(4, 1, 128), (8, 2, 64), (4, 4, 64)])
+def test_unrolled_stencil7_runs_any_block_range_beside_the_gemm(warps: int, unroll: int, block_m: int) -> None:
+    """The GPU-sized stencil7 (its partition needs 16-column warps) in two launches split at a block that is no multiple
+    of U x the programs: each launch's last iteration holds blocks past ``end``, which must not be written."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
+    from kfuse.kernels.gemm import reference
+
+    dev = torch.device("cuda")
+    m, n, k = 1000, 776, 328
+    a = torch.randn(m, k, device=dev).half()
+    b = torch.randn(k, n, device=dev).half() / 16
+    bias = torch.randn(n, device=dev).half()
+    epi = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("gelu", (Operand("reg", 1),))), 1)
+    ref = reference(a, b, [bias.view(1, n).expand(m, n)], epi, torch.float16).float()
+    work = workloads.make("stencil7", device=dev)
+    work.reset()
+    cfg = WsConfig(block_m=block_m, block_n=128, block_k=64, stages=4 if block_m == 128 else 6)
+    split = 12345
+    for start, end in ((0, split), (split, work.kernel.n_blocks)):
+        c = torch.full((1, m, n), float("nan"), device=dev, dtype=torch.float16)
+        ws_partition.launch_fused(a.view(1, m, k), b.view(1, k, n), c, [bias.view(1, 1, n).expand(1, m, n)], epi, cfg, work, start,
+                                  end, 132, warps=warps, unroll=unroll)  # fmt: skip
+        assert (c[0].float() - ref).abs().max().item() < 2e-2 * ref.abs().max().item()
+        if start == 0:  # the first launch wrote its blocks' whole planes and nothing past its blocks: the rest is still poisoned
+            nz, ny, nx = work.output().shape
+            planes = split // ((ny // 8) * (nx // 64))  # 8 x 64 blocks, x fastest, then y, then z
+            assert torch.isnan(work.output()[planes + 1 :]).all() and not torch.isnan(work.output()[:planes]).any()
+    assert workloads.error(work) <= max(work.tol, 1e-3)
 
 
 @pytest.mark.gpu
@@ -258,6 +309,64 @@ def test_a_host_chooses_its_tile_per_be_kernel_by_time_once() -> None:
     gpu_sized = SimpleNamespace(name="histogram", kernel=SimpleNamespace(consts={"BLOCK": 2048, "NBINS": 256}, n_blocks=10))
     labels = [c[0] for c in WsHost("g", None, None, None, [], None, 132, warps=(4, 8)).candidates(gpu_sized)]
     assert labels == [f"{t[0]} w{w}" for w in (4, 8) for t in HOST_TILES if w == 4 or t[1].block_m == 64]
+
+
+def test_a_host_never_chooses_a_candidate_whose_fused_launch_is_wrong() -> None:
+    """With ``check`` (the GPU's hosts), each candidate first runs the whole BE kernel beside the GEMM, both outputs
+    poisoned and compared with their references; a wrong one is reported and never timed or chosen, even where it
+    would be the fastest, and a histogram's counts are left as they were before the choice."""
+    from kfuse.colocate.ws_partition import HOST_TILES, WsHost
+    from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand, apply_reference
+
+    m, n, k = 5, 7, 3
+    a, b, bias = torch.randn(1, m, k), torch.randn(1, k, n), torch.randn(1, 1, n)
+    epi = Epilogue((EpilogueStep("add", (Operand("reg", 0), Operand("in", 0))), EpilogueStep("relu", (Operand("reg", 1),))), 1)
+    good_c = apply_reference(a @ b, [bias], epi)
+    timed: list[str] = []
+    host = WsHost("g", a, b, torch.empty(1, m, n), [bias], epi, 132, time_ms=lambda fn: (fn(), 3.0 - len(timed))[1], check=True)
+    bad = f"{HOST_TILES[-1][0]} w4"  # the last candidate, the fastest by the falling fake clock
+
+    def fake_launch(cand, work, start, end):  # noqa: ANN001, ANN202
+        timed.append(cand[0])
+        host.c.copy_(good_c)
+        if (start, end) == (0, work.kernel.n_blocks):
+            work.output().copy_(work.reference() + (1 if cand[0] == bad else 0))
+
+    host.launch = fake_launch  # type: ignore[method-assign]
+    work = workloads.make("histogram", small=True)
+    work.reset()
+    before = work.output().clone()
+    chosen = host.choose(work)
+    assert chosen[0] == f"{HOST_TILES[0][0]} w4" and list(host.rejected["histogram"]) == [bad]
+    assert "histogram error" in host.rejected["histogram"][bad]
+    assert torch.equal(work.output(), before)  # the checks' and timings' counts taken back
+    assert timed == [chosen[0], bad]  # each checked once; the one right candidate left needs no timing
+    with pytest.raises(RuntimeError, match="wrong result"):  # no candidate right: no choice at all
+        host.launch = lambda cand, w, s, e: host.c.fill_(float("nan"))  # type: ignore[method-assign]
+        host.chosen.clear()
+        host.choose(work)
+
+
+def test_stencil7_hosts_offer_unrolled_partitions_where_the_consumers_keep_their_registers() -> None:
+    from types import SimpleNamespace
+
+    from kfuse.colocate.ws_partition import HOST_TILES, WsHost
+
+    stencil = SimpleNamespace(name="stencil7", kernel=SimpleNamespace(consts={"BY": 8, "BX": 64}, n_blocks=10))
+    labels = [c[0] for c in WsHost("g", None, None, None, [], None, 132, warps=(4, 8), unrolls=(1, 2, 4)).candidates(stencil)]
+    s6, s4 = (t[0] for t in HOST_TILES)
+    # 8 warps with 4 blocks an iteration would leave the consumers 64 registers: not offered
+    assert labels == [f"{s6} w4", f"{s4} w4", f"{s6} w4 u2", f"{s4} w4 u2", f"{s6} w4 u4", f"{s4} w4 u4", f"{s6} w8", f"{s6} w8 u2"]
+    histogram = SimpleNamespace(name="histogram", kernel=SimpleNamespace(consts={"BLOCK": 2048, "NBINS": 256}, n_blocks=10))
+    assert all(" u" not in c[0] for c in WsHost("g", None, None, None, [], None, 132, unrolls=(1, 2)).candidates(histogram))
+    assert ws_partition.parse_unrolls("1, 2,4") == (1, 2, 4)
+    for bad in ("", "3", "1,x"):
+        with pytest.raises(ValueError, match="--ws-unroll"):
+            ws_partition.parse_unrolls(bad)
+    with pytest.raises(ValueError, match="only stencil7"):
+        ws_partition.partition("histogram", {"BLOCK": 2048, "NBINS": 256}, unroll=2)
+    with pytest.raises(ValueError, match="unroll is one of"):
+        ws_partition.partition("stencil7", {"BY": 8, "BX": 64}, unroll=3)
 
 
 def test_the_backend_runs_the_ws_version_through_the_host_and_refuses_it_elsewhere() -> None:
