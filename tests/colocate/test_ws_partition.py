@@ -462,7 +462,7 @@ def test_a_host_chooses_by_the_sum_over_its_choice_slices() -> None:
 def test_choosing_a_host_tile_leaves_a_non_idempotent_be_output_as_it_was(monkeypatch) -> None:
     """The tile choice times fused launches of BE blocks [0, n): a histogram's atomics would count them on top of the
     slices already run (the GPU test of session 57 read 522 extra counts). The launch here is the histogram's PTB
-    kernel in the interpreter, each candidate timed three times."""
+    kernel (in the interpreter, or on the GPU where there is one), each candidate timed three times."""
     import kfuse
     from kfuse.colocate.lc import lc_items
     from kfuse.colocate.ptb import launch_ptb
@@ -471,7 +471,8 @@ def test_choosing_a_host_tile_leaves_a_non_idempotent_be_output_as_it_was(monkey
     compiled = kfuse.compile(torch.nn.Linear(40, 40).eval(), (x,), {}, backend="torch")
     monkeypatch.setattr(gemm_ws, "ws_eligible", lambda a, b, c, split_k=1: None)
     host = next(i.host for i in lc_items(compiled, (x,), {}, gemms="plan-ws") if i.host is not None)
-    work = workloads.make("histogram", small=True)
+    # a GPU test run has no interpreter: the PTB kernel then runs on the GPU's copy of the workload
+    work = workloads.make("histogram", small=True, device="cuda" if torch.cuda.is_available() else "cpu")
     launches: list[tuple[int, int]] = []
 
     def launch(cand, w, start, end) -> None:
