@@ -306,11 +306,11 @@ def build_profile(
         reps_of = {key: i for key, i in reps_of.items() if key in keep}
     fused: dict[tuple[str, str], dict[Any, OnlineTwoStage]] = {}
     samples: dict[tuple[str, str], dict[Any, list[tuple[float, float]]]] = {}
-    taken: dict[tuple[str, str, Any], tuple[int, list[int], int]] = {}  # (key, BE, version) -> (LC kernel, blocks, fit count)
+    # (key, BE, version) -> (LC kernel, each sample's blocks, fit samples, held-out samples): fitted after the retake below
+    taken: dict[tuple[str, str, Any], tuple[int, list[int], int, int]] = {}
     for key, i in reps_of.items():
         t_lc = lc_ms[i]
         for b in be_names:
-            models = {}
             samples[(key, b)] = {}
             for v in [v for v in versions if applies(v, lc[i])]:
 
@@ -341,16 +341,13 @@ def build_profile(
                     xs.append(t_be / t_lc)
                     ys.append(t_f / t_lc)
                 samples[(key, b)][v] = list(zip(xs, ys, strict=True))
-                taken[(key, b, v)] = (i, blocks, len(fit))
-                models[v] = None  # fitted below, after any stalled sample is taken again
-            if models:  # none where no version applies to this LC kernel
-                fused[(key, b)] = models
+                taken[(key, b, v)] = (i, blocks, len(fit), len(held))
         if log:
             log(f"  profiled LC kernel {lc[i].name} ({key}, {t_lc:.4f} ms) with {', '.join(be_names)}")
     # a sample past what any fused launch measured (``implausible``) is a stall of the machine, not the co-run: taken again
     # now, seconds later (session 58: a stall covered every sample of one key, 22-188x the GEMM, held-out error 235%)
     retaken = 0
-    for (key, b, v), (i, blocks, _) in taken.items():
+    for (key, b, v), (i, blocks, *_) in taken.items():
         pts = samples[(key, b)][v]
         for j, (x, y) in enumerate(pts):
             if y > implausible(x):
@@ -362,16 +359,15 @@ def build_profile(
         log(f"  {retaken} fused samples past {IMPLAUSIBLE_Y0:g} + {IMPLAUSIBLE_SLOPE:g} x taken again (a stall)")
     fused_err: list[float] = []
     sample_err: list[float] = []
-    for (key, b, v), (i, _, n_fit) in taken.items():
+    for (key, b, v), (i, _, n_fit, n_held) in taken.items():
         xs, ys = (list(c) for c in zip(*samples[(key, b)][v], strict=True))
         two_stage = OnlineTwoStage.fit(xs[:n_fit], ys[:n_fit])  # reported (held-out error), not planned with
-        n_held = len(heldout_ratios) if not (any_kernel(v) and getattr(backend, "sms", None)) else len(PARTITION_HELDOUT)
         t_lc = lc_ms[i]
         fused_err += relative_errors([two_stage.predict(t_lc, x * t_lc) for x in xs[n_fit : n_fit + n_held]],
                                      [y * t_lc for y in ys[n_fit : n_fit + n_held]])  # fmt: skip
         # planned with: the measured samples themselves; error bound from this pair's leave-one-out errors
-        fused[(key, b)][v] = OnlineTwoStage.from_samples(xs, ys)
-        sample_err += fused[(key, b)][v].errors
+        model = fused.setdefault((key, b), {})[v] = OnlineTwoStage.from_samples(xs, ys)
+        sample_err += model.errors
     prof = Profile(lc_ms, lc, be_models, be_blocks, fused, samples=samples, min_overlap=min_overlap)
     if span_sms or fill_shares:
         profile_spans(prof, backend, be_names, span_sms, med, fresh, log, fill_shares)

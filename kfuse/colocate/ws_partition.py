@@ -334,26 +334,26 @@ HOST_WARPS = (4, 8)  # the BE partition's warp counts a host may offer
 MIN_CONSUMER_REGS = 128
 
 
+def _parse_counts(text: str, allowed: tuple[int, ...], option: str, takes: str) -> tuple[int, ...]:
+    """``"4,8"`` -> (4, 8), every count one of ``allowed``; else ValueError naming ``option`` and what it ``takes``."""
+    try:
+        counts = tuple(int(c) for c in text.split(",") if c.strip())
+    except ValueError:
+        counts = ()
+    if not counts or any(c not in allowed for c in counts):
+        raise ValueError(f"{option} takes {takes}, got {text!r}")
+    return counts
+
+
 def parse_warps(text: str) -> tuple[int, ...]:
     """``"4,8"`` -> (4, 8): the BE warp counts a host tries (``--ws-warps``); ValueError naming what is wrong."""
-    try:
-        warps = tuple(int(w) for w in text.split(",") if w.strip())
-    except ValueError:
-        warps = ()
-    if not warps or any(w not in HOST_WARPS for w in warps):
-        raise ValueError(f"--ws-warps takes 4 and / or 8, got {text!r}")
-    return warps
+    return _parse_counts(text, HOST_WARPS, "--ws-warps", "4 and / or 8")
 
 
 def parse_unrolls(text: str) -> tuple[int, ...]:
     """``"1,2"`` -> (1, 2): stencil7's blocks an iteration a host tries (``--ws-unroll``); ValueError naming what is wrong."""
-    try:
-        unrolls = tuple(int(u) for u in text.split(",") if u.strip())
-    except ValueError:
-        unrolls = ()
-    if not unrolls or any(u not in STENCIL7_UNROLL_REGS for u in unrolls):
-        raise ValueError(f"--ws-unroll takes some of {', '.join(map(str, STENCIL7_UNROLL_REGS))}, got {text!r}")
-    return unrolls
+    allowed = tuple(STENCIL7_UNROLL_REGS)
+    return _parse_counts(text, allowed, "--ws-unroll", f"some of {', '.join(map(str, allowed))}")
 
 
 @dataclass
@@ -417,11 +417,16 @@ class WsHost:
         launch_fused(self.a, self.b, self.c, self.extras, self.epi, cfg, work, start, end, self.num_programs, warps=warps,
                      fast_gelu=self.fast_gelu, loader_regs=loader, unroll=unroll)  # fmt: skip
 
-    def wrong(self, cand: Candidate, work: Workload) -> str | None:
-        """Why ``cand``'s fused launch of the whole BE kernel is wrong (its output or the GEMM's against their references,
-        both poisoned first), or None."""
-        from kfuse.colocate.workloads import error
+    def gemm_reference(self) -> torch.Tensor:
+        """The step's output in fp32 from its own operands (what every candidate's GEMM must write)."""
         from kfuse.kernels.epilogue import apply_reference
+
+        return apply_reference(torch.matmul(self.a.float(), self.b.float()), [x.float() for x in self.extras], self.epi)
+
+    def wrong(self, cand: Candidate, work: Workload, ref: torch.Tensor) -> str | None:
+        """Why ``cand``'s fused launch of the whole BE kernel is wrong (its output against the BE's reference, the GEMM's
+        against ``ref``, both poisoned first), or None."""
+        from kfuse.colocate.workloads import error
 
         work.reset()
         self.c.fill_(float("nan"))
@@ -429,7 +434,6 @@ class WsHost:
         be_err = error(work)
         if not be_err <= max(work.tol, 1e-3):
             return f"{work.name} error {be_err:.1e}"
-        ref = apply_reference(torch.matmul(self.a.float(), self.b.float()), [x.float() for x in self.extras], self.epi)
         gemm_err = ((self.c.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
         return None if gemm_err < 2e-2 else f"GEMM error {gemm_err:.1e}"
 
@@ -440,7 +444,8 @@ class WsHost:
             # output back as it was, or the slices run before this choice would count twice
             kept = None if work.idempotent else work.output().clone()
             if self.check:
-                why = {c[0]: self.wrong(c, work) for c in cands}
+                ref = self.gemm_reference()
+                why = {c[0]: self.wrong(c, work, ref) for c in cands}
                 self.rejected[work.name] = {label: w for label, w in why.items() if w is not None}
                 cands = [c for c in cands if why[c[0]] is None]
                 if not cands:
