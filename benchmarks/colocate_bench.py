@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--ws-unroll", default="1",
                     help="--lc-gemms plan-ws: stencil7's BE blocks an iteration each host tries (comma-separated, of 1, 2, 4: "
                          "more bytes in flight for more registers; every candidate is checked against the references first)")  # fmt: skip
+    ap.add_argument("--ws-feed", default="ldg",
+                    help="--lc-gemms plan-ws: how stencil7's partition reads its input (comma-separated, ldg and / or tma: "
+                         "TMA copies each block's windows into a ring of shared memory; checked first, then chosen by time)")  # fmt: skip
     a = ap.parse_args()
     if not 0.0 < a.load <= 1.0 or a.qos_factor <= 1.0:
         ap.error("--load must be in (0, 1] and --qos-factor above 1")
@@ -82,11 +85,12 @@ def main() -> None:
     from kfuse.colocate.fuser import parse_version
     from kfuse.colocate.lc import compile_lc, lc_items, plan_gemm_summary, ws_host_summary
     from kfuse.colocate.pairs import summary as pairs_summary
-    from kfuse.colocate.ws_partition import parse_unrolls, parse_warps
+    from kfuse.colocate.ws_partition import parse_feeds, parse_unrolls, parse_warps
 
     try:
         ws_warps = parse_warps(a.ws_warps)
         ws_unrolls = parse_unrolls(a.ws_unroll)
+        ws_feeds = parse_feeds(a.ws_feed)
     except ValueError as e:
         ap.error(str(e))
 
@@ -140,7 +144,7 @@ def main() -> None:
             t0 = time.perf_counter()
             model, args, kwargs = kfuse.models.build(lc_name, batch=batch, seq=seq, dtype=dtype, device=device)
             compiled = compile_lc(model, args, kwargs, tune=a.lc_tune)
-            items = lc_items(compiled, args, kwargs, gemms=a.lc_gemms, ws_warps=ws_warps, ws_unrolls=ws_unrolls)
+            items = lc_items(compiled, args, kwargs, gemms=a.lc_gemms, ws_warps=ws_warps, ws_unrolls=ws_unrolls, ws_feeds=ws_feeds)
             n_gemm = sum(it.kernel is not None for it in items)
             n_host = sum(it.host is not None for it in items)
             dt = time.perf_counter() - t0

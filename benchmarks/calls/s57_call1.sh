@@ -12,7 +12,7 @@ mkdir -p "$OUT/ws8"
 PYTHONPATH=. timeout 120 python -m pytest -q -p no:cacheprovider -p no:logging tests/colocate/test_ws_partition.py 2>&1 | tail -3
 left=$(( ${CALL_S:-330} - SECONDS - 10 ))
 PYTHONPATH=. timeout "$left" python benchmarks/colocate_bench.py --out "$OUT/ws8" --lc bert-base --be "${BES:-histogram}" \
-  --be-each --versions ws --ws-warps "${WS_WARPS:-8}" --ws-unroll "${WS_UNROLL:-1}" --lc-gemms plan-ws --lc-tune fast \
+  --be-each --versions ws --ws-warps "${WS_WARPS:-8}" --ws-unroll "${WS_UNROLL:-1}" --ws-feed "${WS_FEED:-ldg}" --lc-gemms plan-ws --lc-tune fast \
   --policies "${POLICIES:-lc_alone,timeshare,aker}" --seconds "${SECONDS_RUN:-0.5}" --classify selected --max-keys 4 \
   2>&1 | grep -v Warning > "$OUT/ws8/colocate.log"
 grep -E "compiled in|solo query|allowance| p99 |FAILED|Error|overlap|decisions" "$OUT/ws8/colocate.log" | cut -c1-240

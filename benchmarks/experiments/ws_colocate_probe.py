@@ -83,7 +83,7 @@ def be_solo_ms(work: workloads.Workload, blocks: int, sms: int) -> tuple[float, 
 
 
 def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: list[int], dev: torch.device,
-                unrolls: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:  # fmt: skip
+                unrolls: tuple[int, ...] = (1,), feeds: tuple[str, ...] = ("ldg",)) -> list[dict[str, Any]]:  # fmt: skip
     m, n, k, epi = SHAPES[name]
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dev, torch.float16)
@@ -109,13 +109,19 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: l
     for be in be_names:
         work = workloads.make(be, device=dev)
         hosts = {}
-        # stencil7 also with several blocks an iteration (``--unroll``: U x the bytes in flight a BE thread)
-        us = unrolls if be == "stencil7" else (1,)
-        variants = [((f"{h} w{w}" if len(warps_list) > 1 else h) + (f" u{u}" if u > 1 else ""), cfg, loader, w, u)
-                    for h, (cfg, loader) in FUSED.items() for w in warps_list for u in us]  # fmt: skip
-        for host, cfg, loader, warps, unroll in variants:
+        # stencil7 also with several blocks an iteration (``--unroll``: U x the bytes in flight a BE thread) and fed by TMA
+        # (``--feed tma``: a ring of the deepest ``TMA_SLOTS`` the host tile's shared memory leaves)
+        forms = [(u, "ldg") for u in unrolls] if be == "stencil7" else [(1, "ldg")]
+        forms = [f for f in forms if f[1] in feeds] + ([(1, "tma")] if be == "stencil7" and "tma" in feeds else [])
+        variants = [((f"{h} w{w}" if len(warps_list) > 1 else h) + (f" u{u}" if u > 1 else "") + (" tma" if f == "tma" else ""),
+                     cfg, loader, w, u, f, ws_partition.tma_slots(cfg, work.kernel.consts) if f == "tma" else 0)
+                    for h, (cfg, loader) in FUSED.items() for w in warps_list for u, f in forms]  # fmt: skip
+        for host, cfg, loader, warps, unroll, feed, slots in variants:
+            if feed == "tma" and not slots:
+                print(f"{name:8s} {host} + {be}: no TMA ring fits beside the tile's shared memory", flush=True)
+                continue
             try:
-                part = ws_partition.for_workload(work, warps, unroll=unroll)
+                part = ws_partition.for_workload(work, warps, unroll=unroll, feed=feed, slots=slots or 2)
             except ValueError as e:
                 print(f"{name:8s} {host} + {be}: {e}", flush=True)
                 continue
@@ -126,7 +132,7 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: l
             work.reset()
             c.fill_(float("nan"))
             ws_partition.launch_fused(a3, b3, c, [row], epi, cfg, work, 0, work.kernel.n_blocks, sms, warps=warps, loader_regs=loader,
-                                      unroll=unroll)  # fmt: skip
+                                      unroll=unroll, feed=feed, slots=slots or 2)  # fmt: skip
             torch.cuda.synchronize()
             gemm_err = (c[0].float() - ref).abs().max().item() / ref.abs().max().item()
             be_err = workloads.error(work)
@@ -134,17 +140,18 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: l
             print(f"{name:8s} {host} + {be}: GEMM err {gemm_err:.1e}, {be} err {be_err:.1e} ({work.kernel.n_blocks} blocks)"
                   + ("" if ok_both else "  WRONG: not timed"), flush=True)  # fmt: skip
             if ok_both:
-                hosts[host] = (cfg, loader, warps, unroll, gemm_err, be_err)
+                hosts[host] = (cfg, loader, warps, unroll, feed, slots or 2, gemm_err, be_err)
         for s in slices:
             blocks = min(s * sms, work.kernel.n_blocks)
             t_be, be_grid = be_solo_ms(work, blocks, sms) if blocks else (0.0, 0)
-            for host, (cfg, loader, warps, unroll, gemm_err, be_err) in hosts.items():
-                t_fused = gpu_time_ms(lambda blocks=blocks, cfg=cfg, loader=loader, warps=warps, unroll=unroll: ws_partition.launch_fused(
-                    a3, b3, c, [row], epi, cfg, work, 0, blocks, sms, warps=warps, loader_regs=loader, unroll=unroll))  # fmt: skip
+            for host, (cfg, loader, warps, unroll, feed, slots, gemm_err, be_err) in hosts.items():
+                t_fused = gpu_time_ms(lambda blocks=blocks, cfg=cfg, loader=loader, warps=warps, unroll=unroll, feed=feed, slots=slots:
+                                      ws_partition.launch_fused(a3, b3, c, [row], epi, cfg, work, 0, blocks, sms, warps=warps,
+                                                                loader_regs=loader, unroll=unroll, feed=feed, slots=slots))  # fmt: skip
                 overlap = (lc_best + t_be - t_fused) / (lc_best + t_be)
                 be_free = 1 - (t_fused - lc_best) / t_be if t_be else float("nan")
-                rec = {"shape": name, "mnk": [m, n, k], "be": be, "warps": warps, "unroll": unroll, "host": host, "slice_per_program": s,
-                       "blocks": blocks,
+                rec = {"shape": name, "mnk": [m, n, k], "be": be, "warps": warps, "unroll": unroll, "feed": feed, "slots": slots,
+                       "host": host, "slice_per_program": s, "blocks": blocks,
                        "lc_best": best_name, "lc_best_ms": lc_best, "fused_ms": t_fused, "be_solo_ms": t_be, "be_solo_grid": be_grid,
                        "overlap": overlap, "be_free": be_free, "gemm_err": gemm_err, "be_err": be_err, "solo": solo}  # fmt: skip
                 records.append(rec)
@@ -216,9 +223,11 @@ def main() -> None:
     ap.add_argument("--warps", default="4", help="the BE partition's warps (comma-separated: each a host variant)")
     ap.add_argument("--hosts", default=",".join(FUSED), help=f"the host tiles (comma-separated, of: {', '.join(FUSED)})")
     ap.add_argument("--unroll", default="1", help="stencil7's blocks an iteration (comma-separated, of 1, 2, 4: each a variant)")
+    ap.add_argument("--feed", default="ldg", help="how stencil7's partition reads its input (comma-separated, of ldg, tma: each a variant)")
     args = ap.parse_args()
     try:
         unrolls = ws_partition.parse_unrolls(args.unroll)
+        feeds = ws_partition.parse_feeds(args.feed)
     except ValueError as e:
         ap.error(str(e))
     if unknown := [h for h in args.hosts.split(",") if h not in FUSED]:
@@ -245,7 +254,13 @@ def main() -> None:
     records: list[dict[str, Any]] = []
     for name in args.shapes.split(","):
         records += probe_shape(
-            name, args.be.split(","), [int(s) for s in args.slices.split(",")], [int(w) for w in args.warps.split(",")], dev, unrolls
+            name,
+            args.be.split(","),
+            [int(s) for s in args.slices.split(",")],
+            [int(w) for w in args.warps.split(",")],
+            dev,
+            unrolls,
+            feeds,
         )
         (out / "ws_colocate_probe.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "records": records}, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, {time.time() - t0:.0f} s; the fastest host tile per row, BE partition of {args.warps} warps")

@@ -64,6 +64,9 @@ def run(
     ws_unroll: str = typer.Option(
         "1", help="--lc-gemms plan-ws: stencil7's BE blocks an iteration a host tries (of 1, 2, 4), checked, then chosen by time"
     ),
+    ws_feed: str = typer.Option(
+        "ldg", help="--lc-gemms plan-ws: how stencil7's partition reads its input (ldg and / or tma), checked, then chosen by time"
+    ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time sharing, streams, Aker fusion, SM partitions and
@@ -89,15 +92,16 @@ def run(
     model, args, kwargs = kfuse.models.build(name, batch=batch or b, seq=s, dtype=dtype, device=device)
     if lc_tune not in ("none", "fast", "full"):
         raise typer.BadParameter(f"--lc-tune: choose from none, fast, full, got {lc_tune!r}")
-    from kfuse.colocate.ws_partition import parse_unrolls, parse_warps
+    from kfuse.colocate.ws_partition import parse_feeds, parse_unrolls, parse_warps
 
     try:
         warps = parse_warps(ws_warps)
         unrolls = parse_unrolls(ws_unroll)
+        feeds = parse_feeds(ws_feed)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     compiled = compile_lc(model, args, kwargs, log=typer.echo, backend=None if use_cuda else "torch", tune=lc_tune)
-    items = lc_items(compiled, args, kwargs, gemms=lc_gemms, ws_warps=warps, ws_unrolls=unrolls)
+    items = lc_items(compiled, args, kwargs, gemms=lc_gemms, ws_warps=warps, ws_unrolls=unrolls, ws_feeds=feeds)
     be_names = [workloads.resolve(x.strip()) for x in be.split(",") if x.strip()]
     bes = {n: workloads.make(n, small=not use_cuda, device=device) for n in be_names}
     if use_cuda:

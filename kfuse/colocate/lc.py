@@ -76,6 +76,7 @@ def lc_items(
     compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], min_gemm_flops: float = 0.0, gemms: str = "ptb",
     ws_warps: tuple[int, ...] = (4, 8),  # ws_partition.HOST_WARPS (imported where a host is made: it loads Gluon)
     ws_unrolls: tuple[int, ...] = (1,),
+    ws_feeds: tuple[str, ...] = ("ldg",),
 ) -> list[LCItem]:  # fmt: skip
     """The LC kernel sequence of ``compiled`` (a kfuse CompiledModel) for these inputs.
     ``gemms``: "ptb", each GEMM step as a PTB GEMM of its shape (one tile for all, stand-in operands), which Aker's
@@ -93,7 +94,8 @@ def lc_items(
     "plan-ws", as "plan", and each ``gemm_epilogue`` step the ping-pong kernel can run also hosts a BE slice in a
     worker partition (``LCItem.host``, ``ws_partition.WsHost``; the ``ws`` version): the LC alone runs the plan's own
     kernel, a fused launch the step's GEMM on a ping-pong tile beside the slice (``ws_warps``: the BE warp counts a
-    host tries, ``ws_partition.parse_warps``; ``ws_unrolls``: stencil7's blocks an iteration, ``parse_unrolls``).
+    host tries, ``ws_partition.parse_warps``; ``ws_unrolls``: stencil7's blocks an iteration, ``parse_unrolls``;
+    ``ws_feeds``: how stencil7's partition reads its input, ``parse_feeds``).
     On a GPU each such kernel's programs an SM are read from its compile and its time is set beside the plan step's
     (``meta["programs_per_sm"]``, ``meta["ptb_ms"]``, ``meta["plan_ms"]``)."""
     if gemms not in LC_GEMMS:
@@ -142,7 +144,7 @@ def lc_items(
             pending.append(step)
             flush()
             if gemms == "plan-ws" and node is not None:
-                items[-1].host = host = _ws_host(step, node, env, ws_warps, ws_unrolls)
+                items[-1].host = host = _ws_host(step, node, env, ws_warps, ws_unrolls, ws_feeds)
                 if host is not None:  # repeated layers (one key) share one tile choice per BE kernel, timed once
                     host.chosen, host.times = host_choices.setdefault(items[-1].key, ({}, {}))
             continue
@@ -209,7 +211,8 @@ def _on_gpu(xs: list[Any]) -> bool:
     return bool(xs) and isinstance(xs[0], torch.Tensor) and xs[0].is_cuda
 
 
-def _ws_host(step: Any, node: Node, env: dict[str, Any], warps: tuple[int, ...], unrolls: tuple[int, ...] = (1,)) -> Any:
+def _ws_host(step: Any, node: Node, env: dict[str, Any], warps: tuple[int, ...], unrolls: tuple[int, ...] = (1,),
+             feeds: tuple[str, ...] = ("ldg",)) -> Any:  # fmt: skip
     """The plan step's ``ws_partition.WsHost`` (None where the ping-pong kernel cannot run it), its tile timed on a
     GPU per BE kernel."""
     from kfuse.colocate.ws_partition import host_for
@@ -218,7 +221,7 @@ def _ws_host(step: Any, node: Node, env: dict[str, Any], warps: tuple[int, ...],
     on_gpu = _on_gpu(xs)
     sms = num_sms(xs[0].device) if on_gpu else 132
     host, _why = host_for(node, xs, step.output, sms, time_ms=gpu_time_ms if on_gpu else None, warps=warps,
-                          unrolls=unrolls)  # fmt: skip
+                          unrolls=unrolls, feeds=feeds)  # fmt: skip
     if host is not None:
         host.plan_kernel = f"{step.info.config} {step.info.epilogue}".strip()
     return host

@@ -25,20 +25,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from kfuse.colocate.workloads import Workload
 from kfuse.kernels import gemm_ws
 from kfuse.kernels.epilogue import Epilogue
-from kfuse.kernels.gemm_ws import LOADER_REGS, WorkerPartition, WsConfig
+from kfuse.kernels.gemm_ws import LOADER_REGS, SMEM_LIMIT, WorkerPartition, WsConfig
 
 # the BE warps' registers a thread: enough for each function below without spills on sm_90 (checked offline
 # by tests/colocate/test_ws_partition.py); the ping-pong GEMM's consumers get the rest (WorkerPartition.consumer_regs)
 BE_REGS = {"histogram": 56, "mriq": 80, "stencil7": 56, "cutcp": 80}
 # stencil7 with U blocks an iteration (``unroll``) holds U x its loads: registers a thread by U (checked offline as above)
 STENCIL7_UNROLL_REGS = {1: 56, 2: 96, 4: 168}
+# how a BE partition reads its input: "ldg", each thread's loads into its registers; "tma" (stencil7), the TMA engine
+# copies each block's windows into a ring of shared memory (``_STENCIL7_TMA``), so the bytes in flight are not bounded
+# by the partition's registers (session 58: stencil7 in 4-8 warps ran at 1/3-1/2 of its rate alone, y ~ 1 + 0.9-3x)
+FEEDS = ("ldg", "tma")
+STENCIL7_TMA_REGS = 56  # no load is held in a register: the LDG form's one-block count (checked offline, no spills)
+TMA_SLOTS = (3, 2)  # the ring depths (blocks in flight a program) a host tries, the deepest first that fits its shared memory
 
 _HISTOGRAM = """
 
@@ -133,6 +139,72 @@ def _be_stencil7(src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.cons
         gl.store(dst + idx, gl.where(inner, c0 * c + c1 * s, c), mask=inb)
 """
 
+_STENCIL7_TMA = """
+
+@gluon.jit
+def _be_stencil7_tma(src_desc, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr,
+                     BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, SLOTS: gl.constexpr):
+    # stencil7's block fed by TMA: its seven windows (the point and its six neighbours, each a [1, BY, BX] box of src at
+    # (z, y, x) + an offset; coordinates outside src read 0, which only boundary points, copied, would use) land in a ring
+    # of SLOTS slots of shared memory, SLOTS blocks ahead. One thread issues a block's seven copies, so the bytes in flight
+    # do not take the warps' registers (the LDG form holds each load in one); the warps read the windows back in one layout
+    tile: gl.constexpr = gl.BlockedLayout([1, 1, BX // (16 * (WARPS // WR))], [1, 2, 16], [1, WR, WARPS // WR], [2, 1, 0])
+    per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, tile))
+    per_col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, tile))
+    windows = gl.allocate_shared_memory(gl.float32, [SLOTS * 7, 1, BY, BX], src_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    for q in gl.static_range(SLOTS):
+        mbarrier.init(ready.index(q), count=1)
+    fence_async_shared()
+    gl.thread_barrier()  # a named barrier of this partition's warps only (Triton scopes it to the partition)
+    tiles_x = gl.cdiv(nx, BX)
+    tiles_y = gl.cdiv(ny, BY)
+    plane = nx * ny
+    first = start + gl.program_id(0)
+    for p in gl.static_range(SLOTS):
+        if first + p * NUM_PROGRAMS < end:
+            _stencil7_fetch(src_desc, windows, ready, p, first + p * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
+    i = 0
+    for bid in range(first, end, NUM_PROGRAMS):
+        s = i % SLOTS
+        mbarrier.wait(ready.index(s), (i // SLOTS) & 1)
+        c = windows.index(7 * s).load(tile)
+        acc = windows.index(7 * s + 1).load(tile) + windows.index(7 * s + 2).load(tile)
+        acc += windows.index(7 * s + 3).load(tile) + windows.index(7 * s + 4).load(tile)
+        acc += windows.index(7 * s + 5).load(tile) + windows.index(7 * s + 6).load(tile)
+        gl.thread_barrier()  # every warp has read slot s: refill it with the block SLOTS ahead
+        if bid + SLOTS * NUM_PROGRAMS < end:
+            _stencil7_fetch(src_desc, windows, ready, s, bid + SLOTS * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
+        tx = bid % tiles_x
+        t = bid // tiles_x
+        z = t // tiles_y
+        y = ((t % tiles_y) * BY + gl.arange(0, BY, per_row))[None, :, None]
+        x = (tx * BX + gl.arange(0, BX, per_col))[None, None, :]
+        inb = (y < ny) & (x < nx)
+        inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (z > 0) & (z < nz - 1)
+        gl.store(dst + z * plane + y * nx + x, gl.where(inner, c0 * c + c1 * acc, c), mask=inb)
+        i += 1
+
+
+@gluon.jit
+def _stencil7_fetch(src_desc, windows, ready, s, bid, tiles_x, tiles_y, BY: gl.constexpr, BX: gl.constexpr):
+    # block bid's seven windows into slot s, one mbarrier counting their bytes
+    tx = bid % tiles_x
+    t = bid // tiles_x
+    z = t // tiles_y
+    y = (t % tiles_y) * BY
+    x = tx * BX
+    bar = ready.index(s)
+    mbarrier.expect(bar, 7 * BY * BX * 4)
+    tma.async_copy_global_to_shared(src_desc, [z, y, x], bar, windows.index(7 * s))
+    tma.async_copy_global_to_shared(src_desc, [z, y, x - 1], bar, windows.index(7 * s + 1))
+    tma.async_copy_global_to_shared(src_desc, [z, y, x + 1], bar, windows.index(7 * s + 2))
+    tma.async_copy_global_to_shared(src_desc, [z, y - 1, x], bar, windows.index(7 * s + 3))
+    tma.async_copy_global_to_shared(src_desc, [z, y + 1, x], bar, windows.index(7 * s + 4))
+    tma.async_copy_global_to_shared(src_desc, [z - 1, y, x], bar, windows.index(7 * s + 5))
+    tma.async_copy_global_to_shared(src_desc, [z + 1, y, x], bar, windows.index(7 * s + 6))
+"""
+
 _CUTCP = """
 
 @gluon.jit
@@ -211,43 +283,106 @@ _KERNELS: dict[str, dict[str, Any]] = {
     },
 }
 NAMES = tuple(_KERNELS)
+# stencil7 fed by TMA: src arrives as a tensor descriptor of [1, BY, BX] boxes (``tma_source``), the rest as the LDG form
+_STENCIL7_TMA_SPEC: dict[str, Any] = {
+    "source": _STENCIL7_TMA,
+    "fn": "_be_stencil7_tma",
+    "args": {"be_src_desc": "", **{k: v for k, v in _KERNELS["stencil7"]["args"].items() if k != "be_src"}},
+    "consts": ("BY", "BX"),
+}
+
+
+def _window_layout() -> Any:
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)  # plain rows: windows read at any offset
+
+
+def tma_source(src: torch.Tensor, consts: dict[str, Any]) -> Any:
+    """stencil7's ``src`` (fp32 [nz, ny, nx]) as the TMA descriptor the ``tma`` form reads its [1, BY, BX] windows through."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(src, [1, int(consts["BY"]), int(consts["BX"])], _window_layout())
+
+
+def tma_unfit(src: torch.Tensor) -> str | None:
+    """Why stencil7's ``src`` cannot be read by TMA (a contiguous fp32 3-D tensor, 16-byte aligned, rows a multiple of 16
+    bytes: the copy engine's rules for a global tensor), or None."""
+    if src.dtype != torch.float32 or src.dim() != 3 or not src.is_contiguous():
+        return f"TMA reads a contiguous fp32 [nz, ny, nx] tensor, not {tuple(src.shape)} {src.dtype}"
+    if src.data_ptr() % 16 or (src.shape[2] * 4) % 16:
+        return f"TMA needs a 16-byte aligned tensor with rows a multiple of 16 bytes (nx = {src.shape[2]})"
+    return None
+
+
+def tma_slot_bytes(consts: dict[str, Any]) -> int:
+    """Shared memory of one ring slot of the ``tma`` form: a block's seven fp32 windows and its mbarrier."""
+    return 7 * int(consts["BY"]) * int(consts["BX"]) * 4 + 8
+
+
+def tma_slots(cfg: WsConfig, consts: dict[str, Any]) -> int:
+    """The deepest ring of ``TMA_SLOTS`` that fits beside host tile ``cfg``'s shared memory, or 0 (none fits)."""
+    return next((s for s in TMA_SLOTS if cfg.smem_bytes() + s * tma_slot_bytes(consts) <= SMEM_LIMIT), 0)
 
 
 def partition(
-    name: str, consts: dict[str, Any], warps: int = 4, regs: int | None = None, loader_regs: int = LOADER_REGS, unroll: int = 1
+    name: str,
+    consts: dict[str, Any],
+    warps: int = 4,
+    regs: int | None = None,
+    loader_regs: int = LOADER_REGS,
+    unroll: int = 1,
+    feed: str = "ldg",
+    slots: int = TMA_SLOTS[-1],
 ) -> WorkerPartition:
     """The worker partition running BE kernel ``name``'s blocks with its block function's constexprs ``consts``
     (``BLOCK``, and ``NBINS`` / ``KC`` / ``BY``, ``BX`` / ``AC``) on ``warps`` warps of ``regs`` registers a thread,
-    the GEMM's loader warp on ``loader_regs``; stencil7 runs ``unroll`` of its blocks an iteration (1, 2 or 4)."""
+    the GEMM's loader warp on ``loader_regs``; stencil7 runs ``unroll`` of its blocks an iteration (1, 2 or 4), or with
+    ``feed="tma"`` reads them through a ring of ``slots`` blocks of shared memory filled by TMA."""
     if name not in _KERNELS:
         raise ValueError(f"no worker-partition form of BE kernel {name!r}; there is one of: {', '.join(NAMES)}")
     if unroll != 1 and name != "stencil7":
         raise ValueError(f"{name}: only stencil7's partition runs several blocks an iteration (unroll {unroll})")
     if unroll not in STENCIL7_UNROLL_REGS:
         raise ValueError(f"stencil7: unroll is one of {sorted(STENCIL7_UNROLL_REGS)}, not {unroll}")
-    spec = _KERNELS[name]
+    if feed not in FEEDS:
+        raise ValueError(f"feed is one of {FEEDS}, not {feed!r}")
+    tma_fed = feed == "tma"
+    if tma_fed and (name != "stencil7" or unroll != 1):
+        raise ValueError(f"{name}: only stencil7 has a TMA-fed partition, one block an iteration (unroll {unroll})")
+    if tma_fed and not 1 <= slots <= 4:
+        raise ValueError(f"stencil7: a TMA ring of 1 to 4 slots, not {slots}")
+    spec = _STENCIL7_TMA_SPEC if tma_fed else _KERNELS[name]
     missing = [c for c in spec["consts"] if c not in consts]
     if missing:
         raise ValueError(f"{name}: the block function's constexprs {missing} are missing")
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"a worker partition has 1, 2, 4 or 8 warps, not {warps}")
     if regs is None:
-        regs = STENCIL7_UNROLL_REGS[unroll] if name == "stencil7" else BE_REGS[name]
+        regs = STENCIL7_TMA_REGS if tma_fed else STENCIL7_UNROLL_REGS[unroll] if name == "stencil7" else BE_REGS[name]
     for r in (regs, loader_regs):
         if r % 8 or not 24 <= r <= 256:
             raise ValueError(f"setmaxnreg takes a multiple of 8 in [24, 256] registers a thread, not {r}")
     _check_layout(name, consts, warps)
     rows = _warp_rows(name, consts, warps)  # 2-D tiles: warps down the rows (the rest across), or None (1-D)
-    unrolled = name == "stencil7"
+    unrolled = name == "stencil7" and not tma_fed
     const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"] + ([] if rows is None else ["BE_WR"]) + (["BE_U"] if unrolled else [])
+    const_names += ["BE_SLOTS"] if tma_fed else []
+    arg_types = dict(spec["args"])
+    if tma_fed:  # the descriptor's type names its box and layout, not the tensor's shape
+        from triton.runtime.jit import mangle_type
+
+        arg_types["be_src_desc"] = mangle_type(tma_source(torch.empty(1, int(consts["BY"]), int(consts["BX"])), consts))
     params = ", ".join([*spec["args"], "be_start", "be_end", *(f"{c}: gl.constexpr" for c in const_names)])
     call_args = ", ".join([*spec["args"], "be_start", "be_end", "NUM_PROGRAMS", *const_names])
     constexprs = {f"BE_{c}": consts[c] for c in spec["consts"]} | {"BE_WARPS": warps} | ({} if rows is None else {"BE_WR": rows})
     constexprs |= {"BE_U": unroll} if unrolled else {}
+    constexprs |= {"BE_SLOTS": slots} if tma_fed else {}
     key = f"{name}_w{warps}_r{regs}" + ("" if loader_regs == LOADER_REGS else f"_l{loader_regs}") + (f"_u{unroll}" if unroll > 1 else "")
+    key += f"_tma{slots}" if tma_fed else ""
     return WorkerPartition(
         key, spec["source"], params, f"({spec['fn']}, ({call_args}))", warps, regs,
-        {**spec["args"], "be_start": "i32", "be_end": "i32"}, constexprs, loader_regs, ("be_start", "be_end"),
+        {**arg_types, "be_start": "i32", "be_end": "i32"}, constexprs, loader_regs, ("be_start", "be_end"),
     )  # fmt: skip
 
 
@@ -285,30 +420,45 @@ def _warp_rows(name: str, consts: dict[str, Any], warps: int) -> int | None:
 
 
 def for_workload(
-    work: Workload, warps: int = 4, regs: int | None = None, loader_regs: int = LOADER_REGS, unroll: int = 1
+    work: Workload,
+    warps: int = 4,
+    regs: int | None = None,
+    loader_regs: int = LOADER_REGS,
+    unroll: int = 1,
+    feed: str = "ldg",
+    slots: int = TMA_SLOTS[-1],
 ) -> WorkerPartition:
     """``partition`` for a ``kfuse.colocate.workloads`` BE kernel, with its block constexprs."""
-    return partition(work.name, work.kernel.consts, warps, regs, loader_regs, unroll)
+    return partition(work.name, work.kernel.consts, warps, regs, loader_regs, unroll, feed, slots)
 
 
-def partition_args(work: Workload, start: int, end: int) -> dict[str, Any]:
-    """The fused kernel's BE arguments: ``work``'s block-function arguments and the block range ``[start, end)``."""
+def partition_args(work: Workload, start: int, end: int, feed: str = "ldg") -> dict[str, Any]:
+    """The fused kernel's BE arguments: ``work``'s block-function arguments and the block range ``[start, end)``; with
+    ``feed="tma"`` stencil7's ``src`` goes as its TMA descriptor (``tma_source``)."""
     names = list(_KERNELS[work.name]["args"])
     if len(names) != len(work.kernel.args):
         raise ValueError(f"{work.name}: {len(work.kernel.args)} block-function arguments, the partition takes {len(names)}")
     if not 0 <= start <= end <= work.kernel.n_blocks:
         raise ValueError(f"{work.name}: block range [{start}, {end}) is outside [0, {work.kernel.n_blocks})")
-    return dict(zip(names, work.kernel.args, strict=True)) | {"be_start": start, "be_end": end}
+    args = dict(zip(names, work.kernel.args, strict=True)) | {"be_start": start, "be_end": end}
+    if feed == "tma":
+        src = args.pop("be_src", None)
+        why = "only stencil7 is TMA-fed" if src is None else tma_unfit(src)
+        if why is not None:
+            raise ValueError(f"{work.name}: {why}")
+        args = {"be_src_desc": tma_source(src, work.kernel.consts), **args}
+    return args
 
 
 def launch_fused(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extras: list[torch.Tensor], epi: Epilogue, cfg: WsConfig,
                  work: Workload, start: int, end: int, num_programs: int, warps: int = 4, regs: int | None = None,
-                 fast_gelu: bool = True, loader_regs: int = LOADER_REGS, unroll: int = 1) -> None:  # fmt: skip
+                 fast_gelu: bool = True, loader_regs: int = LOADER_REGS, unroll: int = 1, feed: str = "ldg",
+                 slots: int = TMA_SLOTS[-1]) -> None:  # fmt: skip
     """One launch: ``c = epi(a @ b, extras)`` by the ping-pong GEMM (``cfg``, ``num_programs`` programs) and BE
-    blocks ``[start, end)`` of ``work`` by a worker partition of ``warps`` warps (``unroll`` blocks an iteration).
-    Operands as ``gemm_ws.launch`` takes them (a batch of one)."""
-    part = for_workload(work, warps, regs, loader_regs, unroll)
-    args = partition_args(work, start, end)
+    blocks ``[start, end)`` of ``work`` by a worker partition of ``warps`` warps (``unroll`` blocks an iteration, or
+    ``feed="tma"`` through a ring of ``slots``). Operands as ``gemm_ws.launch`` takes them (a batch of one)."""
+    part = for_workload(work, warps, regs, loader_regs, unroll, feed, slots)
+    args = partition_args(work, start, end, feed)
     gemm_ws.launch(a, b, c, extras, epi, cfg, num_programs, fast_gelu=fast_gelu, partition=part, partition_args=args)
 
 
@@ -327,7 +477,18 @@ PP192_HOST = ("pp192 s4 sc", WsConfig(block_m=128, block_n=192, block_k=64, stag
 PP64_K128_HOST = ("pp64x128 k128 s3", WsConfig(block_m=64, block_n=128, block_k=128, stages=3), LOADER_REGS)
 
 
-Candidate = tuple[str, WsConfig, int, int, int]  # (label, host tile, loader registers, BE warps, BE blocks an iteration)
+class Candidate(NamedTuple):
+    """One way a host runs a BE kernel beside its GEMM."""
+
+    label: str
+    cfg: WsConfig  # the host tile
+    loader: int  # the GEMM loader's registers a thread
+    warps: int  # the BE partition's warps
+    unroll: int = 1  # stencil7's blocks an iteration (the LDG form)
+    feed: str = "ldg"  # FEEDS
+    slots: int = 0  # the TMA form's ring depth (``tma_slots``)
+
+
 HOST_WARPS = (4, 8)  # the BE partition's warp counts a host may offer
 # a candidate must leave the GEMM's consumers this many registers a thread: the 64 x 128 tile's accumulator takes 64, and
 # session 57's 128-row tile with 8 BE warps (its consumers at 128 - 40) ran 3-10x slower
@@ -348,6 +509,14 @@ def _parse_counts(text: str, allowed: tuple[int, ...], option: str, takes: str) 
 def parse_warps(text: str) -> tuple[int, ...]:
     """``"4,8"`` -> (4, 8): the BE warp counts a host tries (``--ws-warps``); ValueError naming what is wrong."""
     return _parse_counts(text, HOST_WARPS, "--ws-warps", "4 and / or 8")
+
+
+def parse_feeds(text: str) -> tuple[str, ...]:
+    """``"ldg,tma"`` -> ("ldg", "tma"): how stencil7's partition may read its input (``--ws-feed``); ValueError naming what is wrong."""
+    feeds = tuple(f.strip() for f in text.split(",") if f.strip())
+    if not feeds or any(f not in FEEDS for f in feeds):
+        raise ValueError(f"--ws-feed takes some of {', '.join(FEEDS)}, got {text!r}")
+    return feeds
 
 
 def parse_unrolls(text: str) -> tuple[int, ...]:
@@ -384,6 +553,9 @@ class WsHost:
     # stencil7's blocks an iteration (``partition``'s unroll) a host tries; others run one. Offline (sm_90, the s6 host):
     # 2 at 8 warps and 4 at 4 warps compile without spills and leave the consumers 136 / 152 registers
     unrolls: tuple[int, ...] = (1,)
+    # how stencil7's partition reads its input (``FEEDS``): "tma" adds the TMA-fed form on each host tile whose shared
+    # memory leaves a ring of ``TMA_SLOTS``
+    feeds: tuple[str, ...] = ("ldg",)
     time_ms: Callable[[Callable[[], Any]], float] | None = None
     # check each candidate's fused launch (the whole BE kernel beside the GEMM) against both references before timing it,
     # and never choose one that is wrong (``wrong``); the GPU's hosts do (``host_for``)
@@ -394,28 +566,39 @@ class WsHost:
     plan_kernel: str = ""  # what the plan runs for the step alone (its config and epilogue), for the logs
 
     def candidates(self, work: Workload) -> list[Candidate]:
-        """Every tile x BE warp count (x blocks an iteration, stencil7) whose partition ``work``'s blocks fit (``partition``
-        checks the layout) and that leaves the GEMM's consumers ``MIN_CONSUMER_REGS``."""
+        """Every tile x BE warp count (x blocks an iteration or the TMA feed, stencil7) whose partition ``work``'s blocks
+        fit (``partition`` checks the layout), that leaves the GEMM's consumers ``MIN_CONSUMER_REGS`` and, TMA-fed, whose
+        ring fits beside the tile's shared memory."""
+        stencil = work.name == "stencil7"
+        forms = [(u, "ldg") for u in (self.unrolls if stencil else (1,)) if "ldg" in self.feeds or not stencil]
+        if stencil and "tma" in self.feeds and tma_unfit(work.kernel.args[0]) is None:
+            forms.append((1, "tma"))
         out = []
         for w in self.warps:
-            for u in self.unrolls if work.name == "stencil7" else (1,):
+            for u, feed in forms:
                 try:
-                    part = for_workload(work, w, unroll=u)
+                    part = for_workload(work, w, unroll=u, feed=feed)
                 except ValueError:
                     continue
                 if u > 1 and part.consumer_regs() < MIN_CONSUMER_REGS:
                     continue
-                label = f" w{w}" + (f" u{u}" if u > 1 else "")
-                # 8 BE warps leave a 128-row tile's consumers too few registers: 3-10x slower in session 57's probe
-                out += [(name + label, cfg, loader, w, u) for name, cfg, loader in self.tiles if w <= 4 or cfg.block_m <= 64]
+                label = f" w{w}" + (f" u{u}" if u > 1 else "") + (" tma" if feed == "tma" else "")
+                for name, cfg, loader in self.tiles:
+                    # 8 BE warps leave a 128-row tile's consumers too few registers: 3-10x slower in session 57's probe
+                    if w > 4 and cfg.block_m > 64:
+                        continue
+                    slots = tma_slots(cfg, work.kernel.consts) if feed == "tma" else 0
+                    if feed == "tma" and not slots:
+                        continue
+                    out.append(Candidate(name + label, cfg, loader, w, u, feed, slots))
         if not out:
             raise ValueError(f"{self.name}: no worker partition of {work.name} fits {self.warps} warps")
         return out
 
     def launch(self, cand: Candidate, work: Workload, start: int, end: int) -> None:
-        _, cfg, loader, warps, unroll = cand
-        launch_fused(self.a, self.b, self.c, self.extras, self.epi, cfg, work, start, end, self.num_programs, warps=warps,
-                     fast_gelu=self.fast_gelu, loader_regs=loader, unroll=unroll)  # fmt: skip
+        launch_fused(self.a, self.b, self.c, self.extras, self.epi, cand.cfg, work, start, end, self.num_programs, warps=cand.warps,
+                     fast_gelu=self.fast_gelu, loader_regs=cand.loader, unroll=cand.unroll, feed=cand.feed,
+                     slots=cand.slots or TMA_SLOTS[-1])  # fmt: skip
 
     def gemm_reference(self) -> torch.Tensor:
         """The step's output in fp32 from its own operands (what every candidate's GEMM must write)."""
@@ -469,7 +652,8 @@ class WsHost:
 
 def host_for(node: Any, inputs: list[torch.Tensor], name: str, num_programs: int,
              time_ms: Callable[[Callable[[], Any]], float] | None = None,
-             warps: tuple[int, ...] = HOST_WARPS, unrolls: tuple[int, ...] = (1,)) -> tuple[WsHost | None, str]:  # fmt: skip
+             warps: tuple[int, ...] = HOST_WARPS, unrolls: tuple[int, ...] = (1,),
+             feeds: tuple[str, ...] = ("ldg",)) -> tuple[WsHost | None, str]:  # fmt: skip
     """The ``WsHost`` of a plan step (``node`` on its ``inputs``: A, B, then the epilogue's extras), or None and why
     it cannot host: not a ``gemm_epilogue``, a folded norm, or a call the ping-pong kernel cannot run
     (``gemm_ws.ws_eligible``: an sm_90 GPU, one batch, fp16 / bf16, TMA-describable operands)."""
@@ -486,5 +670,5 @@ def host_for(node: Any, inputs: list[torch.Tensor], name: str, num_programs: int
     if why is not None:
         return None, why
     host = WsHost(name, g.a, g.b, c, list(g.extras), node.attrs["epilogue"], num_programs, not exact_gelu(g.a.dtype), warps=warps,
-                  unrolls=unrolls, time_ms=time_ms, check=time_ms is not None)  # fmt: skip
+                  unrolls=unrolls, feeds=feeds, time_ms=time_ms, check=time_ms is not None)  # fmt: skip
     return host, ""

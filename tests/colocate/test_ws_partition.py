@@ -5,6 +5,8 @@ outputs are checked on the GPU (``benchmarks/experiments/ws_colocate_probe.py``,
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -51,6 +53,72 @@ def test_a_block_range_outside_the_kernel_is_refused() -> None:
     work = workloads.make("histogram", small=True)
     with pytest.raises(ValueError, match="outside"):
         ws_partition.partition_args(work, 0, work.kernel.n_blocks + 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "kw", "why"),
+    [
+        ("histogram", {"feed": "tma"}, "only stencil7 has a TMA-fed partition"),
+        ("stencil7", {"feed": "tma", "unroll": 2}, "one block an iteration"),
+        ("stencil7", {"feed": "tma", "slots": 5}, "1 to 4 slots"),
+        ("stencil7", {"feed": "cp.async"}, "feed is one of"),
+    ],
+)
+def test_tma_feeds_that_cannot_run_are_refused_with_the_reason(name: str, kw: dict, why: str) -> None:
+    consts = {"BY": 8, "BX": 64} if name == "stencil7" else {"BLOCK": 2048, "NBINS": 256}
+    with pytest.raises(ValueError, match=why):
+        ws_partition.partition(name, consts, **kw)
+
+
+def test_tma_fed_stencil7_takes_its_source_as_a_descriptor_of_its_windows() -> None:
+    part = ws_partition.partition("stencil7", {"BY": 8, "BX": 64}, warps=8, feed="tma", slots=3)
+    assert part.params.startswith("be_src_desc, be_dst, be_nx") and "BE_SLOTS: gl.constexpr" in part.params
+    assert part.constexprs["BE_SLOTS"] == 3 and part.key.endswith("_tma3") and part.regs == ws_partition.STENCIL7_TMA_REGS
+    assert part.arg_types["be_src_desc"].startswith("tensordesc<fp32[1, 8, 64]")
+    src = torch.randn(6, 24, 64)
+    assert ws_partition.tma_unfit(src) is None
+    desc = ws_partition.tma_source(src, {"BY": 8, "BX": 64})
+    assert list(desc.block_shape) == [1, 8, 64] and list(desc.shape) == [6, 24, 64]
+    for bad, why in ((torch.randn(6, 24, 13), "multiple of 16 bytes"), (torch.randn(6, 64, 24).transpose(1, 2), "contiguous"),
+                     (torch.randn(6, 24, 64).half(), "fp32")):  # fmt: skip
+        assert why in ws_partition.tma_unfit(bad)
+
+
+def test_a_small_stencil7_is_not_tma_fed_and_gets_no_tma_candidates() -> None:
+    """The CPU's stencil7 (13 columns: rows of 52 bytes) cannot be read by TMA: partition_args says why, and a host offers
+    such a source only the LDG form; a source with 16-byte rows gets a TMA form on each host tile with the deepest ring
+    that fits (8 BE warps on the 64-row tile only, as the LDG form)."""
+    from kfuse.colocate.workloads import Workload
+
+    work = workloads.make("stencil7", small=True)
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        ws_partition.partition_args(work, 0, 1, feed="tma")
+    a, b = torch.zeros(1, 256, 256, dtype=torch.float16), torch.zeros(1, 256, 256, dtype=torch.float16)
+    host = ws_partition.WsHost("h", a, b, torch.zeros(1, 256, 256, dtype=torch.float16), [], None, 132, feeds=("ldg", "tma"))
+
+    def gpu_consts(src: torch.Tensor) -> Workload:  # the GPU's 8 x 64 blocks (16-column warps) on another source
+        kernel = replace(work.kernel, args=[src, *work.kernel.args[1:]], consts={"BY": 8, "BX": 64})
+        return Workload("stencil7", kernel, work.reference, work.output, work.reset, work.nominal_class)
+
+    gpu_like = gpu_consts(torch.randn(4, 16, 64))
+    assert {c.feed for c in host.candidates(gpu_consts(torch.randn(4, 16, 13)))} == {"ldg"}
+    tma = [c for c in host.candidates(gpu_like) if c.feed == "tma"]
+    assert {(c.cfg.block_m, c.warps, c.slots) for c in tma} == {(64, 4, 3), (64, 8, 3), (128, 4, 2)}
+    assert all(c.label.endswith(" tma") for c in tma)
+    args = ws_partition.partition_args(gpu_like, 0, 5, feed="tma")
+    assert list(args)[:2] == ["be_src_desc", "be_dst"] and "be_src" not in args and args["be_end"] == 5
+
+
+def test_the_tma_ring_takes_the_deepest_depth_the_hosts_shared_memory_leaves() -> None:
+    consts = {"BY": 8, "BX": 64}
+    depths = {name: ws_partition.tma_slots(cfg, consts) for name, cfg, _ in ws_partition.HOST_TILES}
+    assert depths == {"pp64x128 s6": 3, "pp128 s4": 2}
+    for name, cfg, _ in ws_partition.HOST_TILES:
+        assert cfg.smem_bytes() + depths[name] * ws_partition.tma_slot_bytes(consts) <= gemm_ws.SMEM_LIMIT
+    assert ws_partition.tma_slots(WsConfig(block_m=128, block_n=256, block_k=64, stages=4), consts) == 0
+    assert ws_partition.parse_feeds("ldg,tma") == ("ldg", "tma")
+    with pytest.raises(ValueError, match="--ws-feed"):
+        ws_partition.parse_feeds("ldg,tmem")
 
 
 @pytest.mark.parametrize(("warps", "regs", "loader"), [(4, 56, LOADER_REGS), (4, 80, LOADER_REGS), (2, 56, 24), (8, 40, 24)])
@@ -101,11 +169,12 @@ epi = Epilogue((add, EpilogueStep("gelu", (Operand("reg", 1),))), 1)
 out = {}
 for name, consts, warps, block_m, *rest in json.loads(sys.argv[1]):
     k128 = 1 in rest
-    unroll = next((r["unroll"] for r in rest if isinstance(r, dict)), 1)  # stencil7's blocks an iteration
+    opts = next((r for r in rest if isinstance(r, dict)), {})  # stencil7's blocks an iteration, or its TMA feed and ring
+    unroll, feed, slots = opts.get("unroll", 1), opts.get("feed", "ldg"), opts.get("slots", 2)
     cfg = WsConfig(block_m=block_m, block_n=128, block_k=64, stages=4 if block_m == 128 else 6)
     if k128:  # ws_partition.PP64_K128_HOST
         cfg = WsConfig(block_m=block_m, block_n=128, block_k=128, stages=3)
-    part = ws_partition.partition(name, consts, warps=warps, unroll=unroll) if name else None
+    part = ws_partition.partition(name, consts, warps=warps, unroll=unroll, feed=feed, slots=slots) if name else None
     ck = gemm_ws.compile_offline(epi, 1000, 3072, 768, cfg, row_broadcast=(True,), fast_gelu=True, bias_mode="prefetch",
                                  partition=part)
     sass = ck.asm["sass"]
@@ -116,7 +185,8 @@ for name, consts, warps, block_m, *rest in json.loads(sys.argv[1]):
                  tma_loads=sass.count("UTMALDG"),
                  named_bars=sorted(set(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+, 0x[0-9a-f]+);", sass))),
                  maxnreg=sorted({int(v, 16) for v in re.findall(r"USETMAXREG\.[A-Z_.]+ (?:UP0, )?(0x[0-9a-f]+)", sass)}))
-    out[f"{name or 'none'}_w{warps}_m{block_m}" + ("_k128" if k128 else "") + (f"_u{unroll}" if unroll > 1 else "")] = facts
+    out[f"{name or 'none'}_w{warps}_m{block_m}" + ("_k128" if k128 else "") + (f"_u{unroll}" if unroll > 1 else "")
+        + (f"_tma{slots}" if feed == "tma" else "")] = facts
 print(json.dumps(out))
 """
 
@@ -129,6 +199,8 @@ def compiled() -> dict:
     cases += [["", {}, 4, 64, 1], ["histogram", GPU_CONSTS["histogram"], 8, 64, 1]]  # the probe's K-step-128 host
     cases += [["stencil7", GPU_CONSTS["stencil7"], w, 64, {"unroll": u}] for w, u in ((8, 2), (4, 4))]  # stencil7 unrolled
     cases += [["stencil7", GPU_CONSTS["stencil7"], 4, 64]]  # and one block an iteration on the same host
+    # fed by TMA: the deepest ring each host's shared memory leaves (ws_partition.tma_slots: 3 on the s6 host, 2 on pp128 s4)
+    cases += [["stencil7", GPU_CONSTS["stencil7"], w, bm, {"feed": "tma", "slots": s}] for w, bm, s in ((8, 64, 3), (4, 128, 2))]
     return run_offline_script(_COMPILE, cases)
 
 
@@ -144,6 +216,24 @@ def test_unrolled_stencil7_holds_u_blocks_of_loads_without_spills(compiled: dict
     part = ws_partition.partition("stencil7", GPU_CONSTS["stencil7"], warps=warps, unroll=unroll)
     assert part.regs == ws_partition.STENCIL7_UNROLL_REGS[unroll] and part.consumer_regs() >= ws_partition.MIN_CONSUMER_REGS
     assert {part.regs, part.consumer_regs()} <= set(fused["maxnreg"])
+
+
+@pytest.mark.parametrize(("warps", "block_m", "slots"), [(8, 64, 3), (4, 128, 2)])
+def test_tma_fed_stencil7_reads_its_windows_by_tma_only(compiled: dict, warps: int, block_m: int, slots: int) -> None:
+    """The TMA form: seven box copies a block (each ring slot filled before the loop, one block a refill), no LDG of its
+    own, its ring in the shared memory the host leaves, the slot's refill after a barrier of the partition's warps only
+    (a CTA-wide one would wait for the GEMM's warps forever), and no spills on ``STENCIL7_TMA_REGS``."""
+    alone, fused = compiled[f"none_w4_m{block_m}"], compiled[f"stencil7_w{warps}_m{block_m}_tma{slots}"]
+    assert fused["STL"] == 0 and fused["LDL"] == 0 and fused["LOCAL"] == 0
+    assert fused["HGMMA"] == alone["HGMMA"] and fused["warps"] == 12 + warps
+    assert fused["tma_loads"] - alone["tma_loads"] == 7 * (slots + 1)
+    assert fused["ldg"] == alone["ldg"] and fused["stg"] > alone["stg"]
+    ring = slots * ws_partition.tma_slot_bytes(GPU_CONSTS["stencil7"])
+    assert abs(fused["shared"] - alone["shared"] - ring) <= 1024 and fused["shared"] <= gemm_ws.SMEM_LIMIT
+    own = {b for b in fused["named_bars"] if b not in alone["named_bars"]}
+    assert own and all(b.endswith(f", {32 * warps:#x}") for b in own)
+    part = ws_partition.partition("stencil7", GPU_CONSTS["stencil7"], warps=warps, feed="tma", slots=slots)
+    assert part.regs == ws_partition.STENCIL7_TMA_REGS and {part.regs, part.consumer_regs()} <= set(fused["maxnreg"])
 
 
 def test_the_k128_host_keeps_the_s6_hosts_shared_memory_and_spills_nothing(compiled: dict) -> None:
@@ -179,10 +269,14 @@ def test_sm90_fused_kernel_keeps_the_gemm_and_runs_the_be_without_spills(compile
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("warps", "unroll", "block_m"), [(4, 1, 128), (8, 2, 64), (4, 4, 64)])
-def test_unrolled_stencil7_runs_any_block_range_beside_the_gemm(warps: int, unroll: int, block_m: int) -> None:
+@pytest.mark.parametrize(
+    ("warps", "unroll", "block_m", "feed"),
+    [(4, 1, 128, "ldg"), (8, 2, 64, "ldg"), (4, 4, 64, "ldg"), (8, 1, 64, "tma"), (4, 1, 128, "tma")],
+)
+def test_unrolled_stencil7_runs_any_block_range_beside_the_gemm(warps: int, unroll: int, block_m: int, feed: str) -> None:
     """The GPU-sized stencil7 (its partition needs 16-column warps) in two launches split at a block that is no multiple
-    of U x the programs: each launch's last iteration holds blocks past ``end``, which must not be written."""
+    of U x the programs: each launch's last iteration holds blocks past ``end``, which must not be written. TMA-fed: the
+    ring's prefetch must stop at ``end`` too, and the windows at the volume's faces read TMA's zero fill."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs an sm_90 GPU")
     from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
@@ -199,10 +293,11 @@ def test_unrolled_stencil7_runs_any_block_range_beside_the_gemm(warps: int, unro
     work.reset()
     cfg = WsConfig(block_m=block_m, block_n=128, block_k=64, stages=4 if block_m == 128 else 6)
     split = 12345
+    slots = ws_partition.tma_slots(cfg, work.kernel.consts) or 2
     for start, end in ((0, split), (split, work.kernel.n_blocks)):
         c = torch.full((1, m, n), float("nan"), device=dev, dtype=torch.float16)
         ws_partition.launch_fused(a.view(1, m, k), b.view(1, k, n), c, [bias.view(1, 1, n).expand(1, m, n)], epi, cfg, work, start,
-                                  end, 132, warps=warps, unroll=unroll)  # fmt: skip
+                                  end, 132, warps=warps, unroll=unroll, feed=feed, slots=slots)  # fmt: skip
         assert (c[0].float() - ref).abs().max().item() < 2e-2 * ref.abs().max().item()
         if start == 0:  # the first launch wrote its blocks' whole planes and nothing past its blocks: the rest is still poisoned
             nz, ny, nx = work.output().shape
