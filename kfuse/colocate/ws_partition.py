@@ -142,21 +142,16 @@ def _be_stencil7(src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.cons
 _STENCIL7_TMA = """
 
 @gluon.jit
-def _be_stencil7_tma(src_desc, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr,
-                     BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, SLOTS: gl.constexpr):
+def _be_stencil7_tma(src_desc, dst, nx, ny, nz, c0, c1, start, end, windows, ready, NUM_PROGRAMS: gl.constexpr,
+                     BY: gl.constexpr, BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, SLOTS: gl.constexpr):
     # stencil7's block fed by TMA: its seven windows (the point and its six neighbours, each a [1, BY, BX] box of src at
     # (z, y, x) + an offset; coordinates outside src read 0, which only boundary points, copied, would use) land in a ring
-    # of SLOTS slots of shared memory, SLOTS blocks ahead. One thread issues a block's seven copies, so the bytes in flight
-    # do not take the warps' registers (the LDG form holds each load in one); the warps read the windows back in one layout
+    # of SLOTS slots of shared memory (``windows``, one mbarrier a slot in ``ready``: the kernel allocates both, see
+    # ``tma_setup``), SLOTS blocks ahead. One thread issues a block's seven copies, so the bytes in flight do not take the
+    # warps' registers (the LDG form holds each load in one); the warps read the windows back in one layout
     tile: gl.constexpr = gl.BlockedLayout([1, 1, BX // (16 * (WARPS // WR))], [1, 2, 16], [1, WR, WARPS // WR], [2, 1, 0])
     per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, tile))
     per_col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, tile))
-    windows = gl.allocate_shared_memory(gl.float32, [SLOTS * 7, 1, BY, BX], src_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    for q in gl.static_range(SLOTS):
-        mbarrier.init(ready.index(q), count=1)
-    fence_async_shared()
-    gl.thread_barrier()  # a named barrier of this partition's warps only (Triton scopes it to the partition)
     tiles_x = gl.cdiv(nx, BX)
     tiles_y = gl.cdiv(ny, BY)
     plane = nx * ny
@@ -172,7 +167,7 @@ def _be_stencil7_tma(src_desc, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS
         acc = windows.index(7 * s + 1).load(tile) + windows.index(7 * s + 2).load(tile)
         acc += windows.index(7 * s + 3).load(tile) + windows.index(7 * s + 4).load(tile)
         acc += windows.index(7 * s + 5).load(tile) + windows.index(7 * s + 6).load(tile)
-        gl.thread_barrier()  # every warp has read slot s: refill it with the block SLOTS ahead
+        gl.thread_barrier()  # every warp has read slot s (a barrier of this partition's warps): refill it SLOTS blocks ahead
         if bid + SLOTS * NUM_PROGRAMS < end:
             _stencil7_fetch(src_desc, windows, ready, s, bid + SLOTS * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
         tx = bid % tiles_x
@@ -203,6 +198,14 @@ def _stencil7_fetch(src_desc, windows, ready, s, bid, tiles_x, tiles_y, BY: gl.c
     tma.async_copy_global_to_shared(src_desc, [z, y + 1, x], bar, windows.index(7 * s + 4))
     tma.async_copy_global_to_shared(src_desc, [z - 1, y, x], bar, windows.index(7 * s + 5))
     tma.async_copy_global_to_shared(src_desc, [z + 1, y, x], bar, windows.index(7 * s + 6))
+"""
+
+# the TMA form's ring and its mbarriers, in the kernel's body (``WorkerPartition.setup``): allocated inside the partition,
+# Triton 3.6 placed the ring over the kernel's ``cfree`` mbarrier (an H100 run ended in an illegal instruction)
+TMA_SETUP = """    be_windows = gl.allocate_shared_memory(gl.float32, [BE_SLOTS * 7, 1, BE_BY, BE_BX], be_src_desc.layout)
+    be_ready = gl.allocate_shared_memory(gl.int64, [BE_SLOTS, 1], mbarrier.MBarrierLayout())
+    for q in gl.static_range(BE_SLOTS):
+        mbarrier.init(be_ready.index(q), count=1)
 """
 
 _CUTCP = """
@@ -374,7 +377,8 @@ def partition(
 
         arg_types["be_src_desc"] = mangle_type(tma_source(torch.empty(1, int(consts["BY"]), int(consts["BX"])), consts))
     params = ", ".join([*spec["args"], "be_start", "be_end", *(f"{c}: gl.constexpr" for c in const_names)])
-    call_args = ", ".join([*spec["args"], "be_start", "be_end", "NUM_PROGRAMS", *const_names])
+    ring = ["be_windows", "be_ready"] if tma_fed else []  # allocated by the kernel (``TMA_SETUP``), passed in
+    call_args = ", ".join([*spec["args"], "be_start", "be_end", *ring, "NUM_PROGRAMS", *const_names])
     constexprs = {f"BE_{c}": consts[c] for c in spec["consts"]} | {"BE_WARPS": warps} | ({} if rows is None else {"BE_WR": rows})
     constexprs |= {"BE_U": unroll} if unrolled else {}
     constexprs |= {"BE_SLOTS": slots} if tma_fed else {}
@@ -382,8 +386,36 @@ def partition(
     key += f"_tma{slots}" if tma_fed else ""
     return WorkerPartition(
         key, spec["source"], params, f"({spec['fn']}, ({call_args}))", warps, regs,
-        {**arg_types, "be_start": "i32", "be_end": "i32"}, constexprs, loader_regs, ("be_start", "be_end"),
+        {**arg_types, "be_start": "i32", "be_end": "i32"}, constexprs, loader_regs, ("be_start", "be_end"), TMA_SETUP if tma_fed else "",
     )  # fmt: skip
+
+
+_TMA_ALONE = """
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+{source}
+
+@gluon.jit
+def stencil7_tma_alone(src_desc, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr,
+                       BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, SLOTS: gl.constexpr):
+{setup}    _be_stencil7_tma(src_desc, dst, nx, ny, nz, c0, c1, start, end, be_windows, be_ready, NUM_PROGRAMS, BY, BX, WARPS, WR, SLOTS)
+"""
+
+
+def launch_tma_alone(work: Workload, start: int, end: int, warps: int = 8, slots: int = TMA_SLOTS[0], num_programs: int = 132) -> None:
+    """stencil7's TMA form as a kernel of its own (no GEMM beside it): ``num_programs`` programs of ``warps`` warps run
+    blocks ``[start, end)`` through the partition's code, a ring of ``slots``. The partition's rate alone, and a check of
+    the TMA form apart from the warp-specialised kernel."""
+    from kfuse.kernels.codegen import generated
+
+    part = for_workload(work, warps, feed="tma", slots=slots)  # checks the layout and the ring
+    setup = TMA_SETUP.replace("BE_SLOTS", "SLOTS").replace("BE_BY", "BY").replace("BE_BX", "BX").replace("be_src_desc", "src_desc")
+    mod = generated("ws_tma_alone", "stencil7", lambda: _TMA_ALONE.format(source=_STENCIL7_TMA, setup=setup))
+    args = partition_args(work, start, end, feed="tma")
+    c = part.constexprs
+    mod.stencil7_tma_alone[(num_programs,)](*args.values(), NUM_PROGRAMS=num_programs, BY=c["BE_BY"], BX=c["BE_BX"], WARPS=warps,
+                                            WR=c["BE_WR"], SLOTS=slots, num_warps=warps)  # fmt: skip
 
 
 def _pow2(v: int) -> bool:

@@ -380,7 +380,7 @@ def gemm_pingpong_kernel(a_desc, a_lo_desc, b_desc, b_lo_desc, c_desc, c_lo_desc
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1] + N_LO
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1] + N_LO{partition_setup}
     FIRST: gl.constexpr = 0
     SECOND: gl.constexpr = 1
     # consumer 0 is the default partition (the kernel's 4 warps); the arguments are written inline:
@@ -789,6 +789,10 @@ class WorkerPartition:
     # runtime parameters that change from launch to launch (a slice's block range): not specialised, or a new value's
     # divisibility by 16 (or a 1) would compile another variant inside a timed launch
     unspecialized: tuple[str, ...] = ()
+    # Gluon statements in the kernel's body before ``warp_specialize`` (the partition's shared memory and mbarriers, which
+    # ``call`` then passes in): Triton 3.6 places a buffer allocated inside a partition over the kernel's own (its
+    # ``cfree`` mbarrier), so a partition allocates nothing itself
+    setup: str = ""
 
     def consumer_regs(self) -> int:
         """The GEMM's second consumer warpgroup's registers a thread beside this partition: an even split between
@@ -837,6 +841,7 @@ def kernel_source(epi: Epilogue, fast_gelu: bool = False, bias_mode: str = "epil
         partition_warps="" if partition is None else f", {partition.warps}",
         partition_regs="" if partition is None else f", {partition.regs}",
         partition_source="" if partition is None else partition.source,
+        partition_setup="" if partition is None or not partition.setup else "\n" + partition.setup.rstrip("\n"),
     )
 
 
