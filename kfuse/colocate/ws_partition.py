@@ -200,8 +200,8 @@ def _stencil7_fetch(src_desc, windows, ready, s, bid, tiles_x, tiles_y, BY: gl.c
     tma.async_copy_global_to_shared(src_desc, [z + 1, y, x], bar, windows.index(7 * s + 6))
 """
 
-# the TMA form's ring and its mbarriers, in the kernel's body (``WorkerPartition.setup``): allocated inside the partition,
-# Triton 3.6 placed the ring over the kernel's ``cfree`` mbarrier (an H100 run ended in an illegal instruction)
+# the TMA form's ring and its mbarriers, in the kernel's body (``WorkerPartition.setup``), initialised with the GEMM's before
+# the partitions start (no fence and barrier of the partition's own before its first copy)
 TMA_SETUP = """    be_windows = gl.allocate_shared_memory(gl.float32, [BE_SLOTS * 7, 1, BE_BY, BE_BX], be_src_desc.layout)
     be_ready = gl.allocate_shared_memory(gl.int64, [BE_SLOTS, 1], mbarrier.MBarrierLayout())
     for q in gl.static_range(BE_SLOTS):

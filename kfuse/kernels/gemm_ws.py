@@ -789,9 +789,8 @@ class WorkerPartition:
     # runtime parameters that change from launch to launch (a slice's block range): not specialised, or a new value's
     # divisibility by 16 (or a 1) would compile another variant inside a timed launch
     unspecialized: tuple[str, ...] = ()
-    # Gluon statements in the kernel's body before ``warp_specialize`` (the partition's shared memory and mbarriers, which
-    # ``call`` then passes in): Triton 3.6 places a buffer allocated inside a partition over the kernel's own (its
-    # ``cfree`` mbarrier), so a partition allocates nothing itself
+    # Gluon statements in the kernel's body before ``warp_specialize``: the partition's shared memory and mbarriers, which
+    # ``call`` then passes in, allocated and initialised as the GEMM's own before any partition starts
     setup: str = ""
 
     def consumer_regs(self) -> int:
