@@ -19,12 +19,12 @@ from typing import Any
 
 # name -> (host tile or None for the partition alone, BE warps, ring slots)
 VARIANTS: dict[str, tuple[str | None, int, int]] = {
-    "alone w8 s3": (None, 8, 3),
-    "alone w4 s2": (None, 4, 2),
+    "alone w8 s4": (None, 8, 4),
+    "alone w4 s3": (None, 4, 3),
     "alone w8 s1": (None, 8, 1),
-    "fused s6 w8 s3": ("pp64x128 s6", 8, 3),
-    "fused s6 w4 s3": ("pp64x128 s6", 4, 3),
-    "fused pp128 w4 s2": ("pp128 s4", 4, 2),
+    "fused s6 w8 s4": ("pp64x128 s6", 8, 4),
+    "fused s6 w4 s4": ("pp64x128 s6", 4, 4),
+    "fused pp128 w4 s3": ("pp128 s4", 4, 3),
 }
 
 

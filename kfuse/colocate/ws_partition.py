@@ -44,7 +44,7 @@ STENCIL7_UNROLL_REGS = {1: 56, 2: 96, 4: 168}
 # by the partition's registers (session 58: stencil7 in 4-8 warps ran at 1/3-1/2 of its rate alone, y ~ 1 + 0.9-3x)
 FEEDS = ("ldg", "tma")
 STENCIL7_TMA_REGS = 56  # no load is held in a register: the LDG form's one-block count (checked offline, no spills)
-TMA_SLOTS = (3, 2)  # the ring depths (blocks in flight a program) a host tries, the deepest first that fits its shared memory
+TMA_SLOTS = (4, 3, 2)  # the ring depths (blocks in flight a program) a host tries, the deepest first that fits its shared memory
 
 _HISTOGRAM = """
 
@@ -142,13 +142,15 @@ def _be_stencil7(src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.cons
 _STENCIL7_TMA = """
 
 @gluon.jit
-def _be_stencil7_tma(src_desc, dst, nx, ny, nz, c0, c1, start, end, windows, ready, NUM_PROGRAMS: gl.constexpr,
+def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, windows, ready, NUM_PROGRAMS: gl.constexpr,
                      BY: gl.constexpr, BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, SLOTS: gl.constexpr):
-    # stencil7's block fed by TMA: its seven windows (the point and its six neighbours, each a [1, BY, BX] box of src at
+    # stencil7's block fed by TMA: five windows (the point and its y and z neighbours, each a [1, BY, BX] box of src at
     # (z, y, x) + an offset; coordinates outside src read 0, which only boundary points, copied, would use) land in a ring
     # of SLOTS slots of shared memory (``windows``, one mbarrier a slot in ``ready``: the kernel allocates both, see
-    # ``tma_setup``), SLOTS blocks ahead. One thread issues a block's seven copies, so the bytes in flight do not take the
-    # warps' registers (the LDG form holds each load in one); the warps read the windows back in one layout
+    # ``TMA_SETUP``), SLOTS blocks ahead. One thread issues a block's copies, so the bytes in flight do not take the warps'
+    # registers (the LDG form holds each load in one). A box's innermost coordinate must sit on 16 bytes (an H100 run
+    # faulted with an illegal instruction at the x - 1 box), so the x neighbours come by LDG from L2, where the earlier
+    # blocks' windows brought them, issued before the wait for the slot
     tile: gl.constexpr = gl.BlockedLayout([1, 1, BX // (16 * (WARPS // WR))], [1, 2, 16], [1, WR, WARPS // WR], [2, 1, 0])
     per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, tile))
     per_col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, tile))
@@ -161,15 +163,6 @@ def _be_stencil7_tma(src_desc, dst, nx, ny, nz, c0, c1, start, end, windows, rea
             _stencil7_fetch(src_desc, windows, ready, p, first + p * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
     i = 0
     for bid in range(first, end, NUM_PROGRAMS):
-        s = i % SLOTS
-        mbarrier.wait(ready.index(s), (i // SLOTS) & 1)
-        c = windows.index(7 * s).load(tile)
-        acc = windows.index(7 * s + 1).load(tile) + windows.index(7 * s + 2).load(tile)
-        acc += windows.index(7 * s + 3).load(tile) + windows.index(7 * s + 4).load(tile)
-        acc += windows.index(7 * s + 5).load(tile) + windows.index(7 * s + 6).load(tile)
-        gl.thread_barrier()  # every warp has read slot s (a barrier of this partition's warps): refill it SLOTS blocks ahead
-        if bid + SLOTS * NUM_PROGRAMS < end:
-            _stencil7_fetch(src_desc, windows, ready, s, bid + SLOTS * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
         tx = bid % tiles_x
         t = bid // tiles_x
         z = t // tiles_y
@@ -177,32 +170,40 @@ def _be_stencil7_tma(src_desc, dst, nx, ny, nz, c0, c1, start, end, windows, rea
         x = (tx * BX + gl.arange(0, BX, per_col))[None, None, :]
         inb = (y < ny) & (x < nx)
         inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (z > 0) & (z < nz - 1)
-        gl.store(dst + z * plane + y * nx + x, gl.where(inner, c0 * c + c1 * acc, c), mask=inb)
+        idx = z * plane + y * nx + x
+        acc = gl.load(src + idx - 1, mask=inner, other=0.0) + gl.load(src + idx + 1, mask=inner, other=0.0)
+        s = i % SLOTS
+        mbarrier.wait(ready.index(s), (i // SLOTS) & 1)
+        c = windows.index(5 * s).load(tile)
+        acc += windows.index(5 * s + 1).load(tile) + windows.index(5 * s + 2).load(tile)
+        acc += windows.index(5 * s + 3).load(tile) + windows.index(5 * s + 4).load(tile)
+        gl.thread_barrier()  # every warp has read slot s (a barrier of this partition's warps): refill it SLOTS blocks ahead
+        if bid + SLOTS * NUM_PROGRAMS < end:
+            _stencil7_fetch(src_desc, windows, ready, s, bid + SLOTS * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
+        gl.store(dst + idx, gl.where(inner, c0 * c + c1 * acc, c), mask=inb)
         i += 1
 
 
 @gluon.jit
 def _stencil7_fetch(src_desc, windows, ready, s, bid, tiles_x, tiles_y, BY: gl.constexpr, BX: gl.constexpr):
-    # block bid's seven windows into slot s, one mbarrier counting their bytes
+    # block bid's five windows into slot s, one mbarrier counting their bytes (a box's bytes count in full, zero fill too)
     tx = bid % tiles_x
     t = bid // tiles_x
     z = t // tiles_y
     y = (t % tiles_y) * BY
     x = tx * BX
     bar = ready.index(s)
-    mbarrier.expect(bar, 7 * BY * BX * 4)
-    tma.async_copy_global_to_shared(src_desc, [z, y, x], bar, windows.index(7 * s))
-    tma.async_copy_global_to_shared(src_desc, [z, y, x - 1], bar, windows.index(7 * s + 1))
-    tma.async_copy_global_to_shared(src_desc, [z, y, x + 1], bar, windows.index(7 * s + 2))
-    tma.async_copy_global_to_shared(src_desc, [z, y - 1, x], bar, windows.index(7 * s + 3))
-    tma.async_copy_global_to_shared(src_desc, [z, y + 1, x], bar, windows.index(7 * s + 4))
-    tma.async_copy_global_to_shared(src_desc, [z - 1, y, x], bar, windows.index(7 * s + 5))
-    tma.async_copy_global_to_shared(src_desc, [z + 1, y, x], bar, windows.index(7 * s + 6))
+    mbarrier.expect(bar, 5 * BY * BX * 4)
+    tma.async_copy_global_to_shared(src_desc, [z, y, x], bar, windows.index(5 * s))
+    tma.async_copy_global_to_shared(src_desc, [z, y - 1, x], bar, windows.index(5 * s + 1))
+    tma.async_copy_global_to_shared(src_desc, [z, y + 1, x], bar, windows.index(5 * s + 2))
+    tma.async_copy_global_to_shared(src_desc, [z - 1, y, x], bar, windows.index(5 * s + 3))
+    tma.async_copy_global_to_shared(src_desc, [z + 1, y, x], bar, windows.index(5 * s + 4))
 """
 
 # the TMA form's ring and its mbarriers, in the kernel's body (``WorkerPartition.setup``), initialised with the GEMM's before
 # the partitions start (no fence and barrier of the partition's own before its first copy)
-TMA_SETUP = """    be_windows = gl.allocate_shared_memory(gl.float32, [BE_SLOTS * 7, 1, BE_BY, BE_BX], be_src_desc.layout)
+TMA_SETUP = """    be_windows = gl.allocate_shared_memory(gl.float32, [BE_SLOTS * 5, 1, BE_BY, BE_BX], be_src_desc.layout)
     be_ready = gl.allocate_shared_memory(gl.int64, [BE_SLOTS, 1], mbarrier.MBarrierLayout())
     for q in gl.static_range(BE_SLOTS):
         mbarrier.init(be_ready.index(q), count=1)
@@ -286,11 +287,11 @@ _KERNELS: dict[str, dict[str, Any]] = {
     },
 }
 NAMES = tuple(_KERNELS)
-# stencil7 fed by TMA: src arrives as a tensor descriptor of [1, BY, BX] boxes (``tma_source``), the rest as the LDG form
+# stencil7 fed by TMA: src arrives also as a tensor descriptor of [1, BY, BX] boxes (``tma_source``), the rest as the LDG form
 _STENCIL7_TMA_SPEC: dict[str, Any] = {
     "source": _STENCIL7_TMA,
     "fn": "_be_stencil7_tma",
-    "args": {"be_src_desc": "", **{k: v for k, v in _KERNELS["stencil7"]["args"].items() if k != "be_src"}},
+    "args": {"be_src_desc": "", **_KERNELS["stencil7"]["args"]},
     "consts": ("BY", "BX"),
 }
 
@@ -319,8 +320,8 @@ def tma_unfit(src: torch.Tensor) -> str | None:
 
 
 def tma_slot_bytes(consts: dict[str, Any]) -> int:
-    """Shared memory of one ring slot of the ``tma`` form: a block's seven fp32 windows and its mbarrier."""
-    return 7 * int(consts["BY"]) * int(consts["BX"]) * 4 + 8
+    """Shared memory of one ring slot of the ``tma`` form: a block's five fp32 windows and its mbarrier."""
+    return 5 * int(consts["BY"]) * int(consts["BX"]) * 4 + 8
 
 
 def tma_slots(cfg: WsConfig, consts: dict[str, Any]) -> int:
@@ -397,9 +398,10 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 {source}
 
 @gluon.jit
-def stencil7_tma_alone(src_desc, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr,
+def stencil7_tma_alone(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr,
                        BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, SLOTS: gl.constexpr):
-{setup}    _be_stencil7_tma(src_desc, dst, nx, ny, nz, c0, c1, start, end, be_windows, be_ready, NUM_PROGRAMS, BY, BX, WARPS, WR, SLOTS)
+{setup}    _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, be_windows, be_ready, NUM_PROGRAMS, BY, BX, WARPS, WR,
+                     SLOTS)
 """
 
 
@@ -474,7 +476,7 @@ def partition_args(work: Workload, start: int, end: int, feed: str = "ldg") -> d
         raise ValueError(f"{work.name}: block range [{start}, {end}) is outside [0, {work.kernel.n_blocks})")
     args = dict(zip(names, work.kernel.args, strict=True)) | {"be_start": start, "be_end": end}
     if feed == "tma":
-        src = args.pop("be_src", None)
+        src = args.get("be_src")
         why = "only stencil7 is TMA-fed" if src is None else tma_unfit(src)
         if why is not None:
             raise ValueError(f"{work.name}: {why}")
