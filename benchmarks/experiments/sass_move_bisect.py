@@ -1,0 +1,113 @@
+"""Find which single SASS moves the legality model allows but the GPU computes wrong (issue 7).
+
+Session 59's SIP run on GEMM + LeakyReLU [512, 512, 2048] with the 128 x 64 tile (an LDGSTS pipeline, an STS-staged
+epilogue) found 955 of 3,000 candidates wrong, every one caught by verification and never chosen; the 20 recorded wrong
+candidates share ~30 displaced instructions (``sass_s59_fastest_tile.json``, ``failed_candidates_displaced``). Here each
+legal move of the kernel's schedule (or only those of the instructions named by ``--from-record``) is applied **alone**
+to the original schedule (and the same instruction ``--steps`` slots on, where legal), emitted, and verified on
+``--samples`` random input sets in the worker process that may die. A move that fails alone is a hole in
+``kfuse.sass.schedule``'s legality model; the report names it with its control codes and neighbours, which is what the
+model's fix needs.
+
+    PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl python benchmarks/experiments/sass_move_bisect.py \\
+        --case gemm_leaky_relu_512x512x2048 --config 128x64x64w4s4 \\
+        --from-record benchmarks/results/h100/sass_s59_fastest_tile.json --out $OUT/bisect
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (sass_bench's cases)
+
+
+def displaced_offsets(record_path: str, case: str) -> set[int]:
+    """The instruction offsets displaced in every recorded wrong candidate of ``case`` (their intersection)."""
+    recs = json.loads(Path(record_path).read_text())
+    rec = next(r for r in (recs if isinstance(recs, list) else [recs]) if r.get("case") == case)
+    sets = [{int(m.split()[0], 16) for m in cand} for cand in rec.get("failed_candidates_displaced", [])]
+    if not sets:
+        raise SystemExit(f"{record_path}: no failed_candidates_displaced for {case}")
+    return set.intersection(*sets)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--case", default="gemm_leaky_relu_512x512x2048")
+    ap.add_argument("--config", default="128x64x64w4s4", help="the GEMM tile (sass_bench.py --gemm-configs form)")
+    ap.add_argument("--from-record", default="", help="a sass.json: test only moves of the instructions all its wrong candidates displaced")
+    ap.add_argument("--moves", default="memory", help="move set (kfuse.sass.schedule.move_set)")
+    ap.add_argument("--samples", type=int, default=64, help="random input sets a move is verified on")
+    ap.add_argument("--steps", type=int, default=2, help="each instruction also this many slots in its direction (where legal)")
+    ap.add_argument("--out", default="", help="folder for bisect.json")
+    ap.add_argument("--dry-run", action="store_true", help="list the moves it would test (GEMM cases; no GPU)")
+    a = ap.parse_args()
+
+    import sass_bench  # noqa: E402  (benchmarks/sass_bench.py: the cases and their verification problems)
+
+    from kfuse.sass.api import launch_spec
+    from kfuse.sass.cubin import load_cubin
+    from kfuse.sass.disasm import disassemble
+    from kfuse.sass.emit import emit
+    from kfuse.sass.schedule import Move, Schedule, move_set
+    from kfuse.sass.verify import Evaluator
+
+    if a.dry_run:
+        from kfuse.sass.examples import compile_matmul_leaky_relu
+
+        bm, bn, bk, w, st = sass_bench.parse_gemm_config(a.config)
+        ck = compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st)
+    else:
+        ck, args, grid, vargs, vgrid, per, _choice = sass_bench.CASES[a.case]([sass_bench.parse_gemm_config(a.config)])
+    original = bytes(ck.asm["cubin"])
+    cub = load_cubin(original)
+    kname = ck.name
+    start = Schedule.build(disassemble(cub, kname), move_set(a.moves), frozenset(cub.kernel(kname).pinned_offsets()))
+    wanted = displaced_offsets(a.from_record, a.case) if a.from_record else None
+    moves = [m for m in start.legal_moves() if wanted is None or start.nodes[m.index].ins.offset in wanted]
+    print(f"{kname}: {len(start.nodes)} instructions, {len(start.legal_moves())} legal moves, testing {len(moves)}", flush=True)
+    if a.dry_run:
+        for mv in moves:
+            n = start.nodes[mv.index]
+            print(f"  {n.ins.offset:#06x} {'up' if mv.direction < 0 else 'down':4s} {n.ctrl.render()} {n.ins.text()}")
+        return
+    spec = launch_spec(ck, args, grid, vargs, vgrid, per)
+    results: list[dict[str, Any]] = []
+    t0 = time.time()
+    with Evaluator(spec, timeout_s=60) as ev:
+        for mv in moves:
+            moved, other = start.nodes[mv.index], start.nodes[mv.index + mv.direction]
+            sched = start.apply(Move(mv.index, mv.direction))
+            for step in range(1, a.steps + 1):
+                if step > 1:  # the same instruction one slot further, where the model allows it
+                    nxt = Move(mv.index + (step - 1) * mv.direction, mv.direction)
+                    if sched.why_illegal(nxt) is not None:
+                        break
+                    sched = sched.apply(nxt)
+                ok, done, why = ev.check(emit(cub, kname, sched).data, a.samples)
+                rec = {"offset": f"{moved.ins.offset:#x}", "text": moved.ins.text(), "ctrl": moved.ctrl.render(),
+                       "direction": "up" if mv.direction < 0 else "down", "steps": step, "past": other.ins.text(),
+                       "past_ctrl": other.ctrl.render(), "ok": ok, "samples": done, "why": why}  # fmt: skip
+                results.append(rec)
+                if not ok:
+                    where = f"{rec['offset']} {rec['direction']} x{step} {rec['ctrl']} {rec['text']}"
+                    print(f"WRONG  {where}  (first past {rec['past_ctrl']} {rec['past']}): {why}", flush=True)
+    bad = [r for r in results if not r["ok"]]
+    print(
+        f"\n{len(results)} schedules (one instruction 1-{a.steps} slots) verified on {a.samples} input sets each in "
+        f"{time.time() - t0:.0f} s: {len(bad)} wrong"
+    )
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "bisect.json").write_text(
+            json.dumps({"case": a.case, "config": a.config, "kernel": kname, "results": results}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
