@@ -273,7 +273,7 @@ def test_sm90_fused_kernel_keeps_the_gemm_and_runs_the_be_without_spills(compile
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("warps", "unroll", "block_m", "feed"),
-    [(4, 1, 128, "ldg"), (8, 2, 64, "ldg"), (4, 4, 64, "ldg"), (8, 1, 64, "tma"), (4, 1, 128, "tma")],
+    [(4, 1, 128, "ldg"), (8, 2, 64, "ldg"), (4, 4, 64, "ldg")],  # the TMA form: the file's last test
 )
 def test_unrolled_stencil7_runs_any_block_range_beside_the_gemm(warps: int, unroll: int, block_m: int, feed: str) -> None:
     """The GPU-sized stencil7 (its partition needs 16-column warps) in two launches split at a block that is no multiple
@@ -623,3 +623,11 @@ def test_the_ws_version_runs_a_compiled_models_gemm_step_and_the_be_slice_correc
         assert (h.c[0].float() - ref).abs().max().item() <= 2e-2 * max(1.0, ref.abs().max().item())
         assert workloads.error(work) == 0.0
         assert items[i].host.chosen["histogram"][1] in {t[1] for t in ws_partition.HOST_TILES}
+
+
+# last in the file: a fault in the TMA form (session 59's first form faulted with an illegal instruction) loses the CUDA
+# context, and every GPU test after it in the process with it
+@pytest.mark.gpu
+@pytest.mark.parametrize(("warps", "block_m"), [(8, 64), (4, 128)])
+def test_tma_fed_stencil7_runs_any_block_range_beside_the_gemm(warps: int, block_m: int) -> None:
+    test_unrolled_stencil7_runs_any_block_range_beside_the_gemm(warps, 1, block_m, "tma")
