@@ -8,7 +8,8 @@ memory and registers are the larger branch's, and the compiled plan's tuned GEMM
 slower). Aker's CUDA C++ form gives each kernel its own thread blocks' resources inside one launch. A Gluon
 ``warp_specialize`` partition is that form here: the BE's warps get their own registers (``setmaxnreg``;
 the GEMM's consumers keep the rest of the 64 K), and the GEMM keeps its tile, ring depth and schedule. Only
-the BE's own shared memory (a histogram's 1 KB scratch) is added to the LC's.
+the BE's own shared memory (a histogram's 1 KB scratch; the TMA-fed stencil7's ring of windows, ``feed="tma"``) is
+added to the LC's.
 
 The partition runs BE blocks ``start + p, start + p + P, ...`` below ``end`` in program ``p`` of the GEMM's
 ``P`` programs (the PTB walk of ``kfuse.colocate.ptb``), so any slice of the BE kernel rides along with one
