@@ -246,8 +246,10 @@ def _log_run(log: Callable[[str], None], be: str, pol: str, r: Any) -> None:
     log(f"  {'':10s} {'':9s} LC {d['lc_ms_per_query']:.3f} ms/query, BE {d['be_ms_per_launch'] * 1e3:.1f} us/launch "
         f"({r.be_query_launches} in queries, {r.be_idle_launches} idle), host {r.host_ms:.0f} ms{dec}")  # fmt: skip
     for key, f in d["fused_by_key"].items():  # where the run's slices landed against the profile's curve
+        e = d["online_error_by_key"].get(key, {})
+        err = f", error median {e['median']:.1%} p90 {e['p90']:.1%} max {e['max']:.0%}" if e.get("n") else ""
         log(f"  {'':10s} {'':9s} fused {key}: {f['launches']} launches, x {f['mean_x']:.2f}, T_fused/T_lc predicted "
-            f"{f['mean_predicted_y']:.3f} measured {f['mean_y']:.3f}, gain {f['gain_ms']:.2f} ms")  # fmt: skip
+            f"{f['mean_predicted_y']:.3f} measured {f['mean_y']:.3f} (means), gain {f['gain_ms']:.2f} ms{err}")  # fmt: skip
 
 
 def gain(res: dict[str, Any], be: str, policy: str = "aker") -> float:

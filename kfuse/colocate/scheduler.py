@@ -525,6 +525,8 @@ class RunResult:
     # per "LC shape|BE|version": [launches, sum of x, of predicted T_fused / T_lc, of measured T_fused / T_lc, gain ms];
     # shows whether the run's slices land where the profile put the opportune ratio
     fused_by_key: dict[str, list[float]] = field(default_factory=dict)
+    # per key as fused_by_key: each co-run launch's prediction error (a mean of T_fused / T_lc above hides a stalled tail)
+    online_errors_by_key: dict[str, list[float]] = field(default_factory=dict)
     # why each LC kernel of an Aker query ran unfused (not_fusible, not_chosen, no_blocks, headroom, efficiency) or fused
     decisions: dict[str, int] = field(default_factory=dict)
     delegated: bool = False  # Aker found no fusion plan_fusion could accept for any profiled pair: it ran time sharing itself
@@ -559,6 +561,7 @@ class RunResult:
             "violations": self.violations, "be_throughput": self.be_throughput, "be_units": self.be_units,
             "elapsed_ms": self.elapsed_ms, "fused_launches": self.fused_launches, "be_slices": self.be_slices,
             "refits": self.refits, "online_error": error_summary(self.online_errors), "fused_gain_ms": self.fused_gain_ms,
+            "online_error_by_key": {k: error_summary(v) for k, v in sorted(self.online_errors_by_key.items())},
             "decisions": dict(self.decisions), "fused_by_key": fused_key_summary(self.fused_by_key),
             "delegated": self.delegated, "lc_ms": self.lc_ms, "lc_launches": self.lc_launches,
             "lc_ms_per_query": self.lc_ms / len(lat) if lat else math.nan, "be_ms": self.be_ms,
@@ -595,6 +598,9 @@ def merge_runs(runs: Sequence[RunResult]) -> RunResult:
                  "be_idle_launches", "fused_ms", "host_ms"):  # fmt: skip
         setattr(out, name, sum(getattr(r, name) for r in runs))
     out.online_errors = [e for r in runs for e in r.online_errors]
+    for r in runs:
+        for k, errs in r.online_errors_by_key.items():
+            out.online_errors_by_key.setdefault(k, []).extend(errs)
     for r in runs:
         for k, v in r.fused_by_key.items():
             acc = out.fused_by_key.setdefault(k, [0.0] * len(v))
@@ -692,6 +698,7 @@ def run_policy(
         prediction error of ``expected``, where it landed against the profile (per key, ``predicted`` as planned), its
         time and its gain over time sharing."""
         res.online_errors.append(abs(expected - t) / t)
+        res.online_errors_by_key.setdefault(key, []).append(abs(expected - t) / t)
         acc = res.fused_by_key.setdefault(key, [0.0] * 5)
         for j, v in enumerate((1.0, t_be / t_ref, predicted / t_ref, t / t_ref, gain)):
             acc[j] += v

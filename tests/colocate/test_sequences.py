@@ -55,6 +55,21 @@ def test_merge_pools_latencies_and_sums_work() -> None:
     assert m.be_throughput_per_sequence == [a.be_throughput, b.be_throughput]
 
 
+def test_per_key_prediction_errors_are_pooled_and_summarised_by_their_median() -> None:
+    """Session 59's log read a key's mean T_fused / T_lc 25% above its prediction while the per-launch error was 5%: a few
+    stalled launches (30x) move a mean of ratios. The per-key error summary pools both sequences' launches and gives the
+    median beside the mean."""
+    steady = [0.03, 0.04, 0.05, 0.02, 0.04, 0.03, 0.05, 0.04, 0.03]
+    a = _run("aker", [1.0], 10.0, 1.0, online_errors=steady + [0.97], online_errors_by_key={"k|histogram|ws": steady + [0.97]})
+    b = _run("aker", [1.0], 10.0, 1.0, online_errors=[0.06], online_errors_by_key={"k|histogram|ws": [0.06], "j|histogram|ws": []})
+    m = S.merge_runs([a, b])
+    e = m.summary()["online_error_by_key"]["k|histogram|ws"]
+    assert e["n"] == 11 and e["median"] == pytest.approx(0.04) and e["max"] == pytest.approx(0.97)
+    assert e["mean"] > 2 * e["median"]  # the stalled launch moves the mean, not the median
+    assert m.summary()["online_error"]["median"] == pytest.approx(0.04)
+    assert math.isnan(m.summary()["online_error_by_key"]["j|histogram|ws"]["median"])
+
+
 def test_merge_refuses_mixed_policies_and_nothing() -> None:
     with pytest.raises(ValueError, match="different policies"):
         S.merge_runs([_run("aker", [1.0], 1.0, 0.0), _run("timeshare", [1.0], 1.0, 0.0)])
