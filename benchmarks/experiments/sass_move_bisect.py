@@ -82,7 +82,7 @@ def main() -> None:
     with Evaluator(spec, timeout_s=60) as ev:
         for mv in moves:
             moved, other = start.nodes[mv.index], start.nodes[mv.index + mv.direction]
-            sched = start.apply(Move(mv.index, mv.direction))
+            sched = start.apply(mv)
             for step in range(1, a.steps + 1):
                 if step > 1:  # the same instruction one slot further, where the model allows it
                     nxt = Move(mv.index + (step - 1) * mv.direction, mv.direction)

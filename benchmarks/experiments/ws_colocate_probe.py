@@ -120,8 +120,9 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: l
             if feed == "tma" and not slots:
                 print(f"{name:8s} {host} + {be}: no TMA ring fits beside the tile's shared memory", flush=True)
                 continue
+            slots = slots or ws_partition.TMA_SLOTS[-1]  # the LDG form takes no ring
             try:
-                part = ws_partition.for_workload(work, warps, unroll=unroll, feed=feed, slots=slots or 2)
+                part = ws_partition.for_workload(work, warps, unroll=unroll, feed=feed, slots=slots)
             except ValueError as e:
                 print(f"{name:8s} {host} + {be}: {e}", flush=True)
                 continue
@@ -132,7 +133,7 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: l
             work.reset()
             c.fill_(float("nan"))
             ws_partition.launch_fused(a3, b3, c, [row], epi, cfg, work, 0, work.kernel.n_blocks, sms, warps=warps, loader_regs=loader,
-                                      unroll=unroll, feed=feed, slots=slots or 2)  # fmt: skip
+                                      unroll=unroll, feed=feed, slots=slots)  # fmt: skip
             torch.cuda.synchronize()
             gemm_err = (c[0].float() - ref).abs().max().item() / ref.abs().max().item()
             be_err = workloads.error(work)
@@ -140,7 +141,7 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: l
             print(f"{name:8s} {host} + {be}: GEMM err {gemm_err:.1e}, {be} err {be_err:.1e} ({work.kernel.n_blocks} blocks)"
                   + ("" if ok_both else "  WRONG: not timed"), flush=True)  # fmt: skip
             if ok_both:
-                hosts[host] = (cfg, loader, warps, unroll, feed, slots or 2, gemm_err, be_err)
+                hosts[host] = (cfg, loader, warps, unroll, feed, slots, gemm_err, be_err)
         for s in slices:
             blocks = min(s * sms, work.kernel.n_blocks)
             t_be, be_grid = be_solo_ms(work, blocks, sms) if blocks else (0.0, 0)

@@ -398,11 +398,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 {source}
 
+# the parameters named as the fused kernel's (``TMA_SETUP`` reads be_src_desc, BE_SLOTS, BE_BY, BE_BX)
 @gluon.jit
-def stencil7_tma_alone(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr,
-                       BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, SLOTS: gl.constexpr):
-{setup}    _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, be_windows, be_ready, NUM_PROGRAMS, BY, BX, WARPS, WR,
-                     SLOTS)
+def stencil7_tma_alone(be_src_desc, src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BE_BY: gl.constexpr,
+                       BE_BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, BE_SLOTS: gl.constexpr):
+{setup}    _be_stencil7_tma(be_src_desc, src, dst, nx, ny, nz, c0, c1, start, end, be_windows, be_ready, NUM_PROGRAMS, BE_BY, BE_BX,
+                     WARPS, WR, BE_SLOTS)
 """
 
 
@@ -413,12 +414,11 @@ def launch_tma_alone(work: Workload, start: int, end: int, warps: int = 8, slots
     from kfuse.kernels.codegen import generated
 
     part = for_workload(work, warps, feed="tma", slots=slots)  # checks the layout and the ring
-    setup = TMA_SETUP.replace("BE_SLOTS", "SLOTS").replace("BE_BY", "BY").replace("BE_BX", "BX").replace("be_src_desc", "src_desc")
-    mod = generated("ws_tma_alone", "stencil7", lambda: _TMA_ALONE.format(source=_STENCIL7_TMA, setup=setup))
+    mod = generated("ws_tma_alone", "stencil7", lambda: _TMA_ALONE.format(source=_STENCIL7_TMA, setup=TMA_SETUP))
     args = partition_args(work, start, end, feed="tma")
     c = part.constexprs
-    mod.stencil7_tma_alone[(num_programs,)](*args.values(), NUM_PROGRAMS=num_programs, BY=c["BE_BY"], BX=c["BE_BX"], WARPS=warps,
-                                            WR=c["BE_WR"], SLOTS=slots, num_warps=warps)  # fmt: skip
+    mod.stencil7_tma_alone[(num_programs,)](*args.values(), NUM_PROGRAMS=num_programs, BE_BY=c["BE_BY"], BE_BX=c["BE_BX"],
+                                            WARPS=warps, WR=c["BE_WR"], BE_SLOTS=slots, num_warps=warps)  # fmt: skip
 
 
 def _pow2(v: int) -> bool:
