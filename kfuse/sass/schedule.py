@@ -147,6 +147,13 @@ HAZARD_CYCLES = 12  # conservative bound on fixed-latency (ALU) result latency o
 # a scoreboard set by one instruction is never waited on fewer than 2 cycles later in ptxas output (checked on the
 # example kernels); a set takes effect a cycle after issue, so a closer waiter could miss it and read a stale register
 MIN_SET_TO_WAIT = 2
+# BAR.SYNC.DEFER_BLOCKING lets the warp issue a few more cycles before it blocks: ptxas never puts a memory access
+# fewer than 6 cycles after one (it pads LDGSTS bursts to 9 with never-executed LDS) in any kernel we compile. Moved
+# closer, an STS could overwrite a buffer other warps still read (session 60: the one STS 6 cycles after its BAR in
+# the 128 x 64 GEMM's epilogue was the one such move, and 955 of 3,000 SIP candidates there computed wrong outputs).
+# So no move brings a memory access closer to a preceding barrier than it was, within this many cycles.
+BAR_SETTLE_CYCLES = 12
+BLOCKING_BARRIERS = frozenset({"BAR", "BARRIER"})
 _BARE_PRED = re.compile(r"U?P[0-6]")
 
 _REG = re.compile(r"(?<![\w.])(UR\d+|URZ|UPT|UP\d|R\d+|RZ|PT|P\d|PR)((?:\.[A-Za-z0-9_]+)*)")
@@ -318,6 +325,7 @@ class Schedule:
     pinned: frozenset[int] = frozenset()  # original offsets that must not move
     clear_reuse: bool = True
     applied: list[Move] = field(default_factory=list)
+    bar_settle: bool = True  # the barrier-settle rule (off only to re-test the moves it refuses, sass_move_bisect.py)
 
     @classmethod
     def build(cls, instrs: list[Instr], movable: frozenset[str] = DEFAULT_MOVABLE, pinned: frozenset[int] = frozenset()) -> Schedule:
@@ -335,7 +343,7 @@ class Schedule:
         return cls(nodes, movable, frozenset(pinned))
 
     def copy(self) -> Schedule:
-        return Schedule(list(self.nodes), self.movable, self.pinned, self.clear_reuse, list(self.applied))
+        return Schedule(list(self.nodes), self.movable, self.pinned, self.clear_reuse, list(self.applied), self.bar_settle)
 
     @property
     def order(self) -> list[int]:
@@ -406,6 +414,10 @@ class Schedule:
         for k, before in ((i - 1, i - 1), (j, i)):
             if k >= 0 and _set_to_wait_cycles(new, k) < min(MIN_SET_TO_WAIT, _set_to_wait_cycles(self.nodes, before)):
                 return f"scoreboard hazard: {new[k].ins.opcode} sets a scoreboard waited on fewer than {MIN_SET_TO_WAIT} cycles later"
+        if self.bar_settle and b.base in MEMORY_OPS and b.base not in ("LDC", "ULDC"):
+            after = _cycles_after_barrier(new, i)
+            if after < min(_cycles_after_barrier(self.nodes, j), BAR_SETTLE_CYCLES):
+                return f"{b.ins.opcode} would issue {after} cycles after a barrier (BAR.SYNC blocks late; ptxas keeps memory further)"
         if not _hazard_free_up(new, i, HAZARD_CYCLES):
             return "fixed-latency hazard: the instruction moving up would read/write a result too early, or overwrite a late read"
         if not _hazard_free_down(new, j, HAZARD_CYCLES):
@@ -459,6 +471,22 @@ def _set_to_wait_cycles(seq: list[Node], pos: int) -> int:
         if seq[k].ins.control_flow or cycles >= MIN_SET_TO_WAIT:
             break
         cycles += seq[k].ctrl.stall
+    return 1 << 30
+
+
+def _cycles_after_barrier(seq: list[Node], pos: int) -> int:
+    """Issue cycles from the nearest blocking barrier before `pos` in its block to the instruction at `pos` (large if
+    none within BAR_SETTLE_CYCLES)."""
+    cycles = 0
+    for k in range(pos - 1, -1, -1):
+        p = seq[k]
+        if p.block != seq[pos].block or p.ins.control_flow:
+            break
+        cycles += p.ctrl.stall
+        if p.base in BLOCKING_BARRIERS:
+            return cycles
+        if cycles >= BAR_SETTLE_CYCLES:
+            break
     return 1 << 30
 
 

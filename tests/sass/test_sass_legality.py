@@ -131,6 +131,27 @@ def test_never_executed_padding_stays():
     assert "never executes" in s.why_illegal(Move(3, -1))  # nothing moves across it either
 
 
+def test_memory_access_keeps_its_distance_from_a_barrier():
+    # BAR.SYNC.DEFER_BLOCKING blocks a few cycles late: an STS moved to 3 cycles after it could overwrite a buffer
+    # other warps still read (session 60's 128 x 64 GEMM epilogue); ptxas keeps memory >= 6 cycles after one, so no
+    # move brings a memory access closer to a barrier within BAR_SETTLE_CYCLES
+    s = _seq(
+        ("BAR.SYNC.DEFER_BLOCKING 0x0", {"stall": 3}),
+        ("IMAD.WIDE R22, R0, 0x2, R22", {"stall": 3}),
+        ("LDG.E R10, desc[UR4][R12.64]", {"stall": 4}),
+        ("IADD3 R30, R31, 0x1, RZ", {"stall": 2}),
+        ("LDG.E R11, desc[UR4][R14.64]", {"stall": 4}),
+        ("IADD3 R32, R31, 0x1, RZ", {"stall": 1}),
+        ("LDG.E R16, desc[UR4][R18.64]", {"stall": 1}),
+    )
+    assert "3 cycles after a barrier" in s.why_illegal(Move(2, -1))
+    assert s.why_illegal(Move(2, 1)) is None  # further from it is fine
+    assert "10 cycles after a barrier" in s.why_illegal(Move(4, -1))  # 12 -> 10: still inside the window
+    assert s.why_illegal(Move(6, -1)) is None  # 14 -> 13: past the window
+    s.bar_settle = False  # the switch the bisect uses to re-test the refused moves
+    assert s.why_illegal(Move(2, -1)) is None
+
+
 def test_operand_reads_in_issue_order():
     # the LDSM without a read scoreboard relies on the later one's (waited by the overwrite of R8)
     s = _seq(
@@ -215,6 +236,7 @@ def test_gemm_checker_catches_a_permissive_model(gemm, monkeypatch):
     # the test above must be able to fail: with memory order and fences switched off it finds violations
     monkeypatch.setattr(schedule, "_memory_commutes", lambda x, y: True)
     monkeypatch.setattr(schedule, "FENCES", frozenset({"BRA", "EXIT"}))
+    monkeypatch.setattr(schedule, "BAR_SETTLE_CYCLES", 0)
     bad = [v for s, moves in _walk_moves(gemm, seeds=2, steps=40) for v in _violations(s, moves)]
     assert any("reorders" in v for v in bad) and any("crosses" in v for v in bad)
 
@@ -227,3 +249,19 @@ def test_gemm_ldgsts_predicate_war_refused(gemm):
     for k in pairs:
         assert "WAR" in s.why_illegal(Move(k, 1)), gemm[k + 1].text()
     assert len(s.legal_moves()) >= 20  # the model still leaves moves to search
+
+
+def test_gemm_128x64_epilogue_store_keeps_clear_of_its_barrier():
+    # the kernel of session 59's 955 wrong SIP candidates: its one STS 6 cycles after a BAR.SYNC may not come closer
+    ck = examples.compile_matmul_leaky_relu(128, 64, 64, 8, num_warps=4, num_stages=4)
+    s = Schedule.build(disassemble(load_cubin(ck.asm["cubin"]), ck.name))
+    settle, after = schedule.BAR_SETTLE_CYCLES, schedule._cycles_after_barrier
+    near = [k for k, n in enumerate(s.nodes) if n.base in ("STS", "LDS", "LDSM", "STG", "LDG", "LDGSTS") and after(s.nodes, k) < settle]
+    assert near, "expected a memory access within BAR_SETTLE_CYCLES of a barrier"
+    reasons = [s.why_illegal(Move(k, -1)) for k in near if s.is_movable(k)]
+    assert all(reasons), "a memory access near a barrier may move up"
+    assert any("after a barrier" in r for r in reasons)  # the STS the old model let move (the others: other rules)
+    for m in s.legal_moves():  # no legal move brings any access closer
+        t = s.apply(m)
+        i = m.pair[0]
+        assert t.nodes[i].base not in schedule.MEMORY_OPS or after(t.nodes, i) >= min(after(s.nodes, i + 1), settle)
