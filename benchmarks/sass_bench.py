@@ -219,14 +219,14 @@ def main() -> None:
         records.append(rec)
         out_path.write_text(json.dumps(records, indent=1))
         print(json.dumps(rec), flush=True)
-    print(f"\n{'case':40s} {'triton ms':>10s} {'kfuse ms':>10s} {'gain':>7s} {'verified':>9s} {'moves':>5s} {'tried':>5s}")
+    print(f"\n{'case':40s} {'triton ms':>10s} {'kfuse ms':>10s} {'gain':>7s} {'verified':>9s} {'moves':>5s} {'tried':>5s} {'wrong':>5s}")
     for r in records:
         t, k = r.get("triton_ms"), r.get("kfuse_ms")
         g = f"{(1 - k / t) * 100:+.1f}%" if t and k else "n/a"
-        tried = r.get("tried", {}).get("tried", 0)
+        tried, wrong = r.get("tried", {}).get("tried", 0), r.get("tried", {}).get("failed", 0)
         print(
             f"{r['case']:40s} {t or float('nan'):10.4f} {k or float('nan'):10.4f} {g:>7s} "
-            f"{r['verified_samples']:9d} {r['moves_applied']:5d} {tried:5d}"
+            f"{r['verified_samples']:9d} {r['moves_applied']:5d} {tried:5d} {wrong:5d}"
         )
 
 
