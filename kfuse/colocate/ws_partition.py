@@ -150,39 +150,51 @@ def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, windows
     # of SLOTS slots of shared memory (``windows``, one mbarrier a slot in ``ready``: the kernel allocates both, see
     # ``TMA_SETUP``), SLOTS blocks ahead. One thread issues a block's copies, so the bytes in flight do not take the warps'
     # registers (the LDG form holds each load in one). A box's innermost coordinate must sit on 16 bytes (an H100 run
-    # faulted with an illegal instruction at the x - 1 box), so the x neighbours come by LDG from L2, where the earlier
-    # blocks' windows brought them, issued before the wait for the slot
+    # faulted with an illegal instruction at the x - 1 box), and a shared-memory view may not start inside its own size
+    # (Triton's subslice rule), so the x neighbours come by LDG from L2, where the earlier blocks' windows brought them:
+    # the next block's, issued before this block's wait (session 60: loaded for the block itself, an L2 round trip in
+    # every block made it ~0.5 us a block, slower than the LDG form)
     tile: gl.constexpr = gl.BlockedLayout([1, 1, BX // (16 * (WARPS // WR))], [1, 2, 16], [1, WR, WARPS // WR], [2, 1, 0])
-    per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, tile))
-    per_col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, tile))
     tiles_x = gl.cdiv(nx, BX)
     tiles_y = gl.cdiv(ny, BY)
-    plane = nx * ny
     first = start + gl.program_id(0)
     for p in gl.static_range(SLOTS):
         if first + p * NUM_PROGRAMS < end:
             _stencil7_fetch(src_desc, windows, ready, p, first + p * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
+    idx, inb, inner = _stencil7_points(first, end, nx, ny, nz, tiles_x, tiles_y, BY, BX, tile)
+    sides = gl.load(src + idx - 1, mask=inner, other=0.0) + gl.load(src + idx + 1, mask=inner, other=0.0)
     i = 0
     for bid in range(first, end, NUM_PROGRAMS):
-        tx = bid % tiles_x
-        t = bid // tiles_x
-        z = t // tiles_y
-        y = ((t % tiles_y) * BY + gl.arange(0, BY, per_row))[None, :, None]
-        x = (tx * BX + gl.arange(0, BX, per_col))[None, None, :]
-        inb = (y < ny) & (x < nx)
-        inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (z > 0) & (z < nz - 1)
-        idx = z * plane + y * nx + x
-        acc = gl.load(src + idx - 1, mask=inner, other=0.0) + gl.load(src + idx + 1, mask=inner, other=0.0)
+        # the next block's x neighbours in flight while this block waits for its slot and computes
+        n_idx, n_inb, n_inner = _stencil7_points(bid + NUM_PROGRAMS, end, nx, ny, nz, tiles_x, tiles_y, BY, BX, tile)
+        n_sides = gl.load(src + n_idx - 1, mask=n_inner, other=0.0) + gl.load(src + n_idx + 1, mask=n_inner, other=0.0)
         s = i % SLOTS
         mbarrier.wait(ready.index(s), (i // SLOTS) & 1)
         c = windows.index(5 * s).load(tile)
-        acc += windows.index(5 * s + 1).load(tile) + windows.index(5 * s + 2).load(tile)
+        acc = sides + windows.index(5 * s + 1).load(tile) + windows.index(5 * s + 2).load(tile)
         acc += windows.index(5 * s + 3).load(tile) + windows.index(5 * s + 4).load(tile)
         gl.thread_barrier()  # every warp has read slot s (a barrier of this partition's warps): refill it SLOTS blocks ahead
         if bid + SLOTS * NUM_PROGRAMS < end:
             _stencil7_fetch(src_desc, windows, ready, s, bid + SLOTS * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
         gl.store(dst + idx, gl.where(inner, c0 * c + c1 * acc, c), mask=inb)
+        idx, inb, inner, sides = n_idx, n_inb, n_inner, n_sides
         i += 1
+
+
+@gluon.jit
+def _stencil7_points(bid, end, nx, ny, nz, tiles_x, tiles_y, BY: gl.constexpr, BX: gl.constexpr, tile: gl.constexpr):
+    # block bid's points in layout tile: their offsets in src, which are in the grid, which are inside (no point of a
+    # block at or past end is either)
+    per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, tile))
+    per_col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, tile))
+    tx = bid % tiles_x
+    t = bid // tiles_x
+    z = t // tiles_y
+    y = ((t % tiles_y) * BY + gl.arange(0, BY, per_row))[None, :, None]
+    x = (tx * BX + gl.arange(0, BX, per_col))[None, None, :]
+    inb = (y < ny) & (x < nx) & (bid < end)
+    inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (z > 0) & (z < nz - 1)
+    return z * (nx * ny) + y * nx + x, inb, inner
 
 
 @gluon.jit
