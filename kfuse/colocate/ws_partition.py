@@ -154,19 +154,29 @@ def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, windows
     # (Triton's subslice rule), so the x neighbours come by LDG from L2, where the earlier blocks' windows brought them:
     # the next block's, issued before this block's wait (session 60: loaded for the block itself, an L2 round trip in
     # every block made it ~0.5 us a block, slower than the LDG form)
+    # Its blocks' coordinates are stepped (a step is NUM_PROGRAMS blocks, split once into x, y and z tiles), not divided:
+    # three integer divisions a block, for the block, its refill and its successor, made the form issue-bound (Nsight
+    # Compute, session 60: 0.49 instructions a cycle a scheduler, memory 20% busy)
     tile: gl.constexpr = gl.BlockedLayout([1, 1, BX // (16 * (WARPS // WR))], [1, 2, 16], [1, WR, WARPS // WR], [2, 1, 0])
     tiles_x = gl.cdiv(nx, BX)
     tiles_y = gl.cdiv(ny, BY)
+    step_x = NUM_PROGRAMS % tiles_x
+    step_y = (NUM_PROGRAMS // tiles_x) % tiles_y
+    step_z = NUM_PROGRAMS // tiles_x // tiles_y
     first = start + gl.program_id(0)
     for p in gl.static_range(SLOTS):
         if first + p * NUM_PROGRAMS < end:
-            _stencil7_fetch(src_desc, windows, ready, p, first + p * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
-    idx, inb, inner = _stencil7_points(first, end, nx, ny, nz, tiles_x, tiles_y, BY, BX, tile)
+            fx, fy, fz = _stencil7_tile(first + p * NUM_PROGRAMS, tiles_x, tiles_y)
+            _stencil7_fetch(src_desc, windows, ready, p, fx, fy, fz, BY, BX)
+    tx, ty, tz = _stencil7_tile(first, tiles_x, tiles_y)  # the next block's tile (this block's on entry)
+    rx, ry, rz = _stencil7_tile(first + SLOTS * NUM_PROGRAMS, tiles_x, tiles_y)  # the next refill's
+    idx, inb, inner = _stencil7_points(tx, ty, tz, first < end, nx, ny, nz, BY, BX, tile)
     sides = gl.load(src + idx - 1, mask=inner, other=0.0) + gl.load(src + idx + 1, mask=inner, other=0.0)
     i = 0
     for bid in range(first, end, NUM_PROGRAMS):
         # the next block's x neighbours in flight while this block waits for its slot and computes
-        n_idx, n_inb, n_inner = _stencil7_points(bid + NUM_PROGRAMS, end, nx, ny, nz, tiles_x, tiles_y, BY, BX, tile)
+        tx, ty, tz = _stencil7_step(tx, ty, tz, step_x, step_y, step_z, tiles_x, tiles_y)
+        n_idx, n_inb, n_inner = _stencil7_points(tx, ty, tz, bid + NUM_PROGRAMS < end, nx, ny, nz, BY, BX, tile)
         n_sides = gl.load(src + n_idx - 1, mask=n_inner, other=0.0) + gl.load(src + n_idx + 1, mask=n_inner, other=0.0)
         s = i % SLOTS
         mbarrier.wait(ready.index(s), (i // SLOTS) & 1)
@@ -175,36 +185,51 @@ def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, windows
         acc += windows.index(5 * s + 3).load(tile) + windows.index(5 * s + 4).load(tile)
         gl.thread_barrier()  # every warp has read slot s (a barrier of this partition's warps): refill it SLOTS blocks ahead
         if bid + SLOTS * NUM_PROGRAMS < end:
-            _stencil7_fetch(src_desc, windows, ready, s, bid + SLOTS * NUM_PROGRAMS, tiles_x, tiles_y, BY, BX)
+            _stencil7_fetch(src_desc, windows, ready, s, rx, ry, rz, BY, BX)
+        rx, ry, rz = _stencil7_step(rx, ry, rz, step_x, step_y, step_z, tiles_x, tiles_y)
         gl.store(dst + idx, gl.where(inner, c0 * c + c1 * acc, c), mask=inb)
         idx, inb, inner, sides = n_idx, n_inb, n_inner, n_sides
         i += 1
 
 
 @gluon.jit
-def _stencil7_points(bid, end, nx, ny, nz, tiles_x, tiles_y, BY: gl.constexpr, BX: gl.constexpr, tile: gl.constexpr):
-    # block bid's points in layout tile: their offsets in src, which are in the grid, which are inside (no point of a
-    # block at or past end is either)
-    per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, tile))
-    per_col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, tile))
-    tx = bid % tiles_x
+def _stencil7_tile(bid, tiles_x, tiles_y):
+    # block bid's tile: x and y tile indices and z plane (the PTB walk's order, x fastest)
     t = bid // tiles_x
-    z = t // tiles_y
-    y = ((t % tiles_y) * BY + gl.arange(0, BY, per_row))[None, :, None]
-    x = (tx * BX + gl.arange(0, BX, per_col))[None, None, :]
-    inb = (y < ny) & (x < nx) & (bid < end)
-    inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (z > 0) & (z < nz - 1)
-    return z * (nx * ny) + y * nx + x, inb, inner
+    return bid % tiles_x, t % tiles_y, t // tiles_y
 
 
 @gluon.jit
-def _stencil7_fetch(src_desc, windows, ready, s, bid, tiles_x, tiles_y, BY: gl.constexpr, BX: gl.constexpr):
-    # block bid's five windows into slot s, one mbarrier counting their bytes (a box's bytes count in full, zero fill too)
-    tx = bid % tiles_x
-    t = bid // tiles_x
-    z = t // tiles_y
-    y = (t % tiles_y) * BY
+def _stencil7_step(tx, ty, tz, step_x, step_y, step_z, tiles_x, tiles_y):
+    # the tile NUM_PROGRAMS blocks on: add the step's x, y and z parts with their carries (each part below its radix,
+    # so one carry at most)
+    tx += step_x
+    cx = (tx >= tiles_x).to(gl.int32)
+    ty += step_y + cx
+    cy = (ty >= tiles_y).to(gl.int32)
+    return tx - cx * tiles_x, ty - cy * tiles_y, tz + step_z + cy
+
+
+@gluon.jit
+def _stencil7_points(tx, ty, tz, live, nx, ny, nz, BY: gl.constexpr, BX: gl.constexpr, tile: gl.constexpr):
+    # the points of the block at tile (tx, ty, tz) in layout tile: their offsets in src, which are in the grid, which are
+    # inside (none of a block that is not live, at or past the range's end)
+    per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, tile))
+    per_col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, tile))
+    y = (ty * BY + gl.arange(0, BY, per_row))[None, :, None]
+    x = (tx * BX + gl.arange(0, BX, per_col))[None, None, :]
+    inb = (y < ny) & (x < nx) & live
+    inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (tz > 0) & (tz < nz - 1)
+    return tz * (nx * ny) + y * nx + x, inb, inner
+
+
+@gluon.jit
+def _stencil7_fetch(src_desc, windows, ready, s, tx, ty, tz, BY: gl.constexpr, BX: gl.constexpr):
+    # the five windows of the block at tile (tx, ty, tz) into slot s, one mbarrier counting their bytes (a box's bytes
+    # count in full, zero fill too)
+    y = ty * BY
     x = tx * BX
+    z = tz
     bar = ready.index(s)
     mbarrier.expect(bar, 5 * BY * BX * 4)
     tma.async_copy_global_to_shared(src_desc, [z, y, x], bar, windows.index(5 * s))
