@@ -7,7 +7,9 @@ legal move of the kernel's schedule (or only those of the instructions named by 
 to the original schedule (and the same instruction ``--steps`` slots on, where legal), emitted, and verified on
 ``--samples`` random input sets in the worker process that may die. A move that fails alone is a hole in
 ``kfuse.sass.schedule``'s legality model; the report names it with its control codes and neighbours, which is what the
-model's fix needs.
+model's fix needs. It tests the moves of session 59's model (``bar_settle`` off) and marks each with today's verdict.
+Session 60 (H100, ``sass_s60_bisect.json``): of 46 schedules exactly one was wrong, the epilogue STS moved to 3 cycles
+after its BAR.SYNC, the move the barrier-settle rule now refuses.
 
     PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl python benchmarks/experiments/sass_move_bisect.py \\
         --case gemm_leaky_relu_512x512x2048 --config 128x64x64w4s4 \\
