@@ -1,8 +1,9 @@
 """Accepted schedules (~/.cache/kfuse/sass or $KFUSE_CACHE_DIR).
 
 An entry is keyed by everything its acceptance depended on (``entry_key``): the sha256 of the original
-cubin, the kernel's name, the set of movable opcodes the search used and a hash of the verification
-problem (arguments, grid, samples per launch, seed). Its metadata records the number of random input
+cubin, the kernel's name, the set of movable opcodes the search used, a hash of the verification
+problem (arguments, grid, samples per launch, seed) and the legality model's version (``LEGALITY_VERSION``:
+a schedule found by a model since made stricter is searched again, not reused). Its metadata records the number of random input
 sets the schedule passed; ``kfuse.sass.api`` only reuses an entry that passed at least as many as the
 caller asks for, and parses the cached cubin before installing it.
 """
@@ -16,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .schedule import LEGALITY_VERSION
+
 
 def cache_dir() -> Path:
     root = os.environ.get("KFUSE_CACHE_DIR")
@@ -25,8 +28,8 @@ def cache_dir() -> Path:
 
 
 def entry_key(cubin_sha: str, kernel: str, movable: Iterable[str], verify_hash: str) -> str:
-    """The file stem of the entry for this (original cubin, kernel, movable set, verification problem)."""
-    blob = json.dumps([cubin_sha, kernel, sorted(movable), verify_hash])
+    """The file stem of the entry for this (original cubin, kernel, movable set, verification problem, legality model)."""
+    blob = json.dumps([cubin_sha, kernel, sorted(movable), verify_hash, LEGALITY_VERSION])
     return f"{cubin_sha[:16]}-{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
 
 

@@ -153,6 +153,9 @@ MIN_SET_TO_WAIT = 2
 # the 128 x 64 GEMM's epilogue was the one such move, and 955 of 3,000 SIP candidates there computed wrong outputs).
 # So no move brings a memory access closer to a preceding barrier than it was, within this many cycles.
 BAR_SETTLE_CYCLES = 12
+# bumped whenever a rule makes the model stricter: cached schedules of an older model are searched again (kfuse.sass.cache)
+# (2: the barrier-settle rule, session 60)
+LEGALITY_VERSION = 2
 BLOCKING_BARRIERS = frozenset({"BAR", "BARRIER"})
 _BARE_PRED = re.compile(r"U?P[0-6]")
 

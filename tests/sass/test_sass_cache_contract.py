@@ -129,6 +129,18 @@ def test_key_covers_movable_and_verification_problem(env, add_cubin):
     assert _run(cubin, name)[1] is None
 
 
+def test_an_entry_of_an_older_legality_model_is_searched_again(env, add_cubin, monkeypatch):
+    # a schedule the model accepted before a rule made it stricter (session 60's barrier-settle rule) is not reused
+    cubin, name = add_cubin
+    today = cache.LEGALITY_VERSION
+    monkeypatch.setattr(cache, "LEGALITY_VERSION", today - 1)
+    cache.store(_key(cubin, name, _args(4096)), cubin, _info(cubin, name, 1000))
+    monkeypatch.setattr(cache, "LEGALITY_VERSION", today)
+    assert _run(cubin, name)[1] is None
+    cache.store(_key(cubin, name, _args(4096)), cubin, _info(cubin, name, 1000))
+    assert _run(cubin, name)[1] is not None
+
+
 def test_key_changes_with_copied_argument_data():
     a = [torch.empty(8, dtype=torch.float16), torch.arange(8, dtype=torch.int32), torch.empty(8), 8, 1024]
     b = [a[0], torch.arange(8, dtype=torch.int32).flip(0), a[2], 8, 1024]
