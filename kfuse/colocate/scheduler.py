@@ -697,8 +697,9 @@ def run_policy(
         """One co-run launch (a fused slice or a partitioned query) of ``t`` ms against its ``t_ref`` alone: the
         prediction error of ``expected``, where it landed against the profile (per key, ``predicted`` as planned), its
         time and its gain over time sharing."""
-        res.online_errors.append(abs(expected - t) / t)
-        res.online_errors_by_key.setdefault(key, []).append(abs(expected - t) / t)
+        err = abs(expected - t) / t
+        res.online_errors.append(err)
+        res.online_errors_by_key.setdefault(key, []).append(err)
         acc = res.fused_by_key.setdefault(key, [0.0] * 5)
         for j, v in enumerate((1.0, t_be / t_ref, predicted / t_ref, t / t_ref, gain)):
             acc[j] += v

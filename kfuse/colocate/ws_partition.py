@@ -229,14 +229,13 @@ def _stencil7_fetch(src_desc, windows, ready, s, tx, ty, tz, BY: gl.constexpr, B
     # count in full, zero fill too)
     y = ty * BY
     x = tx * BX
-    z = tz
     bar = ready.index(s)
     mbarrier.expect(bar, 5 * BY * BX * 4)
-    tma.async_copy_global_to_shared(src_desc, [z, y, x], bar, windows.index(5 * s))
-    tma.async_copy_global_to_shared(src_desc, [z, y - 1, x], bar, windows.index(5 * s + 1))
-    tma.async_copy_global_to_shared(src_desc, [z, y + 1, x], bar, windows.index(5 * s + 2))
-    tma.async_copy_global_to_shared(src_desc, [z - 1, y, x], bar, windows.index(5 * s + 3))
-    tma.async_copy_global_to_shared(src_desc, [z + 1, y, x], bar, windows.index(5 * s + 4))
+    tma.async_copy_global_to_shared(src_desc, [tz, y, x], bar, windows.index(5 * s))
+    tma.async_copy_global_to_shared(src_desc, [tz, y - 1, x], bar, windows.index(5 * s + 1))
+    tma.async_copy_global_to_shared(src_desc, [tz, y + 1, x], bar, windows.index(5 * s + 2))
+    tma.async_copy_global_to_shared(src_desc, [tz - 1, y, x], bar, windows.index(5 * s + 3))
+    tma.async_copy_global_to_shared(src_desc, [tz + 1, y, x], bar, windows.index(5 * s + 4))
 """
 
 # the TMA form's ring and its mbarriers, in the kernel's body (``WorkerPartition.setup``), initialised with the GEMM's before
