@@ -112,9 +112,10 @@ def probe_shape(name: str, be_names: list[str], slices: list[int], warps_list: l
         # stencil7 also with several blocks an iteration (``--unroll``: U x the bytes in flight a BE thread) and fed by TMA
         # (``--feed tma``: a ring of the deepest ``TMA_SLOTS`` the host tile's shared memory leaves)
         forms = [(u, "ldg") for u in unrolls] if be == "stencil7" else [(1, "ldg")]
-        forms = [f for f in forms if f[1] in feeds] + ([(1, "tma")] if be == "stencil7" and "tma" in feeds else [])
+        forms = [f for f in forms if f[1] in feeds]
+        forms += [(u, "tma") for u in unrolls if u in ws_partition.STENCIL7_TMA_REGS] if be == "stencil7" and "tma" in feeds else []
         variants = [((f"{h} w{w}" if len(warps_list) > 1 else h) + (f" u{u}" if u > 1 else "") + (" tma" if f == "tma" else ""),
-                     cfg, loader, w, u, f, ws_partition.tma_slots(cfg, work.kernel.consts) if f == "tma" else 0)
+                     cfg, loader, w, u, f, ws_partition.tma_slots(cfg, work.kernel.consts, u) if f == "tma" else 0)
                     for h, (cfg, loader) in FUSED.items() for w in warps_list for u, f in forms]  # fmt: skip
         for host, cfg, loader, warps, unroll, feed, slots in variants:
             if feed == "tma" and not slots:

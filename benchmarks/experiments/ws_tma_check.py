@@ -17,14 +17,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# name -> (host tile or None for the partition alone, BE warps, ring slots)
-VARIANTS: dict[str, tuple[str | None, int, int]] = {
-    "alone w8 s4": (None, 8, 4),
-    "alone w4 s3": (None, 4, 3),
-    "alone w8 s1": (None, 8, 1),
-    "fused s6 w8 s4": ("pp64x128 s6", 8, 4),
-    "fused s6 w4 s4": ("pp64x128 s6", 4, 4),
-    "fused pp128 w4 s3": ("pp128 s4", 4, 3),
+# name -> (host tile or None for the partition alone, BE warps, ring slots, blocks an iteration)
+VARIANTS: dict[str, tuple[str | None, int, int, int]] = {
+    "alone w8 s4": (None, 8, 4, 1),
+    "alone w4 s3": (None, 4, 3, 1),
+    "alone w8 s1": (None, 8, 1, 1),
+    "alone w8 u2 s2": (None, 8, 2, 2),
+    "alone w8 u2 s3": (None, 8, 3, 2),
+    "fused s6 w8 s4": ("pp64x128 s6", 8, 4, 1),
+    "fused s6 w4 s4": ("pp64x128 s6", 4, 4, 1),
+    "fused s6 w8 u2 s2": ("pp64x128 s6", 8, 2, 2),
+    "fused pp128 w4 s3": ("pp128 s4", 4, 3, 1),
 }
 
 
@@ -37,17 +40,17 @@ def run_one(name: str, blocks: int) -> dict[str, Any]:
     from kfuse.kernels.epilogue import Epilogue, EpilogueStep, Operand
     from kfuse.kernels.gemm import reference
 
-    host, warps, slots = VARIANTS[name]
+    host, warps, slots, unroll = VARIANTS[name]
     dev = torch.device("cuda")
     work = workloads.make("stencil7", device=dev)
     end = blocks or work.kernel.n_blocks
     out: dict[str, Any] = {"variant": name, "blocks": end}
     if host is None:
         work.reset()
-        ws_partition.launch_tma_alone(work, 0, end, warps=warps, slots=slots)
+        ws_partition.launch_tma_alone(work, 0, end, warps=warps, slots=slots, unroll=unroll)
         torch.cuda.synchronize()
         out["be_err"] = workloads.error(work) if end == work.kernel.n_blocks else None
-        out["ms"] = gpu_time_ms(lambda: ws_partition.launch_tma_alone(work, 0, end, warps=warps, slots=slots))
+        out["ms"] = gpu_time_ms(lambda: ws_partition.launch_tma_alone(work, 0, end, warps=warps, slots=slots, unroll=unroll))
         return out
     cfg, loader = {n: (c, ld) for n, c, ld in ws_partition.HOST_TILES}[host]
     m, n, k = 1024, 3072, 768  # BERT-base's FFN1 at B8 S128
@@ -62,7 +65,7 @@ def run_one(name: str, blocks: int) -> dict[str, Any]:
 
     def fused() -> None:
         ws_partition.launch_fused(a.view(1, m, k), b.view(1, k, n), c, [bias.view(1, 1, n).expand(1, m, n)], epi, cfg, work, 0, end,
-                                  132, warps=warps, loader_regs=loader, feed="tma", slots=slots)  # fmt: skip
+                                  132, warps=warps, loader_regs=loader, unroll=unroll, feed="tma", slots=slots)  # fmt: skip
 
     fused()
     torch.cuda.synchronize()

@@ -44,7 +44,8 @@ STENCIL7_UNROLL_REGS = {1: 56, 2: 96, 4: 168}
 # copies each block's windows into a ring of shared memory (``_STENCIL7_TMA``), so the bytes in flight are not bounded
 # by the partition's registers (session 58: stencil7 in 4-8 warps ran at 1/3-1/2 of its rate alone, y ~ 1 + 0.9-3x)
 FEEDS = ("ldg", "tma")
-STENCIL7_TMA_REGS = 56  # no load is held in a register: the LDG form's one-block count (checked offline, no spills)
+# the TMA form with U blocks an iteration: no window load is held in a register, only the x neighbours (checked offline, no spills)
+STENCIL7_TMA_REGS = {1: 56, 2: 80}
 TMA_SLOTS = (4, 3, 2)  # the ring depths (blocks in flight a program) a host tries, the deepest first that fits its shared memory
 
 _HISTOGRAM = """
@@ -143,50 +144,60 @@ def _be_stencil7(src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.cons
 _STENCIL7_TMA = """
 
 @gluon.jit
-def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, windows, ready, NUM_PROGRAMS: gl.constexpr,
-                     BY: gl.constexpr, BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, SLOTS: gl.constexpr):
+def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, w0, w1, w2, w3, w4, r0, r1, r2, r3, r4,
+                     NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr, BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr,
+                     SLOTS: gl.constexpr, U: gl.constexpr):
     # stencil7's block fed by TMA: five windows (the point and its y and z neighbours, each a [1, BY, BX] box of src at
     # (z, y, x) + an offset; coordinates outside src read 0, which only boundary points, copied, would use) land in a ring
-    # of SLOTS slots of shared memory (``windows``, one mbarrier a slot in ``ready``: the kernel allocates both, see
-    # ``TMA_SETUP``), SLOTS blocks ahead. One thread issues a block's copies, so the bytes in flight do not take the warps'
-    # registers (the LDG form holds each load in one). A box's innermost coordinate must sit on 16 bytes (an H100 run
-    # faulted with an illegal instruction at the x - 1 box), and a shared-memory view may not start inside its own size
-    # (Triton's subslice rule), so the x neighbours come by LDG from L2, where the earlier blocks' windows brought them:
-    # the next block's, issued before this block's wait (session 60: loaded for the block itself, an L2 round trip in
-    # every block made it ~0.5 us a block, slower than the LDG form)
-    # Its blocks' coordinates are stepped (a step is NUM_PROGRAMS blocks, split once into x, y and z tiles), not divided:
-    # three integer divisions a block, for the block, its refill and its successor, made the form issue-bound (Nsight
-    # Compute, session 60: 0.49 instructions a cycle a scheduler, memory 20% busy)
-    tile: gl.constexpr = gl.BlockedLayout([1, 1, BX // (16 * (WARPS // WR))], [1, 2, 16], [1, WR, WARPS // WR], [2, 1, 0])
+    # of SLOTS slots of shared memory, SLOTS groups ahead. A group is U of the program's blocks (first, first + P, ..., as
+    # the PTB walk and the LDG form's U), computed in one iteration: U x the points a thread, once the per-iteration work
+    # (the slots' waits and phase, the barriers, the coordinates). Window k of a group's block u is w<k>[slot][u], its
+    # copies counted by mbarrier r<k>[slot]: one allocation a window, because Triton's barrier analysis sees any two copies
+    # into one allocation, or signalling one mbarrier allocation, as a hazard and puts a barrier of the partition's warps
+    # between them (one mbarrier for all five: six barriers a refill, session 61). One thread issues the copies, so the
+    # bytes in flight do not take the warps' registers (the LDG form holds each load in one). A box's innermost coordinate
+    # must sit on 16 bytes (an H100 run faulted with an illegal instruction at the x - 1 box), and a shared-memory view may
+    # not start inside its own size (Triton's subslice rule), so the x neighbours come by LDG from L2, where the earlier
+    # groups' windows brought them: the next group's, issued before this group's wait (session 60)
+    # The coordinates are stepped (a step of NUM_PROGRAMS or U x NUM_PROGRAMS blocks, split once into x, y and z tiles),
+    # not divided: three integer divisions a block made the form issue-bound (Nsight Compute, session 60)
+    tile: gl.constexpr = gl.BlockedLayout([U, 1, BX // (16 * (WARPS // WR))], [1, 2, 16], [1, WR, WARPS // WR], [2, 1, 0])
+    per_block: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, tile))
+    GROUP: gl.constexpr = NUM_PROGRAMS * U  # the blocks a program steps over an iteration
     tiles_x = gl.cdiv(nx, BX)
     tiles_y = gl.cdiv(ny, BY)
-    step_x = NUM_PROGRAMS % tiles_x
-    step_y = (NUM_PROGRAMS // tiles_x) % tiles_y
-    step_z = NUM_PROGRAMS // tiles_x // tiles_y
+    bx, by, bz = _stencil7_tile(NUM_PROGRAMS, tiles_x, tiles_y)  # a block's step, then a group's
+    gx, gy, gz = _stencil7_tile(GROUP, tiles_x, tiles_y)
     first = start + gl.program_id(0)
     for p in gl.static_range(SLOTS):
-        if first + p * NUM_PROGRAMS < end:
-            fx, fy, fz = _stencil7_tile(first + p * NUM_PROGRAMS, tiles_x, tiles_y)
-            _stencil7_fetch(src_desc, windows, ready, p, fx, fy, fz, BY, BX)
-    tx, ty, tz = _stencil7_tile(first, tiles_x, tiles_y)  # the next block's tile (this block's on entry)
-    rx, ry, rz = _stencil7_tile(first + SLOTS * NUM_PROGRAMS, tiles_x, tiles_y)  # the next refill's
-    idx, inb, inner = _stencil7_points(tx, ty, tz, first < end, nx, ny, nz, BY, BX, tile)
+        if first + p * GROUP < end:
+            fx, fy, fz = _stencil7_tile(first + p * GROUP, tiles_x, tiles_y)
+            _stencil7_fetch(src_desc, w0, w1, w2, w3, w4, r0, r1, r2, r3, r4, p, fx, fy, fz, bx, by, bz, tiles_x, tiles_y, BY, BX, U)
+    lane = gl.arange(0, U, per_block) * NUM_PROGRAMS  # a group's blocks from its first
+    tx, ty, tz = _stencil7_tile(first + lane, tiles_x, tiles_y)  # the next group's tiles (this group's on entry)
+    rx, ry, rz = _stencil7_tile(first + SLOTS * GROUP, tiles_x, tiles_y)  # the next refill's first block's
+    idx, inb, inner = _stencil7_points(tx, ty, tz, first + lane < end, nx, ny, nz, BY, BX, tile)
     sides = gl.load(src + idx - 1, mask=inner, other=0.0) + gl.load(src + idx + 1, mask=inner, other=0.0)
     i = 0
-    for bid in range(first, end, NUM_PROGRAMS):
-        # the next block's x neighbours in flight while this block waits for its slot and computes
-        tx, ty, tz = _stencil7_step(tx, ty, tz, step_x, step_y, step_z, tiles_x, tiles_y)
-        n_idx, n_inb, n_inner = _stencil7_points(tx, ty, tz, bid + NUM_PROGRAMS < end, nx, ny, nz, BY, BX, tile)
+    for g in range(first, end, GROUP):
+        # the next group's x neighbours in flight while this group waits for its slot and computes
+        tx, ty, tz = _stencil7_step(tx, ty, tz, gx, gy, gz, tiles_x, tiles_y)
+        n_idx, n_inb, n_inner = _stencil7_points(tx, ty, tz, g + GROUP + lane < end, nx, ny, nz, BY, BX, tile)
         n_sides = gl.load(src + n_idx - 1, mask=n_inner, other=0.0) + gl.load(src + n_idx + 1, mask=n_inner, other=0.0)
         s = i % SLOTS
-        mbarrier.wait(ready.index(s), (i // SLOTS) & 1)
-        c = windows.index(5 * s).load(tile)
-        acc = sides + windows.index(5 * s + 1).load(tile) + windows.index(5 * s + 2).load(tile)
-        acc += windows.index(5 * s + 3).load(tile) + windows.index(5 * s + 4).load(tile)
-        gl.thread_barrier()  # every warp has read slot s (a barrier of this partition's warps): refill it SLOTS blocks ahead
-        if bid + SLOTS * NUM_PROGRAMS < end:
-            _stencil7_fetch(src_desc, windows, ready, s, rx, ry, rz, BY, BX)
-        rx, ry, rz = _stencil7_step(rx, ry, rz, step_x, step_y, step_z, tiles_x, tiles_y)
+        phase = (i // SLOTS) & 1
+        mbarrier.wait(r0.index(s), phase)
+        c = w0.index(s).load(tile)
+        mbarrier.wait(r1.index(s), phase)
+        mbarrier.wait(r2.index(s), phase)
+        acc = sides + w1.index(s).load(tile) + w2.index(s).load(tile)
+        mbarrier.wait(r3.index(s), phase)
+        mbarrier.wait(r4.index(s), phase)
+        acc += w3.index(s).load(tile) + w4.index(s).load(tile)
+        gl.thread_barrier()  # every warp has read slot s (a barrier of this partition's warps): refill it SLOTS groups ahead
+        if g + SLOTS * GROUP < end:
+            _stencil7_fetch(src_desc, w0, w1, w2, w3, w4, r0, r1, r2, r3, r4, s, rx, ry, rz, bx, by, bz, tiles_x, tiles_y, BY, BX, U)
+        rx, ry, rz = _stencil7_step(rx, ry, rz, gx, gy, gz, tiles_x, tiles_y)
         gl.store(dst + idx, gl.where(inner, c0 * c + c1 * acc, c), mask=inb)
         idx, inb, inner, sides = n_idx, n_inb, n_inner, n_sides
         i += 1
@@ -194,15 +205,16 @@ def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, windows
 
 @gluon.jit
 def _stencil7_tile(bid, tiles_x, tiles_y):
-    # block bid's tile: x and y tile indices and z plane (the PTB walk's order, x fastest)
+    # block bid's tile (or a step of bid blocks split into tiles): x and y tile indices and z plane (the PTB walk's
+    # order, x fastest)
     t = bid // tiles_x
     return bid % tiles_x, t % tiles_y, t // tiles_y
 
 
 @gluon.jit
 def _stencil7_step(tx, ty, tz, step_x, step_y, step_z, tiles_x, tiles_y):
-    # the tile NUM_PROGRAMS blocks on: add the step's x, y and z parts with their carries (each part below its radix,
-    # so one carry at most)
+    # the tile a step on (the step split by _stencil7_tile): add its x, y and z parts with their carries (each part below
+    # its radix, so one carry at most)
     tx += step_x
     cx = (tx >= tiles_x).to(gl.int32)
     ty += step_y + cx
@@ -212,39 +224,55 @@ def _stencil7_step(tx, ty, tz, step_x, step_y, step_z, tiles_x, tiles_y):
 
 @gluon.jit
 def _stencil7_points(tx, ty, tz, live, nx, ny, nz, BY: gl.constexpr, BX: gl.constexpr, tile: gl.constexpr):
-    # the points of the block at tile (tx, ty, tz) in layout tile: their offsets in src, which are in the grid, which are
-    # inside (none of a block that is not live, at or past the range's end)
+    # the points of a group's blocks at tiles (tx, ty, tz) (vectors over its U blocks) in layout tile: their offsets in src,
+    # which are in the grid, which are inside (none of a block that is not live, at or past the range's end)
     per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, tile))
     per_col: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, tile))
-    y = (ty * BY + gl.arange(0, BY, per_row))[None, :, None]
-    x = (tx * BX + gl.arange(0, BX, per_col))[None, None, :]
-    inb = (y < ny) & (x < nx) & live
-    inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (tz > 0) & (tz < nz - 1)
-    return tz * (nx * ny) + y * nx + x, inb, inner
+    y = (ty * BY)[:, None, None] + gl.arange(0, BY, per_row)[None, :, None]
+    x = (tx * BX)[:, None, None] + gl.arange(0, BX, per_col)[None, None, :]
+    z = tz[:, None, None]
+    inb = (y < ny) & (x < nx) & live[:, None, None]
+    inner = inb & (x > 0) & (x < nx - 1) & (y > 0) & (y < ny - 1) & (z > 0) & (z < nz - 1)
+    return z * (nx * ny) + y * nx + x, inb, inner
 
 
 @gluon.jit
-def _stencil7_fetch(src_desc, windows, ready, s, tx, ty, tz, BY: gl.constexpr, BX: gl.constexpr):
-    # the five windows of the block at tile (tx, ty, tz) into slot s, one mbarrier counting their bytes (a box's bytes
-    # count in full, zero fill too)
-    y = ty * BY
-    x = tx * BX
-    bar = ready.index(s)
-    mbarrier.expect(bar, 5 * BY * BX * 4)
-    tma.async_copy_global_to_shared(src_desc, [tz, y, x], bar, windows.index(5 * s))
-    tma.async_copy_global_to_shared(src_desc, [tz, y - 1, x], bar, windows.index(5 * s + 1))
-    tma.async_copy_global_to_shared(src_desc, [tz, y + 1, x], bar, windows.index(5 * s + 2))
-    tma.async_copy_global_to_shared(src_desc, [tz - 1, y, x], bar, windows.index(5 * s + 3))
-    tma.async_copy_global_to_shared(src_desc, [tz + 1, y, x], bar, windows.index(5 * s + 4))
+def _stencil7_fetch(src_desc, w0, w1, w2, w3, w4, r0, r1, r2, r3, r4, s, tx, ty, tz, bx, by, bz, tiles_x, tiles_y,
+                    BY: gl.constexpr, BX: gl.constexpr, U: gl.constexpr):
+    # the five windows of each of the U blocks of a group (the first at tile (tx, ty, tz), the next a block's step
+    # (bx, by, bz) on) into slot s. All U blocks are copied, those past the range's end too (their tiles may lie past the
+    # volume: TMA reads zeros; they are never stored), so each window's mbarrier expects a fixed count of bytes (a box's
+    # bytes count in full, zero fill too). The five expects first and the five copies of a block next to each other:
+    # the barrier analysis then puts one barrier after the expects and one between blocks, none between copies
+    nbytes: gl.constexpr = U * BY * BX * 4
+    mbarrier.expect(r0.index(s), nbytes)
+    mbarrier.expect(r1.index(s), nbytes)
+    mbarrier.expect(r2.index(s), nbytes)
+    mbarrier.expect(r3.index(s), nbytes)
+    mbarrier.expect(r4.index(s), nbytes)
+    for u in gl.static_range(U):
+        y = ty * BY
+        x = tx * BX
+        tma.async_copy_global_to_shared(src_desc, [tz, y, x], r0.index(s), w0.index(s).slice(u, 1))
+        tma.async_copy_global_to_shared(src_desc, [tz, y - 1, x], r1.index(s), w1.index(s).slice(u, 1))
+        tma.async_copy_global_to_shared(src_desc, [tz, y + 1, x], r2.index(s), w2.index(s).slice(u, 1))
+        tma.async_copy_global_to_shared(src_desc, [tz - 1, y, x], r3.index(s), w3.index(s).slice(u, 1))
+        tma.async_copy_global_to_shared(src_desc, [tz + 1, y, x], r4.index(s), w4.index(s).slice(u, 1))
+        if u + 1 < U:
+            tx, ty, tz = _stencil7_step(tx, ty, tz, bx, by, bz, tiles_x, tiles_y)
 """
 
 # the TMA form's ring and its mbarriers, in the kernel's body (``WorkerPartition.setup``), initialised with the GEMM's before
-# the partitions start (no fence and barrier of the partition's own before its first copy)
-TMA_SETUP = """    be_windows = gl.allocate_shared_memory(gl.float32, [BE_SLOTS * 5, 1, BE_BY, BE_BX], be_src_desc.layout)
-    be_ready = gl.allocate_shared_memory(gl.int64, [BE_SLOTS, 1], mbarrier.MBarrierLayout())
-    for q in gl.static_range(BE_SLOTS):
-        mbarrier.init(be_ready.index(q), count=1)
-"""
+# the partitions start (no fence and barrier of the partition's own before its first copy): a window of each kind and its
+# mbarrier a slot, one allocation a kind (see ``_be_stencil7_tma``)
+TMA_RING = tuple(f"be_w{k}" for k in range(5)) + tuple(f"be_r{k}" for k in range(5))
+TMA_SETUP = "".join(
+    f"    be_w{k} = gl.allocate_shared_memory(gl.float32, [BE_SLOTS, BE_U, BE_BY, BE_BX], be_src_desc.layout)\n" for k in range(5)
+) + "".join(
+    f"    be_r{k} = gl.allocate_shared_memory(gl.int64, [BE_SLOTS, 1], mbarrier.MBarrierLayout())\n"
+    f"    for q in gl.static_range(BE_SLOTS):\n        mbarrier.init(be_r{k}.index(q), count=1)\n"
+    for k in range(5)
+)
 
 _CUTCP = """
 
@@ -356,14 +384,14 @@ def tma_unfit(src: torch.Tensor) -> str | None:
     return None
 
 
-def tma_slot_bytes(consts: dict[str, Any]) -> int:
-    """Shared memory of one ring slot of the ``tma`` form: a block's five fp32 windows and its mbarrier."""
-    return 5 * int(consts["BY"]) * int(consts["BX"]) * 4 + 8
+def tma_slot_bytes(consts: dict[str, Any], unroll: int = 1) -> int:
+    """Shared memory of one ring slot of the ``tma`` form: a group's (``unroll`` blocks') five fp32 windows and their mbarriers."""
+    return 5 * (unroll * int(consts["BY"]) * int(consts["BX"]) * 4 + 8)
 
 
-def tma_slots(cfg: WsConfig, consts: dict[str, Any]) -> int:
+def tma_slots(cfg: WsConfig, consts: dict[str, Any], unroll: int = 1) -> int:
     """The deepest ring of ``TMA_SLOTS`` that fits beside host tile ``cfg``'s shared memory, or 0 (none fits)."""
-    return next((s for s in TMA_SLOTS if cfg.smem_bytes() + s * tma_slot_bytes(consts) <= SMEM_LIMIT), 0)
+    return next((s for s in TMA_SLOTS if cfg.smem_bytes() + s * tma_slot_bytes(consts, unroll) <= SMEM_LIMIT), 0)
 
 
 def partition(
@@ -389,8 +417,10 @@ def partition(
     if feed not in FEEDS:
         raise ValueError(f"feed is one of {FEEDS}, not {feed!r}")
     tma_fed = feed == "tma"
-    if tma_fed and (name != "stencil7" or unroll != 1):
-        raise ValueError(f"{name}: only stencil7 has a TMA-fed partition, one block an iteration (unroll {unroll})")
+    if tma_fed and name != "stencil7":
+        raise ValueError(f"{name}: only stencil7 has a TMA-fed partition")
+    if tma_fed and unroll not in STENCIL7_TMA_REGS:
+        raise ValueError(f"stencil7: the TMA-fed partition runs one of {sorted(STENCIL7_TMA_REGS)} blocks an iteration, not {unroll}")
     if tma_fed and not 1 <= slots <= 4:
         raise ValueError(f"stencil7: a TMA ring of 1 to 4 slots, not {slots}")
     spec = _STENCIL7_TMA_SPEC if tma_fed else _KERNELS[name]
@@ -400,25 +430,24 @@ def partition(
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"a worker partition has 1, 2, 4 or 8 warps, not {warps}")
     if regs is None:
-        regs = STENCIL7_TMA_REGS if tma_fed else STENCIL7_UNROLL_REGS[unroll] if name == "stencil7" else BE_REGS[name]
+        regs = STENCIL7_TMA_REGS[unroll] if tma_fed else STENCIL7_UNROLL_REGS[unroll] if name == "stencil7" else BE_REGS[name]
     for r in (regs, loader_regs):
         if r % 8 or not 24 <= r <= 256:
             raise ValueError(f"setmaxnreg takes a multiple of 8 in [24, 256] registers a thread, not {r}")
     _check_layout(name, consts, warps)
     rows = _warp_rows(name, consts, warps)  # 2-D tiles: warps down the rows (the rest across), or None (1-D)
-    unrolled = name == "stencil7" and not tma_fed
-    const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"] + ([] if rows is None else ["BE_WR"]) + (["BE_U"] if unrolled else [])
-    const_names += ["BE_SLOTS"] if tma_fed else []
+    const_names = [f"BE_{c}" for c in spec["consts"]] + ["BE_WARPS"] + ([] if rows is None else ["BE_WR"])
+    const_names += ["BE_SLOTS", "BE_U"] if tma_fed else ["BE_U"] if name == "stencil7" else []
     arg_types = dict(spec["args"])
     if tma_fed:  # the descriptor's type names its box and layout, not the tensor's shape
         from triton.runtime.jit import mangle_type
 
         arg_types["be_src_desc"] = mangle_type(tma_source(torch.empty(1, int(consts["BY"]), int(consts["BX"])), consts))
     params = ", ".join([*spec["args"], "be_start", "be_end", *(f"{c}: gl.constexpr" for c in const_names)])
-    ring = ["be_windows", "be_ready"] if tma_fed else []  # allocated by the kernel (``TMA_SETUP``), passed in
+    ring = list(TMA_RING) if tma_fed else []  # allocated by the kernel (``TMA_SETUP``), passed in
     call_args = ", ".join([*spec["args"], "be_start", "be_end", *ring, "NUM_PROGRAMS", *const_names])
     constexprs = {f"BE_{c}": consts[c] for c in spec["consts"]} | {"BE_WARPS": warps} | ({} if rows is None else {"BE_WR": rows})
-    constexprs |= {"BE_U": unroll} if unrolled else {}
+    constexprs |= {"BE_U": unroll} if name == "stencil7" else {}
     constexprs |= {"BE_SLOTS": slots} if tma_fed else {}
     key = f"{name}_w{warps}_r{regs}" + ("" if loader_regs == LOADER_REGS else f"_l{loader_regs}") + (f"_u{unroll}" if unroll > 1 else "")
     key += f"_tma{slots}" if tma_fed else ""
@@ -434,27 +463,28 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 {source}
 
-# the parameters named as the fused kernel's (``TMA_SETUP`` reads be_src_desc, BE_SLOTS, BE_BY, BE_BX)
+# the parameters named as the fused kernel's (``TMA_SETUP`` reads be_src_desc, BE_SLOTS, BE_U, BE_BY, BE_BX)
 @gluon.jit
 def stencil7_tma_alone(be_src_desc, src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BE_BY: gl.constexpr,
-                       BE_BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, BE_SLOTS: gl.constexpr):
-{setup}    _be_stencil7_tma(be_src_desc, src, dst, nx, ny, nz, c0, c1, start, end, be_windows, be_ready, NUM_PROGRAMS, BE_BY, BE_BX,
-                     WARPS, WR, BE_SLOTS)
+                       BE_BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, BE_SLOTS: gl.constexpr, BE_U: gl.constexpr):
+{setup}    _be_stencil7_tma(be_src_desc, src, dst, nx, ny, nz, c0, c1, start, end, be_w0, be_w1, be_w2, be_w3, be_w4, be_r0, be_r1,
+                     be_r2, be_r3, be_r4, NUM_PROGRAMS, BE_BY, BE_BX, WARPS, WR, BE_SLOTS, BE_U)
 """
 
 
-def launch_tma_alone(work: Workload, start: int, end: int, warps: int = 8, slots: int = TMA_SLOTS[0], num_programs: int = 132) -> None:
+def launch_tma_alone(work: Workload, start: int, end: int, warps: int = 8, slots: int = TMA_SLOTS[0], num_programs: int = 132,
+                     unroll: int = 1) -> None:  # fmt: skip
     """stencil7's TMA form as a kernel of its own (no GEMM beside it): ``num_programs`` programs of ``warps`` warps run
-    blocks ``[start, end)`` through the partition's code, a ring of ``slots``. The partition's rate alone, and a check of
-    the TMA form apart from the warp-specialised kernel."""
+    blocks ``[start, end)`` through the partition's code, ``unroll`` blocks an iteration, a ring of ``slots``. The
+    partition's rate alone, and a check of the TMA form apart from the warp-specialised kernel."""
     from kfuse.kernels.codegen import generated
 
-    part = for_workload(work, warps, feed="tma", slots=slots)  # checks the layout and the ring
+    part = for_workload(work, warps, unroll=unroll, feed="tma", slots=slots)  # checks the layout and the ring
     mod = generated("ws_tma_alone", "stencil7", lambda: _TMA_ALONE.format(source=_STENCIL7_TMA, setup=TMA_SETUP))
     args = partition_args(work, start, end, feed="tma")
     c = part.constexprs
     mod.stencil7_tma_alone[(num_programs,)](*args.values(), NUM_PROGRAMS=num_programs, BE_BY=c["BE_BY"], BE_BX=c["BE_BX"],
-                                            WARPS=warps, WR=c["BE_WR"], BE_SLOTS=slots, num_warps=warps)  # fmt: skip
+                                            WARPS=warps, WR=c["BE_WR"], BE_SLOTS=slots, BE_U=unroll, num_warps=warps)  # fmt: skip
 
 
 def _pow2(v: int) -> bool:
@@ -643,7 +673,7 @@ class WsHost:
         stencil = work.name == "stencil7"
         forms = [(u, "ldg") for u in (self.unrolls if stencil else (1,)) if "ldg" in self.feeds or not stencil]
         if stencil and "tma" in self.feeds and tma_unfit(work.kernel.args[0]) is None:
-            forms.append((1, "tma"))
+            forms += [(u, "tma") for u in self.unrolls if u in STENCIL7_TMA_REGS]
         out = []
         for w in self.warps:
             for u, feed in forms:
@@ -658,7 +688,7 @@ class WsHost:
                     # 8 BE warps leave a 128-row tile's consumers too few registers: 3-10x slower in session 57's probe
                     if w > 4 and cfg.block_m > 64:
                         continue
-                    slots = tma_slots(cfg, work.kernel.consts) if feed == "tma" else 0
+                    slots = tma_slots(cfg, work.kernel.consts, u) if feed == "tma" else 0
                     if feed == "tma" and not slots:
                         continue
                     out.append(Candidate(name + label, cfg, loader, w, u, feed, slots))

@@ -59,7 +59,7 @@ def test_a_block_range_outside_the_kernel_is_refused() -> None:
     ("name", "kw", "why"),
     [
         ("histogram", {"feed": "tma"}, "only stencil7 has a TMA-fed partition"),
-        ("stencil7", {"feed": "tma", "unroll": 2}, "one block an iteration"),
+        ("stencil7", {"feed": "tma", "unroll": 4}, r"runs one of \[1, 2\] blocks an iteration"),
         ("stencil7", {"feed": "tma", "slots": 5}, "1 to 4 slots"),
         ("stencil7", {"feed": "cp.async"}, "feed is one of"),
     ],
@@ -73,7 +73,10 @@ def test_tma_feeds_that_cannot_run_are_refused_with_the_reason(name: str, kw: di
 def test_tma_fed_stencil7_takes_its_source_as_a_descriptor_of_its_windows() -> None:
     part = ws_partition.partition("stencil7", {"BY": 8, "BX": 64}, warps=8, feed="tma", slots=3)
     assert part.params.startswith("be_src_desc, be_src, be_dst, be_nx") and "BE_SLOTS: gl.constexpr" in part.params
-    assert part.constexprs["BE_SLOTS"] == 3 and part.key.endswith("_tma3") and part.regs == ws_partition.STENCIL7_TMA_REGS
+    assert part.constexprs["BE_SLOTS"] == 3 and part.key.endswith("_tma3") and part.regs == ws_partition.STENCIL7_TMA_REGS[1]
+    assert part.params.endswith("BE_SLOTS: gl.constexpr, BE_U: gl.constexpr") and part.constexprs["BE_U"] == 1
+    two = ws_partition.partition("stencil7", {"BY": 8, "BX": 64}, warps=8, unroll=2, feed="tma", slots=2)
+    assert two.key.endswith("_u2_tma2") and two.constexprs["BE_U"] == 2 and two.regs == ws_partition.STENCIL7_TMA_REGS[2]
     assert part.arg_types["be_src_desc"].startswith("tensordesc<fp32[1, 8, 64]")
     src = torch.randn(6, 24, 64)
     assert ws_partition.tma_unfit(src) is None
@@ -105,6 +108,9 @@ def test_a_small_stencil7_is_not_tma_fed_and_gets_no_tma_candidates() -> None:
     tma = [c for c in host.candidates(gpu_like) if c.feed == "tma"]
     assert {(c.cfg.block_m, c.warps, c.slots) for c in tma} == {(64, 4, 4), (64, 8, 4), (128, 4, 3)}
     assert all(c.label.endswith(" tma") for c in tma)
+    host.unrolls = (1, 2)  # two blocks an iteration: a slot holds both blocks' windows, a ring of 2 only beside the 64-row tile
+    tma2 = [c for c in host.candidates(gpu_like) if c.feed == "tma" and c.unroll == 2]
+    assert {(c.cfg.block_m, c.warps, c.slots) for c in tma2} == {(64, 4, 2), (64, 8, 2)} and all(c.label.endswith(" u2 tma") for c in tma2)
     args = ws_partition.partition_args(gpu_like, 0, 5, feed="tma")
     assert list(args)[:3] == ["be_src_desc", "be_src", "be_dst"] and args["be_end"] == 5
 
@@ -113,6 +119,8 @@ def test_the_tma_ring_takes_the_deepest_depth_the_hosts_shared_memory_leaves() -
     consts = {"BY": 8, "BX": 64}
     depths = {name: ws_partition.tma_slots(cfg, consts) for name, cfg, _ in ws_partition.HOST_TILES}
     assert depths == {"pp64x128 s6": 4, "pp128 s4": 3}
+    assert {name: ws_partition.tma_slots(cfg, consts, 2) for name, cfg, _ in ws_partition.HOST_TILES} == {"pp64x128 s6": 2, "pp128 s4": 0}
+    assert ws_partition.tma_slot_bytes(consts, 2) == 2 * ws_partition.tma_slot_bytes(consts) - 5 * 8  # five mbarriers a slot
     for name, cfg, _ in ws_partition.HOST_TILES:
         assert cfg.smem_bytes() + depths[name] * ws_partition.tma_slot_bytes(consts) <= gemm_ws.SMEM_LIMIT
     assert ws_partition.tma_slots(WsConfig(block_m=128, block_n=256, block_k=64, stages=4), consts) == 0
@@ -184,6 +192,7 @@ for name, consts, warps, block_m, *rest in json.loads(sys.argv[1]):
                  mufu=sass.count("MUFU."), ldg=sass.count("LDG.E"), stg=sass.count("STG.E"),
                  tma_loads=sass.count("UTMALDG"),
                  named_bars=sorted(set(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+, 0x[0-9a-f]+);", sass))),
+                 tma_runs=sorted({len(r.split("UTMALDG")) - 1 for r in sass.split("BAR.SYNC")} - {0}),
                  maxnreg=sorted({int(v, 16) for v in re.findall(r"USETMAXREG\.[A-Z_.]+ (?:UP0, )?(0x[0-9a-f]+)", sass)}))
     out[f"{name or 'none'}_w{warps}_m{block_m}" + ("_k128" if k128 else "") + (f"_u{unroll}" if unroll > 1 else "")
         + (f"_tma{slots}" if feed == "tma" else "")] = facts
@@ -201,6 +210,7 @@ def compiled() -> dict:
     cases += [["stencil7", GPU_CONSTS["stencil7"], 4, 64]]  # and one block an iteration on the same host
     # fed by TMA: the deepest ring each host's shared memory leaves (ws_partition.tma_slots: 4 on the s6 host, 3 on pp128 s4)
     cases += [["stencil7", GPU_CONSTS["stencil7"], w, bm, {"feed": "tma", "slots": s}] for w, bm, s in ((8, 64, 4), (4, 128, 3))]
+    cases += [["stencil7", GPU_CONSTS["stencil7"], 8, 64, {"feed": "tma", "slots": 2, "unroll": 2}]]  # two blocks an iteration
     return run_offline_script(_COMPILE, cases)
 
 
@@ -218,25 +228,28 @@ def test_unrolled_stencil7_holds_u_blocks_of_loads_without_spills(compiled: dict
     assert {part.regs, part.consumer_regs()} <= set(fused["maxnreg"])
 
 
-@pytest.mark.parametrize(("warps", "block_m", "slots"), [(8, 64, 4), (4, 128, 3)])
-def test_tma_fed_stencil7_reads_its_windows_by_tma(compiled: dict, warps: int, block_m: int, slots: int) -> None:
+@pytest.mark.parametrize(("warps", "block_m", "slots", "unroll"), [(8, 64, 4, 1), (4, 128, 3, 1), (8, 64, 2, 2)])
+def test_tma_fed_stencil7_reads_its_windows_by_tma(compiled: dict, warps: int, block_m: int, slots: int, unroll: int) -> None:
     """The TMA form: five box copies a block (each ring slot filled before the loop, one block a refill), LDG only for the
     x neighbours (a box cannot start off 16 bytes), a block ahead, its ring in the shared memory the host leaves, the slot's refill after
     a barrier of the partition's warps only (a CTA-wide one would wait for the GEMM's warps forever), and no spills on
-    ``STENCIL7_TMA_REGS``."""
-    alone, fused = compiled[f"none_w4_m{block_m}"], compiled[f"stencil7_w{warps}_m{block_m}_tma{slots}"]
+    ``STENCIL7_TMA_REGS``. With U blocks an iteration: U x the copies and loads, a slot U blocks' windows."""
+    u = f"_u{unroll}" if unroll > 1 else ""
+    alone, fused = compiled[f"none_w4_m{block_m}"], compiled[f"stencil7_w{warps}_m{block_m}{u}_tma{slots}"]
     assert fused["STL"] == 0 and fused["LDL"] == 0 and fused["LOCAL"] == 0
     assert fused["HGMMA"] == alone["HGMMA"] and fused["warps"] == 12 + warps
-    assert fused["tma_loads"] - alone["tma_loads"] == 5 * (slots + 1)
+    assert fused["tma_loads"] - alone["tma_loads"] == 5 * unroll * (slots + 1)
+    # a block's five copies back to back: no barrier between them (one mbarrier allocation for all five put one after each)
+    assert max(fused["tma_runs"]) >= 5
     # x - 1 and x + 1 by LDG, a scalar load an element (off 16 bytes): 8 x 64 points over the partition's threads, once
     # for the first block before the loop and once in it for the next block (issued before this block's wait)
-    assert fused["ldg"] - alone["ldg"] == 2 * 2 * (8 * 64) // (32 * warps) and fused["stg"] > alone["stg"]
-    ring = slots * ws_partition.tma_slot_bytes(GPU_CONSTS["stencil7"])
+    assert fused["ldg"] - alone["ldg"] == unroll * 2 * 2 * (8 * 64) // (32 * warps) and fused["stg"] > alone["stg"]
+    ring = slots * ws_partition.tma_slot_bytes(GPU_CONSTS["stencil7"], unroll)
     assert abs(fused["shared"] - alone["shared"] - ring) <= 1024 and fused["shared"] <= gemm_ws.SMEM_LIMIT
     own = {b for b in fused["named_bars"] if b not in alone["named_bars"]}
     assert own and all(b.endswith(f", {32 * warps:#x}") for b in own)
-    part = ws_partition.partition("stencil7", GPU_CONSTS["stencil7"], warps=warps, feed="tma", slots=slots)
-    assert part.regs == ws_partition.STENCIL7_TMA_REGS and {part.regs, part.consumer_regs()} <= set(fused["maxnreg"])
+    part = ws_partition.partition("stencil7", GPU_CONSTS["stencil7"], warps=warps, unroll=unroll, feed="tma", slots=slots)
+    assert part.regs == ws_partition.STENCIL7_TMA_REGS[unroll] and {part.regs, part.consumer_regs()} <= set(fused["maxnreg"])
 
 
 def test_the_k128_host_keeps_the_s6_hosts_shared_memory_and_spills_nothing(compiled: dict) -> None:
@@ -296,7 +309,7 @@ def test_unrolled_stencil7_runs_any_block_range_beside_the_gemm(warps: int, unro
     work.reset()
     cfg = WsConfig(block_m=block_m, block_n=128, block_k=64, stages=4 if block_m == 128 else 6)
     split = 12345
-    slots = ws_partition.tma_slots(cfg, work.kernel.consts) or 2
+    slots = ws_partition.tma_slots(cfg, work.kernel.consts, unroll if feed == "tma" else 1) or 2
     for start, end in ((0, split), (split, work.kernel.n_blocks)):
         c = torch.full((1, m, n), float("nan"), device=dev, dtype=torch.float16)
         ws_partition.launch_fused(a.view(1, m, k), b.view(1, k, n), c, [bias.view(1, 1, n).expand(1, m, n)], epi, cfg, work, start,
@@ -629,6 +642,8 @@ def test_the_ws_version_runs_a_compiled_models_gemm_step_and_the_be_slice_correc
 # last in the file: a fault in the TMA form (session 59's first form faulted with an illegal instruction) loses the CUDA
 # context, and every GPU test after it in the process with it
 @pytest.mark.gpu
-@pytest.mark.parametrize(("warps", "block_m"), [(8, 64), (4, 128)])
-def test_tma_fed_stencil7_runs_any_block_range_beside_the_gemm(warps: int, block_m: int) -> None:
-    test_unrolled_stencil7_runs_any_block_range_beside_the_gemm(warps, 1, block_m, "tma")
+@pytest.mark.parametrize(("warps", "unroll", "block_m"), [(8, 1, 64), (4, 1, 128), (8, 2, 64)])
+def test_tma_fed_stencil7_runs_any_block_range_beside_the_gemm(warps: int, unroll: int, block_m: int) -> None:
+    """Two blocks an iteration too: the split (12345, odd) leaves a last group with one block live, whose slot's mbarrier
+    must complete on the dead block's bare arrival."""
+    test_unrolled_stencil7_runs_any_block_range_beside_the_gemm(warps, unroll, block_m, "tma")
