@@ -144,17 +144,17 @@ def _be_stencil7(src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.cons
 _STENCIL7_TMA = """
 
 @gluon.jit
-def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, w0, w1, w2, w3, w4, r0, r1, r2, r3, r4,
-                     NUM_PROGRAMS: gl.constexpr, BY: gl.constexpr, BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr,
-                     SLOTS: gl.constexpr, U: gl.constexpr):
+def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, windows, ready, NUM_PROGRAMS: gl.constexpr,
+                     BY: gl.constexpr, BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, SLOTS: gl.constexpr,
+                     U: gl.constexpr):
     # stencil7's block fed by TMA: five windows (the point and its y and z neighbours, each a [1, BY, BX] box of src at
     # (z, y, x) + an offset; coordinates outside src read 0, which only boundary points, copied, would use) land in a ring
     # of SLOTS slots of shared memory, SLOTS groups ahead. A group is U of the program's blocks (first, first + P, ..., as
     # the PTB walk and the LDG form's U), computed in one iteration: U x the points a thread, once the per-iteration work
-    # (the slots' waits and phase, the barriers, the coordinates). Window k of a group's block u is w<k>[slot][u], its
-    # copies counted by mbarrier r<k>[slot]: one allocation a window, because Triton's barrier analysis sees any two copies
-    # into one allocation, or signalling one mbarrier allocation, as a hazard and puts a barrier of the partition's warps
-    # between them (one mbarrier for all five: six barriers a refill, session 61). One thread issues the copies, so the
+    # (the slot's wait and phase, the barriers, the coordinates). Window k of a group's block u is windows[5 slot + k][u],
+    # all counted by the slot's mbarrier in ready. Triton's barrier analysis puts a barrier of the partition's warps after
+    # each copy (all signal one mbarrier allocation): an allocation and an mbarrier a window kind halve those barriers but
+    # add four waits a block, and made the form 13-20% slower (session 61, H100). One thread issues the copies, so the
     # bytes in flight do not take the warps' registers (the LDG form holds each load in one). A box's innermost coordinate
     # must sit on 16 bytes (an H100 run faulted with an illegal instruction at the x - 1 box), and a shared-memory view may
     # not start inside its own size (Triton's subslice rule), so the x neighbours come by LDG from L2, where the earlier
@@ -172,7 +172,7 @@ def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, w0, w1,
     for p in gl.static_range(SLOTS):
         if first + p * GROUP < end:
             fx, fy, fz = _stencil7_tile(first + p * GROUP, tiles_x, tiles_y)
-            _stencil7_fetch(src_desc, w0, w1, w2, w3, w4, r0, r1, r2, r3, r4, p, fx, fy, fz, bx, by, bz, tiles_x, tiles_y, BY, BX, U)
+            _stencil7_fetch(src_desc, windows, ready, p, fx, fy, fz, bx, by, bz, tiles_x, tiles_y, BY, BX, U)
     lane = gl.arange(0, U, per_block) * NUM_PROGRAMS  # a group's blocks from its first
     tx, ty, tz = _stencil7_tile(first + lane, tiles_x, tiles_y)  # the next group's tiles (this group's on entry)
     rx, ry, rz = _stencil7_tile(first + SLOTS * GROUP, tiles_x, tiles_y)  # the next refill's first block's
@@ -185,18 +185,13 @@ def _be_stencil7_tma(src_desc, src, dst, nx, ny, nz, c0, c1, start, end, w0, w1,
         n_idx, n_inb, n_inner = _stencil7_points(tx, ty, tz, g + GROUP + lane < end, nx, ny, nz, BY, BX, tile)
         n_sides = gl.load(src + n_idx - 1, mask=n_inner, other=0.0) + gl.load(src + n_idx + 1, mask=n_inner, other=0.0)
         s = i % SLOTS
-        phase = (i // SLOTS) & 1
-        mbarrier.wait(r0.index(s), phase)
-        c = w0.index(s).load(tile)
-        mbarrier.wait(r1.index(s), phase)
-        mbarrier.wait(r2.index(s), phase)
-        acc = sides + w1.index(s).load(tile) + w2.index(s).load(tile)
-        mbarrier.wait(r3.index(s), phase)
-        mbarrier.wait(r4.index(s), phase)
-        acc += w3.index(s).load(tile) + w4.index(s).load(tile)
+        mbarrier.wait(ready.index(s), (i // SLOTS) & 1)
+        c = windows.index(5 * s).load(tile)
+        acc = sides + windows.index(5 * s + 1).load(tile) + windows.index(5 * s + 2).load(tile)
+        acc += windows.index(5 * s + 3).load(tile) + windows.index(5 * s + 4).load(tile)
         gl.thread_barrier()  # every warp has read slot s (a barrier of this partition's warps): refill it SLOTS groups ahead
         if g + SLOTS * GROUP < end:
-            _stencil7_fetch(src_desc, w0, w1, w2, w3, w4, r0, r1, r2, r3, r4, s, rx, ry, rz, bx, by, bz, tiles_x, tiles_y, BY, BX, U)
+            _stencil7_fetch(src_desc, windows, ready, s, rx, ry, rz, bx, by, bz, tiles_x, tiles_y, BY, BX, U)
         rx, ry, rz = _stencil7_step(rx, ry, rz, gx, gy, gz, tiles_x, tiles_y)
         gl.store(dst + idx, gl.where(inner, c0 * c + c1 * acc, c), mask=inb)
         idx, inb, inner, sides = n_idx, n_inb, n_inner, n_sides
@@ -237,42 +232,34 @@ def _stencil7_points(tx, ty, tz, live, nx, ny, nz, BY: gl.constexpr, BX: gl.cons
 
 
 @gluon.jit
-def _stencil7_fetch(src_desc, w0, w1, w2, w3, w4, r0, r1, r2, r3, r4, s, tx, ty, tz, bx, by, bz, tiles_x, tiles_y,
-                    BY: gl.constexpr, BX: gl.constexpr, U: gl.constexpr):
+def _stencil7_fetch(src_desc, windows, ready, s, tx, ty, tz, bx, by, bz, tiles_x, tiles_y, BY: gl.constexpr, BX: gl.constexpr,
+                    U: gl.constexpr):
     # the five windows of each of the U blocks of a group (the first at tile (tx, ty, tz), the next a block's step
     # (bx, by, bz) on) into slot s. All U blocks are copied, those past the range's end too (their tiles may lie past the
-    # volume: TMA reads zeros; they are never stored), so each window's mbarrier expects a fixed count of bytes (a box's
-    # bytes count in full, zero fill too). The five expects first and the five copies of a block next to each other:
-    # the barrier analysis then puts one barrier after the expects and one between blocks, none between copies
-    nbytes: gl.constexpr = U * BY * BX * 4
-    mbarrier.expect(r0.index(s), nbytes)
-    mbarrier.expect(r1.index(s), nbytes)
-    mbarrier.expect(r2.index(s), nbytes)
-    mbarrier.expect(r3.index(s), nbytes)
-    mbarrier.expect(r4.index(s), nbytes)
+    # volume: TMA reads zeros; they are never stored), so the slot's mbarrier expects a fixed count of bytes (a box's
+    # bytes count in full, zero fill too)
+    bar = ready.index(s)
+    mbarrier.expect(bar, 5 * U * BY * BX * 4)
     for u in gl.static_range(U):
         y = ty * BY
         x = tx * BX
-        tma.async_copy_global_to_shared(src_desc, [tz, y, x], r0.index(s), w0.index(s).slice(u, 1))
-        tma.async_copy_global_to_shared(src_desc, [tz, y - 1, x], r1.index(s), w1.index(s).slice(u, 1))
-        tma.async_copy_global_to_shared(src_desc, [tz, y + 1, x], r2.index(s), w2.index(s).slice(u, 1))
-        tma.async_copy_global_to_shared(src_desc, [tz - 1, y, x], r3.index(s), w3.index(s).slice(u, 1))
-        tma.async_copy_global_to_shared(src_desc, [tz + 1, y, x], r4.index(s), w4.index(s).slice(u, 1))
+        tma.async_copy_global_to_shared(src_desc, [tz, y, x], bar, windows.index(5 * s).slice(u, 1))
+        tma.async_copy_global_to_shared(src_desc, [tz, y - 1, x], bar, windows.index(5 * s + 1).slice(u, 1))
+        tma.async_copy_global_to_shared(src_desc, [tz, y + 1, x], bar, windows.index(5 * s + 2).slice(u, 1))
+        tma.async_copy_global_to_shared(src_desc, [tz - 1, y, x], bar, windows.index(5 * s + 3).slice(u, 1))
+        tma.async_copy_global_to_shared(src_desc, [tz + 1, y, x], bar, windows.index(5 * s + 4).slice(u, 1))
         if u + 1 < U:
             tx, ty, tz = _stencil7_step(tx, ty, tz, bx, by, bz, tiles_x, tiles_y)
 """
 
 # the TMA form's ring and its mbarriers, in the kernel's body (``WorkerPartition.setup``), initialised with the GEMM's before
-# the partitions start (no fence and barrier of the partition's own before its first copy): a window of each kind and its
-# mbarrier a slot, one allocation a kind (see ``_be_stencil7_tma``)
-TMA_RING = tuple(f"be_w{k}" for k in range(5)) + tuple(f"be_r{k}" for k in range(5))
-TMA_SETUP = "".join(
-    f"    be_w{k} = gl.allocate_shared_memory(gl.float32, [BE_SLOTS, BE_U, BE_BY, BE_BX], be_src_desc.layout)\n" for k in range(5)
-) + "".join(
-    f"    be_r{k} = gl.allocate_shared_memory(gl.int64, [BE_SLOTS, 1], mbarrier.MBarrierLayout())\n"
-    f"    for q in gl.static_range(BE_SLOTS):\n        mbarrier.init(be_r{k}.index(q), count=1)\n"
-    for k in range(5)
-)
+# the partitions start (no fence and barrier of the partition's own before its first copy)
+TMA_RING = ("be_windows", "be_ready")
+TMA_SETUP = """    be_windows = gl.allocate_shared_memory(gl.float32, [BE_SLOTS * 5, BE_U, BE_BY, BE_BX], be_src_desc.layout)
+    be_ready = gl.allocate_shared_memory(gl.int64, [BE_SLOTS, 1], mbarrier.MBarrierLayout())
+    for q in gl.static_range(BE_SLOTS):
+        mbarrier.init(be_ready.index(q), count=1)
+"""
 
 _CUTCP = """
 
@@ -385,8 +372,8 @@ def tma_unfit(src: torch.Tensor) -> str | None:
 
 
 def tma_slot_bytes(consts: dict[str, Any], unroll: int = 1) -> int:
-    """Shared memory of one ring slot of the ``tma`` form: a group's (``unroll`` blocks') five fp32 windows and their mbarriers."""
-    return 5 * (unroll * int(consts["BY"]) * int(consts["BX"]) * 4 + 8)
+    """Shared memory of one ring slot of the ``tma`` form: a group's (``unroll`` blocks') five fp32 windows and its mbarrier."""
+    return 5 * unroll * int(consts["BY"]) * int(consts["BX"]) * 4 + 8
 
 
 def tma_slots(cfg: WsConfig, consts: dict[str, Any], unroll: int = 1) -> int:
@@ -467,8 +454,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 @gluon.jit
 def stencil7_tma_alone(be_src_desc, src, dst, nx, ny, nz, c0, c1, start, end, NUM_PROGRAMS: gl.constexpr, BE_BY: gl.constexpr,
                        BE_BX: gl.constexpr, WARPS: gl.constexpr, WR: gl.constexpr, BE_SLOTS: gl.constexpr, BE_U: gl.constexpr):
-{setup}    _be_stencil7_tma(be_src_desc, src, dst, nx, ny, nz, c0, c1, start, end, be_w0, be_w1, be_w2, be_w3, be_w4, be_r0, be_r1,
-                     be_r2, be_r3, be_r4, NUM_PROGRAMS, BE_BY, BE_BX, WARPS, WR, BE_SLOTS, BE_U)
+{setup}    _be_stencil7_tma(be_src_desc, src, dst, nx, ny, nz, c0, c1, start, end, be_windows, be_ready, NUM_PROGRAMS, BE_BY, BE_BX,
+                     WARPS, WR, BE_SLOTS, BE_U)
 """
 
 
