@@ -249,6 +249,48 @@ def test_tma_fed_stencil7_reads_its_windows_by_tma(compiled: dict, warps: int, b
     assert part.regs == ws_partition.STENCIL7_TMA_REGS[unroll] and {part.regs, part.consumer_regs()} <= set(fused["maxnreg"])
 
 
+_COMPILE_ALONE = r"""
+import json, sys
+import torch, triton
+from cubin_facts import sass_facts
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+from kfuse.colocate import ws_partition as w
+from kfuse.kernels.codegen import load_generated
+
+mod = load_generated("ws_tma_alone", "stencil7", w._TMA_ALONE.format(source=w._STENCIL7_TMA, setup=w.TMA_SETUP))
+consts = {"BY": 8, "BX": 64}
+desc = w.tma_source(torch.empty(16, 32, 64), consts)
+out = {}
+for unroll, slots in json.loads(sys.argv[1]):
+    sig = {"be_src_desc": mangle_type(desc), "src": "*fp32", "dst": "*fp32", "nx": "i32", "ny": "i32", "nz": "i32", "c0": "fp32",
+           "c1": "fp32", "start": "i32", "end": "i32"}
+    ce = {"NUM_PROGRAMS": 132, "BE_BY": 8, "BE_BX": 64, "WARPS": 8, "WR": 4, "BE_SLOTS": slots, "BE_U": unroll}
+    sig.update({k: "constexpr" for k in ce})
+    ck = triton.compile(GluonASTSource(mod.stencil7_tma_alone, sig, constexprs=ce), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 8})
+    facts = sass_facts(ck.asm["cubin"])
+    sass = ck.asm["sass"]
+    facts.update(shared=ck.metadata.shared, tma_loads=sass.count("UTMALDG"), ldg=sass.count("LDG.E"), stg=sass.count("STG.E"))
+    out[f"u{unroll}_s{slots}"] = facts
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize(("unroll", "slots"), [(1, 4), (2, 2)])
+def test_the_tma_form_alone_compiles_with_its_ring_and_u_blocks_an_iteration(unroll: int, slots: int) -> None:
+    """``launch_tma_alone``'s kernel (the partition's code with no GEMM, which ``ws_tma_check.py`` runs first on the GPU),
+    offline for sm_90: 5 U copies a fill (the ring's first SLOTS fills and the loop's refill), U x the x-neighbour loads
+    and stores, the ring's U-block slots in shared memory, no spills."""
+    facts = run_offline_script(_COMPILE_ALONE, [[unroll, slots]])[f"u{unroll}_s{slots}"]
+    assert facts["STL"] == 0 and facts["LDL"] == 0 and facts["LOCAL"] == 0
+    assert facts["tma_loads"] == 5 * unroll * (slots + 1)
+    assert facts["ldg"] == unroll * 2 * 2 * (8 * 64) // (32 * 8) and facts["stg"] == unroll * (8 * 64) // (32 * 8)
+    ring = slots * ws_partition.tma_slot_bytes({"BY": 8, "BX": 64}, unroll)
+    assert ring <= facts["shared"] <= ring + 1024
+
+
 def test_the_k128_host_keeps_the_s6_hosts_shared_memory_and_spills_nothing(compiled: dict) -> None:
     from kfuse.colocate.ws_partition import PP64_K128_HOST
 
