@@ -87,8 +87,9 @@ def main() -> None:
                 "unbiased_cand_over_orig": math.sqrt(r_cand_a / r_orig_a),  # x cancels
                 "position_factor": math.sqrt(r_cand_a * r_orig_a),  # = 1 - x
             })  # fmt: skip
+            unbiased, factor = math.sqrt(r_cand_a / r_orig_a), math.sqrt(r_cand_a * r_orig_a)
             print(f"candidate {k}: {len(cand.applied)} moves, cand/orig as A {r_cand_a:.4f}, orig/cand as A {r_orig_a:.4f} "
-                  f"-> unbiased {math.sqrt(r_cand_a / r_orig_a):.4f}, A factor {math.sqrt(r_cand_a * r_orig_a):.4f}", flush=True)  # fmt: skip
+                  f"-> unbiased {unbiased:.4f}, A factor {factor:.4f}", flush=True)  # fmt: skip
     selfs = [r for r in out["self"] if r is not None]
     good = [c for c in out["candidates"] if "unbiased_cand_over_orig" in c]
     med = statistics.median
