@@ -202,6 +202,7 @@ def main() -> None:
                     "legal_moves_at_start": res.legal_moves_at_start,
                     "move_set": a.moves,
                     "tried": res.trial_summary(),
+                    "search_base_ms": res.search_base_ms,  # the original's time the candidates' A B B A ratios scale
                     "verify_samples_per_launch": per,
                     "candidate_failures": res.failures[:20],
                     "failed_candidates_displaced": res.failed_candidates[:20],

@@ -34,3 +34,21 @@ def test_a_smaller_tile_compiles_for_sm90_into_what_the_move_model_reads(cfg: st
     ck = examples.compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st)
     text = "\n".join(instruction_texts(load_cubin(ck.asm["cubin"]), ck.name))
     assert "HGMMA" in text and "LDGSTS" in text  # wgmma fed by a cp.async pipeline, as the 128 x 128 tile
+
+
+def test_the_trial_summary_is_relative_to_the_time_the_search_scaled_from() -> None:
+    """A candidate's time is the search's base time x its A B B A ratio to the original; re-timing an accepted best
+    sets ``triton_ms`` from other chunks (sessions 59-61: 3-5% off), which must not shift what the search tried."""
+    from kfuse.sass.api import SassResult
+    from kfuse.sass.search import Trial
+
+    base = 0.0404
+    trials = [Trial(0, i, 1, base * r, True) for i, r in enumerate((0.99, 1.0, 1.01, 0.98))] + [Trial(0, 4, 2, None, False)]
+    res = SassResult("k", "sha", True, "", triton_ms=0.0428, kfuse_ms=0.0421, trials=trials, search_base_ms=base)
+    s = res.trial_summary()
+    assert s["tried"] == 5 and s["failed"] == 1
+    assert (
+        s["rel_time_min"] == pytest.approx(0.98) and s["rel_time_median"] == pytest.approx(1.0) and s["rel_time_max"] == pytest.approx(1.01)
+    )
+    legacy = SassResult("k", "sha", False, "", triton_ms=base, trials=trials)  # a record without the search's base time
+    assert legacy.trial_summary()["rel_time_median"] == pytest.approx(1.0)
