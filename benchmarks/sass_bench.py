@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import re
 import sys
 import time
@@ -22,23 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def attention_case(z: int, h: int, n: int, d: int, verify_zh: tuple[int, int, int]) -> tuple:
-    import torch
+    from kfuse.sass.examples import attention_args, attention_launch
 
-    from kfuse.sass.examples import compile_attention
-
-    ck = compile_attention(head_dim=d, block_m=128, block_n=64, num_warps=8, num_stages=3)
-
-    def args_for(z: int, h: int, n: int) -> list:
-        q, k, v = (torch.randn(z, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
-        o = torch.empty_like(q)
-        a: list = [q, k, v, o, 1.0 / math.sqrt(d)]
-        for t in (q, k, v, o):
-            a += [t.stride(0), t.stride(1), t.stride(2), 1]
-        a += [h, n, d, 128, 64]
-        return a
-
+    ck, args, grid = attention_launch(z, h, n, d)
     vz, vh, vn = verify_zh
-    return ck, args_for(z, h, n), (n // 128, z * h, 1), args_for(vz, vh, vn), (vn // 128, vz * vh, 1), vz * vh, {}
+    return ck, args, grid, attention_args(vz, vh, vn, d), (vn // 128, vz * vh, 1), vz * vh, {}
 
 
 GemmConfig = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
@@ -61,18 +48,9 @@ def config_name(cfg: GemmConfig) -> str:
 
 
 def _gemm_launch(m: int, n: int, k: int, cfg: GemmConfig) -> tuple:
-    import torch
+    from kfuse.sass.examples import gemm_launch
 
-    from kfuse.sass.examples import compile_matmul_leaky_relu
-
-    bm, bn, bk, w, st = cfg
-    ck = compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st)
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
-    c = torch.empty(m, n, device="cuda", dtype=torch.float16)
-    args = [a, b, c, m, n, k, a.stride(0), 1, b.stride(0), 1, c.stride(0), 1, bm, bn, bk, 8]
-    grid = (math.ceil(m / bm) * math.ceil(n / bn), 1, 1)
-    return ck, args, grid
+    return gemm_launch(m, n, k, cfg)
 
 
 def fastest_gemm_config(m: int, n: int, k: int, configs: list[GemmConfig]) -> tuple[GemmConfig, dict[str, float]]:

@@ -55,48 +55,53 @@ def inspect(
 
 @app.command()
 def tune(
-    kernel: str = typer.Argument("gemm", help="example kernel: gemm or attention"),
-    m: int = 512,
-    n: int = 512,
-    k: int = 2048,
+    kernel: str = typer.Argument("gemm", help="example kernel: gemm (GEMM + LeakyReLU) or attention (tutorial-style forward)"),
+    m: int = typer.Option(512, help="gemm: rows of A and C"),
+    n: int = typer.Option(512, help="gemm: columns of B and C"),
+    k: int = typer.Option(2048, help="gemm: the reduction length"),
+    batch: int = typer.Option(1, help="attention: batch"),
+    heads: int = typer.Option(4, help="attention: heads"),
+    seq: int = typer.Option(16384, help="attention: sequence length (a multiple of 128)"),
+    head_dim: int = typer.Option(64, help="attention: head dimension"),
     iters: int = 1000,
     seeds: str = "0,1,2",
     samples: int = 10_000,
     max_seconds: float = typer.Option(None, help="wall-clock search budget"),
     moves: str = typer.Option("memory", help="move set: memory (SIP's) or all (memory and register arithmetic)"),
 ) -> None:
-    """Tune an example kernel's schedule on this machine's GPU with a progress bar."""
-    import math
-
+    """Tune an example kernel's schedule on this machine's GPU with a progress bar (defaults: SIP's shapes, GEMM +
+    LeakyReLU [512, 512, 2048] and attention [1, 4, 16384, 64]); prints the result and what the search tried."""
     import torch
 
     from .api import optimize_compiled_kernel
+    from .examples import attention_launch, gemm_launch
     from .schedule import move_set
     from .search import SimulatedAnnealing
 
+    if kernel not in ("gemm", "attention"):
+        console.print(f"[red]error:[/red] unknown example kernel {kernel!r} (gemm or attention)")
+        raise typer.Exit(1)
     try:
         movable = move_set(moves)
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from e
+    if kernel == "attention" and seq % 128:
+        console.print(f"[red]error:[/red] the example attention kernel takes sequences of a multiple of 128, not {seq}")
+        raise typer.Exit(1)
     if not torch.cuda.is_available():
         console.print("[red]error:[/red] tuning measures kernels and needs a CUDA GPU")
         raise typer.Exit(1)
     sa = SimulatedAnnealing(iterations=iters, seeds=tuple(int(x) for x in seeds.split(",")), max_seconds=max_seconds)
-    if kernel == "gemm":
-        from .examples import compile_matmul_leaky_relu
-
-        ck = compile_matmul_leaky_relu()
-        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-        b = torch.randn(k, n, device="cuda", dtype=torch.float16)
-        c = torch.empty(m, n, device="cuda", dtype=torch.float16)
-        args = [a, b, c, m, n, k, k, 1, n, 1, n, 1, 128, 128, 64, 8]
-        grid = (math.ceil(m / 128) * math.ceil(n / 128),)
-    else:
-        console.print(f"[red]error:[/red] unknown example kernel {kernel!r} (try gemm)")
-        raise typer.Exit(1)
+    ck, args, grid = gemm_launch(m, n, k) if kernel == "gemm" else attention_launch(batch, heads, seq, head_dim)
     res = optimize_compiled_kernel(ck, args, grid, strategy=sa, samples=samples, progress=True, movable=movable)
     console.print(
         f"{res.kernel}: {res.reason}; triton {res.triton_ms:.4f} ms, kfuse {res.kfuse_ms:.4f} ms, "
         f"{res.verified_samples} samples verified, {res.moves_applied} moves"
     )
+    if res.trials:  # what the search tried, each candidate against the original as the search timed both
+        t = res.trial_summary()
+        console.print(
+            f"tried {t['tried']} schedules ({t['failed']} computed something else, never kept); time / original: "
+            f"min {t['rel_time_min']:.3f}, p10 {t['rel_time_p10']:.3f}, median {t['rel_time_median']:.3f}, max {t['rel_time_max']:.3f}"
+        )

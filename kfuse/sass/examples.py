@@ -252,3 +252,43 @@ def compile_attention(head_dim: int = 64, block_m: int = 128, block_n: int = 64,
     sig["N_CTX"] = "i32"
     div = tuple(k for k in sig if k.startswith("stride_")) + ("N_CTX",)
     return compile_sm90(attention_fwd_kernel, sig, const, num_warps=num_warps, num_stages=num_stages, divisible=div)
+
+
+def gemm_launch(m: int, n: int, k: int, config: tuple[int, int, int, int, int] = (128, 128, 64, 8, 3), device: str = "cuda") -> tuple:
+    """GEMM + LeakyReLU on random fp16 [m, k] x [k, n]: (compiled kernel, launch arguments, grid). ``config``: BLOCK_M,
+    BLOCK_N, BLOCK_K, warps, stages (the tutorial's 128 x 128 x 64 with 8 warps and 3 stages by default)."""
+    import math
+
+    import torch
+
+    bm, bn, bk, w, st = config
+    ck = compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st)
+    a = torch.randn(m, k, device=device, dtype=torch.float16)
+    b = torch.randn(k, n, device=device, dtype=torch.float16)
+    c = torch.empty(m, n, device=device, dtype=torch.float16)
+    args = [a, b, c, m, n, k, a.stride(0), 1, b.stride(0), 1, c.stride(0), 1, bm, bn, bk, 8]
+    return ck, args, (math.ceil(m / bm) * math.ceil(n / bn), 1, 1)
+
+
+def attention_args(z: int, h: int, n: int, d: int, device: str = "cuda", block_m: int = 128, block_n: int = 64) -> list[Any]:
+    """Random fp16 Q, K, V [z, h, n, d] and the output, as ``attention_fwd_kernel`` takes them (strides, H, N_CTX and
+    the constexprs after the tensors)."""
+    import math
+
+    import torch
+
+    q, k, v = (torch.randn(z, h, n, d, device=device, dtype=torch.float16) for _ in range(3))
+    o = torch.empty_like(q)
+    args: list[Any] = [q, k, v, o, 1.0 / math.sqrt(d)]
+    for t in (q, k, v, o):
+        args += [t.stride(0), t.stride(1), t.stride(2), 1]
+    return args + [h, n, d, block_m, block_n]
+
+
+def attention_launch(z: int, h: int, n: int, d: int, device: str = "cuda") -> tuple:
+    """Tutorial-style attention forward on random fp16 [z, h, n, d] (128-row query blocks, 64-row key blocks, 8 warps,
+    3 stages): (compiled kernel, launch arguments, grid)."""
+    if n % 128:
+        raise ValueError(f"the example attention kernel takes sequences of a multiple of 128, not {n}")
+    ck = compile_attention(head_dim=d, block_m=128, block_n=64, num_warps=8, num_stages=3)
+    return ck, attention_args(z, h, n, d, device), (n // 128, z * h, 1)
