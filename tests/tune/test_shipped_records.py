@@ -89,3 +89,23 @@ def test_shipped_files_in_the_package_are_exports_for_a_known_gpu() -> None:
         n = db.import_(f)
         gpus = {r.gpu for r in db.records(same_versions=False)}
         assert n > 0 and {shipped.slug(g) for g in gpus} == {f.stem}, f
+
+
+def test_every_shipped_record_is_a_problem_and_config_todays_space_accepts() -> None:
+    """A shipped record helps only if today's kfuse finds it: its problem key must be what the problem's signature is
+    now, and its config one of today's space that the rules let run the problem on that GPU. A template or rule change
+    that orphans the records fails here, not silently in a first compile that then tunes."""
+    from kfuse.tune.hardware import lookup
+    from kfuse.tune.space import config_from_dict, hard_reject, problem_from_dict
+
+    for f in sorted(shipped.RECORDS_DIR.glob("*.json")):
+        recs = json.loads(f.read_text())["records"]
+        hw = lookup(recs[0]["gpu"])
+        ok = [r for r in recs if r["status"] == "ok"]
+        assert ok, f
+        for r in ok:
+            p = problem_from_dict(r["problem_json"])
+            assert p.signature() == r["problem"], (f.name, r["problem"])
+            cfg = config_from_dict(r["template"], r["config"])
+            assert cfg.as_dict() == {k: v for k, v in r["config"].items() if k in cfg.as_dict()}, (f.name, r["config"])
+            assert hard_reject(cfg, p, hw) is None, (f.name, r["problem"], r["config"], hard_reject(cfg, p, hw))
