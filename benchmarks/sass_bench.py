@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# the GEMM tile grammar lives with the example kernels (``kfuse sass tune --tile`` reads it too)
+from kfuse.sass.examples import TUTORIAL_GEMM, config_name, parse_gemm_config  # noqa: E402
+from kfuse.sass.examples import GemmTile as GemmConfig  # noqa: E402
 
 
 def attention_case(z: int, h: int, n: int, d: int, verify_zh: tuple[int, int, int]) -> tuple:
@@ -26,25 +29,6 @@ def attention_case(z: int, h: int, n: int, d: int, verify_zh: tuple[int, int, in
     ck, args, grid = attention_launch(z, h, n, d)
     vz, vh, vn = verify_zh
     return ck, args, grid, attention_args(vz, vh, vn, d), (vn // 128, vz * vh, 1), vz * vh, {}
-
-
-GemmConfig = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
-TUTORIAL_GEMM: GemmConfig = (128, 128, 64, 8, 3)  # the tile every run before session 57 tuned
-
-
-def parse_gemm_config(text: str) -> GemmConfig:
-    """``128x128x64w8s3`` -> (128, 128, 64, 8, 3)."""
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", text.strip())
-    if m is None:
-        raise ValueError(f"a GEMM config reads BMxBNxBKwWARPSsSTAGES (e.g. 128x128x64w8s3), got {text!r}")
-    bm, bn, bk, w, st = (int(g) for g in m.groups())
-    if any(x & (x - 1) for x in (bm, bn, bk)) or min(bm, bn) < 16 or bk < 16 or w not in (4, 8) or not 1 <= st <= 6:
-        raise ValueError(f"{text!r}: tiles powers of two >= 16, 4 or 8 warps, 1-6 stages")
-    return bm, bn, bk, w, st
-
-
-def config_name(cfg: GemmConfig) -> str:
-    return "{}x{}x{}w{}s{}".format(*cfg)
 
 
 def _gemm_launch(m: int, n: int, k: int, cfg: GemmConfig) -> tuple:

@@ -59,6 +59,7 @@ def tune(
     m: int = typer.Option(512, help="gemm: rows of A and C"),
     n: int = typer.Option(512, help="gemm: columns of B and C"),
     k: int = typer.Option(2048, help="gemm: the reduction length"),
+    tile: str = typer.Option("128x128x64w8s3", help="gemm: the Triton tile, BMxBNxBKwWARPSsSTAGES (the tutorial's by default)"),
     batch: int = typer.Option(1, help="attention: batch"),
     heads: int = typer.Option(4, help="attention: heads"),
     seq: int = typer.Option(16384, help="attention: sequence length (a multiple of 128)"),
@@ -74,7 +75,7 @@ def tune(
     import torch
 
     from .api import optimize_compiled_kernel
-    from .examples import attention_launch, gemm_launch
+    from .examples import attention_launch, gemm_launch, parse_gemm_config
     from .schedule import move_set
     from .search import SimulatedAnnealing
 
@@ -86,6 +87,11 @@ def tune(
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from e
+    try:
+        config = parse_gemm_config(tile)
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from e
     if kernel == "attention" and seq % 128:
         console.print(f"[red]error:[/red] the example attention kernel takes sequences of a multiple of 128, not {seq}")
         raise typer.Exit(1)
@@ -93,7 +99,7 @@ def tune(
         console.print("[red]error:[/red] tuning measures kernels and needs a CUDA GPU")
         raise typer.Exit(1)
     sa = SimulatedAnnealing(iterations=iters, seeds=tuple(int(x) for x in seeds.split(",")), max_seconds=max_seconds)
-    ck, args, grid = gemm_launch(m, n, k) if kernel == "gemm" else attention_launch(batch, heads, seq, head_dim)
+    ck, args, grid = gemm_launch(m, n, k, config) if kernel == "gemm" else attention_launch(batch, heads, seq, head_dim)
     res = optimize_compiled_kernel(ck, args, grid, strategy=sa, samples=samples, progress=True, movable=movable)
     console.print(
         f"{res.kernel}: {res.reason}; triton {res.triton_ms:.4f} ms, kfuse {res.kfuse_ms:.4f} ms, "

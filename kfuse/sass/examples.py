@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -254,7 +255,26 @@ def compile_attention(head_dim: int = 64, block_m: int = 128, block_n: int = 64,
     return compile_sm90(attention_fwd_kernel, sig, const, num_warps=num_warps, num_stages=num_stages, divisible=div)
 
 
-def gemm_launch(m: int, n: int, k: int, config: tuple[int, int, int, int, int] = (128, 128, 64, 8, 3), device: str = "cuda") -> tuple:
+GemmTile = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
+TUTORIAL_GEMM: GemmTile = (128, 128, 64, 8, 3)  # the tutorial's tile (every SIP run before session 57 tuned it)
+
+
+def parse_gemm_config(text: str) -> GemmTile:
+    """``128x128x64w8s3`` -> (128, 128, 64, 8, 3); ValueError saying what is wrong."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", text.strip())
+    if m is None:
+        raise ValueError(f"a GEMM config reads BMxBNxBKwWARPSsSTAGES (e.g. 128x128x64w8s3), got {text!r}")
+    bm, bn, bk, w, st = (int(g) for g in m.groups())
+    if any(x & (x - 1) for x in (bm, bn, bk)) or min(bm, bn) < 16 or bk < 16 or w not in (4, 8) or not 1 <= st <= 6:
+        raise ValueError(f"{text!r}: tiles powers of two >= 16, 4 or 8 warps, 1-6 stages")
+    return bm, bn, bk, w, st
+
+
+def config_name(cfg: GemmTile) -> str:
+    return "{}x{}x{}w{}s{}".format(*cfg)
+
+
+def gemm_launch(m: int, n: int, k: int, config: GemmTile = TUTORIAL_GEMM, device: str = "cuda") -> tuple:
     """GEMM + LeakyReLU on random fp16 [m, k] x [k, n]: (compiled kernel, launch arguments, grid). ``config``: BLOCK_M,
     BLOCK_N, BLOCK_K, warps, stages (the tutorial's 128 x 128 x 64 with 8 warps and 3 stages by default)."""
     import math
