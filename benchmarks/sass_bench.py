@@ -18,26 +18,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# the GEMM tile grammar lives with the example kernels (``kfuse sass tune --tile`` reads it too)
-from kfuse.sass.examples import TUTORIAL_GEMM, config_name, parse_gemm_config  # noqa: E402
-from kfuse.sass.examples import GemmTile as GemmConfig  # noqa: E402
+# the example kernels, their launch arguments and the GEMM tile grammar (``kfuse sass tune`` uses them too)
+from kfuse.sass.examples import (  # noqa: E402
+    TUTORIAL_GEMM,
+    GemmTile,
+    attention_args,
+    attention_launch,
+    config_name,
+    gemm_launch,
+    parse_gemm_config,
+)
 
 
 def attention_case(z: int, h: int, n: int, d: int, verify_zh: tuple[int, int, int]) -> tuple:
-    from kfuse.sass.examples import attention_args, attention_launch
-
     ck, args, grid = attention_launch(z, h, n, d)
     vz, vh, vn = verify_zh
     return ck, args, grid, attention_args(vz, vh, vn, d), (vn // 128, vz * vh, 1), vz * vh, {}
 
 
-def _gemm_launch(m: int, n: int, k: int, cfg: GemmConfig) -> tuple:
-    from kfuse.sass.examples import gemm_launch
-
-    return gemm_launch(m, n, k, cfg)
-
-
-def fastest_gemm_config(m: int, n: int, k: int, configs: list[GemmConfig]) -> tuple[GemmConfig, dict[str, float]]:
+def fastest_gemm_config(m: int, n: int, k: int, configs: list[GemmTile]) -> tuple[GemmTile, dict[str, float]]:
     """Triton's own best schedule among ``configs`` (the schedule SIP then starts from): each config checked against
     LeakyReLU(A B) in fp32 on poisoned output, then timed (``gpu_time_ms``)."""
     import torch
@@ -46,7 +45,7 @@ def fastest_gemm_config(m: int, n: int, k: int, configs: list[GemmConfig]) -> tu
 
     times: dict[str, float] = {}
     for cfg in configs:
-        ck, args, grid = _gemm_launch(m, n, k, cfg)
+        ck, args, grid = gemm_launch(m, n, k, cfg)
         a, b, c = args[:3]
         c.fill_(float("nan"))
         ck[grid](*args)
@@ -58,12 +57,12 @@ def fastest_gemm_config(m: int, n: int, k: int, configs: list[GemmConfig]) -> tu
     return best, times
 
 
-def gemm_case(m: int, n: int, k: int, configs: list[GemmConfig] | None = None) -> tuple:
+def gemm_case(m: int, n: int, k: int, configs: list[GemmTile] | None = None) -> tuple:
     """The GEMM + LeakyReLU case on Triton's fastest of ``configs`` (default: the tutorial's 128 x 128 tile alone);
     its last element, what the record says of the choice."""
     configs = configs or [TUTORIAL_GEMM]
     cfg, times = (configs[0], {}) if len(configs) == 1 else fastest_gemm_config(m, n, k, configs)
-    ck, args, grid = _gemm_launch(m, n, k, cfg)
+    ck, args, grid = gemm_launch(m, n, k, cfg)
     return ck, args, grid, None, None, 1, {"triton_config": config_name(cfg), "config_times_ms": times}
 
 

@@ -48,6 +48,7 @@ def main() -> None:
     from kfuse.sass.disasm import disassemble
     from kfuse.sass.emit import emit
     from kfuse.sass.schedule import Schedule, move_set
+    from kfuse.sass.search import random_walk
     from kfuse.sass.verify import Evaluator
 
     ck, args, grid, vargs, vgrid, per, _choice = sass_bench.CASES[a.case]([sass_bench.parse_gemm_config(a.config)])
@@ -66,12 +67,7 @@ def main() -> None:
             p = ev.time_pair(original, original)
             out["self"].append(None if p is None else p[2])
         for k in range(a.candidates):
-            cand = start
-            for _ in range(a.moves_per_candidate):
-                moves = cand.legal_moves()
-                if not moves:
-                    break
-                cand = cand.apply(rng.choice(moves))
+            cand = random_walk(start, a.moves_per_candidate, rng)
             data = emit(cub, kname, cand).data
             ok, _, why = ev.check(data, 4)
             if not ok:

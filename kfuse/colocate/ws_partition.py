@@ -254,7 +254,6 @@ def _stencil7_fetch(src_desc, windows, ready, s, tx, ty, tz, bx, by, bz, tiles_x
 
 # the TMA form's ring and its mbarriers, in the kernel's body (``WorkerPartition.setup``), initialised with the GEMM's before
 # the partitions start (no fence and barrier of the partition's own before its first copy)
-TMA_RING = ("be_windows", "be_ready")
 TMA_SETUP = """    be_windows = gl.allocate_shared_memory(gl.float32, [BE_SLOTS * 5, BE_U, BE_BY, BE_BX], be_src_desc.layout)
     be_ready = gl.allocate_shared_memory(gl.int64, [BE_SLOTS, 1], mbarrier.MBarrierLayout())
     for q in gl.static_range(BE_SLOTS):
@@ -431,7 +430,7 @@ def partition(
 
         arg_types["be_src_desc"] = mangle_type(tma_source(torch.empty(1, int(consts["BY"]), int(consts["BX"])), consts))
     params = ", ".join([*spec["args"], "be_start", "be_end", *(f"{c}: gl.constexpr" for c in const_names)])
-    ring = list(TMA_RING) if tma_fed else []  # allocated by the kernel (``TMA_SETUP``), passed in
+    ring = ["be_windows", "be_ready"] if tma_fed else []  # allocated by the kernel (``TMA_SETUP``), passed in
     call_args = ", ".join([*spec["args"], "be_start", "be_end", *ring, "NUM_PROGRAMS", *const_names])
     constexprs = {f"BE_{c}": consts[c] for c in spec["consts"]} | {"BE_WARPS": warps} | ({} if rows is None else {"BE_WR": rows})
     constexprs |= {"BE_U": unroll} if name == "stencil7" else {}

@@ -75,26 +75,21 @@ def tune(
     import torch
 
     from .api import optimize_compiled_kernel
-    from .examples import attention_launch, gemm_launch, parse_gemm_config
+    from .examples import attention_launch, check_attention_seq, gemm_launch, parse_gemm_config
     from .schedule import move_set
     from .search import SimulatedAnnealing
 
     if kernel not in ("gemm", "attention"):
         console.print(f"[red]error:[/red] unknown example kernel {kernel!r} (gemm or attention)")
         raise typer.Exit(1)
-    try:
+    try:  # every option checked before any GPU work
         movable = move_set(moves)
-    except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(1) from e
-    try:
         config = parse_gemm_config(tile)
+        if kernel == "attention":
+            check_attention_seq(seq)
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from e
-    if kernel == "attention" and seq % 128:
-        console.print(f"[red]error:[/red] the example attention kernel takes sequences of a multiple of 128, not {seq}")
-        raise typer.Exit(1)
     if not torch.cuda.is_available():
         console.print("[red]error:[/red] tuning measures kernels and needs a CUDA GPU")
         raise typer.Exit(1)

@@ -305,10 +305,15 @@ def attention_args(z: int, h: int, n: int, d: int, device: str = "cuda", block_m
     return args + [h, n, d, block_m, block_n]
 
 
+def check_attention_seq(n: int) -> None:
+    """ValueError unless the example attention kernel can run sequences of ``n`` (whole 128-row query blocks)."""
+    if n % 128:
+        raise ValueError(f"the example attention kernel takes sequences of a multiple of 128, not {n}")
+
+
 def attention_launch(z: int, h: int, n: int, d: int, device: str = "cuda") -> tuple:
     """Tutorial-style attention forward on random fp16 [z, h, n, d] (128-row query blocks, 64-row key blocks, 8 warps,
     3 stages): (compiled kernel, launch arguments, grid)."""
-    if n % 128:
-        raise ValueError(f"the example attention kernel takes sequences of a multiple of 128, not {n}")
+    check_attention_seq(n)
     ck = compile_attention(head_dim=d, block_m=128, block_n=64, num_warps=8, num_stages=3)
     return ck, attention_args(z, h, n, d, device), (n // 128, z * h, 1)

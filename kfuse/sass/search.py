@@ -93,6 +93,17 @@ class SimulatedAnnealing:
         return SearchResult(best, best_ms, start_ms, trials, time.time() - t_start)
 
 
+def random_walk(start: Schedule, steps: int, rng: random.Random) -> Schedule:
+    """``start`` after up to ``steps`` random legal moves (fewer where none is left)."""
+    cand = start
+    for _ in range(steps):
+        moves = cand.legal_moves()
+        if not moves:
+            break
+        cand = cand.apply(rng.choice(moves))
+    return cand
+
+
 @dataclass
 class RandomWalk:
     """Baseline strategy: apply `steps` random legal moves, keep the best of `samples` walks."""
@@ -108,12 +119,7 @@ class RandomWalk:
         rng = random.Random(self.seed)
         best, best_ms, trials = start, start_ms, []
         for k in range(self.samples):
-            cand = start
-            for _ in range(self.steps):
-                moves = cand.legal_moves()
-                if not moves:
-                    break
-                cand = cand.apply(rng.choice(moves))
+            cand = random_walk(start, self.steps, rng)
             ms = fitness(cand)
             if ms is not None and ms < best_ms:
                 best, best_ms = cand, ms
