@@ -20,12 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # the example kernels, their launch arguments and the GEMM tile grammar (``kfuse sass tune`` uses them too)
 from kfuse.sass.examples import (  # noqa: E402
+    MMA_FORMS,
     TUTORIAL_GEMM,
     GemmTile,
     attention_args,
     attention_launch,
     config_name,
     gemm_launch,
+    mma_form,
     parse_gemm_config,
 )
 
@@ -66,6 +68,43 @@ def gemm_case(m: int, n: int, k: int, configs: list[GemmTile] | None = None) -> 
     return ck, args, grid, None, None, 1, {"triton_config": config_name(cfg), "config_times_ms": times}
 
 
+def case_error(name: str, ck, args: list, grid: tuple) -> float:
+    """The case's kernel against PyTorch in fp32 on poisoned output: max relative error (NaN when it wrote nothing)."""
+    import torch
+
+    from kfuse.bench.harness import max_rel_err
+
+    out = args[3] if name.startswith("attention") else args[2]
+    out.fill_(float("nan"))
+    ck[grid](*args)
+    if name.startswith("attention"):
+        q, k, v = args[:3]  # one head at a time: SIP's 16384-token head is 1 GiB of fp32 scores
+        ref = torch.empty_like(out, dtype=torch.float32)
+        for z in range(q.shape[0]):
+            for h in range(q.shape[1]):
+                qh, kh, vh = (t[z, h].float() for t in (q, k, v))
+                ref[z, h] = torch.softmax(qh @ kh.T * args[4], dim=-1) @ vh
+    else:
+        ref = torch.nn.functional.leaky_relu(args[0].float() @ args[1].float(), 0.01)
+    return max_rel_err(out, ref)
+
+
+def form_comparison(name: str, gemm_configs: list[GemmTile], ck, args: list, grid: tuple) -> dict:
+    """With ``--mma-form mma-sync``: the kernel SIP starts from and the same case in Triton's default form (wgmma),
+    each checked against PyTorch and timed, so the record says how the Ampere-style code compares."""
+    from kfuse.bench.harness import gpu_time_ms
+
+    with mma_form("wgmma"):
+        ck_w, args_w, grid_w = CASES[name](gemm_configs)[:3]
+    out = {}
+    for form, (k_, a_, g_) in (("mma-sync", (ck, args, grid)), ("wgmma", (ck_w, args_w, grid_w))):
+        err = case_error(name, k_, a_, g_)
+        if not err <= 2e-2:
+            raise RuntimeError(f"{name} in the {form} form computes a wrong result (max rel err {err})")
+        out[form] = {"ms": gpu_time_ms(lambda k_=k_, a_=a_, g_=g_: k_[g_](*a_), warmup=5, rep=50), "max_rel_err": err}
+    return out
+
+
 CASES = {
     "attention_sip_1x4x16384x64": lambda cfgs: attention_case(1, 4, 16384, 64, (8, 16, 1024)),
     "attention_bert_8x12x512x64": lambda cfgs: attention_case(8, 12, 512, 64, (64, 12, 512)),
@@ -89,6 +128,9 @@ def main() -> None:
     p.add_argument("--gemm-configs", default=config_name(TUTORIAL_GEMM),
                    help="GEMM + LeakyReLU tiles BMxBNxBKwWARPSsSTAGES, comma-separated: with several, Triton's fastest of "
                         "them (checked, timed) is the schedule SIP starts from")  # fmt: skip
+    p.add_argument("--mma-form", default="wgmma", choices=MMA_FORMS,
+                   help="Triton's tensor-core code to tune: wgmma (its default on sm_90) or mma-sync (Ampere's HMMA fed by "
+                        "LDSM, the code SIP tuned on the A100; the record also times the default form)")  # fmt: skip
     a = p.parse_args()
     try:
         gemm_configs = [parse_gemm_config(x) for x in a.gemm_configs.split(",") if x.strip()]
@@ -112,7 +154,12 @@ def main() -> None:
         if left < 30:
             print(f"skipping {name}: deadline", flush=True)
             continue
-        ck, args, grid, vargs, vgrid, per, choice = CASES[name](gemm_configs)
+        with mma_form(a.mma_form):
+            ck, args, grid, vargs, vgrid, per, choice = CASES[name](gemm_configs)
+        choice = {**choice, "mma_form": a.mma_form}
+        if a.mma_form != "wgmma":
+            choice["forms"] = form_comparison(name, gemm_configs, ck, args, grid)
+            print(f"{name}: {choice['forms']}", flush=True)
         sa = SimulatedAnnealing(iterations=a.iters, seeds=tuple(int(s) for s in a.seeds.split(",")), max_seconds=min(a.search_s, left - 25))
         t0 = time.time()
         try:

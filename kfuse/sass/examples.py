@@ -6,11 +6,13 @@ TRITON_INTERPRET=1 turned every `@triton.jit` function into an interpreter objec
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,6 +30,32 @@ def as_jit_function(fn: Any) -> JITFunction:
     if inner is None or not callable(inner):
         raise TypeError(f"expected a @triton.jit kernel, got {type(fn).__name__}")
     return JITFunction(inner)
+
+
+# Triton's tensor-core code on sm_90: "wgmma" (its default: HGMMA, operands read from shared memory by the tensor
+# core) or "mma-sync" (Ampere's path: HMMA.16816 fed by LDSM from shared memory, the code SIP tuned on the A100;
+# Triton's DISABLE_MMA_V3, which is part of its cache key)
+MMA_FORMS = ("wgmma", "mma-sync")
+
+
+@contextlib.contextmanager
+def mma_form(form: str) -> Iterator[None]:
+    """Compile inside this block with Triton's ``form`` of tensor-core code (``MMA_FORMS``); the environment as it was
+    afterwards. Kernels compiled before keep their code."""
+    if form not in MMA_FORMS:
+        raise ValueError(f"unknown tensor-core form {form!r}: one of {', '.join(MMA_FORMS)}")
+    before = os.environ.get("DISABLE_MMA_V3")
+    if form == "mma-sync":
+        os.environ["DISABLE_MMA_V3"] = "1"
+    else:
+        os.environ.pop("DISABLE_MMA_V3", None)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DISABLE_MMA_V3", None)
+        else:
+            os.environ["DISABLE_MMA_V3"] = before
 
 
 def compile_sm90(

@@ -21,10 +21,28 @@ from kfuse.sass.schedule import HAZARD_CYCLES, MOVE_SETS, Schedule, move_set
 @pytest.fixture(scope="module")
 def kernels() -> dict[str, tuple]:
     out = {}
-    for name, ck in (("gemm", examples.compile_matmul_leaky_relu()), ("attention", examples.compile_attention())):
-        cub = load_cubin(ck.asm["cubin"])
-        out[name] = (cub, ck.name, disassemble(cub, ck.name), frozenset(cub.kernel(ck.name).pinned_offsets()))
+    for form, suffix in (("wgmma", ""), ("mma-sync", "_mma_sync")):
+        with examples.mma_form(form):  # the Ampere-style code SIP tuned on the A100 (HMMA fed by LDSM) as the second form
+            cks = (("gemm", examples.compile_matmul_leaky_relu()), ("attention", examples.compile_attention()))
+        for name, ck in cks:
+            cub = load_cubin(ck.asm["cubin"])
+            out[name + suffix] = (cub, ck.name, disassemble(cub, ck.name), frozenset(cub.kernel(ck.name).pinned_offsets()))
     return out
+
+
+ALL_KERNELS = ["gemm", "attention", "gemm_mma_sync", "attention_mma_sync"]
+
+
+@pytest.mark.parametrize("name", ["gemm", "attention"])
+def test_the_two_tensor_core_forms(kernels, name) -> None:
+    import os
+
+    ops = lambda key: {x.base for x in kernels[key][2]}  # noqa: E731
+    assert "HGMMA" in ops(name) and "HMMA" not in ops(name)
+    assert "HMMA" in ops(name + "_mma_sync") and "HGMMA" not in ops(name + "_mma_sync") and "LDSM" in ops(name + "_mma_sync")
+    assert "DISABLE_MMA_V3" not in os.environ  # mma_form leaves the environment as it found it
+    with pytest.raises(ValueError, match="unknown tensor-core form"), examples.mma_form("mma-v4"):
+        pass
 
 
 def test_move_sets_are_named() -> None:
@@ -34,7 +52,7 @@ def test_move_sets_are_named() -> None:
         move_set("everything")
 
 
-@pytest.mark.parametrize("name", ["gemm", "attention"])
+@pytest.mark.parametrize("name", ALL_KERNELS)
 def test_the_wider_set_has_many_more_legal_moves(kernels, name) -> None:
     _, _, ins, pinned = kernels[name]
     memory = len(Schedule.build(ins, move_set("memory"), pinned).legal_moves())
@@ -129,7 +147,7 @@ def _walk(ins, pinned, seed: int, steps: int) -> tuple[Schedule, Schedule]:
     return s0, s
 
 
-@pytest.mark.parametrize("name", ["gemm", "attention"])
+@pytest.mark.parametrize("name", ALL_KERNELS)
 def test_random_walks_keep_order_latency_and_scoreboards(kernels, name) -> None:
     _, _, ins, pinned = kernels[name]
     deps = None
@@ -165,7 +183,7 @@ def test_the_checker_catches_a_model_without_latency_checks(kernels, monkeypatch
     assert any(v.startswith("latency") for v in bad)
 
 
-@pytest.mark.parametrize("name", ["gemm", "attention"])
+@pytest.mark.parametrize("name", ALL_KERNELS)
 def test_wider_walks_re_emit_the_permuted_words(kernels, name) -> None:
     cub, kname, ins, pinned = kernels[name]
     _, s = _walk(ins, pinned, 11, 40)
