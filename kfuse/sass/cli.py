@@ -69,13 +69,17 @@ def tune(
     samples: int = 10_000,
     max_seconds: float = typer.Option(None, help="wall-clock search budget"),
     moves: str = typer.Option("memory", help="move set: memory (SIP's) or all (memory and register arithmetic)"),
+    mma_form: str = typer.Option(
+        "wgmma", help="Triton's tensor-core code: wgmma (its default on sm_90) or mma-sync (Ampere's HMMA fed by LDSM, as SIP tuned)"
+    ),
 ) -> None:
     """Tune an example kernel's schedule on this machine's GPU with a progress bar (defaults: SIP's shapes, GEMM +
     LeakyReLU [512, 512, 2048] and attention [1, 4, 16384, 64]); prints the result and what the search tried."""
     import torch
 
     from .api import optimize_compiled_kernel
-    from .examples import attention_launch, check_attention_seq, gemm_launch, parse_gemm_config
+    from .examples import MMA_FORMS, attention_launch, check_attention_seq, gemm_launch, parse_gemm_config
+    from .examples import mma_form as tensor_core_form
     from .schedule import move_set
     from .search import SimulatedAnnealing
 
@@ -87,6 +91,8 @@ def tune(
         config = parse_gemm_config(tile)
         if kernel == "attention":
             check_attention_seq(seq)
+        if mma_form not in MMA_FORMS:
+            raise ValueError(f"unknown tensor-core form {mma_form!r}: one of {', '.join(MMA_FORMS)}")
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from e
@@ -94,7 +100,8 @@ def tune(
         console.print("[red]error:[/red] tuning measures kernels and needs a CUDA GPU")
         raise typer.Exit(1)
     sa = SimulatedAnnealing(iterations=iters, seeds=tuple(int(x) for x in seeds.split(",")), max_seconds=max_seconds)
-    ck, args, grid = gemm_launch(m, n, k, config) if kernel == "gemm" else attention_launch(batch, heads, seq, head_dim)
+    with tensor_core_form(mma_form):
+        ck, args, grid = gemm_launch(m, n, k, config) if kernel == "gemm" else attention_launch(batch, heads, seq, head_dim)
     res = optimize_compiled_kernel(ck, args, grid, strategy=sa, samples=samples, progress=True, movable=movable)
     console.print(
         f"{res.kernel}: {res.reason}; triton {res.triton_ms:.4f} ms, kfuse {res.kfuse_ms:.4f} ms, "

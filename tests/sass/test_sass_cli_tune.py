@@ -18,6 +18,7 @@ from kfuse.sass.cli import app
         (["tune", "attention", "--seq", "200"], "multiple of 128"),
         (["tune", "gemm", "--moves", "everything"], "everything"),
         (["tune", "gemm", "--tile", "96x128x64w4s3"], "powers of two"),
+        (["tune", "gemm", "--mma-form", "mma-v4"], "unknown tensor-core form"),
     ],
 )
 def test_tune_refuses_what_it_cannot_run_before_touching_a_gpu(argv: list[str], why: str) -> None:
