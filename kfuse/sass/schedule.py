@@ -144,6 +144,11 @@ NO_DEST = frozenset(
 PREDICATES = tuple(f"P{i}" for i in range(7))
 IGNORED = frozenset({"RZ", "PT", "URZ", "UPT", "SRZ"})
 HAZARD_CYCLES = 12  # conservative bound on fixed-latency (ALU) result latency on sm_90
+# warp MMAs (mma.sync) are fixed-latency too, but long: ptxas leaves 24-28 cycles between an HMMA.16816 and the first
+# reader of its accumulators with no scoreboard (the mma-sync examples on sm_90); 12 let SIP's moves bring readers
+# closer (session 62). These many cycles, a margin over the 24 seen, before a reader or writer.
+LONG_LATENCY = {"HMMA": 32, "IMMA": 32, "DMMA": 32}
+LONG_WINDOW = max(LONG_LATENCY.values())
 # a scoreboard set by one instruction is never waited on fewer than 2 cycles later in ptxas output (checked on the
 # example kernels); a set takes effect a cycle after issue, so a closer waiter could miss it and read a stale register
 MIN_SET_TO_WAIT = 2
@@ -154,8 +159,9 @@ MIN_SET_TO_WAIT = 2
 # So no move brings a memory access closer to a preceding barrier than it was, within this many cycles.
 BAR_SETTLE_CYCLES = 12
 # bumped whenever a rule makes the model stricter: cached schedules of an older model are searched again (kfuse.sass.cache)
-# (2: the barrier-settle rule, session 60)
-LEGALITY_VERSION = 2
+# (2: the barrier-settle rule, session 60; 3: loads covered by a later load's scoreboard, warp MMA register groups,
+# STSM's data registers, session 62)
+LEGALITY_VERSION = 3
 BLOCKING_BARRIERS = frozenset({"BAR", "BARRIER"})
 _BARE_PRED = re.compile(r"U?P[0-6]")
 
@@ -233,10 +239,49 @@ def _gmma_defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(defs), frozenset(uses)
 
 
+# warp-level MMA (mma.sync: Ampere's tensor-core path, Triton's "mma-sync" form on sm_90): D, A, B, C are register
+# groups, each thread's share of an M x N x K tile (HMMA.16816.F32: D 4, A 4, B 2, C 4 registers)
+SYNC_MMA_OPS = frozenset({"HMMA", "IMMA", "DMMA"})
+_MMA_SHAPE = re.compile(r"(16|8)(8)(\d+)")  # 16816 -> 16 x 8 x 16, 1688 -> 16 x 8 x 8, 884 -> 8 x 8 x 4
+
+
+def _sync_mma_widths(ins: Instr) -> tuple[int, int, int, int]:
+    """Registers a thread holds of D, A, B and C."""
+    parts = ins.opcode.split(".")
+    shape = next((m for p in parts[1:] if (m := _MMA_SHAPE.fullmatch(p))), None)
+    m, n, k = (int(shape.group(1)), int(shape.group(2)), int(shape.group(3))) if shape else (16, 8, 16)
+    if ins.base == "DMMA":
+        acc, inp = 8, 8
+    elif ins.base == "IMMA":
+        acc, inp = 4, 0.5 if {"S4", "U4"} & set(parts) else 1
+    else:  # HMMA.<shape>.<accumulator>[.<input>]: F32 or F16 accumulators; F16 inputs unless BF16 or TF32 is named
+        acc, inp = (4 if "F32" in parts[2:3] else 2), (4 if "TF32" in parts else 2)
+    regs = lambda elems, size: max(1, int(elems * size) // (32 * 4))  # noqa: E731  (32 threads, 4-byte registers)
+    return regs(m * n, acc), regs(m * k, inp), regs(k * n, inp), regs(m * n, acc)
+
+
+def _sync_mma_defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
+    """A warp MMA's register groups. Read as one register each, a load writing the rest of a group could move across
+    the MMA that reads it (session 62: 138 of 3,000 SIP candidates of the mma-sync GEMM computed wrong outputs)."""
+    widths = _sync_mma_widths(ins)
+    ops = _split_operands(ins.operands)
+    defs: set[str] = set()
+    uses: set[str] = _expand(ins.pred.lstrip("@!"), 1) if ins.pred else set()
+    for pos, op in enumerate(ops):
+        name = op.split(".")[0].lstrip("-|")
+        if pos < 4 and re.fullmatch(r"R\d+|RZ", name):
+            (defs if pos == 0 else uses).update(_expand(name, widths[pos]))
+        elif re.fullmatch(r"!?U?P(\d+|T)", op):
+            uses |= _expand(op.lstrip("!"), 1)
+    return frozenset(defs), frozenset(uses)
+
+
 def defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
     """Registers (R, UR, P, UP) an instruction writes and reads: a superset where the text is ambiguous."""
     if ins.base in GMMA_OPS:
         return _gmma_defs_uses(ins)
+    if ins.base in SYNC_MMA_OPS:
+        return _sync_mma_defs_uses(ins)
     defs: set[str] = set()
     uses: set[str] = set()
     if ins.pred:
@@ -278,7 +323,8 @@ def defs_uses(ins: Instr) -> tuple[frozenset[str], frozenset[str]]:
                 leading = False
                 continue
             leading = False
-            w = width if (ins.base in ("STG", "STS", "ST", "STL") or "64" in suffix or ".64" in ins.opcode) else 1
+            # a store's data operand spans its width (STSM.16.M88.4 stores four registers)
+            w = width if (ins.base in ("STG", "STS", "ST", "STL", "STSM") or "64" in suffix or ".64" in ins.opcode) else 1
             if wide_src and pos == len(ops) - 1:
                 w = 2
             uses |= _expand(name, max(w, 1))
@@ -403,6 +449,10 @@ class Schedule:
             return "the second instruction waits on a scoreboard the first one sets"
         if a.base in VARIABLE_LATENCY and b.base in VARIABLE_LATENCY and NO_BARRIER in (a.ctrl.wbar, b.ctrl.wbar):
             return f"{a.ins.opcode} and {b.ins.opcode} complete in order, and one relies on the other's scoreboard"
+        # loads complete in order too: ptxas gives some no write scoreboard and lets a later load's cover them (the
+        # mma-sync GEMM's LDSM R96 waits on the next LDSM's; session 62: moved past it, its HMMA read a stale R96)
+        if _loads_registers(a) and _loads_registers(b) and NO_BARRIER in (a.ctrl.wbar, b.ctrl.wbar):
+            return f"{a.ins.opcode} and {b.ins.opcode} complete in order, and one relies on the other's scoreboard"
         if a.ctrl.sets() & b.ctrl.sets() and self.has_count_depbar():
             return "both set the same scoreboard and the kernel counts it with DEPBAR"
         if a.base in MEMORY_OPS and a.ctrl.rbar == NO_BARRIER and _reads_registers(a) and b.ctrl.rbar != NO_BARRIER:
@@ -503,25 +553,41 @@ def _memory_commutes(x: str, y: str) -> bool:
     return (x in SHARED_ONLY and y in GLOBAL_ONLY) or (x in GLOBAL_ONLY and y in SHARED_ONLY)
 
 
+def _latency(n: Node, window: int) -> int:
+    """Cycles a fixed-latency result needs before a reader: ``window`` for the ALUs, longer for warp MMAs."""
+    return LONG_LATENCY.get(n.base, window)
+
+
 def _hazard_free_up(seq: list[Node], pos: int, window: int) -> bool:
     """The instruction now at `pos` issues earlier than before: check fixed-latency producers before it."""
     me = seq[pos]
     regs = me.uses | me.defs
     cycles = 0
+    reach = max(window, LONG_WINDOW)
     for k in range(pos - 1, -1, -1):
         p = seq[k]
         cycles += p.ctrl.stall
-        if cycles >= window:
+        if cycles >= reach:
             return True
-        if p.fixed_latency and p.defs & regs:
+        if p.fixed_latency and p.defs & regs and cycles < _latency(p, window):
             return False
         # an earlier late reader of a register this one writes (the writer came closer; the reader moving down is
         # checked in _hazard_free_down), unless a wait for its write scoreboard lies between (it has completed)
-        if p.late_reader and _data_uses(p) & me.defs and not _waited_on(seq, k, pos):
+        if cycles < window and p.late_reader and _data_uses(p) & me.defs and not _waited_on(seq, k, pos):
             return False
         if p.ins.control_flow or (k > 0 and seq[k].block != seq[k - 1].block and k != 0 and _is_branch_target(seq, k)):
-            return not regs  # other predecessors are unknown
+            # other predecessors are unknown: past the ALU window only a warp MMA's result can still be in flight
+            return not regs if cycles < window else not (regs & _long_latency_defs(seq))
     return True
+
+
+def _long_latency_defs(seq: list[Node]) -> frozenset[str]:
+    return frozenset().union(*(n.defs for n in seq if n.base in LONG_LATENCY))
+
+
+def _loads_registers(n: Node) -> bool:
+    """A memory instruction that writes registers (a load, not a uniform constant load: those are fixed-latency)."""
+    return n.base in MEMORY_OPS and n.base not in ("ULDC", "LDC") and bool({r for r in n.defs if r.startswith("R")})
 
 
 def _data_uses(n: Node) -> frozenset[str]:
@@ -541,13 +607,14 @@ def _hazard_free_down(seq: list[Node], pos: int, window: int) -> bool:
     cycles = me.ctrl.stall
     # predicates (guards, LDGSTS zero-fill operands) are read at issue: ptxas overwrites them 1 cycle later
     data = _data_uses(me)
+    reach = _latency(me, window) if me.fixed_latency else window
     for k in range(pos + 1, len(seq)):
         c = seq[k]
-        if cycles >= window:
+        if cycles >= reach:
             return True
         if me.fixed_latency and me.defs & (c.uses | c.defs):
             return False
-        if me.ctrl.rbar == NO_BARRIER and data & c.defs:
+        if cycles < window and me.ctrl.rbar == NO_BARRIER and data & c.defs:
             return False
         if c.ins.control_flow:
             return not (me.defs or me.uses)
