@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="each instruction also this many slots in its direction (where legal)")
     ap.add_argument("--out", default="", help="folder for bisect.json")
     ap.add_argument("--dry-run", action="store_true", help="list the moves it would test (GEMM cases; no GPU)")
+    ap.add_argument("--mma-form", default="wgmma", help="Triton's tensor-core code: wgmma or mma-sync (kfuse.sass.examples.mma_form)")
     a = ap.parse_args()
 
     import sass_bench  # noqa: E402  (benchmarks/sass_bench.py: the cases and their verification problems)
@@ -56,16 +57,16 @@ def main() -> None:
     from kfuse.sass.cubin import load_cubin
     from kfuse.sass.disasm import disassemble
     from kfuse.sass.emit import emit
+    from kfuse.sass.examples import compile_matmul_leaky_relu, mma_form
     from kfuse.sass.schedule import Move, Schedule, move_set
     from kfuse.sass.verify import Evaluator
 
-    if a.dry_run:
-        from kfuse.sass.examples import compile_matmul_leaky_relu
-
-        bm, bn, bk, w, st = sass_bench.parse_gemm_config(a.config)
-        ck = compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st)
-    else:
-        ck, args, grid, vargs, vgrid, per, _choice = sass_bench.CASES[a.case]([sass_bench.parse_gemm_config(a.config)])
+    with mma_form(a.mma_form):
+        if a.dry_run:
+            bm, bn, bk, w, st = sass_bench.parse_gemm_config(a.config)
+            ck = compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st)
+        else:
+            ck, args, grid, vargs, vgrid, per, _choice = sass_bench.CASES[a.case]([sass_bench.parse_gemm_config(a.config)])
     original = bytes(ck.asm["cubin"])
     cub = load_cubin(original)
     kname = ck.name
