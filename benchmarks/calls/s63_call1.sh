@@ -2,8 +2,8 @@
 # Issue 7 (written in session 62): find the hole left in the legality model on the mma-sync GEMM. After legality
 # version 3, SIP on GEMM + LeakyReLU [512, 512, 2048] (128 x 128 x 64 w8 s3, mma-sync form) still made 28 of 1,833
 # candidates wrong (4.0% before; attention 0 of 1,360). Each move of the 8 instructions every recorded wrong candidate
-# displaced is applied alone (and up to 8 slots on) and verified. Prediction: an LDSM of the loop's last K step (0x1de0 or
-# 0x1e00) moved 4-8 slots down past the HMMAs that reuse R136 / R32 is wrong alone (the wrong candidates move them there
+# displaced is applied alone (and up to 8 slots on) and verified. Prediction: an LDSM of the loop's last K step (0x1e00 or
+# 0x1e20) moved 4-8 slots down past the HMMAs that reuse R136 / R32 is wrong alone (the wrong candidates move them there
 # 2-40x as often as random walks of legal moves do); one or two moves wrong in all, the
 # model's verdict "legal" on each.
 set -u
