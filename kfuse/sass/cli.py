@@ -78,7 +78,7 @@ def tune(
     import torch
 
     from .api import optimize_compiled_kernel
-    from .examples import MMA_FORMS, attention_launch, check_attention_seq, gemm_launch, parse_gemm_config
+    from .examples import attention_launch, check_attention_seq, check_mma_form, gemm_launch, parse_gemm_config
     from .examples import mma_form as tensor_core_form
     from .schedule import move_set
     from .search import SimulatedAnnealing
@@ -91,8 +91,7 @@ def tune(
         config = parse_gemm_config(tile)
         if kernel == "attention":
             check_attention_seq(seq)
-        if mma_form not in MMA_FORMS:
-            raise ValueError(f"unknown tensor-core form {mma_form!r}: one of {', '.join(MMA_FORMS)}")
+        check_mma_form(mma_form)
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from e

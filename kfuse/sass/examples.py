@@ -38,12 +38,17 @@ def as_jit_function(fn: Any) -> JITFunction:
 MMA_FORMS = ("wgmma", "mma-sync")
 
 
+def check_mma_form(form: str) -> None:
+    """ValueError unless ``form`` is one of ``MMA_FORMS``."""
+    if form not in MMA_FORMS:
+        raise ValueError(f"unknown tensor-core form {form!r}: one of {', '.join(MMA_FORMS)}")
+
+
 @contextlib.contextmanager
 def mma_form(form: str) -> Iterator[None]:
     """Compile inside this block with Triton's ``form`` of tensor-core code (``MMA_FORMS``); the environment as it was
     afterwards. Kernels compiled before keep their code."""
-    if form not in MMA_FORMS:
-        raise ValueError(f"unknown tensor-core form {form!r}: one of {', '.join(MMA_FORMS)}")
+    check_mma_form(form)
     before = os.environ.get("DISABLE_MMA_V3")
     if form == "mma-sync":
         os.environ["DISABLE_MMA_V3"] = "1"

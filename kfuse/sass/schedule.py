@@ -587,7 +587,7 @@ def _long_latency_defs(seq: list[Node]) -> frozenset[str]:
 
 def _loads_registers(n: Node) -> bool:
     """A memory instruction that writes registers (a load, not a uniform constant load: those are fixed-latency)."""
-    return n.base in MEMORY_OPS and n.base not in ("ULDC", "LDC") and bool({r for r in n.defs if r.startswith("R")})
+    return n.base in MEMORY_OPS and n.base not in ("ULDC", "LDC") and any(r.startswith("R") for r in n.defs)
 
 
 def _data_uses(n: Node) -> frozenset[str]:
