@@ -8,8 +8,13 @@
 # model's verdict "legal" on each.
 set -u
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT/bisect"
-PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl timeout 500 python benchmarks/experiments/sass_move_bisect.py \
+# Session 63 added the first step: the recorded wrong candidates themselves, rebuilt, cut into independent segments,
+# each segment verified alone and the rest without it (sass_candidate_bisect.py): this finds a hole that needs two moves.
+mkdir -p "$OUT/bisect" "$OUT/cand"
+PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl timeout 240 python benchmarks/experiments/sass_candidate_bisect.py \
+  --case gemm_leaky_relu_512x512x2048 --config 128x128x64w8s3 --mma-form mma-sync --candidates 2 --samples 512 \
+  --record benchmarks/results/h100/sass_s62_mma_sync_v3.json --out "$OUT/cand" 2>&1 | grep -v Warning | tail -40
+PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl timeout 280 python benchmarks/experiments/sass_move_bisect.py \
   --case gemm_leaky_relu_512x512x2048 --config 128x128x64w8s3 --mma-form mma-sync --steps 8 --samples 256 \
   --from-record benchmarks/results/h100/sass_s62_mma_sync_v3.json --out "$OUT/bisect" 2>&1 | grep -v Warning | tail -20
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
