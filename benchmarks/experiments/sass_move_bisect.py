@@ -49,7 +49,11 @@ def main() -> None:
     ap.add_argument("--out", default="", help="folder for bisect.json")
     ap.add_argument("--dry-run", action="store_true", help="list the moves it would test (GEMM cases; no GPU)")
     ap.add_argument("--mma-form", default="wgmma", help="Triton's tensor-core code: wgmma or mma-sync (kfuse.sass.examples.mma_form)")
+    ap.add_argument("--without", default="bar_settle", help="rules switched off for the moves tested: bar_settle, memory_spacing")
     a = ap.parse_args()
+    off = {r for r in a.without.split(",") if r}
+    if off - {"bar_settle", "memory_spacing"}:
+        raise SystemExit(f"--without: unknown rules {sorted(off - {'bar_settle', 'memory_spacing'})}")
 
     import sass_bench  # noqa: E402  (benchmarks/sass_bench.py: the cases and their verification problems)
 
@@ -58,8 +62,21 @@ def main() -> None:
     from kfuse.sass.disasm import disassemble
     from kfuse.sass.emit import emit
     from kfuse.sass.examples import compile_matmul_leaky_relu, mma_form
+    from kfuse.sass import schedule
     from kfuse.sass.schedule import Move, Schedule, move_set
     from kfuse.sass.verify import Evaluator
+
+    spacing = schedule.MEMORY_ISSUE_CYCLES
+    if "memory_spacing" in off:  # a module constant: off for the tested model, back on for today's verdicts
+        schedule.MEMORY_ISSUE_CYCLES = 0
+
+    def verdict_today(sched: Schedule, mv: Move) -> str | None:
+        saved, schedule.MEMORY_ISSUE_CYCLES = schedule.MEMORY_ISSUE_CYCLES, spacing
+        settle, sched.bar_settle = sched.bar_settle, True
+        try:
+            return sched.why_illegal(mv)
+        finally:
+            schedule.MEMORY_ISSUE_CYCLES, sched.bar_settle = saved, settle
 
     with mma_form(a.mma_form):
         if a.dry_run:
@@ -73,7 +90,7 @@ def main() -> None:
     start = Schedule.build(disassemble(cub, kname), move_set(a.moves), frozenset(cub.kernel(kname).pinned_offsets()))
     # the model as session 59 had it (no barrier-settle rule), so the moves the rule now refuses are tested too: the
     # report says for each whether today's model refuses it (the prediction: exactly the wrong ones)
-    start.bar_settle = False
+    start.bar_settle = "bar_settle" not in off
     today = start.copy()
     today.bar_settle = True
     wanted = displaced_offsets(a.from_record, a.case) if a.from_record else None
@@ -82,7 +99,7 @@ def main() -> None:
     if a.dry_run:
         for mv in moves:
             n = start.nodes[mv.index]
-            why = today.why_illegal(mv) or ""
+            why = verdict_today(today, mv) or ""
             print(f"  {n.ins.offset:#06x} {'up' if mv.direction < 0 else 'down':4s} {n.ctrl.render()} {n.ins.text()}  {why}")
         return
     spec = launch_spec(ck, args, grid, vargs, vgrid, per)
@@ -92,12 +109,13 @@ def main() -> None:
         for mv in moves:
             moved, other = start.nodes[mv.index], start.nodes[mv.index + mv.direction]
             sched = start.apply(mv)
-            refused_now = today.why_illegal(mv)
+            refused_now = verdict_today(today, mv)
             for step in range(1, a.steps + 1):
                 if step > 1:  # the same instruction one slot further, where the model allows it
                     nxt = Move(mv.index + (step - 1) * mv.direction, mv.direction)
                     if sched.why_illegal(nxt) is not None:
                         break
+                    refused_now = refused_now or verdict_today(sched, nxt)  # today's model on the whole path
                     sched = sched.apply(nxt)
                 ok, done, why = ev.check(emit(cub, kname, sched).data, a.samples)
                 rec = {"offset": f"{moved.ins.offset:#x}", "text": moved.ins.text(), "ctrl": moved.ctrl.render(),
@@ -119,7 +137,10 @@ def main() -> None:
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "bisect.json").write_text(
-            json.dumps({"case": a.case, "config": a.config, "kernel": kname, "results": results}, indent=1)
+            json.dumps(
+                {"case": a.case, "config": a.config, "mma_form": a.mma_form, "without": sorted(off), "kernel": kname, "results": results},
+                indent=1,
+            )
         )
 
 

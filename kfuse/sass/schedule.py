@@ -158,10 +158,17 @@ MIN_SET_TO_WAIT = 2
 # the 128 x 64 GEMM's epilogue was the one such move, and 955 of 3,000 SIP candidates there computed wrong outputs).
 # So no move brings a memory access closer to a preceding barrier than it was, within this many cycles.
 BAR_SETTLE_CYCLES = 12
+# ptxas issues no two memory instructions of a block closer than 4 cycles (every pair in the GEMM and attention
+# examples, both tensor-core forms, constant loads aside; 128-bit accesses: a warp's 512 bytes take the memory pipe 4 cycles). Closer is not
+# always a throttle the hardware absorbs: session 63's bisect on an H100 found an LDS.128 moved from 4 to 3 cycles
+# after the previous LDS.128 reading wrong data (~25,000 of 262,144 outputs), and every recorded wrong candidate of
+# session 62's mma-sync GEMM brought some pair closer than 4. So no move brings two consecutive memory instructions
+# closer than they were, below this many cycles.
+MEMORY_ISSUE_CYCLES = 4
 # bumped whenever a rule makes the model stricter: cached schedules of an older model are searched again (kfuse.sass.cache)
 # (2: the barrier-settle rule, session 60; 3: loads covered by a later load's scoreboard, warp MMA register groups,
-# STSM's data registers, session 62)
-LEGALITY_VERSION = 3
+# STSM's data registers, session 62; 4: memory instructions keep ptxas's 4-cycle issue spacing, session 63)
+LEGALITY_VERSION = 4
 BLOCKING_BARRIERS = frozenset({"BAR", "BARRIER"})
 _BARE_PRED = re.compile(r"U?P[0-6]")
 
@@ -471,6 +478,8 @@ class Schedule:
             after = _cycles_after_barrier(new, i)
             if after < min(_cycles_after_barrier(self.nodes, j), BAR_SETTLE_CYCLES):
                 return f"{b.ins.opcode} would issue {after} cycles after a barrier (BAR.SYNC blocks late; ptxas keeps memory further)"
+        if (close := _closer_memory_pair(self.nodes, new, i, j)) is not None:
+            return close
         if not _hazard_free_up(new, i, HAZARD_CYCLES):
             return "fixed-latency hazard: the instruction moving up would read/write a result too early, or overwrite a late read"
         if not _hazard_free_down(new, j, HAZARD_CYCLES):
@@ -541,6 +550,57 @@ def _cycles_after_barrier(seq: list[Node], pos: int) -> int:
         if cycles >= BAR_SETTLE_CYCLES:
             break
     return 1 << 30
+
+
+def _issues_memory(n: Node) -> bool:
+    """Uses the memory pipe: constant loads (LDC, ULDC) do not, and ptxas puts them 1-2 cycles from memory accesses."""
+    return n.base in MEMORY_OPS and n.base not in ("LDC", "ULDC") and not _never_runs(n)
+
+
+def _close_memory_gaps(seq: list[Node], positions: tuple[int, ...]) -> dict[tuple[int, int], int]:
+    """Issue cycles between each memory instruction at `positions` and the memory instructions just before and after
+    it in its block, keyed by the pair's original indices (in either order); only gaps under MEMORY_ISSUE_CYCLES."""
+    out: dict[tuple[int, int], int] = {}
+    for pos in positions:
+        me = seq[pos]
+        if not _issues_memory(me):
+            continue
+        cycles = 0
+        for k in range(pos - 1, -1, -1):
+            if seq[k].block != me.block:
+                break
+            cycles += seq[k].ctrl.stall
+            if cycles >= MEMORY_ISSUE_CYCLES:
+                break
+            if _issues_memory(seq[k]):
+                out[_pair(seq[k], me)] = cycles
+                break
+        cycles = me.ctrl.stall
+        for k in range(pos + 1, len(seq)):
+            if seq[k].block != me.block or cycles >= MEMORY_ISSUE_CYCLES:
+                break
+            if _issues_memory(seq[k]):
+                out[_pair(me, seq[k])] = cycles
+                break
+            cycles += seq[k].ctrl.stall
+    return out
+
+
+def _pair(a: Node, b: Node) -> tuple[int, int]:
+    return (min(a.ins.index, b.ins.index), max(a.ins.index, b.ins.index))
+
+
+def _closer_memory_pair(old: list[Node], new: list[Node], i: int, j: int) -> str | None:
+    """A swap of slots i and j changes only the gaps of pairs that hold one of the two. Neither may come closer to a
+    neighbouring memory instruction than MEMORY_ISSUE_CYCLES, or than its closest one was (ptxas's own spacing)."""
+    before, after = _close_memory_gaps(old, (i, j)), _close_memory_gaps(new, (i, j))
+    for n in (old[i], old[j]):
+        was = min((c for pair, c in before.items() if n.ins.index in pair), default=MEMORY_ISSUE_CYCLES)
+        for pair, cycles in after.items():
+            if n.ins.index in pair and cycles < was:
+                a, b = (m for m in new if m.ins.index in pair)
+                return f"{a.ins.opcode} and {b.ins.opcode} would issue {cycles} cycles apart (ptxas keeps memory {MEMORY_ISSUE_CYCLES})"
+    return None
 
 
 def _memory_commutes(x: str, y: str) -> bool:

@@ -70,8 +70,12 @@ class SimulatedAnnealing:
                 if self.max_seconds is not None and time.time() - t_start > self.max_seconds:
                     return SearchResult(best, best_ms, start_ms, trials, time.time() - t_start)
                 moves = cur.legal_moves()
-                if not moves:
-                    break
+                if not moves:  # a dead end (not every legal move can be undone): go on from the best so far, or the start
+                    for cur, cur_ms in ((best, best_ms), (start, start_ms)):
+                        if moves := cur.legal_moves():
+                            break
+                    else:
+                        break
                 cand = cur.apply(rng.choice(moves))
                 key = tuple(cand.order)
                 if key not in memo:

@@ -14,6 +14,7 @@ from kfuse.sass.cubin import CubinError, load_cubin
 from kfuse.sass.disasm import Instr, disassemble
 from kfuse.sass.emit import emit
 from kfuse.sass.schedule import Move, Schedule, defs_uses
+from kfuse.sass.search import random_walk
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +112,7 @@ def test_random_walk_reemission(cubins, name):
     cub, kname, ins = _load(cubins[name])
     s = Schedule.build(ins)
     rng = random.Random(7)
-    for _ in range(25):
-        s = s.apply(rng.choice(s.legal_moves()))
+    s = random_walk(s, 25, rng)  # stops early at a dead end (not every legal move can be undone)
     new = emit(cub, kname, s)
     ELFFile(io.BytesIO(new.data)).get_section_by_name(f".text.{kname}")  # parses with pyelftools
     dis = disassemble(new, kname)
@@ -235,6 +235,28 @@ def test_annealing_finds_a_planted_gain_and_memoises(cubins) -> None:
         assert mv in replay.legal_moves()
         replay = replay.apply(mv)
     assert replay.order == res.best.order
+
+
+def test_annealing_goes_on_from_the_best_after_a_dead_end() -> None:
+    """Not every legal move can be undone, so a walk can reach a schedule with no legal move: the seed goes on from
+    the best schedule so far (or the start) instead of ending early."""
+    from kfuse.sass.search import SimulatedAnnealing
+
+    class Chain:  # schedule k allows one move, to k + 1; schedule 3 allows none
+        def __init__(self, k: int) -> None:
+            self.k, self.order, self.applied = k, [k], list(range(k))
+
+        def legal_moves(self) -> list[int]:
+            return [self.k + 1] if self.k < 3 else []
+
+        def apply(self, move: int) -> Chain:
+            return Chain(move)
+
+    start = Chain(0)
+    res = SimulatedAnnealing(iterations=10, seeds=(0,)).search(start, lambda s: 1.0 - 0.01 * s.k, 1.0)  # type: ignore[arg-type]
+    assert len(res.trials) == 10 and res.best.k == 3  # the dead end is the best: restarts from the start
+    walls = Chain(3)
+    assert SimulatedAnnealing(iterations=10, seeds=(0,)).search(walls, lambda s: 1.0, 1.0).trials == []  # type: ignore[arg-type]
 
 
 def test_annealing_never_keeps_a_failed_candidate(cubins) -> None:
