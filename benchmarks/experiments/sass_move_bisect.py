@@ -57,12 +57,12 @@ def main() -> None:
 
     import sass_bench  # noqa: E402  (benchmarks/sass_bench.py: the cases and their verification problems)
 
+    from kfuse.sass import schedule
     from kfuse.sass.api import launch_spec
     from kfuse.sass.cubin import load_cubin
     from kfuse.sass.disasm import disassemble
     from kfuse.sass.emit import emit
     from kfuse.sass.examples import compile_matmul_leaky_relu, mma_form
-    from kfuse.sass import schedule
     from kfuse.sass.schedule import Move, Schedule, move_set
     from kfuse.sass.verify import Evaluator
 

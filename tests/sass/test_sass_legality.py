@@ -251,7 +251,7 @@ def test_gemm_ldgsts_predicate_war_refused(gemm):
     assert pairs, "expected an LDGSTS followed by a carry-out of its zero-fill predicate"
     for k in pairs:
         assert "WAR" in s.why_illegal(Move(k, 1)), gemm[k + 1].text()
-    assert len(s.legal_moves()) >= 20  # the model still leaves moves to search
+    assert len(s.legal_moves()) >= 8  # the model still leaves moves to search (10 since the 4-cycle memory spacing, 32 before)
 
 
 def test_gemm_128x64_epilogue_store_keeps_clear_of_its_barrier():
