@@ -16,11 +16,11 @@ run() {  # case config form out timeout
     --case "$1" --config "$2" --mma-form "$3" --without memory_spacing --steps 2 --samples 256 --out "$OUT/$4" 2>&1 \
     | grep -v Warning | tail -4
 }
-run gemm_leaky_relu_512x512x2048 128x128x64w8s3 mma-sync gemm_mma_sync 100
-run gemm_leaky_relu_512x512x2048 128x128x64w8s3 wgmma gemm_wgmma 80
+run gemm_leaky_relu_512x512x2048 128x128x64w8s3 mma-sync gemm_mma_sync 80
+run gemm_leaky_relu_512x512x2048 128x128x64w8s3 wgmma gemm_wgmma 60
 mkdir -p "$OUT/sass"
-PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl timeout 230 python benchmarks/sass_bench.py --out "$OUT/sass" \
+PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl timeout 170 python benchmarks/sass_bench.py --out "$OUT/sass" \
   --cases gemm_leaky_relu_512x512x2048 --mma-form mma-sync \
-  --gemm-configs 128x128x64w8s3 --moves memory --iters 1000 --seeds 0,1,2 --search-s 90 --deadline-s 210 \
+  --gemm-configs 128x128x64w8s3 --moves memory --iters 1000 --seeds 0,1,2 --search-s 60 --deadline-s 150 \
   --samples 100000 2>&1 | grep -v Warning | tee "$OUT/sass/sass.log" | tail -8
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
