@@ -104,6 +104,13 @@ def main() -> None:
         return
     spec = launch_spec(ck, args, grid, vargs, vgrid, per)
     results: list[dict[str, Any]] = []
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        if a.out:
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            report = {"case": a.case, "config": a.config, "mma_form": a.mma_form, "without": sorted(off), "kernel": kname, "results": rows}
+            (Path(a.out) / "bisect.json").write_text(json.dumps(report, indent=1))
+
     t0 = time.time()
     with Evaluator(spec, timeout_s=60) as ev:
         for mv in moves:
@@ -123,6 +130,7 @@ def main() -> None:
                        "past_ctrl": other.ctrl.render(), "ok": ok, "samples": done, "why": why,
                        "refused_now": refused_now}  # fmt: skip
                 results.append(rec)
+                save(results)  # as it goes: a run cut off by its time limit keeps what it verified
                 if not ok:
                     where = f"{rec['offset']} {rec['direction']} x{step} {rec['ctrl']} {rec['text']}"
                     print(f"WRONG  {where}  (first past {rec['past_ctrl']} {rec['past']}): {why}; today: {refused_now}", flush=True)
@@ -134,14 +142,7 @@ def main() -> None:
         f"{time.time() - t0:.0f} s: {len(bad)} wrong, {len(caught)} of them refused by today's model; "
         f"{len(refused_ok)} single moves it refuses computed right"
     )
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "bisect.json").write_text(
-            json.dumps(
-                {"case": a.case, "config": a.config, "mma_form": a.mma_form, "without": sorted(off), "kernel": kname, "results": results},
-                indent=1,
-            )
-        )
+    save(results)
 
 
 if __name__ == "__main__":
