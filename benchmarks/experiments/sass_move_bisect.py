@@ -95,6 +95,7 @@ def main() -> None:
     today.bar_settle = True
     wanted = displaced_offsets(a.from_record, a.case) if a.from_record else None
     moves = [m for m in start.legal_moves() if wanted is None or start.nodes[m.index].ins.offset in wanted]
+    moves.sort(key=lambda mv: verdict_today(today, mv) is None)  # the moves today's model refuses first
     print(f"{kname}: {len(start.nodes)} instructions, {len(start.legal_moves())} legal moves, testing {len(moves)}", flush=True)
     if a.dry_run:
         for mv in moves:
