@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--mma-form", default="wgmma", help="wgmma or mma-sync (kfuse.sass.examples.mma_form)")
     ap.add_argument("--out", default="", help="folder for candidate_bisect.json")
     ap.add_argument("--dry-run", action="store_true", help="rebuild and split the candidates only (no GPU)")
+    ap.add_argument("--without-spacing", action="store_true", help="rebuild without the 4-cycle memory spacing rule (greedy paths)")
     a = ap.parse_args()
 
     import sass_bench  # noqa: E402
@@ -102,6 +103,11 @@ def main() -> None:
     from kfuse.sass.examples import compile_matmul_leaky_relu, mma_form
     from kfuse.sass.schedule import Schedule, move_set
     from kfuse.sass.verify import Evaluator
+
+    if a.without_spacing:  # the greedy top-down walk may need moves the search reached by another path
+        from kfuse.sass import schedule
+
+        schedule.MEMORY_ISSUE_CYCLES = 0
 
     with mma_form(a.mma_form):
         if a.dry_run:
