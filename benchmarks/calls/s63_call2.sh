@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1
 run() {  # case config form out timeout
   mkdir -p "$OUT/$4"
   PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl timeout "$5" python benchmarks/experiments/sass_move_bisect.py \
-    --case "$1" --config "$2" --mma-form "$3" --without memory_spacing --steps 2 --samples 256 --out "$OUT/$4" 2>&1 \
+    --case "$1" --config "$2" --mma-form "$3" --without memory_spacing,lds_in_place --steps 2 --samples 256 --out "$OUT/$4" 2>&1 \
     | grep -v Warning | tail -4
 }
 run gemm_leaky_relu_512x512x2048 128x128x64w8s3 mma-sync gemm_mma_sync 80

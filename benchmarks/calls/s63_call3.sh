@@ -7,7 +7,7 @@ set -u
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/gemm_mma_sync" "$OUT/sass"
 PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl timeout 70 python benchmarks/experiments/sass_move_bisect.py \
-  --case gemm_leaky_relu_512x512x2048 --config 128x128x64w8s3 --mma-form mma-sync --without memory_spacing --steps 2 \
+  --case gemm_leaky_relu_512x512x2048 --config 128x128x64w8s3 --mma-form mma-sync --without memory_spacing,lds_in_place --steps 2 \
   --samples 256 --out "$OUT/gemm_mma_sync" 2>&1 | grep -v Warning | tail -4
 PYTHONPATH=.:.whl/pyelftools-0.32-py3-none-any.whl timeout 150 python benchmarks/sass_bench.py --out "$OUT/sass" \
   --cases gemm_leaky_relu_512x512x2048 --mma-form mma-sync \

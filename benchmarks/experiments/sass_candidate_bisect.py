@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--mma-form", default="wgmma", help="wgmma or mma-sync (kfuse.sass.examples.mma_form)")
     ap.add_argument("--out", default="", help="folder for candidate_bisect.json")
     ap.add_argument("--dry-run", action="store_true", help="rebuild and split the candidates only (no GPU)")
-    ap.add_argument("--without-spacing", action="store_true", help="rebuild without the 4-cycle memory spacing rule (greedy paths)")
+    ap.add_argument("--without-spacing", action="store_true", help="rebuild without version 4's LDS rules (greedy paths)")
     a = ap.parse_args()
 
     import sass_bench  # noqa: E402
@@ -107,7 +107,7 @@ def main() -> None:
     if a.without_spacing:  # the greedy top-down walk may need moves the search reached by another path
         from kfuse.sass import schedule
 
-        schedule.MEMORY_ISSUE_CYCLES = 0
+        schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE = 0, frozenset()
 
     with mma_form(a.mma_form):
         if a.dry_run:

@@ -49,11 +49,13 @@ def main() -> None:
     ap.add_argument("--out", default="", help="folder for bisect.json")
     ap.add_argument("--dry-run", action="store_true", help="list the moves it would test (GEMM cases; no GPU)")
     ap.add_argument("--mma-form", default="wgmma", help="Triton's tensor-core code: wgmma or mma-sync (kfuse.sass.examples.mma_form)")
-    ap.add_argument("--without", default="bar_settle", help="rules switched off for the moves tested: bar_settle, memory_spacing")
+    ap.add_argument(
+        "--without", default="bar_settle", help="rules switched off for the moves tested: bar_settle, memory_spacing, lds_in_place"
+    )
     a = ap.parse_args()
     off = {r for r in a.without.split(",") if r}
-    if off - {"bar_settle", "memory_spacing"}:
-        raise SystemExit(f"--without: unknown rules {sorted(off - {'bar_settle', 'memory_spacing'})}")
+    if off - {"bar_settle", "memory_spacing", "lds_in_place"}:
+        raise SystemExit(f"--without: unknown rules {sorted(off - {'bar_settle', 'memory_spacing', 'lds_in_place'})}")
 
     import sass_bench  # noqa: E402  (benchmarks/sass_bench.py: the cases and their verification problems)
 
@@ -66,17 +68,20 @@ def main() -> None:
     from kfuse.sass.schedule import Move, Schedule, move_set
     from kfuse.sass.verify import Evaluator
 
-    spacing = schedule.MEMORY_ISSUE_CYCLES
-    if "memory_spacing" in off:  # a module constant: off for the tested model, back on for today's verdicts
+    spacing, kept = schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE
+    if "memory_spacing" in off:  # module constants: off for the tested model, back on for today's verdicts
         schedule.MEMORY_ISSUE_CYCLES = 0
+    if "lds_in_place" in off:
+        schedule.KEPT_IN_PLACE = frozenset()
 
     def verdict_today(sched: Schedule, mv: Move) -> str | None:
-        saved, schedule.MEMORY_ISSUE_CYCLES = schedule.MEMORY_ISSUE_CYCLES, spacing
+        saved = schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE
+        schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE = spacing, kept
         settle, sched.bar_settle = sched.bar_settle, True
         try:
             return sched.why_illegal(mv)
         finally:
-            schedule.MEMORY_ISSUE_CYCLES, sched.bar_settle = saved, settle
+            (schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE), sched.bar_settle = saved, settle
 
     with mma_form(a.mma_form):
         if a.dry_run:
