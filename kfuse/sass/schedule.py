@@ -161,7 +161,7 @@ BAR_SETTLE_CYCLES = 12
 # Plain shared loads (LDS) keep their places, and no memory instruction comes closer to one than ptxas had it, under
 # 4 cycles. Session 63 on an H100, mma-sync GEMM + LeakyReLU: every one of the 67 wrong SIP candidates recorded since
 # session 62 moves an epilogue LDS.128 (the STSM -> BAR -> LDS staging of the output tile), and the only single moves
-# that computed wrong (4 of 83) take an LDS.128 to 2-3 cycles from its neighbour LDS.128 (~25,000 of 262,144 outputs);
+# that computed wrong (5 of 83 schedules, 4 distinct) take an LDS.128 to 2-3 cycles from its neighbour LDS.128;
 # the same bisect found LDGSTS, LDSM and STG pairs at 1-3 cycles right, as were 12,000 candidates of the wgmma kernels,
 # which have no LDS. Why the LDS is sensitive is not known (no register, predicate or scoreboard relation changes, and
 # the same gap is right with one LDS moved and wrong with the other), so the model keeps it where ptxas put it.
