@@ -17,12 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (sass_bench's cases)
 
 
 def recorded_orders(record_path: str, case: str, n_instructions: int) -> list[list[int]]:
@@ -94,30 +91,15 @@ def main() -> None:
     ap.add_argument("--without-spacing", action="store_true", help="rebuild without version 4's LDS rules (greedy paths)")
     a = ap.parse_args()
 
-    import sass_bench  # noqa: E402
+    from sass_move_bisect import compile_case, switch_off
 
-    from kfuse.sass.api import launch_spec
-    from kfuse.sass.cubin import load_cubin
-    from kfuse.sass.disasm import disassemble
     from kfuse.sass.emit import emit
-    from kfuse.sass.examples import compile_matmul_leaky_relu, mma_form
-    from kfuse.sass.schedule import Schedule, move_set
     from kfuse.sass.verify import Evaluator
 
     if a.without_spacing:  # the greedy top-down walk may need moves the search reached by another path
-        from kfuse.sass import schedule
-
-        schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE = 0, frozenset()
-
-    with mma_form(a.mma_form):
-        if a.dry_run:
-            bm, bn, bk, w, st = sass_bench.parse_gemm_config(a.config)
-            ck = compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st)
-        else:
-            ck, args, grid, vargs, vgrid, per, _choice = sass_bench.CASES[a.case]([sass_bench.parse_gemm_config(a.config)])
-    cub = load_cubin(bytes(ck.asm["cubin"]))
+        switch_off({"memory_spacing", "lds_in_place"})
+    ck, spec, cub, start = compile_case(a.case, a.config, a.mma_form, a.moves, a.dry_run)
     kname = ck.name
-    start = Schedule.build(disassemble(cub, kname), move_set(a.moves), frozenset(cub.kernel(kname).pinned_offsets()))
     orders = recorded_orders(a.record, a.case, len(start.nodes))
     orders.sort(key=lambda o: sum(i != k for k, i in enumerate(o)))
     orders = orders[: a.candidates]
@@ -137,7 +119,6 @@ def main() -> None:
     if a.dry_run:
         return
 
-    spec = launch_spec(ck, args, grid, vargs, vgrid, per)
     results: list[dict[str, Any]] = []
     t0 = time.time()
     with Evaluator(spec, timeout_s=60) as ev:

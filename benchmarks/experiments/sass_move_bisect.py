@@ -38,6 +38,42 @@ def displaced_offsets(record_path: str, case: str) -> set[int]:
     return set.intersection(*sets)
 
 
+RULES = ("bar_settle", "memory_spacing", "lds_in_place")
+
+
+def switch_off(rules: set[str]) -> None:
+    """Switch legality version 4's module-level rules off for this process (bar_settle is per schedule)."""
+    from kfuse.sass import schedule
+
+    if "memory_spacing" in rules:
+        schedule.MEMORY_ISSUE_CYCLES = 0
+    if "lds_in_place" in rules:
+        schedule.KEPT_IN_PLACE = frozenset()
+
+
+def compile_case(case: str, config: str, form: str, moves: str, dry_run: bool) -> tuple[Any, tuple | None, Any, Any]:
+    """(compiled kernel, launch spec or None on a dry run, cubin, start schedule) of a sass_bench case in `form`; a dry
+    run compiles the GEMM alone (no GPU)."""
+    import sass_bench  # noqa: E402  (benchmarks/sass_bench.py: the cases and their verification problems)
+
+    from kfuse.sass.api import launch_spec
+    from kfuse.sass.cubin import load_cubin
+    from kfuse.sass.disasm import disassemble
+    from kfuse.sass.examples import compile_matmul_leaky_relu, mma_form
+    from kfuse.sass.schedule import Schedule, move_set
+
+    with mma_form(form):
+        if dry_run:
+            bm, bn, bk, w, st = sass_bench.parse_gemm_config(config)
+            ck, spec = compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st), None
+        else:
+            ck, args, grid, vargs, vgrid, per, _choice = sass_bench.CASES[case]([sass_bench.parse_gemm_config(config)])
+            spec = launch_spec(ck, args, grid, vargs, vgrid, per)
+    cub = load_cubin(bytes(ck.asm["cubin"]))
+    start = Schedule.build(disassemble(cub, ck.name), move_set(moves), frozenset(cub.kernel(ck.name).pinned_offsets()))
+    return ck, spec, cub, start
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", default="gemm_leaky_relu_512x512x2048")
@@ -54,25 +90,16 @@ def main() -> None:
     )
     a = ap.parse_args()
     off = {r for r in a.without.split(",") if r}
-    if off - {"bar_settle", "memory_spacing", "lds_in_place"}:
-        raise SystemExit(f"--without: unknown rules {sorted(off - {'bar_settle', 'memory_spacing', 'lds_in_place'})}")
-
-    import sass_bench  # noqa: E402  (benchmarks/sass_bench.py: the cases and their verification problems)
+    if off - set(RULES):
+        raise SystemExit(f"--without: unknown rules {sorted(off - set(RULES))}")
 
     from kfuse.sass import schedule
-    from kfuse.sass.api import launch_spec
-    from kfuse.sass.cubin import load_cubin
-    from kfuse.sass.disasm import disassemble
     from kfuse.sass.emit import emit
-    from kfuse.sass.examples import compile_matmul_leaky_relu, mma_form
-    from kfuse.sass.schedule import Move, Schedule, move_set
+    from kfuse.sass.schedule import Move, Schedule
     from kfuse.sass.verify import Evaluator
 
     spacing, kept = schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE
-    if "memory_spacing" in off:  # module constants: off for the tested model, back on for today's verdicts
-        schedule.MEMORY_ISSUE_CYCLES = 0
-    if "lds_in_place" in off:
-        schedule.KEPT_IN_PLACE = frozenset()
+    switch_off(off)  # for the tested model; back on for today's verdicts
 
     def verdict_today(sched: Schedule, mv: Move) -> str | None:
         saved = schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE
@@ -83,16 +110,8 @@ def main() -> None:
         finally:
             (schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE), sched.bar_settle = saved, settle
 
-    with mma_form(a.mma_form):
-        if a.dry_run:
-            bm, bn, bk, w, st = sass_bench.parse_gemm_config(a.config)
-            ck = compile_matmul_leaky_relu(bm, bn, bk, 8, num_warps=w, num_stages=st)
-        else:
-            ck, args, grid, vargs, vgrid, per, _choice = sass_bench.CASES[a.case]([sass_bench.parse_gemm_config(a.config)])
-    original = bytes(ck.asm["cubin"])
-    cub = load_cubin(original)
+    ck, spec, cub, start = compile_case(a.case, a.config, a.mma_form, a.moves, a.dry_run)
     kname = ck.name
-    start = Schedule.build(disassemble(cub, kname), move_set(a.moves), frozenset(cub.kernel(kname).pinned_offsets()))
     # the model as session 59 had it (no barrier-settle rule), so the moves the rule now refuses are tested too: the
     # report says for each whether today's model refuses it (the prediction: exactly the wrong ones)
     start.bar_settle = "bar_settle" not in off
@@ -100,15 +119,15 @@ def main() -> None:
     today.bar_settle = True
     wanted = displaced_offsets(a.from_record, a.case) if a.from_record else None
     moves = [m for m in start.legal_moves() if wanted is None or start.nodes[m.index].ins.offset in wanted]
-    moves.sort(key=lambda mv: verdict_today(today, mv) is None)  # the moves today's model refuses first
+    verdicts = {mv: verdict_today(today, mv) for mv in moves}
+    moves.sort(key=lambda mv: verdicts[mv] is None)  # the moves today's model refuses first
     print(f"{kname}: {len(start.nodes)} instructions, {len(start.legal_moves())} legal moves, testing {len(moves)}", flush=True)
     if a.dry_run:
         for mv in moves:
             n = start.nodes[mv.index]
-            why = verdict_today(today, mv) or ""
+            why = verdicts[mv] or ""
             print(f"  {n.ins.offset:#06x} {'up' if mv.direction < 0 else 'down':4s} {n.ctrl.render()} {n.ins.text()}  {why}")
         return
-    spec = launch_spec(ck, args, grid, vargs, vgrid, per)
     results: list[dict[str, Any]] = []
 
     def save(rows: list[dict[str, Any]]) -> None:
@@ -122,7 +141,7 @@ def main() -> None:
         for mv in moves:
             moved, other = start.nodes[mv.index], start.nodes[mv.index + mv.direction]
             sched = start.apply(mv)
-            refused_now = verdict_today(today, mv)
+            refused_now = verdicts[mv]
             for step in range(1, a.steps + 1):
                 if step > 1:  # the same instruction one slot further, where the model allows it
                     nxt = Move(mv.index + (step - 1) * mv.direction, mv.direction)

@@ -71,11 +71,10 @@ class SimulatedAnnealing:
                     return SearchResult(best, best_ms, start_ms, trials, time.time() - t_start)
                 moves = cur.legal_moves()
                 if not moves:  # a dead end (not every legal move can be undone): go on from the best so far, or the start
-                    restart = next(((s, ms) for s, ms in ((best, best_ms), (start, start_ms)) if s.legal_moves()), None)
+                    restart = next(((s, ms, m) for s, ms in ((best, best_ms), (start, start_ms)) if (m := s.legal_moves())), None)
                     if restart is None:
                         break
-                    cur, cur_ms = restart
-                    moves = cur.legal_moves()
+                    cur, cur_ms, moves = restart
                 cand = cur.apply(rng.choice(moves))
                 key = tuple(cand.order)
                 if key not in memo:
