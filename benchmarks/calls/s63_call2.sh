@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran in sessions 63-64 with legality version 4; its --without rules memory_spacing / lds_in_place were removed in session 64.)
 # Issue 7 (written in session 63). Part 1: is ptxas's 4-cycle spacing of memory instructions a correctness rule for every
 # kind of memory instruction, or only for some? Session 63's bisect found one wrong single move, an LDS.128 taken from 4
 # to 3 cycles after the previous LDS.128; legality version 4 refuses every move that brings two memory instructions of

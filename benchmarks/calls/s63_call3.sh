@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran in sessions 63-64 with legality version 4; its --without rules memory_spacing / lds_in_place were removed in session 64.)
 # Issue 7 (session 63): the short form of s63_call2.sh for the device time left: the moves legality v4's 4-cycle memory
 # spacing removes on the mma-sync GEMM only (refused ones first, each alone and 1 slot on), then SIP with v4 on that
 # GEMM [512, 512, 2048]. Predictions as in s63_call2.sh: some refused LDS/LDSM moves wrong, the LDGSTS / STS / STG ones

@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--mma-form", default="wgmma", help="wgmma or mma-sync (kfuse.sass.examples.mma_form)")
     ap.add_argument("--out", default="", help="folder for candidate_bisect.json")
     ap.add_argument("--dry-run", action="store_true", help="rebuild and split the candidates only (no GPU)")
-    ap.add_argument("--without-spacing", action="store_true", help="rebuild without version 4's LDS rules (greedy paths)")
+    ap.add_argument("--without-guard", action="store_true", help="rebuild without the guard-latency rule (greedy paths)")
     a = ap.parse_args()
 
     from sass_move_bisect import compile_case, switch_off
@@ -96,8 +96,8 @@ def main() -> None:
     from kfuse.sass.emit import emit
     from kfuse.sass.verify import Evaluator
 
-    if a.without_spacing:  # the greedy top-down walk may need moves the search reached by another path
-        switch_off({"memory_spacing", "lds_in_place"})
+    if a.without_guard:  # the recorded wrong candidates are out of the shipped model's reach
+        switch_off({"guard_latency"})
     ck, spec, cub, start = compile_case(a.case, a.config, a.mma_form, a.moves, a.dry_run)
     kname = ck.name
     orders = recorded_orders(a.record, a.case, len(start.nodes))

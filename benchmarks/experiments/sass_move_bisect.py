@@ -38,17 +38,16 @@ def displaced_offsets(record_path: str, case: str) -> set[int]:
     return set.intersection(*sets)
 
 
-RULES = ("bar_settle", "memory_spacing", "lds_in_place")
+RULES = ("bar_settle", "guard_latency")
 
 
 def switch_off(rules: set[str]) -> None:
-    """Switch legality version 4's module-level rules off for this process (bar_settle is per schedule)."""
+    """Switch module-level legality rules off for this process (bar_settle is per schedule): ``guard_latency`` lets a
+    guarded instruction come as close to its predicate's setter as any reader (HAZARD_CYCLES)."""
     from kfuse.sass import schedule
 
-    if "memory_spacing" in rules:
-        schedule.MEMORY_ISSUE_CYCLES = 0
-    if "lds_in_place" in rules:
-        schedule.KEPT_IN_PLACE = frozenset()
+    if "guard_latency" in rules:
+        schedule.GUARD_CYCLES = 0
 
 
 def compile_case(case: str, config: str, form: str, moves: str, dry_run: bool) -> tuple[Any, tuple | None, Any, Any]:
@@ -85,9 +84,7 @@ def main() -> None:
     ap.add_argument("--out", default="", help="folder for bisect.json")
     ap.add_argument("--dry-run", action="store_true", help="list the moves it would test (GEMM cases; no GPU)")
     ap.add_argument("--mma-form", default="wgmma", help="Triton's tensor-core code: wgmma or mma-sync (kfuse.sass.examples.mma_form)")
-    ap.add_argument(
-        "--without", default="bar_settle", help="rules switched off for the moves tested: bar_settle, memory_spacing, lds_in_place"
-    )
+    ap.add_argument("--without", default="bar_settle", help="rules switched off for the moves tested: bar_settle, guard_latency")
     a = ap.parse_args()
     off = {r for r in a.without.split(",") if r}
     if off - set(RULES):
@@ -98,17 +95,16 @@ def main() -> None:
     from kfuse.sass.schedule import Move, Schedule
     from kfuse.sass.verify import Evaluator
 
-    spacing, kept = schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE
+    guard = schedule.GUARD_CYCLES
     switch_off(off)  # for the tested model; back on for today's verdicts
 
     def verdict_today(sched: Schedule, mv: Move) -> str | None:
-        saved = schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE
-        schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE = spacing, kept
+        saved, schedule.GUARD_CYCLES = schedule.GUARD_CYCLES, guard
         settle, sched.bar_settle = sched.bar_settle, True
         try:
             return sched.why_illegal(mv)
         finally:
-            (schedule.MEMORY_ISSUE_CYCLES, schedule.KEPT_IN_PLACE), sched.bar_settle = saved, settle
+            schedule.GUARD_CYCLES, sched.bar_settle = saved, settle
 
     ck, spec, cub, start = compile_case(a.case, a.config, a.mma_form, a.moves, a.dry_run)
     kname = ck.name

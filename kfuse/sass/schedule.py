@@ -144,6 +144,12 @@ NO_DEST = frozenset(
 PREDICATES = tuple(f"P{i}" for i in range(7))
 IGNORED = frozenset({"RZ", "PT", "URZ", "UPT", "SRZ"})
 HAZARD_CYCLES = 12  # conservative bound on fixed-latency (ALU) result latency on sm_90
+# A guard predicate (`@P1 FMUL ...`) is read earlier in the pipeline than an operand: in every kernel we compile ptxas
+# puts a guarded instruction at least 13 cycles after the fixed-latency FSETP / ISETP that sets its guard (hundreds at
+# exactly 13), where a predicate operand (`ISETP ..., !P0`, `P2R`) may follow in 2-4. Session 64 on an H100: the
+# mma-sync GEMM's three wrong single moves each took an `@!Pn FMUL` of the LeakyReLU epilogue from 13 to 12 cycles
+# after its FSETP (an LDS.128 swapped with the FMUL or the FSETP); the same kind of move to 13 computed right.
+GUARD_CYCLES = 13
 # warp MMAs (mma.sync) are fixed-latency too, but long: ptxas leaves 24-28 cycles between an HMMA.16816 and the first
 # reader of its accumulators with no scoreboard (the mma-sync examples on sm_90); 12 let SIP's moves bring readers
 # closer (session 62). These many cycles, a margin over the 24 seen, before a reader or writer.
@@ -158,19 +164,11 @@ MIN_SET_TO_WAIT = 2
 # the 128 x 64 GEMM's epilogue was the one such move, and 955 of 3,000 SIP candidates there computed wrong outputs).
 # So no move brings a memory access closer to a preceding barrier than it was, within this many cycles.
 BAR_SETTLE_CYCLES = 12
-# Plain shared loads (LDS) keep their places, and no memory instruction comes closer to one than ptxas had it, under
-# 4 cycles. Session 63 on an H100, mma-sync GEMM + LeakyReLU: every one of the 67 wrong SIP candidates recorded since
-# session 62 moves an epilogue LDS.128 (the STSM -> BAR -> LDS staging of the output tile), and the only single moves
-# that computed wrong (5 of 83 schedules, 4 distinct) take an LDS.128 to 2-3 cycles from its neighbour LDS.128;
-# the same bisect found LDGSTS, LDSM and STG pairs at 1-3 cycles right, as were 12,000 candidates of the wgmma kernels,
-# which have no LDS. Why the LDS is sensitive is not known (no register, predicate or scoreboard relation changes, and
-# the same gap is right with one LDS moved and wrong with the other), so the model keeps it where ptxas put it.
-KEPT_IN_PLACE = frozenset({"LDS"})
-MEMORY_ISSUE_CYCLES = 4  # ptxas's spacing of memory instructions (every pair in the example kernels, constant loads aside)
 # bumped whenever a rule makes the model stricter: cached schedules of an older model are searched again (kfuse.sass.cache)
 # (2: the barrier-settle rule, session 60; 3: loads covered by a later load's scoreboard, warp MMA register groups,
-# STSM's data registers, session 62; 4: plain shared loads keep their places and their 4-cycle spacing, session 63)
-LEGALITY_VERSION = 4
+# STSM's data registers, session 62; 4: plain shared loads kept in place, session 63; 5: guard predicates read
+# GUARD_CYCLES after their setter, which explained session 63's LDS data, so the LDS rule went; session 64)
+LEGALITY_VERSION = 5
 BLOCKING_BARRIERS = frozenset({"BAR", "BARRIER"})
 _BARE_PRED = re.compile(r"U?P[0-6]")
 
@@ -439,8 +437,6 @@ class Schedule:
                 return f"{n.ins.opcode} is a branch, barrier or fence"
             if n.ins.offset in self.pinned:
                 return f"instruction at {n.ins.offset:#x} is referenced by an .nv.info table of unknown meaning"
-            if n.base in KEPT_IN_PLACE and not _never_runs(n):
-                return f"{n.ins.opcode} keeps its place (moved, epilogue LDS.128 computed wrong on the GPU; session 63)"
             if _never_runs(n):
                 # `@!PT LDS RZ, [RZ]`: ptxas pads each LDGSTS burst after a BAR.SYNC with three of these. They never
                 # execute, so moving them gains nothing (swapping two is a no-op); their role is undocumented: keep them.
@@ -482,8 +478,6 @@ class Schedule:
             after = _cycles_after_barrier(new, i)
             if after < min(_cycles_after_barrier(self.nodes, j), BAR_SETTLE_CYCLES):
                 return f"{b.ins.opcode} would issue {after} cycles after a barrier (BAR.SYNC blocks late; ptxas keeps memory further)"
-        if (close := _closer_memory_pair(self.nodes, new, i, j)) is not None:
-            return close
         if not _hazard_free_up(new, i, HAZARD_CYCLES):
             return "fixed-latency hazard: the instruction moving up would read/write a result too early, or overwrite a late read"
         if not _hazard_free_down(new, j, HAZARD_CYCLES):
@@ -556,65 +550,6 @@ def _cycles_after_barrier(seq: list[Node], pos: int) -> int:
     return 1 << 30
 
 
-def _issues_memory(n: Node) -> bool:
-    """Uses the memory pipe: constant loads (LDC, ULDC) do not, and ptxas puts them 1-2 cycles from memory accesses."""
-    return n.base in MEMORY_OPS and n.base not in ("LDC", "ULDC") and not _never_runs(n)
-
-
-def _spaced(a: Node, b: Node) -> bool:
-    """A pair of memory instructions whose spacing the model keeps: one of them an instruction kept in place."""
-    return a.base in KEPT_IN_PLACE or b.base in KEPT_IN_PLACE
-
-
-def _close_memory_gaps(seq: list[Node], positions: tuple[int, ...]) -> dict[tuple[int, int], int]:
-    """Issue cycles between each memory instruction at `positions` and the memory instructions just before and after
-    it in its block, keyed by the pair's original indices (in either order); only gaps under MEMORY_ISSUE_CYCLES."""
-    out: dict[tuple[int, int], int] = {}
-    for pos in positions:
-        me = seq[pos]
-        if not _issues_memory(me):
-            continue
-        cycles = 0
-        for k in range(pos - 1, -1, -1):
-            if seq[k].block != me.block:
-                break
-            cycles += seq[k].ctrl.stall
-            if cycles >= MEMORY_ISSUE_CYCLES:
-                break
-            if _issues_memory(seq[k]):
-                if _spaced(seq[k], me):
-                    out[_pair(seq[k], me)] = cycles
-                break
-        cycles = me.ctrl.stall
-        for k in range(pos + 1, len(seq)):
-            if seq[k].block != me.block or cycles >= MEMORY_ISSUE_CYCLES:
-                break
-            if _issues_memory(seq[k]):
-                if _spaced(me, seq[k]):
-                    out[_pair(me, seq[k])] = cycles
-                break
-            cycles += seq[k].ctrl.stall
-    return out
-
-
-def _pair(a: Node, b: Node) -> tuple[int, int]:
-    return (min(a.ins.index, b.ins.index), max(a.ins.index, b.ins.index))
-
-
-def _closer_memory_pair(old: list[Node], new: list[Node], i: int, j: int) -> str | None:
-    """A swap of slots i and j changes only the gaps of pairs that hold one of the two. Neither may come closer to a
-    neighbouring LDS than MEMORY_ISSUE_CYCLES, or than its closest one was (ptxas's own spacing)."""
-    before, after = _close_memory_gaps(old, (i, j)), _close_memory_gaps(new, (i, j))
-    for n in (old[i], old[j]):
-        was = min((c for pair, c in before.items() if n.ins.index in pair), default=MEMORY_ISSUE_CYCLES)
-        for pair, cycles in after.items():
-            if n.ins.index in pair and cycles < was:
-                a, b = (m for m in new if m.ins.index in pair)
-                keep = MEMORY_ISSUE_CYCLES
-                return f"{a.ins.opcode} and {b.ins.opcode} would issue {cycles} cycles apart (ptxas keeps an LDS {keep} from memory)"
-    return None
-
-
 def _memory_commutes(x: str, y: str) -> bool:
     if x in LOADS and y in LOADS:
         return True
@@ -630,6 +565,18 @@ def _latency(n: Node, window: int) -> int:
     return LONG_LATENCY.get(n.base, window)
 
 
+def _guard(n: Node) -> str:
+    """The predicate that guards `n` ("P3" for `@!P3 ...`), "" when none or PT."""
+    g = n.ins.pred.lstrip("@!")
+    return "" if g in ("", "PT", "UPT") else g
+
+
+def _needed(producer: Node, reader: Node, window: int) -> int:
+    """Cycles `reader` must issue after the fixed-latency `producer` whose result it reads or overwrites."""
+    latency = _latency(producer, window)
+    return max(latency, GUARD_CYCLES) if _guard(reader) in producer.defs else latency
+
+
 def _hazard_free_up(seq: list[Node], pos: int, window: int) -> bool:
     """The instruction now at `pos` issues earlier than before: check fixed-latency producers before it."""
     me = seq[pos]
@@ -641,7 +588,7 @@ def _hazard_free_up(seq: list[Node], pos: int, window: int) -> bool:
         cycles += p.ctrl.stall
         if cycles >= reach:
             return True
-        if p.fixed_latency and p.defs & regs and cycles < _latency(p, window):
+        if p.fixed_latency and p.defs & regs and cycles < _needed(p, me, window):
             return False
         # an earlier late reader of a register this one writes (the writer came closer; the reader moving down is
         # checked in _hazard_free_down), unless a wait for its write scoreboard lies between (it has completed)
@@ -649,7 +596,7 @@ def _hazard_free_up(seq: list[Node], pos: int, window: int) -> bool:
             return False
         if p.ins.control_flow or (k > 0 and seq[k].block != seq[k - 1].block and k != 0 and _is_branch_target(seq, k)):
             # other predecessors are unknown: past the ALU window only a warp MMA's result can still be in flight
-            return not regs if cycles < window else not (regs & _long_latency_defs(seq))
+            return not regs if cycles < (GUARD_CYCLES if _guard(me) else window) else not (regs & _long_latency_defs(seq))
     return True
 
 
@@ -679,12 +626,12 @@ def _hazard_free_down(seq: list[Node], pos: int, window: int) -> bool:
     cycles = me.ctrl.stall
     # predicates (guards, LDGSTS zero-fill operands) are read at issue: ptxas overwrites them 1 cycle later
     data = _data_uses(me)
-    reach = _latency(me, window) if me.fixed_latency else window
+    reach = max(_latency(me, window), GUARD_CYCLES) if me.fixed_latency else window
     for k in range(pos + 1, len(seq)):
         c = seq[k]
         if cycles >= reach:
             return True
-        if me.fixed_latency and me.defs & (c.uses | c.defs):
+        if me.fixed_latency and me.defs & (c.uses | c.defs) and cycles < _needed(me, c, window):
             return False
         if cycles < window and me.ctrl.rbar == NO_BARRIER and data & c.defs:
             return False

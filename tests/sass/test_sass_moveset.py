@@ -2,7 +2,8 @@
 LeakyReLU and attention cubins: many more legal moves than SIP's memory-only set, and random walks of them keep
 three invariants checked here from the original schedule, not from the model's own verdicts: no two dependent
 instructions change order, no fixed-latency result reaches a reader sooner than before (unless >= HAZARD_CYCLES
-later), and every reader of a variable-latency result still waits on its scoreboard."""
+later, or GUARD_CYCLES for a guard predicate), and every reader of a variable-latency result still waits on its
+scoreboard."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kfuse.sass.control import NO_BARRIER
 from kfuse.sass.cubin import load_cubin
 from kfuse.sass.disasm import disassemble
 from kfuse.sass.emit import emit
-from kfuse.sass.schedule import HAZARD_CYCLES, MOVE_SETS, Schedule, move_set
+from kfuse.sass.schedule import GUARD_CYCLES, HAZARD_CYCLES, MOVE_SETS, Schedule, move_set
 from kfuse.sass.search import random_walk
 
 
@@ -113,27 +114,14 @@ def _cycles(s: Schedule, pos: dict[int, int], x: int, y: int) -> int:
     return sum(s.nodes[k].ctrl.stall for k in range(pos[x], pos[y]))
 
 
-MEMORY_GAP = 4  # the fewest cycles ptxas leaves between an LDS and its neighbouring memory instruction
-
-
-def _lds_gaps(s: Schedule) -> dict[tuple[int, int], int]:
-    """Cycles between consecutive memory instructions of each block where one is a plain LDS, by original indices."""
-    out, last = {}, None
-    for p, n in enumerate(s.nodes):
-        if last is not None and n.block != s.nodes[last].block:
-            last = None
-        if n.base in schedule.MEMORY_OPS and n.base not in ("LDC", "ULDC") and n.ins.pred != "@!PT":
-            if last is not None and "LDS" in (n.base, s.nodes[last].base):
-                out[tuple(sorted((s.nodes[last].ins.index, n.ins.index)))] = sum(s.nodes[k].ctrl.stall for k in range(last, p))
-            last = p
-    return out
+def _guarded_by(n: schedule.Node) -> str:
+    g = n.ins.pred.lstrip("@!")
+    return "" if g in ("", "PT") else g
 
 
 def _violations(s0: Schedule, deps: list[tuple[int, int, str]], s: Schedule) -> list[str]:
     pos = {idx: p for p, idx in enumerate(s.order)}
-    before = _lds_gaps(s0)
-    bad = [f"LDS {pair} {c} cycles from memory" for pair, c in _lds_gaps(s).items() if c < min(before.get(pair, MEMORY_GAP), MEMORY_GAP)]
-    bad += [f"LDS moved: {n.ins.text()}" for p, n in enumerate(s.nodes) if n.base == "LDS" and n.ins.pred != "@!PT" and n.ins.index != p]
+    bad = []
     for x, y, kind in deps:
         px, py = pos[x], pos[y]
         a = s0.nodes[x]
@@ -149,7 +137,8 @@ def _violations(s0: Schedule, deps: list[tuple[int, int, str]], s: Schedule) -> 
             continue
         if not _variable(a):
             before, after = _cycles(s0, {i: i for i in range(len(s0.nodes))}, x, y), _cycles(s, pos, x, y)
-            if after < min(before, MMA_CYCLES if a.base in ("HMMA", "IMMA") else HAZARD_CYCLES):
+            guard = _guarded_by(s0.nodes[y]) in a.defs  # a guard is read earlier than an operand (GUARD_CYCLES)
+            if after < min(before, MMA_CYCLES if a.base in ("HMMA", "IMMA") else GUARD_CYCLES if guard else HAZARD_CYCLES):
                 bad.append(f"latency: {a.ins.text()} -> {s0.nodes[y].ins.text()} {before} -> {after} cycles")
         elif (cover := _cover(s0.nodes, x, y)) is not None:
             v, _ = cover
@@ -238,11 +227,12 @@ def _seq(*rows: tuple[str, dict]) -> Schedule:
 
     out = []
     for k, (text, kw) in enumerate(rows):
+        pred, text = text.partition(" ")[::2] if text.startswith("@") else ("", text)
         op, _, rest = text.partition(" ")
         ctrl = Control(
             stall=kw.get("stall", 1), yield_bit=0, wbar=kw.get("wbar", NO_BARRIER), rbar=NO_BARRIER, wait=kw.get("wait", 0), reuse=0
         )
-        out.append(Instr(k, 16 * k, "", op, rest.replace(" ", ""), encode(bytes(16), ctrl), False))
+        out.append(Instr(k, 16 * k, pred, op, rest.replace(" ", ""), encode(bytes(16), ctrl), False))
     return Schedule.build(out, move_set("all"))
 
 
@@ -318,7 +308,8 @@ def test_the_gpu_s_wrong_mma_sync_candidates_are_now_out_of_reach(kernels) -> No
     from pathlib import Path
 
     # session 63: the re-run's 20 recorded wrong orders (legality version 3), the 3 left above, and the 7 of a run with
-    # a broader spacing rule all move an epilogue LDS; version 4 keeps plain LDS in place and puts every one out of reach
+    # a broader spacing rule; session 64: each brings an `@!Pn FMUL` of the LeakyReLU epilogue to 12 cycles after the
+    # FSETP of its guard, which GUARD_CYCLES (13) refuses, so every one is out of reach
     results = Path(__file__).resolve().parents[2] / "benchmarks/results/h100"
     kinds = {"gemm_leaky_relu_bert_4096x3072x768": "gemm_mma_sync", "gemm_leaky_relu_512x512x2048": "gemm_mma_sync",
              "attention_sip_1x4x16384x64": "attention_mma_sync"}  # fmt: skip
@@ -336,11 +327,11 @@ def test_the_gpu_s_wrong_mma_sync_candidates_are_now_out_of_reach(kernels) -> No
 
 
 def test_the_gpu_s_wrong_single_moves_are_refused(kernels) -> None:
-    # session 63's bisects on an H100: single moves (1-8 slots) verified alone on the mma-sync GEMM, first of the
-    # instructions every recorded wrong candidate displaced (sass_s63_bisect.json), then of every move a model without
-    # spacing rules allows (sass_s63_spacing_bisect.json). The 5 wrong ones all move an epilogue LDS.128 to 2-3 cycles
-    # from another; LDGSTS, LDSM and STG at 1-3 cycles computed right. Version 4 refuses every wrong one and keeps most
-    # of the right ones (it refuses every LDS move, the right ones too)
+    # single moves (1-8 slots) verified alone on the mma-sync GEMM on an H100: of the instructions every recorded wrong
+    # candidate displaced (sass_s63_bisect.json), then every move of models without session 63's LDS rules
+    # (sass_s63_spacing_bisect.json, sass_s64_rule_scope_mma_sync.json). The 9 wrong verdicts (4 distinct moves) each
+    # take a guarded FMUL to 12 cycles after the FSETP of its guard (swapping it, or the FSETP, with an LDS.128); the
+    # model refuses exactly those and allows every one of the 135 that computed right
     import json
     from pathlib import Path
 
@@ -348,33 +339,58 @@ def test_the_gpu_s_wrong_single_moves_are_refused(kernels) -> None:
     s0 = Schedule.build(ins, move_set("memory"), pinned)
     at = {n.ins.offset: p for p, n in enumerate(s0.nodes)}
     verdicts = []
-    for name in ("sass_s63_bisect.json", "sass_s63_spacing_bisect.json"):
+    for name in ("sass_s63_bisect.json", "sass_s63_spacing_bisect.json", "sass_s64_rule_scope_mma_sync.json"):
         record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/h100" / name).read_text())
         for r in record["results"]:
             step = -1 if r["direction"] == "up" else 1
-            s, legal = s0, True
+            s, why = s0, None
             for k in range(r["steps"]):
                 move = schedule.Move(at[int(r["offset"], 16)] + k * step, step)
-                if s.why_illegal(move) is not None:
-                    legal = False
+                if (why := s.why_illegal(move)) is not None:
                     break
                 s = s.apply(move)
-            verdicts.append((r["ok"], legal, r["text"].split()[0]))
-    wrong = [v for v in verdicts if not v[0]]
-    assert len(wrong) == 5 and all(not legal and op == "LDS.128" for _, legal, op in wrong)
-    right = [v for v in verdicts if v[0]]
-    assert all(legal for _, legal, op in right if op != "LDS.128") and sum(legal for _, legal, _ in right) >= 60
+            verdicts.append((r["ok"], why))
+    wrong = [why for ok, why in verdicts if not ok]
+    assert len(wrong) == 9 and all(why is not None and "fixed-latency" in why for why in wrong)
+    right = [why for ok, why in verdicts if ok]
+    assert len(right) == 135 and all(why is None for why in right)
 
 
-def test_an_lds_keeps_its_place_and_its_spacing() -> None:
-    s = _seq(("LDS.128 R8, [R30+UR5]", {"wbar": 1}), ("FMUL R60, R60, R61", {}), ("FMUL R63, R63, R62", {}),
-             ("FSETP.GE.AND P1, PT, R76, RZ, PT", {}), ("LDG.E.128 R12, desc[UR4][R20.64]", {"wbar": 2}),
-             ("FMUL R62, R62, R61", {}), ("STG.E.128 desc[UR4][R22.64], R40", {}))  # fmt: skip
-    assert "keeps its place" in s.why_illegal(schedule.Move(0, 1))
-    assert "keeps its place" in s.why_illegal(schedule.Move(1, -1))  # passing it moves it too
-    assert "3 cycles apart" in s.why_illegal(schedule.Move(4, -1))  # an LDG 4 -> 3 cycles after the LDS
-    assert s.why_illegal(schedule.Move(4, 1)) is None  # further away is fine
-    assert s.why_illegal(schedule.Move(6, -1)) is None  # the STG may come 1 cycle after the LDG: no LDS in the pair
+def test_a_guarded_instruction_issues_guard_cycles_after_its_predicate_setter() -> None:
+    rows = [("FSETP.GE.AND P3, PT, R75, RZ, PT", {"stall": 2})] + [("FADD R50, R50, R51", {"stall": 1})] * 10
+    s = _seq(*rows, ("LDS.128 R8, [R30+UR5]", {"wbar": 2, "stall": 1}), ("@!P3 FMUL R75, R75, 0.01", {"stall": 1}),
+             ("LDS.128 R4, [R30+UR5+0x100]", {"wbar": 3, "stall": 1}))  # fmt: skip
+    assert "fixed-latency hazard" in s.why_illegal(schedule.Move(11, 1))  # the FMUL 13 -> 12 cycles after the FSETP
+    assert s.why_illegal(schedule.Move(13, -1)) is None  # the other LDS up: the FMUL 13 -> 14 cycles
+    # a predicate read as an operand, not a guard, keeps the ALU window only
+    t = _seq(*rows, ("LDS.128 R8, [R30+UR5]", {"wbar": 2, "stall": 1}), ("ISETP.LT.AND P1, PT, R17, R24, !P3", {}))
+    assert t.why_illegal(schedule.Move(11, 1)) is None  # 13 -> 12 cycles: at HAZARD_CYCLES
+    # and the setter moving down towards its guarded reader is refused too
+    u = _seq(("FSETP.GE.AND P1, PT, R76, RZ, PT", {"stall": 1}), ("LDS.128 R12, [R30+UR5]", {"wbar": 5, "stall": 2}),
+             *[("FADD R50, R50, R51", {"stall": 1})] * 10, ("@!P1 FMUL R76, R76, 0.01", {}))  # fmt: skip
+    assert "fixed-latency hazard" in u.why_illegal(schedule.Move(1, -1))  # FSETP 13 -> 11 cycles before its reader
+    assert GUARD_CYCLES == 13
+
+
+@pytest.mark.parametrize("name", ALL_KERNELS)
+def test_ptxas_keeps_guard_cycles_between_a_predicate_setter_and_its_guarded_readers(kernels, name) -> None:
+    # the rule's basis: in every example kernel ptxas puts a guarded instruction at least GUARD_CYCLES after the
+    # fixed-latency instruction that sets its guard in the same block (hundreds of pairs at exactly 13), while a
+    # predicate operand follows its setter in as few as 2-4 cycles
+    _, _, ins, pinned = kernels[name]
+    nodes = Schedule.build(ins, move_set("memory"), pinned).nodes
+    closest = {}
+    for pos, n in enumerate(nodes):
+        g, cycles = _guarded_by(n), 0
+        for k in range(pos - 1, -1, -1):
+            cycles += nodes[k].ctrl.stall
+            if not g or nodes[k].block != n.block or nodes[k].ins.control_flow or cycles > 40:
+                break
+            if g in nodes[k].defs:
+                if nodes[k].fixed_latency:
+                    closest[pos] = cycles
+                break
+    assert closest and min(closest.values()) == GUARD_CYCLES
 
 
 def _greedy_reach(s: Schedule, target: list[int]) -> bool:
@@ -390,3 +406,14 @@ def _greedy_reach(s: Schedule, target: list[int]) -> bool:
             s = s.apply(move)
             cur -= 1
     return True
+
+
+def test_the_checker_catches_a_model_without_the_guard_rule(kernels, monkeypatch) -> None:
+    # the walks' checker must be able to fail on the guard rule: without it, walks bring guarded readers too close
+    _, _, ins, pinned = kernels["gemm_mma_sync"]
+    monkeypatch.setattr(schedule, "GUARD_CYCLES", 0)
+    bad = []
+    for seed in range(3):
+        s0, s = _walk(ins, pinned, seed, 60)
+        bad += _violations(s0, _deps(s0), s)
+    assert any(v.startswith("latency") and "@" in v for v in bad)
