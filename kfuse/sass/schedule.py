@@ -146,9 +146,10 @@ IGNORED = frozenset({"RZ", "PT", "URZ", "UPT", "SRZ"})
 HAZARD_CYCLES = 12  # conservative bound on fixed-latency (ALU) result latency on sm_90
 # A guard predicate (`@P1 FMUL ...`) is read earlier in the pipeline than an operand: in every kernel we compile ptxas
 # puts a guarded instruction at least 13 cycles after the fixed-latency FSETP / ISETP that sets its guard (hundreds at
-# exactly 13), where a predicate operand (`ISETP ..., !P0`, `P2R`) may follow in 2-4. Session 64 on an H100: the
-# mma-sync GEMM's three wrong single moves each took an `@!Pn FMUL` of the LeakyReLU epilogue from 13 to 12 cycles
-# after its FSETP (an LDS.128 swapped with the FMUL or the FSETP); the same kind of move to 13 computed right.
+# exactly 13), where a predicate operand (`ISETP ..., !P0`, `P2R`) may follow in 2-4. Sessions 63-64 on an H100: each
+# of the mma-sync GEMM's four wrong single moves took an `@!Pn FMUL` of the LeakyReLU epilogue from 13 to 12 cycles
+# after its FSETP (an LDS.128 swapped with the FMUL or the FSETP); the same kind of move to 13 computed right, and with
+# this rule legal moves reach none of the 87 wrong candidates recorded since session 62.
 GUARD_CYCLES = 13
 # warp MMAs (mma.sync) are fixed-latency too, but long: ptxas leaves 24-28 cycles between an HMMA.16816 and the first
 # reader of its accumulators with no scoreboard (the mma-sync examples on sm_90); 12 let SIP's moves bring readers
