@@ -149,7 +149,8 @@ HAZARD_CYCLES = 12  # conservative bound on fixed-latency (ALU) result latency o
 # exactly 13), where a predicate operand (`ISETP ..., !P0`, `P2R`) may follow in 2-4. Sessions 63-64 on an H100: each
 # of the mma-sync GEMM's four wrong single moves took an `@!Pn FMUL` of the LeakyReLU epilogue from 13 to 12 cycles
 # after its FSETP (an LDS.128 swapped with the FMUL or the FSETP); the same kind of move to 13 computed right, and with
-# this rule legal moves reach none of the 87 wrong candidates recorded since session 62.
+# this rule legal moves reach none of the 87 wrong candidates recorded since session 62. An LDGSTS reads its zero-fill
+# predicate as early (ptxas: 13 cycles or more from its ISETP in all 65 pairs of the example kernels), so that counts too.
 GUARD_CYCLES = 13
 # warp MMAs (mma.sync) are fixed-latency too, but long: ptxas leaves 24-28 cycles between an HMMA.16816 and the first
 # reader of its accumulators with no scoreboard (the mma-sync examples on sm_90); 12 let SIP's moves bring readers
@@ -572,10 +573,19 @@ def _guard(n: Node) -> str:
     return "" if g in ("", "PT", "UPT") else g
 
 
+def _early_predicates(n: Node) -> frozenset[str]:
+    """Predicates `n` reads early, as a guard is read: its guard, and a memory instruction's predicate operands (an
+    LDGSTS's zero-fill predicate: ptxas keeps it 13 cycles from its ISETP too, 65 pairs in the example kernels)."""
+    preds = {_guard(n)} - {""}
+    if n.base in MEMORY_OPS:
+        preds |= {r for r in n.uses if r in PREDICATES}
+    return frozenset(preds)
+
+
 def _needed(producer: Node, reader: Node, window: int) -> int:
     """Cycles `reader` must issue after the fixed-latency `producer` whose result it reads or overwrites."""
     latency = _latency(producer, window)
-    return max(latency, GUARD_CYCLES) if _guard(reader) in producer.defs else latency
+    return max(latency, GUARD_CYCLES) if producer.defs & _early_predicates(reader) else latency
 
 
 def _hazard_free_up(seq: list[Node], pos: int, window: int) -> bool:
@@ -597,7 +607,7 @@ def _hazard_free_up(seq: list[Node], pos: int, window: int) -> bool:
             return False
         if p.ins.control_flow or (k > 0 and seq[k].block != seq[k - 1].block and k != 0 and _is_branch_target(seq, k)):
             # other predecessors are unknown: past the ALU window only a warp MMA's result can still be in flight
-            return not regs if cycles < (GUARD_CYCLES if _guard(me) else window) else not (regs & _long_latency_defs(seq))
+            return not regs if cycles < (GUARD_CYCLES if _early_predicates(me) else window) else not (regs & _long_latency_defs(seq))
     return True
 
 

@@ -119,6 +119,17 @@ def _guarded_by(n: schedule.Node) -> str:
     return "" if g in ("", "PT") else g
 
 
+MEMORY = {"LDG", "STG", "LDS", "STS", "LDSM", "STSM", "LDGSTS", "LD", "ST", "LDL", "STL"}  # written out, not the model's
+
+
+def _read_early(n: schedule.Node) -> set[str]:
+    """The predicates read as early as a guard: the guard, and a memory instruction's predicate operands."""
+    preds = {_guarded_by(n)} - {""}
+    if n.base in MEMORY:
+        preds |= {r for r in n.uses if r[0] == "P" and r[1:].isdigit()}
+    return preds
+
+
 def _violations(s0: Schedule, deps: list[tuple[int, int, str]], s: Schedule) -> list[str]:
     pos = {idx: p for p, idx in enumerate(s.order)}
     bad = []
@@ -137,7 +148,7 @@ def _violations(s0: Schedule, deps: list[tuple[int, int, str]], s: Schedule) -> 
             continue
         if not _variable(a):
             before, after = _cycles(s0, {i: i for i in range(len(s0.nodes))}, x, y), _cycles(s, pos, x, y)
-            guard = _guarded_by(s0.nodes[y]) in a.defs  # a guard is read earlier than an operand (GUARD_CYCLES)
+            guard = bool(_read_early(s0.nodes[y]) & a.defs)  # a guard is read earlier than an operand (GUARD_CYCLES)
             if after < min(before, MMA_CYCLES if a.base in ("HMMA", "IMMA") else GUARD_CYCLES if guard else HAZARD_CYCLES):
                 bad.append(f"latency: {a.ins.text()} -> {s0.nodes[y].ins.text()} {before} -> {after} cycles")
         elif (cover := _cover(s0.nodes, x, y)) is not None:
@@ -369,27 +380,32 @@ def test_a_guarded_instruction_issues_guard_cycles_after_its_predicate_setter() 
     u = _seq(("FSETP.GE.AND P1, PT, R76, RZ, PT", {"stall": 1}), ("LDS.128 R12, [R30+UR5]", {"wbar": 5, "stall": 2}),
              *[("FADD R50, R50, R51", {"stall": 1})] * 10, ("@!P1 FMUL R76, R76, 0.01", {}))  # fmt: skip
     assert "fixed-latency hazard" in u.why_illegal(schedule.Move(1, -1))  # FSETP 13 -> 11 cycles before its reader
+    # an async copy's zero-fill predicate is read as early as a guard
+    v = _seq(("ISETP.NE.U32.AND P6, PT, R32, RZ, PT", {"stall": 2}), *[("FADD R50, R50, R51", {"stall": 1})] * 10,
+             ("IMAD R40, R41, R42, RZ", {"stall": 1}), ("LDGSTS.E.BYPASS.128 [R3], desc[UR4][R24.64], P6", {}))  # fmt: skip
+    assert "fixed-latency hazard" in v.why_illegal(schedule.Move(12, -1))  # 13 -> 12 cycles after the ISETP
     assert GUARD_CYCLES == 13
 
 
 @pytest.mark.parametrize("name", ALL_KERNELS)
 def test_ptxas_keeps_guard_cycles_between_a_predicate_setter_and_its_guarded_readers(kernels, name) -> None:
-    # the rule's basis: in every example kernel ptxas puts a guarded instruction at least GUARD_CYCLES after the
-    # fixed-latency instruction that sets its guard in the same block (hundreds of pairs at exactly 13), while a
-    # predicate operand follows its setter in as few as 2-4 cycles
+    # the rule's basis: in every example kernel ptxas puts a guarded instruction (or an LDGSTS reading its zero-fill
+    # predicate) at least GUARD_CYCLES after the fixed-latency instruction that sets the predicate in the same block
+    # (hundreds of pairs at exactly 13), while an ALU's predicate operand follows its setter in as few as 2-4 cycles
     _, _, ins, pinned = kernels[name]
     nodes = Schedule.build(ins, move_set("memory"), pinned).nodes
     closest = {}
     for pos, n in enumerate(nodes):
-        g, cycles = _guarded_by(n), 0
-        for k in range(pos - 1, -1, -1):
-            cycles += nodes[k].ctrl.stall
-            if not g or nodes[k].block != n.block or nodes[k].ins.control_flow or cycles > 40:
-                break
-            if g in nodes[k].defs:
-                if nodes[k].fixed_latency:
-                    closest[pos] = cycles
-                break
+        for g in _read_early(n):
+            cycles = 0
+            for k in range(pos - 1, -1, -1):
+                cycles += nodes[k].ctrl.stall
+                if nodes[k].block != n.block or nodes[k].ins.control_flow or cycles > 40:
+                    break
+                if g in nodes[k].defs:
+                    if nodes[k].fixed_latency:
+                        closest[(pos, g)] = cycles
+                    break
     assert closest and min(closest.values()) == GUARD_CYCLES
 
 
