@@ -3,6 +3,7 @@ advances the scheduler's clock."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 
 from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, WS_MODE, FusedVersion, launch_fused
+from kfuse.colocate.gate import StreamGate
 from kfuse.colocate.green import SmPartition, partition, run_partitioned
 from kfuse.colocate.lc import LC_PROGRAMS_PER_SM, LCItem
 from kfuse.colocate.prio import PrioStreams, run_beside, run_prio
@@ -21,7 +23,9 @@ from kfuse.kernels.codegen import sm_count
 
 # see ``timed``
 PREROLL: dict[str, float] = {"cycles": 0, "ms": 0.1, "max_enqueue_ms": 0.0, "uncovered": 0, "retimed": 0, "cycles_per_ms": 0.0,
-                             "shrinks": 0}  # fmt: skip
+                             "shrinks": 0, "gated": 0}  # fmt: skip
+# the stream gate (``kfuse.colocate.gate``) replaces the spin where the driver has it; KFUSE_COLOCATE_GATE=0 keeps the spin
+_GATE: list[StreamGate | None] = []
 MIN_PREROLL_MS = 0.1
 MAX_PREROLL_MS = 0.5
 # the spin shrinks back to 1.5x the longest of the last ENQUEUE_WINDOW enqueue times that a spin may cover (at least
@@ -58,6 +62,30 @@ def _window(fn: Callable[[], Any]) -> tuple[float, float]:
     return s.elapsed_time(e), enq
 
 
+def _gate() -> StreamGate | None:
+    """This process's stream gate, made on first use (None: the spin times every window)."""
+    if not _GATE:
+        _GATE.append(StreamGate.create() if os.environ.get("KFUSE_COLOCATE_GATE", "1") != "0" else None)
+    return _GATE[0]
+
+
+def _gated_window(gate: StreamGate, fn: Callable[[], Any]) -> tuple[float, float]:
+    """(GPU ms between the events around ``fn``, host ms spent enqueueing ``fn``), the stream held until both events
+    and ``fn``'s work are enqueued: no host time inside the window, whatever the enqueue took."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gate.hold()
+    try:
+        s.record()
+        t0 = time.perf_counter()
+        fn()
+        enq = (time.perf_counter() - t0) * 1e3
+        e.record()
+    finally:
+        gate.release()
+    e.synchronize()
+    return s.elapsed_time(e), enq
+
+
 def timed(fn: Callable[[], Any], retime: bool = True) -> float:
     """Milliseconds of the GPU work ``fn`` launches (CPU wall clock without a GPU).
 
@@ -70,11 +98,21 @@ def timed(fn: Callable[[], Any], retime: bool = True) -> float:
     back to what the recent enqueues need, ``_note_enqueue``), and with
     ``retime`` the work runs once more and that window is the one returned (the scheduler counts its blocks once;
     callers pass ``retime=False`` for work that is not idempotent: a histogram's atomics would count twice, which
-    session 28's first whole-suite GPU run caught in ``tests/colocate/test_prio_version.py``)."""
+    session 28's first whole-suite GPU run caught in ``tests/colocate/test_prio_version.py``).
+
+    Where the driver has stream memory operations, a gate the host opens after enqueueing (``kfuse.colocate.gate``)
+    replaces the spin: no window can be uncovered, so none is timed twice (session 65: the suspected cause of the
+    runs where Aker's measured fused launches ran 1.3-3x their profile and its gain collapsed)."""
     if not torch.cuda.is_available():
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
+    gate = _gate()
+    if gate is not None:
+        ms, enq = _gated_window(gate, fn)
+        PREROLL["gated"] += 1
+        PREROLL["max_enqueue_ms"] = max(PREROLL["max_enqueue_ms"], enq)
+        return ms
     if not PREROLL["cycles"]:
         _calibrate_preroll()
     ms, enq = _window(fn)

@@ -11,6 +11,7 @@ from kfuse.colocate import cuda_backend as cb
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
     windows: list[tuple[float, float]] = []
     monkeypatch.setattr(cb.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cb, "_gate", lambda: None)  # these tests are of the spin (the gate's own tests: test_stream_gate.py)
     monkeypatch.setattr(cb, "_window", lambda fn: (fn(), windows.pop(0))[1])
     monkeypatch.setattr(cb, "PREROLL", {**cb.PREROLL, "cycles": 1000, "ms": 0.1, "cycles_per_ms": 10_000.0, "uncovered": 0, "retimed": 0})
     return windows
