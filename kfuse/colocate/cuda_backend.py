@@ -3,6 +3,7 @@ advances the scheduler's clock."""
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections import deque
@@ -49,13 +50,21 @@ def _calibrate_preroll() -> None:
     PREROLL["cycles"] = int(PREROLL["ms"] * PREROLL["cycles_per_ms"])
 
 
-def _window(fn: Callable[[], Any]) -> tuple[float, float]:
-    """(GPU ms between the events around ``fn``, host ms spent enqueueing ``fn``), behind the pre-roll spin."""
+def _window(fn: Callable[[], Any], cycles: int | None = None) -> tuple[float, float]:
+    """(GPU ms between the events around ``fn``, host ms spent enqueueing ``fn``), behind the pre-roll spin (``cycles``,
+    default ``PREROLL["cycles"]``). Python's garbage collector waits until the window is enqueued: a collection
+    inside it is host time the spin may not cover."""
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(PREROLL["cycles"]))
+    torch.cuda._sleep(int(PREROLL["cycles"] if cycles is None else cycles))
     s.record()
+    collecting = gc.isenabled()
+    gc.disable()
     t0 = time.perf_counter()
-    fn()
+    try:
+        fn()
+    finally:
+        if collecting:
+            gc.enable()
     enq = (time.perf_counter() - t0) * 1e3
     e.record()
     e.synchronize()
@@ -115,10 +124,12 @@ def timed(fn: Callable[[], Any], retime: bool = True) -> float:
         return ms
     if not PREROLL["cycles"]:
         _calibrate_preroll()
-    ms, enq = _window(fn)
+    # a window that cannot run twice gets the longest spin: host time it leaves uncovered would stay in its measurement
+    spin_ms = PREROLL["ms"] if retime else MAX_PREROLL_MS
+    ms, enq = _window(fn, None if retime else int(spin_ms * PREROLL["cycles_per_ms"]))
     PREROLL["max_enqueue_ms"] = max(PREROLL["max_enqueue_ms"], enq)
     _note_enqueue(enq)
-    if enq > 0.8 * PREROLL["ms"]:  # the GPU may have idled inside the window
+    if enq > 0.8 * spin_ms:  # the GPU may have idled inside the window
         PREROLL["uncovered"] += 1
         if enq <= MAX_PREROLL_MS:  # a longer spin from now on (not for a JIT compile: first calls are untimed anyway)
             _set_spin(min(MAX_PREROLL_MS, 1.5 * enq))

@@ -10,9 +10,11 @@ from kfuse.colocate import cuda_backend as cb
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
     windows: list[tuple[float, float]] = []
+    spins: list[int | None] = []  # each window's spin in cycles (None: the current one)
+    monkeypatch.setattr(cb, "SPINS", spins, raising=False)
     monkeypatch.setattr(cb.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cb, "_gate", lambda: None)  # these tests are of the spin (the gate's own tests: test_stream_gate.py)
-    monkeypatch.setattr(cb, "_window", lambda fn: (fn(), windows.pop(0))[1])
+    monkeypatch.setattr(cb, "_window", lambda fn, cycles=None: (spins.append(cycles), fn(), windows.pop(0))[2])
     monkeypatch.setattr(cb, "PREROLL", {**cb.PREROLL, "cycles": 1000, "ms": 0.1, "cycles_per_ms": 10_000.0, "uncovered": 0, "retimed": 0})
     return windows
 
@@ -41,9 +43,39 @@ def test_a_host_stall_beyond_the_longest_spin_keeps_the_spin_and_the_shorter_win
 
 
 def test_without_retime_the_first_window_stands(fake_gpu: list[tuple[float, float]]) -> None:
-    fake_gpu += [(0.9, 0.3)]
+    fake_gpu += [(0.9, 0.45)]  # longer than 0.8 x even the longest spin
     assert cb.timed(lambda: None, retime=False) == 0.9
     assert cb.PREROLL["uncovered"] == 1 and cb.PREROLL["retimed"] == 0
+
+
+def test_a_window_that_cannot_run_twice_gets_the_longest_spin(fake_gpu: list[tuple[float, float]]) -> None:
+    # a histogram's launch (atomics) cannot be re-timed: a 0.3 ms enqueue behind the 0.1 ms spin would stay in its time
+    fake_gpu += [(0.25, 0.3), (0.2, 0.02)]
+    assert cb.timed(lambda: None, retime=False) == 0.25
+    assert cb.SPINS[-1] == int(cb.MAX_PREROLL_MS * cb.PREROLL["cycles_per_ms"])
+    assert cb.PREROLL["uncovered"] == 0 and cb.PREROLL["ms"] == 0.1  # covered, and the repeatable windows' spin unchanged
+    assert cb.timed(lambda: None) == 0.2
+    assert cb.SPINS[-1] is None
+
+
+def test_no_garbage_collection_inside_a_spun_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    class FakeEvent:
+        def __init__(self, **_: object) -> None: ...
+        def record(self) -> None: ...
+        def synchronize(self) -> None: ...
+        def elapsed_time(self, other: object) -> float:
+            return 0.1
+
+    monkeypatch.setattr(cb.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(cb.torch.cuda, "_sleep", lambda cycles: None)
+    seen = []
+    cb._window(lambda: seen.append(gc.isenabled()))
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(ValueError):
+        cb._window(lambda: (_ for _ in ()).throw(ValueError("a launch failed")))
+    assert gc.isenabled()
 
 
 def test_segments_run_eagerly_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
