@@ -24,7 +24,7 @@ from kfuse.kernels.codegen import sm_count
 
 # see ``timed``
 PREROLL: dict[str, float] = {"cycles": 0, "ms": 0.1, "max_enqueue_ms": 0.0, "uncovered": 0, "retimed": 0, "cycles_per_ms": 0.0,
-                             "shrinks": 0, "gated": 0}  # fmt: skip
+                             "shrinks": 0, "gated": 0, "gate_timeouts": 0}  # fmt: skip
 # the stream gate (``kfuse.colocate.gate``) replaces the spin where the driver has it; KFUSE_COLOCATE_GATE=0 keeps the spin
 _GATE: list[StreamGate | None] = []
 MIN_PREROLL_MS = 0.1
@@ -120,6 +120,7 @@ def timed(fn: Callable[[], Any], retime: bool = True) -> float:
     if gate is not None:
         ms, enq = _gated_window(gate, fn)
         PREROLL["gated"] += 1
+        PREROLL["gate_timeouts"] = gate.timeouts
         PREROLL["max_enqueue_ms"] = max(PREROLL["max_enqueue_ms"], enq)
         return ms
     if not PREROLL["cycles"]:

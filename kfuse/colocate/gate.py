@@ -12,11 +12,17 @@ in the scheduler's online model. A gate has no length to guess: the GPU starts t
 The V2 stream memory operations need no driver option (CUDA >= 11.7). Without ``libcuda`` or the entry point,
 ``StreamGate.create`` returns None and the caller keeps the spin. A self-test at creation checks that the wait holds
 the stream and that the host's write opens it.
+
+A held stream and a host that waits for the GPU deadlock: a kernel's first launch may load its module lazily, which
+can synchronise the context (CUDA's lazy loading), and an allocation that frees cached memory synchronises the device.
+A watchdog thread therefore opens the gate itself if the host has not done so within ``WATCHDOG_S`` (``timeouts``
+counts those windows; they hold host time again, as a spin's uncovered window does).
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from typing import Any
 
@@ -24,6 +30,44 @@ import torch
 
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # (int32)(*addr - value) >= 0: a ticket that only grows opens every earlier wait too
 SELF_TEST_S = 2.0
+WATCHDOG_S = 0.05  # an enqueue takes microseconds to a few ms; a host blocked on the held stream never finishes one
+
+
+class _Watchdog(threading.Thread):
+    """Writes the armed ticket when its deadline passes; disarming and the host's own write happen under the same
+    lock, so a late watchdog can never write an older ticket over a newer one."""
+
+    def __init__(self, word: ctypes.c_uint32) -> None:
+        super().__init__(name="kfuse-stream-gate-watchdog", daemon=True)
+        self.word = word
+        self.cv = threading.Condition()
+        self.armed: tuple[int, float] | None = None
+        self.timeouts = 0
+
+    def arm(self, ticket: int, seconds: float) -> None:
+        with self.cv:
+            self.armed = (ticket, time.monotonic() + seconds)
+            self.cv.notify()
+
+    def open(self, ticket: int) -> None:
+        with self.cv:
+            self.armed = None
+            self.word.value = ticket
+
+    def run(self) -> None:
+        with self.cv:
+            while True:
+                if self.armed is None:
+                    self.cv.wait()
+                    continue
+                ticket, deadline = self.armed
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self.cv.wait(left)
+                    continue
+                self.word.value = ticket
+                self.armed = None
+                self.timeouts += 1
 
 
 class StreamGate:
@@ -37,6 +81,13 @@ class StreamGate:
         self._device_ptr = device_ptr
         self._ticket = 0
         self.holds = 0
+        self._watchdog = _Watchdog(self._word)
+        self._watchdog.start()
+
+    @property
+    def timeouts(self) -> int:
+        """Windows the watchdog opened because the host had not within ``WATCHDOG_S``."""
+        return self._watchdog.timeouts
 
     @classmethod
     def create(cls) -> StreamGate | None:
@@ -62,23 +113,25 @@ class StreamGate:
         gate = cls(wait_value, flag, device_ptr.value)
         return gate if gate.self_test() else None
 
-    def hold(self) -> None:
+    def hold(self, watchdog_s: float = WATCHDOG_S) -> None:
         self._ticket = (self._ticket + 1) & 0xFFFFFFFF
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         rc = self._wait_value(stream, self._device_ptr, self._ticket, CU_STREAM_WAIT_VALUE_GEQ)
         if rc != 0:
             raise RuntimeError(f"cuStreamWaitValue32 failed with CUresult {rc}")
+        self._watchdog.arm(self._ticket, watchdog_s)
         self.holds += 1
 
     def release(self) -> None:
-        self._word.value = self._ticket
+        self._watchdog.open(self._ticket)
 
     def self_test(self) -> bool:
         """The wait holds work behind it while the host sleeps, and the write lets it run."""
         done = torch.cuda.Event()
+        torch.cuda._sleep(1)  # loaded before the hold: a lazy module load inside it would wait for the held stream
         torch.cuda.synchronize()
         try:
-            self.hold()
+            self.hold(watchdog_s=1.0)
         except RuntimeError:
             return False
         try:

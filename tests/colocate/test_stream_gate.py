@@ -63,11 +63,34 @@ def test_a_failed_wait_raises_and_holds_nothing(scripted_gate) -> None:
     assert g.holds == 0
 
 
+def test_the_watchdog_opens_a_gate_the_host_is_stuck_behind(scripted_gate) -> None:
+    g, _, flag = scripted_gate
+    g.hold(watchdog_s=0.05)
+    t0 = time.perf_counter()
+    while int(flag[0]) != 1:  # the host waiting for the held stream (a lazy module load, a synchronising free)
+        assert time.perf_counter() - t0 < 2.0, "the watchdog never opened the gate"
+        time.sleep(0.001)
+    assert g.timeouts == 1
+    g.release()
+    assert int(flag[0]) == 1
+
+
+def test_a_gate_opened_in_time_is_not_opened_again_by_a_late_watchdog(scripted_gate) -> None:
+    g, _, flag = scripted_gate
+    g.hold(watchdog_s=0.05)
+    g.release()
+    g.hold(watchdog_s=10.0)  # the next window: held, its ticket not written
+    time.sleep(0.15)  # past the first window's deadline
+    assert int(flag[0]) == 1 and g.timeouts == 0  # the first window's watchdog was disarmed, not merely late
+    g.release()
+    assert int(flag[0]) == 2
+
+
 @pytest.fixture
 def gated_backend(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
     windows: list[tuple[float, float]] = []
     monkeypatch.setattr(cb.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cb, "_gate", lambda: "a gate")
+    monkeypatch.setattr(cb, "_gate", lambda: SimpleNamespace(timeouts=0))
     monkeypatch.setattr(cb, "_gated_window", lambda gate, fn: (fn(), windows.pop(0))[1])
     monkeypatch.setattr(cb, "_window", lambda fn: pytest.fail("the spin is not used where there is a gate"))
     monkeypatch.setattr(cb, "PREROLL", {**cb.PREROLL, "uncovered": 0, "retimed": 0, "gated": 0, "max_enqueue_ms": 0.0})
@@ -142,3 +165,13 @@ def test_the_gate_opens_when_the_window_raises() -> None:
     y = torch.ones(4, device="cuda") * 2  # the stream runs again: this would hang behind a gate never opened
     torch.cuda.synchronize()
     assert float(y.sum()) == 8.0
+
+
+@pytest.mark.gpu
+def test_a_host_that_synchronises_inside_a_gated_window_is_freed_by_the_watchdog() -> None:
+    g = StreamGate.create()
+    assert g is not None
+    before = g.timeouts
+    t0 = time.perf_counter()
+    cb._gated_window(g, lambda: (torch.cuda._sleep(1000), torch.cuda.synchronize()))  # would deadlock without it
+    assert g.timeouts == before + 1 and time.perf_counter() - t0 < 2.0
