@@ -31,6 +31,7 @@ import torch
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # (int32)(*addr - value) >= 0: a ticket that only grows opens every earlier wait too
 SELF_TEST_S = 2.0
 WATCHDOG_S = 0.05  # an enqueue takes microseconds to a few ms; a host blocked on the held stream never finishes one
+WATCHDOG_POLL_S = 0.02  # the watchdog looks every 20 ms: a stuck window opens 50-70 ms after its hold
 
 
 class _Watchdog(threading.Thread):
@@ -45,9 +46,8 @@ class _Watchdog(threading.Thread):
         self.timeouts = 0
 
     def arm(self, ticket: int, seconds: float) -> None:
-        with self.cv:
+        with self.cv:  # no notify: waking the thread (and taking the GIL from the enqueue) every window costs more
             self.armed = (ticket, time.monotonic() + seconds)
-            self.cv.notify()
 
     def open(self, ticket: int) -> None:
         with self.cv:
@@ -57,17 +57,11 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         with self.cv:
             while True:
-                if self.armed is None:
-                    self.cv.wait()
-                    continue
-                ticket, deadline = self.armed
-                left = deadline - time.monotonic()
-                if left > 0:
-                    self.cv.wait(left)
-                    continue
-                self.word.value = ticket
-                self.armed = None
-                self.timeouts += 1
+                self.cv.wait(WATCHDOG_POLL_S)
+                if self.armed is not None and time.monotonic() >= self.armed[1]:
+                    self.word.value = self.armed[0]
+                    self.armed = None
+                    self.timeouts += 1
 
 
 class StreamGate:
