@@ -14,7 +14,7 @@ echo "GPU: $gpu"
 mkdir -p "$OUT/gated1" "$OUT/gated2" "$OUT/gated3"
 PYTHONPATH=. timeout 90 python -m pytest -q -p no:cacheprovider -p no:logging tests/colocate/test_stream_gate.py tests/colocate/test_cuda_backend_timing.py 2>&1 | tail -3
 for run in 1 2 3; do
-  left=$(( ${CALL_S:-330} - SECONDS - 5 ))
+  left=$(( ${CALL_S:-420} - SECONDS - 5 ))
   [ "$left" -lt 100 ] && { echo "run $run skipped: ${left} s left"; break; }
   PYTHONPATH=. timeout "$left" python benchmarks/colocate_bench.py --out "$OUT/gated$run" --lc bert-base --be histogram \
     --be-each --versions ws --ws-warps 8 --ws-unroll 1 --ws-feed ldg --lc-gemms plan-ws --lc-tune fast \
