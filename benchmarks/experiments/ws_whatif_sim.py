@@ -1,6 +1,8 @@
 """What Aker's scheduler would make of the worker-partition curves (issue 8), replayed on the simulated GPU.
 
     python benchmarks/experiments/ws_whatif_sim.py [--probe benchmarks/results/h100/ws_colocate_probe_s56_run2.json]
+    python benchmarks/experiments/ws_whatif_sim.py --profile benchmarks/results/h200/colocate_s65_predictor_run2.json \
+        --solo-ms 0.735
 
 Session 56 measured, on an H100, BERT-base B8 S128's four GEMM shapes as ping-pong kernels whose worker partition runs
 a BE slice (``ws_colocate_probe.py``): per shape and BE kernel, points (x = slice's solo time / T_lc, y = fused time /
@@ -71,6 +73,36 @@ def replay(records: list[dict], be: str, solo_ms: float, queries: int, sequences
     return ak.be_throughput / ts.be_throughput - 1, ak.violations, aims
 
 
+def replay_profile(pred: dict, be: str, solo_ms: float, queries: int, sequences: int, bias: float) -> tuple[float, int, dict]:
+    """As ``replay``, from a real run's own profile (``colocate_bench.py``'s ``predictor.json`` record for ``be``): its
+    fused samples per GEMM key, each key's solo time from its fusion plan, the BE kernel's linear fit. The keys are
+    ordered by solo time onto the four GEMMs of a layer (the sim needs only their times and curves); the pooler takes
+    the smallest key's curve."""
+    fit = pred["be_fit"][be]
+    plans = pred["plans"][be]
+    pairs = {k.split("|")[0]: v["ws"] for k, v in pred["samples"].items() if k.endswith(f"|{be}") and "ws" in v}
+    gemms = {k: plans[k]["t_lc_ms"] for k in pairs if "t_lc_ms" in plans.get(k, {})}
+    if len(gemms) != 4:
+        raise SystemExit(f"{be}: {len(gemms)} GEMM keys with a solo time in the profile, need 4")
+    curves = {k: sorted((float(x), float(y)) for x, y in pairs[k]) for k in gemms}
+    small = min(gemms, key=gemms.get)
+    curves["8x768x768"] = curves[small]
+    spec = (be, (float(fit["a_ms"]), float(fit["b_ms_per_block"]), int(fit["blocks"])))
+    pooler = ("8x768x768", 0.005)
+    prof = S.build_profile(bert_replay(gemms, pooler, solo_ms, {"ws": curves}, be=spec), [be], ["ws"], reps=2)
+    biased = {k: [(x, y * bias) for x, y in pts] for k, pts in curves.items()}
+    sim = bert_replay(gemms, pooler, solo_ms, {"ws": biased}, be=spec)
+    qos = 5 * prof.lc_total
+    rate = 0.8 * S.max_lc_rate(prof, qos)
+    extra = S.extra_budget(prof, qos, rate)
+    prof.price_aims(be, extra)
+    seqs = [S.poisson_arrivals(rate, queries, s) for s in range(sequences)]
+    ts = S.merge_runs([S.run_policy(sim, prof, "timeshare", arr, [be], qos, extra_per_query_ms=extra) for arr in seqs])
+    ak = S.merge_runs([S.run_policy(sim, prof, "aker", arr, [be], qos, extra_per_query_ms=extra) for arr in seqs])
+    aims = {k[:20]: round(sel.opportune_ratio, 2) for (k, _), sel in prof.chosen.items()}
+    return ak.be_throughput / ts.be_throughput - 1, ak.violations, aims
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--probe", default=str(_HERE.parent / "results" / "h100" / "ws_colocate_probe_s56_run2.json"))
@@ -80,7 +112,15 @@ def main() -> None:
     ap.add_argument("--bias", default="1.0,1.1", help="the runs' fused launches take these x the profiled time")
     ap.add_argument("--no-host-cost", action="store_true", help="also replay each curve without its host's fixed cost")
     ap.add_argument("--slopes", default="", help="instead: every curve the line y = 1 + s x, for each s (comma-separated)")
+    ap.add_argument("--profile", default="", help="instead: a co-location run's predictor.json (its own fused samples)")
     a = ap.parse_args()
+    if a.profile:
+        for pred in (r for r in json.loads(Path(a.profile).read_text()) if r.get("kind") == "predictor"):
+            for be in pred["be_fit"]:
+                for bias in (float(x) for x in a.bias.split(",")):
+                    gain, viol, aims = replay_profile(pred, be, a.solo_ms, a.queries, a.sequences, bias)
+                    print(f"  {Path(a.profile).name} bias {bias:.2f} {be:9s} {gain:+7.1%}  violations {viol}  aims {aims}")
+        return
     rec = json.loads(Path(a.probe).read_text())
     bes = sorted({r["be"] for r in rec["records"]})
     print(f"{rec['gpu']}, {Path(a.probe).name}: Aker (ws) against time sharing, simulated")
