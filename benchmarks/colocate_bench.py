@@ -41,6 +41,9 @@ def main() -> None:
         "partition runs only with a green<S> version, backfill with --span-fill, auto with a green<S> and a fused version)",
     )
     ap.add_argument("--max-keys", type=int, default=8, help="fuse only the LC GEMM/conv shapes with the most time")
+    ap.add_argument("--be-programs-per-sm", type=int, default=4,
+                    help="the BE kernels' PTB grid for time sharing and the profile's x (benchmarks/experiments/be_solo_forms.py "
+                         "times the forms: give time sharing the fastest)")  # fmt: skip
     ap.add_argument(
         "--load", type=float, default=0.8, help="LC arrival rate as a fraction of the highest rate at which LC alone meets QoS at p99"
     )
@@ -170,7 +173,8 @@ def main() -> None:
                 print(f"  plan GEMMs in all: PTB {tot['ptb_ms']:.4f} ms vs plan {tot['plan_ms']:.4f} ms", flush=True)
             base, _, _ = pytorch_baselines(model, args, kwargs, which=("eager",), warmup=2, rep=5)
             kf_ms = time_ms(lambda: compiled(*args, **kwargs), warmup=2, rep=5)
-            backend = CudaBackend(items, bes)  # chooses each host's tile and warps per BE kernel, before the runs
+            # chooses each host's tile and warps per BE kernel, before the runs
+            backend = CudaBackend(items, bes, be_programs_per_sm=a.be_programs_per_sm)
             print(f"  {backend.graphed_segments} of {len(backend.segments)} segments replay from CUDA graphs", flush=True)
             versions = tuple(parse_version(v, backend.lc_grid // backend.sms) for v in a.versions.split(","))
             versions = versions if gpu else versions[:2]
@@ -237,8 +241,8 @@ def main() -> None:
             for be, ov in p["overlap"].items():
                 print(f"  overlap {p['case']}+{be}: " + ", ".join(f"{o['key']} {o['version']} {o['overlap']:.1%}" for o in ov))
             for be, fit in p.get("be_fit", {}).items():
-                # a block's own duration on the BE grid (4 programs per SM): a slice fits in an LC kernel only if this is shorter
-                block_us = fit["b_ms_per_block"] * 4 * ptb.num_sms() * 1e3
+                # a block's own duration on the BE grid: a slice fits in an LC kernel only if this is shorter
+                block_us = fit["b_ms_per_block"] * a.be_programs_per_sm * ptb.num_sms() * 1e3
                 print(f"  BE fit {be}: launch cost a {fit['a_ms']:.4f} ms, {fit['b_ms_per_block'] * 1e6:.1f} ns/block "
                       f"(~{block_us:.1f} us a block on its grid), kernel {fit['kernel_ms']:.4f} ms")  # fmt: skip
             for be, plans in p.get("plans", {}).items():

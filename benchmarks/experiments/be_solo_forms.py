@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Each BE kernel's solo forms, timed: the original kernel (one program per block) and the PTB kernel on 1-16
+programs an SM. Issue 8, session 65's caveat: time sharing (and the x of every fused profile) runs the BE kernel as PTB
+on 4 programs an SM, and the 8-warp worker partition ran histogram's blocks 1.4-1.7x faster than that (fused slopes
+0.60-0.71 past the GEMM's window). If a solo form is as fast, time sharing should run it, and the `ws` gains shrink.
+
+    PYTHONPATH=. python benchmarks/experiments/be_solo_forms.py --out OUT.json
+    PYTHONPATH=. python benchmarks/experiments/be_solo_forms.py --smoke --out /tmp/x.json   # CPU, the interpreter
+
+Every form's output is checked against the original kernel's before it is timed (poisoned outputs, ``reset``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+from kfuse.colocate import ptb, workloads  # noqa: E402
+
+
+def _time(fn, reset, reps: int) -> float:  # noqa: ANN001 - callables
+    """Median ms of ``fn`` (``reset`` before each run, outside the timing); CUDA events on a GPU, else wall clock."""
+    times = []
+    for i in range(reps + 1):
+        reset()
+        if torch.cuda.is_available():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            t = s.elapsed_time(e)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            t = (time.perf_counter() - t0) * 1e3
+        if i:  # the first run compiles
+            times.append(t)
+    return statistics.median(times)
+
+
+def _matches(w: workloads.Workload, expect: torch.Tensor) -> bool:
+    out = w.output().float()
+    ref = expect.float()
+    return bool(((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item() <= max(w.tol, 1e-6))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--be", default="histogram,mriq,stencil7,cutcp")
+    ap.add_argument("--per-sm", default="1,2,4,8,16", help="PTB grids: programs per SM")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--smoke", action="store_true", help="small problems in the Triton interpreter (CPU)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not a.smoke else "cpu"
+    sms = ptb.num_sms(device)
+    reps = 2 if a.smoke else a.reps
+    records = []
+    print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'CPU (interpreter)'}, {sms} SMs")
+    for name in a.be.split(","):
+        w = workloads.make(name, small=a.smoke, device=device)
+        k = w.kernel
+        w.reset()
+        ptb.launch_original(k)
+        expect = w.output().clone()
+        forms: dict[str, dict[str, float | bool]] = {}
+        ok_orig = _matches(w, expect)
+        forms["original"] = {"ms": _time(lambda: ptb.launch_original(k), w.reset, reps), "ok": ok_orig}
+        for p in (int(x) for x in a.per_sm.split(",")):
+            grid = p * sms
+            w.reset()
+            ptb.launch_ptb(k, 0, k.n_blocks, grid)
+            ok = _matches(w, expect)
+            forms[f"ptb{p}"] = {"ms": _time(lambda grid=grid: ptb.launch_ptb(k, 0, k.n_blocks, grid), w.reset, reps), "ok": ok}
+        base = forms.get("ptb4", forms["original"])["ms"]
+        best = min((f for f in forms if forms[f]["ok"]), key=lambda f: forms[f]["ms"])
+        rec = {"benchmark": "be_solo_forms", "case": name, "blocks": k.n_blocks, "sms": sms, "forms": forms, "best": best,
+               "best_vs_ptb4": base / forms[best]["ms"], "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+               "command": " ".join(sys.argv)}  # fmt: skip
+        records.append(rec)
+        cells = "  ".join(f"{f} {v['ms']:.4f}{'' if v['ok'] else ' WRONG'}" for f, v in forms.items())
+        print(f"{name:10s} {cells}  best {best} ({rec['best_vs_ptb4']:.2f}x ptb4)")
+        if not all(v["ok"] for v in forms.values()):
+            print(f"{name}: a form computed a wrong result", file=sys.stderr)
+    Path(a.out).write_text(json.dumps(records, indent=1))
+
+
+if __name__ == "__main__":
+    main()
