@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8, session 65: the first co-location run on an H200 (every earlier one got an H100). s57_call1's `ws` form:
+# Issue 8, session 65: the compiled LC's first co-location run on an H200 (sessions 50-64 got H100s; 13-19 ran the stand-in LC on an H200). s57_call1's `ws` form:
 # histogram in a worker partition (8 BE warps) of the tuned compiled BERT-base B8 S128's GEMMs, against time sharing.
 # H100 record: +6.4%, -1.2%, +4.4%, -0.1% over four runs (sessions 58-59). Prediction on the H200: the same band,
 # -1..+7%, QoS kept at p99 (the H200's faster HBM helps the LC and histogram alike).
