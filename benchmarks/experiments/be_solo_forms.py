@@ -7,7 +7,7 @@ on 4 programs an SM, and the 8-warp worker partition ran histogram's blocks 1.4-
     PYTHONPATH=. python benchmarks/experiments/be_solo_forms.py --out OUT.json
     PYTHONPATH=. python benchmarks/experiments/be_solo_forms.py --smoke --out /tmp/x.json   # CPU, the interpreter
 
-Every form's output is checked against the original kernel's before it is timed (poisoned outputs, ``reset``).
+Every form's output is checked against the workload's reference before it is timed (poisoned outputs, ``reset``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 if "--smoke" in sys.argv:
@@ -25,35 +23,12 @@ if "--smoke" in sys.argv:
 
 import torch  # noqa: E402
 
+from kfuse.bench.harness import time_ms  # noqa: E402
 from kfuse.colocate import ptb, workloads  # noqa: E402
 
 
-def _time(fn, reset, reps: int) -> float:  # noqa: ANN001 - callables
-    """Median ms of ``fn`` (``reset`` before each run, outside the timing); CUDA events on a GPU, else wall clock."""
-    times = []
-    for i in range(reps + 1):
-        reset()
-        if torch.cuda.is_available():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            t = s.elapsed_time(e)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            t = (time.perf_counter() - t0) * 1e3
-        if i:  # the first run compiles
-            times.append(t)
-    return statistics.median(times)
-
-
-def _matches(w: workloads.Workload, expect: torch.Tensor) -> bool:
-    out = w.output().float()
-    ref = expect.float()
-    return bool(((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item() <= max(w.tol, 1e-6))
+def _ok(w: workloads.Workload) -> bool:
+    return workloads.error(w) <= max(w.tol, 1e-6)
 
 
 def main() -> None:
@@ -72,18 +47,13 @@ def main() -> None:
     for name in a.be.split(","):
         w = workloads.make(name, small=a.smoke, device=device)
         k = w.kernel
-        w.reset()
-        ptb.launch_original(k)
-        expect = w.output().clone()
+        runs = {"original": lambda: ptb.launch_original(k)}
+        runs |= {f"ptb{p}": (lambda grid=p * sms: ptb.launch_ptb(k, 0, k.n_blocks, grid)) for p in (int(x) for x in a.per_sm.split(","))}
         forms: dict[str, dict[str, float | bool]] = {}
-        ok_orig = _matches(w, expect)
-        forms["original"] = {"ms": _time(lambda: ptb.launch_original(k), w.reset, reps), "ok": ok_orig}
-        for p in (int(x) for x in a.per_sm.split(",")):
-            grid = p * sms
-            w.reset()
-            ptb.launch_ptb(k, 0, k.n_blocks, grid)
-            ok = _matches(w, expect)
-            forms[f"ptb{p}"] = {"ms": _time(lambda grid=grid: ptb.launch_ptb(k, 0, k.n_blocks, grid), w.reset, reps), "ok": ok}
+        for form, run in runs.items():
+            w.reset()  # poisoned outputs, checked against the reference, then timed
+            run()
+            forms[form] = {"ok": _ok(w), "ms": time_ms(run, warmup=1, rep=reps, device=device)}
         base = forms.get("ptb4", forms["original"])["ms"]
         best = min((f for f in forms if forms[f]["ok"]), key=lambda f: forms[f]["ms"])
         rec = {"benchmark": "be_solo_forms", "case": name, "blocks": k.n_blocks, "sms": sms, "forms": forms, "best": best,

@@ -43,6 +43,29 @@ BE_BLOCKS = {"histogram": 32768, "mriq": 32768, "stencil7": 32768, "cutcp": 4915
 X_GRID = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 
+def _aker_vs_timeshare(
+    gemms: dict[str, float], curves: dict, spec: tuple, solo_ms: float, queries: int, sequences: int, bias: float,
+    key_chars: int | None = None,
+) -> tuple[float, int, dict]:  # fmt: skip
+    """Aker's BE throughput over time sharing on the simulated BERT-base (``bert_replay``) with fused ``curves`` per
+    GEMM key (the run's launches ``bias`` x the profiled time), QoS 5x solo, load 0.8, priced aims; its violations and
+    aims (keys cut to ``key_chars``)."""
+    be = spec[0]
+    pooler = ("8x768x768", 0.005)
+    prof = S.build_profile(bert_replay(gemms, pooler, solo_ms, {"ws": curves}, be=spec), [be], ["ws"], reps=2)
+    biased = {k: [(x, y * bias) for x, y in pts] for k, pts in curves.items()}
+    sim = bert_replay(gemms, pooler, solo_ms, {"ws": biased}, be=spec)
+    qos = 5 * prof.lc_total
+    rate = 0.8 * S.max_lc_rate(prof, qos)
+    extra = S.extra_budget(prof, qos, rate)
+    prof.price_aims(be, extra)
+    seqs = [S.poisson_arrivals(rate, queries, s) for s in range(sequences)]
+    ts = S.merge_runs([S.run_policy(sim, prof, "timeshare", arr, [be], qos, extra_per_query_ms=extra) for arr in seqs])
+    ak = S.merge_runs([S.run_policy(sim, prof, "aker", arr, [be], qos, extra_per_query_ms=extra) for arr in seqs])
+    aims = {k[:key_chars]: round(sel.opportune_ratio, 2) for (k, _), sel in prof.chosen.items()}
+    return ak.be_throughput / ts.be_throughput - 1, ak.violations, aims
+
+
 def replay(records: list[dict], be: str, solo_ms: float, queries: int, sequences: int, bias: float,
            no_host_cost: bool = False, slope: float | None = None) -> tuple[float, int, dict]:  # fmt: skip
     """Aker against time sharing on the simulated GPU with ``be``'s measured curves (``no_host_cost``: each curve
@@ -58,19 +81,7 @@ def replay(records: list[dict], be: str, solo_ms: float, queries: int, sequences
     solo = [(r["blocks"], r["be_solo_ms"]) for r in records if r["be"] == be and r["blocks"] > 0]
     b, a = np.polyfit([n for n, _ in solo], [t for _, t in solo], 1)
     spec = (be, (max(float(a), 0.0), float(b), BE_BLOCKS[be]))
-    pooler = ("8x768x768", 0.005)
-    prof = S.build_profile(bert_replay(gemms, pooler, solo_ms, {"ws": curves}, be=spec), [be], ["ws"], reps=2)
-    biased = {k: [(x, y * bias) for x, y in pts] for k, pts in curves.items()}
-    sim = bert_replay(gemms, pooler, solo_ms, {"ws": biased}, be=spec)
-    qos = 5 * prof.lc_total
-    rate = 0.8 * S.max_lc_rate(prof, qos)
-    extra = S.extra_budget(prof, qos, rate)
-    prof.price_aims(be, extra)
-    seqs = [S.poisson_arrivals(rate, queries, s) for s in range(sequences)]
-    ts = S.merge_runs([S.run_policy(sim, prof, "timeshare", arr, [be], qos, extra_per_query_ms=extra) for arr in seqs])
-    ak = S.merge_runs([S.run_policy(sim, prof, "aker", arr, [be], qos, extra_per_query_ms=extra) for arr in seqs])
-    aims = {k: round(sel.opportune_ratio, 2) for (k, _), sel in prof.chosen.items()}
-    return ak.be_throughput / ts.be_throughput - 1, ak.violations, aims
+    return _aker_vs_timeshare(gemms, curves, spec, solo_ms, queries, sequences, bias)
 
 
 def replay_profile(pred: dict, be: str, solo_ms: float, queries: int, sequences: int, bias: float) -> tuple[float, int, dict]:
@@ -88,19 +99,7 @@ def replay_profile(pred: dict, be: str, solo_ms: float, queries: int, sequences:
     small = min(gemms, key=gemms.get)
     curves["8x768x768"] = curves[small]
     spec = (be, (float(fit["a_ms"]), float(fit["b_ms_per_block"]), int(fit["blocks"])))
-    pooler = ("8x768x768", 0.005)
-    prof = S.build_profile(bert_replay(gemms, pooler, solo_ms, {"ws": curves}, be=spec), [be], ["ws"], reps=2)
-    biased = {k: [(x, y * bias) for x, y in pts] for k, pts in curves.items()}
-    sim = bert_replay(gemms, pooler, solo_ms, {"ws": biased}, be=spec)
-    qos = 5 * prof.lc_total
-    rate = 0.8 * S.max_lc_rate(prof, qos)
-    extra = S.extra_budget(prof, qos, rate)
-    prof.price_aims(be, extra)
-    seqs = [S.poisson_arrivals(rate, queries, s) for s in range(sequences)]
-    ts = S.merge_runs([S.run_policy(sim, prof, "timeshare", arr, [be], qos, extra_per_query_ms=extra) for arr in seqs])
-    ak = S.merge_runs([S.run_policy(sim, prof, "aker", arr, [be], qos, extra_per_query_ms=extra) for arr in seqs])
-    aims = {k[:20]: round(sel.opportune_ratio, 2) for (k, _), sel in prof.chosen.items()}
-    return ak.be_throughput / ts.be_throughput - 1, ak.violations, aims
+    return _aker_vs_timeshare(gemms, curves, spec, solo_ms, queries, sequences, bias, key_chars=20)
 
 
 def main() -> None:

@@ -50,27 +50,6 @@ def _calibrate_preroll() -> None:
     PREROLL["cycles"] = int(PREROLL["ms"] * PREROLL["cycles_per_ms"])
 
 
-def _window(fn: Callable[[], Any], cycles: int | None = None) -> tuple[float, float]:
-    """(GPU ms between the events around ``fn``, host ms spent enqueueing ``fn``), behind the pre-roll spin (``cycles``,
-    default ``PREROLL["cycles"]``). Python's garbage collector waits until the window is enqueued: a collection
-    inside it is host time the spin may not cover."""
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(PREROLL["cycles"] if cycles is None else cycles))
-    s.record()
-    collecting = gc.isenabled()
-    gc.disable()
-    t0 = time.perf_counter()
-    try:
-        fn()
-    finally:
-        if collecting:
-            gc.enable()
-    enq = (time.perf_counter() - t0) * 1e3
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e), enq
-
-
 def _gate() -> StreamGate | None:
     """This process's stream gate, made on first use (None: the spin times every window)."""
     if not _GATE:
@@ -78,11 +57,18 @@ def _gate() -> StreamGate | None:
     return _GATE[0]
 
 
-def _gated_window(gate: StreamGate, fn: Callable[[], Any]) -> tuple[float, float]:
-    """(GPU ms between the events around ``fn``, host ms spent enqueueing ``fn``), the stream held until both events
-    and ``fn``'s work are enqueued: no host time inside the window, whatever the enqueue took."""
+def _window(fn: Callable[[], Any], cycles: int | None = None, gate: StreamGate | None = None) -> tuple[float, float]:
+    """(GPU ms between the events around ``fn``, host ms spent enqueueing ``fn``). With a ``gate`` the stream is held
+    until both events and ``fn``'s work are enqueued: no host time inside the window, whatever the enqueue took.
+    Without one the window sits behind the pre-roll spin (``cycles``, default ``PREROLL["cycles"]``). Python's garbage
+    collector waits until the window is enqueued: a collection inside it is host time a spin may not cover."""
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    gate.hold()
+    if gate is not None:
+        gate.hold()
+    else:
+        torch.cuda._sleep(int(PREROLL["cycles"] if cycles is None else cycles))
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         s.record()
         t0 = time.perf_counter()
@@ -90,7 +76,10 @@ def _gated_window(gate: StreamGate, fn: Callable[[], Any]) -> tuple[float, float
         enq = (time.perf_counter() - t0) * 1e3
         e.record()
     finally:
-        gate.release()
+        if collecting:
+            gc.enable()
+        if gate is not None:
+            gate.release()
     e.synchronize()
     return s.elapsed_time(e), enq
 
@@ -118,7 +107,7 @@ def timed(fn: Callable[[], Any], retime: bool = True) -> float:
         return (time.perf_counter() - t0) * 1e3
     gate = _gate()
     if gate is not None:
-        ms, enq = _gated_window(gate, fn)
+        ms, enq = _window(fn, gate=gate)
         PREROLL["gated"] += 1
         PREROLL["gate_timeouts"] = gate.timeouts
         PREROLL["max_enqueue_ms"] = max(PREROLL["max_enqueue_ms"], enq)

@@ -38,9 +38,10 @@ class _Watchdog(threading.Thread):
     """Writes the armed ticket when its deadline passes; disarming and the host's own write happen under the same
     lock, so a late watchdog can never write an older ticket over a newer one."""
 
-    def __init__(self, word: ctypes.c_uint32) -> None:
+    def __init__(self, flag: torch.Tensor) -> None:
         super().__init__(name="kfuse-stream-gate-watchdog", daemon=True)
-        self.word = word
+        self.flag = flag  # kept alive with the thread, which may outlive its gate
+        self.word = ctypes.c_uint32.from_address(flag.data_ptr())
         self.cv = threading.Condition()
         self.armed: tuple[int, float] | None = None
         self.timeouts = 0
@@ -71,11 +72,10 @@ class StreamGate:
     def __init__(self, wait_value: Any, flag: torch.Tensor, device_ptr: int) -> None:
         self._wait_value = wait_value
         self._flag = flag  # kept alive: the GPU polls its memory
-        self._word = ctypes.c_uint32.from_address(flag.data_ptr())
         self._device_ptr = device_ptr
         self._ticket = 0
         self.holds = 0
-        self._watchdog = _Watchdog(self._word)
+        self._watchdog = _Watchdog(flag)
         self._watchdog.start()
 
     @property

@@ -39,7 +39,7 @@ def scripted_gate(monkeypatch: pytest.MonkeyPatch) -> tuple[StreamGate, list[tup
 def test_each_hold_waits_for_a_new_ticket_that_the_release_writes(scripted_gate) -> None:
     g, calls, flag = scripted_gate
     for ticket in (1, 2, 3):
-        g.hold()
+        g.hold(watchdog_s=10.0)  # no watchdog in the way: a GC pause here can last 50 ms
         assert calls[-1] == (77, 0xABC0, ticket, CU_STREAM_WAIT_VALUE_GEQ)
         assert int(flag[0]) != ticket  # still held: the host has not written it
         g.release()
@@ -50,7 +50,7 @@ def test_each_hold_waits_for_a_new_ticket_that_the_release_writes(scripted_gate)
 def test_the_ticket_wraps_at_32_bits(scripted_gate) -> None:
     g, calls, flag = scripted_gate
     g._ticket = 0xFFFFFFFF
-    g.hold()
+    g.hold(watchdog_s=10.0)
     g.release()
     assert calls[-1][2] == 0 and int(flag[0]) == 0  # GEQ compares cyclically (int32 difference): 0 follows 2^32 - 1
 
@@ -77,10 +77,10 @@ def test_the_watchdog_opens_a_gate_the_host_is_stuck_behind(scripted_gate) -> No
 
 def test_a_gate_opened_in_time_is_not_opened_again_by_a_late_watchdog(scripted_gate) -> None:
     g, _, flag = scripted_gate
-    g.hold(watchdog_s=0.05)
+    g.hold(watchdog_s=0.2)  # released at once; its deadline passes during the sleep below
     g.release()
     g.hold(watchdog_s=10.0)  # the next window: held, its ticket not written
-    time.sleep(0.15)  # past the first window's deadline
+    time.sleep(0.4)  # past the first window's deadline
     assert int(flag[0]) == 1 and g.timeouts == 0  # the first window's watchdog was disarmed, not merely late
     g.release()
     assert int(flag[0]) == 2
@@ -91,8 +91,12 @@ def gated_backend(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
     windows: list[tuple[float, float]] = []
     monkeypatch.setattr(cb.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cb, "_gate", lambda: SimpleNamespace(timeouts=0))
-    monkeypatch.setattr(cb, "_gated_window", lambda gate, fn: (fn(), windows.pop(0))[1])
-    monkeypatch.setattr(cb, "_window", lambda fn: pytest.fail("the spin is not used where there is a gate"))
+
+    def window(fn, cycles=None, gate=None):  # noqa: ANN001, ANN202
+        assert gate is not None, "the spin is not used where there is a gate"
+        return (fn(), windows.pop(0))[1]
+
+    monkeypatch.setattr(cb, "_window", window)
     monkeypatch.setattr(cb, "PREROLL", {**cb.PREROLL, "uncovered": 0, "retimed": 0, "gated": 0, "max_enqueue_ms": 0.0})
     return windows
 
@@ -134,7 +138,7 @@ def test_a_host_stall_inside_a_gated_window_is_not_timed() -> None:
 
     stalled()
     torch.cuda.synchronize()
-    gated = min(cb._gated_window(g, stalled)[0] for _ in range(5))
+    gated = min(cb._window(stalled, gate=g)[0] for _ in range(5))
     cb._calibrate_preroll()
     spun = min(cb._window(stalled)[0] for _ in range(3))
     assert gated < 0.5, gated  # two elementwise kernels on 4 MB: microseconds
@@ -147,7 +151,7 @@ def test_a_covered_window_times_the_same_with_or_without_the_gate() -> None:
     assert g is not None
     cb._calibrate_preroll()
     cycles = int(0.2 * cb.PREROLL["cycles_per_ms"])  # a 0.2 ms kernel
-    gated = sorted(cb._gated_window(g, lambda: torch.cuda._sleep(cycles))[0] for _ in range(9))[4]
+    gated = sorted(cb._window(lambda: torch.cuda._sleep(cycles), gate=g)[0] for _ in range(9))[4]
     spun = sorted(cb._window(lambda: torch.cuda._sleep(cycles))[0] for _ in range(9))[4]
     assert gated == pytest.approx(spun, rel=0.15, abs=0.01)
 
@@ -161,7 +165,7 @@ def test_the_gate_opens_when_the_window_raises() -> None:
         raise ValueError("a launch failed")
 
     with pytest.raises(ValueError):
-        cb._gated_window(g, broken)
+        cb._window(broken, gate=g)
     y = torch.ones(4, device="cuda") * 2  # the stream runs again: this would hang behind a gate never opened
     torch.cuda.synchronize()
     assert float(y.sum()) == 8.0
@@ -173,5 +177,5 @@ def test_a_host_that_synchronises_inside_a_gated_window_is_freed_by_the_watchdog
     assert g is not None
     before = g.timeouts
     t0 = time.perf_counter()
-    cb._gated_window(g, lambda: (torch.cuda._sleep(1000), torch.cuda.synchronize()))  # would deadlock without it
+    cb._window(lambda: (torch.cuda._sleep(1000), torch.cuda.synchronize()), gate=g)  # would deadlock without it
     assert g.timeouts == before + 1 and time.perf_counter() - t0 < 2.0
