@@ -44,6 +44,9 @@ def main() -> None:
     ap.add_argument("--be-programs-per-sm", type=int, default=4,
                     help="the BE kernels' PTB grid for time sharing and the profile's x (benchmarks/experiments/be_solo_forms.py "
                          "times the forms: give time sharing the fastest)")  # fmt: skip
+    ap.add_argument("--be-warps", type=int, default=0,
+                    help="the BE kernels' warps a program for time sharing and the profile's x (0: each kernel's own; "
+                         "be_solo_forms.py --warps times them)")  # fmt: skip
     ap.add_argument(
         "--load", type=float, default=0.8, help="LC arrival rate as a fraction of the highest rate at which LC alone meets QoS at p99"
     )
@@ -125,6 +128,8 @@ def main() -> None:
     for name in classify:
         try:
             w = workloads.make(name, small=not gpu, device=device)
+            if a.be_warps:
+                w.kernel.num_warps = a.be_warps
             k = w.kernel
             w.reset()
             ptb.launch_ptb(k, grid=4 * ptb.num_sms())

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Each BE kernel's solo forms, timed: the original kernel (one program per block) and the PTB kernel on 1-16
-programs an SM. Issue 8, session 65's caveat: time sharing (and the x of every fused profile) runs the BE kernel as PTB
+programs an SM, optionally on other warp counts (``--warps``). Issue 8, session 65's caveat: time sharing (and the x of every fused profile) runs the BE kernel as PTB
 on 4 programs an SM, and the 8-warp worker partition ran histogram's blocks 1.4-1.7x faster than that (fused slopes
 0.60-0.71 past the GEMM's window). If a solo form is as fast, time sharing should run it, and the `ws` gains shrink.
 
@@ -13,6 +13,7 @@ Every form's output is checked against the workload's reference before it is tim
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -35,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--be", default="histogram,mriq,stencil7,cutcp")
     ap.add_argument("--per-sm", default="1,2,4,8,16", help="PTB grids: programs per SM")
+    ap.add_argument("--warps", default="", help="also the PTB grids on these warp counts (the kernel's own: plain ptbN)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--smoke", action="store_true", help="small problems in the Triton interpreter (CPU)")
     ap.add_argument("--out", required=True)
@@ -48,7 +50,11 @@ def main() -> None:
         w = workloads.make(name, small=a.smoke, device=device)
         k = w.kernel
         runs = {"original": lambda: ptb.launch_original(k)}
-        runs |= {f"ptb{p}": (lambda grid=p * sms: ptb.launch_ptb(k, 0, k.n_blocks, grid)) for p in (int(x) for x in a.per_sm.split(","))}
+        grids = [int(x) for x in a.per_sm.split(",")]
+        runs |= {f"ptb{p}": (lambda grid=p * sms: ptb.launch_ptb(k, 0, k.n_blocks, grid)) for p in grids}
+        for nw in (int(x) for x in a.warps.split(",") if x and int(x) != k.num_warps):
+            kw = dataclasses.replace(k, num_warps=nw)  # the same block function, another block shape
+            runs |= {f"ptb{p}_w{nw}": (lambda grid=p * sms, kw=kw: ptb.launch_ptb(kw, 0, kw.n_blocks, grid)) for p in grids}
         forms: dict[str, dict[str, float | bool]] = {}
         for form, run in runs.items():
             w.reset()  # poisoned outputs, checked against the reference, then timed
@@ -59,6 +65,7 @@ def main() -> None:
         rec = {"benchmark": "be_solo_forms", "case": name, "blocks": k.n_blocks, "sms": sms, "forms": forms, "best": best,
                "best_vs_ptb4": base / forms[best]["ms"], "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                "command": " ".join(sys.argv)}  # fmt: skip
+        rec["warps"] = k.num_warps
         records.append(rec)
         cells = "  ".join(f"{f} {v['ms']:.4f}{'' if v['ok'] else ' WRONG'}" for f, v in forms.items())
         print(f"{name:10s} {cells}  best {best} ({rec['best_vs_ptb4']:.2f}x ptb4)")
