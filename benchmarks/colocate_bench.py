@@ -44,6 +44,10 @@ def main() -> None:
     ap.add_argument("--be-programs-per-sm", type=int, default=4,
                     help="the BE kernels' PTB grid for time sharing and the profile's x (benchmarks/experiments/be_solo_forms.py "
                          "times the forms: give time sharing the fastest)")  # fmt: skip
+    ap.add_argument("--be-form", choices=("own", "fastest"), default="own",
+                    help="the BE kernels' PTB form for time sharing and the profile's x: each kernel's own warps on "
+                         "--be-programs-per-sm, or the fastest right form of 4 / 8 warps on 2 / 4 / 8 programs an SM, "
+                         "timed per kernel first (kfuse.colocate.be_forms)")  # fmt: skip
     ap.add_argument("--be-warps", type=int, default=0,
                     help="the BE kernels' warps a program for time sharing and the profile's x (0: each kernel's own; "
                          "be_solo_forms.py --warps times them)")  # fmt: skip
@@ -86,7 +90,7 @@ def main() -> None:
 
     import kfuse.models
     from kfuse.bench.harness import pytorch_baselines, time_ms, write_results
-    from kfuse.colocate import cuda_backend, experiment, ptb, workloads
+    from kfuse.colocate import be_forms, cuda_backend, experiment, ptb, workloads
     from kfuse.colocate.cuda_backend import CudaBackend
     from kfuse.colocate.fuser import parse_version
     from kfuse.colocate.lc import compile_lc, lc_items, plan_gemm_summary, ws_host_summary
@@ -130,11 +134,20 @@ def main() -> None:
             w = workloads.make(name, small=not gpu, device=device)
             if a.be_warps:
                 w.kernel.num_warps = a.be_warps
+            if a.be_form == "fastest":
+                forms = be_forms.solo_forms(w, lambda f: time_ms(f, warmup=1, rep=10 if gpu else 1), ptb.num_sms())
+                best = be_forms.fastest(forms)
+                be_forms.apply(w, best)
+                cells = "  ".join(f"{f} {'wrong' if t is None else f'{t:.4f}'}" for f, t in sorted(forms.items()))
+                print(f"BE {name:10s} forms (ms): {cells}  -> {best}", flush=True)
+                pred_records.append({"benchmark": "colocate_workload", "case": name, "kind": "be_form", "form": str(best),
+                                     "forms_ms": {str(f): t for f, t in forms.items()}, "command": cmd})  # fmt: skip
             k = w.kernel
+            grid = be_forms.programs_per_sm(w, a.be_programs_per_sm) * ptb.num_sms()
             w.reset()
-            ptb.launch_ptb(k, grid=4 * ptb.num_sms())
+            ptb.launch_ptb(k, grid=grid)
             err = workloads.error(w)
-            ms = time_ms(lambda k=k: ptb.launch_ptb(k, grid=4 * ptb.num_sms()), warmup=2, rep=5 if gpu else 1)
+            ms = time_ms(lambda k=k: ptb.launch_ptb(k, grid=grid), warmup=2, rep=5 if gpu else 1)
             cls, cu, mu = workloads.classify(k.flops_per_block * k.n_blocks / (ms / 1e3), k.bytes_per_block * k.n_blocks / (ms / 1e3))
             pred_records.append({"benchmark": "colocate_workload", "case": name, "kind": "classification", "ms": ms, "blocks": k.n_blocks,
                                  "compute_util": cu, "memory_util": mu, "class": cls, "nominal_class": w.nominal_class,
@@ -247,7 +260,8 @@ def main() -> None:
                 print(f"  overlap {p['case']}+{be}: " + ", ".join(f"{o['key']} {o['version']} {o['overlap']:.1%}" for o in ov))
             for be, fit in p.get("be_fit", {}).items():
                 # a block's own duration on the BE grid: a slice fits in an LC kernel only if this is shorter
-                block_us = fit["b_ms_per_block"] * a.be_programs_per_sm * ptb.num_sms() * 1e3
+                per_sm = be_forms.programs_per_sm(bes[be], a.be_programs_per_sm) if be in bes else a.be_programs_per_sm
+                block_us = fit["b_ms_per_block"] * per_sm * ptb.num_sms() * 1e3
                 print(f"  BE fit {be}: launch cost a {fit['a_ms']:.4f} ms, {fit['b_ms_per_block'] * 1e6:.1f} ns/block "
                       f"(~{block_us:.1f} us a block on its grid), kernel {fit['kernel_ms']:.4f} ms")  # fmt: skip
             for be, plans in p.get("plans", {}).items():

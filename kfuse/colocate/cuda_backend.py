@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kfuse.colocate.be_forms import programs_per_sm
 from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, WS_MODE, FusedVersion, launch_fused
 from kfuse.colocate.gate import StreamGate
 from kfuse.colocate.green import SmPartition, partition, run_partitioned
@@ -222,7 +223,12 @@ class CudaBackend(Backend):
     def run_be(self, be: str, start: int, end: int) -> float:
         self.launches += 1
         k = self.be[be].kernel
-        return timed(lambda: launch_ptb(k, start, end, self.be_grid), retime=self.be[be].idempotent)
+        return timed(lambda: launch_ptb(k, start, end, self._be_grid(be)), retime=self.be[be].idempotent)
+
+    def _be_grid(self, be: str, sms: int | None = None) -> int:
+        """The BE kernel's PTB grid on ``sms`` SMs (None: all): its own form's programs an SM (``be_forms.apply``),
+        else the backend's."""
+        return programs_per_sm(self.be[be], self.be_grid // self.sms) * (sms or self.sms)
 
     def _partition(self, be_sms: int) -> SmPartition | None:
         """The green-context SM partition with ``be_sms`` SMs for the BE (None without a GPU: both run in order)."""
@@ -291,7 +297,7 @@ class CudaBackend(Backend):
         if not be_sms:  # the backfill alone: the query on every SM, the blocks behind it at a lower priority
             return timed(lambda: run_prio(self.prio, query, backfill), retime=self.be[be].idempotent)
         part = self._partition(be_sms)
-        grid = self.be_grid // self.sms * (part.be_sms if part is not None else self.sms)  # persistent on its SMs
+        grid = self._be_grid(be, part.be_sms if part is not None else None)  # persistent on its SMs
 
         def slice_() -> None:
             for lo, hi in pieces(start, end - start):
@@ -333,8 +339,8 @@ class CudaBackend(Backend):
         lc = self._lc(i)
         k = self.be[be].kernel
         if not torch.cuda.is_available():
-            return timed(lambda: (lc(), launch_ptb(k, start, end, self.be_grid)), retime=self.be[be].idempotent)
+            return timed(lambda: (lc(), launch_ptb(k, start, end, self._be_grid(be))), retime=self.be[be].idempotent)
 
         # the whole BE kernel's blocks first (plain streams: no priority), then the LC kernel
-        grid = self.be_grid
+        grid = self._be_grid(be)
         return timed(lambda: run_beside(self.s2, lambda: launch_ptb(k, start, end, grid), self.s1, lc), retime=self.be[be].idempotent)

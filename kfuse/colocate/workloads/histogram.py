@@ -9,6 +9,12 @@ Session 11 measured blocks of 4096 inputs into 512 bins (256 and a spill bin ran
 at ~24 us each on four programs per SM, longer than most of BERT-base's 10-29 us LC GEMMs, and 14,237
 slices were refused for headroom. Now 2048 inputs into 256 bins with a mask: ~4x less work a block,
 predicted ~6 us, at twice the atomics (8.4 M over the 64 Mi inputs).
+
+Warps: 8, not 4. Session 66 timed the PTB kernel's forms on an H100 (``be_solo_forms.py --warps 4,8,16``): 0.37 ms on
+8 warps against 0.78 ms on 4 (2.1x; 16 warps 0.38-0.49), whatever the grid (1-8 programs an SM: 0.78-0.80 ms on 4
+warps). The 4-warp kernel had made every time-sharing baseline of histogram twice too slow: the `ws` partition's
+8-warp worker "gained" +8..+19% over it and +0.9..+1.6% over the 8-warp kernel; the PTB LC's fused versions +37% and
++4.3% (``benchmarks/results/h100/colocate_s66_*``).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ def make(small: bool, device: torch.device, g: torch.Generator) -> Workload:
     hist = torch.empty(256, dtype=torch.int32, device=device)
     nb = triton.cdiv(n, block)
     kern = BlockKernel(
-        "histogram", __name__, "histogram_block", [data, hist, n], {"BLOCK": block, "NBINS": 256}, nb, num_warps=4,
+        "histogram", __name__, "histogram_block", [data, hist, n], {"BLOCK": block, "NBINS": 256}, nb, num_warps=8,
         flops_per_block=2.0 * block, bytes_per_block=1.0 * block + 256 * 4,
     )  # fmt: skip
 

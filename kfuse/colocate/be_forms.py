@@ -1,0 +1,81 @@
+"""A BE kernel's fastest sliceable form: the warps and the persistent grid its PTB kernel runs with.
+
+Time sharing (the baseline every co-location policy is judged against) and every fused profile's load ratio x run
+the BE kernel as PTB. If that form is slower than the kernel can run, each policy that runs the BE's blocks in
+another form (a fused kernel on the LC's warps, the ``ws`` worker partition on its own) "gains" the difference without
+any co-location. Session 66 found exactly that: histogram's PTB kernel on 4 warps took 0.78 ms, on 8 warps 0.37 ms
+(H100), and Aker's histogram gains fell from +8..+37% to +1..+4%. So the baseline runs each BE kernel in the fastest
+of its PTB forms, each checked against the kernel's reference before it is timed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kfuse.colocate import ptb, workloads
+from kfuse.colocate.workloads import Workload
+
+WARPS = (4, 8)
+PROGRAMS_PER_SM = (2, 4, 8)
+
+
+@dataclass(frozen=True, order=True)
+class BeForm:
+    warps: int
+    programs_per_sm: int
+
+    def __str__(self) -> str:
+        return f"ptb{self.programs_per_sm}_w{self.warps}"
+
+
+def solo_forms(
+    work: Workload, time_ms: Callable[[Callable[[], Any]], float], sms: int,
+    warps: Sequence[int] = WARPS, per_sm: Sequence[int] = PROGRAMS_PER_SM,
+) -> dict[BeForm, float | None]:  # fmt: skip
+    """Each PTB form's time in ms; None where the form computed a wrong result or could not be launched (a layout
+    the block function does not allow on that many warps). The kernel is left as it was."""
+    k = work.kernel
+    own = k.num_warps
+    out: dict[BeForm, float | None] = {}
+    try:
+        for w in warps:
+            k.num_warps = w
+            for p in per_sm:
+                form = BeForm(w, p)
+
+                def run(grid: int = p * sms) -> None:
+                    ptb.launch_ptb(k, 0, k.n_blocks, grid)
+
+                try:
+                    work.reset()  # poisoned outputs, so a form that skips blocks cannot pass
+                    run()
+                    if workloads.error(work) > max(work.tol, 1e-6):
+                        out[form] = None
+                        continue
+                    out[form] = time_ms(run)
+                except Exception:  # compile or launch failure: not a form this kernel has
+                    out[form] = None
+    finally:
+        k.num_warps = own
+    return out
+
+
+def fastest(times: dict[BeForm, float | None]) -> BeForm:
+    """The fastest right form (ties: fewer warps, then fewer programs)."""
+    ok = {f: t for f, t in times.items() if t is not None}
+    if not ok:
+        raise ValueError("no PTB form of this kernel computed the right result")
+    return min(ok, key=lambda f: (ok[f], f))
+
+
+def apply(work: Workload, form: BeForm) -> None:
+    """Run ``work``'s PTB kernel in ``form`` from now on (``CudaBackend`` reads the grid from the kernel's meta)."""
+    work.kernel.num_warps = form.warps
+    work.kernel.meta["be_programs_per_sm"] = form.programs_per_sm
+
+
+def programs_per_sm(work: Workload, default: int) -> int:
+    """The PTB grid's programs per SM this kernel runs with (``apply``'s, else ``default``)."""
+    return int(work.kernel.meta.get("be_programs_per_sm", default))
