@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--be-programs-per-sm", type=int, default=4,
                     help="the BE kernels' PTB grid for time sharing and the profile's x (benchmarks/experiments/be_solo_forms.py "
                          "times the forms: give time sharing the fastest)")  # fmt: skip
-    ap.add_argument("--be-form", choices=("own", "fastest"), default="own",
+    ap.add_argument("--be-form", choices=("own", "fastest"), default="fastest",
                     help="the BE kernels' PTB form for time sharing and the profile's x: each kernel's own warps on "
                          "--be-programs-per-sm, or the fastest right form of 4 / 8 warps on 2 / 4 / 8 programs an SM, "
                          "timed per kernel first (kfuse.colocate.be_forms)")  # fmt: skip

@@ -67,6 +67,11 @@ def run(
     ws_feed: str = typer.Option(
         "ldg", help="--lc-gemms plan-ws: how stencil7's partition reads its input (ldg and / or tma), checked, then chosen by time"
     ),
+    be_form: str = typer.Option(
+        "fastest",
+        help="the BE kernels' PTB form (GPU): fastest (each kernel's fastest right form of 4 / 8 warps on 2 / 4 / 8 "
+        "programs an SM, timed first: the fair time-sharing baseline) or own (its own warps, 4 programs an SM)",
+    ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:
     """Serve Poisson LC queries with BE kernels under LC-alone, time sharing, streams, Aker fusion, SM partitions and
@@ -90,6 +95,8 @@ def run(
     device = "cuda" if use_cuda else "cpu"
     dtype = torch.float16 if use_cuda else torch.float32
     model, args, kwargs = kfuse.models.build(name, batch=batch or b, seq=s, dtype=dtype, device=device)
+    if be_form not in ("fastest", "own"):
+        raise typer.BadParameter(f"--be-form: choose from fastest, own, got {be_form!r}")
     if lc_tune not in ("none", "fast", "full"):
         raise typer.BadParameter(f"--lc-tune: choose from none, fast, full, got {lc_tune!r}")
     from kfuse.colocate.ws_partition import parse_feeds, parse_unrolls, parse_warps
@@ -105,7 +112,14 @@ def run(
     be_names = [workloads.resolve(x.strip()) for x in be.split(",") if x.strip()]
     bes = {n: workloads.make(n, small=not use_cuda, device=device) for n in be_names}
     if use_cuda:
+        from kfuse.bench.harness import time_ms
+        from kfuse.colocate import be_forms, ptb
         from kfuse.colocate.cuda_backend import CudaBackend
+
+        for n, w in bes.items() if be_form == "fastest" else ():
+            form = be_forms.fastest(be_forms.solo_forms(w, lambda f: time_ms(f, warmup=1, rep=10), ptb.num_sms()))
+            be_forms.apply(w, form)
+            typer.echo(f"BE {n}: time sharing runs {form} (fastest right PTB form)")
 
         gpu = CudaBackend(items, bes)
     else:
@@ -137,6 +151,7 @@ def run(
                                     calibrate=use_cuda, aim=aim, aims=aim_rules, knee_samples=knee_samples,
                                     versions=chosen, policies=run_policies, span_fill=span_fill)  # fmt: skip
     cmd = f"kfuse colocate run --lc {lc} --be {be} --qos-ms {qos_ms} --load {load} --seconds {seconds} --backend {backend}"
+    cmd += f" --be-form {be_form}" if use_cuda else ""
     cmd += f" --sequences {sequences}" if sequences > 1 else ""
     cmd += f" --aim {aim}" + (f" --aims {aims}" if aim_rules else "")
     cmd += f" --knee-samples {knee_samples}" if knee_samples else ""

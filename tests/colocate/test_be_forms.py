@@ -88,3 +88,13 @@ def test_the_backend_runs_the_applied_form() -> None:
     w.reset()
     backend.run_be("histogram", 0, w.kernel.n_blocks)
     assert workloads.error(w) == 0.0
+
+
+def test_cli_refuses_an_unknown_form(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from kfuse.cli import app
+
+    args = ["colocate", "run", "--lc", "mlp-tiny", "--backend", "sim", "--be-form", "slowest", "--out", str(tmp_path)]
+    bad = CliRunner().invoke(app, args)
+    assert bad.exit_code != 0 and "--be-form" in bad.output
