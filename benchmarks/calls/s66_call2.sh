@@ -9,7 +9,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "GPU: $gpu"
 mkdir -p "$OUT/fair"
 PYTHONPATH=. timeout $(( ${CALL_S:-330} - 10 )) python benchmarks/colocate_bench.py --out "$OUT/fair" --lc bert-base \
-  --be histogram,mriq,stencil7,cutcp --be-each --be-form fastest --versions ws --ws-warps 8 --ws-unroll 1 --ws-feed ldg \
+  --be "${BES:-histogram,mriq,stencil7,cutcp}" --be-each --be-form fastest --versions ws --ws-warps 8 --ws-unroll 1 --ws-feed ldg \
   --lc-gemms plan-ws --lc-tune fast --policies lc_alone,timeshare,aker --seconds 0.5 --classify selected --max-keys 4 \
   2>&1 | grep -v Warning > "$OUT/fair/colocate.log"
 grep -E "^BE | aker |timeshare|ts_rerun|BE fit" "$OUT/fair/colocate.log" | cut -c1-220
