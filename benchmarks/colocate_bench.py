@@ -46,8 +46,8 @@ def main() -> None:
                          "times the forms: give time sharing the fastest)")  # fmt: skip
     ap.add_argument("--be-form", choices=("own", "fastest"), default="fastest",
                     help="the BE kernels' PTB form for time sharing and the profile's x: each kernel's own warps on "
-                         "--be-programs-per-sm, or the fastest right form of 4 / 8 warps on 2 / 4 / 8 programs an SM, "
-                         "timed per kernel first (kfuse.colocate.be_forms)")  # fmt: skip
+                         "--be-programs-per-sm, or the fastest right form of 4 / 8 warps on 2 / 4 / 8 programs an SM or "
+                         "one program a block, timed per kernel first (kfuse.colocate.be_forms)")  # fmt: skip
     ap.add_argument("--be-warps", type=int, default=0,
                     help="the BE kernels' warps a program for time sharing and the profile's x (0: each kernel's own; "
                          "be_solo_forms.py --warps times them)")  # fmt: skip
@@ -143,7 +143,7 @@ def main() -> None:
                 pred_records.append({"benchmark": "colocate_workload", "case": name, "kind": "be_form", "form": str(best),
                                      "forms_ms": {str(f): t for f, t in forms.items()}, "command": cmd})  # fmt: skip
             k = w.kernel
-            grid = be_forms.programs_per_sm(w, a.be_programs_per_sm) * ptb.num_sms()
+            grid = be_forms.grid(w, k.n_blocks, ptb.num_sms(), a.be_programs_per_sm)
             w.reset()
             ptb.launch_ptb(k, grid=grid)
             err = workloads.error(w)
@@ -261,9 +261,10 @@ def main() -> None:
             for be, fit in p.get("be_fit", {}).items():
                 # a block's own duration on the BE grid: a slice fits in an LC kernel only if this is shorter
                 per_sm = be_forms.programs_per_sm(bes[be], a.be_programs_per_sm) if be in bes else a.be_programs_per_sm
-                block_us = fit["b_ms_per_block"] * per_sm * ptb.num_sms() * 1e3
-                print(f"  BE fit {be}: launch cost a {fit['a_ms']:.4f} ms, {fit['b_ms_per_block'] * 1e6:.1f} ns/block "
-                      f"(~{block_us:.1f} us a block on its grid), kernel {fit['kernel_ms']:.4f} ms")  # fmt: skip
+                # a block's own duration on a persistent grid (one program a block: not known from the fit)
+                on_grid = f" (~{fit['b_ms_per_block'] * per_sm * ptb.num_sms() * 1e3:.1f} us a block on its grid)" if per_sm else ""
+                print(f"  BE fit {be}: launch cost a {fit['a_ms']:.4f} ms, {fit['b_ms_per_block'] * 1e6:.1f} ns/block"
+                      f"{on_grid}, kernel {fit['kernel_ms']:.4f} ms")  # fmt: skip
             for be, plans in p.get("plans", {}).items():
                 for key, pl in plans.items():
                     print(f"  plan {key}|{be}: {pl['reason']}" + (f" blocks {pl['blocks']} extra {pl['extra_ms']:.4f} ms saving "

@@ -70,7 +70,8 @@ def run(
     be_form: str = typer.Option(
         "fastest",
         help="the BE kernels' PTB form (GPU): fastest (each kernel's fastest right form of 4 / 8 warps on 2 / 4 / 8 "
-        "programs an SM, timed first: the fair time-sharing baseline) or own (its own warps, 4 programs an SM)",
+        "programs an SM or one program a block, timed first: the fair time-sharing baseline) or own (its own warps, 4 "
+        "programs an SM)",
     ),
     out_dir: str = typer.Option("colocate_out", "--out", help="output directory"),
 ) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kfuse.colocate.be_forms import programs_per_sm
+from kfuse.colocate.be_forms import grid as be_grid
 from kfuse.colocate.fuser import GREEN_MODES, STREAM_MODES, WS_MODE, FusedVersion, launch_fused
 from kfuse.colocate.gate import StreamGate
 from kfuse.colocate.green import SmPartition, partition, run_partitioned
@@ -223,12 +223,12 @@ class CudaBackend(Backend):
     def run_be(self, be: str, start: int, end: int) -> float:
         self.launches += 1
         k = self.be[be].kernel
-        return timed(lambda: launch_ptb(k, start, end, self._be_grid(be)), retime=self.be[be].idempotent)
+        return timed(lambda: launch_ptb(k, start, end, self._be_grid(be, end - start)), retime=self.be[be].idempotent)
 
-    def _be_grid(self, be: str, sms: int | None = None) -> int:
-        """The BE kernel's PTB grid on ``sms`` SMs (None: all): its own form's programs an SM (``be_forms.apply``),
-        else the backend's."""
-        return programs_per_sm(self.be[be], self.be_grid // self.sms) * (sms or self.sms)
+    def _be_grid(self, be: str, blocks: int, sms: int | None = None) -> int:
+        """The BE kernel's grid for a launch of ``blocks`` blocks on ``sms`` SMs (None: all), in its own form
+        (``be_forms.apply``: persistent programs an SM or one program a block), else the backend's programs an SM."""
+        return be_grid(self.be[be], blocks, sms or self.sms, self.be_grid // self.sms)
 
     def _partition(self, be_sms: int) -> SmPartition | None:
         """The green-context SM partition with ``be_sms`` SMs for the BE (None without a GPU: both run in order)."""
@@ -297,11 +297,11 @@ class CudaBackend(Backend):
         if not be_sms:  # the backfill alone: the query on every SM, the blocks behind it at a lower priority
             return timed(lambda: run_prio(self.prio, query, backfill), retime=self.be[be].idempotent)
         part = self._partition(be_sms)
-        grid = self._be_grid(be, part.be_sms if part is not None else None)  # persistent on its SMs
+        be_sms = part.be_sms if part is not None else None
 
-        def slice_() -> None:
+        def slice_() -> None:  # persistent on its SMs (or one program a block, the BE's form)
             for lo, hi in pieces(start, end - start):
-                launch_ptb(bk, lo, hi, grid)
+                launch_ptb(bk, lo, hi, self._be_grid(be, hi - lo, be_sms))
 
         return timed(lambda: run_partitioned(part, query, slice_, backfill if fill else None), retime=self.be[be].idempotent)
 
@@ -339,8 +339,8 @@ class CudaBackend(Backend):
         lc = self._lc(i)
         k = self.be[be].kernel
         if not torch.cuda.is_available():
-            return timed(lambda: (lc(), launch_ptb(k, start, end, self._be_grid(be))), retime=self.be[be].idempotent)
+            return timed(lambda: (lc(), launch_ptb(k, start, end, self._be_grid(be, end - start))), retime=self.be[be].idempotent)
 
         # the whole BE kernel's blocks first (plain streams: no priority), then the LC kernel
-        grid = self._be_grid(be)
+        grid = self._be_grid(be, end - start)
         return timed(lambda: run_beside(self.s2, lambda: launch_ptb(k, start, end, grid), self.s1, lc), retime=self.be[be].idempotent)

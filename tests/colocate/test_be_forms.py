@@ -82,9 +82,9 @@ def test_the_backend_runs_the_applied_form() -> None:
     backend = CudaBackend([], {"histogram": w, "stencil7": other}, be_programs_per_sm=4)
     sms = ptb.num_sms("cpu")
     assert w.kernel.num_warps == 8
-    assert backend._be_grid("histogram") == 2 * sms
-    assert backend._be_grid("histogram", 3) == 6
-    assert backend._be_grid("stencil7") == 4 * sms  # no form applied: the backend's grid
+    assert backend._be_grid("histogram", 100) == 2 * sms
+    assert backend._be_grid("histogram", 100, 3) == 6
+    assert backend._be_grid("stencil7", 100) == 4 * sms  # no form applied: the backend's grid
     w.reset()
     backend.run_be("histogram", 0, w.kernel.n_blocks)
     assert workloads.error(w) == 0.0
@@ -98,3 +98,20 @@ def test_cli_refuses_an_unknown_form(tmp_path) -> None:
     args = ["colocate", "run", "--lc", "mlp-tiny", "--backend", "sim", "--be-form", "slowest", "--out", str(tmp_path)]
     bad = CliRunner().invoke(app, args)
     assert bad.exit_code != 0 and "--be-form" in bad.output
+
+
+def test_one_program_a_block_is_a_form_of_its_own() -> None:
+    """programs_per_sm 0 launches one program a block (the original kernel's launch, sliceable): right, chosen when
+    fastest, and the backend sizes each launch's grid to its blocks."""
+    assert str(BeForm(4, 0)) == "blocks_w4" and BeForm(4, 0).grid(10, 4) == 10 and BeForm(8, 2).grid(10, 4) == 8
+    w = workloads.make("cutcp", small=True)
+    times = be_forms.solo_forms(w, _timer([0.3, 0.5]), ptb.num_sms("cpu"), warps=(4,), per_sm=(0, 4))
+    assert be_forms.fastest(times) == BeForm(4, 0)
+    be_forms.apply(w, BeForm(4, 0))
+    backend = CudaBackend([], {"cutcp": w}, be_programs_per_sm=4)
+    assert backend._be_grid("cutcp", 3) == 3 and backend._be_grid("cutcp", 0) == 1
+    w.reset()
+    half = w.kernel.n_blocks // 2
+    backend.run_be("cutcp", 0, half)  # two slices of the one-a-block form make the whole output
+    backend.run_be("cutcp", half, w.kernel.n_blocks)
+    assert workloads.error(w) <= w.tol
