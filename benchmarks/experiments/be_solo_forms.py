@@ -3,7 +3,8 @@
 programs an SM, optionally on other warp counts (``--warps``). Issue 8, session 65's caveat: time sharing (and the x
 of every fused profile) runs the BE kernel as PTB on 4 programs an SM, and the 8-warp worker partition ran histogram's
 blocks 1.4-1.7x faster than that (fused slopes 0.60-0.71 past the GEMM's window). If a solo form is as fast, time
-sharing should run it, and the `ws` gains shrink.
+sharing should run it, and the `ws` gains shrink. (Session 66 found 8 warps 2.1x faster for histogram; the harness now
+picks each BE kernel's fastest form itself: ``kfuse.colocate.be_forms``, ``--be-form fastest``.)
 
     PYTHONPATH=. python benchmarks/experiments/be_solo_forms.py --out OUT.json
     PYTHONPATH=. python benchmarks/experiments/be_solo_forms.py --smoke --out /tmp/x.json   # CPU, the interpreter
