@@ -1,4 +1,4 @@
-"""A BE kernel's fastest sliceable form: the warps and the persistent grid its PTB kernel runs with.
+"""A BE kernel's fastest sliceable form: the warps and the grid (persistent, or one program a block) of its PTB kernel.
 
 Time sharing (the baseline every co-location policy is judged against) and every fused profile's load ratio x run
 the BE kernel as PTB. If that form is slower than the kernel can run, each policy that runs the BE's blocks in
