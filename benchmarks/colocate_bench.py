@@ -222,6 +222,9 @@ def main() -> None:
                               "lc_gemms": a.lc_gemms, "lc_tune": a.lc_tune, "lc_tiles": lc_tiles, "lc_plan_gemms": lc_plan_gemms,
                               "load": a.load, "qos_factor": a.qos_factor,
                               "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
+                    # the form time sharing ran each BE kernel in (the baseline every gain is measured against)
+                    r["be_forms"] = {n: str(be_forms.BeForm(w.kernel.num_warps, be_forms.programs_per_sm(w, a.be_programs_per_sm)))
+                                     for n, w in bes.items() if n in group}  # fmt: skip
                 records += recs
                 pred_records.append({"benchmark": "colocate_predictor", "case": lc_name, "kind": "predictor", "command": cmd,
                                      "heldout": res["predictor_heldout"], "chosen": res["chosen"],
