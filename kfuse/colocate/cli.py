@@ -166,6 +166,11 @@ def run(
         r["backend"] = "cuda" if use_cuda else "sim"
         r["lc_gemms"] = lc_gemms
         r["lc_tune"] = lc_tune
+        if use_cuda:  # the form time sharing ran each BE kernel in: the baseline every gain is measured against
+            from kfuse.colocate import be_forms
+
+            per_sm = gpu.be_grid // gpu.sms  # the backend's grid where no form was applied
+            r["be_forms"] = {n: str(be_forms.BeForm(w.kernel.num_warps, be_forms.programs_per_sm(w, per_sm))) for n, w in bes.items()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "colocate.json").write_text(json.dumps(recs, indent=2, default=str))
     pred = {"lc": lc, "heldout": res["predictor_heldout"], "chosen": res["chosen"]}
