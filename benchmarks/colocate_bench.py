@@ -42,15 +42,15 @@ def main() -> None:
     )
     ap.add_argument("--max-keys", type=int, default=8, help="fuse only the LC GEMM/conv shapes with the most time")
     ap.add_argument("--be-programs-per-sm", type=int, default=4,
-                    help="the BE kernels' PTB grid for time sharing and the profile's x (benchmarks/experiments/be_solo_forms.py "
-                         "times the forms: give time sharing the fastest)")  # fmt: skip
+                    help="with --be-form own: the BE kernels' PTB grid for time sharing and the profile's x "
+                         "(benchmarks/experiments/be_solo_forms.py times the forms)")  # fmt: skip
     ap.add_argument("--be-form", choices=("own", "fastest"), default="fastest",
                     help="the BE kernels' PTB form for time sharing and the profile's x: each kernel's own warps on "
                          "--be-programs-per-sm, or the fastest right form of 4 / 8 warps on 2 / 4 / 8 programs an SM or "
                          "one program a block, timed per kernel first (kfuse.colocate.be_forms)")  # fmt: skip
     ap.add_argument("--be-warps", type=int, default=0,
-                    help="the BE kernels' warps a program for time sharing and the profile's x (0: each kernel's own; "
-                         "be_solo_forms.py --warps times them)")  # fmt: skip
+                    help="with --be-form own: the BE kernels' warps a program for time sharing and the profile's x "
+                         "(0: each kernel's own; be_solo_forms.py --warps times them)")  # fmt: skip
     ap.add_argument(
         "--load", type=float, default=0.8, help="LC arrival rate as a fraction of the highest rate at which LC alone meets QoS at p99"
     )
@@ -135,9 +135,7 @@ def main() -> None:
             if a.be_warps:
                 w.kernel.num_warps = a.be_warps
             if a.be_form == "fastest":
-                forms = be_forms.solo_forms(w, lambda f: time_ms(f, warmup=1, rep=10 if gpu else 1), ptb.num_sms())
-                best = be_forms.fastest(forms)
-                be_forms.apply(w, best)
+                best, forms = be_forms.choose(w, lambda f: time_ms(f, warmup=1, rep=10 if gpu else 1), ptb.num_sms())
                 cells = "  ".join(f"{f} {'wrong' if t is None else f'{t:.4f}'}" for f, t in sorted(forms.items()))
                 print(f"BE {name:10s} forms (ms): {cells}  -> {best}", flush=True)
                 pred_records.append({"benchmark": "colocate_workload", "case": name, "kind": "be_form", "form": str(best),
@@ -216,15 +214,15 @@ def main() -> None:
                         for be, t in h["chosen"].items()), flush=True)  # fmt: skip
                     for be, why in h["rejected"].items():
                         print(f"  ws host {key}: {be} candidates WRONG, never chosen: {why}", flush=True)
+                # the form time sharing ran each BE kernel in (the baseline every gain is measured against)
+                forms_run = {n: str(be_forms.current(bes[n], a.be_programs_per_sm)) for n in group}
                 for r in recs:
                     r["lc_ws_hosts"] = ws_hosts
                     r.update({"kfuse_ms": kf_ms, "baselines_ms": base, "lc_kernels": len(items), "ptb_gemm_kernels": n_gemm,
                               "lc_gemms": a.lc_gemms, "lc_tune": a.lc_tune, "lc_tiles": lc_tiles, "lc_plan_gemms": lc_plan_gemms,
                               "load": a.load, "qos_factor": a.qos_factor,
                               "launches": backend.launches, "dtype": str(dtype).replace("torch.", "")})  # fmt: skip
-                    # the form time sharing ran each BE kernel in (the baseline every gain is measured against)
-                    r["be_forms"] = {n: str(be_forms.BeForm(w.kernel.num_warps, be_forms.programs_per_sm(w, a.be_programs_per_sm)))
-                                     for n, w in bes.items() if n in group}  # fmt: skip
+                    r["be_forms"] = forms_run
                 records += recs
                 pred_records.append({"benchmark": "colocate_predictor", "case": lc_name, "kind": "predictor", "command": cmd,
                                      "heldout": res["predictor_heldout"], "chosen": res["chosen"],
@@ -263,7 +261,7 @@ def main() -> None:
                 print(f"  overlap {p['case']}+{be}: " + ", ".join(f"{o['key']} {o['version']} {o['overlap']:.1%}" for o in ov))
             for be, fit in p.get("be_fit", {}).items():
                 # a block's own duration on the BE grid: a slice fits in an LC kernel only if this is shorter
-                per_sm = be_forms.programs_per_sm(bes[be], a.be_programs_per_sm) if be in bes else a.be_programs_per_sm
+                per_sm = be_forms.current(bes[be], a.be_programs_per_sm).programs_per_sm if be in bes else a.be_programs_per_sm
                 # a block's own duration on a persistent grid (one program a block: not known from the fit)
                 on_grid = f" (~{fit['b_ms_per_block'] * per_sm * ptb.num_sms() * 1e3:.1f} us a block on its grid)" if per_sm else ""
                 print(f"  BE fit {be}: launch cost a {fit['a_ms']:.4f} ms, {fit['b_ms_per_block'] * 1e6:.1f} ns/block"

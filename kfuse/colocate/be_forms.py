@@ -76,18 +76,26 @@ def fastest(times: dict[BeForm, float | None]) -> BeForm:
     return min(ok, key=lambda f: (ok[f], f))
 
 
+def choose(work: Workload, time_ms: Callable[[Callable[[], Any]], float], sms: int) -> tuple[BeForm, dict[BeForm, float | None]]:
+    """Time ``work``'s forms, run it in the fastest right one from now on; (that form, every form's time)."""
+    times = solo_forms(work, time_ms, sms)
+    best = fastest(times)
+    apply(work, best)
+    return best, times
+
+
 def apply(work: Workload, form: BeForm) -> None:
     """Run ``work``'s PTB kernel in ``form`` from now on (``CudaBackend`` reads the grid from the kernel's meta)."""
     work.kernel.num_warps = form.warps
     work.kernel.meta["be_programs_per_sm"] = form.programs_per_sm
 
 
-def programs_per_sm(work: Workload, default: int) -> int:
-    """The PTB grid's programs per SM this kernel runs with (``apply``'s, else ``default``; 0: one a block)."""
-    return int(work.kernel.meta.get("be_programs_per_sm", default))
+def current(work: Workload, default: int) -> BeForm:
+    """The form ``work``'s PTB kernel runs in: ``apply``'s, else its own warps on ``default`` programs an SM."""
+    return BeForm(work.kernel.num_warps, int(work.kernel.meta.get("be_programs_per_sm", default)))
 
 
 def grid(work: Workload, blocks: int, sms: int, default: int) -> int:
     """Programs for a launch of ``blocks`` of ``work``'s blocks on ``sms`` SMs, in its form (``default`` programs an
     SM where none was applied)."""
-    return BeForm(work.kernel.num_warps, programs_per_sm(work, default)).grid(blocks, sms)
+    return current(work, default).grid(blocks, sms)

@@ -118,8 +118,7 @@ def run(
         from kfuse.colocate.cuda_backend import CudaBackend
 
         for n, w in bes.items() if be_form == "fastest" else ():
-            form = be_forms.fastest(be_forms.solo_forms(w, lambda f: time_ms(f, warmup=1, rep=10), ptb.num_sms()))
-            be_forms.apply(w, form)
+            form, _ = be_forms.choose(w, lambda f: time_ms(f, warmup=1, rep=10), ptb.num_sms())
             typer.echo(f"BE {n}: time sharing runs {form} (fastest right PTB form)")
 
         gpu = CudaBackend(items, bes)
@@ -162,15 +161,14 @@ def run(
     cmd += f" --lc-gemms {lc_gemms}" if lc_gemms != "ptb" else ""
     cmd += f" --lc-tune {lc_tune}" if lc_tune != "none" else ""
     recs = experiment.records(res, lc, cmd)
+    # the form time sharing ran each BE kernel in: the baseline every gain is measured against
+    forms = {n: str(be_forms.current(w, gpu.be_grid // gpu.sms)) for n, w in bes.items()} if use_cuda else None
     for r in recs:
         r["backend"] = "cuda" if use_cuda else "sim"
         r["lc_gemms"] = lc_gemms
         r["lc_tune"] = lc_tune
-        if use_cuda:  # the form time sharing ran each BE kernel in: the baseline every gain is measured against
-            from kfuse.colocate import be_forms
-
-            per_sm = gpu.be_grid // gpu.sms  # the backend's grid where no form was applied
-            r["be_forms"] = {n: str(be_forms.BeForm(w.kernel.num_warps, be_forms.programs_per_sm(w, per_sm))) for n, w in bes.items()}
+        if forms is not None:
+            r["be_forms"] = forms
     out.mkdir(parents=True, exist_ok=True)
     (out / "colocate.json").write_text(json.dumps(recs, indent=2, default=str))
     pred = {"lc": lc, "heldout": res["predictor_heldout"], "chosen": res["chosen"]}

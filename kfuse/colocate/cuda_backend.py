@@ -222,8 +222,8 @@ class CudaBackend(Backend):
 
     def run_be(self, be: str, start: int, end: int) -> float:
         self.launches += 1
-        k = self.be[be].kernel
-        return timed(lambda: launch_ptb(k, start, end, self._be_grid(be, end - start)), retime=self.be[be].idempotent)
+        k, grid = self.be[be].kernel, self._be_grid(be, end - start)  # outside the timing window
+        return timed(lambda: launch_ptb(k, start, end, grid), retime=self.be[be].idempotent)
 
     def _be_grid(self, be: str, blocks: int, sms: int | None = None) -> int:
         """The BE kernel's grid for a launch of ``blocks`` blocks on ``sms`` SMs (None: all), in its own form
@@ -298,10 +298,12 @@ class CudaBackend(Backend):
             return timed(lambda: run_prio(self.prio, query, backfill), retime=self.be[be].idempotent)
         part = self._partition(be_sms)
         be_sms = part.be_sms if part is not None else None
+        # persistent on its SMs (or one program a block, the BE's form); grids sized outside the timing window
+        launches = [(lo, hi, self._be_grid(be, hi - lo, be_sms)) for lo, hi in pieces(start, end - start)]
 
-        def slice_() -> None:  # persistent on its SMs (or one program a block, the BE's form)
-            for lo, hi in pieces(start, end - start):
-                launch_ptb(bk, lo, hi, self._be_grid(be, hi - lo, be_sms))
+        def slice_() -> None:
+            for lo, hi, grid in launches:
+                launch_ptb(bk, lo, hi, grid)
 
         return timed(lambda: run_partitioned(part, query, slice_, backfill if fill else None), retime=self.be[be].idempotent)
 
@@ -337,10 +339,9 @@ class CudaBackend(Backend):
     def run_concurrent(self, i: int, be: str, start: int, end: int) -> float:
         self.launches += 1
         lc = self._lc(i)
-        k = self.be[be].kernel
+        k, grid = self.be[be].kernel, self._be_grid(be, end - start)
         if not torch.cuda.is_available():
-            return timed(lambda: (lc(), launch_ptb(k, start, end, self._be_grid(be, end - start))), retime=self.be[be].idempotent)
+            return timed(lambda: (lc(), launch_ptb(k, start, end, grid)), retime=self.be[be].idempotent)
 
         # the whole BE kernel's blocks first (plain streams: no priority), then the LC kernel
-        grid = self._be_grid(be, end - start)
         return timed(lambda: run_beside(self.s2, lambda: launch_ptb(k, start, end, grid), self.s1, lc), retime=self.be[be].idempotent)
