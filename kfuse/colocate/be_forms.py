@@ -79,7 +79,10 @@ def fastest(times: dict[BeForm, float | None]) -> BeForm:
 def choose(work: Workload, time_ms: Callable[[Callable[[], Any]], float], sms: int) -> tuple[BeForm, dict[BeForm, float | None]]:
     """Time ``work``'s forms, run it in the fastest right one from now on; (that form, every form's time)."""
     times = solo_forms(work, time_ms, sms)
-    best = fastest(times)
+    try:
+        best = fastest(times)
+    except ValueError as e:
+        raise ValueError(f"BE kernel {work.name}: {e}") from None
     apply(work, best)
     return best, times
 

@@ -70,6 +70,14 @@ def test_no_right_form_is_an_error() -> None:
         be_forms.fastest({BeForm(4, 4): None})
 
 
+def test_choose_names_the_kernel_with_no_right_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = workloads.make("histogram", small=True)
+    monkeypatch.setattr(be_forms.workloads, "error", lambda work: 1.0)  # every form wrong
+    with pytest.raises(ValueError, match="BE kernel histogram: no PTB form"):
+        be_forms.choose(w, _timer([]), ptb.num_sms("cpu"))
+    assert "be_programs_per_sm" not in w.kernel.meta  # nothing applied
+
+
 def test_ties_go_to_fewer_warps_and_programs() -> None:
     times = dict(zip(itertools.product((8, 4), (4, 2)), (1.0, 1.0, 1.0, 1.0), strict=True))
     assert be_forms.fastest({BeForm(*f): t for f, t in times.items()}) == BeForm(4, 2)
